@@ -1,0 +1,45 @@
+// ckptctl: the operator's command-line tool. See `ckptctl --help`.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tools/ckptctl/commands.h"
+
+namespace ckpt::ckptctl {
+
+// Entry points, one per module (tools/ckptctl/*_cmd.cc). Add new ones here and below.
+
+const std::vector<Command>& AllCommands() {
+  static const std::vector<Command>* commands = new std::vector<Command>{
+  };
+  return *commands;
+}
+
+namespace {
+
+void PrintUsage(FILE* out) {
+  std::fprintf(out,
+               "usage: ckptctl <command> [args...]\n"
+               "       ckptctl <command> --help\n\n"
+               "Saves, loads, reshards, inspects and verifies ckpt checkpoints.\n\ncommands:\n");
+  for (const Command& c : AllCommands()) std::fprintf(out, "  %-14s %s\n", c.name, c.summary);
+}
+
+}  // namespace
+}  // namespace ckpt::ckptctl
+
+int main(int argc, char** argv) {
+  using ckpt::ckptctl::AllCommands;
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
+    ckpt::ckptctl::PrintUsage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (const auto& c : AllCommands()) {
+    if (args[0] == c.name) return c.run(args);
+  }
+  std::fprintf(stderr, "ckptctl: unknown command \"%s\" (see ckptctl --help)\n", argv[1]);
+  return 2;
+}
