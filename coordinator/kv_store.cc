@@ -1,0 +1,74 @@
+#include "coordinator/kv_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ckpt {
+
+void KvStore::Set(absl::string_view key, absl::string_view value) {
+  absl::MutexLock lock(&mu_);
+  values_[key] = std::string(value);
+}
+
+bool KvStore::AllPresentLocked(absl::Span<const std::string> keys) const {
+  for (const std::string& key : keys) {
+    if (!values_.contains(key)) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::vector<std::string>> KvStore::WaitAndGet(
+    absl::Span<const std::string> keys, absl::Time deadline,
+    const std::function<bool()>& cancelled) {
+  constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
+  absl::MutexLock lock(&mu_);
+  auto all_present = [this, keys]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return AllPresentLocked(keys); };
+  while (!AllPresentLocked(keys)) {
+    if (cancelled && cancelled()) {
+      return absl::CancelledError("wait for rendezvous keys cancelled by the caller");
+    }
+    absl::Time now = absl::Now();
+    if (now >= deadline) {
+      std::vector<std::string> missing;
+      for (const std::string& key : keys) {
+        if (!values_.contains(key)) missing.push_back(key);
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rendezvous keys still missing at the deadline: ", absl::StrJoin(missing, ", ")));
+    }
+    absl::Time wake = cancelled ? std::min(deadline, now + kCancelPoll) : deadline;
+    mu_.AwaitWithDeadline(absl::Condition(&all_present), wake);
+  }
+  std::vector<std::string> out;
+  out.reserve(keys.size());
+  for (const std::string& key : keys) out.push_back(values_.at(key));
+  return out;
+}
+
+absl::StatusOr<int64_t> KvStore::Add(absl::string_view key, int64_t delta) {
+  absl::MutexLock lock(&mu_);
+  int64_t current = 0;
+  auto it = values_.find(key);
+  if (it != values_.end() && !absl::SimpleAtoi(it->second, &current)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous key '", key, "' holds a non-integer value; cannot Add"));
+  }
+  int64_t sum = 0;
+  if (__builtin_add_overflow(current, delta, &sum)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous counter '", key, "' overflows: ", current, " + ", delta));
+  }
+  values_[key] = absl::StrCat(sum);
+  return sum;
+}
+
+size_t KvStore::size() const {
+  absl::MutexLock lock(&mu_);
+  return values_.size();
+}
+
+}  // namespace ckpt
