@@ -39,7 +39,8 @@ struct ShardId {
 // Python's tuple comparison. Returns <0, 0, >0. Keys compare as UTF-8 bytes (unsigned, which
 // is code-point order), offsets lexicographically with a shorter prefix first, then flat
 // ranges as (start, stop). When keys and offsets are equal and exactly one side has a flat
-// range, Python raises TypeError: `*incomparable` is set to true (if non-null) and 0 returned.
+// range, Python raises TypeError: `*incomparable` is set to true (if non-null) and the
+// result orders None first (-1 or 1), the same order ShardIdLess uses.
 int CompareShardIds(const ShardId& a, const ShardId& b, bool* incomparable = nullptr);
 
 // Strict weak order for containers; treats "None" as less than any range. Callers that need
