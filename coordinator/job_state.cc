@@ -1,0 +1,511 @@
+#include "coordinator/job_state.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+// Parses "op-<n>" into n; 0 when malformed (never a valid id).
+uint64_t OperationNumber(absl::string_view id) {
+  uint64_t n = 0;
+  if (!absl::ConsumePrefix(&id, "op-") || !absl::SimpleAtoi(id, &n)) return 0;
+  return n;
+}
+
+// Adds context to a status while keeping its code.
+absl::Status WithCode(absl::StatusCode code, std::string message) {
+  return absl::Status(code, std::move(message));
+}
+
+constexpr int kMaxRanksNamed = 8;
+
+}  // namespace
+
+absl::string_view OperationKindName(OperationKind kind) {
+  switch (kind) {
+    case OperationKind::kSave:
+      return "save";
+    case OperationKind::kLoad:
+      return "load";
+    case OperationKind::kReshard:
+      return "reshard";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<OperationKind> ParseOperationKind(absl::string_view name) {
+  for (OperationKind k : {OperationKind::kSave, OperationKind::kLoad, OperationKind::kReshard}) {
+    if (name == OperationKindName(k)) return k;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown operation kind \"", name, "\" (expected save, load or reshard)"));
+}
+
+absl::string_view PhaseName(Phase phase) {
+  switch (phase) {
+    case Phase::kGathering:
+      return "gathering";
+    case Phase::kPlanning:
+      return "planning";
+    case Phase::kExecuting:
+      return "executing";
+    case Phase::kCommitting:
+      return "committing";
+    case Phase::kDone:
+      return "done";
+    case Phase::kAborted:
+      return "aborted";
+  }
+  return "unknown";
+}
+
+std::string RankLocation::DebugString() const {
+  if (worker_id.empty()) return "no worker attached";
+  return absl::StrCat("host ", host.empty() ? "?" : host, ", worker ", worker_id, " (pid ",
+                      worker_pid, ")");
+}
+
+int Operation::JoinedRanks() const {
+  return static_cast<int>(
+      std::count_if(ranks.begin(), ranks.end(), [](const RankEntry& r) { return r.joined; }));
+}
+
+int Operation::ReportedRanks() const {
+  return static_cast<int>(std::count_if(ranks.begin(), ranks.end(),
+                                        [](const RankEntry& r) { return r.result.has_value(); }));
+}
+
+int64_t Operation::BytesDone() const {
+  int64_t n = 0;
+  for (const RankEntry& r : ranks) n += r.bytes_done;
+  return n;
+}
+
+int64_t Operation::BytesTotal() const {
+  int64_t n = 0;
+  for (const RankEntry& r : ranks) n += r.bytes_total;
+  return n;
+}
+
+std::string Operation::DebugString() const {
+  return absl::StrCat(id, " (", OperationKindName(kind), " of ", path, ", job ", job, ")");
+}
+
+JobState::JobState(const Clock* clock, JobStateOptions options)
+    : clock_(clock), options_(std::move(options)) {}
+
+absl::Status JobState::AttachRank(absl::string_view job_name, int world_size, int rank,
+                                  const RankLocation& location) {
+  if (job_name.empty()) return absl::InvalidArgumentError("job name is empty");
+  if (world_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", job_name, ": world size ", world_size, " must be positive"));
+  }
+  if (rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", job_name, ": rank ", rank, " is outside [0, ", world_size, ")"));
+  }
+  auto it = jobs_.find(job_name);
+  if (it == jobs_.end()) {
+    Job job;
+    job.name = std::string(job_name);
+    job.world_size = world_size;
+    job.created = clock_->Now();
+    it = jobs_.emplace(job.name, std::move(job)).first;
+  } else if (it->second.world_size != world_size) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_name, " has world size ", it->second.world_size, " but rank ",
+                     rank, " (", location.DebugString(), ") says ", world_size));
+  }
+  it->second.ranks[rank] = location;
+  ++version_;
+  return absl::OkStatus();
+}
+
+Operation* JobState::CreateOperation(Job& job, OperationKind kind, absl::string_view path,
+                                     std::string requested_by, absl::Duration arrival_deadline) {
+  auto op = std::make_unique<Operation>();
+  uint64_t number = next_operation_++;
+  op->id = absl::StrCat("op-", number);
+  op->job = job.name;
+  op->kind = kind;
+  op->path = std::string(path);
+  op->requested_by = std::move(requested_by);
+  op->world_size = job.world_size;
+  op->created = clock_->Now();
+  op->ranks.resize(job.world_size);
+  EnterPhase(*op, Phase::kGathering,
+             op->created + (arrival_deadline > absl::ZeroDuration() ? arrival_deadline
+                                                                    : options_.arrival_deadline));
+  Operation* raw = op.get();
+  operations_.emplace(number, std::move(op));
+  in_flight_[job.name] = raw->id;
+  return raw;
+}
+
+absl::StatusOr<std::string> JobState::RequestOperation(absl::string_view job_name,
+                                                       OperationKind kind, absl::string_view path,
+                                                       absl::Duration arrival_deadline) {
+  if (path.empty()) return absl::InvalidArgumentError("checkpoint path is empty");
+  auto it = jobs_.find(job_name);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("job ", job_name, " is unknown: no trainer rank of it has connected yet"));
+  }
+  if (const Operation* busy = InFlight(job_name)) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_name, " already has ",
+                                                      busy->DebugString(), " in phase ",
+                                                      PhaseName(busy->phase)));
+  }
+  Operation* op = CreateOperation(it->second, kind, path, "operator", arrival_deadline);
+  return op->id;
+}
+
+const Operation* JobState::PendingForRank(absl::string_view job, int rank) const {
+  const Operation* op = InFlight(job);
+  if (op == nullptr || op->phase != Phase::kGathering || op->requested_by != "operator") {
+    return nullptr;
+  }
+  if (rank < 0 || rank >= static_cast<int>(op->ranks.size()) || op->ranks[rank].joined) {
+    return nullptr;
+  }
+  return op;
+}
+
+absl::StatusOr<const Operation*> JobState::JoinOperation(const JoinRequest& request) {
+  if (request.path.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", request.job, " rank ", request.rank, ": checkpoint path is empty"));
+  }
+  if (!request.operation_id.empty()) {
+    Operation* named = MutableOperation(request.operation_id);
+    if (named == nullptr) {
+      return absl::NotFoundError(absl::StrCat("job ", request.job, " rank ", request.rank,
+                                              ": operation ", request.operation_id,
+                                              " is unknown (or long finished)"));
+    }
+    if (named->job != request.job) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank, " of job ", request.job,
+                                                     " cannot join ", named->DebugString()));
+    }
+    if (named->phase == Phase::kAborted) return named->status;
+  }
+  if (absl::Status s = AttachRank(request.job, request.world_size, request.rank, request.location);
+      !s.ok()) {
+    return s;
+  }
+  Job& job = jobs_.find(request.job)->second;
+  Operation* op = nullptr;
+  auto flight = in_flight_.find(request.job);
+  if (flight != in_flight_.end()) op = MutableOperation(flight->second);
+  if (!request.operation_id.empty() && (op == nullptr || op->id != request.operation_id)) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", request.job, " rank ", request.rank,
+                                                      ": operation ", request.operation_id,
+                                                      " is no longer in flight"));
+  }
+  if (op == nullptr) {
+    op = CreateOperation(job, request.kind, request.path, absl::StrCat("rank ", request.rank),
+                         absl::ZeroDuration());
+  }
+  if (op->kind != request.kind || op->path != request.path) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", request.job, " rank ", request.rank, " asked to ",
+                     OperationKindName(request.kind), " ", request.path, " but ", op->DebugString(),
+                     " is in flight (phase ", PhaseName(op->phase), ")"));
+  }
+  RankEntry& entry = op->ranks[request.rank];
+  if (entry.joined) return op;  // idempotent retry
+  if (op->phase != Phase::kGathering) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", request.job, " rank ", request.rank,
+                                                      " arrived too late: ", op->DebugString(),
+                                                      " is already ", PhaseName(op->phase)));
+  }
+  entry.joined = true;
+  entry.location = request.location;
+  entry.joined_at = clock_->Now();
+  entry.shards = request.shards;
+  ++version_;
+  if (op->JoinedRanks() == op->world_size) {
+    EnterPhase(*op, Phase::kPlanning, clock_->Now() + options_.execution_deadline);
+  }
+  return op;
+}
+
+absl::Status JobState::SetPlan(absl::string_view operation_id, std::vector<RankPlan> plans) {
+  Operation* op = MutableOperation(operation_id);
+  if (op == nullptr) return absl::NotFoundError(absl::StrCat("unknown operation ", operation_id));
+  if (op->phase != Phase::kPlanning) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot set the plan of ", op->DebugString(),
+                                                      " in phase ", PhaseName(op->phase)));
+  }
+  if (static_cast<int>(plans.size()) != op->world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("plan of ", op->DebugString(), " has ",
+                                                   plans.size(), " parts for world size ",
+                                                   op->world_size));
+  }
+  for (int r = 0; r < op->world_size; ++r) {
+    if (plans[r].bytes < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan of ", op->DebugString(), ": rank ", r, " has negative bytes"));
+    }
+  }
+  for (int r = 0; r < op->world_size; ++r) {
+    op->ranks[r].has_plan = true;
+    op->ranks[r].plan_part = std::move(plans[r].part);
+    op->ranks[r].bytes_total = plans[r].bytes;
+  }
+  EnterPhase(*op, Phase::kExecuting, op->deadline);  // the execution deadline keeps running
+  return absl::OkStatus();
+}
+
+absl::Status JobState::ReportProgress(absl::string_view operation_id, int rank,
+                                      int64_t bytes_done) {
+  Operation* op = MutableOperation(operation_id);
+  if (op == nullptr) return absl::NotFoundError(absl::StrCat("unknown operation ", operation_id));
+  if (rank < 0 || rank >= op->world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op->DebugString(), ": rank ", rank, " is outside the job"));
+  }
+  if (op->phase != Phase::kExecuting) {
+    if (op->phase == Phase::kAborted) return op->status;
+    return absl::FailedPreconditionError(
+        absl::StrCat(op->DebugString(), " is ", PhaseName(op->phase), ", not executing"));
+  }
+  RankEntry& entry = op->ranks[rank];
+  int64_t capped = std::min(std::max<int64_t>(bytes_done, 0), entry.bytes_total);
+  if (capped > entry.bytes_done) {
+    entry.bytes_done = capped;
+    ++version_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobState::ReportResult(absl::string_view operation_id, int rank,
+                                    const absl::Status& result) {
+  Operation* op = MutableOperation(operation_id);
+  if (op == nullptr) return absl::NotFoundError(absl::StrCat("unknown operation ", operation_id));
+  if (rank < 0 || rank >= op->world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op->DebugString(), ": rank ", rank, " is outside the job"));
+  }
+  if (op->phase == Phase::kAborted) return op->status;
+  if (op->phase != Phase::kExecuting) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(op->DebugString(), " is ", PhaseName(op->phase), ", not executing"));
+  }
+  RankEntry& entry = op->ranks[rank];
+  if (entry.result.has_value()) return absl::OkStatus();  // idempotent retry
+  entry.result = result;
+  ++version_;
+  if (!result.ok()) {
+    AbortOperation(*op, WithCode(result.code(), absl::StrCat(op->DebugString(),
+                                                             " aborted: ", DescribeRank(*op, rank),
+                                                             " failed: ", result.message())));
+    return absl::OkStatus();
+  }
+  entry.bytes_done = entry.bytes_total;
+  if (op->ReportedRanks() == op->world_size) {
+    if (op->kind == OperationKind::kLoad) {
+      Finish(*op, Phase::kDone);
+    } else {
+      EnterPhase(*op, Phase::kCommitting, absl::InfiniteFuture());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobState::FinishCommit(absl::string_view operation_id, const absl::Status& result) {
+  Operation* op = MutableOperation(operation_id);
+  if (op == nullptr) return absl::NotFoundError(absl::StrCat("unknown operation ", operation_id));
+  if (op->phase != Phase::kCommitting) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot commit ", op->DebugString(), " in phase ", PhaseName(op->phase)));
+  }
+  if (result.ok()) {
+    Finish(*op, Phase::kDone);
+  } else {
+    AbortOperation(
+        *op, WithCode(result.code(), absl::StrCat(op->DebugString(),
+                                                  " aborted: commit failed: ", result.message())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobState::Abort(absl::string_view operation_id, const absl::Status& cause) {
+  Operation* op = MutableOperation(operation_id);
+  if (op == nullptr) return absl::NotFoundError(absl::StrCat("unknown operation ", operation_id));
+  if (IsFinal(op->phase) || op->phase == Phase::kCommitting) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot abort ", op->DebugString(), " in phase ", PhaseName(op->phase)));
+  }
+  AbortOperation(*op, WithCode(cause.ok() ? absl::StatusCode::kAborted : cause.code(),
+                               absl::StrCat(op->DebugString(), " aborted: ", cause.message())));
+  return absl::OkStatus();
+}
+
+std::vector<std::string> JobState::WorkerLost(absl::string_view worker_id,
+                                              absl::string_view cause) {
+  std::vector<std::string> aborted;
+  std::vector<std::string> ids;
+  for (const auto& [job, id] : in_flight_) ids.push_back(id);
+  for (const std::string& id : ids) {
+    Operation* op = MutableOperation(id);
+    if (op == nullptr || IsFinal(op->phase) || op->phase == Phase::kCommitting) continue;
+    std::vector<int> affected;
+    const Job* job = FindJob(op->job);
+    for (int r = 0; r < op->world_size; ++r) {
+      const RankEntry& e = op->ranks[r];
+      bool on_worker = e.joined ? e.location.worker_id == worker_id : false;
+      if (!e.joined && job != nullptr) {
+        auto it = job->ranks.find(r);
+        on_worker = it != job->ranks.end() && it->second.worker_id == worker_id;
+      }
+      if (on_worker) affected.push_back(r);
+    }
+    if (affected.empty()) continue;
+    std::vector<std::string> named;
+    for (size_t i = 0; i < affected.size() && i < kMaxRanksNamed; ++i) {
+      named.push_back(DescribeRank(*op, affected[i]));
+    }
+    if (affected.size() > kMaxRanksNamed) {
+      named.push_back(absl::StrCat("and ", affected.size() - kMaxRanksNamed, " more"));
+    }
+    AbortOperation(
+        *op, absl::UnavailableError(absl::StrCat(op->DebugString(), " aborted: the worker of ",
+                                                 absl::StrJoin(named, "; "), " ", cause)));
+    aborted.push_back(id);
+  }
+  return aborted;
+}
+
+std::vector<std::string> JobState::Tick() {
+  absl::Time now = clock_->Now();
+  std::vector<std::string> aborted;
+  std::vector<std::string> ids;
+  for (const auto& [job, id] : in_flight_) ids.push_back(id);
+  for (const std::string& id : ids) {
+    Operation* op = MutableOperation(id);
+    if (op == nullptr || IsFinal(op->phase) || op->phase == Phase::kCommitting) continue;
+    if (now < op->deadline) continue;
+    std::vector<int> late;
+    for (int r = 0; r < op->world_size; ++r) {
+      const RankEntry& e = op->ranks[r];
+      bool is_late = op->phase == Phase::kGathering   ? !e.joined
+                     : op->phase == Phase::kExecuting ? !e.result.has_value()
+                                                      : false;
+      if (is_late) late.push_back(r);
+    }
+    std::vector<std::string> named;
+    for (size_t i = 0; i < late.size() && i < kMaxRanksNamed; ++i) {
+      named.push_back(DescribeRank(*op, late[i]));
+    }
+    if (late.size() > kMaxRanksNamed) {
+      named.push_back(absl::StrCat("and ", late.size() - kMaxRanksNamed, " more"));
+    }
+    std::string who = absl::StrJoin(named, "; ");
+    std::string why;
+    absl::Duration allowed = op->deadline - op->phase_since;
+    if (op->phase == Phase::kGathering) {
+      why = absl::StrCat(who, " did not join within ", absl::FormatDuration(allowed));
+    } else if (op->phase == Phase::kPlanning) {
+      why = absl::StrCat("planning did not finish within the execution deadline (",
+                         absl::FormatDuration(options_.execution_deadline), ")");
+    } else {
+      why = absl::StrCat(who, " did not report a result within the execution deadline (",
+                         absl::FormatDuration(options_.execution_deadline), ")");
+    }
+    AbortOperation(*op,
+                   absl::DeadlineExceededError(absl::StrCat(op->DebugString(), " aborted: ", why)));
+    aborted.push_back(id);
+  }
+  return aborted;
+}
+
+const Operation* JobState::FindOperation(absl::string_view operation_id) const {
+  auto it = operations_.find(OperationNumber(operation_id));
+  return it == operations_.end() ? nullptr : it->second.get();
+}
+
+Operation* JobState::MutableOperation(absl::string_view operation_id) {
+  auto it = operations_.find(OperationNumber(operation_id));
+  return it == operations_.end() ? nullptr : it->second.get();
+}
+
+const Job* JobState::FindJob(absl::string_view job) const {
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+const Operation* JobState::InFlight(absl::string_view job) const {
+  auto it = in_flight_.find(job);
+  return it == in_flight_.end() ? nullptr : FindOperation(it->second);
+}
+
+std::vector<const Job*> JobState::Jobs() const {
+  std::vector<const Job*> out;
+  for (const auto& [name, job] : jobs_) out.push_back(&job);
+  return out;
+}
+
+std::vector<const Operation*> JobState::Operations() const {
+  std::vector<const Operation*> out;
+  for (const auto& [number, op] : operations_) out.push_back(op.get());
+  return out;
+}
+
+void JobState::EnterPhase(Operation& op, Phase phase, absl::Time deadline) {
+  op.phase = phase;
+  op.phase_since = clock_->Now();
+  op.deadline = deadline;
+  ++version_;
+}
+
+void JobState::AbortOperation(Operation& op, absl::Status cause) {
+  op.status = std::move(cause);
+  Finish(op, Phase::kAborted);
+}
+
+void JobState::Finish(Operation& op, Phase final_phase) {
+  EnterPhase(op, final_phase, absl::InfiniteFuture());
+  op.finished = op.phase_since;
+  auto it = in_flight_.find(op.job);
+  if (it != in_flight_.end() && it->second == op.id) in_flight_.erase(it);
+  PruneFinished(op.job);
+}
+
+void JobState::PruneFinished(absl::string_view job) {
+  int finished = 0;
+  for (auto it = operations_.rbegin(); it != operations_.rend(); ++it) {
+    if (it->second->job == job && IsFinal(it->second->phase)) ++finished;
+  }
+  for (auto it = operations_.begin();
+       it != operations_.end() && finished > options_.finished_operations_kept;) {
+    if (it->second->job == job && IsFinal(it->second->phase)) {
+      it = operations_.erase(it);
+      --finished;
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::string JobState::DescribeRank(const Operation& op, int rank) const {
+  const RankEntry& e = op.ranks[rank];
+  if (e.joined) return absl::StrCat("rank ", rank, " (", e.location.DebugString(), ")");
+  const Job* job = FindJob(op.job);
+  if (job != nullptr) {
+    auto it = job->ranks.find(rank);
+    if (it != job->ranks.end()) {
+      return absl::StrCat("rank ", rank, " (", it->second.DebugString(), ")");
+    }
+  }
+  return absl::StrCat("rank ", rank, " (its trainer never connected to a worker)");
+}
+
+}  // namespace ckpt::coordinator

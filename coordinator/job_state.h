@@ -1,0 +1,223 @@
+// The coordinator's job and operation state machine: which trainer ranks form each job, and
+// how each save/load/reshard operation moves through its phases
+//
+//   gathering (ranks join with their shard metadata)
+//     -> planning (every rank arrived; the service runs the planner)
+//     -> executing (workers run their plan parts and report progress and results)
+//     -> committing (save/reshard: every rank wrote its data; the manifest is being committed)
+//     -> done | aborted
+//
+// A rank that does not join within the arrival deadline, a worker that loses its lease, a
+// failed rank result or an operation that overruns its execution deadline aborts the
+// operation for every rank with one status naming the rank, host and cause; an aborted
+// operation can never reach committing or done. Once in committing, every rank's data is
+// written and the commit is the coordinator's own step: only FinishCommit ends it.
+//
+// Pure: no gRPC, threads or logging; time comes from the injected Clock. Not thread-safe:
+// the service shell serializes calls.
+#ifndef CKPT_COORDINATOR_JOB_STATE_H_
+#define CKPT_COORDINATOR_JOB_STATE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "coordinator/clock.h"
+#include "proto/types.pb.h"
+
+namespace ckpt::coordinator {
+
+// What an operation does with a checkpoint directory.
+enum class OperationKind { kSave, kLoad, kReshard };
+
+// Where an operation is in its life. kDone and kAborted are final.
+enum class Phase { kGathering, kPlanning, kExecuting, kCommitting, kDone, kAborted };
+
+// "save", "load", "reshard".
+absl::string_view OperationKindName(OperationKind kind);
+// Inverse of OperationKindName; InvalidArgument naming the valid kinds otherwise.
+absl::StatusOr<OperationKind> ParseOperationKind(absl::string_view name);
+// "gathering", "planning", "executing", "committing", "done", "aborted".
+absl::string_view PhaseName(Phase phase);
+inline bool IsFinal(Phase phase) { return phase == Phase::kDone || phase == Phase::kAborted; }
+
+// The worker daemon (and machine) that serves one trainer rank.
+struct RankLocation {
+  std::string worker_id;
+  std::string host;
+  int64_t worker_pid = 0;
+
+  // "host h, worker w-2 (pid 123)", or "no worker attached" when empty.
+  std::string DebugString() const;
+};
+
+// A named group of world_size trainer ranks.
+struct Job {
+  std::string name;
+  int world_size = 0;
+  std::map<int, RankLocation> ranks;  // ranks whose trainer has attached, by rank
+  absl::Time created;
+};
+
+// One rank's part in one operation.
+struct RankEntry {
+  bool joined = false;
+  RankLocation location;
+  absl::Time joined_at;
+  std::vector<pb::ShardMeta> shards;  // the rank's shard metadata, as gathered
+  bool has_plan = false;
+  std::string plan_part;    // opaque serialized plan part for this rank's worker
+  int64_t bytes_total = 0;  // bytes this rank moves under the plan
+  int64_t bytes_done = 0;
+  std::optional<absl::Status> result;  // set once the rank reported
+};
+
+// A save, load or reshard of one job (or, for offline reshards, of a job created for it).
+struct Operation {
+  std::string id;  // "op-<n>", unique for the lifetime of the coordinator
+  std::string job;
+  OperationKind kind = OperationKind::kSave;
+  std::string path;
+  std::string requested_by;  // "operator" or "rank <r>"
+  int world_size = 0;
+  Phase phase = Phase::kGathering;
+  absl::Time created;
+  absl::Time phase_since;
+  absl::Time deadline;           // the current phase must end by then (InfiniteFuture: none)
+  std::vector<RankEntry> ranks;  // indexed by rank
+  absl::Status status;           // OK unless aborted; the diagnosis every rank receives
+  absl::Time finished;           // when the phase became final
+
+  int JoinedRanks() const;
+  int ReportedRanks() const;
+  int64_t BytesDone() const;
+  int64_t BytesTotal() const;
+  // "op-3 (save of /ckpt/step100, job gpt)".
+  std::string DebugString() const;
+};
+
+// A rank joining an operation with its shard metadata.
+struct JoinRequest {
+  std::string job;
+  int world_size = 0;
+  int rank = 0;
+  OperationKind kind = OperationKind::kSave;
+  std::string path;
+  RankLocation location;
+  std::vector<pb::ShardMeta> shards;
+  // When set, the operation the rank means to join (e.g. one an operator requested and
+  // the trainer learned of through Poll); joining anything else is an error.
+  std::string operation_id;
+};
+
+// A rank's plan part, handed to SetPlan.
+struct RankPlan {
+  std::string part;
+  int64_t bytes = 0;
+};
+
+// Deadlines and retention of the state machine.
+struct JobStateOptions {
+  // Gathering: every rank must join within this long of the operation's creation.
+  absl::Duration arrival_deadline = absl::Seconds(60);
+  // Planning + executing must finish within this long of the last rank's arrival.
+  absl::Duration execution_deadline = absl::Minutes(30);
+  // Finished operations remembered per job (for status queries), newest kept.
+  int finished_operations_kept = 32;
+};
+
+// The state machine itself. See the file comment.
+class JobState {
+ public:
+  JobState(const Clock* clock, JobStateOptions options);
+
+  const JobStateOptions& options() const { return options_; }
+
+  // Records that `rank`'s trainer is served by `location`, creating the job on first use.
+  // FailedPrecondition if the job exists with another world size; InvalidArgument for a
+  // rank outside [0, world_size).
+  absl::Status AttachRank(absl::string_view job, int world_size, int rank,
+                          const RankLocation& location);
+
+  // An operator asks the ranks of `job` to save/load at their next Poll. The job must
+  // exist (its world size is known) and have no operation in flight. `arrival_deadline`
+  // (when positive) replaces the default: trainers only notice at their next step.
+  absl::StatusOr<std::string> RequestOperation(absl::string_view job, OperationKind kind,
+                                               absl::string_view path,
+                                               absl::Duration arrival_deadline);
+
+  // The operator-requested operation of `job` that `rank` has not joined yet, if any.
+  const Operation* PendingForRank(absl::string_view job, int rank) const;
+
+  // A rank joins the job's operation in flight, or starts one. Joining twice is idempotent
+  // (returns the same operation). When the last rank joins the phase becomes kPlanning.
+  // Errors: a kind/path that does not match the operation in flight, an operation already
+  // past gathering, a world size that does not match the job, or (with operation_id) an
+  // operation that already ended -- then its own status.
+  absl::StatusOr<const Operation*> JoinOperation(const JoinRequest& request);
+
+  // kPlanning -> kExecuting with one plan part per rank.
+  absl::Status SetPlan(absl::string_view operation_id, std::vector<RankPlan> plans);
+
+  // Progress of a rank in kExecuting (bytes done so far, monotone; capped at its total).
+  absl::Status ReportProgress(absl::string_view operation_id, int rank, int64_t bytes_done);
+
+  // A rank's final result in kExecuting. A failure aborts the operation naming the rank.
+  // When every rank reported success: kCommitting for save/reshard, kDone for load.
+  absl::Status ReportResult(absl::string_view operation_id, int rank, const absl::Status& result);
+
+  // Ends kCommitting: kDone when `result` is OK, else kAborted with it.
+  absl::Status FinishCommit(absl::string_view operation_id, const absl::Status& result);
+
+  // Aborts an operation not yet final and not committing (operator cancel, planner error).
+  absl::Status Abort(absl::string_view operation_id, const absl::Status& cause);
+
+  // A worker lost its lease (or died): aborts every operation in gathering, planning or
+  // executing that has a rank on it. `cause` says why, e.g. "missed its lease". Returns
+  // the ids of the aborted operations.
+  std::vector<std::string> WorkerLost(absl::string_view worker_id, absl::string_view cause);
+
+  // Enforces deadlines at the clock's current time. Returns the ids of aborted operations.
+  std::vector<std::string> Tick();
+
+  // Lookups. Pointers stay valid until the next mutating call.
+  const Operation* FindOperation(absl::string_view operation_id) const;
+  const Job* FindJob(absl::string_view job) const;
+  const Operation* InFlight(absl::string_view job) const;
+  std::vector<const Job*> Jobs() const;
+  // Every remembered operation (in flight and recently finished), oldest first.
+  std::vector<const Operation*> Operations() const;
+
+  // Incremented by every change of state; lets watchers detect changes cheaply.
+  uint64_t version() const { return version_; }
+
+ private:
+  Operation* MutableOperation(absl::string_view operation_id);
+  Operation* CreateOperation(Job& job, OperationKind kind, absl::string_view path,
+                             std::string requested_by, absl::Duration arrival_deadline);
+  void AbortOperation(Operation& op, absl::Status cause);
+  void Finish(Operation& op, Phase final_phase);
+  void EnterPhase(Operation& op, Phase phase, absl::Time deadline);
+  void PruneFinished(absl::string_view job);
+  std::string DescribeRank(const Operation& op, int rank) const;
+
+  const Clock* clock_;
+  JobStateOptions options_;
+  std::map<std::string, Job, std::less<>> jobs_;
+  // Every remembered operation by numeric id (creation order).
+  std::map<uint64_t, std::unique_ptr<Operation>> operations_;
+  std::map<std::string, std::string, std::less<>> in_flight_;  // job -> operation id
+  uint64_t next_operation_ = 1;
+  uint64_t version_ = 0;
+};
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_COORDINATOR_JOB_STATE_H_

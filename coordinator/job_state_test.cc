@@ -1,0 +1,346 @@
+#include "coordinator/job_state.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+RankLocation Loc(int worker) {
+  return RankLocation{absl::StrCat("w-", worker), absl::StrCat("node", worker), 1000 + worker};
+}
+
+JoinRequest Join(int rank, int world_size = 2, OperationKind kind = OperationKind::kSave,
+                 std::string path = "/ckpt/step10") {
+  JoinRequest r;
+  r.job = "gpt";
+  r.world_size = world_size;
+  r.rank = rank;
+  r.kind = kind;
+  r.path = std::move(path);
+  r.location = Loc(rank);
+  pb::ShardMeta shard;
+  shard.mutable_tensor()->set_key(absl::StrCat("w", rank));
+  r.shards.push_back(shard);
+  return r;
+}
+
+class JobStateTest : public ::testing::Test {
+ protected:
+  JobStateOptions Options() {
+    JobStateOptions o;
+    o.arrival_deadline = absl::Seconds(10);
+    o.execution_deadline = absl::Seconds(100);
+    o.finished_operations_kept = 3;
+    return o;
+  }
+  FakeClock clock_;
+  JobState state_{&clock_, Options()};
+
+  // Joins every rank of a world-size-2 save and returns the operation id (in planning).
+  std::string Gathered(OperationKind kind = OperationKind::kSave) {
+    auto a = state_.JoinOperation(Join(0, 2, kind));
+    auto b = state_.JoinOperation(Join(1, 2, kind));
+    EXPECT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ((*b)->phase, Phase::kPlanning);
+    return (*a)->id;
+  }
+  std::string Executing(OperationKind kind = OperationKind::kSave) {
+    std::string id = Gathered(kind);
+    EXPECT_TRUE(state_.SetPlan(id, {{"part0", 100}, {"part1", 300}}).ok());
+    return id;
+  }
+};
+
+TEST_F(JobStateTest, ParsesAndNamesKindsAndPhases) {
+  EXPECT_EQ(*ParseOperationKind("reshard"), OperationKind::kReshard);
+  EXPECT_EQ(ParseOperationKind("copy").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PhaseName(Phase::kCommitting), "committing");
+  EXPECT_TRUE(IsFinal(Phase::kAborted));
+  EXPECT_FALSE(IsFinal(Phase::kCommitting));
+}
+
+TEST_F(JobStateTest, AttachCreatesJobAndRejectsOtherWorldSize) {
+  ASSERT_TRUE(state_.AttachRank("gpt", 4, 2, Loc(2)).ok());
+  const Job* job = state_.FindJob("gpt");
+  ASSERT_NE(job, nullptr);
+  EXPECT_EQ(job->world_size, 4);
+  EXPECT_EQ(job->ranks.at(2).host, "node2");
+  absl::Status s = state_.AttachRank("gpt", 8, 1, Loc(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("world size 4"));
+  EXPECT_EQ(state_.AttachRank("gpt", 4, 4, Loc(1)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_.AttachRank("gpt", 4, -1, Loc(1)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_.AttachRank("", 4, 0, Loc(1)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobStateTest, LastRankToJoinStartsPlanningWithEveryRanksShards) {
+  auto a = state_.JoinOperation(Join(0));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*a)->phase, Phase::kGathering);
+  EXPECT_EQ((*a)->requested_by, "rank 0");
+  std::string id = (*a)->id;
+  auto b = state_.JoinOperation(Join(1));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)->id, id);
+  const Operation* op = state_.FindOperation(id);
+  EXPECT_EQ(op->phase, Phase::kPlanning);
+  EXPECT_EQ(op->JoinedRanks(), 2);
+  EXPECT_EQ(op->ranks[1].shards[0].tensor().key(), "w1");
+  EXPECT_EQ(op->ranks[1].location.host, "node1");
+}
+
+TEST_F(JobStateTest, JoiningTwiceIsIdempotent) {
+  auto a = state_.JoinOperation(Join(0));
+  auto again = state_.JoinOperation(Join(0));
+  ASSERT_TRUE(a.ok() && again.ok());
+  EXPECT_EQ((*a)->id, (*again)->id);
+  EXPECT_EQ((*again)->JoinedRanks(), 1);
+  EXPECT_EQ((*again)->phase, Phase::kGathering);
+}
+
+TEST_F(JobStateTest, MismatchedKindOrPathIsRejectedNamingBoth) {
+  ASSERT_TRUE(state_.JoinOperation(Join(0)).ok());
+  auto wrong_path = state_.JoinOperation(Join(1, 2, OperationKind::kSave, "/other"));
+  EXPECT_EQ(wrong_path.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(wrong_path.status().message(), HasSubstr("/other"));
+  EXPECT_THAT(wrong_path.status().message(), HasSubstr("/ckpt/step10"));
+  auto wrong_kind = state_.JoinOperation(Join(1, 2, OperationKind::kLoad));
+  EXPECT_THAT(wrong_kind.status().message(), HasSubstr("rank 1 asked to load"));
+}
+
+TEST_F(JobStateTest, MissingRankAbortsAtArrivalDeadlineNamingRankAndHost) {
+  ASSERT_TRUE(state_.AttachRank("gpt", 3, 2, Loc(2)).ok());
+  auto a = state_.JoinOperation(Join(0, 3));
+  ASSERT_TRUE(a.ok());
+  std::string id = (*a)->id;
+  clock_.Advance(absl::Seconds(9));
+  EXPECT_TRUE(state_.Tick().empty());
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_THAT(state_.Tick(), ::testing::ElementsAre(id));
+  const Operation* op = state_.FindOperation(id);
+  EXPECT_EQ(op->phase, Phase::kAborted);
+  EXPECT_EQ(op->status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(op->status.message(), HasSubstr("rank 1 (its trainer never connected"));
+  EXPECT_THAT(op->status.message(), HasSubstr("rank 2 (host node2, worker w-2"));
+  EXPECT_THAT(op->status.message(), HasSubstr("did not join within 10s"));
+  EXPECT_THAT(op->status.message(), Not(HasSubstr("rank 0")));
+  EXPECT_EQ(state_.InFlight("gpt"), nullptr);
+  // A late rank learns the diagnosis when it names the operation; otherwise it starts anew.
+  JoinRequest late = Join(1, 3);
+  late.operation_id = id;
+  EXPECT_EQ(state_.JoinOperation(late).status(), op->status);
+}
+
+TEST_F(JobStateTest, PlanMovesToExecutingAndTracksProgress) {
+  std::string id = Executing();
+  const Operation* op = state_.FindOperation(id);
+  EXPECT_EQ(op->phase, Phase::kExecuting);
+  EXPECT_EQ(op->BytesTotal(), 400);
+  EXPECT_EQ(op->ranks[1].plan_part, "part1");
+  ASSERT_TRUE(state_.ReportProgress(id, 1, 120).ok());
+  ASSERT_TRUE(state_.ReportProgress(id, 1, 50).ok());    // never goes backwards
+  ASSERT_TRUE(state_.ReportProgress(id, 0, 1000).ok());  // capped at the rank's total
+  EXPECT_EQ(op->BytesDone(), 220);
+  EXPECT_EQ(state_.ReportProgress(id, 2, 1).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobStateTest, SetPlanNeedsOnePartPerRankInPlanning) {
+  auto a = state_.JoinOperation(Join(0));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(state_.SetPlan((*a)->id, {{"", 0}, {"", 0}}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(state_.JoinOperation(Join(1)).ok());
+  EXPECT_EQ(state_.SetPlan((*a)->id, {{"", 0}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_.SetPlan((*a)->id, {{"", 0}, {"", -1}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_.SetPlan("op-77", {}).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobStateTest, SaveCommitsOnlyAfterEveryRankSucceeded) {
+  std::string id = Executing();
+  ASSERT_TRUE(state_.ReportResult(id, 0, absl::OkStatus()).ok());
+  EXPECT_EQ(state_.FindOperation(id)->phase, Phase::kExecuting);
+  EXPECT_EQ(state_.FinishCommit(id, absl::OkStatus()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(state_.ReportResult(id, 1, absl::OkStatus()).ok());
+  EXPECT_EQ(state_.FindOperation(id)->phase, Phase::kCommitting);
+  EXPECT_EQ(state_.FindOperation(id)->BytesDone(), 400);
+  ASSERT_TRUE(state_.FinishCommit(id, absl::OkStatus()).ok());
+  EXPECT_EQ(state_.FindOperation(id)->phase, Phase::kDone);
+  EXPECT_TRUE(state_.FindOperation(id)->status.ok());
+  EXPECT_EQ(state_.InFlight("gpt"), nullptr);
+}
+
+TEST_F(JobStateTest, LoadIsDoneWithoutCommit) {
+  std::string id = Executing(OperationKind::kLoad);
+  ASSERT_TRUE(state_.ReportResult(id, 0, absl::OkStatus()).ok());
+  ASSERT_TRUE(state_.ReportResult(id, 1, absl::OkStatus()).ok());
+  EXPECT_EQ(state_.FindOperation(id)->phase, Phase::kDone);
+}
+
+TEST_F(JobStateTest, FailedRankResultAbortsNamingRankHostAndCauseAndNeverCommits) {
+  std::string id = Executing();
+  ASSERT_TRUE(state_.ReportResult(id, 0, absl::OkStatus()).ok());
+  ASSERT_TRUE(state_.ReportResult(id, 1, absl::ResourceExhaustedError("disk full")).ok());
+  const Operation* op = state_.FindOperation(id);
+  EXPECT_EQ(op->phase, Phase::kAborted);
+  EXPECT_EQ(op->status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(op->status.message(), HasSubstr("rank 1 (host node1"));
+  EXPECT_THAT(op->status.message(), HasSubstr("disk full"));
+  EXPECT_EQ(state_.FinishCommit(id, absl::OkStatus()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Later reports of other ranks get the diagnosis.
+  EXPECT_EQ(state_.ReportResult(id, 0, absl::OkStatus()), op->status);
+  EXPECT_EQ(state_.ReportProgress(id, 0, 1), op->status);
+}
+
+TEST_F(JobStateTest, LostWorkerAbortsOperationsWithRanksOnIt) {
+  std::string id = Executing();
+  ASSERT_TRUE(state_.AttachRank("other", 1, 0, Loc(5)).ok());
+  auto other = state_.JoinOperation([] {
+    JoinRequest r = Join(0, 1);
+    r.job = "other";
+    r.location = Loc(5);
+    return r;
+  }());
+  ASSERT_TRUE(other.ok());
+  std::string other_id = (*other)->id;
+  auto aborted = state_.WorkerLost("w-1", "missed its lease of 5s");
+  EXPECT_THAT(aborted, ::testing::ElementsAre(id));
+  const Operation* op = state_.FindOperation(id);
+  EXPECT_EQ(op->status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(op->status.message(), HasSubstr("rank 1 (host node1, worker w-1 (pid 1001))"));
+  EXPECT_THAT(op->status.message(), HasSubstr("missed its lease"));
+  // The other job is untouched.
+  EXPECT_EQ(state_.FindOperation(other_id)->phase, Phase::kPlanning);
+}
+
+TEST_F(JobStateTest, LostWorkerOfAttachedButNotJoinedRankAbortsGathering) {
+  ASSERT_TRUE(state_.AttachRank("gpt", 2, 1, Loc(1)).ok());
+  auto a = state_.JoinOperation(Join(0));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(state_.WorkerLost("w-1", "died").size(), 1u);
+  EXPECT_THAT(state_.FindOperation((*a)->id)->status.message(), HasSubstr("rank 1 (host node1"));
+}
+
+TEST_F(JobStateTest, CommittingIsNotAbortedByWorkerLossOrDeadline) {
+  std::string id = Executing();
+  ASSERT_TRUE(state_.ReportResult(id, 0, absl::OkStatus()).ok());
+  ASSERT_TRUE(state_.ReportResult(id, 1, absl::OkStatus()).ok());
+  EXPECT_TRUE(state_.WorkerLost("w-0", "died").empty());
+  clock_.Advance(absl::Hours(10));
+  EXPECT_TRUE(state_.Tick().empty());
+  EXPECT_EQ(state_.Abort(id, absl::CancelledError("operator")).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(state_.FinishCommit(id, absl::InternalError("rename failed")).ok());
+  EXPECT_EQ(state_.FindOperation(id)->phase, Phase::kAborted);
+  EXPECT_THAT(state_.FindOperation(id)->status.message(), HasSubstr("commit failed: rename"));
+}
+
+TEST_F(JobStateTest, ExecutionDeadlineNamesRanksWithoutResult) {
+  std::string id = Executing();
+  ASSERT_TRUE(state_.ReportResult(id, 1, absl::OkStatus()).ok());
+  clock_.Advance(absl::Seconds(100));
+  EXPECT_THAT(state_.Tick(), ::testing::ElementsAre(id));
+  const Operation* op = state_.FindOperation(id);
+  EXPECT_EQ(op->status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(op->status.message(), HasSubstr("rank 0 (host node0"));
+  EXPECT_THAT(op->status.message(), Not(HasSubstr("rank 1")));
+}
+
+TEST_F(JobStateTest, OperatorRequestIsPendingUntilEachRankJoins) {
+  EXPECT_EQ(state_.RequestOperation("gpt", OperationKind::kSave, "/x", absl::ZeroDuration())
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(state_.AttachRank("gpt", 2, 0, Loc(0)).ok());
+  auto id = state_.RequestOperation("gpt", OperationKind::kLoad, "/x", absl::Seconds(30));
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(state_.RequestOperation("gpt", OperationKind::kSave, "/y", absl::ZeroDuration())
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  const Operation* pending = state_.PendingForRank("gpt", 0);
+  ASSERT_NE(pending, nullptr);
+  EXPECT_EQ(pending->kind, OperationKind::kLoad);
+  EXPECT_EQ(pending->requested_by, "operator");
+  JoinRequest r = Join(0, 2, OperationKind::kLoad, "/x");
+  r.operation_id = *id;
+  ASSERT_TRUE(state_.JoinOperation(r).ok());
+  EXPECT_EQ(state_.PendingForRank("gpt", 0), nullptr);
+  EXPECT_NE(state_.PendingForRank("gpt", 1), nullptr);
+  // The operator's longer arrival deadline applies.
+  clock_.Advance(absl::Seconds(29));
+  EXPECT_TRUE(state_.Tick().empty());
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(state_.Tick().size(), 1u);
+}
+
+TEST_F(JobStateTest, JoiningANamedOperationThatEndedFails) {
+  std::string id = Executing(OperationKind::kLoad);
+  ASSERT_TRUE(state_.ReportResult(id, 0, absl::OkStatus()).ok());
+  ASSERT_TRUE(state_.ReportResult(id, 1, absl::OkStatus()).ok());
+  JoinRequest r = Join(0, 2, OperationKind::kLoad);
+  r.operation_id = id;
+  EXPECT_EQ(state_.JoinOperation(r).status().code(), absl::StatusCode::kFailedPrecondition);
+  r.operation_id = "op-999";
+  EXPECT_EQ(state_.JoinOperation(r).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobStateTest, AfterAnAbortAJoinStartsAFreshOperation) {
+  auto a = state_.JoinOperation(Join(0));
+  ASSERT_TRUE(a.ok());
+  std::string first = (*a)->id;
+  clock_.Advance(absl::Seconds(10));
+  ASSERT_EQ(state_.Tick().size(), 1u);
+  auto b = state_.JoinOperation(Join(1));
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE((*b)->id, first);
+  EXPECT_EQ((*b)->phase, Phase::kGathering);
+  EXPECT_EQ((*b)->JoinedRanks(), 1);
+}
+
+TEST_F(JobStateTest, TwoJobsRunIndependently) {
+  auto a = state_.JoinOperation(Join(0, 1));
+  JoinRequest b_req = Join(0, 1, OperationKind::kLoad, "/other");
+  b_req.job = "bert";
+  auto b = state_.JoinOperation(b_req);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE((*a)->id, (*b)->id);
+  EXPECT_EQ((*a)->phase, Phase::kPlanning);
+  EXPECT_EQ((*b)->phase, Phase::kPlanning);
+  ASSERT_TRUE(state_.Abort((*a)->id, absl::CancelledError("operator cancelled")).ok());
+  EXPECT_EQ(state_.FindOperation((*b)->id)->phase, Phase::kPlanning);
+  EXPECT_EQ(state_.Jobs().size(), 2u);
+}
+
+TEST_F(JobStateTest, OnlyRecentFinishedOperationsAreKept) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    auto a = state_.JoinOperation(Join(0, 1));
+    ASSERT_TRUE(a.ok());
+    ids.push_back((*a)->id);
+    ASSERT_TRUE(state_.Abort(ids.back(), absl::CancelledError("x")).ok());
+  }
+  EXPECT_EQ(state_.FindOperation(ids[0]), nullptr);
+  EXPECT_EQ(state_.FindOperation(ids[1]), nullptr);
+  EXPECT_NE(state_.FindOperation(ids[2]), nullptr);
+  EXPECT_EQ(state_.Operations().size(), 3u);
+}
+
+TEST_F(JobStateTest, VersionChangesOnEveryTransition) {
+  uint64_t v0 = state_.version();
+  ASSERT_TRUE(state_.JoinOperation(Join(0)).ok());
+  uint64_t v1 = state_.version();
+  EXPECT_GT(v1, v0);
+  clock_.Advance(absl::Seconds(11));
+  state_.Tick();
+  EXPECT_GT(state_.version(), v1);
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

@@ -1,0 +1,122 @@
+#include "coordinator/worker_registry.h"
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+uint64_t WorkerNumber(absl::string_view id) {
+  uint64_t n = 0;
+  if (!absl::ConsumePrefix(&id, "w-") || !absl::SimpleAtoi(id, &n)) return 0;
+  return n;
+}
+
+}  // namespace
+
+std::string WorkerRecord::DebugString() const {
+  return absl::StrCat("worker ", id, " (host ", description.host, ", pid ", description.pid, ")");
+}
+
+WorkerRegistry::WorkerRegistry(const Clock* clock, absl::Duration lease,
+                               absl::Duration dead_retention)
+    : clock_(clock), lease_(lease), dead_retention_(dead_retention) {}
+
+absl::StatusOr<WorkerRecord> WorkerRegistry::Register(const WorkerDescription& description) {
+  if (description.host.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker registration without a host name (pid ", description.pid, ")"));
+  }
+  if (description.pid <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("worker registration from host ",
+                                                   description.host, " has pid ", description.pid,
+                                                   "; it must be positive"));
+  }
+  absl::Time now = clock_->Now();
+  for (auto& [number, record] : workers_) {
+    if (record.description.host == description.host && record.description.pid == description.pid) {
+      record.description = description;
+      record.last_heartbeat = now;
+      record.lease_expiry = now + lease_;
+      record.alive = true;
+      record.death_cause.clear();
+      return record;
+    }
+  }
+  uint64_t number = next_id_++;
+  WorkerRecord record;
+  record.id = absl::StrCat("w-", number);
+  record.description = description;
+  record.registered = now;
+  record.last_heartbeat = now;
+  record.lease_expiry = now + lease_;
+  return workers_.emplace(number, std::move(record)).first->second;
+}
+
+absl::Status WorkerRegistry::Heartbeat(absl::string_view worker_id) {
+  auto it = workers_.find(WorkerNumber(worker_id));
+  if (it == workers_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", worker_id, " is not registered; register again"));
+  }
+  WorkerRecord& record = it->second;
+  if (!record.alive) {
+    return absl::FailedPreconditionError(absl::StrCat(record.DebugString(), " was declared dead (",
+                                                      record.death_cause, "); register again"));
+  }
+  absl::Time now = clock_->Now();
+  record.last_heartbeat = now;
+  record.lease_expiry = now + lease_;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::Deregister(absl::string_view worker_id) {
+  if (workers_.erase(WorkerNumber(worker_id)) == 0) {
+    return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<WorkerRecord> WorkerRegistry::Tick() {
+  absl::Time now = clock_->Now();
+  std::vector<WorkerRecord> expired;
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    WorkerRecord& record = it->second;
+    if (record.alive && now >= record.lease_expiry) {
+      record.alive = false;
+      record.death_cause = absl::StrCat(
+          "missed its lease of ", absl::FormatDuration(lease_), " (last heartbeat ",
+          absl::FormatDuration(absl::Trunc(now - record.last_heartbeat, absl::Milliseconds(1))),
+          " ago)");
+      expired.push_back(record);
+    }
+    if (!record.alive && now - record.lease_expiry >= dead_retention_) {
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return expired;
+}
+
+const WorkerRecord* WorkerRegistry::Find(absl::string_view worker_id) const {
+  auto it = workers_.find(WorkerNumber(worker_id));
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
+std::vector<const WorkerRecord*> WorkerRegistry::All() const {
+  std::vector<const WorkerRecord*> out;
+  for (const auto& [number, record] : workers_) out.push_back(&record);
+  return out;
+}
+
+int WorkerRegistry::LiveCount() const {
+  int n = 0;
+  for (const auto& [number, record] : workers_) n += record.alive ? 1 : 0;
+  return n;
+}
+
+}  // namespace ckpt::coordinator

@@ -1,0 +1,87 @@
+// Worker daemons known to the coordinator, with leases: a worker registers, then renews its
+// lease with heartbeats; one whose lease runs out is declared dead (and reported once by
+// Tick, so the service can abort the operations that depended on it).
+//
+// Pure: no gRPC, threads or logging; time comes from the injected Clock. Not thread-safe.
+#ifndef CKPT_COORDINATOR_WORKER_REGISTRY_H_
+#define CKPT_COORDINATOR_WORKER_REGISTRY_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "coordinator/clock.h"
+
+namespace ckpt::coordinator {
+
+// What a worker announces about itself when it registers.
+struct WorkerDescription {
+  std::string host;
+  int64_t pid = 0;
+  std::string data_plane_address;         // host:port of its data plane
+  std::vector<std::string> memory_kinds;  // "host", "device"
+  int local_rank = 0;
+  int gpu = -1;  // -1 when none
+};
+
+// A registered worker and its lease.
+struct WorkerRecord {
+  std::string id;  // "w-<n>"
+  WorkerDescription description;
+  absl::Time registered;
+  absl::Time last_heartbeat;
+  absl::Time lease_expiry;
+  bool alive = true;
+  std::string death_cause;  // set when !alive, e.g. "missed its lease (last heartbeat 3s ago)"
+
+  // "worker w-2 (host h, pid 123)".
+  std::string DebugString() const;
+};
+
+// The registry. See the file comment.
+class WorkerRegistry {
+ public:
+  // `lease`: how long a registration or heartbeat keeps a worker alive.
+  // `dead_retention`: how long dead workers stay listed (for status) before they are forgotten.
+  WorkerRegistry(const Clock* clock, absl::Duration lease,
+                 absl::Duration dead_retention = absl::Hours(1));
+
+  absl::Duration lease() const { return lease_; }
+
+  // Registers a worker and returns its record. A worker that registers again with the same
+  // host and pid (it reconnected, e.g. after a coordinator restart or network loss) keeps
+  // its id and is alive again. InvalidArgument when host is empty or pid is not positive.
+  absl::StatusOr<WorkerRecord> Register(const WorkerDescription& description);
+
+  // Renews the lease. NotFound for an unknown id; FailedPrecondition for a worker already
+  // declared dead (it must register again, and whatever depended on it was aborted).
+  absl::Status Heartbeat(absl::string_view worker_id);
+
+  // A worker that shuts down cleanly leaves the registry at once.
+  absl::Status Deregister(absl::string_view worker_id);
+
+  // Declares dead every live worker whose lease expired at the clock's current time and
+  // returns them (each reported once); forgets workers dead for longer than dead_retention.
+  std::vector<WorkerRecord> Tick();
+
+  const WorkerRecord* Find(absl::string_view worker_id) const;
+  // All workers, live and recently dead, in registration order.
+  std::vector<const WorkerRecord*> All() const;
+  int LiveCount() const;
+
+ private:
+  const Clock* clock_;
+  absl::Duration lease_;
+  absl::Duration dead_retention_;
+  std::map<uint64_t, WorkerRecord> workers_;  // by number, i.e. registration order
+  uint64_t next_id_ = 1;
+};
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_COORDINATOR_WORKER_REGISTRY_H_

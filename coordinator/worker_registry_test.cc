@@ -1,0 +1,132 @@
+#include "coordinator/worker_registry.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+WorkerDescription Worker(const std::string& host, int64_t pid) {
+  WorkerDescription d;
+  d.host = host;
+  d.pid = pid;
+  d.data_plane_address = host + ":7000";
+  d.memory_kinds = {"host"};
+  return d;
+}
+
+TEST(WorkerRegistryTest, RegisterAssignsDistinctIdsInOrder) {
+  FakeClock clock;
+  WorkerRegistry registry(&clock, absl::Seconds(5));
+  auto a = registry.Register(Worker("node1", 100));
+  auto b = registry.Register(Worker("node1", 101));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(a->id, b->id);
+  ASSERT_EQ(registry.All().size(), 2u);
+  EXPECT_EQ(registry.All()[0]->id, a->id);
+  EXPECT_EQ(registry.LiveCount(), 2);
+}
+
+TEST(WorkerRegistryTest, RejectsMissingHostOrPid) {
+  FakeClock clock;
+  WorkerRegistry registry(&clock, absl::Seconds(5));
+  EXPECT_EQ(registry.Register(Worker("", 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Register(Worker("h", 0)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WorkerRegistryTest, HeartbeatsKeepTheLeaseAlive) {
+  FakeClock clock;
+  WorkerRegistry registry(&clock, absl::Seconds(5));
+  auto w = registry.Register(Worker("node1", 100));
+  ASSERT_TRUE(w.ok());
+  for (int i = 0; i < 10; ++i) {
+    clock.Advance(absl::Seconds(4));
+    ASSERT_TRUE(registry.Heartbeat(w->id).ok());
+    EXPECT_TRUE(registry.Tick().empty());
+  }
+  EXPECT_TRUE(registry.Find(w->id)->alive);
+}
+
+TEST(WorkerRegistryTest, MissedLeaseIsReportedOnceNamingHostAndPid) {
+  FakeClock clock;
+  WorkerRegistry registry(&clock, absl::Seconds(5));
+  auto w = registry.Register(Worker("node7", 4242));
+  auto other = registry.Register(Worker("node8", 1));
+  ASSERT_TRUE(w.ok() && other.ok());
+  clock.Advance(absl::Seconds(4));
+  ASSERT_TRUE(registry.Heartbeat(other->id).ok());
+  EXPECT_TRUE(registry.Tick().empty());
+  clock.Advance(absl::Seconds(1));
+  auto expired = registry.Tick();
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0].id, w->id);
+  EXPECT_THAT(expired[0].DebugString(), HasSubstr("node7"));
+  EXPECT_THAT(expired[0].DebugString(), HasSubstr("4242"));
+  EXPECT_THAT(expired[0].death_cause, HasSubstr("missed its lease"));
+  EXPECT_TRUE(registry.Tick().empty());  // reported once
+  EXPECT_FALSE(registry.Find(w->id)->alive);
+  EXPECT_EQ(registry.LiveCount(), 1);
+}
+
+TEST(WorkerRegistryTest, HeartbeatAfterDeathMustReRegister) {
+  FakeClock clock;
+  WorkerRegistry registry(&clock, absl::Seconds(5));
+  auto w = registry.Register(Worker("node1", 100));
+  ASSERT_TRUE(w.ok());
+  clock.Advance(absl::Seconds(6));
+  ASSERT_EQ(registry.Tick().size(), 1u);
+  absl::Status s = registry.Heartbeat(w->id);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("register again"));
+  EXPECT_EQ(registry.Heartbeat("w-999").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Heartbeat("garbage").code(), absl::StatusCode::kNotFound);
+}
+
+TEST(WorkerRegistryTest, ReRegisteringSameHostAndPidKeepsTheId) {
+  FakeClock clock;
+  WorkerRegistry registry(&clock, absl::Seconds(5));
+  auto w = registry.Register(Worker("node1", 100));
+  ASSERT_TRUE(w.ok());
+  clock.Advance(absl::Seconds(6));
+  ASSERT_EQ(registry.Tick().size(), 1u);
+  WorkerDescription again = Worker("node1", 100);
+  again.data_plane_address = "node1:7001";
+  auto w2 = registry.Register(again);
+  ASSERT_TRUE(w2.ok());
+  EXPECT_EQ(w2->id, w->id);
+  EXPECT_TRUE(registry.Find(w->id)->alive);
+  EXPECT_EQ(registry.Find(w->id)->description.data_plane_address, "node1:7001");
+  EXPECT_TRUE(registry.Heartbeat(w->id).ok());
+}
+
+TEST(WorkerRegistryTest, DeadWorkersAreForgottenAfterRetention) {
+  FakeClock clock;
+  WorkerRegistry registry(&clock, absl::Seconds(5), absl::Minutes(1));
+  auto w = registry.Register(Worker("node1", 100));
+  ASSERT_TRUE(w.ok());
+  clock.Advance(absl::Seconds(5));
+  ASSERT_EQ(registry.Tick().size(), 1u);
+  clock.Advance(absl::Seconds(59));
+  registry.Tick();
+  EXPECT_NE(registry.Find(w->id), nullptr);
+  clock.Advance(absl::Seconds(1));
+  registry.Tick();
+  EXPECT_EQ(registry.Find(w->id), nullptr);
+}
+
+TEST(WorkerRegistryTest, DeregisterRemovesAtOnce) {
+  FakeClock clock;
+  WorkerRegistry registry(&clock, absl::Seconds(5));
+  auto w = registry.Register(Worker("node1", 100));
+  ASSERT_TRUE(w.ok());
+  EXPECT_TRUE(registry.Deregister(w->id).ok());
+  EXPECT_EQ(registry.Find(w->id), nullptr);
+  EXPECT_EQ(registry.Deregister(w->id).code(), absl::StatusCode::kNotFound);
+  clock.Advance(absl::Seconds(10));
+  EXPECT_TRUE(registry.Tick().empty());
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator
