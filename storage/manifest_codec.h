@@ -1,0 +1,63 @@
+// The checkpoint manifest (<checkpoint>/manifest.pb): conversions between the wire types and the
+// sharding library, serialization, and strict validation. Pure: no I/O, no threads.
+#ifndef CKPT_STORAGE_MANIFEST_CODEC_H_
+#define CKPT_STORAGE_MANIFEST_CODEC_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/manifest.pb.h"
+#include "sharding/dtype.h"
+#include "sharding/region.h"
+#include "storage/safetensors.h"
+
+namespace ckpt {
+
+// The manifest format this code writes and the only one it reads.
+inline constexpr uint32_t kManifestFormatVersion = 1;
+// Written into Manifest.writer_version.
+inline constexpr char kWriterVersion[] = "ckpt-storage 1.0";
+// Largest manifest file we read (a guard against garbage, not a design limit).
+inline constexpr int64_t kMaxManifestBytes = int64_t{1} << 31;
+// Default block size of StoredPiece.block_xxh3.
+inline constexpr int64_t kDefaultChecksumBlockBytes = int64_t{4} << 20;
+
+pb::DType DTypeToProto(DType dtype);
+absl::StatusOr<DType> DTypeFromProto(pb::DType dtype);
+pb::Region RegionToProto(const Region& region);
+Region RegionFromProto(const pb::Region& region);
+
+// "data/r<rank>_<index>.safetensors": data file names come from the writer's rank and a
+// counter, never from tensor keys.
+std::string DataFileName(int writer_rank, int index);
+
+// Accepts only "data/<name>.safetensors" with <name> of [A-Za-z0-9._-], not starting with '.'.
+absl::Status ValidateDataFileName(absl::string_view name);
+
+// Full structural validation: known format version; unique, non-empty tensor keys with valid
+// dtypes and shapes; valid, unique data file names; every piece refers to a known tensor and
+// file, has a region valid for its tensor, a byte length equal to elements * dtype size, an
+// entry name equal to EncodeEntryName(key, region), lies inside its file's data section, has
+// the right number of block checksums; no duplicate pieces; no overlapping byte ranges.
+absl::Status ValidateManifest(const pb::Manifest& manifest);
+
+// Parses (then validates) manifest bytes read from `path` (named in errors).
+absl::StatusOr<pb::Manifest> ParseManifest(absl::string_view bytes, absl::string_view path);
+
+// Deterministic serialization.
+std::string SerializeManifest(const pb::Manifest& manifest);
+
+// Checks one data file's parsed header against a validated manifest: same data start and size,
+// exactly one entry per piece in that file with matching name, dtype, shape and offsets, and no
+// entries the manifest does not know.
+absl::Status CheckHeaderAgainstManifest(const pb::Manifest& manifest, const pb::DataFile& file,
+                                        const SafetensorsHeader& header);
+
+// "key [0:4, 8:16] in data/r0_0.safetensors" for error messages.
+std::string DescribePiece(const pb::StoredPiece& piece);
+
+}  // namespace ckpt
+
+#endif  // CKPT_STORAGE_MANIFEST_CODEC_H_

@@ -1,0 +1,185 @@
+#include "storage/manifest_codec.h"
+
+#include <functional>
+#include <random>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ckpt {
+namespace {
+
+using ::testing::HasSubstr;
+
+pb::StoredPiece* AddPiece(pb::Manifest* m, const std::string& key, const Region& r,
+                          const std::string& file, int64_t offset, int64_t elem) {
+  pb::StoredPiece* p = m->add_pieces();
+  p->set_key(key);
+  *p->mutable_region() = RegionToProto(r);
+  p->set_file(file);
+  p->set_entry_name(EncodeEntryName(key, r));
+  p->set_byte_offset(offset);
+  p->set_byte_length(r.NumElements() * elem);
+  return p;
+}
+
+// Tensor "w" F32 (4, 6) in two row pieces in one file; scalar "s" I64 in a second file.
+pb::Manifest ValidManifest() {
+  pb::Manifest m;
+  m.set_format_version(kManifestFormatVersion);
+  m.set_checksum_block_bytes(4096);
+  auto* w = m.add_tensors();
+  w->set_key("w");
+  w->set_dtype(pb::DTYPE_F32);
+  w->add_global_shape(4);
+  w->add_global_shape(6);
+  auto* s = m.add_tensors();
+  s->set_key("s");
+  s->set_dtype(pb::DTYPE_I64);
+  auto* f0 = m.add_files();
+  f0->set_name("data/r0_0.safetensors");
+  f0->set_data_start(64);
+  f0->set_size_bytes(64 + 96);
+  auto* f1 = m.add_files();
+  f1->set_name("data/r1_0.safetensors");
+  f1->set_data_start(64);
+  f1->set_size_bytes(72);
+  AddPiece(&m, "w", Region{{0, 0}, {2, 6}, std::nullopt}, f0->name(), 64, 4);
+  AddPiece(&m, "w", Region{{2, 0}, {2, 6}, std::nullopt}, f0->name(), 112, 4);
+  AddPiece(&m, "s", Region{}, f1->name(), 64, 8);
+  return m;
+}
+
+TEST(ManifestCodecTest, ValidManifestRoundTripsThroughBytes) {
+  pb::Manifest m = ValidManifest();
+  ASSERT_TRUE(ValidateManifest(m).ok()) << ValidateManifest(m);
+  auto parsed = ParseManifest(SerializeManifest(m), "ck/manifest.pb");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->pieces_size(), 3);
+  EXPECT_EQ(SerializeManifest(*parsed), SerializeManifest(m));
+}
+
+TEST(ManifestCodecTest, DTypeAndRegionConversionsRoundTrip) {
+  for (DType d : kAllDTypes) {
+    auto back = DTypeFromProto(DTypeToProto(d));
+    ASSERT_TRUE(back.ok()) << DTypeName(d);
+    EXPECT_EQ(*back, d);
+  }
+  EXPECT_FALSE(DTypeFromProto(pb::DTYPE_UNSPECIFIED).ok());
+  EXPECT_FALSE(DTypeFromProto(static_cast<pb::DType>(99)).ok());
+  Region r{{1, 2}, {3, 4}, FlatRange{2, 7}};
+  EXPECT_EQ(RegionFromProto(RegionToProto(r)), r);
+}
+
+TEST(ManifestCodecTest, DataFileNamesMustStayInsideDataDir) {
+  EXPECT_TRUE(ValidateDataFileName(DataFileName(3, 7)).ok());
+  EXPECT_EQ(DataFileName(3, 7), "data/r3_7.safetensors");
+  for (const char* bad :
+       {"r0.safetensors", "data/../x.safetensors", "/data/a.safetensors", "data/sub/a.safetensors",
+        "data/.hidden.safetensors", "data/a.bin", "data/.safetensors", "data/a b.safetensors"}) {
+    EXPECT_FALSE(ValidateDataFileName(bad).ok()) << bad;
+  }
+}
+
+struct Mutation {
+  const char* what;
+  std::function<void(pb::Manifest*)> apply;
+  const char* message;
+};
+
+TEST(ManifestCodecTest, ValidationRejectsEachKindOfInconsistency) {
+  const std::vector<Mutation> cases = {
+      {"version", [](pb::Manifest* m) { m->set_format_version(2); }, "format version 2"},
+      {"dup tensor", [](pb::Manifest* m) { *m->add_tensors() = m->tensors(0); }, "twice"},
+      {"empty key", [](pb::Manifest* m) { m->mutable_tensors(1)->set_key(""); }, "empty key"},
+      {"bad dtype",
+       [](pb::Manifest* m) { m->mutable_tensors(0)->set_dtype(pb::DTYPE_UNSPECIFIED); }, "dtype"},
+      {"unknown tensor", [](pb::Manifest* m) { m->mutable_pieces(0)->set_key("zz"); },
+       "not listed"},
+      {"region out of tensor",
+       [](pb::Manifest* m) { m->mutable_pieces(1)->mutable_region()->set_offsets(0, 3); },
+       "tensor \"w\""},
+      {"length", [](pb::Manifest* m) { m->mutable_pieces(0)->set_byte_length(40); }, "byte length"},
+      {"file name",
+       [](pb::Manifest* m) { m->mutable_files(0)->set_name("data/../../etc.safetensors"); },
+       "data file name"},
+      {"unknown file",
+       [](pb::Manifest* m) { m->mutable_pieces(2)->set_file("data/r9_0.safetensors"); },
+       "data file is not listed"},
+      {"outside file", [](pb::Manifest* m) { m->mutable_pieces(2)->set_byte_offset(70); },
+       "outside the data section"},
+      {"in header", [](pb::Manifest* m) { m->mutable_pieces(0)->set_byte_offset(8); },
+       "outside the data section"},
+      {"entry name", [](pb::Manifest* m) { m->mutable_pieces(0)->set_entry_name("w"); },
+       "entry name"},
+      {"overlap", [](pb::Manifest* m) { m->mutable_pieces(1)->set_byte_offset(100); }, "overlap"},
+      {"duplicate piece",
+       [](pb::Manifest* m) {
+         *m->add_pieces() = m->pieces(0);
+         m->mutable_pieces(3)->set_file("data/r1_0.safetensors");
+         m->mutable_pieces(3)->set_byte_offset(72);
+         m->mutable_files(1)->set_size_bytes(200);
+       },
+       "stored twice"},
+      {"blocks", [](pb::Manifest* m) { m->mutable_pieces(0)->add_block_xxh3(1); },
+       "block checksums"},
+      {"block size", [](pb::Manifest* m) { m->set_checksum_block_bytes(100); }, "block size"},
+      {"data start", [](pb::Manifest* m) { m->mutable_files(1)->set_data_start(3); }, "data start"},
+  };
+  for (const Mutation& c : cases) {
+    pb::Manifest m = ValidManifest();
+    c.apply(&m);
+    absl::Status s = ValidateManifest(m);
+    ASSERT_FALSE(s.ok()) << c.what;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.what << ": " << s;
+  }
+}
+
+TEST(ManifestCodecTest, HeaderMustAgreeWithManifest) {
+  pb::Manifest m = ValidManifest();
+  SafetensorsHeader h;
+  h.data_start = 64;
+  h.data_bytes = 8;
+  h.entries.push_back({"s|", DType::kI64, {}, 0, 8});
+  EXPECT_TRUE(CheckHeaderAgainstManifest(m, m.files(1), h).ok());
+  SafetensorsHeader wrong_dtype = h;
+  wrong_dtype.entries[0].dtype = DType::kF64;
+  EXPECT_THAT(std::string(CheckHeaderAgainstManifest(m, m.files(1), wrong_dtype).message()),
+              HasSubstr("entry \"s|\""));
+  SafetensorsHeader extra = h;
+  extra.entries[0].end = 0;
+  extra.entries[0].shape = {0};
+  extra.entries[0].name = "other|0:0";
+  extra.entries.push_back({"s|", DType::kI64, {}, 0, 8});
+  EXPECT_THAT(std::string(CheckHeaderAgainstManifest(m, m.files(1), extra).message()),
+              HasSubstr("not listed in the manifest"));
+  SafetensorsHeader missing;
+  missing.data_start = 64;
+  missing.data_bytes = 8;
+  EXPECT_THAT(std::string(CheckHeaderAgainstManifest(m, m.files(1), missing).message()),
+              HasSubstr("missing"));
+}
+
+// Random byte flips and truncations of a serialized manifest: errors or a manifest that
+// still validates; never a crash (also run under ASan).
+TEST(ManifestCodecTest, FuzzedManifestBytesNeverCrash) {
+  const std::string good = SerializeManifest(ValidManifest());
+  std::mt19937 rng(99);
+  int rejected = 0;
+  for (int iter = 0; iter < 5000; ++iter) {
+    std::string bytes = good;
+    const int flips = 1 + rng() % 3;
+    for (int f = 0; f < flips; ++f) bytes[rng() % bytes.size()] = static_cast<char>(rng());
+    if (rng() % 3 == 0) bytes.resize(rng() % bytes.size());
+    auto m = ParseManifest(bytes, "fuzz/manifest.pb");
+    if (!m.ok()) {
+      ++rejected;
+      continue;
+    }
+    ASSERT_TRUE(ValidateManifest(*m).ok());
+  }
+  EXPECT_GT(rejected, 2500);
+}
+
+}  // namespace
+}  // namespace ckpt
