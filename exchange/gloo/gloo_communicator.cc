@@ -1,0 +1,415 @@
+#include "exchange/gloo/gloo_communicator.h"
+
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "exchange/gloo/gloo_store_adapter.h"
+#include "exchange/slice_copy.h"
+
+namespace ckpt {
+namespace {
+
+// Point-to-point messages use slots above every collective slot.
+constexpr uint64_t kP2PSlotBase = uint64_t{1} << 48;
+
+// One message to or from one peer.
+struct Transfer {
+  int peer;
+  char* ptr;
+  size_t bytes;
+};
+
+std::chrono::milliseconds RemainingMs(absl::Time deadline) {
+  int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+  return std::chrono::milliseconds(std::max<int64_t>(1, ms));
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(int rank, int size, std::string group,
+                   std::shared_ptr<gloo::transport::Device> device,
+                   std::shared_ptr<gloo::rendezvous::Context> context)
+      : rank_(rank),
+        size_(size),
+        group_(std::move(group)),
+        device_(std::move(device)),
+        context_(std::move(context)) {}
+
+  ~GlooCommunicator() override {
+    try {
+      context_.reset();
+      device_.reset();
+    } catch (...) {
+      // Nothing may escape a destructor; the sockets are closed either way.
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  MemoryKind memory_kind() const override { return MemoryKind::kHost; }
+  absl::string_view backend_name() const override { return "gloo"; }
+
+  absl::Status Broadcast(void* data, size_t bytes, int root, absl::Time deadline) override {
+    constexpr absl::string_view kOp = "gloo broadcast";
+    CKPT_RETURN_IF_ERROR(CheckRank(kOp, "root", root, size_));
+    uint64_t slot = NextSlot();
+    std::vector<Transfer> sends, recvs;
+    if (bytes > 0) {
+      if (rank_ == root) {
+        for (int p = 0; p < size_; ++p) {
+          if (p != rank_) sends.push_back({p, static_cast<char*>(data), bytes});
+        }
+      } else {
+        recvs.push_back({root, static_cast<char*>(data), bytes});
+      }
+    }
+    return Run(kOp, slot, sends, recvs, deadline);
+  }
+
+  absl::Status AllGatherV(const void* send, absl::Span<const size_t> counts, void* recv,
+                          absl::Time deadline) override {
+    constexpr absl::string_view kOp = "gloo all_gather_v";
+    CKPT_RETURN_IF_ERROR(CheckCounts(kOp, "counts", counts, size_));
+    uint64_t slot = NextSlot();
+    std::vector<size_t> offsets = Offsets(counts);
+    char* out = static_cast<char*>(recv);
+    const size_t mine = counts[rank_];
+    if (mine > 0 && out + offsets[rank_] != send) std::memmove(out + offsets[rank_], send, mine);
+    std::vector<Transfer> sends, recvs;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      if (mine > 0) sends.push_back({p, out + offsets[rank_], mine});
+      if (counts[p] > 0) recvs.push_back({p, out + offsets[p], counts[p]});
+    }
+    return Run(kOp, slot, sends, recvs, deadline);
+  }
+
+  absl::Status GatherV(const void* send, size_t send_bytes, absl::Span<const size_t> counts,
+                       void* recv, int root, absl::Time deadline) override {
+    constexpr absl::string_view kOp = "gloo gather_v";
+    CKPT_RETURN_IF_ERROR(CheckRank(kOp, "root", root, size_));
+    uint64_t slot = NextSlot();
+    std::vector<Transfer> sends, recvs;
+    if (rank_ == root) {
+      CKPT_RETURN_IF_ERROR(CheckCounts(kOp, "counts", counts, size_));
+      if (counts[rank_] != send_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            kOp, ": root sends ", send_bytes, " bytes but counts[root] is ", counts[rank_]));
+      }
+      std::vector<size_t> offsets = Offsets(counts);
+      char* out = static_cast<char*>(recv);
+      if (send_bytes > 0) std::memmove(out + offsets[rank_], send, send_bytes);
+      for (int p = 0; p < size_; ++p) {
+        if (p != rank_ && counts[p] > 0) recvs.push_back({p, out + offsets[p], counts[p]});
+      }
+    } else if (send_bytes > 0) {
+      sends.push_back({root, const_cast<char*>(static_cast<const char*>(send)), send_bytes});
+    }
+    return Run(kOp, slot, sends, recvs, deadline);
+  }
+
+  absl::Status ScatterV(const void* send, absl::Span<const size_t> counts, void* recv,
+                        size_t recv_bytes, int root, absl::Time deadline) override {
+    constexpr absl::string_view kOp = "gloo scatter_v";
+    CKPT_RETURN_IF_ERROR(CheckRank(kOp, "root", root, size_));
+    uint64_t slot = NextSlot();
+    std::vector<Transfer> sends, recvs;
+    if (rank_ == root) {
+      CKPT_RETURN_IF_ERROR(CheckCounts(kOp, "counts", counts, size_));
+      if (counts[rank_] != recv_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            kOp, ": root receives ", recv_bytes, " bytes but counts[root] is ", counts[rank_]));
+      }
+      std::vector<size_t> offsets = Offsets(counts);
+      const char* in = static_cast<const char*>(send);
+      if (recv_bytes > 0) std::memmove(recv, in + offsets[rank_], recv_bytes);
+      for (int p = 0; p < size_; ++p) {
+        if (p != rank_ && counts[p] > 0) {
+          sends.push_back({p, const_cast<char*>(in + offsets[p]), counts[p]});
+        }
+      }
+    } else if (recv_bytes > 0) {
+      recvs.push_back({root, static_cast<char*>(recv), recv_bytes});
+    }
+    return Run(kOp, slot, sends, recvs, deadline);
+  }
+
+  absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts, void* recv,
+                         absl::Span<const size_t> recv_counts, absl::Time deadline) override {
+    constexpr absl::string_view kOp = "gloo all_to_all_v";
+    CKPT_RETURN_IF_ERROR(CheckCounts(kOp, "send_counts", send_counts, size_));
+    CKPT_RETURN_IF_ERROR(CheckCounts(kOp, "recv_counts", recv_counts, size_));
+    if (send_counts[rank_] != recv_counts[rank_]) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": rank ", rank_, " sends itself ",
+                                                     send_counts[rank_], " bytes but expects ",
+                                                     recv_counts[rank_]));
+    }
+    uint64_t slot = NextSlot();
+    std::vector<size_t> send_offsets = Offsets(send_counts);
+    std::vector<size_t> recv_offsets = Offsets(recv_counts);
+    char* in = const_cast<char*>(static_cast<const char*>(send));
+    char* out = static_cast<char*>(recv);
+    if (send_counts[rank_] > 0) {
+      std::memmove(out + recv_offsets[rank_], in + send_offsets[rank_], send_counts[rank_]);
+    }
+    std::vector<Transfer> sends, recvs;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      if (send_counts[p] > 0) sends.push_back({p, in + send_offsets[p], send_counts[p]});
+      if (recv_counts[p] > 0) recvs.push_back({p, out + recv_offsets[p], recv_counts[p]});
+    }
+    return Run(kOp, slot, sends, recvs, deadline);
+  }
+
+  absl::Status IndexedAllToAllV(const void* send,
+                                absl::Span<const std::vector<ByteSlice>> send_slices, void* recv,
+                                absl::Span<const std::vector<ByteSlice>> recv_slices,
+                                absl::Time deadline) override {
+    constexpr absl::string_view kOp = "gloo indexed_all_to_all_v";
+    CKPT_RETURN_IF_ERROR(CheckSlices(kOp, "send_slices", send_slices, size_));
+    CKPT_RETURN_IF_ERROR(CheckSlices(kOp, "recv_slices", recv_slices, size_));
+    const char* in = static_cast<const char*>(send);
+    char* out = static_cast<char*>(recv);
+    CKPT_RETURN_IF_ERROR(CopySlices(in, send_slices[rank_], out, recv_slices[rank_],
+                                    absl::StrCat(kOp, " (rank ", rank_, " to itself)")));
+    uint64_t slot = NextSlot();
+    // A single slice goes straight from/to the user's buffer; several are packed/unpacked
+    // through a per-peer staging buffer.
+    std::vector<std::vector<char>> send_staging(size_), recv_staging(size_);
+    std::vector<Transfer> sends, recvs;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      const std::vector<ByteSlice>& ss = send_slices[p];
+      size_t send_total = TotalBytes(ss);
+      if (send_total > 0) {
+        if (ss.size() == 1) {
+          sends.push_back({p, const_cast<char*>(in + ss[0].offset), send_total});
+        } else {
+          send_staging[p].resize(send_total);
+          PackSlices(in, ss, send_staging[p].data());
+          sends.push_back({p, send_staging[p].data(), send_total});
+        }
+      }
+      const std::vector<ByteSlice>& rs = recv_slices[p];
+      size_t recv_total = TotalBytes(rs);
+      if (recv_total > 0) {
+        if (rs.size() == 1) {
+          recvs.push_back({p, out + rs[0].offset, recv_total});
+        } else {
+          recv_staging[p].resize(recv_total);
+          recvs.push_back({p, recv_staging[p].data(), recv_total});
+        }
+      }
+    }
+    CKPT_RETURN_IF_ERROR(Run(kOp, slot, sends, recvs, deadline));
+    for (int p = 0; p < size_; ++p) {
+      if (!recv_staging[p].empty()) UnpackSlices(recv_staging[p].data(), recv_slices[p], out);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Send(const void* data, size_t bytes, int peer, uint32_t tag,
+                    absl::Time deadline) override {
+    constexpr absl::string_view kOp = "gloo send";
+    CKPT_RETURN_IF_ERROR(CheckRank(kOp, "peer", peer, size_));
+    if (peer == rank_) return absl::InvalidArgumentError("gloo send: a rank cannot send to itself");
+    if (bytes == 0) return absl::OkStatus();
+    return Run(kOp, kP2PSlotBase + tag,
+               {{peer, const_cast<char*>(static_cast<const char*>(data)), bytes}}, {}, deadline);
+  }
+
+  absl::Status Recv(void* data, size_t bytes, int peer, uint32_t tag,
+                    absl::Time deadline) override {
+    constexpr absl::string_view kOp = "gloo recv";
+    CKPT_RETURN_IF_ERROR(CheckRank(kOp, "peer", peer, size_));
+    if (peer == rank_)
+      return absl::InvalidArgumentError("gloo recv: a rank cannot receive from itself");
+    if (bytes == 0) return absl::OkStatus();
+    return Run(kOp, kP2PSlotBase + tag, {}, {{peer, static_cast<char*>(data), bytes}}, deadline);
+  }
+
+  // Dissemination barrier: ceil(log2 N) rounds of one-byte messages.
+  absl::Status Barrier(absl::Time deadline) override {
+    constexpr absl::string_view kOp = "gloo barrier";
+    char token = 1, sink = 0;
+    for (int step = 1; step < size_; step *= 2) {
+      uint64_t slot = NextSlot();
+      int to = (rank_ + step) % size_;
+      int from = (rank_ - step + size_) % size_;
+      CKPT_RETURN_IF_ERROR(Run(kOp, slot, {{to, &token, 1}}, {{from, &sink, 1}}, deadline));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static std::vector<size_t> Offsets(absl::Span<const size_t> counts) {
+    std::vector<size_t> offsets(counts.size(), 0);
+    for (size_t i = 1; i < counts.size(); ++i) offsets[i] = offsets[i - 1] + counts[i - 1];
+    return offsets;
+  }
+
+  uint64_t NextSlot() { return next_slot_++; }
+
+  // Posts every receive and send, then waits for each (one unbound buffer per message, so a
+  // failure names its peer). On failure the group is closed so peers fail fast too.
+  absl::Status Run(absl::string_view op, uint64_t slot, const std::vector<Transfer>& sends,
+                   const std::vector<Transfer>& recvs, absl::Time deadline) {
+    if (!broken_.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(op, " on rank ", rank_, " of group '", group_,
+                       "': communicator unusable after an earlier failure: ", broken_.message()));
+    }
+    if (sends.empty() && recvs.empty()) return absl::OkStatus();
+    struct Pending {
+      const Transfer* transfer;
+      bool is_send;
+      std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+    };
+    std::vector<Pending> pending;
+    pending.reserve(sends.size() + recvs.size());
+    absl::Status status;
+    const Transfer* current = nullptr;
+    bool current_is_send = false;
+    try {
+      for (const Transfer& t : recvs) {
+        current = &t;
+        current_is_send = false;
+        pending.push_back({&t, false, context_->createUnboundBuffer(t.ptr, t.bytes)});
+        pending.back().buffer->recv(t.peer, slot);
+      }
+      for (const Transfer& t : sends) {
+        current = &t;
+        current_is_send = true;
+        pending.push_back({&t, true, context_->createUnboundBuffer(t.ptr, t.bytes)});
+        pending.back().buffer->send(t.peer, slot);
+      }
+      for (Pending& p : pending) {
+        current = p.transfer;
+        current_is_send = p.is_send;
+        bool done = p.is_send ? p.buffer->waitSend(nullptr, RemainingMs(deadline))
+                              : p.buffer->waitRecv(nullptr, RemainingMs(deadline));
+        if (!done) {
+          status = absl::AbortedError(Describe(op, *p.transfer, p.is_send, "was aborted"));
+          break;
+        }
+      }
+    } catch (const std::exception& e) {
+      status = Classify(op, *current, current_is_send, e.what(), deadline);
+    } catch (...) {
+      status = absl::InternalError(
+          Describe(op, *current, current_is_send, "failed with an unknown exception"));
+    }
+    if (!status.ok()) Break(status);
+    return status;
+  }
+
+  std::string Describe(absl::string_view op, const Transfer& t, bool is_send,
+                       absl::string_view what) const {
+    return absl::StrCat(op, " on rank ", rank_, " of group '", group_,
+                        "': ", is_send ? "sending " : "receiving ", t.bytes,
+                        is_send ? " bytes to rank " : " bytes from rank ", t.peer, " ", what);
+  }
+
+  absl::Status Classify(absl::string_view op, const Transfer& t, bool is_send,
+                        absl::string_view what, absl::Time deadline) const {
+    bool timed_out = absl::Now() >= deadline || absl::StrContains(what, "Timed out") ||
+                     absl::StrContains(what, "timed out");
+    if (timed_out) {
+      return absl::DeadlineExceededError(
+          Describe(op, t, is_send,
+                   absl::StrCat("did not complete by the deadline (peer rank ", t.peer,
+                                " stalled or is gone): ", what)));
+    }
+    return absl::UnavailableError(Describe(
+        op, t, is_send, absl::StrCat("failed (peer rank ", t.peer, " unreachable): ", what)));
+  }
+
+  // Marks the communicator unusable and closes its connections so that peers blocked on this
+  // rank fail now instead of at their deadlines.
+  void Break(const absl::Status& status) {
+    broken_ = status;
+    try {
+      context_->closeConnections();
+    } catch (...) {
+    }
+  }
+
+  const int rank_;
+  const int size_;
+  const std::string group_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  uint64_t next_slot_ = 1;
+  absl::Status broken_;
+};
+
+// Lists the ranks whose arrival keys are absent right now.
+std::vector<int> MissingRanks(Store* store, int size) {
+  std::vector<int> missing;
+  for (int r = 0; r < size; ++r) {
+    if (!store->Get({absl::StrCat("arrived/", r)}, absl::Now()).ok()) missing.push_back(r);
+  }
+  return missing;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store* store, int rank,
+                                                                     int size,
+                                                                     const GlooOptions& options,
+                                                                     absl::Time deadline) {
+  if (size < 1) return absl::InvalidArgumentError(absl::StrCat("gloo group size ", size, " < 1"));
+  CKPT_RETURN_IF_ERROR(CheckRank("gloo create", "rank", rank, size));
+  const std::string where = absl::StrCat("gloo rendezvous of group '", options.group_name,
+                                         "' (rank ", rank, " of ", size, ")");
+  PrefixedStore group_store(options.group_name, store);
+  CKPT_RETURN_IF_ERROR(group_store.Set(absl::StrCat("arrived/", rank), "1", deadline));
+  std::vector<std::string> arrival_keys;
+  for (int r = 0; r < size; ++r) arrival_keys.push_back(absl::StrCat("arrived/", r));
+  absl::Status arrived = group_store.Wait(arrival_keys, deadline);
+  if (!arrived.ok()) {
+    if (arrived.code() == absl::StatusCode::kDeadlineExceeded) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(where, ": ranks [", absl::StrJoin(MissingRanks(&group_store, size), ", "),
+                       "] never arrived before the deadline"));
+    }
+    return absl::Status(arrived.code(), absl::StrCat(where, ": ", arrived.message()));
+  }
+  try {
+    gloo::transport::tcp::attr attr(options.hostname.c_str());
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(std::chrono::milliseconds(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()))));
+    if (size > 1) {
+      PrefixedStore mesh_store("mesh", &group_store);
+      GlooStoreAdapter adapter(&mesh_store, deadline);
+      context->connectFullMesh(adapter, device);
+    }
+    return std::unique_ptr<Communicator>(
+        new GlooCommunicator(rank, size, options.group_name, device, context));
+  } catch (const std::exception& e) {
+    bool timed_out = absl::Now() >= deadline;
+    std::string message = absl::StrCat(where, ": connecting the TCP mesh on ", options.hostname,
+                                       " failed: ", e.what());
+    return timed_out ? absl::DeadlineExceededError(message) : absl::UnavailableError(message);
+  } catch (...) {
+    return absl::InternalError(absl::StrCat(where, ": unknown exception from Gloo"));
+  }
+}
+
+}  // namespace ckpt

@@ -1,0 +1,36 @@
+// Host-memory Communicator over Gloo's TCP transport (Debian's libgloo). Every collective is
+// built from Gloo unbound-buffer sends/receives with one buffer per peer, so a failure can be
+// attributed to the peer rank; every Gloo exception is caught here and becomes a Status.
+#ifndef CKPT_EXCHANGE_GLOO_GLOO_COMMUNICATOR_H_
+#define CKPT_EXCHANGE_GLOO_GLOO_COMMUNICATOR_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "exchange/communicator.h"
+#include "exchange/store.h"
+
+namespace ckpt {
+
+// How a Gloo group forms.
+struct GlooOptions {
+  // Address this rank's TCP device binds to and advertises to peers.
+  std::string hostname = "127.0.0.1";
+  // Store key prefix for this group. Must be unique per group instance (include a job or
+  // generation id) because rendezvous keys stay in the store.
+  std::string group_name = "gloo";
+};
+
+// Joins the group: every rank of 0..size-1 calls this with the same store and group name.
+// Returns DeadlineExceeded naming the ranks that never arrived when the group does not form by
+// `deadline`.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store* store, int rank,
+                                                                     int size,
+                                                                     const GlooOptions& options,
+                                                                     absl::Time deadline);
+
+}  // namespace ckpt
+
+#endif  // CKPT_EXCHANGE_GLOO_GLOO_COMMUNICATOR_H_
