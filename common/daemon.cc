@@ -1,0 +1,63 @@
+#include "common/daemon.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/sinks/stdout_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace ckpt {
+
+absl::Status SetUpDaemonLogging(absl::string_view name, absl::string_view level) {
+  static constexpr absl::string_view kLevels[] = {"trace", "debug",    "info", "warn",
+                                                  "error", "critical", "off"};
+  bool known = false;
+  for (absl::string_view l : kLevels) known |= (l == level);
+  if (!known) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown log level \"", level,
+                     "\" (expected trace, debug, info, warn, error, critical or off)"));
+  }
+  auto logger = spdlog::stderr_logger_mt(std::string(name));
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%fZ %l %n %v", spdlog::pattern_time_type::utc);
+  spdlog::set_level(spdlog::level::from_str(std::string(level)));
+  spdlog::flush_on(spdlog::level::trace);
+  return absl::OkStatus();
+}
+
+namespace {
+sigset_t ShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+}  // namespace
+
+void BlockShutdownSignals() {
+  sigset_t set = ShutdownSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+void WatchShutdownSignals(std::function<void(int)> on_signal) {
+  sigset_t set = ShutdownSignals();
+  std::thread([set, on_signal = std::move(on_signal)] {
+    int signal_number = 0;
+    if (sigwait(&set, &signal_number) == 0) on_signal(signal_number);
+  }).detach();
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
+  return buf;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,32 @@
+// Process plumbing shared by the ckpt daemons (coordinator, worker): structured logging
+// setup and clean shutdown on SIGINT/SIGTERM.
+#ifndef CKPT_COMMON_DAEMON_H_
+#define CKPT_COMMON_DAEMON_H_
+
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace ckpt {
+
+// Sends spdlog output to stderr as "<UTC time> <level> <name> key=value ..." lines at the
+// given level ("trace", "debug", "info", "warn", "error", "critical", "off").
+// InvalidArgument naming the valid levels otherwise.
+absl::Status SetUpDaemonLogging(absl::string_view name, absl::string_view level);
+
+// Blocks SIGINT and SIGTERM in the calling thread and every thread it creates afterwards.
+// Call first in main, before any thread (gRPC's included) starts.
+void BlockShutdownSignals();
+
+// Starts a detached thread that waits for SIGINT or SIGTERM (blocked by BlockShutdownSignals)
+// and then calls `on_signal(signal_number)` once.
+void WatchShutdownSignals(std::function<void(int)> on_signal);
+
+// This machine's host name ("localhost" if it cannot be read).
+std::string HostName();
+
+}  // namespace ckpt
+
+#endif  // CKPT_COMMON_DAEMON_H_

@@ -1,0 +1,129 @@
+// ckpt_coordinator: the coordinator daemon. Serves ckpt.pb.Coordinator (workers, jobs,
+// operations) and ckpt.pb.Rendezvous (the data plane's key-value store) on one address.
+//
+//   ckpt_coordinator --listen 0.0.0.0:7400 [--lease_ms 10000] [--arrival_deadline_ms 60000]
+//                    [--execution_deadline_ms 1800000] [--log_level info] [--address_file F]
+//
+// With port 0 the OS picks a free port; the address actually bound is printed on stdout as
+// "ckpt_coordinator listening on HOST:PORT" (and written to --address_file when given).
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/daemon.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/kv_store.h"
+#include "coordinator/rendezvous_service.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:7400", "host:port to serve on (port 0: pick a free one)");
+ABSL_FLAG(int64_t, lease_ms, 10000, "a worker that misses heartbeats this long is declared dead");
+ABSL_FLAG(int64_t, arrival_deadline_ms, 60000,
+          "every rank must join an operation within this long of its start");
+ABSL_FLAG(int64_t, execution_deadline_ms, 1800000,
+          "planning + executing an operation must finish within this long");
+ABSL_FLAG(int64_t, tick_ms, 100, "how often leases and deadlines are checked");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
+ABSL_FLAG(std::string, address_file, "",
+          "when set, the bound host:port is written here (atomically) once serving");
+
+namespace {
+
+// Writes `text` to `path` through a temporary file and rename, so readers never see a part.
+bool WriteFileAtomically(const std::string& path, const std::string& text) {
+  std::string tmp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text << "\n";
+    if (!out.good()) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+int Run() {
+  if (absl::Status s = ckpt::SetUpDaemonLogging("coordinator", absl::GetFlag(FLAGS_log_level));
+      !s.ok()) {
+    std::fprintf(stderr, "ckpt_coordinator: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  for (int64_t v : {absl::GetFlag(FLAGS_lease_ms), absl::GetFlag(FLAGS_arrival_deadline_ms),
+                    absl::GetFlag(FLAGS_execution_deadline_ms), absl::GetFlag(FLAGS_tick_ms)}) {
+    if (v <= 0) {
+      std::fprintf(stderr, "ckpt_coordinator: deadlines, lease and tick must be positive\n");
+      return 2;
+    }
+  }
+  std::string listen = absl::GetFlag(FLAGS_listen);
+  size_t colon = listen.rfind(':');
+  int port_ignored = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port_ignored)) {
+    std::fprintf(stderr, "ckpt_coordinator: --listen must be host:port, got \"%s\"\n",
+                 listen.c_str());
+    return 2;
+  }
+
+  ckpt::coordinator::RealClock clock;
+  ckpt::coordinator::CoordinatorOptions options;
+  options.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
+  options.tick = absl::Milliseconds(absl::GetFlag(FLAGS_tick_ms));
+  options.jobs.arrival_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_arrival_deadline_ms));
+  options.jobs.execution_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_execution_deadline_ms));
+  ckpt::coordinator::CoordinatorService coordinator(&clock, options);
+  // TODO(issue 6): wire the save/load planners (coordinator/save_plan, load_plan) and the
+  // manifest committer (storage/) here once they exist; until then operations reaching the
+  // planning phase are aborted with Unimplemented naming what is missing.
+  ckpt::KvStore kv;
+  ckpt::RendezvousService rendezvous(&kv);
+
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.RegisterService(&coordinator);
+  builder.RegisterService(&rendezvous);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    std::fprintf(stderr, "ckpt_coordinator: cannot listen on %s\n", listen.c_str());
+    return 1;
+  }
+  coordinator.Start();
+  std::string address = absl::StrCat(listen.substr(0, colon), ":", bound_port);
+  std::printf("ckpt_coordinator listening on %s\n", address.c_str());
+  std::fflush(stdout);
+  spdlog::info("serving address={} lease_ms={} arrival_deadline_ms={} execution_deadline_ms={}",
+               address, absl::GetFlag(FLAGS_lease_ms), absl::GetFlag(FLAGS_arrival_deadline_ms),
+               absl::GetFlag(FLAGS_execution_deadline_ms));
+  const std::string address_file = absl::GetFlag(FLAGS_address_file);
+  if (!address_file.empty() && !WriteFileAtomically(address_file, address)) {
+    spdlog::error("cannot write address_file={}", address_file);
+  }
+
+  grpc::Server* raw = server.get();
+  ckpt::WatchShutdownSignals([raw, &coordinator](int signal_number) {
+    spdlog::info("shutting_down signal={}", signal_number);
+    coordinator.Shutdown();  // ends streams and waits so that Shutdown below is prompt
+    raw->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  });
+  server->Wait();
+  coordinator.Shutdown();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "ckpt coordinator daemon: worker registry, rendezvous store, jobs and operations.\n"
+      "usage: ckpt_coordinator --listen HOST:PORT [flags]");
+  absl::ParseCommandLine(argc, argv);
+  ckpt::BlockShutdownSignals();
+  return Run();
+}

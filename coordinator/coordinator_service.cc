@@ -1,0 +1,486 @@
+#include "coordinator/coordinator_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "spdlog/spdlog.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+// Longest single wait before re-checking cancellation and shutdown.
+constexpr absl::Duration kWaitSlice = absl::Milliseconds(200);
+
+int64_t UnixMs(absl::Time t) {
+  if (t == absl::InfiniteFuture() || t == absl::InfinitePast()) return 0;
+  return absl::ToUnixMillis(t);
+}
+
+absl::Time ClientDeadline(const grpc::ServerContext* context) {
+  return absl::FromChrono(context->deadline());
+}
+
+}  // namespace
+
+pb::OperationKind ToProto(OperationKind kind) {
+  switch (kind) {
+    case OperationKind::kSave:
+      return pb::OPERATION_SAVE;
+    case OperationKind::kLoad:
+      return pb::OPERATION_LOAD;
+    case OperationKind::kReshard:
+      return pb::OPERATION_RESHARD;
+  }
+  return pb::OPERATION_KIND_UNSPECIFIED;
+}
+
+absl::StatusOr<OperationKind> FromProto(pb::OperationKind kind) {
+  switch (kind) {
+    case pb::OPERATION_SAVE:
+      return OperationKind::kSave;
+    case pb::OPERATION_LOAD:
+      return OperationKind::kLoad;
+    case pb::OPERATION_RESHARD:
+      return OperationKind::kReshard;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("operation kind ", static_cast<int>(kind), " is not save, load or reshard"));
+  }
+}
+
+pb::OperationPhase ToProto(Phase phase) {
+  switch (phase) {
+    case Phase::kGathering:
+      return pb::PHASE_GATHERING;
+    case Phase::kPlanning:
+      return pb::PHASE_PLANNING;
+    case Phase::kExecuting:
+      return pb::PHASE_EXECUTING;
+    case Phase::kCommitting:
+      return pb::PHASE_COMMITTING;
+    case Phase::kDone:
+      return pb::PHASE_DONE;
+    case Phase::kAborted:
+      return pb::PHASE_ABORTED;
+  }
+  return pb::PHASE_UNSPECIFIED;
+}
+
+pb::StatusDetail ToDetail(const absl::Status& status) {
+  pb::StatusDetail d;
+  d.set_code(static_cast<int32_t>(status.code()));
+  d.set_message(std::string(status.message()));
+  return d;
+}
+
+absl::Status FromDetail(const pb::StatusDetail& detail) {
+  if (detail.code() == 0) return absl::OkStatus();
+  if (detail.code() < 0 || detail.code() > 16) {
+    return absl::UnknownError(absl::StrCat("(status code ", detail.code(), ") ", detail.message()));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(detail.code()), detail.message());
+}
+
+void ToProto(const Operation& op, pb::OperationStatus* out) {
+  out->set_id(op.id);
+  out->set_job(op.job);
+  out->set_kind(ToProto(op.kind));
+  out->set_path(op.path);
+  out->set_requested_by(op.requested_by);
+  out->set_world_size(op.world_size);
+  out->set_phase(ToProto(op.phase));
+  out->set_joined_ranks(op.JoinedRanks());
+  out->set_reported_ranks(op.ReportedRanks());
+  out->set_bytes_done(op.BytesDone());
+  out->set_bytes_total(op.BytesTotal());
+  *out->mutable_status() = ToDetail(op.status);
+  out->set_created_unix_ms(UnixMs(op.created));
+  out->set_deadline_unix_ms(UnixMs(op.deadline));
+}
+
+CoordinatorService::CoordinatorService(const Clock* clock, CoordinatorOptions options)
+    : clock_(clock),
+      options_(options),
+      jobs_(clock, options.jobs),
+      workers_(clock, options.lease) {}
+
+CoordinatorService::~CoordinatorService() { Shutdown(); }
+
+void CoordinatorService::SetPlanner(OperationKind kind, Planner planner) {
+  planners_[kind] = std::move(planner);
+}
+
+void CoordinatorService::SetCommitter(Committer committer) { committer_ = std::move(committer); }
+
+void CoordinatorService::Start() {
+  ticker_ = std::thread([this] {
+    absl::MutexLock lock(&mu_);
+    while (!shutting_down_) {
+      changed_.WaitWithTimeout(&mu_, options_.tick);
+      if (shutting_down_) break;
+      mu_.Unlock();
+      TickOnce();
+      mu_.Lock();
+    }
+  });
+}
+
+void CoordinatorService::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    changed_.SignalAll();
+  }
+  if (ticker_.joinable()) ticker_.join();
+}
+
+void CoordinatorService::Changed() { changed_.SignalAll(); }
+
+void CoordinatorService::TickOnce() {
+  absl::MutexLock lock(&mu_);
+  for (const WorkerRecord& dead : workers_.Tick()) {
+    spdlog::warn("worker_lost worker={} host={} pid={} cause=\"{}\"", dead.id,
+                 dead.description.host, dead.description.pid, dead.death_cause);
+    LogAborted(jobs_.WorkerLost(dead.id, dead.death_cause));
+  }
+  LogAborted(jobs_.Tick());
+  Changed();
+}
+
+void CoordinatorService::LogAborted(const std::vector<std::string>& ids) {
+  for (const std::string& id : ids) {
+    const Operation* op = jobs_.FindOperation(id);
+    if (op != nullptr) {
+      spdlog::error("operation_aborted op={} job={} kind={} path={} code={} cause=\"{}\"", op->id,
+                    op->job, std::string(OperationKindName(op->kind)), op->path,
+                    absl::StatusCodeToString(op->status.code()), std::string(op->status.message()));
+    }
+  }
+}
+
+void CoordinatorService::Advance(const std::string& operation_id) {
+  const Operation* op = jobs_.FindOperation(operation_id);
+  if (op == nullptr) return;
+  if (op->phase == Phase::kPlanning) {
+    spdlog::info("operation_gathered op={} job={} kind={} path={} ranks={}", op->id, op->job,
+                 std::string(OperationKindName(op->kind)), op->path, op->world_size);
+    auto planner = planners_.find(op->kind);
+    if (planner == planners_.end() || !planner->second) {
+      absl::Status missing = absl::UnimplementedError(absl::StrCat(
+          "no ", OperationKindName(op->kind),
+          " planner is wired into this coordinator yet (the planner in coordinator/ and the "
+          "worker data path are still being built); nothing was written or loaded"));
+      (void)jobs_.Abort(operation_id, missing);
+      LogAborted({operation_id});
+    } else {
+      absl::StatusOr<std::vector<RankPlan>> plans = planner->second(*op);
+      absl::Status s = plans.ok() ? jobs_.SetPlan(operation_id, *std::move(plans)) : plans.status();
+      if (!s.ok()) {
+        (void)jobs_.Abort(operation_id,
+                          absl::Status(s.code(), absl::StrCat("planning failed: ", s.message())));
+        LogAborted({operation_id});
+      } else {
+        spdlog::info("operation_planned op={} bytes_total={}", operation_id,
+                     jobs_.FindOperation(operation_id)->BytesTotal());
+      }
+    }
+  }
+  op = jobs_.FindOperation(operation_id);
+  if (op != nullptr && op->phase == Phase::kCommitting) {
+    absl::Status committed =
+        committer_ ? committer_(*op)
+                   : absl::UnimplementedError(
+                         "no manifest committer is wired into this coordinator yet; the "
+                         "checkpoint was not committed");
+    (void)jobs_.FinishCommit(operation_id, committed);
+    if (committed.ok()) {
+      spdlog::info("operation_committed op={} path={}", operation_id, op->path);
+    } else {
+      LogAborted({operation_id});
+    }
+  }
+  op = jobs_.FindOperation(operation_id);
+  if (op != nullptr && op->phase == Phase::kDone) {
+    spdlog::info("operation_done op={} job={} kind={} path={} bytes={}", op->id, op->job,
+                 std::string(OperationKindName(op->kind)), op->path, op->BytesDone());
+  }
+  Changed();
+}
+
+grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext*,
+                                                const pb::RegisterWorkerRequest* request,
+                                                pb::RegisterWorkerResponse* response) {
+  const pb::WorkerInfo& info = request->info();
+  WorkerDescription d;
+  d.host = info.host();
+  d.pid = info.pid();
+  d.data_plane_address = info.data_plane_address();
+  d.memory_kinds.assign(info.memory_kinds().begin(), info.memory_kinds().end());
+  d.local_rank = info.local_rank();
+  d.gpu = info.gpu();
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<WorkerRecord> record = workers_.Register(d);
+  if (!record.ok()) return ToGrpcStatus(record.status());
+  spdlog::info("worker_registered worker={} host={} pid={} data_plane={} local_rank={} gpu={}",
+               record->id, d.host, d.pid, d.data_plane_address, d.local_rank, d.gpu);
+  response->set_worker_id(record->id);
+  response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
+  Changed();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
+                                           const pb::HeartbeatRequest* request,
+                                           pb::HeartbeatResponse* response) {
+  absl::MutexLock lock(&mu_);
+  absl::Status s = workers_.Heartbeat(request->worker_id());
+  if (!s.ok()) return ToGrpcStatus(s);
+  response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::DeregisterWorker(grpc::ServerContext*,
+                                                  const pb::DeregisterWorkerRequest* request,
+                                                  pb::DeregisterWorkerResponse*) {
+  absl::MutexLock lock(&mu_);
+  const WorkerRecord* record = workers_.Find(request->worker_id());
+  if (record == nullptr) {
+    return ToGrpcStatus(
+        absl::NotFoundError(absl::StrCat("worker ", request->worker_id(), " is not registered")));
+  }
+  std::string description = record->DebugString();
+  LogAborted(jobs_.WorkerLost(request->worker_id(), "shut down"));
+  (void)workers_.Deregister(request->worker_id());
+  spdlog::info("worker_deregistered {}", description);
+  Changed();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::AttachRank(grpc::ServerContext*,
+                                            const pb::AttachRankRequest* request,
+                                            pb::AttachRankResponse*) {
+  absl::MutexLock lock(&mu_);
+  const WorkerRecord* worker = workers_.Find(request->worker_id());
+  if (worker == nullptr || !worker->alive) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        absl::StrCat("rank ", request->rank(), " of job ", request->job(), ": worker ",
+                     request->worker_id(), " is not registered (or lost its lease)")));
+  }
+  RankLocation location{worker->id, worker->description.host, worker->description.pid};
+  absl::Status s =
+      jobs_.AttachRank(request->job(), request->world_size(), request->rank(), location);
+  if (!s.ok()) return ToGrpcStatus(s);
+  spdlog::info("rank_attached job={} rank={} world_size={} worker={} host={} trainer_pid={}",
+               request->job(), request->rank(), request->world_size(), worker->id,
+               worker->description.host, request->trainer_pid());
+  Changed();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext*,
+                                               const pb::JoinOperationRequest* request,
+                                               pb::JoinOperationResponse* response) {
+  absl::StatusOr<OperationKind> kind = FromProto(request->kind());
+  if (!kind.ok()) return ToGrpcStatus(kind.status());
+  absl::MutexLock lock(&mu_);
+  const WorkerRecord* worker = workers_.Find(request->worker_id());
+  if (worker == nullptr || !worker->alive) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        absl::StrCat("rank ", request->rank(), " of job ", request->job(), ": worker ",
+                     request->worker_id(), " is not registered (or lost its lease)")));
+  }
+  JoinRequest join;
+  join.job = request->job();
+  join.world_size = request->world_size();
+  join.rank = request->rank();
+  join.kind = *kind;
+  join.path = request->path();
+  join.location = RankLocation{worker->id, worker->description.host, worker->description.pid};
+  join.shards.assign(request->state().shards().begin(), request->state().shards().end());
+  join.operation_id = request->operation_id();
+  absl::StatusOr<const Operation*> op = jobs_.JoinOperation(join);
+  if (!op.ok()) return ToGrpcStatus(op.status());
+  std::string id = (*op)->id;
+  spdlog::info("rank_joined op={} job={} rank={} shards={} joined={}/{}", id, join.job, join.rank,
+               join.shards.size(), (*op)->JoinedRanks(), (*op)->world_size);
+  Advance(id);
+  ToProto(*jobs_.FindOperation(id), response->mutable_operation());
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
+                                           const pb::WatchWorkRequest* request,
+                                           grpc::ServerWriter<pb::WorkItem>* writer) {
+  const std::string worker_id = request->worker_id();
+  const absl::Time started = clock_->Now();
+  std::set<std::pair<std::string, int>> plans_sent;  // (operation, rank)
+  std::set<std::string> aborts_sent;
+  uint64_t seen_version = 0;
+  bool first = true;
+  while (true) {
+    std::vector<pb::WorkItem> items;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!shutting_down_ && !context->IsCancelled() && !first &&
+             jobs_.version() == seen_version) {
+        changed_.WaitWithTimeout(&mu_, kWaitSlice);
+        const WorkerRecord* w = workers_.Find(worker_id);
+        if (w == nullptr || !w->alive) break;
+      }
+      first = false;
+      if (shutting_down_)
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator is shutting down");
+      if (context->IsCancelled()) return grpc::Status::CANCELLED;
+      const WorkerRecord* w = workers_.Find(worker_id);
+      if (w == nullptr || !w->alive) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            absl::StrCat("worker ", worker_id,
+                                         " is not registered (or lost its lease); register again"));
+      }
+      seen_version = jobs_.version();
+      for (const Operation* op : jobs_.Operations()) {
+        for (int r = 0; r < op->world_size; ++r) {
+          const RankEntry& e = op->ranks[r];
+          if (!e.joined || e.location.worker_id != worker_id) continue;
+          pb::WorkItem item;
+          item.set_operation_id(op->id);
+          item.set_job(op->job);
+          item.set_rank(r);
+          item.set_kind(ToProto(op->kind));
+          item.set_path(op->path);
+          if (op->phase == Phase::kExecuting && e.has_plan && !e.result.has_value() &&
+              plans_sent.insert({op->id, r}).second) {
+            item.set_plan_part(e.plan_part);
+            items.push_back(std::move(item));
+          } else if (op->phase == Phase::kAborted && op->finished >= started &&
+                     aborts_sent.insert(absl::StrCat(op->id, "/", r)).second) {
+            *item.mutable_abort() = ToDetail(op->status);
+            items.push_back(std::move(item));
+          }
+        }
+      }
+    }
+    for (const pb::WorkItem& item : items) {
+      if (!writer->Write(item)) return grpc::Status::CANCELLED;
+    }
+  }
+}
+
+grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext*,
+                                                const pb::ReportProgressRequest* request,
+                                                pb::ReportProgressResponse*) {
+  absl::MutexLock lock(&mu_);
+  absl::Status s =
+      jobs_.ReportProgress(request->operation_id(), request->rank(), request->bytes_done());
+  Changed();
+  return ToGrpcStatus(s);
+}
+
+grpc::Status CoordinatorService::ReportResult(grpc::ServerContext*,
+                                              const pb::ReportResultRequest* request,
+                                              pb::ReportResultResponse*) {
+  absl::MutexLock lock(&mu_);
+  absl::Status result = FromDetail(request->result());
+  absl::Status s = jobs_.ReportResult(request->operation_id(), request->rank(), result);
+  if (!s.ok()) return ToGrpcStatus(s);
+  const Operation* op = jobs_.FindOperation(request->operation_id());
+  if (op != nullptr && op->phase == Phase::kAborted) LogAborted({op->id});
+  Advance(request->operation_id());
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::WaitOperation(grpc::ServerContext* context,
+                                               const pb::WaitOperationRequest* request,
+                                               pb::OperationStatus* response) {
+  absl::Time deadline =
+      std::min(clock_->Now() + absl::Milliseconds(request->timeout_ms()), ClientDeadline(context));
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    const Operation* op = jobs_.FindOperation(request->operation_id());
+    if (op == nullptr) {
+      return ToGrpcStatus(absl::NotFoundError(
+          absl::StrCat("operation ", request->operation_id(), " is unknown (or long finished)")));
+    }
+    absl::Time now = clock_->Now();
+    if (IsFinal(op->phase) || now >= deadline || shutting_down_ || context->IsCancelled()) {
+      ToProto(*op, response);
+      return grpc::Status::OK;
+    }
+    changed_.WaitWithTimeout(&mu_, std::min(kWaitSlice, deadline - now));
+  }
+}
+
+grpc::Status CoordinatorService::RequestOperation(grpc::ServerContext*,
+                                                  const pb::RequestOperationRequest* request,
+                                                  pb::RequestOperationResponse* response) {
+  absl::StatusOr<OperationKind> kind = FromProto(request->kind());
+  if (!kind.ok()) return ToGrpcStatus(kind.status());
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::string> id = jobs_.RequestOperation(
+      request->job(), *kind, request->path(), absl::Milliseconds(request->arrival_deadline_ms()));
+  if (!id.ok()) return ToGrpcStatus(id.status());
+  spdlog::info("operation_requested op={} job={} kind={} path={}", *id, request->job(),
+               std::string(OperationKindName(*kind)), request->path());
+  response->set_operation_id(*id);
+  Changed();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::PendingOperation(grpc::ServerContext*,
+                                                  const pb::PendingOperationRequest* request,
+                                                  pb::PendingOperationResponse* response) {
+  absl::MutexLock lock(&mu_);
+  const Operation* op = jobs_.PendingForRank(request->job(), request->rank());
+  response->set_pending(op != nullptr);
+  if (op != nullptr) {
+    response->set_operation_id(op->id);
+    response->set_kind(ToProto(op->kind));
+    response->set_path(op->path);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::GetStatus(grpc::ServerContext*,
+                                           const pb::GetStatusRequest* request,
+                                           pb::GetStatusResponse* response) {
+  absl::MutexLock lock(&mu_);
+  absl::Time now = clock_->Now();
+  response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
+  for (const WorkerRecord* w : workers_.All()) {
+    pb::WorkerStatus* out = response->add_workers();
+    out->set_worker_id(w->id);
+    pb::WorkerInfo* info = out->mutable_info();
+    info->set_host(w->description.host);
+    info->set_pid(static_cast<int32_t>(w->description.pid));
+    info->set_data_plane_address(w->description.data_plane_address);
+    for (const std::string& kind : w->description.memory_kinds) info->add_memory_kinds(kind);
+    info->set_local_rank(w->description.local_rank);
+    info->set_gpu(w->description.gpu);
+    out->set_alive(w->alive);
+    out->set_death_cause(w->death_cause);
+    out->set_ms_since_heartbeat(absl::ToInt64Milliseconds(now - w->last_heartbeat));
+  }
+  for (const Job* job : jobs_.Jobs()) {
+    if (!request->job().empty() && job->name != request->job()) continue;
+    pb::JobStatus* out = response->add_jobs();
+    out->set_name(job->name);
+    out->set_world_size(job->world_size);
+    for (const auto& [rank, location] : job->ranks) {
+      pb::RankAttachment* a = out->add_ranks();
+      a->set_rank(rank);
+      a->set_worker_id(location.worker_id);
+      a->set_host(location.host);
+    }
+  }
+  for (const Operation* op : jobs_.Operations()) {
+    if (!request->job().empty() && op->job != request->job()) continue;
+    ToProto(*op, response->add_operations());
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace ckpt::coordinator

@@ -1,0 +1,118 @@
+// The gRPC shell of the coordinator (ckpt.pb.Coordinator): worker registration and leases,
+// jobs, and save/load/reshard operations, over the pure JobState and WorkerRegistry. A
+// background thread ticks leases and deadlines; workers pull their plan parts over the
+// WatchWork stream, so the coordinator never dials a worker.
+//
+// Planning and committing are pluggable (SetPlanner/SetCommitter): an operation whose kind has
+// no planner wired is aborted for every rank with Unimplemented naming what is missing, and a
+// save/reshard without a committer never reports done.
+#ifndef CKPT_COORDINATOR_COORDINATOR_SERVICE_H_
+#define CKPT_COORDINATOR_COORDINATOR_SERVICE_H_
+
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/clock.h"
+#include "coordinator/job_state.h"
+#include "coordinator/worker_registry.h"
+#include "proto/coordinator.grpc.pb.h"
+
+namespace ckpt::coordinator {
+
+// Deadlines and timings of the service.
+struct CoordinatorOptions {
+  absl::Duration lease = absl::Seconds(10);       // a worker missing heartbeats this long is dead
+  absl::Duration tick = absl::Milliseconds(100);  // how often leases and deadlines are checked
+  JobStateOptions jobs;
+};
+
+// Computes one plan part per rank for an operation in the planning phase (every rank's shard
+// metadata is in op.ranks[r].shards).
+using Planner = std::function<absl::StatusOr<std::vector<RankPlan>>(const Operation& op)>;
+// Commits a save/reshard whose every rank reported success (writes the manifest).
+using Committer = std::function<absl::Status(const Operation& op)>;
+
+// The service. Thread-safe; construct, wire planners, Start(), register with a grpc server.
+class CoordinatorService final : public pb::Coordinator::Service {
+ public:
+  CoordinatorService(const Clock* clock, CoordinatorOptions options);
+  ~CoordinatorService() override;
+
+  // Wiring, before Start().
+  void SetPlanner(OperationKind kind, Planner planner);
+  void SetCommitter(Committer committer);
+
+  // Starts the lease/deadline ticker thread.
+  void Start();
+  // Stops the ticker and ends every WatchWork stream and waiting call promptly.
+  void Shutdown();
+
+  grpc::Status RegisterWorker(grpc::ServerContext* context,
+                              const pb::RegisterWorkerRequest* request,
+                              pb::RegisterWorkerResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const pb::HeartbeatRequest* request,
+                         pb::HeartbeatResponse* response) override;
+  grpc::Status DeregisterWorker(grpc::ServerContext* context,
+                                const pb::DeregisterWorkerRequest* request,
+                                pb::DeregisterWorkerResponse* response) override;
+  grpc::Status AttachRank(grpc::ServerContext* context, const pb::AttachRankRequest* request,
+                          pb::AttachRankResponse* response) override;
+  grpc::Status JoinOperation(grpc::ServerContext* context, const pb::JoinOperationRequest* request,
+                             pb::JoinOperationResponse* response) override;
+  grpc::Status WatchWork(grpc::ServerContext* context, const pb::WatchWorkRequest* request,
+                         grpc::ServerWriter<pb::WorkItem>* writer) override;
+  grpc::Status ReportProgress(grpc::ServerContext* context,
+                              const pb::ReportProgressRequest* request,
+                              pb::ReportProgressResponse* response) override;
+  grpc::Status ReportResult(grpc::ServerContext* context, const pb::ReportResultRequest* request,
+                            pb::ReportResultResponse* response) override;
+  grpc::Status WaitOperation(grpc::ServerContext* context, const pb::WaitOperationRequest* request,
+                             pb::OperationStatus* response) override;
+  grpc::Status RequestOperation(grpc::ServerContext* context,
+                                const pb::RequestOperationRequest* request,
+                                pb::RequestOperationResponse* response) override;
+  grpc::Status PendingOperation(grpc::ServerContext* context,
+                                const pb::PendingOperationRequest* request,
+                                pb::PendingOperationResponse* response) override;
+  grpc::Status GetStatus(grpc::ServerContext* context, const pb::GetStatusRequest* request,
+                         pb::GetStatusResponse* response) override;
+
+  // One pass of lease and deadline checks (the ticker calls it; tests may too).
+  void TickOnce();
+
+ private:
+  // Runs the planner (or aborts) for an operation that just entered planning, and the
+  // committer for one that just entered committing. Requires mu_.
+  void Advance(const std::string& operation_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LogAborted(const std::vector<std::string>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Clock* clock_;
+  CoordinatorOptions options_;
+  absl::Mutex mu_;
+  absl::CondVar changed_;  // signalled on every change of state
+  JobState jobs_ ABSL_GUARDED_BY(mu_);
+  WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
+  std::map<OperationKind, Planner> planners_;
+  Committer committer_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread ticker_;
+};
+
+// Wire conversions shared by the daemons and ckptctl.
+pb::OperationKind ToProto(OperationKind kind);
+absl::StatusOr<OperationKind> FromProto(pb::OperationKind kind);
+pb::OperationPhase ToProto(Phase phase);
+pb::StatusDetail ToDetail(const absl::Status& status);
+absl::Status FromDetail(const pb::StatusDetail& detail);
+void ToProto(const Operation& op, pb::OperationStatus* out);
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_COORDINATOR_COORDINATOR_SERVICE_H_
