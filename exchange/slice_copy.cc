@@ -23,21 +23,23 @@ void UnpackSlices(const char* src, absl::Span<const ByteSlice> slices, char* dst
   }
 }
 
-absl::Status CopySlices(const char* src, absl::Span<const ByteSlice> src_slices, char* dst,
-                        absl::Span<const ByteSlice> dst_slices, absl::string_view what) {
+absl::StatusOr<std::vector<SegmentCopy>> MatchSlices(absl::Span<const ByteSlice> src_slices,
+                                                     absl::Span<const ByteSlice> dst_slices,
+                                                     absl::string_view what) {
   size_t src_total = TotalBytes(src_slices);
   size_t dst_total = TotalBytes(dst_slices);
   if (src_total != dst_total) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": ", src_total, " bytes sent but receive slices hold ", dst_total));
   }
+  std::vector<SegmentCopy> copies;
   size_t si = 0, di = 0, s_used = 0, d_used = 0;
   while (si < src_slices.size() && di < dst_slices.size()) {
     size_t s_left = src_slices[si].length - s_used;
     size_t d_left = dst_slices[di].length - d_used;
     size_t n = std::min(s_left, d_left);
     if (n > 0) {
-      std::memmove(dst + dst_slices[di].offset + d_used, src + src_slices[si].offset + s_used, n);
+      copies.push_back({src_slices[si].offset + s_used, dst_slices[di].offset + d_used, n});
     }
     s_used += n;
     d_used += n;
@@ -49,6 +51,16 @@ absl::Status CopySlices(const char* src, absl::Span<const ByteSlice> src_slices,
       ++di;
       d_used = 0;
     }
+  }
+  return copies;
+}
+
+absl::Status CopySlices(const char* src, absl::Span<const ByteSlice> src_slices, char* dst,
+                        absl::Span<const ByteSlice> dst_slices, absl::string_view what) {
+  auto copies = MatchSlices(src_slices, dst_slices, what);
+  if (!copies.ok()) return copies.status();
+  for (const SegmentCopy& c : *copies) {
+    std::memmove(dst + c.dst_offset, src + c.src_offset, c.length);
   }
   return absl::OkStatus();
 }

@@ -2,7 +2,10 @@
 #ifndef CKPT_EXCHANGE_SLICE_COPY_H_
 #define CKPT_EXCHANGE_SLICE_COPY_H_
 
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "exchange/communicator.h"
@@ -14,6 +17,19 @@ void PackSlices(const char* src, absl::Span<const ByteSlice> slices, char* dst);
 
 // Scatters consecutive bytes of `src` into the slices of `dst`.
 void UnpackSlices(const char* src, absl::Span<const ByteSlice> slices, char* dst);
+
+// One contiguous copy: `length` bytes from src offset to dst offset.
+struct SegmentCopy {
+  size_t src_offset = 0;
+  size_t dst_offset = 0;
+  size_t length = 0;
+};
+
+// The copies that stream src_slices (in order) into dst_slices (in order) when their slice
+// boundaries differ. InvalidArgument (prefixed with `what`) when the totals differ.
+absl::StatusOr<std::vector<SegmentCopy>> MatchSlices(absl::Span<const ByteSlice> src_slices,
+                                                     absl::Span<const ByteSlice> dst_slices,
+                                                     absl::string_view what);
 
 // Streams the bytes of src_slices (in order) into dst_slices (in order); the slice
 // boundaries may differ. InvalidArgument (prefixed with `what`) when the totals differ.

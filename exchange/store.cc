@@ -1,6 +1,8 @@
 #include "exchange/store.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 
 namespace ckpt {
 
@@ -40,6 +42,25 @@ absl::StatusOr<std::vector<std::string>> PrefixedStore::Get(absl::Span<const std
 absl::StatusOr<int64_t> PrefixedStore::Add(absl::string_view key, int64_t delta,
                                            absl::Time deadline) {
   return base_->Add(Join(key), delta, deadline);
+}
+
+absl::Status ArriveAndWait(Store& group_store, int rank, int size, absl::Time deadline,
+                           absl::string_view where) {
+  absl::Status set = group_store.Set(absl::StrCat("arrived/", rank), "1", deadline);
+  if (!set.ok()) return absl::Status(set.code(), absl::StrCat(where, ": ", set.message()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(absl::StrCat("arrived/", r));
+  absl::Status arrived = group_store.Wait(keys, deadline);
+  if (arrived.ok()) return arrived;
+  if (arrived.code() != absl::StatusCode::kDeadlineExceeded) {
+    return absl::Status(arrived.code(), absl::StrCat(where, ": ", arrived.message()));
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < size; ++r) {
+    if (!group_store.Get({keys[r]}, absl::Now()).ok()) missing.push_back(r);
+  }
+  return absl::DeadlineExceededError(absl::StrCat(where, ": ranks [", absl::StrJoin(missing, ", "),
+                                                  "] never arrived before the deadline"));
 }
 
 }  // namespace ckpt

@@ -69,6 +69,12 @@ class PrefixedStore : public Store {
   Store* base_;
 };
 
+// Group formation step shared by backends: records that `rank` arrived (key
+// "arrived/<rank>" in `group_store`) and waits for all `size` ranks. DeadlineExceeded lists the
+// ranks that never arrived, prefixed with `where`.
+absl::Status ArriveAndWait(Store& group_store, int rank, int size, absl::Time deadline,
+                           absl::string_view where);
+
 }  // namespace ckpt
 
 #endif  // CKPT_EXCHANGE_STORE_H_

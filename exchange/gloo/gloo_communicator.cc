@@ -14,7 +14,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "exchange/gloo/gloo_store_adapter.h"
@@ -357,15 +356,6 @@ class GlooCommunicator final : public Communicator {
   absl::Status broken_;
 };
 
-// Lists the ranks whose arrival keys are absent right now.
-std::vector<int> MissingRanks(Store* store, int size) {
-  std::vector<int> missing;
-  for (int r = 0; r < size; ++r) {
-    if (!store->Get({absl::StrCat("arrived/", r)}, absl::Now()).ok()) missing.push_back(r);
-  }
-  return missing;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store* store, int rank,
@@ -377,18 +367,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store* stor
   const std::string where = absl::StrCat("gloo rendezvous of group '", options.group_name,
                                          "' (rank ", rank, " of ", size, ")");
   PrefixedStore group_store(options.group_name, store);
-  CKPT_RETURN_IF_ERROR(group_store.Set(absl::StrCat("arrived/", rank), "1", deadline));
-  std::vector<std::string> arrival_keys;
-  for (int r = 0; r < size; ++r) arrival_keys.push_back(absl::StrCat("arrived/", r));
-  absl::Status arrived = group_store.Wait(arrival_keys, deadline);
-  if (!arrived.ok()) {
-    if (arrived.code() == absl::StatusCode::kDeadlineExceeded) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(where, ": ranks [", absl::StrJoin(MissingRanks(&group_store, size), ", "),
-                       "] never arrived before the deadline"));
-    }
-    return absl::Status(arrived.code(), absl::StrCat(where, ": ", arrived.message()));
-  }
+  CKPT_RETURN_IF_ERROR(ArriveAndWait(group_store, rank, size, deadline, where));
   try {
     gloo::transport::tcp::attr attr(options.hostname.c_str());
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);

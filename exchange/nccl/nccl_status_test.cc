@@ -1,0 +1,35 @@
+#include "exchange/nccl/nccl_status.h"
+
+#include "gtest/gtest.h"
+
+namespace ckpt {
+namespace {
+
+TEST(NcclStatusTest, SuccessIsOk) {
+  EXPECT_TRUE(NcclStatus(ncclSuccess, "x").ok());
+  EXPECT_TRUE(CudaStatus(cudaSuccess, "x").ok());
+}
+
+TEST(NcclStatusTest, NcclCodesMapToActionableStatusCodes) {
+  EXPECT_EQ(NcclStatus(ncclRemoteError, "op").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(NcclStatus(ncclSystemError, "op").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(NcclStatus(ncclInvalidArgument, "op").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(NcclStatus(ncclInvalidUsage, "op").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(NcclStatus(ncclInternalError, "op").code(), absl::StatusCode::kInternal);
+  absl::Status s = NcclStatus(ncclRemoteError, "nccl broadcast on rank 3");
+  EXPECT_NE(s.message().find("nccl broadcast on rank 3: NCCL ncclRemoteError"), std::string::npos)
+      << s;
+}
+
+TEST(NcclStatusTest, CudaNoDeviceIsFailedPreconditionWithTheCudaText) {
+  absl::Status s = CudaStatus(cudaErrorNoDevice, "probe");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("cudaErrorNoDevice"), std::string::npos) << s;
+  EXPECT_EQ(CudaStatus(cudaErrorInsufficientDriver, "p").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CudaStatus(cudaErrorMemoryAllocation, "p").code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace ckpt
