@@ -1,0 +1,276 @@
+#include "worker/memory_registry.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "sharding/dtype.h"
+#include "sharding/region.h"
+#include "worker/gpu.h"
+
+namespace ckpt::worker {
+namespace {
+
+absl::StatusOr<int64_t> ElementSize(pb::DType dtype, const std::string& key) {
+  absl::string_view name = pb::DType_Name(dtype);
+  if (dtype == pb::DTYPE_UNSPECIFIED || !absl::ConsumePrefix(&name, "DTYPE_")) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", key, " has no dtype"));
+  }
+  absl::StatusOr<DType> parsed = ParseDType(name);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", key, ": ", parsed.status().message()));
+  }
+  return DTypeSize(*parsed);
+}
+
+Region RegionFromProto(const pb::Region& r) {
+  Region region;
+  region.offsets.assign(r.offsets().begin(), r.offsets().end());
+  region.lengths.assign(r.lengths().begin(), r.lengths().end());
+  if (r.has_flat()) region.flat = FlatRange{r.flat().start(), r.flat().stop()};
+  return region;
+}
+
+}  // namespace
+
+uint64_t ProcfsProcessProbe::StartToken(pid_t pid) const {
+  if (pid <= 0) return 0;
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(in, line)) return 0;
+  // Fields after the command name (which may contain spaces) start after the last ')'.
+  size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(line.substr(close + 1));
+  std::string state;
+  rest >> state;
+  if (state == "Z" || state == "X" || state == "x") return 0;
+  // Field 22 (starttime) is the 20th after the state.
+  std::string field;
+  for (int i = 0; i < 19 && rest >> field; ++i) {
+  }
+  uint64_t start = 0;
+  if (!(rest >> start)) return 0;
+  return start + 1;  // never 0 for a live process
+}
+
+absl::Status ValidateSegmentName(const std::string& name, pid_t pid) {
+  std::string marker = absl::StrCat(".p", pid, ".");
+  if (name.size() > 255 || !absl::StartsWith(name, "/ckpt.") ||
+      name.find('/', 1) != std::string::npos || !absl::StrContains(name, marker)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared-memory segment name \"", name, "\" is not one the client library of pid ", pid,
+        " allocates (\"/ckpt.<job>.r<rank>.p", pid, ".<n>\")"));
+  }
+  return absl::OkStatus();
+}
+
+MemoryRegistry::MemoryRegistry(std::unique_ptr<ProcessProbe> probe) : probe_(std::move(probe)) {}
+
+MemoryRegistry::~MemoryRegistry() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, session] : sessions_) {
+    for (auto& [name, mapping] : session.segments) munmap(mapping.addr, mapping.size);
+  }
+}
+
+absl::StatusOr<std::string> MemoryRegistry::OpenSession(const TrainerIdentity& trainer) {
+  if (trainer.job.empty()) return absl::InvalidArgumentError("trainer hello without a job name");
+  if (trainer.world_size <= 0 || trainer.rank < 0 || trainer.rank >= trainer.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", trainer.job, ": rank ", trainer.rank,
+                                                   " is outside world size ", trainer.world_size));
+  }
+  uint64_t token = probe_->StartToken(trainer.pid);
+  if (token == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", trainer.job, " rank ", trainer.rank,
+                                                   ": trainer pid ", trainer.pid,
+                                                   " is not a live process on this host"));
+  }
+  absl::MutexLock lock(&mu_);
+  std::string id = absl::StrCat("s-", next_session_++, "-p", trainer.pid);
+  Session& session = sessions_[id];
+  session.trainer = trainer;
+  session.start_token = token;
+  return id;
+}
+
+absl::StatusOr<MemoryRegistry::Mapping> MemoryRegistry::MapSegment(const std::string& name) const {
+  int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot open shared-memory segment ", name, ": ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("fstat of segment ", name, ": ", std::strerror(err)));
+  }
+  Mapping m;
+  m.size = static_cast<size_t>(st.st_size);
+  if (m.size > 0) {
+    m.addr = mmap(nullptr, m.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m.addr == MAP_FAILED) {
+      int err = errno;
+      close(fd);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("mmap of segment ", name, " (", m.size, " bytes): ", std::strerror(err)));
+    }
+  }
+  close(fd);
+  return m;
+}
+
+absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
+                                             absl::Span<const pb::SharedTensor> tensors) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "trainer session ", session_id, " is unknown (the worker restarted?); say Hello again"));
+  }
+  Session& session = it->second;
+  const std::string who = absl::StrCat("job ", session.trainer.job, " rank ", session.trainer.rank);
+  std::vector<RegisteredTensor> registered;
+  for (const pb::SharedTensor& t : tensors) {
+    const std::string& key = t.shard().tensor().key();
+    if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(who, ": tensor without key"));
+    std::vector<int64_t> shape(t.shard().tensor().global_shape().begin(),
+                               t.shard().tensor().global_shape().end());
+    Region region = RegionFromProto(t.shard().region());
+    if (absl::Status s = ValidateRegion(region, shape); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": tensor ", key, " region ", region.DebugString(), ": ", s.message()));
+    }
+    absl::StatusOr<int64_t> elem = ElementSize(t.shard().tensor().dtype(), key);
+    if (!elem.ok())
+      return absl::InvalidArgumentError(absl::StrCat(who, ": ", elem.status().message()));
+    int64_t expected = region.NumElements() * *elem;
+    if (t.nbytes() != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": tensor ", key, " region ",
+                                                     region.DebugString(), " needs ", expected,
+                                                     " bytes but ", t.nbytes(), " were shared"));
+    }
+    RegisteredTensor r;
+    r.shard = t.shard();
+    r.memory_kind = t.memory_kind();
+    r.segment = t.segment();
+    r.offset = t.offset();
+    r.nbytes = t.nbytes();
+    if (t.memory_kind() == "device") {
+      absl::StatusOr<int> gpus = CudaDeviceCount();
+      if (!gpus.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(who, ": tensor ", key,
+                         " is in device memory, but this worker cannot open CUDA IPC "
+                         "handles: ",
+                         gpus.status().message()));
+      }
+      return absl::UnimplementedError(
+          absl::StrCat(who, ": tensor ", key,
+                       ": device tensors through CUDA IPC are not wired into the "
+                       "worker's data path yet; register a host copy"));
+    }
+    if (t.memory_kind() != "host") {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": tensor ", key, " has memory kind \"",
+                                                     t.memory_kind(),
+                                                     "\" (expected host or device)"));
+    }
+    if (absl::Status s = ValidateSegmentName(t.segment(), session.trainer.pid); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": tensor ", key, ": ", s.message()));
+    }
+    auto seg = session.segments.find(t.segment());
+    if (seg == session.segments.end()) {
+      absl::StatusOr<Mapping> m = MapSegment(t.segment());
+      if (!m.ok()) {
+        return absl::Status(m.status().code(),
+                            absl::StrCat(who, ": tensor ", key, ": ", m.status().message()));
+      }
+      seg = session.segments.emplace(t.segment(), *m).first;
+    }
+    if (t.offset() < 0 || t.nbytes() < 0 ||
+        static_cast<uint64_t>(t.offset()) + static_cast<uint64_t>(t.nbytes()) > seg->second.size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": tensor ", key, " bytes [", t.offset(), ", ", t.offset() + t.nbytes(),
+                       ") lie outside segment ", t.segment(), " of ", seg->second.size, " bytes"));
+    }
+    r.data = static_cast<std::byte*>(seg->second.addr) + t.offset();
+    registered.push_back(std::move(r));
+  }
+  session.tensors = std::move(registered);
+  return absl::OkStatus();
+}
+
+void MemoryRegistry::Release(Session& session) {
+  for (auto& [name, mapping] : session.segments) {
+    if (mapping.addr != nullptr) munmap(mapping.addr, mapping.size);
+    shm_unlink(name.c_str());  // ENOENT when the trainer already unlinked it: fine
+  }
+  session.segments.clear();
+  session.tensors.clear();
+}
+
+absl::Status MemoryRegistry::CloseSession(const std::string& session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("trainer session ", session_id, " is unknown"));
+  }
+  Release(it->second);
+  sessions_.erase(it);
+  return absl::OkStatus();
+}
+
+std::vector<SessionInfo> MemoryRegistry::ReapDeadTrainers() {
+  std::vector<SessionInfo> reaped;
+  absl::MutexLock lock(&mu_);
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    if (probe_->StartToken(it->second.trainer.pid) != it->second.start_token) {
+      reaped.push_back(Summarize(it->first, it->second));
+      Release(it->second);
+      it = sessions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return reaped;
+}
+
+SessionInfo MemoryRegistry::Summarize(const std::string& id, const Session& session) {
+  SessionInfo info;
+  info.id = id;
+  info.trainer = session.trainer;
+  for (const auto& [name, mapping] : session.segments) info.segments.push_back(name);
+  info.tensors = session.tensors;
+  return info;
+}
+
+absl::StatusOr<SessionInfo> MemoryRegistry::Find(const std::string& session_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "trainer session ", session_id, " is unknown (the worker restarted?); say Hello again"));
+  }
+  return Summarize(it->first, it->second);
+}
+
+std::vector<SessionInfo> MemoryRegistry::Sessions() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<SessionInfo> out;
+  for (const auto& [id, session] : sessions_) out.push_back(Summarize(id, session));
+  return out;
+}
+
+}  // namespace ckpt::worker

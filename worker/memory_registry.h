@@ -1,0 +1,130 @@
+// The worker's view of its trainers' memory. Each trainer process that says Hello gets a
+// session; the tensors it registers live in POSIX shared-memory segments that the client
+// library allocated (names "/ckpt.<job>.r<rank>.p<pid>.<n>"), which the worker maps too, so
+// saves read and loads write the trainer's tensors without copies. When the trainer process
+// dies (or says Goodbye) the worker unmaps and unlinks its segments, so nothing leaks in
+// /dev/shm even when the trainer was killed with SIGKILL.
+//
+// Device tensors (CUDA IPC handles) are accepted only where a GPU is present; without one,
+// registering them is FailedPrecondition naming the CUDA error.
+//
+// Thread-safe (the gRPC handlers and the reaper thread share it). No gRPC, no logging.
+#ifndef CKPT_WORKER_MEMORY_REGISTRY_H_
+#define CKPT_WORKER_MEMORY_REGISTRY_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "proto/types.pb.h"
+#include "proto/worker.pb.h"
+
+namespace ckpt::worker {
+
+// Who a session belongs to.
+struct TrainerIdentity {
+  std::string job;
+  int rank = 0;
+  int world_size = 0;
+  int local_rank = 0;
+  pid_t pid = 0;
+};
+
+// A registered tensor and where its bytes are mapped in this process.
+struct RegisteredTensor {
+  pb::ShardMeta shard;
+  std::string memory_kind;  // "host" or "device"
+  std::string segment;
+  int64_t offset = 0;
+  int64_t nbytes = 0;
+  std::byte* data = nullptr;  // host: the mapped bytes; device: nullptr
+};
+
+// A snapshot of one session, for status and for building the rank's shard metadata.
+struct SessionInfo {
+  std::string id;
+  TrainerIdentity trainer;
+  std::vector<std::string> segments;
+  std::vector<RegisteredTensor> tensors;
+};
+
+// Liveness of a process, as seen from this host. Injectable for tests.
+class ProcessProbe {
+ public:
+  virtual ~ProcessProbe() = default;
+  // A token that changes when the pid is reused by another process (start time); 0 if the
+  // process does not exist or is a zombie.
+  virtual uint64_t StartToken(pid_t pid) const = 0;
+};
+
+// Reads /proc/<pid>/stat: zombies count as dead.
+class ProcfsProcessProbe final : public ProcessProbe {
+ public:
+  uint64_t StartToken(pid_t pid) const override;
+};
+
+// Whether `name` is a segment name that the client library of (job, rank, pid) may register:
+// "/ckpt.<anything without '/'>.p<pid>.<suffix>", at most 255 bytes.
+absl::Status ValidateSegmentName(const std::string& name, pid_t pid);
+
+// The registry. See the file comment.
+class MemoryRegistry {
+ public:
+  explicit MemoryRegistry(
+      std::unique_ptr<ProcessProbe> probe = std::make_unique<ProcfsProcessProbe>());
+  ~MemoryRegistry();  // unmaps (but does not unlink) every segment still mapped
+  MemoryRegistry(const MemoryRegistry&) = delete;
+  MemoryRegistry& operator=(const MemoryRegistry&) = delete;
+
+  // Opens a session for a live trainer process. InvalidArgument for a bad identity or a pid
+  // that is not running on this host.
+  absl::StatusOr<std::string> OpenSession(const TrainerIdentity& trainer);
+
+  // Replaces the session's tensors. Host tensors: the segment is mapped (once per segment)
+  // and [offset, offset + nbytes) must lie inside it; nbytes must equal the region's element
+  // count times the dtype size. Device tensors need a GPU. Errors name the tensor key.
+  absl::Status RegisterTensors(const std::string& session_id,
+                               absl::Span<const pb::SharedTensor> tensors);
+
+  // Ends a session: unmaps and unlinks its segments. NotFound for an unknown id.
+  absl::Status CloseSession(const std::string& session_id);
+
+  // Closes the sessions of trainer processes that are gone and returns what they were.
+  std::vector<SessionInfo> ReapDeadTrainers();
+
+  absl::StatusOr<SessionInfo> Find(const std::string& session_id) const;
+  std::vector<SessionInfo> Sessions() const;
+
+ private:
+  struct Mapping {
+    void* addr = nullptr;
+    size_t size = 0;
+  };
+  struct Session {
+    TrainerIdentity trainer;
+    uint64_t start_token = 0;
+    std::map<std::string, Mapping> segments;
+    std::vector<RegisteredTensor> tensors;
+  };
+  static SessionInfo Summarize(const std::string& id, const Session& session);
+  static void Release(Session& session);
+  absl::StatusOr<Mapping> MapSegment(const std::string& name) const;
+
+  std::unique_ptr<ProcessProbe> probe_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace ckpt::worker
+
+#endif  // CKPT_WORKER_MEMORY_REGISTRY_H_

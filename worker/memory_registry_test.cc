@@ -1,0 +1,239 @@
+#include "worker/memory_registry.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/gpu.h"
+
+namespace ckpt::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A process table the test controls: pid -> start token (0 = dead).
+class FakeProbe final : public ProcessProbe {
+ public:
+  explicit FakeProbe(std::map<pid_t, uint64_t>* table) : table_(table) {}
+  uint64_t StartToken(pid_t pid) const override {
+    auto it = table_->find(pid);
+    return it == table_->end() ? 0 : it->second;
+  }
+
+ private:
+  std::map<pid_t, uint64_t>* table_;
+};
+
+// Creates a shared-memory segment of `size` bytes; unlinks it (if still there) at the end.
+class Segment {
+ public:
+  Segment(const std::string& name, size_t size) : name_(name), size_(size) {
+    shm_unlink(name.c_str());
+    int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    EXPECT_GE(fd, 0) << std::strerror(errno);
+    EXPECT_EQ(ftruncate(fd, size), 0);
+    addr_ = static_cast<std::byte*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+  }
+  ~Segment() {
+    munmap(addr_, size_);
+    shm_unlink(name_.c_str());
+  }
+  std::byte* data() { return addr_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  size_t size_;
+  std::byte* addr_;
+};
+
+bool SegmentExists(const std::string& name) {
+  int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+pb::SharedTensor HostTensor(const std::string& key, const std::string& segment, int64_t offset,
+                            int64_t rows, int64_t cols) {
+  pb::SharedTensor t;
+  pb::TensorMeta* meta = t.mutable_shard()->mutable_tensor();
+  meta->set_key(key);
+  meta->set_dtype(pb::DTYPE_F32);
+  meta->add_global_shape(rows * 2);
+  meta->add_global_shape(cols);
+  pb::Region* region = t.mutable_shard()->mutable_region();
+  region->add_offsets(rows);
+  region->add_offsets(0);
+  region->add_lengths(rows);
+  region->add_lengths(cols);
+  t.set_memory_kind("host");
+  t.set_segment(segment);
+  t.set_offset(offset);
+  t.set_nbytes(rows * cols * 4);
+  return t;
+}
+
+class MemoryRegistryTest : public ::testing::Test {
+ protected:
+  MemoryRegistryTest() : registry_(std::make_unique<FakeProbe>(&table_)) { table_[pid_] = 7; }
+  std::string Name(int n) { return absl::StrCat("/ckpt.test.r0.p", pid_, ".", n); }
+  TrainerIdentity Trainer() { return TrainerIdentity{"job", 0, 2, 0, pid_}; }
+
+  pid_t pid_ = getpid();
+  std::map<pid_t, uint64_t> table_;
+  MemoryRegistry registry_;
+};
+
+TEST_F(MemoryRegistryTest, SharesTheTrainersBytesWithoutCopies) {
+  Segment seg(Name(1), 4096);
+  auto session = registry_.OpenSession(Trainer());
+  ASSERT_TRUE(session.ok()) << session.status();
+  pb::SharedTensor a = HostTensor("a", seg.name(), 0, 2, 3);
+  pb::SharedTensor b = HostTensor("b", seg.name(), 64, 1, 4);
+  ASSERT_TRUE(registry_.RegisterTensors(*session, {a, b}).ok());
+  auto info = registry_.Find(*session);
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->tensors.size(), 2u);
+  EXPECT_EQ(info->segments, std::vector<std::string>{seg.name()});
+  // The worker's mapping and the trainer's are the same memory, both ways.
+  float v = 3.5f;
+  std::memcpy(seg.data() + 64, &v, 4);
+  float seen = 0;
+  std::memcpy(&seen, info->tensors[1].data, 4);
+  EXPECT_EQ(seen, 3.5f);
+  float w = -1.25f;
+  std::memcpy(info->tensors[0].data + 4, &w, 4);
+  std::memcpy(&seen, seg.data() + 4, 4);
+  EXPECT_EQ(seen, -1.25f);
+}
+
+TEST_F(MemoryRegistryTest, RejectsByteCountThatDoesNotMatchTheRegion) {
+  Segment seg(Name(1), 4096);
+  auto session = registry_.OpenSession(Trainer());
+  ASSERT_TRUE(session.ok());
+  pb::SharedTensor t = HostTensor("layers.0.w", seg.name(), 0, 2, 3);
+  t.set_nbytes(20);
+  absl::Status s = registry_.RegisterTensors(*session, {t});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("layers.0.w"));
+  EXPECT_THAT(s.message(), HasSubstr("needs 24 bytes"));
+}
+
+TEST_F(MemoryRegistryTest, RejectsBytesOutsideTheSegment) {
+  Segment seg(Name(1), 16);
+  auto session = registry_.OpenSession(Trainer());
+  ASSERT_TRUE(session.ok());
+  absl::Status s = registry_.RegisterTensors(*session, {HostTensor("a", seg.name(), 8, 2, 3)});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("outside segment"));
+}
+
+TEST_F(MemoryRegistryTest, RejectsRegionOutsideTheTensor) {
+  Segment seg(Name(1), 4096);
+  auto session = registry_.OpenSession(Trainer());
+  ASSERT_TRUE(session.ok());
+  pb::SharedTensor t = HostTensor("a", seg.name(), 0, 2, 3);
+  t.mutable_shard()->mutable_region()->set_offsets(0, 3);
+  EXPECT_EQ(registry_.RegisterTensors(*session, {t}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(MemoryRegistryTest, RejectsSegmentsOfOtherProcessesAndMissingOnes) {
+  auto session = registry_.OpenSession(Trainer());
+  ASSERT_TRUE(session.ok());
+  absl::Status other = registry_.RegisterTensors(
+      *session, {HostTensor("a", absl::StrCat("/ckpt.test.r0.p", pid_ + 1, ".1"), 0, 1, 1)});
+  EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(other.message(), HasSubstr("is not one the client library"));
+  EXPECT_EQ(ValidateSegmentName("/etc/passwd", pid_).code(), absl::StatusCode::kInvalidArgument);
+  absl::Status missing = registry_.RegisterTensors(*session, {HostTensor("a", Name(99), 0, 1, 1)});
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(MemoryRegistryTest, DeviceTensorsNeedAGpu) {
+  auto session = registry_.OpenSession(Trainer());
+  ASSERT_TRUE(session.ok());
+  pb::SharedTensor t = HostTensor("a", "", 0, 1, 1);
+  t.set_memory_kind("device");
+  absl::Status s = registry_.RegisterTensors(*session, {t});
+  if (!CudaDeviceCount().ok()) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(s.message(), HasSubstr("CUDA"));
+  } else {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  }
+}
+
+TEST_F(MemoryRegistryTest, OpenSessionNeedsALiveTrainer) {
+  TrainerIdentity dead = Trainer();
+  dead.pid = pid_ + 12345;
+  EXPECT_EQ(registry_.OpenSession(dead).status().code(), absl::StatusCode::kInvalidArgument);
+  TrainerIdentity bad_rank = Trainer();
+  bad_rank.rank = 2;
+  EXPECT_EQ(registry_.OpenSession(bad_rank).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(MemoryRegistryTest, DeadTrainersSegmentsAreUnlinked) {
+  Segment seg(Name(1), 4096);
+  auto session = registry_.OpenSession(Trainer());
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(registry_.RegisterTensors(*session, {HostTensor("a", seg.name(), 0, 2, 3)}).ok());
+  EXPECT_TRUE(registry_.ReapDeadTrainers().empty());
+  EXPECT_TRUE(SegmentExists(seg.name()));
+  table_[pid_] = 0;  // the trainer died
+  auto reaped = registry_.ReapDeadTrainers();
+  ASSERT_EQ(reaped.size(), 1u);
+  EXPECT_EQ(reaped[0].trainer.rank, 0);
+  EXPECT_EQ(reaped[0].segments, std::vector<std::string>{seg.name()});
+  EXPECT_FALSE(SegmentExists(seg.name()));
+  EXPECT_EQ(registry_.Find(*session).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(MemoryRegistryTest, ReusedPidCountsAsDead) {
+  auto session = registry_.OpenSession(Trainer());
+  ASSERT_TRUE(session.ok());
+  table_[pid_] = 8;  // another process got the pid
+  EXPECT_EQ(registry_.ReapDeadTrainers().size(), 1u);
+}
+
+TEST_F(MemoryRegistryTest, CloseSessionUnlinks) {
+  Segment seg(Name(1), 64);
+  auto session = registry_.OpenSession(Trainer());
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(registry_.RegisterTensors(*session, {HostTensor("a", seg.name(), 0, 1, 1)}).ok());
+  ASSERT_TRUE(registry_.CloseSession(*session).ok());
+  EXPECT_FALSE(SegmentExists(seg.name()));
+  EXPECT_EQ(registry_.CloseSession(*session).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ProcfsProcessProbeTest, SeesLiveZombieAndReapedProcesses) {
+  ProcfsProcessProbe probe;
+  EXPECT_NE(probe.StartToken(getpid()), 0u);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  EXPECT_NE(probe.StartToken(child), 0u);
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  // Until reaped the child is a zombie; a zombie counts as dead.
+  for (int i = 0; i < 1000 && probe.StartToken(child) != 0; ++i) usleep(1000);
+  EXPECT_EQ(probe.StartToken(child), 0u);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_EQ(probe.StartToken(child), 0u);
+  EXPECT_EQ(probe.StartToken(-1), 0u);
+}
+
+}  // namespace
+}  // namespace ckpt::worker
