@@ -9,9 +9,12 @@
 namespace ckpt::ckptctl {
 
 // Entry points, one per module (tools/ckptctl/*_cmd.cc). Add new ones here and below.
+int RunPlanCommand(const std::vector<std::string>& args);  // plan_cmd.cc
 
 const std::vector<Command>& AllCommands() {
   static const std::vector<Command>* commands = new std::vector<Command>{
+      {"plan", "Megatron-exact shard distributions on JSON Lines (distribute, main-replicas)",
+       RunPlanCommand},
   };
   return *commands;
 }
