@@ -1,0 +1,227 @@
+#include "sharding/box_index.h"
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace ckpt {
+namespace {
+
+bool IsEmpty(const Region& r) {
+  for (int64_t len : r.lengths) {
+    if (len == 0) return true;
+  }
+  return false;
+}
+
+bool MeetFromDim(const Region& a, const Region& b, int from) {
+  for (int j = from; j < a.ndim(); ++j) {
+    if (a.offsets[j] >= b.offsets[j] + b.lengths[j] || b.offsets[j] >= a.offsets[j] + a.lengths[j])
+      return false;
+  }
+  return true;
+}
+
+// Active intervals [start, end) on one axis, each with an id; finds all overlapping a query.
+class ActiveIntervals {
+ public:
+  // `coords` holds every start and end that will be inserted; ids are in [0, max_id).
+  ActiveIntervals(std::vector<int64_t> coords, int64_t max_id)
+      : coords_(std::move(coords)), where_(max_id), start_of_(max_id) {
+    std::sort(coords_.begin(), coords_.end());
+    coords_.erase(std::unique(coords_.begin(), coords_.end()), coords_.end());
+    leaves_ = coords_.size() > 1 ? coords_.size() - 1 : 1;
+    nodes_.resize(4 * leaves_);
+  }
+
+  void Insert(int64_t id, int64_t start, int64_t end) {
+    const int64_t lo = Index(start), hi = Index(end);
+    AddRange(1, 0, leaves_, lo, hi, id);
+    starts_.insert({start, id});
+    start_of_[id] = start;
+  }
+
+  void Erase(int64_t id) {
+    for (const auto& [node, pos] : where_[id]) {
+      std::vector<int64_t>& items = nodes_[node];
+      const int64_t moved = items.back();
+      items[pos] = moved;
+      items.pop_back();
+      if (moved != id) {
+        for (auto& entry : where_[moved]) {
+          if (entry.first == node) {
+            entry.second = pos;
+            break;
+          }
+        }
+      }
+    }
+    where_[id].clear();
+    starts_.erase({start_of_[id], id});
+  }
+
+  // Calls f(id) for every active interval overlapping [a, b), a < b, each once.
+  template <typename F>
+  bool Query(int64_t a, int64_t b, F&& f) const {
+    // Intervals containing a: stabbing query down the segment tree.
+    if (coords_.size() > 1 && a >= coords_.front() && a < coords_.back()) {
+      const int64_t leaf =
+          std::upper_bound(coords_.begin(), coords_.end(), a) - coords_.begin() - 1;
+      int64_t node = 1, lo = 0, hi = leaves_;
+      while (true) {
+        for (int64_t id : nodes_[node]) {
+          if (!f(id)) return false;
+        }
+        if (hi - lo == 1) break;
+        const int64_t mid = (lo + hi) / 2;
+        if (leaf < mid) {
+          node = 2 * node;
+          hi = mid;
+        } else {
+          node = 2 * node + 1;
+          lo = mid;
+        }
+      }
+    }
+    // Intervals starting in (a, b).
+    for (auto it = starts_.upper_bound({a, INT64_MAX}); it != starts_.end() && it->first < b;
+         ++it) {
+      if (!f(it->second)) return false;
+    }
+    return true;
+  }
+
+ private:
+  int64_t Index(int64_t x) const {
+    return std::lower_bound(coords_.begin(), coords_.end(), x) - coords_.begin();
+  }
+
+  void AddRange(int64_t node, int64_t lo, int64_t hi, int64_t qlo, int64_t qhi, int64_t id) {
+    if (qhi <= lo || hi <= qlo) return;
+    if (qlo <= lo && hi <= qhi) {
+      where_[id].push_back({node, static_cast<int64_t>(nodes_[node].size())});
+      nodes_[node].push_back(id);
+      return;
+    }
+    const int64_t mid = (lo + hi) / 2;
+    AddRange(2 * node, lo, mid, qlo, qhi, id);
+    AddRange(2 * node + 1, mid, hi, qlo, qhi, id);
+  }
+
+  std::vector<int64_t> coords_;
+  int64_t leaves_ = 1;
+  std::vector<std::vector<int64_t>> nodes_;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> where_;  // id -> (node, position)
+  std::set<std::pair<int64_t, int64_t>> starts_;                 // (start, id)
+  std::vector<int64_t> start_of_;
+};
+
+// Sweep over dim 0 for two families (family 1 may be the same set as family 0 when `self`).
+void Sweep(absl::Span<const Region> a, absl::Span<const Region> b, bool self,
+           absl::FunctionRef<bool(int64_t, int64_t)> on_pair) {
+  const absl::Span<const Region> fam[2] = {a, b};
+  const int families = self ? 1 : 2;
+  int ndim = -1;
+  for (int f = 0; f < families; ++f) {
+    for (const Region& r : fam[f]) {
+      if (!IsEmpty(r)) ndim = r.ndim();
+    }
+  }
+  if (ndim < 0) return;
+  auto report = [&](int f, int64_t mine, int64_t other) {
+    if (self) return on_pair(std::min(mine, other), std::max(mine, other));
+    return f == 0 ? on_pair(mine, other) : on_pair(other, mine);
+  };
+  if (ndim == 0) {
+    for (int64_t i = 0; i < static_cast<int64_t>(a.size()); ++i) {
+      for (int64_t j = self ? i + 1 : 0; j < static_cast<int64_t>(self ? a.size() : b.size()); ++j)
+        if (!on_pair(i, j)) return;
+    }
+    return;
+  }
+  // Events: (x, kind (0 = end, 1 = start), family, id). Ends first at equal x (half-open).
+  struct Event {
+    int64_t x;
+    int kind;
+    int family;
+    int64_t id;
+  };
+  std::vector<Event> events;
+  for (int f = 0; f < families; ++f) {
+    for (int64_t i = 0; i < static_cast<int64_t>(fam[f].size()); ++i) {
+      const Region& r = fam[f][i];
+      if (IsEmpty(r)) continue;
+      events.push_back({r.offsets[0], 1, f, i});
+      events.push_back({r.offsets[0] + r.lengths[0], 0, f, i});
+    }
+  }
+  std::sort(events.begin(), events.end(), [](const Event& x, const Event& y) {
+    return std::tie(x.x, x.kind, x.family, x.id) < std::tie(y.x, y.kind, y.family, y.id);
+  });
+
+  if (ndim == 1) {
+    // Every active box of the other family overlaps a starting box.
+    std::vector<int64_t> active[2];
+    std::vector<int64_t> pos[2];
+    for (int f = 0; f < families; ++f) pos[f].assign(fam[f].size(), -1);
+    for (const Event& e : events) {
+      std::vector<int64_t>& mine = active[e.family];
+      if (e.kind == 0) {
+        const int64_t p = pos[e.family][e.id];
+        pos[e.family][mine.back()] = p;
+        mine[p] = mine.back();
+        mine.pop_back();
+        continue;
+      }
+      const int other = self ? 0 : 1 - e.family;
+      for (int64_t o : active[other]) {
+        if (!report(e.family, e.id, o)) return;
+      }
+      pos[e.family][e.id] = mine.size();
+      mine.push_back(e.id);
+    }
+    return;
+  }
+
+  std::vector<ActiveIntervals> index;
+  for (int f = 0; f < families; ++f) {
+    std::vector<int64_t> coords;
+    for (const Region& r : fam[f]) {
+      if (IsEmpty(r)) continue;
+      coords.push_back(r.offsets[1]);
+      coords.push_back(r.offsets[1] + r.lengths[1]);
+    }
+    index.emplace_back(std::move(coords), fam[f].size());
+  }
+  for (const Event& e : events) {
+    const Region& r = fam[e.family][e.id];
+    if (e.kind == 0) {
+      index[e.family].Erase(e.id);
+      continue;
+    }
+    const int other = self ? 0 : 1 - e.family;
+    const bool go_on =
+        index[other].Query(r.offsets[1], r.offsets[1] + r.lengths[1], [&](int64_t o) {
+          if (ndim > 2 && !MeetFromDim(r, fam[other][o], 2)) return true;
+          return report(e.family, e.id, o);
+        });
+    if (!go_on) return;
+    index[e.family].Insert(e.id, r.offsets[1], r.offsets[1] + r.lengths[1]);
+  }
+}
+
+}  // namespace
+
+void ForEachIntersectingPair(absl::Span<const Region> a, absl::Span<const Region> b,
+                             absl::FunctionRef<bool(int64_t, int64_t)> on_pair) {
+  Sweep(a, b, /*self=*/false, on_pair);
+}
+
+void ForEachSelfIntersectingPair(absl::Span<const Region> boxes,
+                                 absl::FunctionRef<bool(int64_t, int64_t)> on_pair) {
+  Sweep(boxes, boxes, /*self=*/true, on_pair);
+}
+
+}  // namespace ckpt
