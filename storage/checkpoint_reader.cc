@@ -1,0 +1,254 @@
+#include "storage/checkpoint_reader.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "sharding/dtype.h"
+#include "sharding/overlap.h"
+#include "storage/file_util.h"
+#include "storage/manifest_codec.h"
+#include "storage/safetensors.h"
+
+namespace ckpt {
+namespace {
+
+constexpr char kManifestName[] = "manifest.pb";
+
+absl::Status CheckDataFile(const std::string& dir, const pb::Manifest& m,
+                           const pb::DataFile& file) {
+  const std::string path = JoinPath(dir, file.name());
+  CKPT_ASSIGN_OR_RETURN(int64_t size, FileSize(path));
+  if (size != file.size_bytes()) {
+    return absl::DataLossError(absl::StrCat("data file ", path, " is ", size,
+                                            " bytes; the manifest says ", file.size_bytes(),
+                                            size < file.size_bytes() ? " (truncated)" : ""));
+  }
+  CKPT_ASSIGN_OR_RETURN(std::string prefix, ReadFileRange(path, 0, 8));
+  CKPT_ASSIGN_OR_RETURN(uint64_t header_len, ParseSafetensorsPrefix(prefix, size, path));
+  CKPT_ASSIGN_OR_RETURN(std::string json, ReadFileRange(path, 8, static_cast<int64_t>(header_len)));
+  CKPT_ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(json, size, path));
+  return CheckHeaderAgainstManifest(m, file, header);
+}
+
+}  // namespace
+
+const char* CheckpointStateName(CheckpointState state) {
+  switch (state) {
+    case CheckpointState::kMissing:
+      return "missing";
+    case CheckpointState::kIncomplete:
+      return "incomplete";
+    case CheckpointState::kComplete:
+      return "complete";
+    case CheckpointState::kNotADirectory:
+      return "not a directory";
+  }
+  return "?";
+}
+
+CheckpointProbe ProbeCheckpoint(const std::string& path) {
+  CheckpointProbe probe;
+  if (!PathExists(path)) {
+    probe.state = CheckpointState::kMissing;
+  } else if (!IsDirectory(path)) {
+    probe.state = CheckpointState::kNotADirectory;
+  } else {
+    probe.state = PathExists(JoinPath(path, kManifestName)) ? CheckpointState::kComplete
+                                                            : CheckpointState::kIncomplete;
+  }
+  const std::string parent = ParentDir(path);
+  auto names = ListDir(parent);
+  if (names.ok()) {
+    const std::string prefix = absl::StrCat(".", BaseName(path), ".");
+    for (const std::string& n : *names) {
+      if (!absl::StartsWith(n, prefix)) continue;
+      absl::string_view rest = absl::string_view(n).substr(prefix.size());
+      if (!absl::StartsWith(rest, "tmp-") && !absl::StartsWith(rest, "old-")) continue;
+      const std::string full = JoinPath(parent, n);
+      const bool has_manifest = PathExists(JoinPath(full, kManifestName));
+      probe.leftovers.push_back(
+          absl::StrCat(full, absl::StartsWith(rest, "old-")
+                                 ? " (previous checkpoint moved aside by an interrupted overwrite)"
+                                 : (has_manifest ? " (interrupted commit, complete but not renamed)"
+                                                 : " (interrupted write, incomplete)")));
+    }
+  }
+  return probe;
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
+    const std::string& path, const ReaderOptions& options) {
+  CheckpointProbe probe = ProbeCheckpoint(path);
+  switch (probe.state) {
+    case CheckpointState::kMissing:
+      return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
+    case CheckpointState::kNotADirectory:
+      return absl::FailedPreconditionError(absl::StrCat(path, " is not a checkpoint directory"));
+    case CheckpointState::kIncomplete:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "incomplete checkpoint at ", path, " (no manifest.pb: its write never committed)"));
+    case CheckpointState::kComplete:
+      break;
+  }
+  std::unique_ptr<CheckpointReader> r(new CheckpointReader());
+  r->path_ = path;
+  r->options_ = options;
+  const std::string manifest_path = JoinPath(path, kManifestName);
+  CKPT_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(manifest_path, kMaxManifestBytes));
+  CKPT_ASSIGN_OR_RETURN(r->manifest_, ParseManifest(bytes, manifest_path));
+  for (const pb::DataFile& f : r->manifest_.files()) {
+    CKPT_RETURN_IF_ERROR(CheckDataFile(path, r->manifest_, f));
+  }
+  for (int i = 0; i < r->manifest_.tensors_size(); ++i) {
+    r->tensor_index_[r->manifest_.tensors(i).key()] = i;
+  }
+  for (int i = 0; i < r->manifest_.pieces_size(); ++i) {
+    r->pieces_by_key_[r->manifest_.pieces(i).key()].push_back(i);
+  }
+  return r;
+}
+
+const pb::TensorMeta* CheckpointReader::FindTensor(const std::string& key) const {
+  auto it = tensor_index_.find(key);
+  return it == tensor_index_.end() ? nullptr : &manifest_.tensors(it->second);
+}
+
+std::vector<int> CheckpointReader::PiecesOf(const std::string& key) const {
+  auto it = pieces_by_key_.find(key);
+  return it == pieces_by_key_.end() ? std::vector<int>{} : it->second;
+}
+
+absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads) const {
+  return ReadPieces(reads, options_.verify_checksums);
+}
+
+absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, bool verify) const {
+  // Partial reads that do not line up with checksum blocks go through a staging buffer that
+  // covers whole blocks, then the requested bytes are copied out.
+  struct Staged {
+    std::unique_ptr<char[]> buf;
+    int64_t skip = 0;
+    int64_t n = 0;
+    void* dest = nullptr;
+  };
+  std::vector<Staged> staged;
+  std::vector<RangeRead> ranges;
+  const int64_t block = manifest_.checksum_block_bytes();
+  for (const PieceRead& pr : reads) {
+    if (pr.piece < 0 || pr.piece >= manifest_.pieces_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("no stored piece ", pr.piece));
+    }
+    const pb::StoredPiece& p = manifest_.pieces(pr.piece);
+    const int64_t len = p.byte_length();
+    if (pr.begin < 0 || pr.begin > pr.end || pr.end > len) {
+      return absl::InvalidArgumentError(absl::StrCat("byte range [", pr.begin, ", ", pr.end,
+                                                     ") is outside ", DescribePiece(p), " of ", len,
+                                                     " bytes"));
+    }
+    RangeRead rr;
+    rr.path = JoinPath(path_, p.file());
+    rr.label = absl::StrCat(DescribePiece(p), ", entry \"", p.entry_name(), "\"");
+    int64_t b = pr.begin, e = pr.end;
+    if (!verify) {
+      if (b == e) continue;
+      rr.offset = p.byte_offset() + b;
+      rr.length = e - b;
+      rr.dest = pr.dest;
+      ranges.push_back(std::move(rr));
+      continue;
+    }
+    rr.verify = true;
+    if (p.block_xxh3_size() > 0) {
+      if (b == e) continue;
+      b = b / block * block;
+      e = std::min((e + block - 1) / block * block, len);
+      rr.block_bytes = block;
+      rr.expected.assign(p.block_xxh3().begin() + b / block,
+                         p.block_xxh3().begin() + (e + block - 1) / block);
+    } else {
+      b = 0;
+      e = len;
+      rr.expected = {p.xxh3_64()};
+    }
+    rr.offset = p.byte_offset() + b;
+    rr.length = e - b;
+    if (b == pr.begin && e == pr.end) {
+      rr.dest = pr.dest;
+    } else {
+      Staged s;
+      s.buf.reset(new char[std::max<int64_t>(1, e - b)]);
+      s.skip = pr.begin - b;
+      s.n = pr.end - pr.begin;
+      s.dest = pr.dest;
+      rr.dest = s.buf.get();
+      staged.push_back(std::move(s));
+    }
+    ranges.push_back(std::move(rr));
+  }
+  CKPT_RETURN_IF_ERROR(ReadRanges(ranges, options_.io));
+  for (const Staged& s : staged) {
+    if (s.n > 0) std::memcpy(s.dest, s.buf.get() + s.skip, s.n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::ReadRegion(const std::string& key, const Region& region,
+                                          void* dest) const {
+  const pb::TensorMeta* t = FindTensor(key);
+  if (t == nullptr) return absl::NotFoundError(absl::StrCat("no tensor \"", key, "\" in ", path_));
+  CKPT_ASSIGN_OR_RETURN(DType dtype, DTypeFromProto(t->dtype()));
+  const int64_t es = DTypeSize(dtype);
+  const std::vector<int64_t> shape(t->global_shape().begin(), t->global_shape().end());
+  absl::Status valid = ValidateRegion(region, shape);
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", key, "\" region ", region.DebugString(), ": ", valid.message()));
+  }
+  struct Part {
+    std::vector<CopyRun> runs;
+    std::unique_ptr<char[]> buf;
+  };
+  std::vector<Part> parts;
+  std::vector<PieceRead> reads;
+  int64_t covered = 0;
+  for (int index : PiecesOf(key)) {
+    const Region stored = RegionFromProto(manifest_.pieces(index).region());
+    CKPT_ASSIGN_OR_RETURN(std::vector<CopyRun> runs, OverlapRuns(stored, region, shape));
+    if (runs.empty()) continue;
+    int64_t lo = runs.front().src_offset, hi = 0;
+    for (const CopyRun& r : runs) {
+      lo = std::min(lo, r.src_offset);
+      hi = std::max(hi, r.src_offset + r.length);
+      covered += r.length;
+    }
+    if (runs.size() == 1) {
+      // One contiguous run: read straight into place.
+      reads.push_back(
+          {index, lo * es, hi * es, static_cast<char*>(dest) + runs[0].dst_offset * es});
+      continue;
+    }
+    Part part;
+    for (CopyRun& r : runs) r.src_offset -= lo;
+    part.runs = std::move(runs);
+    part.buf.reset(new char[std::max<int64_t>(1, (hi - lo) * es)]);
+    reads.push_back({index, lo * es, hi * es, part.buf.get()});
+    parts.push_back(std::move(part));
+  }
+  if (covered != region.NumElements()) {
+    return covered < region.NumElements()
+               ? absl::NotFoundError(absl::StrCat(
+                     "tensor \"", key, "\" region ", region.DebugString(), ": only ", covered,
+                     " of ", region.NumElements(), " elements are stored in ", path_))
+               : absl::DataLossError(absl::StrCat("tensor \"", key, "\" region ",
+                                                  region.DebugString(),
+                                                  ": elements are stored by more than one piece"));
+  }
+  CKPT_RETURN_IF_ERROR(ReadPieces(reads));
+  for (const Part& part : parts) CopyRuns(part.runs, es, part.buf.get(), dest);
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt

@@ -1,0 +1,83 @@
+// Opens a committed checkpoint and reads pieces of it. Open validates the manifest and every
+// data file's safetensors header against it; reads verify XXH3-64 checksums (whole pieces, or
+// the covering blocks of partial reads) unless verification is explicitly skipped.
+#ifndef CKPT_STORAGE_CHECKPOINT_READER_H_
+#define CKPT_STORAGE_CHECKPOINT_READER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/manifest.pb.h"
+#include "sharding/region.h"
+#include "storage/io_engine.h"
+
+namespace ckpt {
+
+// What is at a checkpoint path.
+enum class CheckpointState {
+  kMissing,     // nothing there
+  kIncomplete,  // a directory without manifest.pb: never loaded
+  kComplete,    // manifest.pb present (validity is checked by Open)
+  kNotADirectory,
+};
+
+// The state, plus any leftover staging/old sibling directories of interrupted writes.
+struct CheckpointProbe {
+  CheckpointState state = CheckpointState::kMissing;
+  std::vector<std::string> leftovers;  // e.g. "/ckpts/.step5.tmp-123-0 (incomplete)"
+};
+CheckpointProbe ProbeCheckpoint(const std::string& path);
+const char* CheckpointStateName(CheckpointState state);
+
+struct ReaderOptions {
+  IoOptions io;
+  bool verify_checksums = true;
+};
+
+// A byte range [begin, end) of stored piece `piece` (index into manifest().pieces()) to copy
+// to `dest`.
+struct PieceRead {
+  int piece = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+  void* dest = nullptr;
+};
+
+// An opened, validated checkpoint. Thread-compatible; reads may run concurrently.
+class CheckpointReader {
+ public:
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
+                                                                const ReaderOptions& options = {});
+
+  const std::string& path() const { return path_; }
+  const pb::Manifest& manifest() const { return manifest_; }
+  // The tensor's metadata, or nullptr.
+  const pb::TensorMeta* FindTensor(const std::string& key) const;
+  // Indices of the pieces of `key`, in manifest order.
+  std::vector<int> PiecesOf(const std::string& key) const;
+
+  // Reads the ranges (in parallel), verifying checksums per the options.
+  absl::Status ReadPieces(const std::vector<PieceRead>& reads) const;
+  absl::Status ReadPieces(const std::vector<PieceRead>& reads, bool verify) const;
+
+  // Reads `region` of tensor `key` (row-major flattening of its box, narrowed to its flat
+  // range) into `dest`, assembling it from every stored piece that overlaps it and reading
+  // only the byte spans needed. Every element must be stored; NotFound otherwise.
+  absl::Status ReadRegion(const std::string& key, const Region& region, void* dest) const;
+
+ private:
+  CheckpointReader() = default;
+  std::string path_;
+  pb::Manifest manifest_;
+  ReaderOptions options_;
+  std::map<std::string, int> tensor_index_;
+  std::map<std::string, std::vector<int>> pieces_by_key_;
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_STORAGE_CHECKPOINT_READER_H_

@@ -1,0 +1,326 @@
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "storage/checkpoint_reader.h"
+#include "storage/checkpoint_writer.h"
+#include "storage/file_util.h"
+#include "storage/manifest_codec.h"
+
+namespace ckpt {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TestDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = JoinPath(tmp != nullptr ? tmp : "/tmp", name);
+  EXPECT_TRUE(RemoveTree(dir).ok());
+  EXPECT_TRUE(MakeDir(dir).ok());
+  return dir;
+}
+
+// A tensor with deterministic contents and helpers to cut pieces out of it.
+struct TestTensor {
+  TensorSpec spec;
+  std::string bytes;  // row-major, whole tensor
+
+  TestTensor(std::string key, DType dtype, std::vector<int64_t> shape, uint32_t seed) {
+    spec = {std::move(key), dtype, std::move(shape)};
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    bytes.resize(n * DTypeSize(dtype));
+    std::mt19937 rng(seed);
+    for (auto& c : bytes) c = static_cast<char>(rng());
+  }
+  int64_t es() const { return DTypeSize(spec.dtype); }
+  // Bytes of `r` in storage order (row-major box, narrowed to flat), by brute force.
+  std::string Extract(const Region& r) const {
+    std::string out;
+    const int nd = r.ndim();
+    int64_t box = r.BoxElements();
+    std::vector<int64_t> idx(nd, 0);
+    for (int64_t i = 0; i < box; ++i) {
+      if (!r.flat || (i >= r.flat->start && i < r.flat->stop)) {
+        int64_t g = 0;
+        for (int d = 0; d < nd; ++d) g = g * spec.shape[d] + r.offsets[d] + idx[d];
+        out.append(bytes.data() + g * es(), es());
+      }
+      for (int d = nd - 1; d >= 0; --d) {
+        if (++idx[d] < r.lengths[d]) break;
+        idx[d] = 0;
+      }
+    }
+    return out;
+  }
+};
+
+// Holds piece bytes alive for the writer.
+struct Pieces {
+  std::vector<std::unique_ptr<std::string>> storage;
+  PieceData Make(const TestTensor& t, const Region& r) {
+    storage.push_back(std::make_unique<std::string>(t.Extract(r)));
+    return {t.spec.key, r, storage.back()->data(), static_cast<int64_t>(storage.back()->size())};
+  }
+};
+
+Region Box(std::vector<int64_t> off, std::vector<int64_t> len) {
+  return Region{std::move(off), std::move(len), std::nullopt};
+}
+
+TEST(CheckpointTest, RoundTripsEveryDTypeAndOddShapes) {
+  const std::string dir = TestDir("rt");
+  std::vector<TestTensor> tensors;
+  uint32_t seed = 1;
+  for (DType d : kAllDTypes) {
+    tensors.emplace_back(std::string("t.") + std::string(DTypeName(d)), d,
+                         std::vector<int64_t>{5, 7}, seed++);
+  }
+  tensors.emplace_back("scalar", DType::kF64, std::vector<int64_t>{}, seed++);
+  tensors.emplace_back("empty", DType::kBF16, std::vector<int64_t>{0, 4}, seed++);
+  tensors.emplace_back(std::string(5000, 'k') + ".long", DType::kU8, std::vector<int64_t>{3},
+                       seed++);
+  tensors.emplace_back("模型.层.0.权重|ü%😀", DType::kF16, std::vector<int64_t>{2, 3}, seed++);
+  tensors.emplace_back("../../../escape/../x", DType::kI32, std::vector<int64_t>{4}, seed++);
+
+  Pieces pieces;
+  CheckpointContents c;
+  c.step = 42;
+  c.user_metadata = {{"run", "unit-test"}};
+  c.saved_layout.set_world_size(2);
+  std::vector<PieceData> rank0, rank1;
+  for (const TestTensor& t : tensors) {
+    c.tensors.push_back(t.spec);
+    if (t.spec.shape == std::vector<int64_t>{5, 7}) {
+      rank0.push_back(pieces.Make(t, Box({0, 0}, {2, 7})));
+      rank1.push_back(pieces.Make(t, Region{{2, 0}, {3, 7}, FlatRange{0, 9}}));
+      rank1.push_back(pieces.Make(t, Region{{2, 0}, {3, 7}, FlatRange{9, 21}}));
+    } else {
+      rank0.push_back(pieces.Make(t, WholeRegion(t.spec.shape)));
+    }
+  }
+  c.files = BalanceIntoFiles(rank0, 3, 0);
+  for (DataFilePlan& f : BalanceIntoFiles(rank1, 2, 1)) c.files.push_back(std::move(f));
+  const std::string path = JoinPath(dir, "ckpt");
+  auto m = WriteCheckpoint(path, c, WriteOptions{});
+  ASSERT_TRUE(m.ok()) << m.status();
+
+  // Only the checkpoint itself exists next to it; every file is inside data/.
+  EXPECT_EQ(*ListDir(dir), std::vector<std::string>{"ckpt"});
+  auto data_files = ListDir(JoinPath(path, "data"));
+  ASSERT_TRUE(data_files.ok());
+  EXPECT_EQ(data_files->size(), 5u);
+  EXPECT_EQ(*ListDir(path), (std::vector<std::string>{"data", "manifest.pb"}));
+
+  auto reader = CheckpointReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->manifest().step(), 42);
+  EXPECT_EQ((*reader)->manifest().user_metadata().at("run"), "unit-test");
+  for (const TestTensor& t : tensors) {
+    std::string out(t.bytes.size(), '\x55');
+    absl::Status s = (*reader)->ReadRegion(t.spec.key, WholeRegion(t.spec.shape), out.data());
+    ASSERT_TRUE(s.ok()) << t.spec.key.substr(0, 40) << ": " << s;
+    EXPECT_TRUE(out == t.bytes) << t.spec.key.substr(0, 40);
+  }
+  // A region crossing box and flat pieces, assembled from three pieces.
+  const TestTensor& f32 = tensors[11];
+  ASSERT_EQ(f32.spec.dtype, DType::kF32);
+  Region want{{1, 2}, {3, 4}, FlatRange{1, 11}};
+  std::string out(want.NumElements() * 4, '\0');
+  ASSERT_TRUE((*reader)->ReadRegion(f32.spec.key, want, out.data()).ok());
+  EXPECT_TRUE(out == f32.Extract(want));
+}
+
+// A safetensors reader written here from the format description, sharing no code with
+// storage/: every data file must open and every entry must hold the piece's bytes.
+TEST(CheckpointTest, DataFilesOpenWithAnIndependentSafetensorsParser) {
+  const std::string dir = TestDir("indep");
+  TestTensor a("layers.0.w", DType::kBF16, {6, 4}, 5), b("bias", DType::kF32, {6}, 6);
+  Pieces pieces;
+  CheckpointContents c;
+  c.tensors = {a.spec, b.spec};
+  c.files = {{0, {pieces.Make(a, Box({0, 0}, {3, 4})), pieces.Make(b, WholeRegion({6}))}},
+             {1, {pieces.Make(a, Box({3, 0}, {3, 4}))}}};
+  const std::string path = JoinPath(dir, "ckpt");
+  auto m = WriteCheckpoint(path, c, WriteOptions{});
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::map<std::string, std::string> found;  // entry name -> bytes
+  const std::vector<std::string> names = *ListDir(JoinPath(path, "data"));
+  for (const std::string& name : names) {
+    auto file = ReadWholeFile(JoinPath(path, "data/" + name), 1 << 20);
+    ASSERT_TRUE(file.ok());
+    const std::string& f = *file;
+    ASSERT_GE(f.size(), 8u);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(f[i]);
+    ASSERT_LE(8 + n, f.size());
+    EXPECT_EQ((8 + n) % 8, 0u) << "data section must start 8-byte aligned";
+    auto header = nlohmann::json::parse(f.substr(8, n), nullptr, false);
+    ASSERT_FALSE(header.is_discarded());
+    EXPECT_EQ(header["__metadata__"]["format"], "ckpt");
+    uint64_t expected_begin = 0;
+    std::vector<std::pair<uint64_t, std::string>> by_offset;
+    for (auto& [k, v] : header.items()) {
+      if (k == "__metadata__") continue;
+      by_offset.emplace_back(v["data_offsets"][0].get<uint64_t>(), k);
+    }
+    std::sort(by_offset.begin(), by_offset.end());
+    for (auto& [begin, k] : by_offset) {
+      const auto& v = header[k];
+      EXPECT_EQ(begin, expected_begin) << k;
+      uint64_t end = v["data_offsets"][1].get<uint64_t>();
+      uint64_t elems = 1;
+      for (auto& d : v["shape"]) elems *= d.get<uint64_t>();
+      const std::string dt = v["dtype"];
+      EXPECT_EQ(end - begin, elems * (dt == "BF16" ? 2 : 4)) << k;
+      found[k] = f.substr(8 + n + begin, end - begin);
+      expected_begin = end;
+    }
+    EXPECT_EQ(8 + n + expected_begin, f.size());
+  }
+  ASSERT_EQ(found.size(), 3u);
+  EXPECT_TRUE(found.at("layers.0.w|0:3,0:4") == a.Extract(Box({0, 0}, {3, 4})));
+  EXPECT_TRUE(found.at("layers.0.w|3:6,0:4") == a.Extract(Box({3, 0}, {3, 4})));
+  EXPECT_TRUE(found.at("bias|0:6") == b.bytes);
+}
+
+TEST(CheckpointTest, PartialReadsVerifyOnlyTheBlocksTheyTouch) {
+  const std::string dir = TestDir("blocks");
+  TestTensor t("big", DType::kU8, {100000}, 9);
+  Pieces pieces;
+  CheckpointContents c;
+  c.tensors = {t.spec};
+  c.files = {{0, {pieces.Make(t, WholeRegion({100000}))}}};
+  WriteOptions wo;
+  wo.checksum_block_bytes = 4096;
+  const std::string path = JoinPath(dir, "ckpt");
+  auto m = WriteCheckpoint(path, c, wo);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->pieces(0).block_xxh3_size(), 25);
+  // Corrupt one byte in block 20.
+  const pb::StoredPiece& p = m->pieces(0);
+  const std::string file = JoinPath(path, p.file());
+  std::string bytes = *ReadWholeFile(file, 1 << 20);
+  bytes[p.byte_offset() + 20 * 4096 + 17] ^= 0x40;
+  ASSERT_TRUE(WriteFileDurably(file, bytes).ok());
+
+  auto reader = CheckpointReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::string out(5000, '\0');
+  ASSERT_TRUE((*reader)->ReadPieces({{0, 1000, 6000, out.data()}}).ok());
+  EXPECT_TRUE(out == t.bytes.substr(1000, 5000));
+  absl::Status bad = (*reader)->ReadPieces({{0, 80000, 85000, out.data()}});
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("\"big|0:100000\""));
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("tensor \"big\""));
+  // Explicitly skipping verification returns the bytes as stored.
+  ASSERT_TRUE((*reader)->ReadPieces({{0, 80000, 85000, out.data()}}, /*verify=*/false).ok());
+  std::string whole(100000, '\0');
+  EXPECT_EQ((*reader)->ReadRegion("big", WholeRegion({100000}), whole.data()).code(),
+            absl::StatusCode::kDataLoss);
+}
+
+CheckpointContents OneTensor(Pieces& pieces, const TestTensor& t) {
+  CheckpointContents c;
+  c.tensors = {t.spec};
+  c.files = {{0, {pieces.Make(t, WholeRegion(t.spec.shape))}}};
+  return c;
+}
+
+TEST(CheckpointTest, OverwriteNeedsTheFlagAndReplacesAtomically) {
+  const std::string dir = TestDir("overwrite");
+  const std::string path = JoinPath(dir, "ckpt");
+  TestTensor v1("w", DType::kF32, {16}, 1), v2("w", DType::kF32, {16}, 2);
+  Pieces pieces;
+  ASSERT_TRUE(WriteCheckpoint(path, OneTensor(pieces, v1), WriteOptions{}).ok());
+  auto again = WriteCheckpoint(path, OneTensor(pieces, v2), WriteOptions{});
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("overwrite"));
+  std::string out(64, '\0');
+  ASSERT_TRUE((*CheckpointReader::Open(path))->ReadRegion("w", WholeRegion({16}), out.data()).ok());
+  EXPECT_TRUE(out == v1.bytes);
+
+  WriteOptions ow;
+  ow.overwrite = true;
+  ASSERT_TRUE(WriteCheckpoint(path, OneTensor(pieces, v2), ow).ok());
+  ASSERT_TRUE((*CheckpointReader::Open(path))->ReadRegion("w", WholeRegion({16}), out.data()).ok());
+  EXPECT_TRUE(out == v2.bytes);
+  EXPECT_EQ(*ListDir(dir), std::vector<std::string>{"ckpt"});  // old one removed, no leftovers
+}
+
+TEST(CheckpointTest, IncompleteAndDamagedCheckpointsAreRefused) {
+  const std::string dir = TestDir("damaged");
+  const std::string incomplete = JoinPath(dir, "incomplete");
+  ASSERT_TRUE(MakeDir(incomplete).ok());
+  EXPECT_EQ(ProbeCheckpoint(incomplete).state, CheckpointState::kIncomplete);
+  auto r = CheckpointReader::Open(incomplete);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("incomplete"));
+  EXPECT_EQ(CheckpointReader::Open(JoinPath(dir, "none")).status().code(),
+            absl::StatusCode::kNotFound);
+
+  TestTensor t("w", DType::kF32, {1000}, 3);
+  Pieces pieces;
+  const std::string path = JoinPath(dir, "ckpt");
+  auto m = WriteCheckpoint(path, OneTensor(pieces, t), WriteOptions{});
+  ASSERT_TRUE(m.ok());
+  const std::string data = JoinPath(path, m->files(0).name());
+  std::string bytes = *ReadWholeFile(data, 1 << 20);
+
+  ASSERT_TRUE(WriteFileDurably(data, bytes.substr(0, bytes.size() - 10)).ok());
+  auto truncated = CheckpointReader::Open(path);
+  EXPECT_EQ(truncated.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(truncated.status().message()), HasSubstr("truncated"));
+
+  // Same size, but the header says a different dtype for the entry.
+  std::string lied = bytes;
+  size_t at = lied.find("\"F32\"");
+  ASSERT_NE(at, std::string::npos);
+  lied.replace(at, 5, "\"I32\"");
+  ASSERT_TRUE(WriteFileDurably(data, lied).ok());
+  auto disagree = CheckpointReader::Open(path);
+  EXPECT_EQ(disagree.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(disagree.status().message()), HasSubstr("entry \"w|0:1000\""));
+
+  ASSERT_TRUE(WriteFileDurably(data, bytes).ok());
+  pb::Manifest future = *m;
+  future.set_format_version(7);
+  ASSERT_TRUE(WriteFileDurably(JoinPath(path, "manifest.pb"), SerializeManifest(future)).ok());
+  EXPECT_EQ(CheckpointReader::Open(path).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(CheckpointTest, MissingElementsAreReportedNotZeroFilled) {
+  const std::string dir = TestDir("coverage");
+  TestTensor t("w", DType::kF32, {4, 4}, 3);
+  Pieces pieces;
+  CheckpointContents c;
+  c.tensors = {t.spec};
+  c.files = {{0, {pieces.Make(t, Box({0, 0}, {2, 4}))}}};
+  const std::string path = JoinPath(dir, "ckpt");
+  ASSERT_TRUE(WriteCheckpoint(path, c, WriteOptions{}).ok());
+  auto reader = CheckpointReader::Open(path);
+  ASSERT_TRUE(reader.ok());
+  std::string out(64, '\0');
+  absl::Status s = (*reader)->ReadRegion("w", WholeRegion({4, 4}), out.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("only 8 of 16"));
+}
+
+TEST(CheckpointTest, BadPiecesAreRejectedBeforeAnythingIsCommitted) {
+  const std::string dir = TestDir("badpieces");
+  TestTensor t("w", DType::kF32, {4}, 3);
+  Pieces pieces;
+  CheckpointContents c = OneTensor(pieces, t);
+  c.files[0].pieces[0].size_bytes = 12;
+  auto m = WriteCheckpoint(JoinPath(dir, "ckpt"), c, WriteOptions{});
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("tensor \"w\""));
+  EXPECT_TRUE(ListDir(dir)->empty());  // staging directory cleaned up
+}
+
+}  // namespace
+}  // namespace ckpt

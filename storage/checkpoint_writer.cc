@@ -1,0 +1,306 @@
+#include "storage/checkpoint_writer.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "storage/file_util.h"
+#include "storage/safetensors.h"
+
+namespace ckpt {
+namespace {
+
+constexpr char kManifestName[] = "manifest.pb";
+constexpr char kManifestTempName[] = "manifest.pb.tmp";
+
+void Step(const WriteOptions& options, CommitStep step) {
+  if (options.after_step) options.after_step(step);
+}
+
+std::string UniqueSibling(const std::string& final_path, absl::string_view tag) {
+  static std::atomic<int> counter{0};
+  return JoinPath(ParentDir(final_path), absl::StrCat(".", BaseName(final_path), ".", tag, "-",
+                                                      ::getpid(), "-", counter.fetch_add(1)));
+}
+
+// rename(2) that refuses to replace `to` (renameat2 RENAME_NOREPLACE; falls back to a check
+// plus rename where the filesystem lacks it).
+absl::Status RenameNoReplace(const std::string& from, const std::string& to) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) {
+    return absl::OkStatus();
+  }
+  if (errno != EINVAL && errno != ENOSYS) {
+    return ErrnoStatus(errno, absl::StrCat("rename ", from, " to ", to));
+  }
+  if (PathExists(to)) return absl::AlreadyExistsError(absl::StrCat(to, " already exists"));
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("rename ", from, " to ", to));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExistingPathError(const std::string& path) {
+  return absl::AlreadyExistsError(
+      absl::StrCat(path, " already exists; pass the overwrite flag to replace it"));
+}
+
+}  // namespace
+
+const char* CommitStepName(CommitStep step) {
+  switch (step) {
+    case CommitStep::kStagingCreated:
+      return "staging_created";
+    case CommitStep::kDataFilesSynced:
+      return "data_files_synced";
+    case CommitStep::kStagingDirSynced:
+      return "staging_dir_synced";
+    case CommitStep::kManifestTempWritten:
+      return "manifest_temp_written";
+    case CommitStep::kManifestRenamed:
+      return "manifest_renamed";
+    case CommitStep::kManifestDirSynced:
+      return "manifest_dir_synced";
+    case CommitStep::kCheckpointRenamed:
+      return "checkpoint_renamed";
+    case CommitStep::kOldRemoved:
+      return "old_removed";
+  }
+  return "?";
+}
+
+absl::StatusOr<CommitStep> ParseCommitStep(absl::string_view name) {
+  for (CommitStep s : kAllCommitSteps) {
+    if (name == CommitStepName(s)) return s;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown commit step \"", name, "\""));
+}
+
+absl::StatusOr<std::string> CreateStagingDir(const std::string& final_path, bool overwrite) {
+  if (final_path.empty()) return absl::InvalidArgumentError("empty checkpoint path");
+  if (!overwrite && PathExists(final_path)) return ExistingPathError(final_path);
+  if (!IsDirectory(ParentDir(final_path))) {
+    return absl::NotFoundError(absl::StrCat("parent directory of ", final_path, " does not exist"));
+  }
+  const std::string staging = UniqueSibling(final_path, "tmp");
+  CKPT_RETURN_IF_ERROR(MakeDir(staging));
+  CKPT_RETURN_IF_ERROR(MakeDir(JoinPath(staging, "data")));
+  return staging;
+}
+
+absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
+                                           const std::vector<TensorSpec>& tensors,
+                                           const std::vector<DataFilePlan>& files, int first_index,
+                                           const WriteOptions& options) {
+  std::map<std::string, const TensorSpec*> by_key;
+  for (const TensorSpec& t : tensors) by_key.emplace(t.key, &t);
+  std::map<int, int> next_index;
+  std::vector<std::string> headers(files.size());
+  std::vector<FileWrite> writes(files.size());
+  WrittenData out;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const DataFilePlan& plan = files[f];
+    if (plan.writer_rank < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("negative writer rank ", plan.writer_rank));
+    }
+    const int index = first_index + next_index[plan.writer_rank]++;
+    const std::string name = DataFileName(plan.writer_rank, index);
+    std::vector<SafetensorsEntry> entries;
+    int64_t pos = 0;
+    for (const PieceData& p : plan.pieces) {
+      auto t = by_key.find(p.key);
+      if (t == by_key.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("piece of unknown tensor \"", p.key, "\" (rank ", plan.writer_rank, ")"));
+      }
+      absl::Status valid = ValidateRegion(p.region, t->second->shape);
+      if (!valid.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor \"", p.key, "\" region ", p.region.DebugString(), ": ", valid.message()));
+      }
+      const int64_t bytes = p.region.NumElements() * DTypeSize(t->second->dtype);
+      if (bytes != p.size_bytes || (bytes > 0 && p.data == nullptr)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor \"", p.key, "\" region ", p.region.DebugString(), " has ", p.size_bytes,
+            " bytes of data, expected ", bytes, " (", DTypeName(t->second->dtype), ")"));
+      }
+      entries.push_back({EncodeEntryName(p.key, p.region), t->second->dtype, EntryShape(p.region),
+                         pos, pos + bytes});
+      pos += bytes;
+    }
+    CKPT_ASSIGN_OR_RETURN(headers[f], EncodeSafetensorsHeader(
+                                          entries, {{"format", "ckpt"},
+                                                    {"writer_rank", absl::StrCat(plan.writer_rank)},
+                                                    {"ckpt_writer", kWriterVersion}}));
+    writes[f].path = JoinPath(staging_dir, name);
+    writes[f].segments.push_back(
+        {headers[f].data(), static_cast<int64_t>(headers[f].size()), false, 0});
+    for (const PieceData& p : plan.pieces) {
+      writes[f].segments.push_back({p.data, p.size_bytes, true, options.checksum_block_bytes});
+    }
+    pb::DataFile df;
+    df.set_name(name);
+    df.set_writer_rank(plan.writer_rank);
+    df.set_data_start(static_cast<int64_t>(headers[f].size()));
+    df.set_size_bytes(static_cast<int64_t>(headers[f].size()) + pos);
+    out.files.push_back(df);
+    for (size_t i = 0; i < plan.pieces.size(); ++i) {
+      const PieceData& p = plan.pieces[i];
+      pb::StoredPiece sp;
+      sp.set_key(p.key);
+      *sp.mutable_region() = RegionToProto(p.region);
+      sp.set_file(name);
+      sp.set_entry_name(entries[i].name);
+      sp.set_byte_offset(df.data_start() + entries[i].begin);
+      sp.set_byte_length(p.size_bytes);
+      sp.set_writer_rank(plan.writer_rank);
+      out.pieces.push_back(std::move(sp));
+    }
+  }
+  IoOptions io = options.io;
+  io.fsync = true;
+  CKPT_ASSIGN_OR_RETURN(std::vector<FileWriteResult> results, WriteFiles(writes, io));
+  size_t piece = 0;
+  for (size_t f = 0; f < files.size(); ++f) {
+    if (results[f].size != out.files[f].size_bytes()) {
+      return absl::InternalError(absl::StrCat("wrote ", results[f].size, " bytes to ",
+                                              writes[f].path, ", expected ",
+                                              out.files[f].size_bytes()));
+    }
+    for (size_t i = 0; i < files[f].pieces.size(); ++i, ++piece) {
+      const SegmentChecksum& cs = results[f].checksums[i + 1];
+      pb::StoredPiece& sp = out.pieces[piece];
+      sp.set_xxh3_64(cs.xxh3);
+      if (sp.byte_length() > options.checksum_block_bytes) {
+        for (uint64_t b : cs.blocks) sp.add_block_xxh3(b);
+      }
+    }
+  }
+  return out;
+}
+
+pb::Manifest BuildManifest(const std::vector<TensorSpec>& tensors, const WrittenData& data,
+                           const CheckpointContents& info, int64_t checksum_block_bytes) {
+  pb::Manifest m;
+  m.set_format_version(kManifestFormatVersion);
+  for (const TensorSpec& t : tensors) {
+    pb::TensorMeta* meta = m.add_tensors();
+    meta->set_key(t.key);
+    meta->set_dtype(DTypeToProto(t.dtype));
+    for (int64_t d : t.shape) meta->add_global_shape(d);
+  }
+  for (const pb::StoredPiece& p : data.pieces) *m.add_pieces() = p;
+  for (const pb::DataFile& f : data.files) *m.add_files() = f;
+  *m.mutable_saved_layout() = info.saved_layout;
+  m.set_step(info.step);
+  for (const auto& [k, v] : info.user_metadata) (*m.mutable_user_metadata())[k] = v;
+  m.set_created_unix_micros(std::chrono::duration_cast<std::chrono::microseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count());
+  m.set_writer_version(kWriterVersion);
+  m.set_checksum_block_bytes(checksum_block_bytes);
+  return m;
+}
+
+absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string& final_path,
+                              const pb::Manifest& manifest, const WriteOptions& options) {
+  CKPT_RETURN_IF_ERROR(ValidateManifest(manifest));
+  CKPT_RETURN_IF_ERROR(FsyncDir(JoinPath(staging_dir, "data")));
+  CKPT_RETURN_IF_ERROR(FsyncDir(staging_dir));
+  Step(options, CommitStep::kStagingDirSynced);
+
+  const std::string tmp = JoinPath(staging_dir, kManifestTempName);
+  CKPT_RETURN_IF_ERROR(WriteFileDurably(tmp, SerializeManifest(manifest)));
+  Step(options, CommitStep::kManifestTempWritten);
+  const std::string final_manifest = JoinPath(staging_dir, kManifestName);
+  if (::rename(tmp.c_str(), final_manifest.c_str()) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("rename ", tmp, " to ", final_manifest));
+  }
+  Step(options, CommitStep::kManifestRenamed);
+  CKPT_RETURN_IF_ERROR(FsyncDir(staging_dir));
+  Step(options, CommitStep::kManifestDirSynced);
+
+  const std::string parent = ParentDir(final_path);
+  if (!PathExists(final_path)) {
+    CKPT_RETURN_IF_ERROR(RenameNoReplace(staging_dir, final_path));
+    CKPT_RETURN_IF_ERROR(FsyncDir(parent));
+    Step(options, CommitStep::kCheckpointRenamed);
+    Step(options, CommitStep::kOldRemoved);
+    return absl::OkStatus();
+  }
+  if (!options.overwrite) return ExistingPathError(final_path);
+  // Atomically swap the new checkpoint in; the old one ends up under the staging name.
+  std::string old_path = staging_dir;
+  if (::renameat2(AT_FDCWD, staging_dir.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) !=
+      0) {
+    if (errno != EINVAL && errno != ENOSYS) {
+      return ErrnoStatus(errno, absl::StrCat("exchange ", staging_dir, " with ", final_path));
+    }
+    // No RENAME_EXCHANGE here: move the old one aside first. A crash between the two renames
+    // leaves the old checkpoint complete under the ".old" sibling name.
+    old_path = UniqueSibling(final_path, "old");
+    if (::rename(final_path.c_str(), old_path.c_str()) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("rename ", final_path, " to ", old_path));
+    }
+    CKPT_RETURN_IF_ERROR(FsyncDir(parent));
+    CKPT_RETURN_IF_ERROR(RenameNoReplace(staging_dir, final_path));
+  }
+  CKPT_RETURN_IF_ERROR(FsyncDir(parent));
+  Step(options, CommitStep::kCheckpointRenamed);
+  CKPT_RETURN_IF_ERROR(RemoveTree(old_path));
+  CKPT_RETURN_IF_ERROR(FsyncDir(parent));
+  Step(options, CommitStep::kOldRemoved);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<pb::Manifest> WriteCheckpoint(const std::string& path,
+                                             const CheckpointContents& contents,
+                                             const WriteOptions& options) {
+  CKPT_ASSIGN_OR_RETURN(std::string staging, CreateStagingDir(path, options.overwrite));
+  Step(options, CommitStep::kStagingCreated);
+  auto written = WriteDataFiles(staging, contents.tensors, contents.files, 0, options);
+  absl::StatusOr<pb::Manifest> manifest;
+  absl::Status s = written.status();
+  if (s.ok()) {
+    Step(options, CommitStep::kDataFilesSynced);
+    manifest = BuildManifest(contents.tensors, *written, contents, options.checksum_block_bytes);
+    s = CommitCheckpoint(staging, path, *manifest, options);
+  }
+  if (!s.ok()) {
+    // Nothing under the final name changed; drop the partial staging directory.
+    RemoveTree(staging).IgnoreError();
+    return s;
+  }
+  return manifest;
+}
+
+std::vector<DataFilePlan> BalanceIntoFiles(std::vector<PieceData> pieces, int num_files,
+                                           int writer_rank) {
+  num_files = std::max(1, num_files);
+  std::stable_sort(pieces.begin(), pieces.end(), [](const PieceData& a, const PieceData& b) {
+    return a.size_bytes > b.size_bytes;
+  });
+  std::vector<DataFilePlan> files(num_files);
+  std::vector<int64_t> load(num_files, 0);
+  for (PieceData& p : pieces) {
+    const int f = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[f] += p.size_bytes;
+    files[f].pieces.push_back(std::move(p));
+  }
+  std::vector<DataFilePlan> out;
+  for (DataFilePlan& f : files) {
+    if (f.pieces.empty()) continue;
+    f.writer_rank = writer_rank;
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,127 @@
+// Writes a checkpoint directory with the atomic commit protocol:
+//   1. create a temporary sibling directory <parent>/.<name>.tmp-<pid>-<n> with data/;
+//   2. write every data file (safetensors) and fsync it; fsync data/ and the directory;
+//   3. write manifest.pb.tmp, fsync it, rename it to manifest.pb, fsync the directory;
+//   4. rename the directory to its final name (atomically exchanging it with an existing
+//      checkpoint when overwriting is allowed), fsync the parent, then remove the old one.
+// A crash at any point leaves the previous checkpoint or the complete new one under the final
+// name. Data file names come from the writer rank and a counter, never from tensor keys.
+#ifndef CKPT_STORAGE_CHECKPOINT_WRITER_H_
+#define CKPT_STORAGE_CHECKPOINT_WRITER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/manifest.pb.h"
+#include "sharding/dtype.h"
+#include "sharding/region.h"
+#include "storage/io_engine.h"
+#include "storage/manifest_codec.h"
+
+namespace ckpt {
+
+// A tensor of the checkpoint: key, element type and global shape.
+struct TensorSpec {
+  std::string key;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+};
+
+// One piece to store: `region` of tensor `key`, whose bytes (row-major flattening of the
+// region's box, narrowed to its flat range) are at `data`. The memory must stay valid while
+// the write runs.
+struct PieceData {
+  std::string key;
+  Region region;
+  const void* data = nullptr;
+  int64_t size_bytes = 0;
+};
+
+// The pieces of one data file and the rank that writes it.
+struct DataFilePlan {
+  int writer_rank = 0;
+  std::vector<PieceData> pieces;
+};
+
+// Everything that goes into one checkpoint.
+struct CheckpointContents {
+  std::vector<TensorSpec> tensors;
+  std::vector<DataFilePlan> files;
+  pb::SavedLayout saved_layout;
+  int64_t step = 0;
+  std::map<std::string, std::string> user_metadata;
+};
+
+// Points of the commit protocol, in order; the test hook runs after each one completes.
+enum class CommitStep {
+  kStagingCreated,
+  kDataFilesSynced,
+  kStagingDirSynced,
+  kManifestTempWritten,
+  kManifestRenamed,
+  kManifestDirSynced,
+  kCheckpointRenamed,
+  kOldRemoved,
+};
+inline constexpr CommitStep kAllCommitSteps[] = {
+    CommitStep::kStagingCreated,      CommitStep::kDataFilesSynced, CommitStep::kStagingDirSynced,
+    CommitStep::kManifestTempWritten, CommitStep::kManifestRenamed, CommitStep::kManifestDirSynced,
+    CommitStep::kCheckpointRenamed,   CommitStep::kOldRemoved};
+const char* CommitStepName(CommitStep step);
+absl::StatusOr<CommitStep> ParseCommitStep(absl::string_view name);
+
+struct WriteOptions {
+  IoOptions io;
+  // Replace an existing checkpoint (or leftover directory) at the final path. Without it an
+  // existing path is AlreadyExists and nothing is written.
+  bool overwrite = false;
+  int64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
+  // Test-only: called after each commit step (e.g. to kill the process there).
+  std::function<void(CommitStep)> after_step;
+};
+
+// Writes `contents` as a checkpoint at `path` with the commit protocol; returns the manifest.
+absl::StatusOr<pb::Manifest> WriteCheckpoint(const std::string& path,
+                                             const CheckpointContents& contents,
+                                             const WriteOptions& options);
+
+// --- the same protocol in parts, for saves spread over several processes ---------------------
+
+// Creates the temporary sibling directory (with data/) for a checkpoint at `final_path`.
+absl::StatusOr<std::string> CreateStagingDir(const std::string& final_path, bool overwrite);
+
+// What WriteDataFiles produced: the stored pieces and file records for the manifest.
+struct WrittenData {
+  std::vector<pb::StoredPiece> pieces;
+  std::vector<pb::DataFile> files;
+};
+
+// Writes `files` into <staging_dir>/data/ as r<rank>_<first_index + i>.safetensors (i counted
+// per rank), fsyncs them, and returns their manifest records. Pieces are validated against
+// `tensors` (known key, valid region, size = elements * dtype size).
+absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
+                                           const std::vector<TensorSpec>& tensors,
+                                           const std::vector<DataFilePlan>& files, int first_index,
+                                           const WriteOptions& options);
+
+// A manifest for `tensors` and the written data (format version, time, writer version filled).
+pb::Manifest BuildManifest(const std::vector<TensorSpec>& tensors, const WrittenData& data,
+                           const CheckpointContents& info, int64_t checksum_block_bytes);
+
+// Steps 2 (directory fsyncs) to 4 of the protocol for a staging dir whose data files are
+// written and synced. Validates the manifest first.
+absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string& final_path,
+                              const pb::Manifest& manifest, const WriteOptions& options);
+
+// Splits pieces into `num_files` data files of roughly equal bytes (largest first, each to the
+// lightest file), all written by `writer_rank`. Empty files are dropped.
+std::vector<DataFilePlan> BalanceIntoFiles(std::vector<PieceData> pieces, int num_files,
+                                           int writer_rank);
+
+}  // namespace ckpt
+
+#endif  // CKPT_STORAGE_CHECKPOINT_WRITER_H_
