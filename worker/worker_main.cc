@@ -1,0 +1,171 @@
+// ckpt_worker: the worker daemon, one per GPU (or CPU rank). Registers with the coordinator
+// and keeps its lease, serves the trainer-facing Worker service on a unix socket, and releases
+// the shared-memory segments of trainer processes that die.
+//
+//   ckpt_worker --coordinator HOST:PORT [--listen unix:/path] [--local_rank N] [--gpu G]
+//               [--host NAME] [--data_plane_address ADDR] [--log_level info]
+//               [--ready_file F]
+//
+// The local rank (and with it the default socket and GPU) comes from --local_rank, else the
+// launcher's environment (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK), else 0.
+// Prints "ckpt_worker listening on unix:/path" on stdout once serving, and writes
+// "<worker_id> <address>" to --ready_file after the first registration.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "client/options.h"
+#include "common/daemon.h"
+#include "spdlog/spdlog.h"
+#include "worker/coordinator_link.h"
+#include "worker/gpu.h"
+#include "worker/memory_registry.h"
+#include "worker/worker_service.h"
+
+ABSL_FLAG(std::string, coordinator, "", "the coordinator's host:port (required)");
+ABSL_FLAG(
+    std::string, listen, "",
+    "unix:/path to serve trainers on (default unix:/tmp/ckpt-worker-<uid>-<local_rank>.sock)");
+ABSL_FLAG(int, local_rank, -1,
+          "local rank on this host (default: from the launcher's env, else 0)");
+ABSL_FLAG(int, gpu, -2, "GPU ordinal; -1 for none (default: local_rank modulo the GPU count)");
+ABSL_FLAG(std::string, host, "", "host name to announce (default: this machine's)");
+ABSL_FLAG(std::string, data_plane_address, "",
+          "address peers reach this worker's data plane on (default: the host name; ports are "
+          "exchanged through the coordinator's rendezvous store)");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
+ABSL_FLAG(std::string, ready_file, "",
+          "when set, \"<worker_id> <listen address>\" is written here after registering");
+ABSL_FLAG(int64_t, rpc_timeout_ms, 5000, "deadline of each call to the coordinator");
+ABSL_FLAG(int64_t, reap_interval_ms, 250, "how often dead trainers' segments are looked for");
+
+namespace {
+
+bool WriteFileAtomically(const std::string& path, const std::string& text) {
+  std::string tmp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text << "\n";
+    if (!out.good()) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "ckpt_worker: %s\n", message.c_str());
+  return 2;
+}
+
+int Run() {
+  if (absl::Status s = ckpt::SetUpDaemonLogging("worker", absl::GetFlag(FLAGS_log_level));
+      !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (coordinator.empty()) return Fail("--coordinator HOST:PORT is required");
+  std::optional<int> explicit_local_rank;
+  if (absl::GetFlag(FLAGS_local_rank) >= 0) explicit_local_rank = absl::GetFlag(FLAGS_local_rank);
+  absl::StatusOr<int> local_rank =
+      ckpt::client::ResolveLocalRank(explicit_local_rank, ckpt::client::ProcessEnv());
+  if (!local_rank.ok()) return Fail(std::string(local_rank.status().message()));
+  std::string listen = absl::GetFlag(FLAGS_listen);
+  if (listen.empty()) listen = ckpt::client::DefaultWorkerAddress(*local_rank);
+  if (!absl::StartsWith(listen, "unix:/")) {
+    return Fail(absl::StrCat("--listen must be unix:/absolute/path, got \"", listen, "\""));
+  }
+  int gpu = absl::GetFlag(FLAGS_gpu);
+  if (gpu < -1) gpu = ckpt::worker::GpuForLocalRank(*local_rank);
+  std::string host = absl::GetFlag(FLAGS_host);
+  if (host.empty()) host = ckpt::HostName();
+  std::string data_plane = absl::GetFlag(FLAGS_data_plane_address);
+  if (data_plane.empty()) data_plane = host;
+
+  ckpt::worker::LinkOptions link_options;
+  link_options.coordinator = coordinator;
+  link_options.rpc_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_rpc_timeout_ms));
+  ckpt::pb::WorkerInfo& info = link_options.info;
+  info.set_host(host);
+  info.set_pid(getpid());
+  info.set_data_plane_address(data_plane);
+  info.add_memory_kinds("host");
+  if (gpu >= 0) info.add_memory_kinds("device");
+  info.set_local_rank(*local_rank);
+  info.set_gpu(gpu);
+  if (gpu < 0) {
+    absl::StatusOr<int> gpus = ckpt::worker::CudaDeviceCount();
+    spdlog::info("no_gpu reason=\"{}\" memory_kinds=host",
+                 gpus.ok() ? std::string("--gpu -1") : std::string(gpus.status().message()));
+  }
+
+  ckpt::worker::MemoryRegistry registry;
+  ckpt::worker::CoordinatorLink link(link_options);
+  ckpt::worker::WorkerService service(&registry, &link, host);
+  const std::string ready_file = absl::GetFlag(FLAGS_ready_file);
+  link.SetRegisteredHandler([&service, ready_file, listen](const std::string& worker_id) {
+    service.OnRegistered(worker_id);
+    if (!ready_file.empty() && !WriteFileAtomically(ready_file, worker_id + " " + listen)) {
+      spdlog::error("cannot write ready_file={}", ready_file);
+    }
+  });
+  link.SetWorkHandler([&service](const ckpt::pb::WorkItem& item) { service.OnWorkItem(item); });
+
+  const std::string socket_path = listen.substr(5);
+  unlink(socket_path.c_str());  // a stale socket of a previous, killed worker
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) return Fail(absl::StrCat("cannot listen on ", listen));
+  std::printf("ckpt_worker listening on %s\n", listen.c_str());
+  std::fflush(stdout);
+  spdlog::info("serving address={} coordinator={} host={} local_rank={} gpu={}", listen,
+               coordinator, host, *local_rank, gpu);
+  link.Start();
+
+  absl::Notification stop;
+  std::thread reaper([&registry, &stop] {
+    const absl::Duration interval = absl::Milliseconds(absl::GetFlag(FLAGS_reap_interval_ms));
+    while (!stop.WaitForNotificationWithTimeout(interval)) {
+      for (const ckpt::worker::SessionInfo& gone : registry.ReapDeadTrainers()) {
+        spdlog::warn("trainer_gone session={} job={} rank={} pid={} segments_released={}", gone.id,
+                     gone.trainer.job, gone.trainer.rank, gone.trainer.pid, gone.segments.size());
+      }
+    }
+  });
+
+  grpc::Server* raw = server.get();
+  ckpt::WatchShutdownSignals([raw](int signal_number) {
+    spdlog::info("shutting_down signal={}", signal_number);
+    raw->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  });
+  server->Wait();
+  stop.Notify();
+  reaper.join();
+  link.Stop(/*deregister=*/true);
+  unlink(socket_path.c_str());
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "ckpt worker daemon: one per GPU; serves trainers on a unix socket.\n"
+      "usage: ckpt_worker --coordinator HOST:PORT [flags]");
+  absl::ParseCommandLine(argc, argv);
+  ckpt::BlockShutdownSignals();
+  return Run();
+}

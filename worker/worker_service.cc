@@ -1,0 +1,226 @@
+#include "worker/worker_service.h"
+
+#include <unistd.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "spdlog/spdlog.h"
+
+namespace ckpt::worker {
+namespace {
+
+// How long Hello waits for the worker's first registration.
+constexpr absl::Duration kRegistrationWait = absl::Seconds(5);
+
+std::string PhaseName(pb::OperationPhase phase) {
+  std::string name = pb::OperationPhase_Name(phase);
+  if (name.rfind("PHASE_", 0) == 0) name = name.substr(6);
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+}  // namespace
+
+WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host)
+    : registry_(registry), link_(link), host_(std::move(host)) {}
+
+absl::Status WorkerService::Attach(const SessionInfo& session, const std::string& worker_id) {
+  pb::AttachRankRequest request;
+  request.set_job(session.trainer.job);
+  request.set_world_size(session.trainer.world_size);
+  request.set_rank(session.trainer.rank);
+  request.set_worker_id(worker_id);
+  request.set_trainer_pid(session.trainer.pid);
+  pb::AttachRankResponse response;
+  return FromGrpcStatus(link_->stub()->AttachRank(link_->Context().get(), request, &response),
+                        absl::StrCat("AttachRank at coordinator ", link_->options().coordinator));
+}
+
+grpc::Status WorkerService::Hello(grpc::ServerContext*, const pb::TrainerHello* request,
+                                  pb::TrainerHelloResponse* response) {
+  TrainerIdentity trainer{request->job(), request->rank(), request->world_size(),
+                          request->local_rank(), request->pid()};
+  if (absl::Status s = link_->WaitRegistered(kRegistrationWait); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<std::string> session = registry_->OpenSession(trainer);
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  absl::StatusOr<SessionInfo> info = registry_->Find(*session);
+  std::string worker_id = link_->worker_id();
+  absl::Status attached = info.ok() ? Attach(*info, worker_id) : info.status();
+  if (!attached.ok()) {
+    (void)registry_->CloseSession(*session);
+    return ToGrpcStatus(attached);
+  }
+  spdlog::info("trainer_hello session={} job={} rank={} world_size={} local_rank={} pid={}",
+               *session, trainer.job, trainer.rank, trainer.world_size, trainer.local_rank,
+               trainer.pid);
+  response->set_worker_id(worker_id);
+  response->set_session_id(*session);
+  response->set_host(host_);
+  response->set_worker_pid(getpid());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::RegisterTensors(grpc::ServerContext*,
+                                            const pb::RegisterTensorsRequest* request,
+                                            pb::RegisterTensorsResponse* response) {
+  std::vector<pb::SharedTensor> tensors(request->tensors().begin(), request->tensors().end());
+  absl::Status s = registry_->RegisterTensors(request->session_id(), tensors);
+  if (!s.ok()) return ToGrpcStatus(s);
+  int64_t host_bytes = 0;
+  for (const pb::SharedTensor& t : tensors) {
+    if (t.memory_kind() == "host") host_bytes += t.nbytes();
+  }
+  response->set_host_bytes(host_bytes);
+  spdlog::debug("tensors_registered session={} tensors={} host_bytes={}", request->session_id(),
+                tensors.size(), host_bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::OperationKind kind,
+                                     pb::TransferResponse* response) {
+  absl::StatusOr<SessionInfo> session = registry_->Find(request.session_id());
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  std::string worker_id = link_->worker_id();
+  if (worker_id.empty()) {
+    return ToGrpcStatus(link_->WaitRegistered(absl::ZeroDuration()));
+  }
+  pb::JoinOperationRequest join;
+  join.set_job(session->trainer.job);
+  join.set_world_size(session->trainer.world_size);
+  join.set_rank(session->trainer.rank);
+  join.set_kind(kind);
+  join.set_path(request.path());
+  join.set_worker_id(worker_id);
+  join.set_operation_id(request.operation_id());
+  join.mutable_metadata()->insert(request.metadata().begin(), request.metadata().end());
+  pb::RankState* state = join.mutable_state();
+  state->set_rank(session->trainer.rank);
+  for (const RegisteredTensor& t : session->tensors) *state->add_shards() = t.shard;
+  pb::JoinOperationResponse joined;
+  absl::Status s =
+      FromGrpcStatus(link_->stub()->JoinOperation(link_->Context().get(), join, &joined),
+                     absl::StrCat("JoinOperation at coordinator ", link_->options().coordinator));
+  if (!s.ok()) return ToGrpcStatus(s);
+  spdlog::info("operation_joined op={} job={} rank={} kind={} path={} shards={}",
+               joined.operation().id(), join.job(), join.rank(), pb::OperationKind_Name(kind),
+               join.path(), state->shards_size());
+  response->set_operation_id(joined.operation().id());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Save(grpc::ServerContext*, const pb::TransferRequest* request,
+                                 pb::TransferResponse* response) {
+  return Transfer(*request, pb::OPERATION_SAVE, response);
+}
+
+grpc::Status WorkerService::Load(grpc::ServerContext*, const pb::TransferRequest* request,
+                                 pb::TransferResponse* response) {
+  return Transfer(*request, pb::OPERATION_LOAD, response);
+}
+
+grpc::Status WorkerService::Poll(grpc::ServerContext*, const pb::PollRequest* request,
+                                 pb::PollResponse* response) {
+  absl::StatusOr<SessionInfo> session = registry_->Find(request->session_id());
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  pb::PendingOperationRequest pending;
+  pending.set_job(session->trainer.job);
+  pending.set_rank(session->trainer.rank);
+  pb::PendingOperationResponse answer;
+  absl::Status s = FromGrpcStatus(
+      link_->stub()->PendingOperation(link_->Context().get(), pending, &answer),
+      absl::StrCat("PendingOperation at coordinator ", link_->options().coordinator));
+  if (!s.ok()) return ToGrpcStatus(s);
+  response->set_pending(answer.pending());
+  if (answer.pending()) {
+    response->set_operation_id(answer.operation_id());
+    response->set_kind(answer.kind() == pb::OPERATION_LOAD ? "load" : "save");
+    response->set_path(answer.path());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Wait(grpc::ServerContext*, const pb::WaitRequest* request,
+                                 pb::WaitResponse* response) {
+  if (request->timeout_ms() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError("Wait: negative timeout_ms"));
+  }
+  pb::WaitOperationRequest wait;
+  wait.set_operation_id(request->operation_id());
+  wait.set_timeout_ms(request->timeout_ms());
+  pb::OperationStatus op;
+  absl::Status s = FromGrpcStatus(
+      link_->stub()->WaitOperation(
+          link_->Context(absl::Milliseconds(request->timeout_ms()) + link_->options().rpc_timeout)
+              .get(),
+          wait, &op),
+      absl::StrCat("WaitOperation at coordinator ", link_->options().coordinator));
+  if (!s.ok()) return ToGrpcStatus(s);
+  response->set_phase(PhaseName(op.phase()));
+  response->set_code(op.status().code());
+  response->set_message(op.status().message());
+  response->set_bytes_done(op.bytes_done());
+  response->set_bytes_total(op.bytes_total());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Goodbye(grpc::ServerContext*, const pb::GoodbyeRequest* request,
+                                    pb::GoodbyeResponse*) {
+  absl::Status s = registry_->CloseSession(request->session_id());
+  if (s.ok()) spdlog::info("trainer_goodbye session={}", request->session_id());
+  return ToGrpcStatus(s);
+}
+
+grpc::Status WorkerService::Status(grpc::ServerContext*, const pb::WorkerStatusRequest*,
+                                   pb::WorkerStatusResponse* response) {
+  std::string id = link_->worker_id();
+  response->set_worker_id(id);
+  response->set_registered(!id.empty());
+  for (const SessionInfo& s : registry_->Sessions()) {
+    pb::TrainerSession* out = response->add_sessions();
+    out->set_session_id(s.id);
+    out->set_job(s.trainer.job);
+    out->set_rank(s.trainer.rank);
+    out->set_pid(s.trainer.pid);
+    for (const std::string& seg : s.segments) out->add_segments(seg);
+  }
+  return grpc::Status::OK;
+}
+
+void WorkerService::OnRegistered(const std::string& worker_id) {
+  for (const SessionInfo& s : registry_->Sessions()) {
+    absl::Status attached = Attach(s, worker_id);
+    if (!attached.ok()) {
+      spdlog::warn("reattach_failed job={} rank={} error=\"{}\"", s.trainer.job, s.trainer.rank,
+                   attached.ToString());
+    }
+  }
+}
+
+void WorkerService::OnWorkItem(const pb::WorkItem& item) {
+  if (item.item_case() == pb::WorkItem::kAbort) {
+    spdlog::warn("operation_aborted op={} job={} rank={} code={} cause=\"{}\"", item.operation_id(),
+                 item.job(), item.rank(), item.abort().code(), item.abort().message());
+    return;
+  }
+  if (item.item_case() != pb::WorkItem::kPlanPart) return;
+  // The data path that executes plan parts (exchange/ and storage/) is not wired into the
+  // worker yet: say so to the coordinator, which aborts the operation for every rank.
+  absl::Status missing =
+      absl::UnimplementedError(absl::StrCat("worker ", link_->worker_id(), " on host ", host_,
+                                            " cannot execute ", pb::OperationKind_Name(item.kind()),
+                                            " plan parts yet: the exchange/storage data path is "
+                                            "not wired into ckpt_worker"));
+  pb::ReportResultRequest report;
+  report.set_operation_id(item.operation_id());
+  report.set_rank(item.rank());
+  report.mutable_result()->set_code(static_cast<int32_t>(missing.code()));
+  report.mutable_result()->set_message(std::string(missing.message()));
+  pb::ReportResultResponse response;
+  grpc::Status s = link_->stub()->ReportResult(link_->Context().get(), report, &response);
+  spdlog::error("plan_part_unexecutable op={} rank={} reported={}", item.operation_id(),
+                item.rank(), s.ok());
+}
+
+}  // namespace ckpt::worker

@@ -1,0 +1,59 @@
+// The trainer-facing gRPC service of the worker daemon (ckpt.pb.Worker, on a unix socket):
+// trainer sessions and their shared tensors, and save/load requests forwarded to the
+// coordinator as operation joins carrying the rank's shard metadata. Plan parts that arrive
+// over the coordinator's work stream are reported back as not executable until the worker's
+// data path (exchange/ + storage/) is wired in.
+#ifndef CKPT_WORKER_WORKER_SERVICE_H_
+#define CKPT_WORKER_WORKER_SERVICE_H_
+
+#include <string>
+
+#include "proto/coordinator.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
+#include "worker/coordinator_link.h"
+#include "worker/memory_registry.h"
+
+namespace ckpt::worker {
+
+// The service. Thread-safe.
+class WorkerService final : public pb::Worker::Service {
+ public:
+  // `registry` and `link` must outlive the service.
+  WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host);
+
+  grpc::Status Hello(grpc::ServerContext* context, const pb::TrainerHello* request,
+                     pb::TrainerHelloResponse* response) override;
+  grpc::Status RegisterTensors(grpc::ServerContext* context,
+                               const pb::RegisterTensorsRequest* request,
+                               pb::RegisterTensorsResponse* response) override;
+  grpc::Status Save(grpc::ServerContext* context, const pb::TransferRequest* request,
+                    pb::TransferResponse* response) override;
+  grpc::Status Load(grpc::ServerContext* context, const pb::TransferRequest* request,
+                    pb::TransferResponse* response) override;
+  grpc::Status Poll(grpc::ServerContext* context, const pb::PollRequest* request,
+                    pb::PollResponse* response) override;
+  grpc::Status Wait(grpc::ServerContext* context, const pb::WaitRequest* request,
+                    pb::WaitResponse* response) override;
+  grpc::Status Goodbye(grpc::ServerContext* context, const pb::GoodbyeRequest* request,
+                       pb::GoodbyeResponse* response) override;
+  grpc::Status Status(grpc::ServerContext* context, const pb::WorkerStatusRequest* request,
+                      pb::WorkerStatusResponse* response) override;
+
+  // Re-attaches every session's rank after the link (re-)registered.
+  void OnRegistered(const std::string& worker_id);
+  // Handles one item of the coordinator's work stream.
+  void OnWorkItem(const pb::WorkItem& item);
+
+ private:
+  grpc::Status Transfer(const pb::TransferRequest& request, pb::OperationKind kind,
+                        pb::TransferResponse* response);
+  absl::Status Attach(const SessionInfo& session, const std::string& worker_id);
+
+  MemoryRegistry* registry_;
+  CoordinatorLink* link_;
+  std::string host_;
+};
+
+}  // namespace ckpt::worker
+
+#endif  // CKPT_WORKER_WORKER_SERVICE_H_
