@@ -47,15 +47,23 @@ std::string TensorPiece::DebugString() const {
 }
 
 std::vector<LayoutIssue> CheckTensorLayout(absl::Span<const TensorPiece> pieces, int max_issues) {
+  std::vector<const TensorPiece*> ptrs;
+  ptrs.reserve(pieces.size());
+  for (const TensorPiece& p : pieces) ptrs.push_back(&p);
+  return CheckTensorLayout(absl::Span<const TensorPiece* const>(ptrs), max_issues);
+}
+
+std::vector<LayoutIssue> CheckTensorLayout(absl::Span<const TensorPiece* const> pieces,
+                                           int max_issues) {
   std::vector<LayoutIssue> issues;
   if (pieces.empty() || max_issues <= 0) return issues;
   auto add = [&](LayoutIssue::Kind kind, std::string message) {
     if (static_cast<int>(issues.size()) < max_issues) issues.push_back({kind, std::move(message)});
     return static_cast<int>(issues.size()) < max_issues;
   };
-  const TensorPiece* ref = &pieces[0];
-  for (const TensorPiece& p : pieces) {
-    if (p.rank < ref->rank) ref = &p;
+  const TensorPiece* ref = pieces[0];
+  for (const TensorPiece* p : pieces) {
+    if (p->rank < ref->rank) ref = p;
   }
   const std::string name = TensorName(ref->key);
   const std::vector<int64_t>& shape = ref->global_shape;
@@ -65,7 +73,7 @@ std::vector<LayoutIssue> CheckTensorLayout(absl::Span<const TensorPiece> pieces,
   std::vector<int64_t> owner;  // piece index of each box
   int64_t main_elements = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
-    const TensorPiece& p = pieces[i];
+    const TensorPiece& p = *pieces[i];
     if (p.dtype != ref->dtype) {
       if (!add(LayoutIssue::Kind::kDTypeMismatch,
                absl::StrCat(name, ": rank ", p.rank, " reports dtype ", DTypeName(p.dtype),
@@ -108,11 +116,11 @@ std::vector<LayoutIssue> CheckTensorLayout(absl::Span<const TensorPiece> pieces,
     const int64_t pa = std::min(owner[a], owner[b]);
     const int64_t pb = std::max(owner[a], owner[b]);
     if (!seen.insert({pa, pb}).second) return true;
-    const int64_t shared = *OverlapElements(pieces[pa].region, pieces[pb].region, shape);
+    const int64_t shared = *OverlapElements(pieces[pa]->region, pieces[pb]->region, shape);
     full =
         !add(LayoutIssue::Kind::kOverlap, absl::StrCat(name, ": main replicas overlap in ", shared,
-                                                       " elements: ", pieces[pa].DebugString(),
-                                                       " and ", pieces[pb].DebugString()));
+                                                       " elements: ", pieces[pa]->DebugString(),
+                                                       " and ", pieces[pb]->DebugString()));
     return !full;
   });
   if (full || !seen.empty()) return issues;

@@ -44,6 +44,10 @@ struct LayoutIssue {
 std::vector<LayoutIssue> CheckTensorLayout(absl::Span<const TensorPiece> pieces,
                                            int max_issues = 16);
 
+// The same, over pointers to pieces kept elsewhere (no copies).
+std::vector<LayoutIssue> CheckTensorLayout(absl::Span<const TensorPiece* const> pieces,
+                                           int max_issues = 16);
+
 // OK, or InvalidArgument listing the issues of every tensor (pieces are grouped by key).
 absl::Status ValidateLayout(absl::Span<const TensorPiece> pieces, int max_issues = 16);
 
