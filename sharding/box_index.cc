@@ -16,8 +16,10 @@ bool IsEmpty(const Region& r) {
   return false;
 }
 
-bool MeetFromDim(const Region& a, const Region& b, int from) {
-  for (int j = from; j < a.ndim(); ++j) {
+// Whether a and b meet in every dim other than skip0 and skip1.
+bool MeetInOtherDims(const Region& a, const Region& b, int skip0, int skip1) {
+  for (int j = 0; j < a.ndim(); ++j) {
+    if (j == skip0 || j == skip1) continue;
     if (a.offsets[j] >= b.offsets[j] + b.lengths[j] || b.offsets[j] >= a.offsets[j] + a.lengths[j])
       return false;
   }
@@ -130,6 +132,26 @@ void Sweep(absl::Span<const Region> a, absl::Span<const Region> b, bool self,
     }
   }
   if (ndim < 0) return;
+  // Sweep along the dim with the most distinct box starts and index the runner-up, so that
+  // candidates meeting in those two dims are (nearly) always real intersections.
+  int d0 = 0, d1 = ndim > 1 ? 1 : 0;
+  if (ndim > 2) {
+    std::vector<std::pair<int64_t, int>> splits;  // (-distinct starts, dim)
+    for (int j = 0; j < ndim; ++j) {
+      std::vector<int64_t> starts;
+      for (int f = 0; f < families; ++f) {
+        for (const Region& r : fam[f]) {
+          if (!IsEmpty(r)) starts.push_back(r.offsets[j]);
+        }
+      }
+      std::sort(starts.begin(), starts.end());
+      const int64_t distinct = std::unique(starts.begin(), starts.end()) - starts.begin();
+      splits.push_back({-distinct, j});
+    }
+    std::sort(splits.begin(), splits.end());
+    d0 = splits[0].second;
+    d1 = splits[1].second;
+  }
   auto report = [&](int f, int64_t mine, int64_t other) {
     if (self) return on_pair(std::min(mine, other), std::max(mine, other));
     return f == 0 ? on_pair(mine, other) : on_pair(other, mine);
@@ -153,8 +175,8 @@ void Sweep(absl::Span<const Region> a, absl::Span<const Region> b, bool self,
     for (int64_t i = 0; i < static_cast<int64_t>(fam[f].size()); ++i) {
       const Region& r = fam[f][i];
       if (IsEmpty(r)) continue;
-      events.push_back({r.offsets[0], 1, f, i});
-      events.push_back({r.offsets[0] + r.lengths[0], 0, f, i});
+      events.push_back({r.offsets[d0], 1, f, i});
+      events.push_back({r.offsets[d0] + r.lengths[d0], 0, f, i});
     }
   }
   std::sort(events.begin(), events.end(), [](const Event& x, const Event& y) {
@@ -190,8 +212,8 @@ void Sweep(absl::Span<const Region> a, absl::Span<const Region> b, bool self,
     std::vector<int64_t> coords;
     for (const Region& r : fam[f]) {
       if (IsEmpty(r)) continue;
-      coords.push_back(r.offsets[1]);
-      coords.push_back(r.offsets[1] + r.lengths[1]);
+      coords.push_back(r.offsets[d1]);
+      coords.push_back(r.offsets[d1] + r.lengths[d1]);
     }
     index.emplace_back(std::move(coords), fam[f].size());
   }
@@ -203,12 +225,12 @@ void Sweep(absl::Span<const Region> a, absl::Span<const Region> b, bool self,
     }
     const int other = self ? 0 : 1 - e.family;
     const bool go_on =
-        index[other].Query(r.offsets[1], r.offsets[1] + r.lengths[1], [&](int64_t o) {
-          if (ndim > 2 && !MeetFromDim(r, fam[other][o], 2)) return true;
+        index[other].Query(r.offsets[d1], r.offsets[d1] + r.lengths[d1], [&](int64_t o) {
+          if (ndim > 2 && !MeetInOtherDims(r, fam[other][o], d0, d1)) return true;
           return report(e.family, e.id, o);
         });
     if (!go_on) return;
-    index[e.family].Insert(e.id, r.offsets[1], r.offsets[1] + r.lengths[1]);
+    index[e.family].Insert(e.id, r.offsets[d1], r.offsets[d1] + r.lengths[d1]);
   }
 }
 

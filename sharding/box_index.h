@@ -1,9 +1,10 @@
 // Output-sensitive search for intersecting boxes, shared by layout validation and resharding
-// plans: a sweep over dim 0 whose active boxes sit in an interval index on dim 1 (a segment
-// tree for "intervals containing a point" plus an ordered set for "intervals starting inside
-// a range"). For boxes of up to 2 dims every candidate is a real intersection, so the cost is
-// O((n + k) log n) for n boxes and k intersecting pairs; for more dims candidates that meet in
-// dims 0 and 1 are filtered on the remaining dims.
+// plans: a sweep along one dim whose active boxes sit in an interval index on a second dim (a
+// segment tree for "intervals containing a point" plus an ordered set for "intervals starting
+// inside a range"). For boxes of up to 2 dims every candidate is a real intersection, so the
+// cost is O((n + k) log n) for n boxes and k intersecting pairs. For more dims the sweep and
+// index dims are the two along which the boxes are split most finely, and candidates are
+// filtered on the remaining dims.
 #ifndef CKPT_SHARDING_BOX_INDEX_H_
 #define CKPT_SHARDING_BOX_INDEX_H_
 

@@ -71,5 +71,18 @@ TEST(BoxIndexTest, StopsWhenAskedTo) {
   EXPECT_EQ(calls, 3);
 }
 
+TEST(BoxIndexTest, ThreeDimGridsSplitAlongAnyTwoDims) {
+  // Expert-parallel x tensor-parallel tiles of an (E, H, F) tensor: split along dims 0 and 2.
+  std::vector<Region> src, dst;
+  for (int e = 0; e < 8; ++e) {
+    for (int f = 0; f < 8; ++f) src.push_back(Region{{e, 0, 4 * f}, {1, 16, 4}, std::nullopt});
+  }
+  for (int e = 0; e < 4; ++e) {
+    for (int f = 0; f < 16; ++f) dst.push_back(Region{{2 * e, 0, 2 * f}, {2, 16, 2}, std::nullopt});
+  }
+  EXPECT_EQ(Collect(src, dst), BruteForce(src, dst, false));
+  EXPECT_EQ(Collect(src, dst).size(), 128u);  // each dst tile meets 2 src tiles
+}
+
 }  // namespace
 }  // namespace ckpt
