@@ -92,7 +92,11 @@ TEST(RegionTest, ElementCountsUpToTwoToTheSixtyTwoAreAccepted) {
   // A product that would wrap int64 is caught before it is computed.
   EXPECT_FALSE(CheckedNumElements({int64_t{1} << 40, int64_t{1} << 40}).ok());
   EXPECT_FALSE(ValidateRegion(Box({0, 0}, {0, 0}), {int64_t{1} << 40, int64_t{1} << 40}).ok());
-  // A zero dim makes the product 0 regardless of the others.
+  // A zero dim makes the product 0 regardless of the others, without overflowing on the way.
+  const int64_t t40 = int64_t{1} << 40;
+  Region flat_zero = Box({0, 0, 0}, {t40, t40, 0});
+  EXPECT_TRUE(ValidateRegion(flat_zero, {t40, t40, 0}).ok());
+  EXPECT_EQ(flat_zero.BoxElements(), 0);
   auto zero = CheckedNumElements({int64_t{1} << 40, 0, int64_t{1} << 40});
   ASSERT_TRUE(zero.ok());
   EXPECT_EQ(*zero, 0);

@@ -10,11 +10,23 @@ namespace ckpt::ckptctl {
 
 // Entry points, one per module (tools/ckptctl/*_cmd.cc). Add new ones here and below.
 int RunPlanCommand(const std::vector<std::string>& args);  // plan_cmd.cc
+int RunInspectCommand(const std::vector<std::string>& args);  // storage_cmd.cc
+int RunVerifyCommand(const std::vector<std::string>& args);   // storage_cmd.cc
+int RunImportCommand(const std::vector<std::string>& args);   // storage_cmd.cc
+int RunExportCommand(const std::vector<std::string>& args);   // storage_cmd.cc
 
 const std::vector<Command>& AllCommands() {
   static const std::vector<Command>* commands = new std::vector<Command>{
       {"plan", "Megatron-exact shard distributions on JSON Lines (distribute, main-replicas)",
        RunPlanCommand},
+      {"inspect", "show a checkpoint's tensors, pieces, files, layout and metadata",
+       RunInspectCommand},
+      {"verify", "check manifest/file agreement, every checksum and exact coverage",
+       RunVerifyCommand},
+      {"import", "convert Hugging Face safetensors (file, dir or index.json) into a checkpoint",
+       RunImportCommand},
+      {"export", "consolidate a checkpoint into full tensors as safetensors",
+       RunExportCommand},
   };
   return *commands;
 }

@@ -1,0 +1,44 @@
+// Conversion between ckpt checkpoints and Hugging Face-style safetensors checkpoints
+// (ckptctl import / export).
+#ifndef CKPT_STORAGE_INTEROP_H_
+#define CKPT_STORAGE_INTEROP_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/manifest.pb.h"
+#include "storage/checkpoint_writer.h"
+
+namespace ckpt {
+
+// The safetensors files named by an import source: a .safetensors file, a directory (every
+// *.safetensors in it, sorted), or a model.safetensors.index.json (the files its weight_map
+// names, which must be plain names in the index's directory and hold exactly the mapped keys).
+absl::StatusOr<std::vector<std::string>> ResolveImportSource(const std::string& source);
+
+// Imports the source as a checkpoint at `ckpt` (each tensor whole, one data file per source
+// file), with the commit protocol. Keys appearing in two files are an error.
+absl::StatusOr<pb::Manifest> ImportSafetensors(const std::string& source, const std::string& ckpt,
+                                               const WriteOptions& options);
+
+struct ExportOptions {
+  // Split into files of at most this many bytes of tensor data (a larger tensor gets a file of
+  // its own); 0 means one file.
+  int64_t max_file_bytes = 0;
+  bool overwrite = false;
+  IoOptions io;
+};
+
+// Consolidates every tensor of `ckpt` into full, unsharded tensors. `out` ending in
+// ".safetensors" is a single file (an error if the data must be split); otherwise `out` is a
+// directory receiving model.safetensors, or model-0000i-of-0000n.safetensors plus
+// model.safetensors.index.json when split. Returns the files written.
+absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckpt,
+                                                          const std::string& out,
+                                                          const ExportOptions& options);
+
+}  // namespace ckpt
+
+#endif  // CKPT_STORAGE_INTEROP_H_

@@ -1,0 +1,38 @@
+// Offline checkpoint verification (ckptctl verify): manifest and data-file agreement, every
+// checksum, and coverage (every element of every tensor stored by exactly one piece).
+#ifndef CKPT_STORAGE_VERIFY_H_
+#define CKPT_STORAGE_VERIFY_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/manifest.pb.h"
+#include "storage/io_engine.h"
+
+namespace ckpt {
+
+// Findings of a verification; `problems` is empty when the checkpoint is sound.
+struct VerifyReport {
+  int64_t tensors = 0;
+  int64_t pieces = 0;
+  int64_t files = 0;
+  int64_t bytes_checked = 0;
+  std::vector<std::string> problems;
+};
+
+// Coverage of one tensor by its pieces: problems (gaps, overlaps), empty when each element is
+// stored exactly once. Uses a sweep over the first dimension to compare only pieces whose
+// boxes can intersect.
+absl::StatusOr<std::vector<std::string>> CheckCoverage(const pb::Manifest& manifest);
+
+// Opens the checkpoint (errors for unopenable ones: missing, incomplete, invalid manifest or
+// data-file header), then checks coverage and reads every stored byte verifying checksums,
+// holding at most about `max_batch_bytes` in memory.
+absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& path, const IoOptions& io,
+                                              int64_t max_batch_bytes = int64_t{256} << 20);
+
+}  // namespace ckpt
+
+#endif  // CKPT_STORAGE_VERIFY_H_

@@ -1,0 +1,332 @@
+// Runs the real `ckptctl inspect|verify|import|export` binary on checkpoints written by the
+// storage library and on safetensors files written here by hand.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "storage/checkpoint_reader.h"
+#include "storage/checkpoint_writer.h"
+#include "storage/file_util.h"
+
+namespace ckpt {
+namespace {
+
+using Json = nlohmann::json;
+using ::testing::HasSubstr;
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+std::string Binary() { return Env("TEST_SRCDIR") + "/" + Env("TEST_WORKSPACE") + "/tools/ckptctl"; }
+
+std::string TestDir(const std::string& name) {
+  std::string dir = JoinPath(Env("TEST_TMPDIR").empty() ? "/tmp" : Env("TEST_TMPDIR"), name);
+  EXPECT_TRUE(RemoveTree(dir).ok());
+  EXPECT_TRUE(MakeDir(dir).ok());
+  return dir;
+}
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+Result Ckptctl(const std::string& args) {
+  static int n = 0;
+  const std::string base = JoinPath(Env("TEST_TMPDIR").empty() ? "/tmp" : Env("TEST_TMPDIR"),
+                                    "run" + std::to_string(++n));
+  const std::string cmd = Binary() + " " + args + " >" + base + ".out 2>" + base + ".err";
+  int status = std::system(cmd.c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = ReadWholeFile(base + ".out", 1 << 26).value_or("");
+  r.err = ReadWholeFile(base + ".err", 1 << 26).value_or("");
+  return r;
+}
+
+std::string Bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+// A safetensors file built by hand (independent of storage/): entries in the given order.
+struct HfTensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::string data;
+};
+void WriteHfFile(const std::string& path, const std::vector<HfTensor>& tensors) {
+  Json h = {{"__metadata__", {{"format", "pt"}}}};
+  std::string data;
+  for (const HfTensor& t : tensors) {
+    h[t.name] = {{"dtype", t.dtype},
+                 {"shape", t.shape},
+                 {"data_offsets", {data.size(), data.size() + t.data.size()}}};
+    data += t.data;
+  }
+  std::string json = h.dump();
+  while (json.size() % 8) json += ' ';
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((json.size() >> (8 * i)) & 0xFF);
+  ASSERT_TRUE(WriteFileDurably(path, out + json + data).ok());
+}
+
+// Parses a safetensors file by hand: name -> (dtype, shape, bytes).
+std::map<std::string, HfTensor> ReadHfFile(const std::string& path) {
+  std::string f = *ReadWholeFile(path, 1 << 28);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(f[i]);
+  Json h = Json::parse(f.substr(8, n));
+  std::map<std::string, HfTensor> out;
+  for (auto& [k, v] : h.items()) {
+    if (k == "__metadata__") continue;
+    const uint64_t b = v["data_offsets"][0], e = v["data_offsets"][1];
+    out[k] = {k, v["dtype"], v["shape"].get<std::vector<int64_t>>(), f.substr(8 + n + b, e - b)};
+  }
+  return out;
+}
+
+// A sharded checkpoint: "w" F32 (8, 6) in two row pieces + flat pieces, "b" BF16 (6) whole.
+struct Sharded {
+  std::string w = Bytes(8 * 6 * 4, 1), b = Bytes(12, 2);
+  std::string w_top = w.substr(0, 4 * 6 * 4), w_bottom = w.substr(4 * 6 * 4);
+  CheckpointContents Contents() {
+    CheckpointContents c;
+    c.tensors = {{"w", DType::kF32, {8, 6}}, {"b", DType::kBF16, {6}}};
+    c.step = 7;
+    c.user_metadata = {{"model", "tiny"}};
+    c.saved_layout.set_world_size(2);
+    c.files = {{0, {{"w", Region{{0, 0}, {4, 6}, std::nullopt}, w_top.data(), 96}}},
+               {1,
+                {{"w", Region{{4, 0}, {4, 6}, FlatRange{0, 10}}, w_bottom.data(), 40},
+                 {"w", Region{{4, 0}, {4, 6}, FlatRange{10, 24}}, w_bottom.data() + 40, 56},
+                 {"b", WholeRegion({6}), b.data(), 12}}}};
+    return c;
+  }
+};
+
+std::string MakeSharded(const std::string& dir, Sharded& s) {
+  const std::string path = JoinPath(dir, "ckpt");
+  auto m = WriteCheckpoint(path, s.Contents(), WriteOptions{});
+  EXPECT_TRUE(m.ok()) << m.status();
+  return path;
+}
+
+TEST(CkptctlStorageTest, InspectShowsTensorsPiecesAndMetadata) {
+  const std::string dir = TestDir("inspect");
+  Sharded s;
+  const std::string path = MakeSharded(dir, s);
+  Result r = Ckptctl("inspect " + path + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  Json j = Json::parse(r.out);
+  EXPECT_EQ(j["state"], "complete");
+  EXPECT_EQ(j["step"], 7);
+  EXPECT_EQ(j["user_metadata"]["model"], "tiny");
+  EXPECT_EQ(j["saved_layout"]["world_size"], 2);
+  ASSERT_EQ(j["tensors"].size(), 2u);
+  const Json& w = j["tensors"][0];
+  EXPECT_EQ(w["key"], "w");
+  EXPECT_EQ(w["dtype"], "F32");
+  EXPECT_EQ(w["shape"], Json::array({8, 6}));
+  EXPECT_EQ(w["stored_bytes"], 192);
+  EXPECT_EQ(w["pieces"].size(), 3u);
+  EXPECT_EQ(w["pieces"][1]["entry"], "w|4:8,0:6|flat=0:10");
+  EXPECT_EQ(j["files"].size(), 2u);
+
+  Result text = Ckptctl("inspect " + path);
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("w  F32 (8, 6)"));
+  EXPECT_THAT(text.out, HasSubstr("w|0:4,0:6"));
+}
+
+TEST(CkptctlStorageTest, InspectReportsIncompleteAndUsageErrors) {
+  const std::string dir = TestDir("inspect_bad");
+  ASSERT_TRUE(MakeDir(JoinPath(dir, "half")).ok());
+  Result r = Ckptctl("inspect " + JoinPath(dir, "half"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("incomplete checkpoint"));
+  Result j = Ckptctl("inspect --json " + JoinPath(dir, "half"));
+  EXPECT_EQ(j.code, 1);
+  EXPECT_EQ(Json::parse(j.out)["state"], "incomplete");
+  EXPECT_EQ(Ckptctl("inspect").code, 2);
+  EXPECT_EQ(Ckptctl("inspect a b").code, 2);
+  EXPECT_EQ(Ckptctl("inspect --bogus x").code, 2);
+  Result help = Ckptctl("inspect --help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_THAT(help.out, HasSubstr("usage: ckptctl inspect"));
+  Result missing = Ckptctl("inspect " + JoinPath(dir, "nothing"));
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_EQ(std::count(missing.err.begin(), missing.err.end(), '\n'), 1);
+}
+
+TEST(CkptctlStorageTest, VerifyPassesAndCatchesCorruptionAndGaps) {
+  const std::string dir = TestDir("verify");
+  Sharded s;
+  const std::string path = MakeSharded(dir, s);
+  Result ok = Ckptctl("verify " + path);
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_THAT(ok.out, HasSubstr("OK"));
+  EXPECT_EQ(Ckptctl("verify --no-uring --direct --threads 1 " + path).code, 0);
+
+  // Flip one byte inside the piece of "b".
+  auto reader = CheckpointReader::Open(path);
+  ASSERT_TRUE(reader.ok());
+  const pb::StoredPiece& b = (*reader)->manifest().pieces((*reader)->PiecesOf("b")[0]);
+  const std::string file = JoinPath(path, b.file());
+  std::string bytes = *ReadWholeFile(file, 1 << 20);
+  bytes[b.byte_offset() + 3] ^= 1;
+  ASSERT_TRUE(WriteFileDurably(file, bytes).ok());
+  Result bad = Ckptctl("verify " + path);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("checksum mismatch"));
+  EXPECT_THAT(bad.err, HasSubstr("entry \"b|0:6\""));
+
+  // A checkpoint missing the bottom half of "w".
+  CheckpointContents c = s.Contents();
+  c.files.pop_back();
+  const std::string gap = JoinPath(dir, "gap");
+  ASSERT_TRUE(WriteCheckpoint(gap, c, WriteOptions{}).ok());
+  Result g = Ckptctl("verify " + gap);
+  EXPECT_EQ(g.code, 1);
+  EXPECT_THAT(g.err, HasSubstr("tensor \"w\" (8, 6): 24 of 48 elements are stored"));
+  EXPECT_THAT(g.err, HasSubstr("tensor \"b\""));
+
+  // Overlapping pieces.
+  CheckpointContents o = s.Contents();
+  o.files[0].pieces.push_back({"w", Region{{3, 0}, {2, 6}, std::nullopt}, s.w.data(), 48});
+  const std::string overlap = JoinPath(dir, "overlap");
+  ASSERT_TRUE(WriteCheckpoint(overlap, o, WriteOptions{}).ok());
+  Result ov = Ckptctl("verify " + overlap);
+  EXPECT_EQ(ov.code, 1);
+  EXPECT_THAT(ov.err, HasSubstr("both store"));
+
+  EXPECT_EQ(Ckptctl("verify " + JoinPath(dir, "none")).code, 1);
+  EXPECT_EQ(Ckptctl("verify --threads 0 " + path).code, 2);
+}
+
+TEST(CkptctlStorageTest, ImportFileDirAndIndexThenExportRoundTrips) {
+  const std::string dir = TestDir("import");
+  const std::string hf = JoinPath(dir, "hf");
+  ASSERT_TRUE(MakeDir(hf).ok());
+  std::vector<HfTensor> part1 = {{"model.embed.weight", "F16", {10, 4}, Bytes(80, 3)},
+                                 {"model.norm", "F32", {4}, Bytes(16, 4)}};
+  std::vector<HfTensor> part2 = {{"lm_head.weight", "BF16", {3, 4}, Bytes(24, 5)},
+                                 {"scalar", "I64", {}, Bytes(8, 6)}};
+  WriteHfFile(JoinPath(hf, "model-00001-of-00002.safetensors"), part1);
+  WriteHfFile(JoinPath(hf, "model-00002-of-00002.safetensors"), part2);
+  Json index = {{"metadata", {{"total_size", 128}}}, {"weight_map", Json::object()}};
+  for (auto& t : part1) index["weight_map"][t.name] = "model-00001-of-00002.safetensors";
+  for (auto& t : part2) index["weight_map"][t.name] = "model-00002-of-00002.safetensors";
+  ASSERT_TRUE(WriteFileDurably(JoinPath(hf, "model.safetensors.index.json"), index.dump()).ok());
+
+  for (const std::string& source : {JoinPath(hf, "model.safetensors.index.json"), hf,
+                                    JoinPath(hf, "model-00002-of-00002.safetensors")}) {
+    const std::string ck = JoinPath(dir, "ck");
+    Result imp = Ckptctl("import " + source + " " + ck + " --overwrite");
+    ASSERT_EQ(imp.code, 0) << source << ": " << imp.err;
+    ASSERT_EQ(Ckptctl("verify " + ck).code, 0);
+    auto reader = CheckpointReader::Open(ck);
+    ASSERT_TRUE(reader.ok());
+    const bool all = source != JoinPath(hf, "model-00002-of-00002.safetensors");
+    EXPECT_EQ((*reader)->manifest().tensors_size(), all ? 4 : 2) << source;
+    std::string got(24, '\0');
+    ASSERT_TRUE((*reader)->ReadRegion("lm_head.weight", WholeRegion({3, 4}), got.data()).ok());
+    EXPECT_TRUE(got == part2[0].data);
+  }
+  // Import refuses to replace without --overwrite.
+  Result again = Ckptctl("import " + hf + " " + JoinPath(dir, "ck"));
+  EXPECT_EQ(again.code, 1);
+  EXPECT_THAT(again.err, HasSubstr("overwrite"));
+
+  // Export back to one file and compare with the originals.
+  const std::string ck = JoinPath(dir, "ck_all");
+  ASSERT_EQ(Ckptctl("import " + hf + " " + ck).code, 0);
+  const std::string out = JoinPath(dir, "out.safetensors");
+  Result ex = Ckptctl("export " + ck + " " + out);
+  ASSERT_EQ(ex.code, 0) << ex.err;
+  auto tensors = ReadHfFile(out);
+  ASSERT_EQ(tensors.size(), 4u);
+  for (const auto& t : part1) EXPECT_TRUE(tensors.at(t.name).data == t.data) << t.name;
+  for (const auto& t : part2) EXPECT_TRUE(tensors.at(t.name).data == t.data) << t.name;
+  EXPECT_EQ(tensors.at("scalar").shape, std::vector<int64_t>{});
+  EXPECT_EQ(Ckptctl("export " + ck + " " + out).code, 1);  // exists, no --overwrite
+}
+
+TEST(CkptctlStorageTest, ImportRejectsBadSources) {
+  const std::string dir = TestDir("import_bad");
+  const std::string f = JoinPath(dir, "bad.safetensors");
+  ASSERT_TRUE(WriteFileDurably(f, std::string("\x10\0\0\0\0\0\0\0{\"a\":1}         ", 24)).ok());
+  Result r = Ckptctl("import " + f + " " + JoinPath(dir, "ck"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("bad.safetensors"));
+  EXPECT_FALSE(PathExists(JoinPath(dir, "ck")));
+  ASSERT_TRUE(WriteFileDurably(JoinPath(dir, "idx.json"),
+                               R"({"weight_map":{"a":"../../etc/x.safetensors"}})")
+                  .ok());
+  Result idx = Ckptctl("import " + JoinPath(dir, "idx.json") + " " + JoinPath(dir, "ck"));
+  EXPECT_EQ(idx.code, 1);
+  EXPECT_THAT(idx.err, HasSubstr("plain .safetensors file names"));
+  EXPECT_EQ(Ckptctl("import onlyone").code, 2);
+}
+
+TEST(CkptctlStorageTest, ExportConsolidatesShardsAndSplitsWithAnIndex) {
+  const std::string dir = TestDir("export");
+  Sharded s;
+  const std::string path = MakeSharded(dir, s);
+  const std::string one = JoinPath(dir, "one");
+  Result r = Ckptctl("export " + path + " " + one);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto t = ReadHfFile(JoinPath(one, "model.safetensors"));
+  EXPECT_TRUE(t.at("w").data == s.w);
+  EXPECT_EQ(t.at("w").shape, (std::vector<int64_t>{8, 6}));
+  EXPECT_TRUE(t.at("b").data == s.b);
+
+  const std::string split = JoinPath(dir, "split");
+  Result sp = Ckptctl("export " + path + " " + split + " --max-file-size 100B");
+  ASSERT_EQ(sp.code, 0) << sp.err;
+  Json index =
+      Json::parse(*ReadWholeFile(JoinPath(split, "model.safetensors.index.json"), 1 << 20));
+  EXPECT_EQ(index["metadata"]["total_size"], 192 + 12);
+  EXPECT_EQ(index["weight_map"]["b"], "model-00001-of-00002.safetensors");
+  EXPECT_EQ(index["weight_map"]["w"], "model-00002-of-00002.safetensors");
+  EXPECT_TRUE(ReadHfFile(JoinPath(split, "model-00002-of-00002.safetensors")).at("w").data == s.w);
+
+  // Re-import of the split export gives back the same tensors.
+  const std::string back = JoinPath(dir, "back");
+  ASSERT_EQ(Ckptctl("import " + JoinPath(split, "model.safetensors.index.json") + " " + back).code,
+            0);
+  auto reader = CheckpointReader::Open(back);
+  ASSERT_TRUE(reader.ok());
+  std::string w(192, '\0');
+  ASSERT_TRUE((*reader)->ReadRegion("w", WholeRegion({8, 6}), w.data()).ok());
+  EXPECT_TRUE(w == s.w);
+
+  Result too_small =
+      Ckptctl("export " + path + " " + JoinPath(dir, "x.safetensors") + " --max-file-size 100B");
+  EXPECT_EQ(too_small.code, 1);
+  EXPECT_THAT(too_small.err, HasSubstr("give a directory"));
+  EXPECT_EQ(Ckptctl("export " + path + " " + JoinPath(dir, "y") + " --max-file-size lots").code, 2);
+
+  // A checkpoint with a gap cannot be exported: the error names the tensor.
+  CheckpointContents c = s.Contents();
+  c.files.erase(c.files.begin());
+  const std::string gap = JoinPath(dir, "gap");
+  ASSERT_TRUE(WriteCheckpoint(gap, c, WriteOptions{}).ok());
+  Result g = Ckptctl("export " + gap + " " + JoinPath(dir, "g.safetensors"));
+  EXPECT_EQ(g.code, 1);
+  EXPECT_THAT(g.err, HasSubstr("tensor \"w\""));
+}
+
+}  // namespace
+}  // namespace ckpt

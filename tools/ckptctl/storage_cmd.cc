@@ -1,0 +1,390 @@
+// ckptctl inspect / verify / import / export: offline work on checkpoint directories.
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "sharding/dtype.h"
+#include "sharding/region.h"
+#include "storage/checkpoint_reader.h"
+#include "storage/file_util.h"
+#include "storage/interop.h"
+#include "storage/manifest_codec.h"
+#include "storage/verify.h"
+#include "tools/ckptctl/commands.h"
+
+namespace ckpt::ckptctl {
+namespace {
+
+using Json = nlohmann::json;
+
+// Parsed "--flag", "--flag=value" / "--flag value" options and positional arguments.
+struct Args {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> flags;
+  std::string error;
+};
+
+Args ParseArgs(const std::vector<std::string>& args, const std::vector<std::string>& bool_flags,
+               const std::vector<std::string>& value_flags) {
+  Args out;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0 || a == "--") {
+      out.positional.push_back(a);
+      continue;
+    }
+    std::string name = a.substr(2), value;
+    const size_t eq = name.find('=');
+    const bool has_value = eq != std::string::npos;
+    if (has_value) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    if (std::find(bool_flags.begin(), bool_flags.end(), name) != bool_flags.end()) {
+      if (has_value) out.error = absl::StrCat("--", name, " takes no value");
+      out.flags[name] = "1";
+    } else if (std::find(value_flags.begin(), value_flags.end(), name) != value_flags.end()) {
+      if (!has_value) {
+        if (i + 1 >= args.size()) {
+          out.error = absl::StrCat("--", name, " needs a value");
+          break;
+        }
+        value = args[++i];
+      }
+      out.flags[name] = value;
+    } else {
+      out.error = absl::StrCat("unknown option ", a);
+      break;
+    }
+  }
+  return out;
+}
+
+int Usage(const std::string& cmd, const std::string& msg) {
+  std::fprintf(stderr, "ckptctl %s: %s (see ckptctl %s --help)\n", cmd.c_str(), msg.c_str(),
+               cmd.c_str());
+  return 2;
+}
+
+int Fail(const std::string& cmd, const absl::Status& s) {
+  std::fprintf(stderr, "ckptctl %s: %s\n", cmd.c_str(), std::string(s.message()).c_str());
+  return 1;
+}
+
+// "123", "64KiB", "5MB", "2GiB", "1.5GB" -> bytes.
+bool ParseSize(const std::string& text, int64_t* out) {
+  static const std::vector<std::pair<std::string, double>> kUnits = {
+      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+      {"KB", 1e3},     {"MB", 1e6},        {"GB", 1e9},           {"TB", 1e12},
+      {"K", 1024.0},   {"M", 1048576.0},   {"G", 1073741824.0},   {"B", 1.0}};
+  double mult = 1.0;
+  std::string num = text;
+  for (const auto& [suffix, m] : kUnits) {
+    if (num.size() > suffix.size() &&
+        num.compare(num.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      num = num.substr(0, num.size() - suffix.size());
+      mult = m;
+      break;
+    }
+  }
+  double v;
+  if (!absl::SimpleAtod(num, &v) || v <= 0 || v * mult > 9e18) return false;
+  *out = static_cast<int64_t>(v * mult);
+  return true;
+}
+
+// I/O options from --threads N, --direct, --no-uring.
+bool IoFromFlags(const Args& a, IoOptions* io, std::string* err) {
+  if (a.flags.count("threads")) {
+    int n;
+    if (!absl::SimpleAtoi(a.flags.at("threads"), &n) || n < 1 || n > 256) {
+      *err = "--threads must be an integer in [1, 256]";
+      return false;
+    }
+    io->num_threads = n;
+  }
+  io->direct_io = a.flags.count("direct") > 0;
+  if (a.flags.count("no-uring")) io->backend = IoBackend::kPosix;
+  return true;
+}
+
+const std::vector<std::string> kIoValueFlags = {"threads"};
+const std::vector<std::string> kIoBoolFlags = {"direct", "no-uring", "help"};
+
+std::vector<std::string> With(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
+
+std::string HumanBytes(int64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrCat(b, " B") : absl::StrFormat("%.2f %s", v, units[u]);
+}
+
+std::string DTypeText(pb::DType d) {
+  auto dt = DTypeFromProto(d);
+  return dt.ok() ? std::string(DTypeName(*dt)) : "?";
+}
+
+Json RegionJson(const pb::Region& r) {
+  Json j = {{"offsets", std::vector<int64_t>(r.offsets().begin(), r.offsets().end())},
+            {"lengths", std::vector<int64_t>(r.lengths().begin(), r.lengths().end())}};
+  if (r.has_flat()) j["flat"] = {r.flat().start(), r.flat().stop()};
+  return j;
+}
+
+Json ManifestJson(const std::string& path, const pb::Manifest& m) {
+  std::map<std::string, std::vector<int>> pieces;
+  for (int i = 0; i < m.pieces_size(); ++i) pieces[m.pieces(i).key()].push_back(i);
+  Json tensors = Json::array();
+  for (const pb::TensorMeta& t : m.tensors()) {
+    Json jt = {{"key", t.key()},
+               {"dtype", DTypeText(t.dtype())},
+               {"shape", std::vector<int64_t>(t.global_shape().begin(), t.global_shape().end())}};
+    int64_t bytes = 0;
+    Json jp = Json::array();
+    for (int i : pieces[t.key()]) {
+      const pb::StoredPiece& p = m.pieces(i);
+      bytes += p.byte_length();
+      jp.push_back({{"region", RegionJson(p.region())},
+                    {"file", p.file()},
+                    {"entry", p.entry_name()},
+                    {"byte_offset", p.byte_offset()},
+                    {"byte_length", p.byte_length()},
+                    {"xxh3_64", Hex(p.xxh3_64())},
+                    {"checksum_blocks", p.block_xxh3_size()},
+                    {"writer_rank", p.writer_rank()}});
+    }
+    jt["stored_bytes"] = bytes;
+    jt["pieces"] = std::move(jp);
+    tensors.push_back(std::move(jt));
+  }
+  Json files = Json::array();
+  int64_t total = 0;
+  for (const pb::DataFile& f : m.files()) {
+    total += f.size_bytes();
+    files.push_back({{"name", f.name()},
+                     {"size_bytes", f.size_bytes()},
+                     {"writer_rank", f.writer_rank()},
+                     {"data_start", f.data_start()}});
+  }
+  std::string layout;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m.saved_layout(), &layout, opts);
+  Json saved_layout = Json::parse(layout, nullptr, false);
+  if (saved_layout.is_discarded()) saved_layout = Json::object();
+  Json user = Json::object();
+  for (const auto& [k, v] : m.user_metadata()) user[k] = v;
+  return {{"path", path},
+          {"state", "complete"},
+          {"format_version", m.format_version()},
+          {"writer_version", m.writer_version()},
+          {"created_unix_micros", m.created_unix_micros()},
+          {"step", m.step()},
+          {"user_metadata", user},
+          {"saved_layout", saved_layout},
+          {"checksum_block_bytes", m.checksum_block_bytes()},
+          {"total_file_bytes", total},
+          {"files", files},
+          {"tensors", tensors}};
+}
+
+void PrintManifestText(const std::string& path, const pb::Manifest& m) {
+  Json j = ManifestJson(path, m);
+  std::printf("checkpoint %s: complete, format version %u, written by %s\n", path.c_str(),
+              m.format_version(), m.writer_version().c_str());
+  std::printf("step %" PRId64 ", created %" PRId64 " (unix us)\n", m.step(),
+              m.created_unix_micros());
+  for (const auto& [k, v] : m.user_metadata())
+    std::printf("  metadata %s = %s\n", k.c_str(), v.c_str());
+  const pb::SavedLayout& l = m.saved_layout();
+  if (l.world_size() > 0 || l.mesh_shape_size() > 0) {
+    std::printf(
+        "saved layout: world size %d, mesh %s, %d tensor layouts\n", l.world_size(),
+        ShapeString(std::vector<int64_t>(l.mesh_shape().begin(), l.mesh_shape().end())).c_str(),
+        l.tensors_size());
+  }
+  std::printf("%d data files, %s; %d tensors, %d pieces\n", m.files_size(),
+              HumanBytes(j["total_file_bytes"].get<int64_t>()).c_str(), m.tensors_size(),
+              m.pieces_size());
+  for (const Json& t : j["tensors"]) {
+    std::printf("%s  %s %s  %s in %zu piece(s)\n", t["key"].get<std::string>().c_str(),
+                t["dtype"].get<std::string>().c_str(),
+                ShapeString(t["shape"].get<std::vector<int64_t>>()).c_str(),
+                HumanBytes(t["stored_bytes"].get<int64_t>()).c_str(), t["pieces"].size());
+    for (const Json& p : t["pieces"]) {
+      std::printf("    %-40s %s @%" PRId64 " +%" PRId64 " xxh3 %s\n",
+                  p["entry"].get<std::string>().c_str(), p["file"].get<std::string>().c_str(),
+                  p["byte_offset"].get<int64_t>(), p["byte_length"].get<int64_t>(),
+                  p["xxh3_64"].get<std::string>().c_str());
+    }
+  }
+}
+
+int RunInspect(const std::vector<std::string>& args) {
+  const std::string cmd = "inspect";
+  Args a = ParseArgs(args, {"json", "help"}, {});
+  if (a.flags.count("help")) {
+    std::printf(
+        "usage: ckptctl inspect <checkpoint> [--json]\n\n"
+        "Shows a checkpoint's tensors (dtype, shape, stored bytes), every stored piece (region,\n"
+        "data file, offset, length, checksum), the saved layout and user metadata. A directory\n"
+        "without manifest.pb is reported as incomplete (exit 1). Does not read tensor data;\n"
+        "use `ckptctl verify` for that. --json prints one JSON object.\n");
+    return 0;
+  }
+  if (!a.error.empty()) return Usage(cmd, a.error);
+  if (a.positional.size() != 1) return Usage(cmd, "expected exactly one checkpoint path");
+  const std::string& path = a.positional[0];
+  const bool json = a.flags.count("json") > 0;
+  CheckpointProbe probe = ProbeCheckpoint(path);
+  if (probe.state != CheckpointState::kComplete) {
+    const std::string what =
+        probe.state == CheckpointState::kIncomplete
+            ? absl::StrCat(path,
+                           " is an incomplete checkpoint: no manifest.pb (an interrupted or "
+                           "in-progress write); it is never loaded")
+            : absl::StrCat(path, ": ", CheckpointStateName(probe.state));
+    if (json) {
+      Json j = {{"path", path},
+                {"state", CheckpointStateName(probe.state)},
+                {"leftovers", probe.leftovers}};
+      std::printf("%s\n", j.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
+    }
+    for (const std::string& l : probe.leftovers) {
+      std::fprintf(stderr, "note: leftover %s\n", l.c_str());
+    }
+    return Fail(cmd, absl::FailedPreconditionError(what));
+  }
+  auto bytes = ReadWholeFile(JoinPath(path, "manifest.pb"), kMaxManifestBytes);
+  if (!bytes.ok()) return Fail(cmd, bytes.status());
+  auto m = ParseManifest(*bytes, JoinPath(path, "manifest.pb"));
+  if (!m.ok()) return Fail(cmd, m.status());
+  if (json) {
+    Json j = ManifestJson(path, *m);
+    j["leftovers"] = probe.leftovers;
+    std::printf("%s\n", j.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
+  } else {
+    PrintManifestText(path, *m);
+    for (const std::string& l : probe.leftovers) std::printf("note: leftover %s\n", l.c_str());
+  }
+  return 0;
+}
+
+int RunVerify(const std::vector<std::string>& args) {
+  const std::string cmd = "verify";
+  Args a = ParseArgs(args, kIoBoolFlags, kIoValueFlags);
+  if (a.flags.count("help")) {
+    std::printf(
+        "usage: ckptctl verify <checkpoint> [--threads N] [--direct] [--no-uring]\n\n"
+        "Checks that the manifest is valid and agrees with every data file's safetensors\n"
+        "header and size, that every element of every tensor is stored by exactly one piece,\n"
+        "and reads every stored byte verifying its XXH3-64 checksums. Exit 0 when sound, 1\n"
+        "with one line per problem otherwise.\n");
+    return 0;
+  }
+  if (!a.error.empty()) return Usage(cmd, a.error);
+  if (a.positional.size() != 1) return Usage(cmd, "expected exactly one checkpoint path");
+  IoOptions io;
+  std::string err;
+  if (!IoFromFlags(a, &io, &err)) return Usage(cmd, err);
+  auto report = VerifyCheckpoint(a.positional[0], io);
+  if (!report.ok()) return Fail(cmd, report.status());
+  for (const std::string& p : report->problems) {
+    std::fprintf(stderr, "ckptctl verify: %s\n", p.c_str());
+  }
+  if (!report->problems.empty()) {
+    std::fprintf(stderr, "ckptctl verify: %s: %zu problem(s) found\n", a.positional[0].c_str(),
+                 report->problems.size());
+    return 1;
+  }
+  std::printf("%s: OK (%" PRId64 " tensors, %" PRId64 " pieces, %" PRId64
+              " files, %s checksummed, coverage exact)\n",
+              a.positional[0].c_str(), report->tensors, report->pieces, report->files,
+              HumanBytes(report->bytes_checked).c_str());
+  return 0;
+}
+
+int RunImport(const std::vector<std::string>& args) {
+  const std::string cmd = "import";
+  Args a = ParseArgs(args, With(kIoBoolFlags, {"overwrite"}), kIoValueFlags);
+  if (a.flags.count("help")) {
+    std::printf(
+        "usage: ckptctl import <file.safetensors | dir | model.safetensors.index.json>\n"
+        "                      <checkpoint> [--overwrite] [--threads N] [--direct]\n\n"
+        "Converts a Hugging Face-style safetensors checkpoint into a ckpt checkpoint (each\n"
+        "tensor stored whole), committed atomically, so it can be loaded into any sharded\n"
+        "layout. An existing checkpoint is replaced only with --overwrite.\n");
+    return 0;
+  }
+  if (!a.error.empty()) return Usage(cmd, a.error);
+  if (a.positional.size() != 2) return Usage(cmd, "expected <source> <checkpoint>");
+  WriteOptions wo;
+  std::string err;
+  if (!IoFromFlags(a, &wo.io, &err)) return Usage(cmd, err);
+  wo.overwrite = a.flags.count("overwrite") > 0;
+  auto m = ImportSafetensors(a.positional[0], a.positional[1], wo);
+  if (!m.ok()) return Fail(cmd, m.status());
+  int64_t bytes = 0;
+  for (const auto& p : m->pieces()) bytes += p.byte_length();
+  std::printf("imported %d tensors (%s) from %s into %s\n", m->tensors_size(),
+              HumanBytes(bytes).c_str(), a.positional[0].c_str(), a.positional[1].c_str());
+  return 0;
+}
+
+int RunExport(const std::vector<std::string>& args) {
+  const std::string cmd = "export";
+  Args a =
+      ParseArgs(args, With(kIoBoolFlags, {"overwrite"}), With(kIoValueFlags, {"max-file-size"}));
+  if (a.flags.count("help")) {
+    std::printf(
+        "usage: ckptctl export <checkpoint> <out.safetensors | out-dir> [--max-file-size SIZE]\n"
+        "                      [--overwrite] [--threads N] [--direct]\n\n"
+        "Consolidates every tensor into one full, unsharded tensor and writes safetensors:\n"
+        "a single file, or in a directory model.safetensors, or model-0000i-of-0000n\n"
+        "files plus model.safetensors.index.json when --max-file-size (e.g. 5GB, 500MiB)\n"
+        "splits them. Checksums are verified while reading.\n");
+    return 0;
+  }
+  if (!a.error.empty()) return Usage(cmd, a.error);
+  if (a.positional.size() != 2) return Usage(cmd, "expected <checkpoint> <out>");
+  ExportOptions eo;
+  std::string err;
+  if (!IoFromFlags(a, &eo.io, &err)) return Usage(cmd, err);
+  eo.overwrite = a.flags.count("overwrite") > 0;
+  if (a.flags.count("max-file-size") &&
+      !ParseSize(a.flags.at("max-file-size"), &eo.max_file_bytes)) {
+    return Usage(cmd, absl::StrCat("bad --max-file-size \"", a.flags.at("max-file-size"), "\""));
+  }
+  auto files = ExportCheckpoint(a.positional[0], a.positional[1], eo);
+  if (!files.ok()) return Fail(cmd, files.status());
+  for (const std::string& f : *files) std::printf("wrote %s\n", f.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int RunInspectCommand(const std::vector<std::string>& args) { return RunInspect(args); }
+int RunVerifyCommand(const std::vector<std::string>& args) { return RunVerify(args); }
+int RunImportCommand(const std::vector<std::string>& args) { return RunImport(args); }
+int RunExportCommand(const std::vector<std::string>& args) { return RunExport(args); }
+
+}  // namespace ckpt::ckptctl
