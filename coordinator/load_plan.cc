@@ -123,6 +123,29 @@ std::vector<CopyRun> ClipRuns(const std::vector<CopyRun>& runs, int64_t a, int64
   return out;
 }
 
+// Megatron's gather rounds: per dtype (by name), round k all-gathers each rank's k-th
+// exchanged unit, in distribution order.
+void AddGatherRounds(LoadWave& wave) {
+  std::map<std::string, std::map<int64_t, std::vector<int64_t>>> units_by_dtype;  // -> rank
+  for (size_t u = 0; u < wave.units.size(); ++u) {
+    const ReadUnit& unit = wave.units[u];
+    if (!unit.exchanged) continue;
+    units_by_dtype[std::string(DTypeName(unit.dtype))][unit.reader].push_back(u);
+  }
+  for (const auto& [name, by_rank] : units_by_dtype) {
+    size_t rounds = 0;
+    for (const auto& [rank, units] : by_rank) rounds = std::max(rounds, units.size());
+    for (size_t k = 0; k < rounds; ++k) {
+      GatherRound round;
+      round.dtype = wave.units[by_rank.begin()->second.front()].dtype;
+      for (const auto& [rank, units] : by_rank) {
+        if (k < units.size()) round.unit_of_rank.emplace_back(rank, units[k]);
+      }
+      wave.rounds.push_back(std::move(round));
+    }
+  }
+}
+
 }  // namespace
 
 int64_t DistinctSourceElements(absl::Span<const Delivery* const> deliveries) {
@@ -324,6 +347,7 @@ absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensor
       unit.first_element = lo;
       unit.num_elements = hi - lo;
       unit.elem_size = elem;
+      unit.dtype = tensors[tensor_of_key.at(p.key)].dtype;
       unit.file_offset = p.byte_offset + lo * elem;
       unit.byte_length = (hi - lo) * elem;
       std::map<int64_t, std::vector<const Delivery*>> remote;  // by receiving rank
@@ -342,6 +366,9 @@ absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensor
     }
   }
   plan.waves = packer.Finish();
+  if (options.algorithm == ExchangeAlgorithm::kGatherRounds) {
+    for (LoadWave& wave : plan.waves) AddGatherRounds(wave);
+  }
   return plan;
 }
 

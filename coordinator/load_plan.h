@@ -77,6 +77,7 @@ struct ReadUnit {
   int64_t first_element = 0;
   int64_t num_elements = 0;
   int64_t elem_size = 0;
+  DType dtype = DType::kF32;
   bool exchanged = false;  // some rank other than the reader needs part of it
 };
 
@@ -91,11 +92,20 @@ struct Delivery {
   std::vector<CopyRun> runs;
 };
 
+// One all-gather of kGatherRounds (Megatron's exchange_loaded_tensors_gather_rounds): for one
+// dtype, the k-th exchanged unit read by each rank; ranks without a k-th unit send nothing.
+struct GatherRound {
+  DType dtype = DType::kF32;
+  std::vector<std::pair<int64_t, int64_t>> unit_of_rank;  // (rank, unit index), rank order
+};
+
 // Units read and delivered together; waves run one after another.
 struct LoadWave {
-  std::vector<ReadUnit> units;
+  std::vector<ReadUnit> units;  // in distribution order (broadcasts go in this order)
   std::vector<Delivery> deliveries;
   int64_t peak_bytes_in_flight = 0;  // the largest rank's bytes in flight in this wave
+  // kGatherRounds only: dtypes in name order, then rounds k = 0, 1, ...
+  std::vector<GatherRound> rounds;
 };
 
 struct LoadPlan {

@@ -254,6 +254,41 @@ TEST(LoadPlanTest, ReadersAreSpreadOverNeedingRanks) {
   Execute(s, *plan, int64_t{1} << 30);
 }
 
+TEST(LoadPlanTest, GatherRoundsGroupExchangedUnitsByDtypeThenRound) {
+  // Rank 0 reads two F32 pieces and rank 1 one BF16 piece and one F32 piece; all needed by
+  // both ranks, so all are exchanged.
+  Scenario s;
+  s.num_ranks = 2;
+  s.tensors = {{"a", DType::kF32, {8}},
+               {"b", DType::kF32, {4}},
+               {"c", DType::kBF16, {4}},
+               {"d", DType::kF32, {2}}};
+  for (int t = 0; t < 4; ++t) {
+    Store(s, t, Region{{0}, s.tensors[t].global_shape, {}}, "f");
+    for (int64_t r = 0; r < 2; ++r) {
+      s.requests.push_back({r, s.tensors[t].key, Region{{0}, s.tensors[t].global_shape, {}}});
+    }
+  }
+  LoadPlanOptions options;
+  options.algorithm = ExchangeAlgorithm::kGatherRounds;
+  auto plan = BuildLoadPlan(s.tensors, s.pieces, s.requests, s.num_ranks, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->waves.size(), 1u);
+  const LoadWave& wave = plan->waves[0];
+  // Distribution: a (32 B) -> 0, b (16 B) -> 1, c (8 B) -> 1, d (8 B) -> 1.
+  ASSERT_EQ(wave.rounds.size(), 3u);
+  EXPECT_EQ(wave.rounds[0].dtype, DType::kBF16);  // "BF16" < "F32"
+  ASSERT_EQ(wave.rounds[0].unit_of_rank.size(), 1u);
+  EXPECT_EQ(wave.rounds[0].unit_of_rank[0].first, 1);
+  EXPECT_EQ(wave.rounds[1].dtype, DType::kF32);
+  ASSERT_EQ(wave.rounds[1].unit_of_rank.size(), 2u);  // a from rank 0, b from rank 1
+  EXPECT_EQ(wave.units[wave.rounds[1].unit_of_rank[0].second].piece, 0);
+  EXPECT_EQ(wave.units[wave.rounds[1].unit_of_rank[1].second].piece, 1);
+  ASSERT_EQ(wave.rounds[2].unit_of_rank.size(), 1u);  // d from rank 1; rank 0 sends nothing
+  EXPECT_EQ(wave.units[wave.rounds[2].unit_of_rank[0].second].piece, 3);
+  Execute(s, *plan, options.memory_budget_bytes);
+}
+
 TEST(LoadPlanTest, UncoveredRequestNamesTensorRankAndRegion) {
   Scenario s;
   s.num_ranks = 2;
