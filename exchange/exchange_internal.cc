@@ -1,0 +1,213 @@
+#include "exchange/exchange_internal.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace ckpt {
+namespace exchange_internal {
+
+absl::StatusOr<DistributionIndex> IndexPlan(const ExchangePlan& plan, const Communicator& comm) {
+  if (plan.num_ranks != comm.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("exchange plan is for ", plan.num_ranks,
+                                                   " ranks but the group has ", comm.size()));
+  }
+  if (static_cast<int>(plan.needs.size()) != plan.num_ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "exchange plan lists needs for ", plan.needs.size(), " ranks, expected ", plan.num_ranks));
+  }
+  DistributionIndex index;
+  index.reserve(plan.distribution.size());
+  for (int i = 0; i < static_cast<int>(plan.distribution.size()); ++i) {
+    const DistributedShard& d = plan.distribution[i];
+    if (d.main_rank < 0 || d.main_rank >= plan.num_ranks) {
+      return absl::InvalidArgumentError(absl::StrCat("shard ", d.spec.id.DebugString(),
+                                                     " is assigned to rank ", d.main_rank,
+                                                     " outside the group of ", plan.num_ranks));
+    }
+    absl::Status valid = ValidateRegion(d.spec.region, d.spec.global_shape);
+    if (!valid.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stored shard ", d.spec.id.DebugString(), ": ", valid.message()));
+    }
+    if (!index.emplace(d.spec.id, i).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard ", d.spec.id.DebugString(), " appears twice in the distribution"));
+    }
+  }
+  return index;
+}
+
+absl::Status CheckLoaded(const ExchangePlan& plan, const DistributionIndex& index, int rank,
+                         const ShardBuffers& loaded) {
+  size_t assigned = 0;
+  for (const DistributedShard& d : plan.distribution) {
+    if (d.main_rank != rank) continue;
+    ++assigned;
+    auto it = loaded.find(d.spec.id);
+    if (it == loaded.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank, " was assigned shard ", d.spec.id.DebugString(), " but did not load it"));
+    }
+    if (static_cast<int64_t>(it->second.size()) != d.spec.NumBytes()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank, " loaded ", it->second.size(), " bytes for shard ",
+                       d.spec.id.DebugString(), " which has ", d.spec.NumBytes()));
+    }
+  }
+  if (loaded.size() != assigned) {
+    for (const auto& [id, bytes] : loaded) {
+      auto it = index.find(id);
+      if (it == index.end()) {
+        return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " loaded shard ",
+                                                          id.DebugString(),
+                                                          " which is not in the distribution"));
+      }
+      if (plan.distribution[it->second].main_rank != rank) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", rank, " loaded shard ", id.DebugString(),
+            " which the distribution assigns to rank ", plan.distribution[it->second].main_rank));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<int>>> HoldersOfStoredShards(
+    const ExchangePlan& plan, const DistributionIndex& index) {
+  std::vector<std::vector<int>> holders(plan.distribution.size());
+  for (int r = 0; r < plan.num_ranks; ++r) {
+    for (const ShardSpec& need : plan.needs[r]) {
+      auto it = index.find(need.id);
+      if (it == index.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r, " needs shard ", need.id.DebugString(),
+                         " which no rank stores (only overlap_all_to_all can assemble "
+                         "regions that differ from stored shards)"));
+      }
+      const ShardSpec& stored = plan.distribution[it->second].spec;
+      if (stored.NumBytes() != need.NumBytes() || stored.dtype != need.dtype) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", r, " needs shard ", need.id.DebugString(), " as ", need.NumBytes(),
+            " bytes of ", DTypeName(need.dtype), " but it is stored as ", stored.NumBytes(),
+            " bytes of ", DTypeName(stored.dtype)));
+      }
+      std::vector<int>& h = holders[it->second];
+      if (!h.empty() && h.back() == r) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r, " lists shard ", need.id.DebugString(), " twice"));
+      }
+      h.push_back(r);
+    }
+  }
+  return holders;
+}
+
+absl::StatusOr<ShardBuffers> AllocateOutputs(const ExchangePlan& plan, int rank) {
+  ShardBuffers out;
+  for (const ShardSpec& need : plan.needs[rank]) {
+    absl::Status valid = ValidateRegion(need.region, need.global_shape);
+    if (!valid.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " needs shard ",
+                                                     need.id.DebugString(), ": ", valid.message()));
+    }
+    if (!out.emplace(need.id, std::string(need.NumBytes(), '\0')).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, " lists shard ", need.id.DebugString(), " twice"));
+    }
+  }
+  return out;
+}
+
+void WaveRecorder::Add(int64_t staging, int64_t sent, int64_t received, absl::Duration time) {
+  if (waves_.empty() || (waves_.back().collectives > 0 && wave_staging_ + staging > budget_)) {
+    waves_.emplace_back();
+    wave_staging_ = 0;
+  }
+  WaveStats& w = waves_.back();
+  wave_staging_ += staging;
+  w.bytes_sent += sent;
+  w.bytes_received += received;
+  w.collectives += 1;
+  w.time += time;
+}
+
+void WaveRecorder::Finish(absl::string_view algorithm, ExchangeReport* report) {
+  if (report == nullptr) return;
+  report->algorithm = std::string(algorithm);
+  report->waves = waves_;
+}
+
+void ReadSegments(absl::Span<const Segment> segments, size_t offset, size_t size, char* dst) {
+  size_t base = 0;
+  for (const Segment& s : segments) {
+    if (size == 0) return;
+    if (offset < base + s.size) {
+      size_t from = offset - base;
+      size_t n = std::min(size, s.size - from);
+      std::memcpy(dst, s.data + from, n);
+      dst += n;
+      offset += n;
+      size -= n;
+    }
+    base += s.size;
+  }
+}
+
+absl::Status ChunkedAllGatherV(Communicator& comm, absl::Span<const Segment> mine,
+                               absl::Span<const size_t> sizes, int64_t budget, absl::Time deadline,
+                               WaveRecorder& waves, const ChunkSink& sink) {
+  const int n = comm.size();
+  const int me = comm.rank();
+  const size_t chunk = std::max<int64_t>(1, budget / (n + 1));
+  const size_t longest = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+  std::vector<char> send(std::min(chunk, sizes[me]));
+  std::vector<char> recv;
+  for (size_t window = 0; window < longest; window += chunk) {
+    std::vector<size_t> counts(n);
+    size_t total = 0;
+    for (int r = 0; r < n; ++r) {
+      counts[r] = sizes[r] > window ? std::min(chunk, sizes[r] - window) : 0;
+      total += counts[r];
+    }
+    if (total == 0) continue;
+    ReadSegments(mine, window, counts[me], send.data());
+    recv.resize(total);
+    absl::Time start = absl::Now();
+    CKPT_RETURN_IF_ERROR(comm.AllGatherV(send.data(), counts, recv.data(), deadline));
+    waves.Add(static_cast<int64_t>(total + counts[me]), counts[me] * (n - 1), total - counts[me],
+              absl::Now() - start);
+    size_t at = 0;
+    for (int r = 0; r < n; ++r) {
+      if (counts[r] > 0) sink(r, window, recv.data() + at, counts[r]);
+      at += counts[r];
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace exchange_internal
+
+int64_t ExchangeReport::bytes_sent() const {
+  int64_t total = 0;
+  for (const WaveStats& w : waves) total += w.bytes_sent;
+  return total;
+}
+
+int64_t ExchangeReport::bytes_received() const {
+  int64_t total = 0;
+  for (const WaveStats& w : waves) total += w.bytes_received;
+  return total;
+}
+
+int64_t ExchangeReport::collectives() const {
+  int64_t total = 0;
+  for (const WaveStats& w : waves) total += w.collectives;
+  return total;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,206 @@
+// The "overlap_all_to_all" exchange: every rank receives exactly the elements of stored shards
+// that overlap the regions it needs, in waves of budgeted indexed all-to-all-v.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "exchange/exchange.h"
+#include "exchange/exchange_internal.h"
+#include "sharding/overlap.h"
+
+namespace ckpt {
+namespace {
+
+using exchange_internal::WaveRecorder;
+
+// Elements of stored shard `stored` that rank `dst` needs for its need `need`.
+struct Transfer {
+  int src;
+  int dst;
+  int stored;  // distribution index
+  int need;    // index into plan.needs[dst]
+  int64_t elements;
+  int64_t elem_size;
+  std::vector<CopyRun> runs;  // computed only when this rank is src or dst
+};
+
+// A window [begin, end) of a transfer's elements (in run order) moved in one wave.
+struct Piece {
+  int transfer;
+  int64_t begin;
+  int64_t end;
+};
+
+// Calls fn(src_elem, dst_elem, count) for the part of `runs` covering element window
+// [begin, end) of the run stream.
+template <typename Fn>
+void ForEachRunPart(const std::vector<CopyRun>& runs, int64_t begin, int64_t end, Fn fn) {
+  int64_t base = 0;
+  for (const CopyRun& r : runs) {
+    int64_t lo = std::max(begin, base), hi = std::min(end, base + r.length);
+    if (lo < hi) fn(r.src_offset + (lo - base), r.dst_offset + (lo - base), hi - lo);
+    base += r.length;
+    if (base >= end) break;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<ShardBuffers> ExchangeOverlapAllToAll(Communicator& comm, const ExchangePlan& plan,
+                                                     const ShardBuffers& loaded,
+                                                     const ExchangeOptions& options,
+                                                     ExchangeReport* report) {
+  using namespace exchange_internal;
+  CKPT_ASSIGN_OR_RETURN(DistributionIndex index, IndexPlan(plan, comm));
+  CKPT_RETURN_IF_ERROR(CheckLoaded(plan, index, comm.rank(), loaded));
+  CKPT_ASSIGN_OR_RETURN(ShardBuffers out, AllocateOutputs(plan, comm.rank()));
+  const int n = comm.size();
+  const int me = comm.rank();
+
+  // 1. Every (stored shard, needed region) overlap, in (dst rank, need, distribution) order.
+  absl::flat_hash_map<std::string, std::vector<int>> stored_by_key;
+  for (int i = 0; i < static_cast<int>(plan.distribution.size()); ++i) {
+    stored_by_key[plan.distribution[i].spec.id.key].push_back(i);
+  }
+  std::vector<Transfer> transfers;
+  for (int r = 0; r < n; ++r) {
+    for (int t = 0; t < static_cast<int>(plan.needs[r].size()); ++t) {
+      const ShardSpec& need = plan.needs[r][t];
+      CKPT_RETURN_IF_ERROR(ValidateRegion(need.region, need.global_shape));
+      int64_t covered = 0;
+      auto it = stored_by_key.find(need.id.key);
+      if (it != stored_by_key.end()) {
+        for (int i : it->second) {
+          const DistributedShard& d = plan.distribution[i];
+          if (d.spec.global_shape != need.global_shape || d.spec.dtype != need.dtype) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "overlap exchange: tensor '", need.id.key, "' is stored as ",
+                DTypeName(d.spec.dtype), ShapeString(d.spec.global_shape), " but rank ", r,
+                " needs it as ", DTypeName(need.dtype), ShapeString(need.global_shape)));
+          }
+          const bool involved = d.main_rank == me || r == me;
+          Transfer tr{d.main_rank, r, i, t, 0, DTypeSize(need.dtype), {}};
+          if (involved) {
+            CKPT_ASSIGN_OR_RETURN(tr.runs,
+                                  OverlapRuns(d.spec.region, need.region, need.global_shape));
+            for (const CopyRun& run : tr.runs) tr.elements += run.length;
+          } else {
+            CKPT_ASSIGN_OR_RETURN(tr.elements,
+                                  OverlapElements(d.spec.region, need.region, need.global_shape));
+          }
+          if (tr.elements == 0) continue;
+          covered += tr.elements;
+          transfers.push_back(std::move(tr));
+        }
+      }
+      if (covered < need.region.NumElements()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("overlap exchange: rank ", r, " needs region ", need.region.DebugString(),
+                         " of '", need.id.key, "' (", need.region.NumElements(),
+                         " elements) but stored shards cover only ", covered));
+      }
+    }
+  }
+
+  // 2. Local overlaps are plain copies.
+  for (const Transfer& tr : transfers) {
+    if (tr.src != me || tr.dst != me) continue;
+    const std::string& src = loaded.at(plan.distribution[tr.stored].spec.id);
+    std::string& dst = out.at(plan.needs[me][tr.need].id);
+    CopyRuns(tr.runs, tr.elem_size, src.data(), dst.data());
+  }
+
+  // 3. Remote overlaps in waves: greedily, in transfer order, while every rank's send +
+  //    receive staging stays within the budget; a transfer larger than the budget is cut into
+  //    element windows. Identical on every rank.
+  const int64_t budget = options.memory_budget_bytes;
+  std::vector<std::vector<Piece>> waves_plan;
+  std::vector<int64_t> load(n, 0);
+  auto new_wave = [&] {
+    waves_plan.emplace_back();
+    std::fill(load.begin(), load.end(), 0);
+  };
+  for (int k = 0; k < static_cast<int>(transfers.size()); ++k) {
+    const Transfer& tr = transfers[k];
+    if (tr.src == tr.dst) continue;
+    if (tr.elem_size > budget) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "overlap exchange: memory budget of ", budget, " bytes is smaller than one element (",
+          tr.elem_size, " bytes) of '", plan.needs[tr.dst][tr.need].id.key, "'"));
+    }
+    const int64_t window = budget / tr.elem_size;
+    for (int64_t begin = 0; begin < tr.elements; begin += window) {
+      const int64_t end = std::min(tr.elements, begin + window);
+      const int64_t bytes = (end - begin) * tr.elem_size;
+      if (waves_plan.empty() || load[tr.src] + bytes > budget || load[tr.dst] + bytes > budget) {
+        new_wave();
+      }
+      load[tr.src] += bytes;
+      load[tr.dst] += bytes;
+      waves_plan.back().push_back({k, begin, end});
+    }
+  }
+
+  WaveRecorder recorder(budget);
+  std::vector<char> send_buf, recv_buf;
+  for (const std::vector<Piece>& wave : waves_plan) {
+    // Per peer, the pieces this rank sends and receives, in wave order.
+    std::vector<size_t> send_bytes(n, 0), recv_bytes(n, 0);
+    for (const Piece& p : wave) {
+      const Transfer& tr = transfers[p.transfer];
+      const size_t bytes = (p.end - p.begin) * tr.elem_size;
+      if (tr.src == me) send_bytes[tr.dst] += bytes;
+      if (tr.dst == me) recv_bytes[tr.src] += bytes;
+    }
+    std::vector<size_t> send_at(n, 0), recv_at(n, 0);
+    for (int p = 1; p < n; ++p) {
+      send_at[p] = send_at[p - 1] + send_bytes[p - 1];
+      recv_at[p] = recv_at[p - 1] + recv_bytes[p - 1];
+    }
+    send_buf.resize(send_at[n - 1] + send_bytes[n - 1]);
+    recv_buf.resize(recv_at[n - 1] + recv_bytes[n - 1]);
+    std::vector<std::vector<ByteSlice>> send_slices(n), recv_slices(n);
+    for (int p = 0; p < n; ++p) {
+      if (send_bytes[p] > 0) send_slices[p] = {{send_at[p], send_bytes[p]}};
+      if (recv_bytes[p] > 0) recv_slices[p] = {{recv_at[p], recv_bytes[p]}};
+    }
+    // Pack what this rank sends.
+    std::vector<size_t> cursor = send_at;
+    for (const Piece& p : wave) {
+      const Transfer& tr = transfers[p.transfer];
+      if (tr.src != me) continue;
+      const char* src = loaded.at(plan.distribution[tr.stored].spec.id).data();
+      size_t& at = cursor[tr.dst];
+      ForEachRunPart(tr.runs, p.begin, p.end, [&](int64_t s, int64_t, int64_t count) {
+        std::memcpy(send_buf.data() + at, src + s * tr.elem_size, count * tr.elem_size);
+        at += count * tr.elem_size;
+      });
+    }
+    absl::Time start = absl::Now();
+    CKPT_RETURN_IF_ERROR(comm.IndexedAllToAllV(send_buf.data(), send_slices, recv_buf.data(),
+                                               recv_slices, options.deadline));
+    recorder.Add(send_buf.size() + recv_buf.size(), send_buf.size(), recv_buf.size(),
+                 absl::Now() - start);
+    // Scatter what this rank received into its needed regions.
+    cursor = recv_at;
+    for (const Piece& p : wave) {
+      const Transfer& tr = transfers[p.transfer];
+      if (tr.dst != me) continue;
+      char* dst = out.at(plan.needs[me][tr.need].id).data();
+      size_t& at = cursor[tr.src];
+      ForEachRunPart(tr.runs, p.begin, p.end, [&](int64_t, int64_t d, int64_t count) {
+        std::memcpy(dst + d * tr.elem_size, recv_buf.data() + at, count * tr.elem_size);
+        at += count * tr.elem_size;
+      });
+    }
+  }
+  recorder.Finish("overlap_all_to_all", report);
+  return out;
+}
+
+}  // namespace ckpt
