@@ -89,7 +89,8 @@ absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int
   // Per-rank lists in input order, the piece index of each (id, rank), and one region per id.
   std::vector<std::vector<RankShardInfo>> per_rank(num_ranks);
   absl::flat_hash_map<ShardId, int64_t> first_piece_of_id;
-  absl::flat_hash_map<std::pair<ShardId, int64_t>, int64_t> piece_of_id_rank;
+  // (first piece index of the id, rank) -> the rank's own piece with that id.
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> piece_of_id_rank;
   std::vector<int64_t> size_of(pieces.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
     const TensorPiece& p = pieces[i];
@@ -102,7 +103,7 @@ absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int
                        " share the shard id ", id.DebugString(), " but differ in region"));
     }
     CKPT_ASSIGN_OR_RETURN(size_of[i], PieceBytes(p));
-    piece_of_id_rank.try_emplace(std::make_pair(id, p.rank), static_cast<int64_t>(i));
+    piece_of_id_rank.try_emplace(std::make_pair(first->second, p.rank), static_cast<int64_t>(i));
     per_rank[p.rank].push_back(RankShardInfo{std::move(id), size_of[i], p.is_main_replica()});
   }
 
@@ -113,7 +114,8 @@ absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int
                                                          /*ignore_groups=*/false));
   if (distribution) {
     for (const auto& [id, rank] : distribution->main_rank_for_shard) {
-      writes.emplace_back(rank, piece_of_id_rank.at(std::make_pair(id, rank)));
+      writes.emplace_back(rank,
+                          piece_of_id_rank.at(std::make_pair(first_piece_of_id.at(id), rank)));
     }
   } else {
     for (size_t i = 0; i < pieces.size(); ++i) {
