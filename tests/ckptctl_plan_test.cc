@@ -146,6 +146,10 @@ TEST(CkptctlPlanTest, InvalidJsonAndMissingFieldsAreReported) {
   RunResult b = RunPlan("distribute", R"({"num_ranks": 1, "shard_to_ranks": []})");
   EXPECT_EQ(b.exit_code, 1);
   EXPECT_THAT(b.err, HasSubstr("field shard_to_size: missing"));
+  RunResult neg =
+      RunPlan("distribute", R"({"num_ranks": -1, "shard_to_ranks": [], "shard_to_size": []})");
+  EXPECT_EQ(neg.exit_code, 1);
+  EXPECT_THAT(neg.err, HasSubstr("field num_ranks"));
   RunResult c =
       RunPlan("main-replicas", R"({"num_ranks": 2, "per_rank": [[[["a",[0],null], 1, 1]], []]})");
   EXPECT_EQ(c.exit_code, 1);

@@ -2,6 +2,7 @@
 // distributions over JSON Lines, for operators debugging a plan and for tests.
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -134,6 +135,9 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 absl::StatusOr<std::string> RunDistribute(const Json& line) {
   CKPT_ASSIGN_OR_RETURN(const Json* n, Member(line, "num_ranks"));
   CKPT_ASSIGN_OR_RETURN(int64_t num_ranks, ParseInt(*n, "num_ranks"));
+  if (num_ranks < 0 || num_ranks > INT32_MAX) {
+    return FieldError("num_ranks", absl::StrCat(num_ranks, " is outside [0, 2^31)"));
+  }
   CKPT_ASSIGN_OR_RETURN(const Json* to_ranks, Member(line, "shard_to_ranks"));
   CKPT_RETURN_IF_ERROR(ExpectArray(*to_ranks, "shard_to_ranks"));
   CKPT_ASSIGN_OR_RETURN(const Json* to_size, Member(line, "shard_to_size"));
@@ -208,6 +212,9 @@ absl::StatusOr<std::string> RunDistribute(const Json& line) {
 absl::StatusOr<std::string> RunMainReplicas(const Json& line) {
   CKPT_ASSIGN_OR_RETURN(const Json* n, Member(line, "num_ranks"));
   CKPT_ASSIGN_OR_RETURN(int64_t num_ranks, ParseInt(*n, "num_ranks"));
+  if (num_ranks < 0 || num_ranks > INT32_MAX) {
+    return FieldError("num_ranks", absl::StrCat(num_ranks, " is outside [0, 2^31)"));
+  }
   bool ignore_groups = false;
   if (auto it = line.find("ignore_groups"); it != line.end()) {
     if (!it->is_boolean()) return FieldError("ignore_groups", "expected true or false");
