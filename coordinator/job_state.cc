@@ -143,6 +143,7 @@ Operation* JobState::CreateOperation(Job& job, OperationKind kind, absl::string_
   EnterPhase(*op, Phase::kGathering,
              op->created + (arrival_deadline > absl::ZeroDuration() ? arrival_deadline
                                                                     : options_.arrival_deadline));
+  op->phase_since = op->created;
   Operation* raw = op.get();
   operations_.emplace(number, std::move(op));
   in_flight_[job.name] = raw->id;
@@ -410,8 +411,8 @@ std::vector<std::string> JobState::Tick() {
     }
     std::string who = absl::StrJoin(named, "; ");
     std::string why;
-    absl::Duration allowed = op->deadline - op->phase_since;
     if (op->phase == Phase::kGathering) {
+      absl::Duration allowed = absl::Trunc(op->deadline - op->created, absl::Milliseconds(1));
       why = absl::StrCat(who, " did not join within ", absl::FormatDuration(allowed));
     } else if (op->phase == Phase::kPlanning) {
       why = absl::StrCat("planning did not finish within the execution deadline (",

@@ -1,5 +1,6 @@
 #include "worker/memory_registry.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -12,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "sharding/dtype.h"
@@ -56,9 +58,9 @@ uint64_t ProcfsProcessProbe::StartToken(pid_t pid) const {
   std::string state;
   rest >> state;
   if (state == "Z" || state == "X" || state == "x") return 0;
-  // Field 22 (starttime) is the 20th after the state.
+  // Field 22 (starttime) follows fields 4..21 (18 of them) after the state (field 3).
   std::string field;
-  for (int i = 0; i < 19 && rest >> field; ++i) {
+  for (int i = 0; i < 18 && rest >> field; ++i) {
   }
   uint64_t start = 0;
   if (!(rest >> start)) return 0;
@@ -74,6 +76,33 @@ absl::Status ValidateSegmentName(const std::string& name, pid_t pid) {
         " allocates (\"/ckpt.<job>.r<rank>.p", pid, ".<n>\")"));
   }
   return absl::OkStatus();
+}
+
+std::vector<std::string> SweepOrphanSegments(const ProcessProbe& probe,
+                                             const std::string& shm_dir) {
+  std::vector<std::string> removed;
+  DIR* dir = opendir(shm_dir.c_str());
+  if (dir == nullptr) return removed;
+  const uid_t uid = getuid();
+  while (struct dirent* entry = readdir(dir)) {
+    absl::string_view name = entry->d_name;
+    if (!absl::StartsWith(name, "ckpt.")) continue;
+    // The pid sits in the ".p<pid>." component before the last one.
+    size_t last = name.rfind('.');
+    if (last == absl::string_view::npos || last == 0) continue;
+    size_t marker = name.rfind(".p", last - 1);
+    if (marker == absl::string_view::npos) continue;
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(name.substr(marker + 2, last - marker - 2), &pid) || pid <= 0) continue;
+    struct stat st;
+    std::string path = absl::StrCat(shm_dir, "/", name);
+    if (stat(path.c_str(), &st) != 0 || st.st_uid != uid) continue;
+    if (probe.StartToken(pid) != 0) continue;
+    std::string shm_name = absl::StrCat("/", name);
+    if (shm_unlink(shm_name.c_str()) == 0) removed.push_back(shm_name);
+  }
+  closedir(dir);
+  return removed;
 }
 
 MemoryRegistry::MemoryRegistry(std::unique_ptr<ProcessProbe> probe) : probe_(std::move(probe)) {}

@@ -76,6 +76,13 @@ class ProcfsProcessProbe final : public ProcessProbe {
 // "/ckpt.<anything without '/'>.p<pid>.<suffix>", at most 255 bytes.
 absl::Status ValidateSegmentName(const std::string& name, pid_t pid);
 
+// Unlinks shared-memory segments in `shm_dir` (normally /dev/shm) that the client library
+// created ("ckpt.<job>.r<rank>.p<pid>.<n>"), that this user owns, and whose process is gone
+// by `probe`: the leftovers of trainers that died while their worker was down too. Returns
+// the names removed (with a leading '/').
+std::vector<std::string> SweepOrphanSegments(const ProcessProbe& probe,
+                                             const std::string& shm_dir = "/dev/shm");
+
 // The registry. See the file comment.
 class MemoryRegistry {
  public:

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -213,6 +214,36 @@ TEST_F(MemoryRegistryTest, CloseSessionUnlinks) {
   ASSERT_TRUE(registry_.CloseSession(*session).ok());
   EXPECT_FALSE(SegmentExists(seg.name()));
   EXPECT_EQ(registry_.CloseSession(*session).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(MemoryRegistryTest, SweepRemovesOnlySegmentsOfDeadProcesses) {
+  Segment mine(Name(1), 64);
+  pid_t dead_pid = pid_ + 1;  // not in the fake process table: dead
+  Segment orphan(absl::StrCat("/ckpt.test.r1.p", dead_pid, ".3"), 64);
+  Segment unrelated(absl::StrCat("/notckpt.test.r1.p", dead_pid, ".3"), 64);
+  FakeProbe probe(&table_);
+  std::vector<std::string> removed = SweepOrphanSegments(probe);
+  EXPECT_THAT(removed, ::testing::ElementsAre(orphan.name()));
+  EXPECT_TRUE(SegmentExists(mine.name()));
+  EXPECT_FALSE(SegmentExists(orphan.name()));
+  EXPECT_TRUE(SegmentExists(unrelated.name()));
+}
+
+TEST(ProcfsProcessProbeTest, TokenIsTheStartTimeAndStaysStableWhileTheProcessRuns) {
+  ProcfsProcessProbe probe;
+  uint64_t before = probe.StartToken(getpid());
+  // Growing the address space changes other /proc/<pid>/stat fields (vsize), not the token.
+  size_t size = size_t{256} << 20;
+  void* big = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(big, MAP_FAILED);
+  static_cast<char*>(big)[0] = 1;
+  EXPECT_EQ(probe.StartToken(getpid()), before);
+  munmap(big, size);
+  // The start time (in clock ticks since boot) of the test process is before "now".
+  std::ifstream uptime("/proc/uptime");
+  double seconds = 0;
+  uptime >> seconds;
+  EXPECT_LE(before - 1, static_cast<uint64_t>(seconds * sysconf(_SC_CLK_TCK)) + 1);
 }
 
 TEST(ProcfsProcessProbeTest, SeesLiveZombieAndReapedProcesses) {

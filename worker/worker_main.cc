@@ -26,6 +26,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "client/options.h"
 #include "common/daemon.h"
 #include "spdlog/spdlog.h"
@@ -137,12 +138,22 @@ int Run() {
   absl::Notification stop;
   std::thread reaper([&registry, &stop] {
     const absl::Duration interval = absl::Milliseconds(absl::GetFlag(FLAGS_reap_interval_ms));
-    while (!stop.WaitForNotificationWithTimeout(interval)) {
+    ckpt::worker::ProcfsProcessProbe probe;
+    absl::Time next_sweep = absl::InfinitePast();
+    do {
+      // Segments of trainers that died while no worker served them (e.g. worker and trainer
+      // killed together): swept at start and then every 10 s.
+      if (absl::Now() >= next_sweep) {
+        for (const std::string& name : ckpt::worker::SweepOrphanSegments(probe)) {
+          spdlog::warn("orphan_segment_removed name={}", name);
+        }
+        next_sweep = absl::Now() + absl::Seconds(10);
+      }
       for (const ckpt::worker::SessionInfo& gone : registry.ReapDeadTrainers()) {
         spdlog::warn("trainer_gone session={} job={} rank={} pid={} segments_released={}", gone.id,
                      gone.trainer.job, gone.trainer.rank, gone.trainer.pid, gone.segments.size());
       }
-    }
+    } while (!stop.WaitForNotificationWithTimeout(interval));
   });
 
   grpc::Server* raw = server.get();

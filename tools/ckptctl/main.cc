@@ -14,6 +14,7 @@ int RunInspectCommand(const std::vector<std::string>& args);  // storage_cmd.cc
 int RunVerifyCommand(const std::vector<std::string>& args);   // storage_cmd.cc
 int RunImportCommand(const std::vector<std::string>& args);   // storage_cmd.cc
 int RunExportCommand(const std::vector<std::string>& args);   // storage_cmd.cc
+int RunStatusCommand(const std::vector<std::string>& args);   // status_cmd.cc
 
 const std::vector<Command>& AllCommands() {
   static const std::vector<Command>* commands = new std::vector<Command>{
@@ -27,6 +28,8 @@ const std::vector<Command>& AllCommands() {
        RunImportCommand},
       {"export", "consolidate a checkpoint into full tensors as safetensors",
        RunExportCommand},
+      {"status", "workers, jobs and operations in flight (with progress) of a coordinator",
+       RunStatusCommand},
   };
   return *commands;
 }

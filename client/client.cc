@@ -1,0 +1,228 @@
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "proto/worker.grpc.pb.h"
+
+namespace ckpt::client {
+
+// The channel to the local worker and the per-call deadline.
+class WorkerConnection {
+ public:
+  WorkerConnection(const std::string& address, absl::Duration rpc_timeout)
+      : address_(address),
+        rpc_timeout_(rpc_timeout),
+        stub_(
+            pb::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {
+  }
+
+  pb::Worker::Stub* stub() { return stub_.get(); }
+  const std::string& address() const { return address_; }
+  absl::Duration rpc_timeout() const { return rpc_timeout_; }
+
+  std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::ZeroDuration()) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(absl::ToChronoTime(
+        absl::Now() + (timeout > absl::ZeroDuration() ? timeout : rpc_timeout_)));
+    return context;
+  }
+
+  absl::Status Convert(const grpc::Status& s, absl::string_view call) const {
+    return FromGrpcStatus(s, absl::StrCat("worker ", address_, " ", call));
+  }
+
+  // Waits until the operation is final or `timeout` passes (then DeadlineExceeded).
+  absl::StatusOr<OperationProgress> WaitFinal(const std::string& session_id,
+                                              const std::string& operation_id,
+                                              absl::Duration timeout) {
+    absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      absl::Duration slice = std::min(deadline - absl::Now(), absl::Seconds(30));
+      if (slice < absl::ZeroDuration()) slice = absl::ZeroDuration();
+      absl::StatusOr<OperationProgress> p = Progress(session_id, operation_id, slice);
+      if (!p.ok()) return p.status();
+      if (p->phase == "done" || p->phase == "aborted") return p;
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("operation ", operation_id, " is still ", p->phase, " after ",
+                         absl::FormatDuration(timeout), " (", p->bytes_done, " of ", p->bytes_total,
+                         " bytes done)"));
+      }
+    }
+  }
+
+  absl::StatusOr<OperationProgress> Progress(const std::string& session_id,
+                                             const std::string& operation_id, absl::Duration wait) {
+    pb::WaitRequest request;
+    request.set_session_id(session_id);
+    request.set_operation_id(operation_id);
+    request.set_timeout_ms(absl::ToInt64Milliseconds(wait));
+    pb::WaitResponse response;
+    absl::Status s =
+        Convert(stub_->Wait(Context(wait + rpc_timeout_).get(), request, &response), "Wait");
+    if (!s.ok()) return s;
+    OperationProgress p;
+    p.phase = response.phase();
+    p.bytes_done = response.bytes_done();
+    p.bytes_total = response.bytes_total();
+    if (response.code() != 0) {
+      p.status = absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
+    }
+    return p;
+  }
+
+ private:
+  std::string address_;
+  absl::Duration rpc_timeout_;
+  std::unique_ptr<pb::Worker::Stub> stub_;
+};
+
+SaveHandle::SaveHandle(std::shared_ptr<WorkerConnection> connection, std::string session_id,
+                       std::string operation_id)
+    : connection_(std::move(connection)),
+      session_id_(std::move(session_id)),
+      operation_id_(std::move(operation_id)) {}
+
+absl::Status SaveHandle::WaitDurable(absl::Duration timeout) {
+  absl::StatusOr<OperationProgress> p = connection_->WaitFinal(session_id_, operation_id_, timeout);
+  if (!p.ok()) return p.status();
+  return p->status;
+}
+
+absl::StatusOr<OperationProgress> SaveHandle::Progress() {
+  return connection_->Progress(session_id_, operation_id_, absl::ZeroDuration());
+}
+
+Client::Client(ResolvedOptions options, std::shared_ptr<WorkerConnection> connection)
+    : options_(std::move(options)), connection_(std::move(connection)) {}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const Options& options,
+                                                        const EnvLookup& env) {
+  absl::StatusOr<ResolvedOptions> resolved = ResolveOptions(options, env);
+  if (!resolved.ok()) return resolved.status();
+  auto connection =
+      std::make_shared<WorkerConnection>(resolved->worker_address, resolved->rpc_timeout);
+  pb::TrainerHello hello;
+  hello.set_job(resolved->job);
+  hello.set_rank(resolved->rank);
+  hello.set_world_size(resolved->world_size);
+  hello.set_local_rank(resolved->local_rank);
+  hello.set_pid(getpid());
+  pb::TrainerHelloResponse response;
+  auto context = connection->Context();
+  context->set_wait_for_ready(true);  // the worker may still be starting
+  absl::Status s =
+      connection->Convert(connection->stub()->Hello(context.get(), hello, &response), "Hello");
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("job ", resolved->job, " rank ", resolved->rank,
+                                               ": cannot connect: ", s.message()));
+  }
+  std::unique_ptr<Client> client(new Client(*std::move(resolved), std::move(connection)));
+  client->worker_id_ = response.worker_id();
+  client->session_id_ = response.session_id();
+  client->worker_host_ = response.host();
+  return client;
+}
+
+Client::~Client() {
+  pb::GoodbyeRequest request;
+  request.set_session_id(session_id_);
+  pb::GoodbyeResponse response;
+  (void)connection_->stub()->Goodbye(connection_->Context().get(), request, &response);
+}
+
+std::unique_ptr<StateDict> Client::NewStateDict() const {
+  return std::make_unique<StateDict>(options_.job, options_.rank);
+}
+
+absl::Status Client::Share(const StateDict& state) {
+  if (state.rank() != options_.rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state dict of rank ", state.rank(), " shared by rank ", options_.rank));
+  }
+  pb::RegisterTensorsRequest request;
+  request.set_session_id(session_id_);
+  for (pb::SharedTensor& t : state.Describe()) *request.add_tensors() = std::move(t);
+  pb::RegisterTensorsResponse response;
+  return connection_->Convert(
+      connection_->stub()->RegisterTensors(connection_->Context().get(), request, &response),
+      "RegisterTensors");
+}
+
+absl::StatusOr<std::string> Client::Transfer(bool save, const std::string& path,
+                                             const StateDict& state,
+                                             const std::map<std::string, std::string>& metadata,
+                                             const std::string& operation_id,
+                                             absl::Duration arrival_timeout) {
+  if (absl::Status s = Share(state); !s.ok()) return s;
+  pb::TransferRequest request;
+  request.set_session_id(session_id_);
+  request.set_path(path);
+  request.mutable_metadata()->insert(metadata.begin(), metadata.end());
+  request.set_operation_id(operation_id);
+  request.set_timeout_ms(absl::ToInt64Milliseconds(arrival_timeout));
+  pb::TransferResponse response;
+  auto context = connection_->Context();
+  grpc::Status s = save ? connection_->stub()->Save(context.get(), request, &response)
+                        : connection_->stub()->Load(context.get(), request, &response);
+  absl::Status status = connection_->Convert(s, save ? "Save" : "Load");
+  if (!status.ok()) return status;
+  return response.operation_id();
+}
+
+absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path,
+                                                         const StateDict& state,
+                                                         const SaveOptions& options) {
+  absl::StatusOr<std::string> op =
+      Transfer(true, path, state, options.metadata, "", options.arrival_timeout);
+  if (!op.ok()) return op.status();
+  auto handle = std::make_unique<SaveHandle>(connection_, session_id_, *op);
+  // No staging snapshot exists yet, so returning before the commit would let the trainer
+  // overwrite data not yet written: wait for the end of the operation instead.
+  absl::StatusOr<OperationProgress> p =
+      connection_->WaitFinal(session_id_, *op, options.arrival_timeout + absl::Hours(1));
+  if (!p.ok()) return p.status();
+  if (!p->status.ok()) return p->status;
+  return handle;
+}
+
+absl::Status Client::Load(const std::string& path, StateDict& state, const LoadOptions& options) {
+  absl::StatusOr<std::string> op = Transfer(false, path, state, {}, "", options.arrival_timeout);
+  if (!op.ok()) return op.status();
+  absl::StatusOr<OperationProgress> p =
+      connection_->WaitFinal(session_id_, *op, options.arrival_timeout + options.deadline);
+  if (!p.ok()) return p.status();
+  return p->status;
+}
+
+absl::StatusOr<PollResult> Client::Poll(StateDict& state) {
+  pb::PollRequest request;
+  request.set_session_id(session_id_);
+  pb::PollResponse response;
+  absl::Status s = connection_->Convert(
+      connection_->stub()->Poll(connection_->Context().get(), request, &response), "Poll");
+  if (!s.ok()) return s;
+  PollResult result;
+  if (!response.pending()) return result;
+  result.performed = true;
+  result.kind = response.kind();
+  result.path = response.path();
+  result.operation_id = response.operation_id();
+  absl::StatusOr<std::string> op = Transfer(result.kind == "save", result.path, state, {},
+                                            result.operation_id, absl::Minutes(5));
+  if (!op.ok()) return op.status();
+  absl::StatusOr<OperationProgress> p =
+      connection_->WaitFinal(session_id_, *op, absl::Minutes(5) + absl::Hours(1));
+  if (!p.ok()) return p.status();
+  if (!p->status.ok()) return p->status;
+  return result;
+}
+
+}  // namespace ckpt::client

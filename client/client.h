@@ -1,0 +1,139 @@
+// The trainer's connection to its local ckpt worker daemon: the API a training program links.
+//
+//   auto client = ckpt::client::Client::Connect({});        // rank etc. from the launcher env
+//   auto state = client.value()->NewStateDict();
+//   auto w = state->AddHost({.key = "layers.0.w", ...});     // fill w->bytes() in place
+//   auto handle = client.value()->Save("/ckpt/step100", *state, {});
+//   ... training continues ...
+//   handle->WaitDurable(absl::Minutes(5));                   // committed
+//
+// Every call is collective over the job's ranks where it says so, takes a deadline, and
+// returns the coordinator's diagnosis as an absl::Status when an operation is aborted (a rank
+// that never arrived, a dead worker, a failed write), naming the rank, host and cause.
+#ifndef CKPT_CLIENT_CLIENT_H_
+#define CKPT_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/options.h"
+#include "client/state_dict.h"
+
+namespace ckpt::client {
+
+class WorkerConnection;  // the gRPC channel; defined in client.cc so gRPC stays out of here
+
+// Options of Save.
+struct SaveOptions {
+  std::map<std::string, std::string> metadata;  // stored in the manifest (step, ...)
+  // How long this rank waits for the others to call Save (the coordinator's own arrival
+  // deadline, --arrival_deadline_ms, aborts the operation for every rank when it is shorter).
+  absl::Duration arrival_timeout = absl::Minutes(5);
+  // Exchange algorithm ("broadcast", "gather_rounds", "gather_object", "overlap_all_to_all")
+  // and the staging memory budget per worker (0: unlimited); used by the data path.
+  std::string exchange_algorithm = "broadcast";
+  int64_t memory_budget_bytes = 0;
+};
+
+// Options of Load.
+struct LoadOptions {
+  absl::Duration arrival_timeout = absl::Minutes(5);
+  absl::Duration deadline = absl::Hours(1);  // the whole load must finish by then
+  std::string exchange_algorithm = "broadcast";
+  int64_t memory_budget_bytes = 0;
+};
+
+// Where an operation stands.
+struct OperationProgress {
+  std::string phase;  // "gathering", "planning", "executing", "committing", "done", "aborted"
+  int64_t bytes_done = 0;
+  int64_t bytes_total = 0;
+  absl::Status status;  // the diagnosis when aborted
+};
+
+// A save in flight.
+class SaveHandle {
+ public:
+  SaveHandle(std::shared_ptr<WorkerConnection> connection, std::string session_id,
+             std::string operation_id);
+  const std::string& operation_id() const { return operation_id_; }
+  // Completes only after the checkpoint is committed (files and directory fsynced, manifest
+  // renamed into place): OK then, else the abort diagnosis, or DeadlineExceeded after
+  // `timeout` (the save keeps going).
+  absl::Status WaitDurable(absl::Duration timeout);
+  absl::StatusOr<OperationProgress> Progress();
+
+ private:
+  std::shared_ptr<WorkerConnection> connection_;
+  std::string session_id_;
+  std::string operation_id_;
+};
+
+// What Poll did.
+struct PollResult {
+  bool performed = false;  // an operator-requested operation ran
+  std::string kind;        // "save" or "load"
+  std::string path;
+  std::string operation_id;
+};
+
+// The connection. Thread-compatible (one thread uses it at a time).
+class Client {
+ public:
+  // Resolves options (explicit, then launcher env) and says Hello to the local worker,
+  // waiting up to options.rpc_timeout for it to come up. The worker attaches this rank to
+  // the job at the coordinator (which rejects a world size that disagrees with other ranks).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const Options& options,
+                                                         const EnvLookup& env = ProcessEnv());
+  ~Client();  // says Goodbye: the worker releases this process's shared memory
+
+  const ResolvedOptions& options() const { return options_; }
+  const std::string& worker_id() const { return worker_id_; }
+  const std::string& session_id() const { return session_id_; }
+  const std::string& worker_host() const { return worker_host_; }
+
+  // A state dict whose host tensors are shared with this client's worker.
+  std::unique_ptr<StateDict> NewStateDict() const;
+
+  // Sends the state dict's description to the worker (it maps the shared segments). Save and
+  // Load do this themselves; call it to validate a state dict early.
+  absl::Status Share(const StateDict& state);
+
+  // Collective: saves `state` to the checkpoint directory `path`. Returns once the state is
+  // snapshotted (the trainer may then modify its tensors); the handle's WaitDurable completes
+  // after the commit. Until the worker's staging path exists, Save returns only once the
+  // operation is committed (synchronous), never earlier, and reports the coordinator's
+  // diagnosis when it is aborted.
+  absl::StatusOr<std::unique_ptr<SaveHandle>> Save(const std::string& path, const StateDict& state,
+                                                   const SaveOptions& options = {});
+
+  // Collective: fills `state`'s tensors from the checkpoint at `path`, whatever layout it was
+  // saved from. Returns once every tensor holds its loaded values, or the diagnosis.
+  absl::Status Load(const std::string& path, StateDict& state, const LoadOptions& options = {});
+
+  // Call once per training step: performs any save or load an operator requested for this
+  // job (ckptctl save/load), waiting for it to finish. Cheap when nothing is pending.
+  absl::StatusOr<PollResult> Poll(StateDict& state);
+
+ private:
+  Client(ResolvedOptions options, std::shared_ptr<WorkerConnection> connection);
+  absl::StatusOr<std::string> Transfer(bool save, const std::string& path, const StateDict& state,
+                                       const std::map<std::string, std::string>& metadata,
+                                       const std::string& operation_id,
+                                       absl::Duration arrival_timeout);
+
+  ResolvedOptions options_;
+  std::shared_ptr<WorkerConnection> connection_;
+  std::string worker_id_;
+  std::string session_id_;
+  std::string worker_host_;
+};
+
+}  // namespace ckpt::client
+
+#endif  // CKPT_CLIENT_CLIENT_H_

@@ -1,0 +1,203 @@
+#include "client/state_dict.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/gpu.h"
+
+namespace ckpt::client {
+namespace {
+
+pb::DType ToProtoDType(DType dtype) {
+  pb::DType out = pb::DTYPE_UNSPECIFIED;
+  pb::DType_Parse(absl::StrCat("DTYPE_", DTypeName(dtype)), &out);
+  return out;
+}
+
+std::string Sanitize(const std::string& job) {
+  std::string out;
+  for (char c : job.substr(0, 64)) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-';
+    out.push_back(ok ? c : '_');
+  }
+  return out.empty() ? "job" : out;
+}
+
+}  // namespace
+
+std::string SegmentPrefix(const std::string& job, int rank, pid_t pid) {
+  return absl::StrCat("/ckpt.", Sanitize(job), ".r", rank, ".p", pid, ".");
+}
+
+absl::StatusOr<std::pair<Region, std::vector<int64_t>>> ResolveLayout(const TensorSpec& spec,
+                                                                      int rank) {
+  if (spec.key.empty()) return absl::InvalidArgumentError("tensor spec without a key");
+  auto fail = [&](const absl::Status& s) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", spec.key, ": ", s.message()));
+  };
+  if (absl::StatusOr<int64_t> n = CheckedNumElements(spec.global_shape); !n.ok()) {
+    return fail(n.status());
+  }
+  Region region;
+  std::vector<int64_t> replica_id = spec.replica_id;
+  if (const Region* r = std::get_if<Region>(&spec.layout)) {
+    region = *r;
+  } else if (const FlatRange* f = std::get_if<FlatRange>(&spec.layout)) {
+    region = WholeRegion(spec.global_shape);
+    region.flat = *f;
+  } else {
+    const DTensorLayout& d = std::get<DTensorLayout>(spec.layout);
+    absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(d.mesh_shape);
+    if (!mesh.ok()) return fail(mesh.status());
+    absl::StatusOr<LocalShard> local = ComputeLocalShard(spec.global_shape, *mesh, d.placements,
+                                                         d.mesh_rank >= 0 ? d.mesh_rank : rank);
+    if (!local.ok()) return fail(local.status());
+    region = local->region();
+    replica_id = local->replica_id;
+  }
+  if (absl::Status s = ValidateRegion(region, spec.global_shape); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", spec.key, " region ", region.DebugString(), " of shape ",
+                     ShapeString(spec.global_shape), ": ", s.message()));
+  }
+  for (int64_t id : replica_id) {
+    if (id < 0) return fail(absl::InvalidArgumentError("negative replica id"));
+  }
+  return std::make_pair(std::move(region), std::move(replica_id));
+}
+
+StateDict::StateDict(const std::string& job, int rank)
+    : prefix_(SegmentPrefix(job, rank, getpid())), rank_(rank) {}
+
+StateDict::~StateDict() {
+  for (const auto& t : tensors_) {
+    if (t->memory != MemoryKind::kHost) continue;
+    if (t->data != nullptr) munmap(t->data, static_cast<size_t>(t->nbytes));
+    shm_unlink(t->segment.c_str());  // ENOENT when the worker already released it: fine
+  }
+}
+
+absl::StatusOr<std::unique_ptr<StateTensor>> StateDict::Resolve(const TensorSpec& spec) const {
+  for (const auto& t : tensors_) {
+    if (t->key == spec.key) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("tensor ", spec.key, " is already in rank ", rank_, "'s state dict"));
+    }
+  }
+  auto resolved = ResolveLayout(spec, rank_);
+  if (!resolved.ok()) return resolved.status();
+  auto t = std::make_unique<StateTensor>();
+  t->key = spec.key;
+  t->dtype = spec.dtype;
+  t->global_shape = spec.global_shape;
+  t->region = std::move(resolved->first);
+  t->replica_id = std::move(resolved->second);
+  t->memory = spec.memory;
+  t->nbytes = t->region.NumElements() * DTypeSize(spec.dtype);
+  return t;
+}
+
+absl::StatusOr<StateTensor*> StateDict::AddHost(const TensorSpec& spec) {
+  auto t = Resolve(spec);
+  if (!t.ok()) return t.status();
+  if (spec.memory != MemoryKind::kHost) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", spec.key, " is declared in device memory; use AddDevice"));
+  }
+  std::string name = absl::StrCat(prefix_, next_segment_++);
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("tensor ", spec.key,
+                                                     ": cannot create shared-memory segment ", name,
+                                                     ": ", std::strerror(errno)));
+  }
+  size_t size = static_cast<size_t>((*t)->nbytes);
+  void* addr = nullptr;
+  if (size > 0) {
+    // posix_fallocate reserves the pages now, so a full /dev/shm fails here, not as a SIGBUS.
+    int err = ftruncate(fd, static_cast<off_t>(size)) == 0 ? posix_fallocate(fd, 0, size) : errno;
+    if (err == 0) {
+      addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (addr == MAP_FAILED) err = errno;
+    }
+    if (err != 0) {
+      close(fd);
+      shm_unlink(name.c_str());
+      return absl::ResourceExhaustedError(absl::StrCat("tensor ", spec.key, ": cannot allocate ",
+                                                       size, " bytes of shared memory (", name,
+                                                       "): ", std::strerror(err)));
+    }
+  }
+  close(fd);
+  (*t)->segment = name;
+  (*t)->data = static_cast<std::byte*>(addr);
+  tensors_.push_back(*std::move(t));
+  return tensors_.back().get();
+}
+
+absl::StatusOr<StateTensor*> StateDict::AddDevice(const TensorSpec& spec, void* device_ptr,
+                                                  int device) {
+  TensorSpec device_spec = spec;
+  device_spec.memory = MemoryKind::kDevice;
+  auto t = Resolve(device_spec);
+  if (!t.ok()) return t.status();
+  absl::StatusOr<std::string> handle = worker::ExportIpcHandle(device_ptr);
+  if (!handle.ok()) {
+    return absl::Status(
+        handle.status().code(),
+        absl::StrCat("tensor ", spec.key, " (device ", device,
+                     "): cannot share device memory with the worker: ", handle.status().message()));
+  }
+  (*t)->data = static_cast<std::byte*>(device_ptr);
+  (*t)->device = device;
+  (*t)->cuda_ipc_handle = *std::move(handle);
+  tensors_.push_back(*std::move(t));
+  return tensors_.back().get();
+}
+
+StateTensor* StateDict::Find(const std::string& key) {
+  for (const auto& t : tensors_) {
+    if (t->key == key) return t.get();
+  }
+  return nullptr;
+}
+
+std::vector<pb::SharedTensor> StateDict::Describe() const {
+  std::vector<pb::SharedTensor> out;
+  out.reserve(tensors_.size());
+  for (const auto& t : tensors_) {
+    pb::SharedTensor s;
+    pb::ShardMeta* shard = s.mutable_shard();
+    shard->mutable_tensor()->set_key(t->key);
+    shard->mutable_tensor()->set_dtype(ToProtoDType(t->dtype));
+    for (int64_t d : t->global_shape) shard->mutable_tensor()->add_global_shape(d);
+    for (int64_t o : t->region.offsets) shard->mutable_region()->add_offsets(o);
+    for (int64_t l : t->region.lengths) shard->mutable_region()->add_lengths(l);
+    if (t->region.flat) {
+      shard->mutable_region()->mutable_flat()->set_start(t->region.flat->start);
+      shard->mutable_region()->mutable_flat()->set_stop(t->region.flat->stop);
+    }
+    for (int64_t r : t->replica_id) shard->add_replica_id(r);
+    s.set_nbytes(t->nbytes);
+    if (t->memory == MemoryKind::kHost) {
+      s.set_memory_kind("host");
+      s.set_segment(t->segment);
+      s.set_offset(0);
+    } else {
+      s.set_memory_kind("device");
+      s.set_cuda_ipc_handle(t->cuda_ipc_handle);
+      s.set_device(t->device);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace ckpt::client

@@ -1,0 +1,117 @@
+// A trainer rank's sharded state dict as the checkpoint system sees it: per tensor its key,
+// dtype, global shape, where this rank's piece sits (an N-d region, a DTensor placement over
+// a device mesh, or a flat range of the flattened tensor), its replica id and its memory.
+// Host tensors are allocated by this library in POSIX shared-memory segments that the local
+// worker daemon maps too, so the worker reads (save) and writes (load) them without copies.
+// No gRPC, threads or logging.
+#ifndef CKPT_CLIENT_STATE_DICT_H_
+#define CKPT_CLIENT_STATE_DICT_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "proto/worker.pb.h"
+#include "sharding/dtensor.h"
+#include "sharding/dtype.h"
+#include "sharding/region.h"
+
+namespace ckpt::client {
+
+// Where a tensor's bytes live in the trainer.
+enum class MemoryKind { kHost, kDevice };
+
+// A DTensor-style layout: the rank's piece follows from the mesh and one placement per mesh
+// dimension exactly as PyTorch computes it (torch.chunk semantics, empty shards included);
+// the replica id is the rank's coordinates along the Replicate() mesh dims.
+struct DTensorLayout {
+  std::vector<int64_t> mesh_shape;
+  std::vector<Placement> placements;
+  // This rank's index in the mesh (row-major); -1: the trainer's global rank.
+  int64_t mesh_rank = -1;
+};
+
+// What the trainer declares about one tensor. `layout` is one of:
+//  - Region: an N-d box of the global tensor, optionally narrowed to a flat range of the box;
+//  - DTensorLayout: placements over a device mesh;
+//  - FlatRange: a contiguous range of the whole tensor's row-major flattening (ZeRO/FSDP).
+struct TensorSpec {
+  std::string key;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> global_shape;
+  std::variant<Region, DTensorLayout, FlatRange> layout;
+  // Replica id for Region/FlatRange layouts (all zeros, or empty, marks the main replica).
+  std::vector<int64_t> replica_id;
+  MemoryKind memory = MemoryKind::kHost;
+};
+
+// A tensor of the state dict: its resolved region and, for host memory, its bytes.
+struct StateTensor {
+  std::string key;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> global_shape;
+  Region region;  // resolved from the layout
+  std::vector<int64_t> replica_id;
+  MemoryKind memory = MemoryKind::kHost;
+  std::string segment;        // host: the shared-memory segment's name
+  std::byte* data = nullptr;  // host: the bytes (row-major over the region); device: the pointer
+  int64_t nbytes = 0;
+  int device = -1;              // device tensors: CUDA ordinal
+  std::string cuda_ipc_handle;  // device tensors: exported handle
+
+  absl::Span<std::byte> bytes() const { return {data, static_cast<size_t>(nbytes)}; }
+};
+
+// Resolves a spec's layout to (region, replica id) for global rank `rank`. Errors name the key.
+absl::StatusOr<std::pair<Region, std::vector<int64_t>>> ResolveLayout(const TensorSpec& spec,
+                                                                      int rank);
+
+// The state dict. Owns its shared-memory segments: they are unmapped and unlinked when it is
+// destroyed (and by the worker when the process dies first).
+class StateDict {
+ public:
+  // Segment names are "/ckpt.<job>.r<rank>.p<pid>.<n>" (job reduced to [A-Za-z0-9_-]).
+  StateDict(const std::string& job, int rank);
+  ~StateDict();
+  StateDict(const StateDict&) = delete;
+  StateDict& operator=(const StateDict&) = delete;
+
+  // Allocates a zero-filled host tensor in a new shared-memory segment and adds it.
+  // AlreadyExists for a duplicate key; InvalidArgument for an invalid shape/layout;
+  // ResourceExhausted when shared memory cannot be allocated.
+  absl::StatusOr<StateTensor*> AddHost(const TensorSpec& spec);
+
+  // Adds a tensor that lives in CUDA memory at `device_ptr` on `device`, shared with the
+  // worker through a CUDA IPC handle. FailedPrecondition (naming the CUDA error) without a GPU.
+  absl::StatusOr<StateTensor*> AddDevice(const TensorSpec& spec, void* device_ptr, int device);
+
+  StateTensor* Find(const std::string& key);
+  const std::vector<std::unique_ptr<StateTensor>>& tensors() const { return tensors_; }
+  int rank() const { return rank_; }
+
+  // The description sent to the worker.
+  std::vector<pb::SharedTensor> Describe() const;
+
+ private:
+  absl::StatusOr<std::unique_ptr<StateTensor>> Resolve(const TensorSpec& spec) const;
+
+  std::string prefix_;  // "/ckpt.<job>.r<rank>.p<pid>."
+  int rank_;
+  int next_segment_ = 1;
+  std::vector<std::unique_ptr<StateTensor>> tensors_;
+};
+
+// Shared-memory segment name prefix of (job, rank, pid).
+std::string SegmentPrefix(const std::string& job, int rank, pid_t pid);
+
+}  // namespace ckpt::client
+
+#endif  // CKPT_CLIENT_STATE_DICT_H_

@@ -1,0 +1,135 @@
+#include "client/state_dict.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "absl/strings/match.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/gpu.h"
+
+namespace ckpt::client {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+bool SegmentExists(const std::string& name) {
+  int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+TensorSpec Spec(const std::string& key, std::vector<int64_t> shape) {
+  TensorSpec s;
+  s.key = key;
+  s.dtype = DType::kBF16;
+  s.global_shape = std::move(shape);
+  return s;
+}
+
+TEST(StateDictTest, RegionTensorIsZeroFilledSharedMemoryNamedForJobRankAndPid) {
+  std::string segment;
+  {
+    StateDict state("my job/1", 3);
+    TensorSpec s = Spec("layers.0.w", {8, 4});
+    s.layout = Region{{4, 0}, {4, 4}, std::nullopt};
+    s.replica_id = {1};
+    auto t = state.AddHost(s);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ((*t)->nbytes, 4 * 4 * 2);
+    for (std::byte b : (*t)->bytes()) ASSERT_EQ(b, std::byte{0});
+    segment = (*t)->segment;
+    EXPECT_TRUE(absl::StartsWith(segment, absl::StrCat("/ckpt.my_job_1.r3.p", getpid(), ".")))
+        << segment;
+    EXPECT_TRUE(SegmentExists(segment));
+    auto described = state.Describe();
+    ASSERT_EQ(described.size(), 1u);
+    const pb::SharedTensor& d = described[0];
+    EXPECT_EQ(d.shard().tensor().key(), "layers.0.w");
+    EXPECT_EQ(d.shard().tensor().dtype(), pb::DTYPE_BF16);
+    EXPECT_THAT(d.shard().region().offsets(), ElementsAre(4, 0));
+    EXPECT_THAT(d.shard().region().lengths(), ElementsAre(4, 4));
+    EXPECT_FALSE(d.shard().region().has_flat());
+    EXPECT_THAT(d.shard().replica_id(), ElementsAre(1));
+    EXPECT_EQ(d.memory_kind(), "host");
+    EXPECT_EQ(d.segment(), segment);
+    EXPECT_EQ(d.nbytes(), 32);
+  }
+  EXPECT_FALSE(SegmentExists(segment));  // released with the state dict
+}
+
+TEST(StateDictTest, FlatRangeCoversPartOfTheWholeTensor) {
+  StateDict state("j", 0);
+  TensorSpec s = Spec("optim.exp_avg", {10, 10});
+  s.dtype = DType::kF32;
+  s.layout = FlatRange{30, 55};
+  auto t = state.AddHost(s);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->nbytes, 25 * 4);
+  EXPECT_THAT((*t)->region.lengths, ElementsAre(10, 10));
+  ASSERT_TRUE((*t)->region.flat.has_value());
+  EXPECT_EQ((*t)->region.flat->start, 30);
+  auto d = state.Describe();
+  EXPECT_EQ(d[0].shard().region().flat().stop(), 55);
+}
+
+TEST(StateDictTest, DTensorPlacementGivesTorchChunkPieceAndReplicaId) {
+  StateDict state("j", 3);
+  TensorSpec s = Spec("emb", {5, 6});
+  // Mesh (2, 2): rank 3 is coordinate (1, 1); Shard(0) over dim 0 of 5 rows -> rows [3, 5);
+  // Replicate() over mesh dim 1 -> replica id [1].
+  s.layout = DTensorLayout{{2, 2}, {Placement::Shard(0), Placement::Replicate()}};
+  auto t = state.AddHost(s);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT((*t)->region.offsets, ElementsAre(3, 0));
+  EXPECT_THAT((*t)->region.lengths, ElementsAre(2, 6));
+  EXPECT_THAT((*t)->replica_id, ElementsAre(1));
+  EXPECT_EQ((*t)->nbytes, 2 * 6 * 2);
+}
+
+TEST(StateDictTest, EmptyDTensorShardHasNoBytes) {
+  StateDict state("j", 3);
+  TensorSpec s = Spec("tiny", {2});
+  s.layout = DTensorLayout{{4}, {Placement::Shard(0)}};
+  auto t = state.AddHost(s);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->nbytes, 0);
+  EXPECT_THAT((*t)->region.offsets, ElementsAre(2));  // PyTorch's out-of-bounds offset
+}
+
+TEST(StateDictTest, RejectsDuplicateKeysAndBadLayoutsNamingTheKey) {
+  StateDict state("j", 0);
+  TensorSpec s = Spec("w", {4});
+  s.layout = Region{{0}, {4}, std::nullopt};
+  ASSERT_TRUE(state.AddHost(s).ok());
+  EXPECT_EQ(state.AddHost(s).status().code(), absl::StatusCode::kAlreadyExists);
+  TensorSpec bad = Spec("v", {4});
+  bad.layout = Region{{2}, {4}, std::nullopt};
+  auto r = state.AddHost(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("tensor v"));
+  TensorSpec bad_mesh = Spec("m", {4});
+  bad_mesh.layout = DTensorLayout{{2}, {Placement::Shard(3)}};
+  EXPECT_THAT(state.AddHost(bad_mesh).status().message(), HasSubstr("tensor m"));
+  EXPECT_EQ(state.tensors().size(), 1u);
+  EXPECT_NE(state.Find("w"), nullptr);
+  EXPECT_EQ(state.Find("v"), nullptr);
+}
+
+TEST(StateDictTest, DeviceTensorsNeedAGpu) {
+  if (worker::CudaDeviceCount().ok()) GTEST_SKIP() << "a GPU is present; covered by GPU tests";
+  StateDict state("j", 0);
+  TensorSpec s = Spec("w", {4});
+  s.layout = Region{{0}, {4}, std::nullopt};
+  int fake = 0;
+  auto r = state.AddDevice(s, &fake, 0);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("tensor w"));
+  EXPECT_THAT(r.status().message(), HasSubstr("CUDA"));
+}
+
+}  // namespace
+}  // namespace ckpt::client

@@ -1,0 +1,177 @@
+#include "tests/services_cluster.h"
+
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace ckpt::testing {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::atomic<int> cluster_counter{0};
+
+}  // namespace
+
+std::string Child::Stdout() const { return ReadFile(stdout_path); }
+std::string Child::Stderr() const { return ReadFile(stderr_path); }
+
+void Child::Kill(int signal) {
+  if (reaped || pid <= 0) return;
+  kill(pid, signal);
+  if (waitpid(pid, &status, 0) == pid) reaped = true;
+}
+
+bool Child::Running() {
+  if (reaped || pid <= 0) return false;
+  if (waitpid(pid, &status, WNOHANG) == pid) {
+    reaped = true;
+    return false;
+  }
+  return true;
+}
+
+bool WaitFor(const std::function<bool()>& condition, absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (!condition()) {
+    if (absl::Now() >= deadline) return condition();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+std::string Runfile(const std::string& relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "ckpt", "/", relative);
+}
+
+std::string LineValue(const std::string& text, const std::string& key) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::ConsumePrefix(&line, key + " ")) return std::string(line);
+  }
+  return "";
+}
+
+Cluster::Cluster() {
+  // Unix socket paths must stay short (108 bytes), so scratch lives under /tmp.
+  dir_ = absl::StrCat("/tmp/ckpt-t", getpid(), "-", cluster_counter++);
+  mkdir(dir_.c_str(), 0700);
+}
+
+Cluster::~Cluster() {
+  // Workers and trainers first, the coordinator last; SIGKILL so nothing can linger.
+  for (size_t i = children_.size(); i-- > 0;) children_[i]->Kill(SIGKILL);
+  for (const WorkerEntry& w : workers_) unlink(w.socket.c_str());
+  std::string cleanup = absl::StrCat("rm -rf ", dir_);
+  (void)std::system(cleanup.c_str());
+}
+
+Child* Cluster::Spawn(const std::vector<std::string>& argv, const std::string& name) {
+  auto child = std::make_unique<Child>();
+  child->stdout_path = absl::StrCat(dir_, "/", name, ".out");
+  child->stderr_path = absl::StrCat(dir_, "/", name, ".err");
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    int out = open(child->stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int err = open(child->stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(out, 1);
+    dup2(err, 2);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  child->pid = pid;
+  children_.push_back(std::move(child));
+  return children_.back().get();
+}
+
+void Cluster::StartCoordinator(const std::vector<std::string>& flags) {
+  std::string address_file = absl::StrCat(dir_, "/coordinator.address");
+  std::vector<std::string> argv = {Runfile("coordinator/ckpt_coordinator"), "--listen=127.0.0.1:0",
+                                   "--address_file=" + address_file, "--log_level=debug"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  Child* c = Spawn(argv, "coordinator");
+  ASSERT_TRUE(WaitFor([&] { return !ReadFile(address_file).empty() || !c->Running(); }))
+      << "coordinator did not start: " << c->Stderr();
+  ASSERT_TRUE(c->Running()) << "coordinator exited: " << c->Stderr();
+  address_ = std::string(absl::StripAsciiWhitespace(ReadFile(address_file)));
+  coordinator_stub_ =
+      pb::Coordinator::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+}
+
+int Cluster::StartWorker(int local_rank) {
+  int index = static_cast<int>(workers_.size());
+  WorkerEntry entry;
+  entry.socket = absl::StrCat(dir_, "/w", index, ".sock");
+  std::string ready = absl::StrCat(dir_, "/w", index, ".ready");
+  Child* w = Spawn({Runfile("worker/ckpt_worker"), "--coordinator=" + address_,
+                    "--listen=unix:" + entry.socket, absl::StrCat("--local_rank=", local_rank),
+                    "--ready_file=" + ready, "--log_level=debug", "--reap_interval_ms=50"},
+                   absl::StrCat("worker", index));
+  entry.child = static_cast<int>(children_.size()) - 1;
+  bool up = WaitFor([&] { return !ReadFile(ready).empty() || !w->Running(); });
+  EXPECT_TRUE(up && w->Running()) << "worker " << index << " did not register: " << w->Stderr();
+  entry.id = std::string(absl::StripAsciiWhitespace(ReadFile(ready)));
+  entry.id = entry.id.substr(0, entry.id.find(' '));
+  workers_.push_back(entry);
+  return index;
+}
+
+Child* Cluster::StartTrainer(int worker_index, const std::string& job, int rank, int world_size,
+                             const std::string& mode, const std::string& path) {
+  return Spawn({Runfile("tests/trainer_probe"), "--worker", "unix:" + worker_socket(worker_index),
+                "--job", job, "--rank", absl::StrCat(rank), "--world_size",
+                absl::StrCat(world_size), "--mode", mode, "--path", path},
+               absl::StrCat("trainer-", job, "-", rank));
+}
+
+int Cluster::RunCkptctl(const std::vector<std::string>& args, std::string* out) {
+  std::vector<std::string> argv = {Runfile("tools/ckptctl")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Child* c = Spawn(argv, absl::StrCat("ckptctl", children_.size()));
+  if (waitpid(c->pid, &c->status, 0) == c->pid) c->reaped = true;
+  *out = c->Stdout() + c->Stderr();
+  return WIFEXITED(c->status) ? WEXITSTATUS(c->status) : -1;
+}
+
+pb::GetStatusResponse Cluster::Status() {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  pb::GetStatusResponse response;
+  grpc::Status s = coordinator_stub_->GetStatus(&context, pb::GetStatusRequest(), &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return response;
+}
+
+std::unique_ptr<pb::Worker::Stub> Cluster::WorkerStub(int i) {
+  return pb::Worker::NewStub(
+      grpc::CreateChannel("unix:" + worker_socket(i), grpc::InsecureChannelCredentials()));
+}
+
+}  // namespace ckpt::testing

@@ -1,0 +1,90 @@
+// Test harness for the services tests: starts real ckpt_coordinator / ckpt_worker /
+// trainer_probe processes on loopback (ports picked by the OS and read back from files),
+// and kills and reaps every one of them when it goes out of scope, also when a check fails.
+// Children die with the test process too (PR_SET_PDEATHSIG).
+#ifndef CKPT_TESTS_SERVICES_CLUSTER_H_
+#define CKPT_TESTS_SERVICES_CLUSTER_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "proto/coordinator.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
+
+namespace ckpt::testing {
+
+// A child process with stdout and stderr captured in files.
+struct Child {
+  pid_t pid = -1;
+  std::string stdout_path;
+  std::string stderr_path;
+  bool reaped = false;
+  int status = 0;
+
+  std::string Stdout() const;
+  std::string Stderr() const;
+  // Sends `signal` (SIGKILL by default) and reaps the process.
+  void Kill(int signal = 9);
+  // True while the process has not exited (reaps it when it has).
+  bool Running();
+};
+
+// Polls `condition` every 20 ms until it holds or `timeout` passes; returns the last value.
+bool WaitFor(const std::function<bool()>& condition, absl::Duration timeout = absl::Seconds(20));
+
+// Path of a binary built by Bazel, from the test's runfiles ("coordinator/ckpt_coordinator").
+std::string Runfile(const std::string& relative);
+
+// A coordinator and workers on loopback. Everything started is killed on destruction.
+class Cluster {
+ public:
+  Cluster();
+  ~Cluster();
+
+  // Starts the coordinator with extra flags (e.g. "--lease_ms=600") and waits until it serves.
+  void StartCoordinator(const std::vector<std::string>& flags);
+  // Starts worker `local_rank` (socket /tmp/ckpt-t<pid>-w<n>.sock) and waits until registered.
+  // Returns its index in workers().
+  int StartWorker(int local_rank);
+  // Starts a trainer_probe connected to worker `worker_index`.
+  Child* StartTrainer(int worker_index, const std::string& job, int rank, int world_size,
+                      const std::string& mode, const std::string& path = "/tmp/ckpt-probe");
+  // Runs ckptctl with arguments to completion; returns its exit code and fills `out`.
+  int RunCkptctl(const std::vector<std::string>& args, std::string* out);
+
+  const std::string& address() const { return address_; }
+  Child& coordinator() { return *children_.at(0); }
+  Child& worker(int i) { return *children_.at(workers_.at(i).child); }
+  const std::string& worker_socket(int i) const { return workers_.at(i).socket; }
+  const std::string& worker_id(int i) const { return workers_.at(i).id; }
+
+  pb::GetStatusResponse Status();
+  pb::Coordinator::Stub* coordinator_stub() { return coordinator_stub_.get(); }
+  std::unique_ptr<pb::Worker::Stub> WorkerStub(int i);
+
+ private:
+  Child* Spawn(const std::vector<std::string>& argv, const std::string& name);
+
+  std::string dir_;  // per-cluster scratch directory
+  std::string address_;
+  struct WorkerEntry {
+    int child = -1;
+    std::string socket;
+    std::string id;
+  };
+  std::vector<WorkerEntry> workers_;
+  std::vector<std::unique_ptr<Child>> children_;
+  std::unique_ptr<pb::Coordinator::Stub> coordinator_stub_;
+};
+
+// The value after "<key> " on the first stdout line starting with it ("" if none yet).
+std::string LineValue(const std::string& text, const std::string& key);
+
+}  // namespace ckpt::testing
+
+#endif  // CKPT_TESTS_SERVICES_CLUSTER_H_

@@ -1,0 +1,276 @@
+// Multi-process tests of the daemons: a real ckpt_coordinator and real ckpt_worker processes on
+// loopback, trainer processes using the client library over the workers' unix sockets, and
+// ckptctl status. Short leases and deadlines; every process is killed by the Cluster.
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/services_cluster.h"
+
+namespace ckpt::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kLeaseMs = 600;
+
+const pb::WorkerStatus* FindWorker(const pb::GetStatusResponse& s, const std::string& id) {
+  for (const auto& w : s.workers()) {
+    if (w.worker_id() == id) return &w;
+  }
+  return nullptr;
+}
+
+int LiveWorkers(const pb::GetStatusResponse& s) {
+  int n = 0;
+  for (const auto& w : s.workers()) n += w.alive() ? 1 : 0;
+  return n;
+}
+
+// "result <code> <message>" of a finished trainer; code -1 while it has not printed one.
+std::pair<int, std::string> Result(const Child& trainer) {
+  std::string value = LineValue(trainer.Stdout(), "result");
+  if (value.empty()) return {-1, ""};
+  std::pair<std::string, std::string> parts = absl::StrSplit(value, absl::MaxSplits(' ', 1));
+  int code = -1;
+  (void)absl::SimpleAtoi(parts.first, &code);
+  return {code, parts.second};
+}
+
+bool SegmentExists(const std::string& name) {
+  int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+pb::WorkerStatusResponse WorkerStatus(Cluster& cluster, int i) {
+  auto stub = cluster.WorkerStub(i);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  pb::WorkerStatusResponse response;
+  grpc::Status s = stub->Status(&context, pb::WorkerStatusRequest(), &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return response;
+}
+
+TEST(ServicesTest, WorkersRegisterAnnounceThemselvesAndKeepTheirLeases) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  for (int i = 0; i < 3; ++i) cluster.StartWorker(i);
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster.Status()) == 3; }));
+  pb::GetStatusResponse status = cluster.Status();
+  for (int i = 0; i < 3; ++i) {
+    const pb::WorkerStatus* w = FindWorker(status, cluster.worker_id(i));
+    ASSERT_NE(w, nullptr) << cluster.worker_id(i);
+    EXPECT_EQ(w->info().pid(), cluster.worker(i).pid);
+    EXPECT_EQ(w->info().local_rank(), i);
+    EXPECT_FALSE(w->info().host().empty());
+    EXPECT_FALSE(w->info().data_plane_address().empty());
+    EXPECT_THAT(w->info().memory_kinds(), ::testing::Contains("host"));
+  }
+  // Heartbeats renew the leases: after several lease periods every worker is still alive.
+  absl::SleepFor(absl::Milliseconds(4 * kLeaseMs));
+  EXPECT_EQ(LiveWorkers(cluster.Status()), 3);
+  std::string out;
+  EXPECT_EQ(cluster.RunCkptctl({"status", "--coordinator", cluster.address()}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("workers: 3 live, 0 dead"));
+}
+
+TEST(ServicesTest, KilledWorkerIsReportedDeadNamingHostAndPid) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  for (int i = 0; i < 3; ++i) cluster.StartWorker(i);
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster.Status()) == 3; }));
+  pid_t victim = cluster.worker(1).pid;
+  cluster.worker(1).Kill(SIGKILL);
+  ASSERT_TRUE(WaitFor([&] {
+    const pb::WorkerStatus* w = FindWorker(cluster.Status(), cluster.worker_id(1));
+    return w != nullptr && !w->alive();
+  }));
+  pb::GetStatusResponse status = cluster.Status();
+  const pb::WorkerStatus* dead = FindWorker(status, cluster.worker_id(1));
+  EXPECT_EQ(dead->info().pid(), victim);
+  EXPECT_THAT(dead->death_cause(), HasSubstr("missed its lease"));
+  EXPECT_EQ(LiveWorkers(status), 2);
+  std::string out;
+  ASSERT_EQ(cluster.RunCkptctl({"status", "--coordinator", cluster.address()}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("workers: 2 live, 1 dead"));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat(cluster.worker_id(1), "  DEAD")));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("pid=", victim)));
+  EXPECT_THAT(out, HasSubstr("missed its lease"));
+}
+
+TEST(ServicesTest, TrainerSharesATensorThroughSharedMemoryReleasedWhenItDies) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  cluster.StartWorker(0);
+  Child* trainer = cluster.StartTrainer(0, "shm-job", 0, 1, "hold");
+  ASSERT_TRUE(WaitFor([&] {
+    return trainer->Stdout().find("shared") != std::string::npos || !trainer->Running();
+  })) << trainer->Stdout()
+      << trainer->Stderr();
+  ASSERT_TRUE(trainer->Running()) << trainer->Stdout() << trainer->Stderr();
+  std::vector<std::string> seg = absl::StrSplit(LineValue(trainer->Stdout(), "segment"), ' ');
+  ASSERT_EQ(seg.size(), 2u);
+  const std::string& name = seg[0];
+  int64_t nbytes = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(seg[1], &nbytes));
+  EXPECT_EQ(nbytes, 1024 * 4);
+
+  // The bytes the trainer wrote are visible in the shared segment.
+  int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  ASSERT_GE(fd, 0) << name;
+  void* addr = mmap(nullptr, nbytes, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(addr, MAP_FAILED);
+  for (int i = 0; i < 1024; ++i) {
+    int32_t v = 0;
+    std::memcpy(&v, static_cast<char*>(addr) + 4 * i, 4);
+    ASSERT_EQ(v, i) << "element " << i;
+  }
+  munmap(addr, nbytes);
+
+  // The worker holds the session with that segment; the coordinator knows the rank.
+  pb::WorkerStatusResponse ws = WorkerStatus(cluster, 0);
+  ASSERT_EQ(ws.sessions_size(), 1);
+  EXPECT_EQ(ws.sessions(0).pid(), trainer->pid);
+  EXPECT_THAT(ws.sessions(0).segments(), ::testing::ElementsAre(name));
+  pb::GetStatusResponse status = cluster.Status();
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).name(), "shm-job");
+  ASSERT_EQ(status.jobs(0).ranks_size(), 1);
+  EXPECT_EQ(status.jobs(0).ranks(0).worker_id(), cluster.worker_id(0));
+
+  // SIGKILL leaves the trainer no chance to clean up: the worker releases its segment.
+  trainer->Kill(SIGKILL);
+  EXPECT_TRUE(WaitFor([&] { return !SegmentExists(name); })) << name << " still exists";
+  EXPECT_TRUE(WaitFor([&] { return WorkerStatus(cluster, 0).sessions_size() == 0; }));
+  EXPECT_THAT(cluster.worker(0).Stderr(), HasSubstr("trainer_gone"));
+  EXPECT_TRUE(cluster.worker(0).Running());  // the worker keeps serving
+}
+
+TEST(ServicesTest, SaveGathersEveryRankAndReportsTheMissingPlannerToEachRank) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  cluster.StartWorker(0);
+  cluster.StartWorker(1);
+  Child* r0 = cluster.StartTrainer(0, "g", 0, 2, "save", "/tmp/never-written");
+  Child* r1 = cluster.StartTrainer(1, "g", 1, 2, "save", "/tmp/never-written");
+  ASSERT_TRUE(WaitFor([&] { return Result(*r0).first >= 0 && Result(*r1).first >= 0; }))
+      << r0->Stdout() << r0->Stderr() << r1->Stdout() << r1->Stderr();
+  for (Child* r : {r0, r1}) {
+    auto [code, message] = Result(*r);
+    // Not success: nothing may be reported saved while the planner/data path is missing.
+    EXPECT_EQ(code, static_cast<int>(absl::StatusCode::kUnimplemented)) << message;
+    EXPECT_THAT(message, HasSubstr("no save planner is wired"));
+  }
+  pb::GetStatusResponse status = cluster.Status();
+  ASSERT_EQ(status.operations_size(), 1);
+  EXPECT_EQ(status.operations(0).joined_ranks(), 2);  // both ranks' metadata was gathered
+  EXPECT_EQ(status.operations(0).phase(), pb::PHASE_ABORTED);
+  EXPECT_EQ(access("/tmp/never-written/manifest.pb", F_OK), -1);
+}
+
+TEST(ServicesTest, RankThatNeverArrivesAbortsEveryRankNamingIt) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator(
+      {absl::StrCat("--lease_ms=", kLeaseMs), "--arrival_deadline_ms=1500"}));
+  cluster.StartWorker(0);
+  cluster.StartWorker(1);
+  Child* r0 = cluster.StartTrainer(0, "late", 0, 3, "save");
+  Child* r1 = cluster.StartTrainer(1, "late", 1, 3, "save");
+  ASSERT_TRUE(WaitFor([&] { return Result(*r0).first >= 0 && Result(*r1).first >= 0; }))
+      << r0->Stdout() << r0->Stderr();
+  for (Child* r : {r0, r1}) {
+    auto [code, message] = Result(*r);
+    EXPECT_EQ(code, static_cast<int>(absl::StatusCode::kDeadlineExceeded)) << message;
+    EXPECT_THAT(message, HasSubstr("rank 2 (its trainer never connected"));
+    EXPECT_THAT(message, HasSubstr("did not join within 1.5s"));
+  }
+}
+
+TEST(ServicesTest, WorkerKilledWhileGatheringAbortsTheOtherRanksNamingHostAndCause) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator(
+      {absl::StrCat("--lease_ms=", kLeaseMs), "--arrival_deadline_ms=60000"}));
+  cluster.StartWorker(0);
+  cluster.StartWorker(1);
+  Child* r1 = cluster.StartTrainer(1, "crash", 1, 2, "hold");  // attached, never saves
+  ASSERT_TRUE(WaitFor([&] { return r1->Stdout().find("shared") != std::string::npos; }))
+      << r1->Stdout() << r1->Stderr();
+  Child* r0 = cluster.StartTrainer(0, "crash", 0, 2, "save");
+  ASSERT_TRUE(WaitFor([&] {
+    pb::GetStatusResponse s = cluster.Status();
+    return s.operations_size() == 1 && s.operations(0).joined_ranks() == 1;
+  }));
+  pid_t victim = cluster.worker(1).pid;
+  cluster.worker(1).Kill(SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return Result(*r0).first >= 0; })) << r0->Stdout() << r0->Stderr();
+  auto [code, message] = Result(*r0);
+  EXPECT_EQ(code, static_cast<int>(absl::StatusCode::kUnavailable)) << message;
+  EXPECT_THAT(message, HasSubstr(absl::StrCat("rank 1 (host ")));
+  EXPECT_THAT(message, HasSubstr(absl::StrCat("worker ", cluster.worker_id(1), " (pid ", victim)));
+  EXPECT_THAT(message, HasSubstr("missed its lease"));
+
+  // Rank 1's trainer dies too while no worker serves it: its segment is orphaned until the
+  // next worker on this host starts and sweeps it.
+  std::string orphan = LineValue(r1->Stdout(), "segment");
+  orphan = orphan.substr(0, orphan.find(' '));
+  r1->Kill(SIGKILL);
+  EXPECT_TRUE(SegmentExists(orphan));
+  cluster.StartWorker(1);
+  EXPECT_TRUE(WaitFor([&] { return !SegmentExists(orphan); })) << orphan;
+}
+
+TEST(ServicesTest, OperatorRequestedSaveRunsAtTheTrainersNextPoll) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  cluster.StartWorker(0);
+  Child* trainer = cluster.StartTrainer(0, "polled", 0, 1, "poll");
+  ASSERT_TRUE(WaitFor([&] { return cluster.Status().jobs_size() == 1; }));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  pb::RequestOperationRequest request;
+  request.set_job("polled");
+  request.set_kind(pb::OPERATION_SAVE);
+  request.set_path("/tmp/operator-ckpt");
+  pb::RequestOperationResponse response;
+  ASSERT_TRUE(cluster.coordinator_stub()->RequestOperation(&context, request, &response).ok());
+  ASSERT_TRUE(WaitFor([&] { return Result(*trainer).first >= 0; }))
+      << trainer->Stdout() << trainer->Stderr();
+  // The trainer joined the operator's operation (and got the coordinator's diagnosis).
+  EXPECT_EQ(Result(*trainer).first, static_cast<int>(absl::StatusCode::kUnimplemented))
+      << Result(*trainer).second;
+  pb::GetStatusResponse status = cluster.Status();
+  ASSERT_EQ(status.operations_size(), 1);
+  EXPECT_EQ(status.operations(0).id(), response.operation_id());
+  EXPECT_EQ(status.operations(0).requested_by(), "operator");
+  EXPECT_EQ(status.operations(0).joined_ranks(), 1);
+}
+
+TEST(ServicesTest, CkptctlStatusNeedsACoordinator) {
+  Cluster cluster;
+  std::string out;
+  EXPECT_EQ(cluster.RunCkptctl({"status"}, &out), 2);
+  EXPECT_THAT(out, HasSubstr("--coordinator HOST:PORT is required"));
+  EXPECT_EQ(cluster.RunCkptctl({"status", "--help"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("usage: ckptctl status"));
+  EXPECT_EQ(
+      cluster.RunCkptctl({"status", "--coordinator", "127.0.0.1:1", "--timeout_ms", "300"}, &out),
+      1);
+  EXPECT_THAT(out, HasSubstr("GetStatus at coordinator 127.0.0.1:1"));
+}
+
+}  // namespace
+}  // namespace ckpt::testing

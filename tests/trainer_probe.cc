@@ -1,0 +1,118 @@
+// A minimal trainer rank for the services tests: connects to its worker through the client
+// library, allocates one host tensor in shared memory filled with a known pattern, shares it,
+// and then (by --mode) holds until killed, saves, loads or polls. Every event is printed as a
+// line on stdout (flushed), for the test to read:
+//   connected <worker_id> <session_id>
+//   segment <name> <nbytes>
+//   shared
+//   result <absl code number> <message>
+//   polled <performed 0|1>
+//
+//   trainer_probe --worker unix:/path --job J --rank R --world_size N
+//                 --mode hold|save|load|poll [--path P] [--elements N]
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "client/client.h"
+
+namespace {
+
+void Emit(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+int Run(int argc, char** argv) {
+  std::string worker, job, mode = "hold", path = "/tmp/ckpt-probe";
+  int rank = -1, world_size = -1;
+  int64_t elements = 1024;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--worker") {
+      worker = value;
+    } else if (flag == "--job") {
+      job = value;
+    } else if (flag == "--rank") {
+      absl::SimpleAtoi(value, &rank);
+    } else if (flag == "--world_size") {
+      absl::SimpleAtoi(value, &world_size);
+    } else if (flag == "--mode") {
+      mode = value;
+    } else if (flag == "--path") {
+      path = value;
+    } else if (flag == "--elements") {
+      absl::SimpleAtoi(value, &elements);
+    } else {
+      std::fprintf(stderr, "trainer_probe: unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  ckpt::client::Options options;
+  options.worker_address = worker;
+  if (!job.empty()) options.job = job;
+  if (rank >= 0) options.rank = rank;
+  if (world_size >= 0) options.world_size = world_size;
+  options.rpc_timeout = absl::Seconds(10);
+  auto client = ckpt::client::Client::Connect(options);
+  if (!client.ok()) {
+    Emit("result " + std::to_string(static_cast<int>(client.status().code())) + " " +
+         std::string(client.status().message()));
+    return 1;
+  }
+  Emit("connected " + (*client)->worker_id() + " " + (*client)->session_id());
+  auto state = (*client)->NewStateDict();
+  ckpt::client::TensorSpec spec;
+  spec.key = "probe.weight";
+  spec.dtype = ckpt::DType::kI32;
+  spec.global_shape = {(*client)->options().world_size, elements};
+  spec.layout = ckpt::Region{{(*client)->options().rank, 0}, {1, elements}, std::nullopt};
+  auto tensor = state->AddHost(spec);
+  if (!tensor.ok()) {
+    Emit("result " + std::to_string(static_cast<int>(tensor.status().code())) + " " +
+         std::string(tensor.status().message()));
+    return 1;
+  }
+  // Content: a deterministic function of the global index (rank * elements + i).
+  for (int64_t i = 0; i < elements; ++i) {
+    int32_t v = static_cast<int32_t>((*client)->options().rank * elements + i);
+    std::memcpy((*tensor)->data + i * 4, &v, 4);
+  }
+  Emit("segment " + (*tensor)->segment + " " + std::to_string((*tensor)->nbytes));
+  if (absl::Status s = (*client)->Share(*state); !s.ok()) {
+    Emit("result " + std::to_string(static_cast<int>(s.code())) + " " + std::string(s.message()));
+    return 1;
+  }
+  Emit("shared");
+  absl::Status result;
+  if (mode == "hold") {
+    while (true) pause();
+  } else if (mode == "save") {
+    result = (*client)->Save(path, *state).status();
+  } else if (mode == "load") {
+    result = (*client)->Load(path, *state);
+  } else if (mode == "poll") {
+    while (true) {
+      auto polled = (*client)->Poll(*state);
+      if (!polled.ok()) {
+        result = polled.status();
+        break;
+      }
+      if (polled->performed) break;
+      usleep(50 * 1000);  // one "training step"
+    }
+  } else {
+    std::fprintf(stderr, "trainer_probe: unknown mode %s\n", mode.c_str());
+    return 2;
+  }
+  Emit("result " + std::to_string(static_cast<int>(result.code())) + " " +
+       std::string(result.message()));
+  return result.ok() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(argc, argv); }

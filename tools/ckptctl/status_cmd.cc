@@ -1,0 +1,152 @@
+// `ckptctl status --coordinator HOST:PORT [--job J]`: the coordinator's workers (live and
+// dead), jobs (ranks attached), and operations in flight or recently finished, with progress.
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/grpc_status.h"
+#include "proto/coordinator.grpc.pb.h"
+#include "tools/ckptctl/commands.h"
+
+namespace ckpt::ckptctl {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: ckptctl status --coordinator HOST:PORT [--job NAME] [--timeout_ms N]\n\n"
+    "Shows the coordinator's workers (live and dead, with host, pid, GPU and heartbeat age),\n"
+    "its jobs (ranks attached) and its operations (in flight with progress, and recently\n"
+    "finished with their outcome).\n";
+
+std::string Lower(std::string s, absl::string_view strip_prefix) {
+  if (s.rfind(std::string(strip_prefix), 0) == 0) s = s.substr(strip_prefix.size());
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string Bytes(int64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::string ProgressBar(int64_t done, int64_t total) {
+  constexpr int kWidth = 24;
+  int filled = total > 0 ? static_cast<int>(kWidth * static_cast<double>(done) / total) : 0;
+  int percent = total > 0 ? static_cast<int>(100.0 * static_cast<double>(done) / total) : 0;
+  return absl::StrCat("[", std::string(filled, '#'), std::string(kWidth - filled, '.'), "] ",
+                      percent, "% ", Bytes(done), " / ", Bytes(total));
+}
+
+void Print(const std::string& coordinator, const pb::GetStatusResponse& status) {
+  int live = 0;
+  for (const auto& w : status.workers()) live += w.alive() ? 1 : 0;
+  std::printf("coordinator %s (worker lease %lld ms)\n", coordinator.c_str(),
+              static_cast<long long>(status.lease_ms()));
+  std::printf("workers: %d live, %d dead\n", live, status.workers_size() - live);
+  for (const auto& w : status.workers()) {
+    const pb::WorkerInfo& i = w.info();
+    std::string line = absl::StrCat(
+        "  ", w.worker_id(), "  ", w.alive() ? "alive" : "DEAD ", "  host=", i.host(),
+        " pid=", i.pid(), " local_rank=", i.local_rank(),
+        " gpu=", i.gpu() < 0 ? std::string("none") : absl::StrCat(i.gpu()),
+        " memory=", absl::StrJoin(i.memory_kinds(), ","), " data_plane=", i.data_plane_address(),
+        "  heartbeat ", w.ms_since_heartbeat(), " ms ago");
+    if (!w.alive()) absl::StrAppend(&line, "  (", w.death_cause(), ")");
+    std::printf("%s\n", line.c_str());
+  }
+  std::printf("jobs: %d\n", status.jobs_size());
+  for (const auto& j : status.jobs()) {
+    std::vector<std::string> ranks;
+    for (const auto& r : j.ranks()) {
+      ranks.push_back(absl::StrCat(r.rank(), "@", r.host(), "/", r.worker_id()));
+    }
+    std::printf("  %s  world_size=%d  attached %d/%d  %s\n", j.name().c_str(), j.world_size(),
+                j.ranks_size(), j.world_size(), absl::StrJoin(ranks, " ").c_str());
+  }
+  std::printf("operations: %d\n", status.operations_size());
+  for (const auto& op : status.operations()) {
+    std::string phase = Lower(pb::OperationPhase_Name(op.phase()), "PHASE_");
+    std::string line = absl::StrCat(
+        "  ", op.id(), "  ", Lower(pb::OperationKind_Name(op.kind()), "OPERATION_"), " ", op.path(),
+        "  job=", op.job(), "  ", phase, "  requested by ", op.requested_by());
+    if (op.phase() == pb::PHASE_GATHERING) {
+      absl::StrAppend(&line, "  ranks joined ", op.joined_ranks(), "/", op.world_size());
+    } else if (op.phase() == pb::PHASE_EXECUTING || op.phase() == pb::PHASE_COMMITTING ||
+               op.phase() == pb::PHASE_DONE) {
+      absl::StrAppend(&line, "  ", ProgressBar(op.bytes_done(), op.bytes_total()),
+                      "  ranks reported ", op.reported_ranks(), "/", op.world_size());
+    }
+    std::printf("%s\n", line.c_str());
+    if (op.phase() == pb::PHASE_ABORTED) {
+      std::printf("      %s\n", op.status().message().c_str());
+    }
+  }
+}
+
+int RunStatus(const std::vector<std::string>& args) {
+  std::string coordinator;
+  std::string job;
+  int64_t timeout_ms = 5000;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](std::string* out) {
+      if (i + 1 >= args.size()) return false;
+      *out = args[++i];
+      return true;
+    };
+    std::string v;
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--coordinator" && value(&v)) {
+      coordinator = v;
+    } else if (a == "--job" && value(&v)) {
+      job = v;
+    } else if (a == "--timeout_ms" && value(&v) && absl::SimpleAtoi(v, &timeout_ms) &&
+               timeout_ms > 0) {
+    } else {
+      std::fprintf(stderr, "ckptctl status: bad or incomplete argument \"%s\" (see --help)\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  if (coordinator.empty()) {
+    std::fprintf(stderr, "ckptctl status: --coordinator HOST:PORT is required (see --help)\n");
+    return 2;
+  }
+  auto stub = pb::Coordinator::NewStub(
+      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(timeout_ms)));
+  pb::GetStatusRequest request;
+  request.set_job(job);
+  pb::GetStatusResponse response;
+  absl::Status s = FromGrpcStatus(stub->GetStatus(&context, request, &response),
+                                  absl::StrCat("GetStatus at coordinator ", coordinator));
+  if (!s.ok()) {
+    std::fprintf(stderr, "ckptctl status: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  Print(coordinator, response);
+  return 0;
+}
+
+}  // namespace
+
+int RunStatusCommand(const std::vector<std::string>& args) { return RunStatus(args); }
+
+}  // namespace ckpt::ckptctl
