@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Peer benchmark: PyTorch's Gloo backend doing what //exchange:exchange_benchmark measures.
+
+Runs on the same machine, over 127.0.0.1, with N processes (one per rank):
+  broadcast      64 MiB from rank 0                      (bytes = payload)
+  all_gather     64 MiB gathered, 64 MiB / N per rank     (bytes = gathered size; torch's Gloo
+                 all_gather needs equal sizes, ours is the uneven all-gather-v)
+  all_to_all     all_to_all_single moving the same wire bytes as the row->column reshard in
+                 BM_OverlapAllToAll (each rank sends 64 MiB / N^2 to every peer)
+Prints the median time and GB/s (GiB/s, as Google Benchmark's "G/s") per collective.
+
+Usage: /usr/bin/python3 tools/bench/torch_gloo_peer.py [--ranks 2 4] [--mib 64] [--reps 20]
+(Debian's python3-torch provides torch with Gloo.)
+"""
+import argparse
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def timed(fn, reps):
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def worker(rank, world, port, nbytes, reps, results):
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    torch.set_num_threads(1)
+    buf = torch.full((nbytes,), rank, dtype=torch.uint8)
+    part = nbytes // world
+    mine = torch.full((part,), rank, dtype=torch.uint8)
+    gathered = [torch.empty(part, dtype=torch.uint8) for _ in range(world)]
+    per_peer = nbytes // (world * world)
+    a2a_in = torch.full((per_peer * world,), rank, dtype=torch.uint8)
+    a2a_out = torch.empty(per_peer * world, dtype=torch.uint8)
+    ops = {
+        "broadcast": (lambda: dist.broadcast(buf, 0), nbytes),
+        "all_gather": (lambda: dist.all_gather(gathered, mine), part * world),
+        "all_to_all": (lambda: dist.all_to_all_single(a2a_out, a2a_in),
+                       per_peer * world * (world - 1)),
+    }
+    for name, (fn, moved) in ops.items():
+        fn()  # warm-up
+        t = timed(fn, reps)
+        if rank == 0:
+            results[(world, name)] = (t, moved)
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--reps", type=int, default=20)
+    args = parser.parse_args()
+    nbytes = args.mib << 20
+    print(f"torch {torch.__version__}, gloo available: {dist.is_gloo_available()}")
+    with mp.Manager() as manager:
+        results = manager.dict()
+        for world in args.ranks:
+            mp.spawn(worker, args=(world, free_port(), nbytes, args.reps, results), nprocs=world)
+        print(f"{'collective':<12} {'ranks':>5} {'median ms':>10} {'GiB/s':>8}")
+        for (world, name), (t, moved) in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            print(f"{name:<12} {world:>5} {t * 1e3:>10.1f} {moved / t / 2**30:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
