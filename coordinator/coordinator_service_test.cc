@@ -1,0 +1,250 @@
+// The Coordinator service over a real in-process gRPC server, with test planners and
+// committers: plan parts reach the right worker over WatchWork, progress and results drive the
+// operation to commit, and a failure is streamed as an abort to the other workers.
+#include "coordinator/coordinator_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<grpc::ClientContext> Ctx() {
+  auto c = std::make_unique<grpc::ClientContext>();
+  c->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  return c;
+}
+
+// Collects a worker's WatchWork stream on a thread.
+class Watcher {
+ public:
+  Watcher(pb::Coordinator::Stub* stub, const std::string& worker_id) {
+    pb::WatchWorkRequest request;
+    request.set_worker_id(worker_id);
+    reader_ = stub->WatchWork(&context_, request);
+    thread_ = std::thread([this] {
+      pb::WorkItem item;
+      while (reader_->Read(&item)) {
+        absl::MutexLock lock(&mu_);
+        items_.push_back(item);
+      }
+    });
+  }
+  ~Watcher() {
+    context_.TryCancel();
+    thread_.join();
+    (void)reader_->Finish();
+  }
+  // Waits until at least n items arrived; returns them.
+  std::vector<pb::WorkItem> Await(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n] { return items_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    return items_;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReader<pb::WorkItem>> reader_;
+  absl::Mutex mu_;
+  std::vector<pb::WorkItem> items_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+class CoordinatorServiceTest : public ::testing::Test {
+ protected:
+  void StartServer() {
+    CoordinatorOptions options;
+    options.lease = absl::Seconds(30);
+    service_ = std::make_unique<CoordinatorService>(&clock_, options);
+    service_->SetPlanner(OperationKind::kSave, [this](const Operation& op) {
+      planned_shards_ = 0;
+      std::vector<RankPlan> plans;
+      for (int r = 0; r < op.world_size; ++r) {
+        planned_shards_ += static_cast<int>(op.ranks[r].shards.size());
+        plans.push_back({absl::StrCat("part-for-rank-", r), 100 * (r + 1)});
+      }
+      return plans;
+    });
+    service_->SetCommitter([this](const Operation& op) {
+      committed_path_ = op.path;
+      return commit_result_;
+    });
+    service_->Start();
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(port, 0);
+    stub_ = pb::Coordinator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    if (service_) service_->Shutdown();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now());
+  }
+
+  std::string Register(const std::string& host, int pid) {
+    pb::RegisterWorkerRequest request;
+    request.mutable_info()->set_host(host);
+    request.mutable_info()->set_pid(pid);
+    pb::RegisterWorkerResponse response;
+    EXPECT_TRUE(stub_->RegisterWorker(Ctx().get(), request, &response).ok());
+    return response.worker_id();
+  }
+
+  grpc::Status Join(const std::string& worker, int rank, int world,
+                    pb::JoinOperationResponse* out) {
+    pb::JoinOperationRequest request;
+    request.set_job("gpt");
+    request.set_world_size(world);
+    request.set_rank(rank);
+    request.set_kind(pb::OPERATION_SAVE);
+    request.set_path("/ckpt/1");
+    request.set_worker_id(worker);
+    request.mutable_state()->add_shards()->mutable_tensor()->set_key(absl::StrCat("w", rank));
+    return stub_->JoinOperation(Ctx().get(), request, out);
+  }
+
+  grpc::Status Report(const std::string& op, int rank, const absl::Status& result) {
+    pb::ReportResultRequest request;
+    request.set_operation_id(op);
+    request.set_rank(rank);
+    *request.mutable_result() = ToDetail(result);
+    pb::ReportResultResponse response;
+    return stub_->ReportResult(Ctx().get(), request, &response);
+  }
+
+  pb::OperationStatus Wait(const std::string& op) {
+    pb::WaitOperationRequest request;
+    request.set_operation_id(op);
+    request.set_timeout_ms(5000);
+    pb::OperationStatus status;
+    EXPECT_TRUE(stub_->WaitOperation(Ctx().get(), request, &status).ok());
+    return status;
+  }
+
+  RealClock clock_;
+  std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<pb::Coordinator::Stub> stub_;
+  int planned_shards_ = 0;
+  std::string committed_path_;
+  absl::Status commit_result_ = absl::OkStatus();
+};
+
+TEST_F(CoordinatorServiceTest, PlanPartsReachTheirWorkersAndResultsCommit) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  Watcher watch0(stub_.get(), w0), watch1(stub_.get(), w1);
+  pb::JoinOperationResponse j0, j1;
+  ASSERT_TRUE(Join(w0, 0, 2, &j0).ok());
+  EXPECT_EQ(j0.operation().phase(), pb::PHASE_GATHERING);
+  ASSERT_TRUE(Join(w1, 1, 2, &j1).ok());
+  EXPECT_EQ(j1.operation().phase(), pb::PHASE_EXECUTING);
+  EXPECT_EQ(j1.operation().bytes_total(), 300);
+  EXPECT_EQ(planned_shards_, 2);  // the planner saw every rank's gathered metadata
+  const std::string op = j0.operation().id();
+
+  std::vector<pb::WorkItem> items0 = watch0.Await(1), items1 = watch1.Await(1);
+  ASSERT_EQ(items0.size(), 1u);
+  EXPECT_EQ(items0[0].operation_id(), op);
+  EXPECT_EQ(items0[0].rank(), 0);
+  EXPECT_EQ(items0[0].plan_part(), "part-for-rank-0");
+  ASSERT_EQ(items1.size(), 1u);
+  EXPECT_EQ(items1[0].plan_part(), "part-for-rank-1");
+
+  pb::ReportProgressRequest progress;
+  progress.set_operation_id(op);
+  progress.set_rank(1);
+  progress.set_bytes_done(150);
+  pb::ReportProgressResponse ignored;
+  ASSERT_TRUE(stub_->ReportProgress(Ctx().get(), progress, &ignored).ok());
+  pb::GetStatusResponse status;
+  ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
+  ASSERT_EQ(status.operations_size(), 1);
+  EXPECT_EQ(status.operations(0).bytes_done(), 150);
+
+  ASSERT_TRUE(Report(op, 0, absl::OkStatus()).ok());
+  ASSERT_TRUE(Report(op, 1, absl::OkStatus()).ok());
+  pb::OperationStatus done = Wait(op);
+  EXPECT_EQ(done.phase(), pb::PHASE_DONE);
+  EXPECT_EQ(done.bytes_done(), 300);
+  EXPECT_EQ(committed_path_, "/ckpt/1");
+}
+
+TEST_F(CoordinatorServiceTest, FailedRankIsStreamedAsAbortToTheOtherWorkerAndNeverCommits) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  Watcher watch0(stub_.get(), w0), watch1(stub_.get(), w1);
+  pb::JoinOperationResponse j;
+  ASSERT_TRUE(Join(w0, 0, 2, &j).ok());
+  ASSERT_TRUE(Join(w1, 1, 2, &j).ok());
+  const std::string op = j.operation().id();
+  ASSERT_EQ(watch0.Await(1).size(), 1u);
+  ASSERT_TRUE(Report(op, 1, absl::DataLossError("short write to data/1.safetensors")).ok());
+  std::vector<pb::WorkItem> items = watch0.Await(2);
+  ASSERT_EQ(items.size(), 2u);
+  EXPECT_EQ(items[1].item_case(), pb::WorkItem::kAbort);
+  EXPECT_EQ(items[1].abort().code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(items[1].abort().message(), HasSubstr("rank 1 (host node1"));
+  EXPECT_THAT(items[1].abort().message(), HasSubstr("short write"));
+  EXPECT_EQ(Wait(op).phase(), pb::PHASE_ABORTED);
+  EXPECT_TRUE(committed_path_.empty());
+  // A late report of the other rank gets the diagnosis.
+  grpc::Status late = Report(op, 0, absl::OkStatus());
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::DATA_LOSS);
+}
+
+TEST_F(CoordinatorServiceTest, FailedCommitAbortsWithTheCommittersError) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  commit_result_ = absl::InternalError("rename of manifest.pb failed");
+  std::string w0 = Register("node0", 10);
+  pb::JoinOperationResponse j;
+  ASSERT_TRUE(Join(w0, 0, 1, &j).ok());
+  ASSERT_TRUE(Report(j.operation().id(), 0, absl::OkStatus()).ok());
+  pb::OperationStatus s = Wait(j.operation().id());
+  EXPECT_EQ(s.phase(), pb::PHASE_ABORTED);
+  EXPECT_THAT(s.status().message(), HasSubstr("commit failed: rename of manifest.pb failed"));
+}
+
+TEST_F(CoordinatorServiceTest, UnregisteredWorkersCannotJoinOrWatch) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  pb::JoinOperationResponse j;
+  grpc::Status s = Join("w-42", 0, 1, &j);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("w-42 is not registered"));
+  pb::WatchWorkRequest request;
+  request.set_worker_id("w-42");
+  auto context = Ctx();
+  auto reader = stub_->WatchWork(context.get(), request);
+  pb::WorkItem item;
+  EXPECT_FALSE(reader->Read(&item));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST(CoordinatorServiceConversionTest, StatusDetailRoundTrips) {
+  absl::Status s = absl::DeadlineExceededError("rank 3 late");
+  EXPECT_EQ(FromDetail(ToDetail(s)), s);
+  EXPECT_TRUE(FromDetail(ToDetail(absl::OkStatus())).ok());
+  pb::StatusDetail weird;
+  weird.set_code(99);
+  weird.set_message("x");
+  EXPECT_EQ(FromDetail(weird).code(), absl::StatusCode::kUnknown);
+  EXPECT_EQ(*FromProto(ToProto(OperationKind::kReshard)), OperationKind::kReshard);
+  EXPECT_FALSE(FromProto(pb::OPERATION_KIND_UNSPECIFIED).ok());
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator
