@@ -116,13 +116,22 @@ void Cluster::StartCoordinator(const std::vector<std::string>& flags) {
   std::vector<std::string> argv = {Runfile("coordinator/ckpt_coordinator"), "--listen=127.0.0.1:0",
                                    "--address_file=" + address_file, "--log_level=debug"};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  Child* c = Spawn(argv, "coordinator");
+  unlink(address_file.c_str());
+  Child* c = Spawn(argv, absl::StrCat("coordinator", children_.size()));
+  coordinator_child_ = static_cast<int>(children_.size()) - 1;
   ASSERT_TRUE(WaitFor([&] { return !ReadFile(address_file).empty() || !c->Running(); }))
       << "coordinator did not start: " << c->Stderr();
   ASSERT_TRUE(c->Running()) << "coordinator exited: " << c->Stderr();
   address_ = std::string(absl::StripAsciiWhitespace(ReadFile(address_file)));
   coordinator_stub_ =
       pb::Coordinator::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+}
+
+void Cluster::RestartCoordinator(const std::vector<std::string>& flags) {
+  coordinator().Kill(SIGKILL);
+  std::vector<std::string> all = flags;
+  all.push_back("--listen=" + address_);  // after the default: the last --listen wins
+  StartCoordinator(all);
 }
 
 int Cluster::StartWorker(int local_rank) {

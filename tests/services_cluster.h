@@ -48,6 +48,8 @@ class Cluster {
 
   // Starts the coordinator with extra flags (e.g. "--lease_ms=600") and waits until it serves.
   void StartCoordinator(const std::vector<std::string>& flags);
+  // Kills the coordinator with SIGKILL and starts a new one on the same address.
+  void RestartCoordinator(const std::vector<std::string>& flags);
   // Starts worker `local_rank` (socket /tmp/ckpt-t<pid>-w<n>.sock) and waits until registered.
   // Returns its index in workers().
   int StartWorker(int local_rank);
@@ -58,7 +60,7 @@ class Cluster {
   int RunCkptctl(const std::vector<std::string>& args, std::string* out);
 
   const std::string& address() const { return address_; }
-  Child& coordinator() { return *children_.at(0); }
+  Child& coordinator() { return *children_.at(coordinator_child_); }
   Child& worker(int i) { return *children_.at(workers_.at(i).child); }
   const std::string& worker_socket(int i) const { return workers_.at(i).socket; }
   const std::string& worker_id(int i) const { return workers_.at(i).id; }
@@ -72,6 +74,7 @@ class Cluster {
 
   std::string dir_;  // per-cluster scratch directory
   std::string address_;
+  int coordinator_child_ = -1;
   struct WorkerEntry {
     int child = -1;
     std::string socket;

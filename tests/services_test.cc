@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -257,6 +258,49 @@ TEST(ServicesTest, OperatorRequestedSaveRunsAtTheTrainersNextPoll) {
   EXPECT_EQ(status.operations(0).id(), response.operation_id());
   EXPECT_EQ(status.operations(0).requested_by(), "operator");
   EXPECT_EQ(status.operations(0).joined_ranks(), 1);
+}
+
+TEST(ServicesTest, WorkerReRegistersAndReattachesItsRanksAfterTheCoordinatorRestarts) {
+  Cluster cluster;
+  const std::string lease = absl::StrCat("--lease_ms=", kLeaseMs);
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({lease}));
+  cluster.StartWorker(0);
+  Child* trainer = cluster.StartTrainer(0, "survivor", 0, 1, "hold");
+  ASSERT_TRUE(WaitFor([&] { return cluster.Status().jobs_size() == 1; }))
+      << trainer->Stdout() << trainer->Stderr();
+  ASSERT_NO_FATAL_FAILURE(cluster.RestartCoordinator({lease}));
+  // The new coordinator knows nothing; the worker's next heartbeat is refused, it registers
+  // again and re-attaches the rank of its live trainer.
+  ASSERT_TRUE(WaitFor([&] {
+    pb::GetStatusResponse s = cluster.Status();
+    return LiveWorkers(s) == 1 && s.workers(0).info().pid() == cluster.worker(0).pid &&
+           s.jobs_size() == 1 && s.jobs(0).ranks_size() == 1;
+  })) << cluster.worker(0).Stderr();
+  EXPECT_EQ(cluster.Status().jobs(0).name(), "survivor");
+  EXPECT_TRUE(trainer->Running());
+}
+
+TEST(ServicesTest, SigtermStopsDaemonsCleanly) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  cluster.StartWorker(0);
+  cluster.StartWorker(1);
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster.Status()) == 2; }));
+  // A worker stopped with SIGTERM leaves the registry at once (it is not reported dead).
+  kill(cluster.worker(0).pid, SIGTERM);
+  ASSERT_TRUE(WaitFor([&] { return !cluster.worker(0).Running(); }));
+  EXPECT_TRUE(WIFEXITED(cluster.worker(0).status) && WEXITSTATUS(cluster.worker(0).status) == 0)
+      << cluster.worker(0).Stderr();
+  EXPECT_EQ(access(cluster.worker_socket(0).c_str(), F_OK), -1);  // socket removed
+  pb::GetStatusResponse status = cluster.Status();
+  ASSERT_EQ(status.workers_size(), 1);
+  EXPECT_EQ(status.workers(0).worker_id(), cluster.worker_id(1));
+  // The coordinator stops promptly although worker 1 holds a WatchWork stream open.
+  kill(cluster.coordinator().pid, SIGTERM);
+  ASSERT_TRUE(WaitFor([&] { return !cluster.coordinator().Running(); }, absl::Seconds(10)));
+  EXPECT_TRUE(WIFEXITED(cluster.coordinator().status) &&
+              WEXITSTATUS(cluster.coordinator().status) == 0)
+      << cluster.coordinator().Stderr();
 }
 
 TEST(ServicesTest, CkptctlStatusNeedsACoordinator) {
