@@ -1,5 +1,10 @@
 #include "coordinator/main_replica.h"
 
+#include <map>
+#include <random>
+#include <set>
+
+#include "coordinator/distribute.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -88,6 +93,63 @@ TEST(MainReplicaTest, NoneVersusRangeTieIsReportedFromTheDistribution) {
   auto d = DetermineMainReplicaDistribution(per_rank, 2, false);
   EXPECT_FALSE(d.ok());
   EXPECT_THAT(d.status().message(), HasSubstr("('k', (0,), (0, 2))"));
+}
+
+// Brute-force twin of Megatron's function: ordered maps, the straightforward distribution.
+MainReplicaDistribution BruteForce(const std::vector<std::vector<RankShardInfo>>& per_rank,
+                                   bool ignore_groups) {
+  std::map<ShardId, std::vector<int64_t>, ShardIdLess> ranks;
+  std::map<ShardId, int64_t, ShardIdLess> size;
+  std::set<ShardId, ShardIdLess> main, non_main;
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    for (const RankShardInfo& info : per_rank[r]) {
+      ranks[info.id].push_back(r);
+      size.emplace(info.id, info.size_bytes);
+      (info.is_main ? main : non_main).insert(info.id);
+    }
+  }
+  DistributionInput input;
+  input.num_ranks = per_rank.size();
+  MainReplicaDistribution d;
+  for (const auto& [id, holders] : ranks) {
+    const bool in_group = main.count(id) || (ignore_groups && non_main.count(id));
+    if (!in_group) continue;
+    input.AddShard(id, size[id], holders, !main.count(id));
+    d.shards_in_this_group.push_back(id);
+    d.all_ranks_for_shard.emplace_back(id, holders);
+  }
+  auto assignment = DistributeShardsToRanksReference(input);
+  EXPECT_TRUE(assignment.ok()) << assignment.status();
+  for (const ShardAssignment& a : *assignment) {
+    d.main_rank_for_shard.emplace_back(input.shards[a.shard].id, a.rank);
+  }
+  return d;
+}
+
+TEST(MainReplicaPropertyTest, MatchesBruteForceTwin) {
+  std::mt19937_64 rng(3);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int iter = 0; iter < 300; ++iter) {
+    const int64_t n = pick(2, 9);
+    std::vector<std::vector<RankShardInfo>> per_rank(n);
+    for (auto& list : per_rank) {
+      for (int i = 0, k = static_cast<int>(pick(0, 10)); i < k; ++i) {
+        ShardId id{std::string(1, static_cast<char>('a' + pick(0, 4))), {pick(0, 2)}, {}};
+        if (id.key[0] % 2 == 0) id.flat = FlatRange{0, pick(1, 3)};  // never mixed per key
+        list.push_back(RankShardInfo{id, pick(0, 3) * 4, pick(0, 2) == 0});
+      }
+    }
+    const bool ignore_groups = iter % 2 == 1;
+    auto got = DetermineMainReplicaDistribution(per_rank, n, ignore_groups);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_TRUE(got->has_value());
+    const MainReplicaDistribution want = BruteForce(per_rank, ignore_groups);
+    EXPECT_EQ((*got)->main_rank_for_shard, want.main_rank_for_shard) << "iteration " << iter;
+    EXPECT_EQ((*got)->shards_in_this_group, want.shards_in_this_group) << "iteration " << iter;
+    EXPECT_EQ((*got)->all_ranks_for_shard, want.all_ranks_for_shard) << "iteration " << iter;
+  }
 }
 
 }  // namespace
