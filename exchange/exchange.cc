@@ -20,6 +20,12 @@ absl::StatusOr<ShardBuffers> ExchangeByDistribution(absl::string_view algorithm,
     return absl::InvalidArgumentError(
         absl::StrCat("exchange memory budget must be positive, got ", options.memory_budget_bytes));
   }
+  if (comm.memory_kind() != MemoryKind::kHost) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("exchange algorithms move host buffers but the communicator (",
+                     comm.backend_name(), ") works on ", MemoryKindName(comm.memory_kind()),
+                     " memory; use a host-memory (Gloo) communicator"));
+  }
   if (algorithm == "broadcast") return ExchangeBroadcast(comm, plan, loaded, options, report);
   if (algorithm == "gather_rounds") {
     return ExchangeGatherRounds(comm, plan, loaded, options, report);

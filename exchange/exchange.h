@@ -98,7 +98,8 @@ const std::vector<std::string>& ExchangeAlgorithmNames();
 
 // Runs the named algorithm on this rank. `loaded` holds exactly the shards the distribution
 // assigns to comm.rank(). Returns, keyed by id, every ShardSpec in plan.needs[comm.rank()].
-// InvalidArgument for an unknown name (listing the valid ones) or an inconsistent plan.
+// InvalidArgument for an unknown name (listing the valid ones) or an inconsistent plan;
+// FailedPrecondition for a communicator whose memory kind is not host.
 // `report` may be null.
 absl::StatusOr<ShardBuffers> ExchangeByDistribution(absl::string_view algorithm, Communicator& comm,
                                                     const ExchangePlan& plan,

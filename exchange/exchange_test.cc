@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "exchange/exchange_testing.h"
+#include "exchange/gloo/gloo_communicator.h"
 #include "exchange/thread_group.h"
 #include "gtest/gtest.h"
 
@@ -206,6 +207,27 @@ TEST(ExchangeByDistributionTest, UnknownAlgorithmListsTheValidNames) {
                 "valid: broadcast, gather_rounds, gather_object, overlap_all_to_all"),
             std::string::npos)
       << result.statuses[0];
+}
+
+// A communicator that claims device memory; the algorithms must refuse it.
+class DeviceKindCommunicator : public FaultInjectingCommunicator {
+ public:
+  using FaultInjectingCommunicator::FaultInjectingCommunicator;
+  MemoryKind memory_kind() const override { return MemoryKind::kDevice; }
+};
+
+TEST(ExchangeByDistributionTest, DeviceMemoryCommunicatorIsRefused) {
+  ScenarioOptions so;
+  Scenario sc = MakeScenario(so);
+  InMemoryStore store;
+  auto inner = CreateGlooCommunicator(&store, 0, 1, GlooOptions(), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  DeviceKindCommunicator device(std::move(*inner), -1, nullptr);
+  absl::Status s =
+      ExchangeByDistribution("broadcast", device, sc.plan, sc.loaded[0], ExchangeOptions())
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("device memory"), std::string::npos) << s;
 }
 
 TEST(ExchangeByDistributionTest, MissingLoadedShardIsNamed) {
