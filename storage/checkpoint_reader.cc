@@ -215,7 +215,7 @@ absl::Status CheckpointReader::ReadRegion(const std::string& key, const Region& 
   std::vector<PieceRead> reads;
   int64_t covered = 0;
   for (int index : PiecesOf(key)) {
-    const Region stored = RegionFromProto(manifest_.pieces(index).region());
+    const Region stored = PieceRegion(manifest_.pieces(index));
     CKPT_ASSIGN_OR_RETURN(std::vector<CopyRun> runs, OverlapRuns(stored, region, shape));
     if (runs.empty()) continue;
     int64_t lo = runs.front().src_offset, hi = 0;

@@ -20,6 +20,9 @@ namespace {
 
 constexpr char kManifestName[] = "manifest.pb";
 constexpr char kManifestTempName[] = "manifest.pb.tmp";
+// Data sections start on a 4 KiB boundary so O_DIRECT writes and reads of pieces whose sizes are
+// multiples of 4 KiB go straight between tensor memory and the device.
+constexpr int64_t kDirectIoAlignment = 4096;
 
 void Step(const WriteOptions& options, CommitStep step) {
   if (options.after_step) options.after_step(step);
@@ -135,10 +138,12 @@ absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
                          pos, pos + bytes});
       pos += bytes;
     }
-    CKPT_ASSIGN_OR_RETURN(headers[f], EncodeSafetensorsHeader(
-                                          entries, {{"format", "ckpt"},
-                                                    {"writer_rank", absl::StrCat(plan.writer_rank)},
-                                                    {"ckpt_writer", kWriterVersion}}));
+    CKPT_ASSIGN_OR_RETURN(headers[f],
+                          EncodeSafetensorsHeader(entries,
+                                                  {{"format", "ckpt"},
+                                                   {"writer_rank", absl::StrCat(plan.writer_rank)},
+                                                   {"ckpt_writer", kWriterVersion}},
+                                                  kDirectIoAlignment));
     writes[f].path = JoinPath(staging_dir, name);
     writes[f].segments.push_back(
         {headers[f].data(), static_cast<int64_t>(headers[f].size()), false, 0});

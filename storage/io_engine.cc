@@ -245,6 +245,25 @@ class FileWriter {
           done += n;
           continue;
         }
+        // Zero copy: aligned source at an aligned file position goes straight to the device
+        // (flushing a staging buffer that ends on a block boundary first).
+        const char* s = src + done;
+        if (reinterpret_cast<uintptr_t>(s) % kAlign == 0 && seg.size - done >= kAlign) {
+          if (buf != nullptr && fill % kAlign == 0) {
+            char* part = buf;
+            buf = nullptr;
+            CKPT_RETURN_IF_ERROR(Submit(part, fill, pos, part));
+            pos += fill;
+          }
+          if (buf == nullptr) {
+            const int64_t n = std::min(buffer_bytes_, seg.size - done) / kAlign * kAlign;
+            if (cs) cs->Update(s, n);
+            CKPT_RETURN_IF_ERROR(Submit(const_cast<char*>(s), n, pos, nullptr));
+            pos += n;
+            done += n;
+            continue;
+          }
+        }
         if (buf == nullptr) {
           CKPT_ASSIGN_OR_RETURN(buf, GetBuffer());
           fill = 0;
@@ -402,7 +421,9 @@ class RangeReader {
       while (!lane_.HasFreeSlot()) CKPT_RETURN_IF_ERROR(ReapOne());
       char* target;
       char* staging = nullptr;
-      if (direct_) {
+      char* in_place = static_cast<char*>(r_.dest) + (pos - r_.offset);
+      const bool inside = pos >= r_.offset && pos + n <= r_.offset + r_.length;
+      if (direct_ && !(inside && reinterpret_cast<uintptr_t>(in_place) % kAlign == 0)) {
         while ((staging = lane_.TryBuffer()) == nullptr) CKPT_RETURN_IF_ERROR(ReapOne());
         target = staging;
       } else {

@@ -27,37 +27,9 @@ std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& f)
 
 }  // namespace
 
-pb::DType DTypeToProto(DType dtype) {
-  pb::DType out = pb::DTYPE_UNSPECIFIED;
-  pb::DType_Parse(absl::StrCat("DTYPE_", DTypeName(dtype)), &out);
-  return out;
-}
-
-absl::StatusOr<DType> DTypeFromProto(pb::DType dtype) {
-  const std::string& name = pb::DType_Name(dtype);
-  if (dtype == pb::DTYPE_UNSPECIFIED || !absl::StartsWith(name, "DTYPE_")) {
-    return absl::InvalidArgumentError(absl::StrCat("unspecified or unknown dtype ", dtype));
-  }
-  return ParseDType(absl::string_view(name).substr(6));
-}
-
-pb::Region RegionToProto(const Region& region) {
-  pb::Region out;
-  for (int64_t o : region.offsets) out.add_offsets(o);
-  for (int64_t l : region.lengths) out.add_lengths(l);
-  if (region.flat) {
-    out.mutable_flat()->set_start(region.flat->start);
-    out.mutable_flat()->set_stop(region.flat->stop);
-  }
-  return out;
-}
-
-Region RegionFromProto(const pb::Region& region) {
-  Region out;
-  out.offsets = ToVector(region.offsets());
-  out.lengths = ToVector(region.lengths());
-  if (region.has_flat()) out.flat = FlatRange{region.flat().start(), region.flat().stop()};
-  return out;
+Region PieceRegion(const pb::StoredPiece& piece) {
+  absl::StatusOr<Region> r = RegionFromProto(piece.region());
+  return r.ok() ? *std::move(r) : Region{};
 }
 
 std::string DataFileName(int writer_rank, int index) {
@@ -85,8 +57,9 @@ absl::Status ValidateDataFileName(absl::string_view name) {
 }
 
 std::string DescribePiece(const pb::StoredPiece& piece) {
+  absl::StatusOr<Region> r = RegionFromProto(piece.region());
   return absl::StrCat("tensor \"", piece.key(), "\" region ",
-                      RegionFromProto(piece.region()).DebugString(), " in ", piece.file());
+                      r.ok() ? r->DebugString() : "(malformed)", " in ", piece.file());
 }
 
 absl::Status ValidateManifest(const pb::Manifest& m) {
@@ -141,7 +114,9 @@ absl::Status ValidateManifest(const pb::Manifest& m) {
     };
     auto t = tensors.find(p.key());
     if (t == tensors.end()) return err("its tensor is not listed");
-    const Region region = RegionFromProto(p.region());
+    absl::StatusOr<Region> converted = RegionFromProto(p.region());
+    if (!converted.ok()) return err(converted.status().message());
+    const Region region = *std::move(converted);
     absl::Status valid = ValidateRegion(region, t->second.shape);
     if (!valid.ok()) return err(valid.message());
     const int64_t elem = DTypeSize(t->second.dtype);
@@ -235,7 +210,7 @@ absl::Status CheckHeaderAgainstManifest(const pb::Manifest& manifest, const pb::
     auto it = entries.find(p.entry_name());
     if (it == entries.end()) return err(p.entry_name(), "listed in the manifest but missing");
     const SafetensorsEntry& e = *it->second;
-    const Region region = RegionFromProto(p.region());
+    const Region region = PieceRegion(p);
     if (e.dtype != dtypes[p.key()] || e.shape != EntryShape(region) ||
         header.data_start + e.begin != p.byte_offset() || e.end - e.begin != p.byte_length()) {
       return err(

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "proto/convert.h"
 #include "proto/manifest.pb.h"
 #include "sharding/dtype.h"
 #include "sharding/region.h"
@@ -24,10 +25,10 @@ inline constexpr int64_t kMaxManifestBytes = int64_t{1} << 31;
 // Default block size of StoredPiece.block_xxh3.
 inline constexpr int64_t kDefaultChecksumBlockBytes = int64_t{4} << 20;
 
-pb::DType DTypeToProto(DType dtype);
-absl::StatusOr<DType> DTypeFromProto(pb::DType dtype);
-pb::Region RegionToProto(const Region& region);
-Region RegionFromProto(const pb::Region& region);
+// The region of a piece of a manifest that passed ValidateManifest (conversions between wire
+// and sharding types live in proto/convert.h; this is the infallible form for validated data:
+// an empty Region if the proto were malformed, which validation rules out).
+Region PieceRegion(const pb::StoredPiece& piece);
 
 // "data/r<rank>_<index>.safetensors": data file names come from the writer's rank and a
 // counter, never from tensor keys.

@@ -59,16 +59,12 @@ TEST(ManifestCodecTest, ValidManifestRoundTripsThroughBytes) {
   EXPECT_EQ(SerializeManifest(*parsed), SerializeManifest(m));
 }
 
-TEST(ManifestCodecTest, DTypeAndRegionConversionsRoundTrip) {
-  for (DType d : kAllDTypes) {
-    auto back = DTypeFromProto(DTypeToProto(d));
-    ASSERT_TRUE(back.ok()) << DTypeName(d);
-    EXPECT_EQ(*back, d);
-  }
-  EXPECT_FALSE(DTypeFromProto(pb::DTYPE_UNSPECIFIED).ok());
-  EXPECT_FALSE(DTypeFromProto(static_cast<pb::DType>(99)).ok());
-  Region r{{1, 2}, {3, 4}, FlatRange{2, 7}};
-  EXPECT_EQ(RegionFromProto(RegionToProto(r)), r);
+TEST(ManifestCodecTest, PieceRegionOfValidatedPieces) {
+  pb::Manifest m = ValidManifest();
+  EXPECT_EQ(PieceRegion(m.pieces(1)), (Region{{2, 0}, {2, 6}, std::nullopt}));
+  m.mutable_pieces(1)->mutable_region()->add_offsets(1);  // malformed: 3 offsets, 2 lengths
+  EXPECT_EQ(PieceRegion(m.pieces(1)), Region{});
+  EXPECT_FALSE(ValidateManifest(m).ok());
 }
 
 TEST(ManifestCodecTest, DataFileNamesMustStayInsideDataDir) {

@@ -219,7 +219,12 @@ std::vector<int64_t> EntryShape(const Region& region) {
 
 absl::StatusOr<std::string> EncodeSafetensorsHeader(
     const std::vector<SafetensorsEntry>& entries,
-    const std::map<std::string, std::string>& metadata) {
+    const std::map<std::string, std::string>& metadata, int64_t data_alignment) {
+  if (data_alignment < kSafetensorsDataAlignment ||
+      data_alignment % kSafetensorsDataAlignment != 0 || data_alignment > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors data alignment ", data_alignment, " is not a multiple of 8"));
+  }
   std::vector<SafetensorsEntry> sorted = entries;
   std::stable_sort(sorted.begin(), sorted.end(),
                    [](const auto& a, const auto& b) { return a.begin < b.begin; });
@@ -270,9 +275,8 @@ absl::StatusOr<std::string> EncodeSafetensorsHeader(
                     absl::StrJoin(e.shape, ","), "],\"data_offsets\":[", e.begin, ",", e.end, "]}");
   }
   json.push_back('}');
-  const size_t padded = (8 + json.size() + kSafetensorsDataAlignment - 1) /
-                            kSafetensorsDataAlignment * kSafetensorsDataAlignment -
-                        8;
+  const size_t align = static_cast<size_t>(data_alignment);
+  const size_t padded = (8 + json.size() + align - 1) / align * align - 8;
   json.append(padded - json.size(), ' ');
   if (json.size() > kMaxSafetensorsHeaderBytes) {
     return absl::InvalidArgumentError(

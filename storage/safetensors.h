@@ -41,10 +41,13 @@ struct SafetensorsHeader {
 
 // Encodes the 8-byte length + JSON header (+ space padding). Entries are written in the order
 // given; their offsets must already be consistent (validated: contiguous from 0, sizes match
-// dtype and shape). Names and metadata must be valid UTF-8.
+// dtype and shape). Names and metadata must be valid UTF-8. The header is padded with spaces
+// so the data starts at a multiple of `data_alignment` (a multiple of 8; the checkpoint writer
+// uses 4096 so O_DIRECT can write pieces straight from memory).
 absl::StatusOr<std::string> EncodeSafetensorsHeader(
     const std::vector<SafetensorsEntry>& entries,
-    const std::map<std::string, std::string>& metadata);
+    const std::map<std::string, std::string>& metadata,
+    int64_t data_alignment = kSafetensorsDataAlignment);
 
 // Reads the 8-byte little-endian prefix. `file_size` bounds the header; `file` names the file
 // in errors.

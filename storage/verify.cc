@@ -21,7 +21,7 @@ absl::StatusOr<std::vector<std::string>> CheckCoverage(const pb::Manifest& manif
     const std::vector<int64_t> shape(t.global_shape().begin(), t.global_shape().end());
     CKPT_ASSIGN_OR_RETURN(int64_t numel, CheckedNumElements(shape));
     std::vector<Region> regions;
-    for (int i : by_key[t.key()]) regions.push_back(RegionFromProto(manifest.pieces(i).region()));
+    for (int i : by_key[t.key()]) regions.push_back(PieceRegion(manifest.pieces(i)));
     // Sweep along dim 0 (0-d tensors: all pairs).
     std::sort(regions.begin(), regions.end(), [](const Region& a, const Region& b) {
       return a.offsets.empty() ? false : a.offsets[0] < b.offsets[0];
