@@ -21,6 +21,7 @@
 #include "common/daemon.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/kv_store.h"
+#include "coordinator/operation_planners.h"
 #include "coordinator/rendezvous_service.h"
 #include "spdlog/spdlog.h"
 
@@ -77,9 +78,13 @@ int Run() {
   options.jobs.arrival_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_arrival_deadline_ms));
   options.jobs.execution_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_execution_deadline_ms));
   ckpt::coordinator::CoordinatorService coordinator(&clock, options);
-  // TODO(issue 6): wire the save/load planners (coordinator/save_plan, load_plan) and the
-  // manifest committer (storage/) here once they exist; until then operations reaching the
-  // planning phase are aborted with Unimplemented naming what is missing.
+  coordinator.SetPlanner(
+      ckpt::coordinator::OperationKind::kSave,
+      [](const ckpt::coordinator::Operation& op) { return ckpt::coordinator::PlanSave(op); });
+  // TODO(issue 6): wire the load planner (coordinator/load_plan, which needs the checkpoint's
+  // manifest from storage/) and the manifest committer (storage/checkpoint_writer) here; until
+  // then loads are aborted at planning and saves at commit with Unimplemented naming what is
+  // missing (the workers cannot execute plan parts yet either).
   ckpt::KvStore kv;
   ckpt::RendezvousService rendezvous(&kv);
 

@@ -161,7 +161,7 @@ TEST(ServicesTest, TrainerSharesATensorThroughSharedMemoryReleasedWhenItDies) {
   EXPECT_TRUE(cluster.worker(0).Running());  // the worker keeps serving
 }
 
-TEST(ServicesTest, SaveGathersEveryRankAndReportsTheMissingPlannerToEachRank) {
+TEST(ServicesTest, SaveIsGatheredPlannedAndHandedToWorkersThatReportWhatIsMissing) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
   cluster.StartWorker(0);
@@ -170,15 +170,21 @@ TEST(ServicesTest, SaveGathersEveryRankAndReportsTheMissingPlannerToEachRank) {
   Child* r1 = cluster.StartTrainer(1, "g", 1, 2, "save", "/tmp/never-written");
   ASSERT_TRUE(WaitFor([&] { return Result(*r0).first >= 0 && Result(*r1).first >= 0; }))
       << r0->Stdout() << r0->Stderr() << r1->Stdout() << r1->Stderr();
+  std::string first_message;
   for (Child* r : {r0, r1}) {
     auto [code, message] = Result(*r);
-    // Not success: nothing may be reported saved while the planner/data path is missing.
+    // Not success: nothing may be reported saved while the workers cannot write.
     EXPECT_EQ(code, static_cast<int>(absl::StatusCode::kUnimplemented)) << message;
-    EXPECT_THAT(message, HasSubstr("no save planner is wired"));
+    EXPECT_THAT(message, HasSubstr("cannot execute save plan parts yet"));
+    EXPECT_THAT(message, ::testing::ContainsRegex("rank [01] \\(host [^,]+, worker w-[12]"));
+    if (first_message.empty()) first_message = message;
+    EXPECT_EQ(message, first_message);  // every rank gets the same diagnosis
   }
   pb::GetStatusResponse status = cluster.Status();
   ASSERT_EQ(status.operations_size(), 1);
   EXPECT_EQ(status.operations(0).joined_ranks(), 2);  // both ranks' metadata was gathered
+  // The save planner assigned each rank its own row: 2 x 1024 int32 elements in all.
+  EXPECT_EQ(status.operations(0).bytes_total(), 2 * 1024 * 4);
   EXPECT_EQ(status.operations(0).phase(), pb::PHASE_ABORTED);
   EXPECT_EQ(access("/tmp/never-written/manifest.pb", F_OK), -1);
 }

@@ -205,22 +205,32 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
     return;
   }
   if (item.item_case() != pb::WorkItem::kPlanPart) return;
-  // The data path that executes plan parts (exchange/ and storage/) is not wired into the
-  // worker yet: say so to the coordinator, which aborts the operation for every rank.
-  absl::Status missing =
-      absl::UnimplementedError(absl::StrCat("worker ", link_->worker_id(), " on host ", host_,
-                                            " cannot execute ", pb::OperationKind_Name(item.kind()),
-                                            " plan parts yet: the exchange/storage data path is "
-                                            "not wired into ckpt_worker"));
+  std::string kind = pb::OperationKind_Name(item.kind());
+  if (kind.rfind("OPERATION_", 0) == 0) kind = kind.substr(10);
+  for (char& c : kind) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  absl::Status result;
+  pb::SavePlanPart save_part;
+  if (item.kind() == pb::OPERATION_SAVE && !save_part.ParseFromString(item.plan_part())) {
+    result = absl::InvalidArgumentError(absl::StrCat("worker ", link_->worker_id(), " on host ",
+                                                     host_, ": unreadable save plan part"));
+  } else if (item.kind() == pb::OPERATION_SAVE && save_part.files_size() == 0) {
+    result = absl::OkStatus();  // this rank writes nothing
+  } else {
+    // The data path that executes plan parts (exchange/ and storage/) is not wired into the
+    // worker yet: say so to the coordinator, which aborts the operation for every rank.
+    result = absl::UnimplementedError(absl::StrCat(
+        "worker ", link_->worker_id(), " on host ", host_, " cannot execute ", kind,
+        " plan parts yet: the exchange/storage data path is not wired into ckpt_worker"));
+  }
   pb::ReportResultRequest report;
   report.set_operation_id(item.operation_id());
   report.set_rank(item.rank());
-  report.mutable_result()->set_code(static_cast<int32_t>(missing.code()));
-  report.mutable_result()->set_message(std::string(missing.message()));
+  report.mutable_result()->set_code(static_cast<int32_t>(result.code()));
+  report.mutable_result()->set_message(std::string(result.message()));
   pb::ReportResultResponse response;
   grpc::Status s = link_->stub()->ReportResult(link_->Context().get(), report, &response);
-  spdlog::error("plan_part_unexecutable op={} rank={} reported={}", item.operation_id(),
-                item.rank(), s.ok());
+  spdlog::info("plan_part_result op={} rank={} code={} reported={}", item.operation_id(),
+               item.rank(), static_cast<int>(result.code()), s.ok());
 }
 
 }  // namespace ckpt::worker

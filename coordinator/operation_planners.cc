@@ -1,0 +1,112 @@
+#include "coordinator/operation_planners.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "proto/coordinator.pb.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+absl::StatusOr<DType> FromProtoDType(pb::DType dtype) {
+  absl::string_view name = pb::DType_Name(dtype);
+  if (dtype == pb::DTYPE_UNSPECIFIED || !absl::ConsumePrefix(&name, "DTYPE_")) {
+    return absl::InvalidArgumentError("dtype is unspecified");
+  }
+  return ParseDType(name);
+}
+
+pb::DType ToProtoDType(DType dtype) {
+  pb::DType out = pb::DTYPE_UNSPECIFIED;
+  pb::DType_Parse(absl::StrCat("DTYPE_", DTypeName(dtype)), &out);
+  return out;
+}
+
+void ToProtoRegion(const Region& r, pb::Region* out) {
+  for (int64_t o : r.offsets) out->add_offsets(o);
+  for (int64_t l : r.lengths) out->add_lengths(l);
+  if (r.flat) {
+    out->mutable_flat()->set_start(r.flat->start);
+    out->mutable_flat()->set_stop(r.flat->stop);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<TensorPiece>> GatheredPieces(const Operation& op,
+                                                        std::vector<int>* local_index) {
+  std::vector<TensorPiece> pieces;
+  local_index->clear();
+  for (int r = 0; r < op.world_size; ++r) {
+    const std::vector<pb::ShardMeta>& shards = op.ranks[r].shards;
+    for (int i = 0; i < static_cast<int>(shards.size()); ++i) {
+      const pb::ShardMeta& s = shards[i];
+      TensorPiece p;
+      p.key = s.tensor().key();
+      p.rank = r;
+      absl::StatusOr<DType> dtype = FromProtoDType(s.tensor().dtype());
+      if (!dtype.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r, " tensor ", p.key, ": ", dtype.status().message()));
+      }
+      p.dtype = *dtype;
+      p.global_shape.assign(s.tensor().global_shape().begin(), s.tensor().global_shape().end());
+      p.region.offsets.assign(s.region().offsets().begin(), s.region().offsets().end());
+      p.region.lengths.assign(s.region().lengths().begin(), s.region().lengths().end());
+      if (s.region().has_flat())
+        p.region.flat = FlatRange{s.region().flat().start(), s.region().flat().stop()};
+      p.replica_id.assign(s.replica_id().begin(), s.replica_id().end());
+      pieces.push_back(std::move(p));
+      local_index->push_back(i);
+    }
+  }
+  return pieces;
+}
+
+absl::StatusOr<std::vector<RankPlan>> PlanSave(const Operation& op,
+                                               const SavePlanOptions& options) {
+  std::vector<int> local_index;
+  absl::StatusOr<std::vector<TensorPiece>> pieces = GatheredPieces(op, &local_index);
+  if (!pieces.ok()) return pieces.status();
+  absl::StatusOr<SavePlan> plan = BuildSavePlan(*pieces, op.world_size, options);
+  if (!plan.ok()) return plan.status();
+  std::vector<pb::SavePlanPart> parts(op.world_size);
+  for (int r = 0; r < op.world_size; ++r) parts[r].set_rank(r);
+  for (const WriterPlan& writer : plan->writers) {
+    if (writer.rank < 0 || writer.rank >= op.world_size) {
+      return absl::InternalError(absl::StrCat("save plan names writer rank ", writer.rank,
+                                              " outside world size ", op.world_size));
+    }
+    pb::SavePlanPart& part = parts[writer.rank];
+    part.set_total_bytes(writer.total_bytes);
+    for (const PlannedFile& file : writer.files) {
+      pb::PlanFile* f = part.add_files();
+      f->set_path(file.path);
+      f->set_total_bytes(file.total_bytes);
+      for (const PlannedPiece& piece : file.pieces) {
+        if (piece.source_index < 0 || piece.source_index >= static_cast<int64_t>(pieces->size()) ||
+            (*pieces)[piece.source_index].rank != writer.rank) {
+          return absl::InternalError(absl::StrCat("save plan: piece of ", piece.key,
+                                                  " is not the writer's own copy (rank ",
+                                                  writer.rank, ")"));
+        }
+        pb::PlanPiece* p = f->add_pieces();
+        p->set_key(piece.key);
+        p->set_dtype(ToProtoDType(piece.dtype));
+        for (int64_t d : piece.global_shape) p->add_global_shape(d);
+        ToProtoRegion(piece.region, p->mutable_region());
+        p->set_size_bytes(piece.size_bytes);
+        p->set_local_index(local_index[piece.source_index]);
+      }
+    }
+  }
+  std::vector<RankPlan> out(op.world_size);
+  for (int r = 0; r < op.world_size; ++r) {
+    out[r].bytes = parts[r].total_bytes();
+    out[r].part = parts[r].SerializeAsString();
+  }
+  return out;
+}
+
+}  // namespace ckpt::coordinator
