@@ -28,11 +28,14 @@ absl::StatusOr<int64_t> PieceBytes(const TensorPiece& p) {
 }
 
 // Packs one writer's pieces into files: floor(total / target) files (at least 1, at most one
-// per piece), largest piece first into the file with the fewest bytes (ties: lower index).
+// per non-empty piece), largest piece first into the file with the fewest bytes (ties: lower
+// index).
 std::vector<PlannedFile> PackFiles(int64_t rank, std::vector<PlannedPiece> pieces,
                                    int64_t total_bytes, int64_t target_file_bytes) {
   int64_t num_files = std::max<int64_t>(1, total_bytes / std::max<int64_t>(1, target_file_bytes));
-  num_files = std::min<int64_t>(num_files, std::max<size_t>(1, pieces.size()));
+  const int64_t nonempty = std::count_if(pieces.begin(), pieces.end(),
+                                         [](const PlannedPiece& p) { return p.size_bytes > 0; });
+  num_files = std::min<int64_t>(num_files, std::max<int64_t>(1, nonempty));
   auto id_less = [](const PlannedPiece& a, const PlannedPiece& b) {
     return ShardIdLess()(ShardId{a.key, a.region.offsets, a.region.flat},
                          ShardId{b.key, b.region.offsets, b.region.flat});

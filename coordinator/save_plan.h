@@ -58,9 +58,9 @@ struct SavePlan {
 // element exactly once; see sharding/layout.h), then picks each main replica's writer among
 // the ranks holding the same (key, offsets, flat range) with the main-replica distribution
 // (save mode over all `num_ranks` ranks), then packs each writer's pieces into
-// max(1, floor(bytes / target)) files, largest piece first into the emptiest file (ties: lower
-// file index), pieces inside a file ordered by shard id. Errors name the tensor, ranks and
-// regions. Deterministic: equal metadata always gives the same plan.
+// max(1, min(floor(bytes / target), non-empty pieces)) files, largest piece first into the
+// emptiest file (ties: lower file index), pieces inside a file ordered by shard id. Errors name
+// the tensor, ranks and regions. Deterministic: equal metadata always gives the same plan.
 absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int64_t num_ranks,
                                        const SavePlanOptions& options = {});
 

@@ -1,6 +1,7 @@
 #include "coordinator/save_plan.h"
 
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -222,6 +223,63 @@ TEST(SavePlanTest, SameMetadataGivesTheSamePlan) {
         EXPECT_EQ(a->writers[w].files[f].pieces[p].source_index,
                   b->writers[w].files[f].pieces[p].source_index);
       }
+    }
+  }
+}
+
+// Random TP x DP layouts: each tensor split on a random dim over TP (uneven, possibly empty
+// pieces), replicated over DP with the main replica on a random DP rank, or flat-sharded over
+// all ranks; random file targets.
+TEST(SavePlanPropertyTest, RandomLayoutsWriteEveryElementOnce) {
+  std::mt19937_64 rng(11);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int iter = 0; iter < 60; ++iter) {
+    const int64_t tp = pick(1, 4), dp = pick(1, 3), n = tp * dp;
+    std::vector<TensorPiece> pieces;
+    for (int t = 0, k = static_cast<int>(pick(1, 6)); t < k; ++t) {
+      const std::string key = "t" + std::to_string(t);
+      std::vector<int64_t> shape = {pick(1, 7), pick(1, 5)};
+      if (pick(0, 3) == 0) {  // flat-sharded over all ranks
+        std::vector<int64_t> cuts = {0, shape[0] * shape[1]};
+        for (int64_t r = 1; r < n; ++r) cuts.push_back(pick(0, shape[0] * shape[1]));
+        std::sort(cuts.begin(), cuts.end());
+        for (int64_t r = 0; r < n; ++r) {
+          pieces.push_back(
+              Piece(key, r, shape, Region{{0, 0}, shape, FlatRange{cuts[r], cuts[r + 1]}}));
+        }
+        continue;
+      }
+      const int dim = static_cast<int>(pick(0, 1));
+      const int64_t chunk = (shape[dim] + tp - 1) / tp;  // torch.chunk
+      const int64_t main_dp = pick(0, dp - 1);
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t t_rank = r % tp, d_rank = r / tp;
+        const int64_t lo = std::min(shape[dim], t_rank * chunk);
+        const int64_t hi = std::min(shape[dim], lo + chunk);
+        Region region{{0, 0}, shape, {}};
+        region.offsets[dim] = lo;
+        region.lengths[dim] = hi - lo;
+        if (hi == lo) continue;  // empty pieces are not reported
+        pieces.push_back(Piece(key, r, shape, region, {0, d_rank == main_dp ? 0 : d_rank + 1}));
+      }
+    }
+    SavePlanOptions options;
+    options.target_file_bytes = pick(1, 200);
+    auto plan = BuildSavePlan(pieces, n, options);
+    ASSERT_TRUE(plan.ok()) << "iteration " << iter << ": " << plan.status();
+    SCOPED_TRACE("iteration " + std::to_string(iter));
+    ExpectPlanWritesEveryElementOnce(pieces, *plan);
+    for (const WriterPlan& w : plan->writers) {
+      const int64_t expected_files =
+          std::max<int64_t>(1, w.total_bytes / options.target_file_bytes);
+      int64_t num_pieces = 0;  // non-empty ones
+      for (const PlannedFile& f : w.files) {
+        for (const PlannedPiece& p : f.pieces) num_pieces += p.size_bytes > 0;
+      }
+      EXPECT_EQ(static_cast<int64_t>(w.files.size()),
+                std::min(expected_files, std::max<int64_t>(1, num_pieces)));
     }
   }
 }
