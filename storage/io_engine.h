@@ -41,8 +41,9 @@ struct IoOptions {
   IoStats* stats = nullptr;  // filled in when not null
 };
 
-// A run of bytes written at the next position of a file. When `checksum` is set, the XXH3-64 of
-// the run (and of each block_bytes block when block_bytes > 0) is returned.
+// A run of bytes written at the next position of a file. When `checksum` is set, its checksum
+// is returned: with block_bytes == 0 the XXH3-64 of the run; otherwise the XXH3-64 of each
+// block_bytes block and their RangeChecksum (storage/checksum.h).
 struct WriteSegment {
   const void* data = nullptr;
   int64_t size = 0;

@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "storage/checksum.h"
 
 namespace ckpt {
 namespace {
@@ -140,6 +141,10 @@ absl::Status ValidateManifest(const pb::Manifest& m) {
     }
     const int64_t want_blocks =
         (block > 0 && p.byte_length() > block) ? (p.byte_length() + block - 1) / block : 0;
+    if (p.block_xxh3_size() > 0 &&
+        p.xxh3_64() != CombineBlockHashes({p.block_xxh3().begin(), p.block_xxh3().end()})) {
+      return err("its checksum does not match its block checksums");
+    }
     if (p.block_xxh3_size() != want_blocks) {
       return err(
           absl::StrCat("has ", p.block_xxh3_size(), " block checksums, expected ", want_blocks));

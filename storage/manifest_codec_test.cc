@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/checksum.h"
 
 namespace ckpt {
 namespace {
@@ -117,9 +118,19 @@ TEST(ManifestCodecTest, ValidationRejectsEachKindOfInconsistency) {
          m->mutable_files(1)->set_size_bytes(200);
        },
        "stored twice"},
-      {"blocks", [](pb::Manifest* m) { m->mutable_pieces(0)->add_block_xxh3(1); },
+      {"blocks",
+       [](pb::Manifest* m) {
+         m->mutable_pieces(0)->add_block_xxh3(1);
+         m->mutable_pieces(0)->set_xxh3_64(CombineBlockHashes({1}));
+       },
        "block checksums"},
       {"block size", [](pb::Manifest* m) { m->set_checksum_block_bytes(100); }, "block size"},
+      {"hash list",
+       [](pb::Manifest* m) {
+         m->mutable_pieces(0)->add_block_xxh3(1);
+         m->mutable_pieces(0)->add_block_xxh3(2);
+       },
+       "does not match its block checksums"},
       {"data start", [](pb::Manifest* m) { m->mutable_files(1)->set_data_start(3); }, "data start"},
   };
   for (const Mutation& c : cases) {
