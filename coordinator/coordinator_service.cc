@@ -165,7 +165,7 @@ void CoordinatorService::LogAborted(const std::vector<std::string>& ids) {
 void CoordinatorService::Advance(const std::string& operation_id) {
   const Operation* op = jobs_.FindOperation(operation_id);
   if (op == nullptr) return;
-  if (op->phase == Phase::kPlanning) {
+  if (op->phase == Phase::kPlanning && busy_.insert(operation_id).second) {
     spdlog::info("operation_gathered op={} job={} kind={} path={} ranks={}", op->id, op->job,
                  std::string(OperationKindName(op->kind)), op->path, op->world_size);
     auto planner = planners_.find(op->kind);
@@ -177,28 +177,44 @@ void CoordinatorService::Advance(const std::string& operation_id) {
       (void)jobs_.Abort(operation_id, missing);
       LogAborted({operation_id});
     } else {
-      absl::StatusOr<std::vector<RankPlan>> plans = planner->second(*op);
-      absl::Status s = plans.ok() ? jobs_.SetPlan(operation_id, *std::move(plans)) : plans.status();
-      if (!s.ok()) {
-        (void)jobs_.Abort(operation_id,
-                          absl::Status(s.code(), absl::StrCat("planning failed: ", s.message())));
-        LogAborted({operation_id});
-      } else {
-        spdlog::info("operation_planned op={} bytes_total={}", operation_id,
-                     jobs_.FindOperation(operation_id)->BytesTotal());
+      // Plan outside the lock so that heartbeats (and other jobs) are not held up; the
+      // operation stays in planning meanwhile (only deadlines and lost workers can end it).
+      Operation snapshot = *op;
+      mu_.Unlock();
+      absl::StatusOr<std::vector<RankPlan>> plans = planner->second(snapshot);
+      mu_.Lock();
+      op = jobs_.FindOperation(operation_id);
+      if (op != nullptr && op->phase == Phase::kPlanning) {
+        absl::Status s =
+            plans.ok() ? jobs_.SetPlan(operation_id, *std::move(plans)) : plans.status();
+        if (!s.ok()) {
+          (void)jobs_.Abort(operation_id,
+                            absl::Status(s.code(), absl::StrCat("planning failed: ", s.message())));
+          LogAborted({operation_id});
+        } else {
+          spdlog::info("operation_planned op={} bytes_total={}", operation_id,
+                       jobs_.FindOperation(operation_id)->BytesTotal());
+        }
       }
     }
+    busy_.erase(operation_id);
   }
   op = jobs_.FindOperation(operation_id);
-  if (op != nullptr && op->phase == Phase::kCommitting) {
-    absl::Status committed =
-        committer_ ? committer_(*op)
-                   : absl::UnimplementedError(
-                         "no manifest committer is wired into this coordinator yet; the "
-                         "checkpoint was not committed");
+  if (op != nullptr && op->phase == Phase::kCommitting && busy_.insert(operation_id).second) {
+    // Committing cannot be aborted by anyone else, so the (fsyncing) committer runs unlocked.
+    Operation snapshot = *op;
+    absl::Status committed = absl::UnimplementedError(
+        "no manifest committer is wired into this coordinator yet; the checkpoint was not "
+        "committed");
+    if (committer_) {
+      mu_.Unlock();
+      committed = committer_(snapshot);
+      mu_.Lock();
+    }
     (void)jobs_.FinishCommit(operation_id, committed);
+    busy_.erase(operation_id);
     if (committed.ok()) {
-      spdlog::info("operation_committed op={} path={}", operation_id, op->path);
+      spdlog::info("operation_committed op={} path={}", operation_id, snapshot.path);
     } else {
       LogAborted({operation_id});
     }
@@ -326,7 +342,7 @@ grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
     {
       absl::MutexLock lock(&mu_);
       while (!shutting_down_ && !context->IsCancelled() && !first &&
-             jobs_.version() == seen_version) {
+             jobs_.phase_version() == seen_version) {
         changed_.WaitWithTimeout(&mu_, kWaitSlice);
         const WorkerRecord* w = workers_.Find(worker_id);
         if (w == nullptr || !w->alive) break;
@@ -341,7 +357,7 @@ grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
                             absl::StrCat("worker ", worker_id,
                                          " is not registered (or lost its lease); register again"));
       }
-      seen_version = jobs_.version();
+      seen_version = jobs_.phase_version();
       for (const Operation* op : jobs_.Operations()) {
         for (int r = 0; r < op->world_size; ++r) {
           const RankEntry& e = op->ranks[r];

@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,6 +103,8 @@ class CoordinatorService final : public pb::Coordinator::Service {
   std::map<OperationKind, Planner> planners_;
   Committer committer_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Operations whose planner or committer is running (unlocked) right now.
+  std::set<std::string> busy_ ABSL_GUARDED_BY(mu_);
   std::thread ticker_;
 };
 

@@ -465,6 +465,7 @@ void JobState::EnterPhase(Operation& op, Phase phase, absl::Time deadline) {
   op.phase_since = clock_->Now();
   op.deadline = deadline;
   ++version_;
+  ++phase_version_;
 }
 
 void JobState::AbortOperation(Operation& op, absl::Status cause) {

@@ -197,6 +197,9 @@ class JobState {
 
   // Incremented by every change of state; lets watchers detect changes cheaply.
   uint64_t version() const { return version_; }
+  // Incremented only when some operation changes phase (plans set, aborts, commits): what
+  // the work streams wait for, so that joins and progress do not wake every stream.
+  uint64_t phase_version() const { return phase_version_; }
 
  private:
   Operation* MutableOperation(absl::string_view operation_id);
@@ -216,6 +219,7 @@ class JobState {
   std::map<std::string, std::string, std::less<>> in_flight_;  // job -> operation id
   uint64_t next_operation_ = 1;
   uint64_t version_ = 0;
+  uint64_t phase_version_ = 0;
 };
 
 }  // namespace ckpt::coordinator

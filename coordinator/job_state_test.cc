@@ -336,10 +336,15 @@ TEST_F(JobStateTest, VersionChangesOnEveryTransition) {
   uint64_t v0 = state_.version();
   ASSERT_TRUE(state_.JoinOperation(Join(0)).ok());
   uint64_t v1 = state_.version();
+  uint64_t p1 = state_.phase_version();
   EXPECT_GT(v1, v0);
+  ASSERT_TRUE(state_.AttachRank("gpt", 2, 1, Loc(1)).ok());
+  EXPECT_GT(state_.version(), v1);
+  EXPECT_EQ(state_.phase_version(), p1);  // no phase changed
   clock_.Advance(absl::Seconds(11));
   state_.Tick();
   EXPECT_GT(state_.version(), v1);
+  EXPECT_GT(state_.phase_version(), p1);
 }
 
 }  // namespace
