@@ -289,6 +289,27 @@ TEST(LoadPlanTest, GatherRoundsGroupExchangedUnitsByDtypeThenRound) {
   Execute(s, *plan, options.memory_budget_bytes);
 }
 
+TEST(LoadPlanTest, ScalarsAndEmptyRegions) {
+  Scenario s;
+  s.num_ranks = 3;
+  s.tensors = {{"step", DType::kI64, {}}, {"w", DType::kF32, {4}}};
+  Store(s, 0, Region{{}, {}, {}}, "f");
+  Store(s, 1, Region{{0}, {4}, FlatRange{0, 0}}, "f");  // an empty flat piece
+  Store(s, 1, Region{{0}, {4}, FlatRange{0, 4}}, "f");
+  for (int64_t r = 0; r < 3; ++r) s.requests.push_back({r, "step", Region{{}, {}, {}}});
+  s.requests.push_back({2, "w", Region{{2}, {0}, {}}});  // nothing to fill
+  s.requests.push_back({1, "w", Region{{0}, {4}, FlatRange{1, 3}}});
+  for (ExchangeAlgorithm algorithm :
+       {ExchangeAlgorithm::kOverlapAllToAll, ExchangeAlgorithm::kBroadcast}) {
+    LoadPlanOptions options;
+    options.algorithm = algorithm;
+    auto plan = BuildLoadPlan(s.tensors, s.pieces, s.requests, s.num_ranks, options);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->reader_of_piece.size(), 2u);  // the scalar and the non-empty flat piece
+    Execute(s, *plan, options.memory_budget_bytes);
+  }
+}
+
 TEST(LoadPlanTest, UncoveredRequestNamesTensorRankAndRegion) {
   Scenario s;
   s.num_ranks = 2;
