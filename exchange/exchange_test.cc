@@ -85,7 +85,7 @@ TEST_P(ExchangeAlgorithmTest, TinyBudgetSplitsIntoWavesWithIdenticalOutput) {
   ScenarioOptions so;
   so.num_ranks = N();
   so.seed = 5;
-  so.scale = 17;
+  so.scale = 9;
   Scenario sc = MakeScenario(so);
   ExchangeOptions options;
   options.memory_budget_bytes = 97;  // odd, smaller than many shards

@@ -1,6 +1,8 @@
 // Device-memory Communicator over NCCL: one CUDA stream per communicator, non-blocking NCCL
 // communicator so that a stalled or failed peer becomes a Status (after ncclCommAbort) at the
 // deadline instead of a hang. The unique id travels through the rendezvous Store.
+// NCCL has no message tags: Send/Recv ignore `tag` and match by order per peer. A collective's
+// failure cannot always be pinned on one peer; messages then say "a peer".
 #ifndef CKPT_EXCHANGE_NCCL_NCCL_COMMUNICATOR_H_
 #define CKPT_EXCHANGE_NCCL_NCCL_COMMUNICATOR_H_
 
