@@ -15,6 +15,7 @@ int RunVerifyCommand(const std::vector<std::string>& args);   // storage_cmd.cc
 int RunImportCommand(const std::vector<std::string>& args);   // storage_cmd.cc
 int RunExportCommand(const std::vector<std::string>& args);   // storage_cmd.cc
 int RunStatusCommand(const std::vector<std::string>& args);   // status_cmd.cc
+int RunReshardCommand(const std::vector<std::string>& args);  // reshard_cmd.cc
 
 const std::vector<Command>& AllCommands() {
   static const std::vector<Command>* commands = new std::vector<Command>{
@@ -30,6 +31,8 @@ const std::vector<Command>& AllCommands() {
        RunExportCommand},
       {"status", "workers, jobs and operations in flight (with progress) of a coordinator",
        RunStatusCommand},
+      {"reshard", "rewrite a checkpoint into a target layout's pieces (in-process, bounded memory)",
+       RunReshardCommand},
   };
   return *commands;
 }

@@ -1,0 +1,94 @@
+// Offline resharding of a committed checkpoint into the pieces of a target layout, in-process
+// and within a memory budget (ckptctl reshard without --coordinator).
+//
+// Plan: the target layout's pieces (coordinator/layout_spec.h) go through the planner's save
+// plan (coordinator/save_plan.h: one writer per distinct main-replica piece, balanced over the
+// target's ranks, packed into a few large files per writer), and the source pieces of the
+// manifest map onto them with PlanReshard (sharding/reshard_plan.h). Files are then produced
+// in waves: a wave's destination pieces are assembled in memory from the byte spans of the
+// source pieces they need (checksum-block aligned reads through the parallel I/O engine,
+// verified), then written (checksums computed as bytes stream out) into a staging directory
+// that is committed atomically at the end. At most about `memory_budget_bytes` of piece data
+// are held at once: half for the wave's destination pieces, half for source staging.
+#ifndef CKPT_TOOLS_OFFLINE_RESHARD_H_
+#define CKPT_TOOLS_OFFLINE_RESHARD_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "coordinator/layout_spec.h"
+#include "coordinator/save_plan.h"
+#include "storage/checkpoint_writer.h"
+#include "storage/io_engine.h"
+
+namespace ckpt {
+
+// Progress of a wave-by-wave write, reported after each wave.
+struct WaveProgress {
+  int64_t wave = 0;
+  int64_t waves = 0;
+  int64_t bytes_done = 0;
+  int64_t bytes_total = 0;
+};
+
+// What a wave-by-wave write did.
+struct WaveWriteStats {
+  int64_t waves = 0;
+  int64_t files = 0;
+  int64_t pieces = 0;
+  int64_t bytes_written = 0;    // piece bytes (headers excluded)
+  int64_t peak_wave_bytes = 0;  // largest destination buffer held at once
+  double fill_seconds = 0;      // in the fill callback (reads + assembly for a reshard)
+  double write_seconds = 0;     // writing and syncing data files
+  double commit_seconds = 0;
+};
+
+// Fills the buffers of one wave's pieces (buffers[i] has pieces[i]->size_bytes bytes, in the
+// storage convention of sharding/overlap.h).
+using WaveFill = std::function<absl::Status(absl::Span<const PlannedPiece* const> pieces,
+                                            absl::Span<char* const> buffers)>;
+
+// Writes the checkpoint of `plan` at `path` with the commit protocol, holding at most
+// max(wave_bytes, largest file) bytes of piece data at once. `info` supplies saved layout,
+// step and user metadata (its `tensors` and `files` are ignored). Data file names are those
+// of the plan. On error nothing is committed and the staging directory is removed.
+absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
+    const std::string& path, const std::vector<TensorSpec>& tensors, const SavePlan& plan,
+    const CheckpointContents& info, int64_t wave_bytes, const WaveFill& fill,
+    const WriteOptions& options, const std::function<void(const WaveProgress&)>& progress = {});
+
+struct OfflineReshardOptions {
+  int64_t memory_budget_bytes = int64_t{1} << 30;
+  // Largest data file the save plan packs (further capped at a quarter of the budget).
+  int64_t target_file_bytes = int64_t{256} << 20;
+  IoOptions io;                  // threads, queue depth, O_DIRECT for reads and writes
+  bool overwrite = false;        // replace an existing checkpoint at the destination
+  bool verify_checksums = true;  // verify source bytes against the manifest as they are read
+  std::function<void(const WaveProgress&)> progress;
+};
+
+struct OfflineReshardStats {
+  int64_t tensors = 0;
+  int64_t src_pieces = 0;
+  int64_t dst_pieces = 0;  // distinct pieces written
+  int64_t bytes_read = 0;  // source bytes read (whole checksum blocks)
+  int64_t peak_staging_bytes = 0;
+  double plan_seconds = 0;
+  double read_seconds = 0;
+  WaveWriteStats write;
+};
+
+// Rewrites the checkpoint at `src` into the pieces of `layout` as a new checkpoint at `dst`
+// (step and user metadata carried over, the target layout recorded as saved_layout). Errors
+// name the tensor, piece and file involved; the destination is untouched on error.
+absl::StatusOr<OfflineReshardStats> OfflineReshard(const std::string& src, const std::string& dst,
+                                                   const LayoutSpec& layout,
+                                                   const OfflineReshardOptions& options);
+
+}  // namespace ckpt
+
+#endif  // CKPT_TOOLS_OFFLINE_RESHARD_H_
