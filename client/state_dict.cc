@@ -9,16 +9,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/convert.h"
 #include "worker/gpu.h"
 
 namespace ckpt::client {
 namespace {
-
-pb::DType ToProtoDType(DType dtype) {
-  pb::DType out = pb::DTYPE_UNSPECIFIED;
-  pb::DType_Parse(absl::StrCat("DTYPE_", DTypeName(dtype)), &out);
-  return out;
-}
 
 std::string Sanitize(const std::string& job) {
   std::string out;
@@ -176,14 +171,9 @@ std::vector<pb::SharedTensor> StateDict::Describe() const {
     pb::SharedTensor s;
     pb::ShardMeta* shard = s.mutable_shard();
     shard->mutable_tensor()->set_key(t->key);
-    shard->mutable_tensor()->set_dtype(ToProtoDType(t->dtype));
+    shard->mutable_tensor()->set_dtype(DTypeToProto(t->dtype));
     for (int64_t d : t->global_shape) shard->mutable_tensor()->add_global_shape(d);
-    for (int64_t o : t->region.offsets) shard->mutable_region()->add_offsets(o);
-    for (int64_t l : t->region.lengths) shard->mutable_region()->add_lengths(l);
-    if (t->region.flat) {
-      shard->mutable_region()->mutable_flat()->set_start(t->region.flat->start);
-      shard->mutable_region()->mutable_flat()->set_stop(t->region.flat->stop);
-    }
+    *shard->mutable_region() = RegionToProto(t->region);
     for (int64_t r : t->replica_id) shard->add_replica_id(r);
     s.set_nbytes(t->nbytes);
     if (t->memory == MemoryKind::kHost) {

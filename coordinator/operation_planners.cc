@@ -3,36 +3,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
+#include "proto/convert.h"
 #include "proto/coordinator.pb.h"
 
 namespace ckpt::coordinator {
-namespace {
-
-absl::StatusOr<DType> FromProtoDType(pb::DType dtype) {
-  absl::string_view name = pb::DType_Name(dtype);
-  if (dtype == pb::DTYPE_UNSPECIFIED || !absl::ConsumePrefix(&name, "DTYPE_")) {
-    return absl::InvalidArgumentError("dtype is unspecified");
-  }
-  return ParseDType(name);
-}
-
-pb::DType ToProtoDType(DType dtype) {
-  pb::DType out = pb::DTYPE_UNSPECIFIED;
-  pb::DType_Parse(absl::StrCat("DTYPE_", DTypeName(dtype)), &out);
-  return out;
-}
-
-void ToProtoRegion(const Region& r, pb::Region* out) {
-  for (int64_t o : r.offsets) out->add_offsets(o);
-  for (int64_t l : r.lengths) out->add_lengths(l);
-  if (r.flat) {
-    out->mutable_flat()->set_start(r.flat->start);
-    out->mutable_flat()->set_stop(r.flat->stop);
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<std::vector<TensorPiece>> GatheredPieces(const Operation& op,
                                                         std::vector<int>* local_index) {
@@ -45,17 +19,19 @@ absl::StatusOr<std::vector<TensorPiece>> GatheredPieces(const Operation& op,
       TensorPiece p;
       p.key = s.tensor().key();
       p.rank = r;
-      absl::StatusOr<DType> dtype = FromProtoDType(s.tensor().dtype());
+      absl::StatusOr<DType> dtype = DTypeFromProto(s.tensor().dtype());
       if (!dtype.ok()) {
         return absl::InvalidArgumentError(
             absl::StrCat("rank ", r, " tensor ", p.key, ": ", dtype.status().message()));
       }
       p.dtype = *dtype;
       p.global_shape.assign(s.tensor().global_shape().begin(), s.tensor().global_shape().end());
-      p.region.offsets.assign(s.region().offsets().begin(), s.region().offsets().end());
-      p.region.lengths.assign(s.region().lengths().begin(), s.region().lengths().end());
-      if (s.region().has_flat())
-        p.region.flat = FlatRange{s.region().flat().start(), s.region().flat().stop()};
+      absl::StatusOr<Region> region = RegionFromProto(s.region());
+      if (!region.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r, " tensor ", p.key, ": ", region.status().message()));
+      }
+      p.region = *std::move(region);
       p.replica_id.assign(s.replica_id().begin(), s.replica_id().end());
       pieces.push_back(std::move(p));
       local_index->push_back(i);
@@ -93,9 +69,9 @@ absl::StatusOr<std::vector<RankPlan>> PlanSave(const Operation& op,
         }
         pb::PlanPiece* p = f->add_pieces();
         p->set_key(piece.key);
-        p->set_dtype(ToProtoDType(piece.dtype));
+        p->set_dtype(DTypeToProto(piece.dtype));
         for (int64_t d : piece.global_shape) p->add_global_shape(d);
-        ToProtoRegion(piece.region, p->mutable_region());
+        *p->mutable_region() = RegionToProto(piece.region);
         p->set_size_bytes(piece.size_bytes);
         p->set_local_index(local_index[piece.source_index]);
       }

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "proto/convert.h"
 #include "sharding/dtype.h"
 #include "sharding/region.h"
 #include "worker/gpu.h"
@@ -24,24 +25,12 @@ namespace ckpt::worker {
 namespace {
 
 absl::StatusOr<int64_t> ElementSize(pb::DType dtype, const std::string& key) {
-  absl::string_view name = pb::DType_Name(dtype);
-  if (dtype == pb::DTYPE_UNSPECIFIED || !absl::ConsumePrefix(&name, "DTYPE_")) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", key, " has no dtype"));
-  }
-  absl::StatusOr<DType> parsed = ParseDType(name);
+  absl::StatusOr<DType> parsed = DTypeFromProto(dtype);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor ", key, ": ", parsed.status().message()));
   }
   return DTypeSize(*parsed);
-}
-
-Region RegionFromProto(const pb::Region& r) {
-  Region region;
-  region.offsets.assign(r.offsets().begin(), r.offsets().end());
-  region.lengths.assign(r.lengths().begin(), r.lengths().end());
-  if (r.has_flat()) region.flat = FlatRange{r.flat().start(), r.flat().stop()};
-  return region;
 }
 
 }  // namespace
@@ -177,7 +166,12 @@ absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
     if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(who, ": tensor without key"));
     std::vector<int64_t> shape(t.shard().tensor().global_shape().begin(),
                                t.shard().tensor().global_shape().end());
-    Region region = RegionFromProto(t.shard().region());
+    absl::StatusOr<Region> parsed = RegionFromProto(t.shard().region());
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": tensor ", key, ": ", parsed.status().message()));
+    }
+    const Region& region = *parsed;
     if (absl::Status s = ValidateRegion(region, shape); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(who, ": tensor ", key, " region ", region.DebugString(), ": ", s.message()));
