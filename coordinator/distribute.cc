@@ -293,7 +293,8 @@ absl::StatusOr<std::vector<ShardAssignment>> DistributeShardsToRanks(
     for (int64_t r : holders) {
       if (r >= 0 && r < input.num_ranks) members.push_back(static_cast<int32_t>(r));
     }
-    std::sort(members.begin(), members.end());
+    // Lists gathered in rank order are already sorted; only sort the others.
+    if (!std::is_sorted(members.begin(), members.end())) std::sort(members.begin(), members.end());
     members.erase(std::unique(members.begin(), members.end()), members.end());
     if (members.size() <= kScanThreshold) continue;
     auto [it, inserted] = set_index.try_emplace(members, static_cast<int32_t>(set_members.size()));

@@ -84,6 +84,26 @@ void BM_DpGroups1MShards16kRanks(benchmark::State& state) {
 }
 BENCHMARK(BM_DpGroups1MShards16kRanks)->Unit(benchmark::kMillisecond);
 
+// Like DpGroups1M but 100,000 shards each carrying its own copy of its group's list (as
+// gathered metadata arrives): the fast path first has to find the shared sets by content.
+void BM_DpGroups100kPerShardLists(benchmark::State& state) {
+  DistributionInput in = DpGroups1M();
+  in.shards.resize(100000);
+  std::vector<std::vector<int64_t>> lists(in.shards.size());
+  for (size_t i = 0; i < in.shards.size(); ++i) {
+    lists[i] = in.holder_lists[in.shards[i].holder_list];
+    in.shards[i].holder_list = static_cast<int32_t>(i);
+  }
+  in.holder_lists = std::move(lists);
+  for (auto _ : state) {
+    auto result = DistributeShardsToRanks(in);
+    if (!result.ok()) state.SkipWithError(std::string(result.status().message()).c_str());
+    benchmark::DoNotOptimize(result);
+  }
+  state.SetItemsProcessed(state.iterations() * in.shards.size());
+}
+BENCHMARK(BM_DpGroups100kPerShardLists)->Unit(benchmark::kMillisecond);
+
 // The straightforward scan on the 1M problem, for comparison (one iteration: it is slow).
 void BM_DpGroups1MShards16kRanksReference(benchmark::State& state) {
   const DistributionInput in = DpGroups1M();
