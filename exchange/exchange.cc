@@ -24,7 +24,8 @@ absl::StatusOr<ShardBuffers> ExchangeByDistribution(absl::string_view algorithm,
     return absl::FailedPreconditionError(
         absl::StrCat("exchange algorithms move host buffers but the communicator (",
                      comm.backend_name(), ") works on ", MemoryKindName(comm.memory_kind()),
-                     " memory; use a host-memory (Gloo) communicator"));
+                     " memory; use a host-memory (Gloo) communicator or wrap it in "
+                     "HostStagingCommunicator"));
   }
   if (algorithm == "broadcast") return ExchangeBroadcast(comm, plan, loaded, options, report);
   if (algorithm == "gather_rounds") {
