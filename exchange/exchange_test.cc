@@ -158,6 +158,32 @@ TEST(ExchangeBroadcastTest, CoalescingGivesTheSameOutputWithFewerCollectives) {
   }
 }
 
+TEST(ExchangeBroadcastTest, HundredThousandTinyShardsTakeAFewCoalescedCollectives) {
+  const int n = 2, shards = 100000;
+  Scenario sc;
+  sc.plan.num_ranks = n;
+  sc.plan.needs.resize(n);
+  sc.loaded.resize(n);
+  for (int i = 0; i < shards; ++i) {
+    DistributedShard d;
+    d.spec.id.key = absl::StrCat("bias.", i);
+    d.spec.dtype = i % 2 ? DType::kBF16 : DType::kF32;
+    d.spec.global_shape = {i % 7};
+    d.spec.region = WholeRegion(d.spec.global_shape);
+    d.spec.id.offsets = {0};
+    d.main_rank = i % n;
+    sc.loaded[d.main_rank][d.spec.id] = ReferenceRegionBytes(d.spec);
+    for (int r = 0; r < n; ++r) sc.plan.needs[r].push_back(d.spec);  // replicated everywhere
+    sc.plan.distribution.push_back(std::move(d));
+  }
+  ExchangeOptions options;
+  options.coalesce_max_batch_bytes = 256 << 10;
+  RunResult result = RunExchange("broadcast", sc, options, "tiny100k");
+  ExpectMatchesReference(sc, result);
+  // ~1.3 MB of payload per root in 256 KiB batches: a handful of collectives, not 100,000.
+  for (int r = 0; r < n; ++r) EXPECT_LE(result.reports[r].collectives(), 16) << "rank " << r;
+}
+
 TEST(ExchangeBroadcastTest, SingleHolderMustBeTheAssignedRank) {
   ScenarioOptions so;
   so.num_ranks = 2;
