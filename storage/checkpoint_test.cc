@@ -293,6 +293,38 @@ TEST(CheckpointTest, IncompleteAndDamagedCheckpointsAreRefused) {
   EXPECT_EQ(CheckpointReader::Open(path).status().code(), absl::StatusCode::kUnimplemented);
 }
 
+// The protocol in parts, as a multi-process save uses it: ranks write their data files into
+// one staging directory independently, then one process commits the merged manifest.
+TEST(CheckpointTest, RanksWriteDataFilesSeparatelyThenOneCommits) {
+  const std::string dir = TestDir("parts");
+  const std::string path = JoinPath(dir, "ckpt");
+  TestTensor t("w", DType::kBF16, {4, 8}, 11);
+  Pieces pieces;
+  CheckpointContents info;
+  info.tensors = {t.spec};
+  info.step = 3;
+  auto staging = CreateStagingDir(path, /*overwrite=*/false);
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  WrittenData all;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<DataFilePlan> files = {{rank, {pieces.Make(t, Box({2 * rank, 0}, {2, 8}))}}};
+    auto written = WriteDataFiles(*staging, info.tensors, files, 0, WriteOptions{});
+    ASSERT_TRUE(written.ok()) << written.status();
+    all.pieces.insert(all.pieces.end(), written->pieces.begin(), written->pieces.end());
+    all.files.insert(all.files.end(), written->files.begin(), written->files.end());
+  }
+  EXPECT_EQ(ProbeCheckpoint(path).state, CheckpointState::kMissing);  // nothing visible yet
+  pb::Manifest m = BuildManifest(info.tensors, all, info, kDefaultChecksumBlockBytes);
+  ASSERT_TRUE(CommitCheckpoint(*staging, path, m, WriteOptions{}).ok());
+  auto reader = CheckpointReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::string out(t.bytes.size(), '\0');
+  ASSERT_TRUE((*reader)->ReadRegion("w", WholeRegion({4, 8}), out.data()).ok());
+  EXPECT_TRUE(out == t.bytes);
+  EXPECT_EQ(*ListDir(JoinPath(path, "data")),
+            (std::vector<std::string>{"r0_0.safetensors", "r1_0.safetensors"}));
+}
+
 TEST(CheckpointTest, MissingElementsAreReportedNotZeroFilled) {
   const std::string dir = TestDir("coverage");
   TestTensor t("w", DType::kF32, {4, 4}, 3);

@@ -1,9 +1,12 @@
 #include "storage/interop.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -86,28 +89,50 @@ std::string HumanSizeFileName(int i, int n) {
   return absl::StrFormat("model-%05d-of-%05d.safetensors", i, n);
 }
 
-// Writes one safetensors file atomically (temporary name, fsync, rename).
+absl::Status PwriteAll(int fd, const char* data, int64_t n, int64_t offset,
+                       const std::string& path) {
+  int64_t done = 0;
+  while (done < n) {
+    ssize_t w = ::pwrite(fd, data + done, static_cast<size_t>(std::min<int64_t>(n - done, 1 << 30)),
+                         offset + done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, absl::StrCat("write ", path));
+    }
+    done += w;
+  }
+  return absl::OkStatus();
+}
+
+// Writes one safetensors file atomically (temporary name, fsync, rename), holding one entry in
+// memory at a time: `fill(i, buf)` produces entry i's bytes.
 absl::Status WriteSafetensorsFile(const std::string& path,
                                   const std::vector<SafetensorsEntry>& entries,
-                                  const std::vector<std::unique_ptr<char[]>>& data,
                                   const std::map<std::string, std::string>& metadata,
-                                  const IoOptions& io) {
+                                  const std::function<absl::Status(size_t, char*)>& fill) {
   CKPT_ASSIGN_OR_RETURN(std::string header, EncodeSafetensorsHeader(entries, metadata));
-  FileWrite fw;
-  fw.path = absl::StrCat(path, ".tmp-", ::getpid());
-  fw.segments.push_back({header.data(), static_cast<int64_t>(header.size()), false, 0});
-  for (size_t i = 0; i < entries.size(); ++i) {
-    fw.segments.push_back({data[i].get(), entries[i].end - entries[i].begin, false, 0});
+  const std::string tmp = absl::StrCat(path, ".tmp-", ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create ", tmp));
+  auto write_all = [&]() -> absl::Status {
+    CKPT_RETURN_IF_ERROR(PwriteAll(fd, header.data(), static_cast<int64_t>(header.size()), 0, tmp));
+    const int64_t data_start = static_cast<int64_t>(header.size());
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const int64_t n = entries[i].end - entries[i].begin;
+      std::unique_ptr<char[]> buf(new char[std::max<int64_t>(1, n)]);
+      CKPT_RETURN_IF_ERROR(fill(i, buf.get()));
+      CKPT_RETURN_IF_ERROR(PwriteAll(fd, buf.get(), n, data_start + entries[i].begin, tmp));
+    }
+    return FsyncFd(fd, tmp);
+  };
+  absl::Status s = write_all();
+  ::close(fd);
+  if (!s.ok()) {
+    std::remove(tmp.c_str());
+    return s;
   }
-  IoOptions o = io;
-  o.fsync = true;
-  auto written = WriteFiles({fw}, o);
-  if (!written.ok()) {
-    std::remove(fw.path.c_str());
-    return written.status();
-  }
-  if (std::rename(fw.path.c_str(), path.c_str()) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("rename ", fw.path, " to ", path));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
   }
   return FsyncDir(ParentDir(path));
 }
@@ -261,19 +286,21 @@ absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckp
   Json weight_map = Json::object();
   int64_t total = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
+    // One tensor in memory at a time, assembled from its pieces with checksums verified.
     std::vector<SafetensorsEntry> entries;
-    std::vector<std::unique_ptr<char[]>> data;
     int64_t pos = 0;
     for (size_t i : groups[g]) {
       const Item& it = items[i];
-      data.emplace_back(new char[std::max<int64_t>(1, it.bytes)]);
-      CKPT_RETURN_IF_ERROR(reader->ReadRegion(it.key, WholeRegion(it.shape), data.back().get()));
       entries.push_back({it.key, it.dtype, it.shape, pos, pos + it.bytes});
       pos += it.bytes;
       weight_map[it.key] = BaseName(paths[g]);
     }
     total += pos;
-    CKPT_RETURN_IF_ERROR(WriteSafetensorsFile(paths[g], entries, data, metadata, options.io));
+    CKPT_RETURN_IF_ERROR(
+        WriteSafetensorsFile(paths[g], entries, metadata, [&](size_t e, char* buf) {
+          const Item& it = items[groups[g][e]];
+          return reader->ReadRegion(it.key, WholeRegion(it.shape), buf);
+        }));
   }
   if (groups.size() > 1) {
     Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};

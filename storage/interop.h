@@ -28,13 +28,14 @@ struct ExportOptions {
   // its own); 0 means one file.
   int64_t max_file_bytes = 0;
   bool overwrite = false;
-  IoOptions io;
+  IoOptions io;  // for reading the checkpoint
 };
 
 // Consolidates every tensor of `ckpt` into full, unsharded tensors. `out` ending in
 // ".safetensors" is a single file (an error if the data must be split); otherwise `out` is a
 // directory receiving model.safetensors, or model-0000i-of-0000n.safetensors plus
-// model.safetensors.index.json when split. Returns the files written.
+// model.safetensors.index.json when split. Holds one full tensor in memory at a time; each
+// file is written under a temporary name, fsynced and renamed. Returns the files written.
 absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckpt,
                                                           const std::string& out,
                                                           const ExportOptions& options);
