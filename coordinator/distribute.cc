@@ -124,6 +124,33 @@ bool SameKeyIdLess(const ShardId& x, int32_t xi, const ShardId& y, int32_t yi) {
   return xi < yi;
 }
 
+// Sorts 128-bit keys: LSD radix over the 16-bit digits that differ between keys (usually 4-6
+// of 8), falling back to std::sort for small inputs.
+void SortPacked(std::vector<unsigned __int128>& keys) {
+  using Packed = unsigned __int128;
+  if (keys.size() < 4096) {
+    std::sort(keys.begin(), keys.end());
+    return;
+  }
+  Packed any = 0, all = ~Packed{0};
+  for (const Packed& k : keys) {
+    any |= k;
+    all &= k;
+  }
+  const Packed varying = any ^ all;
+  std::vector<Packed> scratch(keys.size());
+  std::vector<uint32_t> start(1 << 16);
+  for (int shift = 0; shift < 128; shift += 16) {
+    if (((varying >> shift) & 0xFFFF) == 0) continue;
+    std::fill(start.begin(), start.end(), 0);
+    for (const Packed& k : keys) ++start[static_cast<uint32_t>(k >> shift) & 0xFFFF];
+    uint32_t sum = 0;
+    for (uint32_t& c : start) sum += std::exchange(c, sum);
+    for (const Packed& k : keys) scratch[start[static_cast<uint32_t>(k >> shift) & 0xFFFF]++] = k;
+    keys.swap(scratch);
+  }
+}
+
 // Visiting order with duplicate-id and Python TypeError detection. Returns the sort keys in
 // visiting order.
 absl::StatusOr<std::vector<VisitKey>> VisitingOrder(const DistributionInput& input) {
@@ -186,7 +213,7 @@ absl::StatusOr<std::vector<VisitKey>> VisitingOrder(const DistributionInput& inp
         static_cast<uint64_t>(std::numeric_limits<int64_t>::max() - *s.size_bytes);
     packed[r] = (Packed{hi} << 64 | Packed{size_key} << 32) + static_cast<uint32_t>(r);
   }
-  std::sort(packed.begin(), packed.end());
+  SortPacked(packed);
   std::vector<VisitKey> order(num_shards);
   for (int32_t v = 0; v < num_shards; ++v) {
     const int32_t i = by_id[static_cast<uint32_t>(packed[v])];

@@ -330,5 +330,45 @@ TEST(DistributePropertyTest, FastPathMatchesStraightforwardImplementation) {
   EXPECT_GT(errors, 10);
 }
 
+// Inputs large enough for the radix sort of visiting keys and the per-set heaps.
+TEST(DistributePropertyTest, LargeInputsMatchStraightforwardImplementation) {
+  std::mt19937_64 rng(777);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int iter = 0; iter < 4; ++iter) {
+    DistributionInput in;
+    in.num_ranks = pick(50, 300);
+    for (int g = 0; g < 3; ++g) {  // shared groups of 40-60 ranks, some repeats
+      std::vector<int64_t> group;
+      for (int64_t i = 0, n = pick(40, 60); i < n; ++i) group.push_back(pick(0, in.num_ranks - 1));
+      in.holder_lists.push_back(group);
+    }
+    const int num_shards = static_cast<int>(pick(5000, 20000));
+    for (int i = 0; i < num_shards; ++i) {
+      ShardId id{"k" + std::to_string(pick(0, 400)), {i, pick(0, 3)}, std::nullopt};
+      if (iter % 2 == 0) id.flat = FlatRange{0, pick(0, 9)};
+      // Sizes spanning many bit ranges so every radix digit varies.
+      const int64_t size = pick(0, 3) == 0 ? pick(0, 4) : (int64_t{1} << pick(0, 50)) + pick(0, 9);
+      int32_t list;
+      if (pick(0, 1) == 0) {
+        list = static_cast<int32_t>(pick(0, 2));
+      } else {
+        std::vector<int64_t> holders;
+        for (int64_t h = 0, n = pick(1, 8); h < n; ++h) holders.push_back(pick(-1, in.num_ranks));
+        holders.push_back(pick(0, in.num_ranks - 1));
+        in.holder_lists.push_back(holders);
+        list = static_cast<int32_t>(in.holder_lists.size() - 1);
+      }
+      in.shards.push_back(DistributableShard{id, size, list, pick(0, 7) == 0});
+    }
+    auto fast = DistributeShardsToRanks(in);
+    auto ref = DistributeShardsToRanksReference(in);
+    ASSERT_TRUE(fast.ok()) << fast.status();
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    ASSERT_EQ(*fast, *ref) << "iteration " << iter;
+  }
+}
+
 }  // namespace
 }  // namespace ckpt
