@@ -106,9 +106,9 @@ class Client {
 
   // Collective: saves `state` to the checkpoint directory `path`. Returns once the state is
   // snapshotted (the trainer may then modify its tensors); the handle's WaitDurable completes
-  // after the commit. Until the worker's staging path exists, Save returns only once the
-  // operation is committed (synchronous), never earlier, and reports the coordinator's
-  // diagnosis when it is aborted.
+  // after the commit. The workers write straight from the shared tensors, and until they
+  // snapshot into staging memory first, Save returns only once the checkpoint is committed
+  // (synchronous), never earlier; an aborted save returns the coordinator's diagnosis.
   absl::StatusOr<std::unique_ptr<SaveHandle>> Save(const std::string& path, const StateDict& state,
                                                    const SaveOptions& options = {});
 

@@ -21,8 +21,8 @@
 #include "common/daemon.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/kv_store.h"
-#include "coordinator/operation_planners.h"
 #include "coordinator/rendezvous_service.h"
+#include "coordinator/save_commit.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7400", "host:port to serve on (port 0: pick a free one)");
@@ -78,13 +78,20 @@ int Run() {
   options.jobs.arrival_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_arrival_deadline_ms));
   options.jobs.execution_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_execution_deadline_ms));
   ckpt::coordinator::CoordinatorService coordinator(&clock, options);
+  // Saves: staging directory + save plan, then manifest merge + atomic commit; an aborted
+  // save's staging directory is removed.
+  ckpt::coordinator::SaveCommitter saves;
   coordinator.SetPlanner(
       ckpt::coordinator::OperationKind::kSave,
-      [](const ckpt::coordinator::Operation& op) { return ckpt::coordinator::PlanSave(op); });
+      [&saves](const ckpt::coordinator::Operation& op) { return saves.Plan(op); });
+  coordinator.SetCommitter([&saves](const ckpt::coordinator::Operation& op) -> absl::Status {
+    if (op.kind == ckpt::coordinator::OperationKind::kSave) return saves.Commit(op);
+    return absl::UnimplementedError("committing reshards is not wired into this coordinator yet");
+  });
+  coordinator.SetFinalizer(
+      [&saves](const ckpt::coordinator::Operation& op) { saves.Finalize(op); });
   // TODO(issue 6): wire the load planner (coordinator/load_plan, which needs the checkpoint's
-  // manifest from storage/) and the manifest committer (storage/checkpoint_writer) here; until
-  // then loads are aborted at planning and saves at commit with Unimplemented naming what is
-  // missing (the workers cannot execute plan parts yet either).
+  // manifest from storage/) here; until then loads are aborted at planning with Unimplemented.
   ckpt::KvStore kv;
   ckpt::RendezvousService rendezvous(&kv);
 

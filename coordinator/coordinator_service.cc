@@ -138,7 +138,22 @@ void CoordinatorService::Shutdown() {
   if (ticker_.joinable()) ticker_.join();
 }
 
-void CoordinatorService::Changed() { changed_.SignalAll(); }
+void CoordinatorService::SetFinalizer(Finalizer finalizer) { finalizer_ = std::move(finalizer); }
+
+void CoordinatorService::Changed() {
+  if (finalizer_) {
+    std::set<std::string> present;
+    for (const Operation* op : jobs_.Operations()) {
+      present.insert(op->id);
+      if (IsFinal(op->phase) && finalized_.insert(op->id).second) finalizer_(*op);
+    }
+    // Forget operations the state machine no longer remembers.
+    for (auto it = finalized_.begin(); it != finalized_.end();) {
+      it = present.count(*it) ? std::next(it) : finalized_.erase(it);
+    }
+  }
+  changed_.SignalAll();
+}
 
 void CoordinatorService::TickOnce() {
   absl::MutexLock lock(&mu_);
@@ -318,6 +333,7 @@ grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext*,
   join.location = RankLocation{worker->id, worker->description.host, worker->description.pid};
   join.shards.assign(request->state().shards().begin(), request->state().shards().end());
   join.operation_id = request->operation_id();
+  join.metadata.insert(request->metadata().begin(), request->metadata().end());
   absl::StatusOr<const Operation*> op = jobs_.JoinOperation(join);
   if (!op.ok()) return ToGrpcStatus(op.status());
   std::string id = (*op)->id;
@@ -401,7 +417,8 @@ grpc::Status CoordinatorService::ReportResult(grpc::ServerContext*,
                                               pb::ReportResultResponse*) {
   absl::MutexLock lock(&mu_);
   absl::Status result = FromDetail(request->result());
-  absl::Status s = jobs_.ReportResult(request->operation_id(), request->rank(), result);
+  absl::Status s =
+      jobs_.ReportResult(request->operation_id(), request->rank(), result, request->written());
   if (!s.ok()) return ToGrpcStatus(s);
   const Operation* op = jobs_.FindOperation(request->operation_id());
   if (op != nullptr && op->phase == Phase::kAborted) LogAborted({op->id});

@@ -39,6 +39,10 @@ using Planner = std::function<absl::StatusOr<std::vector<RankPlan>>(const Operat
 // Commits a save/reshard whose every rank reported success (writes the manifest).
 using Committer = std::function<absl::Status(const Operation& op)>;
 
+// Called once for every operation that reached done or aborted (e.g. to remove the staging
+// directory of an aborted save), under the service's lock: keep it short.
+using Finalizer = std::function<void(const Operation& op)>;
+
 // The service. Thread-safe; construct, wire planners, Start(), register with a grpc server.
 class CoordinatorService final : public pb::Coordinator::Service {
  public:
@@ -48,6 +52,7 @@ class CoordinatorService final : public pb::Coordinator::Service {
   // Wiring, before Start().
   void SetPlanner(OperationKind kind, Planner planner);
   void SetCommitter(Committer committer);
+  void SetFinalizer(Finalizer finalizer);
 
   // Starts the lease/deadline ticker thread.
   void Start();
@@ -102,6 +107,8 @@ class CoordinatorService final : public pb::Coordinator::Service {
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   std::map<OperationKind, Planner> planners_;
   Committer committer_;
+  Finalizer finalizer_;
+  std::set<std::string> finalized_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // Operations whose planner or committer is running (unlocked) right now.
   std::set<std::string> busy_ ABSL_GUARDED_BY(mu_);

@@ -231,6 +231,7 @@ absl::StatusOr<const Operation*> JobState::JoinOperation(const JoinRequest& requ
   entry.location = request.location;
   entry.joined_at = clock_->Now();
   entry.shards = request.shards;
+  if (op->metadata.empty()) op->metadata = request.metadata;
   ++version_;
   if (op->JoinedRanks() == op->world_size) {
     EnterPhase(*op, Phase::kPlanning, clock_->Now() + options_.execution_deadline);
@@ -288,7 +289,7 @@ absl::Status JobState::ReportProgress(absl::string_view operation_id, int rank,
 }
 
 absl::Status JobState::ReportResult(absl::string_view operation_id, int rank,
-                                    const absl::Status& result) {
+                                    const absl::Status& result, std::string written) {
   Operation* op = MutableOperation(operation_id);
   if (op == nullptr) return absl::NotFoundError(absl::StrCat("unknown operation ", operation_id));
   if (rank < 0 || rank >= op->world_size) {
@@ -311,6 +312,7 @@ absl::Status JobState::ReportResult(absl::string_view operation_id, int rank,
     return absl::OkStatus();
   }
   entry.bytes_done = entry.bytes_total;
+  entry.written = std::move(written);
   if (op->ReportedRanks() == op->world_size) {
     if (op->kind == OperationKind::kLoad) {
       Finish(*op, Phase::kDone);

@@ -77,6 +77,7 @@ struct RankEntry {
   int64_t bytes_total = 0;  // bytes this rank moves under the plan
   int64_t bytes_done = 0;
   std::optional<absl::Status> result;  // set once the rank reported
+  std::string written;  // opaque record of what the rank wrote (save), kept for the commit
 };
 
 // A save, load or reshard of one job (or, for offline reshards, of a job created for it).
@@ -86,6 +87,7 @@ struct Operation {
   OperationKind kind = OperationKind::kSave;
   std::string path;
   std::string requested_by;  // "operator" or "rank <r>"
+  std::map<std::string, std::string> metadata;  // user metadata (first rank to give any)
   int world_size = 0;
   Phase phase = Phase::kGathering;
   absl::Time created;
@@ -112,6 +114,7 @@ struct JoinRequest {
   std::string path;
   RankLocation location;
   std::vector<pb::ShardMeta> shards;
+  std::map<std::string, std::string> metadata;  // user metadata for the manifest (step, ...)
   // When set, the operation the rank means to join (e.g. one an operator requested and
   // the trainer learned of through Poll); joining anything else is an error.
   std::string operation_id;
@@ -171,7 +174,9 @@ class JobState {
 
   // A rank's final result in kExecuting. A failure aborts the operation naming the rank.
   // When every rank reported success: kCommitting for save/reshard, kDone for load.
-  absl::Status ReportResult(absl::string_view operation_id, int rank, const absl::Status& result);
+  // `written` is kept with the rank's entry (for the committer) when the result is OK.
+  absl::Status ReportResult(absl::string_view operation_id, int rank, const absl::Status& result,
+                            std::string written = "");
 
   // Ends kCommitting: kDone when `result` is OK, else kAborted with it.
   absl::Status FinishCommit(absl::string_view operation_id, const absl::Status& result);

@@ -40,15 +40,18 @@ absl::StatusOr<std::vector<TensorPiece>> GatheredPieces(const Operation& op,
   return pieces;
 }
 
-absl::StatusOr<std::vector<RankPlan>> PlanSave(const Operation& op,
-                                               const SavePlanOptions& options) {
+absl::StatusOr<std::vector<RankPlan>> PlanSave(const Operation& op, const SavePlanOptions& options,
+                                               const std::string& staging_dir) {
   std::vector<int> local_index;
   absl::StatusOr<std::vector<TensorPiece>> pieces = GatheredPieces(op, &local_index);
   if (!pieces.ok()) return pieces.status();
   absl::StatusOr<SavePlan> plan = BuildSavePlan(*pieces, op.world_size, options);
   if (!plan.ok()) return plan.status();
   std::vector<pb::SavePlanPart> parts(op.world_size);
-  for (int r = 0; r < op.world_size; ++r) parts[r].set_rank(r);
+  for (int r = 0; r < op.world_size; ++r) {
+    parts[r].set_rank(r);
+    parts[r].set_staging_dir(staging_dir);
+  }
   for (const WriterPlan& writer : plan->writers) {
     if (writer.rank < 0 || writer.rank >= op.world_size) {
       return absl::InternalError(absl::StrCat("save plan names writer rank ", writer.rank,

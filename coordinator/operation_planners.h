@@ -4,6 +4,7 @@
 #ifndef CKPT_COORDINATOR_OPERATION_PLANNERS_H_
 #define CKPT_COORDINATOR_OPERATION_PLANNERS_H_
 
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,8 +24,10 @@ absl::StatusOr<std::vector<TensorPiece>> GatheredPieces(const Operation& op,
 // one pb::SavePlanPart per rank, serialized, with the bytes that rank writes. Layout errors
 // (overlapping or missing main replicas, disagreeing dtypes/shapes) come back as
 // InvalidArgument naming the tensor, ranks and regions.
+// `staging_dir` is where the workers write their data files (SavePlanPart.staging_dir).
 absl::StatusOr<std::vector<RankPlan>> PlanSave(const Operation& op,
-                                               const SavePlanOptions& options = {});
+                                               const SavePlanOptions& options = {},
+                                               const std::string& staging_dir = "");
 
 }  // namespace ckpt::coordinator
 

@@ -60,6 +60,8 @@ class Cluster {
   int RunCkptctl(const std::vector<std::string>& args, std::string* out);
 
   const std::string& address() const { return address_; }
+  // The cluster's scratch directory (removed with the cluster).
+  const std::string& dir() const { return dir_; }
   Child& coordinator() { return *children_.at(coordinator_child_); }
   Child& worker(int i) { return *children_.at(workers_.at(i).child); }
   const std::string& worker_socket(int i) const { return workers_.at(i).socket; }

@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -16,6 +18,8 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sharding/region.h"
+#include "storage/checkpoint_reader.h"
 #include "tests/services_cluster.h"
 
 namespace ckpt::testing {
@@ -161,32 +165,64 @@ TEST(ServicesTest, TrainerSharesATensorThroughSharedMemoryReleasedWhenItDies) {
   EXPECT_TRUE(cluster.worker(0).Running());  // the worker keeps serving
 }
 
-TEST(ServicesTest, SaveIsGatheredPlannedAndHandedToWorkersThatReportWhatIsMissing) {
+TEST(ServicesTest, SaveWritesEveryRanksSharedTensorAndCommitsItBitExact) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
   cluster.StartWorker(0);
   cluster.StartWorker(1);
-  Child* r0 = cluster.StartTrainer(0, "g", 0, 2, "save", "/tmp/never-written");
-  Child* r1 = cluster.StartTrainer(1, "g", 1, 2, "save", "/tmp/never-written");
+  const std::string path = cluster.dir() + "/step1";
+  Child* r0 = cluster.StartTrainer(0, "g", 0, 2, "save", path);
+  Child* r1 = cluster.StartTrainer(1, "g", 1, 2, "save", path);
   ASSERT_TRUE(WaitFor([&] { return Result(*r0).first >= 0 && Result(*r1).first >= 0; }))
       << r0->Stdout() << r0->Stderr() << r1->Stdout() << r1->Stderr();
-  std::string first_message;
-  for (Child* r : {r0, r1}) {
-    auto [code, message] = Result(*r);
-    // Not success: nothing may be reported saved while the workers cannot write.
-    EXPECT_EQ(code, static_cast<int>(absl::StatusCode::kUnimplemented)) << message;
-    EXPECT_THAT(message, HasSubstr("cannot execute save plan parts yet"));
-    EXPECT_THAT(message, ::testing::ContainsRegex("rank [01] \\(host [^,]+, worker w-[12]"));
-    if (first_message.empty()) first_message = message;
-    EXPECT_EQ(message, first_message);  // every rank gets the same diagnosis
-  }
+  EXPECT_EQ(Result(*r0).first, 0) << Result(*r0).second;
+  EXPECT_EQ(Result(*r1).first, 0) << Result(*r1).second;
   pb::GetStatusResponse status = cluster.Status();
   ASSERT_EQ(status.operations_size(), 1);
-  EXPECT_EQ(status.operations(0).joined_ranks(), 2);  // both ranks' metadata was gathered
+  EXPECT_EQ(status.operations(0).phase(), pb::PHASE_DONE);
+  EXPECT_EQ(status.operations(0).joined_ranks(), 2);
   // The save planner assigned each rank its own row: 2 x 1024 int32 elements in all.
   EXPECT_EQ(status.operations(0).bytes_total(), 2 * 1024 * 4);
-  EXPECT_EQ(status.operations(0).phase(), pb::PHASE_ABORTED);
-  EXPECT_EQ(access("/tmp/never-written/manifest.pb", F_OK), -1);
+  EXPECT_EQ(status.operations(0).bytes_done(), 2 * 1024 * 4);
+
+  // Every element is what the trainers held: rank r's row holds r * 1024 + i.
+  auto reader = CheckpointReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<int32_t> values(2 * 1024, -1);
+  ASSERT_TRUE((*reader)->ReadRegion("probe.weight", WholeRegion({2, 1024}), values.data()).ok());
+  for (int i = 0; i < 2 * 1024; ++i) ASSERT_EQ(values[i], i) << "element " << i;
+  std::string out;
+  EXPECT_EQ(cluster.RunCkptctl({"verify", path}, &out), 0) << out;
+
+  // Saving again to a committed checkpoint fails for every rank and leaves it intact.
+  Child* again0 = cluster.StartTrainer(0, "g", 0, 2, "save", path);
+  Child* again1 = cluster.StartTrainer(1, "g", 1, 2, "save", path);
+  ASSERT_TRUE(WaitFor([&] { return Result(*again0).first >= 0 && Result(*again1).first >= 0; }));
+  EXPECT_EQ(Result(*again0).first, static_cast<int>(absl::StatusCode::kAlreadyExists))
+      << Result(*again0).second;
+  EXPECT_EQ(Result(*again0).second, Result(*again1).second);
+  EXPECT_THAT(Result(*again0).second, HasSubstr(path));
+  EXPECT_EQ(cluster.RunCkptctl({"verify", path}, &out), 0) << out;
+}
+
+TEST(ServicesTest, SaveToAnUnwritablePathFailsForEveryRankAndLeavesNothing) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  cluster.StartWorker(0);
+  cluster.StartWorker(1);
+  const std::string file = cluster.dir() + "/a-file";
+  FILE* f = std::fopen(file.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  const std::string path = file + "/ckpt";  // parent is a regular file
+  Child* r0 = cluster.StartTrainer(0, "bad", 0, 2, "save", path);
+  Child* r1 = cluster.StartTrainer(1, "bad", 1, 2, "save", path);
+  ASSERT_TRUE(WaitFor([&] { return Result(*r0).first >= 0 && Result(*r1).first >= 0; }));
+  EXPECT_NE(Result(*r0).first, 0);
+  EXPECT_EQ(Result(*r0).second, Result(*r1).second);
+  EXPECT_THAT(Result(*r0).second, HasSubstr("planning failed"));
+  EXPECT_THAT(Result(*r0).second, HasSubstr(path));
+  EXPECT_EQ(access(path.c_str(), F_OK), -1);
 }
 
 TEST(ServicesTest, RankThatNeverArrivesAbortsEveryRankNamingIt) {
@@ -251,17 +287,19 @@ TEST(ServicesTest, OperatorRequestedSaveRunsAtTheTrainersNextPoll) {
   pb::RequestOperationRequest request;
   request.set_job("polled");
   request.set_kind(pb::OPERATION_SAVE);
-  request.set_path("/tmp/operator-ckpt");
+  const std::string path = cluster.dir() + "/operator-ckpt";
+  request.set_path(path);
   pb::RequestOperationResponse response;
   ASSERT_TRUE(cluster.coordinator_stub()->RequestOperation(&context, request, &response).ok());
   ASSERT_TRUE(WaitFor([&] { return Result(*trainer).first >= 0; }))
       << trainer->Stdout() << trainer->Stderr();
-  // The trainer joined the operator's operation (and got the coordinator's diagnosis).
-  EXPECT_EQ(Result(*trainer).first, static_cast<int>(absl::StatusCode::kUnimplemented))
-      << Result(*trainer).second;
+  // The trainer joined the operator's operation at its next Poll and the save committed.
+  EXPECT_EQ(Result(*trainer).first, 0) << Result(*trainer).second;
+  EXPECT_EQ(access((path + "/manifest.pb").c_str(), F_OK), 0);
   pb::GetStatusResponse status = cluster.Status();
   ASSERT_EQ(status.operations_size(), 1);
   EXPECT_EQ(status.operations(0).id(), response.operation_id());
+  EXPECT_EQ(status.operations(0).phase(), pb::PHASE_DONE);
   EXPECT_EQ(status.operations(0).requested_by(), "operator");
   EXPECT_EQ(status.operations(0).joined_ranks(), 1);
 }

@@ -2,11 +2,14 @@
 
 #include <unistd.h>
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "spdlog/spdlog.h"
+#include "worker/save_executor.h"
 
 namespace ckpt::worker {
 namespace {
@@ -209,15 +212,35 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
   if (kind.rfind("OPERATION_", 0) == 0) kind = kind.substr(10);
   for (char& c : kind) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   absl::Status result;
+  std::string written;
   pb::SavePlanPart save_part;
-  if (item.kind() == pb::OPERATION_SAVE && !save_part.ParseFromString(item.plan_part())) {
-    result = absl::InvalidArgumentError(absl::StrCat("worker ", link_->worker_id(), " on host ",
-                                                     host_, ": unreadable save plan part"));
-  } else if (item.kind() == pb::OPERATION_SAVE && save_part.files_size() == 0) {
-    result = absl::OkStatus();  // this rank writes nothing
+  if (item.kind() == pb::OPERATION_SAVE) {
+    if (!save_part.ParseFromString(item.plan_part())) {
+      result = absl::InvalidArgumentError(absl::StrCat("worker ", link_->worker_id(), " on host ",
+                                                       host_, ": unreadable save plan part"));
+    } else {
+      std::optional<SessionInfo> session;
+      for (SessionInfo& s : registry_->Sessions()) {
+        if (s.trainer.job == item.job() && s.trainer.rank == item.rank()) session = std::move(s);
+      }
+      if (!session.has_value()) {
+        result = absl::FailedPreconditionError(absl::StrCat(
+            "worker ", link_->worker_id(), " on host ", host_, ": the trainer of rank ",
+            item.rank(), " of job ", item.job(), " is no longer connected"));
+      } else {
+        absl::Time start = absl::Now();
+        absl::StatusOr<std::string> done = ExecuteSavePart(save_part, *session);
+        result = done.status();
+        if (done.ok()) written = *std::move(done);
+        spdlog::info("save_part_written op={} rank={} bytes={} files={} seconds={:.3f} ok={}",
+                     item.operation_id(), item.rank(), save_part.total_bytes(),
+                     save_part.files_size(), absl::ToDoubleSeconds(absl::Now() - start),
+                     result.ok());
+      }
+    }
   } else {
-    // The data path that executes plan parts (exchange/ and storage/) is not wired into the
-    // worker yet: say so to the coordinator, which aborts the operation for every rank.
+    // The data path that executes load/reshard plan parts (exchange/ + storage/) is not wired
+    // into the worker yet: say so to the coordinator, which aborts the operation for every rank.
     result = absl::UnimplementedError(absl::StrCat(
         "worker ", link_->worker_id(), " on host ", host_, " cannot execute ", kind,
         " plan parts yet: the exchange/storage data path is not wired into ckpt_worker"));
@@ -227,6 +250,7 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
   report.set_rank(item.rank());
   report.mutable_result()->set_code(static_cast<int32_t>(result.code()));
   report.mutable_result()->set_message(std::string(result.message()));
+  report.set_written(written);
   pb::ReportResultResponse response;
   grpc::Status s = link_->stub()->ReportResult(link_->Context().get(), report, &response);
   spdlog::info("plan_part_result op={} rank={} code={} reported={}", item.operation_id(),

@@ -1,0 +1,97 @@
+#include "coordinator/save_commit.h"
+
+#include <set>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "coordinator/operation_planners.h"
+#include "proto/convert.h"
+#include "storage/checkpoint_writer.h"
+#include "storage/file_util.h"
+
+namespace ckpt::coordinator {
+
+absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op) {
+  // Tensors: every key gathered, with the dtype and shape the lowest rank reported.
+  std::vector<TensorSpec> tensors;
+  std::set<std::string> seen;
+  for (int r = 0; r < op.world_size; ++r) {
+    for (const pb::ShardMeta& s : op.ranks[r].shards) {
+      if (!seen.insert(s.tensor().key()).second) continue;
+      absl::StatusOr<DType> dtype = DTypeFromProto(s.tensor().dtype());
+      if (!dtype.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r, " tensor ", s.tensor().key(), ": ", dtype.status().message()));
+      }
+      tensors.push_back(TensorSpec{s.tensor().key(), *dtype,
+                                   std::vector<int64_t>(s.tensor().global_shape().begin(),
+                                                        s.tensor().global_shape().end())});
+    }
+  }
+  WrittenData data;
+  for (int r = 0; r < op.world_size; ++r) {
+    pb::Manifest written;
+    if (!written.ParseFromString(op.ranks[r].written)) {
+      return absl::DataLossError(
+          absl::StrCat("rank ", r, " reported an unreadable record of the files it wrote"));
+    }
+    for (pb::StoredPiece& p : *written.mutable_pieces()) data.pieces.push_back(std::move(p));
+    for (pb::DataFile& f : *written.mutable_files()) data.files.push_back(std::move(f));
+  }
+  CheckpointContents info;
+  info.saved_layout.set_world_size(op.world_size);
+  info.user_metadata = op.metadata;
+  if (auto step = op.metadata.find("step"); step != op.metadata.end()) {
+    if (!absl::SimpleAtoi(step->second, &info.step)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metadata step=\"", step->second, "\" is not an integer"));
+    }
+  }
+  return BuildManifest(tensors, data, info, kDefaultChecksumBlockBytes);
+}
+
+std::string SaveCommitter::StagingDir(const std::string& operation_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = staging_.find(operation_id);
+  return it == staging_.end() ? "" : it->second;
+}
+
+absl::StatusOr<std::vector<RankPlan>> SaveCommitter::Plan(const Operation& op) {
+  absl::StatusOr<std::string> staging = CreateStagingDir(op.path, /*overwrite=*/false);
+  if (!staging.ok()) return staging.status();
+  {
+    absl::MutexLock lock(&mu_);
+    staging_[op.id] = *staging;
+  }
+  return PlanSave(op, SavePlanOptions(), *staging);
+}
+
+absl::Status SaveCommitter::Commit(const Operation& op) {
+  std::string staging = StagingDir(op.id);
+  if (staging.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(op.DebugString(), " has no staging dir"));
+  }
+  absl::StatusOr<pb::Manifest> manifest = MergeManifest(op);
+  if (!manifest.ok()) return manifest.status();
+  absl::Status committed = CommitCheckpoint(staging, op.path, *manifest, WriteOptions());
+  if (committed.ok()) {
+    absl::MutexLock lock(&mu_);
+    staging_.erase(op.id);
+  }
+  return committed;
+}
+
+void SaveCommitter::Finalize(const Operation& op) {
+  std::string staging;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = staging_.find(op.id);
+    if (it == staging_.end()) return;
+    staging = it->second;
+    staging_.erase(it);
+  }
+  if (op.phase != Phase::kDone && PathExists(staging)) (void)RemoveTree(staging);
+}
+
+}  // namespace ckpt::coordinator

@@ -1,0 +1,45 @@
+// The coordinator's side of a distributed save on a shared filesystem: before the plan goes
+// out it creates the checkpoint's staging directory (workers write their data files there);
+// once every rank reported what it wrote it merges those records into the manifest and runs
+// the storage commit protocol (fsyncs, atomic rename); an aborted save's staging directory is
+// removed, so nothing half-written ever looks like a checkpoint. No gRPC, no logging.
+#ifndef CKPT_COORDINATOR_SAVE_COMMIT_H_
+#define CKPT_COORDINATOR_SAVE_COMMIT_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/job_state.h"
+#include "proto/manifest.pb.h"
+
+namespace ckpt::coordinator {
+
+// Merges the ranks' `written` records (serialized pb::Manifest with pieces and files) with the
+// gathered tensor metadata into the checkpoint's manifest. Errors name the rank.
+absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op);
+
+// Tracks the staging directory of each save in flight. Thread-safe.
+class SaveCommitter {
+ public:
+  // Planner for saves: creates the staging directory next to op.path (AlreadyExists when a
+  // checkpoint is there) and plans with PlanSave.
+  absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op);
+  // Committer: merges the manifest and commits the staging directory to op.path.
+  absl::Status Commit(const Operation& op);
+  // Finalizer: removes the staging directory of a save that did not commit.
+  void Finalize(const Operation& op);
+
+ private:
+  std::string StagingDir(const std::string& operation_id);
+
+  absl::Mutex mu_;
+  std::map<std::string, std::string> staging_ ABSL_GUARDED_BY(mu_);  // operation -> dir
+};
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_COORDINATOR_SAVE_COMMIT_H_

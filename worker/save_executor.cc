@@ -1,0 +1,86 @@
+#include "worker/save_executor.h"
+
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "proto/convert.h"
+#include "proto/manifest.pb.h"
+#include "storage/checkpoint_writer.h"
+
+namespace ckpt::worker {
+
+absl::StatusOr<std::string> ExecuteSavePart(const pb::SavePlanPart& part,
+                                            const SessionInfo& session) {
+  const std::string who = absl::StrCat("rank ", part.rank(), " of job ", session.trainer.job);
+  if (part.rank() != session.trainer.rank) {
+    return absl::InternalError(
+        absl::StrCat("save plan part of rank ", part.rank(), " delivered for ", who));
+  }
+  if (part.staging_dir().empty() && part.files_size() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": save plan part has no staging dir"));
+  }
+  std::vector<TensorSpec> tensors;
+  std::set<std::string> keys;
+  std::vector<DataFilePlan> files;
+  for (const pb::PlanFile& file : part.files()) {
+    DataFilePlan plan;
+    plan.writer_rank = part.rank();
+    for (const pb::PlanPiece& piece : file.pieces()) {
+      if (piece.local_index() < 0 ||
+          piece.local_index() >= static_cast<int>(session.tensors.size())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            who, ": tensor ", piece.key(), " (local index ", piece.local_index(),
+            ") is not among the ", session.tensors.size(),
+            " tensors the trainer shares now (did it re-register its state during the save?)"));
+      }
+      const RegisteredTensor& t = session.tensors[piece.local_index()];
+      absl::StatusOr<Region> region = RegionFromProto(piece.region());
+      if (!region.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(who, ": tensor ", piece.key(), ": ", region.status().message()));
+      }
+      absl::StatusOr<Region> shared = RegionFromProto(t.shard.region());
+      if (t.shard.tensor().key() != piece.key() || !shared.ok() || *shared != *region ||
+          t.nbytes != piece.size_bytes()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(who, ": the plan's piece ", piece.key(), " ", region->DebugString(),
+                         " does not match the shared tensor ", t.shard.tensor().key(),
+                         shared.ok() ? absl::StrCat(" ", shared->DebugString()) : std::string()));
+      }
+      if (t.memory_kind != "host" || (t.data == nullptr && t.nbytes > 0)) {
+        return absl::UnimplementedError(
+            absl::StrCat(who, ": tensor ", piece.key(), " is in ", t.memory_kind,
+                         " memory; saving device tensors is not wired into the worker yet"));
+      }
+      if (keys.insert(piece.key()).second) {
+        absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype());
+        if (!dtype.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(who, ": tensor ", piece.key(), ": ", dtype.status().message()));
+        }
+        tensors.push_back(TensorSpec{
+            piece.key(), *dtype,
+            std::vector<int64_t>(piece.global_shape().begin(), piece.global_shape().end())});
+      }
+      plan.pieces.push_back(PieceData{piece.key(), *region, t.data, t.nbytes});
+    }
+    files.push_back(std::move(plan));
+  }
+  pb::Manifest written;
+  if (!files.empty()) {
+    absl::StatusOr<WrittenData> data =
+        WriteDataFiles(part.staging_dir(), tensors, files, /*first_index=*/0, WriteOptions());
+    if (!data.ok()) {
+      return absl::Status(data.status().code(),
+                          absl::StrCat(who, ": writing data files into ", part.staging_dir(), ": ",
+                                       data.status().message()));
+    }
+    for (pb::StoredPiece& p : data->pieces) *written.add_pieces() = std::move(p);
+    for (pb::DataFile& f : data->files) *written.add_files() = std::move(f);
+  }
+  return written.SerializeAsString();
+}
+
+}  // namespace ckpt::worker
