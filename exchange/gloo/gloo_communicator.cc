@@ -62,9 +62,15 @@ class GlooCommunicator final : public Communicator {
   MemoryKind memory_kind() const override { return MemoryKind::kHost; }
   absl::string_view backend_name() const override { return "gloo"; }
 
+  // Flat (root sends to every rank) for small payloads or groups of two; otherwise a pipelined
+  // chain root -> root+1 -> ... in chunks, so the root's link carries the payload once and
+  // every hop forwards chunk i while receiving chunk i+1.
   absl::Status Broadcast(void* data, size_t bytes, int root, absl::Time deadline) override {
     constexpr absl::string_view kOp = "gloo broadcast";
     CKPT_RETURN_IF_ERROR(CheckRank(kOp, "root", root, size_));
+    if (size_ >= 3 && bytes >= kChainMinBytes) {
+      return ChainBroadcast(kOp, static_cast<char*>(data), bytes, root, deadline);
+    }
     uint64_t slot = NextSlot();
     std::vector<Transfer> sends, recvs;
     if (bytes > 0) {
@@ -311,6 +317,72 @@ class GlooCommunicator final : public Communicator {
     } catch (...) {
       status = absl::InternalError(
           Describe(op, *current, current_is_send, "failed with an unknown exception"));
+    }
+    if (!status.ok()) Break(status);
+    return status;
+  }
+
+  static constexpr size_t kChainMinBytes = size_t{4} << 20;
+  static constexpr size_t kChainChunkBytes = size_t{1} << 20;
+
+  absl::Status ChainBroadcast(absl::string_view op, char* data, size_t bytes, int root,
+                              absl::Time deadline) {
+    const size_t chunks = (bytes + kChainChunkBytes - 1) / kChainChunkBytes;
+    // One slot per chunk, reserved identically on every rank.
+    const uint64_t base = next_slot_;
+    next_slot_ += chunks;
+    if (!broken_.ok()) return Run(op, base, {}, {{root, data, bytes}}, deadline);
+    const int pos = (rank_ - root + size_) % size_;
+    const int prev = (rank_ - 1 + size_) % size_, next = (rank_ + 1) % size_;
+    const bool has_prev = pos != 0, has_next = pos != size_ - 1;
+    auto chunk = [&](size_t c) {
+      return Transfer{0, data + c * kChainChunkBytes,
+                      std::min(kChainChunkBytes, bytes - c * kChainChunkBytes)};
+    };
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs, sends;
+    Transfer current{};
+    bool current_is_send = false;
+    absl::Status status;
+    try {
+      if (has_prev) {
+        current_is_send = false;
+        for (size_t c = 0; c < chunks; ++c) {
+          current = chunk(c);
+          current.peer = prev;
+          recvs.push_back(context_->createUnboundBuffer(current.ptr, current.bytes));
+          recvs.back()->recv(prev, base + c);
+        }
+      }
+      for (size_t c = 0; c < chunks && status.ok(); ++c) {
+        if (has_prev) {
+          current = chunk(c);
+          current.peer = prev;
+          current_is_send = false;
+          if (!recvs[c]->waitRecv(nullptr, RemainingMs(deadline))) {
+            status = absl::AbortedError(Describe(op, current, false, "was aborted"));
+          }
+        }
+        if (has_next && status.ok()) {
+          current = chunk(c);
+          current.peer = next;
+          current_is_send = true;
+          sends.push_back(context_->createUnboundBuffer(current.ptr, current.bytes));
+          sends.back()->send(next, base + c);
+        }
+      }
+      for (size_t c = 0; c < sends.size() && status.ok(); ++c) {
+        current = chunk(c);
+        current.peer = next;
+        current_is_send = true;
+        if (!sends[c]->waitSend(nullptr, RemainingMs(deadline))) {
+          status = absl::AbortedError(Describe(op, current, true, "was aborted"));
+        }
+      }
+    } catch (const std::exception& e) {
+      status = Classify(op, current, current_is_send, e.what(), deadline);
+    } catch (...) {
+      status = absl::InternalError(
+          Describe(op, current, current_is_send, "failed with an unknown exception"));
     }
     if (!status.ok()) Break(status);
     return status;

@@ -49,7 +49,9 @@ TEST_P(GlooCollectivesTest, BroadcastFromEveryRootIncludingEmptyAndOddSizes) {
   ExpectAllOk(RunOnThreads(
       N(), GlooMaker(Group("bcast")), absl::Seconds(20),
       [&](int rank, Communicator& comm) -> absl::Status {
-        for (size_t bytes : {size_t{0}, size_t{1}, size_t{7}, size_t{65537}}) {
+        // Sizes past 4 MiB take the pipelined chain on 3+ ranks (last chunk partial).
+        for (size_t bytes :
+             {size_t{0}, size_t{1}, size_t{7}, size_t{65537}, size_t{(5 << 20) + 3}}) {
           for (int root = 0; root < comm.size(); ++root) {
             std::string buf = rank == root ? Payload(root, bytes, bytes) : std::string(bytes, 'x');
             absl::Status s = comm.Broadcast(buf.data(), bytes, root, Deadline());
