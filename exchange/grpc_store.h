@@ -10,7 +10,9 @@
 namespace ckpt {
 
 // Talks to a Rendezvous server at `address` ("host:port"). Calls wait for the channel to
-// become ready (so ranks may start before the server) but never past their deadline.
+// become ready (so ranks may start before the server). Get gives the server until the deadline
+// to report missing keys and the transport 0.5 s more, so an unresponsive server is reported
+// at most 0.5 s after the deadline.
 class GrpcStore : public Store {
  public:
   explicit GrpcStore(const std::string& address);
