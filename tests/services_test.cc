@@ -276,32 +276,45 @@ TEST(ServicesTest, WorkerKilledWhileGatheringAbortsTheOtherRanksNamingHostAndCau
   EXPECT_TRUE(WaitFor([&] { return !SegmentExists(orphan); })) << orphan;
 }
 
-TEST(ServicesTest, OperatorRequestedSaveRunsAtTheTrainersNextPoll) {
+TEST(ServicesTest, CkptctlSaveIsTakenAtTheTrainersNextPollAndWaitsForTheCommit) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
   cluster.StartWorker(0);
   Child* trainer = cluster.StartTrainer(0, "polled", 0, 1, "poll");
-  ASSERT_TRUE(WaitFor([&] { return cluster.Status().jobs_size() == 1; }));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  pb::RequestOperationRequest request;
-  request.set_job("polled");
-  request.set_kind(pb::OPERATION_SAVE);
-  const std::string path = cluster.dir() + "/operator-ckpt";
-  request.set_path(path);
-  pb::RequestOperationResponse response;
-  ASSERT_TRUE(cluster.coordinator_stub()->RequestOperation(&context, request, &response).ok());
-  ASSERT_TRUE(WaitFor([&] { return Result(*trainer).first >= 0; }))
+  ASSERT_TRUE(WaitFor([&] { return cluster.Status().jobs_size() == 1; }))
       << trainer->Stdout() << trainer->Stderr();
-  // The trainer joined the operator's operation at its next Poll and the save committed.
+  const std::string path = cluster.dir() + "/operator-ckpt";
+  std::string out;
+  ASSERT_EQ(cluster.RunCkptctl({"save", "--coordinator", cluster.address(), "--job", "polled",
+                                "--timeout_s", "60", path},
+                               &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("committed at " + path));
+  EXPECT_THAT(out, HasSubstr("4096 bytes"));
+  EXPECT_EQ(access((path + "/manifest.pb").c_str(), F_OK), 0);  // durable before it returned
+  ASSERT_TRUE(WaitFor([&] { return Result(*trainer).first >= 0; }));
   EXPECT_EQ(Result(*trainer).first, 0) << Result(*trainer).second;
-  EXPECT_EQ(access((path + "/manifest.pb").c_str(), F_OK), 0);
   pb::GetStatusResponse status = cluster.Status();
   ASSERT_EQ(status.operations_size(), 1);
-  EXPECT_EQ(status.operations(0).id(), response.operation_id());
-  EXPECT_EQ(status.operations(0).phase(), pb::PHASE_DONE);
   EXPECT_EQ(status.operations(0).requested_by(), "operator");
-  EXPECT_EQ(status.operations(0).joined_ranks(), 1);
+  EXPECT_EQ(status.operations(0).phase(), pb::PHASE_DONE);
+  EXPECT_EQ(cluster.RunCkptctl({"verify", path}, &out), 0) << out;
+}
+
+TEST(ServicesTest, CkptctlSaveOfAnUnknownJobOrWithoutArgumentsFails) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  std::string out;
+  EXPECT_EQ(cluster.RunCkptctl(
+                {"save", "--coordinator", cluster.address(), "--job", "nope", cluster.dir() + "/x"},
+                &out),
+            1);
+  EXPECT_THAT(out, HasSubstr("job nope is unknown"));
+  EXPECT_EQ(cluster.RunCkptctl({"load", "--job", "nope"}, &out), 2);
+  EXPECT_THAT(out, HasSubstr("are required"));
+  EXPECT_EQ(cluster.RunCkptctl({"save", "--help"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("usage: ckptctl save"));
 }
 
 TEST(ServicesTest, WorkerReRegistersAndReattachesItsRanksAfterTheCoordinatorRestarts) {

@@ -15,6 +15,8 @@ int RunVerifyCommand(const std::vector<std::string>& args);   // storage_cmd.cc
 int RunImportCommand(const std::vector<std::string>& args);   // storage_cmd.cc
 int RunExportCommand(const std::vector<std::string>& args);   // storage_cmd.cc
 int RunStatusCommand(const std::vector<std::string>& args);   // status_cmd.cc
+int RunSaveCommand(const std::vector<std::string>& args);     // operation_cmd.cc
+int RunLoadCommand(const std::vector<std::string>& args);     // operation_cmd.cc
 int RunReshardCommand(const std::vector<std::string>& args);  // reshard_cmd.cc
 
 const std::vector<Command>& AllCommands() {
@@ -31,6 +33,10 @@ const std::vector<Command>& AllCommands() {
        RunExportCommand},
       {"status", "workers, jobs and operations in flight (with progress) of a coordinator",
        RunStatusCommand},
+      {"save", "operator-requested save of a running job (at its next Poll); waits for commit",
+       RunSaveCommand},
+      {"load", "operator-requested load of a running job into its current layout",
+       RunLoadCommand},
       {"reshard", "rewrite a checkpoint into a target layout's pieces (in-process, bounded memory)",
        RunReshardCommand},
   };
