@@ -28,6 +28,18 @@ namespace {
 constexpr int64_t kAlign = 4096;
 constexpr int64_t kHashSlice = int64_t{256} << 10;  // copy+hash granularity (stays in L2)
 
+std::atomic<bool> refuse_direct_for_testing{false};
+
+// open(2), except that O_DIRECT fails with EINVAL (as on filesystems without it) while the
+// test hook is set.
+int OpenFile(const char* path, int flags, mode_t mode = 0) {
+  if ((flags & O_DIRECT) != 0 && refuse_direct_for_testing) {
+    errno = EINVAL;
+    return -1;
+  }
+  return ::open(path, flags, mode);
+}
+
 int64_t RoundUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 int64_t RoundDown(int64_t v, int64_t a) { return v / a * a; }
 
@@ -354,7 +366,7 @@ absl::Status WriteOne(Lane& lane, const FileWrite& fw, const IoOptions& o, IoSta
   bool direct = o.direct_io;
   while (true) {
     int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-    int fd = ::open(fw.path.c_str(), flags | (direct ? O_DIRECT : 0), 0644);
+    int fd = OpenFile(fw.path.c_str(), flags | (direct ? O_DIRECT : 0), 0644);
     if (fd < 0 && direct && errno == EINVAL) {
       ++stats->direct_fallbacks;
       direct = false;
@@ -532,6 +544,8 @@ class RangeReader {
 
 }  // namespace
 
+void SetDirectIoRefusedForTesting(bool refused) { refuse_direct_for_testing = refused; }
+
 absl::StatusOr<std::vector<FileWriteResult>> WriteFiles(const std::vector<FileWrite>& files,
                                                         const IoOptions& options) {
   CKPT_RETURN_IF_ERROR(ValidateOptions(options));
@@ -570,7 +584,7 @@ absl::Status ReadRanges(const std::vector<RangeRead>& reads, const IoOptions& op
     if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", r.path));
     int dfd = -1;
     if (options.direct_io) {
-      dfd = ::open(r.path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+      dfd = OpenFile(r.path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
       if (dfd < 0) ++open_stats.direct_fallbacks;
     }
     files.fds[r.path] = {fd, dfd};

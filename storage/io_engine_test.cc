@@ -273,6 +273,29 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<1>(info.param) ? "Direct" : "Buffered");
     });
 
+TEST(IoEngineOptionsTest, FallsBackToBufferedWhenODirectIsRefused) {
+  const std::string dir = TestDir("refused");
+  const std::string data = RandomBytes(100000, 8);
+  IoStats stats;
+  IoOptions o;
+  o.direct_io = true;
+  o.stats = &stats;
+  SetDirectIoRefusedForTesting(true);
+  auto w = WriteFiles({{JoinPath(dir, "f"), {{data.data(), 100000, true, 0}}}}, o);
+  std::string out(100000, '\0');
+  IoStats rstats;
+  o.stats = &rstats;
+  absl::Status r = ReadRanges(
+      {{JoinPath(dir, "f"), 0, 100000, out.data(), true, 0, {Xxh3(data.data(), 100000)}, "f"}}, o);
+  SetDirectIoRefusedForTesting(false);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE(r.ok()) << r;
+  EXPECT_EQ(stats.direct_fallbacks, 1);
+  EXPECT_EQ(stats.direct_files, 0);
+  EXPECT_EQ(rstats.direct_fallbacks, 1);
+  EXPECT_TRUE(out == data);
+}
+
 TEST(IoEngineOptionsTest, RejectsUnalignedBuffers) {
   IoOptions o;
   o.buffer_bytes = 1000;
