@@ -37,8 +37,10 @@ absl::StatusOr<WaveWriteStats> WriteGptCheckpoint(
   info.step = step;
   info.user_metadata = user_metadata;
   const auto by_key = ByKey(tensors);
+  WaveOptions wave;
+  wave.wave_bytes = wave_bytes;
   return WriteCheckpointInWaves(
-      path, specs, plan, info, wave_bytes,
+      path, specs, plan, info,
       [&](absl::Span<const PlannedPiece* const> wave, absl::Span<char* const> buffers) {
         for (size_t i = 0; i < wave.size(); ++i) {
           CKPT_RETURN_IF_ERROR(FillPiece(*by_key.at(wave[i]->key), wave[i]->region,
@@ -46,7 +48,7 @@ absl::StatusOr<WaveWriteStats> WriteGptCheckpoint(
         }
         return absl::OkStatus();
       },
-      options);
+      wave, options);
 }
 
 absl::StatusOr<GptCheckReport> CheckGptCheckpoint(const std::string& path,

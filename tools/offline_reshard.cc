@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <future>
 #include <map>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "sharding/reshard_plan.h"
+#include "sharding/shard_id.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
 #include "storage/manifest_codec.h"
@@ -31,24 +34,63 @@ std::string PieceName(const PlannedPiece& p) {
   return absl::StrCat("tensor \"", p.key, "\" piece ", p.region.DebugString());
 }
 
+// Re-packs each writer's pieces (writers as the save plan chose them) into the same number of
+// files, consecutive in shard-id order and of about equal bytes, so that the files written in
+// one wave hold neighbouring tensors and a reshard reads each source piece in one wave.
+void RepackInShardIdOrder(SavePlan* plan) {
+  for (WriterPlan& w : plan->writers) {
+    std::vector<PlannedPiece> pieces;
+    for (PlannedFile& f : w.files) {
+      for (PlannedPiece& p : f.pieces) pieces.push_back(std::move(p));
+    }
+    std::stable_sort(pieces.begin(), pieces.end(),
+                     [](const PlannedPiece& a, const PlannedPiece& b) {
+                       return ShardIdLess()(ShardId{a.key, a.region.offsets, a.region.flat},
+                                            ShardId{b.key, b.region.offsets, b.region.flat});
+                     });
+    const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(w.files.size()));
+    std::vector<PlannedFile> files;
+    int64_t before = 0;  // bytes in earlier files
+    size_t i = 0;
+    for (int64_t k = 0; k < n && i < pieces.size(); ++k) {
+      PlannedFile f;
+      f.path = absl::StrCat("data/r", w.rank, "_", files.size(), ".safetensors");
+      // File k ends where the running total first reaches (k + 1) / n of the writer's bytes.
+      const int64_t limit = k + 1 == n ? INT64_MAX : w.total_bytes / n * (k + 1);
+      while (i < pieces.size() && (f.pieces.empty() || before + f.total_bytes < limit)) {
+        f.total_bytes += pieces[i].size_bytes;
+        f.pieces.push_back(std::move(pieces[i++]));
+      }
+      before += f.total_bytes;
+      files.push_back(std::move(f));
+    }
+    w.files = std::move(files);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
     const std::string& path, const std::vector<TensorSpec>& tensors, const SavePlan& plan,
-    const CheckpointContents& info, int64_t wave_bytes, const WaveFill& fill,
-    const WriteOptions& options, const std::function<void(const WaveProgress&)>& progress) {
-  // Files in index-major order (every writer's file 0, then file 1, ...) so that each
-  // WriteDataFiles call below holds at most one file per writer and keeps the plan's names.
+    const CheckpointContents& info, const WaveFill& fill, const WaveOptions& wave_options,
+    const WriteOptions& options) {
+  // Files in the order of their first piece's shard id, so that a wave covers neighbouring
+  // tensors (and a reshard reads each source piece in as few waves as possible).
   std::vector<FileRef> files;
   int64_t total = 0;
   for (const WriterPlan& w : plan.writers) {
     for (size_t i = 0; i < w.files.size(); ++i) {
+      if (w.files[i].pieces.empty()) continue;
       files.push_back({w.rank, static_cast<int64_t>(i), &w.files[i]});
       total += w.files[i].total_bytes;
     }
   }
-  std::stable_sort(files.begin(), files.end(), [](const FileRef& a, const FileRef& b) {
-    return a.index != b.index ? a.index < b.index : a.writer < b.writer;
+  auto first_id = [](const FileRef& f) {
+    const PlannedPiece& p = f.file->pieces.front();
+    return ShardId{p.key, p.region.offsets, p.region.flat};
+  };
+  std::stable_sort(files.begin(), files.end(), [&](const FileRef& a, const FileRef& b) {
+    return ShardIdLess()(first_id(a), first_id(b));
   });
   // Waves: consecutive files up to wave_bytes (a larger file forms a wave of its own).
   std::vector<std::pair<size_t, size_t>> waves;
@@ -56,7 +98,7 @@ absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
     size_t end = begin;
     int64_t bytes = 0;
     while (end < files.size() &&
-           (end == begin || bytes + files[end].file->total_bytes <= wave_bytes)) {
+           (end == begin || bytes + files[end].file->total_bytes <= wave_options.wave_bytes)) {
       bytes += files[end++].file->total_bytes;
     }
     waves.emplace_back(begin, end);
@@ -66,66 +108,111 @@ absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
   WaveWriteStats stats;
   stats.waves = static_cast<int64_t>(waves.size());
   CKPT_ASSIGN_OR_RETURN(std::string staging, CreateStagingDir(path, options.overwrite));
-  auto fail = [&](absl::Status s) {
-    (void)RemoveTree(staging);
-    return s;
-  };
   WrittenData written;
-  int64_t done = 0;
-  for (size_t w = 0; w < waves.size(); ++w) {
-    const auto [begin, end] = waves[w];
-    int64_t wave_total = 0;
-    std::vector<const PlannedPiece*> pieces;
-    for (size_t f = begin; f < end; ++f) {
-      wave_total += files[f].file->total_bytes;
-      for (const PlannedPiece& p : files[f].file->pieces) pieces.push_back(&p);
-    }
-    std::unique_ptr<char[]> arena(new char[std::max<int64_t>(1, wave_total)]);
-    std::vector<char*> buffers;
-    int64_t pos = 0;
-    for (const PlannedPiece* p : pieces) {
-      buffers.push_back(arena.get() + pos);
-      pos += p->size_bytes;
-    }
-    if (pos != wave_total) {
-      return fail(
-          absl::InternalError(absl::StrCat("save plan files of wave ", w, " declare ", wave_total,
-                                           " bytes but their pieces hold ", pos)));
-    }
-    stats.peak_wave_bytes = std::max(stats.peak_wave_bytes, wave_total);
-    auto t0 = std::chrono::steady_clock::now();
-    absl::Status filled = fill(pieces, buffers);
-    stats.fill_seconds += SecondsSince(t0);
-    if (!filled.ok()) return fail(filled);
+  int64_t written_bytes = 0;  // touched by the writing task only, read after it is joined
 
-    t0 = std::chrono::steady_clock::now();
-    size_t next = 0;  // piece index into `buffers`
-    for (size_t f = begin; f < end;) {
-      // One call per file index: distinct writers, names r<writer>_<index>.
-      const int64_t index = files[f].index;
+  // Writes one filled wave: one WriteDataFiles call per file index (distinct writers, so the
+  // plan's names r<writer>_<index> are kept), files of a call written in parallel.
+  auto write_wave = [&](std::vector<std::pair<const FileRef*, char*>> wave) -> absl::Status {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::stable_sort(wave.begin(), wave.end(), [](const auto& a, const auto& b) {
+      return a.first->index != b.first->index ? a.first->index < b.first->index
+                                              : a.first->writer < b.first->writer;
+    });
+    for (size_t f = 0; f < wave.size();) {
+      const int64_t index = wave[f].first->index;
       std::vector<DataFilePlan> group;
-      for (; f < end && files[f].index == index; ++f) {
+      for (; f < wave.size() && wave[f].first->index == index; ++f) {
         DataFilePlan dfp;
-        dfp.writer_rank = static_cast<int>(files[f].writer);
-        for (const PlannedPiece& p : files[f].file->pieces) {
-          dfp.pieces.push_back({p.key, p.region, buffers[next++], p.size_bytes});
-          stats.bytes_written += p.size_bytes;
-          ++stats.pieces;
+        dfp.writer_rank = static_cast<int>(wave[f].first->writer);
+        char* data = wave[f].second;
+        for (const PlannedPiece& p : wave[f].first->file->pieces) {
+          dfp.pieces.push_back({p.key, p.region, data, p.size_bytes});
+          data += p.size_bytes;
+          written_bytes += p.size_bytes;
         }
         group.push_back(std::move(dfp));
       }
-      absl::StatusOr<WrittenData> data =
-          WriteDataFiles(staging, tensors, group, static_cast<int>(index), options);
-      if (!data.ok()) return fail(data.status());
-      for (auto& p : data->pieces) written.pieces.push_back(std::move(p));
-      for (auto& df : data->files) written.files.push_back(std::move(df));
-      stats.files += static_cast<int64_t>(group.size());
+      CKPT_ASSIGN_OR_RETURN(WrittenData data, WriteDataFiles(staging, tensors, group,
+                                                             static_cast<int>(index), options));
+      for (auto& p : data.pieces) written.pieces.push_back(std::move(p));
+      for (auto& df : data.files) written.files.push_back(std::move(df));
     }
     stats.write_seconds += SecondsSince(t0);
-    done += wave_total;
-    if (progress) progress({static_cast<int64_t>(w) + 1, stats.waves, done, total});
+    return absl::OkStatus();
+  };
+
+  // Two arenas, reused: wave k is filled into one while wave k - 1 is written from the other.
+  std::unique_ptr<char[]> arenas[2];
+  int64_t arena_size[2] = {0, 0};
+  std::future<absl::Status> writing;
+  int64_t done = 0, pending = 0;
+  auto join = [&]() -> absl::Status {
+    if (!writing.valid()) return absl::OkStatus();
+    absl::Status s = writing.get();
+    done += pending;
+    pending = 0;
+    return s;
+  };
+  auto fail = [&](absl::Status s) {
+    (void)join();
+    (void)RemoveTree(staging);
+    return s;
+  };
+  for (size_t w = 0; w < waves.size(); ++w) {
+    const auto [begin, end] = waves[w];
+    int64_t wave_total = 0;
+    for (size_t f = begin; f < end; ++f) wave_total += files[f].file->total_bytes;
+    const int a = wave_options.overlap ? static_cast<int>(w % 2) : 0;
+    if (arena_size[a] < wave_total) {
+      arenas[a].reset();
+      arenas[a].reset(new char[wave_total]);
+      arena_size[a] = wave_total;
+    }
+    std::vector<const PlannedPiece*> pieces;
+    std::vector<char*> buffers;
+    std::vector<std::pair<const FileRef*, char*>> wave;
+    int64_t pos = 0;
+    for (size_t f = begin; f < end; ++f) {
+      wave.emplace_back(&files[f], arenas[a].get() + pos);
+      const int64_t file_start = pos;
+      for (const PlannedPiece& p : files[f].file->pieces) {
+        pieces.push_back(&p);
+        buffers.push_back(arenas[a].get() + pos);
+        pos += p.size_bytes;
+      }
+      if (pos - file_start != files[f].file->total_bytes) {
+        return fail(absl::InternalError(absl::StrCat(
+            "save plan file ", files[f].file->path, " declares ", files[f].file->total_bytes,
+            " bytes but its pieces hold ", pos - file_start)));
+      }
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status filled = fill(pieces, buffers);
+    stats.fill_seconds += SecondsSince(t0);
+    if (!filled.ok()) return fail(filled);
+    absl::Status previous = join();
+    if (!previous.ok()) return fail(previous);
+    if (wave_options.progress && w > 0) {
+      wave_options.progress({static_cast<int64_t>(w), stats.waves, done, total});
+    }
+    pending = wave_total;
+    writing = std::async(std::launch::async, write_wave, std::move(wave));
+    if (!wave_options.overlap) {
+      absl::Status s = join();
+      if (!s.ok()) return fail(s);
+    }
   }
-  auto t0 = std::chrono::steady_clock::now();
+  absl::Status last = join();
+  if (!last.ok()) return fail(last);
+  if (wave_options.progress && !waves.empty()) {
+    wave_options.progress({stats.waves, stats.waves, done, total});
+  }
+  stats.files = static_cast<int64_t>(written.files.size());
+  stats.pieces = static_cast<int64_t>(written.pieces.size());
+  stats.bytes_written = written_bytes;
+  stats.peak_wave_bytes = wave_options.overlap ? arena_size[0] + arena_size[1] : arena_size[0];
+  const auto t0 = std::chrono::steady_clock::now();
   const pb::Manifest manifest = BuildManifest(tensors, written, info, options.checksum_block_bytes);
   absl::Status committed = CommitCheckpoint(staging, path, manifest, options);
   if (!committed.ok()) return fail(committed);
@@ -211,7 +298,8 @@ class ReshardFiller {
       const pb::StoredPiece& sp = reader_.manifest().pieces(piece);
       const int64_t len = sp.byte_length();
       const bool blocked = sp.block_xxh3_size() > 0 && block > 0;
-      const int64_t chunk = blocked ? std::max(block, (kChunkBytes / block) * block) : len;
+      const int64_t chunk =
+          blocked ? std::max(block, (std::min(kChunkBytes, staging_cap_) / block) * block) : len;
       int64_t cur_b = -1, cur_e = -1;
       auto flush = [&]() {
         for (int64_t b = cur_b; b < cur_e; b += chunk) {
@@ -251,14 +339,18 @@ class ReshardFiller {
 
   absl::Status ReadBatch(absl::Span<const SpanRead> spans, int64_t bytes,
                          const std::map<int, std::vector<ByteJob>>& jobs) {
-    std::unique_ptr<char[]> staging(new char[std::max<int64_t>(1, bytes)]);
+    if (staging_size_ < bytes) {
+      staging_.reset();
+      staging_.reset(new char[bytes]);
+      staging_size_ = bytes;
+    }
     std::vector<PieceRead> reads;
     int64_t pos = 0;
     for (const SpanRead& s : spans) {
-      reads.push_back({s.piece, s.begin, s.end, staging.get() + pos});
+      reads.push_back({s.piece, s.begin, s.end, staging_.get() + pos});
       pos += s.end - s.begin;
     }
-    stats_->peak_staging_bytes = std::max(stats_->peak_staging_bytes, bytes);
+    stats_->peak_staging_bytes = staging_size_;
     const auto t0 = std::chrono::steady_clock::now();
     absl::Status read = reader_.ReadPieces(reads);
     stats_->read_seconds += SecondsSince(t0);
@@ -291,6 +383,8 @@ class ReshardFiller {
   std::map<int64_t, std::pair<int64_t, int64_t>> transfers_of_;
   int64_t staging_cap_;
   OfflineReshardStats* stats_;
+  std::unique_ptr<char[]> staging_;  // reused by every batch
+  int64_t staging_size_ = 0;
 };
 
 }  // namespace
@@ -350,29 +444,33 @@ absl::StatusOr<OfflineReshardStats> OfflineReshard(const std::string& src, const
     return absl::Status(layout_pieces.status().code(),
                         absl::StrCat("target layout: ", layout_pieces.status().message()));
   }
-  const int64_t half = options.memory_budget_bytes / 2;
+  // Budget: one share per destination wave in memory (two when overlapped) plus one for
+  // source staging.
+  const int64_t share = options.memory_budget_bytes / (options.overlap ? 3 : 2);
   SavePlanOptions sp_options;
   sp_options.target_file_bytes =
-      std::max<int64_t>(1, std::min(options.target_file_bytes, options.memory_budget_bytes / 4));
+      std::max<int64_t>(1, std::min(options.target_file_bytes, share / 3));
   absl::StatusOr<SavePlan> save_plan =
       BuildSavePlan(*layout_pieces, layout.world_size(), sp_options);
   if (!save_plan.ok()) {
     return absl::Status(save_plan.status().code(),
                         absl::StrCat("target layout: ", save_plan.status().message()));
   }
+  RepackInShardIdOrder(&*save_plan);
   std::vector<TensorPiece> dst_pieces;
   std::map<const PlannedPiece*, int64_t> dst_index;
   for (const WriterPlan& w : save_plan->writers) {
     for (const PlannedFile& f : w.files) {
-      if (f.total_bytes > half) {
+      if (f.total_bytes > share) {
         const PlannedPiece& big = *std::max_element(
             f.pieces.begin(), f.pieces.end(), [](const PlannedPiece& a, const PlannedPiece& b) {
               return a.size_bytes < b.size_bytes;
             });
         return absl::ResourceExhaustedError(absl::StrCat(
-            "memory budget of ", options.memory_budget_bytes, " bytes is too small: ",
-            PieceName(big), " (rank ", w.rank, ", file ", f.path, ") needs ", f.total_bytes,
-            " bytes of buffer; use a budget of at least ", 2 * f.total_bytes, " bytes"));
+            "memory budget of ", options.memory_budget_bytes,
+            " bytes is too small: ", PieceName(big), " (rank ", w.rank, ", file ", f.path,
+            ") needs ", f.total_bytes, " bytes of buffer; use a budget of at least ",
+            options.memory_budget_bytes / share * f.total_bytes, " bytes"));
       }
       for (const PlannedPiece& p : f.pieces) {
         dst_index[&p] = static_cast<int64_t>(dst_pieces.size());
@@ -395,19 +493,23 @@ absl::StatusOr<OfflineReshardStats> OfflineReshard(const std::string& src, const
   info.step = manifest.step();
   info.user_metadata.insert(manifest.user_metadata().begin(), manifest.user_metadata().end());
 
-  ReshardFiller filler(*reader, src_pieces, dst_pieces, *plan, std::move(dst_index), half, &stats);
+  ReshardFiller filler(*reader, src_pieces, dst_pieces, *plan, std::move(dst_index), share, &stats);
   WriteOptions wopts;
   wopts.io = options.io;
   wopts.overwrite = options.overwrite;
   wopts.checksum_block_bytes = manifest.checksum_block_bytes() > 0 ? manifest.checksum_block_bytes()
                                                                    : kDefaultChecksumBlockBytes;
+  WaveOptions wave;
+  wave.wave_bytes = share;
+  wave.overlap = options.overlap;
+  wave.progress = options.progress;
   CKPT_ASSIGN_OR_RETURN(stats.write, WriteCheckpointInWaves(
-                                         dst, specs, *save_plan, info, half,
+                                         dst, specs, *save_plan, info,
                                          [&](absl::Span<const PlannedPiece* const> pieces,
                                              absl::Span<char* const> buffers) {
                                            return filler.Fill(pieces, buffers);
                                          },
-                                         wopts, options.progress));
+                                         wave, wopts));
   return stats;
 }
 

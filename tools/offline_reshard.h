@@ -9,7 +9,8 @@
 // source pieces they need (checksum-block aligned reads through the parallel I/O engine,
 // verified), then written (checksums computed as bytes stream out) into a staging directory
 // that is committed atomically at the end. At most about `memory_budget_bytes` of piece data
-// are held at once: half for the wave's destination pieces, half for source staging.
+// are held at once: a third for the wave being filled, a third for the wave being written
+// meanwhile, a third for source staging.
 #ifndef CKPT_TOOLS_OFFLINE_RESHARD_H_
 #define CKPT_TOOLS_OFFLINE_RESHARD_H_
 
@@ -41,30 +42,40 @@ struct WaveWriteStats {
   int64_t files = 0;
   int64_t pieces = 0;
   int64_t bytes_written = 0;    // piece bytes (headers excluded)
-  int64_t peak_wave_bytes = 0;  // largest destination buffer held at once
+  int64_t peak_wave_bytes = 0;  // destination buffers held at once (both arenas when overlapped)
   double fill_seconds = 0;      // in the fill callback (reads + assembly for a reshard)
-  double write_seconds = 0;     // writing and syncing data files
+  double write_seconds = 0;     // writing and syncing data files (overlaps fills when overlapped)
   double commit_seconds = 0;
 };
 
 // Fills the buffers of one wave's pieces (buffers[i] has pieces[i]->size_bytes bytes, in the
-// storage convention of sharding/overlap.h).
+// storage convention of sharding/overlap.h). Always called from the caller's thread.
 using WaveFill = std::function<absl::Status(absl::Span<const PlannedPiece* const> pieces,
                                             absl::Span<char* const> buffers)>;
 
-// Writes the checkpoint of `plan` at `path` with the commit protocol, holding at most
-// max(wave_bytes, largest file) bytes of piece data at once. `info` supplies saved layout,
-// step and user metadata (its `tensors` and `files` are ignored). Data file names are those
-// of the plan. On error nothing is committed and the staging directory is removed.
+struct WaveOptions {
+  // Destination piece bytes per wave (a file larger than this forms a wave of its own).
+  int64_t wave_bytes = int64_t{256} << 20;
+  // Fill wave k + 1 while wave k is written (two waves' buffers in memory at once).
+  bool overlap = true;
+  std::function<void(const WaveProgress&)> progress;  // after each wave is written
+};
+
+// Writes the checkpoint of `plan` at `path` with the commit protocol, a wave of whole files
+// at a time. Files are taken in the order of their first piece's shard id so that a wave holds
+// neighbouring tensors. `info` supplies saved layout, step and user metadata (its `tensors` and
+// `files` are ignored). Data file names are those of the plan. On error nothing is committed
+// and the staging directory is removed.
 absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
     const std::string& path, const std::vector<TensorSpec>& tensors, const SavePlan& plan,
-    const CheckpointContents& info, int64_t wave_bytes, const WaveFill& fill,
-    const WriteOptions& options, const std::function<void(const WaveProgress&)>& progress = {});
+    const CheckpointContents& info, const WaveFill& fill, const WaveOptions& wave_options,
+    const WriteOptions& options);
 
 struct OfflineReshardOptions {
   int64_t memory_budget_bytes = int64_t{1} << 30;
-  // Largest data file the save plan packs (further capped at a quarter of the budget).
+  // Largest data file the save plan packs (further capped at an eighth of the budget).
   int64_t target_file_bytes = int64_t{256} << 20;
+  bool overlap = true;           // read/assemble the next wave while the previous one is written
   IoOptions io;                  // threads, queue depth, O_DIRECT for reads and writes
   bool overwrite = false;        // replace an existing checkpoint at the destination
   bool verify_checksums = true;  // verify source bytes against the manifest as they are read

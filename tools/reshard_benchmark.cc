@@ -5,7 +5,7 @@
 // read of the same size. Prints a table; optionally verifies every destination element.
 //
 //   bazel run -c opt //tools:reshard_benchmark -- --dir=/tmp/rb --size_mb=1200 [--direct]
-//       [--budget_mb=1024] [--threads=4] [--verify]
+//       [--budget_mb=1024] [--threads=4] [--no_overlap] [--verify]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -32,6 +32,7 @@ struct Config {
   int threads = 4;
   bool direct = false;
   bool verify = false;
+  bool overlap = true;
 };
 
 double Seconds(const std::function<void()>& f) {
@@ -99,6 +100,8 @@ int Main(int argc, char** argv) {
       ok = absl::SimpleAtoi(v, &c.threads) && c.threads > 0;
     } else if (a == "--direct") {
       c.direct = true;
+    } else if (a == "--no_overlap") {
+      c.overlap = false;
     } else if (a == "--verify") {
       c.verify = true;
     } else {
@@ -131,9 +134,10 @@ int Main(int argc, char** argv) {
       {"regex": ".*\\.weight", "placements": ["Shard(-1)"]},
       {"match": "*", "placements": ["Replicate()"]}]})J");
 
-  std::printf("GPT state: %zu tensors, %.1f MB; memory budget %lld MiB, %d I/O threads, %s\n\n",
+  std::printf("GPT state: %zu tensors, %.1f MB; memory budget %lld MiB, %d I/O threads, %s, %s\n\n",
               tensors->size(), total / 1e6, static_cast<long long>(c.budget_mb), c.threads,
-              c.direct ? "O_DIRECT" : "buffered I/O");
+              c.direct ? "O_DIRECT" : "buffered I/O",
+              c.overlap ? "reads overlapped with writes" : "reads then writes");
   std::printf("| %-44s | %8s | %7s | %6s |\n", "step", "MB", "s", "GB/s");
   std::printf("|%s|%s|%s|%s|\n", std::string(46, '-').c_str(), std::string(10, '-').c_str(),
               std::string(9, '-').c_str(), std::string(8, '-').c_str());
@@ -166,15 +170,18 @@ int Main(int argc, char** argv) {
     OfflineReshardOptions o;
     o.memory_budget_bytes = budget;
     o.io = io;
+    o.overlap = c.overlap;
     const std::string dst = JoinPath(c.dir, k.dir);
     absl::StatusOr<OfflineReshardStats> stats;
     const double t = Seconds([&] { stats = OfflineReshard(src, dst, *target, o); });
     Die(stats.status(), name);
     char note[200];
     std::snprintf(note, sizeof(note),
-                  "read %.0f MB in %.2f s, write %.2f s, plan %.2f s, %lld waves, peak %.0f MB",
-                  stats->bytes_read / 1e6, stats->read_seconds, stats->write.write_seconds,
-                  stats->plan_seconds, static_cast<long long>(stats->write.waves),
+                  "read %.0f MB in %.2f s (fill %.2f s), write %.2f s, commit %.2f s, plan %.2f s, "
+                  "%lld waves, peak %.0f MB",
+                  stats->bytes_read / 1e6, stats->read_seconds, stats->write.fill_seconds,
+                  stats->write.write_seconds, stats->write.commit_seconds, stats->plan_seconds,
+                  static_cast<long long>(stats->write.waves),
                   (stats->write.peak_wave_bytes + stats->peak_staging_bytes) / 1e6);
     Row(name, total, t, note);
     if (c.verify) {
