@@ -1,6 +1,7 @@
 #include "tools/offline_reshard.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <tuple>
@@ -202,6 +203,49 @@ TEST_F(OfflineReshardTest, BudgetSmallerThanAPieceIsExplained) {
   EXPECT_EQ(stats.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(stats.status().message(), HasSubstr("memory budget"));
   EXPECT_THAT(stats.status().message(), HasSubstr("tensor \""));
+}
+
+TEST_F(OfflineReshardTest, InPlaceWithOverwriteReplacesTheSource) {
+  const std::string copy = JoinPath(dir_, "inplace");
+  ASSERT_TRUE(OfflineReshard(src_, copy, source_, SmallBudget()).ok());
+  OfflineReshardOptions o = SmallBudget();
+  o.overwrite = true;
+  const LayoutSpec tp4 = Layout(GptLayoutJson(4, 1));
+  auto stats = OfflineReshard(copy, copy, tp4, o);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_TRUE(CheckGptCheckpoint(copy, tensors_, tp4).ok());
+  EXPECT_TRUE(ProbeCheckpoint(copy).leftovers.empty());
+}
+
+TEST_F(OfflineReshardTest, FailedWaveCommitsNothingAndLeavesNoStaging) {
+  const std::string dst = JoinPath(dir_, "failed");
+  auto pieces = source_.AllPieces(tensors_, true);
+  ASSERT_TRUE(pieces.ok());
+  SavePlanOptions sp;
+  sp.target_file_bytes = 64 << 10;
+  auto plan = BuildSavePlan(*pieces, source_.world_size(), sp);
+  ASSERT_TRUE(plan.ok());
+  std::vector<TensorSpec> specs;
+  for (const TensorMeta& t : tensors_) specs.push_back({t.key, t.dtype, t.global_shape});
+  int calls = 0;
+  WaveOptions wave;
+  wave.wave_bytes = 128 << 10;
+  auto stats = WriteCheckpointInWaves(
+      dst, specs, *plan, CheckpointContents{},
+      [&](absl::Span<const PlannedPiece* const> wave_pieces, absl::Span<char* const> buffers) {
+        if (++calls == 3) return absl::UnavailableError("source went away");
+        for (size_t i = 0; i < wave_pieces.size(); ++i) {
+          std::memset(buffers[i], 0, wave_pieces[i]->size_bytes);
+        }
+        return absl::OkStatus();
+      },
+      wave, WriteOptions{});
+  ASSERT_FALSE(stats.ok());
+  EXPECT_THAT(stats.status().message(), HasSubstr("source went away"));
+  EXPECT_EQ(calls, 3);
+  const CheckpointProbe probe = ProbeCheckpoint(dst);
+  EXPECT_EQ(probe.state, CheckpointState::kMissing);
+  EXPECT_TRUE(probe.leftovers.empty()) << probe.leftovers.front();
 }
 
 TEST_F(OfflineReshardTest, MissingSourceIsAnError) {
