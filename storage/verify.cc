@@ -4,11 +4,13 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "sharding/overlap.h"
 #include "storage/checkpoint_reader.h"
+#include "storage/file_util.h"
 #include "storage/manifest_codec.h"
 
 namespace ckpt {
@@ -69,6 +71,18 @@ absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& path, const IoO
   report.pieces = m.pieces_size();
   report.files = m.files_size();
   CKPT_ASSIGN_OR_RETURN(report.problems, CheckCoverage(m));
+  // Files in data/ that the manifest does not know (e.g. from another writer) are reported.
+  std::set<std::string> listed;
+  for (const pb::DataFile& f : m.files()) listed.insert(f.name());
+  auto present = ListDir(JoinPath(path, "data"));
+  if (present.ok()) {
+    for (const std::string& name : *present) {
+      if (!listed.count("data/" + name)) {
+        report.problems.push_back(
+            absl::StrCat(JoinPath(path, "data/" + name), " is not listed in the manifest"));
+      }
+    }
+  }
 
   // Chunks of pieces aligned to checksum blocks, so every chunk is verifiable on its own.
   const int64_t block = std::max<int64_t>(1, m.checksum_block_bytes());

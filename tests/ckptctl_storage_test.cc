@@ -211,6 +211,12 @@ TEST(CkptctlStorageTest, VerifyPassesAndCatchesCorruptionAndGaps) {
   EXPECT_EQ(ov.code, 1);
   EXPECT_THAT(ov.err, HasSubstr("both store"));
 
+  // A stray file in data/.
+  ASSERT_TRUE(WriteFileDurably(JoinPath(path, "data/stray.safetensors"), "x").ok());
+  Result stray = Ckptctl("verify " + path);
+  EXPECT_EQ(stray.code, 1);
+  EXPECT_THAT(stray.err, HasSubstr("stray.safetensors is not listed in the manifest"));
+
   EXPECT_EQ(Ckptctl("verify " + JoinPath(dir, "none")).code, 1);
   EXPECT_EQ(Ckptctl("verify --threads 0 " + path).code, 2);
 }
