@@ -153,11 +153,23 @@ int Cluster::StartWorker(int local_rank) {
 }
 
 Child* Cluster::StartTrainer(int worker_index, const std::string& job, int rank, int world_size,
-                             const std::string& mode, const std::string& path) {
-  return Spawn({Runfile("tests/trainer_probe"), "--worker", "unix:" + worker_socket(worker_index),
-                "--job", job, "--rank", absl::StrCat(rank), "--world_size",
-                absl::StrCat(world_size), "--mode", mode, "--path", path},
-               absl::StrCat("trainer-", job, "-", rank));
+                             const std::string& mode, const std::string& path,
+                             const std::vector<std::string>& extra_args) {
+  std::vector<std::string> argv = {Runfile("tests/trainer_probe"),
+                                   "--worker",
+                                   "unix:" + worker_socket(worker_index),
+                                   "--job",
+                                   job,
+                                   "--rank",
+                                   absl::StrCat(rank),
+                                   "--world_size",
+                                   absl::StrCat(world_size),
+                                   "--mode",
+                                   mode,
+                                   "--path",
+                                   path};
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  return Spawn(argv, absl::StrCat("trainer-", job, "-", rank, "-", children_.size()));
 }
 
 int Cluster::RunCkptctl(const std::vector<std::string>& args, std::string* out) {

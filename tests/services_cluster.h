@@ -55,7 +55,8 @@ class Cluster {
   int StartWorker(int local_rank);
   // Starts a trainer_probe connected to worker `worker_index`.
   Child* StartTrainer(int worker_index, const std::string& job, int rank, int world_size,
-                      const std::string& mode, const std::string& path = "/tmp/ckpt-probe");
+                      const std::string& mode, const std::string& path = "/tmp/ckpt-probe",
+                      const std::vector<std::string>& extra_args = {});
   // Runs ckptctl with arguments to completion; returns its exit code and fills `out`.
   int RunCkptctl(const std::vector<std::string>& args, std::string* out);
 

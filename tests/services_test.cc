@@ -205,6 +205,38 @@ TEST(ServicesTest, SaveWritesEveryRanksSharedTensorAndCommitsItBitExact) {
   EXPECT_EQ(cluster.RunCkptctl({"verify", path}, &out), 0) << out;
 }
 
+TEST(ServicesTest, WorkerKilledMidSaveAbortsEveryRankAndNothingIsCommitted) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  cluster.StartWorker(0);
+  cluster.StartWorker(1);
+  const std::string path = cluster.dir() + "/big";
+  // 400 MB per rank, so that writing takes long enough to kill a worker in the middle.
+  const std::vector<std::string> big = {"--elements", "100000000"};
+  Child* r0 = cluster.StartTrainer(0, "big", 0, 2, "save", path, big);
+  Child* r1 = cluster.StartTrainer(1, "big", 1, 2, "save", path, big);
+  ASSERT_TRUE(WaitFor([&] {
+    pb::GetStatusResponse s = cluster.Status();
+    return s.operations_size() == 1 && s.operations(0).phase() == pb::PHASE_EXECUTING;
+  })) << r0->Stdout()
+      << r0->Stderr();
+  pid_t victim = cluster.worker(1).pid;
+  cluster.worker(1).Kill(SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return Result(*r0).first >= 0 && Result(*r1).first >= 0; }))
+      << r0->Stdout() << r1->Stdout();
+  auto [code, message] = Result(*r0);
+  EXPECT_EQ(code, static_cast<int>(absl::StatusCode::kUnavailable)) << message;
+  EXPECT_THAT(message, HasSubstr(absl::StrCat("worker ", cluster.worker_id(1), " (pid ", victim)));
+  EXPECT_THAT(message, HasSubstr("missed its lease"));
+  EXPECT_NE(Result(*r1).first, 0);  // its worker is gone: the trainer hears so, no hang
+  EXPECT_EQ(cluster.Status().operations(0).phase(), pb::PHASE_ABORTED);
+  // Never committed, and the staging directory is cleaned up.
+  EXPECT_EQ(access(path.c_str(), F_OK), -1);
+  EXPECT_TRUE(WaitFor([&] {
+    return std::system(("ls -a " + cluster.dir() + " | grep -q '^\\.big'").c_str()) != 0;
+  })) << "staging directory left behind";
+}
+
 TEST(ServicesTest, SaveToAnUnwritablePathFailsForEveryRankAndLeavesNothing) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));

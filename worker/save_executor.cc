@@ -11,8 +11,9 @@
 
 namespace ckpt::worker {
 
-absl::StatusOr<std::string> ExecuteSavePart(const pb::SavePlanPart& part,
-                                            const SessionInfo& session) {
+absl::StatusOr<std::string> ExecuteSavePart(
+    const pb::SavePlanPart& part, const SessionInfo& session,
+    const std::function<void(int64_t bytes_done)>& progress) {
   const std::string who = absl::StrCat("rank ", part.rank(), " of job ", session.trainer.job);
   if (part.rank() != session.trainer.rank) {
     return absl::InternalError(
@@ -68,17 +69,21 @@ absl::StatusOr<std::string> ExecuteSavePart(const pb::SavePlanPart& part,
     }
     files.push_back(std::move(plan));
   }
+  // One file at a time (file i is r<rank>_<i>), so that progress can be reported between them.
   pb::Manifest written;
-  if (!files.empty()) {
-    absl::StatusOr<WrittenData> data =
-        WriteDataFiles(part.staging_dir(), tensors, files, /*first_index=*/0, WriteOptions());
+  int64_t bytes_done = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    absl::StatusOr<WrittenData> data = WriteDataFiles(part.staging_dir(), tensors, {files[i]},
+                                                      static_cast<int>(i), WriteOptions());
     if (!data.ok()) {
       return absl::Status(data.status().code(),
-                          absl::StrCat(who, ": writing data files into ", part.staging_dir(), ": ",
-                                       data.status().message()));
+                          absl::StrCat(who, ": writing ", part.files(i).path(), " into ",
+                                       part.staging_dir(), ": ", data.status().message()));
     }
     for (pb::StoredPiece& p : data->pieces) *written.add_pieces() = std::move(p);
     for (pb::DataFile& f : data->files) *written.add_files() = std::move(f);
+    for (const PieceData& p : files[i].pieces) bytes_done += p.size_bytes;
+    if (progress) progress(bytes_done);
   }
   return written.SerializeAsString();
 }

@@ -5,6 +5,8 @@
 #ifndef CKPT_WORKER_SAVE_EXECUTOR_H_
 #define CKPT_WORKER_SAVE_EXECUTOR_H_
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -17,8 +19,10 @@ namespace ckpt::worker {
 // session's tensor part.files(f).pieces(i).local_index(), which must match its key and region).
 // Returns a serialized pb::Manifest holding the written pieces and files. Errors name the
 // rank, tensor key and file.
-absl::StatusOr<std::string> ExecuteSavePart(const pb::SavePlanPart& part,
-                                            const SessionInfo& session);
+// `progress(bytes_done)` is called after each data file is written and synced.
+absl::StatusOr<std::string> ExecuteSavePart(
+    const pb::SavePlanPart& part, const SessionInfo& session,
+    const std::function<void(int64_t bytes_done)>& progress = nullptr);
 
 }  // namespace ckpt::worker
 

@@ -229,7 +229,15 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
             item.rank(), " of job ", item.job(), " is no longer connected"));
       } else {
         absl::Time start = absl::Now();
-        absl::StatusOr<std::string> done = ExecuteSavePart(save_part, *session);
+        auto report_progress = [&](int64_t bytes_done) {
+          pb::ReportProgressRequest progress;
+          progress.set_operation_id(item.operation_id());
+          progress.set_rank(item.rank());
+          progress.set_bytes_done(bytes_done);
+          pb::ReportProgressResponse ignored;
+          (void)link_->stub()->ReportProgress(link_->Context().get(), progress, &ignored);
+        };
+        absl::StatusOr<std::string> done = ExecuteSavePart(save_part, *session, report_progress);
         result = done.status();
         if (done.ok()) written = *std::move(done);
         spdlog::info("save_part_written op={} rank={} bytes={} files={} seconds={:.3f} ok={}",
