@@ -237,6 +237,38 @@ TEST(ServicesTest, WorkerKilledMidSaveAbortsEveryRankAndNothingIsCommitted) {
   })) << "staging directory left behind";
 }
 
+TEST(ServicesTest, TwoJobsSaveThroughOneCoordinatorAtOnceWithoutInterfering) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  for (int i = 0; i < 4; ++i) cluster.StartWorker(i);
+  const std::string a = cluster.dir() + "/job-a", b = cluster.dir() + "/job-b";
+  const std::vector<std::string> mid = {"--elements", "2000000"};
+  std::vector<Child*> trainers = {cluster.StartTrainer(0, "A", 0, 2, "save", a, mid),
+                                  cluster.StartTrainer(1, "A", 1, 2, "save", a, mid),
+                                  cluster.StartTrainer(2, "B", 0, 2, "save", b, mid),
+                                  cluster.StartTrainer(3, "B", 1, 2, "save", b, mid)};
+  ASSERT_TRUE(WaitFor([&] {
+    for (Child* t : trainers) {
+      if (Result(*t).first < 0) return false;
+    }
+    return true;
+  }));
+  for (Child* t : trainers) EXPECT_EQ(Result(*t).first, 0) << Result(*t).second;
+  pb::GetStatusResponse status = cluster.Status();
+  ASSERT_EQ(status.operations_size(), 2);
+  EXPECT_NE(status.operations(0).job(), status.operations(1).job());
+  for (const std::string& path : {a, b}) {
+    auto reader = CheckpointReader::Open(path);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    std::vector<int32_t> values(2 * 2000000);
+    ASSERT_TRUE(
+        (*reader)->ReadRegion("probe.weight", WholeRegion({2, 2000000}), values.data()).ok());
+    for (int i = 0; i < static_cast<int>(values.size()); ++i) {
+      ASSERT_EQ(values[i], i) << path << " element " << i;
+    }
+  }
+}
+
 TEST(ServicesTest, SaveToAnUnwritablePathFailsForEveryRankAndLeavesNothing) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
