@@ -1,0 +1,137 @@
+#include "worker/save_executor.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/manifest.pb.h"
+#include "storage/checkpoint_writer.h"
+#include "storage/file_util.h"
+
+namespace ckpt::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+class SaveExecutorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    segment_ = absl::StrCat("/ckpt.exec.r0.p", getpid(), ".1");
+    shm_unlink(segment_.c_str());
+    int fd = shm_open(segment_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, 64), 0);
+    data_ = static_cast<int32_t*>(mmap(nullptr, 64, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+    for (int i = 0; i < 16; ++i) data_[i] = 100 + i;
+    auto session = registry_.OpenSession(TrainerIdentity{"exec", 0, 1, 0, getpid()});
+    ASSERT_TRUE(session.ok());
+    pb::SharedTensor t;
+    t.mutable_shard()->mutable_tensor()->set_key("w");
+    t.mutable_shard()->mutable_tensor()->set_dtype(pb::DTYPE_I32);
+    t.mutable_shard()->mutable_tensor()->add_global_shape(4);
+    t.mutable_shard()->mutable_tensor()->add_global_shape(4);
+    for (int64_t v : {0, 0}) t.mutable_shard()->mutable_region()->add_offsets(v);
+    for (int64_t v : {4, 4}) t.mutable_shard()->mutable_region()->add_lengths(v);
+    t.set_memory_kind("host");
+    t.set_segment(segment_);
+    t.set_nbytes(64);
+    ASSERT_TRUE(registry_.RegisterTensors(*session, {t}).ok());
+    auto info = registry_.Find(*session);
+    ASSERT_TRUE(info.ok());
+    session_ = *info;
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    final_path_ = absl::StrCat(tmp ? tmp : "/tmp", "/exec-ckpt-", getpid());
+    auto staging = CreateStagingDir(final_path_, /*overwrite=*/true);
+    ASSERT_TRUE(staging.ok()) << staging.status();
+    staging_ = *staging;
+  }
+  void TearDown() override {
+    munmap(data_, 64);
+    shm_unlink(segment_.c_str());
+    (void)RemoveTree(staging_);
+  }
+
+  pb::SavePlanPart Part() {
+    pb::SavePlanPart part;
+    part.set_rank(0);
+    part.set_total_bytes(64);
+    part.set_staging_dir(staging_);
+    pb::PlanFile* f = part.add_files();
+    f->set_path("data/r0_0.safetensors");
+    f->set_total_bytes(64);
+    pb::PlanPiece* p = f->add_pieces();
+    *p->mutable_region() = session_.tensors[0].shard.region();
+    p->set_key("w");
+    p->set_dtype(pb::DTYPE_I32);
+    p->add_global_shape(4);
+    p->add_global_shape(4);
+    p->set_size_bytes(64);
+    p->set_local_index(0);
+    return part;
+  }
+
+  std::string segment_;
+  int32_t* data_ = nullptr;
+  MemoryRegistry registry_;
+  SessionInfo session_;
+  std::string final_path_;
+  std::string staging_;
+};
+
+TEST_F(SaveExecutorTest, WritesTheSharedBytesAndReportsPiecesAndProgress) {
+  std::vector<int64_t> progress;
+  auto written = ExecuteSavePart(Part(), session_, [&](int64_t b) { progress.push_back(b); });
+  ASSERT_TRUE(written.ok()) << written.status();
+  pb::Manifest m;
+  ASSERT_TRUE(m.ParseFromString(*written));
+  ASSERT_EQ(m.pieces_size(), 1);
+  EXPECT_EQ(m.pieces(0).key(), "w");
+  EXPECT_EQ(m.pieces(0).byte_length(), 64);
+  EXPECT_EQ(m.pieces(0).writer_rank(), 0);
+  ASSERT_EQ(m.files_size(), 1);
+  EXPECT_EQ(m.files(0).name(), "data/r0_0.safetensors");
+  EXPECT_EQ(progress, std::vector<int64_t>{64});
+  // The stored bytes are the trainer's.
+  auto bytes = ReadFileRange(JoinPath(staging_, m.pieces(0).file()), m.pieces(0).byte_offset(), 64);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(std::memcmp(bytes->data(), data_, 64), 0);
+}
+
+TEST_F(SaveExecutorTest, PieceThatDoesNotMatchTheSharedTensorIsRefusedNamingIt) {
+  pb::SavePlanPart part = Part();
+  part.mutable_files(0)->mutable_pieces(0)->mutable_region()->set_lengths(0, 2);
+  part.mutable_files(0)->mutable_pieces(0)->set_size_bytes(32);
+  auto written = ExecuteSavePart(part, session_);
+  EXPECT_EQ(written.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(written.status().message(), HasSubstr("piece w [0:2, 0:4]"));
+  part = Part();
+  part.mutable_files(0)->mutable_pieces(0)->set_local_index(3);
+  EXPECT_THAT(ExecuteSavePart(part, session_).status().message(),
+              HasSubstr("local index 3) is not among the 1 tensors"));
+}
+
+TEST_F(SaveExecutorTest, EmptyPartWritesNothing) {
+  pb::SavePlanPart part;
+  part.set_rank(0);
+  auto written = ExecuteSavePart(part, session_);
+  ASSERT_TRUE(written.ok());
+  pb::Manifest m;
+  ASSERT_TRUE(m.ParseFromString(*written));
+  EXPECT_EQ(m.pieces_size(), 0);
+}
+
+TEST_F(SaveExecutorTest, PartOfAnotherRankIsAnInternalError) {
+  pb::SavePlanPart part = Part();
+  part.set_rank(1);
+  EXPECT_EQ(ExecuteSavePart(part, session_).status().code(), absl::StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace ckpt::worker
