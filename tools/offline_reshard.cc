@@ -4,14 +4,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <future>
 #include <map>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "sharding/reshard_plan.h"
-#include "sharding/shard_id.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
 #include "storage/manifest_codec.h"
@@ -23,204 +21,9 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// A file of the save plan and where it goes.
-struct FileRef {
-  int64_t writer = 0;  // rank
-  int64_t index = 0;   // position among the writer's files (its name's index)
-  const PlannedFile* file = nullptr;
-};
-
 std::string PieceName(const PlannedPiece& p) {
   return absl::StrCat("tensor \"", p.key, "\" piece ", p.region.DebugString());
 }
-
-// Re-packs each writer's pieces (writers as the save plan chose them) into the same number of
-// files, consecutive in shard-id order and of about equal bytes, so that the files written in
-// one wave hold neighbouring tensors and a reshard reads each source piece in one wave.
-void RepackInShardIdOrder(SavePlan* plan) {
-  for (WriterPlan& w : plan->writers) {
-    std::vector<PlannedPiece> pieces;
-    for (PlannedFile& f : w.files) {
-      for (PlannedPiece& p : f.pieces) pieces.push_back(std::move(p));
-    }
-    std::stable_sort(pieces.begin(), pieces.end(),
-                     [](const PlannedPiece& a, const PlannedPiece& b) {
-                       return ShardIdLess()(ShardId{a.key, a.region.offsets, a.region.flat},
-                                            ShardId{b.key, b.region.offsets, b.region.flat});
-                     });
-    const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(w.files.size()));
-    std::vector<PlannedFile> files;
-    int64_t before = 0;  // bytes in earlier files
-    size_t i = 0;
-    for (int64_t k = 0; k < n && i < pieces.size(); ++k) {
-      PlannedFile f;
-      f.path = absl::StrCat("data/r", w.rank, "_", files.size(), ".safetensors");
-      // File k ends where the running total first reaches (k + 1) / n of the writer's bytes.
-      const int64_t limit = k + 1 == n ? INT64_MAX : w.total_bytes / n * (k + 1);
-      while (i < pieces.size() && (f.pieces.empty() || before + f.total_bytes < limit)) {
-        f.total_bytes += pieces[i].size_bytes;
-        f.pieces.push_back(std::move(pieces[i++]));
-      }
-      before += f.total_bytes;
-      files.push_back(std::move(f));
-    }
-    w.files = std::move(files);
-  }
-}
-
-}  // namespace
-
-absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
-    const std::string& path, const std::vector<TensorSpec>& tensors, const SavePlan& plan,
-    const CheckpointContents& info, const WaveFill& fill, const WaveOptions& wave_options,
-    const WriteOptions& options) {
-  // Files in the order of their first piece's shard id, so that a wave covers neighbouring
-  // tensors (and a reshard reads each source piece in as few waves as possible).
-  std::vector<FileRef> files;
-  int64_t total = 0;
-  for (const WriterPlan& w : plan.writers) {
-    for (size_t i = 0; i < w.files.size(); ++i) {
-      if (w.files[i].pieces.empty()) continue;
-      files.push_back({w.rank, static_cast<int64_t>(i), &w.files[i]});
-      total += w.files[i].total_bytes;
-    }
-  }
-  auto first_id = [](const FileRef& f) {
-    const PlannedPiece& p = f.file->pieces.front();
-    return ShardId{p.key, p.region.offsets, p.region.flat};
-  };
-  std::stable_sort(files.begin(), files.end(), [&](const FileRef& a, const FileRef& b) {
-    return ShardIdLess()(first_id(a), first_id(b));
-  });
-  // Waves: consecutive files up to wave_bytes (a larger file forms a wave of its own).
-  std::vector<std::pair<size_t, size_t>> waves;
-  for (size_t begin = 0; begin < files.size();) {
-    size_t end = begin;
-    int64_t bytes = 0;
-    while (end < files.size() &&
-           (end == begin || bytes + files[end].file->total_bytes <= wave_options.wave_bytes)) {
-      bytes += files[end++].file->total_bytes;
-    }
-    waves.emplace_back(begin, end);
-    begin = end;
-  }
-
-  WaveWriteStats stats;
-  stats.waves = static_cast<int64_t>(waves.size());
-  CKPT_ASSIGN_OR_RETURN(std::string staging, CreateStagingDir(path, options.overwrite));
-  WrittenData written;
-  int64_t written_bytes = 0;  // touched by the writing task only, read after it is joined
-
-  // Writes one filled wave: one WriteDataFiles call per file index (distinct writers, so the
-  // plan's names r<writer>_<index> are kept), files of a call written in parallel.
-  auto write_wave = [&](std::vector<std::pair<const FileRef*, char*>> wave) -> absl::Status {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::stable_sort(wave.begin(), wave.end(), [](const auto& a, const auto& b) {
-      return a.first->index != b.first->index ? a.first->index < b.first->index
-                                              : a.first->writer < b.first->writer;
-    });
-    for (size_t f = 0; f < wave.size();) {
-      const int64_t index = wave[f].first->index;
-      std::vector<DataFilePlan> group;
-      for (; f < wave.size() && wave[f].first->index == index; ++f) {
-        DataFilePlan dfp;
-        dfp.writer_rank = static_cast<int>(wave[f].first->writer);
-        char* data = wave[f].second;
-        for (const PlannedPiece& p : wave[f].first->file->pieces) {
-          dfp.pieces.push_back({p.key, p.region, data, p.size_bytes});
-          data += p.size_bytes;
-          written_bytes += p.size_bytes;
-        }
-        group.push_back(std::move(dfp));
-      }
-      CKPT_ASSIGN_OR_RETURN(WrittenData data, WriteDataFiles(staging, tensors, group,
-                                                             static_cast<int>(index), options));
-      for (auto& p : data.pieces) written.pieces.push_back(std::move(p));
-      for (auto& df : data.files) written.files.push_back(std::move(df));
-    }
-    stats.write_seconds += SecondsSince(t0);
-    return absl::OkStatus();
-  };
-
-  // Two arenas, reused: wave k is filled into one while wave k - 1 is written from the other.
-  std::unique_ptr<char[]> arenas[2];
-  int64_t arena_size[2] = {0, 0};
-  std::future<absl::Status> writing;
-  int64_t done = 0, pending = 0;
-  auto join = [&]() -> absl::Status {
-    if (!writing.valid()) return absl::OkStatus();
-    absl::Status s = writing.get();
-    done += pending;
-    pending = 0;
-    return s;
-  };
-  auto fail = [&](absl::Status s) {
-    (void)join();
-    (void)RemoveTree(staging);
-    return s;
-  };
-  for (size_t w = 0; w < waves.size(); ++w) {
-    const auto [begin, end] = waves[w];
-    int64_t wave_total = 0;
-    for (size_t f = begin; f < end; ++f) wave_total += files[f].file->total_bytes;
-    const int a = wave_options.overlap ? static_cast<int>(w % 2) : 0;
-    if (arena_size[a] < wave_total) {
-      arenas[a].reset();
-      arenas[a].reset(new char[wave_total]);
-      arena_size[a] = wave_total;
-    }
-    std::vector<const PlannedPiece*> pieces;
-    std::vector<char*> buffers;
-    std::vector<std::pair<const FileRef*, char*>> wave;
-    int64_t pos = 0;
-    for (size_t f = begin; f < end; ++f) {
-      wave.emplace_back(&files[f], arenas[a].get() + pos);
-      const int64_t file_start = pos;
-      for (const PlannedPiece& p : files[f].file->pieces) {
-        pieces.push_back(&p);
-        buffers.push_back(arenas[a].get() + pos);
-        pos += p.size_bytes;
-      }
-      if (pos - file_start != files[f].file->total_bytes) {
-        return fail(absl::InternalError(absl::StrCat(
-            "save plan file ", files[f].file->path, " declares ", files[f].file->total_bytes,
-            " bytes but its pieces hold ", pos - file_start)));
-      }
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    absl::Status filled = fill(pieces, buffers);
-    stats.fill_seconds += SecondsSince(t0);
-    if (!filled.ok()) return fail(filled);
-    absl::Status previous = join();
-    if (!previous.ok()) return fail(previous);
-    if (wave_options.progress && w > 0) {
-      wave_options.progress({static_cast<int64_t>(w), stats.waves, done, total});
-    }
-    pending = wave_total;
-    writing = std::async(std::launch::async, write_wave, std::move(wave));
-    if (!wave_options.overlap) {
-      absl::Status s = join();
-      if (!s.ok()) return fail(s);
-    }
-  }
-  absl::Status last = join();
-  if (!last.ok()) return fail(last);
-  if (wave_options.progress && !waves.empty()) {
-    wave_options.progress({stats.waves, stats.waves, done, total});
-  }
-  stats.files = static_cast<int64_t>(written.files.size());
-  stats.pieces = static_cast<int64_t>(written.pieces.size());
-  stats.bytes_written = written_bytes;
-  stats.peak_wave_bytes = wave_options.overlap ? arena_size[0] + arena_size[1] : arena_size[0];
-  const auto t0 = std::chrono::steady_clock::now();
-  const pb::Manifest manifest = BuildManifest(tensors, written, info, options.checksum_block_bytes);
-  absl::Status committed = CommitCheckpoint(staging, path, manifest, options);
-  if (!committed.ok()) return fail(committed);
-  stats.commit_seconds = SecondsSince(t0);
-  return stats;
-}
-
-namespace {
 
 // One byte run to copy out of a source piece: source bytes [src, src + bytes) -> dst.
 struct ByteJob {

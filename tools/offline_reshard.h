@@ -25,51 +25,9 @@
 #include "coordinator/save_plan.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/io_engine.h"
+#include "tools/wave_writer.h"
 
 namespace ckpt {
-
-// Progress of a wave-by-wave write, reported after each wave.
-struct WaveProgress {
-  int64_t wave = 0;
-  int64_t waves = 0;
-  int64_t bytes_done = 0;
-  int64_t bytes_total = 0;
-};
-
-// What a wave-by-wave write did.
-struct WaveWriteStats {
-  int64_t waves = 0;
-  int64_t files = 0;
-  int64_t pieces = 0;
-  int64_t bytes_written = 0;    // piece bytes (headers excluded)
-  int64_t peak_wave_bytes = 0;  // destination buffers held at once (both arenas when overlapped)
-  double fill_seconds = 0;      // in the fill callback (reads + assembly for a reshard)
-  double write_seconds = 0;     // writing and syncing data files (overlaps fills when overlapped)
-  double commit_seconds = 0;
-};
-
-// Fills the buffers of one wave's pieces (buffers[i] has pieces[i]->size_bytes bytes, in the
-// storage convention of sharding/overlap.h). Always called from the caller's thread.
-using WaveFill = std::function<absl::Status(absl::Span<const PlannedPiece* const> pieces,
-                                            absl::Span<char* const> buffers)>;
-
-struct WaveOptions {
-  // Destination piece bytes per wave (a file larger than this forms a wave of its own).
-  int64_t wave_bytes = int64_t{256} << 20;
-  // Fill wave k + 1 while wave k is written (two waves' buffers in memory at once).
-  bool overlap = true;
-  std::function<void(const WaveProgress&)> progress;  // after each wave is written
-};
-
-// Writes the checkpoint of `plan` at `path` with the commit protocol, a wave of whole files
-// at a time. Files are taken in the order of their first piece's shard id so that a wave holds
-// neighbouring tensors. `info` supplies saved layout, step and user metadata (its `tensors` and
-// `files` are ignored). Data file names are those of the plan. On error nothing is committed
-// and the staging directory is removed.
-absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
-    const std::string& path, const std::vector<TensorSpec>& tensors, const SavePlan& plan,
-    const CheckpointContents& info, const WaveFill& fill, const WaveOptions& wave_options,
-    const WriteOptions& options);
 
 struct OfflineReshardOptions {
   int64_t memory_budget_bytes = int64_t{1} << 30;
