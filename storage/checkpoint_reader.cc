@@ -69,11 +69,12 @@ CheckpointProbe ProbeCheckpoint(const std::string& path) {
       if (!absl::StartsWith(rest, "tmp-") && !absl::StartsWith(rest, "old-")) continue;
       const std::string full = JoinPath(parent, n);
       const bool has_manifest = PathExists(JoinPath(full, kManifestName));
-      probe.leftovers.push_back(
-          absl::StrCat(full, absl::StartsWith(rest, "old-")
-                                 ? " (previous checkpoint moved aside by an interrupted overwrite)"
-                                 : (has_manifest ? " (interrupted commit, complete but not renamed)"
-                                                 : " (interrupted write, incomplete)")));
+      probe.leftovers.push_back(absl::StrCat(
+          full, absl::StartsWith(rest, "old-")
+                    ? " (previous checkpoint moved aside by an interrupted overwrite)"
+                    : (has_manifest ? " (complete but not under the final name: an interrupted "
+                                      "commit, or the checkpoint an interrupted overwrite replaced)"
+                                    : " (interrupted write, incomplete)")));
     }
   }
   return probe;
