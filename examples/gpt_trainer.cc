@@ -393,10 +393,13 @@ int Run(int argc, char** argv) {
         {"bytes", rs->bytes},
         {"stored_bytes", rs->stored_bytes},
         {"seconds", SecondsSince(start)}});
-  // Training would start here; the initial state is the model's content.
-  start = std::chrono::steady_clock::now();
-  if (absl::Status s = FillAll(*rs); !s.ok()) return Fail("fill", s);
-  Emit({{"event", "filled"}, {"rank", me.rank}, {"seconds", SecondsSince(start)}});
+  // Training would start here with the model's content (a job that starts by loading a
+  // checkpoint gets it from there instead).
+  if (f.actions.front().op != "load") {
+    start = std::chrono::steady_clock::now();
+    if (absl::Status s = FillAll(*rs); !s.ok()) return Fail("fill", s);
+    Emit({{"event", "filled"}, {"rank", me.rank}, {"seconds", SecondsSince(start)}});
+  }
 
   // 4. The scripted checkpoint actions, in command-line order.
   bool ok = true;

@@ -1,0 +1,375 @@
+#!/usr/bin/env bash
+# The main job, one command: a local ckpt cluster (a coordinator and 4 worker daemons on
+# loopback) and a GPT-style training job of 4 ranks (TP=2 x DP=2, ZeRO-1 optimizer state)
+# that saves through the cluster; the checkpoint is then loaded into TP=4 x DP=1 and into a
+# 3-rank uneven layout (every element verified by the trainers), resharded offline, verified,
+# inspected and exported to safetensors. Ends with a table of bytes / seconds / GB/s next to
+# the disk's sequential bandwidth measured in the same run, and stops every process it started.
+#
+#   tools/demo.sh [--size small|medium|large] [--workdir DIR] [--keep] [--bin-dir DIR]
+#
+# Exit status 0 only when every step succeeded.
+set -uo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: tools/demo.sh [--size small|medium|large] [--workdir DIR] [--keep] [--bin-dir DIR]
+
+Starts a ckpt coordinator and 4 workers on loopback, runs 4 gpt_trainer ranks (TP=2 x DP=2)
+that save a GPT-style sharded checkpoint through them, loads it into TP=4 x DP=1 and a 3-rank
+uneven layout (verifying every element), reshards it offline (ckptctl reshard), verifies,
+inspects and exports it, and prints bytes / seconds / GB/s next to the disk bandwidth.
+
+  --size S      small (~2 MB, for CI), medium (~256 MB) or large (~1.4 GB, the default)
+  --workdir DIR where checkpoints, logs and the dd test file go (default: a new directory
+                under $TMPDIR or /tmp, removed at the end unless --keep). Put it on the disk
+                you want measured.
+  --keep        keep the checkpoints, export and logs
+  --bin-dir DIR take the binaries from DIR/{coordinator/ckpt_coordinator,worker/ckpt_worker,
+                tools/ckptctl,examples/gpt_trainer,examples/gpt_tool} (e.g. bazel-bin or a
+                test's runfiles) instead of running tools/install_deps.sh and bazel build
+  --help        this text
+EOF
+}
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SIZE=large
+WORKDIR=""
+KEEP=0
+BIN_DIR=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --size) SIZE="${2:-}"; shift 2 ;;
+    --workdir) WORKDIR="${2:-}"; shift 2 ;;
+    --keep) KEEP=1; shift ;;
+    --bin-dir) BIN_DIR="${2:-}"; shift 2 ;;
+    --help | -h) usage; exit 0 ;;
+    *) echo "demo: unknown argument \"$1\" (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$SIZE" in
+  small) MODEL_FLAGS=(--layers 2 --hidden 64 --vocab 256) ;;
+  medium) MODEL_FLAGS=(--model-bytes $((256 * 1024 * 1024))) ;;
+  large) MODEL_FLAGS=(--model-bytes $((1536 * 1024 * 1024))) ;;
+  *) echo "demo: --size must be small, medium or large, got \"$SIZE\"" >&2; exit 2 ;;
+esac
+
+log() { printf '[demo %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+die() { printf '[demo] error: %s\n' "$*" >&2; exit 1; }
+
+# ---- Everything started is stopped on any exit -----------------------------------------------
+# Each daemon and trainer runs in its own process group (setsid), recorded here; the trap sends
+# SIGTERM to every group, waits briefly, then SIGKILLs what is left.
+PGIDS=()
+SOCKDIR=""
+CREATED_WORKDIR=0
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  local g
+  for g in "${PGIDS[@]}"; do kill -TERM -- "-$g" 2>/dev/null; done
+  for _ in $(seq 50); do
+    local alive=0
+    for g in "${PGIDS[@]}"; do kill -0 -- "-$g" 2>/dev/null && alive=1; done
+    [[ $alive -eq 0 ]] && break
+    sleep 0.1
+  done
+  for g in "${PGIDS[@]}"; do kill -KILL -- "-$g" 2>/dev/null; done
+  wait 2>/dev/null
+  [[ -n "$SOCKDIR" ]] && rm -rf "$SOCKDIR"
+  # Without --keep the checkpoints go; the logs stay when something failed (or when the
+  # workdir was given), so the failure can be read.
+  if [[ -n "$WORKDIR" && -d "$WORKDIR" ]]; then
+    if [[ $KEEP -eq 1 ]]; then
+      echo "demo: kept $WORKDIR (checkpoints in ckpt/, logs in logs/)"
+    elif [[ $CREATED_WORKDIR -eq 1 && $rc -eq 0 ]]; then
+      rm -rf "$WORKDIR"
+    else
+      rm -rf "$WORKDIR/ckpt" "$WORKDIR/export" "$WORKDIR/dd.bin"
+      echo "demo: logs in $WORKDIR/logs"
+    fi
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Starts "$@" in a new process group with stdout/stderr to files; sets STARTED_PID.
+start_group() {
+  local out="$1" err="$2"
+  shift 2
+  setsid "$@" >"$out" 2>"$err" </dev/null &
+  STARTED_PID=$!
+  PGIDS+=("$STARTED_PID")
+}
+
+# Waits up to $2 seconds for file $1 to be non-empty while process $3 lives.
+wait_for_file() {
+  local file="$1" seconds="$2" pid="$3"
+  for _ in $(seq $((seconds * 10))); do
+    [[ -s "$file" ]] && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+# ---- Install and build ------------------------------------------------------------------------
+if [[ -z "$BIN_DIR" ]]; then
+  log "installing what is missing (tools/install_deps.sh)"
+  "$REPO/tools/install_deps.sh" || die "tools/install_deps.sh failed"
+  log "building (bazel)"
+  (cd "$REPO" && bazel build //coordinator:ckpt_coordinator //worker:ckpt_worker //tools:ckptctl \
+    //examples:gpt_trainer //examples:gpt_tool) || die "bazel build failed"
+  BIN_DIR="$REPO/bazel-bin"
+fi
+COORDINATOR="$BIN_DIR/coordinator/ckpt_coordinator"
+WORKER="$BIN_DIR/worker/ckpt_worker"
+CKPTCTL="$BIN_DIR/tools/ckptctl"
+TRAINER="$BIN_DIR/examples/gpt_trainer"
+GPT_TOOL="$BIN_DIR/examples/gpt_tool"
+LAYOUTS="$REPO/examples/layouts"
+for b in "$COORDINATOR" "$WORKER" "$CKPTCTL" "$TRAINER" "$GPT_TOOL"; do
+  [[ -x "$b" ]] || die "missing binary $b"
+done
+for l in tp2dp2 tp4dp1 uneven3; do
+  [[ -f "$LAYOUTS/$l.json" ]] || die "missing layout $LAYOUTS/$l.json"
+done
+command -v python3 >/dev/null || die "python3 is needed to aggregate the results"
+
+# ---- Directories ------------------------------------------------------------------------------
+if [[ -z "$WORKDIR" ]]; then
+  WORKDIR="$(mktemp -d "${TMPDIR:-/tmp}/ckpt-demo.XXXXXX")" || die "cannot create a workdir"
+  CREATED_WORKDIR=1
+fi
+mkdir -p "$WORKDIR" || die "cannot create $WORKDIR"
+WORKDIR="$(cd "$WORKDIR" && pwd)"
+rm -rf "$WORKDIR/ckpt" "$WORKDIR/export" "$WORKDIR/logs" "$WORKDIR/results"
+mkdir -p "$WORKDIR/ckpt" "$WORKDIR/logs" "$WORKDIR/results"
+CK="$WORKDIR/ckpt"
+LOGS="$WORKDIR/logs"
+RESULTS="$WORKDIR/results"
+# Unix socket paths must stay under 108 bytes, so sockets get their own short directory.
+SOCKDIR="$(mktemp -d /tmp/ckpt-demo-sock.XXXXXX)" || die "cannot create a socket directory"
+log "size $SIZE, workdir $WORKDIR"
+
+FAILED=()
+fail_step() {
+  FAILED+=("$1")
+  printf '[demo] FAILED: %s\n' "$1" >&2
+}
+
+# ---- The cluster: a coordinator and 4 workers on loopback ------------------------------------
+# Port 0: the OS picks a free port; the coordinator writes the address it bound to a file.
+start_group "$LOGS/coordinator.out" "$LOGS/coordinator.log" "$COORDINATOR" \
+  --listen=127.0.0.1:0 --address_file="$SOCKDIR/coordinator.address" --log_level=info \
+  --arrival_deadline_ms=120000
+COORD_PID=$STARTED_PID
+wait_for_file "$SOCKDIR/coordinator.address" 30 "$COORD_PID" ||
+  die "the coordinator did not start: $(tail -3 "$LOGS/coordinator.log")"
+ADDRESS="$(tr -d '[:space:]' <"$SOCKDIR/coordinator.address")"
+log "coordinator on $ADDRESS (pid $COORD_PID)"
+NUM_WORKERS=4
+for w in $(seq 0 $((NUM_WORKERS - 1))); do
+  start_group "$LOGS/worker$w.out" "$LOGS/worker$w.log" "$WORKER" --coordinator="$ADDRESS" \
+    --listen="unix:$SOCKDIR/w$w.sock" --local_rank="$w" --ready_file="$SOCKDIR/w$w.ready" \
+    --log_level=info
+  WORKER_PIDS[$w]=$STARTED_PID
+done
+for w in $(seq 0 $((NUM_WORKERS - 1))); do
+  wait_for_file "$SOCKDIR/w$w.ready" 30 "${WORKER_PIDS[$w]}" ||
+    die "worker $w did not register: $(tail -3 "$LOGS/worker$w.log")"
+done
+log "$NUM_WORKERS workers registered (sockets in $SOCKDIR)"
+
+# ---- Trainer jobs ------------------------------------------------------------------------------
+# run_job NAME WORLD LAYOUT ACTION...: starts WORLD gpt_trainer ranks the way torchrun would
+# (RANK, WORLD_SIZE, LOCAL_RANK in the environment; CKPT_JOB and CKPT_WORKER_ADDRESS name the
+# job and the rank's local worker), waits for all, and leaves each rank's JSON lines in
+# $RESULTS/NAME.rankR.jsonl. Returns non-zero when any rank failed.
+run_job() {
+  local name="$1" world="$2" layout="$3"
+  shift 3
+  local pids=() r rc=0
+  for r in $(seq 0 $((world - 1))); do
+    start_group "$RESULTS/$name.rank$r.jsonl" "$LOGS/$name.rank$r.err" env \
+      RANK="$r" WORLD_SIZE="$world" LOCAL_RANK="$r" CKPT_JOB="$name" \
+      CKPT_WORKER_ADDRESS="unix:$SOCKDIR/w$((r % NUM_WORKERS)).sock" \
+      "$TRAINER" --layout "$layout" "${MODEL_FLAGS[@]}" --arrival-timeout-s 120 "$@"
+    pids+=("$STARTED_PID")
+  done
+  for r in $(seq 0 $((world - 1))); do
+    if ! wait "${pids[$r]}"; then
+      rc=1
+      printf '[demo] %s rank %d failed: %s\n' "$name" "$r" \
+        "$(tail -2 "$LOGS/$name.rank$r.err" | tr '\n' ' ')" >&2
+    fi
+  done
+  return $rc
+}
+
+# timed NAME CMD...: runs CMD with output in $LOGS/NAME.log, records its wall seconds in
+# $RESULTS/NAME.seconds (and $RESULTS/NAME.ok on success); returns its status.
+timed() {
+  local name="$1"
+  shift
+  local start end rc
+  start=$(date +%s.%N)
+  "$@" >"$LOGS/$name.log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  python3 -c "print(f'{$end - $start:.6f}')" >"$RESULTS/$name.seconds"
+  [[ $rc -eq 0 ]] && touch "$RESULTS/$name.ok"
+  return $rc
+}
+
+SAVED="$CK/gpt-tp2dp2"
+log "save: 4 ranks, TP=2 x DP=2, through the cluster -> $SAVED"
+run_job save-tp2dp2 4 "$LAYOUTS/tp2dp2.json" --save "$SAVED" || fail_step "save (TP=2 x DP=2)"
+
+# The checkpoint's stored bytes size the disk test: same total as the checkpoint.
+CKPT_BYTES=$(du -sb "$SAVED/data" 2>/dev/null | cut -f1)
+CKPT_BYTES=${CKPT_BYTES:-0}
+
+# ---- Disk bandwidth, dd-style with O_DIRECT, same total size as the checkpoint -------------
+BS=$((4 * 1024 * 1024))
+COUNT=$(((CKPT_BYTES + BS - 1) / BS))
+[[ $COUNT -lt 1 ]] && COUNT=1
+DD_FILE="$WORKDIR/dd.bin"
+DD_NOTE="O_DIRECT"
+log "disk: dd $COUNT x 4 MiB write (oflag=direct conv=fsync) and read (iflag=direct)"
+if ! timed dd-write dd if=/dev/zero of="$DD_FILE" bs=4M count="$COUNT" oflag=direct conv=fsync; then
+  DD_NOTE="buffered + fsync (this filesystem refuses O_DIRECT)"
+  timed dd-write dd if=/dev/zero of="$DD_FILE" bs=4M count="$COUNT" conv=fsync ||
+    fail_step "dd write"
+fi
+if [[ "$DD_NOTE" == "O_DIRECT" ]]; then
+  timed dd-read dd if="$DD_FILE" of=/dev/null bs=4M iflag=direct || fail_step "dd read"
+else
+  timed dd-read dd if="$DD_FILE" of=/dev/null bs=4M || fail_step "dd read"
+fi
+rm -f "$DD_FILE"
+DD_BYTES=$((COUNT * BS))
+
+# ---- Verify what the save wrote -----------------------------------------------------------------
+log "check: every element of the saved checkpoint (offline reader, TP=2 x DP=2 pieces)"
+timed check-saved "$GPT_TOOL" check "$SAVED" --layout "$LAYOUTS/tp2dp2.json" ||
+  fail_step "content check of the saved checkpoint: $(tail -1 "$LOGS/check-saved.log")"
+log "ckptctl verify $SAVED"
+timed verify "$CKPTCTL" verify "$SAVED" || fail_step "ckptctl verify: $(tail -1 "$LOGS/verify.log")"
+
+# ---- Loads through the cluster into other layouts ---------------------------------------------
+# The 3-rank job reuses the same cluster: its ranks attach to workers 0-2 and worker 3 simply
+# takes no part in that job's operations, as on a host where a job uses fewer GPUs.
+log "load: 4 ranks, TP=4 x DP=1 <- $SAVED (every element verified)"
+run_job load-tp4dp1 4 "$LAYOUTS/tp4dp1.json" --load "$SAVED" || fail_step "load into TP=4 x DP=1"
+log "load: 3 ranks, uneven <- $SAVED (every element verified)"
+run_job load-uneven3 3 "$LAYOUTS/uneven3.json" --load "$SAVED" || fail_step "load into 3 ranks"
+
+# ---- Offline reshard, verify, inspect, export --------------------------------------------------
+for l in tp4dp1 uneven3; do
+  log "ckptctl reshard $SAVED -> $CK/gpt-$l (offline, layout $l.json)"
+  if timed "reshard-$l" "$CKPTCTL" reshard "$SAVED" "$CK/gpt-$l" --layout "$LAYOUTS/$l.json"; then
+    timed "check-$l" "$GPT_TOOL" check "$CK/gpt-$l" --layout "$LAYOUTS/$l.json" ||
+      fail_step "content check of the $l reshard: $(tail -1 "$LOGS/check-$l.log")"
+    timed "verify-$l" "$CKPTCTL" verify "$CK/gpt-$l" ||
+      fail_step "ckptctl verify of the $l reshard: $(tail -1 "$LOGS/verify-$l.log")"
+  else
+    fail_step "ckptctl reshard to $l: $(tail -1 "$LOGS/reshard-$l.log")"
+  fi
+done
+log "ckptctl inspect $SAVED"
+if timed inspect "$CKPTCTL" inspect "$SAVED"; then
+  head -12 "$LOGS/inspect.log" | sed 's/^/    /'
+else
+  fail_step "ckptctl inspect: $(tail -1 "$LOGS/inspect.log")"
+fi
+log "ckptctl export $SAVED -> $WORKDIR/export (safetensors)"
+timed export "$CKPTCTL" export "$SAVED" "$WORKDIR/export" ||
+  fail_step "ckptctl export: $(tail -1 "$LOGS/export.log")"
+
+# ---- The table ---------------------------------------------------------------------------------
+python3 - "$RESULTS" "$CKPT_BYTES" "$DD_BYTES" "$DD_NOTE" "$WORKDIR" <<'PY'
+import glob, json, os, sys
+
+results, file_bytes, dd_bytes, dd_note, workdir = sys.argv[1:6]
+file_bytes, dd_bytes = int(file_bytes), int(dd_bytes)
+
+def seconds(name):
+    try:
+        return float(open(os.path.join(results, name + ".seconds")).read())
+    except (OSError, ValueError):
+        return None
+
+def job(name, op):
+    """(bytes, seconds, ok) of a collective step: bytes summed over ranks, the slowest rank."""
+    files = sorted(glob.glob(os.path.join(results, name + ".rank*.jsonl")))
+    total, slowest, ok = 0, None, bool(files)
+    for f in files:
+        steps = []
+        for line in open(f):
+            try:
+                j = json.loads(line)
+            except ValueError:
+                continue
+            if j.get("event") == "step" and j.get("op") == op:
+                steps.append(j)
+        if not steps:
+            ok = False
+            continue
+        j = steps[-1]
+        ok = ok and j.get("ok", False)
+        total += j.get("stored_bytes" if op == "save" else "bytes", 0)
+        slowest = max(slowest or 0.0, j.get("seconds", 0.0))
+    return total, slowest, ok
+
+# Tensor bytes of the checkpoint: what the save's main replicas stored (each element once).
+save_bytes, save_s, save_ok = job("save-tp2dp2", "save")
+tensor_bytes = save_bytes if save_ok else file_bytes
+dd_w, dd_r = seconds("dd-write"), seconds("dd-read")
+bw_w = dd_bytes / dd_w / 1e9 if dd_w else None
+bw_r = dd_bytes / dd_r / 1e9 if dd_r else None
+rows = []
+
+def row(step, nbytes, secs, ok, disk, disk_name):
+    gbps = nbytes / secs / 1e9 if ok and secs else None
+    pct = f"{100 * gbps / disk:.0f}% of {disk_name}" if gbps and disk else "-"
+    rows.append((step, nbytes, secs if ok else None, gbps, pct, "ok" if ok else "FAILED"))
+
+def ok_file(name):  # a step run by `timed` succeeded when its log says so
+    return os.path.exists(os.path.join(results, name + ".ok"))
+
+row("save    4 ranks TP2xDP2, cluster", save_bytes, save_s, save_ok, bw_w, "write")
+for name, label in (("load-tp4dp1", "load    4 ranks TP4xDP1, cluster"),
+                    ("load-uneven3", "load    3 ranks uneven, cluster")):
+    b, s, ok = job(name, "load")
+    row(label, b, s, ok, bw_r, "read")
+for l, label in (("tp4dp1", "TP4xDP1"), ("uneven3", "uneven3")):
+    row(f"reshard offline -> {label}", tensor_bytes, seconds("reshard-" + l),
+        ok_file("reshard-" + l), bw_w, "write")
+row("export  -> safetensors", tensor_bytes, seconds("export"), ok_file("export"), bw_w, "write")
+row("verify  checksums, every byte", tensor_bytes, seconds("verify"), ok_file("verify"), bw_r,
+    "read")
+row("check   every element (offline)", tensor_bytes, seconds("check-saved"),
+    ok_file("check-saved"), bw_r, "read")
+
+print()
+disk = (f"write {bw_w:.2f} GB/s, read {bw_r:.2f} GB/s" if bw_w and bw_r else "not measured")
+print(f"checkpoint: {tensor_bytes:,} tensor bytes ({file_bytes:,} in files); disk measured now "
+      f"with dd, {dd_note}, {dd_bytes:,} bytes: {disk}")
+print(f"{'step':34} {'bytes':>14} {'seconds':>9} {'GB/s':>7}  {'vs disk':<15} result")
+for step, nbytes, secs, gbps, pct, res in rows:
+    secs_s = f"{secs:9.3f}" if secs is not None else f"{'-':>9}"
+    gbps_s = f"{gbps:7.2f}" if gbps else f"{'-':>7}"
+    print(f"{step:34} {nbytes:>14,} {secs_s} {gbps_s}  {pct:<15} {res}")
+PY
+
+if [[ ${#FAILED[@]} -gt 0 ]]; then
+  echo
+  echo "demo: ${#FAILED[@]} step(s) failed:"
+  for f in "${FAILED[@]}"; do echo "  - $f"; done
+  exit 1
+fi
+echo
+echo "demo: every step succeeded"
