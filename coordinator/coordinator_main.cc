@@ -21,6 +21,7 @@
 #include "common/daemon.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/kv_store.h"
+#include "coordinator/load_direct.h"
 #include "coordinator/rendezvous_service.h"
 #include "coordinator/save_commit.h"
 #include "spdlog/spdlog.h"
@@ -90,8 +91,12 @@ int Run() {
   });
   coordinator.SetFinalizer(
       [&saves](const ckpt::coordinator::Operation& op) { saves.Finalize(op); });
-  // TODO(issue 6): wire the load planner (coordinator/load_plan, which needs the checkpoint's
-  // manifest from storage/) here; until then loads are aborted at planning with Unimplemented.
+  // Loads: every rank reads what it needs directly from the checkpoint (any layout change).
+  // TODO(issue 6): switch to the exchange-based plan (coordinator/load_plan) once the workers
+  // can run its reads + exchange + scatter waves.
+  coordinator.SetPlanner(
+      ckpt::coordinator::OperationKind::kLoad,
+      [](const ckpt::coordinator::Operation& op) { return ckpt::coordinator::PlanDirectLoad(op); });
   ckpt::KvStore kv;
   ckpt::RendezvousService rendezvous(&kv);
 

@@ -269,6 +269,61 @@ TEST(ServicesTest, TwoJobsSaveThroughOneCoordinatorAtOnceWithoutInterfering) {
   }
 }
 
+// Runs `world` trainers of `job` in `mode` on workers 0..world-1 and waits for their results.
+std::vector<Child*> RunRanks(Cluster& cluster, const std::string& job, int world,
+                             const std::string& mode, const std::string& path,
+                             const std::vector<std::string>& extra) {
+  std::vector<Child*> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.push_back(cluster.StartTrainer(r, job, r, world, mode, path, extra));
+  }
+  EXPECT_TRUE(WaitFor([&] {
+    for (Child* t : ranks) {
+      if (Result(*t).first < 0) return false;
+    }
+    return true;
+  }));
+  return ranks;
+}
+
+TEST(ServicesTest, SaveThenLoadIntoOtherLayoutsIsBitExact) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  for (int i = 0; i < 4; ++i) cluster.StartWorker(i);
+  const std::string path = cluster.dir() + "/saved";
+  // Saved by 2 ranks as DTensor Shard(0) of a (5, 1000) tensor: rows 0-2 and 3-4.
+  for (Child* t : RunRanks(cluster, "train", 2, "save", path,
+                           {"--layout", "dtensor", "--global_rows", "5", "--elements", "1000"})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second;
+  }
+  // Loaded by 3 ranks (rows 0-1, 2-3, 4: uneven, across the saved boundary) and by 4 ranks
+  // holding flat ranges of the flattened tensor; every element is checked by the trainers.
+  struct Target {
+    std::string job;
+    int world;
+    std::string layout;
+  };
+  for (const Target& target : {Target{"restore3", 3, "dtensor"}, Target{"restore4", 4, "flat"}}) {
+    for (Child* t :
+         RunRanks(cluster, target.job, target.world, "load", path,
+                  {"--layout", target.layout, "--global_rows", "5", "--elements", "1000"})) {
+      EXPECT_EQ(Result(*t).first, 0) << target.job << ": " << Result(*t).second;
+      EXPECT_FALSE(LineValue(t->Stdout(), "verified").empty()) << target.job << ": " << t->Stdout();
+    }
+  }
+  // A load whose shape disagrees with the checkpoint is refused for every rank, naming it.
+  for (Child* t : RunRanks(cluster, "wrong", 2, "load", path,
+                           {"--layout", "dtensor", "--global_rows", "6", "--elements", "1000"})) {
+    EXPECT_EQ(Result(*t).first, static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(Result(*t).second, HasSubstr("tensor probe.weight as DTYPE_I32(6, 1000)"));
+  }
+  // So is a load of a checkpoint that does not exist.
+  for (Child* t : RunRanks(cluster, "missing", 1, "load", cluster.dir() + "/nothing", {})) {
+    EXPECT_NE(Result(*t).first, 0);
+    EXPECT_THAT(Result(*t).second, HasSubstr(cluster.dir() + "/nothing"));
+  }
+}
+
 TEST(ServicesTest, SaveToAnUnwritablePathFailsForEveryRankAndLeavesNothing) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));

@@ -8,10 +8,18 @@
 //   result <absl code number> <message>
 //   polled <performed 0|1>
 //
+//   verified <elements>            (load: every element holds its global flat index)
+//   mismatch <local index> <got> <want>
+//
 //   trainer_probe --worker unix:/path --job J --rank R --world_size N
 //                 --mode hold|save|load|poll [--path P] [--elements N]
+//                 [--layout rows|dtensor|flat] [--global_rows G]
+// The tensor "probe.weight" has shape (G, elements) (G defaults to the world size); "rows": rank
+// r holds row r; "dtensor": Shard(0) over a 1-d mesh of all ranks (torch.chunk rows);
+// "flat": an even split of the flattened tensor. Element values are their global flat index.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -30,6 +38,8 @@ int Run(int argc, char** argv) {
   std::string worker, job, mode = "hold", path = "/tmp/ckpt-probe";
   int rank = -1, world_size = -1;
   int64_t elements = 1024;
+  int64_t global_rows = -1;
+  std::string layout = "rows";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--worker") {
@@ -46,6 +56,10 @@ int Run(int argc, char** argv) {
       path = value;
     } else if (flag == "--elements") {
       absl::SimpleAtoi(value, &elements);
+    } else if (flag == "--layout") {
+      layout = value;
+    } else if (flag == "--global_rows") {
+      absl::SimpleAtoi(value, &global_rows);
     } else {
       std::fprintf(stderr, "trainer_probe: unknown flag %s\n", flag.c_str());
       return 2;
@@ -68,18 +82,37 @@ int Run(int argc, char** argv) {
   ckpt::client::TensorSpec spec;
   spec.key = "probe.weight";
   spec.dtype = ckpt::DType::kI32;
-  spec.global_shape = {(*client)->options().world_size, elements};
-  spec.layout = ckpt::Region{{(*client)->options().rank, 0}, {1, elements}, std::nullopt};
+  const int64_t world = (*client)->options().world_size;
+  const int64_t me = (*client)->options().rank;
+  if (global_rows < 0) global_rows = world;
+  spec.global_shape = {global_rows, elements};
+  if (layout == "rows") {
+    spec.layout = ckpt::Region{{me, 0}, {1, elements}, std::nullopt};
+  } else if (layout == "dtensor") {
+    spec.layout = ckpt::client::DTensorLayout{{world}, {ckpt::Placement::Shard(0)}};
+  } else if (layout == "flat") {
+    int64_t total = global_rows * elements, chunk = (total + world - 1) / world;
+    spec.layout = ckpt::FlatRange{std::min(total, me * chunk), std::min(total, (me + 1) * chunk)};
+  } else {
+    std::fprintf(stderr, "trainer_probe: unknown layout %s\n", layout.c_str());
+    return 2;
+  }
   auto tensor = state->AddHost(spec);
   if (!tensor.ok()) {
     Emit("result " + std::to_string(static_cast<int>(tensor.status().code())) + " " +
          std::string(tensor.status().message()));
     return 1;
   }
-  // Content: a deterministic function of the global index (rank * elements + i).
-  for (int64_t i = 0; i < elements; ++i) {
-    int32_t v = static_cast<int32_t>((*client)->options().rank * elements + i);
-    std::memcpy((*tensor)->data + i * 4, &v, 4);
+  // Content: the global flat index of each element (regions here are whole rows or flat).
+  const ckpt::Region& region = (*tensor)->region;
+  const int64_t first = region.flat ? region.flat->start : region.offsets[0] * elements;
+  const int64_t count = (*tensor)->nbytes / 4;
+  auto expected = [&](int64_t i) { return static_cast<int32_t>(first + i); };
+  if (mode != "load") {
+    for (int64_t i = 0; i < count; ++i) {
+      int32_t v = expected(i);
+      std::memcpy((*tensor)->data + i * 4, &v, 4);
+    }
   }
   Emit("segment " + (*tensor)->segment + " " + std::to_string((*tensor)->nbytes));
   if (absl::Status s = (*client)->Share(*state); !s.ok()) {
@@ -110,6 +143,18 @@ int Run(int argc, char** argv) {
   }
   Emit("result " + std::to_string(static_cast<int>(result.code())) + " " +
        std::string(result.message()));
+  if (mode == "load" && result.ok()) {
+    for (int64_t i = 0; i < count; ++i) {
+      int32_t v = 0;
+      std::memcpy(&v, (*tensor)->data + i * 4, 4);
+      if (v != expected(i)) {
+        Emit("mismatch " + std::to_string(i) + " " + std::to_string(v) + " " +
+             std::to_string(expected(i)));
+        return 1;
+      }
+    }
+    Emit("verified " + std::to_string(count));
+  }
   return result.ok() ? 0 : 1;
 }
 

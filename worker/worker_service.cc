@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "spdlog/spdlog.h"
+#include "worker/load_executor.h"
 #include "worker/save_executor.h"
 
 namespace ckpt::worker {
@@ -211,47 +212,60 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
   std::string kind = pb::OperationKind_Name(item.kind());
   if (kind.rfind("OPERATION_", 0) == 0) kind = kind.substr(10);
   for (char& c : kind) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string where = absl::StrCat("worker ", link_->worker_id(), " on host ", host_);
   absl::Status result;
   std::string written;
-  pb::SavePlanPart save_part;
-  if (item.kind() == pb::OPERATION_SAVE) {
-    if (!save_part.ParseFromString(item.plan_part())) {
-      result = absl::InvalidArgumentError(absl::StrCat("worker ", link_->worker_id(), " on host ",
-                                                       host_, ": unreadable save plan part"));
-    } else {
-      std::optional<SessionInfo> session;
-      for (SessionInfo& s : registry_->Sessions()) {
-        if (s.trainer.job == item.job() && s.trainer.rank == item.rank()) session = std::move(s);
-      }
-      if (!session.has_value()) {
-        result = absl::FailedPreconditionError(absl::StrCat(
-            "worker ", link_->worker_id(), " on host ", host_, ": the trainer of rank ",
-            item.rank(), " of job ", item.job(), " is no longer connected"));
-      } else {
-        absl::Time start = absl::Now();
-        auto report_progress = [&](int64_t bytes_done) {
-          pb::ReportProgressRequest progress;
-          progress.set_operation_id(item.operation_id());
-          progress.set_rank(item.rank());
-          progress.set_bytes_done(bytes_done);
-          pb::ReportProgressResponse ignored;
-          (void)link_->stub()->ReportProgress(link_->Context().get(), progress, &ignored);
-        };
-        absl::StatusOr<std::string> done = ExecuteSavePart(save_part, *session, report_progress);
-        result = done.status();
-        if (done.ok()) written = *std::move(done);
-        spdlog::info("save_part_written op={} rank={} bytes={} files={} seconds={:.3f} ok={}",
-                     item.operation_id(), item.rank(), save_part.total_bytes(),
-                     save_part.files_size(), absl::ToDoubleSeconds(absl::Now() - start),
-                     result.ok());
-      }
+  std::optional<SessionInfo> session;
+  for (SessionInfo& candidate : registry_->Sessions()) {
+    if (candidate.trainer.job == item.job() && candidate.trainer.rank == item.rank()) {
+      session = std::move(candidate);
     }
+  }
+  // Progress goes to the coordinator at most twice a second (and at the end).
+  absl::Time last_report = absl::InfinitePast();
+  auto report_progress = [&](int64_t bytes_done) {
+    if (absl::Now() - last_report < absl::Milliseconds(500)) return;
+    last_report = absl::Now();
+    pb::ReportProgressRequest progress;
+    progress.set_operation_id(item.operation_id());
+    progress.set_rank(item.rank());
+    progress.set_bytes_done(bytes_done);
+    pb::ReportProgressResponse ignored;
+    (void)link_->stub()->ReportProgress(link_->Context().get(), progress, &ignored);
+  };
+  const absl::Time start = absl::Now();
+  pb::SavePlanPart save_part;
+  pb::LoadPlanPart load_part;
+  if (!session.has_value()) {
+    result = absl::FailedPreconditionError(absl::StrCat(where, ": the trainer of rank ",
+                                                        item.rank(), " of job ", item.job(),
+                                                        " is no longer connected"));
+  } else if (item.kind() == pb::OPERATION_SAVE) {
+    if (!save_part.ParseFromString(item.plan_part())) {
+      result = absl::InvalidArgumentError(absl::StrCat(where, ": unreadable save plan part"));
+    } else {
+      absl::StatusOr<std::string> done = ExecuteSavePart(save_part, *session, report_progress);
+      result = done.status();
+      if (done.ok()) written = *std::move(done);
+    }
+    spdlog::info("save_part_written op={} rank={} bytes={} files={} seconds={:.3f} ok={}",
+                 item.operation_id(), item.rank(), save_part.total_bytes(), save_part.files_size(),
+                 absl::ToDoubleSeconds(absl::Now() - start), result.ok());
+  } else if (item.kind() == pb::OPERATION_LOAD) {
+    if (!load_part.ParseFromString(item.plan_part())) {
+      result = absl::InvalidArgumentError(absl::StrCat(where, ": unreadable load plan part"));
+    } else {
+      result = ExecuteLoadPart(load_part, *session, report_progress);
+    }
+    spdlog::info("load_part_read op={} rank={} bytes={} tensors={} seconds={:.3f} ok={}",
+                 item.operation_id(), item.rank(), load_part.total_bytes(), load_part.reads_size(),
+                 absl::ToDoubleSeconds(absl::Now() - start), result.ok());
   } else {
-    // The data path that executes load/reshard plan parts (exchange/ + storage/) is not wired
-    // into the worker yet: say so to the coordinator, which aborts the operation for every rank.
-    result = absl::UnimplementedError(absl::StrCat(
-        "worker ", link_->worker_id(), " on host ", host_, " cannot execute ", kind,
-        " plan parts yet: the exchange/storage data path is not wired into ckpt_worker"));
+    // Reshard parts (read + exchange + write) are not wired into the worker yet: say so to the
+    // coordinator, which aborts the operation for every rank.
+    result = absl::UnimplementedError(
+        absl::StrCat(where, " cannot execute ", kind,
+                     " plan parts yet: the exchange data path is not wired into ckpt_worker"));
   }
   pb::ReportResultRequest report;
   report.set_operation_id(item.operation_id());

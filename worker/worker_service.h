@@ -1,9 +1,9 @@
 // The trainer-facing gRPC service of the worker daemon (ckpt.pb.Worker, on a unix socket):
 // trainer sessions and their shared tensors, and save/load requests forwarded to the
-// coordinator as operation joins carrying the rank's shard metadata. Save plan parts that
-// arrive over the coordinator's work stream are written from the trainer's shared memory into
-// the save's staging directory; load/reshard parts are reported back as not executable until
-// the worker's load data path (exchange/ + storage/) is wired in.
+// coordinator as operation joins carrying the rank's shard metadata. Plan parts arrive over the
+// coordinator's work stream: save parts are written from the trainer's shared memory into the
+// save's staging directory, load parts are read from the checkpoint into it; reshard parts are
+// reported back as not executable until the exchange data path is wired in.
 #ifndef CKPT_WORKER_WORKER_SERVICE_H_
 #define CKPT_WORKER_WORKER_SERVICE_H_
 

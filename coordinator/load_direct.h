@@ -1,0 +1,23 @@
+// The direct-read load planner: every rank reads the regions it needs straight from the
+// checkpoint (any saved layout to any target layout, since reads assemble a region from every
+// stored piece that overlaps it). Correct for every layout change; it reads replicated data
+// once per rank that needs it, where the exchange-based plan (coordinator/load_plan) would
+// read it once and move it over the interconnect. No gRPC, no logging.
+#ifndef CKPT_COORDINATOR_LOAD_DIRECT_H_
+#define CKPT_COORDINATOR_LOAD_DIRECT_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/job_state.h"
+
+namespace ckpt::coordinator {
+
+// Opens and validates the checkpoint at op.path, checks every gathered shard against it (the
+// key exists, dtype and global shape agree, the region is inside the tensor) and returns one
+// serialized pb::LoadPlanPart per rank. Errors name the rank, tensor and checkpoint.
+absl::StatusOr<std::vector<RankPlan>> PlanDirectLoad(const Operation& op);
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_COORDINATOR_LOAD_DIRECT_H_
