@@ -113,7 +113,9 @@ class Client {
                                                    const SaveOptions& options = {});
 
   // Collective: fills `state`'s tensors from the checkpoint at `path`, whatever layout it was
-  // saved from. Returns once every tensor holds its loaded values, or the diagnosis.
+  // saved from (each rank's worker reads the regions it needs; checksums verified). Returns
+  // once every tensor holds its loaded values, or the diagnosis (e.g. a tensor the checkpoint
+  // lacks or holds with another shape, named).
   absl::Status Load(const std::string& path, StateDict& state, const LoadOptions& options = {});
 
   // Call once per training step: performs any save or load an operator requested for this
