@@ -220,6 +220,10 @@ TEST(ServicesTest, WorkerKilledMidSaveAbortsEveryRankAndNothingIsCommitted) {
     return s.operations_size() == 1 && s.operations(0).phase() == pb::PHASE_EXECUTING;
   })) << r0->Stdout()
       << r0->Stderr();
+  std::string out;
+  ASSERT_EQ(cluster.RunCkptctl({"status", "--coordinator", cluster.address()}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("executing  requested by rank"));
+  EXPECT_THAT(out, HasSubstr("/ 762.9 MiB"));  // progress bar over the plan's bytes
   pid_t victim = cluster.worker(1).pid;
   cluster.worker(1).Kill(SIGKILL);
   ASSERT_TRUE(WaitFor([&] { return Result(*r0).first >= 0 && Result(*r1).first >= 0; }))
@@ -419,6 +423,34 @@ TEST(ServicesTest, CkptctlSaveIsTakenAtTheTrainersNextPollAndWaitsForTheCommit) 
   EXPECT_EQ(status.operations(0).requested_by(), "operator");
   EXPECT_EQ(status.operations(0).phase(), pb::PHASE_DONE);
   EXPECT_EQ(cluster.RunCkptctl({"verify", path}, &out), 0) << out;
+}
+
+TEST(ServicesTest, CkptctlLoadRollsARunningJobBackAtItsNextPoll) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  cluster.StartWorker(0);
+  cluster.StartWorker(1);
+  const std::string path = cluster.dir() + "/rollback";
+  for (Child* t : RunRanks(cluster, "job", 2, "save", path, {"--layout", "dtensor"})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second;
+  }
+  std::vector<Child*> trainers = {
+      cluster.StartTrainer(0, "job", 0, 2, "poll", "", {"--layout", "dtensor"}),
+      cluster.StartTrainer(1, "job", 1, 2, "poll", "", {"--layout", "dtensor"})};
+  ASSERT_TRUE(WaitFor([&] {
+    return trainers[0]->Stdout().find("shared") != std::string::npos &&
+           trainers[1]->Stdout().find("shared") != std::string::npos;
+  }));
+  std::string out;
+  ASSERT_EQ(
+      cluster.RunCkptctl({"load", "--coordinator", cluster.address(), "--job", "job", path}, &out),
+      0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("load: job job, 2 ranks, 8192 bytes"));
+  for (Child* t : trainers) {
+    ASSERT_TRUE(WaitFor([&] { return Result(*t).first >= 0; }));
+    EXPECT_EQ(Result(*t).first, 0) << Result(*t).second;
+  }
 }
 
 TEST(ServicesTest, CkptctlSaveOfAnUnknownJobOrWithoutArgumentsFails) {
