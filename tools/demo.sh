@@ -209,6 +209,16 @@ run_job() {
   return $rc
 }
 
+# drop_cache CKPT...: evicts the checkpoints' files from the page cache (per file, with
+# dd iflag=nocache, i.e. posix_fadvise DONTNEED; no system-wide effect), so that the steps that
+# read them are measured against the disk and not against memory.
+drop_cache() {
+  local f
+  for f in $(find "$@" -type f 2>/dev/null); do
+    dd if="$f" iflag=nocache count=0 status=none 2>/dev/null
+  done
+}
+
 # timed NAME CMD...: runs CMD with output in $LOGS/NAME.log, records its wall seconds in
 # $RESULTS/NAME.seconds (and $RESULTS/NAME.ok on success); returns its status.
 timed() {
@@ -254,22 +264,27 @@ DD_BYTES=$((COUNT * BS))
 
 # ---- Verify what the save wrote -----------------------------------------------------------------
 log "check: every element of the saved checkpoint (offline reader, TP=2 x DP=2 pieces)"
+drop_cache "$SAVED"
 timed check-saved "$GPT_TOOL" check "$SAVED" --layout "$LAYOUTS/tp2dp2.json" ||
   fail_step "content check of the saved checkpoint: $(tail -1 "$LOGS/check-saved.log")"
 log "ckptctl verify $SAVED"
+drop_cache "$SAVED"
 timed verify "$CKPTCTL" verify "$SAVED" || fail_step "ckptctl verify: $(tail -1 "$LOGS/verify.log")"
 
 # ---- Loads through the cluster into other layouts ---------------------------------------------
 # The 3-rank job reuses the same cluster: its ranks attach to workers 0-2 and worker 3 simply
 # takes no part in that job's operations, as on a host where a job uses fewer GPUs.
 log "load: 4 ranks, TP=4 x DP=1 <- $SAVED (every element verified)"
+drop_cache "$SAVED"
 run_job load-tp4dp1 4 "$LAYOUTS/tp4dp1.json" --load "$SAVED" || fail_step "load into TP=4 x DP=1"
 log "load: 3 ranks, uneven <- $SAVED (every element verified)"
+drop_cache "$SAVED"
 run_job load-uneven3 3 "$LAYOUTS/uneven3.json" --load "$SAVED" || fail_step "load into 3 ranks"
 
 # ---- Offline reshard, verify, inspect, export --------------------------------------------------
 for l in tp4dp1 uneven3; do
   log "ckptctl reshard $SAVED -> $CK/gpt-$l (offline, layout $l.json)"
+  drop_cache "$SAVED"
   if timed "reshard-$l" "$CKPTCTL" reshard "$SAVED" "$CK/gpt-$l" --layout "$LAYOUTS/$l.json"; then
     timed "check-$l" "$GPT_TOOL" check "$CK/gpt-$l" --layout "$LAYOUTS/$l.json" ||
       fail_step "content check of the $l reshard: $(tail -1 "$LOGS/check-$l.log")"
@@ -286,6 +301,7 @@ else
   fail_step "ckptctl inspect: $(tail -1 "$LOGS/inspect.log")"
 fi
 log "ckptctl export $SAVED -> $WORKDIR/export (safetensors)"
+drop_cache "$SAVED"
 timed export "$CKPTCTL" export "$SAVED" "$WORKDIR/export" ||
   fail_step "ckptctl export: $(tail -1 "$LOGS/export.log")"
 
