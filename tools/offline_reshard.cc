@@ -250,31 +250,24 @@ absl::StatusOr<OfflineReshardStats> OfflineReshard(const std::string& src, const
   // Budget: one share per destination wave in memory (two when overlapped) plus one for
   // source staging.
   const int64_t share = options.memory_budget_bytes / (options.overlap ? 3 : 2);
-  SavePlanOptions sp_options;
-  sp_options.target_file_bytes =
-      std::max<int64_t>(1, std::min(options.target_file_bytes, share / 3));
+  SavePlanOptions sp_options;  // its file packing is replaced by RepackForWaves below
   absl::StatusOr<SavePlan> save_plan =
       BuildSavePlan(*layout_pieces, layout.world_size(), sp_options);
   if (!save_plan.ok()) {
     return absl::Status(save_plan.status().code(),
                         absl::StrCat("target layout: ", save_plan.status().message()));
   }
-  RepackInShardIdOrder(&*save_plan);
+  absl::StatusOr<int64_t> waves = RepackForWaves(&*save_plan, share);
+  if (!waves.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "memory budget of ", options.memory_budget_bytes,
+        " bytes is too small: ", waves.status().message(), "; use a budget of at least ",
+        options.memory_budget_bytes / share, " times that piece"));
+  }
   std::vector<TensorPiece> dst_pieces;
   std::map<const PlannedPiece*, int64_t> dst_index;
   for (const WriterPlan& w : save_plan->writers) {
     for (const PlannedFile& f : w.files) {
-      if (f.total_bytes > share) {
-        const PlannedPiece& big = *std::max_element(
-            f.pieces.begin(), f.pieces.end(), [](const PlannedPiece& a, const PlannedPiece& b) {
-              return a.size_bytes < b.size_bytes;
-            });
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "memory budget of ", options.memory_budget_bytes,
-            " bytes is too small: ", PieceName(big), " (rank ", w.rank, ", file ", f.path,
-            ") needs ", f.total_bytes, " bytes of buffer; use a budget of at least ",
-            options.memory_budget_bytes / share * f.total_bytes, " bytes"));
-      }
       for (const PlannedPiece& p : f.pieces) {
         dst_index[&p] = static_cast<int64_t>(dst_pieces.size());
         dst_pieces.push_back(TensorPiece{p.key, w.rank, p.dtype, p.global_shape, p.region, {}});

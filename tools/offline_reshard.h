@@ -3,14 +3,14 @@
 //
 // Plan: the target layout's pieces (coordinator/layout_spec.h) go through the planner's save
 // plan (coordinator/save_plan.h: one writer per distinct main-replica piece, balanced over the
-// target's ranks, packed into a few large files per writer), and the source pieces of the
-// manifest map onto them with PlanReshard (sharding/reshard_plan.h). Files are then produced
-// in waves: a wave's destination pieces are assembled in memory from the byte spans of the
-// source pieces they need (checksum-block aligned reads through the parallel I/O engine,
-// verified), then written (checksums computed as bytes stream out) into a staging directory
-// that is committed atomically at the end. At most about `memory_budget_bytes` of piece data
-// are held at once: a third for the wave being filled, a third for the wave being written
-// meanwhile, a third for source staging.
+// target's ranks); the pieces are then cut, in shard-id order, into waves with one file per
+// writer per wave (tools/wave_writer.h, RepackForWaves), and the source pieces of the manifest
+// map onto them with PlanReshard (sharding/reshard_plan.h). A wave's destination pieces are
+// assembled in memory from the byte spans of the source pieces they need (checksum-block
+// aligned reads through the parallel I/O engine, verified), then written (checksums computed as
+// bytes stream out) into a staging directory that is committed atomically at the end. At most about
+// `memory_budget_bytes` of piece data are held at once: a third for the wave being filled, a third
+// for the wave being written meanwhile, a third for source staging.
 #ifndef CKPT_TOOLS_OFFLINE_RESHARD_H_
 #define CKPT_TOOLS_OFFLINE_RESHARD_H_
 
@@ -31,8 +31,6 @@ namespace ckpt {
 
 struct OfflineReshardOptions {
   int64_t memory_budget_bytes = int64_t{1} << 30;
-  // Largest data file the save plan packs (further capped at an eighth of the budget).
-  int64_t target_file_bytes = int64_t{256} << 20;
   bool overlap = true;           // read/assemble the next wave while the previous one is written
   IoOptions io;                  // threads, queue depth, O_DIRECT for reads and writes
   bool overwrite = false;        // replace an existing checkpoint at the destination

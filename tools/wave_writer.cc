@@ -27,38 +27,47 @@ struct FileRef {
 
 }  // namespace
 
-// Re-packs each writer's pieces (writers as the save plan chose them) into the same number of
-// files, consecutive in shard-id order and of about equal bytes, so that the files written in
-// one wave hold neighbouring tensors and a reshard reads each source piece in one wave.
-void RepackInShardIdOrder(SavePlan* plan) {
-  for (WriterPlan& w : plan->writers) {
-    std::vector<PlannedPiece> pieces;
-    for (PlannedFile& f : w.files) {
-      for (PlannedPiece& p : f.pieces) pieces.push_back(std::move(p));
-    }
-    std::stable_sort(pieces.begin(), pieces.end(),
-                     [](const PlannedPiece& a, const PlannedPiece& b) {
-                       return ShardIdLess()(ShardId{a.key, a.region.offsets, a.region.flat},
-                                            ShardId{b.key, b.region.offsets, b.region.flat});
-                     });
-    const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(w.files.size()));
-    std::vector<PlannedFile> files;
-    int64_t before = 0;  // bytes in earlier files
-    size_t i = 0;
-    for (int64_t k = 0; k < n && i < pieces.size(); ++k) {
-      PlannedFile f;
-      f.path = absl::StrCat("data/r", w.rank, "_", files.size(), ".safetensors");
-      // File k ends where the running total first reaches (k + 1) / n of the writer's bytes.
-      const int64_t limit = k + 1 == n ? INT64_MAX : w.total_bytes / n * (k + 1);
-      while (i < pieces.size() && (f.pieces.empty() || before + f.total_bytes < limit)) {
-        f.total_bytes += pieces[i].size_bytes;
-        f.pieces.push_back(std::move(pieces[i++]));
+absl::StatusOr<int64_t> RepackForWaves(SavePlan* plan, int64_t wave_bytes) {
+  struct Item {
+    PlannedPiece piece;
+    size_t writer = 0;  // index into plan->writers
+  };
+  std::vector<Item> items;
+  for (size_t w = 0; w < plan->writers.size(); ++w) {
+    for (PlannedFile& f : plan->writers[w].files) {
+      for (PlannedPiece& p : f.pieces) {
+        if (p.size_bytes > wave_bytes) {
+          return absl::ResourceExhaustedError(
+              absl::StrCat("tensor \"", p.key, "\" piece ", p.region.DebugString(), " (rank ",
+                           plan->writers[w].rank, ") has ", p.size_bytes,
+                           " bytes, more than a wave of ", wave_bytes));
+        }
+        items.push_back({std::move(p), w});
       }
-      before += f.total_bytes;
-      files.push_back(std::move(f));
     }
-    w.files = std::move(files);
   }
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return ShardIdLess()(ShardId{a.piece.key, a.piece.region.offsets, a.piece.region.flat},
+                         ShardId{b.piece.key, b.piece.region.offsets, b.piece.region.flat});
+  });
+  for (WriterPlan& w : plan->writers) w.files.clear();
+  int64_t waves = 0, in_wave = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i == 0 || in_wave + items[i].piece.size_bytes > wave_bytes) {
+      ++waves;
+      in_wave = 0;
+      for (WriterPlan& w : plan->writers) {
+        PlannedFile f;
+        f.path = absl::StrCat("data/r", w.rank, "_", waves - 1, ".safetensors");
+        w.files.push_back(std::move(f));
+      }
+    }
+    in_wave += items[i].piece.size_bytes;
+    PlannedFile& f = plan->writers[items[i].writer].files.back();
+    f.total_bytes += items[i].piece.size_bytes;
+    f.pieces.push_back(std::move(items[i].piece));
+  }
+  return waves;
 }
 
 absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(

@@ -60,10 +60,14 @@ absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
     const CheckpointContents& info, const WaveFill& fill, const WaveOptions& wave_options,
     const WriteOptions& options);
 
-// Re-packs each writer's pieces (writers as the save plan chose them) into the same number of
-// files, consecutive in shard-id order and of about equal bytes, so that the files written in
-// one wave hold neighbouring tensors.
-void RepackInShardIdOrder(SavePlan* plan);
+// Re-packs the plan's pieces (keeping each piece's writer) for writing in waves of at most
+// `wave_bytes`: all pieces in shard-id order are cut into consecutive waves, and in wave k
+// every writer gets one file "data/r<rank>_<k>.safetensors" (empty when it has nothing there;
+// WriteCheckpointInWaves skips empty files). WriteCheckpointInWaves with the same wave_bytes
+// then writes exactly these waves, each covering a contiguous range of tensors, so a reshard
+// reads a source piece in one wave (two at a wave boundary). Returns the number of waves;
+// ResourceExhausted names a piece larger than wave_bytes.
+absl::StatusOr<int64_t> RepackForWaves(SavePlan* plan, int64_t wave_bytes);
 
 }  // namespace ckpt
 
