@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -193,6 +195,63 @@ pb::GetStatusResponse Cluster::Status() {
 std::unique_ptr<pb::Worker::Stub> Cluster::WorkerStub(int i) {
   return pb::Worker::NewStub(
       grpc::CreateChannel("unix:" + worker_socket(i), grpc::InsecureChannelCredentials()));
+}
+
+const pb::WorkerStatus* FindWorker(const pb::GetStatusResponse& s, const std::string& id) {
+  for (const auto& w : s.workers()) {
+    if (w.worker_id() == id) return &w;
+  }
+  return nullptr;
+}
+
+int LiveWorkers(const pb::GetStatusResponse& s) {
+  int n = 0;
+  for (const auto& w : s.workers()) n += w.alive() ? 1 : 0;
+  return n;
+}
+
+// "result <code> <message>" of a finished trainer; code -1 while it has not printed one.
+std::pair<int, std::string> Result(const Child& trainer) {
+  std::string value = LineValue(trainer.Stdout(), "result");
+  if (value.empty()) return {-1, ""};
+  std::pair<std::string, std::string> parts = absl::StrSplit(value, absl::MaxSplits(' ', 1));
+  int code = -1;
+  (void)absl::SimpleAtoi(parts.first, &code);
+  return {code, parts.second};
+}
+
+bool SegmentExists(const std::string& name) {
+  int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+pb::WorkerStatusResponse WorkerStatus(Cluster& cluster, int i) {
+  auto stub = cluster.WorkerStub(i);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  pb::WorkerStatusResponse response;
+  grpc::Status s = stub->Status(&context, pb::WorkerStatusRequest(), &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return response;
+}
+
+// Runs `world` trainers of `job` in `mode` on workers 0..world-1 and waits for their results.
+std::vector<Child*> RunRanks(Cluster& cluster, const std::string& job, int world,
+                             const std::string& mode, const std::string& path,
+                             const std::vector<std::string>& extra) {
+  std::vector<Child*> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.push_back(cluster.StartTrainer(r, job, r, world, mode, path, extra));
+  }
+  EXPECT_TRUE(WaitFor([&] {
+    for (Child* t : ranks) {
+      if (Result(*t).first < 0) return false;
+    }
+    return true;
+  }));
+  return ranks;
 }
 
 }  // namespace ckpt::testing

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -90,6 +91,22 @@ class Cluster {
 
 // The value after "<key> " on the first stdout line starting with it ("" if none yet).
 std::string LineValue(const std::string& text, const std::string& key);
+
+// The status entry of worker `id`, or nullptr.
+const pb::WorkerStatus* FindWorker(const pb::GetStatusResponse& s, const std::string& id);
+// Number of live workers in a status.
+int LiveWorkers(const pb::GetStatusResponse& s);
+// "result <code> <message>" of a trainer_probe; code -1 while it has not printed one.
+std::pair<int, std::string> Result(const Child& trainer);
+// Whether the shared-memory segment `name` exists.
+bool SegmentExists(const std::string& name);
+// Worker i's Status RPC (sessions and their segments).
+pb::WorkerStatusResponse WorkerStatus(Cluster& cluster, int i);
+// Runs `world` trainer_probes of `job` in `mode` on workers 0..world-1 and waits (20 s at
+// most) until each printed its result.
+std::vector<Child*> RunRanks(Cluster& cluster, const std::string& job, int world,
+                             const std::string& mode, const std::string& path,
+                             const std::vector<std::string>& extra);
 
 }  // namespace ckpt::testing
 
