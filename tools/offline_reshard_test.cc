@@ -10,9 +10,11 @@
 #include "examples/gpt_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sharding/shard_id.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
 #include "storage/verify.h"
+#include "tools/wave_writer.h"
 
 namespace ckpt {
 namespace {
@@ -246,6 +248,82 @@ TEST_F(OfflineReshardTest, FailedWaveCommitsNothingAndLeavesNoStaging) {
   const CheckpointProbe probe = ProbeCheckpoint(dst);
   EXPECT_EQ(probe.state, CheckpointState::kMissing);
   EXPECT_TRUE(probe.leftovers.empty()) << probe.leftovers.front();
+}
+
+TEST_F(OfflineReshardTest, WavesReadEachSourcePieceAboutOnce) {
+  auto stats =
+      OfflineReshard(src_, JoinPath(dir_, "once"), Layout(GptLayoutJson(3, 1)), SmallBudget());
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GT(stats->write.waves, 2);
+  // Only pieces cut by a wave boundary are read twice.
+  EXPECT_LT(stats->bytes_read, TotalBytes(tensors_) * 12 / 10);
+  EXPECT_GE(stats->bytes_read, TotalBytes(tensors_));
+}
+
+TEST(RepackForWavesTest, ConsecutiveWavesOneFilePerWriterPieceKeepsItsWriter) {
+  auto layout = LayoutSpec::Parse(GptLayoutJson(2, 2));
+  ASSERT_TRUE(layout.ok());
+  auto pieces = layout->AllPieces(SmallGpt(), true);
+  ASSERT_TRUE(pieces.ok());
+  auto plan = BuildSavePlan(*pieces, 4);
+  ASSERT_TRUE(plan.ok());
+  std::map<PieceId, int64_t> writer_of;
+  int64_t total = 0;
+  for (const WriterPlan& w : plan->writers) {
+    for (const PlannedFile& f : w.files) {
+      for (const PlannedPiece& p : f.pieces) {
+        writer_of[IdOf(p.key, p.region)] = w.rank;
+        total += p.size_bytes;
+      }
+    }
+  }
+  const int64_t wave_bytes = 300 << 10;
+  auto waves = RepackForWaves(&*plan, wave_bytes);
+  ASSERT_TRUE(waves.ok()) << waves.status();
+  EXPECT_GE(*waves, total / wave_bytes);
+  std::vector<int64_t> wave_total(*waves, 0);
+  std::vector<std::pair<PieceId, int64_t>> order;  // (piece, wave)
+  size_t count = 0;
+  for (const WriterPlan& w : plan->writers) {
+    ASSERT_EQ(static_cast<int64_t>(w.files.size()), *waves);
+    for (int64_t k = 0; k < *waves; ++k) {
+      const PlannedFile& f = w.files[k];
+      EXPECT_EQ(f.path, absl::StrCat("data/r", w.rank, "_", k, ".safetensors"));
+      int64_t bytes = 0;
+      for (const PlannedPiece& p : f.pieces) {
+        EXPECT_EQ(writer_of.at(IdOf(p.key, p.region)), w.rank);
+        bytes += p.size_bytes;
+        order.push_back({IdOf(p.key, p.region), k});
+        ++count;
+      }
+      EXPECT_EQ(bytes, f.total_bytes);
+      wave_total[k] += bytes;
+    }
+  }
+  EXPECT_EQ(count, writer_of.size());
+  for (int64_t t : wave_total) EXPECT_LE(t, wave_bytes);
+  // Waves are consecutive in shard-id order: every piece of wave k precedes every piece of k+1.
+  for (const auto& [a, ka] : order) {
+    for (const auto& [b, kb] : order) {
+      if (ka < kb) {
+        ASSERT_TRUE(ShardIdLess()(
+            ShardId{std::get<0>(a), std::get<1>(a),
+                    std::get<3>(a) < 0
+                        ? std::nullopt
+                        : std::optional<FlatRange>(FlatRange{std::get<3>(a), std::get<4>(a)})},
+            ShardId{std::get<0>(b), std::get<1>(b),
+                    std::get<3>(b) < 0
+                        ? std::nullopt
+                        : std::optional<FlatRange>(FlatRange{std::get<3>(b), std::get<4>(b)})}));
+      }
+    }
+  }
+  auto too_big = BuildSavePlan(*pieces, 4);
+  ASSERT_TRUE(too_big.ok());
+  auto refused = RepackForWaves(&*too_big, 1024);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("more than a wave of 1024"));
 }
 
 TEST_F(OfflineReshardTest, MissingSourceIsAnError) {
