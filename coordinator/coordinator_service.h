@@ -115,14 +115,6 @@ class CoordinatorService final : public pb::Coordinator::Service {
   std::thread ticker_;
 };
 
-// Wire conversions shared by the daemons and ckptctl.
-pb::OperationKind ToProto(OperationKind kind);
-absl::StatusOr<OperationKind> FromProto(pb::OperationKind kind);
-pb::OperationPhase ToProto(Phase phase);
-pb::StatusDetail ToDetail(const absl::Status& status);
-absl::Status FromDetail(const pb::StatusDetail& detail);
-void ToProto(const Operation& op, pb::OperationStatus* out);
-
 }  // namespace ckpt::coordinator
 
 #endif  // CKPT_COORDINATOR_COORDINATOR_SERVICE_H_

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "coordinator/operation_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

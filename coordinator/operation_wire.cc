@@ -1,0 +1,93 @@
+#include "coordinator/operation_wire.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+int64_t UnixMs(absl::Time t) {
+  if (t == absl::InfiniteFuture() || t == absl::InfinitePast()) return 0;
+  return absl::ToUnixMillis(t);
+}
+
+}  // namespace
+
+pb::OperationKind ToProto(OperationKind kind) {
+  switch (kind) {
+    case OperationKind::kSave:
+      return pb::OPERATION_SAVE;
+    case OperationKind::kLoad:
+      return pb::OPERATION_LOAD;
+    case OperationKind::kReshard:
+      return pb::OPERATION_RESHARD;
+  }
+  return pb::OPERATION_KIND_UNSPECIFIED;
+}
+
+absl::StatusOr<OperationKind> FromProto(pb::OperationKind kind) {
+  switch (kind) {
+    case pb::OPERATION_SAVE:
+      return OperationKind::kSave;
+    case pb::OPERATION_LOAD:
+      return OperationKind::kLoad;
+    case pb::OPERATION_RESHARD:
+      return OperationKind::kReshard;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("operation kind ", static_cast<int>(kind), " is not save, load or reshard"));
+  }
+}
+
+pb::OperationPhase ToProto(Phase phase) {
+  switch (phase) {
+    case Phase::kGathering:
+      return pb::PHASE_GATHERING;
+    case Phase::kPlanning:
+      return pb::PHASE_PLANNING;
+    case Phase::kExecuting:
+      return pb::PHASE_EXECUTING;
+    case Phase::kCommitting:
+      return pb::PHASE_COMMITTING;
+    case Phase::kDone:
+      return pb::PHASE_DONE;
+    case Phase::kAborted:
+      return pb::PHASE_ABORTED;
+  }
+  return pb::PHASE_UNSPECIFIED;
+}
+
+pb::StatusDetail ToDetail(const absl::Status& status) {
+  pb::StatusDetail d;
+  d.set_code(static_cast<int32_t>(status.code()));
+  d.set_message(std::string(status.message()));
+  return d;
+}
+
+absl::Status FromDetail(const pb::StatusDetail& detail) {
+  if (detail.code() == 0) return absl::OkStatus();
+  if (detail.code() < 0 || detail.code() > 16) {
+    return absl::UnknownError(absl::StrCat("(status code ", detail.code(), ") ", detail.message()));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(detail.code()), detail.message());
+}
+
+void ToProto(const Operation& op, pb::OperationStatus* out) {
+  out->set_id(op.id);
+  out->set_job(op.job);
+  out->set_kind(ToProto(op.kind));
+  out->set_path(op.path);
+  out->set_requested_by(op.requested_by);
+  out->set_world_size(op.world_size);
+  out->set_phase(ToProto(op.phase));
+  out->set_joined_ranks(op.JoinedRanks());
+  out->set_reported_ranks(op.ReportedRanks());
+  out->set_bytes_done(op.BytesDone());
+  out->set_bytes_total(op.BytesTotal());
+  *out->mutable_status() = ToDetail(op.status);
+  out->set_created_unix_ms(UnixMs(op.created));
+  out->set_deadline_unix_ms(UnixMs(op.deadline));
+}
+
+}  // namespace ckpt::coordinator
