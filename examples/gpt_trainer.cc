@@ -20,14 +20,17 @@
 //   gpt_trainer [--job J] [--rank R] [--world-size N] [--local-rank L] [--worker unix:/path]
 //               [--tp T --dp D | --layout layout.json]
 //               [--model-bytes B | --layers N --hidden H --vocab V]
-//               [--arrival-timeout-s S] [--step-ms MS]
+//               [--arrival-timeout-s S] [--step-ms MS] [--poll-ops K]
 //               ACTION...        (run in the order given)
 //   ACTION: --save PATH | --load PATH | --poll-steps N
 //
 // --save: fill, Save, overwrite every tensor right after Save returns (the checkpoint must
 // hold the values from before), WaitDurable. --load: poison every tensor, Load, VerifyPiece
-// every element. --poll-steps N: N training steps, each calling Poll (an operator-requested load
-// is verified like --load). (To check a checkpoint offline without a cluster: examples/gpt_tool.)
+// every element. --poll-steps N: N training steps, each calling Poll, which performs what an
+// operator requested with `ckptctl save|load`: after a save the tensors are overwritten as
+// after --save, after a load every element is verified as after --load; with --poll-ops K the
+// steps end once K such operations have run. (To check a checkpoint offline without a cluster:
+// examples/gpt_tool.)
 //
 // Output: one JSON object per line on stdout: {"event":"ready",...} once the state is built,
 // then one {"event":"step","op":...,"ok":...,"bytes":...,"seconds":...} per action or poll
@@ -75,6 +78,7 @@ struct Flags {
   std::optional<int64_t> layers, hidden, vocab;  // else the GptConfig defaults
   absl::Duration arrival_timeout = absl::Minutes(5);
   absl::Duration step = absl::Milliseconds(50);
+  int64_t poll_ops = 0;  // > 0: polling ends after this many operator-requested operations
   std::vector<Action> actions;
 };
 
@@ -82,7 +86,7 @@ constexpr char kUsage[] =
     "usage: gpt_trainer [--job J] [--rank R] [--world-size N] [--local-rank L]\n"
     "                   [--worker unix:/path] [--tp T --dp D | --layout layout.json]\n"
     "                   [--model-bytes B | --layers N --hidden H --vocab V]\n"
-    "                   [--arrival-timeout-s S] [--step-ms MS]\n"
+    "                   [--arrival-timeout-s S] [--step-ms MS] [--poll-ops K]\n"
     "                   (--save PATH | --load PATH | --poll-steps N)...\n"
     "One trainer rank of a GPT-style model on the ckpt client library; actions run in order.\n"
     "Rank, world size, local rank and job default to the launcher's environment (torchrun,\n"
@@ -129,11 +133,12 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       if (flag == "--layers") f.layers = *n;
       if (flag == "--hidden") f.hidden = *n;
       if (flag == "--vocab") f.vocab = *n;
-    } else if (flag == "--arrival-timeout-s" || flag == "--step-ms") {
+    } else if (flag == "--arrival-timeout-s" || flag == "--step-ms" || flag == "--poll-ops") {
       n = int_value(flag, value, 1);
       if (!n.ok()) return n.status();
       if (flag == "--arrival-timeout-s") f.arrival_timeout = absl::Seconds(*n);
       if (flag == "--step-ms") f.step = absl::Milliseconds(*n);
+      if (flag == "--poll-ops") f.poll_ops = *n;
     } else if (flag == "--save" || flag == "--load") {
       f.actions.push_back({flag.substr(2), value, 0});
     } else if (flag == "--poll-steps") {
@@ -326,6 +331,7 @@ Json Load(Client& client, RankState& rs, const std::string& path, const Flags& f
 // N training steps; each step calls Poll, which runs an operator-requested save or load.
 bool PollSteps(Client& client, RankState& rs, int64_t steps, const Flags& f) {
   bool ok = true;
+  int64_t performed = 0;
   for (int64_t step = 0; step < steps; ++step) {
     std::this_thread::sleep_for(absl::ToChronoMilliseconds(f.step));  // "forward + backward"
     auto start = std::chrono::steady_clock::now();
@@ -337,15 +343,30 @@ bool PollSteps(Client& client, RankState& rs, int64_t steps, const Flags& f) {
       j["ok"] = true;
       j["performed"] = polled->performed;
       if (polled->performed) {
+        ++performed;
         j.update({{"kind", polled->kind}, {"path", polled->path}, {"bytes", rs.bytes}});
         if (polled->kind == "load") j.update(LoadedJson(rs, client.options().rank));
+        // Poll returns after the save is durable; training then moves on (the checkpoint must
+        // keep the values from before, and a later load must bring them back).
+        if (polled->kind == "save") {
+          j["stored_bytes"] = rs.stored_bytes;
+          Overwrite(rs, 0x5A);
+        }
       }
     }
     j["event"] = "step";
     j["rank"] = client.options().rank;
     Emit(j);
     ok = ok && j["ok"].get<bool>();
-    if (!polled.ok()) break;
+    if (!polled.ok() || (f.poll_ops > 0 && performed >= f.poll_ops)) break;
+  }
+  if (ok && performed < f.poll_ops) {
+    std::fprintf(stderr,
+                 "gpt_trainer: rank %d: %lld operator-requested operation(s) ran in %lld "
+                 "steps, expected %lld (--poll-ops)\n",
+                 client.options().rank, static_cast<long long>(performed),
+                 static_cast<long long>(steps), static_cast<long long>(f.poll_ops));
+    return false;
   }
   return ok;
 }

@@ -184,29 +184,48 @@ done
 log "$NUM_WORKERS workers registered (sockets in $SOCKDIR)"
 
 # ---- Trainer jobs ------------------------------------------------------------------------------
-# run_job NAME WORLD LAYOUT ACTION...: starts WORLD gpt_trainer ranks the way torchrun would
+# start_job NAME WORLD LAYOUT ACTION...: starts WORLD gpt_trainer ranks the way torchrun would
 # (RANK, WORLD_SIZE, LOCAL_RANK in the environment; CKPT_JOB and CKPT_WORKER_ADDRESS name the
-# job and the rank's local worker), waits for all, and leaves each rank's JSON lines in
-# $RESULTS/NAME.rankR.jsonl. Returns non-zero when any rank failed.
-run_job() {
-  local name="$1" world="$2" layout="$3"
+# job and the rank's local worker); each rank's JSON lines go to $RESULTS/NAME.rankR.jsonl.
+# wait_job NAME WORLD: waits for them; non-zero when any rank failed. run_job: both.
+declare -A JOB_PIDS
+start_job() {
+  local name="$1" world="$2" layout="$3" r
   shift 3
-  local pids=() r rc=0
   for r in $(seq 0 $((world - 1))); do
     start_group "$RESULTS/$name.rank$r.jsonl" "$LOGS/$name.rank$r.err" env \
       RANK="$r" WORLD_SIZE="$world" LOCAL_RANK="$r" CKPT_JOB="$name" \
       CKPT_WORKER_ADDRESS="unix:$SOCKDIR/w$((r % NUM_WORKERS)).sock" \
       "$TRAINER" --layout "$layout" "${MODEL_FLAGS[@]}" --arrival-timeout-s 120 "$@"
-    pids+=("$STARTED_PID")
+    JOB_PIDS[$name.$r]=$STARTED_PID
   done
+}
+wait_job() {
+  local name="$1" world="$2" r rc=0
   for r in $(seq 0 $((world - 1))); do
-    if ! wait "${pids[$r]}"; then
+    if ! wait "${JOB_PIDS[$name.$r]}"; then
       rc=1
       printf '[demo] %s rank %d failed: %s\n' "$name" "$r" \
         "$(tail -2 "$LOGS/$name.rank$r.err" | tr '\n' ' ')" >&2
     fi
   done
   return $rc
+}
+run_job() {
+  start_job "$@"
+  wait_job "$1" "$2"
+}
+# wait_ready NAME WORLD: until every rank printed its "ready" line (attached to the job).
+wait_ready() {
+  local name="$1" world="$2" r
+  for r in $(seq 0 $((world - 1))); do
+    for _ in $(seq 600); do
+      grep -q '"event":"ready"' "$RESULTS/$name.rank$r.jsonl" 2>/dev/null && break
+      kill -0 "${JOB_PIDS[$name.$r]}" 2>/dev/null || return 1
+      sleep 0.1
+    done
+    grep -q '"event":"ready"' "$RESULTS/$name.rank$r.jsonl" 2>/dev/null || return 1
+  done
 }
 
 # drop_cache CKPT...: evicts the checkpoints' files from the page cache (per file, with
@@ -281,6 +300,33 @@ log "load: 3 ranks, uneven <- $SAVED (every element verified)"
 drop_cache "$SAVED"
 run_job load-uneven3 3 "$LAYOUTS/uneven3.json" --load "$SAVED" || fail_step "load into 3 ranks"
 
+# ---- Operator-requested save and load of a running job (ckptctl -> coordinator -> Poll) -----
+# A 4-rank TP=4 x DP=1 job trains (one Poll per 20 ms step); the operator asks for a save (taken
+# at the ranks' next Poll; the trainers then overwrite their tensors) and then for a load of the
+# TP=2 x DP=2 checkpoint, which must bring every element back (the trainers verify it).
+OPSAVED="$CK/gpt-tp4dp1-operator"
+log "operator: ckptctl save/load of a running 4-rank TP=4 x DP=1 job (trainers Poll each step)"
+start_job ops-tp4dp1 4 "$LAYOUTS/tp4dp1.json" --step-ms 20 --poll-steps 6000 --poll-ops 2
+if wait_ready ops-tp4dp1 4; then
+  timed operator-save "$CKPTCTL" save --coordinator "$ADDRESS" --job ops-tp4dp1 "$OPSAVED" ||
+    fail_step "ckptctl save: $(tail -1 "$LOGS/operator-save.log")"
+  drop_cache "$SAVED"
+  timed operator-load "$CKPTCTL" load --coordinator "$ADDRESS" --job ops-tp4dp1 "$SAVED" ||
+    fail_step "ckptctl load: $(tail -1 "$LOGS/operator-load.log")"
+else
+  fail_step "the ops-tp4dp1 trainers did not come up"
+fi
+if [[ ! -f "$RESULTS/operator-save.ok" || ! -f "$RESULTS/operator-load.ok" ]]; then
+  # The trainers would poll until their step limit: stop them now.
+  for r in 0 1 2 3; do kill -TERM -- "-${JOB_PIDS[ops-tp4dp1.$r]}" 2>/dev/null; done
+fi
+if ! wait_job ops-tp4dp1 4; then
+  fail_step "operator-requested save/load in the trainers"
+elif [[ -f "$RESULTS/operator-save.ok" ]]; then
+  timed check-operator "$GPT_TOOL" check "$OPSAVED" --layout "$LAYOUTS/tp4dp1.json" ||
+    fail_step "content check of the operator's save: $(tail -1 "$LOGS/check-operator.log")"
+fi
+
 # ---- Offline reshard, verify, inspect, export --------------------------------------------------
 for l in tp4dp1 uneven3; do
   log "ckptctl reshard $SAVED -> $CK/gpt-$l (offline, layout $l.json)"
@@ -318,8 +364,9 @@ def seconds(name):
     except (OSError, ValueError):
         return None
 
-def job(name, op):
-    """(bytes, seconds, ok) of a collective step: bytes summed over ranks, the slowest rank."""
+def job(name, op, kind=None):
+    """(bytes, seconds, ok) of a collective step: bytes summed over ranks, the slowest rank.
+    With `kind`, the poll step that performed an operator-requested `kind` operation."""
     files = sorted(glob.glob(os.path.join(results, name + ".rank*.jsonl")))
     total, slowest, ok = 0, None, bool(files)
     for f in files:
@@ -329,14 +376,15 @@ def job(name, op):
                 j = json.loads(line)
             except ValueError:
                 continue
-            if j.get("event") == "step" and j.get("op") == op:
+            if j.get("event") == "step" and j.get("op") == op and (
+                    kind is None or j.get("kind") == kind or not j.get("ok", True)):
                 steps.append(j)
         if not steps:
             ok = False
             continue
         j = steps[-1]
         ok = ok and j.get("ok", False)
-        total += j.get("stored_bytes" if op == "save" else "bytes", 0)
+        total += j.get("stored_bytes" if "save" in (op, kind) else "bytes", 0)
         slowest = max(slowest or 0.0, j.get("seconds", 0.0))
     return total, slowest, ok
 
@@ -361,6 +409,10 @@ for name, label in (("load-tp4dp1", "load    4 ranks TP4xDP1, cluster"),
                     ("load-uneven3", "load    3 ranks uneven, cluster")):
     b, s, ok = job(name, "load")
     row(label, b, s, ok, bw_r, "read")
+b, s, ok = job("ops-tp4dp1", "poll", "save")
+row("save    ckptctl -> Poll, TP4xDP1", b, s, ok and ok_file("operator-save"), bw_w, "write")
+b, s, ok = job("ops-tp4dp1", "poll", "load")
+row("load    ckptctl -> Poll, TP4xDP1", b, s, ok and ok_file("operator-load"), bw_r, "read")
 for l, label in (("tp4dp1", "TP4xDP1"), ("uneven3", "uneven3")):
     row(f"reshard offline -> {label}", tensor_bytes, seconds("reshard-" + l),
         ok_file("reshard-" + l), bw_w, "write")
