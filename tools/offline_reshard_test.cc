@@ -326,6 +326,29 @@ TEST(RepackForWavesTest, ConsecutiveWavesOneFilePerWriterPieceKeepsItsWriter) {
   EXPECT_THAT(refused.status().message(), HasSubstr("more than a wave of 1024"));
 }
 
+TEST_F(OfflineReshardTest, ScalarsAndEmptyTensorsSurviveFlatAndBoxLayouts) {
+  const std::vector<TensorMeta> odd = {{"step", DType::kI64, {}},
+                                       {"scale", DType::kF32, {1}},
+                                       {"empty", DType::kBF16, {0, 8}},
+                                       {"w", DType::kBF16, {5, 7}}};
+  const LayoutSpec flat = Layout(R"J({"mesh": {"dp": 3}, "rules": [
+      {"match": "*", "flat": {"over": "dp"}}]})J");
+  const LayoutSpec box = Layout(R"J({"mesh": {"tp": 2}, "rules": [
+      {"match": "w", "placements": ["Shard(1)"]},
+      {"match": "*", "placements": ["Replicate()"]}]})J");
+  const std::string a = JoinPath(dir_, "odd_flat"), b = JoinPath(dir_, "odd_box");
+  auto written = WriteGptCheckpoint(a, odd, flat, 1 << 20, WriteOptions{});
+  ASSERT_TRUE(written.ok()) << written.status();
+  auto stats = OfflineReshard(a, b, box, SmallBudget());
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  auto check = CheckGptCheckpoint(b, odd, box);
+  ASSERT_TRUE(check.ok()) << check.status();
+  EXPECT_EQ(check->elements, 1 + 1 + 35);
+  auto verify = VerifyCheckpoint(b, IoOptions{});
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  EXPECT_TRUE(verify->problems.empty()) << verify->problems.front();
+}
+
 TEST_F(OfflineReshardTest, MissingSourceIsAnError) {
   auto stats =
       OfflineReshard(JoinPath(dir_, "nope"), JoinPath(dir_, "out"), source_, SmallBudget());
