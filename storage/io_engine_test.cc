@@ -250,6 +250,43 @@ TEST_P(IoEngineTest, CorruptedByteIsReportedWithLabelAndFile) {
   EXPECT_TRUE(out == flipped);
 }
 
+// Many small ranges are read in pipelined batches; every one must land in its own buffer and a
+// bad one must be reported under its own label.
+TEST_P(IoEngineTest, BatchedSmallReadsLandAndFailIndependently) {
+  const std::string dir = TestDir("batched");
+  std::vector<std::string> pieces;
+  std::vector<FileWrite> files(3);
+  for (int i = 0; i < 60; ++i) pieces.push_back(RandomBytes(1000 + 997 * i, 100 + i));
+  for (int i = 0; i < 60; ++i) {
+    FileWrite& f = files[i % 3];
+    f.path = JoinPath(dir, "f" + std::to_string(i % 3));
+    f.segments.push_back({pieces[i].data(), static_cast<int64_t>(pieces[i].size()), true, 0});
+  }
+  auto w = WriteFiles(files, Options(nullptr));
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<RangeRead> reads;
+  std::vector<std::string> out(60);
+  std::vector<int64_t> offsets(3, 0);
+  for (int i = 0; i < 60; ++i) {
+    out[i].assign(pieces[i].size(), '\0');
+    reads.push_back({files[i % 3].path,
+                     offsets[i % 3],
+                     static_cast<int64_t>(pieces[i].size()),
+                     out[i].data(),
+                     true,
+                     0,
+                     {Xxh3(pieces[i].data(), pieces[i].size())},
+                     "piece " + std::to_string(i)});
+    offsets[i % 3] += pieces[i].size();
+  }
+  ASSERT_TRUE(ReadRanges(reads, Options(nullptr)).ok());
+  EXPECT_TRUE(out == pieces);
+  reads[37].expected = {12345};
+  absl::Status bad = ReadRanges(reads, Options(nullptr));
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("piece 37 from"));
+}
+
 TEST_P(IoEngineTest, TruncatedAndMissingFilesAreErrors) {
   const std::string dir = TestDir("trunc");
   const std::string path = JoinPath(dir, "short");
