@@ -58,12 +58,36 @@ class WorkerConnection {
     }
   }
 
+  // Waits until this rank's save part is snapshotted by its worker or the operation ended.
+  absl::StatusOr<OperationProgress> WaitSnapshot(const std::string& session_id,
+                                                 const std::string& operation_id,
+                                                 absl::Duration timeout) {
+    absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      absl::Duration slice = std::min(deadline - absl::Now(), absl::Seconds(30));
+      if (slice < absl::ZeroDuration()) slice = absl::ZeroDuration();
+      absl::StatusOr<OperationProgress> p =
+          Progress(session_id, operation_id, slice, /*until_snapshot=*/true);
+      if (!p.ok()) return p.status();
+      if (p->snapshotted || p->phase == "done" || p->phase == "aborted") return p;
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("operation ", operation_id, " is still ",
+                                                        p->phase, " after ",
+                                                        absl::FormatDuration(timeout),
+                                                        " and this rank's state is not "
+                                                        "snapshotted yet"));
+      }
+    }
+  }
+
   absl::StatusOr<OperationProgress> Progress(const std::string& session_id,
-                                             const std::string& operation_id, absl::Duration wait) {
+                                             const std::string& operation_id, absl::Duration wait,
+                                             bool until_snapshot = false) {
     pb::WaitRequest request;
     request.set_session_id(session_id);
     request.set_operation_id(operation_id);
     request.set_timeout_ms(absl::ToInt64Milliseconds(wait));
+    request.set_until_snapshot(until_snapshot);
     pb::WaitResponse response;
     absl::Status s =
         Convert(stub_->Wait(Context(wait + rpc_timeout_).get(), request, &response), "Wait");
@@ -72,6 +96,7 @@ class WorkerConnection {
     p.phase = response.phase();
     p.bytes_done = response.bytes_done();
     p.bytes_total = response.bytes_total();
+    p.snapshotted = response.snapshotted();
     if (response.code() != 0) {
       p.status = absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
     }
@@ -184,10 +209,10 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
       Transfer(true, path, state, options.metadata, "", options.arrival_timeout);
   if (!op.ok()) return op.status();
   auto handle = std::make_unique<SaveHandle>(connection_, session_id_, *op);
-  // No staging snapshot exists yet, so returning before the commit would let the trainer
-  // overwrite data not yet written: wait for the end of the operation instead.
+  // Return once this rank's worker copied the state out of the trainer's memory (or the save
+  // already ended); WaitDurable waits for the commit.
   absl::StatusOr<OperationProgress> p =
-      connection_->WaitFinal(session_id_, *op, options.arrival_timeout + absl::Hours(1));
+      connection_->WaitSnapshot(session_id_, *op, options.arrival_timeout + absl::Hours(1));
   if (!p.ok()) return p.status();
   if (!p->status.ok()) return p->status;
   return handle;

@@ -53,7 +53,8 @@ struct OperationProgress {
   std::string phase;  // "gathering", "planning", "executing", "committing", "done", "aborted"
   int64_t bytes_done = 0;
   int64_t bytes_total = 0;
-  absl::Status status;  // the diagnosis when aborted
+  absl::Status status;       // the diagnosis when aborted
+  bool snapshotted = false;  // save: this rank's state is copied into worker memory
 };
 
 // A save in flight.
@@ -105,10 +106,11 @@ class Client {
   absl::Status Share(const StateDict& state);
 
   // Collective: saves `state` to the checkpoint directory `path`. Returns once the state is
-  // snapshotted (the trainer may then modify its tensors); the handle's WaitDurable completes
-  // after the commit. The workers write straight from the shared tensors, and until they
-  // snapshot into staging memory first, Save returns only once the checkpoint is committed
-  // (synchronous), never earlier; an aborted save returns the coordinator's diagnosis.
+  // snapshotted: the worker copied the part of the state this rank writes into its own
+  // memory, so the trainer may modify its tensors at once and the checkpoint still holds the
+  // values they had at Save. The handle's WaitDurable completes only after the commit (files
+  // and directory fsynced, manifest renamed into place). A save aborted before the snapshot
+  // returns the coordinator's diagnosis here; one aborted later, from WaitDurable.
   absl::StatusOr<std::unique_ptr<SaveHandle>> Save(const std::string& path, const StateDict& state,
                                                    const SaveOptions& options = {});
 

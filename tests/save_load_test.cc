@@ -64,6 +64,30 @@ TEST(ServicesTest, SaveWritesEveryRanksSharedTensorAndCommitsItBitExact) {
   EXPECT_EQ(cluster.RunCkptctl({"verify", path}, &out), 0) << out;
 }
 
+TEST(ServicesTest, SaveReturnsAtTheSnapshotAndTheCheckpointHoldsPreMutationValues) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  cluster.StartWorker(0);
+  cluster.StartWorker(1);
+  const std::string path = cluster.dir() + "/async";
+  // 200 MB per rank: the trainers overwrite their tensors while the workers still write.
+  const int64_t elements = 50000000;
+  std::vector<Child*> ranks =
+      RunRanks(cluster, "async", 2, "save_mutate", path, {"--elements", absl::StrCat(elements)});
+  for (Child* t : ranks) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second;
+    EXPECT_NE(t->Stdout().find("mutated"), std::string::npos);
+  }
+  auto reader = CheckpointReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<int32_t> values(2 * elements);
+  ASSERT_TRUE(
+      (*reader)->ReadRegion("probe.weight", WholeRegion({2, elements}), values.data()).ok());
+  for (int64_t i = 0; i < 2 * elements; ++i) {
+    ASSERT_EQ(values[i], static_cast<int32_t>(i)) << "element " << i;
+  }
+}
+
 TEST(ServicesTest, WorkerKilledMidSaveAbortsEveryRankAndNothingIsCommitted) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));

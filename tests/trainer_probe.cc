@@ -5,14 +5,16 @@
 //   connected <worker_id> <session_id>
 //   segment <name> <nbytes>
 //   shared
-//   result <absl code number> <message>
+//   snapshotted                    (save: Save returned; the trainer may change its tensors)
+//   mutated                        (save_mutate: the tensor was overwritten right after Save)
+//   result <absl code number> <message>   (save: after WaitDurable)
 //   polled <performed 0|1>
 //
 //   verified <elements>            (load: every element holds its global flat index)
 //   mismatch <local index> <got> <want>
 //
 //   trainer_probe --worker unix:/path --job J --rank R --world_size N
-//                 --mode hold|save|load|poll [--path P] [--elements N]
+//                 --mode hold|save|save_mutate|load|poll [--path P] [--elements N]
 //                 [--layout rows|dtensor|flat] [--global_rows G]
 // The tensor "probe.weight" has shape (G, elements) (G defaults to the world size); "rows": rank
 // r holds row r; "dtensor": Shard(0) over a 1-d mesh of all ranks (torch.chunk rows);
@@ -123,8 +125,18 @@ int Run(int argc, char** argv) {
   absl::Status result;
   if (mode == "hold") {
     while (true) pause();
-  } else if (mode == "save") {
-    result = (*client)->Save(path, *state).status();
+  } else if (mode == "save" || mode == "save_mutate") {
+    auto handle = (*client)->Save(path, *state);
+    result = handle.status();
+    if (handle.ok()) {
+      Emit("snapshotted");
+      if (mode == "save_mutate") {
+        // Training goes on at once: the checkpoint must still hold the values at Save.
+        std::memset((*tensor)->data, 0xff, static_cast<size_t>((*tensor)->nbytes));
+        Emit("mutated");
+      }
+      result = (*handle)->WaitDurable(absl::Minutes(5));
+    }
   } else if (mode == "load") {
     result = (*client)->Load(path, *state);
   } else if (mode == "poll") {

@@ -11,9 +11,8 @@
 
 namespace ckpt::worker {
 
-absl::StatusOr<std::string> ExecuteSavePart(
-    const pb::SavePlanPart& part, const SessionInfo& session,
-    const std::function<void(int64_t bytes_done)>& progress) {
+absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
+                                              const SessionInfo& session) {
   const std::string who = absl::StrCat("rank ", part.rank(), " of job ", session.trainer.job);
   if (part.rank() != session.trainer.rank) {
     return absl::InternalError(
@@ -22,10 +21,15 @@ absl::StatusOr<std::string> ExecuteSavePart(
   if (part.staging_dir().empty() && part.files_size() > 0) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": save plan part has no staging dir"));
   }
-  std::vector<TensorSpec> tensors;
+  SaveSnapshot snapshot;
+  snapshot.rank = part.rank();
+  snapshot.job = session.trainer.job;
+  snapshot.staging_dir = part.staging_dir();
+  std::vector<TensorSpec>& tensors = snapshot.tensors;
+  std::vector<DataFilePlan>& files = snapshot.files;
   std::set<std::string> keys;
-  std::vector<DataFilePlan> files;
   for (const pb::PlanFile& file : part.files()) {
+    snapshot.file_paths.push_back(file.path());
     DataFilePlan plan;
     plan.writer_rank = part.rank();
     for (const pb::PlanPiece& piece : file.pieces()) {
@@ -65,20 +69,31 @@ absl::StatusOr<std::string> ExecuteSavePart(
             piece.key(), *dtype,
             std::vector<int64_t>(piece.global_shape().begin(), piece.global_shape().end())});
       }
-      plan.pieces.push_back(PieceData{piece.key(), *region, t.data, t.nbytes});
+      // The copy is what gets written: the trainer may change its tensors once this returns.
+      snapshot.buffers.emplace_back(reinterpret_cast<const char*>(t.data),
+                                    static_cast<size_t>(t.nbytes));
+      plan.pieces.push_back(
+          PieceData{piece.key(), *region, snapshot.buffers.back().data(), t.nbytes});
     }
     files.push_back(std::move(plan));
   }
+  return snapshot;
+}
+
+absl::StatusOr<std::string> WriteSnapshot(const SaveSnapshot& snapshot,
+                                          const std::function<void(int64_t bytes_done)>& progress) {
+  const std::string who = absl::StrCat("rank ", snapshot.rank, " of job ", snapshot.job);
+  const std::vector<DataFilePlan>& files = snapshot.files;
   // One file at a time (file i is r<rank>_<i>), so that progress can be reported between them.
   pb::Manifest written;
   int64_t bytes_done = 0;
   for (size_t i = 0; i < files.size(); ++i) {
-    absl::StatusOr<WrittenData> data = WriteDataFiles(part.staging_dir(), tensors, {files[i]},
-                                                      static_cast<int>(i), WriteOptions());
+    absl::StatusOr<WrittenData> data = WriteDataFiles(
+        snapshot.staging_dir, snapshot.tensors, {files[i]}, static_cast<int>(i), WriteOptions());
     if (!data.ok()) {
       return absl::Status(data.status().code(),
-                          absl::StrCat(who, ": writing ", part.files(i).path(), " into ",
-                                       part.staging_dir(), ": ", data.status().message()));
+                          absl::StrCat(who, ": writing ", snapshot.file_paths[i], " into ",
+                                       snapshot.staging_dir, ": ", data.status().message()));
     }
     for (pb::StoredPiece& p : data->pieces) *written.add_pieces() = std::move(p);
     for (pb::DataFile& f : data->files) *written.add_files() = std::move(f);
@@ -86,6 +101,14 @@ absl::StatusOr<std::string> ExecuteSavePart(
     if (progress) progress(bytes_done);
   }
   return written.SerializeAsString();
+}
+
+absl::StatusOr<std::string> ExecuteSavePart(
+    const pb::SavePlanPart& part, const SessionInfo& session,
+    const std::function<void(int64_t bytes_done)>& progress) {
+  absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, session);
+  if (!snapshot.ok()) return snapshot.status();
+  return WriteSnapshot(*snapshot, progress);
 }
 
 }  // namespace ckpt::worker

@@ -6,18 +6,42 @@
 #define CKPT_WORKER_SAVE_EXECUTOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/coordinator.pb.h"
+#include "storage/checkpoint_writer.h"
 #include "worker/memory_registry.h"
 
 namespace ckpt::worker {
 
-// Writes `part` for the rank whose registered state is `session` (piece i of a file is the
-// session's tensor part.files(f).pieces(i).local_index(), which must match its key and region).
-// Returns a serialized pb::Manifest holding the written pieces and files. Errors name the
+// A rank's save part copied out of the trainer's memory into worker-owned buffers: once it
+// exists the trainer may change its tensors; writing it produces the pre-change values.
+struct SaveSnapshot {
+  int rank = 0;
+  std::string job;
+  std::string staging_dir;
+  std::vector<TensorSpec> tensors;
+  std::vector<DataFilePlan> files;      // pieces point into `buffers`
+  std::vector<std::string> file_paths;  // as planned, for messages
+  std::deque<std::string> buffers;      // stable addresses
+};
+
+// Checks `part` against the session (see ExecuteSavePart) and copies the pieces it writes.
+absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
+                                              const SessionInfo& session);
+
+// Writes a snapshot into its staging directory, one data file at a time; returns the record
+// of what it wrote (serialized pb::Manifest with pieces and files).
+absl::StatusOr<std::string> WriteSnapshot(const SaveSnapshot& snapshot,
+                                          const std::function<void(int64_t bytes_done)>& progress);
+
+// Snapshot + write. Writes `part` for the rank whose registered state is `session` (piece i of a
+// file is the session's tensor part.files(f).pieces(i).local_index(), which must match its key and
+// region). Returns a serialized pb::Manifest holding the written pieces and files. Errors name the
 // rank, tensor key and file.
 // `progress(bytes_done)` is called after each data file is written and synced.
 absl::StatusOr<std::string> ExecuteSavePart(

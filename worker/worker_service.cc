@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -145,28 +146,65 @@ grpc::Status WorkerService::Poll(grpc::ServerContext*, const pb::PollRequest* re
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Wait(grpc::ServerContext*, const pb::WaitRequest* request,
+void WorkerService::MarkSnapshotted(const std::string& operation_id, int rank) {
+  absl::MutexLock lock(&snapshot_mu_);
+  snapshotted_.push_back(absl::StrCat(operation_id, "/", rank));
+  if (snapshotted_.size() > 4096) snapshotted_.pop_front();
+  snapshot_cv_.SignalAll();
+}
+
+bool WorkerService::Snapshotted(const std::string& operation_id, int rank) {
+  const std::string key = absl::StrCat(operation_id, "/", rank);
+  return std::find(snapshotted_.begin(), snapshotted_.end(), key) != snapshotted_.end();
+}
+
+grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitRequest* request,
                                  pb::WaitResponse* response) {
   if (request->timeout_ms() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError("Wait: negative timeout_ms"));
   }
-  pb::WaitOperationRequest wait;
-  wait.set_operation_id(request->operation_id());
-  wait.set_timeout_ms(request->timeout_ms());
-  pb::OperationStatus op;
-  absl::Status s = FromGrpcStatus(
-      link_->stub()->WaitOperation(
-          link_->Context(absl::Milliseconds(request->timeout_ms()) + link_->options().rpc_timeout)
-              .get(),
-          wait, &op),
-      absl::StrCat("WaitOperation at coordinator ", link_->options().coordinator));
-  if (!s.ok()) return ToGrpcStatus(s);
-  response->set_phase(PhaseName(op.phase()));
-  response->set_code(op.status().code());
-  response->set_message(op.status().message());
-  response->set_bytes_done(op.bytes_done());
-  response->set_bytes_total(op.bytes_total());
-  return grpc::Status::OK;
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(request->timeout_ms());
+  int rank = -1;
+  if (request->until_snapshot()) {
+    absl::StatusOr<SessionInfo> session = registry_->Find(request->session_id());
+    if (!session.ok()) return ToGrpcStatus(session.status());
+    rank = session->trainer.rank;
+  }
+  while (true) {
+    bool snapshotted = false;
+    absl::Duration slice = std::min(absl::Milliseconds(100), deadline - absl::Now());
+    if (slice < absl::ZeroDuration()) slice = absl::ZeroDuration();
+    if (rank >= 0) {
+      // Wait here for the snapshot, checking the operation's end at the coordinator between.
+      absl::MutexLock lock(&snapshot_mu_);
+      absl::Time until = absl::Now() + slice;
+      while (!Snapshotted(request->operation_id(), rank) &&
+             !snapshot_cv_.WaitWithDeadline(&snapshot_mu_, until)) {
+      }
+      snapshotted = Snapshotted(request->operation_id(), rank);
+    }
+    pb::WaitOperationRequest wait;
+    wait.set_operation_id(request->operation_id());
+    wait.set_timeout_ms(rank >= 0 ? 0 : request->timeout_ms());
+    pb::OperationStatus op;
+    absl::Status s = FromGrpcStatus(
+        link_->stub()->WaitOperation(
+            link_->Context(absl::Milliseconds(wait.timeout_ms()) + link_->options().rpc_timeout)
+                .get(),
+            wait, &op),
+        absl::StrCat("WaitOperation at coordinator ", link_->options().coordinator));
+    if (!s.ok()) return ToGrpcStatus(s);
+    bool final = op.phase() == pb::PHASE_DONE || op.phase() == pb::PHASE_ABORTED;
+    if (rank < 0 || snapshotted || final || absl::Now() >= deadline || context->IsCancelled()) {
+      response->set_phase(PhaseName(op.phase()));
+      response->set_code(op.status().code());
+      response->set_message(op.status().message());
+      response->set_bytes_done(op.bytes_done());
+      response->set_bytes_total(op.bytes_total());
+      response->set_snapshotted(snapshotted);
+      return grpc::Status::OK;
+    }
+  }
 }
 
 grpc::Status WorkerService::Goodbye(grpc::ServerContext*, const pb::GoodbyeRequest* request,
@@ -244,9 +282,20 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
     if (!save_part.ParseFromString(item.plan_part())) {
       result = absl::InvalidArgumentError(absl::StrCat(where, ": unreadable save plan part"));
     } else {
-      absl::StatusOr<std::string> done = ExecuteSavePart(save_part, *session, report_progress);
-      result = done.status();
-      if (done.ok()) written = *std::move(done);
+      // Copy out of the trainer's memory first; from then on the trainer may train on while
+      // the copy is written.
+      absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(save_part, *session);
+      if (!snapshot.ok()) {
+        result = snapshot.status();
+      } else {
+        MarkSnapshotted(item.operation_id(), item.rank());
+        spdlog::info("save_part_snapshotted op={} rank={} bytes={} seconds={:.3f}",
+                     item.operation_id(), item.rank(), save_part.total_bytes(),
+                     absl::ToDoubleSeconds(absl::Now() - start));
+        absl::StatusOr<std::string> done = WriteSnapshot(*snapshot, report_progress);
+        result = done.status();
+        if (done.ok()) written = *std::move(done);
+      }
     }
     spdlog::info("save_part_written op={} rank={} bytes={} files={} seconds={:.3f} ok={}",
                  item.operation_id(), item.rank(), save_part.total_bytes(), save_part.files_size(),

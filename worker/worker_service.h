@@ -7,8 +7,10 @@
 #ifndef CKPT_WORKER_WORKER_SERVICE_H_
 #define CKPT_WORKER_WORKER_SERVICE_H_
 
+#include <deque>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/coordinator_link.h"
@@ -50,9 +52,15 @@ class WorkerService final : public pb::Worker::Service {
                         pb::TransferResponse* response);
   absl::Status Attach(const SessionInfo& session, const std::string& worker_id);
 
+  void MarkSnapshotted(const std::string& operation_id, int rank);
+  bool Snapshotted(const std::string& operation_id, int rank);
+
   MemoryRegistry* registry_;
   CoordinatorLink* link_;
   std::string host_;
+  absl::Mutex snapshot_mu_;
+  absl::CondVar snapshot_cv_;
+  std::deque<std::string> snapshotted_ ABSL_GUARDED_BY(snapshot_mu_);  // "<op>/<rank>", recent
 };
 
 }  // namespace ckpt::worker
