@@ -364,6 +364,19 @@ def seconds(name):
     except (OSError, ValueError):
         return None
 
+def snapshot(name):
+    """Slowest rank's time until Save returned (its part copied out of the trainer's memory)."""
+    worst = None
+    for f in glob.glob(os.path.join(results, name + ".rank*.jsonl")):
+        for line in open(f):
+            try:
+                j = json.loads(line)
+            except ValueError:
+                continue
+            if j.get("op") == "save" and "snapshot_seconds" in j:
+                worst = max(worst or 0.0, j["snapshot_seconds"])
+    return worst
+
 def job(name, op, kind=None):
     """(bytes, seconds, ok) of a collective step: bytes summed over ranks, the slowest rank.
     With `kind`, the poll step that performed an operator-requested `kind` operation."""
@@ -405,6 +418,7 @@ def ok_file(name):  # a step run by `timed` succeeded when its log says so
     return os.path.exists(os.path.join(results, name + ".ok"))
 
 row("save    4 ranks TP2xDP2, cluster", save_bytes, save_s, save_ok, bw_w, "write")
+row("  of which until Save() returned", save_bytes, snapshot("save-tp2dp2"), save_ok, None, "")
 for name, label in (("load-tp4dp1", "load    4 ranks TP4xDP1, cluster"),
                     ("load-uneven3", "load    3 ranks uneven, cluster")):
     b, s, ok = job(name, "load")
