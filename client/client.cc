@@ -243,8 +243,12 @@ absl::StatusOr<PollResult> Client::Poll(StateDict& state) {
   absl::StatusOr<std::string> op = Transfer(result.kind == "save", result.path, state, {},
                                             result.operation_id, absl::Minutes(5));
   if (!op.ok()) return op.status();
+  // A save returns at the snapshot, like Save (the operator's ckptctl waits for the commit);
+  // a load once the tensors hold the loaded values.
   absl::StatusOr<OperationProgress> p =
-      connection_->WaitFinal(session_id_, *op, absl::Minutes(5) + absl::Hours(1));
+      result.kind == "save"
+          ? connection_->WaitSnapshot(session_id_, *op, absl::Minutes(5) + absl::Hours(1))
+          : connection_->WaitFinal(session_id_, *op, absl::Minutes(5) + absl::Hours(1));
   if (!p.ok()) return p.status();
   if (!p->status.ok()) return p->status;
   return result;

@@ -121,7 +121,9 @@ class Client {
   absl::Status Load(const std::string& path, StateDict& state, const LoadOptions& options = {});
 
   // Call once per training step: performs any save or load an operator requested for this
-  // job (ckptctl save/load), waiting for it to finish. Cheap when nothing is pending.
+  // job (ckptctl save/load). A save returns once snapshotted (as Save does; the operator's
+  // ckptctl waits for the commit), a load once the tensors hold the loaded values. Cheap
+  // when nothing is pending.
   absl::StatusOr<PollResult> Poll(StateDict& state);
 
  private:

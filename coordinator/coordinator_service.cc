@@ -232,6 +232,17 @@ grpc::Status CoordinatorService::AttachRank(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::DetachRank(grpc::ServerContext*,
+                                            const pb::DetachRankRequest* request,
+                                            pb::DetachRankResponse*) {
+  absl::MutexLock lock(&mu_);
+  jobs_.DetachRank(request->job(), request->rank(), request->worker_id());
+  spdlog::info("rank_detached job={} rank={} worker={}", request->job(), request->rank(),
+               request->worker_id());
+  Changed();
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext*,
                                                const pb::JoinOperationRequest* request,
                                                pb::JoinOperationResponse* response) {

@@ -69,6 +69,8 @@ class CoordinatorService final : public pb::Coordinator::Service {
                                 pb::DeregisterWorkerResponse* response) override;
   grpc::Status AttachRank(grpc::ServerContext* context, const pb::AttachRankRequest* request,
                           pb::AttachRankResponse* response) override;
+  grpc::Status DetachRank(grpc::ServerContext* context, const pb::DetachRankRequest* request,
+                          pb::DetachRankResponse* response) override;
   grpc::Status JoinOperation(grpc::ServerContext* context, const pb::JoinOperationRequest* request,
                              pb::JoinOperationResponse* response) override;
   grpc::Status WatchWork(grpc::ServerContext* context, const pb::WatchWorkRequest* request,

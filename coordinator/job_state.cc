@@ -48,6 +48,9 @@ absl::Status JobState::AttachRank(absl::string_view job_name, int world_size, in
     job.world_size = world_size;
     job.created = clock_->Now();
     it = jobs_.emplace(job.name, std::move(job)).first;
+  } else if (it->second.world_size != world_size && it->second.ranks.empty() &&
+             InFlight(job_name) == nullptr) {
+    it->second.world_size = world_size;  // every rank left: the job restarts at a new size
   } else if (it->second.world_size != world_size) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_name, " has world size ", it->second.world_size, " but rank ",
@@ -56,6 +59,15 @@ absl::Status JobState::AttachRank(absl::string_view job_name, int world_size, in
   it->second.ranks[rank] = location;
   ++version_;
   return absl::OkStatus();
+}
+
+void JobState::DetachRank(absl::string_view job_name, int rank, absl::string_view worker_id) {
+  auto it = jobs_.find(job_name);
+  if (it == jobs_.end()) return;
+  auto r = it->second.ranks.find(rank);
+  if (r == it->second.ranks.end() || r->second.worker_id != worker_id) return;
+  it->second.ranks.erase(r);
+  ++version_;
 }
 
 Operation* JobState::CreateOperation(Job& job, OperationKind kind, absl::string_view path,
@@ -314,6 +326,13 @@ std::vector<std::string> JobState::WorkerLost(absl::string_view worker_id,
                                                  absl::StrJoin(named, "; "), " ", cause)));
     aborted.push_back(id);
   }
+  // Its trainers are unreachable now; a worker that comes back attaches them again.
+  for (auto& [name, job] : jobs_) {
+    for (auto r = job.ranks.begin(); r != job.ranks.end();) {
+      r = r->second.worker_id == worker_id ? job.ranks.erase(r) : std::next(r);
+    }
+  }
+  ++version_;
   return aborted;
 }
 

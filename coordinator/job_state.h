@@ -86,7 +86,7 @@ struct Operation {
   std::string job;
   OperationKind kind = OperationKind::kSave;
   std::string path;
-  std::string requested_by;  // "operator" or "rank <r>"
+  std::string requested_by;                     // "operator" or "rank <r>"
   std::map<std::string, std::string> metadata;  // user metadata (first rank to give any)
   int world_size = 0;
   Phase phase = Phase::kGathering;
@@ -144,10 +144,16 @@ class JobState {
   const JobStateOptions& options() const { return options_; }
 
   // Records that `rank`'s trainer is served by `location`, creating the job on first use.
-  // FailedPrecondition if the job exists with another world size; InvalidArgument for a
-  // rank outside [0, world_size).
+  // FailedPrecondition if the job exists with another world size while some rank is still
+  // attached or an operation is in flight (a job whose ranks all left may come back with
+  // another world size); InvalidArgument for a rank outside [0, world_size).
   absl::Status AttachRank(absl::string_view job, int world_size, int rank,
                           const RankLocation& location);
+
+  // The trainer of `rank` left the worker `worker_id` (Goodbye, death). Ignored when the rank
+  // is attached elsewhere by now. Operations in flight are not affected here (a rank that
+  // joined already reports through its worker; one that had not will miss its deadline).
+  void DetachRank(absl::string_view job, int rank, absl::string_view worker_id);
 
   // An operator asks the ranks of `job` to save/load at their next Poll. The job must
   // exist (its world size is known) and have no operation in flight. `arrival_deadline`

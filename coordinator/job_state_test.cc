@@ -77,6 +77,18 @@ TEST_F(JobStateTest, AttachCreatesJobAndRejectsOtherWorldSize) {
   EXPECT_EQ(state_.AttachRank("", 4, 0, Loc(1)).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(JobStateTest, AJobWhoseRanksAllLeftMayComeBackWithAnotherWorldSize) {
+  ASSERT_TRUE(state_.AttachRank("gpt", 2, 0, Loc(0)).ok());
+  ASSERT_TRUE(state_.AttachRank("gpt", 2, 1, Loc(1)).ok());
+  state_.DetachRank("gpt", 0, "w-0");
+  state_.DetachRank("gpt", 1, "w-7");  // attached elsewhere: ignored
+  EXPECT_EQ(state_.AttachRank("gpt", 3, 0, Loc(0)).code(), absl::StatusCode::kFailedPrecondition);
+  state_.WorkerLost("w-1", "died");  // its trainers are gone too
+  EXPECT_TRUE(state_.FindJob("gpt")->ranks.empty());
+  ASSERT_TRUE(state_.AttachRank("gpt", 3, 2, Loc(2)).ok());
+  EXPECT_EQ(state_.FindJob("gpt")->world_size, 3);
+}
+
 TEST_F(JobStateTest, LastRankToJoinStartsPlanningWithEveryRanksShards) {
   auto a = state_.JoinOperation(Join(0));
   ASSERT_TRUE(a.ok());

@@ -173,16 +173,23 @@ TEST(ServicesTest, SaveThenLoadIntoOtherLayoutsIsBitExact) {
     int world;
     std::string layout;
   };
-  for (const Target& target : {Target{"restore3", 3, "dtensor"}, Target{"restore4", 4, "flat"}}) {
+  // The same job restarts at each new world size once all its ranks left their workers.
+  auto job_left = [&] {
+    pb::GetStatusResponse st = cluster.Status();
+    return st.jobs_size() == 1 && st.jobs(0).ranks_size() == 0;
+  };
+  for (const Target& target : {Target{"train", 3, "dtensor"}, Target{"train", 4, "flat"}}) {
+    ASSERT_TRUE(WaitFor(job_left));
     for (Child* t :
          RunRanks(cluster, target.job, target.world, "load", path,
                   {"--layout", target.layout, "--global_rows", "5", "--elements", "1000"})) {
-      EXPECT_EQ(Result(*t).first, 0) << target.job << ": " << Result(*t).second;
+      EXPECT_EQ(Result(*t).first, 0) << target.world << " ranks: " << Result(*t).second;
       EXPECT_FALSE(LineValue(t->Stdout(), "verified").empty()) << target.job << ": " << t->Stdout();
     }
   }
   // A load whose shape disagrees with the checkpoint is refused for every rank, naming it.
-  for (Child* t : RunRanks(cluster, "wrong", 2, "load", path,
+  ASSERT_TRUE(WaitFor(job_left));
+  for (Child* t : RunRanks(cluster, "train", 2, "load", path,
                            {"--layout", "dtensor", "--global_rows", "6", "--elements", "1000"})) {
     EXPECT_EQ(Result(*t).first, static_cast<int>(absl::StatusCode::kInvalidArgument));
     EXPECT_THAT(Result(*t).second, HasSubstr("tensor probe.weight as DTYPE_I32(6, 1000)"));

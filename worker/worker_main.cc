@@ -136,7 +136,7 @@ int Run() {
   link.Start();
 
   absl::Notification stop;
-  std::thread reaper([&registry, &stop] {
+  std::thread reaper([&registry, &service, &stop] {
     const absl::Duration interval = absl::Milliseconds(absl::GetFlag(FLAGS_reap_interval_ms));
     ckpt::worker::ProcfsProcessProbe probe;
     absl::Time next_sweep = absl::InfinitePast();
@@ -152,6 +152,7 @@ int Run() {
       for (const ckpt::worker::SessionInfo& gone : registry.ReapDeadTrainers()) {
         spdlog::warn("trainer_gone session={} job={} rank={} pid={} segments_released={}", gone.id,
                      gone.trainer.job, gone.trainer.rank, gone.trainer.pid, gone.segments.size());
+        service.OnTrainerGone(gone);
       }
     } while (!stop.WaitForNotificationWithTimeout(interval));
   });

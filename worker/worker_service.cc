@@ -209,9 +209,28 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
 
 grpc::Status WorkerService::Goodbye(grpc::ServerContext*, const pb::GoodbyeRequest* request,
                                     pb::GoodbyeResponse*) {
+  absl::StatusOr<SessionInfo> session = registry_->Find(request->session_id());
   absl::Status s = registry_->CloseSession(request->session_id());
-  if (s.ok()) spdlog::info("trainer_goodbye session={}", request->session_id());
+  if (s.ok()) {
+    spdlog::info("trainer_goodbye session={}", request->session_id());
+    if (session.ok()) OnTrainerGone(*session);
+  }
   return ToGrpcStatus(s);
+}
+
+void WorkerService::OnTrainerGone(const SessionInfo& session) {
+  std::string worker_id = link_->worker_id();
+  if (worker_id.empty()) return;  // not registered: the coordinator forgot us anyway
+  pb::DetachRankRequest request;
+  request.set_job(session.trainer.job);
+  request.set_rank(session.trainer.rank);
+  request.set_worker_id(worker_id);
+  pb::DetachRankResponse response;
+  grpc::Status s = link_->stub()->DetachRank(link_->Context().get(), request, &response);
+  if (!s.ok()) {
+    spdlog::warn("detach_failed job={} rank={} error=\"{}\"", session.trainer.job,
+                 session.trainer.rank, s.error_message());
+  }
 }
 
 grpc::Status WorkerService::Status(grpc::ServerContext*, const pb::WorkerStatusRequest*,

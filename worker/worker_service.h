@@ -44,6 +44,8 @@ class WorkerService final : public pb::Worker::Service {
 
   // Re-attaches every session's rank after the link (re-)registered.
   void OnRegistered(const std::string& worker_id);
+  // Tells the coordinator that a trainer's session ended (Goodbye or the process died).
+  void OnTrainerGone(const SessionInfo& session);
   // Handles one item of the coordinator's work stream.
   void OnWorkItem(const pb::WorkItem& item);
 
