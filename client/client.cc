@@ -13,15 +13,22 @@
 
 namespace ckpt::client {
 
+// A state dict of many tensors easily exceeds gRPC's 4 MB default message size.
+grpc::ChannelArguments LargeMessages() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(1 << 30);
+  args.SetMaxSendMessageSize(1 << 30);
+  return args;
+}
+
 // The channel to the local worker and the per-call deadline.
 class WorkerConnection {
  public:
   WorkerConnection(const std::string& address, absl::Duration rpc_timeout)
       : address_(address),
         rpc_timeout_(rpc_timeout),
-        stub_(
-            pb::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {
-  }
+        stub_(pb::Worker::NewStub(grpc::CreateCustomChannel(
+            address, grpc::InsecureChannelCredentials(), LargeMessages()))) {}
 
   pb::Worker::Stub* stub() { return stub_.get(); }
   const std::string& address() const { return address_; }

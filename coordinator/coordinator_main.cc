@@ -39,6 +39,8 @@ ABSL_FLAG(std::string, address_file, "",
 
 namespace {
 
+constexpr int kMaxMessageBytes = 1 << 30;
+
 // Writes `text` to `path` through a temporary file and rename, so readers never see a part.
 bool WriteFileAtomically(const std::string& path, const std::string& text) {
   std::string tmp = absl::StrCat(path, ".tmp");
@@ -103,6 +105,9 @@ int Run() {
   grpc::ServerBuilder builder;
   int bound_port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
+  // Gathered metadata of a rank with many tensors easily exceeds gRPC's 4 MB default.
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(&coordinator);
   builder.RegisterService(&rendezvous);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -18,7 +18,12 @@ constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
 }  // namespace
 
 CoordinatorLink::CoordinatorLink(LinkOptions options) : options_(std::move(options)) {
-  channel_ = grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials());
+  // Plan parts and joins of ranks with many tensors easily exceed gRPC's 4 MB default.
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(1 << 30);
+  args.SetMaxSendMessageSize(1 << 30);
+  channel_ =
+      grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);
   stub_ = pb::Coordinator::NewStub(channel_);
 }
 

@@ -126,6 +126,9 @@ int Run() {
   unlink(socket_path.c_str());  // a stale socket of a previous, killed worker
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials());
+  // A state dict of many tensors easily exceeds gRPC's 4 MB default.
+  builder.SetMaxReceiveMessageSize(1 << 30);
+  builder.SetMaxSendMessageSize(1 << 30);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) return Fail(absl::StrCat("cannot listen on ", listen));

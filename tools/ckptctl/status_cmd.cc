@@ -129,7 +129,11 @@ int RunStatus(const std::vector<std::string>& args) {
     return 2;
   }
   auto stub = pb::Coordinator::NewStub(
-      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+      grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(), [] {
+        grpc::ChannelArguments args;  // many workers and operations exceed 4 MB
+        args.SetMaxReceiveMessageSize(1 << 30);
+        return args;
+      }()));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(timeout_ms)));
   pb::GetStatusRequest request;
