@@ -85,7 +85,7 @@ cleanup() {
     elif [[ $CREATED_WORKDIR -eq 1 && $rc -eq 0 ]]; then
       rm -rf "$WORKDIR"
     else
-      rm -rf "$WORKDIR/ckpt" "$WORKDIR/export" "$WORKDIR/dd.bin"
+      rm -rf "$WORKDIR/ckpt" "$WORKDIR/export" "$WORKDIR/dd.bin" "$WORKDIR/bin"
       echo "demo: logs in $WORKDIR/logs"
     fi
   fi
@@ -145,7 +145,7 @@ if [[ -z "$WORKDIR" ]]; then
 fi
 mkdir -p "$WORKDIR" || die "cannot create $WORKDIR"
 WORKDIR="$(cd "$WORKDIR" && pwd)"
-rm -rf "$WORKDIR/ckpt" "$WORKDIR/export" "$WORKDIR/logs" "$WORKDIR/results"
+rm -rf "$WORKDIR/ckpt" "$WORKDIR/export" "$WORKDIR/logs" "$WORKDIR/results" "$WORKDIR/bin"
 mkdir -p "$WORKDIR/ckpt" "$WORKDIR/logs" "$WORKDIR/results"
 CK="$WORKDIR/ckpt"
 LOGS="$WORKDIR/logs"
@@ -153,6 +153,14 @@ RESULTS="$WORKDIR/results"
 # Unix socket paths must stay under 108 bytes, so sockets get their own short directory.
 SOCKDIR="$(mktemp -d /tmp/ckpt-demo-sock.XXXXXX)" || die "cannot create a socket directory"
 log "size $SIZE, workdir $WORKDIR"
+
+# A private copy of the binaries: a concurrent `bazel build` in the same workspace may replace
+# bazel-bin's files while the demo runs.
+mkdir -p "$WORKDIR/bin" || die "cannot create $WORKDIR/bin"
+for b in COORDINATOR WORKER CKPTCTL TRAINER GPT_TOOL; do
+  cp -L "${!b}" "$WORKDIR/bin/" || die "cannot copy ${!b}"
+  printf -v "$b" '%s' "$WORKDIR/bin/$(basename "${!b}")"
+done
 
 FAILED=()
 fail_step() {
@@ -302,8 +310,9 @@ run_job load-uneven3 3 "$LAYOUTS/uneven3.json" --load "$SAVED" || fail_step "loa
 
 # ---- Operator-requested save and load of a running job (ckptctl -> coordinator -> Poll) -----
 # A 4-rank TP=4 x DP=1 job trains (one Poll per 20 ms step); the operator asks for a save (taken
-# at the ranks' next Poll; the trainers then overwrite their tensors) and then for a load of the
-# TP=2 x DP=2 checkpoint, which must bring every element back (the trainers verify it).
+# at the ranks' next Poll; the trainers then overwrite their tensors, so the check below proves
+# the snapshot) and then for a load of the TP=2 x DP=2 checkpoint, which must bring every element
+# back (the trainers verify it).
 OPSAVED="$CK/gpt-tp4dp1-operator"
 log "operator: ckptctl save/load of a running 4-rank TP=4 x DP=1 job (trainers Poll each step)"
 start_job ops-tp4dp1 4 "$LAYOUTS/tp4dp1.json" --step-ms 20 --poll-steps 6000 --poll-ops 2
@@ -423,10 +432,15 @@ for name, label in (("load-tp4dp1", "load    4 ranks TP4xDP1, cluster"),
                     ("load-uneven3", "load    3 ranks uneven, cluster")):
     b, s, ok = job(name, "load")
     row(label, b, s, ok, bw_r, "read")
-b, s, ok = job("ops-tp4dp1", "poll", "save")
-row("save    ckptctl -> Poll, TP4xDP1", b, s, ok and ok_file("operator-save"), bw_w, "write")
-b, s, ok = job("ops-tp4dp1", "poll", "load")
-row("load    ckptctl -> Poll, TP4xDP1", b, s, ok and ok_file("operator-load"), bw_r, "read")
+# Operator requests: from `ckptctl save|load` being run to its end (commit / every rank loaded),
+# the wait for the trainers' next Poll included. (A polled save lets the trainer go on at the
+# snapshot, like Save; ckptctl waits for the commit.)
+b, _, ok = job("ops-tp4dp1", "poll", "save")
+row("save    ckptctl save -> committed", b, seconds("operator-save"),
+    ok and ok_file("operator-save"), bw_w, "write")
+b, _, ok = job("ops-tp4dp1", "poll", "load")
+row("load    ckptctl load -> loaded", b, seconds("operator-load"),
+    ok and ok_file("operator-load"), bw_r, "read")
 for l, label in (("tp4dp1", "TP4xDP1"), ("uneven3", "uneven3")):
     row(f"reshard offline -> {label}", tensor_bytes, seconds("reshard-" + l),
         ok_file("reshard-" + l), bw_w, "write")
