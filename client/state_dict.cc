@@ -72,11 +72,39 @@ StateDict::StateDict(const std::string& job, int rank)
     : prefix_(SegmentPrefix(job, rank, getpid())), rank_(rank) {}
 
 StateDict::~StateDict() {
-  for (const auto& t : tensors_) {
-    if (t->memory != MemoryKind::kHost) continue;
-    if (t->data != nullptr) munmap(t->data, static_cast<size_t>(t->nbytes));
-    shm_unlink(t->segment.c_str());  // ENOENT when the worker already released it: fine
+  for (const Segment& seg : segments_) {
+    if (seg.addr != nullptr) munmap(seg.addr, seg.size);
+    shm_unlink(seg.name.c_str());  // ENOENT when the worker already released it: fine
   }
+}
+
+absl::StatusOr<StateDict::Segment*> StateDict::NewSegment(size_t size, const std::string& key) {
+  std::string name = absl::StrCat(prefix_, next_segment_++);
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("tensor ", key,
+                                                     ": cannot create shared-memory segment ", name,
+                                                     ": ", std::strerror(errno)));
+  }
+  void* addr = nullptr;
+  if (size > 0) {
+    // posix_fallocate reserves the pages now, so a full /dev/shm fails here, not as a SIGBUS.
+    int err = ftruncate(fd, static_cast<off_t>(size)) == 0 ? posix_fallocate(fd, 0, size) : errno;
+    if (err == 0) {
+      addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (addr == MAP_FAILED) err = errno;
+    }
+    if (err != 0) {
+      close(fd);
+      shm_unlink(name.c_str());
+      return absl::ResourceExhaustedError(absl::StrCat("tensor ", key, ": cannot allocate ", size,
+                                                       " bytes of shared memory (", name,
+                                                       "): ", std::strerror(err)));
+    }
+  }
+  close(fd);
+  segments_.push_back(Segment{name, addr, size, 0});
+  return &segments_.back();
 }
 
 absl::StatusOr<std::unique_ptr<StateTensor>> StateDict::Resolve(const TensorSpec& spec) const {
@@ -106,33 +134,26 @@ absl::StatusOr<StateTensor*> StateDict::AddHost(const TensorSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor ", spec.key, " is declared in device memory; use AddDevice"));
   }
-  std::string name = absl::StrCat(prefix_, next_segment_++);
-  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("tensor ", spec.key,
-                                                     ": cannot create shared-memory segment ", name,
-                                                     ": ", std::strerror(errno)));
-  }
-  size_t size = static_cast<size_t>((*t)->nbytes);
-  void* addr = nullptr;
-  if (size > 0) {
-    // posix_fallocate reserves the pages now, so a full /dev/shm fails here, not as a SIGBUS.
-    int err = ftruncate(fd, static_cast<off_t>(size)) == 0 ? posix_fallocate(fd, 0, size) : errno;
-    if (err == 0) {
-      addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (addr == MAP_FAILED) err = errno;
+  // Small tensors share arena segments (fewer mappings and descriptors in trainer and worker);
+  // large ones get their own. Offsets are 64-byte aligned.
+  const size_t size = static_cast<size_t>((*t)->nbytes);
+  Segment* seg = nullptr;
+  if (size <= kSmallTensorBytes) {
+    if (arena_ == nullptr || arena_->used + size > arena_->size) {
+      absl::StatusOr<Segment*> fresh = NewSegment(kArenaBytes, spec.key);
+      if (!fresh.ok()) return fresh.status();
+      arena_ = *fresh;
     }
-    if (err != 0) {
-      close(fd);
-      shm_unlink(name.c_str());
-      return absl::ResourceExhaustedError(absl::StrCat("tensor ", spec.key, ": cannot allocate ",
-                                                       size, " bytes of shared memory (", name,
-                                                       "): ", std::strerror(err)));
-    }
+    seg = arena_;
+  } else {
+    absl::StatusOr<Segment*> own = NewSegment(size, spec.key);
+    if (!own.ok()) return own.status();
+    seg = *own;
   }
-  close(fd);
-  (*t)->segment = name;
-  (*t)->data = static_cast<std::byte*>(addr);
+  (*t)->segment = seg->name;
+  (*t)->segment_offset = static_cast<int64_t>(seg->used);
+  (*t)->data = seg->addr == nullptr ? nullptr : static_cast<std::byte*>(seg->addr) + seg->used;
+  seg->used += (size + 63) / 64 * 64;
   tensors_.push_back(*std::move(t));
   return tensors_.back().get();
 }
@@ -179,7 +200,7 @@ std::vector<pb::SharedTensor> StateDict::Describe() const {
     if (t->memory == MemoryKind::kHost) {
       s.set_memory_kind("host");
       s.set_segment(t->segment);
-      s.set_offset(0);
+      s.set_offset(t->segment_offset);
     } else {
       s.set_memory_kind("device");
       s.set_cuda_ipc_handle(t->cuda_ipc_handle);

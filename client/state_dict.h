@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <variant>
@@ -61,8 +62,9 @@ struct StateTensor {
   Region region;  // resolved from the layout
   std::vector<int64_t> replica_id;
   MemoryKind memory = MemoryKind::kHost;
-  std::string segment;        // host: the shared-memory segment's name
-  std::byte* data = nullptr;  // host: the bytes (row-major over the region); device: the pointer
+  std::string segment;         // host: the shared-memory segment's name
+  int64_t segment_offset = 0;  // host: where the tensor's bytes start in the segment
+  std::byte* data = nullptr;   // host: the bytes (row-major over the region); device: the pointer
   int64_t nbytes = 0;
   int device = -1;              // device tensors: CUDA ordinal
   std::string cuda_ipc_handle;  // device tensors: exported handle
@@ -74,6 +76,9 @@ struct StateTensor {
 absl::StatusOr<std::pair<Region, std::vector<int64_t>>> ResolveLayout(const TensorSpec& spec,
                                                                       int rank);
 
+inline constexpr size_t kArenaBytes = size_t{64} << 20;
+inline constexpr size_t kSmallTensorBytes = size_t{8} << 20;
+
 // The state dict. Owns its shared-memory segments: they are unmapped and unlinked when it is
 // destroyed (and by the worker when the process dies first).
 class StateDict {
@@ -84,7 +89,8 @@ class StateDict {
   StateDict(const StateDict&) = delete;
   StateDict& operator=(const StateDict&) = delete;
 
-  // Allocates a zero-filled host tensor in a new shared-memory segment and adds it.
+  // Allocates a zero-filled host tensor in shared memory and adds it: tensors up to
+  // kSmallTensorBytes share kArenaBytes arena segments, larger ones get their own segment.
   // AlreadyExists for a duplicate key; InvalidArgument for an invalid shape/layout;
   // ResourceExhausted when shared memory cannot be allocated.
   absl::StatusOr<StateTensor*> AddHost(const TensorSpec& spec);
@@ -103,9 +109,20 @@ class StateDict {
  private:
   absl::StatusOr<std::unique_ptr<StateTensor>> Resolve(const TensorSpec& spec) const;
 
+  // A shared-memory segment this state dict created.
+  struct Segment {
+    std::string name;
+    void* addr = nullptr;
+    size_t size = 0;
+    size_t used = 0;  // arena: bytes handed out
+  };
+  absl::StatusOr<Segment*> NewSegment(size_t size, const std::string& key);
+
   std::string prefix_;  // "/ckpt.<job>.r<rank>.p<pid>."
   int rank_;
   int next_segment_ = 1;
+  std::deque<Segment> segments_;  // stable addresses
+  Segment* arena_ = nullptr;      // the arena small tensors go to now
   std::vector<std::unique_ptr<StateTensor>> tensors_;
 };
 

@@ -4,7 +4,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/gpu.h"
@@ -59,6 +62,36 @@ TEST(StateDictTest, RegionTensorIsZeroFilledSharedMemoryNamedForJobRankAndPid) {
     EXPECT_EQ(d.nbytes(), 32);
   }
   EXPECT_FALSE(SegmentExists(segment));  // released with the state dict
+}
+
+TEST(StateDictTest, SmallTensorsShareAnArenaAndLargeOnesGetTheirOwnSegment) {
+  StateDict state("j", 0);
+  std::vector<StateTensor*> small;
+  for (int i = 0; i < 3; ++i) {
+    TensorSpec s = Spec(absl::StrCat("small", i), {3, 5});  // 30 bytes: offsets 64 apart
+    s.layout = Region{{0, 0}, {3, 5}, std::nullopt};
+    auto t = state.AddHost(s);
+    ASSERT_TRUE(t.ok()) << t.status();
+    small.push_back(*t);
+  }
+  TensorSpec big = Spec("big", {int64_t{5} << 20});  // 10 MiB of BF16
+  big.layout = Region{{0}, {int64_t{5} << 20}, std::nullopt};
+  auto b = state.AddHost(big);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(small[0]->segment, small[2]->segment);
+  EXPECT_NE((*b)->segment, small[0]->segment);
+  EXPECT_EQ((*b)->segment_offset, 0);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(small[i]->segment_offset, 64 * i);
+    EXPECT_EQ(small[i]->data, small[0]->data + 64 * i);
+    std::memset(small[i]->data, i + 1, small[i]->nbytes);  // no tensor overlaps another
+  }
+  for (int i = 0; i < 3; ++i) {
+    for (std::byte v : small[i]->bytes()) ASSERT_EQ(v, std::byte(i + 1));
+  }
+  auto d = state.Describe();
+  EXPECT_EQ(d[1].offset(), 64);
+  EXPECT_EQ(d[1].segment(), small[0]->segment);
 }
 
 TEST(StateDictTest, FlatRangeCoversPartOfTheWholeTensor) {
