@@ -317,6 +317,14 @@ Json Save(Client& client, RankState& rs, const std::string& path, const Flags& f
 Json Load(Client& client, RankState& rs, const std::string& path, const Flags& f) {
   Json j = {{"op", "load"}, {"path", path}, {"bytes", rs.bytes}};
   Overwrite(rs, 0xA5);  // poison: an element the load does not write cannot pass VerifyPiece
+  // The verification must be able to fail: count the poisoned tensors it already rejects (it
+  // stops at the first wrong element, so this is cheap).
+  int64_t rejected = 0;
+  for (size_t i = 0; i < rs.tensors.size(); ++i) {
+    ckpt::client::StateTensor& t = *rs.state->tensors()[i];
+    if (!ckpt::VerifyPiece(rs.tensors[i], t.region, Bytes(t)).ok()) ++rejected;
+  }
+  j["poison_rejected_tensors"] = rejected;
   ckpt::client::LoadOptions options;
   options.arrival_timeout = f.arrival_timeout;
   auto start = std::chrono::steady_clock::now();
