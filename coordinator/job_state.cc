@@ -56,6 +56,13 @@ absl::Status JobState::AttachRank(absl::string_view job_name, int world_size, in
         absl::StrCat("job ", job_name, " has world size ", it->second.world_size, " but rank ",
                      rank, " (", location.DebugString(), ") says ", world_size));
   }
+  auto attached = it->second.ranks.find(rank);
+  if (attached != it->second.ranks.end() && attached->second.worker_id != location.worker_id) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "job ", job_name, " rank ", rank, " is already attached (", attached->second.DebugString(),
+        "); a second trainer claims it from ", location.DebugString(),
+        " (check RANK / SLURM_PROCID / OMPI_COMM_WORLD_RANK)"));
+  }
   it->second.ranks[rank] = location;
   ++version_;
   return absl::OkStatus();

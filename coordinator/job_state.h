@@ -146,7 +146,8 @@ class JobState {
   // Records that `rank`'s trainer is served by `location`, creating the job on first use.
   // FailedPrecondition if the job exists with another world size while some rank is still
   // attached or an operation is in flight (a job whose ranks all left may come back with
-  // another world size); InvalidArgument for a rank outside [0, world_size).
+  // another world size); AlreadyExists when the rank is attached through another worker (two
+  // trainers claim one rank); InvalidArgument for a rank outside [0, world_size).
   absl::Status AttachRank(absl::string_view job, int world_size, int rank,
                           const RankLocation& location);
 

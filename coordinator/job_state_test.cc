@@ -77,6 +77,17 @@ TEST_F(JobStateTest, AttachCreatesJobAndRejectsOtherWorldSize) {
   EXPECT_EQ(state_.AttachRank("", 4, 0, Loc(1)).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(JobStateTest, TwoTrainersClaimingOneRankAreRefusedNamingTheFirst) {
+  ASSERT_TRUE(state_.AttachRank("gpt", 2, 0, Loc(0)).ok());
+  ASSERT_TRUE(state_.AttachRank("gpt", 2, 0, Loc(0)).ok());  // same worker again: fine
+  absl::Status s = state_.AttachRank("gpt", 2, 0, Loc(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(s.message(), HasSubstr("already attached (host node0"));
+  EXPECT_THAT(s.message(), HasSubstr("from host node1"));
+  state_.DetachRank("gpt", 0, "w-0");
+  EXPECT_TRUE(state_.AttachRank("gpt", 2, 0, Loc(1)).ok());  // after it left
+}
+
 TEST_F(JobStateTest, AJobWhoseRanksAllLeftMayComeBackWithAnotherWorldSize) {
   ASSERT_TRUE(state_.AttachRank("gpt", 2, 0, Loc(0)).ok());
   ASSERT_TRUE(state_.AttachRank("gpt", 2, 1, Loc(1)).ok());

@@ -123,6 +123,28 @@ TEST(ServicesTest, TrainerSharesATensorThroughSharedMemoryReleasedWhenItDies) {
   EXPECT_TRUE(cluster.worker(0).Running());  // the worker keeps serving
 }
 
+TEST(ServicesTest, TwoTrainersClaimingOneRankAreRefusedWithADiagnosis) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  cluster.StartWorker(0);
+  cluster.StartWorker(1);
+  Child* first = cluster.StartTrainer(0, "dup", 0, 2, "hold");
+  ASSERT_TRUE(WaitFor([&] { return first->Stdout().find("shared") != std::string::npos; }))
+      << first->Stdout() << first->Stderr();
+  // Same rank through another worker (e.g. a launcher that gave every process RANK=0) ...
+  Child* other_worker = cluster.StartTrainer(1, "dup", 0, 2, "hold");
+  // ... and through the same worker.
+  Child* same_worker = cluster.StartTrainer(0, "dup", 0, 2, "hold");
+  ASSERT_TRUE(WaitFor([&] { return Result(*other_worker).first >= 0; }));
+  ASSERT_TRUE(WaitFor([&] { return Result(*same_worker).first >= 0; }));
+  EXPECT_EQ(Result(*other_worker).first, static_cast<int>(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(Result(*other_worker).second, HasSubstr("rank 0 is already attached (host"));
+  EXPECT_EQ(Result(*same_worker).first, static_cast<int>(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(Result(*same_worker).second,
+              HasSubstr(absl::StrCat("already connected to this worker (pid ", first->pid)));
+  EXPECT_TRUE(first->Running());
+}
+
 TEST(ServicesTest, RankThatNeverArrivesAbortsEveryRankNamingIt) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator(

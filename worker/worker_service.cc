@@ -48,6 +48,16 @@ grpc::Status WorkerService::Hello(grpc::ServerContext*, const pb::TrainerHello* 
   TrainerIdentity trainer{request->job(), request->rank(), request->world_size(),
                           request->local_rank(), request->pid()};
   if (absl::Status s = link_->WaitRegistered(kRegistrationWait); !s.ok()) return ToGrpcStatus(s);
+  // A trainer that died a moment ago must not block its replacement.
+  for (const SessionInfo& gone : registry_->ReapDeadTrainers()) OnTrainerGone(gone);
+  for (const SessionInfo& other : registry_->Sessions()) {
+    if (other.trainer.job == trainer.job && other.trainer.rank == trainer.rank) {
+      return ToGrpcStatus(absl::AlreadyExistsError(absl::StrCat(
+          "job ", trainer.job, " rank ", trainer.rank, " is already connected to this worker (pid ",
+          other.trainer.pid, "); pid ", trainer.pid,
+          " claims it too (check RANK / SLURM_PROCID / OMPI_COMM_WORLD_RANK)")));
+    }
+  }
   absl::StatusOr<std::string> session = registry_->OpenSession(trainer);
   if (!session.ok()) return ToGrpcStatus(session.status());
   absl::StatusOr<SessionInfo> info = registry_->Find(*session);
