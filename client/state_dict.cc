@@ -124,6 +124,11 @@ absl::StatusOr<std::unique_ptr<StateTensor>> StateDict::Resolve(const TensorSpec
   t->replica_id = std::move(resolved->second);
   t->memory = spec.memory;
   t->nbytes = t->region.NumElements() * DTypeSize(spec.dtype);
+  if (const DTensorLayout* d = std::get_if<DTensorLayout>(&spec.layout)) {
+    t->mesh_shape = d->mesh_shape;
+    t->placements = d->placements;
+  }
+  t->flat_sharded = std::holds_alternative<FlatRange>(spec.layout);
   return t;
 }
 
@@ -196,6 +201,16 @@ std::vector<pb::SharedTensor> StateDict::Describe() const {
     for (int64_t d : t->global_shape) shard->mutable_tensor()->add_global_shape(d);
     *shard->mutable_region() = RegionToProto(t->region);
     for (int64_t r : t->replica_id) shard->add_replica_id(r);
+    s.mutable_layout()->set_key(t->key);
+    for (const Placement& p : t->placements) {
+      if (p.is_shard()) {
+        s.mutable_layout()->add_placements()->set_shard_dim(p.dim);
+      } else {
+        s.mutable_layout()->add_placements()->set_replicate(true);
+      }
+    }
+    s.mutable_layout()->set_flat_sharded(t->flat_sharded);
+    for (int64_t d : t->mesh_shape) s.add_mesh_shape(d);
     s.set_nbytes(t->nbytes);
     if (t->memory == MemoryKind::kHost) {
       s.set_memory_kind("host");

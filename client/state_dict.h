@@ -66,7 +66,11 @@ struct StateTensor {
   int64_t segment_offset = 0;  // host: where the tensor's bytes start in the segment
   std::byte* data = nullptr;   // host: the bytes (row-major over the region); device: the pointer
   int64_t nbytes = 0;
-  int device = -1;              // device tensors: CUDA ordinal
+  int device = -1;  // device tensors: CUDA ordinal
+  // How the piece was described (informational, for the manifest's saved layout).
+  std::vector<int64_t> mesh_shape;
+  std::vector<Placement> placements;
+  bool flat_sharded = false;
   std::string cuda_ipc_handle;  // device tensors: exported handle
 
   absl::Span<std::byte> bytes() const { return {data, static_cast<size_t>(nbytes)}; }

@@ -263,6 +263,9 @@ grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext*,
   join.path = request->path();
   join.location = RankLocation{worker->id, worker->description.host, worker->description.pid};
   join.shards.assign(request->state().shards().begin(), request->state().shards().end());
+  join.layouts.assign(request->state().layouts().begin(), request->state().layouts().end());
+  join.mesh_shape.assign(request->state().mesh_shape().begin(),
+                         request->state().mesh_shape().end());
   join.operation_id = request->operation_id();
   join.metadata.insert(request->metadata().begin(), request->metadata().end());
   absl::StatusOr<const Operation*> op = jobs_.JoinOperation(join);

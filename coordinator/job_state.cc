@@ -180,6 +180,8 @@ absl::StatusOr<const Operation*> JobState::JoinOperation(const JoinRequest& requ
   entry.location = request.location;
   entry.joined_at = clock_->Now();
   entry.shards = request.shards;
+  entry.layouts = request.layouts;
+  entry.mesh_shape = request.mesh_shape;
   if (op->metadata.empty()) op->metadata = request.metadata;
   ++version_;
   if (op->JoinedRanks() == op->world_size) {

@@ -71,7 +71,9 @@ struct RankEntry {
   bool joined = false;
   RankLocation location;
   absl::Time joined_at;
-  std::vector<pb::ShardMeta> shards;  // the rank's shard metadata, as gathered
+  std::vector<pb::ShardMeta> shards;      // the rank's shard metadata, as gathered
+  std::vector<pb::TensorLayout> layouts;  // how the rank described them (informational)
+  std::vector<int64_t> mesh_shape;
   bool has_plan = false;
   std::string plan_part;    // opaque serialized plan part for this rank's worker
   int64_t bytes_total = 0;  // bytes this rank moves under the plan
@@ -114,6 +116,8 @@ struct JoinRequest {
   std::string path;
   RankLocation location;
   std::vector<pb::ShardMeta> shards;
+  std::vector<pb::TensorLayout> layouts;  // informational, for the manifest's saved layout
+  std::vector<int64_t> mesh_shape;
   std::map<std::string, std::string> metadata;  // user metadata for the manifest (step, ...)
   // When set, the operation the rank means to join (e.g. one an operator requested and
   // the trainer learned of through Poll); joining anything else is an error.

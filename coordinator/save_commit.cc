@@ -41,6 +41,18 @@ absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op) {
   }
   CheckpointContents info;
   info.saved_layout.set_world_size(op.world_size);
+  // How the tensors were described (lowest rank that described each key), informational.
+  std::set<std::string> described;
+  for (int r = 0; r < op.world_size; ++r) {
+    const RankEntry& e = op.ranks[r];
+    if (info.saved_layout.mesh_shape_size() == 0 && !e.mesh_shape.empty()) {
+      info.saved_layout.mutable_mesh_shape()->Add(e.mesh_shape.begin(), e.mesh_shape.end());
+    }
+    for (const pb::TensorLayout& l : e.layouts) {
+      if (l.key().empty() || (l.placements_size() == 0 && !l.flat_sharded())) continue;
+      if (described.insert(l.key()).second) *info.saved_layout.add_tensors() = l;
+    }
+  }
   info.user_metadata = op.metadata;
   if (auto step = op.metadata.find("step"); step != op.metadata.end()) {
     if (!absl::SimpleAtoi(step->second, &info.step)) {

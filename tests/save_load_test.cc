@@ -166,6 +166,18 @@ TEST(ServicesTest, SaveThenLoadIntoOtherLayoutsIsBitExact) {
                            {"--layout", "dtensor", "--global_rows", "5", "--elements", "1000"})) {
     ASSERT_EQ(Result(*t).first, 0) << Result(*t).second;
   }
+  {
+    // The manifest records how the tensor was laid out when saved.
+    auto reader = CheckpointReader::Open(path);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    const pb::SavedLayout& layout = (*reader)->manifest().saved_layout();
+    EXPECT_EQ(layout.world_size(), 2);
+    EXPECT_THAT(layout.mesh_shape(), ::testing::ElementsAre(2));
+    ASSERT_EQ(layout.tensors_size(), 1);
+    EXPECT_EQ(layout.tensors(0).key(), "probe.weight");
+    ASSERT_EQ(layout.tensors(0).placements_size(), 1);
+    EXPECT_EQ(layout.tensors(0).placements(0).shard_dim(), 0);
+  }
   // Loaded by 3 ranks (rows 0-1, 2-3, 4: uneven, across the saved boundary) and by 4 ranks
   // holding flat ranges of the flattened tensor; every element is checked by the trainers.
   struct Target {

@@ -191,6 +191,8 @@ absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
     r.segment = t.segment();
     r.offset = t.offset();
     r.nbytes = t.nbytes();
+    r.layout = t.layout();
+    r.mesh_shape.assign(t.mesh_shape().begin(), t.mesh_shape().end());
     if (t.memory_kind() == "device") {
       absl::StatusOr<int> gpus = CudaDeviceCount();
       if (!gpus.ok()) {

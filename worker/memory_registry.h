@@ -47,6 +47,8 @@ struct RegisteredTensor {
   int64_t offset = 0;
   int64_t nbytes = 0;
   std::byte* data = nullptr;  // host: the mapped bytes; device: nullptr
+  pb::TensorLayout layout;    // as the trainer described it (informational)
+  std::vector<int64_t> mesh_shape;
 };
 
 // A snapshot of one session, for status and for building the rank's shard metadata.

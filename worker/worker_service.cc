@@ -112,7 +112,13 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   join.mutable_metadata()->insert(request.metadata().begin(), request.metadata().end());
   pb::RankState* state = join.mutable_state();
   state->set_rank(session->trainer.rank);
-  for (const RegisteredTensor& t : session->tensors) *state->add_shards() = t.shard;
+  for (const RegisteredTensor& t : session->tensors) {
+    *state->add_shards() = t.shard;
+    *state->add_layouts() = t.layout;
+    if (state->mesh_shape_size() == 0 && !t.mesh_shape.empty()) {
+      state->mutable_mesh_shape()->Add(t.mesh_shape.begin(), t.mesh_shape.end());
+    }
+  }
   pb::JoinOperationResponse joined;
   absl::Status s =
       FromGrpcStatus(link_->stub()->JoinOperation(link_->Context().get(), join, &joined),
