@@ -9,7 +9,8 @@
 namespace ckpt::worker {
 
 absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& session,
-                             const std::function<void(int64_t bytes_done)>& progress) {
+                             const std::function<void(int64_t bytes_done)>& progress,
+                             const std::function<bool()>& cancelled) {
   const std::string who = absl::StrCat("rank ", part.rank(), " of job ", session.trainer.job);
   if (part.rank() != session.trainer.rank) {
     return absl::InternalError(
@@ -24,6 +25,10 @@ absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& se
   }
   int64_t bytes_done = 0;
   for (const pb::LoadRead& read : part.reads()) {
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(
+          absl::StrCat(who, ": the operation was aborted; stopped before ", read.key()));
+    }
     if (read.local_index() < 0 || read.local_index() >= static_cast<int>(session.tensors.size())) {
       return absl::FailedPreconditionError(absl::StrCat(
           who, ": tensor ", read.key(), " (local index ", read.local_index(), ") is not among the ",

@@ -16,8 +16,10 @@ namespace ckpt::worker {
 // Reads `part` into the session's tensors (read i targets tensor part.reads(i).local_index(),
 // which must match its key and region). `progress(bytes_done)` is called after each tensor.
 // Errors name the rank, tensor and checkpoint.
+// `cancelled`, checked before each tensor, stops the load with Cancelled.
 absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& session,
-                             const std::function<void(int64_t bytes_done)>& progress = nullptr);
+                             const std::function<void(int64_t bytes_done)>& progress = nullptr,
+                             const std::function<bool()>& cancelled = nullptr);
 
 }  // namespace ckpt::worker
 

@@ -81,13 +81,18 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
 }
 
 absl::StatusOr<std::string> WriteSnapshot(const SaveSnapshot& snapshot,
-                                          const std::function<void(int64_t bytes_done)>& progress) {
+                                          const std::function<void(int64_t bytes_done)>& progress,
+                                          const std::function<bool()>& cancelled) {
   const std::string who = absl::StrCat("rank ", snapshot.rank, " of job ", snapshot.job);
   const std::vector<DataFilePlan>& files = snapshot.files;
   // One file at a time (file i is r<rank>_<i>), so that progress can be reported between them.
   pb::Manifest written;
   int64_t bytes_done = 0;
   for (size_t i = 0; i < files.size(); ++i) {
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrCat(who, ": the operation was aborted; stopped after ",
+                                               i, " of ", files.size(), " data files"));
+    }
     absl::StatusOr<WrittenData> data = WriteDataFiles(
         snapshot.staging_dir, snapshot.tensors, {files[i]}, static_cast<int>(i), WriteOptions());
     if (!data.ok()) {

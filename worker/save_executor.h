@@ -36,8 +36,11 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
 
 // Writes a snapshot into its staging directory, one data file at a time; returns the record
 // of what it wrote (serialized pb::Manifest with pieces and files).
+// `cancelled`, checked before each file, stops the write with Cancelled (the operation was
+// aborted meanwhile).
 absl::StatusOr<std::string> WriteSnapshot(const SaveSnapshot& snapshot,
-                                          const std::function<void(int64_t bytes_done)>& progress);
+                                          const std::function<void(int64_t bytes_done)>& progress,
+                                          const std::function<bool()>& cancelled = nullptr);
 
 // Snapshot + write. Writes `part` for the rank whose registered state is `session` (piece i of a
 // file is the session's tensor part.files(f).pieces(i).local_index(), which must match its key and

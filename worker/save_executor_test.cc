@@ -117,6 +117,30 @@ TEST_F(SaveExecutorTest, PieceThatDoesNotMatchTheSharedTensorIsRefusedNamingIt) 
               HasSubstr("local index 3) is not among the 1 tensors"));
 }
 
+TEST_F(SaveExecutorTest, CancelledWriteStopsBeforeTheNextFile) {
+  auto snapshot = SnapshotSavePart(Part(), session_);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  auto written = WriteSnapshot(*snapshot, nullptr, [] { return true; });
+  EXPECT_EQ(written.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(written.status().message(), HasSubstr("stopped after 0 of 1 data files"));
+  EXPECT_FALSE(PathExists(JoinPath(staging_, "data/r0_0.safetensors")));
+}
+
+TEST_F(SaveExecutorTest, SnapshotIsACopyTheTrainerMayOverwrite) {
+  auto snapshot = SnapshotSavePart(Part(), session_);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  std::memset(data_, 0, 64);  // training goes on
+  auto written = WriteSnapshot(*snapshot, nullptr);
+  ASSERT_TRUE(written.ok()) << written.status();
+  pb::Manifest m;
+  ASSERT_TRUE(m.ParseFromString(*written));
+  auto bytes = ReadFileRange(JoinPath(staging_, m.pieces(0).file()), m.pieces(0).byte_offset(), 64);
+  ASSERT_TRUE(bytes.ok());
+  int32_t first = 0;
+  std::memcpy(&first, bytes->data(), 4);
+  EXPECT_EQ(first, 100);  // the value at the snapshot
+}
+
 TEST_F(SaveExecutorTest, EmptyPartWritesNothing) {
   pb::SavePlanPart part;
   part.set_rank(0);

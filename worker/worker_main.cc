@@ -169,6 +169,7 @@ int Run() {
   stop.Notify();
   reaper.join();
   link.Stop(/*deregister=*/true);
+  service.Shutdown();  // running plan parts stop at their next step
   unlink(socket_path.c_str());
   spdlog::info("stopped");
   return 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -279,9 +280,52 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
   if (item.item_case() == pb::WorkItem::kAbort) {
     spdlog::warn("operation_aborted op={} job={} rank={} code={} cause=\"{}\"", item.operation_id(),
                  item.job(), item.rank(), item.abort().code(), item.abort().message());
+    CancelFlag(item.operation_id())->store(true);  // running parts stop at their next step
     return;
   }
   if (item.item_case() != pb::WorkItem::kPlanPart) return;
+  // Each part runs on its own thread, so that aborts keep arriving meanwhile and the parts of
+  // several jobs served by this worker run side by side.
+  std::shared_ptr<std::atomic<bool>> cancelled = CancelFlag(item.operation_id());
+  absl::MutexLock lock(&exec_mu_);
+  for (auto it = executors_.begin(); it != executors_.end();) {  // reap finished ones
+    if (it->done->load()) {
+      it->thread.join();
+      it = executors_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  executors_.push_back(Executor{std::thread([this, item, cancelled, done] {
+                                  Execute(item, *cancelled);
+                                  done->store(true);
+                                }),
+                                done});
+}
+
+std::shared_ptr<std::atomic<bool>> WorkerService::CancelFlag(const std::string& operation_id) {
+  absl::MutexLock lock(&exec_mu_);
+  for (auto& [id, flag] : cancel_flags_) {
+    if (id == operation_id) return flag;
+  }
+  cancel_flags_.emplace_back(operation_id, std::make_shared<std::atomic<bool>>(false));
+  if (cancel_flags_.size() > 1024) cancel_flags_.pop_front();
+  return cancel_flags_.back().second;
+}
+
+void WorkerService::Shutdown() {
+  std::list<Executor> executors;
+  {
+    absl::MutexLock lock(&exec_mu_);
+    for (auto& [id, flag] : cancel_flags_) flag->store(true);
+    executors.swap(executors_);
+  }
+  for (Executor& e : executors) e.thread.join();
+}
+
+void WorkerService::Execute(const pb::WorkItem& item, const std::atomic<bool>& cancelled) {
+  auto is_cancelled = [&cancelled] { return cancelled.load(); };
   std::string kind = pb::OperationKind_Name(item.kind());
   if (kind.rfind("OPERATION_", 0) == 0) kind = kind.substr(10);
   for (char& c : kind) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -327,7 +371,7 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
         spdlog::info("save_part_snapshotted op={} rank={} bytes={} seconds={:.3f}",
                      item.operation_id(), item.rank(), save_part.total_bytes(),
                      absl::ToDoubleSeconds(absl::Now() - start));
-        absl::StatusOr<std::string> done = WriteSnapshot(*snapshot, report_progress);
+        absl::StatusOr<std::string> done = WriteSnapshot(*snapshot, report_progress, is_cancelled);
         result = done.status();
         if (done.ok()) written = *std::move(done);
       }
@@ -339,7 +383,7 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
     if (!load_part.ParseFromString(item.plan_part())) {
       result = absl::InvalidArgumentError(absl::StrCat(where, ": unreadable load plan part"));
     } else {
-      result = ExecuteLoadPart(load_part, *session, report_progress);
+      result = ExecuteLoadPart(load_part, *session, report_progress, is_cancelled);
     }
     spdlog::info("load_part_read op={} rank={} bytes={} tensors={} seconds={:.3f} ok={}",
                  item.operation_id(), item.rank(), load_part.total_bytes(), load_part.reads_size(),

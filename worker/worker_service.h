@@ -7,8 +7,13 @@
 #ifndef CKPT_WORKER_WORKER_SERVICE_H_
 #define CKPT_WORKER_WORKER_SERVICE_H_
 
+#include <atomic>
 #include <deque>
+#include <list>
+#include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include "absl/synchronization/mutex.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -46,20 +51,34 @@ class WorkerService final : public pb::Worker::Service {
   void OnRegistered(const std::string& worker_id);
   // Tells the coordinator that a trainer's session ended (Goodbye or the process died).
   void OnTrainerGone(const SessionInfo& session);
-  // Handles one item of the coordinator's work stream.
+  // Handles one item of the coordinator's work stream: a plan part starts running on its own
+  // thread; an abort cancels the operation's running parts.
   void OnWorkItem(const pb::WorkItem& item);
+  // Cancels running parts and waits for them (call after the link stopped).
+  void Shutdown();
 
  private:
   grpc::Status Transfer(const pb::TransferRequest& request, pb::OperationKind kind,
                         pb::TransferResponse* response);
   absl::Status Attach(const SessionInfo& session, const std::string& worker_id);
 
+  void Execute(const pb::WorkItem& item, const std::atomic<bool>& cancelled);
+  std::shared_ptr<std::atomic<bool>> CancelFlag(const std::string& operation_id);
   void MarkSnapshotted(const std::string& operation_id, int rank);
   bool Snapshotted(const std::string& operation_id, int rank);
 
   MemoryRegistry* registry_;
   CoordinatorLink* link_;
   std::string host_;
+  // A plan part running on its own thread.
+  struct Executor {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  absl::Mutex exec_mu_;
+  std::list<Executor> executors_ ABSL_GUARDED_BY(exec_mu_);
+  std::deque<std::pair<std::string, std::shared_ptr<std::atomic<bool>>>> cancel_flags_
+      ABSL_GUARDED_BY(exec_mu_);  // by operation, recent ones
   absl::Mutex snapshot_mu_;
   absl::CondVar snapshot_cv_;
   std::deque<std::string> snapshotted_ ABSL_GUARDED_BY(snapshot_mu_);  // "<op>/<rank>", recent
