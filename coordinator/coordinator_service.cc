@@ -274,7 +274,12 @@ grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext*,
   spdlog::info("rank_joined op={} job={} rank={} shards={} joined={}/{}", id, join.job, join.rank,
                join.shards.size(), (*op)->JoinedRanks(), (*op)->world_size);
   Advance(id);
-  ToProto(*jobs_.FindOperation(id), response->mutable_operation());
+  const Operation* after = jobs_.FindOperation(id);
+  if (after == nullptr) {
+    return ToGrpcStatus(
+        absl::NotFoundError(absl::StrCat("operation ", id, " ended and was pruned")));
+  }
+  ToProto(*after, response->mutable_operation());
   return grpc::Status::OK;
 }
 
