@@ -93,16 +93,22 @@ TEST(ServicesTest, WorkerKilledMidSaveAbortsEveryRankAndNothingIsCommitted) {
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
   cluster.StartWorker(0);
   cluster.StartWorker(1);
+  // A previous checkpoint of the job, which must come through intact.
+  const std::string previous = cluster.dir() + "/previous";
+  for (Child* t : RunRanks(cluster, "big", 2, "save", previous, {})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second;
+  }
   const std::string path = cluster.dir() + "/big";
   // 400 MB per rank, so that writing takes long enough to kill a worker in the middle.
   const std::vector<std::string> big = {"--elements", "100000000"};
   Child* r0 = cluster.StartTrainer(0, "big", 0, 2, "save", path, big);
   Child* r1 = cluster.StartTrainer(1, "big", 1, 2, "save", path, big);
-  ASSERT_TRUE(WaitFor([&] {
+  auto last_phase = [&] {
     pb::GetStatusResponse s = cluster.Status();
-    return s.operations_size() == 1 && s.operations(0).phase() == pb::PHASE_EXECUTING;
-  })) << r0->Stdout()
-      << r0->Stderr();
+    return s.operations_size() == 2 ? s.operations(1).phase() : pb::PHASE_UNSPECIFIED;
+  };
+  ASSERT_TRUE(WaitFor([&] { return last_phase() == pb::PHASE_EXECUTING; }))
+      << r0->Stdout() << r0->Stderr();
   std::string out;
   ASSERT_EQ(cluster.RunCkptctl({"status", "--coordinator", cluster.address()}, &out), 0);
   EXPECT_THAT(out, HasSubstr("executing  requested by rank"));
@@ -116,12 +122,60 @@ TEST(ServicesTest, WorkerKilledMidSaveAbortsEveryRankAndNothingIsCommitted) {
   EXPECT_THAT(message, HasSubstr(absl::StrCat("worker ", cluster.worker_id(1), " (pid ", victim)));
   EXPECT_THAT(message, HasSubstr("missed its lease"));
   EXPECT_NE(Result(*r1).first, 0);  // its worker is gone: the trainer hears so, no hang
-  EXPECT_EQ(cluster.Status().operations(0).phase(), pb::PHASE_ABORTED);
+  EXPECT_EQ(last_phase(), pb::PHASE_ABORTED);
   // Never committed, and the staging directory is cleaned up.
   EXPECT_EQ(access(path.c_str(), F_OK), -1);
   EXPECT_TRUE(WaitFor([&] {
     return std::system(("ls -a " + cluster.dir() + " | grep -q '^\\.big'").c_str()) != 0;
   })) << "staging directory left behind";
+  EXPECT_EQ(cluster.RunCkptctl({"verify", previous}, &out), 0) << out;
+}
+
+TEST(ServicesTest, WorkerKilledMidLoadFailsEveryRankWithoutHanging) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  cluster.StartWorker(0);
+  cluster.StartWorker(1);
+  const std::string path = cluster.dir() + "/big";
+  const std::vector<std::string> big = {"--elements", "100000000"};  // 400 MB per rank
+  for (Child* t : RunRanks(cluster, "big", 2, "save", path, big)) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second;
+  }
+  // Reading from the page cache is fast: try again when a load finished before the kill.
+  bool killed = false;
+  int w1 = 1;  // the worker serving rank 1 (replaced after a kill that came too late)
+  for (int attempt = 0; attempt < 3 && !killed; ++attempt) {
+    Child* r0 = cluster.StartTrainer(0, "big", 0, 2, "load", path, big);
+    Child* r1 = cluster.StartTrainer(w1, "big", 1, 2, "load", path, big);
+    const int op_index = attempt + 1;
+    pb::OperationPhase phase = pb::PHASE_UNSPECIFIED;
+    ASSERT_TRUE(WaitFor([&] {
+      pb::GetStatusResponse s = cluster.Status();
+      phase =
+          s.operations_size() > op_index ? s.operations(op_index).phase() : pb::PHASE_UNSPECIFIED;
+      return phase == pb::PHASE_EXECUTING || phase == pb::PHASE_DONE || phase == pb::PHASE_ABORTED;
+    }));
+    if (phase != pb::PHASE_EXECUTING) {
+      ASSERT_TRUE(WaitFor([&] { return Result(*r0).first >= 0 && Result(*r1).first >= 0; }));
+      continue;
+    }
+    pid_t victim = cluster.worker(w1).pid;
+    std::string victim_id = cluster.worker_id(w1);
+    cluster.worker(w1).Kill(SIGKILL);
+    ASSERT_TRUE(WaitFor([&] { return Result(*r0).first >= 0 && Result(*r1).first >= 0; }))
+        << r0->Stdout() << r1->Stdout();
+    if (Result(*r0).first == 0) {  // rank 1 had reported just before the kill: again
+      w1 = cluster.StartWorker(1);
+      continue;
+    }
+    killed = true;
+    EXPECT_EQ(Result(*r0).first, static_cast<int>(absl::StatusCode::kUnavailable))
+        << Result(*r0).second;
+    EXPECT_THAT(Result(*r0).second,
+                HasSubstr(absl::StrCat("worker ", victim_id, " (pid ", victim)));
+    EXPECT_NE(Result(*r1).first, 0);  // its worker is gone: the trainer hears so, no hang
+  }
+  EXPECT_TRUE(killed) << "every load finished before a worker could be killed";
 }
 
 TEST(ServicesTest, TwoJobsSaveThroughOneCoordinatorAtOnceWithoutInterfering) {
