@@ -192,7 +192,9 @@ absl::StatusOr<std::string> Client::Transfer(bool save, const std::string& path,
                                              const StateDict& state,
                                              const std::map<std::string, std::string>& metadata,
                                              const std::string& operation_id,
-                                             absl::Duration arrival_timeout) {
+                                             absl::Duration arrival_timeout,
+                                             const std::string& exchange_algorithm,
+                                             int64_t memory_budget_bytes) {
   if (absl::Status s = Share(state); !s.ok()) return s;
   pb::TransferRequest request;
   request.set_session_id(session_id_);
@@ -200,6 +202,8 @@ absl::StatusOr<std::string> Client::Transfer(bool save, const std::string& path,
   request.mutable_metadata()->insert(metadata.begin(), metadata.end());
   request.set_operation_id(operation_id);
   request.set_timeout_ms(absl::ToInt64Milliseconds(arrival_timeout));
+  request.set_exchange_algorithm(exchange_algorithm);
+  request.set_memory_budget_bytes(memory_budget_bytes);
   pb::TransferResponse response;
   auto context = connection_->Context();
   grpc::Status s = save ? connection_->stub()->Save(context.get(), request, &response)
@@ -226,7 +230,9 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
 }
 
 absl::Status Client::Load(const std::string& path, StateDict& state, const LoadOptions& options) {
-  absl::StatusOr<std::string> op = Transfer(false, path, state, {}, "", options.arrival_timeout);
+  absl::StatusOr<std::string> op = Transfer(false, path, state, {}, "", options.arrival_timeout,
+                                            options.exchange_algorithm,
+                                            options.memory_budget_bytes);
   if (!op.ok()) return op.status();
   absl::StatusOr<OperationProgress> p =
       connection_->WaitFinal(session_id_, *op, options.arrival_timeout + options.deadline);

@@ -44,7 +44,12 @@ struct SaveOptions {
 struct LoadOptions {
   absl::Duration arrival_timeout = absl::Minutes(5);
   absl::Duration deadline = absl::Hours(1);  // the whole load must finish by then
+  // How the workers move what they read: each stored piece is read from storage once, by one
+  // rank, and exchanged with this algorithm ("broadcast", "overlap_all_to_all",
+  // "gather_rounds", "gather_object"; "direct": every rank reads what it needs itself, a
+  // debugging aid; "": the coordinator's --load_algorithm). The first rank to join decides.
   std::string exchange_algorithm = "broadcast";
+  // Bytes in flight per rank and wave (0: the coordinator's --load_memory_budget_bytes).
   int64_t memory_budget_bytes = 0;
 };
 
@@ -131,7 +136,9 @@ class Client {
   absl::StatusOr<std::string> Transfer(bool save, const std::string& path, const StateDict& state,
                                        const std::map<std::string, std::string>& metadata,
                                        const std::string& operation_id,
-                                       absl::Duration arrival_timeout);
+                                       absl::Duration arrival_timeout,
+                                       const std::string& exchange_algorithm = "",
+                                       int64_t memory_budget_bytes = 0);
 
   ResolvedOptions options_;
   std::shared_ptr<WorkerConnection> connection_;

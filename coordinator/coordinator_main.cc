@@ -21,7 +21,7 @@
 #include "common/daemon.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/kv_store.h"
-#include "coordinator/load_direct.h"
+#include "coordinator/load_exchange.h"
 #include "coordinator/rendezvous_service.h"
 #include "coordinator/save_commit.h"
 #include "spdlog/spdlog.h"
@@ -33,6 +33,12 @@ ABSL_FLAG(int64_t, arrival_deadline_ms, 60000,
 ABSL_FLAG(int64_t, execution_deadline_ms, 1800000,
           "planning + executing an operation must finish within this long");
 ABSL_FLAG(int64_t, tick_ms, 100, "how often leases and deadlines are checked");
+ABSL_FLAG(std::string, load_algorithm, "broadcast",
+          "exchange algorithm of loads whose trainers ask for none: broadcast, "
+          "overlap_all_to_all, gather_rounds, gather_object, or direct (every rank reads what it "
+          "needs itself; a debugging aid)");
+ABSL_FLAG(int64_t, load_memory_budget_bytes, int64_t{1} << 30,
+          "bytes in flight per rank and wave of a load whose trainers give no budget");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 ABSL_FLAG(std::string, address_file, "",
           "when set, the bound host:port is written here (atomically) once serving");
@@ -93,12 +99,20 @@ int Run() {
   });
   coordinator.SetFinalizer(
       [&saves](const ckpt::coordinator::Operation& op) { saves.Finalize(op); });
-  // Loads: every rank reads what it needs directly from the checkpoint (any layout change).
-  // TODO(issue 6): switch to the exchange-based plan (coordinator/load_plan) once the workers
-  // can run its reads + exchange + scatter waves.
-  coordinator.SetPlanner(
-      ckpt::coordinator::OperationKind::kLoad,
-      [](const ckpt::coordinator::Operation& op) { return ckpt::coordinator::PlanDirectLoad(op); });
+  // Loads: each stored piece is read once, by one rank, and exchanged between the workers of
+  // the operation (algorithm and budget from the trainers' load options, else the flags).
+  ckpt::coordinator::LoadPlannerOptions load_defaults;
+  load_defaults.algorithm = absl::GetFlag(FLAGS_load_algorithm);
+  load_defaults.memory_budget_bytes = absl::GetFlag(FLAGS_load_memory_budget_bytes);
+  coordinator.SetPlanner(ckpt::coordinator::OperationKind::kLoad,
+                         [load_defaults](const ckpt::coordinator::Operation& op) {
+                           ckpt::coordinator::LoadPlannerOptions options = load_defaults;
+                           if (!op.load_algorithm.empty()) options.algorithm = op.load_algorithm;
+                           if (op.load_memory_budget_bytes > 0) {
+                             options.memory_budget_bytes = op.load_memory_budget_bytes;
+                           }
+                           return ckpt::coordinator::PlanExchangeLoad(op, options);
+                         });
   ckpt::KvStore kv;
   ckpt::RendezvousService rendezvous(&kv);
 

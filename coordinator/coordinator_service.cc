@@ -268,6 +268,8 @@ grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext*,
                          request->state().mesh_shape().end());
   join.operation_id = request->operation_id();
   join.metadata.insert(request->metadata().begin(), request->metadata().end());
+  join.load_algorithm = request->load_algorithm();
+  join.load_memory_budget_bytes = request->load_memory_budget_bytes();
   absl::StatusOr<const Operation*> op = jobs_.JoinOperation(join);
   if (!op.ok()) return ToGrpcStatus(op.status());
   std::string id = (*op)->id;
@@ -357,7 +359,8 @@ grpc::Status CoordinatorService::ReportResult(grpc::ServerContext*,
   absl::MutexLock lock(&mu_);
   absl::Status result = FromDetail(request->result());
   absl::Status s =
-      jobs_.ReportResult(request->operation_id(), request->rank(), result, request->written());
+      jobs_.ReportResult(request->operation_id(), request->rank(), result, request->written(),
+                         request->bytes_read());
   if (!s.ok()) return ToGrpcStatus(s);
   const Operation* op = jobs_.FindOperation(request->operation_id());
   if (op != nullptr && op->phase == Phase::kAborted) LogAborted({op->id});

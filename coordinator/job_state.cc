@@ -183,6 +183,10 @@ absl::StatusOr<const Operation*> JobState::JoinOperation(const JoinRequest& requ
   entry.layouts = request.layouts;
   entry.mesh_shape = request.mesh_shape;
   if (op->metadata.empty()) op->metadata = request.metadata;
+  if (op->load_algorithm.empty()) op->load_algorithm = request.load_algorithm;
+  if (op->load_memory_budget_bytes <= 0) {
+    op->load_memory_budget_bytes = request.load_memory_budget_bytes;
+  }
   ++version_;
   if (op->JoinedRanks() == op->world_size) {
     EnterPhase(*op, Phase::kPlanning, clock_->Now() + options_.execution_deadline);
@@ -240,7 +244,8 @@ absl::Status JobState::ReportProgress(absl::string_view operation_id, int rank,
 }
 
 absl::Status JobState::ReportResult(absl::string_view operation_id, int rank,
-                                    const absl::Status& result, std::string written) {
+                                    const absl::Status& result, std::string written,
+                                    int64_t bytes_read) {
   Operation* op = MutableOperation(operation_id);
   if (op == nullptr) return absl::NotFoundError(absl::StrCat("unknown operation ", operation_id));
   if (rank < 0 || rank >= op->world_size) {
@@ -264,6 +269,7 @@ absl::Status JobState::ReportResult(absl::string_view operation_id, int rank,
   }
   entry.bytes_done = entry.bytes_total;
   entry.written = std::move(written);
+  entry.bytes_read = bytes_read;
   if (op->ReportedRanks() == op->world_size) {
     if (op->kind == OperationKind::kLoad) {
       Finish(*op, Phase::kDone);

@@ -80,6 +80,7 @@ struct RankEntry {
   int64_t bytes_done = 0;
   std::optional<absl::Status> result;  // set once the rank reported
   std::string written;  // opaque record of what the rank wrote (save), kept for the commit
+  int64_t bytes_read = 0;  // load: bytes the rank read from storage
 };
 
 // A save, load or reshard of one job (or, for offline reshards, of a job created for it).
@@ -90,6 +91,9 @@ struct Operation {
   std::string path;
   std::string requested_by;                     // "operator" or "rank <r>"
   std::map<std::string, std::string> metadata;  // user metadata (first rank to give any)
+  // Load options of the trainers (first rank to give any); empty/0: the coordinator's default.
+  std::string load_algorithm;
+  int64_t load_memory_budget_bytes = 0;
   int world_size = 0;
   Phase phase = Phase::kGathering;
   absl::Time created;
@@ -103,6 +107,7 @@ struct Operation {
   int ReportedRanks() const;
   int64_t BytesDone() const;
   int64_t BytesTotal() const;
+  int64_t BytesRead() const;  // load: bytes all ranks read from storage
   // "op-3 (save of /ckpt/step100, job gpt)".
   std::string DebugString() const;
 };
@@ -119,6 +124,8 @@ struct JoinRequest {
   std::vector<pb::TensorLayout> layouts;  // informational, for the manifest's saved layout
   std::vector<int64_t> mesh_shape;
   std::map<std::string, std::string> metadata;  // user metadata for the manifest (step, ...)
+  std::string load_algorithm;             // load: exchange algorithm ("" = default)
+  int64_t load_memory_budget_bytes = 0;  // load: bytes in flight per rank (0 = default)
   // When set, the operation the rank means to join (e.g. one an operator requested and
   // the trainer learned of through Poll); joining anything else is an error.
   std::string operation_id;
@@ -186,8 +193,9 @@ class JobState {
   // A rank's final result in kExecuting. A failure aborts the operation naming the rank.
   // When every rank reported success: kCommitting for save/reshard, kDone for load.
   // `written` is kept with the rank's entry (for the committer) when the result is OK.
+  // `bytes_read` (load: bytes the rank read from storage) is kept likewise.
   absl::Status ReportResult(absl::string_view operation_id, int rank, const absl::Status& result,
-                            std::string written = "");
+                            std::string written = "", int64_t bytes_read = 0);
 
   // Ends kCommitting: kDone when `result` is OK, else kAborted with it.
   absl::Status FinishCommit(absl::string_view operation_id, const absl::Status& result);

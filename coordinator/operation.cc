@@ -72,6 +72,12 @@ int64_t Operation::BytesTotal() const {
   return n;
 }
 
+int64_t Operation::BytesRead() const {
+  int64_t n = 0;
+  for (const RankEntry& r : ranks) n += r.bytes_read;
+  return n;
+}
+
 std::string Operation::DebugString() const {
   return absl::StrCat(id, " (", OperationKindName(kind), " of ", path, ", job ", job, ")");
 }

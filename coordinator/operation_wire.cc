@@ -85,6 +85,7 @@ void ToProto(const Operation& op, pb::OperationStatus* out) {
   out->set_reported_ranks(op.ReportedRanks());
   out->set_bytes_done(op.BytesDone());
   out->set_bytes_total(op.BytesTotal());
+  out->set_bytes_read(op.BytesRead());
   *out->mutable_status() = ToDetail(op.status);
   out->set_created_unix_ms(UnixMs(op.created));
   out->set_deadline_unix_ms(UnixMs(op.deadline));

@@ -15,10 +15,14 @@
 //
 //   trainer_probe --worker unix:/path --job J --rank R --world_size N
 //                 --mode hold|save|save_mutate|load|poll [--path P] [--elements N]
-//                 [--layout rows|dtensor|flat] [--global_rows G]
+//                 [--layout rows|dtensor|flat|tpdp] [--global_rows G] [--tp T]
+//                 [--algorithm A] [--budget BYTES]
 // The tensor "probe.weight" has shape (G, elements) (G defaults to the world size); "rows": rank
 // r holds row r; "dtensor": Shard(0) over a 1-d mesh of all ranks (torch.chunk rows);
-// "flat": an even split of the flattened tensor. Element values are their global flat index.
+// "flat": an even split of the flattened tensor; "tpdp": a (world/T, T) mesh, Shard(0) over the
+// T tensor-parallel ranks and replicated over the data-parallel ones (rank = dp * T + tp).
+// --algorithm and --budget are the load's exchange algorithm and memory budget.
+// Element values are their global flat index.
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,6 +46,8 @@ int Run(int argc, char** argv) {
   int64_t elements = 1024;
   int64_t global_rows = -1;
   std::string layout = "rows";
+  int64_t tp = -1;
+  ckpt::client::LoadOptions load_options;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--worker") {
@@ -62,6 +68,12 @@ int Run(int argc, char** argv) {
       layout = value;
     } else if (flag == "--global_rows") {
       absl::SimpleAtoi(value, &global_rows);
+    } else if (flag == "--tp") {
+      absl::SimpleAtoi(value, &tp);
+    } else if (flag == "--algorithm") {
+      load_options.exchange_algorithm = value;
+    } else if (flag == "--budget") {
+      absl::SimpleAtoi(value, &load_options.memory_budget_bytes);
     } else {
       std::fprintf(stderr, "trainer_probe: unknown flag %s\n", flag.c_str());
       return 2;
@@ -92,6 +104,15 @@ int Run(int argc, char** argv) {
     spec.layout = ckpt::Region{{me, 0}, {1, elements}, std::nullopt};
   } else if (layout == "dtensor") {
     spec.layout = ckpt::client::DTensorLayout{{world}, {ckpt::Placement::Shard(0)}};
+  } else if (layout == "tpdp") {
+    if (tp <= 0) tp = world;
+    if (world % tp != 0) {
+      std::fprintf(stderr, "trainer_probe: --tp %ld does not divide the world size\n",
+                   static_cast<long>(tp));
+      return 2;
+    }
+    spec.layout = ckpt::client::DTensorLayout{
+        {world / tp, tp}, {ckpt::Placement::Replicate(), ckpt::Placement::Shard(0)}};
   } else if (layout == "flat") {
     int64_t total = global_rows * elements, chunk = (total + world - 1) / world;
     spec.layout = ckpt::FlatRange{std::min(total, me * chunk), std::min(total, (me + 1) * chunk)};
@@ -138,7 +159,7 @@ int Run(int argc, char** argv) {
       result = (*handle)->WaitDurable(absl::Minutes(5));
     }
   } else if (mode == "load") {
-    result = (*client)->Load(path, *state);
+    result = (*client)->Load(path, *state, load_options);
   } else if (mode == "poll") {
     while (true) {
       auto polled = (*client)->Poll(*state);

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "spdlog/spdlog.h"
+#include "worker/load_exchange_executor.h"
 #include "worker/load_executor.h"
 #include "worker/save_executor.h"
 
@@ -111,6 +112,8 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   join.set_worker_id(worker_id);
   join.set_operation_id(request.operation_id());
   join.mutable_metadata()->insert(request.metadata().begin(), request.metadata().end());
+  join.set_load_algorithm(request.exchange_algorithm());
+  join.set_load_memory_budget_bytes(request.memory_budget_bytes());
   pb::RankState* state = join.mutable_state();
   state->set_rank(session->trainer.rank);
   for (const RegisteredTensor& t : session->tensors) {
@@ -332,6 +335,7 @@ void WorkerService::Execute(const pb::WorkItem& item, const std::atomic<bool>& c
   const std::string where = absl::StrCat("worker ", link_->worker_id(), " on host ", host_);
   absl::Status result;
   std::string written;
+  int64_t bytes_read = 0;
   std::optional<SessionInfo> session;
   for (SessionInfo& candidate : registry_->Sessions()) {
     if (candidate.trainer.job == item.job() && candidate.trainer.rank == item.rank()) {
@@ -382,10 +386,25 @@ void WorkerService::Execute(const pb::WorkItem& item, const std::atomic<bool>& c
   } else if (item.kind() == pb::OPERATION_LOAD) {
     if (!load_part.ParseFromString(item.plan_part())) {
       result = absl::InvalidArgumentError(absl::StrCat(where, ": unreadable load plan part"));
-    } else {
+    } else if (load_part.algorithm().empty() || load_part.algorithm() == "direct") {
       result = ExecuteLoadPart(load_part, *session, report_progress, is_cancelled);
+      if (result.ok()) bytes_read = load_part.total_bytes();
+    } else {
+      ExchangeLoadContext context;
+      context.rendezvous_address = link_->options().coordinator;
+      context.hostname = link_->options().info.data_plane_address();
+      if (context.hostname.empty()) context.hostname = host_;
+      ExchangeLoadStats stats;
+      result = ExecuteExchangeLoadPart(load_part, *session, context, &stats, report_progress,
+                                       is_cancelled);
+      bytes_read = stats.bytes_read;
+      spdlog::info(
+          "load_part_exchanged op={} rank={} algorithm={} waves={} bytes_read={} bytes_sent={} "
+          "bytes_received={} bytes_scattered={}",
+          item.operation_id(), item.rank(), load_part.algorithm(), load_part.waves_size(),
+          stats.bytes_read, stats.bytes_sent, stats.bytes_received, stats.bytes_scattered);
     }
-    spdlog::info("load_part_read op={} rank={} bytes={} tensors={} seconds={:.3f} ok={}",
+    spdlog::info("load_part_done op={} rank={} bytes={} tensors={} seconds={:.3f} ok={}",
                  item.operation_id(), item.rank(), load_part.total_bytes(), load_part.reads_size(),
                  absl::ToDoubleSeconds(absl::Now() - start), result.ok());
   } else {
@@ -401,6 +420,7 @@ void WorkerService::Execute(const pb::WorkItem& item, const std::atomic<bool>& c
   report.mutable_result()->set_code(static_cast<int32_t>(result.code()));
   report.mutable_result()->set_message(std::string(result.message()));
   report.set_written(written);
+  report.set_bytes_read(bytes_read);
   pb::ReportResultResponse response;
   grpc::Status s = link_->stub()->ReportResult(link_->Context().get(), report, &response);
   spdlog::info("plan_part_result op={} rank={} code={} reported={}", item.operation_id(),

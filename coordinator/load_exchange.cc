@@ -1,0 +1,144 @@
+#include "coordinator/load_exchange.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/load_direct.h"
+#include "coordinator/load_plan.h"
+#include "proto/convert.h"
+#include "proto/coordinator.pb.h"
+#include "storage/checkpoint_reader.h"
+
+namespace ckpt::coordinator {
+
+const std::vector<std::string>& LoadAlgorithmNames() {
+  static const auto* names = new std::vector<std::string>{
+      "broadcast", "overlap_all_to_all", "gather_rounds", "gather_object", "direct"};
+  return *names;
+}
+
+namespace {
+
+absl::StatusOr<ExchangeAlgorithm> PlannerAlgorithm(const std::string& name) {
+  if (name == "broadcast") return ExchangeAlgorithm::kBroadcast;
+  if (name == "overlap_all_to_all") return ExchangeAlgorithm::kOverlapAllToAll;
+  if (name == "gather_rounds") return ExchangeAlgorithm::kGatherRounds;
+  if (name == "gather_object") return ExchangeAlgorithm::kGatherObject;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown load exchange algorithm '", name,
+                   "'; valid: ", absl::StrJoin(LoadAlgorithmNames(), ", ")));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
+                                                       const LoadPlannerOptions& options) {
+  const std::string algorithm = options.algorithm.empty() ? "broadcast" : options.algorithm;
+  if (algorithm == "direct") return PlanDirectLoad(op);
+  absl::StatusOr<ExchangeAlgorithm> planner_algorithm = PlannerAlgorithm(algorithm);
+  if (!planner_algorithm.ok()) return planner_algorithm.status();
+  // The direct plan validates every request against the checkpoint and carries each rank's
+  // reads (tensor, region, local index); the exchange fields are added to it.
+  absl::StatusOr<std::vector<RankPlan>> direct = PlanDirectLoad(op);
+  if (!direct.ok()) return direct.status();
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(op.path);
+  if (!reader.ok()) {
+    return absl::Status(reader.status().code(), absl::StrCat("cannot load checkpoint ", op.path,
+                                                             ": ", reader.status().message()));
+  }
+  const pb::Manifest& manifest = (*reader)->manifest();
+  std::vector<CheckpointTensor> tensors;
+  for (const pb::TensorMeta& t : manifest.tensors()) {
+    CheckpointTensor c;
+    c.key = t.key();
+    absl::StatusOr<DType> dtype = DTypeFromProto(t.dtype());
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", op.path, " tensor ", t.key(),
+                                                     ": ", dtype.status().message()));
+    }
+    c.dtype = *dtype;
+    c.global_shape.assign(t.global_shape().begin(), t.global_shape().end());
+    tensors.push_back(std::move(c));
+  }
+  std::vector<StoredPieceInfo> pieces;
+  for (const pb::StoredPiece& p : manifest.pieces()) {
+    StoredPieceInfo info;
+    info.key = p.key();
+    absl::StatusOr<Region> region = RegionFromProto(p.region());
+    if (!region.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", op.path, " piece of ", p.key(),
+                                                     " in ", p.file(), ": ",
+                                                     region.status().message()));
+    }
+    info.region = *std::move(region);
+    info.file = p.file();
+    info.byte_offset = p.byte_offset();
+    info.byte_length = p.byte_length();
+    pieces.push_back(std::move(info));
+  }
+  std::vector<pb::LoadPlanPart> parts(op.world_size);
+  for (int r = 0; r < op.world_size; ++r) {
+    if (!parts[r].ParseFromString((*direct)[r].part)) {
+      return absl::InternalError("direct load plan part does not parse");
+    }
+  }
+  std::vector<LoadRequest> requests;
+  pb::LoadPlanPart shared;
+  for (int r = 0; r < op.world_size; ++r) {
+    for (const pb::LoadRead& read : parts[r].reads()) {
+      if (read.size_bytes() == 0) continue;  // nothing to move
+      LoadRequest q;
+      q.rank = r;
+      q.key = read.key();
+      absl::StatusOr<Region> region = RegionFromProto(read.region());
+      if (!region.ok()) return region.status();
+      q.region = *std::move(region);
+      requests.push_back(std::move(q));
+      pb::LoadRequestEntry* e = shared.add_requests();
+      e->set_rank(r);
+      e->set_key(read.key());
+      *e->mutable_region() = read.region();
+      e->set_local_index(read.local_index());
+    }
+  }
+  LoadPlanOptions plan_options;
+  plan_options.algorithm = *planner_algorithm;
+  plan_options.memory_budget_bytes = options.memory_budget_bytes;
+  absl::StatusOr<LoadPlan> plan =
+      BuildLoadPlan(tensors, pieces, requests, op.world_size, plan_options);
+  if (!plan.ok()) {
+    return absl::Status(plan.status().code(), absl::StrCat("planning the load of ", op.path, ": ",
+                                                           plan.status().message()));
+  }
+  for (const LoadWave& wave : plan->waves) {
+    pb::LoadWaveEntry* w = shared.add_waves();
+    for (const ReadUnit& u : wave.units) {
+      pb::LoadUnitEntry* e = w->add_units();
+      e->set_piece(static_cast<int32_t>(u.piece));
+      e->set_reader(static_cast<int32_t>(u.reader));
+      e->set_first_element(u.first_element);
+      e->set_num_elements(u.num_elements);
+    }
+    for (const Delivery& d : wave.deliveries) {
+      pb::LoadDeliveryEntry* e = w->add_deliveries();
+      e->set_unit(static_cast<int32_t>(d.unit));
+      e->set_request(static_cast<int32_t>(d.request));
+      e->set_dst_rank(static_cast<int32_t>(d.dst_rank));
+    }
+  }
+  shared.set_algorithm(algorithm);
+  shared.set_memory_budget_bytes(options.memory_budget_bytes);
+  shared.set_world_size(op.world_size);
+  shared.set_group(absl::StrCat("load/", op.id));
+  std::vector<RankPlan> out(op.world_size);
+  for (int r = 0; r < op.world_size; ++r) {
+    parts[r].MergeFrom(shared);
+    out[r].bytes = parts[r].total_bytes();
+    out[r].part = parts[r].SerializeAsString();
+  }
+  return out;
+}
+
+}  // namespace ckpt::coordinator

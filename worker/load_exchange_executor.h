@@ -1,0 +1,49 @@
+// Executes a worker's part of an exchange-based load (coordinator/load_exchange.h): joins the
+// operation's host-memory communicator (Gloo over TCP, rendezvous through the coordinator's
+// Rendezvous KV service under the operation's group prefix), and for each wave of the plan
+// reads the units assigned to this rank from storage (checksums verified), runs the exchange
+// algorithm, and scatters what this rank needs into the trainer's shared-memory tensors.
+// Every stored byte is read from storage by one rank only.
+#ifndef CKPT_WORKER_LOAD_EXCHANGE_EXECUTOR_H_
+#define CKPT_WORKER_LOAD_EXCHANGE_EXECUTOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proto/coordinator.pb.h"
+#include "worker/memory_registry.h"
+
+namespace ckpt::worker {
+
+// Where the communicator meets and how long its steps may take.
+struct ExchangeLoadContext {
+  std::string rendezvous_address;      // the coordinator's host:port (Rendezvous service)
+  std::string hostname = "127.0.0.1";  // this worker's data-plane address (Gloo binds here)
+  absl::Duration rendezvous_timeout = absl::Minutes(2);
+  absl::Duration exchange_timeout = absl::Minutes(30);  // the whole exchange
+};
+
+// What the part did on this rank.
+struct ExchangeLoadStats {
+  int64_t bytes_read = 0;       // from storage
+  int64_t bytes_sent = 0;       // over the communicator
+  int64_t bytes_received = 0;   // over the communicator
+  int64_t bytes_scattered = 0;  // into the trainer's tensors
+};
+
+// Runs `part` (part.algorithm() is an exchange algorithm name) for the session's rank. Every
+// rank of the operation must run its part at the same time. Errors name the rank, job, wave
+// and cause (a peer that died mid-exchange shows up as the communicator's error); on error the
+// trainer's tensors may hold part of the data and must not be treated as loaded.
+// `cancelled`, checked before each wave, stops the load with Cancelled.
+absl::Status ExecuteExchangeLoadPart(
+    const pb::LoadPlanPart& part, const SessionInfo& session, const ExchangeLoadContext& context,
+    ExchangeLoadStats* stats, const std::function<void(int64_t bytes_done)>& progress = nullptr,
+    const std::function<bool()>& cancelled = nullptr);
+
+}  // namespace ckpt::worker
+
+#endif  // CKPT_WORKER_LOAD_EXCHANGE_EXECUTOR_H_
