@@ -327,6 +327,9 @@ Json Load(Client& client, RankState& rs, const std::string& path, const Flags& f
   j["poison_rejected_tensors"] = rejected;
   ckpt::client::LoadOptions options;
   options.arrival_timeout = f.arrival_timeout;
+  // Each stored piece is read once, by one worker, and exchanged between the workers; "" lets
+  // the coordinator's --load_algorithm choose how (broadcast unless told otherwise).
+  options.exchange_algorithm = "";
   auto start = std::chrono::steady_clock::now();
   // Collective: every rank fills its own pieces, whatever layout the checkpoint was saved in.
   absl::Status s = client.Load(path, *rs.state, options);

@@ -144,9 +144,15 @@ TEST(ServicesTest, WorkerKilledMidLoadFailsEveryRankWithoutHanging) {
   // Reading from the page cache is fast: try again when a load finished before the kill.
   bool killed = false;
   int w1 = 1;  // the worker serving rank 1 (replaced after a kill that came too late)
+  // Loaded as column blocks, each rank needs half of the row the other rank reads: the
+  // workers exchange them (broadcast, 64 MiB waves) when the worker of rank 1 is killed.
+  std::vector<std::string> load_args = big;
+  for (const char* a : {"--layout", "cols", "--algorithm", "broadcast", "--budget", "67108864"}) {
+    load_args.push_back(a);
+  }
   for (int attempt = 0; attempt < 3 && !killed; ++attempt) {
-    Child* r0 = cluster.StartTrainer(0, "big", 0, 2, "load", path, big);
-    Child* r1 = cluster.StartTrainer(w1, "big", 1, 2, "load", path, big);
+    Child* r0 = cluster.StartTrainer(0, "big", 0, 2, "load", path, load_args);
+    Child* r1 = cluster.StartTrainer(w1, "big", 1, 2, "load", path, load_args);
     const int op_index = attempt + 1;
     pb::OperationPhase phase = pb::PHASE_UNSPECIFIED;
     ASSERT_TRUE(WaitFor([&] {

@@ -15,11 +15,12 @@
 //
 //   trainer_probe --worker unix:/path --job J --rank R --world_size N
 //                 --mode hold|save|save_mutate|load|poll [--path P] [--elements N]
-//                 [--layout rows|dtensor|flat|tpdp] [--global_rows G] [--tp T]
+//                 [--layout rows|dtensor|cols|flat|tpdp] [--global_rows G] [--tp T]
 //                 [--algorithm A] [--budget BYTES]
 // The tensor "probe.weight" has shape (G, elements) (G defaults to the world size); "rows": rank
 // r holds row r; "dtensor": Shard(0) over a 1-d mesh of all ranks (torch.chunk rows);
-// "flat": an even split of the flattened tensor; "tpdp": a (world/T, T) mesh, Shard(0) over the
+// "cols": Shard(1) over all ranks (column blocks); "flat": an even split of the flattened
+// tensor; "tpdp": a (world/T, T) mesh, Shard(0) over the
 // T tensor-parallel ranks and replicated over the data-parallel ones (rank = dp * T + tp).
 // --algorithm and --budget are the load's exchange algorithm and memory budget.
 // Element values are their global flat index.
@@ -113,6 +114,8 @@ int Run(int argc, char** argv) {
     }
     spec.layout = ckpt::client::DTensorLayout{
         {world / tp, tp}, {ckpt::Placement::Replicate(), ckpt::Placement::Shard(0)}};
+  } else if (layout == "cols") {
+    spec.layout = ckpt::client::DTensorLayout{{world}, {ckpt::Placement::Shard(1)}};
   } else if (layout == "flat") {
     int64_t total = global_rows * elements, chunk = (total + world - 1) / world;
     spec.layout = ckpt::FlatRange{std::min(total, me * chunk), std::min(total, (me + 1) * chunk)};
@@ -126,11 +129,15 @@ int Run(int argc, char** argv) {
          std::string(tensor.status().message()));
     return 1;
   }
-  // Content: the global flat index of each element (regions here are whole rows or flat).
+  // Content: the global flat index of each element (flat ranges are of the whole tensor).
   const ckpt::Region& region = (*tensor)->region;
-  const int64_t first = region.flat ? region.flat->start : region.offsets[0] * elements;
   const int64_t count = (*tensor)->nbytes / 4;
-  auto expected = [&](int64_t i) { return static_cast<int32_t>(first + i); };
+  auto expected = [&](int64_t i) {
+    if (region.flat) return static_cast<int32_t>(region.flat->start + i);
+    const int64_t width = region.lengths[1];
+    return static_cast<int32_t>((region.offsets[0] + i / width) * elements + region.offsets[1] +
+                                i % width);
+  };
   if (mode != "load") {
     for (int64_t i = 0; i < count; ++i) {
       int32_t v = expected(i);

@@ -7,6 +7,7 @@
 # the disk's sequential bandwidth measured in the same run, and stops every process it started.
 #
 #   tools/demo.sh [--size small|medium|large] [--workdir DIR] [--keep] [--bin-dir DIR]
+#                 [--load-algorithm A]
 #
 # Exit status 0 only when every step succeeded.
 set -uo pipefail
@@ -14,6 +15,7 @@ set -uo pipefail
 usage() {
   cat <<'EOF'
 usage: tools/demo.sh [--size small|medium|large] [--workdir DIR] [--keep] [--bin-dir DIR]
+                     [--load-algorithm A]
 
 Starts a ckpt coordinator and 4 workers on loopback, runs 4 gpt_trainer ranks (TP=2 x DP=2)
 that save a GPT-style sharded checkpoint through them, loads it into TP=4 x DP=1 and a 3-rank
@@ -28,6 +30,9 @@ inspects and exports it, and prints bytes / seconds / GB/s next to the disk band
   --bin-dir DIR take the binaries from DIR/{coordinator/ckpt_coordinator,worker/ckpt_worker,
                 tools/ckptctl,examples/gpt_trainer,examples/gpt_tool} (e.g. bazel-bin or a
                 test's runfiles) instead of running tools/install_deps.sh and bazel build
+  --load-algorithm A  how loads move what one worker read to the others: broadcast (default),
+                overlap_all_to_all, gather_rounds, gather_object, or direct (every worker
+                reads what its rank needs itself; for comparison and debugging)
   --help        this text
 EOF
 }
@@ -37,12 +42,14 @@ SIZE=large
 WORKDIR=""
 KEEP=0
 BIN_DIR=""
+LOAD_ALGORITHM=broadcast
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --size) SIZE="${2:-}"; shift 2 ;;
     --workdir) WORKDIR="${2:-}"; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --bin-dir) BIN_DIR="${2:-}"; shift 2 ;;
+    --load-algorithm) LOAD_ALGORITHM="${2:-}"; shift 2 ;;
     --help | -h) usage; exit 0 ;;
     *) echo "demo: unknown argument \"$1\" (see --help)" >&2; exit 2 ;;
   esac
@@ -172,7 +179,7 @@ fail_step() {
 # Port 0: the OS picks a free port; the coordinator writes the address it bound to a file.
 start_group "$LOGS/coordinator.out" "$LOGS/coordinator.log" "$COORDINATOR" \
   --listen=127.0.0.1:0 --address_file="$SOCKDIR/coordinator.address" --log_level=info \
-  --arrival_deadline_ms=120000
+  --arrival_deadline_ms=120000 --load_algorithm="$LOAD_ALGORITHM"
 COORD_PID=$STARTED_PID
 wait_for_file "$SOCKDIR/coordinator.address" 30 "$COORD_PID" ||
   die "the coordinator did not start: $(tail -3 "$LOGS/coordinator.log")"

@@ -52,6 +52,11 @@ class CoordinatorLink {
 
   pb::Coordinator::Stub* stub() { return stub_.get(); }
   const LinkOptions& options() const { return options_; }
+  // The lease the coordinator granted at the last registration.
+  absl::Duration lease() const {
+    absl::MutexLock lock(&mu_);
+    return lease_;
+  }
   // A client context whose deadline is now + `timeout` (default: rpc_timeout).
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::ZeroDuration()) const;
 

@@ -398,6 +398,14 @@ void WorkerService::Execute(const pb::WorkItem& item, const std::atomic<bool>& c
       result = ExecuteExchangeLoadPart(load_part, *session, context, &stats, report_progress,
                                        is_cancelled);
       bytes_read = stats.bytes_read;
+      if (!result.ok() && !cancelled.load()) {
+        // A peer that died mid-exchange shows up here as a broken connection; the coordinator
+        // notices the dead worker within its lease and aborts the operation naming it. Give it
+        // that long, so every rank receives the root cause rather than this rank's symptom
+        // (the coordinator keeps the first diagnosis; this result follows either way).
+        const absl::Time until = absl::Now() + link_->lease() + absl::Seconds(1);
+        while (!cancelled.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
+      }
       spdlog::info(
           "load_part_exchanged op={} rank={} algorithm={} waves={} bytes_read={} bytes_sent={} "
           "bytes_received={} bytes_scattered={}",
