@@ -314,6 +314,11 @@ run_job load-tp4dp1 4 "$LAYOUTS/tp4dp1.json" --load "$SAVED" || fail_step "load 
 log "load: 3 ranks, uneven <- $SAVED (every element verified)"
 drop_cache "$SAVED"
 run_job load-uneven3 3 "$LAYOUTS/uneven3.json" --load "$SAVED" || fail_step "load into 3 ranks"
+# Into the saved layout again: both data-parallel replicas need the weights (the ZeRO-style
+# optimizer shards are split over them), which are read from storage once and exchanged.
+log "load: 4 ranks, TP=2 x DP=2 <- $SAVED (every element verified)"
+drop_cache "$SAVED"
+run_job load-tp2dp2 4 "$LAYOUTS/tp2dp2.json" --load "$SAVED" || fail_step "load into TP=2 x DP=2"
 
 # ---- Operator-requested save and load of a running job (ckptctl -> coordinator -> Poll) -----
 # A 4-rank TP=4 x DP=1 job trains (one Poll per 20 ms step); the operator asks for a save (taken
@@ -436,7 +441,8 @@ def ok_file(name):  # a step run by `timed` succeeded when its log says so
 row("save    4 ranks TP2xDP2, cluster", save_bytes, save_s, save_ok, bw_w, "write")
 row("  of which until Save() returned", save_bytes, snapshot("save-tp2dp2"), save_ok, None, "")
 for name, label in (("load-tp4dp1", "load    4 ranks TP4xDP1, cluster"),
-                    ("load-uneven3", "load    3 ranks uneven, cluster")):
+                    ("load-uneven3", "load    3 ranks uneven, cluster"),
+                    ("load-tp2dp2", "load    4 ranks TP2xDP2, cluster")):
     b, s, ok = job(name, "load")
     row(label, b, s, ok, bw_r, "read")
 # Operator requests: from `ckptctl save|load` being run to its end (commit / every rank loaded),

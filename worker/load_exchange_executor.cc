@@ -138,6 +138,7 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
   comm_options.memory_kind = MemoryKind::kHost;
   comm_options.group_name = part.group();
   comm_options.hostname = context.hostname;
+  const absl::Time rendezvous_start = absl::Now();
   absl::StatusOr<std::unique_ptr<Communicator>> comm =
       CreateCommunicator(&store, me, world, comm_options, absl::Now() + context.rendezvous_timeout);
   if (!comm.ok()) {
@@ -146,6 +147,7 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
                                      ", ", world, " ranks, rendezvous at ",
                                      context.rendezvous_address, "): ", comm.status().message()));
   }
+  stats->rendezvous_time = absl::Now() - rendezvous_start;
   ExchangeOptions exchange_options;
   if (part.memory_budget_bytes() > 0) {
     exchange_options.memory_budget_bytes = part.memory_budget_bytes();
@@ -257,6 +259,7 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
         if (d.main_rank == me) my_targets.emplace_back();
       }
     }
+    absl::Time step_start = absl::Now();
     if (!reads.empty()) {
       absl::Status s = (*reader)->ReadPieces(reads);
       if (!s.ok()) {
@@ -264,6 +267,8 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
                             absl::StrCat(where, ": reading from ", part.path(), ": ", s.message()));
       }
     }
+    stats->read_time += absl::Now() - step_start;
+    step_start = absl::Now();
     ExchangeReport report;
     absl::StatusOr<ShardBuffers> received =
         ExchangeByDistribution(part.algorithm(), **comm, plan, loaded, exchange_options, &report);
@@ -274,6 +279,8 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
     stats->bytes_sent += report.bytes_sent();
     stats->bytes_received += report.bytes_received();
     loaded.clear();
+    stats->exchange_time += absl::Now() - step_start;
+    step_start = absl::Now();
     // Scatter into the trainer's tensors.
     for (int i = 0; i < static_cast<int>(plan.needs[me].size()); ++i) {
       const ShardSpec& need = plan.needs[me][i];
@@ -296,6 +303,7 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
         for (const CopyRun& run : *runs) stats->bytes_scattered += run.length * elem;
       }
     }
+    stats->scatter_time += absl::Now() - step_start;
     if (progress) progress(stats->bytes_scattered);
   }
   return absl::OkStatus();

@@ -32,6 +32,8 @@ struct ExchangeLoadStats {
   int64_t bytes_sent = 0;       // over the communicator
   int64_t bytes_received = 0;   // over the communicator
   int64_t bytes_scattered = 0;  // into the trainer's tensors
+  // Wall time of each step, summed over waves (rendezvous: joining the communicator).
+  absl::Duration rendezvous_time, read_time, exchange_time, scatter_time;
 };
 
 // Runs `part` (part.algorithm() is an exchange algorithm name) for the session's rank. Every

@@ -408,9 +408,12 @@ void WorkerService::Execute(const pb::WorkItem& item, const std::atomic<bool>& c
       }
       spdlog::info(
           "load_part_exchanged op={} rank={} algorithm={} waves={} bytes_read={} bytes_sent={} "
-          "bytes_received={} bytes_scattered={}",
+          "bytes_received={} bytes_scattered={} rendezvous_s={:.3f} read_s={:.3f} "
+          "exchange_s={:.3f} scatter_s={:.3f}",
           item.operation_id(), item.rank(), load_part.algorithm(), load_part.waves_size(),
-          stats.bytes_read, stats.bytes_sent, stats.bytes_received, stats.bytes_scattered);
+          stats.bytes_read, stats.bytes_sent, stats.bytes_received, stats.bytes_scattered,
+          absl::ToDoubleSeconds(stats.rendezvous_time), absl::ToDoubleSeconds(stats.read_time),
+          absl::ToDoubleSeconds(stats.exchange_time), absl::ToDoubleSeconds(stats.scatter_time));
     }
     spdlog::info("load_part_done op={} rank={} bytes={} tensors={} seconds={:.3f} ok={}",
                  item.operation_id(), item.rank(), load_part.total_bytes(), load_part.reads_size(),
