@@ -358,9 +358,8 @@ grpc::Status CoordinatorService::ReportResult(grpc::ServerContext*,
                                               pb::ReportResultResponse*) {
   absl::MutexLock lock(&mu_);
   absl::Status result = FromDetail(request->result());
-  absl::Status s =
-      jobs_.ReportResult(request->operation_id(), request->rank(), result, request->written(),
-                         request->bytes_read());
+  absl::Status s = jobs_.ReportResult(request->operation_id(), request->rank(), result,
+                                      request->written(), request->bytes_read());
   if (!s.ok()) return ToGrpcStatus(s);
   const Operation* op = jobs_.FindOperation(request->operation_id());
   if (op != nullptr && op->phase == Phase::kAborted) LogAborted({op->id});
@@ -396,7 +395,8 @@ grpc::Status CoordinatorService::RequestOperation(grpc::ServerContext*,
   if (!kind.ok()) return ToGrpcStatus(kind.status());
   absl::MutexLock lock(&mu_);
   absl::StatusOr<std::string> id = jobs_.RequestOperation(
-      request->job(), *kind, request->path(), absl::Milliseconds(request->arrival_deadline_ms()));
+      request->job(), *kind, request->path(), absl::Milliseconds(request->arrival_deadline_ms()),
+      request->load_algorithm(), request->load_memory_budget_bytes());
   if (!id.ok()) return ToGrpcStatus(id.status());
   spdlog::info("operation_requested op={} job={} kind={} path={}", *id, request->job(),
                std::string(OperationKindName(*kind)), request->path());

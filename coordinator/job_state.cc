@@ -101,7 +101,9 @@ Operation* JobState::CreateOperation(Job& job, OperationKind kind, absl::string_
 
 absl::StatusOr<std::string> JobState::RequestOperation(absl::string_view job_name,
                                                        OperationKind kind, absl::string_view path,
-                                                       absl::Duration arrival_deadline) {
+                                                       absl::Duration arrival_deadline,
+                                                       absl::string_view load_algorithm,
+                                                       int64_t load_memory_budget_bytes) {
   if (path.empty()) return absl::InvalidArgumentError("checkpoint path is empty");
   auto it = jobs_.find(job_name);
   if (it == jobs_.end()) {
@@ -114,6 +116,8 @@ absl::StatusOr<std::string> JobState::RequestOperation(absl::string_view job_nam
                                                       PhaseName(busy->phase)));
   }
   Operation* op = CreateOperation(it->second, kind, path, "operator", arrival_deadline);
+  op->load_algorithm = std::string(load_algorithm);
+  op->load_memory_budget_bytes = load_memory_budget_bytes;
   return op->id;
 }
 

@@ -79,7 +79,7 @@ struct RankEntry {
   int64_t bytes_total = 0;  // bytes this rank moves under the plan
   int64_t bytes_done = 0;
   std::optional<absl::Status> result;  // set once the rank reported
-  std::string written;  // opaque record of what the rank wrote (save), kept for the commit
+  std::string written;     // opaque record of what the rank wrote (save), kept for the commit
   int64_t bytes_read = 0;  // load: bytes the rank read from storage
 };
 
@@ -124,8 +124,8 @@ struct JoinRequest {
   std::vector<pb::TensorLayout> layouts;  // informational, for the manifest's saved layout
   std::vector<int64_t> mesh_shape;
   std::map<std::string, std::string> metadata;  // user metadata for the manifest (step, ...)
-  std::string load_algorithm;             // load: exchange algorithm ("" = default)
-  int64_t load_memory_budget_bytes = 0;  // load: bytes in flight per rank (0 = default)
+  std::string load_algorithm;                   // load: exchange algorithm ("" = default)
+  int64_t load_memory_budget_bytes = 0;         // load: bytes in flight per rank (0 = default)
   // When set, the operation the rank means to join (e.g. one an operator requested and
   // the trainer learned of through Poll); joining anything else is an error.
   std::string operation_id;
@@ -170,9 +170,12 @@ class JobState {
   // An operator asks the ranks of `job` to save/load at their next Poll. The job must
   // exist (its world size is known) and have no operation in flight. `arrival_deadline`
   // (when positive) replaces the default: trainers only notice at their next step.
+  // A load's exchange algorithm and memory budget, when given, override the trainers'.
   absl::StatusOr<std::string> RequestOperation(absl::string_view job, OperationKind kind,
                                                absl::string_view path,
-                                               absl::Duration arrival_deadline);
+                                               absl::Duration arrival_deadline,
+                                               absl::string_view load_algorithm = "",
+                                               int64_t load_memory_budget_bytes = 0);
 
   // The operator-requested operation of `job` that `rank` has not joined yet, if any.
   const Operation* PendingForRank(absl::string_view job, int rank) const;

@@ -336,11 +336,13 @@ TEST(ServicesTest, CkptctlLoadRollsARunningJobBackAtItsNextPoll) {
            trainers[1]->Stdout().find("shared") != std::string::npos;
   }));
   std::string out;
-  ASSERT_EQ(
-      cluster.RunCkptctl({"load", "--coordinator", cluster.address(), "--job", "job", path}, &out),
-      0)
+  ASSERT_EQ(cluster.RunCkptctl({"load", "--coordinator", cluster.address(), "--job", "job",
+                                "--algorithm", "overlap_all_to_all", path},
+                               &out),
+            0)
       << out;
   EXPECT_THAT(out, HasSubstr("load: job job, 2 ranks, 8192 bytes"));
+  EXPECT_THAT(out, HasSubstr("8192 bytes read from storage"));
   for (Child* t : trainers) {
     ASSERT_TRUE(WaitFor([&] { return Result(*t).first >= 0; }));
     EXPECT_EQ(Result(*t).first, 0) << Result(*t).second;

@@ -21,19 +21,26 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: ckptctl %s --coordinator HOST:PORT --job NAME [--timeout_s N]\n"
-    "                    [--arrival_deadline_s N] <checkpoint>\n\n"
+    "                    [--arrival_deadline_s N] [--algorithm A] [--memory_budget_bytes N]\n"
+    "                    <checkpoint>\n\n"
     "Asks the trainers of a running job to %s the checkpoint at their next Poll, waits until\n"
     "the operation ends (for a save: until it is committed, i.e. durable), showing progress,\n"
     "and prints a summary. Exits 1 with the coordinator's diagnosis when it is aborted.\n"
     "  --timeout_s           give up waiting after this long (default 3600; the operation goes "
     "on)\n"
-    "  --arrival_deadline_s  how long the trainers have to join (default: the coordinator's)\n";
+    "  --arrival_deadline_s  how long the trainers have to join (default: the coordinator's)\n"
+    "  --algorithm           load: how workers move what one of them read to the others:\n"
+    "                        broadcast, overlap_all_to_all, gather_rounds, gather_object, or\n"
+    "                        direct (each reads what it needs; default: the coordinator's)\n"
+    "  --memory_budget_bytes load: bytes in flight per rank and wave (default: the "
+    "coordinator's)\n";
 
 double Gb(int64_t bytes) { return static_cast<double>(bytes) / 1e9; }
 
 int Run(const std::vector<std::string>& args, pb::OperationKind kind, const char* name) {
   std::string coordinator, job, path;
-  int64_t timeout_s = 3600, arrival_s = 0;
+  int64_t timeout_s = 3600, arrival_s = 0, budget = 0;
+  std::string algorithm;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&](std::string* out) {
@@ -53,6 +60,10 @@ int Run(const std::vector<std::string>& args, pb::OperationKind kind, const char
                timeout_s > 0) {
     } else if (a == "--arrival_deadline_s" && value(&v) && absl::SimpleAtoi(v, &arrival_s) &&
                arrival_s > 0) {
+    } else if (kind == pb::OPERATION_LOAD && a == "--algorithm" && value(&algorithm) &&
+               !algorithm.empty()) {
+    } else if (kind == pb::OPERATION_LOAD && a == "--memory_budget_bytes" && value(&v) &&
+               absl::SimpleAtoi(v, &budget) && budget > 0) {
     } else if (!a.empty() && a[0] != '-' && path.empty()) {
       path = a;
     } else {
@@ -76,6 +87,8 @@ int Run(const std::vector<std::string>& args, pb::OperationKind kind, const char
   request.set_kind(kind);
   request.set_path(path);
   request.set_arrival_deadline_ms(arrival_s * 1000);
+  request.set_load_algorithm(algorithm);
+  request.set_load_memory_budget_bytes(budget);
   pb::RequestOperationResponse requested;
   {
     grpc::ClientContext context;
@@ -129,7 +142,9 @@ int Run(const std::vector<std::string>& args, pb::OperationKind kind, const char
   std::printf("%s %s: job %s, %d ranks, %lld bytes in %.2f s (%.2f GB/s)%s\n", op.id().c_str(),
               name, job.c_str(), op.world_size(), static_cast<long long>(op.bytes_total()), seconds,
               seconds > 0 ? Gb(op.bytes_total()) / seconds : 0.0,
-              kind == pb::OPERATION_SAVE ? absl::StrCat(", committed at ", path).c_str() : "");
+              kind == pb::OPERATION_SAVE
+                  ? absl::StrCat(", committed at ", path).c_str()
+                  : absl::StrCat(", ", op.bytes_read(), " bytes read from storage").c_str());
   return 0;
 }
 
