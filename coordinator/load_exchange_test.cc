@@ -1,0 +1,164 @@
+#include "coordinator/load_exchange.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/coordinator.pb.h"
+#include "storage/checkpoint_writer.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TmpPath(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp ? tmp : "/tmp", "/", name, "-", getpid());
+}
+
+// Tensor "w" (int32, 2 x 4) stored as two row pieces, written by ranks 0 and 1.
+std::string WriteTwoRowCheckpoint(const std::string& name) {
+  static const int32_t rows[2][4] = {{0, 1, 2, 3}, {4, 5, 6, 7}};
+  CheckpointContents contents;
+  contents.tensors = {TensorSpec{"w", DType::kI32, {2, 4}}};
+  for (int r = 0; r < 2; ++r) {
+    DataFilePlan file;
+    file.writer_rank = r;
+    file.pieces.push_back(PieceData{"w", Region{{r, 0}, {1, 4}, std::nullopt}, rows[r], 16});
+    contents.files.push_back(file);
+  }
+  const std::string path = TmpPath(name);
+  WriteOptions options;
+  options.overwrite = true;
+  auto manifest = WriteCheckpoint(path, contents, options);
+  EXPECT_TRUE(manifest.ok()) << manifest.status();
+  return path;
+}
+
+pb::ShardMeta Rows(int64_t first, int64_t count) {
+  pb::ShardMeta s;
+  s.mutable_tensor()->set_key("w");
+  s.mutable_tensor()->set_dtype(pb::DTYPE_I32);
+  s.mutable_tensor()->add_global_shape(2);
+  s.mutable_tensor()->add_global_shape(4);
+  s.mutable_region()->add_offsets(first);
+  s.mutable_region()->add_offsets(0);
+  s.mutable_region()->add_lengths(count);
+  s.mutable_region()->add_lengths(4);
+  return s;
+}
+
+// Ranks 0 and 1 replicate the whole tensor; rank 2 needs row 1 only.
+Operation ThreeRankLoad(const std::string& path) {
+  Operation op;
+  op.id = "op-9";
+  op.job = "j";
+  op.kind = OperationKind::kLoad;
+  op.path = path;
+  op.world_size = 3;
+  op.ranks.resize(3);
+  op.ranks[0].shards = {Rows(0, 2)};
+  op.ranks[1].shards = {Rows(0, 2)};
+  op.ranks[2].shards = {Rows(1, 1)};
+  return op;
+}
+
+std::vector<pb::LoadPlanPart> Parts(const std::vector<RankPlan>& plans) {
+  std::vector<pb::LoadPlanPart> parts(plans.size());
+  for (size_t r = 0; r < plans.size(); ++r) {
+    EXPECT_TRUE(parts[r].ParseFromString(plans[r].part));
+  }
+  return parts;
+}
+
+// Elements read per stored piece, over every wave's units.
+std::map<int, int64_t> ElementsReadPerPiece(const pb::LoadPlanPart& part) {
+  std::map<int, int64_t> read;
+  for (const pb::LoadWaveEntry& w : part.waves()) {
+    for (const pb::LoadUnitEntry& u : w.units()) read[u.piece()] += u.num_elements();
+  }
+  return read;
+}
+
+TEST(LoadExchangeTest, EveryStoredPieceIsReadOnceByARankThatNeedsIt) {
+  const std::string path = WriteTwoRowCheckpoint("read-once");
+  Operation op = ThreeRankLoad(path);
+  auto plans = PlanExchangeLoad(op, LoadPlannerOptions{"broadcast", 1 << 20});
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  std::vector<pb::LoadPlanPart> parts = Parts(*plans);
+  ASSERT_EQ(parts.size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(parts[r].rank(), r);
+    EXPECT_EQ(parts[r].algorithm(), "broadcast");
+    EXPECT_EQ(parts[r].world_size(), 3);
+    EXPECT_EQ(parts[r].group(), "load/op-9");
+    // Every rank gets the same plan, so every rank builds the same exchange.
+    EXPECT_EQ(parts[r].waves_size(), parts[0].waves_size());
+    EXPECT_EQ(parts[r].requests_size(), 3);
+  }
+  EXPECT_EQ((*plans)[0].bytes, 32);
+  EXPECT_EQ((*plans)[2].bytes, 16);
+  EXPECT_THAT(ElementsReadPerPiece(parts[0]),
+              ::testing::UnorderedElementsAre(::testing::Pair(0, 4), ::testing::Pair(1, 4)));
+  for (const pb::LoadWaveEntry& w : parts[0].waves()) {
+    for (const pb::LoadUnitEntry& u : w.units()) {
+      // Row 0 is needed by ranks 0 and 1 only; row 1 by all three.
+      if (u.piece() == 0) EXPECT_LT(u.reader(), 2);
+    }
+    for (const pb::LoadDeliveryEntry& d : w.deliveries()) {
+      EXPECT_EQ(parts[0].requests(d.request()).rank(), d.dst_rank());
+    }
+  }
+}
+
+TEST(LoadExchangeTest, ASmallBudgetSplitsPiecesIntoSeveralWavesStillReadingEachByteOnce) {
+  const std::string path = WriteTwoRowCheckpoint("small-budget");
+  Operation op = ThreeRankLoad(path);
+  auto plans = PlanExchangeLoad(op, LoadPlannerOptions{"overlap_all_to_all", 8});
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  std::vector<pb::LoadPlanPart> parts = Parts(*plans);
+  EXPECT_GT(parts[0].waves_size(), 1);
+  for (const pb::LoadWaveEntry& w : parts[0].waves()) {
+    for (const pb::LoadUnitEntry& u : w.units()) EXPECT_LE(u.num_elements(), 2);
+  }
+  EXPECT_THAT(ElementsReadPerPiece(parts[0]),
+              ::testing::UnorderedElementsAre(::testing::Pair(0, 4), ::testing::Pair(1, 4)));
+  EXPECT_EQ(parts[1].memory_budget_bytes(), 8);
+}
+
+TEST(LoadExchangeTest, DirectKeepsEveryRankReadingItsOwnRegions) {
+  const std::string path = WriteTwoRowCheckpoint("direct");
+  auto plans = PlanExchangeLoad(ThreeRankLoad(path), LoadPlannerOptions{"direct", 1 << 20});
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  for (const pb::LoadPlanPart& part : Parts(*plans)) {
+    EXPECT_TRUE(part.algorithm().empty());
+    EXPECT_EQ(part.waves_size(), 0);
+    EXPECT_EQ(part.reads_size(), 1);
+  }
+}
+
+TEST(LoadExchangeTest, AnUnknownAlgorithmIsRefusedNamingTheValidOnes) {
+  const std::string path = WriteTwoRowCheckpoint("unknown");
+  auto plans = PlanExchangeLoad(ThreeRankLoad(path), LoadPlannerOptions{"telepathy", 1 << 20});
+  ASSERT_FALSE(plans.ok());
+  EXPECT_EQ(plans.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(plans.status().message(), HasSubstr("'telepathy'"));
+  EXPECT_THAT(plans.status().message(), HasSubstr("broadcast, overlap_all_to_all"));
+}
+
+TEST(LoadExchangeTest, ATensorTheCheckpointLacksIsRefusedNamingRankAndKey) {
+  const std::string path = WriteTwoRowCheckpoint("missing");
+  Operation op = ThreeRankLoad(path);
+  op.ranks[2].shards[0].mutable_tensor()->set_key("v");
+  auto plans = PlanExchangeLoad(op, LoadPlannerOptions{});
+  ASSERT_FALSE(plans.ok());
+  EXPECT_THAT(plans.status().message(), HasSubstr("rank 2 asks for tensor v"));
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator
