@@ -235,7 +235,7 @@ TEST(ServicesTest, SigtermStopsDaemonsCleanly) {
   EXPECT_EQ(status.workers(0).worker_id(), cluster.worker_id(1));
   // The coordinator stops promptly although worker 1 holds a WatchWork stream open.
   kill(cluster.coordinator().pid, SIGTERM);
-  ASSERT_TRUE(WaitFor([&] { return !cluster.coordinator().Running(); }, absl::Seconds(10)));
+  ASSERT_TRUE(WaitFor([&] { return !cluster.coordinator().Running(); }, absl::Seconds(30)));
   EXPECT_TRUE(WIFEXITED(cluster.coordinator().status) &&
               WEXITSTATUS(cluster.coordinator().status) == 0)
       << cluster.coordinator().Stderr();
