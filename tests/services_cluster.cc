@@ -237,7 +237,8 @@ pb::WorkerStatusResponse WorkerStatus(Cluster& cluster, int i) {
   return response;
 }
 
-// Runs `world` trainers of `job` in `mode` on workers 0..world-1 and waits for their results.
+// Runs `world` trainers of `job` in `mode` on workers 0..world-1 and waits until each has
+// reported its result and exited.
 std::vector<Child*> RunRanks(Cluster& cluster, const std::string& job, int world,
                              const std::string& mode, const std::string& path,
                              const std::vector<std::string>& extra) {
@@ -245,9 +246,11 @@ std::vector<Child*> RunRanks(Cluster& cluster, const std::string& job, int world
   for (int r = 0; r < world; ++r) {
     ranks.push_back(cluster.StartTrainer(r, job, r, world, mode, path, extra));
   }
+  // Wait for each trainer to exit, not just for its "result" line: a load's "verified" or
+  // "mismatch" line comes after the result, once every element has been checked.
   EXPECT_TRUE(WaitFor([&] {
     for (Child* t : ranks) {
-      if (Result(*t).first < 0) return false;
+      if (Result(*t).first < 0 || t->Running()) return false;
     }
     return true;
   }));

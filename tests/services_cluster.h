@@ -104,8 +104,9 @@ std::pair<int, std::string> Result(const Child& trainer);
 bool SegmentExists(const std::string& name);
 // Worker i's Status RPC (sessions and their segments).
 pb::WorkerStatusResponse WorkerStatus(Cluster& cluster, int i);
-// Runs `world` trainer_probes of `job` in `mode` on workers 0..world-1 and waits (20 s at
-// most) until each printed its result.
+// Runs `world` trainer_probes of `job` in `mode` on workers 0..world-1 and waits (WaitFor's
+// default at most) until each printed its result and exited, so lines printed after the
+// result (a load's "verified") are complete.
 std::vector<Child*> RunRanks(Cluster& cluster, const std::string& job, int world,
                              const std::string& mode, const std::string& path,
                              const std::vector<std::string>& extra);
