@@ -306,13 +306,13 @@ grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
       }
       first = false;
       if (shutting_down_)
-        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator is shutting down");
+        return ToGrpcStatus(absl::UnavailableError("coordinator is shutting down"));
       if (context->IsCancelled()) return grpc::Status::CANCELLED;
       const WorkerRecord* w = workers_.Find(worker_id);
       if (w == nullptr || !w->alive) {
-        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                            absl::StrCat("worker ", worker_id,
-                                         " is not registered (or lost its lease); register again"));
+        return ToGrpcStatus(absl::FailedPreconditionError(
+            absl::StrCat("worker ", worker_id,
+                         " is not registered (or lost its lease); register again")));
       }
       seen_version = jobs_.phase_version();
       for (const Operation* op : jobs_.Operations()) {

@@ -14,7 +14,7 @@ grpc::Status RendezvousService::Set(grpc::ServerContext* /*context*/,
                                     const pb::KvSetRequest* request,
                                     pb::KvSetResponse* /*response*/) {
   if (request->key().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "rendezvous Set: empty key");
+    return ToGrpcStatus(absl::InvalidArgumentError("rendezvous Set: empty key"));
   }
   store_->Set(request->key(), request->value());
   return grpc::Status::OK;
@@ -23,7 +23,7 @@ grpc::Status RendezvousService::Set(grpc::ServerContext* /*context*/,
 grpc::Status RendezvousService::Get(grpc::ServerContext* context, const pb::KvGetRequest* request,
                                     pb::KvGetResponse* response) {
   if (request->timeout_ms() < 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "rendezvous Get: negative timeout_ms");
+    return ToGrpcStatus(absl::InvalidArgumentError("rendezvous Get: negative timeout_ms"));
   }
   absl::Time deadline = absl::Now() + absl::Milliseconds(request->timeout_ms());
   absl::Time client_deadline = absl::FromChrono(context->deadline());
