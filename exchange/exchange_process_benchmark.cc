@@ -104,6 +104,7 @@ int RankMain(const std::string& store_address, int rank, int n, int64_t bytes, i
     int64_t moved;
   };
   std::vector<Row> rows;
+  rows.push_back({"barrier_only", Time(c, reps, [] {}), 0});
   rows.push_back({"broadcast",
                   Time(c, reps, [&] { Check(c.Broadcast(buf.data(), bytes, 0, Deadline())); }),
                   bytes});
