@@ -8,32 +8,14 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sharding/test_util.h"
 
 namespace ckpt {
 namespace {
 
 using ::testing::HasSubstr;
 
-// Global flat indices of a region's stored elements, in storage order.
-std::vector<int64_t> GlobalIndices(const Region& r, const std::vector<int64_t>& shape) {
-  const int64_t box = r.BoxElements();
-  const int64_t begin = r.flat ? r.flat->start : 0, end = r.flat ? r.flat->stop : box;
-  std::vector<int64_t> out;
-  for (int64_t j = begin; j < end; ++j) {
-    int64_t rest = j, g = 0, stride = 1;
-    std::vector<int64_t> coord(r.lengths.size());
-    for (int d = static_cast<int>(r.lengths.size()) - 1; d >= 0; --d) {
-      coord[d] = rest % r.lengths[d];
-      rest /= r.lengths[d];
-    }
-    for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
-      g += (r.offsets[d] + coord[d]) * stride;
-      stride *= shape[d];
-    }
-    out.push_back(g);
-  }
-  return out;
-}
+using testing::HeldGlobalIndices;
 
 // Element g of tensor t, as 8 bytes; a dtype of size s keeps the low s bytes.
 uint64_t Value(int64_t t, int64_t g) {
@@ -54,7 +36,7 @@ void Store(Scenario& s, int64_t t, Region region, const std::string& file) {
   const int64_t elem = DTypeSize(tensor.dtype);
   std::string& bytes = s.files[file];
   StoredPieceInfo p{tensor.key, region, file, static_cast<int64_t>(bytes.size()), 0};
-  for (int64_t g : GlobalIndices(region, tensor.global_shape)) {
+  for (int64_t g : HeldGlobalIndices(region, tensor.global_shape)) {
     const uint64_t v = Value(t, g);
     bytes.append(reinterpret_cast<const char*>(&v), elem);
   }
@@ -111,7 +93,7 @@ void Execute(const Scenario& s, const LoadPlan& plan, int64_t budget) {
   for (size_t j = 0; j < s.requests.size(); ++j) {
     const int64_t t = tensor_index[s.requests[j].key];
     const int64_t elem = DTypeSize(s.tensors[t].dtype);
-    const auto indices = GlobalIndices(s.requests[j].region, s.tensors[t].global_shape);
+    const auto indices = HeldGlobalIndices(s.requests[j].region, s.tensors[t].global_shape);
     for (size_t k = 0; k < indices.size(); ++k) {
       ASSERT_EQ(arrivals[j][k], 1) << "request " << j << " element " << k;
       const uint64_t v = Value(t, indices[k]);

@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sharding/test_util.h"
 
 namespace ckpt {
 namespace {
@@ -18,26 +19,7 @@ double Value(const std::string& key, int64_t g) {
   return static_cast<double>(std::hash<std::string>()(key) % 1000) * 1e6 + g;
 }
 
-// Global flat indices of a region's stored elements, in storage order.
-std::vector<int64_t> GlobalIndices(const Region& r, const std::vector<int64_t>& shape) {
-  const int64_t box = r.BoxElements();
-  const int64_t begin = r.flat ? r.flat->start : 0, end = r.flat ? r.flat->stop : box;
-  std::vector<int64_t> out;
-  for (int64_t j = begin; j < end; ++j) {
-    int64_t rest = j, g = 0, stride = 1;
-    std::vector<int64_t> coord(r.lengths.size());
-    for (int d = static_cast<int>(r.lengths.size()) - 1; d >= 0; --d) {
-      coord[d] = rest % r.lengths[d];
-      rest /= r.lengths[d];
-    }
-    for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
-      g += (r.offsets[d] + coord[d]) * stride;
-      stride *= shape[d];
-    }
-    out.push_back(g);
-  }
-  return out;
-}
+using testing::HeldGlobalIndices;
 
 TensorPiece Piece(std::string key, int64_t rank, std::vector<int64_t> shape, Region region,
                   std::vector<int64_t> replica = {}, DType dtype = DType::kF32) {
@@ -84,7 +66,7 @@ void ExpectPlanWritesEveryElementOnce(const std::vector<TensorPiece>& pieces,
         ASSERT_EQ(src.region, pp.region);
         ASSERT_EQ(src.key, pp.key);
         // The writer's local data, as a trainer would hold it.
-        const auto indices = GlobalIndices(src.region, src.global_shape);
+        const auto indices = HeldGlobalIndices(src.region, src.global_shape);
         EXPECT_EQ(pp.size_bytes, static_cast<int64_t>(indices.size()) * DTypeSize(pp.dtype));
         for (int64_t g : indices) {
           ++written[{pp.key, g}];
