@@ -28,6 +28,7 @@
 #include "benchmark/benchmark.h"
 #include "exchange/exchange.h"
 #include "exchange/gloo/gloo_communicator.h"
+#include "exchange/reshard_bench_plan.h"
 #include "exchange/store.h"
 
 namespace ckpt {
@@ -243,31 +244,8 @@ BENCHMARK(BM_AllToAllV)
 void BM_OverlapAllToAll(benchmark::State& state) {
   const int n = state.range(0);
   const int64_t bytes = state.range(1);
-  const int64_t cols = 4096, rows = bytes / 4 / cols;
-  ExchangePlan plan;
-  plan.num_ranks = n;
-  plan.needs.resize(n);
-  std::vector<ShardBuffers> loaded(n);
-  const int64_t rchunk = (rows + n - 1) / n, cchunk = (cols + n - 1) / n;
-  for (int r = 0; r < n; ++r) {
-    DistributedShard d;
-    d.spec.id.key = "w";
-    d.spec.dtype = DType::kF32;
-    d.spec.global_shape = {rows, cols};
-    int64_t lo = std::min(rows, r * rchunk), hi = std::min(rows, (r + 1) * rchunk);
-    d.spec.region.offsets = {lo, 0};
-    d.spec.region.lengths = {hi - lo, cols};
-    d.spec.id.offsets = d.spec.region.offsets;
-    d.main_rank = r;
-    loaded[r][d.spec.id] = std::string(d.spec.NumBytes(), static_cast<char>(r));
-    plan.distribution.push_back(d);
-    ShardSpec need = d.spec;
-    int64_t clo = std::min(cols, r * cchunk), chi = std::min(cols, (r + 1) * cchunk);
-    need.region.offsets = {0, clo};
-    need.region.lengths = {rows, chi - clo};
-    need.id.offsets = need.region.offsets;
-    plan.needs[r].push_back(need);
-  }
+  std::vector<ShardBuffers> loaded;
+  const ExchangePlan plan = RowsToColumnsReshardPlan(n, bytes, &loaded);
   RankGroup& group = Group(n);
   std::vector<int64_t> wire(n);
   for (auto _ : state) {

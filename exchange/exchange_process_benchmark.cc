@@ -24,6 +24,7 @@
 #include "exchange/exchange.h"
 #include "exchange/gloo/gloo_communicator.h"
 #include "exchange/grpc_store.h"
+#include "exchange/reshard_bench_plan.h"
 
 namespace ckpt {
 namespace {
@@ -52,35 +53,6 @@ double Time(Communicator& c, int reps, const std::function<void()>& op) {
   return t[t.size() / 2];
 }
 
-ExchangePlan ReshardPlan(int n, int64_t bytes, std::vector<ShardBuffers>* loaded) {
-  const int64_t cols = 4096, rows = bytes / 4 / cols;
-  const int64_t rchunk = (rows + n - 1) / n, cchunk = (cols + n - 1) / n;
-  ExchangePlan plan;
-  plan.num_ranks = n;
-  plan.needs.resize(n);
-  loaded->assign(n, {});
-  for (int r = 0; r < n; ++r) {
-    DistributedShard d;
-    d.spec.id.key = "w";
-    d.spec.dtype = DType::kF32;
-    d.spec.global_shape = {rows, cols};
-    int64_t lo = std::min(rows, r * rchunk), hi = std::min(rows, (r + 1) * rchunk);
-    d.spec.region.offsets = {lo, 0};
-    d.spec.region.lengths = {hi - lo, cols};
-    d.spec.id.offsets = d.spec.region.offsets;
-    d.main_rank = r;
-    (*loaded)[r][d.spec.id] = std::string(d.spec.NumBytes(), static_cast<char>(r));
-    plan.distribution.push_back(d);
-    ShardSpec need = d.spec;
-    int64_t clo = std::min(cols, r * cchunk), chi = std::min(cols, (r + 1) * cchunk);
-    need.region.offsets = {0, clo};
-    need.region.lengths = {rows, chi - clo};
-    need.id.offsets = need.region.offsets;
-    plan.needs[r].push_back(need);
-  }
-  return plan;
-}
-
 int RankMain(const std::string& store_address, int rank, int n, int64_t bytes, int reps) {
   GrpcStore store(store_address);
   GlooOptions go;
@@ -96,7 +68,7 @@ int RankMain(const std::string& store_address, int rank, int n, int64_t bytes, i
   std::vector<size_t> a2a(n, per_peer);
   std::vector<char> a2a_in(per_peer * n, 1), a2a_out(per_peer * n);
   std::vector<ShardBuffers> loaded;
-  ExchangePlan plan = ReshardPlan(n, bytes, &loaded);
+  ExchangePlan plan = RowsToColumnsReshardPlan(n, bytes, &loaded);
   int64_t wire = 0;
   struct Row {
     const char* name;
