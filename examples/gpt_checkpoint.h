@@ -12,7 +12,7 @@
 #include "coordinator/layout_spec.h"
 #include "sharding/tensor_meta.h"
 #include "storage/checkpoint_writer.h"
-#include "tools/wave_writer.h"
+#include "reshard/wave_writer.h"
 
 namespace ckpt {
 

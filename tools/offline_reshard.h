@@ -4,7 +4,7 @@
 // Plan: the target layout's pieces (coordinator/layout_spec.h) go through the planner's save
 // plan (coordinator/save_plan.h: one writer per distinct main-replica piece, balanced over the
 // target's ranks); the pieces are then cut, in shard-id order, into waves with one file per
-// writer per wave (tools/wave_writer.h, RepackForWaves), and the source pieces of the manifest
+// writer per wave (reshard/wave_writer.h, RepackForWaves), and the source pieces of the manifest
 // map onto them with PlanReshard (sharding/reshard_plan.h). A wave's destination pieces are
 // assembled in memory from the byte spans of the source pieces they need (checksum-block
 // aligned reads through the parallel I/O engine, verified), then written (checksums computed as
@@ -25,7 +25,7 @@
 #include "coordinator/save_plan.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/io_engine.h"
-#include "tools/wave_writer.h"
+#include "reshard/wave_writer.h"
 
 namespace ckpt {
 

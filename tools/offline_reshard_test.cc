@@ -14,7 +14,7 @@
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
 #include "storage/verify.h"
-#include "tools/wave_writer.h"
+#include "reshard/wave_writer.h"
 
 namespace ckpt {
 namespace {

@@ -1,4 +1,4 @@
-#include "tools/wave_writer.h"
+#include "reshard/wave_writer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -70,10 +70,12 @@ absl::StatusOr<int64_t> RepackForWaves(SavePlan* plan, int64_t wave_bytes) {
   return waves;
 }
 
-absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
-    const std::string& path, const std::vector<TensorSpec>& tensors, const SavePlan& plan,
-    const CheckpointContents& info, const WaveFill& fill, const WaveOptions& wave_options,
-    const WriteOptions& options) {
+absl::StatusOr<WrittenData> WriteFilesInWaves(const std::string& staging,
+                                              const std::vector<TensorSpec>& tensors,
+                                              const SavePlan& plan, const WaveFill& fill,
+                                              const WaveOptions& wave_options,
+                                              const WriteOptions& options,
+                                              WaveWriteStats* stats_out) {
   // Files in the order of their first piece's shard id, so that a wave covers neighbouring
   // tensors (and a reshard reads each source piece in as few waves as possible).
   std::vector<FileRef> files;
@@ -105,9 +107,9 @@ absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
     begin = end;
   }
 
-  WaveWriteStats stats;
+  WaveWriteStats& stats = *stats_out;
+  stats = WaveWriteStats();
   stats.waves = static_cast<int64_t>(waves.size());
-  CKPT_ASSIGN_OR_RETURN(std::string staging, CreateStagingDir(path, options.overwrite));
   WrittenData written;
   int64_t written_bytes = 0;  // touched by the writing task only, read after it is joined
 
@@ -156,7 +158,6 @@ absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
   };
   auto fail = [&](absl::Status s) {
     (void)join();
-    (void)RemoveTree(staging);
     return s;
   };
   for (size_t w = 0; w < waves.size(); ++w) {
@@ -212,10 +213,29 @@ absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
   stats.pieces = static_cast<int64_t>(written.pieces.size());
   stats.bytes_written = written_bytes;
   stats.peak_wave_bytes = wave_options.overlap ? arena_size[0] + arena_size[1] : arena_size[0];
+  return written;
+}
+
+absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
+    const std::string& path, const std::vector<TensorSpec>& tensors, const SavePlan& plan,
+    const CheckpointContents& info, const WaveFill& fill, const WaveOptions& wave_options,
+    const WriteOptions& options) {
+  CKPT_ASSIGN_OR_RETURN(std::string staging, CreateStagingDir(path, options.overwrite));
+  WaveWriteStats stats;
+  absl::StatusOr<WrittenData> written =
+      WriteFilesInWaves(staging, tensors, plan, fill, wave_options, options, &stats);
+  if (!written.ok()) {
+    (void)RemoveTree(staging);
+    return written.status();
+  }
   const auto t0 = std::chrono::steady_clock::now();
-  const pb::Manifest manifest = BuildManifest(tensors, written, info, options.checksum_block_bytes);
+  const pb::Manifest manifest =
+      BuildManifest(tensors, *written, info, options.checksum_block_bytes);
   absl::Status committed = CommitCheckpoint(staging, path, manifest, options);
-  if (!committed.ok()) return fail(committed);
+  if (!committed.ok()) {
+    (void)RemoveTree(staging);
+    return committed;
+  }
   stats.commit_seconds = SecondsSince(t0);
   return stats;
 }

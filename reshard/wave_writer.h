@@ -2,8 +2,8 @@
 // of piece data is in memory: the caller fills each wave's piece buffers (from a generator, or
 // from another checkpoint for a reshard) while the previous wave is written, and the whole is
 // committed atomically at the end (storage/checkpoint_writer.h's protocol in parts).
-#ifndef CKPT_TOOLS_WAVE_WRITER_H_
-#define CKPT_TOOLS_WAVE_WRITER_H_
+#ifndef CKPT_RESHARD_WAVE_WRITER_H_
+#define CKPT_RESHARD_WAVE_WRITER_H_
 
 #include <cstdint>
 #include <functional>
@@ -60,6 +60,16 @@ absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
     const CheckpointContents& info, const WaveFill& fill, const WaveOptions& wave_options,
     const WriteOptions& options);
 
+// The wave loop of WriteCheckpointInWaves without the commit: writes the plan's files into the
+// existing staging directory `staging` (e.g. one rank's files of a reshard executed on a
+// cluster) and returns their manifest records. On error the files written so far stay for the
+// caller to remove with the staging directory.
+absl::StatusOr<WrittenData> WriteFilesInWaves(const std::string& staging,
+                                              const std::vector<TensorSpec>& tensors,
+                                              const SavePlan& plan, const WaveFill& fill,
+                                              const WaveOptions& wave_options,
+                                              const WriteOptions& options, WaveWriteStats* stats);
+
 // Re-packs the plan's pieces (keeping each piece's writer) for writing in waves of at most
 // `wave_bytes`: all pieces in shard-id order are cut into consecutive waves, and in wave k
 // every writer gets one file "data/r<rank>_<k>.safetensors" (empty when it has nothing there;
@@ -71,4 +81,4 @@ absl::StatusOr<int64_t> RepackForWaves(SavePlan* plan, int64_t wave_bytes);
 
 }  // namespace ckpt
 
-#endif  // CKPT_TOOLS_WAVE_WRITER_H_
+#endif  // CKPT_RESHARD_WAVE_WRITER_H_

@@ -1,0 +1,89 @@
+// Assembling the pieces of a target layout from a committed checkpoint: the byte runs each
+// destination piece needs (from a sharding/reshard_plan.h plan) are read from the source
+// pieces as checksum-block aligned, verified spans through the parallel I/O engine, in
+// batches of bounded staging memory, and copied into the caller's piece buffers. Shared by the
+// in-process reshard (tools/offline_reshard.h) and the worker daemon's reshard parts.
+#ifndef CKPT_RESHARD_PIECE_ASSEMBLER_H_
+#define CKPT_RESHARD_PIECE_ASSEMBLER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "proto/manifest.pb.h"
+#include "sharding/layout.h"
+#include "sharding/reshard_plan.h"
+#include "sharding/tensor_meta.h"
+#include "storage/checkpoint_reader.h"
+
+namespace ckpt {
+
+// A committed checkpoint's tensors and stored pieces, as the reshard planner sees them.
+struct SourcePieces {
+  std::vector<TensorMeta> tensors;  // manifest order
+  std::vector<TensorPiece> pieces;  // manifest order; rank = the piece's writer rank
+};
+
+// The tensors and pieces of a manifest (validated, e.g. by CheckpointReader::Open).
+// InvalidArgument naming the key for an unknown dtype or a piece of an unknown tensor.
+absl::StatusOr<SourcePieces> PiecesOfManifest(const pb::Manifest& manifest);
+
+// Counters of what an assembler read.
+struct AssemblyStats {
+  int64_t bytes_read = 0;  // source bytes read (whole checksum blocks)
+  int64_t peak_staging_bytes = 0;
+  double read_seconds = 0;
+};
+
+// Fills destination pieces from the source checkpoint. Not thread-safe; reuses one staging
+// buffer of at most `staging_cap` bytes (one span of a source piece may need a whole checksum
+// block more).
+class PieceAssembler {
+ public:
+  // `reader` is the open source checkpoint, `src` its pieces (PiecesOfManifest), `dst` the
+  // destination pieces and `plan` = PlanReshard(src, dst). All must outlive the assembler.
+  PieceAssembler(const CheckpointReader& reader, const std::vector<TensorPiece>& src,
+                 const std::vector<TensorPiece>& dst, const ReshardPlan& plan, int64_t staging_cap);
+
+  // Fills buffers[i] (dst[pieces[i]]'s bytes, storage convention of sharding/overlap.h) with
+  // the source elements. DataLoss/NotFound from the reader name the checkpoint and file;
+  // Internal when the plan does not cover a piece.
+  absl::Status Fill(absl::Span<const int64_t> pieces, absl::Span<char* const> buffers);
+
+  const AssemblyStats& stats() const { return stats_; }
+
+ private:
+  // One byte run to copy out of a source piece: source bytes [src, src + bytes) -> dst.
+  struct ByteJob {
+    int64_t src = 0;
+    int64_t bytes = 0;
+    char* dst = nullptr;
+  };
+  // A block-aligned span of a source piece to read.
+  struct SpanRead {
+    int piece = 0;
+    int64_t begin = 0;
+    int64_t end = 0;
+  };
+
+  absl::Status ReadBatch(absl::Span<const SpanRead> spans, int64_t bytes,
+                         const std::map<int, std::vector<ByteJob>>& jobs);
+
+  const CheckpointReader& reader_;
+  const std::vector<TensorPiece>& src_;
+  const std::vector<TensorPiece>& dst_;
+  const ReshardPlan& plan_;
+  const int64_t staging_cap_;
+  std::map<int64_t, std::pair<int64_t, int64_t>> transfers_of_;  // dst piece -> [first, last)
+  std::unique_ptr<char[]> staging_;                              // reused by every batch
+  int64_t staging_size_ = 0;
+  AssemblyStats stats_;
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_RESHARD_PIECE_ASSEMBLER_H_
