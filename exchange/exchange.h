@@ -17,6 +17,10 @@
 //    ones (resharding); for the other three they must be stored shard ids.
 // All four keep receive/staging buffers within ExchangeOptions::memory_budget_bytes per rank,
 // splitting the work into waves, and report bytes and time per wave.
+//
+// Each algorithm comes in two forms: `...Into` writes every needed shard straight into memory
+// the caller provides (DestinationBuffers, e.g. a trainer's shared-memory tensors), and the
+// allocating form returns fresh ShardBuffers (a thin wrapper over the Into form).
 #ifndef CKPT_EXCHANGE_EXCHANGE_H_
 #define CKPT_EXCHANGE_EXCHANGE_H_
 
@@ -28,7 +32,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "exchange/communicator.h"
+#include "exchange/staging_arena.h"
 #include "sharding/dtype.h"
 #include "sharding/region.h"
 #include "sharding/shard_id.h"
@@ -64,6 +70,15 @@ struct ExchangePlan {
 // Shard bytes keyed by shard id.
 using ShardBuffers = std::map<ShardId, std::string, ShardIdLess>;
 
+// Caller-owned memory for each shard a rank needs, keyed by id: exactly one entry per
+// ShardSpec in plan.needs[rank], each exactly spec.NumBytes() long, no two overlapping. The
+// exchange writes every byte of each (the memory need not be initialized). A destination may
+// be the very buffer `loaded` holds under the same shard id, but no other loaded buffer.
+using DestinationBuffers = std::map<ShardId, absl::Span<char>, ShardIdLess>;
+
+// Views of `buffers` as destinations (the map must outlive the views).
+DestinationBuffers DestinationsOf(ShardBuffers& buffers);
+
 // Tuning and limits.
 struct ExchangeOptions {
   // Upper bound on this rank's receive + staging buffers at any time (outputs excluded).
@@ -74,6 +89,9 @@ struct ExchangeOptions {
   int64_t coalesce_max_batch_bytes = int64_t{16} << 20;
   // Every collective of the exchange must finish by this time.
   absl::Time deadline = absl::InfiniteFuture();
+  // Optional caller-owned staging memory, reused across exchanges so its pages stay mapped
+  // (one exchange at a time per arena). Null: each exchange maps and frees its own.
+  StagingArena* staging = nullptr;
 };
 
 // One wave: work whose staging fits the budget.
@@ -107,6 +125,16 @@ absl::StatusOr<ShardBuffers> ExchangeByDistribution(absl::string_view algorithm,
                                                     const ExchangeOptions& options,
                                                     ExchangeReport* report = nullptr);
 
+// As ExchangeByDistribution, but writes every shard rank comm.rank() needs into
+// `destinations` (see DestinationBuffers). InvalidArgument, naming the shard and the rank, for
+// a missing, extra, wrong-size or overlapping destination; it is checked before any collective
+// starts, so the other ranks then fail at their deadlines naming this rank.
+absl::Status ExchangeByDistributionInto(absl::string_view algorithm, Communicator& comm,
+                                        const ExchangePlan& plan, const ShardBuffers& loaded,
+                                        const DestinationBuffers& destinations,
+                                        const ExchangeOptions& options,
+                                        ExchangeReport* report = nullptr);
+
 // The algorithms, also callable directly.
 absl::StatusOr<ShardBuffers> ExchangeBroadcast(Communicator& comm, const ExchangePlan& plan,
                                                const ShardBuffers& loaded,
@@ -124,6 +152,23 @@ absl::StatusOr<ShardBuffers> ExchangeOverlapAllToAll(Communicator& comm, const E
                                                      const ShardBuffers& loaded,
                                                      const ExchangeOptions& options,
                                                      ExchangeReport* report);
+
+absl::Status ExchangeBroadcastInto(Communicator& comm, const ExchangePlan& plan,
+                                   const ShardBuffers& loaded,
+                                   const DestinationBuffers& destinations,
+                                   const ExchangeOptions& options, ExchangeReport* report);
+absl::Status ExchangeGatherRoundsInto(Communicator& comm, const ExchangePlan& plan,
+                                      const ShardBuffers& loaded,
+                                      const DestinationBuffers& destinations,
+                                      const ExchangeOptions& options, ExchangeReport* report);
+absl::Status ExchangeGatherObjectInto(Communicator& comm, const ExchangePlan& plan,
+                                      const ShardBuffers& loaded,
+                                      const DestinationBuffers& destinations,
+                                      const ExchangeOptions& options, ExchangeReport* report);
+absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan& plan,
+                                         const ShardBuffers& loaded,
+                                         const DestinationBuffers& destinations,
+                                         const ExchangeOptions& options, ExchangeReport* report);
 
 }  // namespace ckpt
 

@@ -20,14 +20,15 @@ class BroadcastExchange {
  public:
   BroadcastExchange(Communicator& comm, const ExchangePlan& plan, const ShardBuffers& loaded,
                     const ExchangeOptions& options, std::vector<std::vector<int>> holders,
-                    ShardBuffers& out)
+                    const DestinationBuffers& out)
       : comm_(comm),
         plan_(plan),
         loaded_(loaded),
         options_(options),
         holders_(std::move(holders)),
         out_(out),
-        waves_(options.memory_budget_bytes) {}
+        waves_(options.memory_budget_bytes),
+        staging_(options.staging != nullptr ? *options.staging : own_staging_) {}
 
   absl::Status Run() {
     const int64_t batch_limit =
@@ -88,17 +89,17 @@ class BroadcastExchange {
     const size_t window = std::max<int64_t>(1, options_.memory_budget_bytes);
     const bool is_root = comm_.rank() == d.main_rank;
     char* target = nullptr;
-    std::string discard;
+    char* discard = nullptr;
     if (is_root) {
       target = const_cast<char*>(loaded_.at(d.spec.id).data());
     } else if (Needs(i)) {
       target = out_.at(d.spec.id).data();
     } else {
-      discard.resize(std::min(bytes, window));
+      CKPT_ASSIGN_OR_RETURN(discard, staging_.Reserve(std::min(bytes, window)));
     }
     for (size_t at = 0; at < bytes; at += window) {
       size_t n = std::min(window, bytes - at);
-      char* dst = target != nullptr ? target + at : discard.data();
+      char* dst = target != nullptr ? target + at : discard;
       CKPT_RETURN_IF_ERROR(
           Broadcast(dst, n, d.main_rank, target != nullptr ? 0 : static_cast<int64_t>(n)));
     }
@@ -110,23 +111,23 @@ class BroadcastExchange {
     std::vector<int>& batch = pending_[root];
     if (batch.empty()) return absl::OkStatus();
     const size_t total = pending_bytes_[root];
-    std::string buffer(total, '\0');
+    CKPT_ASSIGN_OR_RETURN(char* buffer, staging_.Reserve(total));
     const bool is_root = comm_.rank() == root;
     if (is_root) {
       size_t at = 0;
       for (int i : batch) {
         const std::string& src = loaded_.at(plan_.distribution[i].spec.id);
-        if (!src.empty()) std::memcpy(buffer.data() + at, src.data(), src.size());
+        if (!src.empty()) std::memcpy(buffer + at, src.data(), src.size());
         at += src.size();
       }
     }
-    CKPT_RETURN_IF_ERROR(Broadcast(buffer.data(), total, root, static_cast<int64_t>(total)));
+    CKPT_RETURN_IF_ERROR(Broadcast(buffer, total, root, static_cast<int64_t>(total)));
     if (!is_root) {
       size_t at = 0;
       for (int i : batch) {
         const ShardSpec& spec = plan_.distribution[i].spec;
         const size_t n = spec.NumBytes();
-        if (Needs(i) && n > 0) std::memcpy(out_.at(spec.id).data(), buffer.data() + at, n);
+        if (Needs(i) && n > 0) std::memcpy(out_.at(spec.id).data(), buffer + at, n);
         at += n;
       }
     }
@@ -140,32 +141,42 @@ class BroadcastExchange {
   const ShardBuffers& loaded_;
   const ExchangeOptions& options_;
   const std::vector<std::vector<int>> holders_;
-  ShardBuffers& out_;
+  const DestinationBuffers& out_;
   WaveRecorder waves_;
+  StagingArena own_staging_;
+  StagingArena& staging_;
   std::map<int, std::vector<int>> pending_;
   std::map<int, int64_t> pending_bytes_;
 };
 
 }  // namespace
 
-absl::StatusOr<ShardBuffers> ExchangeBroadcast(Communicator& comm, const ExchangePlan& plan,
-                                               const ShardBuffers& loaded,
-                                               const ExchangeOptions& options,
-                                               ExchangeReport* report) {
+absl::Status ExchangeBroadcastInto(Communicator& comm, const ExchangePlan& plan,
+                                   const ShardBuffers& loaded,
+                                   const DestinationBuffers& destinations,
+                                   const ExchangeOptions& options, ExchangeReport* report) {
   using namespace exchange_internal;
   CKPT_ASSIGN_OR_RETURN(DistributionIndex index, IndexPlan(plan, comm));
   CKPT_RETURN_IF_ERROR(CheckLoaded(plan, index, comm.rank(), loaded));
   CKPT_ASSIGN_OR_RETURN(std::vector<std::vector<int>> holders, HoldersOfStoredShards(plan, index));
-  CKPT_ASSIGN_OR_RETURN(ShardBuffers out, AllocateOutputs(plan, comm.rank()));
+  CKPT_RETURN_IF_ERROR(CheckDestinations(plan, comm.rank(), loaded, destinations).status());
   // Shards this rank loaded itself.
-  for (auto& [id, bytes] : out) {
+  for (const auto& [id, target] : destinations) {
     auto it = loaded.find(id);
-    if (it != loaded.end()) bytes = it->second;
+    if (it != loaded.end()) CopyLoaded(it->second, target);
   }
-  BroadcastExchange exchange(comm, plan, loaded, options, std::move(holders), out);
+  BroadcastExchange exchange(comm, plan, loaded, options, std::move(holders), destinations);
   CKPT_RETURN_IF_ERROR(exchange.Run());
   exchange.Finish(report);
-  return out;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardBuffers> ExchangeBroadcast(Communicator& comm, const ExchangePlan& plan,
+                                               const ShardBuffers& loaded,
+                                               const ExchangeOptions& options,
+                                               ExchangeReport* report) {
+  return exchange_internal::RunAllocating(ExchangeBroadcastInto, comm, plan, loaded, options,
+                                          report);
 }
 
 }  // namespace ckpt

@@ -17,15 +17,17 @@ using exchange_internal::ChunkedAllGatherV;
 using exchange_internal::Segment;
 using exchange_internal::WaveRecorder;
 
-absl::StatusOr<ShardBuffers> ExchangeGatherRounds(Communicator& comm, const ExchangePlan& plan,
-                                                  const ShardBuffers& loaded,
-                                                  const ExchangeOptions& options,
-                                                  ExchangeReport* report) {
+absl::Status ExchangeGatherRoundsInto(Communicator& comm, const ExchangePlan& plan,
+                                      const ShardBuffers& loaded,
+                                      const DestinationBuffers& destinations,
+                                      const ExchangeOptions& options, ExchangeReport* report) {
   using namespace exchange_internal;
   CKPT_ASSIGN_OR_RETURN(DistributionIndex index, IndexPlan(plan, comm));
   CKPT_RETURN_IF_ERROR(CheckLoaded(plan, index, comm.rank(), loaded));
   CKPT_ASSIGN_OR_RETURN(std::vector<std::vector<int>> holders, HoldersOfStoredShards(plan, index));
-  CKPT_ASSIGN_OR_RETURN(ShardBuffers out, AllocateOutputs(plan, comm.rank()));
+  CKPT_RETURN_IF_ERROR(CheckDestinations(plan, comm.rank(), loaded, destinations).status());
+  StagingArena own_staging;
+  StagingArena& staging = options.staging != nullptr ? *options.staging : own_staging;
   const int n = comm.size();
   const int me = comm.rank();
 
@@ -44,14 +46,16 @@ absl::StatusOr<ShardBuffers> ExchangeGatherRounds(Communicator& comm, const Exch
     for (size_t k = 0; k < rounds; ++k) {
       std::vector<size_t> sizes(n, 0);
       std::vector<const std::string*> targets(n, nullptr);
-      std::vector<std::string*> outputs(n, nullptr);
+      std::vector<char*> outputs(n, nullptr);
       for (int r = 0; r < n; ++r) {
         if (k >= per_rank[r].size()) continue;
         const int i = per_rank[r][k];
         const ShardSpec& spec = plan.distribution[i].spec;
         sizes[r] = spec.NumBytes();
         const std::vector<int>& h = holders[i];
-        if (r != me && std::binary_search(h.begin(), h.end(), me)) outputs[r] = &out.at(spec.id);
+        if (r != me && std::binary_search(h.begin(), h.end(), me)) {
+          outputs[r] = destinations.at(spec.id).data();
+        }
       }
       std::vector<Segment> mine;
       if (sizes[me] > 0) {
@@ -60,18 +64,27 @@ absl::StatusOr<ShardBuffers> ExchangeGatherRounds(Communicator& comm, const Exch
       }
       CKPT_RETURN_IF_ERROR(
           ChunkedAllGatherV(comm, mine, sizes, options.memory_budget_bytes, options.deadline, waves,
-                            [&](int source, size_t offset, const char* data, size_t size) {
-                              if (outputs[source] != nullptr)
-                                std::memcpy(outputs[source]->data() + offset, data, size);
+                            staging, [&](int source, size_t offset, const char* data, size_t size) {
+                              if (outputs[source] != nullptr) {
+                                std::memcpy(outputs[source] + offset, data, size);
+                              }
                             }));
     }
   }
-  for (auto& [id, bytes] : out) {
+  for (const auto& [id, target] : destinations) {
     auto it = loaded.find(id);
-    if (it != loaded.end()) bytes = it->second;
+    if (it != loaded.end()) CopyLoaded(it->second, target);
   }
   waves.Finish("gather_rounds", report);
-  return out;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardBuffers> ExchangeGatherRounds(Communicator& comm, const ExchangePlan& plan,
+                                                  const ShardBuffers& loaded,
+                                                  const ExchangeOptions& options,
+                                                  ExchangeReport* report) {
+  return exchange_internal::RunAllocating(ExchangeGatherRoundsInto, comm, plan, loaded, options,
+                                          report);
 }
 
 namespace {
@@ -159,16 +172,15 @@ absl::StatusOr<std::vector<HeaderEntry>> ParseHeader(const char* data, size_t si
 
 }  // namespace
 
-absl::StatusOr<ShardBuffers> ExchangeGatherObject(Communicator& comm, const ExchangePlan& plan,
-                                                  const ShardBuffers& loaded,
-                                                  const ExchangeOptions& options,
-                                                  ExchangeReport* report) {
+absl::Status ExchangeGatherObjectInto(Communicator& comm, const ExchangePlan& plan,
+                                      const ShardBuffers& loaded,
+                                      const DestinationBuffers& destinations,
+                                      const ExchangeOptions& options, ExchangeReport* report) {
   using namespace exchange_internal;
-  if (plan.num_ranks != comm.size() || static_cast<int>(plan.needs.size()) != comm.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("exchange plan is for ", plan.num_ranks,
-                                                   " ranks but the group has ", comm.size()));
-  }
-  CKPT_ASSIGN_OR_RETURN(ShardBuffers out, AllocateOutputs(plan, comm.rank()));
+  CKPT_RETURN_IF_ERROR(CheckPlanShape(plan, comm));
+  CKPT_RETURN_IF_ERROR(CheckDestinations(plan, comm.rank(), loaded, destinations).status());
+  StagingArena own_staging;
+  StagingArena& staging = options.staging != nullptr ? *options.staging : own_staging;
   const int n = comm.size();
   const int me = comm.rank();
   WaveRecorder waves(options.memory_budget_bytes);
@@ -182,7 +194,7 @@ absl::StatusOr<ShardBuffers> ExchangeGatherObject(Communicator& comm, const Exch
       comm.AllGather(&my_header_size, sizeof(uint64_t), header_sizes.data(), options.deadline));
   waves.Add(8 * n, 8 * (n - 1), 8 * (n - 1), absl::Now() - start);
   std::vector<size_t> counts(header_sizes.begin(), header_sizes.end());
-  std::string headers(TotalBytes(counts), '\0');
+  std::string headers(TotalBytes(counts), '\0');  // small: ids and sizes only
   start = absl::Now();
   CKPT_RETURN_IF_ERROR(comm.AllGatherV(header.data(), counts, headers.data(), options.deadline));
   waves.Add(headers.size(), header.size() * (n - 1), headers.size() - header.size(),
@@ -215,10 +227,10 @@ absl::StatusOr<ShardBuffers> ExchangeGatherObject(Communicator& comm, const Exch
   struct Wanted {
     uint64_t offset;
     uint64_t size;
-    std::string* output;
+    char* output;
   };
   std::vector<std::vector<Wanted>> wanted(n);
-  for (auto& [id, bytes] : out) {
+  for (const auto& [id, bytes] : destinations) {
     auto it = where.find(id);
     if (it == where.end()) {
       return absl::NotFoundError(absl::StrCat("gather_object: rank ", me, " needs shard ",
@@ -231,7 +243,7 @@ absl::StatusOr<ShardBuffers> ExchangeGatherObject(Communicator& comm, const Exch
     }
     // Empty shards need no bytes (and would break the offset order's partitioning).
     if (it->second.size > 0) {
-      wanted[it->second.rank].push_back({it->second.offset, it->second.size, &bytes});
+      wanted[it->second.rank].push_back({it->second.offset, it->second.size, bytes.data()});
     }
   }
   for (auto& w : wanted) {
@@ -243,7 +255,7 @@ absl::StatusOr<ShardBuffers> ExchangeGatherObject(Communicator& comm, const Exch
   std::vector<Segment> mine;
   for (const auto& [id, bytes] : loaded) mine.push_back({bytes.data(), bytes.size()});
   CKPT_RETURN_IF_ERROR(ChunkedAllGatherV(
-      comm, mine, payload_sizes, options.memory_budget_bytes, options.deadline, waves,
+      comm, mine, payload_sizes, options.memory_budget_bytes, options.deadline, waves, staging,
       [&](int source, size_t offset, const char* data, size_t size) {
         const std::vector<Wanted>& w = wanted[source];
         // First wanted shard ending after `offset` (shards are disjoint and sorted).
@@ -253,11 +265,19 @@ absl::StatusOr<ShardBuffers> ExchangeGatherObject(Communicator& comm, const Exch
           uint64_t lo = std::max<uint64_t>(it->offset, offset);
           uint64_t hi = std::min<uint64_t>(it->offset + it->size, offset + size);
           if (lo >= hi) continue;
-          std::memcpy(it->output->data() + (lo - it->offset), data + (lo - offset), hi - lo);
+          std::memcpy(it->output + (lo - it->offset), data + (lo - offset), hi - lo);
         }
       }));
   waves.Finish("gather_object", report);
-  return out;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardBuffers> ExchangeGatherObject(Communicator& comm, const ExchangePlan& plan,
+                                                  const ShardBuffers& loaded,
+                                                  const ExchangeOptions& options,
+                                                  ExchangeReport* report) {
+  return exchange_internal::RunAllocating(ExchangeGatherObjectInto, comm, plan, loaded, options,
+                                          report);
 }
 
 }  // namespace ckpt

@@ -11,7 +11,7 @@
 namespace ckpt {
 namespace exchange_internal {
 
-absl::StatusOr<DistributionIndex> IndexPlan(const ExchangePlan& plan, const Communicator& comm) {
+absl::Status CheckPlanShape(const ExchangePlan& plan, const Communicator& comm) {
   if (plan.num_ranks != comm.size()) {
     return absl::InvalidArgumentError(absl::StrCat("exchange plan is for ", plan.num_ranks,
                                                    " ranks but the group has ", comm.size()));
@@ -20,6 +20,11 @@ absl::StatusOr<DistributionIndex> IndexPlan(const ExchangePlan& plan, const Comm
     return absl::InvalidArgumentError(absl::StrCat(
         "exchange plan lists needs for ", plan.needs.size(), " ranks, expected ", plan.num_ranks));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DistributionIndex> IndexPlan(const ExchangePlan& plan, const Communicator& comm) {
+  CKPT_RETURN_IF_ERROR(CheckPlanShape(plan, comm));
   DistributionIndex index;
   index.reserve(plan.distribution.size());
   for (int i = 0; i < static_cast<int>(plan.distribution.size()); ++i) {
@@ -123,6 +128,99 @@ absl::StatusOr<ShardBuffers> AllocateOutputs(const ExchangePlan& plan, int rank)
   return out;
 }
 
+absl::StatusOr<std::vector<absl::Span<char>>> CheckDestinations(
+    const ExchangePlan& plan, int rank, const ShardBuffers& loaded,
+    const DestinationBuffers& destinations) {
+  std::vector<absl::Span<char>> targets;
+  targets.reserve(plan.needs[rank].size());
+  absl::flat_hash_set<ShardId> seen;
+  for (const ShardSpec& need : plan.needs[rank]) {
+    absl::Status valid = ValidateRegion(need.region, need.global_shape);
+    if (!valid.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " needs shard ",
+                                                     need.id.DebugString(), ": ", valid.message()));
+    }
+    if (!seen.insert(need.id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, " lists shard ", need.id.DebugString(), " twice"));
+    }
+    auto it = destinations.find(need.id);
+    if (it == destinations.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, " has no destination buffer for shard ",
+                       need.id.DebugString(), " (", need.NumBytes(), " bytes)"));
+    }
+    if (static_cast<int64_t>(it->second.size()) != need.NumBytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, "'s destination buffer for shard ", need.id.DebugString(),
+                       " holds ", it->second.size(), " bytes but the shard has ", need.NumBytes()));
+    }
+    if (it->second.data() == nullptr && !it->second.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, "'s destination buffer for shard ", need.id.DebugString(), " is null"));
+    }
+    targets.push_back(it->second);
+  }
+  if (destinations.size() != seen.size()) {
+    for (const auto& [id, span] : destinations) {
+      if (!seen.contains(id)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", rank, " was given a destination buffer for shard ",
+                         id.DebugString(), " which it does not need"));
+      }
+    }
+  }
+  // No two destinations may share memory, and none may share memory with a loaded buffer other
+  // than the one stored under its own id.
+  struct Range {
+    const char* begin;
+    const char* end;
+    const ShardId* id;
+    bool is_loaded;
+  };
+  std::vector<Range> ranges;
+  for (const auto& [id, span] : destinations) {
+    if (!span.empty()) ranges.push_back({span.data(), span.data() + span.size(), &id, false});
+  }
+  for (const auto& [id, bytes] : loaded) {
+    if (!bytes.empty()) ranges.push_back({bytes.data(), bytes.data() + bytes.size(), &id, true});
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.is_loaded < b.is_loaded;
+  });
+  const Range* reach = nullptr;  // the range reaching furthest so far
+  for (const Range& r : ranges) {
+    if (reach != nullptr && r.begin < reach->end) {
+      const bool same_buffer = reach->is_loaded != r.is_loaded && reach->begin == r.begin &&
+                               reach->end == r.end && *reach->id == *r.id;
+      if (!same_buffer && !(reach->is_loaded && r.is_loaded)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", rank, "'s destination buffer for shard ",
+                         (reach->is_loaded ? r.id : reach->id)->DebugString(), " overlaps the ",
+                         (reach->is_loaded || r.is_loaded) ? "loaded buffer" : "destination buffer",
+                         " of shard ", (reach->is_loaded ? reach->id : r.id)->DebugString()));
+      }
+    }
+    if (reach == nullptr || r.end > reach->end) reach = &r;
+  }
+  return targets;
+}
+
+void CopyLoaded(const std::string& loaded, absl::Span<char> destination) {
+  if (!loaded.empty() && loaded.data() != destination.data()) {
+    std::memcpy(destination.data(), loaded.data(), loaded.size());
+  }
+}
+
+absl::StatusOr<ShardBuffers> RunAllocating(IntoAlgorithm into, Communicator& comm,
+                                           const ExchangePlan& plan, const ShardBuffers& loaded,
+                                           const ExchangeOptions& options, ExchangeReport* report) {
+  CKPT_RETURN_IF_ERROR(CheckPlanShape(plan, comm));
+  CKPT_ASSIGN_OR_RETURN(ShardBuffers out, AllocateOutputs(plan, comm.rank()));
+  CKPT_RETURN_IF_ERROR(into(comm, plan, loaded, DestinationsOf(out), options, report));
+  return out;
+}
+
 void WaveRecorder::Add(int64_t staging, int64_t sent, int64_t received, absl::Duration time) {
   if (waves_.empty() || (waves_.back().collectives > 0 && wave_staging_ + staging > budget_)) {
     waves_.emplace_back();
@@ -160,13 +258,18 @@ void ReadSegments(absl::Span<const Segment> segments, size_t offset, size_t size
 
 absl::Status ChunkedAllGatherV(Communicator& comm, absl::Span<const Segment> mine,
                                absl::Span<const size_t> sizes, int64_t budget, absl::Time deadline,
-                               WaveRecorder& waves, const ChunkSink& sink) {
+                               WaveRecorder& waves, StagingArena& staging, const ChunkSink& sink) {
   const int n = comm.size();
   const int me = comm.rank();
   const size_t chunk = std::max<int64_t>(1, budget / (n + 1));
   const size_t longest = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
-  std::vector<char> send(std::min(chunk, sizes[me]));
-  std::vector<char> recv;
+  // Send window, then the largest receive window: one staging block for every sub-round.
+  const size_t send_capacity = std::min(chunk, sizes[me]);
+  size_t recv_capacity = 0;
+  for (size_t size : sizes) recv_capacity += std::min(chunk, size);
+  CKPT_ASSIGN_OR_RETURN(char* block, staging.Reserve(send_capacity + recv_capacity));
+  char* const send = block;
+  char* const recv = block + send_capacity;
   for (size_t window = 0; window < longest; window += chunk) {
     std::vector<size_t> counts(n);
     size_t total = 0;
@@ -175,15 +278,14 @@ absl::Status ChunkedAllGatherV(Communicator& comm, absl::Span<const Segment> min
       total += counts[r];
     }
     if (total == 0) continue;
-    ReadSegments(mine, window, counts[me], send.data());
-    recv.resize(total);
+    ReadSegments(mine, window, counts[me], send);
     absl::Time start = absl::Now();
-    CKPT_RETURN_IF_ERROR(comm.AllGatherV(send.data(), counts, recv.data(), deadline));
+    CKPT_RETURN_IF_ERROR(comm.AllGatherV(send, counts, recv, deadline));
     waves.Add(static_cast<int64_t>(total + counts[me]), counts[me] * (n - 1), total - counts[me],
               absl::Now() - start);
     size_t at = 0;
     for (int r = 0; r < n; ++r) {
-      if (counts[r] > 0) sink(r, window, recv.data() + at, counts[r]);
+      if (counts[r] > 0) sink(r, window, recv + at, counts[r]);
       at += counts[r];
     }
   }
@@ -191,6 +293,13 @@ absl::Status ChunkedAllGatherV(Communicator& comm, absl::Span<const Segment> min
 }
 
 }  // namespace exchange_internal
+
+DestinationBuffers DestinationsOf(ShardBuffers& buffers) {
+  DestinationBuffers destinations;
+  for (auto& [id, bytes] : buffers)
+    destinations.emplace(id, absl::Span<char>(bytes.data(), bytes.size()));
+  return destinations;
+}
 
 int64_t ExchangeReport::bytes_sent() const {
   int64_t total = 0;

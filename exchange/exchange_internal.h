@@ -19,6 +19,9 @@
 namespace ckpt {
 namespace exchange_internal {
 
+// Checks the plan's rank count and needs list against the group.
+absl::Status CheckPlanShape(const ExchangePlan& plan, const Communicator& comm);
+
 // Position of each stored shard in the distribution.
 using DistributionIndex = absl::flat_hash_map<ShardId, int>;
 
@@ -37,6 +40,25 @@ absl::StatusOr<std::vector<std::vector<int>>> HoldersOfStoredShards(const Exchan
 
 // Allocates the zero-filled output buffers for `rank`'s needs (duplicates are an error).
 absl::StatusOr<ShardBuffers> AllocateOutputs(const ExchangePlan& plan, int rank);
+
+// Checks `destinations` against `rank`'s needs (valid regions, no duplicate needs, one
+// destination of the right size per need, no extra ones, no two overlapping, none overlapping
+// a loaded buffer other than the one with its own id). Returns them in plan.needs[rank] order.
+absl::StatusOr<std::vector<absl::Span<char>>> CheckDestinations(
+    const ExchangePlan& plan, int rank, const ShardBuffers& loaded,
+    const DestinationBuffers& destinations);
+
+// Copies a loaded shard into its destination (nothing when they are the same memory).
+void CopyLoaded(const std::string& loaded, absl::Span<char> destination);
+
+// The allocating form of an algorithm: checks the plan's shape, allocates outputs for
+// comm.rank()'s needs and runs `into` on them.
+using IntoAlgorithm = absl::Status (*)(Communicator&, const ExchangePlan&, const ShardBuffers&,
+                                       const DestinationBuffers&, const ExchangeOptions&,
+                                       ExchangeReport*);
+absl::StatusOr<ShardBuffers> RunAllocating(IntoAlgorithm into, Communicator& comm,
+                                           const ExchangePlan& plan, const ShardBuffers& loaded,
+                                           const ExchangeOptions& options, ExchangeReport* report);
 
 // Groups consecutive collectives into waves whose staging stays within the budget, and
 // times them.
@@ -65,11 +87,12 @@ struct Segment {
 using ChunkSink = std::function<void(int source, size_t offset, const char* data, size_t size)>;
 
 // An all-gather-v of each rank's contribution (sizes[r] bytes; identical on every rank) done
-// in sub-rounds whose send + receive staging fits `budget`. Each sub-round moves the same byte
-// window of every contribution. `sink` also sees this rank's own bytes.
+// in sub-rounds whose send + receive staging (taken from `staging`) fits `budget`. Each
+// sub-round moves the same byte window of every contribution. `sink` also sees this rank's own
+// bytes.
 absl::Status ChunkedAllGatherV(Communicator& comm, absl::Span<const Segment> mine,
                                absl::Span<const size_t> sizes, int64_t budget, absl::Time deadline,
-                               WaveRecorder& waves, const ChunkSink& sink);
+                               WaveRecorder& waves, StagingArena& staging, const ChunkSink& sink);
 
 // Copies `size` bytes at logical offset `offset` of the concatenation of `segments` into dst.
 void ReadSegments(absl::Span<const Segment> segments, size_t offset, size_t size, char* dst);

@@ -51,14 +51,15 @@ void ForEachRunPart(const std::vector<CopyRun>& runs, int64_t begin, int64_t end
 
 }  // namespace
 
-absl::StatusOr<ShardBuffers> ExchangeOverlapAllToAll(Communicator& comm, const ExchangePlan& plan,
-                                                     const ShardBuffers& loaded,
-                                                     const ExchangeOptions& options,
-                                                     ExchangeReport* report) {
+absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan& plan,
+                                         const ShardBuffers& loaded,
+                                         const DestinationBuffers& destinations,
+                                         const ExchangeOptions& options, ExchangeReport* report) {
   using namespace exchange_internal;
   CKPT_ASSIGN_OR_RETURN(DistributionIndex index, IndexPlan(plan, comm));
   CKPT_RETURN_IF_ERROR(CheckLoaded(plan, index, comm.rank(), loaded));
-  CKPT_ASSIGN_OR_RETURN(ShardBuffers out, AllocateOutputs(plan, comm.rank()));
+  CKPT_ASSIGN_OR_RETURN(std::vector<absl::Span<char>> targets,
+                        CheckDestinations(plan, comm.rank(), loaded, destinations));
   const int n = comm.size();
   const int me = comm.rank();
 
@@ -110,9 +111,20 @@ absl::StatusOr<ShardBuffers> ExchangeOverlapAllToAll(Communicator& comm, const E
   // 2. Local overlaps are plain copies.
   for (const Transfer& tr : transfers) {
     if (tr.src != me || tr.dst != me) continue;
-    const std::string& src = loaded.at(plan.distribution[tr.stored].spec.id);
-    std::string& dst = out.at(plan.needs[me][tr.need].id);
-    CopyRuns(tr.runs, tr.elem_size, src.data(), dst.data());
+    const ShardSpec& stored = plan.distribution[tr.stored].spec;
+    const std::string& src = loaded.at(stored.id);
+    char* dst = targets[tr.need].data();
+    if (src.data() == dst) {
+      // The caller made the loaded buffer the destination: nothing to copy if it holds the
+      // same region.
+      const ShardSpec& need = plan.needs[me][tr.need];
+      if (stored.region == need.region) continue;
+      return absl::InvalidArgumentError(
+          absl::StrCat("overlap exchange: rank ", me, "'s destination for ", need.id.DebugString(),
+                       " region ", need.region.DebugString(), " is the loaded buffer of region ",
+                       stored.region.DebugString()));
+    }
+    CopyRuns(tr.runs, tr.elem_size, src.data(), dst);
   }
 
   // 3. Remote overlaps in waves: greedily, in transfer order, while every rank's send +
@@ -146,8 +158,22 @@ absl::StatusOr<ShardBuffers> ExchangeOverlapAllToAll(Communicator& comm, const E
     }
   }
 
+  // One staging block, sized for this rank's largest wave (send part, then receive part),
+  // reused by every wave and not zero-filled.
+  size_t largest_wave = 0;
+  for (const std::vector<Piece>& wave : waves_plan) {
+    size_t staged = 0;
+    for (const Piece& p : wave) {
+      const Transfer& tr = transfers[p.transfer];
+      if (tr.src == me || tr.dst == me) staged += (p.end - p.begin) * tr.elem_size;
+    }
+    largest_wave = std::max(largest_wave, staged);
+  }
+  StagingArena own_staging;
+  StagingArena& staging = options.staging != nullptr ? *options.staging : own_staging;
+  CKPT_ASSIGN_OR_RETURN(char* block, staging.Reserve(largest_wave));
+
   WaveRecorder recorder(budget);
-  std::vector<char> send_buf, recv_buf;
   for (const std::vector<Piece>& wave : waves_plan) {
     // Per peer, the pieces this rank sends and receives, in wave order.
     std::vector<size_t> send_bytes(n, 0), recv_bytes(n, 0);
@@ -162,8 +188,10 @@ absl::StatusOr<ShardBuffers> ExchangeOverlapAllToAll(Communicator& comm, const E
       send_at[p] = send_at[p - 1] + send_bytes[p - 1];
       recv_at[p] = recv_at[p - 1] + recv_bytes[p - 1];
     }
-    send_buf.resize(send_at[n - 1] + send_bytes[n - 1]);
-    recv_buf.resize(recv_at[n - 1] + recv_bytes[n - 1]);
+    const size_t send_total = send_at[n - 1] + send_bytes[n - 1];
+    const size_t recv_total = recv_at[n - 1] + recv_bytes[n - 1];
+    char* const send_buf = block;
+    char* const recv_buf = block + send_total;
     std::vector<std::vector<ByteSlice>> send_slices(n), recv_slices(n);
     for (int p = 0; p < n; ++p) {
       if (send_bytes[p] > 0) send_slices[p] = {{send_at[p], send_bytes[p]}};
@@ -177,30 +205,37 @@ absl::StatusOr<ShardBuffers> ExchangeOverlapAllToAll(Communicator& comm, const E
       const char* src = loaded.at(plan.distribution[tr.stored].spec.id).data();
       size_t& at = cursor[tr.dst];
       ForEachRunPart(tr.runs, p.begin, p.end, [&](int64_t s, int64_t, int64_t count) {
-        std::memcpy(send_buf.data() + at, src + s * tr.elem_size, count * tr.elem_size);
+        std::memcpy(send_buf + at, src + s * tr.elem_size, count * tr.elem_size);
         at += count * tr.elem_size;
       });
     }
     absl::Time start = absl::Now();
-    CKPT_RETURN_IF_ERROR(comm.IndexedAllToAllV(send_buf.data(), send_slices, recv_buf.data(),
-                                               recv_slices, options.deadline));
-    recorder.Add(send_buf.size() + recv_buf.size(), send_buf.size(), recv_buf.size(),
-                 absl::Now() - start);
+    CKPT_RETURN_IF_ERROR(
+        comm.IndexedAllToAllV(send_buf, send_slices, recv_buf, recv_slices, options.deadline));
+    recorder.Add(send_total + recv_total, send_total, recv_total, absl::Now() - start);
     // Scatter what this rank received into its needed regions.
     cursor = recv_at;
     for (const Piece& p : wave) {
       const Transfer& tr = transfers[p.transfer];
       if (tr.dst != me) continue;
-      char* dst = out.at(plan.needs[me][tr.need].id).data();
+      char* dst = targets[tr.need].data();
       size_t& at = cursor[tr.src];
       ForEachRunPart(tr.runs, p.begin, p.end, [&](int64_t, int64_t d, int64_t count) {
-        std::memcpy(dst + d * tr.elem_size, recv_buf.data() + at, count * tr.elem_size);
+        std::memcpy(dst + d * tr.elem_size, recv_buf + at, count * tr.elem_size);
         at += count * tr.elem_size;
       });
     }
   }
   recorder.Finish("overlap_all_to_all", report);
-  return out;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardBuffers> ExchangeOverlapAllToAll(Communicator& comm, const ExchangePlan& plan,
+                                                     const ShardBuffers& loaded,
+                                                     const ExchangeOptions& options,
+                                                     ExchangeReport* report) {
+  return exchange_internal::RunAllocating(ExchangeOverlapAllToAllInto, comm, plan, loaded, options,
+                                          report);
 }
 
 }  // namespace ckpt
