@@ -23,6 +23,7 @@
 #include "coordinator/kv_store.h"
 #include "coordinator/load_exchange.h"
 #include "coordinator/rendezvous_service.h"
+#include "coordinator/reshard_commit.h"
 #include "coordinator/save_commit.h"
 #include "spdlog/spdlog.h"
 
@@ -93,12 +94,21 @@ int Run() {
   coordinator.SetPlanner(
       ckpt::coordinator::OperationKind::kSave,
       [&saves](const ckpt::coordinator::Operation& op) { return saves.Plan(op); });
-  coordinator.SetCommitter([&saves](const ckpt::coordinator::Operation& op) -> absl::Status {
-    if (op.kind == ckpt::coordinator::OperationKind::kSave) return saves.Commit(op);
-    return absl::UnimplementedError("committing reshards is not wired into this coordinator yet");
+  // Reshards on the workers: source manifest + target layout -> one part per target rank;
+  // the manifest is committed from the ranks' records the same way.
+  ckpt::coordinator::ReshardCommitter reshards;
+  coordinator.SetPlanner(
+      ckpt::coordinator::OperationKind::kReshard,
+      [&reshards](const ckpt::coordinator::Operation& op) { return reshards.Plan(op); });
+  coordinator.SetCommitter(
+      [&saves, &reshards](const ckpt::coordinator::Operation& op) -> absl::Status {
+        if (op.kind == ckpt::coordinator::OperationKind::kReshard) return reshards.Commit(op);
+        return saves.Commit(op);
+      });
+  coordinator.SetFinalizer([&saves, &reshards](const ckpt::coordinator::Operation& op) {
+    saves.Finalize(op);
+    reshards.Finalize(op);
   });
-  coordinator.SetFinalizer(
-      [&saves](const ckpt::coordinator::Operation& op) { saves.Finalize(op); });
   // Loads: each stored piece is read once, by one rank, and exchanged between the workers of
   // the operation (algorithm and budget from the trainers' load options, else the flags).
   ckpt::coordinator::LoadPlannerOptions load_defaults;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "coordinator/layout_spec.h"
 #include "coordinator/operation_wire.h"
 #include "spdlog/spdlog.h"
 
@@ -310,9 +311,8 @@ grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
       if (context->IsCancelled()) return grpc::Status::CANCELLED;
       const WorkerRecord* w = workers_.Find(worker_id);
       if (w == nullptr || !w->alive) {
-        return ToGrpcStatus(absl::FailedPreconditionError(
-            absl::StrCat("worker ", worker_id,
-                         " is not registered (or lost its lease); register again")));
+        return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+            "worker ", worker_id, " is not registered (or lost its lease); register again")));
       }
       seen_version = jobs_.phase_version();
       for (const Operation* op : jobs_.Operations()) {
@@ -402,6 +402,59 @@ grpc::Status CoordinatorService::RequestOperation(grpc::ServerContext*,
                std::string(OperationKindName(*kind)), request->path());
   response->set_operation_id(*id);
   Changed();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::StartReshard(grpc::ServerContext*,
+                                              const pb::StartReshardRequest* request,
+                                              pb::StartReshardResponse* response) {
+  absl::StatusOr<LayoutSpec> layout = LayoutSpec::Parse(request->layout_json());
+  if (!layout.ok()) {
+    return ToGrpcStatus(absl::Status(layout.status().code(),
+                                     absl::StrCat("target layout: ", layout.status().message())));
+  }
+  if (request->memory_budget_bytes() < 0 || request->max_workers() < 0) {
+    return ToGrpcStatus(
+        absl::InvalidArgumentError("memory budget and max workers must not be negative"));
+  }
+  absl::MutexLock lock(&mu_);
+  std::vector<const WorkerRecord*> live;
+  for (const WorkerRecord* w : workers_.All()) {
+    if (w->alive) live.push_back(w);
+  }
+  std::stable_sort(live.begin(), live.end(), [](const WorkerRecord* a, const WorkerRecord* b) {
+    return a->registered < b->registered;
+  });
+  if (request->max_workers() > 0 && static_cast<int>(live.size()) > request->max_workers()) {
+    live.resize(request->max_workers());
+  }
+  if (live.empty()) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        "no live worker is registered with this coordinator to execute the reshard; start "
+        "ckpt_worker daemons (or reshard without --coordinator, in this process)"));
+  }
+  std::vector<RankLocation> locations;
+  for (int64_t r = 0; r < layout->world_size(); ++r) {
+    const WorkerRecord* w = live[r % live.size()];
+    locations.push_back(RankLocation{w->id, w->description.host, w->description.pid});
+  }
+  ReshardSpec spec;
+  spec.source = request->source();
+  spec.layout_json = request->layout_json();
+  spec.overwrite = request->overwrite();
+  spec.memory_budget_bytes = request->memory_budget_bytes();
+  absl::StatusOr<std::string> id =
+      jobs_.StartReshard(request->destination(), std::move(spec), locations);
+  if (!id.ok()) return ToGrpcStatus(id.status());
+  const Operation* op = jobs_.FindOperation(*id);
+  spdlog::info("reshard_started op={} source={} destination={} ranks={} workers={}", *id,
+               request->source(), request->destination(), layout->world_size(), live.size());
+  response->set_operation_id(*id);
+  response->set_job(op->job);
+  response->set_world_size(op->world_size);
+  response->set_workers(static_cast<int32_t>(live.size()));
+  Changed();
+  Advance(*id);
   return grpc::Status::OK;
 }
 

@@ -90,6 +90,10 @@ class CoordinatorService final : public pb::Coordinator::Service {
                                 pb::PendingOperationResponse* response) override;
   grpc::Status GetStatus(grpc::ServerContext* context, const pb::GetStatusRequest* request,
                          pb::GetStatusResponse* response) override;
+  // Starts a reshard executed on the live workers: the target layout's ranks are spread over
+  // them round-robin (in registration order), then planned and executed like any operation.
+  grpc::Status StartReshard(grpc::ServerContext* context, const pb::StartReshardRequest* request,
+                            pb::StartReshardResponse* response) override;
 
   // One pass of lease and deadline checks (the ticker calls it; tests may too).
   void TickOnce();

@@ -121,6 +121,49 @@ absl::StatusOr<std::string> JobState::RequestOperation(absl::string_view job_nam
   return op->id;
 }
 
+absl::StatusOr<std::string> JobState::StartReshard(absl::string_view destination, ReshardSpec spec,
+                                                   const std::vector<RankLocation>& locations) {
+  if (destination.empty()) return absl::InvalidArgumentError("reshard destination is empty");
+  if (spec.source.empty()) return absl::InvalidArgumentError("reshard source is empty");
+  if (locations.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reshard into ", destination, ": the target layout has no ranks"));
+  }
+  for (size_t r = 0; r < locations.size(); ++r) {
+    if (locations[r].worker_id.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reshard into ", destination, ": rank ", r, " has no worker"));
+    }
+  }
+  const std::string name = absl::StrCat("reshard:", destination);
+  if (const Operation* busy = InFlight(name)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a reshard into ", destination, " is already in flight: ", busy->DebugString(),
+                     " in phase ", PhaseName(busy->phase)));
+  }
+  Job& job = jobs_[name];
+  if (job.name.empty()) {
+    job.name = name;
+    job.created = clock_->Now();
+  }
+  job.world_size = static_cast<int>(locations.size());
+  job.ranks.clear();
+  for (size_t r = 0; r < locations.size(); ++r) job.ranks[static_cast<int>(r)] = locations[r];
+  Operation* op =
+      CreateOperation(job, OperationKind::kReshard, destination, "operator", absl::ZeroDuration());
+  op->reshard = std::move(spec);
+  const absl::Time now = clock_->Now();
+  for (size_t r = 0; r < locations.size(); ++r) {
+    RankEntry& entry = op->ranks[r];
+    entry.joined = true;
+    entry.location = locations[r];
+    entry.joined_at = now;
+  }
+  ++version_;
+  EnterPhase(*op, Phase::kPlanning, now + options_.execution_deadline);
+  return op->id;
+}
+
 const Operation* JobState::PendingForRank(absl::string_view job, int rank) const {
   const Operation* op = InFlight(job);
   if (op == nullptr || op->phase != Phase::kGathering || op->requested_by != "operator") {

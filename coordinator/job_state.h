@@ -83,7 +83,16 @@ struct RankEntry {
   int64_t bytes_read = 0;  // load: bytes the rank read from storage
 };
 
-// A save, load or reshard of one job (or, for offline reshards, of a job created for it).
+// What a reshard executed on the workers reads and how (Operation::path is the destination).
+struct ReshardSpec {
+  std::string source;               // the committed checkpoint to read
+  std::string layout_json;          // the target layout (coordinator/layout_spec.h)
+  bool overwrite = false;           // replace an existing checkpoint at the destination
+  int64_t memory_budget_bytes = 0;  // per rank; 0: the planner's default
+};
+
+// A save, load or reshard of one job (or, for reshards on the cluster, of a job created for
+// it: "reshard:<destination>").
 struct Operation {
   std::string id;  // "op-<n>", unique for the lifetime of the coordinator
   std::string job;
@@ -94,6 +103,7 @@ struct Operation {
   // Load options of the trainers (first rank to give any); empty/0: the coordinator's default.
   std::string load_algorithm;
   int64_t load_memory_budget_bytes = 0;
+  ReshardSpec reshard;  // kReshard only
   int world_size = 0;
   Phase phase = Phase::kGathering;
   absl::Time created;
@@ -176,6 +186,14 @@ class JobState {
                                                absl::Duration arrival_deadline,
                                                absl::string_view load_algorithm = "",
                                                int64_t load_memory_budget_bytes = 0);
+
+  // An operator starts a reshard executed on the workers: a job "reshard:<destination>" of
+  // `locations.size()` ranks (rank r served by locations[r]) whose operation skips gathering
+  // (the ranks have no trainers) and enters planning at once. FailedPrecondition when a
+  // reshard into the same destination is in flight; InvalidArgument for an empty source,
+  // destination or rank list, or a rank without a worker.
+  absl::StatusOr<std::string> StartReshard(absl::string_view destination, ReshardSpec spec,
+                                           const std::vector<RankLocation>& locations);
 
   // The operator-requested operation of `job` that `rank` has not joined yet, if any.
   const Operation* PendingForRank(absl::string_view job, int rank) const;

@@ -361,6 +361,18 @@ for l in tp4dp1 uneven3; do
     fail_step "ckptctl reshard to $l: $(tail -1 "$LOGS/reshard-$l.log")"
   fi
 done
+# The same reshard executed by the running cluster's workers (the coordinator plans and commits).
+log "ckptctl reshard $SAVED -> $CK/gpt-cluster-tp4dp1 --coordinator (on the 4 workers)"
+drop_cache "$SAVED"
+if timed reshard-cluster "$CKPTCTL" reshard "$SAVED" "$CK/gpt-cluster-tp4dp1" \
+    --layout "$LAYOUTS/tp4dp1.json" --coordinator "$ADDRESS"; then
+  timed check-cluster "$GPT_TOOL" check "$CK/gpt-cluster-tp4dp1" --layout "$LAYOUTS/tp4dp1.json" ||
+    fail_step "content check of the cluster reshard: $(tail -1 "$LOGS/check-cluster.log")"
+  timed verify-cluster "$CKPTCTL" verify "$CK/gpt-cluster-tp4dp1" ||
+    fail_step "ckptctl verify of the cluster reshard: $(tail -1 "$LOGS/verify-cluster.log")"
+else
+  fail_step "ckptctl reshard --coordinator: $(tail -1 "$LOGS/reshard-cluster.log")"
+fi
 log "ckptctl inspect $SAVED"
 if timed inspect "$CKPTCTL" inspect "$SAVED"; then
   head -12 "$LOGS/inspect.log" | sed 's/^/    /'
@@ -457,6 +469,8 @@ row("load    ckptctl load -> loaded", b, seconds("operator-load"),
 for l, label in (("tp4dp1", "TP4xDP1"), ("uneven3", "uneven3")):
     row(f"reshard offline -> {label}", tensor_bytes, seconds("reshard-" + l),
         ok_file("reshard-" + l), bw_w, "write")
+row("reshard cluster -> TP4xDP1", tensor_bytes, seconds("reshard-cluster"),
+    ok_file("reshard-cluster") and ok_file("check-cluster"), bw_w, "write")
 row("export  -> safetensors", tensor_bytes, seconds("export"), ok_file("export"), bw_w, "write")
 row("verify  checksums, every byte", tensor_bytes, seconds("verify"), ok_file("verify"), bw_r,
     "read")

@@ -13,6 +13,7 @@
 #include "spdlog/spdlog.h"
 #include "worker/load_exchange_executor.h"
 #include "worker/load_executor.h"
+#include "worker/reshard_executor.h"
 #include "worker/save_executor.h"
 
 namespace ckpt::worker {
@@ -357,7 +358,30 @@ void WorkerService::Execute(const pb::WorkItem& item, const std::atomic<bool>& c
   const absl::Time start = absl::Now();
   pb::SavePlanPart save_part;
   pb::LoadPlanPart load_part;
-  if (!session.has_value()) {
+  if (item.kind() == pb::OPERATION_RESHARD) {
+    // No trainer: the worker reads the source checkpoint and writes the rank's files itself.
+    pb::ReshardPlanPart part;
+    ReshardPartStats stats;
+    if (!part.ParseFromString(item.plan_part())) {
+      result = absl::InvalidArgumentError(absl::StrCat(where, ": unreadable reshard plan part"));
+    } else {
+      absl::StatusOr<std::string> done =
+          ExecuteReshardPart(part, report_progress, is_cancelled, &stats);
+      if (done.ok()) {
+        written = *std::move(done);
+      } else {
+        result =
+            absl::Status(done.status().code(), absl::StrCat(where, ": ", done.status().message()));
+      }
+      bytes_read = stats.bytes_read;
+    }
+    spdlog::info(
+        "reshard_part_done op={} rank={} bytes={} files={} pieces={} bytes_read={} read_s={:.3f} "
+        "write_s={:.3f} seconds={:.3f} ok={}",
+        item.operation_id(), item.rank(), part.total_bytes(), stats.files, stats.pieces,
+        stats.bytes_read, stats.read_seconds, stats.write_seconds,
+        absl::ToDoubleSeconds(absl::Now() - start), result.ok());
+  } else if (!session.has_value()) {
     result = absl::FailedPreconditionError(absl::StrCat(where, ": the trainer of rank ",
                                                         item.rank(), " of job ", item.job(),
                                                         " is no longer connected"));
@@ -419,11 +443,8 @@ void WorkerService::Execute(const pb::WorkItem& item, const std::atomic<bool>& c
                  item.operation_id(), item.rank(), load_part.total_bytes(), load_part.reads_size(),
                  absl::ToDoubleSeconds(absl::Now() - start), result.ok());
   } else {
-    // Reshard parts (read + exchange + write) are not wired into the worker yet: say so to the
-    // coordinator, which aborts the operation for every rank.
-    result = absl::UnimplementedError(
-        absl::StrCat(where, " cannot execute ", kind,
-                     " plan parts yet: the exchange data path is not wired into ckpt_worker"));
+    result = absl::InvalidArgumentError(
+        absl::StrCat(where, " cannot execute plan parts of kind ", kind));
   }
   pb::ReportResultRequest report;
   report.set_operation_id(item.operation_id());

@@ -2,8 +2,8 @@
 // trainer sessions and their shared tensors, and save/load requests forwarded to the
 // coordinator as operation joins carrying the rank's shard metadata. Plan parts arrive over the
 // coordinator's work stream: save parts are written from the trainer's shared memory into the
-// save's staging directory, load parts are read from the checkpoint into it; reshard parts are
-// reported back as not executable until the exchange data path is wired in.
+// save's staging directory, load parts are read from the checkpoint into it, reshard parts
+// (no trainer involved) read the source checkpoint and write the rank's files of the target.
 #ifndef CKPT_WORKER_WORKER_SERVICE_H_
 #define CKPT_WORKER_WORKER_SERVICE_H_
 

@@ -9,7 +9,7 @@
 namespace ckpt::ckptctl {
 
 // Entry points, one per module (tools/ckptctl/*_cmd.cc). Add new ones here and below.
-int RunPlanCommand(const std::vector<std::string>& args);  // plan_cmd.cc
+int RunPlanCommand(const std::vector<std::string>& args);     // plan_cmd.cc
 int RunInspectCommand(const std::vector<std::string>& args);  // storage_cmd.cc
 int RunVerifyCommand(const std::vector<std::string>& args);   // storage_cmd.cc
 int RunImportCommand(const std::vector<std::string>& args);   // storage_cmd.cc
@@ -29,15 +29,13 @@ const std::vector<Command>& AllCommands() {
        RunVerifyCommand},
       {"import", "convert Hugging Face safetensors (file, dir or index.json) into a checkpoint",
        RunImportCommand},
-      {"export", "consolidate a checkpoint into full tensors as safetensors",
-       RunExportCommand},
+      {"export", "consolidate a checkpoint into full tensors as safetensors", RunExportCommand},
       {"status", "workers, jobs and operations in flight (with progress) of a coordinator",
        RunStatusCommand},
       {"save", "operator-requested save of a running job (at its next Poll); waits for commit",
        RunSaveCommand},
-      {"load", "operator-requested load of a running job into its current layout",
-       RunLoadCommand},
-      {"reshard", "rewrite a checkpoint into a target layout's pieces (in-process, bounded memory)",
+      {"load", "operator-requested load of a running job into its current layout", RunLoadCommand},
+      {"reshard", "rewrite a checkpoint into a target layout's pieces (in-process or on a cluster)",
        RunReshardCommand},
   };
   return *commands;

@@ -1,4 +1,5 @@
-// ckptctl reshard: rewrite a checkpoint into the pieces of a target layout, in-process.
+// ckptctl reshard: rewrite a checkpoint into the pieces of a target layout, in-process or on
+// a cluster's workers (--coordinator).
 #include <unistd.h>
 
 #include <cctype>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "coordinator/layout_spec.h"
 #include "nlohmann/json.hpp"
+#include "tools/ckptctl/cluster_reshard.h"
 #include "tools/ckptctl/commands.h"
 #include "tools/offline_reshard.h"
 
@@ -37,7 +39,13 @@ constexpr char kHelp[] =
     "  --direct-io            O_DIRECT reads and writes (where the filesystem allows)\n"
     "  --no-verify            do not verify source checksums while reading\n"
     "  --json                 print the summary as one JSON object\n"
-    "  --coordinator ADDR     run on a cluster's workers (not available in this build)\n";
+    "\n"
+    "on a cluster (the ranks of the target layout spread over the live ckpt_worker daemons,\n"
+    "each reading what its pieces need and writing its files; the coordinator commits):\n"
+    "  --coordinator ADDR     the coordinator's host:port\n"
+    "  --max-workers N        use at most N workers (default: every live one)\n"
+    "  --timeout SECONDS      give up waiting after this long (default 3600)\n"
+    "  (--memory-budget is then per rank; --threads, --direct-io, --no-verify do not apply)\n";
 
 int Usage(const std::string& msg) {
   std::fprintf(stderr, "ckptctl reshard: %s (see ckptctl reshard --help)\n", msg.c_str());
@@ -81,8 +89,8 @@ int RunReshardCommand(const std::vector<std::string>& args) {
   std::map<std::string, std::string> flags;
   const std::vector<std::string> bool_flags = {"overwrite", "direct-io", "no-verify", "json",
                                                "help"};
-  const std::vector<std::string> value_flags = {"layout", "memory-budget", "threads",
-                                                "coordinator"};
+  const std::vector<std::string> value_flags = {"layout",      "memory-budget", "threads",
+                                                "coordinator", "max-workers",   "timeout"};
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "-h") {
@@ -117,17 +125,44 @@ int RunReshardCommand(const std::vector<std::string>& args) {
     std::fputs(kHelp, stdout);
     return 0;
   }
-  if (flags.count("coordinator")) {
-    std::fprintf(stderr,
-                 "ckptctl reshard: --coordinator is not available in this build: run without "
-                 "--coordinator to reshard in this process\n");
-    return 2;
-  }
   if (positional.size() != 2) {
     return Usage(absl::StrCat("expected <src> <dst>, got ", positional.size(), " paths"));
   }
   if (!flags.count("layout")) return Usage("--layout <layout.json> is required");
 
+  if (flags.count("coordinator")) {
+    ClusterReshardArgs cluster;
+    cluster.coordinator = flags["coordinator"];
+    cluster.source = positional[0];
+    cluster.destination = positional[1];
+    cluster.layout_path = flags["layout"];
+    cluster.overwrite = flags.count("overwrite") > 0;
+    cluster.json = flags.count("json") > 0;
+    for (const char* local : {"threads", "direct-io", "no-verify"}) {
+      if (flags.count(local)) {
+        return Usage(absl::StrCat("--", local, " applies only without --coordinator"));
+      }
+    }
+    if (flags.count("memory-budget") &&
+        !ParseBytes(flags["memory-budget"], &cluster.memory_budget_bytes)) {
+      return Usage(absl::StrCat("bad --memory-budget \"", flags["memory-budget"], "\""));
+    }
+    if (flags.count("max-workers") &&
+        (!absl::SimpleAtoi(flags["max-workers"], &cluster.max_workers) ||
+         cluster.max_workers < 1)) {
+      return Usage(absl::StrCat("bad --max-workers \"", flags["max-workers"], "\""));
+    }
+    if (flags.count("timeout") &&
+        (!absl::SimpleAtoi(flags["timeout"], &cluster.timeout_s) || cluster.timeout_s < 1)) {
+      return Usage(absl::StrCat("bad --timeout \"", flags["timeout"], "\""));
+    }
+    return RunClusterReshard(cluster);
+  }
+  for (const char* cluster_only : {"max-workers", "timeout"}) {
+    if (flags.count(cluster_only)) {
+      return Usage(absl::StrCat("--", cluster_only, " applies only with --coordinator"));
+    }
+  }
   OfflineReshardOptions options;
   options.overwrite = flags.count("overwrite") > 0;
   options.verify_checksums = flags.count("no-verify") == 0;

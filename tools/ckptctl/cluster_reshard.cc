@@ -1,0 +1,118 @@
+#include "tools/ckptctl/cluster_reshard.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "nlohmann/json.hpp"
+#include "proto/coordinator.grpc.pb.h"
+
+namespace ckpt::ckptctl {
+namespace {
+
+double Gb(int64_t bytes) { return static_cast<double>(bytes) / 1e9; }
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "ckptctl reshard: %s\n", message.c_str());
+  return 1;
+}
+
+// The coordinator and the workers resolve paths in their own working directories.
+std::string Absolute(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(path, ec);
+  return ec ? path : p.lexically_normal().string();
+}
+
+}  // namespace
+
+int RunClusterReshard(const ClusterReshardArgs& args) {
+  std::ifstream in(args.layout_path);
+  if (!in) return Fail(absl::StrCat("cannot read layout file ", args.layout_path));
+  std::stringstream layout;
+  layout << in.rdbuf();
+
+  auto stub = pb::Coordinator::NewStub(
+      grpc::CreateChannel(args.coordinator, grpc::InsecureChannelCredentials()));
+  const absl::Time start = absl::Now();
+  pb::StartReshardRequest request;
+  request.set_source(Absolute(args.source));
+  request.set_destination(Absolute(args.destination));
+  request.set_layout_json(layout.str());
+  request.set_overwrite(args.overwrite);
+  request.set_memory_budget_bytes(args.memory_budget_bytes);
+  request.set_max_workers(args.max_workers);
+  pb::StartReshardResponse started;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    absl::Status s = FromGrpcStatus(stub->StartReshard(&context, request, &started),
+                                    absl::StrCat("StartReshard at coordinator ", args.coordinator));
+    if (!s.ok()) return Fail(std::string(s.message()));
+  }
+  const bool show = !args.json && isatty(STDERR_FILENO);
+  if (!args.json) {
+    std::fprintf(stderr, "reshard started as %s: %d ranks on %d workers\n",
+                 started.operation_id().c_str(), started.world_size(), started.workers());
+  }
+  const absl::Time deadline = start + absl::Seconds(args.timeout_s);
+  pb::OperationStatus op;
+  while (true) {
+    grpc::ClientContext context;
+    absl::Duration wait = std::min(absl::Milliseconds(500), deadline - absl::Now());
+    if (wait < absl::ZeroDuration()) wait = absl::ZeroDuration();
+    context.set_deadline(absl::ToChronoTime(absl::Now() + wait + absl::Seconds(10)));
+    pb::WaitOperationRequest w;
+    w.set_operation_id(started.operation_id());
+    w.set_timeout_ms(absl::ToInt64Milliseconds(wait));
+    absl::Status s =
+        FromGrpcStatus(stub->WaitOperation(&context, w, &op),
+                       absl::StrCat("WaitOperation at coordinator ", args.coordinator));
+    if (!s.ok()) return Fail(std::string(s.message()));
+    if (op.phase() == pb::PHASE_DONE || op.phase() == pb::PHASE_ABORTED) break;
+    if (show) {
+      std::fprintf(stderr, "\r  %s: %.3f / %.3f GB  ",
+                   pb::OperationPhase_Name(op.phase()).substr(6).c_str(), Gb(op.bytes_done()),
+                   Gb(op.bytes_total()));
+    }
+    if (absl::Now() >= deadline) {
+      if (show) std::fputc('\n', stderr);
+      return Fail(absl::StrCat(op.id(), " did not finish within ", args.timeout_s,
+                               " s (it goes on at the coordinator)"));
+    }
+  }
+  if (show) std::fputc('\n', stderr);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (op.phase() == pb::PHASE_ABORTED) return Fail(op.status().message());
+  const double gbps = seconds > 0 ? Gb(op.bytes_total()) / seconds : 0;
+  if (args.json) {
+    nlohmann::json j = {{"operation", op.id()},
+                        {"src", request.source()},
+                        {"dst", request.destination()},
+                        {"world_size", op.world_size()},
+                        {"workers", started.workers()},
+                        {"bytes_read", op.bytes_read()},
+                        {"bytes_written", op.bytes_total()},
+                        {"seconds", seconds},
+                        {"gb_per_s", gbps}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf(
+      "resharded %s -> %s on the cluster (%s: %d ranks on %d workers)\n"
+      "  read %lld bytes, wrote %lld bytes in %.2f s, %.2f GB/s, committed\n",
+      request.source().c_str(), request.destination().c_str(), op.id().c_str(), op.world_size(),
+      started.workers(), static_cast<long long>(op.bytes_read()),
+      static_cast<long long>(op.bytes_total()), seconds, gbps);
+  return 0;
+}
+
+}  // namespace ckpt::ckptctl
