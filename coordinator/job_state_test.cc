@@ -372,3 +372,77 @@ TEST_F(JobStateTest, VersionChangesOnEveryTransition) {
 
 }  // namespace
 }  // namespace ckpt::coordinator
+
+namespace ckpt::coordinator {
+namespace {
+
+class StartReshardTest : public ::testing::Test {
+ protected:
+  FakeClock clock_;
+  JobState state_{&clock_, JobStateOptions()};
+  ReshardSpec Spec() {
+    ReshardSpec s;
+    s.source = "/ckpt/src";
+    s.layout_json = "{}";
+    return s;
+  }
+};
+
+TEST_F(StartReshardTest, SkipsGatheringAndPlansAtOnce) {
+  auto id = state_.StartReshard("/ckpt/dst", Spec(), {Loc(0), Loc(1), Loc(0)});
+  ASSERT_TRUE(id.ok()) << id.status();
+  const Operation* op = state_.FindOperation(*id);
+  ASSERT_NE(op, nullptr);
+  EXPECT_EQ(op->kind, OperationKind::kReshard);
+  EXPECT_EQ(op->phase, Phase::kPlanning);
+  EXPECT_EQ(op->job, "reshard:/ckpt/dst");
+  EXPECT_EQ(op->world_size, 3);
+  EXPECT_EQ(op->JoinedRanks(), 3);
+  EXPECT_EQ(op->ranks[2].location.worker_id, "w-0");
+  EXPECT_EQ(op->reshard.source, "/ckpt/src");
+  // Executes and commits like a save.
+  ASSERT_TRUE(state_.SetPlan(*id, {{"a", 1}, {"b", 1}, {"c", 1}}).ok());
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(state_.ReportResult(*id, r, absl::OkStatus()).ok());
+  EXPECT_EQ(state_.FindOperation(*id)->phase, Phase::kCommitting);
+}
+
+TEST_F(StartReshardTest, OneReshardPerDestinationAtATime) {
+  auto first = state_.StartReshard("/ckpt/dst", Spec(), {Loc(0)});
+  ASSERT_TRUE(first.ok());
+  auto second = state_.StartReshard("/ckpt/dst", Spec(), {Loc(0), Loc(1)});
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), HasSubstr("already in flight"));
+  // Another destination is independent; after the first ends, the destination is free again
+  // (with another world size).
+  EXPECT_TRUE(state_.StartReshard("/ckpt/other", Spec(), {Loc(1)}).ok());
+  ASSERT_TRUE(state_.Abort(*first, absl::CancelledError("operator")).ok());
+  EXPECT_TRUE(state_.StartReshard("/ckpt/dst", Spec(), {Loc(0), Loc(1)}).ok());
+}
+
+TEST_F(StartReshardTest, RejectsEmptyRequests) {
+  EXPECT_EQ(state_.StartReshard("", Spec(), {Loc(0)}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ReshardSpec no_source = Spec();
+  no_source.source.clear();
+  EXPECT_EQ(state_.StartReshard("/d", no_source, {Loc(0)}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_.StartReshard("/d", Spec(), {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_.StartReshard("/d", Spec(), {RankLocation{}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(StartReshardTest, LostWorkerAbortsNamingItsRanks) {
+  auto id = state_.StartReshard("/ckpt/dst", Spec(), {Loc(0), Loc(1)});
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(state_.SetPlan(*id, {{"a", 1}, {"b", 1}}).ok());
+  std::vector<std::string> aborted = state_.WorkerLost("w-1", "missed its lease");
+  ASSERT_EQ(aborted, std::vector<std::string>{*id});
+  const Operation* op = state_.FindOperation(*id);
+  EXPECT_EQ(op->phase, Phase::kAborted);
+  EXPECT_THAT(op->status.message(), HasSubstr("rank 1"));
+  EXPECT_THAT(op->status.message(), HasSubstr("missed its lease"));
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

@@ -60,7 +60,7 @@ int RunClusterReshard(const ClusterReshardArgs& args) {
   }
   const bool show = !args.json && isatty(STDERR_FILENO);
   if (!args.json) {
-    std::fprintf(stderr, "reshard started as %s: %d ranks on %d workers\n",
+    std::fprintf(stderr, "reshard started as %s: %d ranks on %d worker(s)\n",
                  started.operation_id().c_str(), started.world_size(), started.workers());
   }
   const absl::Time deadline = start + absl::Seconds(args.timeout_s);
@@ -107,7 +107,7 @@ int RunClusterReshard(const ClusterReshardArgs& args) {
     return 0;
   }
   std::printf(
-      "resharded %s -> %s on the cluster (%s: %d ranks on %d workers)\n"
+      "resharded %s -> %s on the cluster (%s: %d ranks on %d worker(s))\n"
       "  read %lld bytes, wrote %lld bytes in %.2f s, %.2f GB/s, committed\n",
       request.source().c_str(), request.destination().c_str(), op.id().c_str(), op.world_size(),
       started.workers(), static_cast<long long>(op.bytes_read()),
