@@ -38,6 +38,16 @@ struct ByteSlice {
   size_t length = 0;
 };
 
+// One peer's message in AllToAllVBuffers: `bytes` bytes at `data`.
+struct SendBuffer {
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+struct RecvBuffer {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
 // See the file comment for the conventions every method follows.
 class Communicator {
  public:
@@ -86,6 +96,14 @@ class Communicator {
                                         void* recv,
                                         absl::Span<const std::vector<ByteSlice>> recv_slices,
                                         absl::Time deadline) = 0;
+
+  // All-to-all-v where each peer's message has its own buffer: sends[p] goes to peer p and
+  // recvs[p] is filled from peer p (the two sides of a pair must agree on the size);
+  // sends[rank()] is copied into recvs[rank()]. Lets a caller send from and receive into
+  // memory in place (no packing) where its data already lies contiguously. This default packs
+  // into one AllToAllV and unpacks; backends that can move each buffer in place override it.
+  virtual absl::Status AllToAllVBuffers(absl::Span<const SendBuffer> sends,
+                                        absl::Span<const RecvBuffer> recvs, absl::Time deadline);
 
   // Point-to-point; a Send matches the Recv with the same (peer, tag) posted in the same order.
   virtual absl::Status Send(const void* data, size_t bytes, int peer, uint32_t tag,

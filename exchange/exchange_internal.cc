@@ -234,6 +234,11 @@ void WaveRecorder::Add(int64_t staging, int64_t sent, int64_t received, absl::Du
   w.time += time;
 }
 
+void WaveRecorder::StartWave() {
+  waves_.emplace_back();
+  wave_staging_ = 0;
+}
+
 void WaveRecorder::Finish(absl::string_view algorithm, ExchangeReport* report) {
   if (report == nullptr) return;
   report->algorithm = std::string(algorithm);

@@ -67,6 +67,9 @@ class WaveRecorder {
   explicit WaveRecorder(int64_t budget) : budget_(budget) {}
   // Records one collective that used `staging` bytes of temporary memory on this rank.
   void Add(int64_t staging, int64_t sent, int64_t received, absl::Duration time);
+  // Starts a new wave explicitly (for algorithms that plan their own waves and may move bytes
+  // in place, using less staging than the wave's budget).
+  void StartWave();
   // Appends the waves to report (if non-null) with the algorithm name.
   void Finish(absl::string_view algorithm, ExchangeReport* report);
 

@@ -49,6 +49,28 @@ void ForEachRunPart(const std::vector<CopyRun>& runs, int64_t begin, int64_t end
   }
 }
 
+// A contiguous run of memory in a loaded buffer or a destination.
+struct MemoryRun {
+  char* data;
+  size_t bytes;
+};
+
+// Appends a run, merging it into the previous one when they are adjacent.
+void AppendRun(std::vector<MemoryRun>& runs, char* data, size_t bytes) {
+  if (bytes == 0) return;
+  if (!runs.empty() && runs.back().data + runs.back().bytes == data) {
+    runs.back().bytes += bytes;
+  } else {
+    runs.push_back({data, bytes});
+  }
+}
+
+size_t RunBytes(const std::vector<MemoryRun>& runs) {
+  size_t total = 0;
+  for (const MemoryRun& r : runs) total += r.bytes;
+  return total;
+}
+
 }  // namespace
 
 absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan& plan,
@@ -158,72 +180,80 @@ absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan&
     }
   }
 
-  // One staging block, sized for this rank's largest wave (send part, then receive part),
-  // reused by every wave and not zero-filled.
-  size_t largest_wave = 0;
-  for (const std::vector<Piece>& wave : waves_plan) {
-    size_t staged = 0;
-    for (const Piece& p : wave) {
-      const Transfer& tr = transfers[p.transfer];
-      if (tr.src == me || tr.dst == me) staged += (p.end - p.begin) * tr.elem_size;
-    }
-    largest_wave = std::max(largest_wave, staged);
-  }
+  // 4. Run the waves. Per peer, the bytes this rank sends (in its loaded buffers) and receives
+  //    (in its destinations) form a stream of memory runs in wave order; a stream that is one
+  //    contiguous run moves in place, any other is packed into / unpacked from staging.
   StagingArena own_staging;
   StagingArena& staging = options.staging != nullptr ? *options.staging : own_staging;
-  CKPT_ASSIGN_OR_RETURN(char* block, staging.Reserve(largest_wave));
-
   WaveRecorder recorder(budget);
+  std::vector<std::vector<MemoryRun>> send_runs(n), recv_runs(n);
+  std::vector<SendBuffer> sends(n);
+  std::vector<RecvBuffer> recvs(n);
   for (const std::vector<Piece>& wave : waves_plan) {
-    // Per peer, the pieces this rank sends and receives, in wave order.
-    std::vector<size_t> send_bytes(n, 0), recv_bytes(n, 0);
-    for (const Piece& p : wave) {
-      const Transfer& tr = transfers[p.transfer];
-      const size_t bytes = (p.end - p.begin) * tr.elem_size;
-      if (tr.src == me) send_bytes[tr.dst] += bytes;
-      if (tr.dst == me) recv_bytes[tr.src] += bytes;
-    }
-    std::vector<size_t> send_at(n, 0), recv_at(n, 0);
-    for (int p = 1; p < n; ++p) {
-      send_at[p] = send_at[p - 1] + send_bytes[p - 1];
-      recv_at[p] = recv_at[p - 1] + recv_bytes[p - 1];
-    }
-    const size_t send_total = send_at[n - 1] + send_bytes[n - 1];
-    const size_t recv_total = recv_at[n - 1] + recv_bytes[n - 1];
-    char* const send_buf = block;
-    char* const recv_buf = block + send_total;
-    std::vector<std::vector<ByteSlice>> send_slices(n), recv_slices(n);
     for (int p = 0; p < n; ++p) {
-      if (send_bytes[p] > 0) send_slices[p] = {{send_at[p], send_bytes[p]}};
-      if (recv_bytes[p] > 0) recv_slices[p] = {{recv_at[p], recv_bytes[p]}};
+      send_runs[p].clear();
+      recv_runs[p].clear();
     }
-    // Pack what this rank sends.
-    std::vector<size_t> cursor = send_at;
-    for (const Piece& p : wave) {
-      const Transfer& tr = transfers[p.transfer];
-      if (tr.src != me) continue;
-      const char* src = loaded.at(plan.distribution[tr.stored].spec.id).data();
-      size_t& at = cursor[tr.dst];
-      ForEachRunPart(tr.runs, p.begin, p.end, [&](int64_t s, int64_t, int64_t count) {
-        std::memcpy(send_buf + at, src + s * tr.elem_size, count * tr.elem_size);
-        at += count * tr.elem_size;
-      });
+    for (const Piece& piece : wave) {
+      const Transfer& tr = transfers[piece.transfer];
+      const int64_t es = tr.elem_size;
+      if (tr.src == me) {
+        const char* src = loaded.at(plan.distribution[tr.stored].spec.id).data();
+        std::vector<MemoryRun>& runs = send_runs[tr.dst];
+        ForEachRunPart(tr.runs, piece.begin, piece.end, [&](int64_t s, int64_t, int64_t count) {
+          AppendRun(runs, const_cast<char*>(src) + s * es, count * es);
+        });
+      }
+      if (tr.dst == me) {
+        char* dst = targets[tr.need].data();
+        std::vector<MemoryRun>& runs = recv_runs[tr.src];
+        ForEachRunPart(tr.runs, piece.begin, piece.end, [&](int64_t, int64_t d, int64_t count) {
+          AppendRun(runs, dst + d * es, count * es);
+        });
+      }
     }
+    size_t staged = 0, sent = 0, received = 0;
+    for (int p = 0; p < n; ++p) {
+      const size_t out = RunBytes(send_runs[p]), in = RunBytes(recv_runs[p]);
+      sent += out;
+      received += in;
+      if (send_runs[p].size() > 1) staged += out;
+      if (recv_runs[p].size() > 1) staged += in;
+    }
+    CKPT_ASSIGN_OR_RETURN(char* block, staging.Reserve(staged));
+    char* at = block;
+    for (int p = 0; p < n; ++p) {
+      const size_t out = RunBytes(send_runs[p]);
+      if (send_runs[p].size() > 1) {
+        char* packed = at;
+        for (const MemoryRun& r : send_runs[p]) {
+          std::memcpy(at, r.data, r.bytes);
+          at += r.bytes;
+        }
+        sends[p] = {packed, out};
+      } else {
+        sends[p] = {out > 0 ? send_runs[p][0].data : nullptr, out};
+      }
+      const size_t in = RunBytes(recv_runs[p]);
+      if (recv_runs[p].size() > 1) {
+        recvs[p] = {at, in};
+        at += in;
+      } else {
+        recvs[p] = {in > 0 ? recv_runs[p][0].data : nullptr, in};
+      }
+    }
+    recorder.StartWave();
     absl::Time start = absl::Now();
-    CKPT_RETURN_IF_ERROR(
-        comm.IndexedAllToAllV(send_buf, send_slices, recv_buf, recv_slices, options.deadline));
-    recorder.Add(send_total + recv_total, send_total, recv_total, absl::Now() - start);
-    // Scatter what this rank received into its needed regions.
-    cursor = recv_at;
-    for (const Piece& p : wave) {
-      const Transfer& tr = transfers[p.transfer];
-      if (tr.dst != me) continue;
-      char* dst = targets[tr.need].data();
-      size_t& at = cursor[tr.src];
-      ForEachRunPart(tr.runs, p.begin, p.end, [&](int64_t, int64_t d, int64_t count) {
-        std::memcpy(dst + d * tr.elem_size, recv_buf + at, count * tr.elem_size);
-        at += count * tr.elem_size;
-      });
+    CKPT_RETURN_IF_ERROR(comm.AllToAllVBuffers(sends, recvs, options.deadline));
+    recorder.Add(staged, sent, received, absl::Now() - start);
+    // Scatter what arrived in staging into the destinations.
+    for (int p = 0; p < n; ++p) {
+      if (recv_runs[p].size() <= 1) continue;
+      const char* from = static_cast<const char*>(recvs[p].data);
+      for (const MemoryRun& r : recv_runs[p]) {
+        std::memcpy(r.data, from, r.bytes);
+        from += r.bytes;
+      }
     }
   }
   recorder.Finish("overlap_all_to_all", report);

@@ -300,6 +300,11 @@ absl::Status FaultInjectingCommunicator::IndexedAllToAllV(
     absl::Span<const std::vector<ByteSlice>> recv_slices, absl::Time deadline) {
   CKPT_FORWARD(IndexedAllToAllV(send, send_slices, recv, recv_slices, deadline));
 }
+absl::Status FaultInjectingCommunicator::AllToAllVBuffers(absl::Span<const SendBuffer> sends,
+                                                          absl::Span<const RecvBuffer> recvs,
+                                                          absl::Time deadline) {
+  CKPT_FORWARD(AllToAllVBuffers(sends, recvs, deadline));
+}
 absl::Status FaultInjectingCommunicator::Send(const void* data, size_t bytes, int peer,
                                               uint32_t tag, absl::Time deadline) {
   CKPT_FORWARD(Send(data, bytes, peer, tag, deadline));

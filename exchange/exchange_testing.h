@@ -77,6 +77,8 @@ class FaultInjectingCommunicator : public Communicator {
                                 absl::Span<const std::vector<ByteSlice>> send_slices, void* recv,
                                 absl::Span<const std::vector<ByteSlice>> recv_slices,
                                 absl::Time deadline) override;
+  absl::Status AllToAllVBuffers(absl::Span<const SendBuffer> sends,
+                                absl::Span<const RecvBuffer> recvs, absl::Time deadline) override;
   absl::Status Send(const void* data, size_t bytes, int peer, uint32_t tag,
                     absl::Time deadline) override;
   absl::Status Recv(void* data, size_t bytes, int peer, uint32_t tag, absl::Time deadline) override;

@@ -180,6 +180,37 @@ class GlooCommunicator final : public Communicator {
     return Run(kOp, slot, sends, recvs, deadline);
   }
 
+  absl::Status AllToAllVBuffers(absl::Span<const SendBuffer> sends,
+                                absl::Span<const RecvBuffer> recvs, absl::Time deadline) override {
+    constexpr absl::string_view kOp = "gloo all_to_all_v_buffers";
+    if (static_cast<int>(sends.size()) != size_ || static_cast<int>(recvs.size()) != size_) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", sends.size(), " sends and ",
+                                                     recvs.size(), " receives for a group of ",
+                                                     size_, " ranks"));
+    }
+    if (sends[rank_].bytes != recvs[rank_].bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": rank ", rank_, " sends itself ",
+                                                     sends[rank_].bytes, " bytes but expects ",
+                                                     recvs[rank_].bytes));
+    }
+    uint64_t slot = NextSlot();
+    if (sends[rank_].bytes > 0 && recvs[rank_].data != sends[rank_].data) {
+      std::memmove(recvs[rank_].data, sends[rank_].data, sends[rank_].bytes);
+    }
+    std::vector<Transfer> send_list, recv_list;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      if (sends[p].bytes > 0) {
+        send_list.push_back(
+            {p, const_cast<char*>(static_cast<const char*>(sends[p].data)), sends[p].bytes});
+      }
+      if (recvs[p].bytes > 0) {
+        recv_list.push_back({p, static_cast<char*>(recvs[p].data), recvs[p].bytes});
+      }
+    }
+    return Run(kOp, slot, send_list, recv_list, deadline);
+  }
+
   absl::Status IndexedAllToAllV(const void* send,
                                 absl::Span<const std::vector<ByteSlice>> send_slices, void* recv,
                                 absl::Span<const std::vector<ByteSlice>> recv_slices,

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "exchange/exchange_testing.h"
 #include "exchange/thread_group.h"
 #include "gtest/gtest.h"
 
@@ -141,6 +142,48 @@ TEST_P(GlooCollectivesTest, AllToAllVDeliversEveryPairsBytes) {
                              RETURN_IF_MISMATCH(recv == expected, "all_to_all_v differs");
                              return absl::OkStatus();
                            }));
+}
+
+// Uses the Communicator base class's packing AllToAllVBuffers instead of Gloo's in-place one.
+class PackingFallbackCommunicator : public FaultInjectingCommunicator {
+ public:
+  using FaultInjectingCommunicator::FaultInjectingCommunicator;
+  absl::Status AllToAllVBuffers(absl::Span<const SendBuffer> sends,
+                                absl::Span<const RecvBuffer> recvs, absl::Time deadline) override {
+    return Communicator::AllToAllVBuffers(sends, recvs, deadline);
+  }
+};
+
+TEST_P(GlooCollectivesTest, AllToAllVBuffersMovesSeparateBuffersInPlaceAndThroughTheFallback) {
+  for (bool fallback : {false, true}) {
+    CommunicatorMaker gloo = GlooMaker(Group(fallback ? "a2ab_fallback" : "a2ab"));
+    CommunicatorMaker maker =
+        [&](Store* store, int rank, int size,
+            absl::Time deadline) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+      auto comm = gloo(store, rank, size, deadline);
+      if (!comm.ok() || !fallback) return comm;
+      return std::unique_ptr<Communicator>(
+          new PackingFallbackCommunicator(std::move(*comm), -1, nullptr));
+    };
+    ExpectAllOk(RunOnThreads(
+        N(), maker, absl::Seconds(20), [&](int rank, Communicator& comm) -> absl::Status {
+          std::vector<std::string> send(comm.size()), recv(comm.size()), expected(comm.size());
+          std::vector<SendBuffer> sends(comm.size());
+          std::vector<RecvBuffer> recvs(comm.size());
+          for (int p = 0; p < comm.size(); ++p) {
+            send[p] = Payload(rank * 100 + p, 6, PairSize(rank, p));
+            expected[p] = Payload(p * 100 + rank, 6, PairSize(p, rank));
+            recv[p] = std::string(expected[p].size(), '?');
+            sends[p] = {send[p].data(), send[p].size()};
+            recvs[p] = {recv[p].data(), recv[p].size()};
+          }
+          absl::Status s = comm.AllToAllVBuffers(sends, recvs, Deadline());
+          if (!s.ok()) return s;
+          RETURN_IF_MISMATCH(recv == expected, absl::StrCat("all_to_all_v_buffers differs (",
+                                                            fallback ? "fallback" : "gloo", ")"));
+          return absl::OkStatus();
+        }));
+  }
 }
 
 TEST_P(GlooCollectivesTest, IndexedAllToAllVScattersSlicesWithDifferentBoundaries) {
