@@ -3,16 +3,28 @@
 // comparable. The parent serves the rendezvous store over gRPC on loopback and execs itself
 // once per rank.
 //
-// Usage: exchange_process_benchmark [--ranks=2,4] [--mib=64] [--reps=20]
+// Rows: barrier_only (barrier, nothing, barrier), broadcast, all_gather_v, all_to_all_v,
+// overlap_a2a (ExchangeOverlapAllToAll: the row->column reshard of RowsToColumnsReshardPlan,
+// allocating fresh outputs every call, as the PyTorch peer's overlap_reshard row does) and
+// overlap_into (ExchangeOverlapAllToAllInto: the same reshard scattered into destinations the
+// caller allocated once, staging from a caller-owned StagingArena: the worker's path). The
+// parent first measures the limits in the same run: memcpy and one loopback TCP stream.
+//
+// Usage: exchange_process_benchmark [--ranks=2,4] [--mib=64] [--reps=20] [--huge_pages=1]
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -53,7 +65,66 @@ double Time(Communicator& c, int reps, const std::function<void()>& op) {
   return t[t.size() / 2];
 }
 
-int RankMain(const std::string& store_address, int rank, int n, int64_t bytes, int reps) {
+// Median seconds of `reps` single-thread memcpys of `bytes` (buffers touched beforehand).
+double MemcpySeconds(size_t bytes, int reps) {
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  std::vector<double> t;
+  for (int i = 0; i <= reps; ++i) {
+    absl::Time start = absl::Now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    asm volatile("" : : "r"(dst.data()) : "memory");
+    if (i > 0) t.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Median seconds to push `bytes` through one TCP stream over 127.0.0.1 (writer and reader
+// threads, 4 MiB reads), the transport's ceiling.
+double LoopbackTcpSeconds(size_t bytes, int reps) {
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      listen(listener, 1) != 0) {
+    return 0;
+  }
+  int sender = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(sender, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return 0;
+  int receiver = accept(listener, nullptr, nullptr);
+  std::vector<char> out(bytes, 7), in(4 << 20, 0);
+  std::vector<double> t;
+  for (int i = 0; i <= reps; ++i) {
+    absl::Time start = absl::Now();
+    std::thread reader([&] {
+      size_t got = 0;
+      while (got < bytes) {
+        ssize_t n = read(receiver, in.data(), std::min(in.size(), bytes - got));
+        if (n <= 0) _exit(4);
+        got += n;
+      }
+    });
+    size_t sent = 0;
+    while (sent < bytes) {
+      ssize_t n = write(sender, out.data() + sent, bytes - sent);
+      if (n <= 0) _exit(4);
+      sent += n;
+    }
+    reader.join();
+    if (i > 0) t.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  close(sender);
+  close(receiver);
+  close(listener);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+int RankMain(const std::string& store_address, int rank, int n, int64_t bytes, int reps,
+             bool huge_pages) {
   GrpcStore store(store_address);
   GlooOptions go;
   go.group_name = absl::StrCat("procbench_n", n);
@@ -101,10 +172,31 @@ int RankMain(const std::string& store_address, int rank, int n, int64_t bytes, i
               wire = report.bytes_received();
             }),
        0});
+  // The same reshard into destinations allocated (and touched) once, staging kept across
+  // calls in a caller-owned arena.
+  ShardBuffers outputs;
+  for (const ShardSpec& need : plan.needs[rank]) {
+    outputs[need.id] = std::string(need.NumBytes(), '\0');
+  }
+  const DestinationBuffers destinations = DestinationsOf(outputs);
+  StagingArena arena(huge_pages);
+  rows.push_back({"overlap_into",
+                  Time(c, reps,
+                       [&] {
+                         ExchangeOptions options;
+                         options.deadline = Deadline();
+                         options.staging = &arena;
+                         Check(ExchangeOverlapAllToAllInto(c, plan, loaded[rank], destinations,
+                                                           options, nullptr));
+                       }),
+                  0});
   // Wire bytes of the reshard, summed over ranks.
   std::vector<int64_t> all(n);
   Check(c.AllGather(&wire, sizeof(wire), all.data(), Deadline()));
-  for (int64_t w : all) rows.back().moved += w;
+  for (int64_t w : all) {
+    rows[rows.size() - 2].moved += w;
+    rows.back().moved += w;
+  }
   if (rank == 0) {
     for (const Row& r : rows) {
       printf("%-13s %5d %10.1f %8.2f\n", r.name, n, r.seconds * 1e3,
@@ -128,8 +220,9 @@ int Main(int argc, char** argv) {
   };
   const int64_t bytes = num("mib", 64) << 20;
   const int reps = num("reps", 20);
+  const bool huge_pages = num("huge_pages", 1) != 0;
   if (flags.count("rank")) {
-    return RankMain(flags["store"], num("rank", 0), num("size", 1), bytes, reps);
+    return RankMain(flags["store"], num("rank", 0), num("size", 1), bytes, reps, huge_pages);
   }
   KvStore kv;
   RendezvousService service(&kv);
@@ -139,6 +232,12 @@ int Main(int argc, char** argv) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   printf("%-13s %5s %10s %8s\n", "collective", "ranks", "median ms", "GiB/s");
+  const double memcpy_s = MemcpySeconds(bytes, reps);
+  const double tcp_s = LoopbackTcpSeconds(bytes, reps);
+  printf("%-13s %5s %10.1f %8.2f\n", "memcpy_limit", "-", memcpy_s * 1e3,
+         bytes / memcpy_s / (1 << 30));
+  printf("%-13s %5s %10.1f %8.2f\n", "loopback_tcp", "-", tcp_s * 1e3,
+         tcp_s > 0 ? bytes / tcp_s / (1 << 30) : 0.0);
   fflush(stdout);
   std::string ranks = flags.count("ranks") ? flags["ranks"] : "2,4";
   for (absl::string_view n_text : absl::StrSplit(ranks, ',')) {
@@ -151,7 +250,8 @@ int Main(int argc, char** argv) {
                                        absl::StrCat("--rank=", r),
                                        absl::StrCat("--size=", n),
                                        absl::StrCat("--mib=", bytes >> 20),
-                                       absl::StrCat("--reps=", reps)};
+                                       absl::StrCat("--reps=", reps),
+                                       absl::StrCat("--huge_pages=", huge_pages ? 1 : 0)};
       pid_t pid = fork();
       if (pid == 0) {
         std::vector<char*> argv_child;

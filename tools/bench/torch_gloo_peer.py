@@ -7,6 +7,12 @@ Runs on the same machine, over 127.0.0.1, with N processes (one per rank):
                  all_gather needs equal sizes, ours is the uneven all-gather-v)
   all_to_all     all_to_all_single moving the same wire bytes as the row->column reshard in
                  BM_OverlapAllToAll (each rank sends 64 MiB / N^2 to every peer)
+  overlap_reshard  the row->column reshard itself, done the natural PyTorch way: a 64 MiB f32
+                 matrix with 4096 columns; rank r holds row chunk r (torch.chunk over N) and
+                 needs every row of column chunk r. Per call: pack the per-peer column slices
+                 with one torch.cat (a fresh tensor), allocate the output, all_to_all_single with
+                 split sizes; the rows arrive in peer = row-chunk order, so the received buffer
+                 already is the output block (no assembly copy). Bytes = wire bytes, as ours.
 Prints the median time and GB/s (GiB/s, as Google Benchmark's "G/s") per collective.
 
 Usage: /usr/bin/python3 tools/bench/torch_gloo_peer.py [--ranks 2 4] [--mib 64] [--reps 20]
@@ -52,11 +58,38 @@ def worker(rank, world, port, nbytes, reps, results):
     per_peer = nbytes // (world * world)
     a2a_in = torch.full((per_peer * world,), rank, dtype=torch.uint8)
     a2a_out = torch.empty(per_peer * world, dtype=torch.uint8)
+    # Row -> column reshard (same tensor as exchange/reshard_bench_plan.cc).
+    cols = 4096
+    rows = nbytes // 4 // cols
+    row_chunks = torch.arange(rows).chunk(world)
+    local = torch.full((len(row_chunks[rank]), cols), float(rank), dtype=torch.float32)
+    col_sizes = [len(c) for c in torch.arange(cols).chunk(world)]
+    col_sizes += [0] * (world - len(col_sizes))
+    my_cols = col_sizes[rank]
+    send_splits = [len(row_chunks[rank]) * c for c in col_sizes]
+    recv_splits = [len(row_chunks[p]) * my_cols if p < len(row_chunks) else 0 for p in range(world)]
+
+    def overlap_reshard():
+        send = torch.cat(local.split(col_sizes, dim=1), dim=0).view(-1)
+        out = torch.empty(sum(recv_splits), dtype=torch.float32)
+        dist.all_to_all_single(out, send, recv_splits, send_splits)
+        return out.view(rows, my_cols)
+
+    # Check it once, outside the timing: row chunk p of the output came from rank p.
+    check = overlap_reshard()
+    for p, rc in enumerate(row_chunks):
+        if len(rc) and my_cols and not bool((check[rc] == float(p)).all()):
+            raise RuntimeError(f"rank {rank}: overlap_reshard rows of rank {p} are wrong")
+    reshard_wire = sum(send_splits[p] for p in range(world) if p != rank) * 4
+    wire = torch.tensor([reshard_wire], dtype=torch.int64)
+    dist.all_reduce(wire)
+
     ops = {
         "broadcast": (lambda: dist.broadcast(buf, 0), nbytes),
         "all_gather": (lambda: dist.all_gather(gathered, mine), part * world),
         "all_to_all": (lambda: dist.all_to_all_single(a2a_out, a2a_in),
                        per_peer * world * (world - 1)),
+        "overlap_reshard": (overlap_reshard, int(wire.item())),
     }
     for name, (fn, moved) in ops.items():
         fn()  # warm-up
@@ -78,9 +111,9 @@ def main():
         results = manager.dict()
         for world in args.ranks:
             mp.spawn(worker, args=(world, free_port(), nbytes, args.reps, results), nprocs=world)
-        print(f"{'collective':<12} {'ranks':>5} {'median ms':>10} {'GiB/s':>8}")
+        print(f"{'collective':<15} {'ranks':>5} {'median ms':>10} {'GiB/s':>8}")
         for (world, name), (t, moved) in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-            print(f"{name:<12} {world:>5} {t * 1e3:>10.1f} {moved / t / 2**30:>8.2f}")
+            print(f"{name:<15} {world:>5} {t * 1e3:>10.1f} {moved / t / 2**30:>8.2f}")
 
 
 if __name__ == "__main__":
