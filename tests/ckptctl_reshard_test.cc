@@ -235,10 +235,22 @@ TEST_F(CkptctlReshardTest, UsageErrorsAndHelp) {
       absl::StrCat("reshard ", *src_, " ", JoinPath(*dir_, "u"), " --layout x.json --bogus"));
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("unknown option --bogus"));
+  // Options of one mode are refused in the other; an unreachable coordinator is one line.
   r = Ckptctl(absl::StrCat("reshard ", *src_, " ", JoinPath(*dir_, "u"),
-                           " --layout x.json --coordinator localhost:1"));
+                           " --layout x.json --coordinator localhost:1 --threads 2"));
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("run without --coordinator"));
+  EXPECT_THAT(r.err, HasSubstr("--threads applies only without --coordinator"));
+  r = Ckptctl(absl::StrCat("reshard ", *src_, " ", JoinPath(*dir_, "u"),
+                           " --layout x.json --max-workers 2"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--max-workers applies only with --coordinator"));
+  const std::string layout = LayoutFile("tp4_usage", GptLayoutJson(4, 1));
+  r = Ckptctl(absl::StrCat("reshard ", *src_, " ", JoinPath(*dir_, "u"), " --layout ", layout,
+                           " --coordinator 127.0.0.1:1"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("127.0.0.1:1"));
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_FALSE(PathExists(JoinPath(*dir_, "u")));
 }
 
 }  // namespace
