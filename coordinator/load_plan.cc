@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -286,19 +287,41 @@ absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensor
   DistributionInput input;
   input.num_ranks = num_ranks;
   std::vector<int64_t> piece_of_shard;
+  // Pieces whose needing ranks want disjoint spans of storage: each rank reads its own span
+  // (rank, lo, hi), as many bytes from storage as one read and none over the network.
+  std::vector<std::vector<std::tuple<int64_t, int64_t, int64_t>>> own_reads(pieces.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (needs_of_piece[i].empty()) continue;
     int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
     std::vector<int64_t> ranks;
+    std::map<int64_t, std::pair<int64_t, int64_t>> span_of_rank;
     for (int64_t n : needs_of_piece[i]) {
-      lo = std::min(lo, needs[n].runs.front().src_offset);
-      hi = std::max(hi, needs[n].runs.back().src_offset + needs[n].runs.back().length);
-      ranks.push_back(requests[needs[n].request].rank);
+      const int64_t a = needs[n].runs.front().src_offset;
+      const int64_t b = needs[n].runs.back().src_offset + needs[n].runs.back().length;
+      lo = std::min(lo, a);
+      hi = std::max(hi, b);
+      const int64_t rank = requests[needs[n].request].rank;
+      ranks.push_back(rank);
+      auto [it, fresh] = span_of_rank.emplace(rank, std::make_pair(a, b));
+      if (!fresh) it->second = {std::min(it->second.first, a), std::max(it->second.second, b)};
     }
     std::sort(ranks.begin(), ranks.end());
     ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
     span[i] = {lo, hi};
     elem_size[i] = DTypeSize(tensors[tensor_of_key.at(pieces[i].key)].dtype);
+    if (options.split_disjoint_reads && ranks.size() > 1) {
+      std::vector<std::tuple<int64_t, int64_t, int64_t>> by_start;
+      for (const auto& [rank, ab] : span_of_rank) by_start.emplace_back(ab.first, ab.second, rank);
+      std::sort(by_start.begin(), by_start.end());
+      bool disjoint = true;
+      for (size_t k = 1; k < by_start.size() && disjoint; ++k) {
+        disjoint = std::get<0>(by_start[k]) >= std::get<1>(by_start[k - 1]);
+      }
+      if (disjoint) {
+        for (const auto& [a, b, rank] : by_start) own_reads[i].emplace_back(rank, a, b);
+        continue;
+      }
+    }
     piece_of_shard.push_back(static_cast<int64_t>(i));
     input.AddShard(ShardId{pieces[i].key, pieces[i].region.offsets, pieces[i].region.flat},
                    (hi - lo) * elem_size[i], std::move(ranks));
@@ -310,8 +333,10 @@ absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensor
   plan.num_ranks = num_ranks;
   plan.algorithm = options.algorithm;
   WavePacker packer(num_ranks, options.memory_budget_bytes, options.algorithm);
-  for (const ShardAssignment& a : *assignment) {
-    const int64_t i = piece_of_shard[a.shard];
+  // Units of piece i read by `reader` covering [span_lo, span_hi), for the needs of `only_rank`
+  // (-1: every needing rank), cut to the budget.
+  auto emit = [&](int64_t i, int64_t reader, int64_t span_lo, int64_t span_hi,
+                  int64_t only_rank) -> absl::Status {
     const StoredPieceInfo& p = pieces[i];
     const int64_t elem = elem_size[i];
     if (options.memory_budget_bytes < elem) {
@@ -319,19 +344,20 @@ absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensor
           absl::StrCat("memory budget of ", options.memory_budget_bytes,
                        " bytes cannot hold one element of ", PieceName(p)));
     }
-    plan.reader_of_piece.emplace_back(i, a.rank);
+    plan.reader_of_piece.emplace_back(i, reader);
     const int64_t chunk = options.memory_budget_bytes / elem;
-    for (int64_t a0 = span[i].first; a0 < span[i].second; a0 += chunk) {
-      const int64_t b0 = std::min(span[i].second, a0 + chunk);
+    for (int64_t a0 = span_lo; a0 < span_hi; a0 += chunk) {
+      const int64_t b0 = std::min(span_hi, a0 + chunk);
       // Deliveries of this chunk, then the unit shrunk to the elements they touch.
       std::vector<Delivery> deliveries;
       int64_t lo = b0, hi = a0;
       for (int64_t n : needs_of_piece[i]) {
+        if (only_rank >= 0 && requests[needs[n].request].rank != only_rank) continue;
         std::vector<CopyRun> runs = ClipRuns(needs[n].runs, a0, b0);
         if (runs.empty()) continue;
         Delivery d;
         d.request = needs[n].request;
-        d.src_rank = a.rank;
+        d.src_rank = reader;
         d.dst_rank = requests[d.request].rank;
         for (const CopyRun& r : runs) d.elements += r.length;
         lo = std::min(lo, a0 + runs.front().src_offset);
@@ -342,7 +368,7 @@ absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensor
       if (deliveries.empty()) continue;
       ReadUnit unit;
       unit.piece = i;
-      unit.reader = a.rank;
+      unit.reader = reader;
       unit.file = p.file;
       unit.first_element = lo;
       unit.num_elements = hi - lo;
@@ -353,7 +379,7 @@ absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensor
       std::map<int64_t, std::vector<const Delivery*>> remote;  // by receiving rank
       for (Delivery& d : deliveries) {
         for (CopyRun& r : d.runs) r.src_offset -= lo - a0;
-        if (d.dst_rank != a.rank) {
+        if (d.dst_rank != reader) {
           unit.exchanged = true;
           remote[d.dst_rank].push_back(&d);
         }
@@ -363,6 +389,16 @@ absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensor
         receives.emplace_back(rank, DistinctSourceElements(ds) * elem);
       }
       packer.Add(std::move(unit), std::move(deliveries), receives);
+    }
+    return absl::OkStatus();
+  };
+  for (const ShardAssignment& a : *assignment) {
+    const int64_t i = piece_of_shard[a.shard];
+    CKPT_RETURN_IF_ERROR(emit(i, a.rank, span[i].first, span[i].second, -1));
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    for (const auto& [rank, a, b] : own_reads[i]) {
+      CKPT_RETURN_IF_ERROR(emit(static_cast<int64_t>(i), rank, a, b, rank));
     }
   }
   plan.waves = packer.Finish();

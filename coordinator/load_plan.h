@@ -6,7 +6,9 @@
 // of it, chosen with Megatron's greedy distribution (holders = the distinct ranks needing it,
 // ascending; size = bytes actually read). Only the contiguous span of the piece's storage that
 // covers every needed element is read (storage is the row-major flattening of the piece's box,
-// narrowed to its flat range; see sharding/overlap.h).
+// narrowed to its flat range; see sharding/overlap.h). When the ranks needing a piece want
+// disjoint spans of it, each reads its own span instead (split_disjoint_reads): the same bytes
+// from storage, nothing to exchange; only pieces whose bytes several ranks need are exchanged.
 //
 // Exchange: a read unit's bytes reach other ranks according to the algorithm:
 //   kOverlapAllToAll  each needing rank receives only the elements it needs, once even when
@@ -64,6 +66,10 @@ struct LoadPlanOptions {
   ExchangeAlgorithm algorithm = ExchangeAlgorithm::kOverlapAllToAll;
   // Bytes in flight allowed on any rank in one wave; must hold at least one element.
   int64_t memory_budget_bytes = int64_t{1} << 30;
+  // A piece whose needing ranks want disjoint spans of its storage (e.g. a TP=2 shard loaded
+  // as two TP=4 shards) is read by each of them, its own span: as few bytes from storage as
+  // one reader and none over the network. Off: one reader per piece, the rest exchanged.
+  bool split_disjoint_reads = true;
 };
 
 // One storage read into a unit buffer: elements [first_element, first_element + num_elements)

@@ -169,6 +169,7 @@ TEST(LoadPlanPropertyTest, EveryRequestedElementArrivesOnceWithinBudget) {
     LoadPlanOptions options;
     options.algorithm = algorithms[iter % 4];
     options.memory_budget_bytes = iter % 3 == 0 ? (int64_t{1} << 30) : 8 * (1 + iter % 11);
+    options.split_disjoint_reads = iter % 5 != 0;
     auto plan = BuildLoadPlan(s.tensors, s.pieces, s.requests, s.num_ranks, options);
     ASSERT_TRUE(plan.ok()) << "iteration " << iter << ": " << plan.status();
     SCOPED_TRACE("iteration " + std::to_string(iter));
@@ -201,6 +202,50 @@ TEST(LoadPlanTest, ReadsOnlyTheSpanCoveringNeededElements) {
   EXPECT_EQ(u.byte_length, 44);
   EXPECT_FALSE(u.exchanged);
   Execute(s, *plan, LoadPlanOptions().memory_budget_bytes);
+}
+
+TEST(LoadPlanTest, RanksNeedingDisjointSpansReadTheirOwn) {
+  // A TP=2 shard loaded as two TP=4 shards: rows 0-1 to rank 0, rows 2-3 to rank 1.
+  Scenario s = OnePieceScenario();
+  s.requests.push_back({0, "w", Region{{0, 0}, {2, 8}, {}}});
+  s.requests.push_back({1, "w", Region{{2, 0}, {2, 8}, {}}});
+  auto plan = BuildLoadPlan(s.tensors, s.pieces, s.requests, s.num_ranks);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->waves.size(), 1u);
+  ASSERT_EQ(plan->waves[0].units.size(), 2u);
+  int64_t bytes = 0;
+  for (const ReadUnit& u : plan->waves[0].units) {
+    EXPECT_FALSE(u.exchanged);
+    EXPECT_EQ(u.first_element, u.reader * 16);
+    EXPECT_EQ(u.num_elements, 16);
+    bytes += u.byte_length;
+  }
+  EXPECT_EQ(bytes, 128);  // the piece, once
+  Execute(s, *plan, LoadPlanOptions().memory_budget_bytes);
+
+  // Without splitting: one reader, half of the piece exchanged.
+  LoadPlanOptions one_reader;
+  one_reader.split_disjoint_reads = false;
+  plan = BuildLoadPlan(s.tensors, s.pieces, s.requests, s.num_ranks, one_reader);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->waves[0].units.size(), 1u);
+  EXPECT_TRUE(plan->waves[0].units[0].exchanged);
+  Execute(s, *plan, one_reader.memory_budget_bytes);
+}
+
+TEST(LoadPlanTest, RanksNeedingInterleavedOrSharedBytesShareOneRead) {
+  // Columns 0-3 and 4-7: each rank's span crosses the other's, so one read is exchanged
+  // rather than both ranks reading (nearly) the whole piece; the same for a replicated need.
+  for (bool replicated : {false, true}) {
+    Scenario s = OnePieceScenario();
+    s.requests.push_back({0, "w", Region{{0, 0}, {4, replicated ? 8 : 4}, {}}});
+    s.requests.push_back({1, "w", Region{{0, replicated ? 0 : 4}, {4, replicated ? 8 : 4}, {}}});
+    auto plan = BuildLoadPlan(s.tensors, s.pieces, s.requests, s.num_ranks);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_EQ(plan->waves[0].units.size(), 1u);
+    EXPECT_TRUE(plan->waves[0].units[0].exchanged);
+    Execute(s, *plan, LoadPlanOptions().memory_budget_bytes);
+  }
 }
 
 TEST(LoadPlanTest, PieceLargerThanBudgetIsSplitIntoWaves) {
