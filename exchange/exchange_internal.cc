@@ -1,6 +1,9 @@
 #include "exchange/exchange_internal.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/container/flat_hash_set.h"
@@ -112,6 +115,25 @@ absl::StatusOr<std::vector<std::vector<int>>> HoldersOfStoredShards(
   return holders;
 }
 
+namespace {
+
+// Sizes `s` to `bytes` zero bytes. For large sizes the memory is reserved first and its 2 MiB
+// aligned interior marked MADV_HUGEPAGE before the zero-fill touches it, so that filling takes
+// one page fault per 2 MiB instead of per 4 KiB (a hint; without THP nothing changes).
+void ResizeWithHugePageHint(std::string& s, size_t bytes) {
+  constexpr size_t kHugePage = size_t{2} << 20;
+  if (bytes >= 2 * kHugePage) {
+    s.reserve(bytes);
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(s.data());
+    const uintptr_t first = (begin + kHugePage - 1) / kHugePage * kHugePage;
+    const uintptr_t last = (begin + bytes) / kHugePage * kHugePage;
+    if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+  }
+  s.resize(bytes);
+}
+
+}  // namespace
+
 absl::StatusOr<ShardBuffers> AllocateOutputs(const ExchangePlan& plan, int rank) {
   ShardBuffers out;
   for (const ShardSpec& need : plan.needs[rank]) {
@@ -120,10 +142,12 @@ absl::StatusOr<ShardBuffers> AllocateOutputs(const ExchangePlan& plan, int rank)
       return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " needs shard ",
                                                      need.id.DebugString(), ": ", valid.message()));
     }
-    if (!out.emplace(need.id, std::string(need.NumBytes(), '\0')).second) {
+    auto [it, inserted] = out.emplace(need.id, std::string());
+    if (!inserted) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", rank, " lists shard ", need.id.DebugString(), " twice"));
     }
+    ResizeWithHugePageHint(it->second, need.NumBytes());
   }
   return out;
 }
