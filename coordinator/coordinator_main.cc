@@ -87,6 +87,9 @@ int Run() {
   options.tick = absl::Milliseconds(absl::GetFlag(FLAGS_tick_ms));
   options.jobs.arrival_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_arrival_deadline_ms));
   options.jobs.execution_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_execution_deadline_ms));
+  // Declared before the service so that it outlives it: the finalizer below drops a finished
+  // load's rendezvous keys.
+  ckpt::KvStore kv;
   ckpt::coordinator::CoordinatorService coordinator(&clock, options);
   // Saves: staging directory + save plan, then manifest merge + atomic commit; an aborted
   // save's staging directory is removed.
@@ -105,9 +108,12 @@ int Run() {
         if (op.kind == ckpt::coordinator::OperationKind::kReshard) return reshards.Commit(op);
         return saves.Commit(op);
       });
-  coordinator.SetFinalizer([&saves, &reshards](const ckpt::coordinator::Operation& op) {
+  coordinator.SetFinalizer([&saves, &reshards, &kv](const ckpt::coordinator::Operation& op) {
     saves.Finalize(op);
     reshards.Finalize(op);
+    if (op.kind == ckpt::coordinator::OperationKind::kLoad) {
+      kv.ErasePrefix(absl::StrCat("load/", op.id, "/"));
+    }
   });
   // Loads: each stored piece is read once, by one rank, and exchanged between the workers of
   // the operation (algorithm and budget from the trainers' load options, else the flags).
@@ -123,7 +129,6 @@ int Run() {
                            }
                            return ckpt::coordinator::PlanExchangeLoad(op, options);
                          });
-  ckpt::KvStore kv;
   ckpt::RendezvousService rendezvous(&kv);
 
   grpc::ServerBuilder builder;

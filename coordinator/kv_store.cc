@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -64,6 +65,20 @@ absl::StatusOr<int64_t> KvStore::Add(absl::string_view key, int64_t delta) {
   }
   values_[key] = absl::StrCat(sum);
   return sum;
+}
+
+size_t KvStore::ErasePrefix(absl::string_view prefix) {
+  absl::MutexLock lock(&mu_);
+  size_t erased = 0;
+  for (auto it = values_.begin(); it != values_.end();) {
+    if (absl::StartsWith(it->first, prefix)) {
+      values_.erase(it++);
+      ++erased;
+    } else {
+      ++it;
+    }
+  }
+  return erased;
 }
 
 size_t KvStore::size() const {

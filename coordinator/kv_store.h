@@ -40,6 +40,10 @@ class KvStore {
   // InvalidArgument when the existing value is not a decimal integer or the sum overflows.
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta);
 
+  // Removes every key starting with `prefix` (e.g. a finished operation's rendezvous keys,
+  // "load/op-7/"); returns how many. Waiters on removed keys keep waiting.
+  size_t ErasePrefix(absl::string_view prefix);
+
   // Number of keys (for tests and metrics).
   size_t size() const;
 

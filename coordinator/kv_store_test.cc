@@ -78,5 +78,19 @@ TEST(KvStoreTest, AddRejectsNonIntegerAndOverflow) {
   EXPECT_EQ(store.Add("big", 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(KvStoreTest, ErasePrefixDropsOnlyThatOperationsKeys) {
+  KvStore kv;
+  kv.Set("load/op-1/mesh/0", "a");
+  kv.Set("load/op-1/arrived", "2");
+  kv.Set("load/op-10/mesh/0", "b");
+  kv.Set("other", "c");
+  EXPECT_EQ(kv.ErasePrefix("load/op-1/"), 2u);
+  EXPECT_EQ(kv.size(), 2u);
+  std::vector<std::string> keys = {"load/op-10/mesh/0", "other"};
+  auto left = kv.WaitAndGet(keys, absl::Now() + absl::Seconds(1));
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_EQ(kv.ErasePrefix("nothing/"), 0u);
+}
+
 }  // namespace
 }  // namespace ckpt
