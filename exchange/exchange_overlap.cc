@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "exchange/exchange.h"
 #include "exchange/exchange_internal.h"
+#include "exchange/overlap_waves.h"
 #include "sharding/overlap.h"
 
 namespace ckpt {
@@ -47,28 +48,6 @@ void ForEachRunPart(const std::vector<CopyRun>& runs, int64_t begin, int64_t end
     base += r.length;
     if (base >= end) break;
   }
-}
-
-// A contiguous run of memory in a loaded buffer or a destination.
-struct MemoryRun {
-  char* data;
-  size_t bytes;
-};
-
-// Appends a run, merging it into the previous one when they are adjacent.
-void AppendRun(std::vector<MemoryRun>& runs, char* data, size_t bytes) {
-  if (bytes == 0) return;
-  if (!runs.empty() && runs.back().data + runs.back().bytes == data) {
-    runs.back().bytes += bytes;
-  } else {
-    runs.push_back({data, bytes});
-  }
-}
-
-size_t RunBytes(const std::vector<MemoryRun>& runs) {
-  size_t total = 0;
-  for (const MemoryRun& r : runs) total += r.bytes;
-  return total;
 }
 
 }  // namespace
@@ -153,6 +132,10 @@ absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan&
   //    receive staging stays within the budget; a transfer larger than the budget is cut into
   //    element windows. Identical on every rank.
   const int64_t budget = options.memory_budget_bytes;
+  // Pipelined: waves of at most one chunk, two in flight (one moving, one being packed).
+  const bool pipelined =
+      options.pipeline_chunk_bytes > 0 && budget >= 2 * options.pipeline_chunk_bytes;
+  const int64_t wave_budget = pipelined ? options.pipeline_chunk_bytes : budget;
   std::vector<std::vector<Piece>> waves_plan;
   std::vector<int64_t> load(n, 0);
   auto new_wave = [&] {
@@ -162,16 +145,18 @@ absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan&
   for (int k = 0; k < static_cast<int>(transfers.size()); ++k) {
     const Transfer& tr = transfers[k];
     if (tr.src == tr.dst) continue;
-    if (tr.elem_size > budget) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "overlap exchange: memory budget of ", budget, " bytes is smaller than one element (",
-          tr.elem_size, " bytes) of '", plan.needs[tr.dst][tr.need].id.key, "'"));
+    if (tr.elem_size > wave_budget) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("overlap exchange: memory budget of ", wave_budget,
+                       " bytes per wave is smaller than one element (", tr.elem_size,
+                       " bytes) of '", plan.needs[tr.dst][tr.need].id.key, "'"));
     }
-    const int64_t window = budget / tr.elem_size;
+    const int64_t window = wave_budget / tr.elem_size;
     for (int64_t begin = 0; begin < tr.elements; begin += window) {
       const int64_t end = std::min(tr.elements, begin + window);
       const int64_t bytes = (end - begin) * tr.elem_size;
-      if (waves_plan.empty() || load[tr.src] + bytes > budget || load[tr.dst] + bytes > budget) {
+      if (waves_plan.empty() || load[tr.src] + bytes > wave_budget ||
+          load[tr.dst] + bytes > wave_budget) {
         new_wave();
       }
       load[tr.src] += bytes;
@@ -180,82 +165,43 @@ absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan&
     }
   }
 
-  // 4. Run the waves. Per peer, the bytes this rank sends (in its loaded buffers) and receives
-  //    (in its destinations) form a stream of memory runs in wave order; a stream that is one
-  //    contiguous run moves in place, any other is packed into / unpacked from staging.
-  StagingArena own_staging;
-  StagingArena& staging = options.staging != nullptr ? *options.staging : own_staging;
-  WaveRecorder recorder(budget);
-  std::vector<std::vector<MemoryRun>> send_runs(n), recv_runs(n);
-  std::vector<SendBuffer> sends(n);
-  std::vector<RecvBuffer> recvs(n);
+  // 4. Run the waves: per peer, the runs this rank sends and receives, in wave order.
+  WaveRunOptions run;
+  run.deadline = options.deadline;
+  run.pipelined = pipelined;
   for (const std::vector<Piece>& wave : waves_plan) {
-    for (int p = 0; p < n; ++p) {
-      send_runs[p].clear();
-      recv_runs[p].clear();
+    size_t mine = 0;
+    for (const Piece& p : wave) {
+      const Transfer& tr = transfers[p.transfer];
+      if (tr.src == me || tr.dst == me) mine += (p.end - p.begin) * tr.elem_size;
     }
-    for (const Piece& piece : wave) {
+    run.max_wave_bytes = std::max(run.max_wave_bytes, mine);
+  }
+  auto build = [&](int k, WaveStreams& streams) {
+    for (const Piece& piece : waves_plan[k]) {
       const Transfer& tr = transfers[piece.transfer];
       const int64_t es = tr.elem_size;
       if (tr.src == me) {
-        const char* src = loaded.at(plan.distribution[tr.stored].spec.id).data();
-        std::vector<MemoryRun>& runs = send_runs[tr.dst];
+        char* src = const_cast<char*>(loaded.at(plan.distribution[tr.stored].spec.id).data());
+        std::vector<MemoryRun>& runs = streams.send[tr.dst];
         ForEachRunPart(tr.runs, piece.begin, piece.end, [&](int64_t s, int64_t, int64_t count) {
-          AppendRun(runs, const_cast<char*>(src) + s * es, count * es);
+          AppendRun(runs, src + s * es, count * es);
         });
       }
       if (tr.dst == me) {
         char* dst = targets[tr.need].data();
-        std::vector<MemoryRun>& runs = recv_runs[tr.src];
+        std::vector<MemoryRun>& runs = streams.recv[tr.src];
         ForEachRunPart(tr.runs, piece.begin, piece.end, [&](int64_t, int64_t d, int64_t count) {
           AppendRun(runs, dst + d * es, count * es);
         });
       }
     }
-    size_t staged = 0, sent = 0, received = 0;
-    for (int p = 0; p < n; ++p) {
-      const size_t out = RunBytes(send_runs[p]), in = RunBytes(recv_runs[p]);
-      sent += out;
-      received += in;
-      if (send_runs[p].size() > 1) staged += out;
-      if (recv_runs[p].size() > 1) staged += in;
-    }
-    CKPT_ASSIGN_OR_RETURN(char* block, staging.Reserve(staged));
-    char* at = block;
-    for (int p = 0; p < n; ++p) {
-      const size_t out = RunBytes(send_runs[p]);
-      if (send_runs[p].size() > 1) {
-        char* packed = at;
-        for (const MemoryRun& r : send_runs[p]) {
-          std::memcpy(at, r.data, r.bytes);
-          at += r.bytes;
-        }
-        sends[p] = {packed, out};
-      } else {
-        sends[p] = {out > 0 ? send_runs[p][0].data : nullptr, out};
-      }
-      const size_t in = RunBytes(recv_runs[p]);
-      if (recv_runs[p].size() > 1) {
-        recvs[p] = {at, in};
-        at += in;
-      } else {
-        recvs[p] = {in > 0 ? recv_runs[p][0].data : nullptr, in};
-      }
-    }
-    recorder.StartWave();
-    absl::Time start = absl::Now();
-    CKPT_RETURN_IF_ERROR(comm.AllToAllVBuffers(sends, recvs, options.deadline));
-    recorder.Add(staged, sent, received, absl::Now() - start);
-    // Scatter what arrived in staging into the destinations.
-    for (int p = 0; p < n; ++p) {
-      if (recv_runs[p].size() <= 1) continue;
-      const char* from = static_cast<const char*>(recvs[p].data);
-      for (const MemoryRun& r : recv_runs[p]) {
-        std::memcpy(r.data, from, r.bytes);
-        from += r.bytes;
-      }
-    }
-  }
+  };
+  StagingArena own_staging;
+  StagingArena& staging = options.staging != nullptr ? *options.staging : own_staging;
+  WaveRecorder recorder(budget);
+  CKPT_RETURN_IF_ERROR(
+      RunWaves(comm, static_cast<int>(waves_plan.size()), build, run, staging, recorder));
   recorder.Finish("overlap_all_to_all", report);
   return absl::OkStatus();
 }
