@@ -89,10 +89,6 @@ struct ExchangeOptions {
   int64_t coalesce_max_batch_bytes = int64_t{16} << 20;
   // Every collective of the exchange must finish by this time.
   absl::Time deadline = absl::InfiniteFuture();
-  // overlap_all_to_all: when > 0 and at most half the budget, waves carry at most this many
-  // bytes per rank and a helper thread packs wave k+1 while wave k is on the wire (staging
-  // for two waves at a time). Must be identical on every rank, like the budget.
-  int64_t pipeline_chunk_bytes = 0;
   // Optional caller-owned staging memory, reused across exchanges so its pages stay mapped
   // (one exchange at a time per arena). Null: each exchange maps and frees its own.
   StagingArena* staging = nullptr;

@@ -58,8 +58,6 @@ TEST_P(ExchangeIntoTest, WritesTheSameBytesAsTheAllocatingFormIntoEveryDestinati
   std::vector<ShardBuffers> allocated(N());
   std::vector<Destinations> into(N());
   for (int r = 0; r < N(); ++r) into[r] = PoisonedDestinations(sc.plan, r);
-  std::vector<Destinations> piped(N());
-  std::vector<ExchangeReport> piped_reports(N());
   std::vector<absl::Status> statuses = RunOnThreads(
       N(), GlooMaker(absl::StrCat("into_", Algorithm(), N())), absl::Seconds(30),
       [&](int rank, Communicator& comm) -> absl::Status {
@@ -78,21 +76,12 @@ TEST_P(ExchangeIntoTest, WritesTheSameBytesAsTheAllocatingFormIntoEveryDestinati
                                                       into[rank].views, options);
           if (!s.ok()) return s;
         }
-        // Pipelined overlap waves (a helper thread packs the next wave), into fresh poison.
-        piped[rank] = PoisonedDestinations(sc.plan, rank);
-        options.memory_budget_bytes = 4096;
-        options.pipeline_chunk_bytes = 301;
-        return ExchangeByDistributionInto(Algorithm(), comm, sc.plan, sc.loaded[rank],
-                                          piped[rank].views, options, &piped_reports[rank]);
+        return absl::OkStatus();
       });
   for (int r = 0; r < N(); ++r) {
     ASSERT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
     EXPECT_EQ(into[r].storage, allocated[r]) << "rank " << r;
     EXPECT_EQ(into[r].storage, ReferenceOutputs(sc.plan, r)) << "rank " << r;
-    EXPECT_EQ(piped[r].storage, allocated[r]) << "rank " << r << " (pipelined)";
-    if (Algorithm() == "overlap_all_to_all" && N() > 1) {
-      EXPECT_GT(piped_reports[r].waves.size(), 2u) << "rank " << r;
-    }
   }
 }
 

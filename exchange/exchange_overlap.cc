@@ -132,10 +132,6 @@ absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan&
   //    receive staging stays within the budget; a transfer larger than the budget is cut into
   //    element windows. Identical on every rank.
   const int64_t budget = options.memory_budget_bytes;
-  // Pipelined: waves of at most one chunk, two in flight (one moving, one being packed).
-  const bool pipelined =
-      options.pipeline_chunk_bytes > 0 && budget >= 2 * options.pipeline_chunk_bytes;
-  const int64_t wave_budget = pipelined ? options.pipeline_chunk_bytes : budget;
   std::vector<std::vector<Piece>> waves_plan;
   std::vector<int64_t> load(n, 0);
   auto new_wave = [&] {
@@ -145,18 +141,17 @@ absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan&
   for (int k = 0; k < static_cast<int>(transfers.size()); ++k) {
     const Transfer& tr = transfers[k];
     if (tr.src == tr.dst) continue;
-    if (tr.elem_size > wave_budget) {
+    if (tr.elem_size > budget) {
       return absl::InvalidArgumentError(
-          absl::StrCat("overlap exchange: memory budget of ", wave_budget,
+          absl::StrCat("overlap exchange: memory budget of ", budget,
                        " bytes per wave is smaller than one element (", tr.elem_size,
                        " bytes) of '", plan.needs[tr.dst][tr.need].id.key, "'"));
     }
-    const int64_t window = wave_budget / tr.elem_size;
+    const int64_t window = budget / tr.elem_size;
     for (int64_t begin = 0; begin < tr.elements; begin += window) {
       const int64_t end = std::min(tr.elements, begin + window);
       const int64_t bytes = (end - begin) * tr.elem_size;
-      if (waves_plan.empty() || load[tr.src] + bytes > wave_budget ||
-          load[tr.dst] + bytes > wave_budget) {
+      if (waves_plan.empty() || load[tr.src] + bytes > budget || load[tr.dst] + bytes > budget) {
         new_wave();
       }
       load[tr.src] += bytes;
@@ -168,7 +163,6 @@ absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan&
   // 4. Run the waves: per peer, the runs this rank sends and receives, in wave order.
   WaveRunOptions run;
   run.deadline = options.deadline;
-  run.pipelined = pipelined;
   for (const std::vector<Piece>& wave : waves_plan) {
     size_t mine = 0;
     for (const Piece& p : wave) {

@@ -11,7 +11,6 @@
 // parent first measures the limits in the same run: memcpy and one loopback TCP stream.
 //
 // Usage: exchange_process_benchmark [--ranks=2,4] [--mib=64] [--reps=20] [--huge_pages=1]
-//        [--pipeline_kib=0]   (ExchangeOptions::pipeline_chunk_bytes for the overlap rows)
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -125,7 +124,7 @@ double LoopbackTcpSeconds(size_t bytes, int reps) {
 }
 
 int RankMain(const std::string& store_address, int rank, int n, int64_t bytes, int reps,
-             bool huge_pages, int64_t pipeline_bytes) {
+             bool huge_pages) {
   GrpcStore store(store_address);
   GlooOptions go;
   go.group_name = absl::StrCat("procbench_n", n);
@@ -168,7 +167,6 @@ int RankMain(const std::string& store_address, int rank, int n, int64_t bytes, i
             [&] {
               ExchangeOptions options;
               options.deadline = Deadline();
-              options.pipeline_chunk_bytes = pipeline_bytes;
               ExchangeReport report;
               Check(ExchangeOverlapAllToAll(c, plan, loaded[rank], options, &report).status());
               wire = report.bytes_received();
@@ -188,7 +186,6 @@ int RankMain(const std::string& store_address, int rank, int n, int64_t bytes, i
                          ExchangeOptions options;
                          options.deadline = Deadline();
                          options.staging = &arena;
-                         options.pipeline_chunk_bytes = pipeline_bytes;
                          Check(ExchangeOverlapAllToAllInto(c, plan, loaded[rank], destinations,
                                                            options, nullptr));
                        }),
@@ -225,8 +222,7 @@ int Main(int argc, char** argv) {
   const int reps = num("reps", 20);
   const bool huge_pages = num("huge_pages", 1) != 0;
   if (flags.count("rank")) {
-    return RankMain(flags["store"], num("rank", 0), num("size", 1), bytes, reps, huge_pages,
-                    num("pipeline_kib", 0) << 10);
+    return RankMain(flags["store"], num("rank", 0), num("size", 1), bytes, reps, huge_pages);
   }
   KvStore kv;
   RendezvousService service(&kv);
@@ -255,8 +251,7 @@ int Main(int argc, char** argv) {
                                        absl::StrCat("--size=", n),
                                        absl::StrCat("--mib=", bytes >> 20),
                                        absl::StrCat("--reps=", reps),
-                                       absl::StrCat("--huge_pages=", huge_pages ? 1 : 0),
-                                       absl::StrCat("--pipeline_kib=", num("pipeline_kib", 0))};
+                                       absl::StrCat("--huge_pages=", huge_pages ? 1 : 0)};
       pid_t pid = fork();
       if (pid == 0) {
         std::vector<char*> argv_child;

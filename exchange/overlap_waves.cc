@@ -1,9 +1,7 @@
 #include "exchange/overlap_waves.h"
 
 #include <cstring>
-#include <thread>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 
@@ -102,61 +100,13 @@ absl::Status RunWaves(Communicator& comm, int num_waves, const WaveBuilder& buil
                       const WaveRunOptions& options, StagingArena& staging,
                       WaveRecorder& recorder) {
   const int n = comm.size();
-  const size_t slot_bytes = options.max_wave_bytes;
-  if (!options.pipelined || num_waves < 2) {
-    CKPT_ASSIGN_OR_RETURN(char* memory, staging.Reserve(slot_bytes));
-    PreparedWave w;
-    for (int k = 0; k < num_waves; ++k) {
-      Prepare(n, k, build, w, memory);
-      CKPT_RETURN_IF_ERROR(Move(comm, w, options.deadline, recorder));
-    }
-    return absl::OkStatus();
+  CKPT_ASSIGN_OR_RETURN(char* memory, staging.Reserve(options.max_wave_bytes));
+  PreparedWave w;
+  for (int k = 0; k < num_waves; ++k) {
+    Prepare(n, k, build, w, memory);
+    CKPT_RETURN_IF_ERROR(Move(comm, w, options.deadline, recorder));
   }
-  // Two slots: the helper prepares wave k into slot k % 2 once this thread has moved and
-  // unpacked wave k - 2 (the slot's previous user).
-  CKPT_ASSIGN_OR_RETURN(char* memory, staging.Reserve(2 * slot_bytes));
-  PreparedWave slots[2];
-  struct Progress {
-    int prepared = -1;  // highest wave the helper has prepared
-    int finished = -1;  // highest wave this thread has moved and unpacked
-    bool stop = false;  // this thread is done (or failed): the helper must not wait longer
-    int moving = 0;     // the wave this thread waits to move
-    int preparing = 0;  // the wave the helper waits to prepare
-  };
-  absl::Mutex mu;
-  Progress progress;
-  std::thread helper([&] {
-    for (int k = 0; k < num_waves; ++k) {
-      {
-        absl::MutexLock lock(&mu);
-        progress.preparing = k;
-        mu.Await(absl::Condition(
-            +[](Progress* s) { return s->stop || s->finished >= s->preparing - 2; }, &progress));
-        if (progress.stop) return;
-      }
-      Prepare(n, k, build, slots[k % 2], memory + (k % 2) * slot_bytes);
-      absl::MutexLock lock(&mu);
-      progress.prepared = k;
-    }
-  });
-  absl::Status status;
-  for (int k = 0; k < num_waves && status.ok(); ++k) {
-    {
-      absl::MutexLock lock(&mu);
-      progress.moving = k;
-      mu.Await(absl::Condition(
-          +[](Progress* s) { return s->prepared >= s->moving; }, &progress));
-    }
-    status = Move(comm, slots[k % 2], options.deadline, recorder);
-    absl::MutexLock lock(&mu);
-    progress.finished = k;
-  }
-  {
-    absl::MutexLock lock(&mu);
-    progress.stop = true;
-  }
-  helper.join();
-  return status;
+  return absl::OkStatus();
 }
 
 }  // namespace exchange_internal

@@ -1,8 +1,8 @@
 // Moving the overlap exchange's waves (internal to exchange/): each wave is, per peer, a
 // stream of memory runs this rank sends (in its loaded buffers) and receives (in its
 // destinations). A stream that is one contiguous run moves in place; any other is packed into
-// or unpacked from staging. Optionally pipelined: a helper thread builds and packs wave k+1
-// while wave k is on the wire.
+// or unpacked from staging. (A pipelined mode, packing wave k+1 on a helper thread while wave
+// k moved, was measured slower on loopback and removed; see exchange/README.md.)
 #ifndef CKPT_EXCHANGE_OVERLAP_WAVES_H_
 #define CKPT_EXCHANGE_OVERLAP_WAVES_H_
 
@@ -35,17 +35,13 @@ struct WaveStreams {
 // Appends a run, merging it into the previous one when they are adjacent.
 void AppendRun(std::vector<MemoryRun>& runs, char* data, size_t bytes);
 
-// Fills `streams` (already sized to the group, emptied) with wave `wave`'s runs. May be called
-// from a helper thread; it must only read shared state.
+// Fills `streams` (already sized to the group, emptied) with wave `wave`'s runs.
 using WaveBuilder = std::function<void(int wave, WaveStreams& streams)>;
 
-// How RunWaves stages and overlaps.
+// How RunWaves stages.
 struct WaveRunOptions {
-  // Upper bound on this rank's send + receive bytes in any one wave.
+  // Upper bound on this rank's send + receive bytes in any one wave (the staging reserved).
   size_t max_wave_bytes = 0;
-  // Build and pack wave k+1 on a helper thread while wave k moves (double-buffered staging:
-  // up to 2 * max_wave_bytes).
-  bool pipelined = false;
   absl::Time deadline = absl::InfiniteFuture();
 };
 
