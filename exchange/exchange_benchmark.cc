@@ -6,6 +6,7 @@
 //   BM_AllToAllV        Communicator::AllToAllV, total/N^2 bytes per pair (bytes = wire bytes)
 //   BM_OverlapAllToAll   ExchangeOverlapAllToAll: row-chunked F32 matrix resharded to column
 //                        chunks (bytes = bytes that cross the wire, summed over ranks)
+//   BM_OverlapAllToAllInto  the same into destinations allocated once, with a staging arena
 // Ranks are threads of this process, each with its own Gloo TCP communicator.
 // Run: bazel run -c opt //exchange:exchange_benchmark -- --benchmark_min_time=1
 // Peer: tools/bench/torch_gloo_peer.py does the same collectives with PyTorch's Gloo backend.
@@ -265,6 +266,47 @@ void BM_OverlapAllToAll(benchmark::State& state) {
   state.counters["wire_MiB"] = moved / 1048576.0;
 }
 BENCHMARK(BM_OverlapAllToAll)
+    ->Args({2, 64 << 20})
+    ->Args({4, 64 << 20})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The same reshard scattered into destinations allocated once (the worker's path), staging
+// kept across iterations in one arena per rank.
+void BM_OverlapAllToAllInto(benchmark::State& state) {
+  const int n = state.range(0);
+  const int64_t bytes = state.range(1);
+  std::vector<ShardBuffers> loaded;
+  const ExchangePlan plan = RowsToColumnsReshardPlan(n, bytes, &loaded);
+  RankGroup& group = Group(n);
+  std::vector<ShardBuffers> outputs(n);
+  std::vector<DestinationBuffers> destinations(n);
+  std::vector<std::unique_ptr<StagingArena>> arenas;
+  for (int r = 0; r < n; ++r) {
+    for (const ShardSpec& need : plan.needs[r]) {
+      outputs[r][need.id] = std::string(need.NumBytes(), '\0');
+    }
+    destinations[r] = DestinationsOf(outputs[r]);
+    arenas.push_back(std::make_unique<StagingArena>());
+  }
+  std::vector<int64_t> wire(n);
+  for (auto _ : state) {
+    group.Run([&](int r, Communicator& c) {
+      ExchangeOptions options;
+      options.deadline = Deadline();
+      options.memory_budget_bytes = int64_t{256} << 20;
+      options.staging = arenas[r].get();
+      ExchangeReport report;
+      Check(ExchangeOverlapAllToAllInto(c, plan, loaded[r], destinations[r], options, &report));
+      wire[r] = report.bytes_received();
+    });
+  }
+  int64_t moved = 0;
+  for (int64_t w : wire) moved += w;
+  state.SetBytesProcessed(state.iterations() * moved);
+  state.counters["wire_MiB"] = moved / 1048576.0;
+}
+BENCHMARK(BM_OverlapAllToAllInto)
     ->Args({2, 64 << 20})
     ->Args({4, 64 << 20})
     ->Unit(benchmark::kMillisecond)
