@@ -340,6 +340,22 @@ TEST(GlooArgumentTest, BadRootAndCountsAreInvalidArgument) {
         std::vector<size_t> counts(3, 1);
         s = comm.AllGatherV(&b, counts, &b, Deadline());
         RETURN_IF_MISMATCH(s.code() == absl::StatusCode::kInvalidArgument, s.ToString());
+        // One buffer per peer is required, and a rank's message to itself must fit.
+        std::vector<SendBuffer> sends(3);
+        std::vector<RecvBuffer> recvs(2);
+        s = comm.AllToAllVBuffers(sends, recvs, Deadline());
+        RETURN_IF_MISMATCH(s.code() == absl::StatusCode::kInvalidArgument &&
+                               s.message().find("3 sends and 2 receives") != std::string::npos,
+                           s.ToString());
+        char c = 0;
+        sends.resize(2);
+        sends[rank] = {&b, 1};
+        recvs[rank] = {&c, 0};
+        s = comm.AllToAllVBuffers(sends, recvs, Deadline());
+        RETURN_IF_MISMATCH(s.code() == absl::StatusCode::kInvalidArgument &&
+                               s.message().find(absl::StrCat(
+                                   "rank ", rank, " sends itself 1 bytes")) != std::string::npos,
+                           s.ToString());
         // Argument errors do not break the communicator.
         return comm.Barrier(Deadline());
       });
