@@ -11,6 +11,7 @@
 // parent first measures the limits in the same run: memcpy and one loopback TCP stream.
 //
 // Usage: exchange_process_benchmark [--ranks=2,4] [--mib=64] [--reps=20] [--huge_pages=1]
+//        [--reuse_arena=1]   (0: overlap_into maps its staging per call instead)
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -124,7 +125,7 @@ double LoopbackTcpSeconds(size_t bytes, int reps) {
 }
 
 int RankMain(const std::string& store_address, int rank, int n, int64_t bytes, int reps,
-             bool huge_pages) {
+             bool huge_pages, bool reuse_arena) {
   GrpcStore store(store_address);
   GlooOptions go;
   go.group_name = absl::StrCat("procbench_n", n);
@@ -185,7 +186,7 @@ int RankMain(const std::string& store_address, int rank, int n, int64_t bytes, i
                        [&] {
                          ExchangeOptions options;
                          options.deadline = Deadline();
-                         options.staging = &arena;
+                         options.staging = reuse_arena ? &arena : nullptr;
                          Check(ExchangeOverlapAllToAllInto(c, plan, loaded[rank], destinations,
                                                            options, nullptr));
                        }),
@@ -221,8 +222,10 @@ int Main(int argc, char** argv) {
   const int64_t bytes = num("mib", 64) << 20;
   const int reps = num("reps", 20);
   const bool huge_pages = num("huge_pages", 1) != 0;
+  const bool reuse_arena = num("reuse_arena", 1) != 0;
   if (flags.count("rank")) {
-    return RankMain(flags["store"], num("rank", 0), num("size", 1), bytes, reps, huge_pages);
+    return RankMain(flags["store"], num("rank", 0), num("size", 1), bytes, reps, huge_pages,
+                    reuse_arena);
   }
   KvStore kv;
   RendezvousService service(&kv);
@@ -251,7 +254,8 @@ int Main(int argc, char** argv) {
                                        absl::StrCat("--size=", n),
                                        absl::StrCat("--mib=", bytes >> 20),
                                        absl::StrCat("--reps=", reps),
-                                       absl::StrCat("--huge_pages=", huge_pages ? 1 : 0)};
+                                       absl::StrCat("--huge_pages=", huge_pages ? 1 : 0),
+                                       absl::StrCat("--reuse_arena=", reuse_arena ? 1 : 0)};
       pid_t pid = fork();
       if (pid == 0) {
         std::vector<char*> argv_child;
