@@ -1,6 +1,7 @@
 // The Into form of the exchange algorithms: results written into caller-provided destination
 // buffers must equal the allocating form byte for byte, and bad destinations are refused with
 // errors naming the shard and the rank.
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -83,6 +84,44 @@ TEST_P(ExchangeIntoTest, WritesTheSameBytesAsTheAllocatingFormIntoEveryDestinati
     EXPECT_EQ(into[r].storage, allocated[r]) << "rank " << r;
     EXPECT_EQ(into[r].storage, ReferenceOutputs(sc.plan, r)) << "rank " << r;
   }
+}
+
+TEST_P(ExchangeIntoTest, StagingStaysWithinTheBudgetWhenTheBudgetBinds) {
+  if (N() == 1) GTEST_SKIP() << "one rank stages nothing";
+  constexpr int64_t kBudget = 8192;  // two pages: the arena maps whole pages
+  ScenarioOptions so;
+  so.num_ranks = N();
+  so.seed = 23;
+  so.scale = 64;
+  so.reshard = Algorithm() == "overlap_all_to_all";
+  Scenario sc = MakeScenario(so);
+  std::vector<Destinations> into(N());
+  for (int r = 0; r < N(); ++r) into[r] = PoisonedDestinations(sc.plan, r);
+  std::vector<size_t> capacity(N(), 0);
+  std::vector<ExchangeReport> reports(N());
+  std::vector<absl::Status> statuses = RunOnThreads(
+      N(), GlooMaker(absl::StrCat("into_budget_", Algorithm(), N())), absl::Seconds(30),
+      [&](int rank, Communicator& comm) -> absl::Status {
+        StagingArena arena;
+        ExchangeOptions options;
+        options.deadline = absl::Now() + absl::Seconds(30);
+        options.memory_budget_bytes = kBudget;
+        options.staging = &arena;
+        absl::Status s = ExchangeByDistributionInto(Algorithm(), comm, sc.plan, sc.loaded[rank],
+                                                    into[rank].views, options, &reports[rank]);
+        capacity[rank] = arena.capacity();
+        return s;
+      });
+  int64_t most = 0;
+  for (int r = 0; r < N(); ++r) {
+    ASSERT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+    EXPECT_EQ(into[r].storage, ReferenceOutputs(sc.plan, r)) << "rank " << r;
+    EXPECT_LE(capacity[r], static_cast<size_t>(kBudget)) << "rank " << r;
+    most = std::max(most, reports[r].bytes_received());
+  }
+  EXPECT_GT(most, kBudget) << "scenario too small for the budget to bind";
+  // ... and the staging did come from the caller's arena.
+  EXPECT_GT(*std::max_element(capacity.begin(), capacity.end()), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllAlgorithms, ExchangeIntoTest,
