@@ -34,10 +34,10 @@ ABSL_FLAG(int64_t, arrival_deadline_ms, 60000,
 ABSL_FLAG(int64_t, execution_deadline_ms, 1800000,
           "planning + executing an operation must finish within this long");
 ABSL_FLAG(int64_t, tick_ms, 100, "how often leases and deadlines are checked");
-ABSL_FLAG(std::string, load_algorithm, "broadcast",
-          "exchange algorithm of loads whose trainers ask for none: broadcast, "
-          "overlap_all_to_all, gather_rounds, gather_object, or direct (every rank reads what it "
-          "needs itself; a debugging aid)");
+ABSL_FLAG(std::string, load_algorithm, "auto",
+          "exchange algorithm of loads whose trainers ask for none: auto (direct when every rank "
+          "is on one host, else broadcast), broadcast, overlap_all_to_all, gather_rounds, "
+          "gather_object, or direct (every rank reads what it needs itself)");
 ABSL_FLAG(int64_t, load_memory_budget_bytes, int64_t{1} << 30,
           "bytes in flight per rank and wave of a load whose trainers give no budget");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");

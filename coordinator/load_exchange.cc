@@ -15,7 +15,7 @@ namespace ckpt::coordinator {
 
 const std::vector<std::string>& LoadAlgorithmNames() {
   static const auto* names = new std::vector<std::string>{
-      "broadcast", "overlap_all_to_all", "gather_rounds", "gather_object", "direct"};
+      "broadcast", "overlap_all_to_all", "gather_rounds", "gather_object", "direct", "auto"};
   return *names;
 }
 
@@ -33,9 +33,17 @@ absl::StatusOr<ExchangeAlgorithm> PlannerAlgorithm(const std::string& name) {
 
 }  // namespace
 
+std::string AutoLoadAlgorithm(const Operation& op) {
+  for (const RankEntry& e : op.ranks) {
+    if (e.location.host != op.ranks.front().location.host) return "broadcast";
+  }
+  return "direct";
+}
+
 absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
                                                        const LoadPlannerOptions& options) {
-  const std::string algorithm = options.algorithm.empty() ? "broadcast" : options.algorithm;
+  std::string algorithm = options.algorithm.empty() ? "broadcast" : options.algorithm;
+  if (algorithm == "auto") algorithm = AutoLoadAlgorithm(op);
   if (algorithm == "direct") return PlanDirectLoad(op);
   absl::StatusOr<ExchangeAlgorithm> planner_algorithm = PlannerAlgorithm(algorithm);
   if (!planner_algorithm.ok()) return planner_algorithm.status();

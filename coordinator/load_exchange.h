@@ -17,7 +17,8 @@ namespace ckpt::coordinator {
 
 // How loads are planned.
 struct LoadPlannerOptions {
-  // "broadcast", "overlap_all_to_all", "gather_rounds", "gather_object" or "direct".
+  // "broadcast", "overlap_all_to_all", "gather_rounds", "gather_object", "direct" or "auto"
+  // (AutoLoadAlgorithm).
   std::string algorithm = "broadcast";
   // Bytes in flight per rank and wave (unit buffers + received bytes).
   int64_t memory_budget_bytes = int64_t{1} << 30;
@@ -25,6 +26,12 @@ struct LoadPlannerOptions {
 
 // Names accepted as LoadPlannerOptions::algorithm, default first.
 const std::vector<std::string>& LoadAlgorithmNames();
+
+// "auto": "direct" when every rank of the operation is served on one host, else "broadcast".
+// On one host the ranks share one storage device and the exchange moves over loopback what
+// each could read itself: measured ~2x slower than direct reads (docs/BENCHMARKS.md, "Loads").
+// Across hosts, reading each shared byte once and exchanging it saves storage bandwidth.
+std::string AutoLoadAlgorithm(const Operation& op);
 
 // Validates the operation against the checkpoint at op.path like PlanDirectLoad, then plans
 // the exchange-based load: one serialized pb::LoadPlanPart per rank carrying the whole plan

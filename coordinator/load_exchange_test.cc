@@ -142,6 +142,21 @@ TEST(LoadExchangeTest, DirectKeepsEveryRankReadingItsOwnRegions) {
   }
 }
 
+TEST(LoadExchangeTest, AutoReadsDirectlyOnOneHostAndExchangesAcrossHosts) {
+  const std::string path = WriteTwoRowCheckpoint("auto");
+  Operation op = ThreeRankLoad(path);
+  for (RankEntry& e : op.ranks) e.location.host = "node0";
+  EXPECT_EQ(AutoLoadAlgorithm(op), "direct");
+  auto plans = PlanExchangeLoad(op, LoadPlannerOptions{"auto", 1 << 20});
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  for (const pb::LoadPlanPart& part : Parts(*plans)) EXPECT_EQ(part.waves_size(), 0);
+  op.ranks[2].location.host = "node1";
+  EXPECT_EQ(AutoLoadAlgorithm(op), "broadcast");
+  plans = PlanExchangeLoad(op, LoadPlannerOptions{"auto", 1 << 20});
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  EXPECT_EQ(Parts(*plans)[0].algorithm(), "broadcast");
+}
+
 TEST(LoadExchangeTest, AnUnknownAlgorithmIsRefusedNamingTheValidOnes) {
   const std::string path = WriteTwoRowCheckpoint("unknown");
   auto plans = PlanExchangeLoad(ThreeRankLoad(path), LoadPlannerOptions{"telepathy", 1 << 20});

@@ -30,9 +30,10 @@ inspects and exports it, and prints bytes / seconds / GB/s next to the disk band
   --bin-dir DIR take the binaries from DIR/{coordinator/ckpt_coordinator,worker/ckpt_worker,
                 tools/ckptctl,examples/gpt_trainer,examples/gpt_tool} (e.g. bazel-bin or a
                 test's runfiles) instead of running tools/install_deps.sh and bazel build
-  --load-algorithm A  how loads move what one worker read to the others: broadcast (default),
-                overlap_all_to_all, gather_rounds, gather_object, or direct (every worker
-                reads what its rank needs itself; for comparison and debugging)
+  --load-algorithm A  how loads get the bytes to the ranks: auto (default: direct on one host,
+                broadcast across hosts), broadcast, overlap_all_to_all, gather_rounds,
+                gather_object (each stored byte read once and exchanged between workers), or
+                direct (every worker reads what its rank needs itself)
   --help        this text
 EOF
 }
@@ -42,7 +43,7 @@ SIZE=large
 WORKDIR=""
 KEEP=0
 BIN_DIR=""
-LOAD_ALGORITHM=broadcast
+LOAD_ALGORITHM=auto
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --size) SIZE="${2:-}"; shift 2 ;;
