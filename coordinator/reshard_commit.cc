@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "coordinator/save_commit.h"
 #include "coordinator/save_plan.h"
 #include "proto/convert.h"
 #include "proto/coordinator.pb.h"
@@ -16,10 +17,6 @@
 
 namespace ckpt::coordinator {
 namespace {
-
-absl::Status Prefixed(const absl::Status& s, absl::string_view prefix) {
-  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
-}
 
 std::string Normalized(const std::string& path) {
   return std::filesystem::absolute(std::filesystem::path(path)).lexically_normal().string();
@@ -39,9 +36,9 @@ absl::StatusOr<std::vector<RankPlan>> PlanClusterReshard(const pb::Manifest& sou
   CKPT_ASSIGN_OR_RETURN(SourcePieces src, PiecesOfManifest(source_manifest));
   absl::StatusOr<std::vector<TensorPiece>> pieces =
       layout.AllPieces(src.tensors, /*drop_empty=*/true);
-  if (!pieces.ok()) return Prefixed(pieces.status(), "target layout: ");
+  if (!pieces.ok()) return WithContext(pieces.status(), "target layout: ");
   absl::StatusOr<SavePlan> save_plan = BuildSavePlan(*pieces, layout.world_size());
-  if (!save_plan.ok()) return Prefixed(save_plan.status(), "target layout: ");
+  if (!save_plan.ok()) return WithContext(save_plan.status(), "target layout: ");
 
   // Each writer's pieces in shard-id order, cut into files that fit a wave of its budget.
   const int64_t share = memory_budget_bytes / 3;
@@ -100,7 +97,7 @@ absl::StatusOr<std::vector<RankPlan>> ReshardCommitter::Plan(const Operation& op
         absl::StrCat("cannot reshard ", spec.source, " onto itself: give another destination"));
   }
   absl::StatusOr<LayoutSpec> layout = LayoutSpec::Parse(spec.layout_json);
-  if (!layout.ok()) return Prefixed(layout.status(), "target layout: ");
+  if (!layout.ok()) return WithContext(layout.status(), "target layout: ");
   if (layout->world_size() != op.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("target layout has ", layout->world_size(),
                                                    " ranks but ", op.DebugString(), " has ",
@@ -108,7 +105,7 @@ absl::StatusOr<std::vector<RankPlan>> ReshardCommitter::Plan(const Operation& op
   }
   // Opening validates the manifest against the data files (names, sizes).
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(spec.source);
-  if (!reader.ok()) return Prefixed(reader.status(), "source checkpoint: ");
+  if (!reader.ok()) return WithContext(reader.status(), "source checkpoint: ");
   const pb::Manifest& manifest = (*reader)->manifest();
   Pending pending;
   CKPT_ASSIGN_OR_RETURN(SourcePieces src, PiecesOfManifest(manifest));
@@ -116,7 +113,7 @@ absl::StatusOr<std::vector<RankPlan>> ReshardCommitter::Plan(const Operation& op
     pending.tensors.push_back(TensorSpec{t.key, t.dtype, t.global_shape});
   }
   absl::StatusOr<pb::SavedLayout> saved = layout->ToSavedLayout(src.tensors);
-  if (!saved.ok()) return Prefixed(saved.status(), "target layout: ");
+  if (!saved.ok()) return WithContext(saved.status(), "target layout: ");
   pending.info.saved_layout = *std::move(saved);
   pending.info.step = manifest.step();
   pending.info.user_metadata.insert(manifest.user_metadata().begin(),
@@ -125,7 +122,7 @@ absl::StatusOr<std::vector<RankPlan>> ReshardCommitter::Plan(const Operation& op
   const int64_t budget =
       spec.memory_budget_bytes > 0 ? spec.memory_budget_bytes : kDefaultReshardBudgetBytes;
   absl::StatusOr<std::string> staging = CreateStagingDir(op.path, spec.overwrite);
-  if (!staging.ok()) return Prefixed(staging.status(), "destination: ");
+  if (!staging.ok()) return WithContext(staging.status(), "destination: ");
   pending.staging = *staging;
   absl::StatusOr<std::vector<RankPlan>> plans =
       PlanClusterReshard(manifest, spec.source, *layout, budget, *staging);
@@ -148,16 +145,7 @@ absl::Status ReshardCommitter::Commit(const Operation& op) {
     }
     pending = it->second;
   }
-  WrittenData data;
-  for (int r = 0; r < op.world_size; ++r) {
-    pb::Manifest written;
-    if (!written.ParseFromString(op.ranks[r].written)) {
-      return absl::DataLossError(
-          absl::StrCat("rank ", r, " reported an unreadable record of the files it wrote"));
-    }
-    for (pb::StoredPiece& p : *written.mutable_pieces()) data.pieces.push_back(std::move(p));
-    for (pb::DataFile& f : *written.mutable_files()) data.files.push_back(std::move(f));
-  }
+  CKPT_ASSIGN_OR_RETURN(WrittenData data, MergeWrittenRecords(op));
   const pb::Manifest manifest =
       BuildManifest(pending.tensors, data, pending.info, kDefaultChecksumBlockBytes);
   WriteOptions options;
@@ -179,7 +167,7 @@ void ReshardCommitter::Finalize(const Operation& op) {
     staging = it->second.staging;
     pending_.erase(it);
   }
-  if (op.phase != Phase::kDone && PathExists(staging)) (void)RemoveTree(staging);
+  if (op.phase != Phase::kDone) (void)DiscardStagingDir(staging);
 }
 
 }  // namespace ckpt::coordinator

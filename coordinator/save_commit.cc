@@ -12,6 +12,20 @@
 
 namespace ckpt::coordinator {
 
+absl::StatusOr<WrittenData> MergeWrittenRecords(const Operation& op) {
+  WrittenData data;
+  for (int r = 0; r < op.world_size; ++r) {
+    pb::Manifest written;
+    if (!written.ParseFromString(op.ranks[r].written)) {
+      return absl::DataLossError(
+          absl::StrCat("rank ", r, " reported an unreadable record of the files it wrote"));
+    }
+    for (pb::StoredPiece& p : *written.mutable_pieces()) data.pieces.push_back(std::move(p));
+    for (pb::DataFile& f : *written.mutable_files()) data.files.push_back(std::move(f));
+  }
+  return data;
+}
+
 absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op) {
   // Tensors: every key gathered, with the dtype and shape the lowest rank reported.
   std::vector<TensorSpec> tensors;
@@ -29,16 +43,8 @@ absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op) {
                                                         s.tensor().global_shape().end())});
     }
   }
-  WrittenData data;
-  for (int r = 0; r < op.world_size; ++r) {
-    pb::Manifest written;
-    if (!written.ParseFromString(op.ranks[r].written)) {
-      return absl::DataLossError(
-          absl::StrCat("rank ", r, " reported an unreadable record of the files it wrote"));
-    }
-    for (pb::StoredPiece& p : *written.mutable_pieces()) data.pieces.push_back(std::move(p));
-    for (pb::DataFile& f : *written.mutable_files()) data.files.push_back(std::move(f));
-  }
+  absl::StatusOr<WrittenData> data = MergeWrittenRecords(op);
+  if (!data.ok()) return data.status();
   CheckpointContents info;
   info.saved_layout.set_world_size(op.world_size);
   // How the tensors were described (lowest rank that described each key), informational.
@@ -60,7 +66,7 @@ absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op) {
           absl::StrCat("metadata step=\"", step->second, "\" is not an integer"));
     }
   }
-  return BuildManifest(tensors, data, info, kDefaultChecksumBlockBytes);
+  return BuildManifest(tensors, *data, info, kDefaultChecksumBlockBytes);
 }
 
 std::string SaveCommitter::StagingDir(const std::string& operation_id) {
@@ -103,7 +109,7 @@ void SaveCommitter::Finalize(const Operation& op) {
     staging = it->second;
     staging_.erase(it);
   }
-  if (op.phase != Phase::kDone && PathExists(staging)) (void)RemoveTree(staging);
+  if (op.phase != Phase::kDone) (void)DiscardStagingDir(staging);
 }
 
 }  // namespace ckpt::coordinator

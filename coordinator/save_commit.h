@@ -15,8 +15,13 @@
 #include "absl/synchronization/mutex.h"
 #include "coordinator/job_state.h"
 #include "proto/manifest.pb.h"
+#include "storage/checkpoint_writer.h"
 
 namespace ckpt::coordinator {
+
+// The pieces and files of every rank's `written` record (a serialized pb::Manifest holding
+// what that rank wrote), in rank order. DataLoss naming the rank for an unreadable record.
+absl::StatusOr<WrittenData> MergeWrittenRecords(const Operation& op);
 
 // Merges the ranks' `written` records (serialized pb::Manifest with pieces and files) with the
 // gathered tensor metadata into the checkpoint's manifest. Errors name the rank.

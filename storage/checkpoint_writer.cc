@@ -98,6 +98,17 @@ absl::StatusOr<std::string> CreateStagingDir(const std::string& final_path, bool
   return staging;
 }
 
+absl::Status DiscardStagingDir(const std::string& staging_dir) {
+  if (!PathExists(staging_dir)) return absl::OkStatus();
+  std::string doomed = UniqueSibling(staging_dir, "discard");
+  if (::rename(staging_dir.c_str(), doomed.c_str()) != 0) doomed = staging_dir;
+  absl::Status removed = RemoveTree(doomed);
+  // A writer that opened a file just before the rename may have added one during the first
+  // pass; its later files fail to open, so a second pass finds the directory quiet.
+  if (!removed.ok() && PathExists(doomed)) removed = RemoveTree(doomed);
+  return removed;
+}
+
 absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
                                            const std::vector<TensorSpec>& tensors,
                                            const std::vector<DataFilePlan>& files, int first_index,

@@ -94,6 +94,11 @@ absl::StatusOr<pb::Manifest> WriteCheckpoint(const std::string& path,
 // Creates the temporary sibling directory (with data/) for a checkpoint at `final_path`.
 absl::StatusOr<std::string> CreateStagingDir(const std::string& final_path, bool overwrite);
 
+// Removes the staging directory of a checkpoint that will not be committed, while writers in
+// other processes may still be writing into it: it is renamed away first (a writer's next file
+// then fails to open instead of appearing in a directory being removed), then removed.
+absl::Status DiscardStagingDir(const std::string& staging_dir);
+
 // What WriteDataFiles produced: the stored pieces and file records for the manifest.
 struct WrittenData {
   std::vector<pb::StoredPiece> pieces;

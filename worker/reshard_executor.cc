@@ -19,10 +19,6 @@
 namespace ckpt::worker {
 namespace {
 
-absl::Status Prefixed(const absl::Status& s, absl::string_view prefix) {
-  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
-}
-
 // The part's files as a one-writer save plan, and the destination pieces in the same order.
 absl::Status BuildWriterPlan(const pb::ReshardPlanPart& part, SavePlan* plan,
                              std::vector<TensorPiece>* pieces) {
@@ -42,12 +38,13 @@ absl::Status BuildWriterPlan(const pb::ReshardPlanPart& part, SavePlan* plan,
       PlannedPiece piece;
       piece.key = p.key();
       absl::StatusOr<DType> dtype = DTypeFromProto(p.dtype());
-      if (!dtype.ok()) return Prefixed(dtype.status(), absl::StrCat("tensor \"", p.key(), "\": "));
+      if (!dtype.ok())
+        return WithContext(dtype.status(), absl::StrCat("tensor \"", p.key(), "\": "));
       piece.dtype = *dtype;
       piece.global_shape.assign(p.global_shape().begin(), p.global_shape().end());
       absl::StatusOr<Region> region = RegionFromProto(p.region());
       if (!region.ok()) {
-        return Prefixed(region.status(), absl::StrCat("tensor \"", p.key(), "\": "));
+        return WithContext(region.status(), absl::StrCat("tensor \"", p.key(), "\": "));
       }
       piece.region = *std::move(region);
       piece.size_bytes = p.size_bytes();
@@ -82,22 +79,22 @@ absl::StatusOr<std::string> ExecuteReshardPart(const pb::ReshardPlanPart& part,
   SavePlan plan;
   std::vector<TensorPiece> dst;
   if (absl::Status s = BuildWriterPlan(part, &plan, &dst); !s.ok()) {
-    return Prefixed(s, absl::StrCat(who, ": "));
+    return WithContext(s, absl::StrCat(who, ": "));
   }
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(part.source());
   if (!reader.ok()) {
-    return Prefixed(reader.status(), absl::StrCat(who, ": source checkpoint: "));
+    return WithContext(reader.status(), absl::StrCat(who, ": source checkpoint: "));
   }
   absl::StatusOr<SourcePieces> src = PiecesOfManifest((*reader)->manifest());
-  if (!src.ok()) return Prefixed(src.status(), absl::StrCat(who, ": ", part.source(), ": "));
+  if (!src.ok()) return WithContext(src.status(), absl::StrCat(who, ": ", part.source(), ": "));
   std::vector<TensorSpec> tensors;
   for (const TensorMeta& t : src->tensors) tensors.push_back({t.key, t.dtype, t.global_shape});
   ReshardPlanOptions options;
   options.prefer_local = false;
   absl::StatusOr<ReshardPlan> reshard = PlanReshard(src->pieces, dst, options);
   if (!reshard.ok()) {
-    return Prefixed(reshard.status(),
-                    absl::StrCat(who, ": planning the reads from ", part.source(), ": "));
+    return WithContext(reshard.status(),
+                       absl::StrCat(who, ": planning the reads from ", part.source(), ": "));
   }
   const int64_t share = std::max<int64_t>(1, part.memory_budget_bytes() / 3);
   PieceAssembler assembler(**reader, src->pieces, dst, *reshard, share);
@@ -128,8 +125,8 @@ absl::StatusOr<std::string> ExecuteReshardPart(const pb::ReshardPlanPart& part,
   stats->read_seconds = assembler.stats().read_seconds;
   stats->write_seconds = write.write_seconds;
   if (!written.ok()) {
-    return Prefixed(written.status(),
-                    absl::StrCat(who, ": writing into ", part.staging_dir(), ": "));
+    return WithContext(written.status(),
+                       absl::StrCat(who, ": writing into ", part.staging_dir(), ": "));
   }
   stats->pieces = static_cast<int64_t>(written->pieces.size());
   stats->files = static_cast<int64_t>(written->files.size());
