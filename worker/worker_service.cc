@@ -292,6 +292,19 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
   // several jobs served by this worker run side by side.
   std::shared_ptr<std::atomic<bool>> cancelled = CancelFlag(item.operation_id());
   absl::MutexLock lock(&exec_mu_);
+  // A work stream that was re-established resends the parts not reported yet; a part already
+  // running here must not run twice (a second communicator for one rank breaks the group).
+  const std::string part_key = absl::StrCat(item.operation_id(), "/", item.rank());
+  if (!started_parts_.insert(part_key).second) {
+    spdlog::info("plan_part_duplicate op={} rank={} (already running or done here)",
+                 item.operation_id(), item.rank());
+    return;
+  }
+  started_order_.push_back(part_key);
+  if (started_order_.size() > 4096) {
+    started_parts_.erase(started_order_.front());
+    started_order_.pop_front();
+  }
   for (auto it = executors_.begin(); it != executors_.end();) {  // reap finished ones
     if (it->done->load()) {
       it->thread.join();

@@ -15,6 +15,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
@@ -77,6 +78,9 @@ class WorkerService final : public pb::Worker::Service {
   };
   absl::Mutex exec_mu_;
   std::list<Executor> executors_ ABSL_GUARDED_BY(exec_mu_);
+  // "<operation>/<rank>" of the plan parts started here (the newest 4096), oldest first.
+  absl::flat_hash_set<std::string> started_parts_ ABSL_GUARDED_BY(exec_mu_);
+  std::deque<std::string> started_order_ ABSL_GUARDED_BY(exec_mu_);
   std::deque<std::pair<std::string, std::shared_ptr<std::atomic<bool>>>> cancel_flags_
       ABSL_GUARDED_BY(exec_mu_);  // by operation, recent ones
   absl::Mutex snapshot_mu_;
