@@ -14,6 +14,7 @@
 #include "common/grpc_status.h"
 #include "nlohmann/json.hpp"
 #include "proto/coordinator.grpc.pb.h"
+#include "tools/ckptctl/operation_wait.h"
 
 namespace ckpt::ckptctl {
 namespace {
@@ -63,31 +64,23 @@ int RunClusterReshard(const ClusterReshardArgs& args) {
     std::fprintf(stderr, "reshard started as %s: %d ranks on %d worker(s)\n",
                  started.operation_id().c_str(), started.world_size(), started.workers());
   }
-  const absl::Time deadline = start + absl::Seconds(args.timeout_s);
-  pb::OperationStatus op;
-  while (true) {
-    grpc::ClientContext context;
-    absl::Duration wait = std::min(absl::Milliseconds(500), deadline - absl::Now());
-    if (wait < absl::ZeroDuration()) wait = absl::ZeroDuration();
-    context.set_deadline(absl::ToChronoTime(absl::Now() + wait + absl::Seconds(10)));
-    pb::WaitOperationRequest w;
-    w.set_operation_id(started.operation_id());
-    w.set_timeout_ms(absl::ToInt64Milliseconds(wait));
-    absl::Status s =
-        FromGrpcStatus(stub->WaitOperation(&context, w, &op),
-                       absl::StrCat("WaitOperation at coordinator ", args.coordinator));
-    if (!s.ok()) return Fail(std::string(s.message()));
-    if (op.phase() == pb::PHASE_DONE || op.phase() == pb::PHASE_ABORTED) break;
-    if (show) {
-      std::fprintf(stderr, "\r  %s: %.3f / %.3f GB  ",
-                   pb::OperationPhase_Name(op.phase()).substr(6).c_str(), Gb(op.bytes_done()),
-                   Gb(op.bytes_total()));
-    }
-    if (absl::Now() >= deadline) {
-      if (show) std::fputc('\n', stderr);
-      return Fail(absl::StrCat(op.id(), " did not finish within ", args.timeout_s,
-                               " s (it goes on at the coordinator)"));
-    }
+  absl::StatusOr<pb::OperationStatus> waited = WaitForOperation(
+      stub.get(), args.coordinator, started.operation_id(), start + absl::Seconds(args.timeout_s),
+      absl::Milliseconds(500), [&](const pb::OperationStatus& op) {
+        if (!show) return;
+        std::fprintf(stderr, "\r  %s: %.3f / %.3f GB  ",
+                     pb::OperationPhase_Name(op.phase()).substr(6).c_str(), Gb(op.bytes_done()),
+                     Gb(op.bytes_total()));
+      });
+  if (!waited.ok()) {
+    if (show) std::fputc('\n', stderr);
+    return Fail(std::string(waited.status().message()));
+  }
+  const pb::OperationStatus& op = *waited;
+  if (!IsFinal(op)) {
+    if (show) std::fputc('\n', stderr);
+    return Fail(absl::StrCat(op.id(), " did not finish within ", args.timeout_s,
+                             " s (it goes on at the coordinator)"));
   }
   if (show) std::fputc('\n', stderr);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);

@@ -15,6 +15,7 @@
 #include "common/grpc_status.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "tools/ckptctl/commands.h"
+#include "tools/ckptctl/operation_wait.h"
 
 namespace ckpt::ckptctl {
 namespace {
@@ -102,37 +103,28 @@ int Run(const std::vector<std::string>& args, pb::OperationKind kind, const char
   }
   std::fprintf(stderr, "%s requested as %s; waiting for the trainers of job %s\n", name,
                requested.operation_id().c_str(), job.c_str());
-  const absl::Time deadline = start + absl::Seconds(timeout_s);
-  pb::OperationStatus op;
   std::string last_line;
-  while (true) {
-    grpc::ClientContext context;
-    absl::Duration wait = std::min(absl::Seconds(1), deadline - absl::Now());
-    if (wait < absl::ZeroDuration()) wait = absl::ZeroDuration();
-    context.set_deadline(absl::ToChronoTime(absl::Now() + wait + absl::Seconds(10)));
-    pb::WaitOperationRequest w;
-    w.set_operation_id(requested.operation_id());
-    w.set_timeout_ms(absl::ToInt64Milliseconds(wait));
-    absl::Status s = FromGrpcStatus(stub->WaitOperation(&context, w, &op),
-                                    absl::StrCat("WaitOperation at coordinator ", coordinator));
-    if (!s.ok()) {
-      std::fprintf(stderr, "\nckptctl %s: %s\n", name, s.ToString().c_str());
-      return 1;
-    }
-    if (op.phase() == pb::PHASE_DONE || op.phase() == pb::PHASE_ABORTED) break;
-    std::string line =
-        op.phase() == pb::PHASE_GATHERING
-            ? absl::StrCat("gathering: ", op.joined_ranks(), "/", op.world_size(), " ranks joined")
-            : absl::StrCat(pb::OperationPhase_Name(op.phase()).substr(6), ": ",
-                           absl::StrFormat("%.3f", Gb(op.bytes_done())), " / ",
-                           absl::StrFormat("%.3f", Gb(op.bytes_total())), " GB");
-    if (line != last_line) std::fprintf(stderr, "  %s\n", line.c_str());
-    last_line = line;
-    if (absl::Now() >= deadline) {
-      std::fprintf(stderr, "ckptctl %s: %s is still %s after %llds (it goes on)\n", name,
-                   op.id().c_str(), line.c_str(), static_cast<long long>(timeout_s));
-      return 1;
-    }
+  absl::StatusOr<pb::OperationStatus> waited = WaitForOperation(
+      stub.get(), coordinator, requested.operation_id(), start + absl::Seconds(timeout_s),
+      absl::Seconds(1), [&](const pb::OperationStatus& op) {
+        std::string line = op.phase() == pb::PHASE_GATHERING
+                               ? absl::StrCat("gathering: ", op.joined_ranks(), "/",
+                                              op.world_size(), " ranks joined")
+                               : absl::StrCat(pb::OperationPhase_Name(op.phase()).substr(6), ": ",
+                                              absl::StrFormat("%.3f", Gb(op.bytes_done())), " / ",
+                                              absl::StrFormat("%.3f", Gb(op.bytes_total())), " GB");
+        if (line != last_line) std::fprintf(stderr, "  %s\n", line.c_str());
+        last_line = line;
+      });
+  if (!waited.ok()) {
+    std::fprintf(stderr, "\nckptctl %s: %s\n", name, waited.status().ToString().c_str());
+    return 1;
+  }
+  const pb::OperationStatus& op = *waited;
+  if (!IsFinal(op)) {
+    std::fprintf(stderr, "ckptctl %s: %s is still %s after %llds (it goes on)\n", name,
+                 op.id().c_str(), last_line.c_str(), static_cast<long long>(timeout_s));
+    return 1;
   }
   double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (op.phase() == pb::PHASE_ABORTED) {
