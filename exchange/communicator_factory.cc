@@ -17,6 +17,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(Store* store, i
   GlooOptions gloo;
   gloo.group_name = options.group_name;
   gloo.hostname = options.hostname;
+  gloo.loop_thread_nice = options.gloo_loop_thread_nice;
   return CreateGlooCommunicator(store, rank, size, gloo, deadline);
 }
 

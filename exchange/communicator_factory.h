@@ -19,6 +19,8 @@ struct CommunicatorOptions {
   std::string group_name = "group";
   // Gloo: the address this rank binds to and advertises.
   std::string hostname = "127.0.0.1";
+  // Gloo: added to the nice value of the TCP event-loop thread (GlooOptions::loop_thread_nice).
+  int gloo_loop_thread_nice = 10;
   // NCCL: the CUDA device ordinal (-1 = current).
   int cuda_device = -1;
 };

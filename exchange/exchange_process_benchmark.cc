@@ -12,6 +12,8 @@
 //
 // Usage: exchange_process_benchmark [--ranks=2,4] [--mib=64] [--reps=20] [--huge_pages=1]
 //        [--reuse_arena=1]   (0: overlap_into maps its staging per call instead)
+//        [--trailing_barrier=1]  (0: time the op alone on rank 0, no closing barrier)
+//        [--loop_nice=10]    (GlooOptions::loop_thread_nice)
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -52,6 +54,9 @@ void Check(const absl::Status& s) {
 absl::Time Deadline() { return absl::Now() + absl::Seconds(120); }
 
 // Median seconds of `reps` runs of op, bracketed by barriers.
+bool trailing_barrier = true;
+int loop_nice = GlooOptions().loop_thread_nice;
+
 double Time(Communicator& c, int reps, const std::function<void()>& op) {
   op();  // warm-up
   std::vector<double> t;
@@ -59,7 +64,7 @@ double Time(Communicator& c, int reps, const std::function<void()>& op) {
     Check(c.Barrier(Deadline()));
     absl::Time start = absl::Now();
     op();
-    Check(c.Barrier(Deadline()));
+    if (trailing_barrier) Check(c.Barrier(Deadline()));
     t.push_back(absl::ToDoubleSeconds(absl::Now() - start));
   }
   std::sort(t.begin(), t.end());
@@ -129,6 +134,7 @@ int RankMain(const std::string& store_address, int rank, int n, int64_t bytes, i
   GrpcStore store(store_address);
   GlooOptions go;
   go.group_name = absl::StrCat("procbench_n", n);
+  go.loop_thread_nice = loop_nice;
   auto comm = CreateGlooCommunicator(&store, rank, n, go, Deadline());
   Check(comm.status());
   Communicator& c = **comm;
@@ -223,6 +229,8 @@ int Main(int argc, char** argv) {
   const int reps = num("reps", 20);
   const bool huge_pages = num("huge_pages", 1) != 0;
   const bool reuse_arena = num("reuse_arena", 1) != 0;
+  trailing_barrier = num("trailing_barrier", 1) != 0;
+  loop_nice = num("loop_nice", loop_nice);
   if (flags.count("rank")) {
     return RankMain(flags["store"], num("rank", 0), num("size", 1), bytes, reps, huge_pages,
                     reuse_arena);
@@ -255,7 +263,9 @@ int Main(int argc, char** argv) {
                                        absl::StrCat("--mib=", bytes >> 20),
                                        absl::StrCat("--reps=", reps),
                                        absl::StrCat("--huge_pages=", huge_pages ? 1 : 0),
-                                       absl::StrCat("--reuse_arena=", reuse_arena ? 1 : 0)};
+                                       absl::StrCat("--reuse_arena=", reuse_arena ? 1 : 0),
+                                       absl::StrCat("--trailing_barrier=", trailing_barrier),
+                                       absl::StrCat("--loop_nice=", loop_nice)};
       pid_t pid = fork();
       if (pid == 0) {
         std::vector<char*> argv_child;

@@ -138,6 +138,7 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
   comm_options.memory_kind = MemoryKind::kHost;
   comm_options.group_name = part.group();
   comm_options.hostname = context.hostname;
+  comm_options.gloo_loop_thread_nice = context.gloo_loop_thread_nice;
   const absl::Time rendezvous_start = absl::Now();
   absl::StatusOr<std::unique_ptr<Communicator>> comm =
       CreateCommunicator(&store, me, world, comm_options, absl::Now() + context.rendezvous_timeout);

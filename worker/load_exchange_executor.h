@@ -22,6 +22,7 @@ namespace ckpt::worker {
 struct ExchangeLoadContext {
   std::string rendezvous_address;      // the coordinator's host:port (Rendezvous service)
   std::string hostname = "127.0.0.1";  // this worker's data-plane address (Gloo binds here)
+  int gloo_loop_thread_nice = 10;      // see GlooOptions::loop_thread_nice
   absl::Duration rendezvous_timeout = absl::Minutes(2);
   absl::Duration exchange_timeout = absl::Minutes(30);  // the whole exchange
 };

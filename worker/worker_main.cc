@@ -4,7 +4,7 @@
 //
 //   ckpt_worker --coordinator HOST:PORT [--listen unix:/path] [--local_rank N] [--gpu G]
 //               [--host NAME] [--data_plane_address ADDR] [--log_level info]
-//               [--ready_file F]
+//               [--ready_file F] [--gloo_loop_nice 10]
 //
 // The local rank (and with it the default socket and GPU) comes from --local_rank, else the
 // launcher's environment (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK), else 0.
@@ -46,6 +46,9 @@ ABSL_FLAG(std::string, host, "", "host name to announce (default: this machine's
 ABSL_FLAG(std::string, data_plane_address, "",
           "address peers reach this worker's data plane on (default: the host name; ports are "
           "exchanged through the coordinator's rendezvous store)");
+ABSL_FLAG(int, gloo_loop_nice, 10,
+          "added to the nice value of Gloo's event-loop thread in load exchanges (0: unchanged); "
+          "keeps its busy-polling from starving the thread it waits on when ranks outnumber cores");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 ABSL_FLAG(std::string, ready_file, "",
           "when set, \"<worker_id> <listen address>\" is written here after registering");
@@ -113,6 +116,7 @@ int Run() {
   ckpt::worker::MemoryRegistry registry;
   ckpt::worker::CoordinatorLink link(link_options);
   ckpt::worker::WorkerService service(&registry, &link, host);
+  service.set_gloo_loop_thread_nice(absl::GetFlag(FLAGS_gloo_loop_nice));
   const std::string ready_file = absl::GetFlag(FLAGS_ready_file);
   link.SetRegisteredHandler([&service, ready_file, listen](const std::string& worker_id) {
     service.OnRegistered(worker_id);

@@ -431,6 +431,7 @@ void WorkerService::Execute(const pb::WorkItem& item, const std::atomic<bool>& c
       context.rendezvous_address = link_->options().coordinator;
       context.hostname = link_->options().info.data_plane_address();
       if (context.hostname.empty()) context.hostname = host_;
+      context.gloo_loop_thread_nice = gloo_loop_thread_nice_;
       ExchangeLoadStats stats;
       result = ExecuteExchangeLoadPart(load_part, *session, context, &stats, report_progress,
                                        is_cancelled);

@@ -30,6 +30,10 @@ class WorkerService final : public pb::Worker::Service {
   // `registry` and `link` must outlive the service.
   WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host);
 
+  // Nice increment of the Gloo event-loop thread of each load's communicator (default 10;
+  // GlooOptions::loop_thread_nice says why). Call before serving.
+  void set_gloo_loop_thread_nice(int nice) { gloo_loop_thread_nice_ = nice; }
+
   grpc::Status Hello(grpc::ServerContext* context, const pb::TrainerHello* request,
                      pb::TrainerHelloResponse* response) override;
   grpc::Status RegisterTensors(grpc::ServerContext* context,
@@ -71,6 +75,7 @@ class WorkerService final : public pb::Worker::Service {
   MemoryRegistry* registry_;
   CoordinatorLink* link_;
   std::string host_;
+  int gloo_loop_thread_nice_ = 10;
   // A plan part running on its own thread.
   struct Executor {
     std::thread thread;

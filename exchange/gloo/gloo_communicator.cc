@@ -5,10 +5,17 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -168,16 +175,18 @@ class GlooCommunicator final : public Communicator {
     std::vector<size_t> recv_offsets = Offsets(recv_counts);
     char* in = const_cast<char*>(static_cast<const char*>(send));
     char* out = static_cast<char*>(recv);
-    if (send_counts[rank_] > 0) {
-      std::memmove(out + recv_offsets[rank_], in + send_offsets[rank_], send_counts[rank_]);
-    }
     std::vector<Transfer> sends, recvs;
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
       if (send_counts[p] > 0) sends.push_back({p, in + send_offsets[p], send_counts[p]});
       if (recv_counts[p] > 0) recvs.push_back({p, out + recv_offsets[p], recv_counts[p]});
     }
-    return Run(kOp, slot, sends, recvs, deadline);
+    // The rank's own block is copied while Gloo's loop thread moves the peers' bytes.
+    return Run(kOp, slot, sends, recvs, deadline, [&] {
+      if (send_counts[rank_] > 0) {
+        std::memmove(out + recv_offsets[rank_], in + send_offsets[rank_], send_counts[rank_]);
+      }
+    });
   }
 
   absl::Status AllToAllVBuffers(absl::Span<const SendBuffer> sends,
@@ -194,9 +203,6 @@ class GlooCommunicator final : public Communicator {
                                                      recvs[rank_].bytes));
     }
     uint64_t slot = NextSlot();
-    if (sends[rank_].bytes > 0 && recvs[rank_].data != sends[rank_].data) {
-      std::memmove(recvs[rank_].data, sends[rank_].data, sends[rank_].bytes);
-    }
     std::vector<Transfer> send_list, recv_list;
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
@@ -208,7 +214,11 @@ class GlooCommunicator final : public Communicator {
         recv_list.push_back({p, static_cast<char*>(recvs[p].data), recvs[p].bytes});
       }
     }
-    return Run(kOp, slot, send_list, recv_list, deadline);
+    return Run(kOp, slot, send_list, recv_list, deadline, [&] {
+      if (sends[rank_].bytes > 0 && recvs[rank_].data != sends[rank_].data) {
+        std::memmove(recvs[rank_].data, sends[rank_].data, sends[rank_].bytes);
+      }
+    });
   }
 
   absl::Status IndexedAllToAllV(const void* send,
@@ -278,17 +288,57 @@ class GlooCommunicator final : public Communicator {
     return Run(kOp, kP2PSlotBase + tag, {}, {{peer, static_cast<char*>(data), bytes}}, deadline);
   }
 
-  // Dissemination barrier: ceil(log2 N) rounds of one-byte messages.
+  // Dissemination barrier: ceil(log2 N) rounds of one-byte messages. Every round's receive is
+  // posted before the first send: Gloo's TCP loop thread busy-polls a socket whose message has
+  // arrived before the matching receive is posted (level-triggered EPOLLIN it does not drain),
+  // and on a host with fewer cores than ranks that spinning delays the very thread that would
+  // post the receive by a scheduler tick.
   absl::Status Barrier(absl::Time deadline) override {
     constexpr absl::string_view kOp = "gloo barrier";
-    char token = 1, sink = 0;
-    for (int step = 1; step < size_; step *= 2) {
-      uint64_t slot = NextSlot();
-      int to = (rank_ + step) % size_;
-      int from = (rank_ - step + size_) % size_;
-      CKPT_RETURN_IF_ERROR(Run(kOp, slot, {{to, &token, 1}}, {{from, &sink, 1}}, deadline));
+    if (!broken_.ok()) return Unusable(kOp);
+    std::vector<int> steps;
+    for (int step = 1; step < size_; step *= 2) steps.push_back(step);
+    if (steps.empty()) return absl::OkStatus();
+    const uint64_t base = next_slot_;
+    next_slot_ += steps.size();
+    char token = 1;
+    std::vector<char> sinks(steps.size(), 0);
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs, sends;
+    Transfer current{};
+    bool current_is_send = false;
+    absl::Status status;
+    try {
+      for (size_t k = 0; k < steps.size(); ++k) {
+        current = {(rank_ - steps[k] + size_) % size_, &sinks[k], 1};
+        recvs.push_back(context_->createUnboundBuffer(&sinks[k], 1));
+        recvs.back()->recv(current.peer, base + k);
+      }
+      sends.push_back(context_->createUnboundBuffer(&token, 1));
+      for (size_t k = 0; k < steps.size() && status.ok(); ++k) {
+        current = {(rank_ + steps[k]) % size_, &token, 1};
+        current_is_send = true;
+        sends.back()->send(current.peer, base + k);
+        current = {(rank_ - steps[k] + size_) % size_, &sinks[k], 1};
+        current_is_send = false;
+        if (!recvs[k]->waitRecv(nullptr, RemainingMs(deadline))) {
+          status = absl::AbortedError(Describe(kOp, current, false, "was aborted"));
+        }
+      }
+      for (size_t k = 0; k < steps.size() && status.ok(); ++k) {
+        current = {(rank_ + steps[k]) % size_, &token, 1};
+        current_is_send = true;
+        if (!sends.back()->waitSend(nullptr, RemainingMs(deadline))) {
+          status = absl::AbortedError(Describe(kOp, current, true, "was aborted"));
+        }
+      }
+    } catch (const std::exception& e) {
+      status = Classify(kOp, current, current_is_send, e.what(), deadline);
+    } catch (...) {
+      status = absl::InternalError(
+          Describe(kOp, current, current_is_send, "failed with an unknown exception"));
     }
-    return absl::OkStatus();
+    if (!status.ok()) Break(status);
+    return status;
   }
 
  private:
@@ -300,16 +350,23 @@ class GlooCommunicator final : public Communicator {
 
   uint64_t NextSlot() { return next_slot_++; }
 
-  // Posts every receive and send, then waits for each (one unbound buffer per message, so a
-  // failure names its peer). On failure the group is closed so peers fail fast too.
+  absl::Status Unusable(absl::string_view op) const {
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, " on rank ", rank_, " of group '", group_,
+                     "': communicator unusable after an earlier failure: ", broken_.message()));
+  }
+
+  // Posts every receive and send, runs `local_work` (the rank's copy to itself) while Gloo's
+  // loop thread moves the bytes, then waits for each message (one unbound buffer per message,
+  // so a failure names its peer). On failure the group is closed so peers fail fast too.
   absl::Status Run(absl::string_view op, uint64_t slot, const std::vector<Transfer>& sends,
-                   const std::vector<Transfer>& recvs, absl::Time deadline) {
-    if (!broken_.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(op, " on rank ", rank_, " of group '", group_,
-                       "': communicator unusable after an earlier failure: ", broken_.message()));
+                   const std::vector<Transfer>& recvs, absl::Time deadline,
+                   const std::function<void()>& local_work = nullptr) {
+    if (!broken_.ok()) return Unusable(op);
+    if (sends.empty() && recvs.empty()) {
+      if (local_work) local_work();
+      return absl::OkStatus();
     }
-    if (sends.empty() && recvs.empty()) return absl::OkStatus();
     struct Pending {
       const Transfer* transfer;
       bool is_send;
@@ -333,6 +390,7 @@ class GlooCommunicator final : public Communicator {
         pending.push_back({&t, true, context_->createUnboundBuffer(t.ptr, t.bytes)});
         pending.back().buffer->send(t.peer, slot);
       }
+      if (local_work) local_work();
       for (Pending& p : pending) {
         current = p.transfer;
         current_is_send = p.is_send;
@@ -362,7 +420,7 @@ class GlooCommunicator final : public Communicator {
     // One slot per chunk, reserved identically on every rank.
     const uint64_t base = next_slot_;
     next_slot_ += chunks;
-    if (!broken_.ok()) return Run(op, base, {}, {{root, data, bytes}}, deadline);
+    if (!broken_.ok()) return Unusable(op);
     const int pos = (rank_ - root + size_) % size_;
     const int prev = (rank_ - 1 + size_) % size_, next = (rank_ + 1) % size_;
     const bool has_prev = pos != 0, has_next = pos != size_ - 1;
@@ -459,6 +517,31 @@ class GlooCommunicator final : public Communicator {
   absl::Status broken_;
 };
 
+// Creates the TCP device on a short-lived thread whose nice value is raised by `nice`: the
+// device's event-loop thread, started inside CreateDevice, inherits it (Linux keeps a nice value
+// per thread and copies it to new threads), and the calling thread keeps its own priority.
+// Gloo's exceptions are rethrown on the calling thread.
+std::shared_ptr<gloo::transport::Device> CreateDeviceWithLoopNice(
+    const gloo::transport::tcp::attr& attr, int nice) {
+  if (nice <= 0) return gloo::transport::tcp::CreateDevice(attr);
+  std::shared_ptr<gloo::transport::Device> device;
+  std::exception_ptr error;
+  std::thread creator([&] {
+    const pid_t tid = static_cast<pid_t>(syscall(SYS_gettid));
+    errno = 0;
+    const int current = getpriority(PRIO_PROCESS, tid);
+    if (errno == 0) setpriority(PRIO_PROCESS, tid, std::min(19, current + nice));
+    try {
+      device = gloo::transport::tcp::CreateDevice(attr);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  creator.join();
+  if (error) std::rethrow_exception(error);
+  return device;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store* store, int rank,
@@ -473,7 +556,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store* stor
   CKPT_RETURN_IF_ERROR(ArriveAndWait(group_store, rank, size, deadline, where));
   try {
     gloo::transport::tcp::attr attr(options.hostname.c_str());
-    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    std::shared_ptr<gloo::transport::Device> device =
+        CreateDeviceWithLoopNice(attr, options.loop_thread_nice);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(std::chrono::milliseconds(
         std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()))));

@@ -21,6 +21,13 @@ struct GlooOptions {
   // Store key prefix for this group. Must be unique per group instance (include a job or
   // generation id) because rendezvous keys stay in the store.
   std::string group_name = "gloo";
+  // Added to the nice value of the thread that runs the TCP device's event loop (clamped to
+  // 19; 0 leaves it alone). Gloo's loop thread busy-polls a socket whose pair lock another
+  // thread holds (it try-locks and returns to epoll_wait, which reports the same level-triggered
+  // event at once). When ranks outnumber cores, that spinning takes the core from the very
+  // thread holding the lock, stalling each exchange by up to a scheduler tick. A lower priority
+  // lets the lock holder run first; when nothing else wants the core the loop runs as before.
+  int loop_thread_nice = 10;
 };
 
 // Joins the group: every rank of 0..size-1 calls this with the same store and group name.

@@ -1,7 +1,13 @@
 #include "exchange/gloo/gloo_communicator.h"
 
+#include <sys/resource.h>
+
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -360,6 +366,54 @@ TEST(GlooArgumentTest, BadRootAndCountsAreInvalidArgument) {
         return comm.Barrier(Deadline());
       });
   ExpectAllOk(statuses);
+}
+
+// Nice value of every thread of this process, by thread id (field 19 of /proc/self/task/T/stat).
+std::map<std::string, int> ThreadNiceValues() {
+  std::map<std::string, int> nice;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream stat(entry.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    size_t close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(text.substr(close + 2));
+    std::string field;
+    // Fields after the command name start at field 3 (state); nice is field 19.
+    for (int i = 3; i <= 19 && fields >> field; ++i) {
+    }
+    nice[entry.path().filename().string()] = std::stoi(field);
+  }
+  return nice;
+}
+
+// The threads a communicator starts (Gloo's event loop) and their nice values.
+std::vector<int> NiceOfThreadsStartedBy(const GlooOptions& options) {
+  InMemoryStore store;
+  std::map<std::string, int> before = ThreadNiceValues();
+  auto comm = CreateGlooCommunicator(&store, 0, 1, options, Deadline());
+  EXPECT_TRUE(comm.ok()) << comm.status();
+  std::vector<int> started;
+  for (const auto& [tid, nice] : ThreadNiceValues()) {
+    if (!before.count(tid)) started.push_back(nice);
+  }
+  return started;
+}
+
+TEST(GlooPriorityTest, EventLoopThreadRunsNicerWhileTheCallerKeepsItsPriority) {
+  const int caller = getpriority(PRIO_PROCESS, 0);
+  GlooOptions options;
+  options.group_name = "nice";
+  options.loop_thread_nice = 7;
+  std::vector<int> started = NiceOfThreadsStartedBy(options);
+  ASSERT_FALSE(started.empty());
+  for (int nice : started) EXPECT_EQ(nice, std::min(19, caller + 7));
+  EXPECT_EQ(getpriority(PRIO_PROCESS, 0), caller);
+
+  options.group_name = "not_nice";
+  options.loop_thread_nice = 0;
+  started = NiceOfThreadsStartedBy(options);
+  ASSERT_FALSE(started.empty());
+  for (int nice : started) EXPECT_EQ(nice, caller);
 }
 
 }  // namespace
