@@ -2,6 +2,7 @@
 """Peer benchmark: PyTorch's Gloo backend doing what //exchange:exchange_benchmark measures.
 
 Runs on the same machine, over 127.0.0.1, with N processes (one per rank):
+  barrier_only   nothing between the barriers: the harness's own overhead
   broadcast      64 MiB from rank 0                      (bytes = payload)
   all_gather     64 MiB gathered, 64 MiB / N per rank     (bytes = gathered size; torch's Gloo
                  all_gather needs equal sizes, ours is the uneven all-gather-v)
@@ -16,6 +17,7 @@ Runs on the same machine, over 127.0.0.1, with N processes (one per rank):
 Prints the median time and GB/s (GiB/s, as Google Benchmark's "G/s") per collective.
 
 Usage: /usr/bin/python3 tools/bench/torch_gloo_peer.py [--ranks 2 4] [--mib 64] [--reps 20]
+       [--no-trailing-barrier]
 (Debian's python3-torch provides torch with Gloo.)
 """
 import argparse
@@ -35,22 +37,19 @@ def free_port():
         return s.getsockname()[1]
 
 
-TRAILING_BARRIER = True
-
-
-def timed(fn, reps):
+def timed(fn, reps, trailing_barrier=True):
     times = []
     for _ in range(reps):
         dist.barrier()
         start = time.perf_counter()
         fn()
-        if TRAILING_BARRIER:
+        if trailing_barrier:
             dist.barrier()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def worker(rank, world, port, nbytes, reps, results):
+def worker(rank, world, port, nbytes, reps, trailing_barrier, results):
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
@@ -89,6 +88,7 @@ def worker(rank, world, port, nbytes, reps, results):
     dist.all_reduce(wire)
 
     ops = {
+        "barrier_only": (lambda: None, 0),
         "broadcast": (lambda: dist.broadcast(buf, 0), nbytes),
         "all_gather": (lambda: dist.all_gather(gathered, mine), part * world),
         "all_to_all": (lambda: dist.all_to_all_single(a2a_out, a2a_in),
@@ -97,7 +97,7 @@ def worker(rank, world, port, nbytes, reps, results):
     }
     for name, (fn, moved) in ops.items():
         fn()  # warm-up
-        t = timed(fn, reps)
+        t = timed(fn, reps, trailing_barrier)
         if rank == 0:
             results[(world, name)] = (t, moved)
     dist.destroy_process_group()
@@ -108,16 +108,20 @@ def main():
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--no-trailing-barrier", action="store_true",
+                        help="time the op alone on rank 0 (as exchange_process_benchmark "
+                             "--trailing_barrier=0)")
     args = parser.parse_args()
     nbytes = args.mib << 20
     print(f"torch {torch.__version__}, gloo available: {dist.is_gloo_available()}")
     with mp.Manager() as manager:
         results = manager.dict()
         for world in args.ranks:
-            mp.spawn(worker, args=(world, free_port(), nbytes, args.reps, results), nprocs=world)
+            mp.spawn(worker, args=(world, free_port(), nbytes, args.reps, not args.no_trailing_barrier, results), nprocs=world)
         print(f"{'collective':<15} {'ranks':>5} {'median ms':>10} {'GiB/s':>8}")
         for (world, name), (t, moved) in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-            print(f"{name:<15} {world:>5} {t * 1e3:>10.1f} {moved / t / 2**30:>8.2f}")
+            rate = moved / t / 2**30 if t > 0 else 0.0
+            print(f"{name:<15} {world:>5} {t * 1e3:>10.1f} {rate:>8.2f}")
 
 
 if __name__ == "__main__":
