@@ -27,6 +27,8 @@ struct GlooOptions {
   // event at once). When ranks outnumber cores, that spinning takes the core from the very
   // thread holding the lock, stalling each exchange by up to a scheduler tick. A lower priority
   // lets the lock holder run first; when nothing else wants the core the loop runs as before.
+  // It also yields to other busy processes sharing the cores: set 0 where the data plane must
+  // win against them.
   int loop_thread_nice = 10;
 };
 
