@@ -11,6 +11,7 @@
 #include "exchange/communicator_factory.h"
 #include "exchange/exchange.h"
 #include "exchange/grpc_store.h"
+#include "exchange/staging_arena.h"
 #include "proto/convert.h"
 #include "sharding/overlap.h"
 #include "storage/checkpoint_reader.h"
@@ -154,6 +155,9 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
     exchange_options.memory_budget_bytes = part.memory_budget_bytes();
   }
   exchange_options.deadline = absl::Now() + context.exchange_timeout;
+  // One staging block for every wave, so its pages are mapped once per part, not per wave.
+  StagingArena staging;
+  exchange_options.staging = &staging;
   const bool narrow = part.algorithm() == "overlap_all_to_all";
 
   for (int w = 0; w < part.waves_size(); ++w) {
