@@ -289,10 +289,10 @@ class GlooCommunicator final : public Communicator {
   }
 
   // Dissemination barrier: ceil(log2 N) rounds of one-byte messages. Every round's receive is
-  // posted before the first send: Gloo's TCP loop thread busy-polls a socket whose message has
-  // arrived before the matching receive is posted (level-triggered EPOLLIN it does not drain),
-  // and on a host with fewer cores than ranks that spinning delays the very thread that would
-  // post the receive by a scheduler tick.
+  // posted before the first send. Gloo writes an unbound-buffer message only once the receiver
+  // has announced the matching receive, so a receive posted when its round starts would add a
+  // notify/announce round trip to every round; posted up front, a faster peer's message for a
+  // later round goes out as soon as that peer sends it.
   absl::Status Barrier(absl::Time deadline) override {
     constexpr absl::string_view kOp = "gloo barrier";
     if (!broken_.ok()) return Unusable(kOp);
