@@ -4,7 +4,6 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
-
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -38,6 +37,11 @@ struct Transfer {
   char* ptr;
   size_t bytes;
 };
+
+// Whether a Gloo exception's text reports a wait that timed out (rather than a broken pair).
+bool IsTimeout(absl::string_view what) {
+  return absl::StrContains(what, "Timed out") || absl::StrContains(what, "timed out");
+}
 
 std::chrono::milliseconds RemainingMs(absl::Time deadline) {
   int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
@@ -377,6 +381,7 @@ class GlooCommunicator final : public Communicator {
     absl::Status status;
     const Transfer* current = nullptr;
     bool current_is_send = false;
+    size_t waiting = pending.capacity();  // index of the message being waited for
     try {
       for (const Transfer& t : recvs) {
         current = &t;
@@ -391,7 +396,8 @@ class GlooCommunicator final : public Communicator {
         pending.back().buffer->send(t.peer, slot);
       }
       if (local_work) local_work();
-      for (Pending& p : pending) {
+      for (waiting = 0; waiting < pending.size(); ++waiting) {
+        Pending& p = pending[waiting];
         current = p.transfer;
         current_is_send = p.is_send;
         bool done = p.is_send ? p.buffer->waitSend(nullptr, RemainingMs(deadline))
@@ -403,6 +409,28 @@ class GlooCommunicator final : public Communicator {
       }
     } catch (const std::exception& e) {
       status = Classify(op, *current, current_is_send, e.what(), deadline);
+      // A peer that failed first may have made another close on us (Break below), and the
+      // messages are waited for in peer order: name every peer whose message failed too.
+      std::string others;
+      const absl::Time probe_until = std::min(deadline, absl::Now() + kFailureProbe);
+      for (size_t i = waiting + 1; i < pending.size(); ++i) {
+        const Pending& p = pending[i];
+        try {
+          if (p.is_send) {
+            p.buffer->waitSend(nullptr, RemainingMs(probe_until));
+          } else {
+            p.buffer->waitRecv(nullptr, RemainingMs(probe_until));
+          }
+        } catch (const std::exception& other) {
+          if (IsTimeout(other.what())) continue;  // still in flight
+          absl::StrAppend(&others, "; also ",
+                          p.is_send ? "sending to rank " : "receiving from rank ", p.transfer->peer,
+                          " failed: ", other.what());
+        } catch (...) {
+        }
+      }
+      if (!others.empty())
+        status = absl::Status(status.code(), absl::StrCat(status.message(), others));
     } catch (...) {
       status = absl::InternalError(
           Describe(op, *current, current_is_send, "failed with an unknown exception"));
@@ -411,6 +439,8 @@ class GlooCommunicator final : public Communicator {
     return status;
   }
 
+  // How long a failed Run looks for other peers' messages failing too.
+  static constexpr absl::Duration kFailureProbe = absl::Milliseconds(200);
   static constexpr size_t kChainMinBytes = size_t{4} << 20;
   static constexpr size_t kChainChunkBytes = size_t{1} << 20;
 
@@ -486,8 +516,7 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status Classify(absl::string_view op, const Transfer& t, bool is_send,
                         absl::string_view what, absl::Time deadline) const {
-    bool timed_out = absl::Now() >= deadline || absl::StrContains(what, "Timed out") ||
-                     absl::StrContains(what, "timed out");
+    bool timed_out = absl::Now() >= deadline || IsTimeout(what);
     if (timed_out) {
       return absl::DeadlineExceededError(
           Describe(op, t, is_send,
