@@ -4,6 +4,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -571,6 +572,17 @@ std::shared_ptr<gloo::transport::Device> CreateDeviceWithLoopNice(
   return device;
 }
 
+// See the header: a peer that closes must fail this process's writes, not kill the process.
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) != 0) return;
+  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPIPE, &ignore, nullptr);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store* store, int rank,
@@ -581,8 +593,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store* stor
   CKPT_RETURN_IF_ERROR(CheckRank("gloo create", "rank", rank, size));
   const std::string where = absl::StrCat("gloo rendezvous of group '", options.group_name,
                                          "' (rank ", rank, " of ", size, ")");
+  IgnoreSigpipeUnlessHandled();
   PrefixedStore group_store(options.group_name, store);
   CKPT_RETURN_IF_ERROR(ArriveAndWait(group_store, rank, size, deadline, where));
+  std::unique_ptr<Communicator> communicator;
   try {
     gloo::transport::tcp::attr attr(options.hostname.c_str());
     std::shared_ptr<gloo::transport::Device> device =
@@ -595,8 +609,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store* stor
       GlooStoreAdapter adapter(&mesh_store, deadline);
       context->connectFullMesh(adapter, device);
     }
-    return std::unique_ptr<Communicator>(
-        new GlooCommunicator(rank, size, options.group_name, device, context));
+    communicator.reset(new GlooCommunicator(rank, size, options.group_name, device, context));
   } catch (const std::exception& e) {
     bool timed_out = absl::Now() >= deadline;
     std::string message = absl::StrCat(where, ": connecting the TCP mesh on ", options.hostname,
@@ -605,6 +618,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store* stor
   } catch (...) {
     return absl::InternalError(absl::StrCat(where, ": unknown exception from Gloo"));
   }
+  // A rank finishes connectFullMesh as soon as its own side of every pair is up, while a peer
+  // may still be in its handshake; leaving now would fail that peer's creation. The barrier
+  // returns only once every rank has connected.
+  if (size > 1) {
+    absl::Status joined = communicator->Barrier(deadline);
+    if (!joined.ok()) {
+      return absl::Status(joined.code(),
+                          absl::StrCat(where, ": closing barrier failed: ", joined.message()));
+    }
+  }
+  return communicator;
 }
 
 }  // namespace ckpt

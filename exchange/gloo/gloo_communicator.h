@@ -34,7 +34,15 @@ struct GlooOptions {
 
 // Joins the group: every rank of 0..size-1 calls this with the same store and group name.
 // Returns DeadlineExceeded naming the ranks that never arrived when the group does not form by
-// `deadline`.
+// `deadline`. Returns only after every rank has connected its whole mesh (a barrier closes the
+// rendezvous), so a rank that fails and leaves right after creation makes its peers' next call
+// fail naming it, never their creation.
+//
+// Gloo writes to sockets with writev, which raises SIGPIPE once a peer has closed; its default
+// action kills the whole process, so one rank that dies would take every healthy peer process
+// down with it. This call therefore sets SIGPIPE to SIG_IGN when its disposition is still the
+// default (SIG_DFL); a handler the program installed is left alone. Writes to a closed peer then
+// fail with EPIPE, which becomes Unavailable naming that peer.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store* store, int rank,
                                                                      int size,
                                                                      const GlooOptions& options,

@@ -1,5 +1,6 @@
 #include "exchange/gloo/gloo_communicator.h"
 
+#include <signal.h>
 #include <sys/resource.h>
 
 #include <cstring>
@@ -335,6 +336,66 @@ TEST(GlooFaultTest, PeerThatClosesMidExchangeIsUnavailableOrDeadlineNamingIt) {
     EXPECT_NE(statuses[r].message().find("rank 2"), std::string::npos) << statuses[r];
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+}
+
+// A rank that leaves in the middle of a large message: the sender's writes fail naming it
+// instead of SIGPIPE killing this process.
+TEST(GlooFaultTest, LargeSendToAPeerThatLeftFailsTheCallInsteadOfKillingTheProcess) {
+  struct sigaction default_action {};
+  default_action.sa_handler = SIG_DFL;
+  sigemptyset(&default_action.sa_mask);
+  ASSERT_EQ(sigaction(SIGPIPE, &default_action, nullptr), 0);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    auto statuses = RunOnThreads(2, GlooMaker(absl::StrCat("left_", attempt)), absl::Seconds(20),
+                                 [&](int rank, Communicator& comm) -> absl::Status {
+                                   std::string payload(64 << 20, 'p');
+                                   if (rank == 1) {
+                                     // Gives up part-way through the first message and leaves: its
+                                     // sockets close with unread bytes, so rank 0's writes meet a
+                                     // reset connection.
+                                     comm.Recv(payload.data(), payload.size(), 0, 0,
+                                               absl::Now() + absl::Milliseconds(5))
+                                         .IgnoreError();
+                                     return absl::OkStatus();
+                                   }
+                                   absl::Status s;
+                                   for (int i = 0; i < 8 && s.ok(); ++i) {
+                                     s = comm.Send(payload.data(), payload.size(), 1, i,
+                                                   absl::Now() + absl::Milliseconds(300));
+                                   }
+                                   return s;
+                                 });
+    EXPECT_TRUE(statuses[1].ok()) << statuses[1];
+    EXPECT_TRUE(statuses[0].code() == absl::StatusCode::kUnavailable ||
+                statuses[0].code() == absl::StatusCode::kDeadlineExceeded)
+        << statuses[0];
+    EXPECT_NE(statuses[0].message().find("rank 1"), std::string::npos) << statuses[0];
+  }
+}
+
+TEST(GlooSignalTest, CreationIgnoresSigpipeUnlessTheProgramHandlesIt) {
+  struct sigaction action {};
+  sigemptyset(&action.sa_mask);
+  action.sa_handler = SIG_DFL;
+  ASSERT_EQ(sigaction(SIGPIPE, &action, nullptr), 0);
+  InMemoryStore store;
+  GlooOptions options;
+  options.group_name = "sigpipe_default";
+  ASSERT_TRUE(CreateGlooCommunicator(&store, 0, 1, options, Deadline()).ok());
+  struct sigaction now {};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
+
+  static void (*const kProgramHandler)(int) = [](int) {};
+  action.sa_handler = kProgramHandler;
+  ASSERT_EQ(sigaction(SIGPIPE, &action, nullptr), 0);
+  options.group_name = "sigpipe_handled";
+  ASSERT_TRUE(CreateGlooCommunicator(&store, 0, 1, options, Deadline()).ok());
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, kProgramHandler);
+
+  action.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &action, nullptr);
 }
 
 TEST(GlooArgumentTest, BadRootAndCountsAreInvalidArgument) {
