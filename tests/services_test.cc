@@ -204,8 +204,11 @@ TEST(ServicesTest, WorkerReRegistersAndReattachesItsRanksAfterTheCoordinatorRest
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({lease}));
   cluster.StartWorker(0);
   Child* trainer = cluster.StartTrainer(0, "survivor", 0, 1, "hold");
-  ASSERT_TRUE(WaitFor([&] { return cluster.Status().jobs_size() == 1; }))
+  // Not merely the coordinator listing the job: its AttachRank may still be on the way back to
+  // the worker, and a restart then fails the trainer's Hello instead of testing the re-attach.
+  ASSERT_TRUE(WaitFor([&] { return trainer->Stdout().find("shared") != std::string::npos; }))
       << trainer->Stdout() << trainer->Stderr();
+  ASSERT_EQ(cluster.Status().jobs_size(), 1);
   ASSERT_NO_FATAL_FAILURE(cluster.RestartCoordinator({lease}));
   // The new coordinator knows nothing; the worker's next heartbeat is refused, it registers
   // again and re-attaches the rank of its live trainer.
@@ -213,7 +216,10 @@ TEST(ServicesTest, WorkerReRegistersAndReattachesItsRanksAfterTheCoordinatorRest
     pb::GetStatusResponse s = cluster.Status();
     return LiveWorkers(s) == 1 && s.workers(0).info().pid() == cluster.worker(0).pid &&
            s.jobs_size() == 1 && s.jobs(0).ranks_size() == 1;
-  })) << cluster.worker(0).Stderr();
+  })) << cluster.Status().DebugString()
+      << "\nworker:\n"
+      << cluster.worker(0).Stderr() << "\ncoordinator:\n"
+      << cluster.coordinator().Stderr();
   EXPECT_EQ(cluster.Status().jobs(0).name(), "survivor");
   EXPECT_TRUE(trainer->Running());
 }
