@@ -248,12 +248,20 @@ std::vector<Child*> RunRanks(Cluster& cluster, const std::string& job, int world
   }
   // Wait for each trainer to exit, not just for its "result" line: a load's "verified" or
   // "mismatch" line comes after the result, once every element has been checked.
-  EXPECT_TRUE(WaitFor([&] {
+  bool finished = WaitFor([&] {
     for (Child* t : ranks) {
       if (Result(*t).first < 0 || t->Running()) return false;
     }
     return true;
-  }));
+  });
+  if (!finished) {
+    // What the daemons saw is what explains a stuck rank.
+    std::string logs = "coordinator:\n" + cluster.coordinator().Stderr();
+    for (int w = 0; w < cluster.num_workers(); ++w) {
+      absl::StrAppend(&logs, "\nworker ", w, ":\n", cluster.worker(w).Stderr());
+    }
+    ADD_FAILURE() << job << ": not every rank finished\n" << logs;
+  }
   return ranks;
 }
 

@@ -68,6 +68,7 @@ class Cluster {
   const std::string& dir() const { return dir_; }
   Child& coordinator() { return *children_.at(coordinator_child_); }
   Child& worker(int i) { return *children_.at(workers_.at(i).child); }
+  int num_workers() const { return static_cast<int>(workers_.size()); }
   const std::string& worker_socket(int i) const { return workers_.at(i).socket; }
   const std::string& worker_id(int i) const { return workers_.at(i).id; }
 

@@ -216,12 +216,24 @@ TEST_F(MemoryRegistryTest, CloseSessionUnlinks) {
   EXPECT_EQ(registry_.CloseSession(*session).code(), absl::StatusCode::kNotFound);
 }
 
+// Reports one pid dead and every other alive. The sweep reads the real /dev/shm, which other
+// tests running at the same time share: a probe that called their trainers dead would unlink
+// their live segments.
+class OnePidDeadProbe final : public ProcessProbe {
+ public:
+  explicit OnePidDeadProbe(pid_t dead) : dead_(dead) {}
+  uint64_t StartToken(pid_t pid) const override { return pid == dead_ ? 0 : 1; }
+
+ private:
+  const pid_t dead_;
+};
+
 TEST_F(MemoryRegistryTest, SweepRemovesOnlySegmentsOfDeadProcesses) {
   Segment mine(Name(1), 64);
-  pid_t dead_pid = pid_ + 1;  // not in the fake process table: dead
+  const pid_t dead_pid = (1 << 22) + 7;  // above Linux's PID_MAX_LIMIT: no real process has it
   Segment orphan(absl::StrCat("/ckpt.test.r1.p", dead_pid, ".3"), 64);
   Segment unrelated(absl::StrCat("/notckpt.test.r1.p", dead_pid, ".3"), 64);
-  FakeProbe probe(&table_);
+  OnePidDeadProbe probe(dead_pid);
   std::vector<std::string> removed = SweepOrphanSegments(probe);
   EXPECT_THAT(removed, ::testing::ElementsAre(orphan.name()));
   EXPECT_TRUE(SegmentExists(mine.name()));
