@@ -241,6 +241,14 @@ BENCHMARK(BM_AllToAllV)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// Reports the bytes all ranks received in one iteration (`wire`, per rank) as throughput.
+void ReportWireBytes(benchmark::State& state, const std::vector<int64_t>& wire) {
+  int64_t moved = 0;
+  for (int64_t w : wire) moved += w;
+  state.SetBytesProcessed(state.iterations() * moved);
+  state.counters["wire_MiB"] = moved / 1048576.0;
+}
+
 // Rows stored in N chunks (rank i loads chunk i); every rank needs column chunk i.
 void BM_OverlapAllToAll(benchmark::State& state) {
   const int n = state.range(0);
@@ -260,10 +268,7 @@ void BM_OverlapAllToAll(benchmark::State& state) {
       wire[r] = report.bytes_received();
     });
   }
-  int64_t moved = 0;
-  for (int64_t w : wire) moved += w;
-  state.SetBytesProcessed(state.iterations() * moved);
-  state.counters["wire_MiB"] = moved / 1048576.0;
+  ReportWireBytes(state, wire);
 }
 BENCHMARK(BM_OverlapAllToAll)
     ->Args({2, 64 << 20})
@@ -301,10 +306,7 @@ void BM_OverlapAllToAllInto(benchmark::State& state) {
       wire[r] = report.bytes_received();
     });
   }
-  int64_t moved = 0;
-  for (int64_t w : wire) moved += w;
-  state.SetBytesProcessed(state.iterations() * moved);
-  state.counters["wire_MiB"] = moved / 1048576.0;
+  ReportWireBytes(state, wire);
 }
 BENCHMARK(BM_OverlapAllToAllInto)
     ->Args({2, 64 << 20})
