@@ -331,10 +331,7 @@ TEST(ServicesTest, CkptctlLoadRollsARunningJobBackAtItsNextPoll) {
   std::vector<Child*> trainers = {
       cluster.StartTrainer(0, "job", 0, 2, "poll", "", {"--layout", "dtensor"}),
       cluster.StartTrainer(1, "job", 1, 2, "poll", "", {"--layout", "dtensor"})};
-  ASSERT_TRUE(WaitFor([&] {
-    return trainers[0]->Stdout().find("shared") != std::string::npos &&
-           trainers[1]->Stdout().find("shared") != std::string::npos;
-  }));
+  ASSERT_TRUE(WaitFor([&] { return Shared(*trainers[0]) && Shared(*trainers[1]); }));
   std::string out;
   ASSERT_EQ(cluster.RunCkptctl({"load", "--coordinator", cluster.address(), "--job", "job",
                                 "--algorithm", "overlap_all_to_all", path},

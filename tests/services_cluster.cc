@@ -220,6 +220,8 @@ std::pair<int, std::string> Result(const Child& trainer) {
   return {code, parts.second};
 }
 
+bool Shared(const Child& trainer) { return trainer.Stdout().find("shared") != std::string::npos; }
+
 bool SegmentExists(const std::string& name) {
   int fd = shm_open(name.c_str(), O_RDONLY, 0);
   if (fd < 0) return false;

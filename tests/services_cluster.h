@@ -101,6 +101,8 @@ const pb::WorkerStatus* FindWorker(const pb::GetStatusResponse& s, const std::st
 int LiveWorkers(const pb::GetStatusResponse& s);
 // "result <code> <message>" of a trainer_probe; code -1 while it has not printed one.
 std::pair<int, std::string> Result(const Child& trainer);
+// Whether a trainer_probe has printed "shared": its Hello and RegisterTensors have returned.
+bool Shared(const Child& trainer);
 // Whether the shared-memory segment `name` exists.
 bool SegmentExists(const std::string& name);
 // Worker i's Status RPC (sessions and their segments).

@@ -79,10 +79,8 @@ TEST(ServicesTest, TrainerSharesATensorThroughSharedMemoryReleasedWhenItDies) {
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
   cluster.StartWorker(0);
   Child* trainer = cluster.StartTrainer(0, "shm-job", 0, 1, "hold");
-  ASSERT_TRUE(WaitFor([&] {
-    return trainer->Stdout().find("shared") != std::string::npos || !trainer->Running();
-  })) << trainer->Stdout()
-      << trainer->Stderr();
+  ASSERT_TRUE(WaitFor([&] { return Shared(*trainer) || !trainer->Running(); }))
+      << trainer->Stdout() << trainer->Stderr();
   ASSERT_TRUE(trainer->Running()) << trainer->Stdout() << trainer->Stderr();
   std::vector<std::string> seg = absl::StrSplit(LineValue(trainer->Stdout(), "segment"), ' ');
   ASSERT_EQ(seg.size(), 2u);
@@ -131,8 +129,7 @@ TEST(ServicesTest, TwoTrainersClaimingOneRankAreRefusedWithADiagnosis) {
   cluster.StartWorker(0);
   cluster.StartWorker(1);
   Child* first = cluster.StartTrainer(0, "dup", 0, 2, "hold");
-  ASSERT_TRUE(WaitFor([&] { return first->Stdout().find("shared") != std::string::npos; }))
-      << first->Stdout() << first->Stderr();
+  ASSERT_TRUE(WaitFor([&] { return Shared(*first); })) << first->Stdout() << first->Stderr();
   // Same rank through another worker (e.g. a launcher that gave every process RANK=0) ...
   Child* other_worker = cluster.StartTrainer(1, "dup", 0, 2, "hold");
   // ... and through the same worker.
@@ -172,8 +169,7 @@ TEST(ServicesTest, WorkerKilledWhileGatheringAbortsTheOtherRanksNamingHostAndCau
   cluster.StartWorker(0);
   cluster.StartWorker(1);
   Child* r1 = cluster.StartTrainer(1, "crash", 1, 2, "hold");  // attached, never saves
-  ASSERT_TRUE(WaitFor([&] { return r1->Stdout().find("shared") != std::string::npos; }))
-      << r1->Stdout() << r1->Stderr();
+  ASSERT_TRUE(WaitFor([&] { return Shared(*r1); })) << r1->Stdout() << r1->Stderr();
   Child* r0 = cluster.StartTrainer(0, "crash", 0, 2, "save");
   ASSERT_TRUE(WaitFor([&] {
     pb::GetStatusResponse s = cluster.Status();
@@ -206,8 +202,7 @@ TEST(ServicesTest, WorkerReRegistersAndReattachesItsRanksAfterTheCoordinatorRest
   Child* trainer = cluster.StartTrainer(0, "survivor", 0, 1, "hold");
   // Not merely the coordinator listing the job: its AttachRank may still be on the way back to
   // the worker, and a restart then fails the trainer's Hello instead of testing the re-attach.
-  ASSERT_TRUE(WaitFor([&] { return trainer->Stdout().find("shared") != std::string::npos; }))
-      << trainer->Stdout() << trainer->Stderr();
+  ASSERT_TRUE(WaitFor([&] { return Shared(*trainer); })) << trainer->Stdout() << trainer->Stderr();
   ASSERT_EQ(cluster.Status().jobs_size(), 1);
   ASSERT_NO_FATAL_FAILURE(cluster.RestartCoordinator({lease}));
   // The new coordinator knows nothing; the worker's next heartbeat is refused, it registers
