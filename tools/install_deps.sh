@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libxxhash-dev liburing-dev nlohmann-json3-dev
   pkg-config python3
+  clang libclang-rt-14-dev clang-format
 )
 # Optional peers for benchmarks only (large): CKPT_INSTALL_BENCH_PEERS=1 adds python3-torch.
 if [[ "${CKPT_INSTALL_BENCH_PEERS:-0}" == "1" ]]; then
