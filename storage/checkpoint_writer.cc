@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "storage/file_util.h"
+#include "storage/overwrite_guard.h"
 #include "storage/safetensors.h"
 
 namespace ckpt {
@@ -55,6 +56,61 @@ absl::Status ExistingPathError(const std::string& path) {
       absl::StrCat(path, " already exists; pass the overwrite flag to replace it"));
 }
 
+// "ckpts/step5/" -> "ckpts/step5": the last component itself is committed, never what a
+// trailing slash would resolve a symbolic link to.
+std::string WithoutTrailingSlashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+// A checkpoint path must end in a name ("ckpts/step5", not "", "/", "." or "ckpts/..").
+absl::Status CheckCheckpointName(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("empty checkpoint path");
+  const std::string base = BaseName(path);
+  if (base.empty() || base == "/" || base == "." || base == "..") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint path ", path, " does not end in a name to commit under"));
+  }
+  return absl::OkStatus();
+}
+
+// Swaps the committed staging directory in for the checkpoint `target` at `final_path`
+// (RENAME_EXCHANGE, or moving the old one aside where the filesystem lacks it), then checks
+// that what was swapped out is the directory the guard approved; if something else had taken
+// its place meanwhile, it is put back and nothing is removed. Returns where the old one is.
+absl::StatusOr<std::string> SwapIn(const std::string& staging_dir, const std::string& final_path,
+                                   const ReplaceTarget& target) {
+  const std::string parent = ParentDir(final_path);
+  if (::renameat2(AT_FDCWD, staging_dir.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) ==
+      0) {
+    if (IsSameTarget(staging_dir, target)) return staging_dir;
+    ::renameat2(AT_FDCWD, staging_dir.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE);
+    return absl::FailedPreconditionError(
+        absl::StrCat(final_path,
+                     " was replaced by something else while the checkpoint was committed; "
+                     "nothing was overwritten"));
+  }
+  if (errno != EINVAL && errno != ENOSYS) {
+    return ErrnoStatus(errno, absl::StrCat("exchange ", staging_dir, " with ", final_path));
+  }
+  // No RENAME_EXCHANGE here: move the old one aside first. A crash between the two renames
+  // leaves the old checkpoint complete under the ".old" sibling name.
+  const std::string old_path = UniqueSibling(final_path, "old");
+  if (::rename(final_path.c_str(), old_path.c_str()) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("rename ", final_path, " to ", old_path));
+  }
+  if (!IsSameTarget(old_path, target)) {
+    (void)RenameNoReplace(old_path, final_path);
+    return absl::FailedPreconditionError(
+        absl::StrCat(final_path,
+                     " was replaced by something else while the checkpoint was committed; "
+                     "nothing was overwritten"));
+  }
+  CKPT_RETURN_IF_ERROR(FsyncDir(parent));
+  CKPT_RETURN_IF_ERROR(RenameNoReplace(staging_dir, final_path));
+  return old_path;
+}
+
 }  // namespace
 
 const char* CommitStepName(CommitStep step) {
@@ -86,9 +142,12 @@ absl::StatusOr<CommitStep> ParseCommitStep(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("unknown commit step \"", name, "\""));
 }
 
-absl::StatusOr<std::string> CreateStagingDir(const std::string& final_path, bool overwrite) {
-  if (final_path.empty()) return absl::InvalidArgumentError("empty checkpoint path");
+absl::StatusOr<std::string> CreateStagingDir(const std::string& path, bool overwrite) {
+  const std::string final_path = WithoutTrailingSlashes(path);
+  CKPT_RETURN_IF_ERROR(CheckCheckpointName(final_path));
   if (!overwrite && PathExists(final_path)) return ExistingPathError(final_path);
+  // Overwriting replaces only a committed checkpoint; refuse anything else before any work.
+  if (overwrite) CKPT_RETURN_IF_ERROR(CheckReplaceable(final_path).status());
   if (!IsDirectory(ParentDir(final_path))) {
     return absl::NotFoundError(absl::StrCat("parent directory of ", final_path, " does not exist"));
   }
@@ -225,8 +284,10 @@ pb::Manifest BuildManifest(const std::vector<TensorSpec>& tensors, const Written
   return m;
 }
 
-absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string& final_path,
+absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string& path,
                               const pb::Manifest& manifest, const WriteOptions& options) {
+  const std::string final_path = WithoutTrailingSlashes(path);
+  CKPT_RETURN_IF_ERROR(CheckCheckpointName(final_path));
   CKPT_RETURN_IF_ERROR(ValidateManifest(manifest));
   CKPT_RETURN_IF_ERROR(FsyncDir(JoinPath(staging_dir, "data")));
   CKPT_RETURN_IF_ERROR(FsyncDir(staging_dir));
@@ -244,30 +305,21 @@ absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string&
   Step(options, CommitStep::kManifestDirSynced);
 
   const std::string parent = ParentDir(final_path);
-  if (!PathExists(final_path)) {
+  ReplaceTarget target;
+  if (PathExists(final_path)) {
+    if (!options.overwrite) return ExistingPathError(final_path);
+    // Checked again right before the swap: what is there now must be a committed checkpoint.
+    CKPT_ASSIGN_OR_RETURN(target, CheckReplaceable(final_path));
+  }
+  if (!target.exists) {
     CKPT_RETURN_IF_ERROR(RenameNoReplace(staging_dir, final_path));
     CKPT_RETURN_IF_ERROR(FsyncDir(parent));
     Step(options, CommitStep::kCheckpointRenamed);
     Step(options, CommitStep::kOldRemoved);
     return absl::OkStatus();
   }
-  if (!options.overwrite) return ExistingPathError(final_path);
   // Atomically swap the new checkpoint in; the old one ends up under the staging name.
-  std::string old_path = staging_dir;
-  if (::renameat2(AT_FDCWD, staging_dir.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) !=
-      0) {
-    if (errno != EINVAL && errno != ENOSYS) {
-      return ErrnoStatus(errno, absl::StrCat("exchange ", staging_dir, " with ", final_path));
-    }
-    // No RENAME_EXCHANGE here: move the old one aside first. A crash between the two renames
-    // leaves the old checkpoint complete under the ".old" sibling name.
-    old_path = UniqueSibling(final_path, "old");
-    if (::rename(final_path.c_str(), old_path.c_str()) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("rename ", final_path, " to ", old_path));
-    }
-    CKPT_RETURN_IF_ERROR(FsyncDir(parent));
-    CKPT_RETURN_IF_ERROR(RenameNoReplace(staging_dir, final_path));
-  }
+  CKPT_ASSIGN_OR_RETURN(const std::string old_path, SwapIn(staging_dir, final_path, target));
   CKPT_RETURN_IF_ERROR(FsyncDir(parent));
   Step(options, CommitStep::kCheckpointRenamed);
   CKPT_RETURN_IF_ERROR(RemoveTree(old_path));

@@ -76,8 +76,10 @@ absl::StatusOr<CommitStep> ParseCommitStep(absl::string_view name);
 
 struct WriteOptions {
   IoOptions io;
-  // Replace an existing checkpoint (or leftover directory) at the final path. Without it an
-  // existing path is AlreadyExists and nothing is written.
+  // Replace an existing committed checkpoint at the final path. Without it an existing path
+  // is AlreadyExists and nothing is written; with it anything but a committed checkpoint
+  // (storage/overwrite_guard.h: a file, a link, an arbitrary or incomplete directory) is
+  // FailedPrecondition and nothing is written or removed.
   bool overwrite = false;
   int64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
   // Test-only: called after each commit step (e.g. to kill the process there).
@@ -92,6 +94,8 @@ absl::StatusOr<pb::Manifest> WriteCheckpoint(const std::string& path,
 // --- the same protocol in parts, for saves spread over several processes ---------------------
 
 // Creates the temporary sibling directory (with data/) for a checkpoint at `final_path`.
+// Refuses an existing path (AlreadyExists) unless `overwrite`, and with `overwrite` anything
+// at the path that is not a committed checkpoint (FailedPrecondition, see CheckReplaceable).
 absl::StatusOr<std::string> CreateStagingDir(const std::string& final_path, bool overwrite);
 
 // Removes the staging directory of a checkpoint that will not be committed, while writers in
@@ -118,7 +122,9 @@ pb::Manifest BuildManifest(const std::vector<TensorSpec>& tensors, const Written
                            const CheckpointContents& info, int64_t checksum_block_bytes);
 
 // Steps 2 (directory fsyncs) to 4 of the protocol for a staging dir whose data files are
-// written and synced. Validates the manifest first.
+// written and synced. Validates the manifest first. When overwriting, what is at the final
+// path is checked again right before the swap (CheckReplaceable), and after the swap the
+// directory swapped out must be the one checked, or it is swapped back and nothing removed.
 absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string& final_path,
                               const pb::Manifest& manifest, const WriteOptions& options);
 

@@ -1,9 +1,11 @@
 #include "storage/interop.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <functional>
@@ -11,9 +13,11 @@
 #include <memory>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "storage/checkpoint_reader.h"
@@ -104,17 +108,49 @@ absl::Status PwriteAll(int fd, const char* data, int64_t n, int64_t offset,
   return absl::OkStatus();
 }
 
-// Writes one safetensors file atomically (temporary name, fsync, rename), holding one entry in
-// memory at a time: `fill(i, buf)` produces entry i's bytes.
+// A fresh temporary name next to `path` (".<name>.tmp-<pid>-<n>"): hidden, so it never looks
+// like an export's output, and created with O_EXCL | O_NOFOLLOW so it never opens something
+// already there (a file or a planted link).
+absl::StatusOr<std::pair<std::string, int>> CreateTempSibling(const std::string& path) {
+  static std::atomic<int> counter{0};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::string tmp = JoinPath(
+        ParentDir(path), absl::StrCat(".", BaseName(path), ".tmp-", ::getpid(), "-", counter++));
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0) return std::make_pair(tmp, fd);
+    if (errno != EEXIST) return ErrnoStatus(errno, absl::StrCat("create ", tmp));
+  }
+  return absl::AlreadyExistsError(absl::StrCat("no free temporary name next to ", path));
+}
+
+// Writes a file atomically: a fresh temporary sibling filled by `write(fd, tmp)`, fsynced and
+// renamed over `path` (which the caller checked is absent or a regular file export may
+// replace), then the directory is fsynced.
+absl::Status WriteAtomically(const std::string& path,
+                             const std::function<absl::Status(int, const std::string&)>& write) {
+  CKPT_ASSIGN_OR_RETURN(auto created, CreateTempSibling(path));
+  const auto& [tmp, fd] = created;
+  absl::Status s = write(fd, tmp);
+  if (s.ok()) s = FsyncFd(fd, tmp);
+  ::close(fd);
+  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = ErrnoStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
+  }
+  if (!s.ok()) {
+    std::remove(tmp.c_str());
+    return s;
+  }
+  return FsyncDir(ParentDir(path));
+}
+
+// Writes one safetensors file atomically, holding one entry in memory at a time:
+// `fill(i, buf)` produces entry i's bytes.
 absl::Status WriteSafetensorsFile(const std::string& path,
                                   const std::vector<SafetensorsEntry>& entries,
                                   const std::map<std::string, std::string>& metadata,
                                   const std::function<absl::Status(size_t, char*)>& fill) {
   CKPT_ASSIGN_OR_RETURN(std::string header, EncodeSafetensorsHeader(entries, metadata));
-  const std::string tmp = absl::StrCat(path, ".tmp-", ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create ", tmp));
-  auto write_all = [&]() -> absl::Status {
+  return WriteAtomically(path, [&](int fd, const std::string& tmp) -> absl::Status {
     CKPT_RETURN_IF_ERROR(PwriteAll(fd, header.data(), static_cast<int64_t>(header.size()), 0, tmp));
     const int64_t data_start = static_cast<int64_t>(header.size());
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -123,18 +159,74 @@ absl::Status WriteSafetensorsFile(const std::string& path,
       CKPT_RETURN_IF_ERROR(fill(i, buf.get()));
       CKPT_RETURN_IF_ERROR(PwriteAll(fd, buf.get(), n, data_start + entries[i].begin, tmp));
     }
-    return FsyncFd(fd, tmp);
+    return absl::OkStatus();
+  });
+}
+
+// True for the names an export writes into a directory: model.safetensors,
+// model-<i>-of-<n>.safetensors (5 or more digits each) and model.safetensors.index.json.
+bool IsExportFileName(absl::string_view name) {
+  if (name == "model.safetensors" || name == kIndexName) return true;
+  auto digits = [&name]() {
+    size_t n = 0;
+    while (n < name.size() && absl::ascii_isdigit(static_cast<unsigned char>(name[n]))) ++n;
+    name.remove_prefix(n);
+    return n >= 5;
   };
-  absl::Status s = write_all();
-  ::close(fd);
-  if (!s.ok()) {
-    std::remove(tmp.c_str());
-    return s;
+  return absl::ConsumePrefix(&name, "model-") && digits() && absl::ConsumePrefix(&name, "-of-") &&
+         digits() && name == ".safetensors";
+}
+
+// Refuses to replace `path` unless it is absent or a regular file (never a directory, a link
+// or a device), and refuses any existing file without `overwrite`.
+absl::Status CheckExportTarget(const std::string& path, bool overwrite, absl::string_view why) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return ErrnoStatus(errno, absl::StrCat("stat ", path));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to overwrite ", path, ": it is ",
+        S_ISDIR(st.st_mode) ? "a directory"
+                            : (S_ISLNK(st.st_mode) ? "a symbolic link" : "not a regular file"),
+        "; export replaces only regular files it writes"));
   }
-  return FsyncDir(ParentDir(path));
+  if (!overwrite) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(path, " already exists", why, "; pass --overwrite to replace it"));
+  }
+  return absl::OkStatus();
+}
+
+// The export-named files already in the output directory `dir` (see IsExportFileName), each
+// checked with CheckExportTarget: without `overwrite` any of them is AlreadyExists, so an
+// export never mixes with an earlier one.
+absl::StatusOr<std::vector<std::string>> ExistingExportFiles(const std::string& dir,
+                                                             bool overwrite) {
+  CKPT_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(dir));
+  std::vector<std::string> found;
+  for (const std::string& n : names) {
+    if (!IsExportFileName(n)) continue;
+    const std::string path = JoinPath(dir, n);
+    CKPT_RETURN_IF_ERROR(CheckExportTarget(path, overwrite, " (from an earlier export)"));
+    found.push_back(path);
+  }
+  return found;
+}
+
+// Removes the files of an earlier export that this one did not rewrite (e.g. shards
+// model-00003-of-00003 when there are now two), so the directory holds one consistent export.
+// Only regular files with export names are touched.
+absl::Status RemoveStaleExportFiles(const std::vector<std::string>& earlier,
+                                    const std::vector<std::string>& written) {
+  const std::set<std::string> now(written.begin(), written.end());
+  for (const std::string& path : earlier) {
+    struct stat st;
+    if (now.count(path) || ::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (::unlink(path.c_str()) != 0) return ErrnoStatus(errno, absl::StrCat("unlink ", path));
+  }
+  return earlier.empty() ? absl::OkStatus() : FsyncDir(ParentDir(earlier.front()));
 }
 
 }  // namespace
@@ -216,20 +308,18 @@ absl::StatusOr<pb::Manifest> ImportSafetensors(const std::string& source, const 
   return manifest;
 }
 
-absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckpt,
-                                                          const std::string& out,
-                                                          const ExportOptions& options) {
-  ReaderOptions ro;
-  ro.io = options.io;
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(ckpt, ro));
-  const pb::Manifest& m = reader->manifest();
-  struct Item {
-    std::string key;
-    DType dtype;
-    std::vector<int64_t> shape;
-    int64_t bytes;
-  };
-  std::vector<Item> items;
+namespace {
+
+// One tensor of an export and how it is grouped into files.
+struct ExportItem {
+  std::string key;
+  DType dtype;
+  std::vector<int64_t> shape;
+  int64_t bytes;
+};
+
+absl::StatusOr<std::vector<ExportItem>> ExportItems(const pb::Manifest& m) {
+  std::vector<ExportItem> items;
   for (const pb::TensorMeta& t : m.tensors()) {
     CKPT_ASSIGN_OR_RETURN(DType d, DTypeFromProto(t.dtype()));
     std::vector<int64_t> shape(t.global_shape().begin(), t.global_shape().end());
@@ -240,47 +330,80 @@ absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckp
     }
     items.push_back({t.key(), d, shape, n * DTypeSize(d)});
   }
-  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.key < b.key; });
-  // Group into files in key order.
+  std::sort(items.begin(), items.end(),
+            [](const ExportItem& a, const ExportItem& b) { return a.key < b.key; });
+  return items;
+}
+
+// Groups items (in key order) into files of at most max_file_bytes (0: one file).
+std::vector<std::vector<size_t>> GroupIntoFiles(const std::vector<ExportItem>& items,
+                                                int64_t max_file_bytes) {
   std::vector<std::vector<size_t>> groups(1);
   int64_t in_group = 0;
   for (size_t i = 0; i < items.size(); ++i) {
-    if (options.max_file_bytes > 0 && !groups.back().empty() &&
-        in_group + items[i].bytes > options.max_file_bytes) {
+    if (max_file_bytes > 0 && !groups.back().empty() &&
+        in_group + items[i].bytes > max_file_bytes) {
       groups.emplace_back();
       in_group = 0;
     }
     groups.back().push_back(i);
     in_group += items[i].bytes;
   }
-  const bool single_file = absl::EndsWith(out, ".safetensors");
-  if (single_file && groups.size() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("the tensors need ", groups.size(),
-                                                   " files of at most ", options.max_file_bytes,
-                                                   " bytes; give a directory instead of ", out));
-  }
+  return groups;
+}
+
+// Where an export goes: its data file paths, and the export files already in the output
+// directory (checked replaceable), which the export removes once its own are written.
+struct ExportTargets {
   std::vector<std::string> paths;
-  if (single_file) {
-    paths.push_back(out);
+  std::vector<std::string> earlier;
+};
+
+absl::StatusOr<ExportTargets> PrepareExportTargets(const std::string& out, size_t num_files,
+                                                   const ExportOptions& options) {
+  ExportTargets t;
+  if (absl::EndsWith(out, ".safetensors")) {
+    if (num_files > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("the tensors need ", num_files,
+                                                     " files of at most ", options.max_file_bytes,
+                                                     " bytes; give a directory instead of ", out));
+    }
+    CKPT_RETURN_IF_ERROR(CheckExportTarget(out, options.overwrite, ""));
+    t.paths.push_back(out);
+    return t;
+  }
+  if (PathExists(out) && !IsDirectory(out)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(out,
+                     " exists and is not a directory; export writes a directory there "
+                     "(or give a path ending in .safetensors for one file)"));
+  }
+  CKPT_RETURN_IF_ERROR(MakeDir(out, /*exist_ok=*/true));
+  CKPT_ASSIGN_OR_RETURN(t.earlier, ExistingExportFiles(out, options.overwrite));
+  if (num_files == 1) {
+    t.paths.push_back(JoinPath(out, "model.safetensors"));
   } else {
-    CKPT_RETURN_IF_ERROR(MakeDir(out, /*exist_ok=*/true));
-    if (groups.size() == 1) {
-      paths.push_back(JoinPath(out, "model.safetensors"));
-    } else {
-      for (size_t g = 0; g < groups.size(); ++g) {
-        paths.push_back(JoinPath(
-            out, HumanSizeFileName(static_cast<int>(g + 1), static_cast<int>(groups.size()))));
-      }
+    for (size_t g = 0; g < num_files; ++g) {
+      t.paths.push_back(
+          JoinPath(out, HumanSizeFileName(static_cast<int>(g + 1), static_cast<int>(num_files))));
     }
   }
-  if (!options.overwrite) {
-    for (const std::string& p : paths) {
-      if (PathExists(p)) {
-        return absl::AlreadyExistsError(
-            absl::StrCat(p, " already exists; pass --overwrite to replace it"));
-      }
-    }
-  }
+  return t;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckpt,
+                                                          const std::string& out,
+                                                          const ExportOptions& options) {
+  ReaderOptions ro;
+  ro.io = options.io;
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(ckpt, ro));
+  const pb::Manifest& m = reader->manifest();
+  CKPT_ASSIGN_OR_RETURN(std::vector<ExportItem> items, ExportItems(m));
+  const std::vector<std::vector<size_t>> groups = GroupIntoFiles(items, options.max_file_bytes);
+  CKPT_ASSIGN_OR_RETURN(ExportTargets targets, PrepareExportTargets(out, groups.size(), options));
+  std::vector<std::string> paths = targets.paths;
   const std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                        {"ckpt_step", absl::StrCat(m.step())}};
   Json weight_map = Json::object();
@@ -290,7 +413,7 @@ absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckp
     std::vector<SafetensorsEntry> entries;
     int64_t pos = 0;
     for (size_t i : groups[g]) {
-      const Item& it = items[i];
+      const ExportItem& it = items[i];
       entries.push_back({it.key, it.dtype, it.shape, pos, pos + it.bytes});
       pos += it.bytes;
       weight_map[it.key] = BaseName(paths[g]);
@@ -298,17 +421,20 @@ absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckp
     total += pos;
     CKPT_RETURN_IF_ERROR(
         WriteSafetensorsFile(paths[g], entries, metadata, [&](size_t e, char* buf) {
-          const Item& it = items[groups[g][e]];
+          const ExportItem& it = items[groups[g][e]];
           return reader->ReadRegion(it.key, WholeRegion(it.shape), buf);
         }));
   }
   if (groups.size() > 1) {
     Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     const std::string index_path = JoinPath(out, kIndexName);
-    CKPT_RETURN_IF_ERROR(WriteFileDurably(
-        index_path, index.dump(2, ' ', false, Json::error_handler_t::replace) + "\n"));
+    const std::string text = index.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
+    CKPT_RETURN_IF_ERROR(WriteAtomically(index_path, [&](int fd, const std::string& tmp) {
+      return PwriteAll(fd, text.data(), static_cast<int64_t>(text.size()), 0, tmp);
+    }));
     paths.push_back(index_path);
   }
+  CKPT_RETURN_IF_ERROR(RemoveStaleExportFiles(targets.earlier, paths));
   return paths;
 }
 

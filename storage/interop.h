@@ -27,6 +27,10 @@ struct ExportOptions {
   // Split into files of at most this many bytes of tensor data (a larger tensor gets a file of
   // its own); 0 means one file.
   int64_t max_file_bytes = 0;
+  // Replace the files of an earlier export (regular files only, never links or
+  // directories). In a directory that means the export-named files: model.safetensors,
+  // model-<i>-of-<n>.safetensors and model.safetensors.index.json; the ones this export does
+  // not rewrite are removed after it succeeds. Nothing else is ever touched.
   bool overwrite = false;
   IoOptions io;  // for reading the checkpoint
 };
@@ -35,7 +39,9 @@ struct ExportOptions {
 // ".safetensors" is a single file (an error if the data must be split); otherwise `out` is a
 // directory receiving model.safetensors, or model-0000i-of-0000n.safetensors plus
 // model.safetensors.index.json when split. Holds one full tensor in memory at a time; each
-// file is written under a temporary name, fsynced and renamed. Returns the files written.
+// file is written under a fresh hidden temporary name, fsynced and renamed. Without
+// overwrite, an existing output file (or any export-named file in the directory) is
+// AlreadyExists. Returns the files written.
 absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckpt,
                                                           const std::string& out,
                                                           const ExportOptions& options);

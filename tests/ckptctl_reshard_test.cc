@@ -2,6 +2,7 @@
 // ZeRO-1 flat optimizer shards, into TP=4 x DP=1 and 3-rank uneven layouts; reads every
 // destination piece back and checks every element; plus the command's error paths.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -214,6 +215,42 @@ TEST_F(CkptctlReshardTest, ExistingDestinationIsKeptWithoutOverwrite) {
   EXPECT_NE(*ReadWholeFile(JoinPath(dst, "manifest.pb"), 1 << 26), manifest);
   ExpectHolds(dst, GptLayoutJson(4, 1));
   EXPECT_EQ(Ckptctl("verify " + dst).code, 0);
+}
+
+// --overwrite replaces only a committed checkpoint: a directory of someone's files, a regular
+// file and a link to a checkpoint are each refused with a message naming them, and survive.
+TEST_F(CkptctlReshardTest, OverwriteRefusesWhatIsNotACheckpoint) {
+  const std::string tp4 = LayoutFile("tp4c", GptLayoutJson(4, 1));
+  const std::string victims = JoinPath(*dir_, "victims");
+  ASSERT_TRUE(MakeDir(victims).ok());
+  const std::string home = JoinPath(victims, "home");
+  ASSERT_TRUE(MakeDir(home).ok());
+  ASSERT_TRUE(WriteFileDurably(JoinPath(home, "thesis.tex"), "chapter 1").ok());
+  const std::string file = JoinPath(victims, "file");
+  ASSERT_TRUE(WriteFileDurably(file, "plain text").ok());
+  const std::string link = JoinPath(victims, "link");
+  ASSERT_EQ(::symlink(src_->c_str(), link.c_str()), 0);
+  const std::string src_manifest = *ReadWholeFile(JoinPath(*src_, "manifest.pb"), 1 << 26);
+
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {home, "not a ckpt checkpoint (no manifest.pb)"},
+      {file, "a regular file"},
+      {link, "a symbolic link"}};
+  for (const auto& [victim, what] : cases) {
+    Result r =
+        Ckptctl(absl::StrCat("reshard ", *src_, " ", victim, " --layout ", tp4, " --overwrite"));
+    EXPECT_EQ(r.code, 1) << victim;
+    EXPECT_THAT(r.err, HasSubstr(victim));
+    EXPECT_THAT(r.err, HasSubstr(what));
+    EXPECT_EQ(Lines(r.err), 1) << r.err;
+  }
+  EXPECT_EQ(ReadWholeFile(JoinPath(home, "thesis.tex"), 1 << 20).value_or(""), "chapter 1");
+  EXPECT_EQ(ReadWholeFile(file, 1 << 20).value_or(""), "plain text");
+  char target[4096] = {};
+  ASSERT_GT(::readlink(link.c_str(), target, sizeof(target) - 1), 0);
+  EXPECT_EQ(std::string(target), *src_);
+  EXPECT_EQ(*ReadWholeFile(JoinPath(*src_, "manifest.pb"), 1 << 26), src_manifest);
+  EXPECT_EQ(*ListDir(victims), (std::vector<std::string>{"file", "home", "link"}));
 }
 
 TEST_F(CkptctlReshardTest, UsageErrorsAndHelp) {

@@ -1,6 +1,7 @@
 // Runs the real `ckptctl inspect|verify|import|export` binary on checkpoints written by the
 // storage library and on safetensors files written here by hand.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -267,6 +268,95 @@ TEST(CkptctlStorageTest, ImportFileDirAndIndexThenExportRoundTrips) {
   for (const auto& t : part2) EXPECT_TRUE(tensors.at(t.name).data == t.data) << t.name;
   EXPECT_EQ(tensors.at("scalar").shape, std::vector<int64_t>{});
   EXPECT_EQ(Ckptctl("export " + ck + " " + out).code, 1);  // exists, no --overwrite
+}
+
+// import --overwrite replaces only a committed checkpoint: a directory of someone's files,
+// a regular file, an incomplete checkpoint and a link are refused by name and survive.
+TEST(CkptctlStorageTest, ImportOverwriteRefusesWhatIsNotACheckpoint) {
+  const std::string dir = TestDir("import_overwrite");
+  const std::string source = JoinPath(dir, "model.safetensors");
+  WriteHfFile(source, {{"w", "F32", {4}, Bytes(16, 9)}});
+  const std::string home = JoinPath(dir, "home");
+  ASSERT_TRUE(MakeDir(home).ok());
+  ASSERT_TRUE(WriteFileDurably(JoinPath(home, "notes.txt"), "keep").ok());
+  const std::string file = JoinPath(dir, "file");
+  ASSERT_TRUE(WriteFileDurably(file, "plain").ok());
+  const std::string half = JoinPath(dir, "half");
+  ASSERT_TRUE(MakeDir(half).ok());
+  ASSERT_TRUE(MakeDir(JoinPath(half, "data")).ok());
+  ASSERT_TRUE(WriteFileDurably(JoinPath(half, "data/r0_0.safetensors"), "partial").ok());
+  const std::string ck = JoinPath(dir, "ck");
+  ASSERT_EQ(Ckptctl("import " + source + " " + ck).code, 0);
+  const std::string link = JoinPath(dir, "link");
+  ASSERT_EQ(::symlink("ck", link.c_str()), 0);
+
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {home, "not a ckpt checkpoint (no manifest.pb)"},
+      {file, "a regular file"},
+      {half, "an incomplete checkpoint"},
+      {link, "a symbolic link"}};
+  for (const auto& [victim, what] : cases) {
+    Result r = Ckptctl("import " + source + " " + victim + " --overwrite");
+    EXPECT_EQ(r.code, 1) << victim;
+    EXPECT_THAT(r.err, HasSubstr(victim));
+    EXPECT_THAT(r.err, HasSubstr(what));
+  }
+  EXPECT_EQ(ReadWholeFile(JoinPath(home, "notes.txt"), 1 << 20).value_or(""), "keep");
+  EXPECT_EQ(ReadWholeFile(file, 1 << 20).value_or(""), "plain");
+  EXPECT_EQ(ReadWholeFile(JoinPath(half, "data/r0_0.safetensors"), 1 << 20).value_or(""),
+            "partial");
+  char target[64] = {};
+  ASSERT_GT(::readlink(link.c_str(), target, sizeof(target) - 1), 0);
+  EXPECT_STREQ(target, "ck");
+  EXPECT_EQ(*ListDir(dir),
+            (std::vector<std::string>{"ck", "file", "half", "home", "link", "model.safetensors"}));
+  // A committed checkpoint is replaced.
+  EXPECT_EQ(Ckptctl("import " + source + " " + ck + " --overwrite").code, 0);
+}
+
+// export --overwrite replaces only the files an export writes (regular files with export
+// names), removes an earlier export's shards it does not rewrite, and touches nothing else.
+TEST(CkptctlStorageTest, ExportOverwriteReplacesOnlyItsOwnFiles) {
+  const std::string dir = TestDir("export_overwrite");
+  Sharded s;
+  const std::string path = MakeSharded(dir, s);
+  const std::string out = JoinPath(dir, "out");
+  ASSERT_EQ(Ckptctl("export " + path + " " + out + " --max-file-size 100B").code, 0);
+  ASSERT_TRUE(WriteFileDurably(JoinPath(out, "README.md"), "model card").ok());
+  ASSERT_TRUE(WriteFileDurably(JoinPath(out, "model-extra.safetensors"), "not ours").ok());
+  ASSERT_TRUE(WriteFileDurably(JoinPath(out, "model.safetensors.tmp-1"), "not ours").ok());
+
+  // Without --overwrite an earlier export in the directory is refused, whatever the split.
+  Result again = Ckptctl("export " + path + " " + out);
+  EXPECT_EQ(again.code, 1);
+  EXPECT_THAT(again.err, HasSubstr("model-00001-of-00002.safetensors"));
+  EXPECT_THAT(again.err, HasSubstr("--overwrite"));
+
+  // One file now: the two shards and the index of the split export go, the rest stays.
+  Result one = Ckptctl("export " + path + " " + out + " --overwrite");
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_EQ(*ListDir(out),
+            (std::vector<std::string>{"README.md", "model-extra.safetensors", "model.safetensors",
+                                      "model.safetensors.tmp-1"}));
+  EXPECT_TRUE(ReadHfFile(JoinPath(out, "model.safetensors")).at("w").data == s.w);
+  EXPECT_EQ(ReadWholeFile(JoinPath(out, "README.md"), 1 << 20).value_or(""), "model card");
+
+  // A directory or a link under an export name is never replaced or followed.
+  ASSERT_EQ(::unlink(JoinPath(out, "model.safetensors").c_str()), 0);
+  ASSERT_TRUE(MakeDir(JoinPath(out, "model.safetensors")).ok());
+  ASSERT_TRUE(WriteFileDurably(JoinPath(out, "model.safetensors/inside"), "x").ok());
+  Result dir_named = Ckptctl("export " + path + " " + out + " --overwrite");
+  EXPECT_EQ(dir_named.code, 1);
+  EXPECT_THAT(dir_named.err, HasSubstr("model.safetensors: it is a directory"));
+  EXPECT_EQ(ReadWholeFile(JoinPath(out, "model.safetensors/inside"), 1 << 20).value_or(""), "x");
+  const std::string elsewhere = JoinPath(dir, "elsewhere.txt");
+  ASSERT_TRUE(WriteFileDurably(elsewhere, "someone's").ok());
+  const std::string single = JoinPath(dir, "single.safetensors");
+  ASSERT_EQ(::symlink(elsewhere.c_str(), single.c_str()), 0);
+  Result link = Ckptctl("export " + path + " " + single + " --overwrite");
+  EXPECT_EQ(link.code, 1);
+  EXPECT_THAT(link.err, HasSubstr("a symbolic link"));
+  EXPECT_EQ(ReadWholeFile(elsewhere, 1 << 20).value_or(""), "someone's");
 }
 
 TEST(CkptctlStorageTest, ImportRejectsBadSources) {

@@ -190,6 +190,45 @@ TEST_F(ClusterReshardTest, BadSourcesAndDestinationsLoseNothing) {
   EXPECT_EQ(Entries(ck), before);
 }
 
+// --overwrite through the coordinator replaces only a committed checkpoint: a directory of
+// someone's files and a regular file are refused before any worker writes, named in the
+// error, and survive; nothing is left next to them.
+TEST_F(ClusterReshardTest, OverwriteRefusesWhatIsNotACheckpoint) {
+  cluster_.StartCoordinator({});
+  cluster_.StartWorker(0);
+  const std::string ck = JoinPath(cluster_.dir(), "ckpt");
+  ASSERT_TRUE(MakeDir(ck).ok());
+  const std::string src = JoinPath(ck, "src");
+  WriteSource(src);
+  const std::string layout = LayoutFile("tp4", GptLayoutJson(4, 1));
+  const std::string home = JoinPath(ck, "home");
+  ASSERT_TRUE(MakeDir(home).ok());
+  ASSERT_TRUE(WriteFileDurably(JoinPath(home, "thesis.tex"), "chapter 1").ok());
+  const std::string file = JoinPath(ck, "file");
+  ASSERT_TRUE(WriteFileDurably(file, "plain text").ok());
+  const std::vector<std::string> before = Entries(ck);
+
+  std::string out;
+  EXPECT_EQ(Reshard(src, home, layout, {"--overwrite"}, &out), 1);
+  EXPECT_THAT(out, HasSubstr(home));
+  EXPECT_THAT(out, HasSubstr("not a ckpt checkpoint (no manifest.pb)"));
+  EXPECT_EQ(Reshard(src, file, layout, {"--overwrite"}, &out), 1);
+  EXPECT_THAT(out, HasSubstr(file));
+  EXPECT_THAT(out, HasSubstr("a regular file"));
+
+  EXPECT_EQ(ReadWholeFile(JoinPath(home, "thesis.tex"), 1 << 20).value_or(""), "chapter 1");
+  EXPECT_EQ(Entries(home), std::vector<std::string>{"thesis.tex"});
+  EXPECT_EQ(ReadWholeFile(file, 1 << 20).value_or(""), "plain text");
+  EXPECT_EQ(Entries(ck), before);
+
+  // A committed checkpoint there is replaced.
+  const std::string dst = JoinPath(ck, "dst");
+  ASSERT_EQ(Reshard(src, dst, layout, {}, &out), 0) << out;
+  ASSERT_EQ(Reshard(src, dst, LayoutFile("tp3", GptLayoutJson(3, 1)), {"--overwrite"}, &out), 0)
+      << out;
+  ExpectHolds(dst, GptLayoutJson(3, 1));
+}
+
 TEST_F(ClusterReshardTest, NoLiveWorkerIsAClearError) {
   cluster_.StartCoordinator({});
   const std::string src = JoinPath(cluster_.dir(), "src");

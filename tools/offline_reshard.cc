@@ -14,6 +14,7 @@
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
 #include "storage/manifest_codec.h"
+#include "storage/overwrite_guard.h"
 
 namespace ckpt {
 namespace {
@@ -36,6 +37,8 @@ absl::StatusOr<OfflineReshardStats> OfflineReshard(const std::string& src, const
     return absl::AlreadyExistsError(
         absl::StrCat(dst, " already exists; pass the overwrite flag to replace it"));
   }
+  // Before any work: overwriting replaces only a committed checkpoint (the commit checks again).
+  if (options.overwrite) CKPT_RETURN_IF_ERROR(CheckReplaceable(dst).status());
   ReaderOptions ropts;
   ropts.io = options.io;
   ropts.verify_checksums = options.verify_checksums;

@@ -23,9 +23,9 @@
 #include "absl/types/span.h"
 #include "coordinator/layout_spec.h"
 #include "coordinator/save_plan.h"
+#include "reshard/wave_writer.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/io_engine.h"
-#include "reshard/wave_writer.h"
 
 namespace ckpt {
 
@@ -33,7 +33,7 @@ struct OfflineReshardOptions {
   int64_t memory_budget_bytes = int64_t{1} << 30;
   bool overlap = true;           // read/assemble the next wave while the previous one is written
   IoOptions io;                  // threads, queue depth, O_DIRECT for reads and writes
-  bool overwrite = false;        // replace an existing checkpoint at the destination
+  bool overwrite = false;        // replace an existing committed checkpoint (only) at dst
   bool verify_checksums = true;  // verify source bytes against the manifest as they are read
   std::function<void(const WaveProgress&)> progress;
 };

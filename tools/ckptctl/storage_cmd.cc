@@ -332,7 +332,8 @@ int RunImport(const std::vector<std::string>& args) {
         "                      <checkpoint> [--overwrite] [--threads N] [--direct]\n\n"
         "Converts a Hugging Face-style safetensors checkpoint into a ckpt checkpoint (each\n"
         "tensor stored whole), committed atomically, so it can be loaded into any sharded\n"
-        "layout. An existing checkpoint is replaced only with --overwrite.\n");
+        "layout. An existing checkpoint is replaced only with --overwrite, which refuses to\n"
+        "replace anything that is not a committed ckpt checkpoint.\n");
     return 0;
   }
   if (!a.error.empty()) return Usage(cmd, a.error);
@@ -361,7 +362,9 @@ int RunExport(const std::vector<std::string>& args) {
         "Consolidates every tensor into one full, unsharded tensor and writes safetensors:\n"
         "a single file, or in a directory model.safetensors, or model-0000i-of-0000n\n"
         "files plus model.safetensors.index.json when --max-file-size (e.g. 5GB, 500MiB)\n"
-        "splits them. Checksums are verified while reading.\n");
+        "splits them. Checksums are verified while reading. --overwrite replaces an earlier\n"
+        "export's files (regular files named as above; stale shards of it are removed) and\n"
+        "never touches anything else in the directory.\n");
     return 0;
   }
   if (!a.error.empty()) return Usage(cmd, a.error);
