@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -12,6 +13,7 @@
 #include "coordinator/distribute.h"
 #include "sharding/box_index.h"
 #include "sharding/shard_id.h"
+#include "storage/coverage.h"
 
 namespace ckpt {
 namespace {
@@ -236,7 +238,8 @@ absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensor
 
   // Overlaps of stored pieces and requests, tensor by tensor.
   std::vector<Need> needs;
-  std::vector<int64_t> covered(requests.size(), 0);
+  // (dst offset, length) of every run feeding each request: it must tile the request exactly.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> written(requests.size());
   for (size_t t = 0; t < tensors.size(); ++t) {
     if (pieces_of[t].empty() || requests_of[t].empty()) continue;
     const auto& shape = tensors[t].global_shape;
@@ -261,21 +264,20 @@ absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensor
       if (runs.empty()) continue;
       std::sort(runs.begin(), runs.end(),
                 [](const CopyRun& a, const CopyRun& b) { return a.src_offset < b.src_offset; });
-      for (const CopyRun& run : runs) covered[j] += run.length;
+      for (const CopyRun& run : runs) written[j].emplace_back(run.dst_offset, run.length);
       needs.push_back(Need{i, j, std::move(runs)});
     }
   }
   for (size_t j = 0; j < requests.size(); ++j) {
-    const int64_t wanted = requests[j].region.NumElements();
-    if (covered[j] > wanted) {
-      return absl::InvalidArgumentError(absl::StrCat(RequestName(requests[j]),
-                                                     ": stored pieces overlap (", covered[j],
-                                                     " elements found for ", wanted, ")"));
-    }
-    if (covered[j] < wanted) {
-      return absl::InvalidArgumentError(absl::StrCat(RequestName(requests[j]), ": only ",
-                                                     covered[j], " of ", wanted,
-                                                     " elements are stored in the checkpoint"));
+    std::optional<RunFault> fault =
+        FindRunTilingFault(std::move(written[j]), requests[j].region.NumElements());
+    if (fault.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          RequestName(requests[j]), ": ",
+          fault->hole ? absl::StrCat("elements [", fault->offset, ", ", fault->end,
+                                     ") of it are stored in no piece of the checkpoint")
+                      : absl::StrCat("element ", fault->offset,
+                                     " of it is stored by more than one piece (they overlap)")));
     }
   }
 

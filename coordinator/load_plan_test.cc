@@ -346,7 +346,7 @@ TEST(LoadPlanTest, UncoveredRequestNamesTensorRankAndRegion) {
   auto plan = BuildLoadPlan(s.tensors, s.pieces, s.requests, s.num_ranks);
   ASSERT_FALSE(plan.ok());
   EXPECT_THAT(plan.status().message(), HasSubstr("tensor 'w': rank 1 request [2:6]"));
-  EXPECT_THAT(plan.status().message(), HasSubstr("only 2 of 4"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("elements [2, 4) of it are stored in no piece"));
 }
 
 TEST(LoadPlanTest, OverlappingStoredPiecesAreRejected) {
@@ -358,7 +358,22 @@ TEST(LoadPlanTest, OverlappingStoredPiecesAreRejected) {
   s.requests.push_back({0, "w", Region{{0}, {8}, {}}});
   auto plan = BuildLoadPlan(s.tensors, s.pieces, s.requests, s.num_ranks);
   ASSERT_FALSE(plan.ok());
-  EXPECT_THAT(plan.status().message(), HasSubstr("stored pieces overlap"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("more than one piece (they overlap)"));
+}
+
+// Pieces [0, 4) and [2, 6) of an 8-element tensor: 8 elements in all, as many as the request
+// wants, but [2, 4) twice and [6, 8) never. Coverage is checked exactly, not counted.
+TEST(LoadPlanTest, AnOverlapHidingAHoleOfTheSameSizeIsRejected) {
+  Scenario s;
+  s.num_ranks = 1;
+  s.tensors = {{"w", DType::kF32, {8}}};
+  Store(s, 0, Region{{0}, {4}, {}}, "f");
+  Store(s, 0, Region{{2}, {4}, {}}, "g");
+  s.requests.push_back({0, "w", Region{{0}, {8}, {}}});
+  auto plan = BuildLoadPlan(s.tensors, s.pieces, s.requests, s.num_ranks);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(plan.status().message(), HasSubstr("tensor 'w': rank 0 request [0:8]"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("element 2 of it is stored by more than one"));
 }
 
 TEST(LoadPlanTest, BadInputsAreRejectedWithNames) {

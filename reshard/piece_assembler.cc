@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "proto/convert.h"
+#include "storage/coverage.h"
 
 namespace ckpt {
 namespace {
@@ -81,7 +82,7 @@ absl::Status PieceAssembler::Fill(absl::Span<const int64_t> pieces,
       return absl::InternalError(absl::StrCat("destination piece ", j, " is not in the plan"));
     }
     const int64_t es = DTypeSize(dst_[j].dtype);
-    int64_t covered = 0;
+    std::vector<std::pair<int64_t, int64_t>> written;  // (dst offset, length) in elements
     auto range = transfers_of_.find(j);
     if (range != transfers_of_.end()) {
       for (int64_t t = range->second.first; t < range->second.second; ++t) {
@@ -91,15 +92,14 @@ absl::Status PieceAssembler::Fill(absl::Span<const int64_t> pieces,
         auto& list = jobs[static_cast<int>(tr.src_piece)];
         for (const CopyRun& r : runs) {
           list.push_back({r.src_offset * es, r.length * es, buffers[i] + r.dst_offset * es});
-          covered += r.length;
+          written.emplace_back(r.dst_offset, r.length);
         }
       }
     }
-    if (covered != dst_[j].region.NumElements()) {
-      return absl::InternalError(absl::StrCat(PieceName(dst_[j]), ": the plan provides ", covered,
-                                              " of ", dst_[j].region.NumElements(),
-                                              " elements from the source checkpoint"));
-    }
+    // Each element of the buffer from exactly one source run: never a hole of stale bytes.
+    CKPT_RETURN_IF_ERROR(
+        RunTilingStatus(FindRunTilingFault(std::move(written), dst_[j].region.NumElements()),
+                        absl::StrCat(PieceName(dst_[j]), " (from ", reader_.path(), ")")));
   }
   // Block-aligned spans of each source piece, split into chunks the I/O threads can share,
   // read in batches of at most staging_cap_ bytes.

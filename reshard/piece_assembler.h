@@ -51,7 +51,8 @@ class PieceAssembler {
 
   // Fills buffers[i] (dst[pieces[i]]'s bytes, storage convention of sharding/overlap.h) with
   // the source elements. DataLoss/NotFound from the reader name the checkpoint and file;
-  // Internal when the plan does not cover a piece.
+  // NotFound (a hole) or DataLoss (an overlap) naming the piece when the plan's runs do not
+  // write every element of a buffer exactly once (checked before anything is read).
   absl::Status Fill(absl::Span<const int64_t> pieces, absl::Span<char* const> buffers);
 
   const AssemblyStats& stats() const { return stats_; }

@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "sharding/dtype.h"
 #include "sharding/overlap.h"
+#include "storage/coverage.h"
 #include "storage/file_util.h"
 #include "storage/manifest_codec.h"
 #include "storage/safetensors.h"
@@ -214,7 +215,7 @@ absl::Status CheckpointReader::ReadRegion(const std::string& key, const Region& 
   };
   std::vector<Part> parts;
   std::vector<PieceRead> reads;
-  int64_t covered = 0;
+  std::vector<std::pair<int64_t, int64_t>> written;  // (dst offset, length) of every run
   for (int index : PiecesOf(key)) {
     const Region stored = PieceRegion(manifest_.pieces(index));
     CKPT_ASSIGN_OR_RETURN(std::vector<CopyRun> runs, OverlapRuns(stored, region, shape));
@@ -223,7 +224,7 @@ absl::Status CheckpointReader::ReadRegion(const std::string& key, const Region& 
     for (const CopyRun& r : runs) {
       lo = std::min(lo, r.src_offset);
       hi = std::max(hi, r.src_offset + r.length);
-      covered += r.length;
+      written.emplace_back(r.dst_offset, r.length);
     }
     if (runs.size() == 1) {
       // One contiguous run: read straight into place.
@@ -238,15 +239,11 @@ absl::Status CheckpointReader::ReadRegion(const std::string& key, const Region& 
     reads.push_back({index, lo * es, hi * es, part.buf.get()});
     parts.push_back(std::move(part));
   }
-  if (covered != region.NumElements()) {
-    return covered < region.NumElements()
-               ? absl::NotFoundError(absl::StrCat(
-                     "tensor \"", key, "\" region ", region.DebugString(), ": only ", covered,
-                     " of ", region.NumElements(), " elements are stored in ", path_))
-               : absl::DataLossError(absl::StrCat("tensor \"", key, "\" region ",
-                                                  region.DebugString(),
-                                                  ": elements are stored by more than one piece"));
-  }
+  // Every element of `dest` must be written exactly once (Open validated the coverage of
+  // each tensor; this guards the buffer itself): never leave a hole of stale bytes.
+  CKPT_RETURN_IF_ERROR(RunTilingStatus(
+      FindRunTilingFault(std::move(written), region.NumElements()),
+      absl::StrCat("tensor \"", key, "\" region ", region.DebugString(), " in ", path_)));
   CKPT_RETURN_IF_ERROR(ReadPieces(reads));
   for (const Part& part : parts) CopyRuns(part.runs, es, part.buf.get(), dest);
   return absl::OkStatus();

@@ -66,7 +66,9 @@ class CheckpointReader {
 
   // Reads `region` of tensor `key` (row-major flattening of its box, narrowed to its flat
   // range) into `dest`, assembling it from every stored piece that overlaps it and reading
-  // only the byte spans needed. Every element must be stored; NotFound otherwise.
+  // only the byte spans needed. Every element of `dest` is written exactly once: a region
+  // element stored by no piece is NotFound, one stored twice DataLoss (Open already refuses
+  // checkpoints whose pieces do not tile each tensor; this guards the buffer itself).
   absl::Status ReadRegion(const std::string& key, const Region& region, void* dest) const;
 
  private:

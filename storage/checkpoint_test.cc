@@ -325,21 +325,78 @@ TEST(CheckpointTest, RanksWriteDataFilesSeparatelyThenOneCommits) {
             (std::vector<std::string>{"r0_0.safetensors", "r1_0.safetensors"}));
 }
 
-TEST(CheckpointTest, MissingElementsAreReportedNotZeroFilled) {
+TEST(CheckpointTest, PiecesThatDoNotTileATensorAreRefusedBeforeAnythingIsWritten) {
   const std::string dir = TestDir("coverage");
   TestTensor t("w", DType::kF32, {4, 4}, 3);
   Pieces pieces;
   CheckpointContents c;
   c.tensors = {t.spec};
   c.files = {{0, {pieces.Make(t, Box({0, 0}, {2, 4}))}}};
-  const std::string path = JoinPath(dir, "ckpt");
-  ASSERT_TRUE(WriteCheckpoint(path, c, WriteOptions{}).ok());
-  auto reader = CheckpointReader::Open(path);
-  ASSERT_TRUE(reader.ok());
-  std::string out(64, '\0');
-  absl::Status s = (*reader)->ReadRegion("w", WholeRegion({4, 4}), out.data());
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("only 8 of 16"));
+  auto hole = WriteCheckpoint(JoinPath(dir, "ckpt"), c, WriteOptions{});
+  EXPECT_EQ(hole.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(hole.status().message()),
+              HasSubstr("tensor \"w\" (4, 4): elements [8, 16) in row-major order are stored by "
+                        "no piece"));
+  // Rows 0:3 and 1:4: 24 elements for 16, [1:3] twice.
+  c.files = {{0, {pieces.Make(t, Box({0, 0}, {3, 4})), pieces.Make(t, Box({1, 0}, {3, 4}))}}};
+  auto overlap = WriteCheckpoint(JoinPath(dir, "ckpt"), c, WriteOptions{});
+  EXPECT_EQ(overlap.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(overlap.status().message()),
+              HasSubstr("element (1, 0) is stored by 2 pieces (an overlap): [0:3, 0:4] and "
+                        "[1:4, 0:4]"));
+  EXPECT_TRUE(ListDir(dir)->empty());
+}
+
+// A checkpoint whose checksums are all valid but whose pieces leave a hole or overlap (a piece
+// relabelled in the manifest and in its safetensors entry name, or a data file dropped from
+// the manifest) is refused by Open, naming the tensor and the region.
+TEST(CheckpointTest, OpenRefusesACheckpointWhosePiecesDoNotTileATensor) {
+  const std::string dir = TestDir("crafted");
+  TestTensor t("w", DType::kF32, {4, 3}, 5);
+  Pieces pieces;
+  CheckpointContents c;
+  c.tensors = {t.spec};
+  c.files = {{0, {pieces.Make(t, Box({0, 0}, {2, 3}))}},
+             {1, {pieces.Make(t, Box({2, 0}, {2, 3}))}}};
+  const std::string good = JoinPath(dir, "good");
+  auto m = WriteCheckpoint(good, c, WriteOptions{});
+  ASSERT_TRUE(m.ok()) << m.status();
+
+  // Relabel rows 2:4 as rows 1:3: same byte count, same bytes, valid checksums.
+  const std::string relabelled = JoinPath(dir, "relabelled");
+  ASSERT_EQ(std::system(("cp -r " + good + " " + relabelled).c_str()), 0);
+  pb::Manifest r = *m;
+  pb::StoredPiece* moved = r.mutable_pieces(1);
+  ASSERT_EQ(moved->entry_name(), "w|2:4,0:3");
+  moved->mutable_region()->set_offsets(0, 1);
+  moved->set_entry_name("w|1:3,0:3");
+  ASSERT_TRUE(WriteFileDurably(JoinPath(relabelled, "manifest.pb"), SerializeManifest(r)).ok());
+  const std::string data = JoinPath(relabelled, moved->file());
+  std::string bytes = *ReadWholeFile(data, 1 << 20);
+  const size_t at = bytes.find("w|2:4,0:3");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 9, "w|1:3,0:3");
+  ASSERT_TRUE(WriteFileDurably(data, bytes).ok());
+  auto overlap = CheckpointReader::Open(relabelled);
+  EXPECT_EQ(overlap.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(overlap.status().message()),
+              HasSubstr("tensor \"w\" (4, 3): element (1, 0) is stored by 2 pieces (an "
+                        "overlap): tensor \"w\" region [0:2, 0:3] in data/r0_0.safetensors and "
+                        "tensor \"w\" region [1:3, 0:3] in data/r1_0.safetensors"));
+
+  // Drop the second data file from the manifest (and the disk): a hole.
+  const std::string holed = JoinPath(dir, "holed");
+  ASSERT_EQ(std::system(("cp -r " + good + " " + holed).c_str()), 0);
+  pb::Manifest h = *m;
+  h.mutable_pieces()->RemoveLast();
+  h.mutable_files()->RemoveLast();
+  ASSERT_TRUE(WriteFileDurably(JoinPath(holed, "manifest.pb"), SerializeManifest(h)).ok());
+  ASSERT_EQ(std::remove(JoinPath(holed, "data/r1_0.safetensors").c_str()), 0);
+  auto hole = CheckpointReader::Open(holed);
+  EXPECT_EQ(hole.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(hole.status().message()),
+              HasSubstr("tensor \"w\" (4, 3): elements [6, 12) in row-major order are stored by "
+                        "no piece (a hole from (2, 0) to (3, 2))"));
 }
 
 TEST(CheckpointTest, BadPiecesAreRejectedBeforeAnythingIsCommitted) {

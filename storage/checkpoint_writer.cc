@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "storage/coverage.h"
 #include "storage/file_util.h"
 #include "storage/overwrite_guard.h"
 #include "storage/safetensors.h"
@@ -109,6 +110,30 @@ absl::StatusOr<std::string> SwapIn(const std::string& staging_dir, const std::st
   CKPT_RETURN_IF_ERROR(FsyncDir(parent));
   CKPT_RETURN_IF_ERROR(RenameNoReplace(staging_dir, final_path));
   return old_path;
+}
+
+// Before anything is written: the contents must store every element of every tensor exactly
+// once (the commit validates the manifest again; this fails early with InvalidArgument).
+// Pieces with invalid regions are left to WriteDataFiles, which names them.
+absl::Status CheckContentsCoverage(const CheckpointContents& contents) {
+  std::map<std::string, std::vector<Region>> regions;
+  for (const DataFilePlan& f : contents.files) {
+    for (const PieceData& p : f.pieces) regions[p.key].push_back(p.region);
+  }
+  for (const TensorSpec& t : contents.tensors) {
+    const std::vector<Region>& pieces = regions[t.key];
+    for (const Region& r : pieces) {
+      if (!ValidateRegion(r, t.shape).ok()) return absl::OkStatus();
+    }
+    absl::Status s = CheckExactCoverage(t.key, t.shape, pieces);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot write a checkpoint whose pieces do "
+                       "not store each element once: ",
+                       s.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -331,6 +356,7 @@ absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string&
 absl::StatusOr<pb::Manifest> WriteCheckpoint(const std::string& path,
                                              const CheckpointContents& contents,
                                              const WriteOptions& options) {
+  CKPT_RETURN_IF_ERROR(CheckContentsCoverage(contents));
   CKPT_ASSIGN_OR_RETURN(std::string staging, CreateStagingDir(path, options.overwrite));
   Step(options, CommitStep::kStagingCreated);
   auto written = WriteDataFiles(staging, contents.tensors, contents.files, 0, options);

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "storage/checksum.h"
+#include "storage/coverage.h"
 
 namespace ckpt {
 namespace {
@@ -72,6 +74,8 @@ absl::Status ValidateManifest(const pb::Manifest& m) {
   struct TensorInfo {
     DType dtype;
     std::vector<int64_t> shape;
+    std::vector<int> pieces;      // indices into m.pieces()
+    std::vector<Region> regions;  // their regions
   };
   std::map<std::string, TensorInfo> tensors;
   for (const pb::TensorMeta& t : m.tensors()) {
@@ -85,7 +89,7 @@ absl::Status ValidateManifest(const pb::Manifest& m) {
     if (!n.ok()) {
       return ManifestError(absl::StrCat("tensor \"", t.key(), "\": ", n.status().message()));
     }
-    if (!tensors.emplace(t.key(), TensorInfo{*dtype, std::move(shape)}).second) {
+    if (!tensors.emplace(t.key(), TensorInfo{*dtype, std::move(shape), {}, {}}).second) {
       return ManifestError(absl::StrCat("tensor \"", t.key(), "\" is listed twice"));
     }
   }
@@ -151,6 +155,8 @@ absl::Status ValidateManifest(const pb::Manifest& m) {
     }
     if (!piece_ids.insert(p.entry_name()).second) return err("is stored twice");
     ranges.emplace_back(p.file(), p.byte_offset(), p.byte_offset() + p.byte_length(), i);
+    t->second.pieces.push_back(i);
+    t->second.regions.push_back(region);
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) {
@@ -160,6 +166,19 @@ absl::Status ValidateManifest(const pb::Manifest& m) {
       return ManifestError(absl::StrCat("pieces ", pindex, " (", DescribePiece(m.pieces(pindex)),
                                         ") and ", index, " (", DescribePiece(m.pieces(index)),
                                         ") overlap in bytes"));
+    }
+  }
+  // Every tensor's pieces tile it exactly: each element stored once, none missing.
+  for (const auto& [key, info] : tensors) {
+    absl::StatusOr<std::optional<CoverageFault>> fault = FindCoverageFault(
+        info.shape, info.regions, CoverageTermBudget(static_cast<int64_t>(info.regions.size())));
+    if (!fault.ok()) {
+      return ManifestError(absl::StrCat("tensor \"", key, "\": ", fault.status().message()));
+    }
+    if (fault->has_value()) {
+      return ManifestError(DescribeCoverageFault(key, info.shape, **fault, [&](int p) {
+        return DescribePiece(m.pieces(info.pieces[p]));
+      }));
     }
   }
   return absl::OkStatus();

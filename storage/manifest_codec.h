@@ -41,7 +41,9 @@ absl::Status ValidateDataFileName(absl::string_view name);
 // dtypes and shapes; valid, unique data file names; every piece refers to a known tensor and
 // file, has a region valid for its tensor, a byte length equal to elements * dtype size, an
 // entry name equal to EncodeEntryName(key, region), lies inside its file's data section, has
-// the right number of block checksums; no duplicate pieces; no overlapping byte ranges.
+// the right number of block checksums; no duplicate pieces; no overlapping byte ranges; and
+// every tensor's pieces tile it exactly (storage/coverage.h: no element stored twice, none
+// missing), so every reader of a validated manifest can rely on exact coverage.
 absl::Status ValidateManifest(const pb::Manifest& manifest);
 
 // Parses (then validates) manifest bytes read from `path` (named in errors).

@@ -4,12 +4,14 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "sharding/overlap.h"
 #include "storage/checkpoint_reader.h"
+#include "storage/coverage.h"
 #include "storage/file_util.h"
 #include "storage/manifest_codec.h"
 
@@ -21,39 +23,26 @@ absl::StatusOr<std::vector<std::string>> CheckCoverage(const pb::Manifest& manif
   for (int i = 0; i < manifest.pieces_size(); ++i) by_key[manifest.pieces(i).key()].push_back(i);
   for (const pb::TensorMeta& t : manifest.tensors()) {
     const std::vector<int64_t> shape(t.global_shape().begin(), t.global_shape().end());
-    CKPT_ASSIGN_OR_RETURN(int64_t numel, CheckedNumElements(shape));
+    CKPT_RETURN_IF_ERROR(CheckedNumElements(shape).status());
+    const std::vector<int>& indices = by_key[t.key()];
     std::vector<Region> regions;
-    for (int i : by_key[t.key()]) regions.push_back(PieceRegion(manifest.pieces(i)));
-    // Sweep along dim 0 (0-d tensors: all pairs).
-    std::sort(regions.begin(), regions.end(), [](const Region& a, const Region& b) {
-      return a.offsets.empty() ? false : a.offsets[0] < b.offsets[0];
-    });
-    int64_t stored = 0;
-    bool overlap = false;
-    for (size_t i = 0; i < regions.size() && !overlap; ++i) {
-      const int64_t n = regions[i].NumElements();
-      stored = n > std::numeric_limits<int64_t>::max() - stored
-                   ? std::numeric_limits<int64_t>::max()
-                   : stored + n;
-      for (size_t j = i + 1; j < regions.size(); ++j) {
-        if (!shape.empty() &&
-            regions[j].offsets[0] >= regions[i].offsets[0] + regions[i].lengths[0]) {
-          break;
-        }
-        CKPT_ASSIGN_OR_RETURN(int64_t both, OverlapElements(regions[i], regions[j], shape));
-        if (both > 0) {
-          problems.push_back(
-              absl::StrCat("tensor \"", t.key(), "\": pieces ", regions[i].DebugString(), " and ",
-                           regions[j].DebugString(), " both store ", both, " elements"));
-          overlap = true;
-          break;
-        }
+    for (int i : indices) {
+      absl::StatusOr<Region> r = RegionFromProto(manifest.pieces(i).region());
+      absl::Status valid = r.ok() ? ValidateRegion(*r, shape) : r.status();
+      if (!valid.ok()) {
+        return absl::DataLossError(
+            absl::StrCat(DescribePiece(manifest.pieces(i)), ": ", valid.message()));
       }
+      regions.push_back(*std::move(r));
     }
-    if (!overlap && stored != numel) {
-      problems.push_back(absl::StrCat("tensor \"", t.key(), "\" ", ShapeString(shape), ": ", stored,
-                                      " of ", numel, " elements are stored (", numel - stored,
-                                      " missing)"));
+    absl::StatusOr<std::optional<CoverageFault>> fault =
+        FindCoverageFault(shape, regions, CoverageTermBudget(static_cast<int64_t>(regions.size())));
+    if (!fault.ok()) {
+      problems.push_back(absl::StrCat("tensor \"", t.key(), "\": ", fault.status().message()));
+    } else if (fault->has_value()) {
+      problems.push_back(DescribeCoverageFault(t.key(), shape, **fault, [&](int p) {
+        return DescribePiece(manifest.pieces(indices[p]));
+      }));
     }
   }
   return problems;

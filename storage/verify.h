@@ -22,9 +22,8 @@ struct VerifyReport {
   std::vector<std::string> problems;
 };
 
-// Coverage of one tensor by its pieces: problems (gaps, overlaps), empty when each element is
-// stored exactly once. Uses a sweep over the first dimension to compare only pieces whose
-// boxes can intersect.
+// Coverage of each tensor by its pieces (the exact check of storage/coverage.h): one problem
+// per tensor naming its first hole or overlap, empty when each element is stored exactly once.
 absl::StatusOr<std::vector<std::string>> CheckCoverage(const pb::Manifest& manifest);
 
 // Opens the checkpoint (errors for unopenable ones: missing, incomplete, invalid manifest or

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "storage/checkpoint_reader.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
+#include "storage/manifest_codec.h"
 
 namespace ckpt {
 namespace {
@@ -124,6 +126,49 @@ std::string MakeSharded(const std::string& dir, Sharded& s) {
   return path;
 }
 
+// Crafting checkpoints the writer refuses to produce, with every checksum still valid: data
+// file `name` dropped from the manifest (with its pieces) and from the disk.
+void DropDataFile(const std::string& path, const std::string& name) {
+  const std::string manifest_path = JoinPath(path, "manifest.pb");
+  pb::Manifest m = *ParseManifest(*ReadWholeFile(manifest_path, 1 << 26), manifest_path);
+  pb::Manifest out = m;
+  out.clear_pieces();
+  out.clear_files();
+  for (const auto& p : m.pieces()) {
+    if (p.file() != name) *out.add_pieces() = p;
+  }
+  for (const auto& f : m.files()) {
+    if (f.name() != name) *out.add_files() = f;
+  }
+  ASSERT_TRUE(WriteFileDurably(manifest_path, SerializeManifest(out)).ok());
+  ASSERT_EQ(std::remove(JoinPath(path, name).c_str()), 0);
+}
+
+// Pieces whose entry names start with `from` moved to first-dim offset `row`, renamed to
+// start with `to` (same length) in the manifest and in their safetensors headers.
+void RelabelRows(const std::string& path, const std::string& from, const std::string& to,
+                 int64_t row) {
+  ASSERT_EQ(from.size(), to.size());
+  const std::string manifest_path = JoinPath(path, "manifest.pb");
+  pb::Manifest m = *ParseManifest(*ReadWholeFile(manifest_path, 1 << 26), manifest_path);
+  std::set<std::string> files;
+  for (auto& p : *m.mutable_pieces()) {
+    if (p.entry_name().compare(0, from.size(), from) != 0) continue;
+    p.set_entry_name(to + p.entry_name().substr(from.size()));
+    p.mutable_region()->set_offsets(0, row);
+    files.insert(p.file());
+  }
+  ASSERT_FALSE(files.empty());
+  ASSERT_TRUE(WriteFileDurably(manifest_path, SerializeManifest(m)).ok());
+  for (const std::string& f : files) {
+    std::string bytes = *ReadWholeFile(JoinPath(path, f), 1 << 26);
+    for (size_t at = bytes.find(from); at != std::string::npos; at = bytes.find(from, at)) {
+      bytes.replace(at, from.size(), to);
+    }
+    ASSERT_TRUE(WriteFileDurably(JoinPath(path, f), bytes).ok());
+  }
+}
+
 TEST(CkptctlStorageTest, InspectShowsTensorsPiecesAndMetadata) {
   const std::string dir = TestDir("inspect");
   Sharded s;
@@ -193,24 +238,26 @@ TEST(CkptctlStorageTest, VerifyPassesAndCatchesCorruptionAndGaps) {
   EXPECT_THAT(bad.err, HasSubstr("checksum mismatch"));
   EXPECT_THAT(bad.err, HasSubstr("entry \"b|0:6\""));
 
-  // A checkpoint missing the bottom half of "w".
-  CheckpointContents c = s.Contents();
-  c.files.pop_back();
+  // A checkpoint missing the bottom half of "w" and all of "b" (their data file dropped from
+  // the manifest; the writer refuses to produce one).
   const std::string gap = JoinPath(dir, "gap");
-  ASSERT_TRUE(WriteCheckpoint(gap, c, WriteOptions{}).ok());
+  ASSERT_TRUE(WriteCheckpoint(gap, s.Contents(), WriteOptions{}).ok());
+  DropDataFile(gap, "data/r1_0.safetensors");
   Result g = Ckptctl("verify " + gap);
   EXPECT_EQ(g.code, 1);
-  EXPECT_THAT(g.err, HasSubstr("tensor \"w\" (8, 6): 24 of 48 elements are stored"));
-  EXPECT_THAT(g.err, HasSubstr("tensor \"b\""));
+  EXPECT_THAT(g.err, HasSubstr("tensor \"b\" (6,): elements [0, 6) in row-major order are "
+                               "stored by no piece"));
 
-  // Overlapping pieces.
-  CheckpointContents o = s.Contents();
-  o.files[0].pieces.push_back({"w", Region{{3, 0}, {2, 6}, std::nullopt}, s.w.data(), 48});
+  // Overlapping pieces: the flat pieces of rows 4:8 relabelled rows 3:7 (checksums valid).
   const std::string overlap = JoinPath(dir, "overlap");
-  ASSERT_TRUE(WriteCheckpoint(overlap, o, WriteOptions{}).ok());
+  ASSERT_TRUE(WriteCheckpoint(overlap, s.Contents(), WriteOptions{}).ok());
+  RelabelRows(overlap, "w|4:8,0:6", "w|3:7,0:6", 3);
   Result ov = Ckptctl("verify " + overlap);
   EXPECT_EQ(ov.code, 1);
-  EXPECT_THAT(ov.err, HasSubstr("both store"));
+  EXPECT_THAT(ov.err, HasSubstr("tensor \"w\" (8, 6): element (3, 0) is stored by 2 pieces (an "
+                                "overlap): tensor \"w\" region [0:4, 0:6] in "
+                                "data/r0_0.safetensors and tensor \"w\" region [3:7, 0:6] "
+                                "flat[0:10) in data/r1_0.safetensors"));
 
   // A stray file in data/.
   ASSERT_TRUE(WriteFileDurably(JoinPath(path, "data/stray.safetensors"), "x").ok());
@@ -414,14 +461,15 @@ TEST(CkptctlStorageTest, ExportConsolidatesShardsAndSplitsWithAnIndex) {
   EXPECT_THAT(too_small.err, HasSubstr("give a directory"));
   EXPECT_EQ(Ckptctl("export " + path + " " + JoinPath(dir, "y") + " --max-file-size lots").code, 2);
 
-  // A checkpoint with a gap cannot be exported: the error names the tensor.
-  CheckpointContents c = s.Contents();
-  c.files.erase(c.files.begin());
+  // A checkpoint with a gap cannot be exported: the error names the tensor and the hole.
   const std::string gap = JoinPath(dir, "gap");
-  ASSERT_TRUE(WriteCheckpoint(gap, c, WriteOptions{}).ok());
+  ASSERT_TRUE(WriteCheckpoint(gap, s.Contents(), WriteOptions{}).ok());
+  DropDataFile(gap, "data/r0_0.safetensors");
   Result g = Ckptctl("export " + gap + " " + JoinPath(dir, "g.safetensors"));
   EXPECT_EQ(g.code, 1);
-  EXPECT_THAT(g.err, HasSubstr("tensor \"w\""));
+  EXPECT_THAT(g.err, HasSubstr("tensor \"w\" (8, 6): elements [0, 24) in row-major order are "
+                               "stored by no piece"));
+  EXPECT_FALSE(PathExists(JoinPath(dir, "g.safetensors")));
 }
 
 }  // namespace

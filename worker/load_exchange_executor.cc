@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "exchange/communicator_factory.h"
 #include "exchange/exchange.h"
 #include "exchange/grpc_store.h"
@@ -15,6 +16,7 @@
 #include "proto/convert.h"
 #include "sharding/overlap.h"
 #include "storage/checkpoint_reader.h"
+#include "storage/coverage.h"
 
 namespace ckpt::worker {
 namespace {
@@ -60,6 +62,52 @@ ShardSpec NeededPart(const ShardSpec& unit, const Request& request, bool narrow)
     return s;
   }
   return unit;
+}
+
+// Before anything is read, exchanged or scattered: the plan's deliveries to this rank's
+// requests must write every element of each request exactly once, so the trainer's memory is
+// never left with a hole of stale bytes (the coordinator planned them so, from a checkpoint
+// whose pieces tile each tensor; this guards against a plan or checkpoint that does not).
+absl::Status CheckDeliveriesTileRequests(const pb::LoadPlanPart& part, const pb::Manifest& manifest,
+                                         const std::vector<Request>& requests, int me,
+                                         const std::string& who) {
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> written(requests.size());
+  for (const pb::LoadWaveEntry& wave : part.waves()) {
+    for (const pb::LoadDeliveryEntry& e : wave.deliveries()) {
+      if (e.dst_rank() != me) continue;
+      const pb::LoadUnitEntry* u =
+          e.unit() >= 0 && e.unit() < wave.units_size() ? &wave.units(e.unit()) : nullptr;
+      if (u == nullptr || e.request() < 0 || e.request() >= static_cast<int>(requests.size()) ||
+          u->piece() < 0 || u->piece() >= manifest.pieces_size()) {
+        return absl::InvalidArgumentError(absl::StrCat(who, ": inconsistent delivery in the plan"));
+      }
+      absl::StatusOr<Region> unit = RegionFromProto(manifest.pieces(u->piece()).region());
+      if (!unit.ok()) return unit.status();
+      const int64_t n = unit->NumElements();
+      if (u->first_element() < 0 || u->num_elements() <= 0 ||
+          u->first_element() + u->num_elements() > n) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(who, ": a unit of the plan reads elements outside its piece"));
+      }
+      if (u->first_element() != 0 || u->num_elements() != n) {
+        const int64_t base = unit->flat.has_value() ? unit->flat->start : 0;
+        unit->flat =
+            FlatRange{base + u->first_element(), base + u->first_element() + u->num_elements()};
+      }
+      const Request& q = requests[e.request()];
+      absl::StatusOr<std::vector<CopyRun>> runs = OverlapRuns(*unit, q.region, q.shape);
+      if (!runs.ok()) return runs.status();
+      for (const CopyRun& r : *runs) written[e.request()].emplace_back(r.dst_offset, r.length);
+    }
+  }
+  for (size_t q = 0; q < requests.size(); ++q) {
+    if (requests[q].rank != me) continue;
+    absl::Status s = RunTilingStatus(
+        FindRunTilingFault(std::move(written[q]), requests[q].region.NumElements()),
+        absl::StrCat("tensor ", requests[q].key, " ", requests[q].region.DebugString()));
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(who, ": the load plan: ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -132,6 +180,8 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
     }
     requests.push_back(std::move(q));
   }
+
+  CKPT_RETURN_IF_ERROR(CheckDeliveriesTileRequests(part, manifest, requests, me, who));
 
   // The operation's communicator.
   GrpcStore store(context.rendezvous_address);
