@@ -18,7 +18,7 @@ namespace {
 
 constexpr char kManifestName[] = "manifest.pb";
 
-absl::Status CheckDataFile(const std::string& dir, const pb::Manifest& m,
+absl::Status CheckDataFile(const std::string& dir, const ManifestIndex& index,
                            const pb::DataFile& file) {
   const std::string path = JoinPath(dir, file.name());
   CKPT_ASSIGN_OR_RETURN(int64_t size, FileSize(path));
@@ -31,7 +31,7 @@ absl::Status CheckDataFile(const std::string& dir, const pb::Manifest& m,
   CKPT_ASSIGN_OR_RETURN(uint64_t header_len, ParseSafetensorsPrefix(prefix, size, path));
   CKPT_ASSIGN_OR_RETURN(std::string json, ReadFileRange(path, 8, static_cast<int64_t>(header_len)));
   CKPT_ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(json, size, path));
-  return CheckHeaderAgainstManifest(m, file, header);
+  return CheckHeaderAgainstManifest(index, file, header);
 }
 
 }  // namespace
@@ -101,16 +101,27 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   const std::string manifest_path = JoinPath(path, kManifestName);
   CKPT_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(manifest_path, kMaxManifestBytes));
   CKPT_ASSIGN_OR_RETURN(r->manifest_, ParseManifest(bytes, manifest_path));
+  const ManifestIndex index(r->manifest_);
   for (const pb::DataFile& f : r->manifest_.files()) {
-    CKPT_RETURN_IF_ERROR(CheckDataFile(path, r->manifest_, f));
+    CKPT_RETURN_IF_ERROR(CheckDataFile(path, index, f));
   }
-  for (int i = 0; i < r->manifest_.tensors_size(); ++i) {
-    r->tensor_index_[r->manifest_.tensors(i).key()] = i;
-  }
-  for (int i = 0; i < r->manifest_.pieces_size(); ++i) {
-    r->pieces_by_key_[r->manifest_.pieces(i).key()].push_back(i);
-  }
+  r->IndexPieces(index);
   return r;
+}
+
+void CheckpointReader::IndexPieces(const ManifestIndex& index) {
+  const int num_tensors = manifest_.tensors_size();
+  tensor_index_.reserve(num_tensors);
+  for (int i = 0; i < num_tensors; ++i) tensor_index_[manifest_.tensors(i).key()] = i;
+  // A counting sort of the pieces by tensor, keeping manifest order within each tensor.
+  piece_start_.assign(num_tensors + 1, 0);
+  for (int i = 0; i < manifest_.pieces_size(); ++i) ++piece_start_[index.TensorOfPiece(i) + 1];
+  for (int t = 0; t < num_tensors; ++t) piece_start_[t + 1] += piece_start_[t];
+  pieces_by_tensor_.resize(manifest_.pieces_size());
+  std::vector<int> next(piece_start_.begin(), piece_start_.end() - 1);
+  for (int i = 0; i < manifest_.pieces_size(); ++i) {
+    pieces_by_tensor_[next[index.TensorOfPiece(i)]++] = i;
+  }
 }
 
 const pb::TensorMeta* CheckpointReader::FindTensor(const std::string& key) const {
@@ -119,8 +130,10 @@ const pb::TensorMeta* CheckpointReader::FindTensor(const std::string& key) const
 }
 
 std::vector<int> CheckpointReader::PiecesOf(const std::string& key) const {
-  auto it = pieces_by_key_.find(key);
-  return it == pieces_by_key_.end() ? std::vector<int>{} : it->second;
+  auto it = tensor_index_.find(key);
+  if (it == tensor_index_.end()) return {};
+  return std::vector<int>(pieces_by_tensor_.begin() + piece_start_[it->second],
+                          pieces_by_tensor_.begin() + piece_start_[it->second + 1]);
 }
 
 absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads) const {
@@ -152,7 +165,9 @@ absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, b
     }
     RangeRead rr;
     rr.path = JoinPath(path_, p.file());
-    rr.label = absl::StrCat(DescribePiece(p), ", entry \"", p.entry_name(), "\"");
+    // The entry name says the key and region (formatting DescribePiece per read would cost
+    // more than a small read).
+    rr.label = absl::StrCat("tensor \"", p.key(), "\", entry \"", p.entry_name(), "\"");
     int64_t b = pr.begin, e = pr.end;
     if (!verify) {
       if (b == e) continue;
@@ -199,53 +214,66 @@ absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, b
 
 absl::Status CheckpointReader::ReadRegion(const std::string& key, const Region& region,
                                           void* dest) const {
-  const pb::TensorMeta* t = FindTensor(key);
-  if (t == nullptr) return absl::NotFoundError(absl::StrCat("no tensor \"", key, "\" in ", path_));
-  CKPT_ASSIGN_OR_RETURN(DType dtype, DTypeFromProto(t->dtype()));
-  const int64_t es = DTypeSize(dtype);
-  const std::vector<int64_t> shape(t->global_shape().begin(), t->global_shape().end());
-  absl::Status valid = ValidateRegion(region, shape);
-  if (!valid.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor \"", key, "\" region ", region.DebugString(), ": ", valid.message()));
-  }
+  return ReadRegions({RegionRead{key, region, dest}});
+}
+
+absl::Status CheckpointReader::ReadRegions(absl::Span<const RegionRead> regions) const {
+  // A part of a stored piece that lands in its destination in several runs: read into `buf`,
+  // then copied out.
   struct Part {
     std::vector<CopyRun> runs;
     std::unique_ptr<char[]> buf;
+    int64_t elem_size = 0;
+    void* dest = nullptr;
   };
   std::vector<Part> parts;
   std::vector<PieceRead> reads;
-  std::vector<std::pair<int64_t, int64_t>> written;  // (dst offset, length) of every run
-  for (int index : PiecesOf(key)) {
-    const Region stored = PieceRegion(manifest_.pieces(index));
-    CKPT_ASSIGN_OR_RETURN(std::vector<CopyRun> runs, OverlapRuns(stored, region, shape));
-    if (runs.empty()) continue;
-    int64_t lo = runs.front().src_offset, hi = 0;
-    for (const CopyRun& r : runs) {
-      lo = std::min(lo, r.src_offset);
-      hi = std::max(hi, r.src_offset + r.length);
-      written.emplace_back(r.dst_offset, r.length);
+  for (const RegionRead& rr : regions) {
+    const pb::TensorMeta* t = FindTensor(rr.key);
+    if (t == nullptr) {
+      return absl::NotFoundError(absl::StrCat("no tensor \"", rr.key, "\" in ", path_));
     }
-    if (runs.size() == 1) {
-      // One contiguous run: read straight into place.
-      reads.push_back(
-          {index, lo * es, hi * es, static_cast<char*>(dest) + runs[0].dst_offset * es});
-      continue;
+    CKPT_ASSIGN_OR_RETURN(DType dtype, DTypeFromProto(t->dtype()));
+    const int64_t es = DTypeSize(dtype);
+    const std::vector<int64_t> shape(t->global_shape().begin(), t->global_shape().end());
+    absl::Status valid = ValidateRegion(rr.region, shape);
+    if (!valid.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", rr.key, "\" region ", rr.region.DebugString(), ": ", valid.message()));
     }
-    Part part;
-    for (CopyRun& r : runs) r.src_offset -= lo;
-    part.runs = std::move(runs);
-    part.buf.reset(new char[std::max<int64_t>(1, (hi - lo) * es)]);
-    reads.push_back({index, lo * es, hi * es, part.buf.get()});
-    parts.push_back(std::move(part));
+    std::vector<std::pair<int64_t, int64_t>> written;  // (dst offset, length) of every run
+    for (int index : PiecesOf(rr.key)) {
+      const Region stored = PieceRegion(manifest_.pieces(index));
+      CKPT_ASSIGN_OR_RETURN(std::vector<CopyRun> runs, OverlapRuns(stored, rr.region, shape));
+      if (runs.empty()) continue;
+      int64_t lo = runs.front().src_offset, hi = 0;
+      for (const CopyRun& r : runs) {
+        lo = std::min(lo, r.src_offset);
+        hi = std::max(hi, r.src_offset + r.length);
+        written.emplace_back(r.dst_offset, r.length);
+      }
+      char* dest = static_cast<char*>(rr.dest);
+      if (runs.size() == 1) {  // one contiguous run: read straight into place
+        reads.push_back({index, lo * es, hi * es, dest + runs[0].dst_offset * es});
+        continue;
+      }
+      Part part;
+      for (CopyRun& r : runs) r.src_offset -= lo;
+      part.runs = std::move(runs);
+      part.buf.reset(new char[std::max<int64_t>(1, (hi - lo) * es)]);
+      part.elem_size = es;
+      part.dest = dest;
+      reads.push_back({index, lo * es, hi * es, part.buf.get()});
+      parts.push_back(std::move(part));
+    }
+    // Every element of the destination is written exactly once (Open validated the coverage
+    // of each tensor; this guards the buffer itself): never a hole of stale bytes.
+    CKPT_RETURN_IF_ERROR(RunTilingStatus(
+        FindRunTilingFault(std::move(written), rr.region.NumElements()),
+        absl::StrCat("tensor \"", rr.key, "\" region ", rr.region.DebugString(), " in ", path_)));
   }
-  // Every element of `dest` must be written exactly once (Open validated the coverage of
-  // each tensor; this guards the buffer itself): never leave a hole of stale bytes.
-  CKPT_RETURN_IF_ERROR(RunTilingStatus(
-      FindRunTilingFault(std::move(written), region.NumElements()),
-      absl::StrCat("tensor \"", key, "\" region ", region.DebugString(), " in ", path_)));
   CKPT_RETURN_IF_ERROR(ReadPieces(reads));
-  for (const Part& part : parts) CopyRuns(part.runs, es, part.buf.get(), dest);
+  for (const Part& part : parts) CopyRuns(part.runs, part.elem_size, part.buf.get(), part.dest);
   return absl::OkStatus();
 }
 

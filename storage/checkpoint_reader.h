@@ -10,10 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "proto/manifest.pb.h"
 #include "sharding/region.h"
 #include "storage/io_engine.h"
+#include "storage/manifest_codec.h"
 
 namespace ckpt {
 
@@ -71,13 +74,28 @@ class CheckpointReader {
   // checkpoints whose pieces do not tile each tensor; this guards the buffer itself).
   absl::Status ReadRegion(const std::string& key, const Region& region, void* dest) const;
 
+  // One region to read with ReadRegions.
+  struct RegionRead {
+    std::string key;
+    Region region;
+    void* dest = nullptr;
+  };
+  // ReadRegion for several regions at once, with all their reads in one parallel batch (for
+  // many small tensors one call per tensor would cost more than the reads).
+  absl::Status ReadRegions(absl::Span<const RegionRead> regions) const;
+
  private:
   CheckpointReader() = default;
+  // Builds tensor_index_ and the pieces grouped by tensor from a validated manifest_.
+  void IndexPieces(const ManifestIndex& index);
   std::string path_;
   pb::Manifest manifest_;
   ReaderOptions options_;
-  std::map<std::string, int> tensor_index_;
-  std::map<std::string, std::vector<int>> pieces_by_key_;
+  // Key (viewing manifest_'s strings) -> tensor index.
+  absl::flat_hash_map<absl::string_view, int> tensor_index_;
+  // Piece indices grouped by tensor: tensor t's are [piece_start_[t], piece_start_[t + 1]).
+  std::vector<int> pieces_by_tensor_;
+  std::vector<int> piece_start_;
 };
 
 }  // namespace ckpt

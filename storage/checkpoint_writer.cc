@@ -10,6 +10,7 @@
 #include <chrono>
 #include <set>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "storage/coverage.h"
@@ -116,12 +117,12 @@ absl::StatusOr<std::string> SwapIn(const std::string& staging_dir, const std::st
 // once (the commit validates the manifest again; this fails early with InvalidArgument).
 // Pieces with invalid regions are left to WriteDataFiles, which names them.
 absl::Status CheckContentsCoverage(const CheckpointContents& contents) {
-  std::map<std::string, std::vector<Region>> regions;
+  absl::flat_hash_map<absl::string_view, std::vector<Region>> regions;
   for (const DataFilePlan& f : contents.files) {
     for (const PieceData& p : f.pieces) regions[p.key].push_back(p.region);
   }
   for (const TensorSpec& t : contents.tensors) {
-    const std::vector<Region>& pieces = regions[t.key];
+    const std::vector<Region>& pieces = regions[absl::string_view(t.key)];
     for (const Region& r : pieces) {
       if (!ValidateRegion(r, t.shape).ok()) return absl::OkStatus();
     }
@@ -197,7 +198,8 @@ absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
                                            const std::vector<TensorSpec>& tensors,
                                            const std::vector<DataFilePlan>& files, int first_index,
                                            const WriteOptions& options) {
-  std::map<std::string, const TensorSpec*> by_key;
+  absl::flat_hash_map<absl::string_view, const TensorSpec*> by_key;
+  by_key.reserve(tensors.size());
   for (const TensorSpec& t : tensors) by_key.emplace(t.key, &t);
   std::map<int, int> next_index;
   std::vector<std::string> headers(files.size());

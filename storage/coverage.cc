@@ -191,6 +191,10 @@ absl::StatusOr<std::optional<CoverageFault>> FindCoverageFault(absl::Span<const 
   absl::StatusOr<int64_t> numel = CheckedNumElements(shape);
   if (!numel.ok()) return numel.status();
   if (*numel == 0) return std::optional<CoverageFault>();  // nothing to store
+  // The common case of one piece holding the whole tensor.
+  if (pieces.size() == 1 && pieces[0].NumElements() == *numel) {
+    return std::optional<CoverageFault>();
+  }
   const Squeezed sq = Squeeze(shape);
   std::vector<std::vector<Box>> boxes(pieces.size());
   int64_t terms = 1;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <set>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -31,6 +32,8 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr char kIndexName[] = "model.safetensors.index.json";
+// Most pieces an imported data file holds (a source file with more is split).
+constexpr size_t kMaxEntriesPerDataFile = 65536;
 
 absl::StatusOr<SafetensorsHeader> ReadHeader(const std::string& path) {
   CKPT_ASSIGN_OR_RETURN(int64_t size, FileSize(path));
@@ -143,21 +146,32 @@ absl::Status WriteAtomically(const std::string& path,
   return FsyncDir(ParentDir(path));
 }
 
-// Writes one safetensors file atomically, holding one entry in memory at a time:
-// `fill(i, buf)` produces entry i's bytes.
+// Entries an export fills at once: consecutive ones up to this many bytes (or one larger
+// entry), so many small tensors cost one batch of reads rather than one each.
+constexpr int64_t kExportBatchBytes = int64_t{64} << 20;
+
+// Writes one safetensors file atomically, holding at most one batch of entries in memory:
+// `fill(first, last, buf)` produces entries [first, last) back to back (they are contiguous
+// in the file).
 absl::Status WriteSafetensorsFile(const std::string& path,
                                   const std::vector<SafetensorsEntry>& entries,
                                   const std::map<std::string, std::string>& metadata,
-                                  const std::function<absl::Status(size_t, char*)>& fill) {
+                                  const std::function<absl::Status(size_t, size_t, char*)>& fill) {
   CKPT_ASSIGN_OR_RETURN(std::string header, EncodeSafetensorsHeader(entries, metadata));
   return WriteAtomically(path, [&](int fd, const std::string& tmp) -> absl::Status {
     CKPT_RETURN_IF_ERROR(PwriteAll(fd, header.data(), static_cast<int64_t>(header.size()), 0, tmp));
     const int64_t data_start = static_cast<int64_t>(header.size());
-    for (size_t i = 0; i < entries.size(); ++i) {
-      const int64_t n = entries[i].end - entries[i].begin;
+    for (size_t first = 0; first < entries.size();) {
+      size_t last = first + 1;
+      while (last < entries.size() &&
+             entries[last].end - entries[first].begin <= kExportBatchBytes) {
+        ++last;
+      }
+      const int64_t n = entries[last - 1].end - entries[first].begin;
       std::unique_ptr<char[]> buf(new char[std::max<int64_t>(1, n)]);
-      CKPT_RETURN_IF_ERROR(fill(i, buf.get()));
-      CKPT_RETURN_IF_ERROR(PwriteAll(fd, buf.get(), n, data_start + entries[i].begin, tmp));
+      CKPT_RETURN_IF_ERROR(fill(first, last, buf.get()));
+      CKPT_RETURN_IF_ERROR(PwriteAll(fd, buf.get(), n, data_start + entries[first].begin, tmp));
+      first = last;
     }
     return absl::OkStatus();
   });
@@ -252,22 +266,21 @@ absl::StatusOr<pb::Manifest> ImportSafetensors(const std::string& source, const 
                                                const WriteOptions& options) {
   CKPT_ASSIGN_OR_RETURN(std::vector<std::string> files, ResolveImportSource(source));
   // Headers first: all tensors must be known (and unique) before anything is written.
-  std::vector<SafetensorsHeader> headers;
+  std::vector<SafetensorsHeader> headers(files.size());
   std::vector<TensorSpec> tensors;
-  std::map<std::string, std::string> owner;
+  absl::flat_hash_map<absl::string_view, size_t> owner;  // key (viewing headers) -> file index
   CheckpointContents info;
-  for (const std::string& f : files) {
-    CKPT_ASSIGN_OR_RETURN(SafetensorsHeader h, ReadHeader(f));
-    for (const SafetensorsEntry& e : h.entries) {
+  for (size_t f = 0; f < files.size(); ++f) {
+    CKPT_ASSIGN_OR_RETURN(headers[f], ReadHeader(files[f]));
+    for (const SafetensorsEntry& e : headers[f].entries) {
       auto [it, fresh] = owner.emplace(e.name, f);
       if (!fresh) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tensor \"", e.name, "\" is in both ", it->second, " and ", f));
+        return absl::InvalidArgumentError(absl::StrCat("tensor \"", e.name, "\" is in both ",
+                                                       files[it->second], " and ", files[f]));
       }
       tensors.push_back({e.name, e.dtype, e.shape});
     }
-    for (const auto& [k, v] : h.metadata) info.user_metadata.emplace(k, v);
-    headers.push_back(std::move(h));
+    for (const auto& [k, v] : headers[f].metadata) info.user_metadata.emplace(k, v);
   }
   info.user_metadata["imported_from"] = source;
   std::sort(tensors.begin(), tensors.end(),
@@ -276,7 +289,9 @@ absl::StatusOr<pb::Manifest> ImportSafetensors(const std::string& source, const 
   CKPT_ASSIGN_OR_RETURN(std::string staging, CreateStagingDir(ckpt, options.overwrite));
   WrittenData all;
   absl::Status s;
-  // One source file at a time, so memory holds one file's data.
+  int next_file = 0;
+  // One source file at a time, so memory holds one file's data; its entries go into data
+  // files of at most kMaxEntriesPerDataFile pieces, so every header stays small.
   for (size_t i = 0; i < files.size() && s.ok(); ++i) {
     const SafetensorsHeader& h = headers[i];
     std::unique_ptr<char[]> data(new char[std::max<int64_t>(1, h.data_bytes)]);
@@ -284,11 +299,17 @@ absl::StatusOr<pb::Manifest> ImportSafetensors(const std::string& source, const 
     s = ReadRanges({{files[i], h.data_start, h.data_bytes, data.get(), false, 0, {}, files[i]}},
                    io);
     if (!s.ok()) break;
-    DataFilePlan plan;
+    std::vector<DataFilePlan> plans;
     for (const SafetensorsEntry& e : h.entries) {
-      plan.pieces.push_back({e.name, WholeRegion(e.shape), data.get() + e.begin, e.end - e.begin});
+      if (plans.empty() || plans.back().pieces.size() == kMaxEntriesPerDataFile) {
+        plans.emplace_back();
+      }
+      plans.back().pieces.push_back(
+          {e.name, WholeRegion(e.shape), data.get() + e.begin, e.end - e.begin});
     }
-    auto written = WriteDataFiles(staging, tensors, {plan}, static_cast<int>(i), options);
+    if (plans.empty()) plans.emplace_back();  // an empty source file: an empty data file
+    auto written = WriteDataFiles(staging, tensors, plans, next_file, options);
+    next_file += static_cast<int>(plans.size());
     if (!written.ok()) {
       s = written.status();
       break;
@@ -419,10 +440,15 @@ absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckp
       weight_map[it.key] = BaseName(paths[g]);
     }
     total += pos;
-    CKPT_RETURN_IF_ERROR(
-        WriteSafetensorsFile(paths[g], entries, metadata, [&](size_t e, char* buf) {
-          const ExportItem& it = items[groups[g][e]];
-          return reader->ReadRegion(it.key, WholeRegion(it.shape), buf);
+    CKPT_RETURN_IF_ERROR(WriteSafetensorsFile(
+        paths[g], entries, metadata, [&](size_t first, size_t last, char* buf) {
+          std::vector<CheckpointReader::RegionRead> batch;
+          for (size_t e = first; e < last; ++e) {
+            const ExportItem& it = items[groups[g][e]];
+            batch.push_back(
+                {it.key, WholeRegion(it.shape), buf + (entries[e].begin - entries[first].begin)});
+          }
+          return reader->ReadRegions(batch);
         }));
   }
   if (groups.size() > 1) {

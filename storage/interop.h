@@ -19,7 +19,8 @@ namespace ckpt {
 absl::StatusOr<std::vector<std::string>> ResolveImportSource(const std::string& source);
 
 // Imports the source as a checkpoint at `ckpt` (each tensor whole, one data file per source
-// file), with the commit protocol. Keys appearing in two files are an error.
+// file, or several of at most 65,536 tensors each for a bigger one), with the commit
+// protocol. Keys appearing in two files are an error.
 absl::StatusOr<pb::Manifest> ImportSafetensors(const std::string& source, const std::string& ckpt,
                                                const WriteOptions& options);
 
@@ -38,7 +39,8 @@ struct ExportOptions {
 // Consolidates every tensor of `ckpt` into full, unsharded tensors. `out` ending in
 // ".safetensors" is a single file (an error if the data must be split); otherwise `out` is a
 // directory receiving model.safetensors, or model-0000i-of-0000n.safetensors plus
-// model.safetensors.index.json when split. Holds one full tensor in memory at a time; each
+// model.safetensors.index.json when split. Holds at most 64 MiB of consecutive tensors (or
+// one larger tensor) in memory at a time, read as one batch; each
 // file is written under a fresh hidden temporary name, fsynced and renamed. Without
 // overwrite, an existing output file (or any export-named file in the directory) is
 // AlreadyExists. Returns the files written.

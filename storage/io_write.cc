@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -43,19 +44,16 @@ class FileWriter {
     int64_t fill = 0;
     for (size_t si = 0; si < fw_.segments.size(); ++si) {
       const WriteSegment& seg = fw_.segments[si];
-      std::unique_ptr<StreamingChecksum> cs;
-      if (seg.checksum) cs = std::make_unique<StreamingChecksum>(seg.block_bytes);
+      std::optional<StreamingChecksum> cs;
+      if (seg.checksum) cs.emplace(seg.block_bytes);
       const char* src = static_cast<const char*>(seg.data);
+      if (!direct_) {
+        CKPT_RETURN_IF_ERROR(WriteBuffered(src, seg.size, cs ? &*cs : nullptr, &pos));
+        if (cs) out->checksums[si] = SegmentChecksum{cs->Whole(), cs->Blocks()};
+        continue;
+      }
       int64_t done = 0;
       while (done < seg.size) {
-        if (!direct_) {
-          const int64_t n = std::min(buffer_bytes_, seg.size - done);
-          if (cs) cs->Update(src + done, n);
-          CKPT_RETURN_IF_ERROR(Submit(const_cast<char*>(src) + done, n, pos, nullptr));
-          pos += n;
-          done += n;
-          continue;
-        }
         // Zero copy: aligned source at an aligned file position goes straight to the device
         // (flushing a staging buffer that ends on a block boundary first).
         const char* s = src + done;
@@ -93,6 +91,7 @@ class FileWriter {
       }
       if (cs) out->checksums[si] = SegmentChecksum{cs->Whole(), cs->Blocks()};
     }
+    CKPT_RETURN_IF_ERROR(FlushGathered(&pos));
     int64_t size = pos;
     if (buf != nullptr) {
       const int64_t padded = RoundUp(fill, kAlign);
@@ -111,6 +110,40 @@ class FileWriter {
   }
 
  private:
+  // Buffered (not O_DIRECT) writes straight from the segment's memory, except that small
+  // segments are gathered into one write: a file of a million tiny pieces is then a few
+  // hundred writes, not a million.
+  absl::Status WriteBuffered(const char* src, int64_t size, StreamingChecksum* cs, int64_t* pos) {
+    if (size < kGatherBelow) {
+      if (cs != nullptr) cs->Update(src, size);
+      if (gathered_ + size > kGatherBytes) CKPT_RETURN_IF_ERROR(FlushGathered(pos));
+      if (gather_ == nullptr) gather_.reset(new char[kGatherBytes]);
+      std::memcpy(gather_.get() + gathered_, src, size);
+      gathered_ += size;
+      return absl::OkStatus();
+    }
+    CKPT_RETURN_IF_ERROR(FlushGathered(pos));
+    for (int64_t done = 0; done < size;) {
+      const int64_t n = std::min(buffer_bytes_, size - done);
+      if (cs != nullptr) cs->Update(src + done, n);  // hashing overlaps the previous write
+      CKPT_RETURN_IF_ERROR(Submit(const_cast<char*>(src) + done, n, *pos, nullptr));
+      *pos += n;
+      done += n;
+    }
+    return absl::OkStatus();
+  }
+
+  // Writes the gathered small segments at *pos and waits for the kernel, so the gather buffer
+  // can be refilled.
+  absl::Status FlushGathered(int64_t* pos) {
+    if (gathered_ == 0) return absl::OkStatus();
+    CKPT_RETURN_IF_ERROR(Submit(gather_.get(), gathered_, *pos, nullptr));
+    *pos += gathered_;
+    gathered_ = 0;
+    while (lane_.queue().inflight() > 0) CKPT_RETURN_IF_ERROR(ReapOne());
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<char*> GetBuffer() {
     while (true) {
       if (char* b = lane_.TryBuffer()) return b;
@@ -158,6 +191,11 @@ class FileWriter {
   int64_t buffer_bytes_;
   std::map<IoOp*, char*> owned_;
   char* buf_ = nullptr;  // staging buffer being filled (direct only)
+  // Buffered mode: segments below kGatherBelow bytes are copied here and written together.
+  static constexpr int64_t kGatherBelow = int64_t{64} << 10;
+  static constexpr int64_t kGatherBytes = int64_t{1} << 20;
+  std::unique_ptr<char[]> gather_;
+  int64_t gathered_ = 0;
 };
 
 absl::Status WriteOne(Lane& lane, const FileWrite& fw, const IoOptions& o, IoStats* stats,

@@ -9,6 +9,8 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -65,99 +67,113 @@ std::string DescribePiece(const pb::StoredPiece& piece) {
                       r.ok() ? r->DebugString() : "(malformed)", " in ", piece.file());
 }
 
-absl::Status ValidateManifest(const pb::Manifest& m) {
-  if (m.format_version() != kManifestFormatVersion) {
-    return absl::UnimplementedError(
-        absl::StrCat("unknown manifest format version ", m.format_version(),
-                     " (this reader supports version ", kManifestFormatVersion, ")"));
-  }
-  struct TensorInfo {
-    DType dtype;
-    std::vector<int64_t> shape;
-    std::vector<int> pieces;      // indices into m.pieces()
-    std::vector<Region> regions;  // their regions
-  };
-  std::map<std::string, TensorInfo> tensors;
-  for (const pb::TensorMeta& t : m.tensors()) {
+namespace {
+
+// The tensors of a manifest being validated: key -> index into the manifest's tensors, with
+// each tensor's dtype.
+struct TensorTable {
+  absl::flat_hash_map<absl::string_view, int> index;
+  std::vector<DType> dtype;
+};
+// Data file name -> index into the manifest's files.
+using FileTable = absl::flat_hash_map<absl::string_view, int>;
+
+absl::Span<const int64_t> ShapeOf(const pb::TensorMeta& t) {
+  return absl::MakeConstSpan(t.global_shape().data(), t.global_shape_size());
+}
+
+absl::Status CollectTensors(const pb::Manifest& m, TensorTable* tensors) {
+  tensors->index.reserve(m.tensors_size());
+  for (int i = 0; i < m.tensors_size(); ++i) {
+    const pb::TensorMeta& t = m.tensors(i);
     if (t.key().empty()) return ManifestError("a tensor has an empty key");
     auto dtype = DTypeFromProto(t.dtype());
     if (!dtype.ok()) {
       return ManifestError(absl::StrCat("tensor \"", t.key(), "\": ", dtype.status().message()));
     }
-    std::vector<int64_t> shape = ToVector(t.global_shape());
-    auto n = CheckedNumElements(shape);
+    auto n = CheckedNumElements(ShapeOf(t));
     if (!n.ok()) {
       return ManifestError(absl::StrCat("tensor \"", t.key(), "\": ", n.status().message()));
     }
-    if (!tensors.emplace(t.key(), TensorInfo{*dtype, std::move(shape), {}, {}}).second) {
+    if (!tensors->index.try_emplace(t.key(), i).second) {
       return ManifestError(absl::StrCat("tensor \"", t.key(), "\" is listed twice"));
     }
+    tensors->dtype.push_back(*dtype);
   }
-  std::map<std::string, const pb::DataFile*> files;
-  for (const pb::DataFile& f : m.files()) {
+  return absl::OkStatus();
+}
+
+absl::Status CollectFiles(const pb::Manifest& m, FileTable* files) {
+  files->reserve(m.files_size());
+  for (int i = 0; i < m.files_size(); ++i) {
+    const pb::DataFile& f = m.files(i);
     CKPT_RETURN_IF_ERROR(ValidateDataFileName(f.name()));
     if (f.data_start() < 8 || f.data_start() % kSafetensorsDataAlignment != 0 ||
         f.size_bytes() < f.data_start()) {
       return ManifestError(absl::StrCat("data file ", f.name(), " has data start ", f.data_start(),
                                         " and size ", f.size_bytes()));
     }
-    if (!files.emplace(f.name(), &f).second) {
+    if (!files->try_emplace(f.name(), i).second) {
       return ManifestError(absl::StrCat("data file ", f.name(), " is listed twice"));
     }
   }
+  return absl::OkStatus();
+}
+
+// Piece i on its own: known tensor and file, valid region, byte length and range, entry name,
+// block checksums. Returns its tensor's index, its region and its file's index.
+absl::Status CheckPiece(const pb::Manifest& m, int i, const TensorTable& tensors,
+                        const FileTable& files, int* tensor, Region* region, int* file_index) {
+  const pb::StoredPiece& p = m.pieces(i);
+  auto err = [&](absl::string_view what) {
+    return ManifestError(absl::StrCat("piece ", i, " (", DescribePiece(p), "): ", what));
+  };
+  auto t = tensors.index.find(p.key());
+  if (t == tensors.index.end()) return err("its tensor is not listed");
+  *tensor = t->second;
+  absl::StatusOr<Region> converted = RegionFromProto(p.region());
+  if (!converted.ok()) return err(converted.status().message());
+  *region = *std::move(converted);
+  absl::Status valid = ValidateRegion(*region, ShapeOf(m.tensors(t->second)));
+  if (!valid.ok()) return err(valid.message());
+  const DType dtype = tensors.dtype[t->second];
+  const int64_t elem = DTypeSize(dtype);
+  const int64_t n = region->NumElements();
+  if (n > std::numeric_limits<int64_t>::max() / elem || p.byte_length() != n * elem) {
+    return err(absl::StrCat("byte length ", p.byte_length(), " is not ", n, " elements of ",
+                            DTypeName(dtype)));
+  }
+  auto f = files.find(p.file());
+  if (f == files.end()) return err("its data file is not listed");
+  *file_index = f->second;
+  const pb::DataFile& file = m.files(f->second);
+  if (p.byte_offset() < file.data_start() || p.byte_offset() > file.size_bytes() ||
+      p.byte_length() > file.size_bytes() - p.byte_offset()) {
+    return err(absl::StrCat("bytes [", p.byte_offset(), ", +", p.byte_length(),
+                            ") lie outside the data section [", file.data_start(), ", ",
+                            file.size_bytes(), ")"));
+  }
+  const std::string want_name = EncodeEntryName(p.key(), *region);
+  if (p.entry_name() != want_name) {
+    return err(absl::StrCat("entry name \"", p.entry_name(), "\" should be \"", want_name, "\""));
+  }
   const int64_t block = m.checksum_block_bytes();
-  if (block < 0 || (block > 0 && block < 4096)) {
-    return ManifestError(absl::StrCat("checksum block size ", block, " is below 4096"));
+  const int64_t want_blocks =
+      (block > 0 && p.byte_length() > block) ? (p.byte_length() + block - 1) / block : 0;
+  if (p.block_xxh3_size() > 0 &&
+      p.xxh3_64() != CombineBlockHashes({p.block_xxh3().begin(), p.block_xxh3().end()})) {
+    return err("its checksum does not match its block checksums");
   }
-  // (file, begin, end, piece index) for the overlap check; (key, region) for duplicates.
-  std::vector<std::tuple<std::string, int64_t, int64_t, int>> ranges;
-  std::set<std::string> piece_ids;
-  for (int i = 0; i < m.pieces_size(); ++i) {
-    const pb::StoredPiece& p = m.pieces(i);
-    auto err = [&](absl::string_view what) {
-      return ManifestError(absl::StrCat("piece ", i, " (", DescribePiece(p), "): ", what));
-    };
-    auto t = tensors.find(p.key());
-    if (t == tensors.end()) return err("its tensor is not listed");
-    absl::StatusOr<Region> converted = RegionFromProto(p.region());
-    if (!converted.ok()) return err(converted.status().message());
-    const Region region = *std::move(converted);
-    absl::Status valid = ValidateRegion(region, t->second.shape);
-    if (!valid.ok()) return err(valid.message());
-    const int64_t elem = DTypeSize(t->second.dtype);
-    const int64_t n = region.NumElements();
-    if (n > std::numeric_limits<int64_t>::max() / elem || p.byte_length() != n * elem) {
-      return err(absl::StrCat("byte length ", p.byte_length(), " is not ", n, " elements of ",
-                              DTypeName(t->second.dtype)));
-    }
-    auto f = files.find(p.file());
-    if (f == files.end()) return err("its data file is not listed");
-    const pb::DataFile& file = *f->second;
-    if (p.byte_offset() < file.data_start() || p.byte_offset() > file.size_bytes() ||
-        p.byte_length() > file.size_bytes() - p.byte_offset()) {
-      return err(absl::StrCat("bytes [", p.byte_offset(), ", +", p.byte_length(),
-                              ") lie outside the data section [", file.data_start(), ", ",
-                              file.size_bytes(), ")"));
-    }
-    if (p.entry_name() != EncodeEntryName(p.key(), region)) {
-      return err(absl::StrCat("entry name \"", p.entry_name(), "\" should be \"",
-                              EncodeEntryName(p.key(), region), "\""));
-    }
-    const int64_t want_blocks =
-        (block > 0 && p.byte_length() > block) ? (p.byte_length() + block - 1) / block : 0;
-    if (p.block_xxh3_size() > 0 &&
-        p.xxh3_64() != CombineBlockHashes({p.block_xxh3().begin(), p.block_xxh3().end()})) {
-      return err("its checksum does not match its block checksums");
-    }
-    if (p.block_xxh3_size() != want_blocks) {
-      return err(
-          absl::StrCat("has ", p.block_xxh3_size(), " block checksums, expected ", want_blocks));
-    }
-    if (!piece_ids.insert(p.entry_name()).second) return err("is stored twice");
-    ranges.emplace_back(p.file(), p.byte_offset(), p.byte_offset() + p.byte_length(), i);
-    t->second.pieces.push_back(i);
-    t->second.regions.push_back(region);
+  if (p.block_xxh3_size() != want_blocks) {
+    return err(
+        absl::StrCat("has ", p.block_xxh3_size(), " block checksums, expected ", want_blocks));
   }
+  return absl::OkStatus();
+}
+
+// No two pieces share bytes of a data file: ranges are (file index, begin, end, piece index).
+absl::Status CheckByteRangesDisjoint(const pb::Manifest& m,
+                                     std::vector<std::tuple<int, int64_t, int64_t, int>> ranges) {
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) {
     const auto& [file, begin, end, index] = ranges[i];
@@ -168,20 +184,78 @@ absl::Status ValidateManifest(const pb::Manifest& m) {
                                         ") overlap in bytes"));
     }
   }
-  // Every tensor's pieces tile it exactly: each element stored once, none missing.
-  for (const auto& [key, info] : tensors) {
+  return absl::OkStatus();
+}
+
+// Every tensor's pieces tile it exactly (storage/coverage.h), in manifest order.
+// `tensor_of[i]` and `regions[i]` are piece i's tensor index and region.
+absl::Status CheckCoverageOfEachTensor(const pb::Manifest& m, const std::vector<int>& tensor_of,
+                                       std::vector<Region> regions) {
+  // Pieces grouped by tensor (a counting sort), each group's regions contiguous.
+  const int num_tensors = m.tensors_size();
+  std::vector<int> start(num_tensors + 1, 0);
+  for (int t : tensor_of) ++start[t + 1];
+  for (int t = 0; t < num_tensors; ++t) start[t + 1] += start[t];
+  std::vector<int> order(tensor_of.size());
+  std::vector<Region> grouped(tensor_of.size());
+  std::vector<int> next(start.begin(), start.end() - 1);
+  for (size_t i = 0; i < tensor_of.size(); ++i) {
+    const int at = next[tensor_of[i]]++;
+    order[at] = static_cast<int>(i);
+    grouped[at] = std::move(regions[i]);
+  }
+  for (int t = 0; t < num_tensors; ++t) {
+    const pb::TensorMeta& meta = m.tensors(t);
+    const absl::Span<const Region> pieces =
+        absl::MakeConstSpan(grouped).subspan(start[t], start[t + 1] - start[t]);
     absl::StatusOr<std::optional<CoverageFault>> fault = FindCoverageFault(
-        info.shape, info.regions, CoverageTermBudget(static_cast<int64_t>(info.regions.size())));
+        ShapeOf(meta), pieces, CoverageTermBudget(static_cast<int64_t>(pieces.size())));
     if (!fault.ok()) {
-      return ManifestError(absl::StrCat("tensor \"", key, "\": ", fault.status().message()));
+      return ManifestError(absl::StrCat("tensor \"", meta.key(), "\": ", fault.status().message()));
     }
     if (fault->has_value()) {
-      return ManifestError(DescribeCoverageFault(key, info.shape, **fault, [&](int p) {
-        return DescribePiece(m.pieces(info.pieces[p]));
+      return ManifestError(DescribeCoverageFault(meta.key(), ShapeOf(meta), **fault, [&](int p) {
+        return DescribePiece(m.pieces(order[start[t] + p]));
       }));
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateManifest(const pb::Manifest& m) {
+  if (m.format_version() != kManifestFormatVersion) {
+    return absl::UnimplementedError(
+        absl::StrCat("unknown manifest format version ", m.format_version(),
+                     " (this reader supports version ", kManifestFormatVersion, ")"));
+  }
+  TensorTable tensors;
+  CKPT_RETURN_IF_ERROR(CollectTensors(m, &tensors));
+  FileTable files;
+  CKPT_RETURN_IF_ERROR(CollectFiles(m, &files));
+  const int64_t block = m.checksum_block_bytes();
+  if (block < 0 || (block > 0 && block < 4096)) {
+    return ManifestError(absl::StrCat("checksum block size ", block, " is below 4096"));
+  }
+  std::vector<std::tuple<int, int64_t, int64_t, int>> ranges;
+  ranges.reserve(m.pieces_size());
+  std::vector<int> tensor_of(m.pieces_size());
+  std::vector<Region> regions(m.pieces_size());
+  // Each (key, region) once: two pieces with elements in common fail the coverage check
+  // below, which names both; pieces without elements are checked here.
+  absl::flat_hash_set<absl::string_view> empty_pieces;
+  for (int i = 0; i < m.pieces_size(); ++i) {
+    const pb::StoredPiece& p = m.pieces(i);
+    int file = 0;
+    CKPT_RETURN_IF_ERROR(CheckPiece(m, i, tensors, files, &tensor_of[i], &regions[i], &file));
+    if (p.byte_length() == 0 && !empty_pieces.insert(p.entry_name()).second) {
+      return ManifestError(absl::StrCat("piece ", i, " (", DescribePiece(p), "): is stored twice"));
+    }
+    ranges.emplace_back(file, p.byte_offset(), p.byte_offset() + p.byte_length(), i);
+  }
+  CKPT_RETURN_IF_ERROR(CheckByteRangesDisjoint(m, std::move(ranges)));
+  return CheckCoverageOfEachTensor(m, tensor_of, std::move(regions));
 }
 
 absl::StatusOr<pb::Manifest> ParseManifest(absl::string_view bytes, absl::string_view path) {
@@ -208,8 +282,41 @@ std::string SerializeManifest(const pb::Manifest& manifest) {
   return out;
 }
 
-absl::Status CheckHeaderAgainstManifest(const pb::Manifest& manifest, const pb::DataFile& file,
+ManifestIndex::ManifestIndex(const pb::Manifest& manifest) : manifest_(manifest) {
+  tensor_index_.reserve(manifest.tensors_size());
+  for (int t = 0; t < manifest.tensors_size(); ++t) {
+    tensor_index_.emplace(manifest.tensors(t).key(), t);
+    auto d = DTypeFromProto(manifest.tensors(t).dtype());
+    dtypes_.push_back(d.ok() ? *d : DType::kU8);
+  }
+  tensor_of_piece_.resize(manifest.pieces_size());
+  std::vector<int>* file_pieces = nullptr;  // consecutive pieces mostly share a file
+  absl::string_view file;
+  for (int i = 0; i < manifest.pieces_size(); ++i) {
+    const pb::StoredPiece& p = manifest.pieces(i);
+    auto t = tensor_index_.find(p.key());
+    tensor_of_piece_[i] = t == tensor_index_.end() ? 0 : t->second;
+    if (file_pieces == nullptr || p.file() != file) {
+      file = p.file();
+      file_pieces = &pieces_by_file_[file];
+    }
+    file_pieces->push_back(i);
+  }
+}
+
+int ManifestIndex::TensorIndex(absl::string_view key) const {
+  auto it = tensor_index_.find(key);
+  return it == tensor_index_.end() ? -1 : it->second;
+}
+
+absl::Span<const int> ManifestIndex::PiecesInFile(absl::string_view name) const {
+  auto it = pieces_by_file_.find(name);
+  return it == pieces_by_file_.end() ? absl::Span<const int>() : absl::MakeConstSpan(it->second);
+}
+
+absl::Status CheckHeaderAgainstManifest(const ManifestIndex& index, const pb::DataFile& file,
                                         const SafetensorsHeader& header) {
+  const pb::Manifest& manifest = index.manifest();
   auto err = [&](absl::string_view entry, absl::string_view what) {
     return absl::DataLossError(absl::StrCat("data file ", file.name(),
                                             entry.empty() ? "" : ", entry \"", entry,
@@ -221,42 +328,41 @@ absl::Status CheckHeaderAgainstManifest(const pb::Manifest& manifest, const pb::
                                 header.data_bytes, " bytes; the manifest says ", file.data_start(),
                                 " and a ", file.size_bytes(), "-byte file"));
   }
-  std::map<absl::string_view, const SafetensorsEntry*> entries;
+  absl::flat_hash_map<absl::string_view, const SafetensorsEntry*> entries;
+  entries.reserve(header.entries.size());
   for (const SafetensorsEntry& e : header.entries) entries.emplace(e.name, &e);
-  std::map<absl::string_view, DType> dtypes;
-  for (const pb::TensorMeta& t : manifest.tensors()) {
-    auto d = DTypeFromProto(t.dtype());
-    if (d.ok()) dtypes.emplace(t.key(), *d);
-  }
-  size_t matched = 0;
-  for (const pb::StoredPiece& p : manifest.pieces()) {
-    if (p.file() != file.name()) continue;
+  const absl::Span<const int> pieces = index.PiecesInFile(file.name());
+  for (int i : pieces) {
+    const pb::StoredPiece& p = manifest.pieces(i);
     auto it = entries.find(p.entry_name());
     if (it == entries.end()) return err(p.entry_name(), "listed in the manifest but missing");
     const SafetensorsEntry& e = *it->second;
     const Region region = PieceRegion(p);
-    if (e.dtype != dtypes[p.key()] || e.shape != EntryShape(region) ||
+    const DType dtype = index.DTypeOfPiece(i);
+    if (e.dtype != dtype || e.shape != EntryShape(region) ||
         header.data_start + e.begin != p.byte_offset() || e.end - e.begin != p.byte_length()) {
       return err(
           p.entry_name(),
           absl::StrCat("header has dtype ", DTypeName(e.dtype), " shape ", ShapeString(e.shape),
                        " at [", header.data_start + e.begin, ", ", header.data_start + e.end,
-                       "); the manifest has tensor \"", p.key(), "\" dtype ",
-                       DTypeName(dtypes[p.key()]), " shape ", ShapeString(EntryShape(region)),
-                       " at [", p.byte_offset(), ", ", p.byte_offset() + p.byte_length(), ")"));
+                       "); the manifest has tensor \"", p.key(), "\" dtype ", DTypeName(dtype),
+                       " shape ", ShapeString(EntryShape(region)), " at [", p.byte_offset(), ", ",
+                       p.byte_offset() + p.byte_length(), ")"));
     }
-    ++matched;
   }
-  if (matched != header.entries.size()) {
+  if (pieces.size() != header.entries.size()) {
+    absl::flat_hash_set<absl::string_view> listed;
+    for (int i : pieces) listed.insert(manifest.pieces(i).entry_name());
     for (const SafetensorsEntry& e : header.entries) {
-      bool known = false;
-      for (const pb::StoredPiece& p : manifest.pieces()) {
-        if (p.file() == file.name() && p.entry_name() == e.name) known = true;
-      }
-      if (!known) return err(e.name, "not listed in the manifest");
+      if (!listed.contains(e.name)) return err(e.name, "not listed in the manifest");
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckHeaderAgainstManifest(const pb::Manifest& manifest, const pb::DataFile& file,
+                                        const SafetensorsHeader& header) {
+  return CheckHeaderAgainstManifest(ManifestIndex(manifest), file, header);
 }
 
 }  // namespace ckpt

@@ -5,9 +5,12 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "proto/convert.h"
 #include "proto/manifest.pb.h"
 #include "sharding/dtype.h"
@@ -52,9 +55,35 @@ absl::StatusOr<pb::Manifest> ParseManifest(absl::string_view bytes, absl::string
 // Deterministic serialization.
 std::string SerializeManifest(const pb::Manifest& manifest);
 
+// Lookups over a validated manifest, built once in linear time (the manifest must outlive it):
+// each tensor by key, each piece's tensor, the pieces of each data file.
+class ManifestIndex {
+ public:
+  explicit ManifestIndex(const pb::Manifest& manifest);
+  const pb::Manifest& manifest() const { return manifest_; }
+  // Index of tensor `key` in manifest().tensors(), or -1.
+  int TensorIndex(absl::string_view key) const;
+  // Index of piece i's tensor (every piece's tensor is listed in a validated manifest).
+  int TensorOfPiece(int piece) const { return tensor_of_piece_[piece]; }
+  // The dtype of piece i's tensor.
+  DType DTypeOfPiece(int piece) const { return dtypes_[tensor_of_piece_[piece]]; }
+  // Indices of the pieces stored in data file `name`, in manifest order.
+  absl::Span<const int> PiecesInFile(absl::string_view name) const;
+
+ private:
+  const pb::Manifest& manifest_;
+  absl::flat_hash_map<absl::string_view, int> tensor_index_;
+  std::vector<DType> dtypes_;
+  std::vector<int> tensor_of_piece_;
+  absl::flat_hash_map<absl::string_view, std::vector<int>> pieces_by_file_;
+};
+
 // Checks one data file's parsed header against a validated manifest: same data start and size,
 // exactly one entry per piece in that file with matching name, dtype, shape and offsets, and no
-// entries the manifest does not know.
+// entries the manifest does not know. Linear in the file's entries.
+absl::Status CheckHeaderAgainstManifest(const ManifestIndex& index, const pb::DataFile& file,
+                                        const SafetensorsHeader& header);
+// The same for a single file (builds the index: linear in the whole manifest).
 absl::Status CheckHeaderAgainstManifest(const pb::Manifest& manifest, const pb::DataFile& file,
                                         const SafetensorsHeader& header);
 

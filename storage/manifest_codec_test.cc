@@ -117,6 +117,20 @@ TEST(ManifestCodecTest, ValidationRejectsEachKindOfInconsistency) {
          m->mutable_pieces(3)->set_byte_offset(72);
          m->mutable_files(1)->set_size_bytes(200);
        },
+       "is stored by 2 pieces (an overlap): tensor \"w\" region [0:2, 0:6] in "
+       "data/r0_0.safetensors and tensor \"w\" region [0:2, 0:6] in data/r1_0.safetensors"},
+      {"duplicate empty piece",
+       [](pb::Manifest* m) {
+         m->mutable_tensors(0)->set_global_shape(0, 0);
+         m->mutable_files(0)->set_size_bytes(64);
+         for (int i : {0, 1}) {
+           auto* p = m->mutable_pieces(i);
+           *p->mutable_region() = RegionToProto(Region{{0, 0}, {0, 6}, std::nullopt});
+           p->set_entry_name(EncodeEntryName("w", PieceRegion(*p)));
+           p->set_byte_offset(64);
+           p->set_byte_length(0);
+         }
+       },
        "stored twice"},
       {"blocks",
        [](pb::Manifest* m) {

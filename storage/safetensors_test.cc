@@ -1,10 +1,17 @@
 #include "storage/safetensors.h"
 
+#include <cstdint>
+#include <optional>
 #include <random>
+#include <set>
 #include <string>
+#include <tuple>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace ckpt {
 namespace {
@@ -135,7 +142,8 @@ TEST(SafetensorsTest, StrictParserRejectsBadHeadersNamingFileAndEntry) {
       {"huge shape",
        R"({"a":{"dtype":"F64","shape":[4294967296,4294967296,4],"data_offsets":[0,0]}})", 0,
        "2^62"},
-      {"deep", R"({"a":{"dtype":"U8","shape":[[[[1]]]],"data_offsets":[0,1]}})", 1, "deeply"},
+      {"deep", R"({"a":{"dtype":"U8","shape":[[[[1]]]],"data_offsets":[0,1]}})", 1,
+       "not a non-negative integer"},
   };
   for (const BadCase& c : cases) {
     auto h = ParseFile(RawFile(c.json, c.data_bytes));
@@ -182,6 +190,196 @@ TEST(SafetensorsTest, FuzzedFilesNeverCrashAndStayInBounds) {
     }
   }
   EXPECT_GT(rejected, 1000);
+}
+
+// The twin: nlohmann's tree parser (trusted; slow on big headers, which is why the parser
+// does not use it), duplicate keys detected in every object, then the format's rules on the
+// tree. nullopt when it rejects the header.
+std::optional<SafetensorsHeader> TwinParse(const std::string& json, int64_t file_size) {
+  using Json = nlohmann::json;
+  std::vector<std::set<std::string>> keys;
+  bool duplicate = false;
+  Json::parser_callback_t cb = [&](int, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) keys.emplace_back();
+    if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (event == Json::parse_event_t::key && !keys.empty() &&
+        !keys.back().insert(parsed.get<std::string>()).second) {
+      duplicate = true;
+    }
+    return true;
+  };
+  Json root = Json::parse(json, cb, /*allow_exceptions=*/false);
+  if (root.is_discarded() || duplicate || !root.is_object()) return std::nullopt;
+  auto uint = [](const Json& v, int64_t* out) {
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > uint64_t{INT64_MAX}) return false;
+    *out = static_cast<int64_t>(v.get<uint64_t>());
+    return true;
+  };
+  SafetensorsHeader h;
+  h.data_start = 8 + static_cast<int64_t>(json.size());
+  for (const auto& [name, v] : root.items()) {
+    if (!v.is_object()) return std::nullopt;
+    if (name == "__metadata__") {
+      for (const auto& [k, mv] : v.items()) {
+        if (!mv.is_string()) return std::nullopt;
+        h.metadata[k] = mv.get<std::string>();
+      }
+      continue;
+    }
+    if (v.size() != 3 || !v.contains("dtype") || !v.contains("shape") ||
+        !v.contains("data_offsets") || !v["dtype"].is_string() || !v["shape"].is_array() ||
+        v["shape"].size() > 64 || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2) {
+      return std::nullopt;
+    }
+    SafetensorsEntry e;
+    e.name = name;
+    auto dtype = ParseDType(v["dtype"].get<std::string>());
+    if (!dtype.ok()) return std::nullopt;
+    e.dtype = *dtype;
+    for (const Json& d : v["shape"]) {
+      int64_t dim;
+      if (!uint(d, &dim)) return std::nullopt;
+      e.shape.push_back(dim);
+    }
+    if (!uint(v["data_offsets"][0], &e.begin) || !uint(v["data_offsets"][1], &e.end) ||
+        e.begin > e.end) {
+      return std::nullopt;
+    }
+    auto n = CheckedNumElements(e.shape);
+    if (!n.ok() || *n > INT64_MAX / DTypeSize(e.dtype) ||
+        e.end - e.begin != *n * DTypeSize(e.dtype)) {
+      return std::nullopt;
+    }
+    h.entries.push_back(e);
+  }
+  std::sort(h.entries.begin(), h.entries.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+  });
+  int64_t pos = 0;
+  for (const auto& e : h.entries) {
+    if (e.begin != pos) return std::nullopt;
+    pos = e.end;
+  }
+  h.data_bytes = pos;
+  if (h.data_start + pos != file_size) return std::nullopt;
+  return h;
+}
+
+// Edits that keep a header close to valid JSON: byte flips, deletions, insertions of JSON
+// punctuation, digits, escapes and multi-byte characters, copied spans.
+std::string Mutate(std::string s, std::mt19937& rng) {
+  static const std::vector<std::string> kBits = {"{",
+                                                 "}",
+                                                 "[",
+                                                 "]",
+                                                 ":",
+                                                 ",",
+                                                 "\"",
+                                                 "\\",
+                                                 " ",
+                                                 "\n",
+                                                 "0",
+                                                 "1",
+                                                 "9",
+                                                 "-",
+                                                 ".",
+                                                 "e",
+                                                 "E",
+                                                 "\\u00e9",
+                                                 "\\ud83d\\ude00",
+                                                 "\\ud800",
+                                                 "\\u0000",
+                                                 "\xc3\xa9",
+                                                 "\xff",
+                                                 "\x01",
+                                                 "null",
+                                                 "true",
+                                                 "\"dtype\"",
+                                                 "\"shape\"",
+                                                 "\"data_offsets\"",
+                                                 "\"__metadata__\"",
+                                                 "18446744073709551616",
+                                                 "9223372036854775808",
+                                                 "1.0",
+                                                 "-0",
+                                                 "00"};
+  const int edits = 1 + rng() % 3;
+  for (int i = 0; i < edits && !s.empty(); ++i) {
+    const size_t at = rng() % s.size();
+    switch (rng() % 4) {
+      case 0:
+        s[at] = static_cast<char>(rng());
+        break;
+      case 1:
+        s.erase(at, 1 + rng() % 3);
+        break;
+      case 2:
+        s.insert(at, kBits[rng() % kBits.size()]);
+        break;
+      default: {
+        const size_t from = rng() % s.size();
+        s.insert(at, s.substr(from, rng() % 12));
+        break;
+      }
+    }
+  }
+  return s;
+}
+
+std::string Describe(const std::vector<SafetensorsEntry>& entries) {
+  std::vector<std::string> out;
+  for (const auto& e : entries) {
+    out.push_back(absl::StrCat(e.name, "/", DTypeName(e.dtype), "/", ShapeString(e.shape), "/",
+                               e.begin, "-", e.end));
+  }
+  std::sort(out.begin(), out.end());
+  return absl::StrJoin(out, "; ");
+}
+
+// The single-pass parser accepts exactly what the tree twin accepts, and reads the same
+// entries and metadata, on tens of thousands of near-valid headers.
+TEST(SafetensorsTest, ParserAgreesWithATreeParsingTwin) {
+  const std::string valid =
+      R"({"__metadata__":{"format":"pt","n\u00e9":"q\"uote\n \ud83d\ude00"},)"
+      R"("w\u0000|0:2":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+      R"( "b" : { "shape" : [ 1 , 3 ] , "dtype" : "BF16", "data_offsets" : [ 8 , 14 ] },)"
+      R"("e":{"dtype":"I64","shape":[0,5],"data_offsets":[14,14]},)"
+      R"("gewicht.ü":{"data_offsets":[14,16],"dtype":"U8","shape":[2]}})";
+  constexpr int64_t kData = 16;
+  ASSERT_TRUE(TwinParse(valid, 8 + valid.size() + kData).has_value());
+  std::mt19937 rng(99);
+  int accepted = 0, rejected = 0;
+  for (int iter = 0; iter < 30000; ++iter) {
+    const std::string json = iter == 0 ? valid : Mutate(valid, rng);
+    const int64_t file_size = 8 + static_cast<int64_t>(json.size()) + kData;
+    std::optional<SafetensorsHeader> twin = TwinParse(json, file_size);
+    auto ours = ParseSafetensorsHeader(json, file_size, "f.safetensors");
+    ASSERT_EQ(ours.ok(), twin.has_value()) << "header: " << json << "\nours: " << ours.status();
+    if (!ours.ok()) {
+      ++rejected;
+      EXPECT_THAT(std::string(ours.status().message()), HasSubstr("f.safetensors"));
+      continue;
+    }
+    ++accepted;
+    EXPECT_EQ(Describe(ours->entries), Describe(twin->entries)) << json;
+    EXPECT_EQ(ours->metadata, twin->metadata) << json;
+    EXPECT_EQ(ours->data_bytes, twin->data_bytes);
+  }
+  EXPECT_GT(accepted, 1000);
+  EXPECT_GT(rejected, 10000);
+}
+
+// 1M entries parse in linear time: a benchmark records the figures
+// (storage:many_entries_benchmark); this only checks a big header is read correctly.
+TEST(SafetensorsTest, AHeaderOfManyEntriesParses) {
+  std::vector<SafetensorsEntry> entries;
+  for (int64_t i = 0; i < 200000; ++i) {
+    entries.push_back({absl::StrCat("t", i), DType::kU8, {1}, i, i + 1});
+  }
+  auto h = ParseFile(MakeFile(entries));
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->entries.size(), entries.size());
+  EXPECT_EQ(h->entries.back().name, "t199999");
 }
 
 }  // namespace

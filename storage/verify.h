@@ -26,9 +26,9 @@ struct VerifyReport {
 // per tensor naming its first hole or overlap, empty when each element is stored exactly once.
 absl::StatusOr<std::vector<std::string>> CheckCoverage(const pb::Manifest& manifest);
 
-// Opens the checkpoint (errors for unopenable ones: missing, incomplete, invalid manifest or
-// data-file header), then checks coverage, reports files in data/ the manifest does not list,
-// and reads every stored byte verifying checksums,
+// Opens the checkpoint (errors for unopenable ones: missing, incomplete, invalid manifest —
+// which includes pieces that do not tile a tensor exactly — or data-file header), then reports
+// files in data/ the manifest does not list, and reads every stored byte verifying checksums,
 // holding at most about `max_batch_bytes` in memory.
 absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& path, const IoOptions& io,
                                               int64_t max_batch_bytes = int64_t{256} << 20);

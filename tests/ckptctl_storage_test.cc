@@ -245,8 +245,8 @@ TEST(CkptctlStorageTest, VerifyPassesAndCatchesCorruptionAndGaps) {
   DropDataFile(gap, "data/r1_0.safetensors");
   Result g = Ckptctl("verify " + gap);
   EXPECT_EQ(g.code, 1);
-  EXPECT_THAT(g.err, HasSubstr("tensor \"b\" (6,): elements [0, 6) in row-major order are "
-                               "stored by no piece"));
+  EXPECT_THAT(g.err, HasSubstr("tensor \"w\" (8, 6): elements [24, 48) in row-major order are "
+                               "stored by no piece (a hole from (4, 0) to (7, 5))"));
 
   // Overlapping pieces: the flat pieces of rows 4:8 relabelled rows 3:7 (checksums valid).
   const std::string overlap = JoinPath(dir, "overlap");
