@@ -8,7 +8,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libgloo-dev libxxhash-dev liburing-dev nlohmann-json3-dev
+  libgloo-dev libxxhash-dev liburing-dev nlohmann-json3-dev libre2-dev
   pkg-config python3
 )
 # Optional peers for benchmarks only (large): CKPT_INSTALL_BENCH_PEERS=1 adds python3-torch.
