@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/escaping.h"
 #include "nlohmann/json.hpp"
 
 namespace ckpt {
@@ -18,9 +17,18 @@ using Json = nlohmann::json;
 constexpr size_t kMaxQuoted = 64;
 constexpr size_t kMaxParserMessage = 240;
 
+// `text` cut to `max` bytes with control bytes escaped, so an error stays one short line.
 std::string Quoted(absl::string_view text, size_t max) {
-  if (text.size() > max) return absl::StrCat(absl::Utf8SafeCHexEscape(text.substr(0, max)), "...");
-  return absl::Utf8SafeCHexEscape(text);
+  std::string out;
+  for (unsigned char c : text.substr(0, max)) {
+    if (c < 0x20 || c == 0x7f) {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  if (text.size() > max) out += "...";
+  return out;
 }
 
 // A SAX consumer that builds nothing: it tracks the open containers (for the path and the
