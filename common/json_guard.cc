@@ -54,8 +54,8 @@ class GuardSax : public nlohmann::json_sax<Json> {
     Frame& frame = frames_.back();
     if (!frame.keys.insert(key).second) {
       frame.key.reset();  // the path names the object
-      return Fail(absl::StrCat("key \"", Quoted(key, kMaxQuoted),
-                               "\" appears twice in this object"));
+      return Fail(
+          absl::StrCat("key \"", Quoted(key, kMaxQuoted), "\" appears twice in this object"));
     }
     frame.key = std::move(key);
     return true;
@@ -76,7 +76,7 @@ class GuardSax : public nlohmann::json_sax<Json> {
  private:
   struct Frame {
     bool object = false;
-    int64_t index = -1;  // arrays: the element being read
+    int64_t index = -1;              // arrays: the element being read
     std::optional<std::string> key;  // objects: the member being read
     absl::flat_hash_set<std::string> keys;
   };

@@ -57,8 +57,7 @@ TEST(JsonGuardTest, SizeValueCountAndStringLengthAreBounded) {
   limits = JsonLimits{};
   limits.max_values = 4;
   EXPECT_TRUE(Check("[1, 2, 3]", limits).ok());
-  EXPECT_EQ(Check("[1, 2, 3, 4]", limits).message(),
-            "[3]: more than the limit of 4 JSON values");
+  EXPECT_EQ(Check("[1, 2, 3, 4]", limits).message(), "[3]: more than the limit of 4 JSON values");
   limits = JsonLimits{};
   limits.max_string_bytes = 3;
   EXPECT_EQ(Check(R"({"abc": ["abcd"]})", limits).message(),
@@ -83,8 +82,8 @@ TEST(JsonGuardTest, InvalidJsonGivesTheParsersPosition) {
 // DOM parser accepts when no limit is reached, and ParseGuardedJson yields the same DOM.
 TEST(JsonGuardTest, AgreesWithTheDomParserOnRandomDocuments) {
   std::mt19937 rng(11);
-  const char* atoms[] = {"[", "]", "{", "}", ",", ":", "1", "-2.5e3", "\"k\"", "\"j\"",
-                         "null", "true", " ", "\"\\u00e9\"", "x"};
+  const char* atoms[] = {"[",     "]",     "{",    "}",    ",", ":",           "1", "-2.5e3",
+                         "\"k\"", "\"j\"", "null", "true", " ", "\"\\u00e9\"", "x"};
   for (int iter = 0; iter < 20000; ++iter) {
     std::string text;
     const int n = 1 + rng() % 12;

@@ -250,15 +250,15 @@ absl::Status ParseMesh(const Json& root, std::vector<std::string>* names,
                                           Describe(mesh_json)));
   }
   if (mesh_json.size() > static_cast<size_t>(kMaxMeshDims)) {
-    return PathError("mesh", absl::StrCat(mesh_json.size(), " dims, more than the limit of ",
-                                          kMaxMeshDims));
+    return PathError(
+        "mesh", absl::StrCat(mesh_json.size(), " dims, more than the limit of ", kMaxMeshDims));
   }
   for (auto it = mesh_json.begin(); it != mesh_json.end(); ++it) {
     if (it.key().empty()) return PathError("mesh", "empty dim name");
     if (it.key().size() > static_cast<size_t>(kMaxMeshDimNameBytes)) {
-      return PathError("mesh", absl::StrCat("dim name ", Quoted(it.key()), " of ",
-                                            it.key().size(), " bytes, more than the limit of ",
-                                            kMaxMeshDimNameBytes));
+      return PathError("mesh",
+                       absl::StrCat("dim name ", Quoted(it.key()), " of ", it.key().size(),
+                                    " bytes, more than the limit of ", kMaxMeshDimNameBytes));
     }
     const std::string path = absl::StrCat("mesh.", it.key());
     CKPT_ASSIGN_OR_RETURN(int64_t size, PositiveInt(it.value(), path, kMaxWorldSize));
@@ -287,9 +287,9 @@ absl::StatusOr<int> ParseFlat(const Json& fj, const std::string& fpath,
 absl::Status ParsePlacements(const Json& pj, const std::string& lpath,
                              const std::vector<std::string>& names, LayoutRule* rule) {
   if (!pj.is_array() || pj.size() != names.size()) {
-    return PathError(lpath, absl::StrCat("expected an array of ", names.size(),
-                                         " placements, one per mesh dim (",
-                                         absl::StrJoin(names, ", "), ")"));
+    return PathError(
+        lpath, absl::StrCat("expected an array of ", names.size(),
+                            " placements, one per mesh dim (", absl::StrJoin(names, ", "), ")"));
   }
   for (size_t d = 0; d < pj.size(); ++d) {
     const std::string epath = absl::StrCat(lpath, "[", d, "]");
@@ -374,11 +374,12 @@ absl::StatusOr<LayoutSpec> LayoutSpec::Parse(absl::string_view json_text) {
     return PathError("rules", "expected a non-empty array of rules");
   }
   if (rules.size() > static_cast<size_t>(kMaxLayoutRules)) {
-    return PathError("rules", absl::StrCat(rules.size(), " rules, more than the limit of ",
-                                           kMaxLayoutRules));
+    return PathError(
+        "rules", absl::StrCat(rules.size(), " rules, more than the limit of ", kMaxLayoutRules));
   }
   for (size_t r = 0; r < rules.size(); ++r) {
-    CKPT_ASSIGN_OR_RETURN(LayoutRule rule, ParseRule(rules[r], absl::StrCat("rules[", r, "]"), names));
+    CKPT_ASSIGN_OR_RETURN(LayoutRule rule,
+                          ParseRule(rules[r], absl::StrCat("rules[", r, "]"), names));
     spec.rules_.push_back(std::move(rule));
   }
   return spec;
@@ -390,8 +391,7 @@ absl::StatusOr<LayoutSpec> LayoutSpec::FromFile(const std::string& path) {
     return absl::NotFoundError(absl::StrCat("cannot open layout file ", path));
   }
   if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout file ", path, " is not a regular file"));
+    return absl::InvalidArgumentError(absl::StrCat("layout file ", path, " is not a regular file"));
   }
   if (st.st_size > kMaxLayoutBytes) {
     return absl::InvalidArgumentError(absl::StrCat("layout file ", path, " has ", st.st_size,
@@ -413,17 +413,18 @@ absl::StatusOr<const LayoutRule*> LayoutSpec::RuleFor(absl::string_view key) con
   for (const LayoutRule& rule : rules_) {
     if (rule.Matches(key)) return &rule;
   }
-  return absl::NotFoundError(absl::StrCat("tensor ", Quoted(key), " matches no rule of the layout (",
-                                          rules_.size(), " rules); add a rule for it"));
+  return absl::NotFoundError(absl::StrCat("tensor ", Quoted(key),
+                                          " matches no rule of the layout (", rules_.size(),
+                                          " rules); add a rule for it"));
 }
 
 absl::Status LayoutSpec::TensorError(const TensorMeta& tensor, const LayoutRule& rule,
                                      const absl::Status& cause) const {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "tensor ", Quoted(tensor.key), " ", ShapeString(tensor.global_shape), " under rule ",
-      Quoted(rule.pattern), " ", PlacementsString(rule.placements),
-      rule.flat_dim ? absl::StrCat(" flat over ", dim_names_[*rule.flat_dim]) : "", ": ",
-      cause.message()));
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor ", Quoted(tensor.key), " ", ShapeString(tensor.global_shape),
+                   " under rule ", Quoted(rule.pattern), " ", PlacementsString(rule.placements),
+                   rule.flat_dim ? absl::StrCat(" flat over ", dim_names_[*rule.flat_dim]) : "",
+                   ": ", cause.message()));
 }
 
 absl::StatusOr<TensorPiece> LayoutSpec::PieceAt(const TensorMeta& tensor, const LayoutRule& rule,

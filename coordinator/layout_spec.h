@@ -32,7 +32,7 @@ namespace ckpt {
 
 // Limits on a layout; each is named in the error that refuses it.
 inline constexpr int64_t kMaxLayoutBytes = int64_t{1} << 20;  // the JSON text
-inline constexpr int kMaxLayoutJsonDepth = 16;                  // arrays/objects open at once
+inline constexpr int kMaxLayoutJsonDepth = 16;                // arrays/objects open at once
 inline constexpr int kMaxMeshDims = 16;
 inline constexpr int kMaxMeshDimNameBytes = 64;
 // RE2 matches in O(key length x pattern length) at worst and keeps at most max_mem per
@@ -47,7 +47,7 @@ inline constexpr int64_t kMaxLayoutPieces = int64_t{1} << 24;
 
 // One rule: which tensors it covers and how they are laid out.
 struct LayoutRule {
-  std::string pattern;  // as written in the JSON
+  std::string pattern;    // as written in the JSON
   bool is_regex = false;  // RE2 regex (full match) instead of a glob
   // The compiled pattern: the regex, or the glob translated to an RE2 over bytes (Latin-1).
   std::shared_ptr<const re2::RE2> matcher;

@@ -63,7 +63,8 @@ void Expand(benchmark::State& state, const std::string& layout_json,
 }
 
 std::string FsdpLayout(int64_t ranks) {
-  return absl::StrCat(R"J({"mesh": {"dp": )J", ranks, R"J(}, "rules": [{"match": "*", "flat": {"over": "dp"}}]})J");
+  return absl::StrCat(R"J({"mesh": {"dp": )J", ranks,
+                      R"J(}, "rules": [{"match": "*", "flat": {"over": "dp"}}]})J");
 }
 
 void BM_FlatOneTensor(benchmark::State& state) {

@@ -353,8 +353,8 @@ TEST(LayoutSpecHostileTest, RegexesAreRe2AndBounded) {
   ExpectRefused(OneRule("regex", std::string(1000, '(') + "a" + std::string(1000, ')')),
                 "layout rules[0].regex: pattern of 2001 bytes, more than the limit of 1024");
   // RE2 has no recursion to overflow: 500 nested groups within the length limit compile.
-  auto nested = LayoutSpec::Parse(
-      OneRule("regex", std::string(500, '(') + "a" + std::string(500, ')')));
+  auto nested =
+      LayoutSpec::Parse(OneRule("regex", std::string(500, '(') + "a" + std::string(500, ')')));
   ASSERT_TRUE(nested.ok()) << nested.status();
   EXPECT_TRUE(nested->rules()[0].Matches("a"));
   // What RE2 does not support is a clear error naming the rule.
@@ -385,21 +385,28 @@ TEST(LayoutSpecHostileTest, CatastrophicPatternsMatchLongKeysInLinearTime) {
 
 // Issue 11 finding 4: world sizes of 10^6 to 2^31 aborted with std::bad_alloc.
 TEST(LayoutSpecHostileTest, WorldSizesAreBoundedBeforeAnythingPerRankExists) {
-  ExpectRefused(R"J({"mesh": {"r": 2147483648}, "rules": [{"match": "*", "flat": {"over": "r"}}]})J",
-                "layout mesh.r: 2147483648 is more than the limit of 1048576");
-  ExpectRefused(R"J({"mesh": {"r": 18446744073709551615}, "rules": [{"match": "*", "flat": {"over": "r"}}]})J",
-                "layout mesh.r: 18446744073709551615 is more than the limit of 1048576");
+  ExpectRefused(
+      R"J({"mesh": {"r": 2147483648}, "rules": [{"match": "*", "flat": {"over": "r"}}]})J",
+      "layout mesh.r: 2147483648 is more than the limit of 1048576");
+  ExpectRefused(
+      R"J({"mesh": {"r": 18446744073709551615}, "rules": [{"match": "*", "flat": {"over": "r"}}]})J",
+      "layout mesh.r: 18446744073709551615 is more than the limit of 1048576");
   // Each dim within the limit, the product not (nor within int64).
-  ExpectRefused(R"J({"mesh": {"a": 1048576, "b": 1048576, "c": 1048576, "d": 1048576}, "rules": [{"match": "*", "flat": {"over": "a"}}]})J",
-                "layout mesh: device mesh (1048576, 1048576, 1048576, 1048576) has more than the "
-                "limit of 1048576 ranks");
-  ExpectRefused(R"J({"world_size": 4294967296, "mesh": {"r": 2}, "rules": [{"match": "*", "flat": {"over": "r"}}]})J",
-                "layout world_size: 4294967296 is more than the limit of 1048576");
-  ExpectRefused(R"J({"mesh": {"r": 2.0}, "rules": []})J", "layout mesh.r: expected an integer >= 1, got 2.0");
-  ExpectRefused(R"J({"mesh": {"r": -3}, "rules": []})J", "layout mesh.r: expected an integer >= 1, got -3");
+  ExpectRefused(
+      R"J({"mesh": {"a": 1048576, "b": 1048576, "c": 1048576, "d": 1048576}, "rules": [{"match": "*", "flat": {"over": "a"}}]})J",
+      "layout mesh: device mesh (1048576, 1048576, 1048576, 1048576) has more than the "
+      "limit of 1048576 ranks");
+  ExpectRefused(
+      R"J({"world_size": 4294967296, "mesh": {"r": 2}, "rules": [{"match": "*", "flat": {"over": "r"}}]})J",
+      "layout world_size: 4294967296 is more than the limit of 1048576");
+  ExpectRefused(R"J({"mesh": {"r": 2.0}, "rules": []})J",
+                "layout mesh.r: expected an integer >= 1, got 2.0");
+  ExpectRefused(R"J({"mesh": {"r": -3}, "rules": []})J",
+                "layout mesh.r: expected an integer >= 1, got -3");
   // The largest world is accepted; expanding it for more tensors than the piece limit allows
   // is an error before any piece is built.
-  auto max = LayoutSpec::Parse(R"J({"mesh": {"r": 1048576}, "rules": [{"match": "*", "flat": {"over": "r"}}]})J");
+  auto max = LayoutSpec::Parse(
+      R"J({"mesh": {"r": 1048576}, "rules": [{"match": "*", "flat": {"over": "r"}}]})J");
   ASSERT_TRUE(max.ok()) << max.status();
   EXPECT_EQ(max->world_size(), 1048576);
   std::vector<TensorMeta> tensors(17, Meta("t", {8}));
@@ -415,10 +422,12 @@ TEST(LayoutSpecHostileTest, WorldSizesAreBoundedBeforeAnythingPerRankExists) {
 
 TEST(LayoutSpecHostileTest, RepeatedKeysAndOversizedPartsAreErrors) {
   // A repeated mesh dim silently won (the last size, the first position).
-  ExpectRefused(R"J({"mesh": {"r": 2, "r": 4}, "rules": [{"match": "*", "placements": ["Shard(0)"]}]})J",
-                "layout mesh: key \"r\" appears twice in this object");
-  ExpectRefused(R"J({"mesh": {"r": 2}, "rules": [{"match": "a", "match": "*", "placements": ["Shard(0)"]}]})J",
-                "layout rules[0]: key \"match\" appears twice in this object");
+  ExpectRefused(
+      R"J({"mesh": {"r": 2, "r": 4}, "rules": [{"match": "*", "placements": ["Shard(0)"]}]})J",
+      "layout mesh: key \"r\" appears twice in this object");
+  ExpectRefused(
+      R"J({"mesh": {"r": 2}, "rules": [{"match": "a", "match": "*", "placements": ["Shard(0)"]}]})J",
+      "layout rules[0]: key \"match\" appears twice in this object");
   ExpectRefused(R"J({"mesh": {"r": 2}, "mesh": {"r": 4}, "rules": []})J",
                 "layout (document): key \"mesh\" appears twice in this object");
   std::string mesh = "{";
@@ -459,7 +468,8 @@ TEST(LayoutSpecHostileTest, FromFileRefusesDirectoriesAndOversizedFiles) {
 std::vector<TensorPiece> BruteForcePieces(const LayoutSpec& spec, const TensorMeta& tensor) {
   const LayoutRule* rule = *spec.RuleFor(tensor.key);
   const DeviceMesh& mesh = spec.mesh();
-  std::vector<LocalShard> shards = *ComputeAllLocalShards(tensor.global_shape, mesh, rule->placements);
+  std::vector<LocalShard> shards =
+      *ComputeAllLocalShards(tensor.global_shape, mesh, rule->placements);
   std::vector<TensorPiece> pieces;
   for (int64_t rank = 0; rank < mesh.size(); ++rank) {
     const std::vector<int64_t> coord = *mesh.Coordinate(rank);
@@ -475,8 +485,8 @@ std::vector<TensorPiece> BruteForcePieces(const LayoutSpec& spec, const TensorMe
       }
     }
     if (rule->flat_dim) {
-      FlatShardingSpec flat = *EvenFlatSharding(
-          shards[rank].shape, static_cast<int>(mesh.shape()[*rule->flat_dim]));
+      FlatShardingSpec flat =
+          *EvenFlatSharding(shards[rank].shape, static_cast<int>(mesh.shape()[*rule->flat_dim]));
       const auto& ranges = flat.unsharded_flattened_offsets[coord[*rule->flat_dim]];
       piece.region.flat = ranges.empty()
                               ? FlatRange{piece.region.BoxElements(), piece.region.BoxElements()}

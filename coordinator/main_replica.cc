@@ -15,9 +15,8 @@ absl::StatusOr<std::optional<MainReplicaDistribution>> DetermineMainReplicaDistr
     bool ignore_groups) {
   if (group_size <= 1) return std::optional<MainReplicaDistribution>();
   if (group_size > kMaxWorldSize) {
-    return absl::InvalidArgumentError(absl::StrCat("group of ", group_size,
-                                                   " ranks is more than the limit of ",
-                                                   kMaxWorldSize, " ranks"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group of ", group_size, " ranks is more than the limit of ", kMaxWorldSize, " ranks"));
   }
   if (static_cast<int64_t>(per_rank.size()) != group_size) {
     return absl::InvalidArgumentError(

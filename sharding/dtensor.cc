@@ -18,9 +18,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(std::vector<int64_t> shape) {
     }
     // size <= kMaxWorldSize here, so the quotient is >= 1 and nothing overflows.
     if (shape[i] > kMaxWorldSize / size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("device mesh ", ShapeString(shape), " has more than the limit of ",
-                       kMaxWorldSize, " ranks"));
+      return absl::InvalidArgumentError(absl::StrCat("device mesh ", ShapeString(shape),
+                                                     " has more than the limit of ", kMaxWorldSize,
+                                                     " ranks"));
     }
     size *= shape[i];
   }
@@ -164,12 +164,12 @@ absl::StatusOr<std::vector<LocalShard>> ComputeAllLocalShards(
     absl::Span<const Placement> placements) {
   std::vector<LocalShard> shards;
   shards.reserve(mesh.size());
-  CKPT_RETURN_IF_ERROR(ForEachLocalShard(
-      global_shape, mesh, placements,
-      [&](int64_t, absl::Span<const int64_t>, const LocalShard& shard) {
-        shards.push_back(shard);
-        return absl::OkStatus();
-      }));
+  CKPT_RETURN_IF_ERROR(
+      ForEachLocalShard(global_shape, mesh, placements,
+                        [&](int64_t, absl::Span<const int64_t>, const LocalShard& shard) {
+                          shards.push_back(shard);
+                          return absl::OkStatus();
+                        }));
   return shards;
 }
 

@@ -105,8 +105,7 @@ absl::StatusOr<FlatShardingSpec> EvenFlatSharding(absl::Span<const int64_t> shap
 absl::StatusOr<FlatRange> EvenFlatRange(int64_t numel, int64_t world_size, int64_t rank) {
   if (numel < 0 || numel > kMaxElements || world_size < 1 || rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(absl::StrCat("no even flat range for rank ", rank, " of ",
-                                                   world_size, " ranks over ", numel,
-                                                   " elements"));
+                                                   world_size, " ranks over ", numel, " elements"));
   }
   const int64_t chunk = numel / world_size + (numel % world_size != 0 ? 1 : 0);
   // No overflow: with chunk >= 2, world_size < numel <= 2^62 and rank * chunk < numel +

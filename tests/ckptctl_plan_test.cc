@@ -202,7 +202,8 @@ TEST(CkptctlPlanTest, HostileInputsGetOneLineErrors) {
       good + "\n" +
           R"({"num_ranks": 2, "shard_to_ranks": [[["a", [0], null], [1, 7]]], "shard_to_size": [[["a", [0], null], 1]]})");
   EXPECT_EQ(rank.exit_code, 1);
-  EXPECT_THAT(rank.err, HasSubstr("line 2: field shard_to_ranks[0][1][1]: rank 7 is outside [0, 2)"));
+  EXPECT_THAT(rank.err,
+              HasSubstr("line 2: field shard_to_ranks[0][1][1]: rank 7 is outside [0, 2)"));
   EXPECT_FALSE(rank.out_exists);
   RunResult negative = RunPlan(
       "distribute",
@@ -220,9 +221,9 @@ TEST(CkptctlPlanTest, HostileInputsGetOneLineErrors) {
   EXPECT_THAT(lists.err, HasSubstr("field per_rank: has 3 lists for num_ranks 1"));
 
   // Deep nesting is refused before a DOM exists, with the path.
-  RunResult deep = RunPlan(
-      "distribute", R"({"num_ranks": 1, "shard_to_ranks": )" + std::string(100000, '[') +
-                        std::string(100000, ']') + "}");
+  RunResult deep =
+      RunPlan("distribute", R"({"num_ranks": 1, "shard_to_ranks": )" + std::string(100000, '[') +
+                                std::string(100000, ']') + "}");
   EXPECT_EQ(deep.exit_code, 1);
   EXPECT_THAT(deep.err, HasSubstr("line 1: field shard_to_ranks[0][0]"));
   EXPECT_THAT(deep.err, HasSubstr("nested deeper than the limit of 16 levels"));

@@ -77,8 +77,8 @@ absl::StatusOr<std::string> ReadInput(const std::optional<std::string>& path) {
       const int error = n < 0 ? errno : 0;
       if (path) ::close(fd);
       if (error != 0) {
-        return absl::UnavailableError(absl::StrCat("cannot read ", path ? *path : "stdin", ": ",
-                                                   std::strerror(error)));
+        return absl::UnavailableError(
+            absl::StrCat("cannot read ", path ? *path : "stdin", ": ", std::strerror(error)));
       }
       return text;
     }
