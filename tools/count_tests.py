@@ -37,6 +37,8 @@ def main():
     ap.add_argument("--status", type=int, default=0)
     ap.add_argument("--testlogs", default="bazel-testlogs")
     ap.add_argument("--asan-testlogs", default="bazel-asan-testlogs")
+    ap.add_argument("--extra-testlogs", action="append", default=[],
+                    help="a folder whose every test.xml is counted (e.g. tools/fuzz.sh's)")
     ap.add_argument("targets", nargs="*")
     args = ap.parse_args()
 
@@ -65,6 +67,15 @@ def main():
         totals[1] += f
         totals[2] += s
         problems += ["%s%s: %s" % (label, tag, n) for n in names]
+    for folder in args.extra_testlogs:
+        for root, _, files in sorted(os.walk(folder)):
+            if "test.xml" not in files:
+                continue
+            p, f, s, names = count(os.path.join(root, "test.xml"))
+            totals[0] += p
+            totals[1] += f
+            totals[2] += s
+            problems += ["%s: %s" % (os.path.relpath(root, folder), n) for n in names]
     for line in problems:
         print("FAILED: " + line)
     failed = totals[1] + (1 if args.status and totals[1] == 0 else 0)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs dependencies, builds everything with Bazel, runs every
-# test (plus the parser fuzz tests again under AddressSanitizer), and prints one summary line
+# test (plus the parser tests again under AddressSanitizer, and the libFuzzer targets for a
+# bounded time under ASan + UBSan through tools/fuzz.sh), and prints one summary line
 #   N passed, M failed, K skipped
 # counted over individual test cases. Exits non-zero if anything failed or did not build.
 set -uo pipefail
@@ -28,5 +29,9 @@ if [[ -n "${ASAN_TARGETS// /}" ]]; then
     $ASAN_TARGETS || status=1
 fi
 
+echo "== tools/fuzz.sh (libFuzzer + ASan + UBSan, ${CKPT_FUZZ_SECONDS:-30}s per parser) =="
+./tools/fuzz.sh || status=1
+
 python3 tools/count_tests.py --status "$status" --testlogs bazel-testlogs \
-  --asan-testlogs bazel-asan-testlogs -- "${TARGETS[@]}" $ASAN_TARGETS
+  --asan-testlogs bazel-asan-testlogs --extra-testlogs bazel-fuzz-testlogs \
+  -- "${TARGETS[@]}" $ASAN_TARGETS
