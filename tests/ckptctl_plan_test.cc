@@ -205,6 +205,13 @@ TEST(CkptctlPlanTest, HostileInputsGetOneLineErrors) {
   EXPECT_THAT(rank.err,
               HasSubstr("line 2: field shard_to_ranks[0][1][1]: rank 7 is outside [0, 2)"));
   EXPECT_FALSE(rank.out_exists);
+  // --keep-out-of-range-ranks keeps Megatron's behaviour: counted, never chosen.
+  RunResult kept = RunPlan(
+      "distribute",
+      R"({"num_ranks": 2, "shard_to_ranks": [[["a", [0], null], [1, 7]]], "shard_to_size": [[["a", [0], null], 1]]})",
+      /*use_stdio=*/false, "--keep-out-of-range-ranks");
+  ASSERT_EQ(kept.exit_code, 0) << kept.err;
+  EXPECT_EQ(Lines(kept.out)[0]["assignment"], Json::parse(R"([[["a",[0],null],1]])"));
   RunResult negative = RunPlan(
       "distribute",
       R"({"num_ranks": 2, "shard_to_ranks": [[["a", [0], null], [-1, 0]]], "shard_to_size": [[["a", [0], null], 1]]})");

@@ -23,7 +23,7 @@ namespace ckpt::ckptctl {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: ckptctl plan distribute    [--input F] [--output F]\n"
+    "usage: ckptctl plan distribute    [--input F] [--output F] [--keep-out-of-range-ranks]\n"
     "       ckptctl plan main-replicas [--input F] [--output F]\n"
     "\n"
     "Runs the planner's Megatron-exact distributions on JSON Lines: one JSON object per input\n"
@@ -35,8 +35,9 @@ constexpr char kUsage[] =
     "distribute: {\"num_ranks\": N, \"shard_to_ranks\": [[id, [ranks...]], ...],\n"
     "             \"shard_to_size\": [[id, bytes], ...], \"cross_group\": [id, ...]}\n"
     "  -> {\"assignment\": [[id, rank], ...], \"plan_seconds\": s}  (visiting order)\n"
-    "  cross_group may be omitted (empty). Every rank must be in [0, N) (Megatron would\n"
-    "  silently skip others).\n"
+    "  cross_group may be omitted (empty). Every rank must be in [0, N); with\n"
+    "  --keep-out-of-range-ranks others are kept as Megatron keeps them (counted in\n"
+    "  len(holders), never chosen), to compare with megatron-core itself.\n"
     "main-replicas: {\"num_ranks\": N, \"ignore_groups\": bool,\n"
     "                \"per_rank\": [[[id, bytes, is_main], ...], ...]}\n"
     "  -> {\"distribution\": null} when N <= 1, else\n"
@@ -123,10 +124,15 @@ int RunPlan(const std::vector<std::string>& args) {
   }
   const std::string name = prog + " " + mode;
   std::optional<std::string> input_path, output_path;
+  PlanOptions options;
   for (size_t i = 2; i < args.size(); ++i) {
     if (args[i] == "--help" || args[i] == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
+    }
+    if (args[i] == "--keep-out-of-range-ranks" && mode == "distribute") {
+      options.keep_out_of_range_ranks = true;
+      continue;
     }
     if ((args[i] == "--input" || args[i] == "--output") && i + 1 < args.size()) {
       (args[i] == "--input" ? input_path : output_path) = args[i + 1];
@@ -143,8 +149,8 @@ int RunPlan(const std::vector<std::string>& args) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(text.status().message()).c_str());
     return 1;
   }
-  absl::StatusOr<std::string> output =
-      RunPlanLines(mode == "distribute" ? PlanMode::kDistribute : PlanMode::kMainReplicas, *text);
+  absl::StatusOr<std::string> output = RunPlanLines(
+      mode == "distribute" ? PlanMode::kDistribute : PlanMode::kMainReplicas, *text, options);
   if (!output.ok()) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(output.status().message()).c_str());
     return 1;

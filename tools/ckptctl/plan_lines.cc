@@ -109,7 +109,7 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-absl::StatusOr<std::string> RunDistribute(const Json& line) {
+absl::StatusOr<std::string> RunDistribute(const Json& line, const PlanOptions& options) {
   CKPT_ASSIGN_OR_RETURN(int64_t num_ranks, ParseNumRanks(line));
   CKPT_ASSIGN_OR_RETURN(const Json* to_ranks, Member(line, "shard_to_ranks"));
   CKPT_RETURN_IF_ERROR(ExpectArray(*to_ranks, "shard_to_ranks"));
@@ -132,7 +132,7 @@ absl::StatusOr<std::string> RunDistribute(const Json& line) {
       const std::string rank_field = absl::StrCat(field, "[1][", r, "]");
       CKPT_ASSIGN_OR_RETURN(int64_t rank, ParseInt(entry[1][r], rank_field));
       // Megatron's min() skips such holders silently; here they are a mistake in the input.
-      if (rank < 0 || rank >= num_ranks) {
+      if ((rank < 0 || rank >= num_ranks) && !options.keep_out_of_range_ranks) {
         return FieldError(rank_field,
                           absl::StrCat("rank ", rank, " is outside [0, ", num_ranks, ")"));
       }
@@ -266,18 +266,21 @@ JsonLimits PlanLineLimits() {
   return limits;
 }
 
-absl::StatusOr<std::string> RunPlanLine(PlanMode mode, absl::string_view line) {
+absl::StatusOr<std::string> RunPlanLine(PlanMode mode, absl::string_view line,
+                                        const PlanOptions& options) {
   try {
     absl::StatusOr<Json> parsed = ParseGuardedJson<Json>(line, PlanLineLimits());
     if (!parsed.ok()) return GuardError(parsed.status());
     if (!parsed->is_object()) return absl::InvalidArgumentError("expected a JSON object");
-    return mode == PlanMode::kDistribute ? RunDistribute(*parsed) : RunMainReplicas(*parsed);
+    return mode == PlanMode::kDistribute ? RunDistribute(*parsed, options)
+                                         : RunMainReplicas(*parsed);
   } catch (const std::exception& e) {  // e.g. std::bad_alloc: no exception leaves this module
     return absl::ResourceExhaustedError(absl::StrCat("cannot plan this line: ", e.what()));
   }
 }
 
-absl::StatusOr<std::string> RunPlanLines(PlanMode mode, absl::string_view text) {
+absl::StatusOr<std::string> RunPlanLines(PlanMode mode, absl::string_view text,
+                                         const PlanOptions& options) {
   std::string output;
   size_t pos = 0;
   for (int64_t line_no = 1; pos < text.size(); ++line_no) {
@@ -287,7 +290,7 @@ absl::StatusOr<std::string> RunPlanLines(PlanMode mode, absl::string_view text) 
     pos = end + 1;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == absl::string_view::npos) continue;
-    absl::StatusOr<std::string> result = RunPlanLine(mode, line);
+    absl::StatusOr<std::string> result = RunPlanLine(mode, line, options);
     if (!result.ok()) {
       return absl::Status(result.status().code(),
                           absl::StrCat("line ", line_no, ": ", result.status().message()));

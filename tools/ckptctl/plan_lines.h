@@ -14,18 +14,27 @@ namespace ckpt::ckptctl {
 
 enum class PlanMode { kDistribute, kMainReplicas };
 
+struct PlanOptions {
+  // distribute: accept holder ranks outside [0, num_ranks) as Megatron does (they count in
+  // len(holders) and are never chosen) instead of reporting them; for comparing with
+  // megatron-core itself.
+  bool keep_out_of_range_ranks = false;
+};
+
 // What one input line may hold before its DOM is built: nesting 16, 4 GiB, 2^28 values,
 // strings (shard keys) of 1 MiB.
 JsonLimits PlanLineLimits();
 
 // Runs one line (without its newline). Errors are InvalidArgument naming the field, e.g.
 // "field shard_to_ranks[3][1][0]: rank 7 is outside [0, 4)".
-absl::StatusOr<std::string> RunPlanLine(PlanMode mode, absl::string_view line);
+absl::StatusOr<std::string> RunPlanLine(PlanMode mode, absl::string_view line,
+                                        const PlanOptions& options = {});
 
 // Runs every line of `text` ('\n'-separated; a trailing '\r' is dropped and blank lines are
 // skipped) and returns the output lines, each ending in '\n'. The first failing line stops
 // it with "line N: <error>".
-absl::StatusOr<std::string> RunPlanLines(PlanMode mode, absl::string_view text);
+absl::StatusOr<std::string> RunPlanLines(PlanMode mode, absl::string_view text,
+                                         const PlanOptions& options = {});
 
 }  // namespace ckpt::ckptctl
 
