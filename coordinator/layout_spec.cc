@@ -46,6 +46,14 @@ std::string Describe(const Json& j) {
   return j.type_name();
 }
 
+// An object key as part of a JSON path in an error: cut, and escaped when not printable.
+std::string PathKey(absl::string_view key) {
+  constexpr size_t kMaxKey = 64;
+  std::string out = absl::CHexEscape(key.substr(0, kMaxKey));
+  if (key.size() > kMaxKey) absl::StrAppend(&out, "... (", key.size(), " bytes)");
+  return out;
+}
+
 // Rejects keys other than `allowed` (and "comment") in an object.
 absl::Status CheckKeys(const Json& object, const std::string& path,
                        std::initializer_list<const char*> allowed) {
@@ -53,8 +61,9 @@ absl::Status CheckKeys(const Json& object, const std::string& path,
     bool ok = it.key() == "comment";
     for (const char* a : allowed) ok = ok || it.key() == a;
     if (!ok) {
-      return PathError(path.empty() ? it.key() : absl::StrCat(path, ".", it.key()),
-                       absl::StrCat("unknown field (allowed: ", absl::StrJoin(allowed, ", "), ")"));
+      return PathError(
+          path.empty() ? PathKey(it.key()) : absl::StrCat(path, ".", PathKey(it.key())),
+          absl::StrCat("unknown field (allowed: ", absl::StrJoin(allowed, ", "), ")"));
     }
   }
   return absl::OkStatus();

@@ -445,6 +445,10 @@ TEST(LayoutSpecHostileTest, RepeatedKeysAndOversizedPartsAreErrors) {
   ExpectRefused(absl::StrCat(R"J({"mesh": {"r": 1}, "comment": ")J", std::string(1 << 20, 'c'),
                              R"J(", "rules": []})J"),
                 "layout (document): 1048622 bytes, more than the limit of 1048576 bytes");
+  // A huge unknown key is cut in the path.
+  ExpectRefused(
+      absl::StrCat(R"J({")J", std::string(60000, 'x'), R"J(": 1, "mesh": {"r": 1}, "rules": []})J"),
+      "xxxx... (60000 bytes): unknown field");
   // A huge value where a placement belongs is described, not echoed.
   ExpectRefused(absl::StrCat(R"J({"mesh": {"r": 1}, "rules": [{"match": "*", "placements": [")J",
                              std::string(60000, 'x'), R"J("]}]})J"),
