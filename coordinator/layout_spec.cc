@@ -394,7 +394,7 @@ absl::StatusOr<LayoutSpec> LayoutSpec::Parse(absl::string_view json_text) {
   return spec;
 }
 
-absl::StatusOr<LayoutSpec> LayoutSpec::FromFile(const std::string& path) {
+absl::StatusOr<std::string> LayoutSpec::ReadFile(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     return absl::NotFoundError(absl::StrCat("cannot open layout file ", path));
@@ -411,7 +411,14 @@ absl::StatusOr<LayoutSpec> LayoutSpec::FromFile(const std::string& path) {
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open layout file ", path));
   std::stringstream buffer;
   buffer << in.rdbuf();
-  absl::StatusOr<LayoutSpec> spec = Parse(buffer.str());
+  if (!in && !in.eof())
+    return absl::UnavailableError(absl::StrCat("cannot read layout file ", path));
+  return buffer.str();
+}
+
+absl::StatusOr<LayoutSpec> LayoutSpec::FromFile(const std::string& path) {
+  CKPT_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  absl::StatusOr<LayoutSpec> spec = Parse(text);
   if (!spec.ok()) {
     return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
   }

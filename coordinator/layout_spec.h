@@ -67,6 +67,9 @@ class LayoutSpec {
   static absl::StatusOr<LayoutSpec> Parse(absl::string_view json_text);
   // Reads and parses a file (a regular file of at most kMaxLayoutBytes); errors name it.
   static absl::StatusOr<LayoutSpec> FromFile(const std::string& path);
+  // The text of a layout file, unparsed (e.g. to send it to a coordinator), with FromFile's
+  // checks: a regular file of at most kMaxLayoutBytes.
+  static absl::StatusOr<std::string> ReadFile(const std::string& path);
 
   const DeviceMesh& mesh() const { return mesh_; }
   const std::vector<std::string>& dim_names() const { return dim_names_; }

@@ -465,6 +465,14 @@ TEST(LayoutSpecHostileTest, FromFileRefusesDirectoriesAndOversizedFiles) {
   spec = LayoutSpec::FromFile(big);
   ASSERT_FALSE(spec.ok());
   EXPECT_THAT(spec.status().message(), HasSubstr("more than the limit of 1048576"));
+  // ReadFile (what ckptctl sends to a coordinator) makes the same checks, and parses nothing.
+  EXPECT_FALSE(LayoutSpec::ReadFile(dir).ok());
+  EXPECT_FALSE(LayoutSpec::ReadFile(big).ok());
+  const std::string junk = dir + "/junk_layout.json";
+  std::ofstream(junk) << "[[[";
+  auto text = LayoutSpec::ReadFile(junk);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "[[[");
 }
 
 // The straightforward twin of PiecesOf as it was: each rank's flat range taken from the
