@@ -9,7 +9,7 @@ PACKAGES=(
   libabsl-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libxxhash-dev liburing-dev nlohmann-json3-dev
-  pkg-config python3
+  libssl-dev openssl pkg-config python3
 )
 # Optional peers for benchmarks only (large): CKPT_INSTALL_BENCH_PEERS=1 adds python3-torch.
 if [[ "${CKPT_INSTALL_BENCH_PEERS:-0}" == "1" ]]; then
