@@ -158,6 +158,24 @@ TEST(SecurityTest, AWorkerCertificateCannotActForAWorkerItDidNotRegister) {
   s = stub->DeregisterWorker(Ctx().get(), deregister, &deregister_response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
 
+  // Nor report a result for a rank the victim runs (here: a save gathering its ranks).
+  Child* trainer = cluster.StartTrainer(0, "reported", 0, 2, "save");
+  std::string op;
+  ASSERT_TRUE(WaitFor([&] {
+    pb::GetStatusResponse status = cluster.Status();
+    if (status.operations_size() != 1) return false;
+    op = status.operations(0).id();
+    return true;
+  })) << trainer->Stderr();
+  pb::ReportResultRequest report;
+  report.set_operation_id(op);
+  report.set_rank(0);
+  report.mutable_result()->set_code(static_cast<int>(absl::StatusCode::kDataLoss));
+  report.mutable_result()->set_message("forged");
+  pb::ReportResultResponse reported;
+  s = stub->ReportResult(Ctx().get(), report, &reported);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+
   // Re-registering with the victim's host and pid would take its id over.
   const pb::GetStatusResponse before = cluster.Status();
   const pb::WorkerStatus* record = FindWorker(before, victim);
@@ -179,6 +197,8 @@ TEST(SecurityTest, AWorkerCertificateCannotActForAWorkerItDidNotRegister) {
   const pb::WorkerStatus* still = FindWorker(after, victim);
   ASSERT_NE(still, nullptr);
   EXPECT_TRUE(still->alive());
+  ASSERT_EQ(after.operations_size(), 1);
+  EXPECT_EQ(after.operations(0).phase(), pb::PHASE_GATHERING) << "the forged report was ignored";
 }
 
 TEST(SecurityTest, WithoutCertificatesACoordinatorRefusesToListenBeyondLoopback) {
