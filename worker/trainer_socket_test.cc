@@ -35,6 +35,11 @@ class EchoCredentials final : public pb::Worker::Service {
     response->add_sessions()->set_pid(cred->pid);
     return grpc::Status::OK;
   }
+  grpc::Status RegisterTensors(grpc::ServerContext*, const pb::RegisterTensorsRequest* request,
+                               pb::RegisterTensorsResponse* response) override {
+    response->set_host_bytes(request->session_id().size());
+    return grpc::Status::OK;
+  }
 
  private:
   const TrainerSocket* socket_;
@@ -74,6 +79,30 @@ TEST_F(TrainerSocketTest, CallsCarryTheCallersPidAndUidFromTheKernel) {
   EXPECT_EQ(response.sessions(0).pid(), getpid());
   (*socket)->Stop();
   EXPECT_NE(access(path_.c_str(), F_OK), 0) << "Stop removes the socket file";
+  server->Shutdown(std::chrono::system_clock::now());
+}
+
+TEST_F(TrainerSocketTest, HandedOverConnectionsKeepTheServersMessageSizeLimit) {
+  auto socket = TrainerSocket::Open({path_, {}});
+  ASSERT_TRUE(socket.ok()) << socket.status();
+  EchoCredentials service(socket->get());
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(64 << 20);  // the worker's is 1 GiB; gRPC's default 4 MiB
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  (*socket)->Serve(server.get());
+  auto stub =
+      pb::Worker::NewStub(grpc::CreateChannel("unix:" + path_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  pb::RegisterTensorsRequest big;
+  big.set_session_id(std::string(16 << 20, 's'));
+  pb::RegisterTensorsResponse response;
+  grpc::Status s = stub->RegisterTensors(&context, big, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.host_bytes(), 16 << 20);
+  (*socket)->Stop();
   server->Shutdown(std::chrono::system_clock::now());
 }
 
