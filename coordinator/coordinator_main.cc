@@ -129,7 +129,10 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   absl::StatusOr<ckpt::TransportSecurity> security = ckpt::ResolveTransportSecurity(
       {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)},
       absl::GetFlag(FLAGS_insecure), listen, "--listen", "ckpt_coordinator");
-  if (!security.ok()) return Fail(security.status().message());
+  if (!security.ok()) {  // the message names the program already
+    std::fprintf(stderr, "%s\n", std::string(security.status().message()).c_str());
+    return 2;
+  }
   if (security->insecure_beyond_loopback) {
     spdlog::critical("{}", ckpt::InsecureWarning("ckpt_coordinator", listen));
   }

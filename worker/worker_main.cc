@@ -150,7 +150,10 @@ int Run() {
   absl::StatusOr<ckpt::TransportSecurity> security = ckpt::ResolveTransportSecurity(
       {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)},
       absl::GetFlag(FLAGS_insecure), coordinator, "--coordinator", "ckpt_worker");
-  if (!security.ok()) return Fail(std::string(security.status().message()));
+  if (!security.ok()) {  // the message names the program already
+    std::fprintf(stderr, "%s\n", std::string(security.status().message()).c_str());
+    return 2;
+  }
   if (security->insecure_beyond_loopback) {
     spdlog::critical("{}", ckpt::InsecureWarning("ckpt_worker", coordinator));
   }
