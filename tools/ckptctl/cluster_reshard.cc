@@ -25,11 +25,12 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-// The coordinator and the workers resolve paths in their own working directories.
+// The coordinator accepts only absolute paths (under its checkpoint roots): a relative one
+// means this shell's working directory. Nothing else is rewritten (it judges "..").
 std::string Absolute(const std::string& path) {
   std::error_code ec;
   std::filesystem::path p = std::filesystem::absolute(path, ec);
-  return ec ? path : p.lexically_normal().string();
+  return ec ? path : p.string();
 }
 
 }  // namespace
@@ -39,8 +40,13 @@ int RunClusterReshard(const ClusterReshardArgs& args) {
   absl::StatusOr<std::string> layout = LayoutSpec::ReadFile(args.layout_path);
   if (!layout.ok()) return Fail(std::string(layout.status().message()));
 
-  auto stub = pb::Coordinator::NewStub(
-      grpc::CreateChannel(args.coordinator, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      DialCoordinator(args.coordinator, args.tls, "reshard");
+  if (!channel.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(channel.status().message()).c_str());
+    return 2;
+  }
+  auto stub = pb::Coordinator::NewStub(*channel);
   const absl::Time start = absl::Now();
   pb::StartReshardRequest request;
   request.set_source(Absolute(args.source));
