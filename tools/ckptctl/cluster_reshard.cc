@@ -5,13 +5,12 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "coordinator/layout_spec.h"
 #include "nlohmann/json.hpp"
 #include "proto/coordinator.grpc.pb.h"
 #include "tools/ckptctl/operation_wait.h"
@@ -37,10 +36,9 @@ std::string Absolute(const std::string& path) {
 }  // namespace
 
 int RunClusterReshard(const ClusterReshardArgs& args) {
-  std::ifstream in(args.layout_path);
-  if (!in) return Fail(absl::StrCat("cannot read layout file ", args.layout_path));
-  std::stringstream layout;
-  layout << in.rdbuf();
+  // Sent unparsed: the coordinator validates it (and must withstand whatever it holds).
+  absl::StatusOr<std::string> layout = LayoutSpec::ReadFile(args.layout_path);
+  if (!layout.ok()) return Fail(std::string(layout.status().message()));
 
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       DialCoordinator(args.coordinator, args.tls, "reshard");
@@ -53,7 +51,7 @@ int RunClusterReshard(const ClusterReshardArgs& args) {
   pb::StartReshardRequest request;
   request.set_source(Absolute(args.source));
   request.set_destination(Absolute(args.destination));
-  request.set_layout_json(layout.str());
+  request.set_layout_json(*std::move(layout));
   request.set_overwrite(args.overwrite);
   request.set_memory_budget_bytes(args.memory_budget_bytes);
   request.set_max_workers(args.max_workers);
