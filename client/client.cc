@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -198,7 +199,11 @@ absl::StatusOr<std::string> Client::Transfer(bool save, const std::string& path,
   if (absl::Status s = Share(state); !s.ok()) return s;
   pb::TransferRequest request;
   request.set_session_id(session_id_);
-  request.set_path(path);
+  // The coordinator accepts only absolute paths (under its checkpoint roots); a relative one
+  // means this process's working directory.
+  std::error_code ec;
+  std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+  request.set_path(path.empty() || ec ? path : absolute.string());
   request.mutable_metadata()->insert(metadata.begin(), metadata.end());
   request.set_operation_id(operation_id);
   request.set_timeout_ms(absl::ToInt64Milliseconds(arrival_timeout));
@@ -230,9 +235,9 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
 }
 
 absl::Status Client::Load(const std::string& path, StateDict& state, const LoadOptions& options) {
-  absl::StatusOr<std::string> op = Transfer(false, path, state, {}, "", options.arrival_timeout,
-                                            options.exchange_algorithm,
-                                            options.memory_budget_bytes);
+  absl::StatusOr<std::string> op =
+      Transfer(false, path, state, {}, "", options.arrival_timeout, options.exchange_algorithm,
+               options.memory_budget_bytes);
   if (!op.ok()) return op.status();
   absl::StatusOr<OperationProgress> p =
       connection_->WaitFinal(session_id_, *op, options.arrival_timeout + options.deadline);

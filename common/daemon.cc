@@ -7,7 +7,9 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -58,6 +60,22 @@ std::string HostName() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
   return buf;
+}
+
+std::vector<std::string> RepeatedFlagValues(int argc, char** argv, absl::string_view name) {
+  std::vector<std::string> values;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
+    if (!absl::ConsumePrefix(&arg, name)) continue;
+    if (absl::ConsumePrefix(&arg, "=")) {
+      values.emplace_back(arg);
+    } else if (arg.empty() && i + 1 < argc) {
+      values.emplace_back(argv[++i]);
+    }
+  }
+  return values;
 }
 
 }  // namespace ckpt

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -26,6 +27,10 @@ void WatchShutdownSignals(std::function<void(int)> on_signal);
 
 // This machine's host name ("localhost" if it cannot be read).
 std::string HostName();
+
+// Every value of a flag that may be repeated ("--name=v", "--name v", "-name=v", "-name v"),
+// in order, up to a "--" argument. Absl flags keep only the last occurrence.
+std::vector<std::string> RepeatedFlagValues(int argc, char** argv, absl::string_view name);
 
 }  // namespace ckpt
 

@@ -1,8 +1,15 @@
 // ckpt_coordinator: the coordinator daemon. Serves ckpt.pb.Coordinator (workers, jobs,
 // operations) and ckpt.pb.Rendezvous (the data plane's key-value store) on one address.
 //
-//   ckpt_coordinator --listen 0.0.0.0:7400 [--lease_ms 10000] [--arrival_deadline_ms 60000]
+//   ckpt_coordinator --checkpoint_root DIR [--checkpoint_root DIR ...]
+//                    [--listen 0.0.0.0:7400] [--tls_ca F --tls_cert F --tls_key F | --insecure]
+//                    [--lease_ms 10000] [--arrival_deadline_ms 60000]
 //                    [--execution_deadline_ms 1800000] [--log_level info] [--address_file F]
+//
+// Callers are authenticated by TLS client certificates when --tls_* are given (their role
+// decides what they may call; docs/services.md, Security). Without certificates the daemon
+// refuses to listen beyond loopback unless --insecure is given. Checkpoint paths callers name
+// must lie under a --checkpoint_root.
 //
 // With port 0 the OS picks a free port; the address actually bound is printed on stdout as
 // "ckpt_coordinator listening on HOST:PORT" (and written to --address_file when given).
@@ -12,13 +19,17 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/checkpoint_roots.h"
 #include "common/daemon.h"
+#include "common/grpc_auth.h"
+#include "common/transport_security.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/kv_store.h"
 #include "coordinator/load_exchange.h"
@@ -43,6 +54,23 @@ ABSL_FLAG(int64_t, load_memory_budget_bytes, int64_t{1} << 30,
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 ABSL_FLAG(std::string, address_file, "",
           "when set, the bound host:port is written here (atomically) once serving");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "a directory under which callers may save, load and reshard checkpoints (absolute; "
+          "repeat the flag for several; at least one is required)");
+ABSL_FLAG(std::string, tls_ca, "", "CA certificate (PEM) every caller's certificate must chain to");
+ABSL_FLAG(std::string, tls_cert, "",
+          "this coordinator's certificate (PEM; ckptctl certs issue --role coordinator)");
+ABSL_FLAG(std::string, tls_key, "", "this coordinator's private key (PEM, mode 0600)");
+ABSL_FLAG(bool, insecure, false,
+          "serve without TLS on an address beyond loopback: anyone who reaches it may save, "
+          "load and reshard (not recommended)");
+ABSL_FLAG(int64_t, rendezvous_max_keys_per_job, 65536,
+          "keys one operation's rendezvous (a job runs one at a time) may hold");
+ABSL_FLAG(int64_t, rendezvous_max_value_bytes, int64_t{8} << 20,
+          "largest rendezvous value (a Gloo address list takes ~200 bytes per rank)");
+ABSL_FLAG(int64_t, rendezvous_max_bytes_per_job, int64_t{1} << 30,
+          "bytes (keys + values) one operation's rendezvous may hold (Gloo's full mesh needs "
+          "~200 x ranks^2)");
 
 namespace {
 
@@ -59,11 +87,26 @@ bool WriteFileAtomically(const std::string& path, const std::string& text) {
   return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
-int Run() {
+int Fail(absl::string_view message) {
+  std::fprintf(stderr, "ckpt_coordinator: %s\n", std::string(message).c_str());
+  return 2;
+}
+
+ckpt::KvLimits RendezvousLimits() {
+  ckpt::KvLimits limits;
+  limits.max_keys_per_group =
+      static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_rendezvous_max_keys_per_job)));
+  limits.max_value_bytes =
+      static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_rendezvous_max_value_bytes)));
+  limits.max_bytes_per_group =
+      static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_rendezvous_max_bytes_per_job)));
+  return limits;
+}
+
+int Run(const std::vector<std::string>& checkpoint_roots) {
   if (absl::Status s = ckpt::SetUpDaemonLogging("coordinator", absl::GetFlag(FLAGS_log_level));
       !s.ok()) {
-    std::fprintf(stderr, "ckpt_coordinator: %s\n", std::string(s.message()).c_str());
-    return 2;
+    return Fail(s.message());
   }
   for (int64_t v : {absl::GetFlag(FLAGS_lease_ms), absl::GetFlag(FLAGS_arrival_deadline_ms),
                     absl::GetFlag(FLAGS_execution_deadline_ms), absl::GetFlag(FLAGS_tick_ms)}) {
@@ -81,15 +124,29 @@ int Run() {
     return 2;
   }
 
+  absl::StatusOr<ckpt::CheckpointRoots> roots = ckpt::CheckpointRoots::Create(checkpoint_roots);
+  if (!roots.ok()) return Fail(roots.status().message());
+  absl::StatusOr<ckpt::TransportSecurity> security = ckpt::ResolveTransportSecurity(
+      {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)},
+      absl::GetFlag(FLAGS_insecure), listen, "--listen", "ckpt_coordinator");
+  if (!security.ok()) {  // the message names the program already
+    std::fprintf(stderr, "%s\n", std::string(security.status().message()).c_str());
+    return 2;
+  }
+  if (security->insecure_beyond_loopback) {
+    spdlog::critical("{}", ckpt::InsecureWarning("ckpt_coordinator", listen));
+  }
+
   ckpt::coordinator::RealClock clock;
   ckpt::coordinator::CoordinatorOptions options;
+  options.checkpoint_roots = *roots;
   options.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   options.tick = absl::Milliseconds(absl::GetFlag(FLAGS_tick_ms));
   options.jobs.arrival_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_arrival_deadline_ms));
   options.jobs.execution_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_execution_deadline_ms));
   // Declared before the service so that it outlives it: the finalizer below drops a finished
   // load's rendezvous keys.
-  ckpt::KvStore kv;
+  ckpt::KvStore kv(RendezvousLimits());
   ckpt::coordinator::CoordinatorService coordinator(&clock, options);
   // Saves: staging directory + save plan, then manifest merge + atomic commit; an aborted
   // save's staging directory is removed.
@@ -111,9 +168,10 @@ int Run() {
   coordinator.SetFinalizer([&saves, &reshards, &kv](const ckpt::coordinator::Operation& op) {
     saves.Finalize(op);
     reshards.Finalize(op);
-    if (op.kind == ckpt::coordinator::OperationKind::kLoad) {
-      kv.ErasePrefix(absl::StrCat("load/", op.id, "/"));
-    }
+    // Whatever the operation's ranks left in the rendezvous store goes with it.
+    const size_t erased = kv.ErasePrefix(
+        absl::StrCat(ckpt::coordinator::OperationKindName(op.kind), "/", op.id, "/"));
+    if (erased > 0) spdlog::debug("rendezvous_erased op={} keys={}", op.id, erased);
   });
   // Loads: each stored piece is read once, by one rank, and exchanged between the workers of
   // the operation (algorithm and budget from the trainers' load options, else the flags).
@@ -129,11 +187,14 @@ int Run() {
                            }
                            return ckpt::coordinator::PlanExchangeLoad(op, options);
                          });
-  ckpt::RendezvousService rendezvous(&kv);
+  ckpt::RendezvousService rendezvous(
+      &kv, [&coordinator](const ckpt::Peer& peer, absl::string_view group) {
+        return coordinator.AuthorizeRendezvous(peer, group);
+      });
 
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(listen, ckpt::MakeServerCredentials(*security), &bound_port);
   // Gathered metadata of a rank with many tensors easily exceeds gRPC's 4 MB default.
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -148,9 +209,11 @@ int Run() {
   std::string address = absl::StrCat(listen.substr(0, colon), ":", bound_port);
   std::printf("ckpt_coordinator listening on %s\n", address.c_str());
   std::fflush(stdout);
-  spdlog::info("serving address={} lease_ms={} arrival_deadline_ms={} execution_deadline_ms={}",
-               address, absl::GetFlag(FLAGS_lease_ms), absl::GetFlag(FLAGS_arrival_deadline_ms),
-               absl::GetFlag(FLAGS_execution_deadline_ms));
+  spdlog::info(
+      "serving address={} tls={} checkpoint_roots=\"{}\" lease_ms={} arrival_deadline_ms={} "
+      "execution_deadline_ms={}",
+      address, security->tls, roots->Describe(), absl::GetFlag(FLAGS_lease_ms),
+      absl::GetFlag(FLAGS_arrival_deadline_ms), absl::GetFlag(FLAGS_execution_deadline_ms));
   const std::string address_file = absl::GetFlag(FLAGS_address_file);
   if (!address_file.empty() && !WriteFileAtomically(address_file, address)) {
     spdlog::error("cannot write address_file={}", address_file);
@@ -173,8 +236,10 @@ int Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "ckpt coordinator daemon: worker registry, rendezvous store, jobs and operations.\n"
-      "usage: ckpt_coordinator --listen HOST:PORT [flags]");
+      "usage: ckpt_coordinator --checkpoint_root DIR [--listen HOST:PORT] [flags]");
+  // Every occurrence counts (absl keeps only the last).
+  std::vector<std::string> roots = ckpt::RepeatedFlagValues(argc, argv, "checkpoint_root");
   absl::ParseCommandLine(argc, argv);
   ckpt::BlockShutdownSignals();
-  return Run();
+  return Run(roots);
 }

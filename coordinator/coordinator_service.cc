@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/grpc_status.h"
 #include "coordinator/layout_spec.h"
 #include "coordinator/operation_wire.h"
@@ -74,6 +75,71 @@ void CoordinatorService::Changed() {
     }
   }
   changed_.SignalAll();
+}
+
+absl::Status CoordinatorService::ActsForWorker(const Peer& peer,
+                                               absl::string_view worker_id) const {
+  if (!peer.authenticated) return absl::OkStatus();
+  auto owner = worker_owners_.find(std::string(worker_id));
+  // An unknown worker: the call's own checks answer (NotFound, not registered).
+  if (owner == worker_owners_.end() || owner->second == peer.Principal()) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat(peer.Describe(), " may not act for worker ", worker_id,
+                   ", which registered with the certificate ", owner->second));
+}
+
+absl::Status CoordinatorService::ActsForRank(const Peer& peer, const std::string& operation_id,
+                                             int rank) const {
+  const Operation* op = jobs_.FindOperation(operation_id);
+  if (op == nullptr || rank < 0 || rank >= static_cast<int>(op->ranks.size())) {
+    return absl::OkStatus();  // the state machine names what is wrong
+  }
+  return ActsForWorker(peer, op->ranks[rank].location.worker_id);
+}
+
+absl::Status CoordinatorService::MayRegister(const Peer& peer,
+                                             const WorkerDescription& description) const {
+  if (!peer.authenticated) return absl::OkStatus();
+  for (const WorkerRecord* w : workers_.All()) {
+    if (w->description.host != description.host || w->description.pid != description.pid) {
+      continue;
+    }
+    if (absl::Status s = ActsForWorker(peer, w->id); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CoordinatorService::CheckpointPath(absl::string_view path,
+                                                               absl::string_view what) const {
+  if (!options_.checkpoint_roots.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " '", path,
+                     "' refused: this coordinator has no checkpoint root (--checkpoint_root)"));
+  }
+  return options_.checkpoint_roots->Resolve(path, what);
+}
+
+absl::StatusOr<std::string> CoordinatorService::AuthorizeRendezvous(const Peer& peer,
+                                                                    absl::string_view group) {
+  std::pair<std::string, std::string> parts = absl::StrSplit(group, absl::MaxSplits('/', 1));
+  absl::MutexLock lock(&mu_);
+  const Operation* op = jobs_.FindOperation(parts.second);
+  if (op == nullptr || OperationKindName(op->kind) != parts.first) {
+    return absl::NotFoundError(
+        absl::StrCat("rendezvous group '", group, "' names no operation of this coordinator"));
+  }
+  if (IsFinal(op->phase)) {
+    return absl::FailedPreconditionError(absl::StrCat("operation ", op->id, " of job ", op->job,
+                                                      " has ended; its rendezvous is closed"));
+  }
+  if (!peer.authenticated) return op->job;
+  for (const RankEntry& rank : op->ranks) {
+    auto owner = worker_owners_.find(rank.location.worker_id);
+    if (owner != worker_owners_.end() && owner->second == peer.Principal()) return op->job;
+  }
+  return absl::PermissionDeniedError(absl::StrCat(peer.Describe(), " serves no rank of operation ",
+                                                  op->id, " (job ", op->job,
+                                                  ") and may not use its rendezvous"));
 }
 
 void CoordinatorService::TickOnce() {
@@ -163,9 +229,11 @@ void CoordinatorService::Advance(const std::string& operation_id) {
   Changed();
 }
 
-grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext*,
+grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* context,
                                                 const pb::RegisterWorkerRequest* request,
                                                 pb::RegisterWorkerResponse* response) {
+  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "RegisterWorker");
+  if (!peer.ok()) return ToGrpcStatus(peer.status());
   const pb::WorkerInfo& info = request->info();
   WorkerDescription d;
   d.host = info.host();
@@ -175,8 +243,13 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext*,
   d.local_rank = info.local_rank();
   d.gpu = info.gpu();
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = MayRegister(*peer, d); !s.ok()) return ToGrpcStatus(s);
+  for (auto it = worker_owners_.begin(); it != worker_owners_.end();) {  // forgotten workers
+    it = workers_.Find(it->first) != nullptr ? std::next(it) : worker_owners_.erase(it);
+  }
   absl::StatusOr<WorkerRecord> record = workers_.Register(d);
   if (!record.ok()) return ToGrpcStatus(record.status());
+  if (peer->authenticated) worker_owners_[record->id] = peer->Principal();
   spdlog::info("worker_registered worker={} host={} pid={} data_plane={} local_rank={} gpu={}",
                record->id, d.host, d.pid, d.data_plane_address, d.local_rank, d.gpu);
   response->set_worker_id(record->id);
@@ -185,20 +258,31 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            const pb::HeartbeatRequest* request,
                                            pb::HeartbeatResponse* response) {
+  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "Heartbeat");
+  if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   absl::Status s = workers_.Heartbeat(request->worker_id());
   if (!s.ok()) return ToGrpcStatus(s);
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::DeregisterWorker(grpc::ServerContext*,
+grpc::Status CoordinatorService::DeregisterWorker(grpc::ServerContext* context,
                                                   const pb::DeregisterWorkerRequest* request,
                                                   pb::DeregisterWorkerResponse*) {
+  absl::StatusOr<Peer> peer =
+      AuthorizeCall(*context, {Role::kWorker, Role::kOperator}, "DeregisterWorker");
+  if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::MutexLock lock(&mu_);
+  if (peer->role == Role::kWorker) {
+    if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+  }
   const WorkerRecord* record = workers_.Find(request->worker_id());
   if (record == nullptr) {
     return ToGrpcStatus(
@@ -207,15 +291,19 @@ grpc::Status CoordinatorService::DeregisterWorker(grpc::ServerContext*,
   std::string description = record->DebugString();
   LogAborted(jobs_.WorkerLost(request->worker_id(), "shut down"));
   (void)workers_.Deregister(request->worker_id());
-  spdlog::info("worker_deregistered {}", description);
+  worker_owners_.erase(request->worker_id());
+  spdlog::info("worker_deregistered {} by=\"{}\"", description, peer->Describe());
   Changed();
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::AttachRank(grpc::ServerContext*,
+grpc::Status CoordinatorService::AttachRank(grpc::ServerContext* context,
                                             const pb::AttachRankRequest* request,
                                             pb::AttachRankResponse*) {
+  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "AttachRank");
+  if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   const WorkerRecord* worker = workers_.Find(request->worker_id());
   if (worker == nullptr || !worker->alive) {
     return ToGrpcStatus(absl::FailedPreconditionError(
@@ -233,10 +321,13 @@ grpc::Status CoordinatorService::AttachRank(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::DetachRank(grpc::ServerContext*,
+grpc::Status CoordinatorService::DetachRank(grpc::ServerContext* context,
                                             const pb::DetachRankRequest* request,
                                             pb::DetachRankResponse*) {
+  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "DetachRank");
+  if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   jobs_.DetachRank(request->job(), request->rank(), request->worker_id());
   spdlog::info("rank_detached job={} rank={} worker={}", request->job(), request->rank(),
                request->worker_id());
@@ -244,12 +335,19 @@ grpc::Status CoordinatorService::DetachRank(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext*,
+grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext* context,
                                                const pb::JoinOperationRequest* request,
                                                pb::JoinOperationResponse* response) {
+  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "JoinOperation");
+  if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::StatusOr<OperationKind> kind = FromProto(request->kind());
   if (!kind.ok()) return ToGrpcStatus(kind.status());
+  absl::StatusOr<std::string> path =
+      CheckpointPath(request->path(), absl::StrCat(OperationKindName(*kind), " path of job ",
+                                                   request->job(), " rank ", request->rank()));
+  if (!path.ok()) return ToGrpcStatus(path.status());
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   const WorkerRecord* worker = workers_.Find(request->worker_id());
   if (worker == nullptr || !worker->alive) {
     return ToGrpcStatus(absl::FailedPreconditionError(
@@ -261,7 +359,7 @@ grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext*,
   join.world_size = request->world_size();
   join.rank = request->rank();
   join.kind = *kind;
-  join.path = request->path();
+  join.path = *path;
   join.location = RankLocation{worker->id, worker->description.host, worker->description.pid};
   join.shards.assign(request->state().shards().begin(), request->state().shards().end());
   join.layouts.assign(request->state().layouts().begin(), request->state().layouts().end());
@@ -289,7 +387,13 @@ grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext*,
 grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
                                            const pb::WatchWorkRequest* request,
                                            grpc::ServerWriter<pb::WorkItem>* writer) {
+  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "WatchWork");
+  if (!peer.ok()) return ToGrpcStatus(peer.status());
   const std::string worker_id = request->worker_id();
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = ActsForWorker(*peer, worker_id); !s.ok()) return ToGrpcStatus(s);
+  }
   const absl::Time started = clock_->Now();
   std::set<std::pair<std::string, int>> plans_sent;  // (operation, rank)
   std::set<std::string> aborts_sent;
@@ -343,20 +447,30 @@ grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
   }
 }
 
-grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext*,
+grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext* context,
                                                 const pb::ReportProgressRequest* request,
                                                 pb::ReportProgressResponse*) {
+  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "ReportProgress");
+  if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = ActsForRank(*peer, request->operation_id(), request->rank()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   absl::Status s =
       jobs_.ReportProgress(request->operation_id(), request->rank(), request->bytes_done());
   Changed();
   return ToGrpcStatus(s);
 }
 
-grpc::Status CoordinatorService::ReportResult(grpc::ServerContext*,
+grpc::Status CoordinatorService::ReportResult(grpc::ServerContext* context,
                                               const pb::ReportResultRequest* request,
                                               pb::ReportResultResponse*) {
+  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "ReportResult");
+  if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = ActsForRank(*peer, request->operation_id(), request->rank()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   absl::Status result = FromDetail(request->result());
   absl::Status s = jobs_.ReportResult(request->operation_id(), request->rank(), result,
                                       request->written(), request->bytes_read());
@@ -370,6 +484,9 @@ grpc::Status CoordinatorService::ReportResult(grpc::ServerContext*,
 grpc::Status CoordinatorService::WaitOperation(grpc::ServerContext* context,
                                                const pb::WaitOperationRequest* request,
                                                pb::OperationStatus* response) {
+  absl::StatusOr<Peer> peer =
+      AuthorizeCall(*context, {Role::kWorker, Role::kOperator}, "WaitOperation");
+  if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::Time deadline =
       std::min(clock_->Now() + absl::Milliseconds(request->timeout_ms()), ClientDeadline(context));
   absl::MutexLock lock(&mu_);
@@ -388,26 +505,38 @@ grpc::Status CoordinatorService::WaitOperation(grpc::ServerContext* context,
   }
 }
 
-grpc::Status CoordinatorService::RequestOperation(grpc::ServerContext*,
+grpc::Status CoordinatorService::RequestOperation(grpc::ServerContext* context,
                                                   const pb::RequestOperationRequest* request,
                                                   pb::RequestOperationResponse* response) {
+  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kOperator}, "RequestOperation");
+  if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::StatusOr<OperationKind> kind = FromProto(request->kind());
   if (!kind.ok()) return ToGrpcStatus(kind.status());
+  absl::StatusOr<std::string> path = CheckpointPath(
+      request->path(), absl::StrCat(OperationKindName(*kind), " path of job ", request->job()));
+  if (!path.ok()) return ToGrpcStatus(path.status());
   absl::MutexLock lock(&mu_);
   absl::StatusOr<std::string> id = jobs_.RequestOperation(
-      request->job(), *kind, request->path(), absl::Milliseconds(request->arrival_deadline_ms()),
+      request->job(), *kind, *path, absl::Milliseconds(request->arrival_deadline_ms()),
       request->load_algorithm(), request->load_memory_budget_bytes());
   if (!id.ok()) return ToGrpcStatus(id.status());
-  spdlog::info("operation_requested op={} job={} kind={} path={}", *id, request->job(),
-               std::string(OperationKindName(*kind)), request->path());
+  spdlog::info("operation_requested op={} job={} kind={} path={} by=\"{}\"", *id, request->job(),
+               std::string(OperationKindName(*kind)), *path, peer->Describe());
   response->set_operation_id(*id);
   Changed();
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::StartReshard(grpc::ServerContext*,
+grpc::Status CoordinatorService::StartReshard(grpc::ServerContext* context,
                                               const pb::StartReshardRequest* request,
                                               pb::StartReshardResponse* response) {
+  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kOperator}, "StartReshard");
+  if (!peer.ok()) return ToGrpcStatus(peer.status());
+  absl::StatusOr<std::string> source = CheckpointPath(request->source(), "reshard source");
+  if (!source.ok()) return ToGrpcStatus(source.status());
+  absl::StatusOr<std::string> destination =
+      CheckpointPath(request->destination(), "reshard destination");
+  if (!destination.ok()) return ToGrpcStatus(destination.status());
   absl::StatusOr<LayoutSpec> layout = LayoutSpec::Parse(request->layout_json());
   if (!layout.ok()) {
     return ToGrpcStatus(absl::Status(layout.status().code(),
@@ -439,16 +568,15 @@ grpc::Status CoordinatorService::StartReshard(grpc::ServerContext*,
     locations.push_back(RankLocation{w->id, w->description.host, w->description.pid});
   }
   ReshardSpec spec;
-  spec.source = request->source();
+  spec.source = *source;
   spec.layout_json = request->layout_json();
   spec.overwrite = request->overwrite();
   spec.memory_budget_bytes = request->memory_budget_bytes();
-  absl::StatusOr<std::string> id =
-      jobs_.StartReshard(request->destination(), std::move(spec), locations);
+  absl::StatusOr<std::string> id = jobs_.StartReshard(*destination, std::move(spec), locations);
   if (!id.ok()) return ToGrpcStatus(id.status());
   const Operation* op = jobs_.FindOperation(*id);
-  spdlog::info("reshard_started op={} source={} destination={} ranks={} workers={}", *id,
-               request->source(), request->destination(), layout->world_size(), live.size());
+  spdlog::info("reshard_started op={} source={} destination={} ranks={} workers={} by=\"{}\"", *id,
+               *source, *destination, layout->world_size(), live.size(), peer->Describe());
   response->set_operation_id(*id);
   response->set_job(op->job);
   response->set_world_size(op->world_size);
@@ -458,9 +586,11 @@ grpc::Status CoordinatorService::StartReshard(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::PendingOperation(grpc::ServerContext*,
+grpc::Status CoordinatorService::PendingOperation(grpc::ServerContext* context,
                                                   const pb::PendingOperationRequest* request,
                                                   pb::PendingOperationResponse* response) {
+  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "PendingOperation");
+  if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::MutexLock lock(&mu_);
   const Operation* op = jobs_.PendingForRank(request->job(), request->rank());
   response->set_pending(op != nullptr);
@@ -472,9 +602,11 @@ grpc::Status CoordinatorService::PendingOperation(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::GetStatus(grpc::ServerContext*,
+grpc::Status CoordinatorService::GetStatus(grpc::ServerContext* context,
                                            const pb::GetStatusRequest* request,
                                            pb::GetStatusResponse* response) {
+  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kOperator}, "GetStatus");
+  if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::MutexLock lock(&mu_);
   absl::Time now = clock_->Now();
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));

@@ -6,6 +6,11 @@
 // Planning and committing are pluggable (SetPlanner/SetCommitter): an operation whose kind has
 // no planner wired is aborted for every rank with Unimplemented naming what is missing, and a
 // save/reshard without a committer never reports done.
+//
+// Access control (docs/services.md, Security): on a TLS server every call is checked against
+// the role of the caller's certificate (workers: worker RPCs; operators: operations, status,
+// deregistration), and a worker's calls must come from the certificate it registered with.
+// Every checkpoint path a caller names is resolved under the checkpoint roots first.
 #ifndef CKPT_COORDINATOR_COORDINATOR_SERVICE_H_
 #define CKPT_COORDINATOR_COORDINATOR_SERVICE_H_
 
@@ -19,6 +24,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/checkpoint_roots.h"
+#include "common/grpc_auth.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_state.h"
 #include "coordinator/worker_registry.h"
@@ -31,6 +38,9 @@ struct CoordinatorOptions {
   absl::Duration lease = absl::Seconds(10);       // a worker missing heartbeats this long is dead
   absl::Duration tick = absl::Milliseconds(100);  // how often leases and deadlines are checked
   JobStateOptions jobs;
+  // Where callers may name checkpoints (save, load, reshard source and destination); every
+  // path is refused while unset.
+  std::optional<CheckpointRoots> checkpoint_roots;
 };
 
 // Computes one plan part per rank for an operation in the planning phase (every rank's shard
@@ -98,12 +108,28 @@ class CoordinatorService final : public pb::Coordinator::Service {
   // One pass of lease and deadline checks (the ticker calls it; tests may too).
   void TickOnce();
 
+  // Whether `peer` may use the rendezvous keys of `group` ("<kind>/<operation id>"): the
+  // operation is in flight and the peer is a worker serving one of its ranks (any caller on
+  // a plaintext server). Returns the operation's job, for messages.
+  absl::StatusOr<std::string> AuthorizeRendezvous(const Peer& peer, absl::string_view group);
+
  private:
   // Runs the planner (or aborts) for an operation that just entered planning, and the
   // committer for one that just entered committing. Requires mu_.
   void Advance(const std::string& operation_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogAborted(const std::vector<std::string>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PermissionDenied unless `peer` registered worker `worker_id` (always OK unauthenticated).
+  absl::Status ActsForWorker(const Peer& peer, absl::string_view worker_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // As ActsForWorker, for the worker that rank `rank` of `operation_id` runs on.
+  absl::Status ActsForRank(const Peer& peer, const std::string& operation_id, int rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PermissionDenied when `peer` may not register `description` (another certificate's worker).
+  absl::Status MayRegister(const Peer& peer, const WorkerDescription& description) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `path` resolved under the checkpoint roots (see CheckpointRoots::Resolve).
+  absl::StatusOr<std::string> CheckpointPath(absl::string_view path, absl::string_view what) const;
 
   const Clock* clock_;
   CoordinatorOptions options_;
@@ -118,6 +144,8 @@ class CoordinatorService final : public pb::Coordinator::Service {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // Operations whose planner or committer is running (unlocked) right now.
   std::set<std::string> busy_ ABSL_GUARDED_BY(mu_);
+  // Worker id -> the principal (Peer::Principal) of the certificate that registered it.
+  std::map<std::string, std::string> worker_owners_ ABSL_GUARDED_BY(mu_);
   std::thread ticker_;
 };
 

@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdlib>
 #include <memory>
 #include <thread>
 
@@ -67,6 +68,11 @@ class CoordinatorServiceTest : public ::testing::Test {
   void StartServer() {
     CoordinatorOptions options;
     options.lease = absl::Seconds(30);
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    auto roots = CheckpointRoots::Create({tmp != nullptr ? tmp : "/tmp"});
+    ASSERT_TRUE(roots.ok()) << roots.status();
+    options.checkpoint_roots = *roots;
+    checkpoint_path_ = roots->roots()[0] + "/ckpt/1";
     service_ = std::make_unique<CoordinatorService>(&clock_, options);
     service_->SetPlanner(OperationKind::kSave, [this](const Operation& op) {
       planned_shards_ = 0;
@@ -112,7 +118,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     request.set_world_size(world);
     request.set_rank(rank);
     request.set_kind(pb::OPERATION_SAVE);
-    request.set_path("/ckpt/1");
+    request.set_path(checkpoint_path_);
     request.set_worker_id(worker);
     request.mutable_state()->add_shards()->mutable_tensor()->set_key(absl::StrCat("w", rank));
     return stub_->JoinOperation(Ctx().get(), request, out);
@@ -142,6 +148,7 @@ class CoordinatorServiceTest : public ::testing::Test {
   std::unique_ptr<pb::Coordinator::Stub> stub_;
   int planned_shards_ = 0;
   std::string committed_path_;
+  std::string checkpoint_path_;  // under the service's checkpoint root
   absl::Status commit_result_ = absl::OkStatus();
 };
 
@@ -182,7 +189,7 @@ TEST_F(CoordinatorServiceTest, PlanPartsReachTheirWorkersAndResultsCommit) {
   pb::OperationStatus done = Wait(op);
   EXPECT_EQ(done.phase(), pb::PHASE_DONE);
   EXPECT_EQ(done.bytes_done(), 300);
-  EXPECT_EQ(committed_path_, "/ckpt/1");
+  EXPECT_EQ(committed_path_, checkpoint_path_);
 }
 
 TEST_F(CoordinatorServiceTest, FailedRankIsStreamedAsAbortToTheOtherWorkerAndNeverCommits) {

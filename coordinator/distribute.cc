@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/status_macros.h"
+#include "sharding/dtensor.h"
 
 namespace ckpt {
 
@@ -47,13 +48,16 @@ absl::Status RepeatedShardError(const ShardId& id) {
 }
 
 absl::Status ValidateDistributionInput(const DistributionInput& input) {
-  if (input.num_ranks < 0 || input.num_ranks > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_ranks ", input.num_ranks, " is outside [0, 2^31)"));
+  // Per-rank loads are allocated from num_ranks: bound it first.
+  if (input.num_ranks < 0 || input.num_ranks > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("num_ranks ", input.num_ranks,
+                                                   " is outside [0, ", kMaxWorldSize,
+                                                   "] (the limit on ranks)"));
   }
   if (input.shards.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return absl::InvalidArgumentError("too many shards (at most 2^31 - 1)");
   }
+  int64_t total_bytes = 0;
   for (const DistributableShard& s : input.shards) {
     if (!s.size_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("shard ", s.id.DebugString(), " has no size"));
@@ -62,6 +66,13 @@ absl::Status ValidateDistributionInput(const DistributionInput& input) {
       return absl::InvalidArgumentError(
           absl::StrCat("shard ", s.id.DebugString(), " has negative size ", *s.size_bytes));
     }
+    // Every rank's load is a sum of sizes: keep the total within int64.
+    if (*s.size_bytes > std::numeric_limits<int64_t>::max() - total_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard ", s.id.DebugString(), " of ", *s.size_bytes,
+                       " bytes brings the total of all shard sizes past 2^63 - 1 bytes"));
+    }
+    total_bytes += *s.size_bytes;
     if (s.holder_list < 0 || static_cast<size_t>(s.holder_list) >= input.holder_lists.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "shard ", s.id.DebugString(), " refers to missing holder list ", s.holder_list));

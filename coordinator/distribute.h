@@ -10,9 +10,10 @@
 //     outside [0, num_ranks) are never chosen;
 //   * every visited shard adds its bytes to its rank (zero-size and cross shards too);
 //   * the result lists the shards in visiting order.
-// Errors (InvalidArgument, naming the shard): a shard without a size, a negative size, a shard
-// without any holder in [0, num_ranks), a repeated shard id, and two shards that tie on every
-// earlier sort field but differ in "flat range vs None" (Python raises TypeError there).
+// Errors (InvalidArgument, naming the shard): num_ranks outside [0, kMaxWorldSize], a shard
+// without a size, a negative size, sizes adding up past int64, a shard without any holder in
+// [0, num_ranks), a repeated shard id, and two shards that tie on every earlier sort field
+// but differ in "flat range vs None" (Python raises TypeError there).
 #ifndef CKPT_COORDINATOR_DISTRIBUTE_H_
 #define CKPT_COORDINATOR_DISTRIBUTE_H_
 

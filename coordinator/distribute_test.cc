@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sharding/dtensor.h"
 
 namespace ckpt {
 namespace {
@@ -211,6 +212,22 @@ TEST(DistributeTest, ShardWithoutValidHolderIsAnErrorNamingIt) {
   empty.num_ranks = 2;
   empty.AddShard(Id("e"), 1, {});
   EXPECT_THAT(RunError(empty).message(), HasSubstr("('e', (0,), None) has no holder"));
+}
+
+// Issue 11 finding 4: num_ranks of 10^9 allocated a load per rank (std::bad_alloc), and
+// sizes near 2^63 overflowed a rank's load.
+TEST(DistributeTest, HugeRankCountsAndSizeTotalsAreErrors) {
+  DistributionInput in;
+  in.num_ranks = 1000000000;
+  in.AddShard(Id("w"), 1, {0});
+  EXPECT_THAT(RunError(in).message(), HasSubstr("num_ranks 1000000000 is outside [0, 1048576]"));
+  in.num_ranks = kMaxWorldSize;
+  EXPECT_EQ(RunBoth(in).size(), 1u);
+  DistributionInput sizes;
+  sizes.num_ranks = 1;
+  sizes.AddShard(Id("a"), int64_t{1} << 62, {0});
+  sizes.AddShard(Id("b"), int64_t{1} << 62, {0});
+  EXPECT_THAT(RunError(sizes).message(), HasSubstr("past 2^63 - 1 bytes"));
 }
 
 TEST(DistributeTest, RepeatedShardIdIsAnError) {

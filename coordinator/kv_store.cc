@@ -9,9 +9,59 @@
 
 namespace ckpt {
 
-void KvStore::Set(absl::string_view key, absl::string_view value) {
+absl::string_view KvGroupOf(absl::string_view key) {
+  size_t first = key.find('/');
+  if (first == absl::string_view::npos) return "";
+  size_t second = key.find('/', first + 1);
+  if (second == absl::string_view::npos) return "";
+  return key.substr(0, second);
+}
+
+absl::Status KvStore::PutLocked(absl::string_view key, std::string value) {
+  if (key.size() > limits_.max_key_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rendezvous key of ", key.size(), " bytes; the limit is ", limits_.max_key_bytes));
+  }
+  const std::string group(KvGroupOf(key));
+  if (value.size() > limits_.max_value_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rendezvous value of '", key, "' is ", value.size(), " bytes; the limit is ",
+                     limits_.max_value_bytes, " (--rendezvous_max_value_bytes)"));
+  }
+  auto existing = values_.find(key);
+  GroupUsage usage = groups_[group];
+  if (existing == values_.end()) {
+    usage.keys += 1;
+    usage.bytes += key.size() + value.size();
+  } else {
+    usage.bytes = usage.bytes - existing->second.size() + value.size();
+  }
+  absl::Status refused;
+  if (usage.keys > limits_.max_keys_per_group) {
+    refused = absl::ResourceExhaustedError(absl::StrCat(
+        "rendezvous group '", group, "' holds ", usage.keys - 1, " keys; the limit is ",
+        limits_.max_keys_per_group, " (--rendezvous_max_keys_per_job)"));
+  } else if (usage.bytes > limits_.max_bytes_per_group) {
+    refused = absl::ResourceExhaustedError(absl::StrCat(
+        "rendezvous group '", group, "' would hold ", usage.bytes, " bytes; the limit is ",
+        limits_.max_bytes_per_group, " (--rendezvous_max_bytes_per_job)"));
+  }
+  if (!refused.ok()) {
+    if (groups_[group].keys == 0) groups_.erase(group);
+    return refused;
+  }
+  groups_[group] = usage;
+  if (existing == values_.end()) {
+    values_.emplace(std::string(key), std::move(value));
+  } else {
+    existing->second = std::move(value);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::Set(absl::string_view key, absl::string_view value) {
   absl::MutexLock lock(&mu_);
-  values_[key] = std::string(value);
+  return PutLocked(key, std::string(value));
 }
 
 bool KvStore::AllPresentLocked(absl::Span<const std::string> keys) const {
@@ -63,7 +113,7 @@ absl::StatusOr<int64_t> KvStore::Add(absl::string_view key, int64_t delta) {
     return absl::InvalidArgumentError(
         absl::StrCat("rendezvous counter '", key, "' overflows: ", current, " + ", delta));
   }
-  values_[key] = absl::StrCat(sum);
+  if (absl::Status s = PutLocked(key, absl::StrCat(sum)); !s.ok()) return s;
   return sum;
 }
 
@@ -72,6 +122,12 @@ size_t KvStore::ErasePrefix(absl::string_view prefix) {
   size_t erased = 0;
   for (auto it = values_.begin(); it != values_.end();) {
     if (absl::StartsWith(it->first, prefix)) {
+      auto group = groups_.find(KvGroupOf(it->first));
+      if (group != groups_.end()) {
+        group->second.keys -= 1;
+        group->second.bytes -= it->first.size() + it->second.size();
+        if (group->second.keys == 0) groups_.erase(group);
+      }
       values_.erase(it++);
       ++erased;
     } else {
@@ -84,6 +140,13 @@ size_t KvStore::ErasePrefix(absl::string_view prefix) {
 size_t KvStore::size() const {
   absl::MutexLock lock(&mu_);
   return values_.size();
+}
+
+size_t KvStore::bytes() const {
+  absl::MutexLock lock(&mu_);
+  size_t total = 0;
+  for (const auto& [group, usage] : groups_) total += usage.bytes;
+  return total;
 }
 
 }  // namespace ckpt

@@ -18,16 +18,30 @@
 
 namespace ckpt {
 
+// Bounds on what one group of keys may hold (a group is one operation's rendezvous, and a
+// job runs one operation at a time), so that no caller can grow the store without limit.
+struct KvLimits {
+  size_t max_keys_per_group = 65536;
+  size_t max_value_bytes = size_t{8} << 20;      // a Gloo address list of ~40k ranks
+  size_t max_bytes_per_group = size_t{1} << 30;  // keys + values
+  size_t max_key_bytes = 1024;
+};
+
+// The group of a key: its first two '/'-separated components ("load/op-7" for
+// "load/op-7/mesh/rank_0"); keys with fewer components belong to the group "".
+absl::string_view KvGroupOf(absl::string_view key);
+
 // Keys map to byte strings. Counters written by Add are stored as decimal text, so Get of a
 // counter returns e.g. "3".
 class KvStore {
  public:
-  KvStore() = default;
+  explicit KvStore(KvLimits limits = KvLimits()) : limits_(limits) {}
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
-  // Stores (or replaces) the value and wakes waiters.
-  void Set(absl::string_view key, absl::string_view value);
+  // Stores (or replaces) the value and wakes waiters. ResourceExhausted, naming the group and
+  // the limit, when the key, the value or the key's group would exceed the limits.
+  absl::Status Set(absl::string_view key, absl::string_view value);
 
   // Waits until every key exists, then returns their values in the order of `keys`.
   // DeadlineExceeded names the keys still missing at `deadline`; Cancelled when `cancelled`
@@ -37,7 +51,8 @@ class KvStore {
       const std::function<bool()>& cancelled = nullptr);
 
   // Atomically adds delta to the integer at key (absent = 0) and returns the new value.
-  // InvalidArgument when the existing value is not a decimal integer or the sum overflows.
+  // InvalidArgument when the existing value is not a decimal integer or the sum overflows;
+  // ResourceExhausted as Set for a new key.
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta);
 
   // Removes every key starting with `prefix` (e.g. a finished operation's rendezvous keys,
@@ -46,13 +61,24 @@ class KvStore {
 
   // Number of keys (for tests and metrics).
   size_t size() const;
+  // Bytes (keys + values) held in all groups.
+  size_t bytes() const;
 
  private:
+  struct GroupUsage {
+    size_t keys = 0;
+    size_t bytes = 0;
+  };
   bool AllPresentLocked(absl::Span<const std::string> keys) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores value at key if the limits allow it, keeping the groups' usage.
+  absl::Status PutLocked(absl::string_view key, std::string value)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const KvLimits limits_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, GroupUsage> groups_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ckpt

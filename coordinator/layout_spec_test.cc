@@ -1,10 +1,13 @@
 #include "coordinator/layout_spec.h"
 
+#include <fstream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "re2/re2.h"
+#include "sharding/flat_sharding.h"
 #include "sharding/overlap.h"
 
 namespace ckpt {
@@ -43,6 +46,37 @@ TEST(GlobMatchTest, StarsQuestionMarksAndClasses) {
   EXPECT_TRUE(GlobMatch("a*b*c", "aXXbYYbc"));
   EXPECT_FALSE(GlobMatch("a*b*c", "aXXbYYb"));
   EXPECT_TRUE(GlobMatch("x[", "x["));  // unclosed class is literal
+}
+
+// The RE2 translation of a glob, compiled as layouts compile it.
+bool Re2GlobMatch(const std::string& glob, const std::string& text) {
+  RE2::Options options;
+  options.set_encoding(RE2::Options::EncodingLatin1);
+  options.set_dot_nl(true);
+  options.set_log_errors(false);
+  RE2 re(internal::GlobToRe2Pattern(glob), options);
+  EXPECT_TRUE(re.ok()) << glob << " -> " << internal::GlobToRe2Pattern(glob) << ": " << re.error();
+  return RE2::FullMatch(text, re);
+}
+
+// Property: the linear-time RE2 translation matches exactly what the backtracking GlobMatch
+// twin matches, on random globs over an alphabet heavy in glob syntax and random texts
+// (bytes >= 0x80 and newlines included).
+TEST(GlobMatchTest, Re2TranslationAgreesWithGlobMatch) {
+  std::mt19937 rng(5);
+  const std::string glob_chars = "ab.*?[]!^-\n\xe9\xff*";
+  const std::string text_chars = "ab.[]!^-\n\xe9\xff";
+  for (int iter = 0; iter < 30000; ++iter) {
+    std::string glob, text;
+    for (int n = rng() % 9; n > 0; --n) glob += glob_chars[rng() % glob_chars.size()];
+    for (int n = rng() % 9; n > 0; --n) text += text_chars[rng() % text_chars.size()];
+    ASSERT_EQ(Re2GlobMatch(glob, text), GlobMatch(glob, text))
+        << "glob \"" << glob << "\" text \"" << text << "\"";
+  }
+  // Classes compare byte values: [\x01-\xff] holds every byte but NUL.
+  EXPECT_TRUE(GlobMatch("[\x01-\xff]", "\xe9"));
+  EXPECT_TRUE(Re2GlobMatch("[\x01-\xff]", "\xe9"));
+  EXPECT_FALSE(Re2GlobMatch("[z-a]", "m"));  // an empty class matches nothing
 }
 
 TEST(ParsePlacementTest, DTensorSpellings) {
@@ -275,6 +309,248 @@ TEST(LayoutSpecTest, RandomLayoutsCoverEveryElementOnce) {
       ASSERT_EQ(main_count[i], 1) << json << " shape " << ShapeString(shape) << " element " << i;
     }
     ASSERT_TRUE(ValidateLayout(*pieces).ok()) << json;
+  }
+}
+
+// A one-rule layout over `world` ranks with `pattern_field` ("match"/"regex") = `pattern`.
+std::string OneRule(const std::string& pattern_field, const std::string& pattern,
+                    int64_t world = 1) {
+  return absl::StrCat(R"J({"mesh": {"r": )J", world, R"J(}, "rules": [{")J", pattern_field,
+                      R"J(": ")J", pattern, R"J(", "placements": ["Replicate()"]}]})J");
+}
+
+void ExpectRefused(const std::string& json, const std::string& expected) {
+  absl::StatusOr<LayoutSpec> spec = LayoutSpec::Parse(json);
+  ASSERT_FALSE(spec.ok()) << json.substr(0, 200);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(spec.status().message());
+  EXPECT_THAT(message, HasSubstr(expected)) << json.substr(0, 200);
+  EXPECT_LT(message.size(), 1000u) << "errors never echo a huge input";
+}
+
+// Issue 11 finding 3: each of these crashed (stack overflow) or hung the coordinator and
+// offline ckptctl.
+TEST(LayoutSpecHostileTest, DeepNestingIsRefusedWithTheLimitAndThePath) {
+  const std::string brackets = std::string(200000, '[') + std::string(200000, ']');
+  ExpectRefused(brackets, "layout [0][0][0]");
+  ExpectRefused(brackets, "[0]: nested deeper than the limit of 16 levels");
+  // Nested where a number belongs: the old error path dumped the value recursively.
+  ExpectRefused(absl::StrCat(R"J({"mesh": {"r": )J", brackets, R"J(}, "rules": []})J"),
+                "layout mesh.r[0][0][0][0][0][0][0][0][0][0][0][0][0][0]: nested deeper than the "
+                "limit of 16 levels");
+  ExpectRefused(absl::StrCat(R"J({"mesh": {"r": 1}, "rules": [{"comment": )J", brackets, "}]}"),
+                "layout rules[0].comment[0]");
+  // Within the limit, a nested value where a number belongs is named by its type only.
+  ExpectRefused(R"J({"mesh": {"r": [[[[1]]]]}, "rules": []})J",
+                "layout mesh.r: expected an integer >= 1, got array");
+}
+
+TEST(LayoutSpecHostileTest, RegexesAreRe2AndBounded) {
+  // 100,000 nested parentheses: std::regex recursed until the stack overflowed.
+  const std::string parens = std::string(100000, '(') + "a" + std::string(100000, ')');
+  ExpectRefused(OneRule("regex", parens),
+                "layout rules[0].regex: a string of 200001 bytes, more than the limit of 65536");
+  ExpectRefused(OneRule("regex", std::string(1000, '(') + "a" + std::string(1000, ')')),
+                "layout rules[0].regex: pattern of 2001 bytes, more than the limit of 1024");
+  // RE2 has no recursion to overflow: 500 nested groups within the length limit compile.
+  auto nested =
+      LayoutSpec::Parse(OneRule("regex", std::string(500, '(') + "a" + std::string(500, ')')));
+  ASSERT_TRUE(nested.ok()) << nested.status();
+  EXPECT_TRUE(nested->rules()[0].Matches("a"));
+  // What RE2 does not support is a clear error naming the rule.
+  ExpectRefused(OneRule("regex", "(?=a)a"), "layout rules[0].regex: invalid regex \"(?=a)a\"");
+  ExpectRefused(OneRule("regex", "(a)\\\\1"), "layout rules[0].regex: invalid regex");
+  ExpectRefused(OneRule("regex", "a{1000}{1000}"), "bad repetition operator");
+  ExpectRefused(OneRule("regex", "\\\\pL{1000}"),
+                "layout rules[0].regex: invalid regex \"\\\\pL{1000}\": pattern too large");
+  ExpectRefused(OneRule("match", std::string(1025, '*')),
+                "layout rules[0].match: pattern of 1025 bytes, more than the limit of 1024");
+}
+
+TEST(LayoutSpecHostileTest, CatastrophicPatternsMatchLongKeysInLinearTime) {
+  // (.*.*)*X pinned a core forever under std::regex; .* against a 100,000-character key
+  // overflowed its stack.
+  const std::string key(100000, 'a');
+  auto evil = LayoutSpec::Parse(R"J({"mesh": {"r": 2}, "rules": [
+      {"regex": "(.*.*)*X", "placements": ["Shard(0)"]},
+      {"regex": ".*", "placements": ["Replicate()"]}]})J");
+  ASSERT_TRUE(evil.ok()) << evil.status();
+  EXPECT_FALSE(evil->rules()[0].Matches(key));
+  EXPECT_TRUE(evil->rules()[0].Matches(key + "X"));
+  EXPECT_TRUE(evil->rules()[1].Matches(key));
+  auto pieces = evil->PiecesOf(Meta(key, {4}));
+  ASSERT_TRUE(pieces.ok()) << pieces.status();
+  EXPECT_EQ((*pieces)[1].region, (Region{{0}, {4}, std::nullopt}));  // the second rule's
+}
+
+// Issue 11 finding 4: world sizes of 10^6 to 2^31 aborted with std::bad_alloc.
+TEST(LayoutSpecHostileTest, WorldSizesAreBoundedBeforeAnythingPerRankExists) {
+  ExpectRefused(
+      R"J({"mesh": {"r": 2147483648}, "rules": [{"match": "*", "flat": {"over": "r"}}]})J",
+      "layout mesh.r: 2147483648 is more than the limit of 1048576");
+  ExpectRefused(
+      R"J({"mesh": {"r": 18446744073709551615}, "rules": [{"match": "*", "flat": {"over": "r"}}]})J",
+      "layout mesh.r: 18446744073709551615 is more than the limit of 1048576");
+  // Each dim within the limit, the product not (nor within int64).
+  ExpectRefused(
+      R"J({"mesh": {"a": 1048576, "b": 1048576, "c": 1048576, "d": 1048576}, "rules": [{"match": "*", "flat": {"over": "a"}}]})J",
+      "layout mesh: device mesh (1048576, 1048576, 1048576, 1048576) has more than the "
+      "limit of 1048576 ranks");
+  ExpectRefused(
+      R"J({"world_size": 4294967296, "mesh": {"r": 2}, "rules": [{"match": "*", "flat": {"over": "r"}}]})J",
+      "layout world_size: 4294967296 is more than the limit of 1048576");
+  ExpectRefused(R"J({"mesh": {"r": 2.0}, "rules": []})J",
+                "layout mesh.r: expected an integer >= 1, got 2.0");
+  ExpectRefused(R"J({"mesh": {"r": -3}, "rules": []})J",
+                "layout mesh.r: expected an integer >= 1, got -3");
+  // The largest world is accepted; expanding it for more tensors than the piece limit allows
+  // is an error before any piece is built.
+  auto max = LayoutSpec::Parse(
+      R"J({"mesh": {"r": 1048576}, "rules": [{"match": "*", "flat": {"over": "r"}}]})J");
+  ASSERT_TRUE(max.ok()) << max.status();
+  EXPECT_EQ(max->world_size(), 1048576);
+  std::vector<TensorMeta> tensors(17, Meta("t", {8}));
+  auto all = max->AllPieces(tensors);
+  ASSERT_FALSE(all.ok());
+  EXPECT_THAT(all.status().message(),
+              HasSubstr("1048576 ranks times 17 tensors make 17825792 pieces, more than the "
+                        "limit of 16777216"));
+  auto mine = max->RankPieces(tensors, 1048575);  // one rank's pieces stay cheap
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ((*mine)[0].region.flat, (FlatRange{8, 8}));
+}
+
+TEST(LayoutSpecHostileTest, RepeatedKeysAndOversizedPartsAreErrors) {
+  // A repeated mesh dim silently won (the last size, the first position).
+  ExpectRefused(
+      R"J({"mesh": {"r": 2, "r": 4}, "rules": [{"match": "*", "placements": ["Shard(0)"]}]})J",
+      "layout mesh: key \"r\" appears twice in this object");
+  ExpectRefused(
+      R"J({"mesh": {"r": 2}, "rules": [{"match": "a", "match": "*", "placements": ["Shard(0)"]}]})J",
+      "layout rules[0]: key \"match\" appears twice in this object");
+  ExpectRefused(R"J({"mesh": {"r": 2}, "mesh": {"r": 4}, "rules": []})J",
+                "layout (document): key \"mesh\" appears twice in this object");
+  std::string mesh = "{";
+  for (int d = 0; d < 17; ++d) absl::StrAppend(&mesh, d ? ", " : "", "\"m", d, "\": 1");
+  ExpectRefused(absl::StrCat(R"J({"mesh": )J", mesh, R"J(}, "rules": []})J"),
+                "layout mesh: 17 dims, more than the limit of 16");
+  ExpectRefused(absl::StrCat(R"J({"mesh": {")J", std::string(65, 'd'), R"J(": 1}, "rules": []})J"),
+                "bytes, more than the limit of 64");
+  std::string rules;
+  for (int r = 0; r < 257; ++r) {
+    absl::StrAppend(&rules, r ? ", " : "", R"J({"match": "*", "placements": ["Replicate()"]})J");
+  }
+  ExpectRefused(absl::StrCat(R"J({"mesh": {"r": 1}, "rules": [)J", rules, "]}"),
+                "layout rules: 257 rules, more than the limit of 256");
+  ExpectRefused(absl::StrCat(R"J({"mesh": {"r": 1}, "comment": ")J", std::string(1 << 20, 'c'),
+                             R"J(", "rules": []})J"),
+                "layout (document): 1048622 bytes, more than the limit of 1048576 bytes");
+  // A huge unknown key is cut in the path.
+  ExpectRefused(
+      absl::StrCat(R"J({")J", std::string(60000, 'x'), R"J(": 1, "mesh": {"r": 1}, "rules": []})J"),
+      "xxxx... (60000 bytes): unknown field");
+  // A huge value where a placement belongs is described, not echoed.
+  ExpectRefused(absl::StrCat(R"J({"mesh": {"r": 1}, "rules": [{"match": "*", "placements": [")J",
+                             std::string(60000, 'x'), R"J("]}]})J"),
+                "layout rules[0].placements[0]: unknown placement \"xxxx");
+}
+
+TEST(LayoutSpecHostileTest, FromFileRefusesDirectoriesAndOversizedFiles) {
+  const std::string dir = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
+  auto spec = LayoutSpec::FromFile(dir);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(spec.status().message(), HasSubstr("is not a regular file"));
+  const std::string big = dir + "/big_layout.json";
+  std::ofstream(big) << std::string(kMaxLayoutBytes + 1, ' ');
+  spec = LayoutSpec::FromFile(big);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(spec.status().message(), HasSubstr("more than the limit of 1048576"));
+  // ReadFile (what ckptctl sends to a coordinator) makes the same checks, and parses nothing.
+  EXPECT_FALSE(LayoutSpec::ReadFile(dir).ok());
+  EXPECT_FALSE(LayoutSpec::ReadFile(big).ok());
+  const std::string junk = dir + "/junk_layout.json";
+  std::ofstream(junk) << "[[[";
+  auto text = LayoutSpec::ReadFile(junk);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "[[[");
+}
+
+// The straightforward twin of PiecesOf as it was: each rank's flat range taken from the
+// whole EvenFlatSharding of its box (quadratic in ranks, obviously right).
+std::vector<TensorPiece> BruteForcePieces(const LayoutSpec& spec, const TensorMeta& tensor) {
+  const LayoutRule* rule = *spec.RuleFor(tensor.key);
+  const DeviceMesh& mesh = spec.mesh();
+  std::vector<LocalShard> shards =
+      *ComputeAllLocalShards(tensor.global_shape, mesh, rule->placements);
+  std::vector<TensorPiece> pieces;
+  for (int64_t rank = 0; rank < mesh.size(); ++rank) {
+    const std::vector<int64_t> coord = *mesh.Coordinate(rank);
+    TensorPiece piece;
+    piece.key = tensor.key;
+    piece.rank = rank;
+    piece.dtype = tensor.dtype;
+    piece.global_shape = tensor.global_shape;
+    piece.region = shards[rank].region();
+    for (int d = 0; d < mesh.ndim(); ++d) {
+      if (!rule->placements[d].is_shard() && (!rule->flat_dim || d != *rule->flat_dim)) {
+        piece.replica_id.push_back(coord[d]);
+      }
+    }
+    if (rule->flat_dim) {
+      FlatShardingSpec flat =
+          *EvenFlatSharding(shards[rank].shape, static_cast<int>(mesh.shape()[*rule->flat_dim]));
+      const auto& ranges = flat.unsharded_flattened_offsets[coord[*rule->flat_dim]];
+      piece.region.flat = ranges.empty()
+                              ? FlatRange{piece.region.BoxElements(), piece.region.BoxElements()}
+                              : ranges.front();
+    }
+    pieces.push_back(std::move(piece));
+  }
+  return pieces;
+}
+
+// Property: PiecesOf (per-rank flat range in O(1)) and RankPieces give exactly the pieces of
+// the brute-force twin on random meshes, placements, flat dims and shapes.
+TEST(LayoutSpecTest, PiecesEqualTheBruteForceTwin) {
+  std::mt19937 rng(17);
+  for (int iter = 0; iter < 400; ++iter) {
+    const int mesh_dims = 1 + rng() % 3;
+    std::string mesh = "{";
+    for (int d = 0; d < mesh_dims; ++d) {
+      absl::StrAppend(&mesh, d ? ", " : "", "\"m", d, "\": ", 1 + rng() % 5);
+    }
+    mesh += "}";
+    const int ndim = rng() % 4;
+    std::vector<int64_t> shape;
+    for (int d = 0; d < ndim; ++d) shape.push_back(rng() % 9);
+    const int flat = static_cast<int>(rng() % (mesh_dims + 1)) - 1;
+    std::string placements;
+    for (int d = 0; d < mesh_dims; ++d) {
+      const bool shard = ndim > 0 && d != flat && rng() % 2;
+      absl::StrAppend(
+          &placements, d ? ", " : "",
+          shard ? absl::StrCat("\"Shard(", rng() % ndim, ")\"") : std::string("\"Replicate()\""));
+    }
+    const std::string json = absl::StrCat(
+        R"J({"mesh": )J", mesh, R"J(, "rules": [{"match": "*", "placements": [)J", placements, "]",
+        flat >= 0 ? absl::StrCat(R"J(, "flat": {"over": "m)J", flat, "\"}") : "", "}]}");
+    auto spec = LayoutSpec::Parse(json);
+    ASSERT_TRUE(spec.ok()) << json << ": " << spec.status();
+    const TensorMeta tensor = Meta("t", shape);
+    auto pieces = spec->PiecesOf(tensor);
+    ASSERT_TRUE(pieces.ok()) << json << ": " << pieces.status();
+    const std::vector<TensorPiece> twin = BruteForcePieces(*spec, tensor);
+    ASSERT_EQ(pieces->size(), twin.size());
+    for (size_t r = 0; r < twin.size(); ++r) {
+      const TensorPiece& p = (*pieces)[r];
+      EXPECT_EQ(p.rank, twin[r].rank);
+      EXPECT_EQ(p.region, twin[r].region) << json << " rank " << r;
+      EXPECT_EQ(p.replica_id, twin[r].replica_id) << json << " rank " << r;
+      auto mine = spec->RankPieces({tensor}, static_cast<int64_t>(r));
+      ASSERT_TRUE(mine.ok()) << mine.status();
+      EXPECT_EQ((*mine)[0].region, twin[r].region) << json << " rank " << r;
+      EXPECT_EQ((*mine)[0].replica_id, twin[r].replica_id) << json << " rank " << r;
+    }
   }
 }
 

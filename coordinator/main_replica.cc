@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "coordinator/distribute.h"
+#include "sharding/dtensor.h"
 
 namespace ckpt {
 
@@ -13,6 +14,10 @@ absl::StatusOr<std::optional<MainReplicaDistribution>> DetermineMainReplicaDistr
     const std::vector<std::vector<RankShardInfo>>& per_rank, int64_t group_size,
     bool ignore_groups) {
   if (group_size <= 1) return std::optional<MainReplicaDistribution>();
+  if (group_size > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group of ", group_size, " ranks is more than the limit of ", kMaxWorldSize, " ranks"));
+  }
   if (static_cast<int64_t>(per_rank.size()) != group_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("group of ", group_size, " ranks but ", per_rank.size(), " per-rank lists"));

@@ -32,7 +32,8 @@ struct MainReplicaDistribution {
 };
 
 // `per_rank[r]` is rank r's list in its own order; `group_size` is the group's size (Megatron
-// returns None, here nullopt, when it is <= 1; otherwise per_rank must have group_size lists).
+// returns None, here nullopt, when it is <= 1; otherwise per_rank must have group_size lists,
+// and group_size be at most kMaxWorldSize).
 // Holders are appended in rank order, then list order, repeats kept; a shard's size comes
 // from its first occurrence. Save mode (ignore_groups = false) distributes only shards with a
 // main replica in the group; load mode (true) distributes every shard and those without a

@@ -87,6 +87,15 @@ TEST(MainReplicaTest, MismatchedRankCountIsAnError) {
   EXPECT_THAT(d.status().message(), HasSubstr("3 ranks but 2"));
 }
 
+// Issue 11 finding 4: a group of 10^9 ranks is refused before anything per rank exists.
+TEST(MainReplicaTest, HugeGroupIsAnError) {
+  auto r = DetermineMainReplicaDistribution({}, 1000000000, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("more than the limit of 1048576 ranks"),
+            absl::string_view::npos)
+      << r.status();
+}
+
 TEST(MainReplicaTest, NoneVersusRangeTieIsReportedFromTheDistribution) {
   ShardId flat{"k", {0}, FlatRange{0, 2}};
   std::vector<std::vector<RankShardInfo>> per_rank = {{{Id("k"), 4, true}}, {{flat, 4, true}}};

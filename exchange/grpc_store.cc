@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 #include "proto/coordinator.grpc.pb.h"
 
@@ -24,9 +25,9 @@ void PrepareContext(grpc::ClientContext* context, absl::Time deadline) {
 
 }  // namespace
 
-GrpcStore::GrpcStore(const std::string& address) : address_(address), impl_(new Impl) {
-  impl_->stub =
-      pb::Rendezvous::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+GrpcStore::GrpcStore(const std::string& address, const TransportSecurity& security)
+    : address_(address), impl_(new Impl) {
+  impl_->stub = pb::Rendezvous::NewStub(MakeCoordinatorChannel(address, security));
 }
 
 GrpcStore::~GrpcStore() = default;

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "common/transport_security.h"
 #include "exchange/store.h"
 
 namespace ckpt {
@@ -15,7 +16,9 @@ namespace ckpt {
 // at most 0.5 s after the deadline.
 class GrpcStore : public Store {
  public:
-  explicit GrpcStore(const std::string& address);
+  // `security`: TLS with the caller's (worker) certificate, or plaintext (the default).
+  explicit GrpcStore(const std::string& address,
+                     const TransportSecurity& security = TransportSecurity());
   ~GrpcStore() override;
 
   absl::Status Set(absl::string_view key, absl::string_view value, absl::Time deadline) override;

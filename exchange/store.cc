@@ -8,8 +8,7 @@ namespace ckpt {
 
 absl::Status InMemoryStore::Set(absl::string_view key, absl::string_view value,
                                 absl::Time /*deadline*/) {
-  kv_.Set(key, value);
-  return absl::OkStatus();
+  return kv_.Set(key, value);
 }
 
 absl::StatusOr<std::vector<std::string>> InMemoryStore::Get(absl::Span<const std::string> keys,

@@ -16,9 +16,11 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(std::vector<int64_t> shape) {
                                                      " has dim ", i, " of size ", shape[i],
                                                      "; every mesh dim must be >= 1"));
     }
-    if (shape[i] > kMaxElements / size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("device mesh ", ShapeString(shape), " has more than 2^62 ranks"));
+    // size <= kMaxWorldSize here, so the quotient is >= 1 and nothing overflows.
+    if (shape[i] > kMaxWorldSize / size) {
+      return absl::InvalidArgumentError(absl::StrCat("device mesh ", ShapeString(shape),
+                                                     " has more than the limit of ", kMaxWorldSize,
+                                                     " ranks"));
     }
     size *= shape[i];
   }
@@ -103,28 +105,58 @@ absl::Status ValidatePlacements(absl::Span<const int64_t> global_shape, const De
   return absl::OkStatus();
 }
 
+namespace {
+
+// The shard of the rank at `coord`, placements already validated, into *shard's buffers.
+void FillLocalShard(absl::Span<const int64_t> global_shape, const DeviceMesh& mesh,
+                    absl::Span<const Placement> placements, absl::Span<const int64_t> coord,
+                    LocalShard* shard) {
+  const int n = static_cast<int>(global_shape.size());
+  shard->shape.assign(global_shape.begin(), global_shape.end());
+  shard->offset.assign(n, 0);
+  shard->replica_id.clear();
+  for (int i = 0; i < mesh.ndim(); ++i) {
+    const Placement& p = placements[i];
+    if (!p.is_shard()) {
+      shard->replica_id.push_back(coord[i]);
+      continue;
+    }
+    const int d = p.dim < 0 ? p.dim + n : p.dim;
+    const ChunkExtent chunk = TorchChunk(shard->shape[d], mesh.shape()[i], coord[i]);
+    shard->shape[d] = chunk.size;
+    // As PyTorch: nested offsets add up; a zero-sized shard gets the dim's global size.
+    shard->offset[d] = chunk.size == 0 ? global_shape[d] : shard->offset[d] + chunk.offset;
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<LocalShard> ComputeLocalShard(absl::Span<const int64_t> global_shape,
                                              const DeviceMesh& mesh,
                                              absl::Span<const Placement> placements, int64_t rank) {
   CKPT_RETURN_IF_ERROR(ValidatePlacements(global_shape, mesh, placements));
   CKPT_ASSIGN_OR_RETURN(std::vector<int64_t> coord, mesh.Coordinate(rank));
-  const int n = static_cast<int>(global_shape.size());
   LocalShard shard;
-  shard.shape.assign(global_shape.begin(), global_shape.end());
-  shard.offset.assign(n, 0);
-  for (int i = 0; i < mesh.ndim(); ++i) {
-    const Placement& p = placements[i];
-    if (!p.is_shard()) {
-      shard.replica_id.push_back(coord[i]);
-      continue;
-    }
-    const int d = p.dim < 0 ? p.dim + n : p.dim;
-    const ChunkExtent chunk = TorchChunk(shard.shape[d], mesh.shape()[i], coord[i]);
-    shard.shape[d] = chunk.size;
-    // As PyTorch: nested offsets add up; a zero-sized shard gets the dim's global size.
-    shard.offset[d] = chunk.size == 0 ? global_shape[d] : shard.offset[d] + chunk.offset;
-  }
+  FillLocalShard(global_shape, mesh, placements, coord, &shard);
   return shard;
+}
+
+absl::Status ForEachLocalShard(
+    absl::Span<const int64_t> global_shape, const DeviceMesh& mesh,
+    absl::Span<const Placement> placements,
+    absl::FunctionRef<absl::Status(int64_t rank, absl::Span<const int64_t> coordinate,
+                                   const LocalShard& shard)>
+        visit) {
+  CKPT_RETURN_IF_ERROR(ValidatePlacements(global_shape, mesh, placements));
+  std::vector<int64_t> coord(mesh.ndim(), 0);
+  LocalShard shard;
+  for (int64_t rank = 0; rank < mesh.size(); ++rank) {
+    FillLocalShard(global_shape, mesh, placements, coord, &shard);
+    CKPT_RETURN_IF_ERROR(visit(rank, coord, shard));
+    // Next coordinate, row-major (the last mesh dim fastest).
+    for (int i = mesh.ndim() - 1; i >= 0 && ++coord[i] == mesh.shape()[i]; --i) coord[i] = 0;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<LocalShard>> ComputeAllLocalShards(
@@ -132,10 +164,12 @@ absl::StatusOr<std::vector<LocalShard>> ComputeAllLocalShards(
     absl::Span<const Placement> placements) {
   std::vector<LocalShard> shards;
   shards.reserve(mesh.size());
-  for (int64_t r = 0; r < mesh.size(); ++r) {
-    CKPT_ASSIGN_OR_RETURN(LocalShard s, ComputeLocalShard(global_shape, mesh, placements, r));
-    shards.push_back(std::move(s));
-  }
+  CKPT_RETURN_IF_ERROR(
+      ForEachLocalShard(global_shape, mesh, placements,
+                        [&](int64_t, absl::Span<const int64_t>, const LocalShard& shard) {
+                          shards.push_back(shard);
+                          return absl::OkStatus();
+                        }));
   return shards;
 }
 

@@ -9,17 +9,23 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "sharding/region.h"
 
 namespace ckpt {
 
+// The most ranks a device mesh, and so a job or a target layout, may have: 2^20 = 1,048,576,
+// ten times the 100,000 ranks ckpt is built for. Per-rank state is allocated only after this
+// is checked, so a hostile world size is an error instead of std::bad_alloc.
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+
 // An N-d grid of ranks numbered row-major: rank = sum(coord[i] * prod(shape[i+1:])), like
 // torch.arange(world).view(mesh_shape).
 class DeviceMesh {
  public:
-  // Every dim must be >= 1 and the product fit in int64 (and 2^62).
+  // Every dim must be >= 1 and the product (the number of ranks) at most kMaxWorldSize.
   static absl::StatusOr<DeviceMesh> Create(std::vector<int64_t> shape);
 
   const std::vector<int64_t>& shape() const { return shape_; }
@@ -90,6 +96,17 @@ absl::Status ValidatePlacements(absl::Span<const int64_t> global_shape, const De
 absl::StatusOr<LocalShard> ComputeLocalShard(absl::Span<const int64_t> global_shape,
                                              const DeviceMesh& mesh,
                                              absl::Span<const Placement> placements, int64_t rank);
+
+// Calls `visit(rank, coordinate, shard)` for every rank in rank order with the shard
+// ComputeLocalShard gives it; validates once and reuses one shard's buffers, so the cost
+// per rank is O(tensor dims + mesh dims) with no allocation. Stops at the first error
+// `visit` returns.
+absl::Status ForEachLocalShard(
+    absl::Span<const int64_t> global_shape, const DeviceMesh& mesh,
+    absl::Span<const Placement> placements,
+    absl::FunctionRef<absl::Status(int64_t rank, absl::Span<const int64_t> coordinate,
+                                   const LocalShard& shard)>
+        visit);
 
 // The local shards of every rank, indexed by rank.
 absl::StatusOr<std::vector<LocalShard>> ComputeAllLocalShards(

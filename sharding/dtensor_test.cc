@@ -37,6 +37,18 @@ TEST(DeviceMeshTest, InvalidMeshesRanksAndCoordinatesAreErrors) {
   EXPECT_FALSE(DeviceMesh::Create({2, 0}).ok());
   EXPECT_FALSE(DeviceMesh::Create({-1}).ok());
   EXPECT_FALSE(DeviceMesh::Create({int64_t{1} << 40, int64_t{1} << 40}).ok());
+  // The world size is bounded (kMaxWorldSize) before anything per rank exists; products of
+  // dims that would overflow int64 are refused too.
+  EXPECT_TRUE(DeviceMesh::Create({kMaxWorldSize}).ok());
+  EXPECT_TRUE(DeviceMesh::Create({1024, 1024}).ok());
+  absl::StatusOr<DeviceMesh> big = DeviceMesh::Create({1024, 1025});
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("more than the limit of 1048576 ranks"),
+            absl::string_view::npos)
+      << big.status();
+  EXPECT_FALSE(DeviceMesh::Create({int64_t{1} << 31}).ok());
+  EXPECT_FALSE(DeviceMesh::Create({int64_t{1} << 62, int64_t{1} << 62, 4}).ok());
+  EXPECT_FALSE(DeviceMesh::Create({INT64_MAX, INT64_MAX}).ok());
   DeviceMesh mesh = Mesh({2, 4});
   EXPECT_FALSE(mesh.Coordinate(8).ok());
   EXPECT_FALSE(mesh.Coordinate(-1).ok());
@@ -134,6 +146,33 @@ TEST(DTensorTest, InvalidPlacementsAreErrors) {
   EXPECT_FALSE(st.ok());
   EXPECT_EQ(PlacementsString({Placement::Shard(0), Placement::Replicate()}),
             "[Shard(0), Replicate()]");
+}
+
+// ForEachLocalShard walks coordinates with an odometer and reuses one shard: each visit
+// must see what Coordinate and ComputeLocalShard give that rank.
+TEST(DTensorTest, ForEachLocalShardVisitsEveryRankAsComputeLocalShardDoes) {
+  const DeviceMesh mesh = Mesh({2, 3, 2});
+  const std::vector<Placement> placements = {Placement::Shard(1), Placement::Replicate(),
+                                             Placement::Shard(1)};
+  int64_t next = 0;
+  absl::Status s = ForEachLocalShard(
+      {5, 7}, mesh, placements,
+      [&](int64_t rank, absl::Span<const int64_t> coord, const LocalShard& shard) {
+        EXPECT_EQ(rank, next++);
+        EXPECT_EQ(V(coord.begin(), coord.end()), *mesh.Coordinate(rank));
+        LocalShard expected = *ComputeLocalShard({5, 7}, mesh, placements, rank);
+        EXPECT_EQ(shard.shape, expected.shape) << rank;
+        EXPECT_EQ(shard.offset, expected.offset) << rank;
+        EXPECT_EQ(shard.replica_id, expected.replica_id) << rank;
+        return rank == 9 ? absl::CancelledError("stop") : absl::OkStatus();
+      });
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(next, 10);
+  EXPECT_FALSE(ForEachLocalShard({5}, mesh, placements,
+                                 [](int64_t, absl::Span<const int64_t>, const LocalShard&) {
+                                   return absl::OkStatus();
+                                 })
+                   .ok());  // Shard(1) of a 1-d tensor
 }
 
 // Brute force: apply torch.chunk to explicit index lists, mesh dim by mesh dim.

@@ -92,16 +92,26 @@ absl::StatusOr<FlatShardingSpec> EvenFlatSharding(absl::Span<const int64_t> shap
     return absl::InvalidArgumentError(absl::StrCat("world size ", world_size, " is not >= 1"));
   }
   CKPT_ASSIGN_OR_RETURN(int64_t numel, CheckedNumElements(shape));
-  const int64_t chunk = numel / world_size + (numel % world_size != 0 ? 1 : 0);
   FlatShardingSpec spec;
   spec.unsharded_shape.assign(shape.begin(), shape.end());
+  spec.unsharded_flattened_offsets.reserve(world_size);
   for (int r = 0; r < world_size; ++r) {
-    // r * chunk <= world_size * chunk < numel + world_size: no overflow for numel <= 2^62.
-    const int64_t start = std::min<int64_t>(numel, r * chunk);
-    const int64_t stop = std::min(numel, start + chunk);
-    spec.unsharded_flattened_offsets.push_back({FlatRange{start, stop}});
+    CKPT_ASSIGN_OR_RETURN(FlatRange range, EvenFlatRange(numel, world_size, r));
+    spec.unsharded_flattened_offsets.push_back({range});
   }
   return spec;
+}
+
+absl::StatusOr<FlatRange> EvenFlatRange(int64_t numel, int64_t world_size, int64_t rank) {
+  if (numel < 0 || numel > kMaxElements || world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("no even flat range for rank ", rank, " of ",
+                                                   world_size, " ranks over ", numel, " elements"));
+  }
+  const int64_t chunk = numel / world_size + (numel % world_size != 0 ? 1 : 0);
+  // No overflow: with chunk >= 2, world_size < numel <= 2^62 and rank * chunk < numel +
+  // world_size; with chunk <= 1, rank * chunk <= rank.
+  const int64_t start = std::min(numel, rank * chunk);
+  return FlatRange{start, std::min(numel, start + chunk)};
 }
 
 absl::StatusOr<std::vector<CopyRun>> ShardedChunkRuns(const FlatShardingSpec& spec, int rank) {

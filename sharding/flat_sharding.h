@@ -44,6 +44,11 @@ absl::Status ValidateFlatSharding(const FlatShardingSpec& spec, bool require_com
 // The even torch.chunk split described above; world_size >= 1.
 absl::StatusOr<FlatShardingSpec> EvenFlatSharding(absl::Span<const int64_t> shape, int world_size);
 
+// Rank `rank`'s range of that split of `numel` elements, in O(1) (EvenFlatSharding lists all
+// world_size ranges: building it per rank is quadratic in ranks). Needs 0 <= numel <=
+// kMaxElements, world_size >= 1 and 0 <= rank < world_size.
+absl::StatusOr<FlatRange> EvenFlatRange(int64_t numel, int64_t world_size, int64_t rank);
+
 // Runs that copy rank `rank`'s local shard out of the unsharded tensor (src = unsharded
 // storage, dst = the local shard).
 absl::StatusOr<std::vector<CopyRun>> ShardedChunkRuns(const FlatShardingSpec& spec, int rank);

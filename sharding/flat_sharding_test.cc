@@ -55,6 +55,47 @@ TEST(EvenFlatShardingTest, ZeroDimAndEmptyTensors) {
   EXPECT_FALSE(EvenFlatSharding({-4}, 2).ok());
 }
 
+// Property: EvenFlatRange gives each rank exactly the elements torch.chunk of the flattened
+// tensor gives it, found element by element (element i belongs to chunk i / ceil(n / m)).
+TEST(EvenFlatRangeTest, MatchesElementByElementTorchChunk) {
+  for (int64_t numel = 0; numel <= 70; ++numel) {
+    for (int64_t world = 1; world <= 40; ++world) {
+      const int64_t chunk = (numel + world - 1) / world;
+      for (int64_t rank = 0; rank < world; ++rank) {
+        int64_t first = numel, last = numel;  // empty ranges sit at the end
+        for (int64_t i = 0; i < numel; ++i) {
+          if (i / chunk != rank) continue;
+          if (first == numel) first = i;
+          last = i + 1;
+        }
+        auto range = EvenFlatRange(numel, world, rank);
+        ASSERT_TRUE(range.ok()) << range.status();
+        if (first == numel) {
+          EXPECT_EQ(range->size(), 0) << numel << " " << world << " " << rank;
+        } else {
+          EXPECT_EQ(*range, (FlatRange{first, last})) << numel << " " << world << " " << rank;
+        }
+      }
+    }
+  }
+}
+
+TEST(EvenFlatRangeTest, ExtremeSizesDoNotOverflowAndBadArgumentsAreErrors) {
+  const int64_t max = kMaxElements;
+  auto last = EvenFlatRange(max, int64_t{1} << 20, (int64_t{1} << 20) - 1);
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->stop, max);
+  EXPECT_EQ(last->size(), max >> 20);
+  auto tiny = EvenFlatRange(3, int64_t{1} << 40, (int64_t{1} << 40) - 1);
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_EQ(tiny->size(), 0);
+  EXPECT_FALSE(EvenFlatRange(10, 0, 0).ok());
+  EXPECT_FALSE(EvenFlatRange(10, 4, 4).ok());
+  EXPECT_FALSE(EvenFlatRange(10, 4, -1).ok());
+  EXPECT_FALSE(EvenFlatRange(-1, 4, 0).ok());
+  EXPECT_FALSE(EvenFlatRange(max + 1, 4, 0).ok());
+}
+
 TEST(ValidateFlatShardingTest, ReportsOverlapsHolesAndBadRanges) {
   FlatShardingSpec spec{{10}, {{{0, 4}}, {{3, 10}}}};
   absl::Status s = ValidateFlatSharding(spec, true);

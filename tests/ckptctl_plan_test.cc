@@ -172,9 +172,77 @@ TEST(CkptctlPlanTest, PlannerErrorsNameTheShards) {
   EXPECT_THAT(tie.err, HasSubstr("('k', (0,), (0, 2))"));
   RunResult noholder = RunPlan(
       "distribute",
-      R"({"num_ranks": 2, "shard_to_ranks": [[["w", [], null], [2, -1]]], "shard_to_size": [[["w", [], null], 1]]})");
+      R"({"num_ranks": 2, "shard_to_ranks": [[["w", [], null], []]], "shard_to_size": [[["w", [], null], 1]]})");
   EXPECT_EQ(noholder.exit_code, 1);
   EXPECT_THAT(noholder.err, HasSubstr("('w', (), None) has no holder"));
+}
+
+// Issue 11 finding 4: each of these aborted (std::bad_alloc, an uncaught iostream exception)
+// or was silently ignored.
+TEST(CkptctlPlanTest, HostileInputsGetOneLineErrors) {
+  // --input naming a directory aborted on basic_filebuf's exception.
+  RunResult dir = RunPlan("distribute", "", /*use_stdio=*/true, "--input " + TmpPath(""));
+  EXPECT_EQ(dir.exit_code, 1);
+  EXPECT_THAT(dir.err, HasSubstr("is a directory"));
+
+  // num_ranks 10^9 allocated a load per rank (std::bad_alloc on smaller machines).
+  const std::string one_shard =
+      R"("shard_to_ranks": [[["a", [0], null], [0]]], "shard_to_size": [[["a", [0], null], 1]]})";
+  RunResult huge = RunPlan("distribute", R"({"num_ranks": 1000000000, )" + one_shard + "\n");
+  EXPECT_EQ(huge.exit_code, 1);
+  EXPECT_THAT(huge.err, HasSubstr("line 1: field num_ranks: 1000000000 is outside [0, 1048576]"));
+  RunResult huge_group = RunPlan("main-replicas", R"({"num_ranks": 1000000000, "per_rank": []})");
+  EXPECT_EQ(huge_group.exit_code, 1);
+  EXPECT_THAT(huge_group.err, HasSubstr("field num_ranks: 1000000000 is outside"));
+
+  // A holder rank >= num_ranks (or negative) was silently skipped.
+  const std::string good = R"({"num_ranks": 2, )" + one_shard;
+  RunResult rank = RunPlan(
+      "distribute",
+      good + "\n" +
+          R"({"num_ranks": 2, "shard_to_ranks": [[["a", [0], null], [1, 7]]], "shard_to_size": [[["a", [0], null], 1]]})");
+  EXPECT_EQ(rank.exit_code, 1);
+  EXPECT_THAT(rank.err,
+              HasSubstr("line 2: field shard_to_ranks[0][1][1]: rank 7 is outside [0, 2)"));
+  EXPECT_FALSE(rank.out_exists);
+  // --keep-out-of-range-ranks keeps Megatron's behaviour: counted, never chosen.
+  RunResult kept = RunPlan(
+      "distribute",
+      R"({"num_ranks": 2, "shard_to_ranks": [[["a", [0], null], [1, 7]]], "shard_to_size": [[["a", [0], null], 1]]})",
+      /*use_stdio=*/false, "--keep-out-of-range-ranks");
+  ASSERT_EQ(kept.exit_code, 0) << kept.err;
+  EXPECT_EQ(Lines(kept.out)[0]["assignment"], Json::parse(R"([[["a",[0],null],1]])"));
+  RunResult negative = RunPlan(
+      "distribute",
+      R"({"num_ranks": 2, "shard_to_ranks": [[["a", [0], null], [-1, 0]]], "shard_to_size": [[["a", [0], null], 1]]})");
+  EXPECT_THAT(negative.err, HasSubstr("rank -1 is outside [0, 2)"));
+
+  // A repeated key silently won (the last value).
+  RunResult repeated = RunPlan("distribute", R"({"num_ranks": 1, "num_ranks": 2, )" + one_shard);
+  EXPECT_EQ(repeated.exit_code, 1);
+  EXPECT_THAT(repeated.err, HasSubstr("line 1: key \"num_ranks\" appears twice in this object"));
+
+  // A group of one with the wrong number of lists was accepted.
+  RunResult lists = RunPlan("main-replicas", R"({"num_ranks": 1, "per_rank": [[], [], []]})");
+  EXPECT_EQ(lists.exit_code, 1);
+  EXPECT_THAT(lists.err, HasSubstr("field per_rank: has 3 lists for num_ranks 1"));
+
+  // Deep nesting is refused before a DOM exists, with the path.
+  RunResult deep =
+      RunPlan("distribute", R"({"num_ranks": 1, "shard_to_ranks": )" + std::string(100000, '[') +
+                                std::string(100000, ']') + "}");
+  EXPECT_EQ(deep.exit_code, 1);
+  EXPECT_THAT(deep.err, HasSubstr("line 1: field shard_to_ranks[0][0]"));
+  EXPECT_THAT(deep.err, HasSubstr("nested deeper than the limit of 16 levels"));
+  EXPECT_LT(deep.err.size(), 1000u);
+
+  // Sizes that add up past int64 would overflow a rank's load.
+  RunResult sizes = RunPlan(
+      "distribute",
+      R"({"num_ranks": 1, "shard_to_ranks": [[["a", [0], null], [0]], [["b", [0], null], [0]]],)"
+      R"( "shard_to_size": [[["a", [0], null], 9223372036854775807], [["b", [0], null], 1]]})");
+  EXPECT_EQ(sizes.exit_code, 1);
+  EXPECT_THAT(sizes.err, HasSubstr("past 2^63 - 1 bytes"));
 }
 
 TEST(CkptctlPlanTest, MainReplicasSaveAndLoadModes) {
@@ -240,7 +308,7 @@ TEST(CkptctlPlanTest, RandomProblemsMatchTheLibrary) {
       if (i % 3 == 0) id.flat = FlatRange{0, pick(1, 9)};
       std::vector<int64_t> holders;
       for (int h = 0, k = static_cast<int>(pick(1, 6)); h < k; ++h) {
-        holders.push_back(pick(-1, in.num_ranks));
+        holders.push_back(pick(0, in.num_ranks - 1));  // repeats allowed; out of range is an error
       }
       holders.push_back(pick(0, in.num_ranks - 1));
       const int64_t size = pick(0, 5) * 64;

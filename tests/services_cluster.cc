@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/grpc_auth.h"
 #include "gtest/gtest.h"
 
 namespace ckpt::testing {
@@ -113,10 +114,45 @@ Child* Cluster::Spawn(const std::vector<std::string>& argv, const std::string& n
   return children_.back().get();
 }
 
+std::vector<std::string> Cluster::TlsFlags(const TlsFiles& files) {
+  if (files.empty()) return {};
+  return {"--tls_ca=" + files.ca, "--tls_cert=" + files.cert, "--tls_key=" + files.key};
+}
+
+std::vector<std::string> Cluster::OperatorFlags() const { return TlsFlags(operator_tls_); }
+
+TlsFiles Cluster::IssueCertificate(const std::string& role, const std::string& name,
+                                   const std::string& ca_dir) {
+  const std::string dir = ca_dir.empty() ? dir_ + "/certs" : ca_dir;
+  std::string out;
+  if (access((dir + "/ca.pem").c_str(), F_OK) != 0) {
+    EXPECT_EQ(RunCkptctl({"certs", "init", "--dir", dir}, &out), 0) << out;
+  }
+  EXPECT_EQ(RunCkptctl({"certs", "issue", "--dir", dir, "--role", role, "--name", name}, &out), 0)
+      << out;
+  const std::string stem = absl::StrCat(dir, "/", role, "-", name);
+  return TlsFiles{dir + "/ca.pem", stem + ".pem", stem + ".key"};
+}
+
+void Cluster::UseTls() {
+  coordinator_tls_ = IssueCertificate("coordinator", "coord");
+  worker_tls_ = IssueCertificate("worker", "host");
+  operator_tls_ = IssueCertificate("operator", "ops");
+}
+
+std::shared_ptr<grpc::Channel> Cluster::CoordinatorChannel(const TlsFiles& files) {
+  absl::StatusOr<TransportSecurity> security =
+      ResolveTransportSecurity(files, /*insecure=*/false, address_, "--coordinator", "test");
+  EXPECT_TRUE(security.ok()) << security.status();
+  return MakeCoordinatorChannel(address_, security.ok() ? *security : TransportSecurity());
+}
+
 void Cluster::StartCoordinator(const std::vector<std::string>& flags) {
   std::string address_file = absl::StrCat(dir_, "/coordinator.address");
   std::vector<std::string> argv = {Runfile("coordinator/ckpt_coordinator"), "--listen=127.0.0.1:0",
-                                   "--address_file=" + address_file, "--log_level=debug"};
+                                   "--address_file=" + address_file, "--log_level=debug",
+                                   "--checkpoint_root=" + dir_};
+  for (const std::string& flag : TlsFlags(coordinator_tls_)) argv.push_back(flag);
   argv.insert(argv.end(), flags.begin(), flags.end());
   unlink(address_file.c_str());
   Child* c = Spawn(argv, absl::StrCat("coordinator", children_.size()));
@@ -125,8 +161,7 @@ void Cluster::StartCoordinator(const std::vector<std::string>& flags) {
       << "coordinator did not start: " << c->Stderr();
   ASSERT_TRUE(c->Running()) << "coordinator exited: " << c->Stderr();
   address_ = std::string(absl::StripAsciiWhitespace(ReadFile(address_file)));
-  coordinator_stub_ =
-      pb::Coordinator::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  coordinator_stub_ = pb::Coordinator::NewStub(CoordinatorChannel(operator_tls_));
 }
 
 void Cluster::RestartCoordinator(const std::vector<std::string>& flags) {
@@ -136,15 +171,19 @@ void Cluster::RestartCoordinator(const std::vector<std::string>& flags) {
   StartCoordinator(all);
 }
 
-int Cluster::StartWorker(int local_rank) {
+int Cluster::StartWorker(int local_rank, const std::vector<std::string>& flags) {
   int index = static_cast<int>(workers_.size());
   WorkerEntry entry;
   entry.socket = absl::StrCat(dir_, "/w", index, ".sock");
   std::string ready = absl::StrCat(dir_, "/w", index, ".ready");
-  Child* w = Spawn({Runfile("worker/ckpt_worker"), "--coordinator=" + address_,
-                    "--listen=unix:" + entry.socket, absl::StrCat("--local_rank=", local_rank),
-                    "--ready_file=" + ready, "--log_level=debug", "--reap_interval_ms=50"},
-                   absl::StrCat("worker", index));
+  std::vector<std::string> argv = {
+      Runfile("worker/ckpt_worker"),   "--coordinator=" + address_,
+      "--listen=unix:" + entry.socket, absl::StrCat("--local_rank=", local_rank),
+      "--ready_file=" + ready,         "--log_level=debug",
+      "--reap_interval_ms=50"};
+  for (const std::string& flag : TlsFlags(worker_tls_)) argv.push_back(flag);
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  Child* w = Spawn(argv, absl::StrCat("worker", index));
   entry.child = static_cast<int>(children_.size()) - 1;
   bool up = WaitFor([&] { return !ReadFile(ready).empty() || !w->Running(); });
   EXPECT_TRUE(up && w->Running()) << "worker " << index << " did not register: " << w->Stderr();
@@ -169,7 +208,7 @@ Child* Cluster::StartTrainer(int worker_index, const std::string& job, int rank,
                                    "--mode",
                                    mode,
                                    "--path",
-                                   path};
+                                   path.empty() ? dir_ + "/probe" : path};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   return Spawn(argv, absl::StrCat("trainer-", job, "-", rank, "-", children_.size()));
 }

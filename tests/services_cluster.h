@@ -5,6 +5,7 @@
 #ifndef CKPT_TESTS_SERVICES_CLUSTER_H_
 #define CKPT_TESTS_SERVICES_CLUSTER_H_
 
+#include <grpcpp/grpcpp.h>
 #include <sys/types.h>
 
 #include <functional>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/transport_security.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
 
@@ -44,21 +46,41 @@ bool WaitFor(const std::function<bool()>& condition, absl::Duration timeout = ab
 std::string Runfile(const std::string& relative);
 
 // A coordinator and workers on loopback. Everything started is killed on destruction.
+// Checkpoints may be saved under dir() (the coordinator's --checkpoint_root).
 class Cluster {
  public:
   Cluster();
   ~Cluster();
 
+  // Makes a CA and certificates (`ckptctl certs`, into dir()/certs) and has the coordinator,
+  // the workers and the cluster's own operator stub use them. Call before StartCoordinator.
+  void UseTls();
+  // Issues another certificate of the cluster's CA (or of the CA in `ca_dir`, made first if
+  // missing); returns its files.
+  TlsFiles IssueCertificate(const std::string& role, const std::string& name,
+                            const std::string& ca_dir = "");
+  // A channel to the coordinator with `files` (plaintext when empty).
+  std::shared_ptr<grpc::Channel> CoordinatorChannel(const TlsFiles& files);
+  // The operator certificate's ckptctl flags (none without TLS).
+  std::vector<std::string> OperatorFlags() const;
+  bool tls() const { return !operator_tls_.empty(); }
+  // The certificate the workers present (empty without TLS).
+  const TlsFiles& worker_tls() const { return worker_tls_; }
+
   // Starts the coordinator with extra flags (e.g. "--lease_ms=600") and waits until it serves.
   void StartCoordinator(const std::vector<std::string>& flags);
   // Kills the coordinator with SIGKILL and starts a new one on the same address.
   void RestartCoordinator(const std::vector<std::string>& flags);
-  // Starts worker `local_rank` (socket /tmp/ckpt-t<pid>-w<n>.sock) and waits until registered.
-  // Returns its index in workers().
-  int StartWorker(int local_rank);
-  // Starts a trainer_probe connected to worker `worker_index`.
+  // Starts worker `local_rank` (socket /tmp/ckpt-t<pid>-w<n>.sock) with extra flags and waits
+  // until registered. Returns its index in workers().
+  int StartWorker(int local_rank, const std::vector<std::string>& flags = {});
+  // Starts any process (killed with the cluster); stdout/stderr go to dir()/<name>.{out,err}.
+  Child* Start(const std::vector<std::string>& argv, const std::string& name) {
+    return Spawn(argv, name);
+  }
+  // Starts a trainer_probe connected to worker `worker_index` (path "": dir()/probe).
   Child* StartTrainer(int worker_index, const std::string& job, int rank, int world_size,
-                      const std::string& mode, const std::string& path = "/tmp/ckpt-probe",
+                      const std::string& mode, const std::string& path = "",
                       const std::vector<std::string>& extra_args = {});
   // Runs ckptctl with arguments to completion; returns its exit code and fills `out`.
   int RunCkptctl(const std::vector<std::string>& args, std::string* out);
@@ -78,8 +100,10 @@ class Cluster {
 
  private:
   Child* Spawn(const std::vector<std::string>& argv, const std::string& name);
+  static std::vector<std::string> TlsFlags(const TlsFiles& files);
 
-  std::string dir_;  // per-cluster scratch directory
+  std::string dir_;                                       // per-cluster scratch directory
+  TlsFiles coordinator_tls_, worker_tls_, operator_tls_;  // empty without UseTls()
   std::string address_;
   int coordinator_child_ = -1;
   struct WorkerEntry {

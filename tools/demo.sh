@@ -178,8 +178,10 @@ fail_step() {
 
 # ---- The cluster: a coordinator and 4 workers on loopback ------------------------------------
 # Port 0: the OS picks a free port; the coordinator writes the address it bound to a file.
+# Loopback only, so plaintext (no certificates); checkpoints only under $CK.
 start_group "$LOGS/coordinator.out" "$LOGS/coordinator.log" "$COORDINATOR" \
   --listen=127.0.0.1:0 --address_file="$SOCKDIR/coordinator.address" --log_level=info \
+  --checkpoint_root="$CK" \
   --arrival_deadline_ms=120000 --load_algorithm="$LOAD_ALGORITHM"
 COORD_PID=$STARTED_PID
 wait_for_file "$SOCKDIR/coordinator.address" 30 "$COORD_PID" ||

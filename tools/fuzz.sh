@@ -71,6 +71,9 @@ build_log=$(mktemp)
 "${BAZEL[@]}" build --config=fuzz --symlink_prefix=bazel-fuzz- "${JOBS_FLAGS[@]}" \
   "${LABELS[@]}" >"$build_log" 2>&1 || { build_ok=0; grep -v 'Cannot export local symbol' "$build_log" | tail -60; }
 rm -f "$build_log"
+# The execroot link of the clang output base (bazel-fuzz-<this directory>) holds external/
+# packages that the main output base does not own: left here, it breaks `bazel build //...`.
+rm -f "bazel-fuzz-$(basename "$PWD")"
 
 write_xml() {  # label, failure message or empty, log file
   local label=$1 message=$2 log=$3 pkg=${PKG[$1]} name=${1##*:}

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Installs every Debian package ckpt's build, tests, demo and benchmarks need.
-# Idempotent: when everything is present it installs nothing and touches no package list.
+# Installs everything ckpt's build, tests, demo and benchmarks need, idempotently:
+#  1. Debian packages (nothing is installed, and no package list touched, when all are present);
+#  2. the project's Python environment: Debian's python3 with exactly python/requirements.lock
+#     (torch, numpy, safetensors, megatron-core, nanobind, pytest, pinned), created once per lock
+#     under ~/.cache/ckpt-venvs/<hash> (CKPT_VENV_HOME overrides) and linked as .venv, so a fresh
+#     clone on the same machine reuses it. A lock change makes a new environment.
 set -euo pipefail
 
 PACKAGES=(
@@ -8,14 +12,10 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libgloo-dev libxxhash-dev liburing-dev nlohmann-json3-dev
-  pkg-config python3
+  libgloo-dev libxxhash-dev liburing-dev nlohmann-json3-dev libre2-dev
+  libssl-dev openssl pkg-config python3 python3-dev python3-venv
   clang libclang-rt-14-dev clang-format
 )
-# Optional peers for benchmarks only (large): CKPT_INSTALL_BENCH_PEERS=1 adds python3-torch.
-if [[ "${CKPT_INSTALL_BENCH_PEERS:-0}" == "1" ]]; then
-  PACKAGES+=(python3-torch python3-numpy)
-fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -26,15 +26,45 @@ done
 
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "install_deps: all ${#PACKAGES[@]} packages present"
-  exit 0
+else
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  echo "install_deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+  echo "install_deps: packages done"
 fi
 
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-echo "install_deps: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "install_deps: done"
+# --- Python environment -------------------------------------------------------------------
+cd "$(dirname "$0")/.."
+LOCK=python/requirements.lock
+PYTHON=/usr/bin/python3
+key=$( (cat "$LOCK"; "$PYTHON" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16)
+VENV_HOME=${CKPT_VENV_HOME:-$HOME/.cache/ckpt-venvs}
+venv=$VENV_HOME/$key
+# The marker is written last: an interrupted install is redone from scratch.
+if [[ ! -e "$venv/.ckpt-complete" ]]; then
+  echo "install_deps: creating the Python environment $venv (torch and its CUDA wheels: ~5 GB)"
+  rm -rf "$venv"
+  mkdir -p "$VENV_HOME"
+  "$PYTHON" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$LOCK"
+  "$venv/bin/python" -m pip check -q --disable-pip-version-check >/dev/null || {
+    echo "install_deps: $LOCK is not a complete set: pip check says" >&2
+    "$venv/bin/python" -m pip check >&2
+    exit 1
+  }
+  touch "$venv/.ckpt-complete"
+fi
+if [[ "$(readlink .venv 2>/dev/null)" != "$venv" ]]; then
+  if [[ -e .venv && ! -L .venv ]]; then
+    echo "install_deps: .venv exists and is not the link this script makes; remove it" >&2
+    exit 1
+  fi
+  ln -sfn "$venv" .venv
+fi
+echo "install_deps: Python environment .venv -> $venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
 
 if ! command -v nvcc >/dev/null 2>&1 && [[ ! -e /usr/local/cuda/include/nccl.h ]]; then
   echo "install_deps: warning: CUDA toolkit with NCCL not found under /usr/local/cuda" >&2

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 #include "spdlog/spdlog.h"
 
@@ -22,8 +23,7 @@ CoordinatorLink::CoordinatorLink(LinkOptions options) : options_(std::move(optio
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(1 << 30);
   args.SetMaxSendMessageSize(1 << 30);
-  channel_ =
-      grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);
+  channel_ = MakeCoordinatorChannel(options_.coordinator, options_.security, args);
   stub_ = pb::Coordinator::NewStub(channel_);
 }
 

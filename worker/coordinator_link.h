@@ -16,13 +16,15 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/transport_security.h"
 #include "proto/coordinator.grpc.pb.h"
 
 namespace ckpt::worker {
 
 // Configuration of the link.
 struct LinkOptions {
-  std::string coordinator;  // host:port
+  std::string coordinator;     // host:port
+  TransportSecurity security;  // TLS with this worker's certificate, or plaintext
   pb::WorkerInfo info;
   absl::Duration rpc_timeout = absl::Seconds(5);
 };

@@ -184,7 +184,7 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
   CKPT_RETURN_IF_ERROR(CheckDeliveriesTileRequests(part, manifest, requests, me, who));
 
   // The operation's communicator.
-  GrpcStore store(context.rendezvous_address);
+  GrpcStore store(context.rendezvous_address, context.rendezvous_security);
   CommunicatorOptions comm_options;
   comm_options.memory_kind = MemoryKind::kHost;
   comm_options.group_name = part.group();

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/transport_security.h"
 #include "proto/coordinator.pb.h"
 #include "worker/memory_registry.h"
 
@@ -20,9 +21,10 @@ namespace ckpt::worker {
 
 // Where the communicator meets and how long its steps may take.
 struct ExchangeLoadContext {
-  std::string rendezvous_address;      // the coordinator's host:port (Rendezvous service)
-  std::string hostname = "127.0.0.1";  // this worker's data-plane address (Gloo binds here)
-  int gloo_loop_thread_nice = 10;      // see GlooOptions::loop_thread_nice
+  std::string rendezvous_address;         // the coordinator's host:port (Rendezvous service)
+  TransportSecurity rendezvous_security;  // as the worker's link to the coordinator
+  std::string hostname = "127.0.0.1";     // this worker's data-plane address (Gloo binds here)
+  int gloo_loop_thread_nice = 10;         // see GlooOptions::loop_thread_nice
   absl::Duration rendezvous_timeout = absl::Minutes(2);
   absl::Duration exchange_timeout = absl::Minutes(30);  // the whole exchange
 };

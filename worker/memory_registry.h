@@ -36,7 +36,8 @@ struct TrainerIdentity {
   int rank = 0;
   int world_size = 0;
   int local_rank = 0;
-  pid_t pid = 0;
+  pid_t pid = 0;  // from the connection (SO_PEERCRED), never from the trainer's word
+  uid_t uid = 0;  // likewise; later calls naming the session must come from this uid
 };
 
 // A registered tensor and where its bytes are mapped in this process.

@@ -4,7 +4,13 @@
 //
 //   ckpt_worker --coordinator HOST:PORT [--listen unix:/path] [--local_rank N] [--gpu G]
 //               [--host NAME] [--data_plane_address ADDR] [--log_level info]
-//               [--ready_file F] [--gloo_loop_nice 10]
+//               [--ready_file F] [--gloo_loop_nice 10] [--trainer_uids U,...]
+//               [--tls_ca F --tls_cert F --tls_key F | --insecure]
+//
+// The trainers' socket is private to this uid (mode 0600) unless --trainer_uids allows
+// others; who connected is taken from the kernel (SO_PEERCRED). The link to the coordinator
+// (and the data plane's rendezvous) uses TLS with the worker's certificate when --tls_* are
+// given; without them the coordinator must be on loopback, or --insecure given.
 //
 // The local rank (and with it the default socket and GPU) comes from --local_rank, else the
 // launcher's environment (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK), else 0.
@@ -24,15 +30,19 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/options.h"
 #include "common/daemon.h"
+#include "common/transport_security.h"
 #include "spdlog/spdlog.h"
 #include "worker/coordinator_link.h"
 #include "worker/gpu.h"
 #include "worker/memory_registry.h"
+#include "worker/trainer_socket.h"
 #include "worker/worker_service.h"
 
 ABSL_FLAG(std::string, coordinator, "", "the coordinator's host:port (required)");
@@ -44,8 +54,21 @@ ABSL_FLAG(int, local_rank, -1,
 ABSL_FLAG(int, gpu, -2, "GPU ordinal; -1 for none (default: local_rank modulo the GPU count)");
 ABSL_FLAG(std::string, host, "", "host name to announce (default: this machine's)");
 ABSL_FLAG(std::string, data_plane_address, "",
-          "address peers reach this worker's data plane on (default: the host name; ports are "
-          "exchanged through the coordinator's rendezvous store)");
+          "address this worker's data plane (Gloo) binds to and peers reach it on (default: the "
+          "host name's address; ports are exchanged through the coordinator's rendezvous "
+          "store). Data-plane traffic is not authenticated: use an address on an isolated "
+          "network");
+ABSL_FLAG(std::string, trainer_uids, "",
+          "comma-separated uids whose trainers may connect besides this worker's own uid (the "
+          "socket's mode is then 0666 and callers are judged by their uid from SO_PEERCRED)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "CA certificate (PEM) the coordinator's certificate must chain to");
+ABSL_FLAG(std::string, tls_cert, "",
+          "this worker's certificate (PEM; ckptctl certs issue --role worker)");
+ABSL_FLAG(std::string, tls_key, "", "this worker's private key (PEM, mode 0600)");
+ABSL_FLAG(bool, insecure, false,
+          "talk to a coordinator beyond loopback without TLS (anyone on the network could "
+          "impersonate either side)");
 ABSL_FLAG(int, gloo_loop_nice, 10,
           "added to the nice value of Gloo's event-loop thread in load exchanges (0: unchanged); "
           "keeps its busy-polling from starving the thread it waits on when ranks outnumber cores");
@@ -72,6 +95,34 @@ int Fail(const std::string& message) {
   return 2;
 }
 
+// --trainer_uids as numbers.
+absl::StatusOr<std::vector<uid_t>> TrainerUids(const std::string& text) {
+  std::vector<uid_t> uids;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    uint32_t uid = 0;
+    if (!absl::SimpleAtoi(part, &uid)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--trainer_uids: '", part, "' is not a numeric uid"));
+    }
+    uids.push_back(static_cast<uid_t>(uid));
+  }
+  return uids;
+}
+
+// Serves `service` to trainers over `socket` (connections handed over as they are accepted).
+std::unique_ptr<grpc::Server> StartTrainerServer(ckpt::worker::WorkerService* service,
+                                                 ckpt::worker::TrainerSocket* socket) {
+  service->set_trainer_socket(socket);
+  grpc::ServerBuilder builder;
+  // A state dict of many tensors easily exceeds gRPC's 4 MB default.
+  builder.SetMaxReceiveMessageSize(1 << 30);
+  builder.SetMaxSendMessageSize(1 << 30);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server != nullptr) socket->Serve(server.get());
+  return server;
+}
+
 int Run() {
   if (absl::Status s = ckpt::SetUpDaemonLogging("worker", absl::GetFlag(FLAGS_log_level));
       !s.ok()) {
@@ -96,8 +147,22 @@ int Run() {
   std::string data_plane = absl::GetFlag(FLAGS_data_plane_address);
   if (data_plane.empty()) data_plane = host;
 
+  absl::StatusOr<ckpt::TransportSecurity> security = ckpt::ResolveTransportSecurity(
+      {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)},
+      absl::GetFlag(FLAGS_insecure), coordinator, "--coordinator", "ckpt_worker");
+  if (!security.ok()) {  // the message names the program already
+    std::fprintf(stderr, "%s\n", std::string(security.status().message()).c_str());
+    return 2;
+  }
+  if (security->insecure_beyond_loopback) {
+    spdlog::critical("{}", ckpt::InsecureWarning("ckpt_worker", coordinator));
+  }
+  absl::StatusOr<std::vector<uid_t>> trainer_uids = TrainerUids(absl::GetFlag(FLAGS_trainer_uids));
+  if (!trainer_uids.ok()) return Fail(std::string(trainer_uids.status().message()));
+
   ckpt::worker::LinkOptions link_options;
   link_options.coordinator = coordinator;
+  link_options.security = *security;
   link_options.rpc_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_rpc_timeout_ms));
   ckpt::pb::WorkerInfo& info = link_options.info;
   info.set_host(host);
@@ -126,20 +191,16 @@ int Run() {
   });
   link.SetWorkHandler([&service](const ckpt::pb::WorkItem& item) { service.OnWorkItem(item); });
 
-  const std::string socket_path = listen.substr(5);
-  unlink(socket_path.c_str());  // a stale socket of a previous, killed worker
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials());
-  // A state dict of many tensors easily exceeds gRPC's 4 MB default.
-  builder.SetMaxReceiveMessageSize(1 << 30);
-  builder.SetMaxSendMessageSize(1 << 30);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) return Fail(absl::StrCat("cannot listen on ", listen));
+  // A stale socket of a previous, killed worker is replaced; nothing else is removed.
+  absl::StatusOr<std::unique_ptr<ckpt::worker::TrainerSocket>> socket =
+      ckpt::worker::TrainerSocket::Open({listen.substr(5), *trainer_uids});
+  if (!socket.ok()) return Fail(std::string(socket.status().message()));
+  std::unique_ptr<grpc::Server> server = StartTrainerServer(&service, socket->get());
+  if (server == nullptr) return Fail(absl::StrCat("cannot serve on ", listen));
   std::printf("ckpt_worker listening on %s\n", listen.c_str());
   std::fflush(stdout);
-  spdlog::info("serving address={} coordinator={} host={} local_rank={} gpu={}", listen,
-               coordinator, host, *local_rank, gpu);
+  spdlog::info("serving address={} coordinator={} tls={} host={} local_rank={} gpu={}", listen,
+               coordinator, security->tls, host, *local_rank, gpu);
   link.Start();
 
   absl::Notification stop;
@@ -165,8 +226,10 @@ int Run() {
   });
 
   grpc::Server* raw = server.get();
-  ckpt::WatchShutdownSignals([raw](int signal_number) {
+  ckpt::worker::TrainerSocket* trainer_socket = socket->get();
+  ckpt::WatchShutdownSignals([raw, trainer_socket](int signal_number) {
     spdlog::info("shutting_down signal={}", signal_number);
+    trainer_socket->Stop();  // no new trainer connections, socket file removed
     raw->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });
   server->Wait();
@@ -174,7 +237,7 @@ int Run() {
   reaper.join();
   link.Stop(/*deregister=*/true);
   service.Shutdown();  // running plan parts stop at their next step
-  unlink(socket_path.c_str());
+  trainer_socket->Stop();
   spdlog::info("stopped");
   return 0;
 }

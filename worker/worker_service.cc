@@ -46,10 +46,39 @@ absl::Status WorkerService::Attach(const SessionInfo& session, const std::string
                         absl::StrCat("AttachRank at coordinator ", link_->options().coordinator));
 }
 
-grpc::Status WorkerService::Hello(grpc::ServerContext*, const pb::TrainerHello* request,
+absl::StatusOr<TrainerCredentials> WorkerService::Caller(const grpc::ServerContext& context) const {
+  if (trainer_socket_ == nullptr) {
+    return absl::InternalError("the worker serves trainers without its trainer socket");
+  }
+  return trainer_socket_->CallerOf(context);
+}
+
+absl::StatusOr<SessionInfo> WorkerService::CallerSession(const grpc::ServerContext& context,
+                                                         const std::string& session_id) const {
+  absl::StatusOr<TrainerCredentials> caller = Caller(context);
+  if (!caller.ok()) return caller.status();
+  absl::StatusOr<SessionInfo> session = registry_->Find(session_id);
+  if (!session.ok()) return session.status();
+  if (session->trainer.uid != caller->uid) {
+    return absl::PermissionDeniedError(absl::StrCat("trainer session ", session_id,
+                                                    " belongs to uid ", session->trainer.uid,
+                                                    ", not to the caller's uid ", caller->uid));
+  }
+  return session;
+}
+
+grpc::Status WorkerService::Hello(grpc::ServerContext* context, const pb::TrainerHello* request,
                                   pb::TrainerHelloResponse* response) {
-  TrainerIdentity trainer{request->job(), request->rank(), request->world_size(),
-                          request->local_rank(), request->pid()};
+  // Who connected is the kernel's word (SO_PEERCRED), not the request's.
+  absl::StatusOr<TrainerCredentials> caller = Caller(*context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (context->IsCancelled()) return grpc::Status::CANCELLED;  // its connection may be reused
+  if (request->pid() != 0 && request->pid() != caller->pid) {
+    spdlog::warn("trainer_pid_claim_ignored claimed={} connected_pid={} uid={}", request->pid(),
+                 caller->pid, caller->uid);
+  }
+  TrainerIdentity trainer{request->job(),        request->rank(), request->world_size(),
+                          request->local_rank(), caller->pid,     caller->uid};
   if (absl::Status s = link_->WaitRegistered(kRegistrationWait); !s.ok()) return ToGrpcStatus(s);
   // A trainer that died a moment ago must not block its replacement.
   for (const SessionInfo& gone : registry_->ReapDeadTrainers()) OnTrainerGone(gone);
@@ -80,9 +109,12 @@ grpc::Status WorkerService::Hello(grpc::ServerContext*, const pb::TrainerHello* 
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::RegisterTensors(grpc::ServerContext*,
+grpc::Status WorkerService::RegisterTensors(grpc::ServerContext* context,
                                             const pb::RegisterTensorsRequest* request,
                                             pb::RegisterTensorsResponse* response) {
+  if (auto session = CallerSession(*context, request->session_id()); !session.ok()) {
+    return ToGrpcStatus(session.status());
+  }
   std::vector<pb::SharedTensor> tensors(request->tensors().begin(), request->tensors().end());
   absl::Status s = registry_->RegisterTensors(request->session_id(), tensors);
   if (!s.ok()) return ToGrpcStatus(s);
@@ -136,19 +168,25 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Save(grpc::ServerContext*, const pb::TransferRequest* request,
+grpc::Status WorkerService::Save(grpc::ServerContext* context, const pb::TransferRequest* request,
                                  pb::TransferResponse* response) {
+  if (auto session = CallerSession(*context, request->session_id()); !session.ok()) {
+    return ToGrpcStatus(session.status());
+  }
   return Transfer(*request, pb::OPERATION_SAVE, response);
 }
 
-grpc::Status WorkerService::Load(grpc::ServerContext*, const pb::TransferRequest* request,
+grpc::Status WorkerService::Load(grpc::ServerContext* context, const pb::TransferRequest* request,
                                  pb::TransferResponse* response) {
+  if (auto session = CallerSession(*context, request->session_id()); !session.ok()) {
+    return ToGrpcStatus(session.status());
+  }
   return Transfer(*request, pb::OPERATION_LOAD, response);
 }
 
-grpc::Status WorkerService::Poll(grpc::ServerContext*, const pb::PollRequest* request,
+grpc::Status WorkerService::Poll(grpc::ServerContext* context, const pb::PollRequest* request,
                                  pb::PollResponse* response) {
-  absl::StatusOr<SessionInfo> session = registry_->Find(request->session_id());
+  absl::StatusOr<SessionInfo> session = CallerSession(*context, request->session_id());
   if (!session.ok()) return ToGrpcStatus(session.status());
   pb::PendingOperationRequest pending;
   pending.set_job(session->trainer.job);
@@ -185,12 +223,9 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
     return ToGrpcStatus(absl::InvalidArgumentError("Wait: negative timeout_ms"));
   }
   const absl::Time deadline = absl::Now() + absl::Milliseconds(request->timeout_ms());
-  int rank = -1;
-  if (request->until_snapshot()) {
-    absl::StatusOr<SessionInfo> session = registry_->Find(request->session_id());
-    if (!session.ok()) return ToGrpcStatus(session.status());
-    rank = session->trainer.rank;
-  }
+  absl::StatusOr<SessionInfo> session = CallerSession(*context, request->session_id());
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  const int rank = request->until_snapshot() ? session->trainer.rank : -1;
   while (true) {
     bool snapshotted = false;
     absl::Duration slice = std::min(absl::Milliseconds(100), deadline - absl::Now());
@@ -228,9 +263,10 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
   }
 }
 
-grpc::Status WorkerService::Goodbye(grpc::ServerContext*, const pb::GoodbyeRequest* request,
+grpc::Status WorkerService::Goodbye(grpc::ServerContext* context, const pb::GoodbyeRequest* request,
                                     pb::GoodbyeResponse*) {
-  absl::StatusOr<SessionInfo> session = registry_->Find(request->session_id());
+  absl::StatusOr<SessionInfo> session = CallerSession(*context, request->session_id());
+  if (!session.ok()) return ToGrpcStatus(session.status());
   absl::Status s = registry_->CloseSession(request->session_id());
   if (s.ok()) {
     spdlog::info("trainer_goodbye session={}", request->session_id());
@@ -254,8 +290,9 @@ void WorkerService::OnTrainerGone(const SessionInfo& session) {
   }
 }
 
-grpc::Status WorkerService::Status(grpc::ServerContext*, const pb::WorkerStatusRequest*,
+grpc::Status WorkerService::Status(grpc::ServerContext* context, const pb::WorkerStatusRequest*,
                                    pb::WorkerStatusResponse* response) {
+  if (auto caller = Caller(*context); !caller.ok()) return ToGrpcStatus(caller.status());
   std::string id = link_->worker_id();
   response->set_worker_id(id);
   response->set_registered(!id.empty());
@@ -429,6 +466,7 @@ void WorkerService::Execute(const pb::WorkItem& item, const std::atomic<bool>& c
     } else {
       ExchangeLoadContext context;
       context.rendezvous_address = link_->options().coordinator;
+      context.rendezvous_security = link_->options().security;
       context.hostname = link_->options().info.data_plane_address();
       if (context.hostname.empty()) context.hostname = host_;
       context.gloo_loop_thread_nice = gloo_loop_thread_nice_;

@@ -21,6 +21,7 @@
 #include "proto/worker.grpc.pb.h"
 #include "worker/coordinator_link.h"
 #include "worker/memory_registry.h"
+#include "worker/trainer_socket.h"
 
 namespace ckpt::worker {
 
@@ -33,6 +34,9 @@ class WorkerService final : public pb::Worker::Service {
   // Nice increment of the Gloo event-loop thread of each load's communicator (default 10;
   // GlooOptions::loop_thread_nice says why). Call before serving.
   void set_gloo_loop_thread_nice(int nice) { gloo_loop_thread_nice_ = nice; }
+  // The socket the trainers' calls arrive on: who called is asked of it (SO_PEERCRED), never
+  // taken from the request. Required before serving; must outlive the service.
+  void set_trainer_socket(const TrainerSocket* socket) { trainer_socket_ = socket; }
 
   grpc::Status Hello(grpc::ServerContext* context, const pb::TrainerHello* request,
                      pb::TrainerHelloResponse* response) override;
@@ -66,6 +70,11 @@ class WorkerService final : public pb::Worker::Service {
   grpc::Status Transfer(const pb::TransferRequest& request, pb::OperationKind kind,
                         pb::TransferResponse* response);
   absl::Status Attach(const SessionInfo& session, const std::string& worker_id);
+  // The kernel's credentials of the trainer behind a call (PermissionDenied for another uid).
+  absl::StatusOr<TrainerCredentials> Caller(const grpc::ServerContext& context) const;
+  // The session `session_id` when the caller may use it (it opened it, by uid).
+  absl::StatusOr<SessionInfo> CallerSession(const grpc::ServerContext& context,
+                                            const std::string& session_id) const;
 
   void Execute(const pb::WorkItem& item, const std::atomic<bool>& cancelled);
   std::shared_ptr<std::atomic<bool>> CancelFlag(const std::string& operation_id);
@@ -76,6 +85,7 @@ class WorkerService final : public pb::Worker::Service {
   CoordinatorLink* link_;
   std::string host_;
   int gloo_loop_thread_nice_ = 10;
+  const TrainerSocket* trainer_socket_ = nullptr;
   // A plan part running on its own thread.
   struct Executor {
     std::thread thread;

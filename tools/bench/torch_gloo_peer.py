@@ -16,9 +16,9 @@ Runs on the same machine, over 127.0.0.1, with N processes (one per rank):
                  already is the output block (no assembly copy). Bytes = wire bytes, as ours.
 Prints the median time and GB/s (GiB/s, as Google Benchmark's "G/s") per collective.
 
-Usage: /usr/bin/python3 tools/bench/torch_gloo_peer.py [--ranks 2 4] [--mib 64] [--reps 20]
+Usage: .venv/bin/python tools/bench/torch_gloo_peer.py [--ranks 2 4] [--mib 64] [--reps 20]
        [--no-trailing-barrier]
-(Debian's python3-torch provides torch with Gloo.)
+(.venv is the project's Python environment from tools/install_deps.sh: torch with Gloo.)
 """
 import argparse
 import os

@@ -6,7 +6,7 @@ total), then times torch.save into one file (flushed and fsynced, like our commi
 torch.load of it after evicting the file from the page cache (posix_fadvise DONTNEED), so both
 sides read from storage. Prints GB/s in the same shape as io_benchmark.
 
-  /usr/bin/python3 tools/bench/torch_peer.py --dir /tmp/ckpt_bench --size_mb 2048
+  .venv/bin/python tools/bench/torch_peer.py --dir /tmp/ckpt_bench --size_mb 2048
 """
 import argparse
 import os

@@ -5,13 +5,12 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "coordinator/layout_spec.h"
 #include "nlohmann/json.hpp"
 #include "proto/coordinator.grpc.pb.h"
 #include "tools/ckptctl/operation_wait.h"
@@ -26,28 +25,33 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-// The coordinator and the workers resolve paths in their own working directories.
+// The coordinator accepts only absolute paths (under its checkpoint roots): a relative one
+// means this shell's working directory. Nothing else is rewritten (it judges "..").
 std::string Absolute(const std::string& path) {
   std::error_code ec;
   std::filesystem::path p = std::filesystem::absolute(path, ec);
-  return ec ? path : p.lexically_normal().string();
+  return ec ? path : p.string();
 }
 
 }  // namespace
 
 int RunClusterReshard(const ClusterReshardArgs& args) {
-  std::ifstream in(args.layout_path);
-  if (!in) return Fail(absl::StrCat("cannot read layout file ", args.layout_path));
-  std::stringstream layout;
-  layout << in.rdbuf();
+  // Sent unparsed: the coordinator validates it (and must withstand whatever it holds).
+  absl::StatusOr<std::string> layout = LayoutSpec::ReadFile(args.layout_path);
+  if (!layout.ok()) return Fail(std::string(layout.status().message()));
 
-  auto stub = pb::Coordinator::NewStub(
-      grpc::CreateChannel(args.coordinator, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      DialCoordinator(args.coordinator, args.tls, "reshard");
+  if (!channel.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(channel.status().message()).c_str());
+    return 2;
+  }
+  auto stub = pb::Coordinator::NewStub(*channel);
   const absl::Time start = absl::Now();
   pb::StartReshardRequest request;
   request.set_source(Absolute(args.source));
   request.set_destination(Absolute(args.destination));
-  request.set_layout_json(layout.str());
+  request.set_layout_json(*std::move(layout));
   request.set_overwrite(args.overwrite);
   request.set_memory_budget_bytes(args.memory_budget_bytes);
   request.set_max_workers(args.max_workers);

@@ -5,11 +5,14 @@
 #include <cstdint>
 #include <string>
 
+#include "tools/ckptctl/coordinator_channel.h"
+
 namespace ckpt::ckptctl {
 
 // What the operator asked for.
 struct ClusterReshardArgs {
   std::string coordinator;  // host:port
+  TlsFlags tls;
   std::string source;
   std::string destination;
   std::string layout_path;  // read here, sent as JSON text

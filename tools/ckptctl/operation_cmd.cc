@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "common/grpc_status.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "tools/ckptctl/commands.h"
+#include "tools/ckptctl/coordinator_channel.h"
 #include "tools/ckptctl/operation_wait.h"
 
 namespace ckpt::ckptctl {
@@ -42,6 +44,7 @@ int Run(const std::vector<std::string>& args, pb::OperationKind kind, const char
   std::string coordinator, job, path;
   int64_t timeout_s = 3600, arrival_s = 0, budget = 0;
   std::string algorithm;
+  TlsFlags tls;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&](std::string* out) {
@@ -52,7 +55,9 @@ int Run(const std::vector<std::string>& args, pb::OperationKind kind, const char
     std::string v;
     if (a == "--help" || a == "-h") {
       std::printf(kUsage, name, name);
+      std::fputs(kTlsHelp, stdout);
       return 0;
+    } else if (ConsumeTlsFlag(args, &i, &tls)) {
     } else if (a == "--coordinator" && value(&v)) {
       coordinator = v;
     } else if (a == "--job" && value(&v)) {
@@ -80,9 +85,18 @@ int Run(const std::vector<std::string>& args, pb::OperationKind kind, const char
                  name);
     return 2;
   }
-  auto stub = pb::Coordinator::NewStub(
-      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = DialCoordinator(coordinator, tls, name);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(channel.status().message()).c_str());
+    return 2;
+  }
+  auto stub = pb::Coordinator::NewStub(*channel);
   const absl::Time start = absl::Now();
+  // The coordinator accepts only absolute paths (under its checkpoint roots): a relative one
+  // means this shell's working directory.
+  std::error_code ec;
+  std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+  if (!ec) path = absolute.string();
   pb::RequestOperationRequest request;
   request.set_job(job);
   request.set_kind(kind);

@@ -1,48 +1,43 @@
 // `ckptctl plan distribute` and `ckptctl plan main-replicas`: the planner's Megatron-exact
 // distributions over JSON Lines, for operators debugging a plan and for tests.
-#include <chrono>
-#include <cmath>
-#include <cstdint>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <fstream>
-#include <iostream>
-#include <iterator>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
-#include "coordinator/distribute.h"
-#include "coordinator/main_replica.h"
-#include "nlohmann/json.hpp"
 #include "tools/ckptctl/commands.h"
+#include "tools/ckptctl/plan_lines.h"
 
 namespace ckpt::ckptctl {
 namespace {
 
-using Json = nlohmann::json;
-using OrderedJson = nlohmann::ordered_json;
-
 constexpr char kUsage[] =
-    "usage: ckptctl plan distribute    [--input F] [--output F]\n"
+    "usage: ckptctl plan distribute    [--input F] [--output F] [--keep-out-of-range-ranks]\n"
     "       ckptctl plan main-replicas [--input F] [--output F]\n"
     "\n"
     "Runs the planner's Megatron-exact distributions on JSON Lines: one JSON object per input\n"
     "line gives one output line (blank lines are skipped). Input is stdin and output stdout\n"
     "unless --input / --output name files. A shard id is [key, [offsets...], null | [start,\n"
     "stop]]; numbers may be integers or floats with integral values; unknown fields are\n"
-    "ignored.\n"
+    "ignored, a key repeated in one object is an error. N is at most 1048576.\n"
     "\n"
     "distribute: {\"num_ranks\": N, \"shard_to_ranks\": [[id, [ranks...]], ...],\n"
     "             \"shard_to_size\": [[id, bytes], ...], \"cross_group\": [id, ...]}\n"
     "  -> {\"assignment\": [[id, rank], ...], \"plan_seconds\": s}  (visiting order)\n"
-    "  cross_group may be omitted (empty).\n"
+    "  cross_group may be omitted (empty). Every rank must be in [0, N); with\n"
+    "  --keep-out-of-range-ranks others are kept as Megatron keeps them (counted in\n"
+    "  len(holders), never chosen), to compare with megatron-core itself.\n"
     "main-replicas: {\"num_ranks\": N, \"ignore_groups\": bool,\n"
     "                \"per_rank\": [[[id, bytes, is_main], ...], ...]}\n"
     "  -> {\"distribution\": null} when N <= 1, else\n"
@@ -50,7 +45,7 @@ constexpr char kUsage[] =
     "      \"shards_in_this_group\": [id, ...], \"all_ranks_for_shard\": [[id, [ranks...]], "
     "...]},\n"
     "      \"plan_seconds\": s}\n"
-    "  ignore_groups may be omitted (false); per_rank must have N lists.\n"
+    "  ignore_groups may be omitted (false); per_rank must have N lists (also for N <= 1).\n"
     "\n"
     "plan_seconds times the distribution alone (not JSON parsing or printing).\n"
     "Errors: a malformed line or an input the planner rejects stops the command with one\n"
@@ -58,219 +53,38 @@ constexpr char kUsage[] =
     "only when every line succeeded (an --output file is replaced atomically), so a failed\n"
     "run writes nothing.\n";
 
-// Field path inside one line, e.g. shard_to_size[3][1], for error messages.
-absl::Status FieldError(const std::string& field, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat("field ", field, ": ", what));
-}
-
-absl::StatusOr<int64_t> ParseInt(const Json& v, const std::string& field) {
-  if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<int64_t>();
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(INT64_MAX)) return FieldError(field, "integer out of range");
-    return static_cast<int64_t>(u);
-  }
-  if (v.is_number_float()) {
-    const double d = v.get<double>();
-    // 2^63 itself is out of range; every double below it converts exactly.
-    if (std::isfinite(d) && d == std::floor(d) && d >= -9223372036854775808.0 &&
-        d < 9223372036854775808.0) {
-      return static_cast<int64_t>(d);
+// The whole input: the --input file (not a directory), else stdin.
+absl::StatusOr<std::string> ReadInput(const std::optional<std::string>& path) {
+  int fd = STDIN_FILENO;
+  if (path) {
+    fd = ::open(path->c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      return absl::NotFoundError(
+          absl::StrCat("cannot open input file ", *path, ": ", std::strerror(errno)));
     }
-    return FieldError(field, absl::StrCat("expected an integer, got ", v.dump()));
-  }
-  return FieldError(field, absl::StrCat("expected an integer, got ", v.type_name()));
-}
-
-absl::StatusOr<const Json*> Member(const Json& obj, const char* name) {
-  auto it = obj.find(name);
-  if (it == obj.end()) return FieldError(name, "missing");
-  return &*it;
-}
-
-absl::Status ExpectArray(const Json& v, const std::string& field) {
-  if (!v.is_array())
-    return FieldError(field, absl::StrCat("expected an array, got ", v.type_name()));
-  return absl::OkStatus();
-}
-
-absl::StatusOr<ShardId> ParseShardId(const Json& v, const std::string& field) {
-  if (!v.is_array() || v.size() != 3) {
-    return FieldError(field, "expected a shard id [key, [offsets...], null | [start, stop]]");
-  }
-  ShardId id;
-  if (!v[0].is_string()) return FieldError(field + "[0]", "expected a string key");
-  id.key = v[0].get<std::string>();
-  CKPT_RETURN_IF_ERROR(ExpectArray(v[1], field + "[1]"));
-  for (size_t i = 0; i < v[1].size(); ++i) {
-    CKPT_ASSIGN_OR_RETURN(int64_t off, ParseInt(v[1][i], absl::StrCat(field, "[1][", i, "]")));
-    id.offsets.push_back(off);
-  }
-  if (!v[2].is_null()) {
-    if (!v[2].is_array() || v[2].size() != 2) {
-      return FieldError(field + "[2]", "expected null or [start, stop]");
-    }
-    CKPT_ASSIGN_OR_RETURN(int64_t start, ParseInt(v[2][0], field + "[2][0]"));
-    CKPT_ASSIGN_OR_RETURN(int64_t stop, ParseInt(v[2][1], field + "[2][1]"));
-    id.flat = FlatRange{start, stop};
-  }
-  return id;
-}
-
-OrderedJson ShardIdJson(const ShardId& id) {
-  OrderedJson offsets = OrderedJson::array();
-  for (int64_t o : id.offsets) offsets.push_back(o);
-  OrderedJson flat = id.flat ? OrderedJson::array({id.flat->start, id.flat->stop}) : nullptr;
-  return OrderedJson::array({id.key, std::move(offsets), std::move(flat)});
-}
-
-std::string Dump(const OrderedJson& j) {
-  return j.dump(-1, ' ', false, nlohmann::detail::error_handler_t::replace);
-}
-
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-absl::StatusOr<std::string> RunDistribute(const Json& line) {
-  CKPT_ASSIGN_OR_RETURN(const Json* n, Member(line, "num_ranks"));
-  CKPT_ASSIGN_OR_RETURN(int64_t num_ranks, ParseInt(*n, "num_ranks"));
-  if (num_ranks < 0 || num_ranks > INT32_MAX) {
-    return FieldError("num_ranks", absl::StrCat(num_ranks, " is outside [0, 2^31)"));
-  }
-  CKPT_ASSIGN_OR_RETURN(const Json* to_ranks, Member(line, "shard_to_ranks"));
-  CKPT_RETURN_IF_ERROR(ExpectArray(*to_ranks, "shard_to_ranks"));
-  CKPT_ASSIGN_OR_RETURN(const Json* to_size, Member(line, "shard_to_size"));
-  CKPT_RETURN_IF_ERROR(ExpectArray(*to_size, "shard_to_size"));
-
-  DistributionInput input;
-  input.num_ranks = num_ranks;
-  absl::flat_hash_map<ShardId, int32_t> index;
-  for (size_t i = 0; i < to_ranks->size(); ++i) {
-    const std::string field = absl::StrCat("shard_to_ranks[", i, "]");
-    const Json& entry = (*to_ranks)[i];
-    if (!entry.is_array() || entry.size() != 2)
-      return FieldError(field, "expected [id, [ranks...]]");
-    CKPT_ASSIGN_OR_RETURN(ShardId id, ParseShardId(entry[0], field + "[0]"));
-    CKPT_RETURN_IF_ERROR(ExpectArray(entry[1], field + "[1]"));
-    std::vector<int64_t> ranks;
-    ranks.reserve(entry[1].size());
-    for (size_t r = 0; r < entry[1].size(); ++r) {
-      CKPT_ASSIGN_OR_RETURN(int64_t rank,
-                            ParseInt(entry[1][r], absl::StrCat(field, "[1][", r, "]")));
-      ranks.push_back(rank);
-    }
-    if (index.contains(id)) return FieldError(field, "repeats shard " + id.DebugString());
-    index.emplace(id, static_cast<int32_t>(input.shards.size()));
-    input.AddShard(std::move(id), std::nullopt, std::move(ranks));
-  }
-  absl::flat_hash_set<ShardId> sized;
-  for (size_t i = 0; i < to_size->size(); ++i) {
-    const std::string field = absl::StrCat("shard_to_size[", i, "]");
-    const Json& entry = (*to_size)[i];
-    if (!entry.is_array() || entry.size() != 2) return FieldError(field, "expected [id, bytes]");
-    CKPT_ASSIGN_OR_RETURN(ShardId id, ParseShardId(entry[0], field + "[0]"));
-    CKPT_ASSIGN_OR_RETURN(int64_t bytes, ParseInt(entry[1], field + "[1]"));
-    if (!sized.insert(id).second) return FieldError(field, "repeats shard " + id.DebugString());
-    auto it = index.find(id);
-    if (it != index.end()) input.shards[it->second].size_bytes = bytes;  // others: unused
-  }
-  if (auto it = line.find("cross_group"); it != line.end()) {
-    CKPT_RETURN_IF_ERROR(ExpectArray(*it, "cross_group"));
-    for (size_t i = 0; i < it->size(); ++i) {
-      CKPT_ASSIGN_OR_RETURN(ShardId id,
-                            ParseShardId((*it)[i], absl::StrCat("cross_group[", i, "]")));
-      auto found = index.find(id);
-      if (found != index.end()) input.shards[found->second].cross_group = true;
+    struct stat st;
+    if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+      ::close(fd);
+      return absl::InvalidArgumentError(
+          absl::StrCat("input ", *path, " is a directory; give a JSON Lines file"));
     }
   }
-
-  for (const DistributableShard& s : input.shards) {
-    if (!s.size_bytes) {
-      return FieldError("shard_to_size", absl::StrCat("no entry for shard ", s.id.DebugString(),
-                                                      " listed in shard_to_ranks"));
+  std::string text;
+  char buffer[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = n < 0 ? errno : 0;
+      if (path) ::close(fd);
+      if (error != 0) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot read ", path ? *path : "stdin", ": ", std::strerror(error)));
+      }
+      return text;
     }
+    text.append(buffer, static_cast<size_t>(n));
   }
-
-  const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::vector<ShardAssignment>> assignment = DistributeShardsToRanks(input);
-  const double seconds = SecondsSince(start);
-  if (!assignment.ok()) {
-    return FieldError("shard_to_ranks", std::string(assignment.status().message()));
-  }
-
-  OrderedJson pairs = OrderedJson::array();
-  for (const ShardAssignment& a : *assignment) {
-    pairs.push_back(OrderedJson::array({ShardIdJson(input.shards[a.shard].id), a.rank}));
-  }
-  OrderedJson out;
-  out["assignment"] = std::move(pairs);
-  out["plan_seconds"] = seconds;
-  return Dump(out);
-}
-
-absl::StatusOr<std::string> RunMainReplicas(const Json& line) {
-  CKPT_ASSIGN_OR_RETURN(const Json* n, Member(line, "num_ranks"));
-  CKPT_ASSIGN_OR_RETURN(int64_t num_ranks, ParseInt(*n, "num_ranks"));
-  if (num_ranks < 0 || num_ranks > INT32_MAX) {
-    return FieldError("num_ranks", absl::StrCat(num_ranks, " is outside [0, 2^31)"));
-  }
-  bool ignore_groups = false;
-  if (auto it = line.find("ignore_groups"); it != line.end()) {
-    if (!it->is_boolean()) return FieldError("ignore_groups", "expected true or false");
-    ignore_groups = it->get<bool>();
-  }
-  CKPT_ASSIGN_OR_RETURN(const Json* per_rank_json, Member(line, "per_rank"));
-  CKPT_RETURN_IF_ERROR(ExpectArray(*per_rank_json, "per_rank"));
-  std::vector<std::vector<RankShardInfo>> per_rank(per_rank_json->size());
-  for (size_t r = 0; r < per_rank_json->size(); ++r) {
-    const Json& list = (*per_rank_json)[r];
-    CKPT_RETURN_IF_ERROR(ExpectArray(list, absl::StrCat("per_rank[", r, "]")));
-    for (size_t i = 0; i < list.size(); ++i) {
-      const std::string field = absl::StrCat("per_rank[", r, "][", i, "]");
-      const Json& e = list[i];
-      if (!e.is_array() || e.size() != 3) return FieldError(field, "expected [id, bytes, is_main]");
-      CKPT_ASSIGN_OR_RETURN(ShardId id, ParseShardId(e[0], field + "[0]"));
-      CKPT_ASSIGN_OR_RETURN(int64_t bytes, ParseInt(e[1], field + "[1]"));
-      if (!e[2].is_boolean()) return FieldError(field + "[2]", "expected true or false");
-      per_rank[r].push_back(RankShardInfo{std::move(id), bytes, e[2].get<bool>()});
-    }
-  }
-  if (num_ranks > 1 && static_cast<int64_t>(per_rank.size()) != num_ranks) {
-    return FieldError("per_rank",
-                      absl::StrCat("has ", per_rank.size(), " lists for num_ranks ", num_ranks));
-  }
-
-  const auto start = std::chrono::steady_clock::now();
-  auto distribution = DetermineMainReplicaDistribution(per_rank, num_ranks, ignore_groups);
-  const double seconds = SecondsSince(start);
-  if (!distribution.ok()) {
-    return FieldError("per_rank", std::string(distribution.status().message()));
-  }
-
-  OrderedJson out;
-  if (!distribution->has_value()) {
-    out["distribution"] = nullptr;
-    return Dump(out);
-  }
-  const MainReplicaDistribution& d = **distribution;
-  OrderedJson main_rank = OrderedJson::array();
-  for (const auto& [id, rank] : d.main_rank_for_shard) {
-    main_rank.push_back(OrderedJson::array({ShardIdJson(id), rank}));
-  }
-  OrderedJson in_group = OrderedJson::array();
-  for (const ShardId& id : d.shards_in_this_group) in_group.push_back(ShardIdJson(id));
-  OrderedJson all_ranks = OrderedJson::array();
-  for (const auto& [id, ranks] : d.all_ranks_for_shard) {
-    all_ranks.push_back(OrderedJson::array({ShardIdJson(id), OrderedJson(ranks)}));
-  }
-  OrderedJson dist;
-  dist["main_rank_for_shard"] = std::move(main_rank);
-  dist["shards_in_this_group"] = std::move(in_group);
-  dist["all_ranks_for_shard"] = std::move(all_ranks);
-  out["distribution"] = std::move(dist);
-  out["plan_seconds"] = seconds;
-  return Dump(out);
 }
 
 absl::Status WriteOutput(const std::optional<std::string>& path, const std::string& text) {
@@ -296,9 +110,7 @@ absl::Status WriteOutput(const std::optional<std::string>& path, const std::stri
   return absl::OkStatus();
 }
 
-}  // namespace
-
-int RunPlanCommand(const std::vector<std::string>& args) {
+int RunPlan(const std::vector<std::string>& args) {
   const std::string prog = "ckptctl plan";
   if (args.size() < 2 || args[1] == "--help" || args[1] == "-h") {
     std::fputs(kUsage, args.size() < 2 ? stderr : stdout);
@@ -312,10 +124,15 @@ int RunPlanCommand(const std::vector<std::string>& args) {
   }
   const std::string name = prog + " " + mode;
   std::optional<std::string> input_path, output_path;
+  PlanOptions options;
   for (size_t i = 2; i < args.size(); ++i) {
     if (args[i] == "--help" || args[i] == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
+    }
+    if (args[i] == "--keep-out-of-range-ranks" && mode == "distribute") {
+      options.keep_out_of_range_ranks = true;
+      continue;
     }
     if ((args[i] == "--input" || args[i] == "--output") && i + 1 < args.size()) {
       (args[i] == "--input" ? input_path : output_path) = args[i + 1];
@@ -327,49 +144,34 @@ int RunPlanCommand(const std::vector<std::string>& args) {
     return 2;
   }
 
-  std::string text;
-  if (input_path) {
-    std::ifstream in(*input_path, std::ios::binary);
-    if (!in) {
-      std::fprintf(stderr, "%s: cannot open input file %s\n", name.c_str(), input_path->c_str());
-      return 1;
-    }
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  } else {
-    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  absl::StatusOr<std::string> text = ReadInput(input_path);
+  if (!text.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(text.status().message()).c_str());
+    return 1;
   }
-
-  std::string output;
-  size_t pos = 0;
-  for (int64_t line_no = 1; pos < text.size(); ++line_no) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string_view line(text.data() + pos, end - pos);
-    pos = end + 1;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
-    const Json parsed = Json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
-    absl::StatusOr<std::string> result;
-    if (parsed.is_discarded()) {
-      result = absl::InvalidArgumentError("not valid JSON");
-    } else if (!parsed.is_object()) {
-      result = absl::InvalidArgumentError("expected a JSON object");
-    } else {
-      result = mode == "distribute" ? RunDistribute(parsed) : RunMainReplicas(parsed);
-    }
-    if (!result.ok()) {
-      std::fprintf(stderr, "%s: line %lld: %s\n", name.c_str(), static_cast<long long>(line_no),
-                   std::string(result.status().message()).c_str());
-      return 1;
-    }
-    output += *result;
-    output += '\n';
+  absl::StatusOr<std::string> output = RunPlanLines(
+      mode == "distribute" ? PlanMode::kDistribute : PlanMode::kMainReplicas, *text, options);
+  if (!output.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(output.status().message()).c_str());
+    return 1;
   }
-  if (absl::Status s = WriteOutput(output_path, output); !s.ok()) {
+  if (absl::Status s = WriteOutput(output_path, *output); !s.ok()) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(s.message()).c_str());
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+// No library exception (std::bad_alloc, iostreams) ends the process: one line, exit 1.
+int RunPlanCommand(const std::vector<std::string>& args) {
+  try {
+    return RunPlan(args);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ckptctl plan: %s\n", e.what());
+    return 1;
+  }
 }
 
 }  // namespace ckpt::ckptctl

@@ -46,7 +46,8 @@ constexpr char kHelp[] =
     "  --coordinator ADDR     the coordinator's host:port\n"
     "  --max-workers N        use at most N workers (default: every live one)\n"
     "  --timeout SECONDS      give up waiting after this long (default 3600)\n"
-    "  (--memory-budget is then per rank; --threads, --direct-io, --no-verify do not apply)\n";
+    "  (--memory-budget is then per rank; --threads, --direct-io, --no-verify do not apply)\n"
+    "  TLS to the coordinator (see ckptctl certs --help):\n";
 
 int Usage(const std::string& msg) {
   std::fprintf(stderr, "ckptctl reshard: %s (see ckptctl reshard --help)\n", msg.c_str());
@@ -92,8 +93,13 @@ int RunReshardCommand(const std::vector<std::string>& args) {
                                                "help"};
   const std::vector<std::string> value_flags = {"layout",      "memory-budget", "threads",
                                                 "coordinator", "max-workers",   "timeout"};
+  TlsFlags tls;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
+    if (ConsumeTlsFlag(args, &i, &tls)) {
+      flags["tls"] = "1";
+      continue;
+    }
     if (a == "-h") {
       flags["help"] = "1";
       continue;
@@ -124,6 +130,7 @@ int RunReshardCommand(const std::vector<std::string>& args) {
   }
   if (flags.count("help")) {
     std::fputs(kHelp, stdout);
+    std::fputs(kTlsHelp, stdout);
     return 0;
   }
   if (positional.size() != 2) {
@@ -134,6 +141,7 @@ int RunReshardCommand(const std::vector<std::string>& args) {
   if (flags.count("coordinator")) {
     ClusterReshardArgs cluster;
     cluster.coordinator = flags["coordinator"];
+    cluster.tls = tls;
     cluster.source = positional[0];
     cluster.destination = positional[1];
     cluster.layout_path = flags["layout"];
@@ -159,7 +167,7 @@ int RunReshardCommand(const std::vector<std::string>& args) {
     }
     return RunClusterReshard(cluster);
   }
-  for (const char* cluster_only : {"max-workers", "timeout"}) {
+  for (const char* cluster_only : {"max-workers", "timeout", "tls"}) {
     if (flags.count(cluster_only)) {
       return Usage(absl::StrCat("--", cluster_only, " applies only with --coordinator"));
     }

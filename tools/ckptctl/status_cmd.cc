@@ -14,6 +14,7 @@
 #include "common/grpc_status.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "tools/ckptctl/commands.h"
+#include "tools/ckptctl/coordinator_channel.h"
 
 namespace ckpt::ckptctl {
 namespace {
@@ -23,6 +24,12 @@ constexpr char kUsage[] =
     "Shows the coordinator's workers (live and dead, with host, pid, GPU and heartbeat age),\n"
     "its jobs (ranks attached) and its operations (in flight with progress, and recently\n"
     "finished with their outcome).\n";
+
+// Prints the usage with the TLS options.
+void PrintUsage() {
+  std::fputs(kUsage, stdout);
+  std::fputs(kTlsHelp, stdout);
+}
 
 std::string Lower(std::string s, absl::string_view strip_prefix) {
   if (s.rfind(std::string(strip_prefix), 0) == 0) s = s.substr(strip_prefix.size());
@@ -101,6 +108,7 @@ int RunStatus(const std::vector<std::string>& args) {
   std::string coordinator;
   std::string job;
   int64_t timeout_ms = 5000;
+  TlsFlags tls;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&](std::string* out) {
@@ -110,8 +118,9 @@ int RunStatus(const std::vector<std::string>& args) {
     };
     std::string v;
     if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
+      PrintUsage();
       return 0;
+    } else if (ConsumeTlsFlag(args, &i, &tls)) {
     } else if (a == "--coordinator" && value(&v)) {
       coordinator = v;
     } else if (a == "--job" && value(&v)) {
@@ -128,12 +137,15 @@ int RunStatus(const std::vector<std::string>& args) {
     std::fprintf(stderr, "ckptctl status: --coordinator HOST:PORT is required (see --help)\n");
     return 2;
   }
-  auto stub = pb::Coordinator::NewStub(
-      grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(), [] {
-        grpc::ChannelArguments args;  // many workers and operations exceed 4 MB
-        args.SetMaxReceiveMessageSize(1 << 30);
-        return args;
-      }()));
+  grpc::ChannelArguments channel_args;  // many workers and operations exceed 4 MB
+  channel_args.SetMaxReceiveMessageSize(1 << 30);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      DialCoordinator(coordinator, tls, "status", channel_args);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(channel.status().message()).c_str());
+    return 2;
+  }
+  auto stub = pb::Coordinator::NewStub(*channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(timeout_ms)));
   pb::GetStatusRequest request;

@@ -1,0 +1,304 @@
+#include "tools/ckptctl/plan_lines.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+#include "coordinator/distribute.h"
+#include "coordinator/main_replica.h"
+#include "nlohmann/json.hpp"
+#include "sharding/dtensor.h"
+
+namespace ckpt::ckptctl {
+namespace {
+
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
+
+// Field path inside one line, e.g. shard_to_size[3][1], for error messages.
+absl::Status FieldError(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("field ", field, ": ", what));
+}
+
+absl::StatusOr<int64_t> ParseInt(const Json& v, const std::string& field) {
+  if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<int64_t>();
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) return FieldError(field, "integer out of range");
+    return static_cast<int64_t>(u);
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    // 2^63 itself is out of range; every double below it converts exactly.
+    if (std::isfinite(d) && d == std::floor(d) && d >= -9223372036854775808.0 &&
+        d < 9223372036854775808.0) {
+      return static_cast<int64_t>(d);
+    }
+    return FieldError(field, absl::StrCat("expected an integer, got ", v.dump()));
+  }
+  return FieldError(field, absl::StrCat("expected an integer, got ", v.type_name()));
+}
+
+absl::StatusOr<const Json*> Member(const Json& obj, const char* name) {
+  auto it = obj.find(name);
+  if (it == obj.end()) return FieldError(name, "missing");
+  return &*it;
+}
+
+absl::StatusOr<int64_t> ParseNumRanks(const Json& line) {
+  CKPT_ASSIGN_OR_RETURN(const Json* n, Member(line, "num_ranks"));
+  CKPT_ASSIGN_OR_RETURN(int64_t num_ranks, ParseInt(*n, "num_ranks"));
+  if (num_ranks < 0 || num_ranks > kMaxWorldSize) {
+    return FieldError("num_ranks", absl::StrCat(num_ranks, " is outside [0, ", kMaxWorldSize,
+                                                "] (the limit on ranks)"));
+  }
+  return num_ranks;
+}
+
+absl::Status ExpectArray(const Json& v, const std::string& field) {
+  if (!v.is_array())
+    return FieldError(field, absl::StrCat("expected an array, got ", v.type_name()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardId> ParseShardId(const Json& v, const std::string& field) {
+  if (!v.is_array() || v.size() != 3) {
+    return FieldError(field, "expected a shard id [key, [offsets...], null | [start, stop]]");
+  }
+  ShardId id;
+  if (!v[0].is_string()) return FieldError(field + "[0]", "expected a string key");
+  id.key = v[0].get<std::string>();
+  CKPT_RETURN_IF_ERROR(ExpectArray(v[1], field + "[1]"));
+  for (size_t i = 0; i < v[1].size(); ++i) {
+    CKPT_ASSIGN_OR_RETURN(int64_t off, ParseInt(v[1][i], absl::StrCat(field, "[1][", i, "]")));
+    id.offsets.push_back(off);
+  }
+  if (!v[2].is_null()) {
+    if (!v[2].is_array() || v[2].size() != 2) {
+      return FieldError(field + "[2]", "expected null or [start, stop]");
+    }
+    CKPT_ASSIGN_OR_RETURN(int64_t start, ParseInt(v[2][0], field + "[2][0]"));
+    CKPT_ASSIGN_OR_RETURN(int64_t stop, ParseInt(v[2][1], field + "[2][1]"));
+    id.flat = FlatRange{start, stop};
+  }
+  return id;
+}
+
+OrderedJson ShardIdJson(const ShardId& id) {
+  OrderedJson offsets = OrderedJson::array();
+  for (int64_t o : id.offsets) offsets.push_back(o);
+  OrderedJson flat = id.flat ? OrderedJson::array({id.flat->start, id.flat->stop}) : nullptr;
+  return OrderedJson::array({id.key, std::move(offsets), std::move(flat)});
+}
+
+std::string Dump(const OrderedJson& j) {
+  return j.dump(-1, ' ', false, nlohmann::detail::error_handler_t::replace);
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+absl::StatusOr<std::string> RunDistribute(const Json& line, const PlanOptions& options) {
+  CKPT_ASSIGN_OR_RETURN(int64_t num_ranks, ParseNumRanks(line));
+  CKPT_ASSIGN_OR_RETURN(const Json* to_ranks, Member(line, "shard_to_ranks"));
+  CKPT_RETURN_IF_ERROR(ExpectArray(*to_ranks, "shard_to_ranks"));
+  CKPT_ASSIGN_OR_RETURN(const Json* to_size, Member(line, "shard_to_size"));
+  CKPT_RETURN_IF_ERROR(ExpectArray(*to_size, "shard_to_size"));
+
+  DistributionInput input;
+  input.num_ranks = num_ranks;
+  absl::flat_hash_map<ShardId, int32_t> index;
+  for (size_t i = 0; i < to_ranks->size(); ++i) {
+    const std::string field = absl::StrCat("shard_to_ranks[", i, "]");
+    const Json& entry = (*to_ranks)[i];
+    if (!entry.is_array() || entry.size() != 2)
+      return FieldError(field, "expected [id, [ranks...]]");
+    CKPT_ASSIGN_OR_RETURN(ShardId id, ParseShardId(entry[0], field + "[0]"));
+    CKPT_RETURN_IF_ERROR(ExpectArray(entry[1], field + "[1]"));
+    std::vector<int64_t> ranks;
+    ranks.reserve(entry[1].size());
+    for (size_t r = 0; r < entry[1].size(); ++r) {
+      const std::string rank_field = absl::StrCat(field, "[1][", r, "]");
+      CKPT_ASSIGN_OR_RETURN(int64_t rank, ParseInt(entry[1][r], rank_field));
+      // Megatron's min() skips such holders silently; here they are a mistake in the input.
+      if ((rank < 0 || rank >= num_ranks) && !options.keep_out_of_range_ranks) {
+        return FieldError(rank_field,
+                          absl::StrCat("rank ", rank, " is outside [0, ", num_ranks, ")"));
+      }
+      ranks.push_back(rank);
+    }
+    if (index.contains(id)) return FieldError(field, "repeats shard " + id.DebugString());
+    index.emplace(id, static_cast<int32_t>(input.shards.size()));
+    input.AddShard(std::move(id), std::nullopt, std::move(ranks));
+  }
+  absl::flat_hash_set<ShardId> sized;
+  for (size_t i = 0; i < to_size->size(); ++i) {
+    const std::string field = absl::StrCat("shard_to_size[", i, "]");
+    const Json& entry = (*to_size)[i];
+    if (!entry.is_array() || entry.size() != 2) return FieldError(field, "expected [id, bytes]");
+    CKPT_ASSIGN_OR_RETURN(ShardId id, ParseShardId(entry[0], field + "[0]"));
+    CKPT_ASSIGN_OR_RETURN(int64_t bytes, ParseInt(entry[1], field + "[1]"));
+    if (!sized.insert(id).second) return FieldError(field, "repeats shard " + id.DebugString());
+    auto it = index.find(id);
+    if (it != index.end()) input.shards[it->second].size_bytes = bytes;  // others: unused
+  }
+  if (auto it = line.find("cross_group"); it != line.end()) {
+    CKPT_RETURN_IF_ERROR(ExpectArray(*it, "cross_group"));
+    for (size_t i = 0; i < it->size(); ++i) {
+      CKPT_ASSIGN_OR_RETURN(ShardId id,
+                            ParseShardId((*it)[i], absl::StrCat("cross_group[", i, "]")));
+      auto found = index.find(id);
+      if (found != index.end()) input.shards[found->second].cross_group = true;
+    }
+  }
+
+  for (const DistributableShard& s : input.shards) {
+    if (!s.size_bytes) {
+      return FieldError("shard_to_size", absl::StrCat("no entry for shard ", s.id.DebugString(),
+                                                      " listed in shard_to_ranks"));
+    }
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<ShardAssignment>> assignment = DistributeShardsToRanks(input);
+  const double seconds = SecondsSince(start);
+  if (!assignment.ok()) {
+    return FieldError("shard_to_ranks", std::string(assignment.status().message()));
+  }
+
+  OrderedJson pairs = OrderedJson::array();
+  for (const ShardAssignment& a : *assignment) {
+    pairs.push_back(OrderedJson::array({ShardIdJson(input.shards[a.shard].id), a.rank}));
+  }
+  OrderedJson out;
+  out["assignment"] = std::move(pairs);
+  out["plan_seconds"] = seconds;
+  return Dump(out);
+}
+
+absl::StatusOr<std::string> RunMainReplicas(const Json& line) {
+  CKPT_ASSIGN_OR_RETURN(int64_t num_ranks, ParseNumRanks(line));
+  bool ignore_groups = false;
+  if (auto it = line.find("ignore_groups"); it != line.end()) {
+    if (!it->is_boolean()) return FieldError("ignore_groups", "expected true or false");
+    ignore_groups = it->get<bool>();
+  }
+  CKPT_ASSIGN_OR_RETURN(const Json* per_rank_json, Member(line, "per_rank"));
+  CKPT_RETURN_IF_ERROR(ExpectArray(*per_rank_json, "per_rank"));
+  // One list per rank, also for groups of 0 and 1 (whose distribution is null).
+  if (static_cast<int64_t>(per_rank_json->size()) != num_ranks) {
+    return FieldError("per_rank", absl::StrCat("has ", per_rank_json->size(),
+                                               " lists for num_ranks ", num_ranks));
+  }
+  std::vector<std::vector<RankShardInfo>> per_rank(per_rank_json->size());
+  for (size_t r = 0; r < per_rank_json->size(); ++r) {
+    const Json& list = (*per_rank_json)[r];
+    CKPT_RETURN_IF_ERROR(ExpectArray(list, absl::StrCat("per_rank[", r, "]")));
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string field = absl::StrCat("per_rank[", r, "][", i, "]");
+      const Json& e = list[i];
+      if (!e.is_array() || e.size() != 3) return FieldError(field, "expected [id, bytes, is_main]");
+      CKPT_ASSIGN_OR_RETURN(ShardId id, ParseShardId(e[0], field + "[0]"));
+      CKPT_ASSIGN_OR_RETURN(int64_t bytes, ParseInt(e[1], field + "[1]"));
+      if (!e[2].is_boolean()) return FieldError(field + "[2]", "expected true or false");
+      per_rank[r].push_back(RankShardInfo{std::move(id), bytes, e[2].get<bool>()});
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto distribution = DetermineMainReplicaDistribution(per_rank, num_ranks, ignore_groups);
+  const double seconds = SecondsSince(start);
+  if (!distribution.ok()) {
+    return FieldError("per_rank", std::string(distribution.status().message()));
+  }
+
+  OrderedJson out;
+  if (!distribution->has_value()) {
+    out["distribution"] = nullptr;
+    return Dump(out);
+  }
+  const MainReplicaDistribution& d = **distribution;
+  OrderedJson main_rank = OrderedJson::array();
+  for (const auto& [id, rank] : d.main_rank_for_shard) {
+    main_rank.push_back(OrderedJson::array({ShardIdJson(id), rank}));
+  }
+  OrderedJson in_group = OrderedJson::array();
+  for (const ShardId& id : d.shards_in_this_group) in_group.push_back(ShardIdJson(id));
+  OrderedJson all_ranks = OrderedJson::array();
+  for (const auto& [id, ranks] : d.all_ranks_for_shard) {
+    all_ranks.push_back(OrderedJson::array({ShardIdJson(id), OrderedJson(ranks)}));
+  }
+  OrderedJson dist;
+  dist["main_rank_for_shard"] = std::move(main_rank);
+  dist["shards_in_this_group"] = std::move(in_group);
+  dist["all_ranks_for_shard"] = std::move(all_ranks);
+  out["distribution"] = std::move(dist);
+  out["plan_seconds"] = seconds;
+  return Dump(out);
+}
+
+// json_guard's "<path>: what" in this tool's words: "field <path>: what", or just "what"
+// for the whole line.
+absl::Status GuardError(const absl::Status& status) {
+  absl::string_view message = status.message();
+  if (absl::ConsumePrefix(&message, "(document): ")) return absl::Status(status.code(), message);
+  return absl::Status(status.code(), absl::StrCat("field ", message));
+}
+
+}  // namespace
+
+JsonLimits PlanLineLimits() {
+  JsonLimits limits;
+  limits.max_bytes = int64_t{1} << 32;
+  limits.max_depth = 16;
+  limits.max_values = int64_t{1} << 28;
+  limits.max_string_bytes = int64_t{1} << 20;
+  return limits;
+}
+
+absl::StatusOr<std::string> RunPlanLine(PlanMode mode, absl::string_view line,
+                                        const PlanOptions& options) {
+  try {
+    absl::StatusOr<Json> parsed = ParseGuardedJson<Json>(line, PlanLineLimits());
+    if (!parsed.ok()) return GuardError(parsed.status());
+    if (!parsed->is_object()) return absl::InvalidArgumentError("expected a JSON object");
+    return mode == PlanMode::kDistribute ? RunDistribute(*parsed, options)
+                                         : RunMainReplicas(*parsed);
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc: no exception leaves this module
+    return absl::ResourceExhaustedError(absl::StrCat("cannot plan this line: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::string> RunPlanLines(PlanMode mode, absl::string_view text,
+                                         const PlanOptions& options) {
+  std::string output;
+  size_t pos = 0;
+  for (int64_t line_no = 1; pos < text.size(); ++line_no) {
+    size_t end = text.find('\n', pos);
+    if (end == absl::string_view::npos) end = text.size();
+    absl::string_view line = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == absl::string_view::npos) continue;
+    absl::StatusOr<std::string> result = RunPlanLine(mode, line, options);
+    if (!result.ok()) {
+      return absl::Status(result.status().code(),
+                          absl::StrCat("line ", line_no, ": ", result.status().message()));
+    }
+    output += *result;
+    output += '\n';
+  }
+  return output;
+}
+
+}  // namespace ckpt::ckptctl
