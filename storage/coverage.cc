@@ -182,7 +182,7 @@ std::string Coordinates(const std::vector<int64_t>& c) {
 }  // namespace
 
 int64_t CoverageTermBudget(int64_t num_pieces) {
-  return std::min<int64_t>(num_pieces, int64_t{1} << 40) * 64 + (int64_t{1} << 22);
+  return std::min<int64_t>(num_pieces, int64_t{1} << 40) * 128 + (int64_t{1} << 22);
 }
 
 absl::StatusOr<std::optional<CoverageFault>> FindCoverageFault(absl::Span<const int64_t> shape,

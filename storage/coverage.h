@@ -38,8 +38,9 @@ struct CoverageFault {
   std::vector<int> pieces;
 };
 
-// Terms the check may use for `num_pieces` pieces: 64 per piece plus 4 Mi (a box cut along 4
-// dims needs 16; memory stays proportional to the manifest's own).
+// Terms the check may use for `num_pieces` pieces: 128 per piece plus 4 Mi (a box cut along 4
+// dims needs 16, a flat piece of a 4-d box at most 112; memory stays within a small multiple
+// of the manifest's own).
 int64_t CoverageTermBudget(int64_t num_pieces);
 
 // Checks that `pieces` (each valid for `shape`: ValidateRegion) store every element exactly
