@@ -148,9 +148,11 @@ int Run() {
   std::string address = absl::StrCat(listen.substr(0, colon), ":", bound_port);
   std::printf("ckpt_coordinator listening on %s\n", address.c_str());
   std::fflush(stdout);
-  spdlog::info("serving address={} lease_ms={} arrival_deadline_ms={} execution_deadline_ms={}",
-               address, absl::GetFlag(FLAGS_lease_ms), absl::GetFlag(FLAGS_arrival_deadline_ms),
-               absl::GetFlag(FLAGS_execution_deadline_ms));
+  spdlog::info(
+      "serving address={} incarnation={} lease_ms={} arrival_deadline_ms={} "
+      "execution_deadline_ms={}",
+      address, coordinator.incarnation_hex(), absl::GetFlag(FLAGS_lease_ms),
+      absl::GetFlag(FLAGS_arrival_deadline_ms), absl::GetFlag(FLAGS_execution_deadline_ms));
   const std::string address_file = absl::GetFlag(FLAGS_address_file);
   if (!address_file.empty() && !WriteFileAtomically(address_file, address)) {
     spdlog::error("cannot write address_file={}", address_file);

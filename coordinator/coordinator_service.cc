@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "coordinator/layout_spec.h"
 #include "coordinator/operation_wire.h"
@@ -21,13 +23,24 @@ absl::Time ClientDeadline(const grpc::ServerContext* context) {
   return absl::FromChrono(context->deadline());
 }
 
+uint64_t ChooseIncarnation(uint64_t requested) {
+  std::random_device random;
+  while (requested == 0) {
+    requested = (static_cast<uint64_t>(random()) << 32) ^ random();
+  }
+  return requested;
+}
+
 }  // namespace
 
 CoordinatorService::CoordinatorService(const Clock* clock, CoordinatorOptions options)
     : clock_(clock),
       options_(options),
-      jobs_(clock, options.jobs),
-      workers_(clock, options.lease) {}
+      incarnation_(ChooseIncarnation(options.incarnation)),
+      incarnation_hex_(absl::StrFormat("%016x", incarnation_)),
+      started_(clock->Now()),
+      jobs_(clock, options.jobs, incarnation_hex_),
+      workers_(clock, options.lease, absl::Hours(1), incarnation_hex_) {}
 
 CoordinatorService::~CoordinatorService() { Shutdown(); }
 
@@ -87,6 +100,15 @@ void CoordinatorService::TickOnce() {
   Changed();
 }
 
+void CoordinatorService::AbortOrLog(const std::string& operation_id, const absl::Status& cause) {
+  if (absl::Status s = jobs_.Abort(operation_id, cause); !s.ok()) {
+    spdlog::error("abort_refused op={} cause=\"{}\" error=\"{}\"", operation_id,
+                  std::string(cause.message()), std::string(s.message()));
+    return;
+  }
+  LogAborted({operation_id});
+}
+
 void CoordinatorService::LogAborted(const std::vector<std::string>& ids) {
   for (const std::string& id : ids) {
     const Operation* op = jobs_.FindOperation(id);
@@ -110,8 +132,7 @@ void CoordinatorService::Advance(const std::string& operation_id) {
           "no ", OperationKindName(op->kind),
           " planner is wired into this coordinator yet (the planner in coordinator/ and the "
           "worker data path are still being built); nothing was written or loaded"));
-      (void)jobs_.Abort(operation_id, missing);
-      LogAborted({operation_id});
+      AbortOrLog(operation_id, missing);
     } else {
       // Plan outside the lock so that heartbeats (and other jobs) are not held up; the
       // operation stays in planning meanwhile (only deadlines and lost workers can end it).
@@ -124,9 +145,8 @@ void CoordinatorService::Advance(const std::string& operation_id) {
         absl::Status s =
             plans.ok() ? jobs_.SetPlan(operation_id, *std::move(plans)) : plans.status();
         if (!s.ok()) {
-          (void)jobs_.Abort(operation_id,
-                            absl::Status(s.code(), absl::StrCat("planning failed: ", s.message())));
-          LogAborted({operation_id});
+          AbortOrLog(operation_id,
+                     absl::Status(s.code(), absl::StrCat("planning failed: ", s.message())));
         } else {
           spdlog::info("operation_planned op={} bytes_total={}", operation_id,
                        jobs_.FindOperation(operation_id)->BytesTotal());
@@ -147,7 +167,12 @@ void CoordinatorService::Advance(const std::string& operation_id) {
       committed = committer_(snapshot);
       mu_.Lock();
     }
-    (void)jobs_.FinishCommit(operation_id, committed);
+    // Nothing else ends a committing operation, so this cannot fail; if it ever does, the
+    // operation would wait for its deadline with nobody the wiser: say so loudly.
+    if (absl::Status finished = jobs_.FinishCommit(operation_id, committed); !finished.ok()) {
+      spdlog::critical("commit_unrecorded op={} committed={} error=\"{}\"", operation_id,
+                       committed.ok(), std::string(finished.message()));
+    }
     busy_.erase(operation_id);
     if (committed.ok()) {
       spdlog::info("operation_committed op={} path={}", operation_id, snapshot.path);
@@ -181,6 +206,7 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext*,
                record->id, d.host, d.pid, d.data_plane_address, d.local_rank, d.gpu);
   response->set_worker_id(record->id);
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
+  response->set_incarnation(incarnation_);
   Changed();
   return grpc::Status::OK;
 }
@@ -192,6 +218,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
   absl::Status s = workers_.Heartbeat(request->worker_id());
   if (!s.ok()) return ToGrpcStatus(s);
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
+  response->set_incarnation(incarnation_);
   return grpc::Status::OK;
 }
 
@@ -310,9 +337,14 @@ grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
         return ToGrpcStatus(absl::UnavailableError("coordinator is shutting down"));
       if (context->IsCancelled()) return grpc::Status::CANCELLED;
       const WorkerRecord* w = workers_.Find(worker_id);
-      if (w == nullptr || !w->alive) {
+      if (w == nullptr) {
+        return ToGrpcStatus(absl::NotFoundError(
+            absl::StrCat("worker ", worker_id, " is not registered with this coordinator ",
+                         "(incarnation ", incarnation_hex_, "); register again")));
+      }
+      if (!w->alive) {
         return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-            "worker ", worker_id, " is not registered (or lost its lease); register again")));
+            w->DebugString(), " was declared dead (", w->death_cause, "); register again")));
       }
       seen_version = jobs_.phase_version();
       for (const Operation* op : jobs_.Operations()) {
@@ -321,6 +353,7 @@ grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
           if (!e.joined || e.location.worker_id != worker_id) continue;
           pb::WorkItem item;
           item.set_operation_id(op->id);
+          item.set_incarnation(incarnation_);
           item.set_job(op->job);
           item.set_rank(r);
           item.set_kind(ToProto(op->kind));
@@ -355,8 +388,14 @@ grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext*,
 
 grpc::Status CoordinatorService::ReportResult(grpc::ServerContext*,
                                               const pb::ReportResultRequest* request,
-                                              pb::ReportResultResponse*) {
+                                              pb::ReportResultResponse* response) {
   absl::MutexLock lock(&mu_);
+  const Operation* before = jobs_.FindOperation(request->operation_id());
+  if (before != nullptr && before->phase == Phase::kAborted) {
+    // Nothing left to record: acknowledged, so the worker stops re-sending.
+    ToProto(*before, response->mutable_operation());
+    return grpc::Status::OK;
+  }
   absl::Status result = FromDetail(request->result());
   absl::Status s = jobs_.ReportResult(request->operation_id(), request->rank(), result,
                                       request->written(), request->bytes_read());
@@ -364,6 +403,9 @@ grpc::Status CoordinatorService::ReportResult(grpc::ServerContext*,
   const Operation* op = jobs_.FindOperation(request->operation_id());
   if (op != nullptr && op->phase == Phase::kAborted) LogAborted({op->id});
   Advance(request->operation_id());
+  if (const Operation* after = jobs_.FindOperation(request->operation_id()); after != nullptr) {
+    ToProto(*after, response->mutable_operation());
+  }
   return grpc::Status::OK;
 }
 
@@ -376,8 +418,9 @@ grpc::Status CoordinatorService::WaitOperation(grpc::ServerContext* context,
   while (true) {
     const Operation* op = jobs_.FindOperation(request->operation_id());
     if (op == nullptr) {
-      return ToGrpcStatus(absl::NotFoundError(
-          absl::StrCat("operation ", request->operation_id(), " is unknown (or long finished)")));
+      return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
+          "operation ", request->operation_id(), " is unknown to this coordinator (incarnation ",
+          incarnation_hex_, "): long finished, or run by a coordinator process since restarted")));
     }
     absl::Time now = clock_->Now();
     if (IsFinal(op->phase) || now >= deadline || shutting_down_ || context->IsCancelled()) {
@@ -478,6 +521,8 @@ grpc::Status CoordinatorService::GetStatus(grpc::ServerContext*,
   absl::MutexLock lock(&mu_);
   absl::Time now = clock_->Now();
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
+  response->set_incarnation(incarnation_);
+  response->set_started_unix_ms(absl::ToUnixMillis(started_));
   for (const WorkerRecord* w : workers_.All()) {
     pb::WorkerStatus* out = response->add_workers();
     out->set_worker_id(w->id);

@@ -31,6 +31,9 @@ struct CoordinatorOptions {
   absl::Duration lease = absl::Seconds(10);       // a worker missing heartbeats this long is dead
   absl::Duration tick = absl::Milliseconds(100);  // how often leases and deadlines are checked
   JobStateOptions jobs;
+  // This process's incarnation, in every worker and operation id and every response a worker
+  // relies on; 0: a random one (what the daemon uses, so a restart gets a new one).
+  uint64_t incarnation = 0;
 };
 
 // Computes one plan part per rank for an operation in the planning phase (every rank's shard
@@ -98,15 +101,25 @@ class CoordinatorService final : public pb::Coordinator::Service {
   // One pass of lease and deadline checks (the ticker calls it; tests may too).
   void TickOnce();
 
+  // This process's incarnation (never 0) and its 16-digit hex form used in ids.
+  uint64_t incarnation() const { return incarnation_; }
+  const std::string& incarnation_hex() const { return incarnation_hex_; }
+
  private:
   // Runs the planner (or aborts) for an operation that just entered planning, and the
   // committer for one that just entered committing. Requires mu_.
   void Advance(const std::string& operation_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogAborted(const std::vector<std::string>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Aborts with `cause` and logs it; logs the refusal if the state machine refused.
+  void AbortOrLog(const std::string& operation_id, const absl::Status& cause)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock* clock_;
   CoordinatorOptions options_;
+  const uint64_t incarnation_;
+  const std::string incarnation_hex_;
+  const absl::Time started_;
   absl::Mutex mu_;
   absl::CondVar changed_;  // signalled on every change of state
   JobState jobs_ ABSL_GUARDED_BY(mu_);
