@@ -54,6 +54,7 @@ class WorkerConnection {
       absl::Duration slice = std::min(deadline - absl::Now(), absl::Seconds(30));
       if (slice < absl::ZeroDuration()) slice = absl::ZeroDuration();
       absl::StatusOr<OperationProgress> p = Progress(session_id, operation_id, slice);
+      if (WorkerDidNotAnswer(p, deadline)) continue;
       if (!p.ok()) return p.status();
       if (p->phase == "done" || p->phase == "aborted") return p;
       if (absl::Now() >= deadline) {
@@ -75,6 +76,7 @@ class WorkerConnection {
       if (slice < absl::ZeroDuration()) slice = absl::ZeroDuration();
       absl::StatusOr<OperationProgress> p =
           Progress(session_id, operation_id, slice, /*until_snapshot=*/true);
+      if (WorkerDidNotAnswer(p, deadline)) continue;
       if (!p.ok()) return p.status();
       if (p->snapshotted || p->phase == "done" || p->phase == "aborted") return p;
       if (absl::Now() >= deadline) {
@@ -85,6 +87,14 @@ class WorkerConnection {
                                                         "snapshotted yet"));
       }
     }
+  }
+
+  // A Wait call that ran past its deadline: the worker did not answer (it may be stopped or
+  // overloaded). Asked again while the caller's deadline allows, so that a worker that comes
+  // back reports the operation's real outcome (e.g. the abort naming it) rather than this.
+  static bool WorkerDidNotAnswer(const absl::StatusOr<OperationProgress>& p, absl::Time deadline) {
+    return !p.ok() && p.status().code() == absl::StatusCode::kDeadlineExceeded &&
+           absl::Now() < deadline;
   }
 
   absl::StatusOr<OperationProgress> Progress(const std::string& session_id,
@@ -230,9 +240,9 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
 }
 
 absl::Status Client::Load(const std::string& path, StateDict& state, const LoadOptions& options) {
-  absl::StatusOr<std::string> op = Transfer(false, path, state, {}, "", options.arrival_timeout,
-                                            options.exchange_algorithm,
-                                            options.memory_budget_bytes);
+  absl::StatusOr<std::string> op =
+      Transfer(false, path, state, {}, "", options.arrival_timeout, options.exchange_algorithm,
+               options.memory_budget_bytes);
   if (!op.ok()) return op.status();
   absl::StatusOr<OperationProgress> p =
       connection_->WaitFinal(session_id_, *op, options.arrival_timeout + options.deadline);

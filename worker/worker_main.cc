@@ -125,6 +125,7 @@ int Run() {
     }
   });
   link.SetWorkHandler([&service](const ckpt::pb::WorkItem& item) { service.OnWorkItem(item); });
+  link.SetLeaseLostHandler([&service](const absl::Status& why) { service.OnLeaseLost(why); });
 
   const std::string socket_path = listen.substr(5);
   unlink(socket_path.c_str());  // a stale socket of a previous, killed worker
