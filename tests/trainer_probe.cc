@@ -9,6 +9,7 @@
 //   mutated                        (save_mutate: the tensor was overwritten right after Save)
 //   result <absl code number> <message>   (save: after WaitDurable)
 //   polled <performed 0|1>
+//   poll_unavailable <message>     (poll: the coordinator was unreachable; polling goes on)
 //
 //   verified <elements>            (load: every element holds its global flat index)
 //   mismatch <local index> <got> <want>
@@ -182,6 +183,12 @@ int Run(int argc, char** argv) {
   } else if (mode == "poll") {
     while (true) {
       auto polled = (*client)->Poll(*state);
+      if (!polled.ok() && polled.status().code() == absl::StatusCode::kUnavailable) {
+        // The coordinator is away (restarting): a training loop trains on and polls again.
+        Emit("poll_unavailable " + std::string(polled.status().message()));
+        usleep(50 * 1000);
+        continue;
+      }
       if (!polled.ok()) {
         result = polled.status();
         break;

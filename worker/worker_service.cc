@@ -216,6 +216,13 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
                 .get(),
             wait, &op),
         absl::StrCat("WaitOperation at coordinator ", link_->options().coordinator));
+    if (s.code() == absl::StatusCode::kUnavailable && absl::Now() < deadline &&
+        !context->IsCancelled()) {
+      // The coordinator is away (restarting?): ask again, so the trainer hears what became of
+      // its operation (e.g. that the restarted coordinator does not know it) once it is back.
+      absl::SleepFor(std::min(absl::Milliseconds(100), deadline - absl::Now()));
+      continue;
+    }
     if (!s.ok()) return ToGrpcStatus(s);
     bool final = op.phase() == pb::PHASE_DONE || op.phase() == pb::PHASE_ABORTED;
     if (final) {
