@@ -116,7 +116,8 @@ Child* Cluster::Spawn(const std::vector<std::string>& argv, const std::string& n
 void Cluster::StartCoordinator(const std::vector<std::string>& flags) {
   std::string address_file = absl::StrCat(dir_, "/coordinator.address");
   std::vector<std::string> argv = {Runfile("coordinator/ckpt_coordinator"), "--listen=127.0.0.1:0",
-                                   "--address_file=" + address_file, "--log_level=debug"};
+                                   "--address_file=" + address_file, "--log_level=debug",
+                                   "--state_dir=" + dir_ + "/coordinator-state"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   unlink(address_file.c_str());
   Child* c = Spawn(argv, absl::StrCat("coordinator", children_.size()));

@@ -50,6 +50,7 @@ class Cluster {
   ~Cluster();
 
   // Starts the coordinator with extra flags (e.g. "--lease_ms=600") and waits until it serves.
+  // Its --state_dir is <dir>/coordinator-state, kept across restarts.
   void StartCoordinator(const std::vector<std::string>& flags);
   // Kills the coordinator with SIGKILL and starts a new one on the same address.
   void RestartCoordinator(const std::vector<std::string>& flags);

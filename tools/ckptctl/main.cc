@@ -18,6 +18,7 @@ int RunStatusCommand(const std::vector<std::string>& args);   // status_cmd.cc
 int RunSaveCommand(const std::vector<std::string>& args);     // operation_cmd.cc
 int RunLoadCommand(const std::vector<std::string>& args);     // operation_cmd.cc
 int RunReshardCommand(const std::vector<std::string>& args);  // reshard_cmd.cc
+int RunGcCommand(const std::vector<std::string>& args);       // gc_cmd.cc
 
 const std::vector<Command>& AllCommands() {
   static const std::vector<Command>* commands = new std::vector<Command>{
@@ -37,6 +38,8 @@ const std::vector<Command>& AllCommands() {
       {"load", "operator-requested load of a running job into its current layout", RunLoadCommand},
       {"reshard", "rewrite a checkpoint into a target layout's pieces (in-process or on a cluster)",
        RunReshardCommand},
+      {"gc", "remove the staging directories interrupted writes left (listed with sizes)",
+       RunGcCommand},
   };
   return *commands;
 }
