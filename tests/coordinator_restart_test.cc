@@ -1,7 +1,8 @@
 // Multi-process tests of a coordinator that restarts (SIGKILL, a new process on the same
 // address and state directory): ids of the new process never collide with the old one's,
 // workers notice at their first refused call and register again at once, the next operation
-// works, and the staging directory of a save the crash cut short is removed at start-up.
+// works, and the staging directory of a save the crash cut short is removed at start-up. And
+// of one that stalls while workers report: their results are sent until acknowledged.
 #include <signal.h>
 #include <unistd.h>
 
@@ -164,6 +165,45 @@ TEST(CoordinatorRestartTest, ACrashMidSaveLeavesNoStagingAndTheNextSaveCommits) 
   std::string out;
   EXPECT_EQ(cluster.RunCkptctl({"verify", path}, &out), 0) << out;
   EXPECT_TRUE(EntriesStartingWith(cluster, ".big.").empty());
+}
+
+// A coordinator that stalls (SIGSTOP, shorter than the lease) while the workers finish their
+// parts: their ReportResult calls time out. Before, a failed report was only logged and the
+// operation waited out its execution deadline; now each result is sent again until the
+// coordinator acknowledges it, and the save commits once it is back.
+TEST(CoordinatorOutageTest, ResultsReportedWhileTheCoordinatorStallsAreSentUntilAcknowledged) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(
+      cluster.StartCoordinator({"--lease_ms=20000", "--execution_deadline_ms=40000"}));
+  cluster.StartWorker(0);
+  cluster.StartWorker(1);
+  const std::string path = cluster.dir() + "/stalled";
+  const std::vector<std::string> size = {"--elements", "25000000"};  // 100 MB per rank
+  std::vector<Child*> savers = {cluster.StartTrainer(0, "s", 0, 2, "save", path, size),
+                                cluster.StartTrainer(1, "s", 1, 2, "save", path, size)};
+  ASSERT_TRUE(WaitFor([&] {
+    pb::GetStatusResponse s = cluster.Status();
+    return s.operations_size() == 1 && s.operations(0).phase() == pb::PHASE_EXECUTING;
+  })) << Logs(cluster);
+  kill(cluster.coordinator().pid, SIGSTOP);
+  // Both workers finish writing and fail to report (their 5 s call deadline passes).
+  auto report_failed = [&](int w) {
+    const std::string log = cluster.worker(w).Stderr();
+    return log.find("report_failed op=") != std::string::npos ||
+           log.find("reported=false") != std::string::npos;
+  };
+  const bool both_failed = WaitFor([&] { return report_failed(0) && report_failed(1); });
+  kill(cluster.coordinator().pid, SIGCONT);
+  ASSERT_TRUE(both_failed) << Logs(cluster);
+  for (Child* t : savers) {
+    ASSERT_TRUE(WaitFor([&] { return Result(*t).first >= 0; })) << Logs(cluster);
+    EXPECT_EQ(Result(*t).first, 0) << Result(*t).second << "\n" << Logs(cluster);
+  }
+  std::string out;
+  EXPECT_EQ(cluster.RunCkptctl({"verify", path}, &out), 0) << out;
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_THAT(cluster.worker(w).Stderr(), HasSubstr("reported=true attempts=")) << Logs(cluster);
+  }
 }
 
 }  // namespace

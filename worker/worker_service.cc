@@ -216,10 +216,12 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
                 .get(),
             wait, &op),
         absl::StrCat("WaitOperation at coordinator ", link_->options().coordinator));
-    if (s.code() == absl::StatusCode::kUnavailable && absl::Now() < deadline &&
-        !context->IsCancelled()) {
-      // The coordinator is away (restarting?): ask again, so the trainer hears what became of
-      // its operation (e.g. that the restarted coordinator does not know it) once it is back.
+    if ((s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded) &&
+        absl::Now() < deadline && !context->IsCancelled()) {
+      // The coordinator is away (restarting, stalled): ask again, so the trainer hears what
+      // became of its operation (e.g. that a restarted coordinator does not know it) once it
+      // is back.
       absl::SleepFor(std::min(absl::Milliseconds(100), deadline - absl::Now()));
       continue;
     }
