@@ -84,6 +84,20 @@ Cluster::Cluster() {
 Cluster::~Cluster() {
   // Workers and trainers first, the coordinator last; SIGKILL so nothing can linger.
   for (size_t i = children_.size(); i-- > 0;) children_[i]->Kill(SIGKILL);
+  // Under --config=asan/tsan the daemons are sanitized builds too: a report in any of them
+  // fails the test (a process that died of one may otherwise pass unnoticed).
+  for (const auto& child : children_) {
+    const std::string err = child->Stderr();
+    for (const char* marker : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+                               "WARNING: ThreadSanitizer", "runtime error:"}) {
+      size_t at = err.find(marker);
+      if (at != std::string::npos) {
+        ADD_FAILURE() << child->stderr_path << " holds a sanitizer report:\n"
+                      << err.substr(at > 200 ? at - 200 : 0, 12000);
+        break;
+      }
+    }
+  }
   for (const WorkerEntry& w : workers_) unlink(w.socket.c_str());
   std::string cleanup = absl::StrCat("rm -rf ", dir_);
   (void)std::system(cleanup.c_str());

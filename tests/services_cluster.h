@@ -96,7 +96,8 @@ class Cluster {
 // The value after "<key> " on the first stdout line starting with it ("" if none yet).
 std::string LineValue(const std::string& text, const std::string& key);
 
-// The status entry of worker `id`, or nullptr.
+// The status entry of worker `id`, or nullptr. Points into `s`: keep `s` alive (not a
+// temporary such as FindWorker(cluster.Status(), id)).
 const pb::WorkerStatus* FindWorker(const pb::GetStatusResponse& s, const std::string& id);
 // Number of live workers in a status.
 int LiveWorkers(const pb::GetStatusResponse& s);

@@ -133,7 +133,8 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
   loaders[2]->Kill(SIGKILL);
   // The coordinator declares the frozen worker dead and aborts the load for every rank.
   ASSERT_TRUE(WaitFor([&] {
-    const pb::WorkerStatus* w = FindWorker(cluster.Status(), frozen_id);
+    const pb::GetStatusResponse s = cluster.Status();  // outlives the pointer into it
+    const pb::WorkerStatus* w = FindWorker(s, frozen_id);
     return w != nullptr && !w->alive() && PhaseOf(cluster, op_index) == pb::PHASE_ABORTED;
   })) << Logs(cluster);
   ASSERT_TRUE(WaitFor([&] { return Result(*loaders[0]).first >= 0; })) << Logs(cluster);

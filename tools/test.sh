@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs dependencies, builds everything with Bazel, runs every
-# test (plus the parser fuzz tests again under AddressSanitizer), and prints one summary line
+# test (plus the parser fuzz tests and the multi-process tests, daemons included, again under
+# AddressSanitizer: the targets tagged "asan"), and prints one summary line
 #   N passed, M failed, K skipped
 # counted over individual test cases. Exits non-zero if anything failed or did not build.
 set -uo pipefail
@@ -22,7 +23,7 @@ mapfile -t TARGETS < <($BAZEL query 'tests(//...)' 2>/dev/null)
 
 ASAN_TARGETS=$($BAZEL query 'attr(tags, "asan", tests(//...))' 2>/dev/null | tr '\n' ' ')
 if [[ -n "${ASAN_TARGETS// /}" ]]; then
-  echo "== bazel test --config=asan (parser fuzz tests under AddressSanitizer) =="
+  echo "== bazel test --config=asan (fuzz and multi-process tests under AddressSanitizer) =="
   # Separate symlink prefix so the asan run's logs do not replace the main run's.
   $BAZEL test --config=asan --keep_going --symlink_prefix=bazel-asan- "${JOBS_FLAGS[@]}" \
     $ASAN_TARGETS || status=1
