@@ -52,22 +52,22 @@ void CoordinatorService::SetCommitter(Committer committer) { committer_ = std::m
 
 void CoordinatorService::Start() {
   ticker_ = std::thread([this] {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     while (!shutting_down_) {
-      changed_.WaitWithTimeout(&mu_, options_.tick);
+      changed_.wait_for(mu_, absl::ToChronoNanoseconds(options_.tick));
       if (shutting_down_) break;
-      mu_.Unlock();
+      mu_.unlock();
       TickOnce();
-      mu_.Lock();
+      mu_.lock();
     }
   });
 }
 
 void CoordinatorService::Shutdown() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     shutting_down_ = true;
-    changed_.SignalAll();
+    changed_.notify_all();
   }
   if (ticker_.joinable()) ticker_.join();
 }
@@ -86,11 +86,11 @@ void CoordinatorService::Changed() {
       it = present.count(*it) ? std::next(it) : finalized_.erase(it);
     }
   }
-  changed_.SignalAll();
+  changed_.notify_all();
 }
 
 void CoordinatorService::TickOnce() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (const WorkerRecord& dead : workers_.Tick()) {
     spdlog::warn("worker_lost worker={} host={} pid={} cause=\"{}\"", dead.id,
                  dead.description.host, dead.description.pid, dead.death_cause);
@@ -137,9 +137,9 @@ void CoordinatorService::Advance(const std::string& operation_id) {
       // Plan outside the lock so that heartbeats (and other jobs) are not held up; the
       // operation stays in planning meanwhile (only deadlines and lost workers can end it).
       Operation snapshot = *op;
-      mu_.Unlock();
+      mu_.unlock();
       absl::StatusOr<std::vector<RankPlan>> plans = planner->second(snapshot);
-      mu_.Lock();
+      mu_.lock();
       op = jobs_.FindOperation(operation_id);
       if (op != nullptr && op->phase == Phase::kPlanning) {
         absl::Status s =
@@ -163,9 +163,9 @@ void CoordinatorService::Advance(const std::string& operation_id) {
         "no manifest committer is wired into this coordinator yet; the checkpoint was not "
         "committed");
     if (committer_) {
-      mu_.Unlock();
+      mu_.unlock();
       committed = committer_(snapshot);
-      mu_.Lock();
+      mu_.lock();
     }
     // Nothing else ends a committing operation, so this cannot fail; if it ever does, the
     // operation would wait for its deadline with nobody the wiser: say so loudly.
@@ -199,7 +199,7 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext*,
   d.memory_kinds.assign(info.memory_kinds().begin(), info.memory_kinds().end());
   d.local_rank = info.local_rank();
   d.gpu = info.gpu();
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<WorkerRecord> record = workers_.Register(d);
   if (!record.ok()) return ToGrpcStatus(record.status());
   spdlog::info("worker_registered worker={} host={} pid={} data_plane={} local_rank={} gpu={}",
@@ -214,7 +214,7 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext*,
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
                                            const pb::HeartbeatRequest* request,
                                            pb::HeartbeatResponse* response) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::Status s = workers_.Heartbeat(request->worker_id());
   if (!s.ok()) return ToGrpcStatus(s);
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
@@ -225,7 +225,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
 grpc::Status CoordinatorService::DeregisterWorker(grpc::ServerContext*,
                                                   const pb::DeregisterWorkerRequest* request,
                                                   pb::DeregisterWorkerResponse*) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const WorkerRecord* record = workers_.Find(request->worker_id());
   if (record == nullptr) {
     return ToGrpcStatus(
@@ -242,7 +242,7 @@ grpc::Status CoordinatorService::DeregisterWorker(grpc::ServerContext*,
 grpc::Status CoordinatorService::AttachRank(grpc::ServerContext*,
                                             const pb::AttachRankRequest* request,
                                             pb::AttachRankResponse*) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const WorkerRecord* worker = workers_.Find(request->worker_id());
   if (worker == nullptr || !worker->alive) {
     return ToGrpcStatus(absl::FailedPreconditionError(
@@ -263,7 +263,7 @@ grpc::Status CoordinatorService::AttachRank(grpc::ServerContext*,
 grpc::Status CoordinatorService::DetachRank(grpc::ServerContext*,
                                             const pb::DetachRankRequest* request,
                                             pb::DetachRankResponse*) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   jobs_.DetachRank(request->job(), request->rank(), request->worker_id());
   spdlog::info("rank_detached job={} rank={} worker={}", request->job(), request->rank(),
                request->worker_id());
@@ -276,7 +276,7 @@ grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext*,
                                                pb::JoinOperationResponse* response) {
   absl::StatusOr<OperationKind> kind = FromProto(request->kind());
   if (!kind.ok()) return ToGrpcStatus(kind.status());
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const WorkerRecord* worker = workers_.Find(request->worker_id());
   if (worker == nullptr || !worker->alive) {
     return ToGrpcStatus(absl::FailedPreconditionError(
@@ -325,10 +325,10 @@ grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
   while (true) {
     std::vector<pb::WorkItem> items;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       while (!shutting_down_ && !context->IsCancelled() && !first &&
              jobs_.phase_version() == seen_version) {
-        changed_.WaitWithTimeout(&mu_, kWaitSlice);
+        changed_.wait_for(mu_, absl::ToChronoNanoseconds(kWaitSlice));
         const WorkerRecord* w = workers_.Find(worker_id);
         if (w == nullptr || !w->alive) break;
       }
@@ -379,7 +379,7 @@ grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
 grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext*,
                                                 const pb::ReportProgressRequest* request,
                                                 pb::ReportProgressResponse*) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::Status s =
       jobs_.ReportProgress(request->operation_id(), request->rank(), request->bytes_done());
   Changed();
@@ -389,7 +389,7 @@ grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext*,
 grpc::Status CoordinatorService::ReportResult(grpc::ServerContext*,
                                               const pb::ReportResultRequest* request,
                                               pb::ReportResultResponse* response) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const Operation* before = jobs_.FindOperation(request->operation_id());
   if (before != nullptr && before->phase == Phase::kAborted) {
     // Nothing left to record: acknowledged, so the worker stops re-sending.
@@ -414,7 +414,7 @@ grpc::Status CoordinatorService::WaitOperation(grpc::ServerContext* context,
                                                pb::OperationStatus* response) {
   absl::Time deadline =
       std::min(clock_->Now() + absl::Milliseconds(request->timeout_ms()), ClientDeadline(context));
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   while (true) {
     const Operation* op = jobs_.FindOperation(request->operation_id());
     if (op == nullptr) {
@@ -427,7 +427,7 @@ grpc::Status CoordinatorService::WaitOperation(grpc::ServerContext* context,
       ToProto(*op, response);
       return grpc::Status::OK;
     }
-    changed_.WaitWithTimeout(&mu_, std::min(kWaitSlice, deadline - now));
+    changed_.wait_for(mu_, absl::ToChronoNanoseconds(std::min(kWaitSlice, deadline - now)));
   }
 }
 
@@ -436,7 +436,7 @@ grpc::Status CoordinatorService::RequestOperation(grpc::ServerContext*,
                                                   pb::RequestOperationResponse* response) {
   absl::StatusOr<OperationKind> kind = FromProto(request->kind());
   if (!kind.ok()) return ToGrpcStatus(kind.status());
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<std::string> id = jobs_.RequestOperation(
       request->job(), *kind, request->path(), absl::Milliseconds(request->arrival_deadline_ms()),
       request->load_algorithm(), request->load_memory_budget_bytes());
@@ -460,7 +460,7 @@ grpc::Status CoordinatorService::StartReshard(grpc::ServerContext*,
     return ToGrpcStatus(
         absl::InvalidArgumentError("memory budget and max workers must not be negative"));
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<const WorkerRecord*> live;
   for (const WorkerRecord* w : workers_.All()) {
     if (w->alive) live.push_back(w);
@@ -504,7 +504,7 @@ grpc::Status CoordinatorService::StartReshard(grpc::ServerContext*,
 grpc::Status CoordinatorService::PendingOperation(grpc::ServerContext*,
                                                   const pb::PendingOperationRequest* request,
                                                   pb::PendingOperationResponse* response) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const Operation* op = jobs_.PendingForRank(request->job(), request->rank());
   response->set_pending(op != nullptr);
   if (op != nullptr) {
@@ -518,7 +518,7 @@ grpc::Status CoordinatorService::PendingOperation(grpc::ServerContext*,
 grpc::Status CoordinatorService::GetStatus(grpc::ServerContext*,
                                            const pb::GetStatusRequest* request,
                                            pb::GetStatusResponse* response) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::Time now = clock_->Now();
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
   response->set_incarnation(incarnation_);

@@ -9,15 +9,16 @@
 #ifndef CKPT_COORDINATOR_COORDINATOR_SERVICE_H_
 #define CKPT_COORDINATOR_COORDINATOR_SERVICE_H_
 
+#include <condition_variable>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_state.h"
@@ -120,8 +121,8 @@ class CoordinatorService final : public pb::Coordinator::Service {
   const uint64_t incarnation_;
   const std::string incarnation_hex_;
   const absl::Time started_;
-  absl::Mutex mu_;
-  absl::CondVar changed_;  // signalled on every change of state
+  std::mutex mu_;
+  std::condition_variable_any changed_;  // signalled on every change of state
   JobState jobs_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   std::map<OperationKind, Planner> planners_;

@@ -5,11 +5,12 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "coordinator/operation_wire.h"
 #include "gmock/gmock.h"
@@ -36,8 +37,9 @@ class Watcher {
     thread_ = std::thread([this] {
       pb::WorkItem item;
       while (reader_->Read(&item)) {
-        absl::MutexLock lock(&mu_);
+        std::lock_guard<std::mutex> lock(mu_);
         items_.push_back(item);
+        arrived_.notify_all();
       }
     });
   }
@@ -48,16 +50,16 @@ class Watcher {
   }
   // Waits until at least n items arrived; returns them.
   std::vector<pb::WorkItem> Await(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [this, n] { return items_.size() >= n; };
-    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    std::unique_lock<std::mutex> lock(mu_);
+    arrived_.wait_for(lock, std::chrono::seconds(10), [this, n] { return items_.size() >= n; });
     return items_;
   }
 
  private:
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReader<pb::WorkItem>> reader_;
-  absl::Mutex mu_;
+  std::mutex mu_;
+  std::condition_variable arrived_;
   std::vector<pb::WorkItem> items_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

@@ -197,7 +197,7 @@ absl::Status StagingJournal::Begin(const std::string& operation_id, const std::s
   if (operation_id.empty() || absl::StrContains(operation_id, '/') || operation_id[0] == '.') {
     return absl::InvalidArgumentError(absl::StrCat("bad operation id \"", operation_id, "\""));
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const std::string entry = EntryPath(operation_id);
   const std::string tmp = absl::StrCat(entry, ".tmp");
   if (absl::Status s = WriteFileDurably(tmp, absl::StrCat(::getpid(), "\n", final_path, "\n"));
@@ -211,7 +211,7 @@ absl::Status StagingJournal::Begin(const std::string& operation_id, const std::s
 }
 
 absl::Status StagingJournal::End(const std::string& operation_id) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const std::string entry = EntryPath(operation_id);
   if (::unlink(entry.c_str()) != 0) {
     if (errno == ENOENT) return absl::OkStatus();

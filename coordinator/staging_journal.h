@@ -22,12 +22,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 
 namespace ckpt::coordinator {
 
@@ -89,7 +89,7 @@ class StagingJournal {
 
   const std::string dir_;  // <state_dir>/staging
   const int lock_fd_;
-  absl::Mutex mu_;  // serializes the directory fsyncs of Begin/End
+  std::mutex mu_;  // serializes the directory fsyncs of Begin/End
 };
 
 }  // namespace ckpt::coordinator

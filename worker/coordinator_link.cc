@@ -61,11 +61,11 @@ void CoordinatorLink::Start() {
 void CoordinatorLink::Stop(bool deregister) {
   std::string id;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ && !lease_thread_.joinable()) return;
     stopping_ = true;
     if (watch_context_ != nullptr) watch_context_->TryCancel();
-    cv_.SignalAll();
+    cv_.notify_all();
     id = worker_id_;
   }
   if (lease_thread_.joinable()) lease_thread_.join();
@@ -77,30 +77,30 @@ void CoordinatorLink::Stop(bool deregister) {
     grpc::Status s = stub_->DeregisterWorker(Context().get(), request, &response);
     if (!s.ok()) spdlog::warn("deregister_failed worker={} error=\"{}\"", id, s.error_message());
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   worker_id_.clear();
 }
 
 std::string CoordinatorLink::worker_id() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return worker_id_;
 }
 
 uint64_t CoordinatorLink::incarnation() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return worker_id_.empty() ? 0 : incarnation_;
 }
 
 uint64_t CoordinatorLink::registration_epoch() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return epoch_;
 }
 
 absl::Status CoordinatorLink::WaitRegistered(absl::Duration timeout) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::Time deadline = absl::Now() + timeout;
   while (worker_id_.empty() && !stopping_) {
-    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    if ((cv_.wait_until(mu_, absl::ToChronoTime(deadline)) == std::cv_status::timeout)) break;
   }
   if (!worker_id_.empty()) return absl::OkStatus();
   return absl::UnavailableError(
@@ -109,7 +109,7 @@ absl::Status CoordinatorLink::WaitRegistered(absl::Duration timeout) const {
 }
 
 absl::Status CoordinatorLink::LeaseStatus(uint64_t epoch) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (worker_id_.empty() || epoch != epoch_) {
     return absl::UnavailableError(
         "this worker lost its registration with the coordinator (declared dead, or the "
@@ -127,13 +127,13 @@ absl::Status CoordinatorLink::LeaseStatus(uint64_t epoch) const {
 
 void CoordinatorLink::ForgetRegistration(const std::string& worker_id, const absl::Status& why) {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (worker_id.empty() || worker_id_ != worker_id) return;
     worker_id_.clear();
     lost_at_ = absl::Now();
     last_error_ = why.ToString();
     if (watch_context_ != nullptr) watch_context_->TryCancel();
-    cv_.SignalAll();
+    cv_.notify_all();
   }
   spdlog::warn("lease_lost worker={} error=\"{}\" (registering again)", worker_id,
                std::string(why.message()));
@@ -141,19 +141,19 @@ void CoordinatorLink::ForgetRegistration(const std::string& worker_id, const abs
 }
 
 bool CoordinatorLink::SleepUnlessStopped(absl::Duration d) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::Time deadline = absl::Now() + d;
   while (!stopping_) {
-    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    if ((cv_.wait_until(mu_, absl::ToChronoTime(deadline)) == std::cv_status::timeout)) break;
   }
   return !stopping_;
 }
 
 bool CoordinatorLink::SleepWhileRegisteredAs(const std::string& id, absl::Duration d) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::Time deadline = absl::Now() + d;
   while (!stopping_ && worker_id_ == id) {
-    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    if ((cv_.wait_until(mu_, absl::ToChronoTime(deadline)) == std::cv_status::timeout)) break;
   }
   return !stopping_;
 }
@@ -166,7 +166,7 @@ bool CoordinatorLink::Register(absl::Duration* backoff, bool* warned) {
   grpc::Status s = stub_->RegisterWorker(Context().get(), request, &response);
   if (!s.ok()) {
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       last_error_ = FromGrpcStatus(s, "RegisterWorker").ToString();
     }
     if (!*warned) {
@@ -179,7 +179,7 @@ bool CoordinatorLink::Register(absl::Duration* backoff, bool* warned) {
   }
   absl::Time lost_at;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     worker_id_ = response.worker_id();
     incarnation_ = response.incarnation();
     ++epoch_;
@@ -187,7 +187,7 @@ bool CoordinatorLink::Register(absl::Duration* backoff, bool* warned) {
     renewed_ = sent;
     lost_at = lost_at_;
     last_error_.clear();
-    cv_.SignalAll();
+    cv_.notify_all();
   }
   spdlog::info("registered worker={} coordinator={} incarnation={} lease_ms={}{}",
                response.worker_id(), options_.coordinator, Hex(response.incarnation()),
@@ -212,7 +212,7 @@ void CoordinatorLink::SendHeartbeat(const std::string& id, absl::Duration lease)
   if (s.ok()) {
     uint64_t mine;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       mine = incarnation_;
       if (worker_id_ == id && response.incarnation() == mine) renewed_ = sent;
     }
@@ -228,7 +228,7 @@ void CoordinatorLink::SendHeartbeat(const std::string& id, absl::Duration lease)
     return;
   }
   spdlog::warn("heartbeat_failed worker={} error=\"{}\"", id, s.error_message());
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   last_error_ = FromGrpcStatus(s, "Heartbeat").ToString();
 }
 
@@ -239,7 +239,7 @@ void CoordinatorLink::LeaseLoop() {
     std::string id;
     absl::Duration lease;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
       id = worker_id_;
       lease = lease_;
@@ -262,8 +262,8 @@ void CoordinatorLink::WatchLoop() {
     uint64_t incarnation;
     grpc::ClientContext context;  // long-lived stream: ended by TryCancel on Stop/lease loss
     {
-      absl::MutexLock lock(&mu_);
-      while (!stopping_ && worker_id_.empty()) cv_.Wait(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!stopping_ && worker_id_.empty()) cv_.wait(mu_);
       if (stopping_) return;
       id = worker_id_;
       incarnation = incarnation_;
@@ -286,7 +286,7 @@ void CoordinatorLink::WatchLoop() {
     }
     grpc::Status s = reader->Finish();
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       watch_context_ = nullptr;
       if (stopping_) return;
     }

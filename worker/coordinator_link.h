@@ -15,14 +15,15 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/coordinator.grpc.pb.h"
 
@@ -78,7 +79,7 @@ class CoordinatorLink {
   const LinkOptions& options() const { return options_; }
   // The lease the coordinator granted at the last registration.
   absl::Duration lease() const {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return lease_;
   }
   // A client context whose deadline is now + `timeout` (default: rpc_timeout).
@@ -102,8 +103,8 @@ class CoordinatorLink {
   RegisteredHandler registered_handler_;
   LeaseLostHandler lease_lost_handler_;
 
-  mutable absl::Mutex mu_;
-  mutable absl::CondVar cv_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable_any cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;

@@ -11,21 +11,20 @@ MemoryGate::MemoryGate(std::function<absl::Status()> precondition)
     : precondition_(std::move(precondition)) {}
 
 void MemoryGate::Close(const absl::Status& reason) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (reason_.ok()) {
     reason_ = reason.ok() ? absl::CancelledError("the operation was cancelled") : reason;
   }
-  mu_.Await(absl::Condition(
-      +[](int* active) { return *active == 0; }, &active_));
+  while (active_ > 0) idle_.wait(mu_);
 }
 
 absl::Status MemoryGate::status() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return reason_;
 }
 
 absl::Status MemoryGate::Enter() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (reason_.ok() && precondition_) {
     absl::Status s = precondition_();
     if (!s.ok()) reason_ = std::move(s);
@@ -36,8 +35,8 @@ absl::Status MemoryGate::Enter() {
 }
 
 void MemoryGate::Exit() {
-  absl::MutexLock lock(&mu_);
-  --active_;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--active_ == 0) idle_.notify_all();
 }
 
 absl::Status MemoryGate::Run(absl::FunctionRef<absl::Status()> access) {

@@ -9,13 +9,14 @@
 #ifndef CKPT_WORKER_MEMORY_GATE_H_
 #define CKPT_WORKER_MEMORY_GATE_H_
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "sharding/overlap.h"
 
@@ -54,7 +55,8 @@ class MemoryGate {
   void Exit();
 
   const std::function<absl::Status()> precondition_;
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;
+  std::condition_variable_any idle_;          // notified when the last access in progress ends
   absl::Status reason_ ABSL_GUARDED_BY(mu_);  // OK while open
   int active_ ABSL_GUARDED_BY(mu_) = 0;       // accesses in progress
 };

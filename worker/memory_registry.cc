@@ -101,7 +101,7 @@ MappedSegment::~MappedSegment() {
 MemoryRegistry::MemoryRegistry(std::unique_ptr<ProcessProbe> probe) : probe_(std::move(probe)) {}
 
 MemoryRegistry::~MemoryRegistry() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   sessions_.clear();
 }
 
@@ -117,7 +117,7 @@ absl::StatusOr<std::string> MemoryRegistry::OpenSession(const TrainerIdentity& t
                                                    ": trainer pid ", trainer.pid,
                                                    " is not a live process on this host"));
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::string id = absl::StrCat("s-", next_session_++, "-p", trainer.pid);
   Session& session = sessions_[id];
   session.trainer = trainer;
@@ -155,7 +155,7 @@ absl::StatusOr<std::shared_ptr<const MappedSegment>> MemoryRegistry::MapSegment(
 
 absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
                                              absl::Span<const pb::SharedTensor> tensors) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat(
@@ -252,7 +252,7 @@ void MemoryRegistry::Release(Session& session) {
 }
 
 absl::Status MemoryRegistry::CloseSession(const std::string& session_id) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat("trainer session ", session_id, " is unknown"));
@@ -264,7 +264,7 @@ absl::Status MemoryRegistry::CloseSession(const std::string& session_id) {
 
 std::vector<SessionInfo> MemoryRegistry::ReapDeadTrainers() {
   std::vector<SessionInfo> reaped;
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (probe_->StartToken(it->second.trainer.pid) != it->second.start_token) {
       reaped.push_back(Summarize(it->first, it->second));
@@ -287,7 +287,7 @@ SessionInfo MemoryRegistry::Summarize(const std::string& id, const Session& sess
 }
 
 absl::StatusOr<SessionInfo> MemoryRegistry::Find(const std::string& session_id) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat(
@@ -297,7 +297,7 @@ absl::StatusOr<SessionInfo> MemoryRegistry::Find(const std::string& session_id) 
 }
 
 std::vector<SessionInfo> MemoryRegistry::Sessions() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<SessionInfo> out;
   for (const auto& [id, session] : sessions_) out.push_back(Summarize(id, session));
   return out;

@@ -20,12 +20,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "proto/types.pb.h"
 #include "proto/worker.pb.h"
@@ -146,7 +146,7 @@ class MemoryRegistry {
   absl::StatusOr<std::shared_ptr<const MappedSegment>> MapSegment(const std::string& name) const;
 
   std::unique_ptr<ProcessProbe> probe_;
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;
   std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
 };

@@ -170,10 +170,10 @@ grpc::Status WorkerService::Poll(grpc::ServerContext*, const pb::PollRequest* re
 }
 
 void WorkerService::MarkSnapshotted(const std::string& operation_id, int rank) {
-  absl::MutexLock lock(&snapshot_mu_);
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
   snapshotted_.push_back(absl::StrCat(operation_id, "/", rank));
   if (snapshotted_.size() > 4096) snapshotted_.pop_front();
-  snapshot_cv_.SignalAll();
+  snapshot_cv_.notify_all();
 }
 
 bool WorkerService::Snapshotted(const std::string& operation_id, int rank) {
@@ -199,10 +199,11 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
     if (slice < absl::ZeroDuration()) slice = absl::ZeroDuration();
     if (rank >= 0) {
       // Wait here for the snapshot, checking the operation's end at the coordinator between.
-      absl::MutexLock lock(&snapshot_mu_);
+      std::lock_guard<std::mutex> lock(snapshot_mu_);
       absl::Time until = absl::Now() + slice;
       while (!Snapshotted(request->operation_id(), rank) &&
-             !snapshot_cv_.WaitWithDeadline(&snapshot_mu_, until)) {
+             !(snapshot_cv_.wait_until(snapshot_mu_, absl::ToChronoTime(until)) ==
+               std::cv_status::timeout)) {
       }
       snapshotted = Snapshotted(request->operation_id(), rank);
     }
@@ -317,7 +318,7 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
   std::shared_ptr<MemoryGate> gate = GateFor(item.operation_id());
   const std::string part_key = absl::StrCat(item.operation_id(), "/", item.rank());
   {
-    absl::MutexLock lock(&exec_mu_);
+    std::lock_guard<std::mutex> lock(exec_mu_);
     // A work stream that was re-established resends the parts not reported yet; a part that
     // ran here must not run twice (a second communicator for one rank breaks the group).
     auto existing = parts_.find(part_key);
@@ -362,7 +363,7 @@ void WorkerService::StartThreadLocked(std::function<void()> body) {
 }
 
 std::shared_ptr<MemoryGate> WorkerService::GateFor(const std::string& operation_id) {
-  absl::MutexLock lock(&exec_mu_);
+  std::lock_guard<std::mutex> lock(exec_mu_);
   for (auto& [id, gate] : gates_) {
     if (id == operation_id) return gate;
   }
@@ -372,8 +373,17 @@ std::shared_ptr<MemoryGate> WorkerService::GateFor(const std::string& operation_
   CoordinatorLink* link = link_;
   gates_.emplace_back(operation_id, std::make_shared<MemoryGate>(
                                         [link, epoch] { return link->LeaseStatus(epoch); }));
-  if (gates_.size() > 1024) gates_.pop_front();
-  return gates_.back().second;
+  std::shared_ptr<MemoryGate> gate = gates_.back().second;
+  if (gates_.size() > 1024) {
+    // Forget the oldest gate no running part holds (an abort must still find a held one).
+    for (auto it = gates_.begin(); it != gates_.end(); ++it) {
+      if (it->second.use_count() == 1) {
+        gates_.erase(it);
+        break;
+      }
+    }
+  }
+  return gate;
 }
 
 void WorkerService::CloseGate(const std::string& operation_id, const absl::Status& reason) {
@@ -383,7 +393,7 @@ void WorkerService::CloseGate(const std::string& operation_id, const absl::Statu
 void WorkerService::OnLeaseLost(const absl::Status& why) {
   std::vector<std::shared_ptr<MemoryGate>> gates;
   {
-    absl::MutexLock lock(&exec_mu_);
+    std::lock_guard<std::mutex> lock(exec_mu_);
     for (auto& [id, gate] : gates_) gates.push_back(gate);
   }
   for (const auto& gate : gates) gate->Close(why);
@@ -394,7 +404,7 @@ void WorkerService::Shutdown() {
   OnLeaseLost(absl::CancelledError("the worker is shutting down"));
   std::list<Executor> executors;
   {
-    absl::MutexLock lock(&exec_mu_);
+    std::lock_guard<std::mutex> lock(exec_mu_);
     executors.swap(executors_);
   }
   for (Executor& e : executors) e.thread.join();
@@ -543,7 +553,7 @@ void WorkerService::Execute(const pb::WorkItem& item, MemoryGate& gate) {
   session.reset();  // the trainer's memory is no longer needed
   const std::string part_key = absl::StrCat(item.operation_id(), "/", item.rank());
   {
-    absl::MutexLock lock(&exec_mu_);
+    std::lock_guard<std::mutex> lock(exec_mu_);
     PartRecord& record = parts_[part_key];
     pb::ReportResultRequest& report = record.report;
     report.set_operation_id(item.operation_id());
@@ -562,7 +572,7 @@ void WorkerService::ReportUntilAcknowledged(const std::string& part_key) {
   pb::ReportResultRequest report;
   uint64_t incarnation = 0;
   {
-    absl::MutexLock lock(&exec_mu_);
+    std::lock_guard<std::mutex> lock(exec_mu_);
     auto it = parts_.find(part_key);
     if (it == parts_.end() || !it->second.finished || it->second.acknowledged) return;
     report = it->second.report;
@@ -584,7 +594,7 @@ void WorkerService::ReportUntilAcknowledged(const std::string& part_key) {
                    s.ok() ? std::string()
                           : absl::StrCat(" error=\"", s.error_message(), "\"",
                                          gone ? " (the coordinator restarted)" : ""));
-      absl::MutexLock lock(&exec_mu_);
+      std::lock_guard<std::mutex> lock(exec_mu_);
       auto it = parts_.find(part_key);
       if (it != parts_.end()) it->second.acknowledged = true;  // or never will be
       return;

@@ -16,16 +16,17 @@
 #define CKPT_WORKER_WORKER_SERVICE_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
@@ -122,15 +123,15 @@ class WorkerService final : public pb::Worker::Service {
     std::shared_ptr<std::atomic<bool>> done;
   };
   absl::Notification stopping_;
-  absl::Mutex exec_mu_;
+  std::mutex exec_mu_;
   std::list<Executor> executors_ ABSL_GUARDED_BY(exec_mu_);
   // By "<operation>/<rank>": the plan parts started here (the newest 4096), oldest first.
   absl::flat_hash_map<std::string, PartRecord> parts_ ABSL_GUARDED_BY(exec_mu_);
   std::deque<std::string> parts_order_ ABSL_GUARDED_BY(exec_mu_);
   std::deque<std::pair<std::string, std::shared_ptr<MemoryGate>>> gates_
-      ABSL_GUARDED_BY(exec_mu_);  // by operation, recent ones
-  absl::Mutex snapshot_mu_;
-  absl::CondVar snapshot_cv_;
+      ABSL_GUARDED_BY(exec_mu_);  // by operation: the newest 1024, and every one a part holds
+  std::mutex snapshot_mu_;
+  std::condition_variable_any snapshot_cv_;
   std::deque<std::string> snapshotted_ ABSL_GUARDED_BY(snapshot_mu_);  // "<op>/<rank>", recent
 };
 
