@@ -55,6 +55,7 @@ class WorkerConnection {
       absl::Duration slice = std::min(deadline - absl::Now(), absl::Seconds(30));
       if (slice < absl::ZeroDuration()) slice = absl::ZeroDuration();
       absl::StatusOr<OperationProgress> p = Progress(session_id, operation_id, slice);
+      if (WorkerDidNotAnswer(p, deadline)) continue;
       if (!p.ok()) return p.status();
       if (p->phase == "done" || p->phase == "aborted") return p;
       if (absl::Now() >= deadline) {
@@ -76,6 +77,7 @@ class WorkerConnection {
       if (slice < absl::ZeroDuration()) slice = absl::ZeroDuration();
       absl::StatusOr<OperationProgress> p =
           Progress(session_id, operation_id, slice, /*until_snapshot=*/true);
+      if (WorkerDidNotAnswer(p, deadline)) continue;
       if (!p.ok()) return p.status();
       if (p->snapshotted || p->phase == "done" || p->phase == "aborted") return p;
       if (absl::Now() >= deadline) {
@@ -86,6 +88,14 @@ class WorkerConnection {
                                                         "snapshotted yet"));
       }
     }
+  }
+
+  // A Wait call that ran past its deadline: the worker did not answer (it may be stopped or
+  // overloaded). Asked again while the caller's deadline allows, so that a worker that comes
+  // back reports the operation's real outcome (e.g. the abort naming it) rather than this.
+  static bool WorkerDidNotAnswer(const absl::StatusOr<OperationProgress>& p, absl::Time deadline) {
+    return !p.ok() && p.status().code() == absl::StatusCode::kDeadlineExceeded &&
+           absl::Now() < deadline;
   }
 
   absl::StatusOr<OperationProgress> Progress(const std::string& session_id,

@@ -5,6 +5,12 @@
 //                    [--listen 0.0.0.0:7400] [--tls_ca F --tls_cert F --tls_key F | --insecure]
 //                    [--lease_ms 10000] [--arrival_deadline_ms 60000]
 //                    [--execution_deadline_ms 1800000] [--log_level info] [--address_file F]
+//                    [--state_dir DIR]
+//
+// With --state_dir, the staging directory of every save and reshard in flight is journaled
+// there (fsynced) before it is created; a coordinator starting on the same directory removes the
+// incomplete staging directories its crashed predecessor left, logging each with its size.
+// Without it they stay until `ckptctl gc` removes them.
 //
 // Callers are authenticated by TLS client certificates when --tls_* are given (their role
 // decides what they may call; docs/services.md, Security). Without certificates the daemon
@@ -36,6 +42,7 @@
 #include "coordinator/rendezvous_service.h"
 #include "coordinator/reshard_commit.h"
 #include "coordinator/save_commit.h"
+#include "coordinator/staging_journal.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7400", "host:port to serve on (port 0: pick a free one)");
@@ -71,6 +78,9 @@ ABSL_FLAG(int64_t, rendezvous_max_value_bytes, int64_t{8} << 20,
 ABSL_FLAG(int64_t, rendezvous_max_bytes_per_job, int64_t{1} << 30,
           "bytes (keys + values) one operation's rendezvous may hold (Gloo's full mesh needs "
           "~200 x ranks^2)");
+ABSL_FLAG(std::string, state_dir, "",
+          "directory journaling the staging directories of saves/reshards in flight, so that a "
+          "restarted coordinator removes what a crashed one left (one coordinator per directory)");
 
 namespace {
 
@@ -101,6 +111,31 @@ ckpt::KvLimits RendezvousLimits() {
   limits.max_bytes_per_group =
       static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_rendezvous_max_bytes_per_job)));
   return limits;
+}
+
+// Opens the staging journal of --state_dir (nullptr without one) and removes what an earlier
+// coordinator process left behind, logging each leftover with its size.
+absl::StatusOr<std::unique_ptr<ckpt::coordinator::StagingJournal>> OpenStagingJournal() {
+  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (state_dir.empty()) {
+    spdlog::warn(
+        "no_state_dir staging directories of saves and reshards cut short by a coordinator crash "
+        "are not removed at the next start (set --state_dir, or remove them with ckptctl gc)");
+    return nullptr;
+  }
+  absl::StatusOr<std::unique_ptr<ckpt::coordinator::StagingJournal>> journal =
+      ckpt::coordinator::StagingJournal::Open(state_dir);
+  if (!journal.ok()) return journal.status();
+  for (const ckpt::coordinator::StagingLeftover& l : (*journal)->Recover()) {
+    if (l.removed) {
+      spdlog::warn("staging_removed path={} bytes={} writer_pid={} reason=\"{}\"", l.path, l.bytes,
+                   l.writer_pid, l.detail);
+    } else {
+      spdlog::error("staging_kept path={} bytes={} writer_pid={} reason=\"{}\"", l.path, l.bytes,
+                    l.writer_pid, l.detail);
+    }
+  }
+  return journal;
 }
 
 int Run(const std::vector<std::string>& checkpoint_roots) {
@@ -144,6 +179,17 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   options.tick = absl::Milliseconds(absl::GetFlag(FLAGS_tick_ms));
   options.jobs.arrival_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_arrival_deadline_ms));
   options.jobs.execution_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_execution_deadline_ms));
+  absl::StatusOr<std::unique_ptr<ckpt::coordinator::StagingJournal>> opened = OpenStagingJournal();
+  if (!opened.ok()) {
+    std::fprintf(stderr, "ckpt_coordinator: --state_dir: %s\n",
+                 std::string(opened.status().message()).c_str());
+    return 2;
+  }
+  ckpt::coordinator::StagingJournal* journal = opened->get();
+  // Journals a save's or reshard's final path before its planner creates the staging directory.
+  auto journaled = [journal](const ckpt::coordinator::Operation& op) -> absl::Status {
+    return journal == nullptr ? absl::OkStatus() : journal->Begin(op.id, op.path);
+  };
   // Declared before the service so that it outlives it: the finalizer below drops a finished
   // load's rendezvous keys.
   ckpt::KvStore kv(RendezvousLimits());
@@ -151,23 +197,35 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   // Saves: staging directory + save plan, then manifest merge + atomic commit; an aborted
   // save's staging directory is removed.
   ckpt::coordinator::SaveCommitter saves;
-  coordinator.SetPlanner(
-      ckpt::coordinator::OperationKind::kSave,
-      [&saves](const ckpt::coordinator::Operation& op) { return saves.Plan(op); });
+  coordinator.SetPlanner(ckpt::coordinator::OperationKind::kSave,
+                         [&saves, journaled](const ckpt::coordinator::Operation& op)
+                             -> absl::StatusOr<std::vector<ckpt::coordinator::RankPlan>> {
+                           if (absl::Status s = journaled(op); !s.ok()) return s;
+                           return saves.Plan(op);
+                         });
   // Reshards on the workers: source manifest + target layout -> one part per target rank;
   // the manifest is committed from the ranks' records the same way.
   ckpt::coordinator::ReshardCommitter reshards;
-  coordinator.SetPlanner(
-      ckpt::coordinator::OperationKind::kReshard,
-      [&reshards](const ckpt::coordinator::Operation& op) { return reshards.Plan(op); });
+  coordinator.SetPlanner(ckpt::coordinator::OperationKind::kReshard,
+                         [&reshards, journaled](const ckpt::coordinator::Operation& op)
+                             -> absl::StatusOr<std::vector<ckpt::coordinator::RankPlan>> {
+                           if (absl::Status s = journaled(op); !s.ok()) return s;
+                           return reshards.Plan(op);
+                         });
   coordinator.SetCommitter(
       [&saves, &reshards](const ckpt::coordinator::Operation& op) -> absl::Status {
         if (op.kind == ckpt::coordinator::OperationKind::kReshard) return reshards.Commit(op);
         return saves.Commit(op);
       });
-  coordinator.SetFinalizer([&saves, &reshards, &kv](const ckpt::coordinator::Operation& op) {
+  coordinator.SetFinalizer([&saves, &reshards, &kv,
+                            journal](const ckpt::coordinator::Operation& op) {
     saves.Finalize(op);
     reshards.Finalize(op);
+    if (journal != nullptr && op.kind != ckpt::coordinator::OperationKind::kLoad) {
+      if (absl::Status s = journal->End(op.id); !s.ok()) {
+        spdlog::error("staging_journal_failed op={} error=\"{}\"", op.id, std::string(s.message()));
+      }
+    }
     // Whatever the operation's ranks left in the rendezvous store goes with it.
     const size_t erased = kv.ErasePrefix(
         absl::StrCat(ckpt::coordinator::OperationKindName(op.kind), "/", op.id, "/"));
@@ -210,9 +268,10 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   std::printf("ckpt_coordinator listening on %s\n", address.c_str());
   std::fflush(stdout);
   spdlog::info(
-      "serving address={} tls={} checkpoint_roots=\"{}\" lease_ms={} arrival_deadline_ms={} "
-      "execution_deadline_ms={}",
-      address, security->tls, roots->Describe(), absl::GetFlag(FLAGS_lease_ms),
+      "serving address={} incarnation={} tls={} checkpoint_roots=\"{}\" lease_ms={} "
+      "arrival_deadline_ms={} execution_deadline_ms={}",
+      address, coordinator.incarnation_hex(), security->tls, roots->Describe(),
+      absl::GetFlag(FLAGS_lease_ms),
       absl::GetFlag(FLAGS_arrival_deadline_ms), absl::GetFlag(FLAGS_execution_deadline_ms));
   const std::string address_file = absl::GetFlag(FLAGS_address_file);
   if (!address_file.empty() && !WriteFileAtomically(address_file, address)) {

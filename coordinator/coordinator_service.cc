@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "coordinator/layout_spec.h"
 #include "coordinator/operation_wire.h"
@@ -22,13 +24,24 @@ absl::Time ClientDeadline(const grpc::ServerContext* context) {
   return absl::FromChrono(context->deadline());
 }
 
+uint64_t ChooseIncarnation(uint64_t requested) {
+  std::random_device random;
+  while (requested == 0) {
+    requested = (static_cast<uint64_t>(random()) << 32) ^ random();
+  }
+  return requested;
+}
+
 }  // namespace
 
 CoordinatorService::CoordinatorService(const Clock* clock, CoordinatorOptions options)
     : clock_(clock),
       options_(options),
-      jobs_(clock, options.jobs),
-      workers_(clock, options.lease) {}
+      incarnation_(ChooseIncarnation(options.incarnation)),
+      incarnation_hex_(absl::StrFormat("%016x", incarnation_)),
+      started_(clock->Now()),
+      jobs_(clock, options.jobs, incarnation_hex_),
+      workers_(clock, options.lease, absl::Hours(1), incarnation_hex_) {}
 
 CoordinatorService::~CoordinatorService() { Shutdown(); }
 
@@ -40,22 +53,22 @@ void CoordinatorService::SetCommitter(Committer committer) { committer_ = std::m
 
 void CoordinatorService::Start() {
   ticker_ = std::thread([this] {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     while (!shutting_down_) {
-      changed_.WaitWithTimeout(&mu_, options_.tick);
+      changed_.wait_for(mu_, absl::ToChronoNanoseconds(options_.tick));
       if (shutting_down_) break;
-      mu_.Unlock();
+      mu_.unlock();
       TickOnce();
-      mu_.Lock();
+      mu_.lock();
     }
   });
 }
 
 void CoordinatorService::Shutdown() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     shutting_down_ = true;
-    changed_.SignalAll();
+    changed_.notify_all();
   }
   if (ticker_.joinable()) ticker_.join();
 }
@@ -74,7 +87,7 @@ void CoordinatorService::Changed() {
       it = present.count(*it) ? std::next(it) : finalized_.erase(it);
     }
   }
-  changed_.SignalAll();
+  changed_.notify_all();
 }
 
 absl::Status CoordinatorService::ActsForWorker(const Peer& peer,
@@ -122,7 +135,7 @@ absl::StatusOr<std::string> CoordinatorService::CheckpointPath(absl::string_view
 absl::StatusOr<std::string> CoordinatorService::AuthorizeRendezvous(const Peer& peer,
                                                                     absl::string_view group) {
   std::pair<std::string, std::string> parts = absl::StrSplit(group, absl::MaxSplits('/', 1));
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const Operation* op = jobs_.FindOperation(parts.second);
   if (op == nullptr || OperationKindName(op->kind) != parts.first) {
     return absl::NotFoundError(
@@ -143,7 +156,7 @@ absl::StatusOr<std::string> CoordinatorService::AuthorizeRendezvous(const Peer& 
 }
 
 void CoordinatorService::TickOnce() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (const WorkerRecord& dead : workers_.Tick()) {
     spdlog::warn("worker_lost worker={} host={} pid={} cause=\"{}\"", dead.id,
                  dead.description.host, dead.description.pid, dead.death_cause);
@@ -151,6 +164,15 @@ void CoordinatorService::TickOnce() {
   }
   LogAborted(jobs_.Tick());
   Changed();
+}
+
+void CoordinatorService::AbortOrLog(const std::string& operation_id, const absl::Status& cause) {
+  if (absl::Status s = jobs_.Abort(operation_id, cause); !s.ok()) {
+    spdlog::error("abort_refused op={} cause=\"{}\" error=\"{}\"", operation_id,
+                  std::string(cause.message()), std::string(s.message()));
+    return;
+  }
+  LogAborted({operation_id});
 }
 
 void CoordinatorService::LogAborted(const std::vector<std::string>& ids) {
@@ -176,23 +198,21 @@ void CoordinatorService::Advance(const std::string& operation_id) {
           "no ", OperationKindName(op->kind),
           " planner is wired into this coordinator yet (the planner in coordinator/ and the "
           "worker data path are still being built); nothing was written or loaded"));
-      (void)jobs_.Abort(operation_id, missing);
-      LogAborted({operation_id});
+      AbortOrLog(operation_id, missing);
     } else {
       // Plan outside the lock so that heartbeats (and other jobs) are not held up; the
       // operation stays in planning meanwhile (only deadlines and lost workers can end it).
       Operation snapshot = *op;
-      mu_.Unlock();
+      mu_.unlock();
       absl::StatusOr<std::vector<RankPlan>> plans = planner->second(snapshot);
-      mu_.Lock();
+      mu_.lock();
       op = jobs_.FindOperation(operation_id);
       if (op != nullptr && op->phase == Phase::kPlanning) {
         absl::Status s =
             plans.ok() ? jobs_.SetPlan(operation_id, *std::move(plans)) : plans.status();
         if (!s.ok()) {
-          (void)jobs_.Abort(operation_id,
-                            absl::Status(s.code(), absl::StrCat("planning failed: ", s.message())));
-          LogAborted({operation_id});
+          AbortOrLog(operation_id,
+                     absl::Status(s.code(), absl::StrCat("planning failed: ", s.message())));
         } else {
           spdlog::info("operation_planned op={} bytes_total={}", operation_id,
                        jobs_.FindOperation(operation_id)->BytesTotal());
@@ -209,11 +229,16 @@ void CoordinatorService::Advance(const std::string& operation_id) {
         "no manifest committer is wired into this coordinator yet; the checkpoint was not "
         "committed");
     if (committer_) {
-      mu_.Unlock();
+      mu_.unlock();
       committed = committer_(snapshot);
-      mu_.Lock();
+      mu_.lock();
     }
-    (void)jobs_.FinishCommit(operation_id, committed);
+    // Nothing else ends a committing operation, so this cannot fail; if it ever does, the
+    // operation would wait for its deadline with nobody the wiser: say so loudly.
+    if (absl::Status finished = jobs_.FinishCommit(operation_id, committed); !finished.ok()) {
+      spdlog::critical("commit_unrecorded op={} committed={} error=\"{}\"", operation_id,
+                       committed.ok(), std::string(finished.message()));
+    }
     busy_.erase(operation_id);
     if (committed.ok()) {
       spdlog::info("operation_committed op={} path={}", operation_id, snapshot.path);
@@ -242,7 +267,7 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* context,
   d.memory_kinds.assign(info.memory_kinds().begin(), info.memory_kinds().end());
   d.local_rank = info.local_rank();
   d.gpu = info.gpu();
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = MayRegister(*peer, d); !s.ok()) return ToGrpcStatus(s);
   for (auto it = worker_owners_.begin(); it != worker_owners_.end();) {  // forgotten workers
     it = workers_.Find(it->first) != nullptr ? std::next(it) : worker_owners_.erase(it);
@@ -254,6 +279,7 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* context,
                record->id, d.host, d.pid, d.data_plane_address, d.local_rank, d.gpu);
   response->set_worker_id(record->id);
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
+  response->set_incarnation(incarnation_);
   Changed();
   return grpc::Status::OK;
 }
@@ -263,11 +289,12 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            pb::HeartbeatResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "Heartbeat");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   absl::Status s = workers_.Heartbeat(request->worker_id());
   if (!s.ok()) return ToGrpcStatus(s);
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
+  response->set_incarnation(incarnation_);
   return grpc::Status::OK;
 }
 
@@ -277,7 +304,7 @@ grpc::Status CoordinatorService::DeregisterWorker(grpc::ServerContext* context,
   absl::StatusOr<Peer> peer =
       AuthorizeCall(*context, {Role::kWorker, Role::kOperator}, "DeregisterWorker");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (peer->role == Role::kWorker) {
     if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) {
       return ToGrpcStatus(s);
@@ -302,7 +329,7 @@ grpc::Status CoordinatorService::AttachRank(grpc::ServerContext* context,
                                             pb::AttachRankResponse*) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "AttachRank");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   const WorkerRecord* worker = workers_.Find(request->worker_id());
   if (worker == nullptr || !worker->alive) {
@@ -326,7 +353,7 @@ grpc::Status CoordinatorService::DetachRank(grpc::ServerContext* context,
                                             pb::DetachRankResponse*) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "DetachRank");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   jobs_.DetachRank(request->job(), request->rank(), request->worker_id());
   spdlog::info("rank_detached job={} rank={} worker={}", request->job(), request->rank(),
@@ -346,7 +373,7 @@ grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext* context,
       CheckpointPath(request->path(), absl::StrCat(OperationKindName(*kind), " path of job ",
                                                    request->job(), " rank ", request->rank()));
   if (!path.ok()) return ToGrpcStatus(path.status());
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   const WorkerRecord* worker = workers_.Find(request->worker_id());
   if (worker == nullptr || !worker->alive) {
@@ -391,7 +418,7 @@ grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   const std::string worker_id = request->worker_id();
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (absl::Status s = ActsForWorker(*peer, worker_id); !s.ok()) return ToGrpcStatus(s);
   }
   const absl::Time started = clock_->Now();
@@ -402,10 +429,10 @@ grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
   while (true) {
     std::vector<pb::WorkItem> items;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       while (!shutting_down_ && !context->IsCancelled() && !first &&
              jobs_.phase_version() == seen_version) {
-        changed_.WaitWithTimeout(&mu_, kWaitSlice);
+        changed_.wait_for(mu_, absl::ToChronoNanoseconds(kWaitSlice));
         const WorkerRecord* w = workers_.Find(worker_id);
         if (w == nullptr || !w->alive) break;
       }
@@ -414,9 +441,14 @@ grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
         return ToGrpcStatus(absl::UnavailableError("coordinator is shutting down"));
       if (context->IsCancelled()) return grpc::Status::CANCELLED;
       const WorkerRecord* w = workers_.Find(worker_id);
-      if (w == nullptr || !w->alive) {
+      if (w == nullptr) {
+        return ToGrpcStatus(absl::NotFoundError(
+            absl::StrCat("worker ", worker_id, " is not registered with this coordinator ",
+                         "(incarnation ", incarnation_hex_, "); register again")));
+      }
+      if (!w->alive) {
         return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-            "worker ", worker_id, " is not registered (or lost its lease); register again")));
+            w->DebugString(), " was declared dead (", w->death_cause, "); register again")));
       }
       seen_version = jobs_.phase_version();
       for (const Operation* op : jobs_.Operations()) {
@@ -425,6 +457,7 @@ grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
           if (!e.joined || e.location.worker_id != worker_id) continue;
           pb::WorkItem item;
           item.set_operation_id(op->id);
+          item.set_incarnation(incarnation_);
           item.set_job(op->job);
           item.set_rank(r);
           item.set_kind(ToProto(op->kind));
@@ -452,7 +485,7 @@ grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext* context,
                                                 pb::ReportProgressResponse*) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "ReportProgress");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForRank(*peer, request->operation_id(), request->rank()); !s.ok()) {
     return ToGrpcStatus(s);
   }
@@ -464,12 +497,18 @@ grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext* context,
 
 grpc::Status CoordinatorService::ReportResult(grpc::ServerContext* context,
                                               const pb::ReportResultRequest* request,
-                                              pb::ReportResultResponse*) {
+                                              pb::ReportResultResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "ReportResult");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForRank(*peer, request->operation_id(), request->rank()); !s.ok()) {
     return ToGrpcStatus(s);
+  }
+  const Operation* before = jobs_.FindOperation(request->operation_id());
+  if (before != nullptr && before->phase == Phase::kAborted) {
+    // Nothing left to record: acknowledged, so the worker stops re-sending.
+    ToProto(*before, response->mutable_operation());
+    return grpc::Status::OK;
   }
   absl::Status result = FromDetail(request->result());
   absl::Status s = jobs_.ReportResult(request->operation_id(), request->rank(), result,
@@ -478,6 +517,9 @@ grpc::Status CoordinatorService::ReportResult(grpc::ServerContext* context,
   const Operation* op = jobs_.FindOperation(request->operation_id());
   if (op != nullptr && op->phase == Phase::kAborted) LogAborted({op->id});
   Advance(request->operation_id());
+  if (const Operation* after = jobs_.FindOperation(request->operation_id()); after != nullptr) {
+    ToProto(*after, response->mutable_operation());
+  }
   return grpc::Status::OK;
 }
 
@@ -489,19 +531,20 @@ grpc::Status CoordinatorService::WaitOperation(grpc::ServerContext* context,
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::Time deadline =
       std::min(clock_->Now() + absl::Milliseconds(request->timeout_ms()), ClientDeadline(context));
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   while (true) {
     const Operation* op = jobs_.FindOperation(request->operation_id());
     if (op == nullptr) {
-      return ToGrpcStatus(absl::NotFoundError(
-          absl::StrCat("operation ", request->operation_id(), " is unknown (or long finished)")));
+      return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
+          "operation ", request->operation_id(), " is unknown to this coordinator (incarnation ",
+          incarnation_hex_, "): long finished, or run by a coordinator process since restarted")));
     }
     absl::Time now = clock_->Now();
     if (IsFinal(op->phase) || now >= deadline || shutting_down_ || context->IsCancelled()) {
       ToProto(*op, response);
       return grpc::Status::OK;
     }
-    changed_.WaitWithTimeout(&mu_, std::min(kWaitSlice, deadline - now));
+    changed_.wait_for(mu_, absl::ToChronoNanoseconds(std::min(kWaitSlice, deadline - now)));
   }
 }
 
@@ -515,7 +558,7 @@ grpc::Status CoordinatorService::RequestOperation(grpc::ServerContext* context,
   absl::StatusOr<std::string> path = CheckpointPath(
       request->path(), absl::StrCat(OperationKindName(*kind), " path of job ", request->job()));
   if (!path.ok()) return ToGrpcStatus(path.status());
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<std::string> id = jobs_.RequestOperation(
       request->job(), *kind, *path, absl::Milliseconds(request->arrival_deadline_ms()),
       request->load_algorithm(), request->load_memory_budget_bytes());
@@ -546,7 +589,7 @@ grpc::Status CoordinatorService::StartReshard(grpc::ServerContext* context,
     return ToGrpcStatus(
         absl::InvalidArgumentError("memory budget and max workers must not be negative"));
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<const WorkerRecord*> live;
   for (const WorkerRecord* w : workers_.All()) {
     if (w->alive) live.push_back(w);
@@ -591,7 +634,7 @@ grpc::Status CoordinatorService::PendingOperation(grpc::ServerContext* context,
                                                   pb::PendingOperationResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "PendingOperation");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const Operation* op = jobs_.PendingForRank(request->job(), request->rank());
   response->set_pending(op != nullptr);
   if (op != nullptr) {
@@ -607,9 +650,11 @@ grpc::Status CoordinatorService::GetStatus(grpc::ServerContext* context,
                                            pb::GetStatusResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kOperator}, "GetStatus");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::Time now = clock_->Now();
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
+  response->set_incarnation(incarnation_);
+  response->set_started_unix_ms(absl::ToUnixMillis(started_));
   for (const WorkerRecord* w : workers_.All()) {
     pb::WorkerStatus* out = response->add_workers();
     out->set_worker_id(w->id);

@@ -14,15 +14,16 @@
 #ifndef CKPT_COORDINATOR_COORDINATOR_SERVICE_H_
 #define CKPT_COORDINATOR_COORDINATOR_SERVICE_H_
 
+#include <condition_variable>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/checkpoint_roots.h"
 #include "common/grpc_auth.h"
@@ -41,6 +42,9 @@ struct CoordinatorOptions {
   // Where callers may name checkpoints (save, load, reshard source and destination); every
   // path is refused while unset.
   std::optional<CheckpointRoots> checkpoint_roots;
+  // This process's incarnation, in every worker and operation id and every response a worker
+  // relies on; 0: a random one (what the daemon uses, so a restart gets a new one).
+  uint64_t incarnation = 0;
 };
 
 // Computes one plan part per rank for an operation in the planning phase (every rank's shard
@@ -112,12 +116,18 @@ class CoordinatorService final : public pb::Coordinator::Service {
   // operation is in flight and the peer is a worker serving one of its ranks (any caller on
   // a plaintext server). Returns the operation's job, for messages.
   absl::StatusOr<std::string> AuthorizeRendezvous(const Peer& peer, absl::string_view group);
+  // This process's incarnation (never 0) and its 16-digit hex form used in ids.
+  uint64_t incarnation() const { return incarnation_; }
+  const std::string& incarnation_hex() const { return incarnation_hex_; }
 
  private:
   // Runs the planner (or aborts) for an operation that just entered planning, and the
   // committer for one that just entered committing. Requires mu_.
   void Advance(const std::string& operation_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogAborted(const std::vector<std::string>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Aborts with `cause` and logs it; logs the refusal if the state machine refused.
+  void AbortOrLog(const std::string& operation_id, const absl::Status& cause)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PermissionDenied unless `peer` registered worker `worker_id` (always OK unauthenticated).
   absl::Status ActsForWorker(const Peer& peer, absl::string_view worker_id) const
@@ -133,8 +143,11 @@ class CoordinatorService final : public pb::Coordinator::Service {
 
   const Clock* clock_;
   CoordinatorOptions options_;
-  absl::Mutex mu_;
-  absl::CondVar changed_;  // signalled on every change of state
+  const uint64_t incarnation_;
+  const std::string incarnation_hex_;
+  const absl::Time started_;
+  std::mutex mu_;
+  std::condition_variable_any changed_;  // signalled on every change of state
   JobState jobs_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   std::map<OperationKind, Planner> planners_;

@@ -5,12 +5,13 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "coordinator/operation_wire.h"
 #include "gmock/gmock.h"
@@ -37,8 +38,9 @@ class Watcher {
     thread_ = std::thread([this] {
       pb::WorkItem item;
       while (reader_->Read(&item)) {
-        absl::MutexLock lock(&mu_);
+        std::lock_guard<std::mutex> lock(mu_);
         items_.push_back(item);
+        arrived_.notify_all();
       }
     });
   }
@@ -49,16 +51,16 @@ class Watcher {
   }
   // Waits until at least n items arrived; returns them.
   std::vector<pb::WorkItem> Await(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [this, n] { return items_.size() >= n; };
-    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    std::unique_lock<std::mutex> lock(mu_);
+    arrived_.wait_for(lock, std::chrono::seconds(10), [this, n] { return items_.size() >= n; });
     return items_;
   }
 
  private:
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReader<pb::WorkItem>> reader_;
-  absl::Mutex mu_;
+  std::mutex mu_;
+  std::condition_variable arrived_;
   std::vector<pb::WorkItem> items_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
@@ -210,9 +212,15 @@ TEST_F(CoordinatorServiceTest, FailedRankIsStreamedAsAbortToTheOtherWorkerAndNev
   EXPECT_THAT(items[1].abort().message(), HasSubstr("short write"));
   EXPECT_EQ(Wait(op).phase(), pb::PHASE_ABORTED);
   EXPECT_TRUE(committed_path_.empty());
-  // A late report of the other rank gets the diagnosis.
-  grpc::Status late = Report(op, 0, absl::OkStatus());
-  EXPECT_EQ(late.error_code(), grpc::StatusCode::DATA_LOSS);
+  // A late report of the other rank is acknowledged (so its worker stops re-sending it) and
+  // gets the diagnosis.
+  pb::ReportResultRequest request;
+  request.set_operation_id(op);
+  request.set_rank(0);
+  pb::ReportResultResponse late;
+  ASSERT_TRUE(stub_->ReportResult(Ctx().get(), request, &late).ok());
+  EXPECT_EQ(late.operation().phase(), pb::PHASE_ABORTED);
+  EXPECT_EQ(late.operation().status().code(), static_cast<int>(absl::StatusCode::kDataLoss));
 }
 
 TEST_F(CoordinatorServiceTest, FailedCommitAbortsWithTheCommittersError) {
@@ -239,7 +247,50 @@ TEST_F(CoordinatorServiceTest, UnregisteredWorkersCannotJoinOrWatch) {
   auto reader = stub_->WatchWork(context.get(), request);
   pb::WorkItem item;
   EXPECT_FALSE(reader->Read(&item));
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// A coordinator that restarted must never take an id of its predecessor for one of its own:
+// worker and operation ids carry the incarnation, and the old ids are refused with statuses
+// that make a worker register again (heartbeat, work stream) or drop a result nobody awaits.
+TEST_F(CoordinatorServiceTest, IdsOfAnEarlierIncarnationAreRefusedByTheNextOne) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const uint64_t first = service_->incarnation();
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  pb::JoinOperationResponse j;
+  ASSERT_TRUE(Join(w0, 0, 1, &j).ok());
+  const std::string old_op = j.operation().id();
+  EXPECT_THAT(w0, HasSubstr(service_->incarnation_hex()));
+  EXPECT_THAT(old_op, HasSubstr(service_->incarnation_hex()));
+  // The coordinator restarts: a new process, a new incarnation, the same address.
+  TearDown();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  EXPECT_NE(service_->incarnation(), first);
+  // The workers register in the other order: no new id equals an old one.
+  std::string n1 = Register("node1", 11), n0 = Register("node0", 10);
+  for (const std::string& fresh : {n0, n1}) {
+    EXPECT_NE(fresh, w0);
+    EXPECT_NE(fresh, w1);
+  }
+  pb::HeartbeatRequest beat;
+  beat.set_worker_id(w0);
+  pb::HeartbeatResponse beat_response;
+  grpc::Status refused = stub_->Heartbeat(Ctx().get(), beat, &beat_response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(refused.error_message(), HasSubstr("register again"));
+  beat.set_worker_id(n0);
+  ASSERT_TRUE(stub_->Heartbeat(Ctx().get(), beat, &beat_response).ok());
+  EXPECT_EQ(beat_response.incarnation(), service_->incarnation());
+  // The first operation of the new coordinator is not the old one.
+  ASSERT_TRUE(Join(n0, 0, 1, &j).ok());
+  EXPECT_NE(j.operation().id(), old_op);
+  grpc::Status stale = Report(old_op, 0, absl::OkStatus());
+  EXPECT_EQ(stale.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(stale.error_message(), HasSubstr(service_->incarnation_hex()));
+  Watcher watch(stub_.get(), n0);
+  std::vector<pb::WorkItem> items = watch.Await(1);
+  ASSERT_EQ(items.size(), 1u);
+  EXPECT_EQ(items[0].incarnation(), service_->incarnation());
 }
 
 TEST(CoordinatorServiceConversionTest, StatusDetailRoundTrips) {

@@ -11,13 +11,6 @@
 namespace ckpt::coordinator {
 namespace {
 
-// Parses "op-<n>" into n; 0 when malformed (never a valid id).
-uint64_t OperationNumber(absl::string_view id) {
-  uint64_t n = 0;
-  if (!absl::ConsumePrefix(&id, "op-") || !absl::SimpleAtoi(id, &n)) return 0;
-  return n;
-}
-
 // Adds context to a status while keeping its code.
 absl::Status WithCode(absl::StatusCode code, std::string message) {
   return absl::Status(code, std::move(message));
@@ -27,8 +20,28 @@ constexpr int kMaxRanksNamed = 8;
 
 }  // namespace
 
-JobState::JobState(const Clock* clock, JobStateOptions options)
-    : clock_(clock), options_(std::move(options)) {}
+JobState::JobState(const Clock* clock, JobStateOptions options, std::string incarnation)
+    : clock_(clock), options_(std::move(options)), incarnation_(std::move(incarnation)) {}
+
+uint64_t JobState::OperationNumber(absl::string_view id) const {
+  uint64_t n = 0;
+  if (!absl::ConsumePrefix(&id, "op-")) return 0;
+  if (!incarnation_.empty() &&
+      !(absl::ConsumePrefix(&id, incarnation_) && absl::ConsumePrefix(&id, "-"))) {
+    return 0;
+  }
+  if (!absl::SimpleAtoi(id, &n)) return 0;
+  return n;
+}
+
+absl::Status JobState::UnknownOperation(absl::string_view operation_id) const {
+  return absl::NotFoundError(absl::StrCat(
+      "operation ", operation_id, " is unknown to this coordinator",
+      incarnation_.empty() ? ""
+                           : absl::StrCat(" (incarnation ", incarnation_,
+                                          "; an id of another incarnation belongs to a "
+                                          "coordinator process that has since restarted)")));
+}
 
 absl::Status JobState::AttachRank(absl::string_view job_name, int world_size, int rank,
                                   const RankLocation& location) {
@@ -81,7 +94,8 @@ Operation* JobState::CreateOperation(Job& job, OperationKind kind, absl::string_
                                      std::string requested_by, absl::Duration arrival_deadline) {
   auto op = std::make_unique<Operation>();
   uint64_t number = next_operation_++;
-  op->id = absl::StrCat("op-", number);
+  op->id = incarnation_.empty() ? absl::StrCat("op-", number)
+                                : absl::StrCat("op-", incarnation_, "-", number);
   op->job = job.name;
   op->kind = kind;
   op->path = std::string(path);
@@ -243,7 +257,7 @@ absl::StatusOr<const Operation*> JobState::JoinOperation(const JoinRequest& requ
 
 absl::Status JobState::SetPlan(absl::string_view operation_id, std::vector<RankPlan> plans) {
   Operation* op = MutableOperation(operation_id);
-  if (op == nullptr) return absl::NotFoundError(absl::StrCat("unknown operation ", operation_id));
+  if (op == nullptr) return UnknownOperation(operation_id);
   if (op->phase != Phase::kPlanning) {
     return absl::FailedPreconditionError(absl::StrCat("cannot set the plan of ", op->DebugString(),
                                                       " in phase ", PhaseName(op->phase)));
@@ -271,7 +285,7 @@ absl::Status JobState::SetPlan(absl::string_view operation_id, std::vector<RankP
 absl::Status JobState::ReportProgress(absl::string_view operation_id, int rank,
                                       int64_t bytes_done) {
   Operation* op = MutableOperation(operation_id);
-  if (op == nullptr) return absl::NotFoundError(absl::StrCat("unknown operation ", operation_id));
+  if (op == nullptr) return UnknownOperation(operation_id);
   if (rank < 0 || rank >= op->world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat(op->DebugString(), ": rank ", rank, " is outside the job"));
@@ -294,7 +308,7 @@ absl::Status JobState::ReportResult(absl::string_view operation_id, int rank,
                                     const absl::Status& result, std::string written,
                                     int64_t bytes_read) {
   Operation* op = MutableOperation(operation_id);
-  if (op == nullptr) return absl::NotFoundError(absl::StrCat("unknown operation ", operation_id));
+  if (op == nullptr) return UnknownOperation(operation_id);
   if (rank < 0 || rank >= op->world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat(op->DebugString(), ": rank ", rank, " is outside the job"));
@@ -329,7 +343,7 @@ absl::Status JobState::ReportResult(absl::string_view operation_id, int rank,
 
 absl::Status JobState::FinishCommit(absl::string_view operation_id, const absl::Status& result) {
   Operation* op = MutableOperation(operation_id);
-  if (op == nullptr) return absl::NotFoundError(absl::StrCat("unknown operation ", operation_id));
+  if (op == nullptr) return UnknownOperation(operation_id);
   if (op->phase != Phase::kCommitting) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot commit ", op->DebugString(), " in phase ", PhaseName(op->phase)));
@@ -346,7 +360,7 @@ absl::Status JobState::FinishCommit(absl::string_view operation_id, const absl::
 
 absl::Status JobState::Abort(absl::string_view operation_id, const absl::Status& cause) {
   Operation* op = MutableOperation(operation_id);
-  if (op == nullptr) return absl::NotFoundError(absl::StrCat("unknown operation ", operation_id));
+  if (op == nullptr) return UnknownOperation(operation_id);
   if (IsFinal(op->phase) || op->phase == Phase::kCommitting) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot abort ", op->DebugString(), " in phase ", PhaseName(op->phase)));

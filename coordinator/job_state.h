@@ -94,7 +94,8 @@ struct ReshardSpec {
 // A save, load or reshard of one job (or, for reshards on the cluster, of a job created for
 // it: "reshard:<destination>").
 struct Operation {
-  std::string id;  // "op-<n>", unique for the lifetime of the coordinator
+  // "op-<incarnation>-<n>": unique across coordinator restarts ("op-<n>" without one).
+  std::string id;
   std::string job;
   OperationKind kind = OperationKind::kSave;
   std::string path;
@@ -160,7 +161,9 @@ struct JobStateOptions {
 // The state machine itself. See the file comment.
 class JobState {
  public:
-  JobState(const Clock* clock, JobStateOptions options);
+  // `incarnation` (hex; may be empty) is part of every operation id handed out, so that ids of
+  // an earlier coordinator process never name one of this one's.
+  JobState(const Clock* clock, JobStateOptions options, std::string incarnation = "");
 
   const JobStateOptions& options() const { return options_; }
 
@@ -232,7 +235,8 @@ class JobState {
   // Enforces deadlines at the clock's current time. Returns the ids of aborted operations.
   std::vector<std::string> Tick();
 
-  // Lookups. Pointers stay valid until the next mutating call.
+  // Lookups. Pointers stay valid until the next mutating call. An id of another incarnation
+  // is unknown.
   const Operation* FindOperation(absl::string_view operation_id) const;
   const Job* FindJob(absl::string_view job) const;
   const Operation* InFlight(absl::string_view job) const;
@@ -248,6 +252,10 @@ class JobState {
 
  private:
   Operation* MutableOperation(absl::string_view operation_id);
+  // The number in an id of this state's form; 0 (never an id) otherwise.
+  uint64_t OperationNumber(absl::string_view id) const;
+  // NotFound naming the id and this coordinator's incarnation.
+  absl::Status UnknownOperation(absl::string_view operation_id) const;
   Operation* CreateOperation(Job& job, OperationKind kind, absl::string_view path,
                              std::string requested_by, absl::Duration arrival_deadline);
   void AbortOperation(Operation& op, absl::Status cause);
@@ -258,6 +266,7 @@ class JobState {
 
   const Clock* clock_;
   JobStateOptions options_;
+  std::string incarnation_;
   std::map<std::string, Job, std::less<>> jobs_;
   // Every remembered operation by numeric id (creation order).
   std::map<uint64_t, std::unique_ptr<Operation>> operations_;

@@ -55,6 +55,23 @@ class JobStateTest : public ::testing::Test {
   }
 };
 
+TEST(JobStateIncarnationTest, OperationIdsCarryTheIncarnationAndIdsOfAnotherAreUnknown) {
+  FakeClock clock;
+  JobState before(&clock, JobStateOptions(), "00000000000000aa");
+  JobState after(&clock, JobStateOptions(), "00000000000000bb");
+  auto old_op = before.JoinOperation(Join(0, 1));
+  auto new_op = after.JoinOperation(Join(0, 1));
+  ASSERT_TRUE(old_op.ok() && new_op.ok());
+  EXPECT_EQ((*old_op)->id, "op-00000000000000aa-1");
+  EXPECT_EQ((*new_op)->id, "op-00000000000000bb-1");
+  const std::string old_id = (*old_op)->id;
+  EXPECT_EQ(after.FindOperation(old_id), nullptr);
+  EXPECT_EQ(after.FindOperation("op-1"), nullptr);
+  absl::Status s = after.ReportResult(old_id, 0, absl::OkStatus());
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("incarnation 00000000000000bb"));
+}
+
 TEST_F(JobStateTest, ParsesAndNamesKindsAndPhases) {
   EXPECT_EQ(*ParseOperationKind("reshard"), OperationKind::kReshard);
   EXPECT_EQ(ParseOperationKind("copy").status().code(), absl::StatusCode::kInvalidArgument);

@@ -56,11 +56,12 @@ absl::Status KvStore::PutLocked(absl::string_view key, std::string value) {
   } else {
     existing->second = std::move(value);
   }
+  changed_.notify_all();
   return absl::OkStatus();
 }
 
 absl::Status KvStore::Set(absl::string_view key, absl::string_view value) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return PutLocked(key, std::string(value));
 }
 
@@ -75,9 +76,7 @@ absl::StatusOr<std::vector<std::string>> KvStore::WaitAndGet(
     absl::Span<const std::string> keys, absl::Time deadline,
     const std::function<bool()>& cancelled) {
   constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
-  absl::MutexLock lock(&mu_);
-  auto all_present = [this, keys]()
-                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return AllPresentLocked(keys); };
+  std::lock_guard<std::mutex> lock(mu_);
   while (!AllPresentLocked(keys)) {
     if (cancelled && cancelled()) {
       return absl::CancelledError("wait for rendezvous keys cancelled by the caller");
@@ -91,8 +90,9 @@ absl::StatusOr<std::vector<std::string>> KvStore::WaitAndGet(
       return absl::DeadlineExceededError(absl::StrCat(
           "rendezvous keys still missing at the deadline: ", absl::StrJoin(missing, ", ")));
     }
-    absl::Time wake = cancelled ? std::min(deadline, now + kCancelPoll) : deadline;
-    mu_.AwaitWithDeadline(absl::Condition(&all_present), wake);
+    // Bounded, so that an infinite deadline never reaches the clock arithmetic of wait_until.
+    absl::Time wake = std::min(deadline, now + (cancelled ? kCancelPoll : absl::Hours(1)));
+    changed_.wait_until(mu_, absl::ToChronoTime(wake));
   }
   std::vector<std::string> out;
   out.reserve(keys.size());
@@ -101,7 +101,7 @@ absl::StatusOr<std::vector<std::string>> KvStore::WaitAndGet(
 }
 
 absl::StatusOr<int64_t> KvStore::Add(absl::string_view key, int64_t delta) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   int64_t current = 0;
   auto it = values_.find(key);
   if (it != values_.end() && !absl::SimpleAtoi(it->second, &current)) {
@@ -118,7 +118,7 @@ absl::StatusOr<int64_t> KvStore::Add(absl::string_view key, int64_t delta) {
 }
 
 size_t KvStore::ErasePrefix(absl::string_view prefix) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   size_t erased = 0;
   for (auto it = values_.begin(); it != values_.end();) {
     if (absl::StartsWith(it->first, prefix)) {
@@ -138,12 +138,12 @@ size_t KvStore::ErasePrefix(absl::string_view prefix) {
 }
 
 size_t KvStore::size() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return values_.size();
 }
 
 size_t KvStore::bytes() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   size_t total = 0;
   for (const auto& [group, usage] : groups_) total += usage.bytes;
   return total;

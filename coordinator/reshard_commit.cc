@@ -130,7 +130,7 @@ absl::StatusOr<std::vector<RankPlan>> ReshardCommitter::Plan(const Operation& op
     (void)RemoveTree(*staging);
     return plans.status();
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   pending_[op.id] = std::move(pending);
   return plans;
 }
@@ -138,7 +138,7 @@ absl::StatusOr<std::vector<RankPlan>> ReshardCommitter::Plan(const Operation& op
 absl::Status ReshardCommitter::Commit(const Operation& op) {
   Pending pending;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     auto it = pending_.find(op.id);
     if (it == pending_.end()) {
       return absl::FailedPreconditionError(absl::StrCat(op.DebugString(), " has no staging dir"));
@@ -152,7 +152,7 @@ absl::Status ReshardCommitter::Commit(const Operation& op) {
   options.overwrite = pending.overwrite;
   absl::Status committed = CommitCheckpoint(pending.staging, op.path, manifest, options);
   if (committed.ok()) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     pending_.erase(op.id);
   }
   return committed;
@@ -161,7 +161,7 @@ absl::Status ReshardCommitter::Commit(const Operation& op) {
 void ReshardCommitter::Finalize(const Operation& op) {
   std::string staging;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     auto it = pending_.find(op.id);
     if (it == pending_.end()) return;
     staging = it->second.staging;

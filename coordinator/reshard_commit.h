@@ -12,12 +12,12 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "coordinator/job_state.h"
 #include "coordinator/layout_spec.h"
 #include "proto/manifest.pb.h"
@@ -64,7 +64,7 @@ class ReshardCommitter {
     bool overwrite = false;
   };
 
-  absl::Mutex mu_;
+  std::mutex mu_;
   std::map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);  // operation -> state
 };
 

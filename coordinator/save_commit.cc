@@ -70,7 +70,7 @@ absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op) {
 }
 
 std::string SaveCommitter::StagingDir(const std::string& operation_id) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = staging_.find(operation_id);
   return it == staging_.end() ? "" : it->second;
 }
@@ -79,7 +79,7 @@ absl::StatusOr<std::vector<RankPlan>> SaveCommitter::Plan(const Operation& op) {
   absl::StatusOr<std::string> staging = CreateStagingDir(op.path, /*overwrite=*/false);
   if (!staging.ok()) return staging.status();
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     staging_[op.id] = *staging;
   }
   return PlanSave(op, SavePlanOptions(), *staging);
@@ -94,7 +94,7 @@ absl::Status SaveCommitter::Commit(const Operation& op) {
   if (!manifest.ok()) return manifest.status();
   absl::Status committed = CommitCheckpoint(staging, op.path, *manifest, WriteOptions());
   if (committed.ok()) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     staging_.erase(op.id);
   }
   return committed;
@@ -103,7 +103,7 @@ absl::Status SaveCommitter::Commit(const Operation& op) {
 void SaveCommitter::Finalize(const Operation& op) {
   std::string staging;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     auto it = staging_.find(op.id);
     if (it == staging_.end()) return;
     staging = it->second;

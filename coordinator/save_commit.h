@@ -7,12 +7,12 @@
 #define CKPT_COORDINATOR_SAVE_COMMIT_H_
 
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "coordinator/job_state.h"
 #include "proto/manifest.pb.h"
 #include "storage/checkpoint_writer.h"
@@ -41,7 +41,7 @@ class SaveCommitter {
  private:
   std::string StagingDir(const std::string& operation_id);
 
-  absl::Mutex mu_;
+  std::mutex mu_;
   std::map<std::string, std::string> staging_ ABSL_GUARDED_BY(mu_);  // operation -> dir
 };
 

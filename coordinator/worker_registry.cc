@@ -7,23 +7,28 @@
 #include "absl/strings/strip.h"
 
 namespace ckpt::coordinator {
-namespace {
 
-uint64_t WorkerNumber(absl::string_view id) {
+uint64_t WorkerRegistry::WorkerNumber(absl::string_view id) const {
   uint64_t n = 0;
-  if (!absl::ConsumePrefix(&id, "w-") || !absl::SimpleAtoi(id, &n)) return 0;
+  if (!absl::ConsumePrefix(&id, "w-")) return 0;
+  if (!incarnation_.empty() &&
+      !(absl::ConsumePrefix(&id, incarnation_) && absl::ConsumePrefix(&id, "-"))) {
+    return 0;
+  }
+  if (!absl::SimpleAtoi(id, &n)) return 0;
   return n;
 }
-
-}  // namespace
 
 std::string WorkerRecord::DebugString() const {
   return absl::StrCat("worker ", id, " (host ", description.host, ", pid ", description.pid, ")");
 }
 
 WorkerRegistry::WorkerRegistry(const Clock* clock, absl::Duration lease,
-                               absl::Duration dead_retention)
-    : clock_(clock), lease_(lease), dead_retention_(dead_retention) {}
+                               absl::Duration dead_retention, std::string incarnation)
+    : clock_(clock),
+      lease_(lease),
+      dead_retention_(dead_retention),
+      incarnation_(std::move(incarnation)) {}
 
 absl::StatusOr<WorkerRecord> WorkerRegistry::Register(const WorkerDescription& description) {
   if (description.host.empty()) {
@@ -48,7 +53,8 @@ absl::StatusOr<WorkerRecord> WorkerRegistry::Register(const WorkerDescription& d
   }
   uint64_t number = next_id_++;
   WorkerRecord record;
-  record.id = absl::StrCat("w-", number);
+  record.id = incarnation_.empty() ? absl::StrCat("w-", number)
+                                   : absl::StrCat("w-", incarnation_, "-", number);
   record.description = description;
   record.registered = now;
   record.last_heartbeat = now;
@@ -60,7 +66,9 @@ absl::Status WorkerRegistry::Heartbeat(absl::string_view worker_id) {
   auto it = workers_.find(WorkerNumber(worker_id));
   if (it == workers_.end()) {
     return absl::NotFoundError(
-        absl::StrCat("worker ", worker_id, " is not registered; register again"));
+        absl::StrCat("worker ", worker_id, " is not registered with this coordinator",
+                     incarnation_.empty() ? "" : absl::StrCat(" (incarnation ", incarnation_, ")"),
+                     "; register again"));
   }
   WorkerRecord& record = it->second;
   if (!record.alive) {

@@ -31,7 +31,7 @@ struct WorkerDescription {
 
 // A registered worker and its lease.
 struct WorkerRecord {
-  std::string id;  // "w-<n>"
+  std::string id;  // "w-<incarnation>-<n>" ("w-<n>" without an incarnation)
   WorkerDescription description;
   absl::Time registered;
   absl::Time last_heartbeat;
@@ -48,8 +48,10 @@ class WorkerRegistry {
  public:
   // `lease`: how long a registration or heartbeat keeps a worker alive.
   // `dead_retention`: how long dead workers stay listed (for status) before they are forgotten.
+  // `incarnation`: the coordinator process's incarnation (hex), part of every id handed out,
+  // so that an id of an earlier coordinator process is never taken for one of this one's.
   WorkerRegistry(const Clock* clock, absl::Duration lease,
-                 absl::Duration dead_retention = absl::Hours(1));
+                 absl::Duration dead_retention = absl::Hours(1), std::string incarnation = "");
 
   absl::Duration lease() const { return lease_; }
 
@@ -58,8 +60,9 @@ class WorkerRegistry {
   // its id and is alive again. InvalidArgument when host is empty or pid is not positive.
   absl::StatusOr<WorkerRecord> Register(const WorkerDescription& description);
 
-  // Renews the lease. NotFound for an unknown id; FailedPrecondition for a worker already
-  // declared dead (it must register again, and whatever depended on it was aborted).
+  // Renews the lease. NotFound for an unknown id (also one of another incarnation: the
+  // coordinator restarted); FailedPrecondition for a worker already declared dead (it must
+  // register again, and whatever depended on it was aborted).
   absl::Status Heartbeat(absl::string_view worker_id);
 
   // A worker that shuts down cleanly leaves the registry at once.
@@ -69,15 +72,20 @@ class WorkerRegistry {
   // returns them (each reported once); forgets workers dead for longer than dead_retention.
   std::vector<WorkerRecord> Tick();
 
+  // nullptr for an unknown id (or one of another incarnation).
   const WorkerRecord* Find(absl::string_view worker_id) const;
   // All workers, live and recently dead, in registration order.
   std::vector<const WorkerRecord*> All() const;
   int LiveCount() const;
 
  private:
+  // The number in an id of this registry's form; 0 (never an id) otherwise.
+  uint64_t WorkerNumber(absl::string_view id) const;
+
   const Clock* clock_;
   absl::Duration lease_;
   absl::Duration dead_retention_;
+  std::string incarnation_;
   std::map<uint64_t, WorkerRecord> workers_;  // by number, i.e. registration order
   uint64_t next_id_ = 1;
 };

@@ -29,6 +29,23 @@ TEST(WorkerRegistryTest, RegisterAssignsDistinctIdsInOrder) {
   EXPECT_EQ(registry.LiveCount(), 2);
 }
 
+TEST(WorkerRegistryTest, IdsCarryTheIncarnationAndIdsOfAnotherAreUnknown) {
+  FakeClock clock;
+  WorkerRegistry before(&clock, absl::Seconds(5), absl::Hours(1), "00000000000000aa");
+  WorkerRegistry after(&clock, absl::Seconds(5), absl::Hours(1), "00000000000000bb");
+  auto old_id = before.Register(Worker("node1", 100));
+  auto new_id = after.Register(Worker("node2", 200));
+  ASSERT_TRUE(old_id.ok() && new_id.ok());
+  EXPECT_EQ(old_id->id, "w-00000000000000aa-1");
+  EXPECT_EQ(new_id->id, "w-00000000000000bb-1");
+  EXPECT_EQ(after.Find(old_id->id), nullptr);
+  absl::Status s = after.Heartbeat(old_id->id);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("incarnation 00000000000000bb"));
+  EXPECT_EQ(after.Find("w-1"), nullptr);
+  EXPECT_TRUE(after.Heartbeat(new_id->id).ok());
+}
+
 TEST(WorkerRegistryTest, RejectsMissingHostOrPid) {
   FakeClock clock;
   WorkerRegistry registry(&clock, absl::Seconds(5));

@@ -85,6 +85,20 @@ Cluster::Cluster() {
 Cluster::~Cluster() {
   // Workers and trainers first, the coordinator last; SIGKILL so nothing can linger.
   for (size_t i = children_.size(); i-- > 0;) children_[i]->Kill(SIGKILL);
+  // Under --config=asan/tsan the daemons are sanitized builds too: a report in any of them
+  // fails the test (a process that died of one may otherwise pass unnoticed).
+  for (const auto& child : children_) {
+    const std::string err = child->Stderr();
+    for (const char* marker : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+                               "WARNING: ThreadSanitizer", "runtime error:"}) {
+      size_t at = err.find(marker);
+      if (at != std::string::npos) {
+        ADD_FAILURE() << child->stderr_path << " holds a sanitizer report:\n"
+                      << err.substr(at > 200 ? at - 200 : 0, 12000);
+        break;
+      }
+    }
+  }
   for (const WorkerEntry& w : workers_) unlink(w.socket.c_str());
   std::string cleanup = absl::StrCat("rm -rf ", dir_);
   (void)std::system(cleanup.c_str());
@@ -151,7 +165,8 @@ void Cluster::StartCoordinator(const std::vector<std::string>& flags) {
   std::string address_file = absl::StrCat(dir_, "/coordinator.address");
   std::vector<std::string> argv = {Runfile("coordinator/ckpt_coordinator"), "--listen=127.0.0.1:0",
                                    "--address_file=" + address_file, "--log_level=debug",
-                                   "--checkpoint_root=" + dir_};
+                                   "--checkpoint_root=" + dir_,
+                                   "--state_dir=" + dir_ + "/coordinator-state"};
   for (const std::string& flag : TlsFlags(coordinator_tls_)) argv.push_back(flag);
   argv.insert(argv.end(), flags.begin(), flags.end());
   unlink(address_file.c_str());

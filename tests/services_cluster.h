@@ -68,6 +68,7 @@ class Cluster {
   const TlsFiles& worker_tls() const { return worker_tls_; }
 
   // Starts the coordinator with extra flags (e.g. "--lease_ms=600") and waits until it serves.
+  // Its --state_dir is <dir>/coordinator-state, kept across restarts.
   void StartCoordinator(const std::vector<std::string>& flags);
   // Kills the coordinator with SIGKILL and starts a new one on the same address.
   void RestartCoordinator(const std::vector<std::string>& flags);
@@ -119,7 +120,8 @@ class Cluster {
 // The value after "<key> " on the first stdout line starting with it ("" if none yet).
 std::string LineValue(const std::string& text, const std::string& key);
 
-// The status entry of worker `id`, or nullptr.
+// The status entry of worker `id`, or nullptr. Points into `s`: keep `s` alive (not a
+// temporary such as FindWorker(cluster.Status(), id)).
 const pb::WorkerStatus* FindWorker(const pb::GetStatusResponse& s, const std::string& id);
 // Number of live workers in a status.
 int LiveWorkers(const pb::GetStatusResponse& s);

@@ -58,7 +58,8 @@ TEST(ServicesTest, KilledWorkerIsReportedDeadNamingHostAndPid) {
   pid_t victim = cluster.worker(1).pid;
   cluster.worker(1).Kill(SIGKILL);
   ASSERT_TRUE(WaitFor([&] {
-    const pb::WorkerStatus* w = FindWorker(cluster.Status(), cluster.worker_id(1));
+    const pb::GetStatusResponse s = cluster.Status();  // outlives the pointer into it
+    const pb::WorkerStatus* w = FindWorker(s, cluster.worker_id(1));
     return w != nullptr && !w->alive();
   }));
   pb::GetStatusResponse status = cluster.Status();

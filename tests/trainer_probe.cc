@@ -9,21 +9,28 @@
 //   mutated                        (save_mutate: the tensor was overwritten right after Save)
 //   result <absl code number> <message>   (save: after WaitDurable)
 //   polled <performed 0|1>
+//   poll_unavailable <message>     (poll: the coordinator was unreachable; polling goes on)
 //
 //   verified <elements>            (load: every element holds its global flat index)
 //   mismatch <local index> <got> <want>
+//   sentinel                       (--check_file, after a failed load: the tensor now holds
+//                                   a sentinel; it waits for the check file to exist, then)
+//   untouched | overwritten <local index> <value>
 //
 //   trainer_probe --worker unix:/path --job J --rank R --world_size N
 //                 --mode hold|save|save_mutate|load|poll [--path P] [--elements N]
 //                 [--layout rows|dtensor|cols|flat|tpdp] [--global_rows G] [--tp T]
-//                 [--algorithm A] [--budget BYTES]
+//                 [--algorithm A] [--budget BYTES] [--rpc_timeout_ms MS] [--check_file F]
 // The tensor "probe.weight" has shape (G, elements) (G defaults to the world size); "rows": rank
 // r holds row r; "dtensor": Shard(0) over a 1-d mesh of all ranks (torch.chunk rows);
 // "cols": Shard(1) over all ranks (column blocks); "flat": an even split of the flattened
 // tensor; "tpdp": a (world/T, T) mesh, Shard(0) over the
 // T tensor-parallel ranks and replicated over the data-parallel ones (rank = dp * T + tp).
 // --algorithm and --budget are the load's exchange algorithm and memory budget.
+// --check_file: after a failed load, fill the tensor with a sentinel, say so, and once the test
+// created F report whether anything (a worker still running the aborted load) wrote into it.
 // Element values are their global flat index.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,6 +55,8 @@ int Run(int argc, char** argv) {
   int64_t global_rows = -1;
   std::string layout = "rows";
   int64_t tp = -1;
+  int64_t rpc_timeout_ms = 10000;
+  std::string check_file;
   ckpt::client::LoadOptions load_options;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
@@ -75,6 +84,10 @@ int Run(int argc, char** argv) {
       load_options.exchange_algorithm = value;
     } else if (flag == "--budget") {
       absl::SimpleAtoi(value, &load_options.memory_budget_bytes);
+    } else if (flag == "--rpc_timeout_ms") {
+      absl::SimpleAtoi(value, &rpc_timeout_ms);
+    } else if (flag == "--check_file") {
+      check_file = value;
     } else {
       std::fprintf(stderr, "trainer_probe: unknown flag %s\n", flag.c_str());
       return 2;
@@ -85,7 +98,7 @@ int Run(int argc, char** argv) {
   if (!job.empty()) options.job = job;
   if (rank >= 0) options.rank = rank;
   if (world_size >= 0) options.world_size = world_size;
-  options.rpc_timeout = absl::Seconds(10);
+  options.rpc_timeout = absl::Milliseconds(rpc_timeout_ms);
   auto client = ckpt::client::Client::Connect(options);
   if (!client.ok()) {
     Emit("result " + std::to_string(static_cast<int>(client.status().code())) + " " +
@@ -170,6 +183,12 @@ int Run(int argc, char** argv) {
   } else if (mode == "poll") {
     while (true) {
       auto polled = (*client)->Poll(*state);
+      if (!polled.ok() && polled.status().code() == absl::StatusCode::kUnavailable) {
+        // The coordinator is away (restarting): a training loop trains on and polls again.
+        Emit("poll_unavailable " + std::string(polled.status().message()));
+        usleep(50 * 1000);
+        continue;
+      }
       if (!polled.ok()) {
         result = polled.status();
         break;
@@ -194,6 +213,23 @@ int Run(int argc, char** argv) {
       }
     }
     Emit("verified " + std::to_string(count));
+  }
+  if (mode == "load" && !result.ok() && !check_file.empty()) {
+    // The load failed: from now on no worker may write this memory.
+    constexpr int32_t kSentinel = 0x5a5a5a5a;
+    for (int64_t i = 0; i < count; ++i) std::memcpy((*tensor)->data + i * 4, &kSentinel, 4);
+    Emit("sentinel");
+    struct stat st;
+    while (stat(check_file.c_str(), &st) != 0) usleep(10 * 1000);
+    for (int64_t i = 0; i < count; ++i) {
+      int32_t v = 0;
+      std::memcpy(&v, (*tensor)->data + i * 4, 4);
+      if (v != kSentinel) {
+        Emit("overwritten " + std::to_string(i) + " " + std::to_string(v));
+        return 1;
+      }
+    }
+    Emit("untouched");
   }
   return result.ok() ? 0 : 1;
 }

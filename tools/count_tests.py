@@ -39,17 +39,24 @@ def main():
     ap.add_argument("--asan-testlogs", default="bazel-asan-testlogs")
     ap.add_argument("--extra-testlogs", action="append", default=[],
                     help="a folder whose every test.xml is counted (e.g. tools/fuzz.sh's)")
+    ap.add_argument("--tsan-testlogs", default="bazel-tsan-testlogs")
+    ap.add_argument("--tsan-targets", nargs="*", default=[],
+                    help="targets that also ran under ThreadSanitizer (read from --tsan-testlogs)")
     ap.add_argument("targets", nargs="*")
     args = ap.parse_args()
 
-    # The first occurrence of a label reads the main logs; a repeat (asan list) reads asan logs.
+    # The first occurrence of a label reads the main logs; a repeat (asan list) reads asan logs;
+    # --tsan-targets read the tsan logs.
     seen = set()
+    runs = []
+    for label in args.targets:
+        runs.append((label, args.asan_testlogs if label in seen else args.testlogs,
+                     " [asan]" if label in seen else ""))
+        seen.add(label)
+    runs += [(label, args.tsan_testlogs, " [tsan]") for label in args.tsan_targets]
     totals = [0, 0, 0]
     problems = []
-    for label in args.targets:
-        logs = args.asan_testlogs if label in seen else args.testlogs
-        tag = " [asan]" if label in seen else ""
-        seen.add(label)
+    for label, logs, tag in runs:
         path = xml_path(logs, label)
         if not os.path.exists(path):
             totals[1] += 1

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_auth.h"
 #include "common/grpc_status.h"
@@ -14,7 +15,18 @@ namespace ckpt::worker {
 namespace {
 
 constexpr absl::Duration kMinBackoff = absl::Milliseconds(100);
-constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
+// How soon a broken work stream is opened again (it is how a restart is noticed first).
+constexpr absl::Duration kWatchRetry = absl::Milliseconds(100);
+
+std::string Hex(uint64_t incarnation) { return absl::StrFormat("%016x", incarnation); }
+
+// Whether the coordinator refused the worker id itself (unknown under its incarnation, or
+// declared dead): the worker must register again.
+bool RefusesRegistration(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::NOT_FOUND ||
+         s.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+}
 
 }  // namespace
 
@@ -23,6 +35,11 @@ CoordinatorLink::CoordinatorLink(LinkOptions options) : options_(std::move(optio
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(1 << 30);
   args.SetMaxSendMessageSize(1 << 30);
+  // gRPC's reconnect backoff grows to 2 minutes while the coordinator is down; a restarted
+  // coordinator must be found within a second.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   channel_ = MakeCoordinatorChannel(options_.coordinator, options_.security, args);
   stub_ = pb::Coordinator::NewStub(channel_);
 }
@@ -44,11 +61,11 @@ void CoordinatorLink::Start() {
 void CoordinatorLink::Stop(bool deregister) {
   std::string id;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ && !lease_thread_.joinable()) return;
     stopping_ = true;
     if (watch_context_ != nullptr) watch_context_->TryCancel();
-    cv_.SignalAll();
+    cv_.notify_all();
     id = worker_id_;
   }
   if (lease_thread_.joinable()) lease_thread_.join();
@@ -60,20 +77,30 @@ void CoordinatorLink::Stop(bool deregister) {
     grpc::Status s = stub_->DeregisterWorker(Context().get(), request, &response);
     if (!s.ok()) spdlog::warn("deregister_failed worker={} error=\"{}\"", id, s.error_message());
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   worker_id_.clear();
 }
 
 std::string CoordinatorLink::worker_id() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return worker_id_;
 }
 
+uint64_t CoordinatorLink::incarnation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return worker_id_.empty() ? 0 : incarnation_;
+}
+
+uint64_t CoordinatorLink::registration_epoch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return epoch_;
+}
+
 absl::Status CoordinatorLink::WaitRegistered(absl::Duration timeout) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::Time deadline = absl::Now() + timeout;
   while (worker_id_.empty() && !stopping_) {
-    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    if ((cv_.wait_until(mu_, absl::ToChronoTime(deadline)) == std::cv_status::timeout)) break;
   }
   if (!worker_id_.empty()) return absl::OkStatus();
   return absl::UnavailableError(
@@ -81,13 +108,128 @@ absl::Status CoordinatorLink::WaitRegistered(absl::Duration timeout) const {
                    last_error_.empty() ? "" : absl::StrCat(" (last error: ", last_error_, ")")));
 }
 
+absl::Status CoordinatorLink::LeaseStatus(uint64_t epoch) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (worker_id_.empty() || epoch != epoch_) {
+    return absl::UnavailableError(
+        "this worker lost its registration with the coordinator (declared dead, or the "
+        "coordinator restarted): the operations it ran were aborted");
+  }
+  const absl::Duration since = absl::Now() - renewed_;
+  if (since > lease_ + lease_ / 2) {
+    return absl::UnavailableError(absl::StrCat(
+        "this worker's lease of ", absl::FormatDuration(lease_), " ran out (last renewed ",
+        absl::FormatDuration(absl::Trunc(since, absl::Milliseconds(1))),
+        " ago: was the worker stopped or cut off?); the coordinator has aborted its operations"));
+  }
+  return absl::OkStatus();
+}
+
+void CoordinatorLink::ForgetRegistration(const std::string& worker_id, const absl::Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (worker_id.empty() || worker_id_ != worker_id) return;
+    worker_id_.clear();
+    lost_at_ = absl::Now();
+    last_error_ = why.ToString();
+    if (watch_context_ != nullptr) watch_context_->TryCancel();
+    cv_.notify_all();
+  }
+  spdlog::warn("lease_lost worker={} error=\"{}\" (registering again)", worker_id,
+               std::string(why.message()));
+  if (lease_lost_handler_) lease_lost_handler_(why);
+}
+
 bool CoordinatorLink::SleepUnlessStopped(absl::Duration d) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::Time deadline = absl::Now() + d;
   while (!stopping_) {
-    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    if ((cv_.wait_until(mu_, absl::ToChronoTime(deadline)) == std::cv_status::timeout)) break;
   }
   return !stopping_;
+}
+
+bool CoordinatorLink::SleepWhileRegisteredAs(const std::string& id, absl::Duration d) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Time deadline = absl::Now() + d;
+  while (!stopping_ && worker_id_ == id) {
+    if ((cv_.wait_until(mu_, absl::ToChronoTime(deadline)) == std::cv_status::timeout)) break;
+  }
+  return !stopping_;
+}
+
+bool CoordinatorLink::Register(absl::Duration* backoff, bool* warned) {
+  pb::RegisterWorkerRequest request;
+  *request.mutable_info() = options_.info;
+  pb::RegisterWorkerResponse response;
+  const absl::Time sent = absl::Now();
+  grpc::Status s = stub_->RegisterWorker(Context().get(), request, &response);
+  if (!s.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_error_ = FromGrpcStatus(s, "RegisterWorker").ToString();
+    }
+    if (!*warned) {
+      spdlog::warn("register_failed coordinator={} error=\"{}\" (retrying)", options_.coordinator,
+                   s.error_message());
+      *warned = true;
+    }
+    *backoff = std::min(*backoff * 2, kMaxBackoff);
+    return false;
+  }
+  absl::Time lost_at;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    worker_id_ = response.worker_id();
+    incarnation_ = response.incarnation();
+    ++epoch_;
+    lease_ = absl::Milliseconds(std::max<int64_t>(response.lease_ms(), 30));
+    renewed_ = sent;
+    lost_at = lost_at_;
+    last_error_.clear();
+    cv_.notify_all();
+  }
+  spdlog::info("registered worker={} coordinator={} incarnation={} lease_ms={}{}",
+               response.worker_id(), options_.coordinator, Hex(response.incarnation()),
+               response.lease_ms(),
+               lost_at == absl::InfinitePast()
+                   ? std::string()
+                   : absl::StrCat(" reregistered_after_ms=",
+                                  absl::ToInt64Milliseconds(absl::Now() - lost_at)));
+  *backoff = kMinBackoff;
+  *warned = false;
+  if (registered_handler_) registered_handler_(response.worker_id());
+  return true;
+}
+
+void CoordinatorLink::SendHeartbeat(const std::string& id, absl::Duration lease) {
+  pb::HeartbeatRequest request;
+  request.set_worker_id(id);
+  pb::HeartbeatResponse response;
+  const absl::Time sent = absl::Now();
+  grpc::Status s = stub_->Heartbeat(Context(std::min(options_.rpc_timeout, lease / 2)).get(),
+                                    request, &response);
+  if (s.ok()) {
+    uint64_t mine;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      mine = incarnation_;
+      if (worker_id_ == id && response.incarnation() == mine) renewed_ = sent;
+    }
+    if (response.incarnation() != mine) {
+      ForgetRegistration(id, absl::UnavailableError(absl::StrCat(
+                                 "the coordinator answered as incarnation ",
+                                 Hex(response.incarnation()), ", registered with ", Hex(mine))));
+    }
+    return;
+  }
+  if (RefusesRegistration(s)) {
+    ForgetRegistration(id, FromGrpcStatus(s, "Heartbeat"));
+    return;
+  }
+  spdlog::warn("heartbeat_failed worker={} error=\"{}\"", id, s.error_message());
+  std::lock_guard<std::mutex> lock(mu_);
+  last_error_ = FromGrpcStatus(s, "Heartbeat").ToString();
 }
 
 void CoordinatorLink::LeaseLoop() {
@@ -97,79 +239,34 @@ void CoordinatorLink::LeaseLoop() {
     std::string id;
     absl::Duration lease;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
       id = worker_id_;
       lease = lease_;
     }
     if (id.empty()) {
-      pb::RegisterWorkerRequest request;
-      *request.mutable_info() = options_.info;
-      pb::RegisterWorkerResponse response;
-      grpc::Status s = stub_->RegisterWorker(Context().get(), request, &response);
-      if (s.ok()) {
-        {
-          absl::MutexLock lock(&mu_);
-          worker_id_ = response.worker_id();
-          lease_ = absl::Milliseconds(std::max<int64_t>(response.lease_ms(), 30));
-          last_error_.clear();
-          cv_.SignalAll();
-        }
-        spdlog::info("registered worker={} coordinator={} lease_ms={}", response.worker_id(),
-                     options_.coordinator, response.lease_ms());
-        backoff = kMinBackoff;
-        warned = false;
-        if (registered_handler_) registered_handler_(response.worker_id());
-        continue;
-      }
-      {
-        absl::MutexLock lock(&mu_);
-        last_error_ = FromGrpcStatus(s, "RegisterWorker").ToString();
-      }
-      if (!warned) {
-        spdlog::warn("register_failed coordinator={} error=\"{}\" (retrying)", options_.coordinator,
-                     s.error_message());
-        warned = true;
-      }
-      if (!SleepUnlessStopped(backoff)) return;
-      backoff = std::min(backoff * 2, kMaxBackoff);
+      if (!Register(&backoff, &warned) && !SleepUnlessStopped(backoff)) return;
       continue;
     }
-    // Renew three times per lease so that one lost heartbeat does not kill the lease.
-    if (!SleepUnlessStopped(lease / 3)) return;
-    pb::HeartbeatRequest request;
-    request.set_worker_id(id);
-    pb::HeartbeatResponse response;
-    grpc::Status s = stub_->Heartbeat(Context(std::min(options_.rpc_timeout, lease / 2)).get(),
-                                      request, &response);
-    if (s.ok()) continue;
-    if (s.error_code() == grpc::StatusCode::NOT_FOUND ||
-        s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-      spdlog::warn("lease_lost worker={} error=\"{}\" (registering again)", id, s.error_message());
-      absl::MutexLock lock(&mu_);
-      worker_id_.clear();
-      if (watch_context_ != nullptr) watch_context_->TryCancel();
-    } else {
-      spdlog::warn("heartbeat_failed worker={} error=\"{}\"", id, s.error_message());
-      absl::MutexLock lock(&mu_);
-      last_error_ = FromGrpcStatus(s, "Heartbeat").ToString();
-    }
+    // Renew three times per lease so that one lost heartbeat does not kill the lease; a
+    // refused call elsewhere (the work stream) wakes this loop to register again at once.
+    if (!SleepWhileRegisteredAs(id, lease / 3)) return;
+    if (worker_id() != id) continue;
+    SendHeartbeat(id, lease);
   }
 }
 
 void CoordinatorLink::WatchLoop() {
   while (true) {
     std::string id;
-    {
-      absl::MutexLock lock(&mu_);
-      while (!stopping_ && worker_id_.empty()) cv_.Wait(&mu_);
-      if (stopping_) return;
-      id = worker_id_;
-    }
+    uint64_t incarnation;
     grpc::ClientContext context;  // long-lived stream: ended by TryCancel on Stop/lease loss
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!stopping_ && worker_id_.empty()) cv_.wait(mu_);
       if (stopping_) return;
+      id = worker_id_;
+      incarnation = incarnation_;
       watch_context_ = &context;
     }
     pb::WatchWorkRequest request;
@@ -177,16 +274,25 @@ void CoordinatorLink::WatchLoop() {
     std::unique_ptr<grpc::ClientReader<pb::WorkItem>> reader = stub_->WatchWork(&context, request);
     pb::WorkItem item;
     while (reader->Read(&item)) {
+      if (item.incarnation() != incarnation) {
+        ForgetRegistration(
+            id, absl::UnavailableError(absl::StrCat("work arrived from coordinator incarnation ",
+                                                    Hex(item.incarnation()), ", registered with ",
+                                                    Hex(incarnation))));
+        context.TryCancel();
+        continue;  // drains until the cancelled stream ends
+      }
       if (work_handler_) work_handler_(item);
     }
     grpc::Status s = reader->Finish();
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       watch_context_ = nullptr;
       if (stopping_) return;
     }
     spdlog::debug("watch_ended worker={} status=\"{}\"", id, s.error_message());
-    if (!SleepUnlessStopped(kMinBackoff * 5)) return;
+    if (RefusesRegistration(s)) ForgetRegistration(id, FromGrpcStatus(s, "WatchWork"));
+    if (!SleepUnlessStopped(kWatchRetry)) return;
   }
 }
 

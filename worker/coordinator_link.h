@@ -3,18 +3,27 @@
 // after the coordinator forgot it or restarted, and pulls work items over the WatchWork
 // stream. Two background threads; every RPC carries a deadline (the stream is cancelled on
 // Stop()).
+//
+// A coordinator restart is noticed at the first refused or mismatched call: the work stream
+// breaks when the old process dies and is retried every 100 ms (the channel's reconnect
+// backoff is capped at 1 s); the new process refuses the old worker id (ids carry the
+// coordinator's incarnation), and any response of another incarnation counts the same. The
+// link then forgets its registration (the lease-lost handler runs: every operation that ran
+// under it was aborted or is gone) and registers again at once.
 #ifndef CKPT_WORKER_COORDINATOR_LINK_H_
 #define CKPT_WORKER_COORDINATOR_LINK_H_
 
 #include <grpcpp/grpcpp.h>
 
+#include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/transport_security.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -36,12 +45,16 @@ class CoordinatorLink {
   using WorkHandler = std::function<void(const pb::WorkItem&)>;
   // Called (from the link's thread) after every successful (re-)registration.
   using RegisteredHandler = std::function<void(const std::string& worker_id)>;
+  // Called (from a link thread) when the registration was lost: the coordinator declared this
+  // worker dead or restarted, so every operation that ran here under it is aborted or gone.
+  using LeaseLostHandler = std::function<void(const absl::Status& why)>;
 
   explicit CoordinatorLink(LinkOptions options);
   ~CoordinatorLink();
 
   void SetWorkHandler(WorkHandler handler) { work_handler_ = std::move(handler); }
   void SetRegisteredHandler(RegisteredHandler handler) { registered_handler_ = std::move(handler); }
+  void SetLeaseLostHandler(LeaseLostHandler handler) { lease_lost_handler_ = std::move(handler); }
 
   void Start();
   // Stops both threads; with `deregister`, tells the coordinator this worker is leaving.
@@ -49,14 +62,26 @@ class CoordinatorLink {
 
   // The current worker id; empty while not registered.
   std::string worker_id() const;
+  // The coordinator incarnation of the current registration (0 while not registered).
+  uint64_t incarnation() const;
+  // Counts successful registrations; operations delivered under one registration end with it.
+  uint64_t registration_epoch() const;
   // Waits until registered; Unavailable naming the coordinator and the last error otherwise.
   absl::Status WaitRegistered(absl::Duration timeout) const;
+  // OK while registration `epoch` holds and its lease was renewed recently enough that the
+  // coordinator cannot have declared this worker dead (the last acknowledged renewal was sent
+  // less than 1.5 leases ago). Unavailable saying why otherwise, e.g. after the process was
+  // stopped (SIGSTOP) past its lease: checked before every chunk written into trainer memory.
+  absl::Status LeaseStatus(uint64_t epoch) const;
+  // Forgets the registration `worker_id` (if still current) because the coordinator refused
+  // it or answered under another incarnation; registers again at once.
+  void ForgetRegistration(const std::string& worker_id, const absl::Status& why);
 
   pb::Coordinator::Stub* stub() { return stub_.get(); }
   const LinkOptions& options() const { return options_; }
   // The lease the coordinator granted at the last registration.
   absl::Duration lease() const {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return lease_;
   }
   // A client context whose deadline is now + `timeout` (default: rpc_timeout).
@@ -65,6 +90,12 @@ class CoordinatorLink {
  private:
   void LeaseLoop();
   void WatchLoop();
+  // One RegisterWorker call; false when it failed (backoff doubled).
+  bool Register(absl::Duration* backoff, bool* warned);
+  void SendHeartbeat(const std::string& id, absl::Duration lease);
+  // Sleeps up to `d`; returns early (true) when `id` is no longer the registration; false
+  // when stopping.
+  bool SleepWhileRegisteredAs(const std::string& id, absl::Duration d);
   bool SleepUnlessStopped(absl::Duration d);
 
   LinkOptions options_;
@@ -72,12 +103,19 @@ class CoordinatorLink {
   std::unique_ptr<pb::Coordinator::Stub> stub_;
   WorkHandler work_handler_;
   RegisteredHandler registered_handler_;
+  LeaseLostHandler lease_lost_handler_;
 
-  mutable absl::Mutex mu_;
-  mutable absl::CondVar cv_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable_any cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::Seconds(10);
+  // When the last acknowledged registration or heartbeat was sent.
+  absl::Time renewed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // When the registration was lost (for the re-registration latency in the log).
+  absl::Time lost_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread lease_thread_;

@@ -1,5 +1,6 @@
 #include "worker/load_exchange_executor.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -110,12 +111,42 @@ absl::Status CheckDeliveriesTileRequests(const pb::LoadPlanPart& part, const pb:
   return absl::OkStatus();
 }
 
+// The rendezvous store, with waits cut into short slices so that a part whose operation was
+// aborted stops waiting for peers that will never arrive (instead of the rendezvous timeout).
+class CancellableStore final : public Store {
+ public:
+  CancellableStore(Store* base, const MemoryGate* gate) : base_(base), gate_(gate) {}
+
+  absl::Status Set(absl::string_view key, absl::string_view value, absl::Time deadline) override {
+    return base_->Set(key, value, deadline);
+  }
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta, absl::Time deadline) override {
+    return base_->Add(key, delta, deadline);
+  }
+  absl::StatusOr<std::vector<std::string>> Get(absl::Span<const std::string> keys,
+                                               absl::Time deadline) override {
+    while (true) {
+      if (absl::Status closed = gate_->status(); !closed.ok()) return closed;
+      const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(250));
+      absl::StatusOr<std::vector<std::string>> got = base_->Get(keys, slice);
+      if (got.ok() || got.status().code() != absl::StatusCode::kDeadlineExceeded ||
+          slice >= deadline) {
+        return got;
+      }
+    }
+  }
+
+ private:
+  Store* base_;
+  const MemoryGate* gate_;
+};
+
 }  // namespace
 
 absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const SessionInfo& session,
-                                     const ExchangeLoadContext& context, ExchangeLoadStats* stats,
-                                     const std::function<void(int64_t bytes_done)>& progress,
-                                     const std::function<bool()>& cancelled) {
+                                     const ExchangeLoadContext& context, MemoryGate& gate,
+                                     ExchangeLoadStats* stats,
+                                     const std::function<void(int64_t bytes_done)>& progress) {
   ExchangeLoadStats local_stats;
   if (stats == nullptr) stats = &local_stats;
   *stats = ExchangeLoadStats();
@@ -184,7 +215,8 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
   CKPT_RETURN_IF_ERROR(CheckDeliveriesTileRequests(part, manifest, requests, me, who));
 
   // The operation's communicator.
-  GrpcStore store(context.rendezvous_address, context.rendezvous_security);
+  GrpcStore grpc_store(context.rendezvous_address, context.rendezvous_security);
+  CancellableStore store(&grpc_store, &gate);
   CommunicatorOptions comm_options;
   comm_options.memory_kind = MemoryKind::kHost;
   comm_options.group_name = part.group();
@@ -214,8 +246,8 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
     const pb::LoadWaveEntry& wave = part.waves(w);
     const std::string where =
         absl::StrCat(who, ": wave ", w + 1, " of ", part.waves_size(), " (", part.algorithm(), ")");
-    if (cancelled && cancelled()) {
-      return absl::CancelledError(absl::StrCat(where, ": the operation was aborted"));
+    if (absl::Status closed = gate.status(); !closed.ok()) {
+      return absl::Status(closed.code(), absl::StrCat(where, ": ", closed.message()));
     }
     // The wave's units as shards of the exchange plan.
     ExchangePlan plan;
@@ -354,7 +386,11 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
               absl::StrCat(where, ": scattering ", request.key, ": ", runs.status().message()));
         }
         const int64_t elem = DTypeSize(request.dtype);
-        CopyRuns(*runs, elem, buffer->second.data(), request.dest);
+        absl::Status copied = gate.CopyRuns(*runs, elem, buffer->second.data(), request.dest);
+        if (!copied.ok()) {
+          return absl::Status(copied.code(), absl::StrCat(where, ": stopped scattering ",
+                                                          request.key, ": ", copied.message()));
+        }
         for (const CopyRun& run : *runs) stats->bytes_scattered += run.length * elem;
       }
     }

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "common/transport_security.h"
 #include "proto/coordinator.pb.h"
+#include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
 
 namespace ckpt::worker {
@@ -43,11 +44,13 @@ struct ExchangeLoadStats {
 // rank of the operation must run its part at the same time. Errors name the rank, job, wave
 // and cause (a peer that died mid-exchange shows up as the communicator's error); on error the
 // trainer's tensors may hold part of the data and must not be treated as loaded.
-// `cancelled`, checked before each wave, stops the load with Cancelled.
+// Every write into the trainer's tensors goes through `gate` in chunks; once it closed (the
+// operation was aborted) the part stops with its reason: between waves, between chunks of a
+// scatter, and while it waits at the rendezvous for peers that will never come.
 absl::Status ExecuteExchangeLoadPart(
     const pb::LoadPlanPart& part, const SessionInfo& session, const ExchangeLoadContext& context,
-    ExchangeLoadStats* stats, const std::function<void(int64_t bytes_done)>& progress = nullptr,
-    const std::function<bool()>& cancelled = nullptr);
+    MemoryGate& gate, ExchangeLoadStats* stats,
+    const std::function<void(int64_t bytes_done)>& progress = nullptr);
 
 }  // namespace ckpt::worker
 

@@ -1,16 +1,18 @@
 #include "worker/load_executor.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "proto/convert.h"
 #include "storage/checkpoint_reader.h"
+#include "worker/region_chunks.h"
 
 namespace ckpt::worker {
 
 absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& session,
-                             const std::function<void(int64_t bytes_done)>& progress,
-                             const std::function<bool()>& cancelled) {
+                             MemoryGate& gate,
+                             const std::function<void(int64_t bytes_done)>& progress) {
   const std::string who = absl::StrCat("rank ", part.rank(), " of job ", session.trainer.job);
   if (part.rank() != session.trainer.rank) {
     return absl::InternalError(
@@ -25,9 +27,9 @@ absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& se
   }
   int64_t bytes_done = 0;
   for (const pb::LoadRead& read : part.reads()) {
-    if (cancelled && cancelled()) {
-      return absl::CancelledError(
-          absl::StrCat(who, ": the operation was aborted; stopped before ", read.key()));
+    if (absl::Status closed = gate.status(); !closed.ok()) {
+      return absl::Status(closed.code(), absl::StrCat(who, ": stopped before ", read.key(), ": ",
+                                                      closed.message()));
     }
     if (read.local_index() < 0 || read.local_index() >= static_cast<int>(session.tensors.size())) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -49,8 +51,12 @@ absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& se
           absl::StrCat(who, ": tensor ", read.key(), " is in ", t.memory_kind,
                        " memory; loading device tensors is not wired into the worker yet"));
     }
-    if (t.nbytes > 0) {
-      absl::Status s = (*reader)->ReadRegion(read.key(), *region, t.data);
+    const int64_t elem = t.nbytes / std::max<int64_t>(region->NumElements(), 1);
+    for (const RegionChunk& chunk :
+         SplitRegion(*region, kReadChunkBytes / std::max<int64_t>(elem, 1))) {
+      absl::Status s = gate.Run([&] {
+        return (*reader)->ReadRegion(read.key(), chunk.region, t.data + chunk.first_element * elem);
+      });
       if (!s.ok()) {
         return absl::Status(s.code(),
                             absl::StrCat(who, ": reading ", read.key(), " ", region->DebugString(),

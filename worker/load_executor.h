@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "proto/coordinator.pb.h"
+#include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
 
 namespace ckpt::worker {
@@ -16,10 +17,15 @@ namespace ckpt::worker {
 // Reads `part` into the session's tensors (read i targets tensor part.reads(i).local_index(),
 // which must match its key and region). `progress(bytes_done)` is called after each tensor.
 // Errors name the rank, tensor and checkpoint.
-// `cancelled`, checked before each tensor, stops the load with Cancelled.
+// Every read into the trainer's memory goes through `gate`, a chunk (kReadChunkBytes) at a
+// time: once the gate closed (the operation was aborted) the load stops with its reason.
 absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& session,
-                             const std::function<void(int64_t bytes_done)>& progress = nullptr,
-                             const std::function<bool()>& cancelled = nullptr);
+                             MemoryGate& gate,
+                             const std::function<void(int64_t bytes_done)>& progress = nullptr);
+
+// Bytes of one read into trainer memory (a multiple of storage's 4 MiB checksum blocks, so a
+// contiguous region re-reads little at chunk boundaries).
+inline constexpr int64_t kReadChunkBytes = int64_t{64} << 20;
 
 }  // namespace ckpt::worker
 

@@ -94,13 +94,15 @@ std::vector<std::string> SweepOrphanSegments(const ProcessProbe& probe,
   return removed;
 }
 
+MappedSegment::~MappedSegment() {
+  if (addr_ != nullptr) munmap(addr_, size_);
+}
+
 MemoryRegistry::MemoryRegistry(std::unique_ptr<ProcessProbe> probe) : probe_(std::move(probe)) {}
 
 MemoryRegistry::~MemoryRegistry() {
-  absl::MutexLock lock(&mu_);
-  for (auto& [id, session] : sessions_) {
-    for (auto& [name, mapping] : session.segments) munmap(mapping.addr, mapping.size);
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  sessions_.clear();
 }
 
 absl::StatusOr<std::string> MemoryRegistry::OpenSession(const TrainerIdentity& trainer) {
@@ -115,7 +117,7 @@ absl::StatusOr<std::string> MemoryRegistry::OpenSession(const TrainerIdentity& t
                                                    ": trainer pid ", trainer.pid,
                                                    " is not a live process on this host"));
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::string id = absl::StrCat("s-", next_session_++, "-p", trainer.pid);
   Session& session = sessions_[id];
   session.trainer = trainer;
@@ -123,7 +125,8 @@ absl::StatusOr<std::string> MemoryRegistry::OpenSession(const TrainerIdentity& t
   return id;
 }
 
-absl::StatusOr<MemoryRegistry::Mapping> MemoryRegistry::MapSegment(const std::string& name) const {
+absl::StatusOr<std::shared_ptr<const MappedSegment>> MemoryRegistry::MapSegment(
+    const std::string& name) const {
   int fd = shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) {
     return absl::NotFoundError(
@@ -135,24 +138,24 @@ absl::StatusOr<MemoryRegistry::Mapping> MemoryRegistry::MapSegment(const std::st
     close(fd);
     return absl::InternalError(absl::StrCat("fstat of segment ", name, ": ", std::strerror(err)));
   }
-  Mapping m;
-  m.size = static_cast<size_t>(st.st_size);
-  if (m.size > 0) {
-    m.addr = mmap(nullptr, m.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (m.addr == MAP_FAILED) {
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* addr = nullptr;
+  if (size > 0) {
+    addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (addr == MAP_FAILED) {
       int err = errno;
       close(fd);
       return absl::ResourceExhaustedError(
-          absl::StrCat("mmap of segment ", name, " (", m.size, " bytes): ", std::strerror(err)));
+          absl::StrCat("mmap of segment ", name, " (", size, " bytes): ", std::strerror(err)));
     }
   }
   close(fd);
-  return m;
+  return std::make_shared<const MappedSegment>(addr, size);
 }
 
 absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
                                              absl::Span<const pb::SharedTensor> tensors) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat(
@@ -217,7 +220,7 @@ absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
     }
     auto seg = session.segments.find(t.segment());
     if (seg == session.segments.end()) {
-      absl::StatusOr<Mapping> m = MapSegment(t.segment());
+      absl::StatusOr<std::shared_ptr<const MappedSegment>> m = MapSegment(t.segment());
       if (!m.ok()) {
         return absl::Status(m.status().code(),
                             absl::StrCat(who, ": tensor ", key, ": ", m.status().message()));
@@ -225,12 +228,14 @@ absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
       seg = session.segments.emplace(t.segment(), *m).first;
     }
     if (t.offset() < 0 || t.nbytes() < 0 ||
-        static_cast<uint64_t>(t.offset()) + static_cast<uint64_t>(t.nbytes()) > seg->second.size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, ": tensor ", key, " bytes [", t.offset(), ", ", t.offset() + t.nbytes(),
-                       ") lie outside segment ", t.segment(), " of ", seg->second.size, " bytes"));
+        static_cast<uint64_t>(t.offset()) + static_cast<uint64_t>(t.nbytes()) >
+            seg->second->size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": tensor ", key, " bytes [", t.offset(), ", ", t.offset() + t.nbytes(),
+          ") lie outside segment ", t.segment(), " of ", seg->second->size(), " bytes"));
     }
-    r.data = static_cast<std::byte*>(seg->second.addr) + t.offset();
+    r.data = static_cast<std::byte*>(seg->second->addr()) + t.offset();
+    r.mapping = seg->second;
     registered.push_back(std::move(r));
   }
   session.tensors = std::move(registered);
@@ -238,8 +243,8 @@ absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
 }
 
 void MemoryRegistry::Release(Session& session) {
+  // Unmapped when the last SessionInfo copy of a running plan part lets go of them.
   for (auto& [name, mapping] : session.segments) {
-    if (mapping.addr != nullptr) munmap(mapping.addr, mapping.size);
     shm_unlink(name.c_str());  // ENOENT when the trainer already unlinked it: fine
   }
   session.segments.clear();
@@ -247,7 +252,7 @@ void MemoryRegistry::Release(Session& session) {
 }
 
 absl::Status MemoryRegistry::CloseSession(const std::string& session_id) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat("trainer session ", session_id, " is unknown"));
@@ -259,7 +264,7 @@ absl::Status MemoryRegistry::CloseSession(const std::string& session_id) {
 
 std::vector<SessionInfo> MemoryRegistry::ReapDeadTrainers() {
   std::vector<SessionInfo> reaped;
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (probe_->StartToken(it->second.trainer.pid) != it->second.start_token) {
       reaped.push_back(Summarize(it->first, it->second));
@@ -282,7 +287,7 @@ SessionInfo MemoryRegistry::Summarize(const std::string& id, const Session& sess
 }
 
 absl::StatusOr<SessionInfo> MemoryRegistry::Find(const std::string& session_id) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat(
@@ -292,7 +297,7 @@ absl::StatusOr<SessionInfo> MemoryRegistry::Find(const std::string& session_id) 
 }
 
 std::vector<SessionInfo> MemoryRegistry::Sessions() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<SessionInfo> out;
   for (const auto& [id, session] : sessions_) out.push_back(Summarize(id, session));
   return out;

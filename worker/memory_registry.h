@@ -2,8 +2,10 @@
 // session; the tensors it registers live in POSIX shared-memory segments that the client
 // library allocated (names "/ckpt.<job>.r<rank>.p<pid>.<n>"), which the worker maps too, so
 // saves read and loads write the trainer's tensors without copies. When the trainer process
-// dies (or says Goodbye) the worker unmaps and unlinks its segments, so nothing leaks in
-// /dev/shm even when the trainer was killed with SIGKILL.
+// dies (or says Goodbye) the worker unlinks its segments, so nothing leaks in /dev/shm even
+// when the trainer was killed with SIGKILL. A segment stays mapped in the worker as long as
+// anything refers to it: every SessionInfo handed out pins the mappings of its tensors, so a
+// plan part that still copies into a session closed meanwhile never touches unmapped memory.
 //
 // Device tensors (CUDA IPC handles) are accepted only where a GPU is present; without one,
 // registering them is FailedPrecondition naming the CUDA error.
@@ -18,12 +20,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "proto/types.pb.h"
 #include "proto/worker.pb.h"
@@ -40,6 +42,22 @@ struct TrainerIdentity {
   uid_t uid = 0;  // likewise; later calls naming the session must come from this uid
 };
 
+// A shared-memory segment mapped into this process; unmapped when the last reference goes.
+class MappedSegment {
+ public:
+  MappedSegment(void* addr, size_t size) : addr_(addr), size_(size) {}
+  ~MappedSegment();
+  MappedSegment(const MappedSegment&) = delete;
+  MappedSegment& operator=(const MappedSegment&) = delete;
+
+  void* addr() const { return addr_; }
+  size_t size() const { return size_; }
+
+ private:
+  void* addr_;
+  size_t size_;
+};
+
 // A registered tensor and where its bytes are mapped in this process.
 struct RegisteredTensor {
   pb::ShardMeta shard;
@@ -48,7 +66,9 @@ struct RegisteredTensor {
   int64_t offset = 0;
   int64_t nbytes = 0;
   std::byte* data = nullptr;  // host: the mapped bytes; device: nullptr
-  pb::TensorLayout layout;    // as the trainer described it (informational)
+  // Keeps `data` mapped while this copy of the tensor exists (host tensors).
+  std::shared_ptr<const MappedSegment> mapping;
+  pb::TensorLayout layout;  // as the trainer described it (informational)
   std::vector<int64_t> mesh_shape;
 };
 
@@ -91,7 +111,7 @@ class MemoryRegistry {
  public:
   explicit MemoryRegistry(
       std::unique_ptr<ProcessProbe> probe = std::make_unique<ProcfsProcessProbe>());
-  ~MemoryRegistry();  // unmaps (but does not unlink) every segment still mapped
+  ~MemoryRegistry();  // drops (but does not unlink) every segment; unmapped once unpinned
   MemoryRegistry(const MemoryRegistry&) = delete;
   MemoryRegistry& operator=(const MemoryRegistry&) = delete;
 
@@ -105,7 +125,8 @@ class MemoryRegistry {
   absl::Status RegisterTensors(const std::string& session_id,
                                absl::Span<const pb::SharedTensor> tensors);
 
-  // Ends a session: unmaps and unlinks its segments. NotFound for an unknown id.
+  // Ends a session: unlinks its segments (unmapped once no SessionInfo pins them any more).
+  // NotFound for an unknown id.
   absl::Status CloseSession(const std::string& session_id);
 
   // Closes the sessions of trainer processes that are gone and returns what they were.
@@ -115,22 +136,18 @@ class MemoryRegistry {
   std::vector<SessionInfo> Sessions() const;
 
  private:
-  struct Mapping {
-    void* addr = nullptr;
-    size_t size = 0;
-  };
   struct Session {
     TrainerIdentity trainer;
     uint64_t start_token = 0;
-    std::map<std::string, Mapping> segments;
+    std::map<std::string, std::shared_ptr<const MappedSegment>> segments;
     std::vector<RegisteredTensor> tensors;
   };
   static SessionInfo Summarize(const std::string& id, const Session& session);
   static void Release(Session& session);
-  absl::StatusOr<Mapping> MapSegment(const std::string& name) const;
+  absl::StatusOr<std::shared_ptr<const MappedSegment>> MapSegment(const std::string& name) const;
 
   std::unique_ptr<ProcessProbe> probe_;
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;
   std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
 };

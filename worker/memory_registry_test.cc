@@ -199,6 +199,31 @@ TEST_F(MemoryRegistryTest, DeadTrainersSegmentsAreUnlinked) {
   EXPECT_EQ(registry_.Find(*session).status().code(), absl::StatusCode::kNotFound);
 }
 
+// Whether [addr, addr + bytes) is mapped in this process (msync fails with ENOMEM otherwise).
+bool Mapped(const void* addr, size_t bytes) {
+  uintptr_t page = reinterpret_cast<uintptr_t>(addr) & ~uintptr_t{4095};
+  return msync(reinterpret_cast<void*>(page), bytes, MS_ASYNC) == 0;
+}
+
+// A plan part copies into a SessionInfo's tensors while the reaper closes the session (the
+// trainer died): the memory must stay mapped until the part lets go of its SessionInfo.
+TEST_F(MemoryRegistryTest, ASessionSnapshotKeepsItsTensorsMappedAfterTheSessionEnds) {
+  Segment seg(Name(1), 4096);
+  auto session = registry_.OpenSession(Trainer());
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(registry_.RegisterTensors(*session, {HostTensor("a", seg.name(), 0, 2, 3)}).ok());
+  auto running_part = registry_.Find(*session);
+  ASSERT_TRUE(running_part.ok());
+  const std::byte* data = running_part->tensors[0].data;
+  table_[pid_] = 0;  // the trainer died
+  ASSERT_EQ(registry_.ReapDeadTrainers().size(), 1u);
+  EXPECT_FALSE(SegmentExists(seg.name()));  // unlinked at once
+  ASSERT_TRUE(Mapped(data, 24)) << "the session's mapping went away under a running part";
+  std::memset(running_part->tensors[0].data, 1, 24);  // still writable, no crash
+  running_part = absl::NotFoundError("the part ended");
+  EXPECT_FALSE(Mapped(data, 24)) << "the mapping outlived every reference to it";
+}
+
 TEST_F(MemoryRegistryTest, ReusedPidCountsAsDead) {
   auto session = registry_.OpenSession(Trainer());
   ASSERT_TRUE(session.ok());

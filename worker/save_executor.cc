@@ -1,5 +1,6 @@
 #include "worker/save_executor.h"
 
+#include <algorithm>
 #include <set>
 #include <utility>
 #include <vector>
@@ -12,7 +13,7 @@
 namespace ckpt::worker {
 
 absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
-                                              const SessionInfo& session) {
+                                              const SessionInfo& session, MemoryGate& gate) {
   const std::string who = absl::StrCat("rank ", part.rank(), " of job ", session.trainer.job);
   if (part.rank() != session.trainer.rank) {
     return absl::InternalError(
@@ -70,10 +71,15 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
             std::vector<int64_t>(piece.global_shape().begin(), piece.global_shape().end())});
       }
       // The copy is what gets written: the trainer may change its tensors once this returns.
-      snapshot.buffers.emplace_back(reinterpret_cast<const char*>(t.data),
-                                    static_cast<size_t>(t.nbytes));
+      snapshot.buffers.emplace_back(new char[std::max<int64_t>(t.nbytes, 1)]);
+      absl::Status copied =
+          gate.Copy(snapshot.buffers.back().get(), t.data, static_cast<size_t>(t.nbytes));
+      if (!copied.ok()) {
+        return absl::Status(copied.code(), absl::StrCat(who, ": stopped copying ", piece.key(),
+                                                        ": ", copied.message()));
+      }
       plan.pieces.push_back(
-          PieceData{piece.key(), *region, snapshot.buffers.back().data(), t.nbytes});
+          PieceData{piece.key(), *region, snapshot.buffers.back().get(), t.nbytes});
     }
     files.push_back(std::move(plan));
   }
@@ -111,7 +117,8 @@ absl::StatusOr<std::string> WriteSnapshot(const SaveSnapshot& snapshot,
 absl::StatusOr<std::string> ExecuteSavePart(
     const pb::SavePlanPart& part, const SessionInfo& session,
     const std::function<void(int64_t bytes_done)>& progress) {
-  absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, session);
+  MemoryGate gate;
+  absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, session, gate);
   if (!snapshot.ok()) return snapshot.status();
   return WriteSnapshot(*snapshot, progress);
 }

@@ -6,14 +6,15 @@
 #define CKPT_WORKER_SAVE_EXECUTOR_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/coordinator.pb.h"
 #include "storage/checkpoint_writer.h"
+#include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
 
 namespace ckpt::worker {
@@ -25,14 +26,15 @@ struct SaveSnapshot {
   std::string job;
   std::string staging_dir;
   std::vector<TensorSpec> tensors;
-  std::vector<DataFilePlan> files;      // pieces point into `buffers`
-  std::vector<std::string> file_paths;  // as planned, for messages
-  std::deque<std::string> buffers;      // stable addresses
+  std::vector<DataFilePlan> files;               // pieces point into `buffers`
+  std::vector<std::string> file_paths;           // as planned, for messages
+  std::vector<std::unique_ptr<char[]>> buffers;  // the copied bytes, one buffer per piece
 };
 
-// Checks `part` against the session (see ExecuteSavePart) and copies the pieces it writes.
+// Checks `part` against the session (see ExecuteSavePart) and copies the pieces it writes,
+// through `gate` in chunks (a closed gate stops the copy with its reason).
 absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
-                                              const SessionInfo& session);
+                                              const SessionInfo& session, MemoryGate& gate);
 
 // Writes a snapshot into its staging directory, one data file at a time; returns the record
 // of what it wrote (serialized pb::Manifest with pieces and files).

@@ -118,7 +118,8 @@ TEST_F(SaveExecutorTest, PieceThatDoesNotMatchTheSharedTensorIsRefusedNamingIt) 
 }
 
 TEST_F(SaveExecutorTest, CancelledWriteStopsBeforeTheNextFile) {
-  auto snapshot = SnapshotSavePart(Part(), session_);
+  MemoryGate gate;
+  auto snapshot = SnapshotSavePart(Part(), session_, gate);
   ASSERT_TRUE(snapshot.ok()) << snapshot.status();
   auto written = WriteSnapshot(*snapshot, nullptr, [] { return true; });
   EXPECT_EQ(written.status().code(), absl::StatusCode::kCancelled);
@@ -126,8 +127,17 @@ TEST_F(SaveExecutorTest, CancelledWriteStopsBeforeTheNextFile) {
   EXPECT_FALSE(PathExists(JoinPath(staging_, "data/r0_0.safetensors")));
 }
 
+TEST_F(SaveExecutorTest, SnapshotOfAnAbortedSaveDoesNotTouchTheTrainersMemory) {
+  MemoryGate gate;
+  gate.Close(absl::UnavailableError("the worker of rank 1 missed its lease"));
+  auto snapshot = SnapshotSavePart(Part(), session_, gate);
+  EXPECT_EQ(snapshot.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(snapshot.status().message(), HasSubstr("stopped copying w: the worker of rank 1"));
+}
+
 TEST_F(SaveExecutorTest, SnapshotIsACopyTheTrainerMayOverwrite) {
-  auto snapshot = SnapshotSavePart(Part(), session_);
+  MemoryGate gate;
+  auto snapshot = SnapshotSavePart(Part(), session_, gate);
   ASSERT_TRUE(snapshot.ok()) << snapshot.status();
   std::memset(data_, 0, 64);  // training goes on
   auto written = WriteSnapshot(*snapshot, nullptr);

@@ -190,6 +190,7 @@ int Run() {
     }
   });
   link.SetWorkHandler([&service](const ckpt::pb::WorkItem& item) { service.OnWorkItem(item); });
+  link.SetLeaseLostHandler([&service](const absl::Status& why) { service.OnLeaseLost(why); });
 
   // A stale socket of a previous, killed worker is replaced; nothing else is removed.
   absl::StatusOr<std::unique_ptr<ckpt::worker::TrainerSocket>> socket =

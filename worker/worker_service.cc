@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -206,10 +208,10 @@ grpc::Status WorkerService::Poll(grpc::ServerContext* context, const pb::PollReq
 }
 
 void WorkerService::MarkSnapshotted(const std::string& operation_id, int rank) {
-  absl::MutexLock lock(&snapshot_mu_);
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
   snapshotted_.push_back(absl::StrCat(operation_id, "/", rank));
   if (snapshotted_.size() > 4096) snapshotted_.pop_front();
-  snapshot_cv_.SignalAll();
+  snapshot_cv_.notify_all();
 }
 
 bool WorkerService::Snapshotted(const std::string& operation_id, int rank) {
@@ -232,10 +234,11 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
     if (slice < absl::ZeroDuration()) slice = absl::ZeroDuration();
     if (rank >= 0) {
       // Wait here for the snapshot, checking the operation's end at the coordinator between.
-      absl::MutexLock lock(&snapshot_mu_);
+      std::lock_guard<std::mutex> lock(snapshot_mu_);
       absl::Time until = absl::Now() + slice;
       while (!Snapshotted(request->operation_id(), rank) &&
-             !snapshot_cv_.WaitWithDeadline(&snapshot_mu_, until)) {
+             !(snapshot_cv_.wait_until(snapshot_mu_, absl::ToChronoTime(until)) ==
+               std::cv_status::timeout)) {
       }
       snapshotted = Snapshotted(request->operation_id(), rank);
     }
@@ -249,8 +252,26 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
                 .get(),
             wait, &op),
         absl::StrCat("WaitOperation at coordinator ", link_->options().coordinator));
+    if ((s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded) &&
+        absl::Now() < deadline && !context->IsCancelled()) {
+      // The coordinator is away (restarting, stalled): ask again, so the trainer hears what
+      // became of its operation (e.g. that a restarted coordinator does not know it) once it
+      // is back.
+      absl::SleepFor(std::min(absl::Milliseconds(100), deadline - absl::Now()));
+      continue;
+    }
     if (!s.ok()) return ToGrpcStatus(s);
     bool final = op.phase() == pb::PHASE_DONE || op.phase() == pb::PHASE_ABORTED;
+    if (final) {
+      // Before the trainer hears that its operation ended, make sure no part on this worker
+      // writes its memory any more (an aborted part may still be inside a chunk).
+      CloseGate(request->operation_id(),
+                op.phase() == pb::PHASE_DONE
+                    ? absl::CancelledError("the operation is done")
+                    : absl::Status(static_cast<absl::StatusCode>(op.status().code()),
+                                   op.status().message()));
+    }
     if (rank < 0 || snapshotted || final || absl::Now() >= deadline || context->IsCancelled()) {
       response->set_phase(PhaseName(op.phase()));
       response->set_code(op.status().code());
@@ -321,27 +342,47 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
   if (item.item_case() == pb::WorkItem::kAbort) {
     spdlog::warn("operation_aborted op={} job={} rank={} code={} cause=\"{}\"", item.operation_id(),
                  item.job(), item.rank(), item.abort().code(), item.abort().message());
-    CancelFlag(item.operation_id())->store(true);  // running parts stop at their next step
+    // Running parts stop at their next chunk; this returns once none is inside trainer memory.
+    CloseGate(item.operation_id(),
+              absl::Status(
+                  static_cast<absl::StatusCode>(item.abort().code() == 0
+                                                    ? static_cast<int>(absl::StatusCode::kAborted)
+                                                    : item.abort().code()),
+                  item.abort().message()));
     return;
   }
   if (item.item_case() != pb::WorkItem::kPlanPart) return;
-  // Each part runs on its own thread, so that aborts keep arriving meanwhile and the parts of
-  // several jobs served by this worker run side by side.
-  std::shared_ptr<std::atomic<bool>> cancelled = CancelFlag(item.operation_id());
-  absl::MutexLock lock(&exec_mu_);
-  // A work stream that was re-established resends the parts not reported yet; a part already
-  // running here must not run twice (a second communicator for one rank breaks the group).
+  std::shared_ptr<MemoryGate> gate = GateFor(item.operation_id());
   const std::string part_key = absl::StrCat(item.operation_id(), "/", item.rank());
-  if (!started_parts_.insert(part_key).second) {
-    spdlog::info("plan_part_duplicate op={} rank={} (already running or done here)",
-                 item.operation_id(), item.rank());
-    return;
+  {
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    // A work stream that was re-established resends the parts not reported yet; a part that
+    // ran here must not run twice (a second communicator for one rank breaks the group).
+    auto existing = parts_.find(part_key);
+    if (existing != parts_.end()) {
+      const bool finished = existing->second.finished;
+      spdlog::info("plan_part_duplicate op={} rank={} ({})", item.operation_id(), item.rank(),
+                   finished ? "already ran: its result is sent again" : "still running here");
+      if (finished) {
+        existing->second.acknowledged = false;
+        StartThreadLocked([this, part_key] { ReportUntilAcknowledged(part_key); });
+      }
+      return;
+    }
+    PartRecord& record = parts_[part_key];
+    record.incarnation = item.incarnation();
+    parts_order_.push_back(part_key);
+    if (parts_order_.size() > 4096) {
+      parts_.erase(parts_order_.front());
+      parts_order_.pop_front();
+    }
+    // Each part runs on its own thread, so that aborts keep arriving meanwhile and the parts of
+    // several jobs served by this worker run side by side.
+    StartThreadLocked([this, item, gate] { Execute(item, *gate); });
   }
-  started_order_.push_back(part_key);
-  if (started_order_.size() > 4096) {
-    started_parts_.erase(started_order_.front());
-    started_order_.pop_front();
-  }
+}
+
+void WorkerService::StartThreadLocked(std::function<void()> body) {
   for (auto it = executors_.begin(); it != executors_.end();) {  // reap finished ones
     if (it->done->load()) {
       it->thread.join();
@@ -351,43 +392,166 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
     }
   }
   auto done = std::make_shared<std::atomic<bool>>(false);
-  executors_.push_back(Executor{std::thread([this, item, cancelled, done] {
-                                  Execute(item, *cancelled);
+  executors_.push_back(Executor{std::thread([body = std::move(body), done] {
+                                  body();
                                   done->store(true);
                                 }),
                                 done});
 }
 
-std::shared_ptr<std::atomic<bool>> WorkerService::CancelFlag(const std::string& operation_id) {
-  absl::MutexLock lock(&exec_mu_);
-  for (auto& [id, flag] : cancel_flags_) {
-    if (id == operation_id) return flag;
+std::shared_ptr<MemoryGate> WorkerService::GateFor(const std::string& operation_id) {
+  std::lock_guard<std::mutex> lock(exec_mu_);
+  for (auto& [id, gate] : gates_) {
+    if (id == operation_id) return gate;
   }
-  cancel_flags_.emplace_back(operation_id, std::make_shared<std::atomic<bool>>(false));
-  if (cancel_flags_.size() > 1024) cancel_flags_.pop_front();
-  return cancel_flags_.back().second;
+  // Bound to the registration under which the operation's work arrived: once that
+  // registration is lost (or its lease ran out unnoticed) the gate refuses.
+  const uint64_t epoch = link_->registration_epoch();
+  CoordinatorLink* link = link_;
+  gates_.emplace_back(operation_id, std::make_shared<MemoryGate>(
+                                        [link, epoch] { return link->LeaseStatus(epoch); }));
+  std::shared_ptr<MemoryGate> gate = gates_.back().second;
+  if (gates_.size() > 1024) {
+    // Forget the oldest gate no running part holds (an abort must still find a held one).
+    for (auto it = gates_.begin(); it != gates_.end(); ++it) {
+      if (it->second.use_count() == 1) {
+        gates_.erase(it);
+        break;
+      }
+    }
+  }
+  return gate;
+}
+
+void WorkerService::CloseGate(const std::string& operation_id, const absl::Status& reason) {
+  GateFor(operation_id)->Close(reason);  // outside exec_mu_: waits for accesses in progress
+}
+
+void WorkerService::OnLeaseLost(const absl::Status& why) {
+  std::vector<std::shared_ptr<MemoryGate>> gates;
+  {
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    for (auto& [id, gate] : gates_) gates.push_back(gate);
+  }
+  for (const auto& gate : gates) gate->Close(why);
 }
 
 void WorkerService::Shutdown() {
+  stopping_.Notify();
+  OnLeaseLost(absl::CancelledError("the worker is shutting down"));
   std::list<Executor> executors;
   {
-    absl::MutexLock lock(&exec_mu_);
-    for (auto& [id, flag] : cancel_flags_) flag->store(true);
+    std::lock_guard<std::mutex> lock(exec_mu_);
     executors.swap(executors_);
   }
   for (Executor& e : executors) e.thread.join();
 }
 
-void WorkerService::Execute(const pb::WorkItem& item, const std::atomic<bool>& cancelled) {
-  auto is_cancelled = [&cancelled] { return cancelled.load(); };
-  std::string kind = pb::OperationKind_Name(item.kind());
-  if (kind.rfind("OPERATION_", 0) == 0) kind = kind.substr(10);
-  for (char& c : kind) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const std::string where = absl::StrCat("worker ", link_->worker_id(), " on host ", host_);
-  absl::Status result;
-  std::string written;
-  int64_t bytes_read = 0;
-  std::optional<SessionInfo> session;
+WorkerService::PartOutcome WorkerService::RunReshard(const pb::WorkItem& item, MemoryGate& gate,
+                                                     const ProgressFn& progress) {
+  // No trainer: the worker reads the source checkpoint and writes the rank's files itself.
+  const absl::Time start = absl::Now();
+  PartOutcome out;
+  pb::ReshardPlanPart part;
+  ReshardPartStats stats;
+  if (!part.ParseFromString(item.plan_part())) {
+    out.status = absl::InvalidArgumentError("unreadable reshard plan part");
+  } else {
+    absl::StatusOr<std::string> done = ExecuteReshardPart(
+        part, progress, [&gate] { return gate.closed(); }, &stats);
+    out.status = done.status();
+    if (done.ok()) out.written = *std::move(done);
+    out.bytes_read = stats.bytes_read;
+  }
+  spdlog::info(
+      "reshard_part_done op={} rank={} bytes={} files={} pieces={} bytes_read={} read_s={:.3f} "
+      "write_s={:.3f} seconds={:.3f} ok={}",
+      item.operation_id(), item.rank(), part.total_bytes(), stats.files, stats.pieces,
+      stats.bytes_read, stats.read_seconds, stats.write_seconds,
+      absl::ToDoubleSeconds(absl::Now() - start), out.status.ok());
+  return out;
+}
+
+WorkerService::PartOutcome WorkerService::RunSave(const pb::WorkItem& item,
+                                                  const SessionInfo& session, MemoryGate& gate,
+                                                  const ProgressFn& progress) {
+  const absl::Time start = absl::Now();
+  PartOutcome out;
+  pb::SavePlanPart part;
+  if (!part.ParseFromString(item.plan_part())) {
+    out.status = absl::InvalidArgumentError("unreadable save plan part");
+    return out;
+  }
+  // Copy out of the trainer's memory first; from then on the trainer may train on while the
+  // copy is written.
+  absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, session, gate);
+  if (!snapshot.ok()) {
+    out.status = snapshot.status();
+  } else {
+    MarkSnapshotted(item.operation_id(), item.rank());
+    spdlog::info("save_part_snapshotted op={} rank={} bytes={} seconds={:.3f}", item.operation_id(),
+                 item.rank(), part.total_bytes(), absl::ToDoubleSeconds(absl::Now() - start));
+    absl::StatusOr<std::string> done =
+        WriteSnapshot(*snapshot, progress, [&gate] { return gate.closed(); });
+    out.status = done.status();
+    if (done.ok()) out.written = *std::move(done);
+  }
+  spdlog::info("save_part_written op={} rank={} bytes={} files={} seconds={:.3f} ok={}",
+               item.operation_id(), item.rank(), part.total_bytes(), part.files_size(),
+               absl::ToDoubleSeconds(absl::Now() - start), out.status.ok());
+  return out;
+}
+
+WorkerService::PartOutcome WorkerService::RunLoad(const pb::WorkItem& item,
+                                                  const SessionInfo& session, MemoryGate& gate,
+                                                  const ProgressFn& progress) {
+  const absl::Time start = absl::Now();
+  PartOutcome out;
+  pb::LoadPlanPart part;
+  if (!part.ParseFromString(item.plan_part())) {
+    out.status = absl::InvalidArgumentError("unreadable load plan part");
+    return out;
+  }
+  if (part.algorithm().empty() || part.algorithm() == "direct") {
+    out.status = ExecuteLoadPart(part, session, gate, progress);
+    if (out.status.ok()) out.bytes_read = part.total_bytes();
+  } else {
+    ExchangeLoadContext context;
+    context.rendezvous_address = link_->options().coordinator;
+    context.rendezvous_security = link_->options().security;
+    context.hostname = link_->options().info.data_plane_address();
+    if (context.hostname.empty()) context.hostname = host_;
+    context.gloo_loop_thread_nice = gloo_loop_thread_nice_;
+    ExchangeLoadStats stats;
+    out.status = ExecuteExchangeLoadPart(part, session, context, gate, &stats, progress);
+    out.bytes_read = stats.bytes_read;
+    if (!out.status.ok() && !gate.closed()) {
+      // A peer that died mid-exchange shows up here as a broken connection; the coordinator
+      // notices the dead worker within its lease and aborts the operation naming it. Give it
+      // that long, so every rank receives the root cause rather than this rank's symptom
+      // (the coordinator keeps the first diagnosis; this result follows either way).
+      const absl::Time until = absl::Now() + link_->lease() + absl::Seconds(1);
+      while (!gate.closed() && absl::Now() < until && !stopping_.HasBeenNotified()) {
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+    }
+    spdlog::info(
+        "load_part_exchanged op={} rank={} algorithm={} waves={} bytes_read={} bytes_sent={} "
+        "bytes_received={} bytes_scattered={} rendezvous_s={:.3f} read_s={:.3f} "
+        "exchange_s={:.3f} scatter_s={:.3f}",
+        item.operation_id(), item.rank(), part.algorithm(), part.waves_size(), stats.bytes_read,
+        stats.bytes_sent, stats.bytes_received, stats.bytes_scattered,
+        absl::ToDoubleSeconds(stats.rendezvous_time), absl::ToDoubleSeconds(stats.read_time),
+        absl::ToDoubleSeconds(stats.exchange_time), absl::ToDoubleSeconds(stats.scatter_time));
+  }
+  spdlog::info("load_part_done op={} rank={} bytes={} tensors={} seconds={:.3f} ok={}",
+               item.operation_id(), item.rank(), part.total_bytes(), part.reads_size(),
+               absl::ToDoubleSeconds(absl::Now() - start), out.status.ok());
+  return out;
+}
+
+void WorkerService::Execute(const pb::WorkItem& item, MemoryGate& gate) {
+  std::optional<SessionInfo> session;  // pins the trainer's mappings while the part runs
   for (SessionInfo& candidate : registry_->Sessions()) {
     if (candidate.trainer.job == item.job() && candidate.trainer.rank == item.rank()) {
       session = std::move(candidate);
@@ -395,120 +559,91 @@ void WorkerService::Execute(const pb::WorkItem& item, const std::atomic<bool>& c
   }
   // Progress goes to the coordinator at most twice a second (and at the end).
   absl::Time last_report = absl::InfinitePast();
-  auto report_progress = [&](int64_t bytes_done) {
+  ProgressFn progress = [&](int64_t bytes_done) {
     if (absl::Now() - last_report < absl::Milliseconds(500)) return;
     last_report = absl::Now();
-    pb::ReportProgressRequest progress;
-    progress.set_operation_id(item.operation_id());
-    progress.set_rank(item.rank());
-    progress.set_bytes_done(bytes_done);
+    pb::ReportProgressRequest request;
+    request.set_operation_id(item.operation_id());
+    request.set_rank(item.rank());
+    request.set_bytes_done(bytes_done);
     pb::ReportProgressResponse ignored;
-    (void)link_->stub()->ReportProgress(link_->Context().get(), progress, &ignored);
+    (void)link_->stub()->ReportProgress(link_->Context().get(), request, &ignored);
   };
-  const absl::Time start = absl::Now();
-  pb::SavePlanPart save_part;
-  pb::LoadPlanPart load_part;
+  const std::string where = absl::StrCat("worker ", link_->worker_id(), " on host ", host_);
+  PartOutcome out;
   if (item.kind() == pb::OPERATION_RESHARD) {
-    // No trainer: the worker reads the source checkpoint and writes the rank's files itself.
-    pb::ReshardPlanPart part;
-    ReshardPartStats stats;
-    if (!part.ParseFromString(item.plan_part())) {
-      result = absl::InvalidArgumentError(absl::StrCat(where, ": unreadable reshard plan part"));
-    } else {
-      absl::StatusOr<std::string> done =
-          ExecuteReshardPart(part, report_progress, is_cancelled, &stats);
-      if (done.ok()) {
-        written = *std::move(done);
-      } else {
-        result =
-            absl::Status(done.status().code(), absl::StrCat(where, ": ", done.status().message()));
-      }
-      bytes_read = stats.bytes_read;
+    out = RunReshard(item, gate, progress);
+    if (!out.status.ok()) {
+      out.status = absl::Status(out.status.code(), absl::StrCat(where, ": ", out.status.message()));
     }
-    spdlog::info(
-        "reshard_part_done op={} rank={} bytes={} files={} pieces={} bytes_read={} read_s={:.3f} "
-        "write_s={:.3f} seconds={:.3f} ok={}",
-        item.operation_id(), item.rank(), part.total_bytes(), stats.files, stats.pieces,
-        stats.bytes_read, stats.read_seconds, stats.write_seconds,
-        absl::ToDoubleSeconds(absl::Now() - start), result.ok());
   } else if (!session.has_value()) {
-    result = absl::FailedPreconditionError(absl::StrCat(where, ": the trainer of rank ",
-                                                        item.rank(), " of job ", item.job(),
-                                                        " is no longer connected"));
+    out.status = absl::FailedPreconditionError(absl::StrCat(where, ": the trainer of rank ",
+                                                            item.rank(), " of job ", item.job(),
+                                                            " is no longer connected"));
   } else if (item.kind() == pb::OPERATION_SAVE) {
-    if (!save_part.ParseFromString(item.plan_part())) {
-      result = absl::InvalidArgumentError(absl::StrCat(where, ": unreadable save plan part"));
-    } else {
-      // Copy out of the trainer's memory first; from then on the trainer may train on while
-      // the copy is written.
-      absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(save_part, *session);
-      if (!snapshot.ok()) {
-        result = snapshot.status();
-      } else {
-        MarkSnapshotted(item.operation_id(), item.rank());
-        spdlog::info("save_part_snapshotted op={} rank={} bytes={} seconds={:.3f}",
-                     item.operation_id(), item.rank(), save_part.total_bytes(),
-                     absl::ToDoubleSeconds(absl::Now() - start));
-        absl::StatusOr<std::string> done = WriteSnapshot(*snapshot, report_progress, is_cancelled);
-        result = done.status();
-        if (done.ok()) written = *std::move(done);
-      }
-    }
-    spdlog::info("save_part_written op={} rank={} bytes={} files={} seconds={:.3f} ok={}",
-                 item.operation_id(), item.rank(), save_part.total_bytes(), save_part.files_size(),
-                 absl::ToDoubleSeconds(absl::Now() - start), result.ok());
+    out = RunSave(item, *session, gate, progress);
   } else if (item.kind() == pb::OPERATION_LOAD) {
-    if (!load_part.ParseFromString(item.plan_part())) {
-      result = absl::InvalidArgumentError(absl::StrCat(where, ": unreadable load plan part"));
-    } else if (load_part.algorithm().empty() || load_part.algorithm() == "direct") {
-      result = ExecuteLoadPart(load_part, *session, report_progress, is_cancelled);
-      if (result.ok()) bytes_read = load_part.total_bytes();
-    } else {
-      ExchangeLoadContext context;
-      context.rendezvous_address = link_->options().coordinator;
-      context.rendezvous_security = link_->options().security;
-      context.hostname = link_->options().info.data_plane_address();
-      if (context.hostname.empty()) context.hostname = host_;
-      context.gloo_loop_thread_nice = gloo_loop_thread_nice_;
-      ExchangeLoadStats stats;
-      result = ExecuteExchangeLoadPart(load_part, *session, context, &stats, report_progress,
-                                       is_cancelled);
-      bytes_read = stats.bytes_read;
-      if (!result.ok() && !cancelled.load()) {
-        // A peer that died mid-exchange shows up here as a broken connection; the coordinator
-        // notices the dead worker within its lease and aborts the operation naming it. Give it
-        // that long, so every rank receives the root cause rather than this rank's symptom
-        // (the coordinator keeps the first diagnosis; this result follows either way).
-        const absl::Time until = absl::Now() + link_->lease() + absl::Seconds(1);
-        while (!cancelled.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
-      }
-      spdlog::info(
-          "load_part_exchanged op={} rank={} algorithm={} waves={} bytes_read={} bytes_sent={} "
-          "bytes_received={} bytes_scattered={} rendezvous_s={:.3f} read_s={:.3f} "
-          "exchange_s={:.3f} scatter_s={:.3f}",
-          item.operation_id(), item.rank(), load_part.algorithm(), load_part.waves_size(),
-          stats.bytes_read, stats.bytes_sent, stats.bytes_received, stats.bytes_scattered,
-          absl::ToDoubleSeconds(stats.rendezvous_time), absl::ToDoubleSeconds(stats.read_time),
-          absl::ToDoubleSeconds(stats.exchange_time), absl::ToDoubleSeconds(stats.scatter_time));
-    }
-    spdlog::info("load_part_done op={} rank={} bytes={} tensors={} seconds={:.3f} ok={}",
-                 item.operation_id(), item.rank(), load_part.total_bytes(), load_part.reads_size(),
-                 absl::ToDoubleSeconds(absl::Now() - start), result.ok());
+    out = RunLoad(item, *session, gate, progress);
   } else {
-    result = absl::InvalidArgumentError(
-        absl::StrCat(where, " cannot execute plan parts of kind ", kind));
+    out.status = absl::InvalidArgumentError(absl::StrCat(
+        where, " cannot execute plan parts of kind ", pb::OperationKind_Name(item.kind())));
   }
+  session.reset();  // the trainer's memory is no longer needed
+  const std::string part_key = absl::StrCat(item.operation_id(), "/", item.rank());
+  {
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    PartRecord& record = parts_[part_key];
+    pb::ReportResultRequest& report = record.report;
+    report.set_operation_id(item.operation_id());
+    report.set_rank(item.rank());
+    report.mutable_result()->set_code(static_cast<int32_t>(out.status.code()));
+    report.mutable_result()->set_message(std::string(out.status.message()));
+    report.set_written(std::move(out.written));
+    report.set_bytes_read(out.bytes_read);
+    record.incarnation = item.incarnation();
+    record.finished = true;
+  }
+  ReportUntilAcknowledged(part_key);
+}
+
+void WorkerService::ReportUntilAcknowledged(const std::string& part_key) {
   pb::ReportResultRequest report;
-  report.set_operation_id(item.operation_id());
-  report.set_rank(item.rank());
-  report.mutable_result()->set_code(static_cast<int32_t>(result.code()));
-  report.mutable_result()->set_message(std::string(result.message()));
-  report.set_written(written);
-  report.set_bytes_read(bytes_read);
-  pb::ReportResultResponse response;
-  grpc::Status s = link_->stub()->ReportResult(link_->Context().get(), report, &response);
-  spdlog::info("plan_part_result op={} rank={} code={} reported={}", item.operation_id(),
-               item.rank(), static_cast<int>(result.code()), s.ok());
+  uint64_t incarnation = 0;
+  {
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    auto it = parts_.find(part_key);
+    if (it == parts_.end() || !it->second.finished || it->second.acknowledged) return;
+    report = it->second.report;
+    incarnation = it->second.incarnation;
+  }
+  absl::Duration backoff = absl::Milliseconds(100);
+  for (int attempt = 1;; ++attempt) {
+    pb::ReportResultResponse response;
+    grpc::Status s = link_->stub()->ReportResult(link_->Context().get(), report, &response);
+    const bool transient = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                           s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    // A coordinator of another incarnation does not know the operation: no use sending.
+    const uint64_t now_serving = link_->incarnation();
+    const bool gone = now_serving != 0 && now_serving != incarnation;
+    if (s.ok() || !transient || gone || stopping_.HasBeenNotified()) {
+      spdlog::info("plan_part_result op={} rank={} code={} reported={} attempts={}{}",
+                   report.operation_id(), report.rank(), report.result().code(), s.ok(), attempt,
+                   s.ok() ? std::string()
+                          : absl::StrCat(" error=\"", s.error_message(), "\"",
+                                         gone ? " (the coordinator restarted)" : ""));
+      std::lock_guard<std::mutex> lock(exec_mu_);
+      auto it = parts_.find(part_key);
+      if (it != parts_.end()) it->second.acknowledged = true;  // or never will be
+      return;
+    }
+    if (attempt == 1) {
+      spdlog::warn("report_failed op={} rank={} error=\"{}\" (retrying until acknowledged)",
+                   report.operation_id(), report.rank(), s.error_message());
+    }
+    if (stopping_.WaitForNotificationWithTimeout(backoff)) continue;  // one last attempt
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
 }
 
 }  // namespace ckpt::worker

@@ -4,22 +4,34 @@
 // coordinator's work stream: save parts are written from the trainer's shared memory into the
 // save's staging directory, load parts are read from the checkpoint into it, reshard parts
 // (no trainer involved) read the source checkpoint and write the rank's files of the target.
+//
+// Every access of a plan part to its trainer's memory goes through the operation's MemoryGate.
+// The gate closes (and drains) when the abort arrives on the work stream, before Wait tells a
+// trainer its operation ended, and when the worker's registration is lost (its operations were
+// aborted); a gate also refuses once the worker's lease has run out locally (a frozen worker
+// that was resumed). So after a trainer heard "aborted", nothing writes its memory any more.
+// A part's result is re-sent until the coordinator acknowledges it; a part re-sent by the
+// coordinator after it already ran here is answered from its recorded result.
 #ifndef CKPT_WORKER_WORKER_SERVICE_H_
 #define CKPT_WORKER_WORKER_SERVICE_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <deque>
+#include <functional>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/notification.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/coordinator_link.h"
+#include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
 #include "worker/trainer_socket.h"
 
@@ -63,6 +75,9 @@ class WorkerService final : public pb::Worker::Service {
   // Handles one item of the coordinator's work stream: a plan part starts running on its own
   // thread; an abort cancels the operation's running parts.
   void OnWorkItem(const pb::WorkItem& item);
+  // The registration was lost: every operation that ran under it was aborted or is gone, so
+  // every gate closes with `why`.
+  void OnLeaseLost(const absl::Status& why);
   // Cancels running parts and waits for them (call after the link stopped).
   void Shutdown();
 
@@ -76,8 +91,34 @@ class WorkerService final : public pb::Worker::Service {
   absl::StatusOr<SessionInfo> CallerSession(const grpc::ServerContext& context,
                                             const std::string& session_id) const;
 
-  void Execute(const pb::WorkItem& item, const std::atomic<bool>& cancelled);
-  std::shared_ptr<std::atomic<bool>> CancelFlag(const std::string& operation_id);
+  // What a part produced, for its ReportResult.
+  struct PartOutcome {
+    absl::Status status;
+    std::string written;     // save/reshard: the record of the files written
+    int64_t bytes_read = 0;  // load/reshard: bytes read from storage
+  };
+  // A plan part started here, and its result once it ran.
+  struct PartRecord {
+    bool finished = false;
+    bool acknowledged = false;
+    uint64_t incarnation = 0;  // of the coordinator that sent the part
+    pb::ReportResultRequest report;
+  };
+  using ProgressFn = std::function<void(int64_t bytes_done)>;
+
+  void StartThreadLocked(std::function<void()> body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
+  void Execute(const pb::WorkItem& item, MemoryGate& gate);
+  PartOutcome RunSave(const pb::WorkItem& item, const SessionInfo& session, MemoryGate& gate,
+                      const ProgressFn& progress);
+  PartOutcome RunLoad(const pb::WorkItem& item, const SessionInfo& session, MemoryGate& gate,
+                      const ProgressFn& progress);
+  PartOutcome RunReshard(const pb::WorkItem& item, MemoryGate& gate, const ProgressFn& progress);
+  // Sends the part's result until the coordinator acknowledges it (or cannot take it any more:
+  // the operation is unknown to it, it restarted, or this worker stops).
+  void ReportUntilAcknowledged(const std::string& part_key);
+  // The operation's gate, created open (bound to the current registration) on first use.
+  std::shared_ptr<MemoryGate> GateFor(const std::string& operation_id);
+  void CloseGate(const std::string& operation_id, const absl::Status& reason);
   void MarkSnapshotted(const std::string& operation_id, int rank);
   bool Snapshotted(const std::string& operation_id, int rank);
 
@@ -91,15 +132,16 @@ class WorkerService final : public pb::Worker::Service {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
   };
-  absl::Mutex exec_mu_;
+  absl::Notification stopping_;
+  std::mutex exec_mu_;
   std::list<Executor> executors_ ABSL_GUARDED_BY(exec_mu_);
-  // "<operation>/<rank>" of the plan parts started here (the newest 4096), oldest first.
-  absl::flat_hash_set<std::string> started_parts_ ABSL_GUARDED_BY(exec_mu_);
-  std::deque<std::string> started_order_ ABSL_GUARDED_BY(exec_mu_);
-  std::deque<std::pair<std::string, std::shared_ptr<std::atomic<bool>>>> cancel_flags_
-      ABSL_GUARDED_BY(exec_mu_);  // by operation, recent ones
-  absl::Mutex snapshot_mu_;
-  absl::CondVar snapshot_cv_;
+  // By "<operation>/<rank>": the plan parts started here (the newest 4096), oldest first.
+  absl::flat_hash_map<std::string, PartRecord> parts_ ABSL_GUARDED_BY(exec_mu_);
+  std::deque<std::string> parts_order_ ABSL_GUARDED_BY(exec_mu_);
+  std::deque<std::pair<std::string, std::shared_ptr<MemoryGate>>> gates_
+      ABSL_GUARDED_BY(exec_mu_);  // by operation: the newest 1024, and every one a part holds
+  std::mutex snapshot_mu_;
+  std::condition_variable_any snapshot_cv_;
   std::deque<std::string> snapshotted_ ABSL_GUARDED_BY(snapshot_mu_);  // "<op>/<rank>", recent
 };
 

@@ -19,6 +19,7 @@ int RunSaveCommand(const std::vector<std::string>& args);     // operation_cmd.c
 int RunLoadCommand(const std::vector<std::string>& args);     // operation_cmd.cc
 int RunReshardCommand(const std::vector<std::string>& args);  // reshard_cmd.cc
 int RunCertsCommand(const std::vector<std::string>& args);    // certs_cmd.cc
+int RunGcCommand(const std::vector<std::string>& args);       // gc_cmd.cc
 
 const std::vector<Command>& AllCommands() {
   static const std::vector<Command>* commands = new std::vector<Command>{
@@ -40,6 +41,8 @@ const std::vector<Command>& AllCommands() {
        RunReshardCommand},
       {"certs", "make the CA and the coordinator/worker/operator certificates (TLS)",
        RunCertsCommand},
+      {"gc", "remove the staging directories interrupted writes left (listed with sizes)",
+       RunGcCommand},
   };
   return *commands;
 }

@@ -1,0 +1,86 @@
+// `ckptctl gc` end to end on the real binary: only incomplete ckpt staging directories of dead
+// writers are removed, each printed with its size; complete ones are kept, look-alikes refused,
+// live writers' skipped, and --dry_run removes nothing.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/file_util.h"
+#include "tests/services_cluster.h"
+
+namespace ckpt::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+void WriteFile(const std::string& path, size_t bytes) {
+  std::ofstream out(path);
+  out << std::string(bytes, 'x');
+}
+
+// The pid of a process that has exited (and been reaped).
+pid_t DeadPid() {
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  waitpid(pid, nullptr, 0);
+  return pid;
+}
+
+TEST(CkptctlGcTest, RemovesOnlyIncompleteStagingDirectoriesOfDeadWritersAndSaysWhat) {
+  Cluster cluster;  // for its scratch directory and RunCkptctl
+  const std::string dir = cluster.dir() + "/ckpts";
+  ASSERT_TRUE(MakeDir(dir).ok());
+  const pid_t dead = DeadPid();
+  auto staging = [&](const std::string& name) {
+    const std::string path = JoinPath(dir, name);
+    EXPECT_TRUE(MakeDir(path).ok());
+    EXPECT_TRUE(MakeDir(JoinPath(path, "data")).ok());
+    return path;
+  };
+  const std::string leftover = staging(absl::StrCat(".step5.tmp-", dead, "-0"));
+  WriteFile(JoinPath(leftover, "data/r0_0.safetensors"), 3 << 20);
+  const std::string complete = staging(absl::StrCat(".step6.tmp-", dead, "-1"));
+  WriteFile(JoinPath(complete, "data/r0_0.safetensors"), 10);
+  WriteFile(JoinPath(complete, "manifest.pb"), 10);
+  const std::string lookalike = staging(absl::StrCat(".thesis.tmp-", dead, "-2"));
+  WriteFile(JoinPath(lookalike, "chapter1.tex"), 10);
+  const std::string live = staging(absl::StrCat(".step7.tmp-", getpid(), "-0"));
+  const std::string checkpoint = JoinPath(dir, "step4");
+  ASSERT_TRUE(MakeDir(checkpoint).ok());
+
+  std::string out;
+  ASSERT_EQ(cluster.RunCkptctl({"gc", "--dry_run", dir}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("would remove " + leftover + " (3.0 MiB)"));
+  EXPECT_TRUE(PathExists(leftover));
+
+  ASSERT_EQ(cluster.RunCkptctl({"gc", dir}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("removed " + leftover + " (3.0 MiB)"));
+  EXPECT_THAT(out, HasSubstr("kept " + complete));
+  EXPECT_THAT(out, HasSubstr("complete checkpoint under a staging name"));
+  EXPECT_THAT(out, HasSubstr("refused " + lookalike));
+  EXPECT_THAT(out, HasSubstr("holds chapter1.tex"));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("skipped ", live)));
+  EXPECT_THAT(out, HasSubstr("gc: 1 removed (3.0 MiB), 1 kept, 1 skipped, 1 refused"));
+  EXPECT_THAT(out, Not(HasSubstr(checkpoint)));
+  EXPECT_FALSE(PathExists(leftover));
+  for (const std::string& stays : {complete, lookalike, live, checkpoint}) {
+    EXPECT_TRUE(PathExists(stays)) << stays;
+  }
+  // Named directly, a look-alike is refused too; a missing directory is an error.
+  ASSERT_EQ(cluster.RunCkptctl({"gc", lookalike}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("refused " + lookalike));
+  EXPECT_TRUE(PathExists(lookalike));
+  EXPECT_EQ(cluster.RunCkptctl({"gc", dir + "/missing"}, &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr(dir + "/missing"));
+  EXPECT_EQ(cluster.RunCkptctl({"gc"}, &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("usage: ckptctl gc"));
+}
+
+}  // namespace
+}  // namespace ckpt::testing
