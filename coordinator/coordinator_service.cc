@@ -195,9 +195,8 @@ void CoordinatorService::Advance(const std::string& operation_id) {
     auto planner = planners_.find(op->kind);
     if (planner == planners_.end() || !planner->second) {
       absl::Status missing = absl::UnimplementedError(absl::StrCat(
-          "no ", OperationKindName(op->kind),
-          " planner is wired into this coordinator yet (the planner in coordinator/ and the "
-          "worker data path are still being built); nothing was written or loaded"));
+          "this coordinator has no ", OperationKindName(op->kind),
+          " planner registered (a daemon built without it); nothing was written or loaded"));
       AbortOrLog(operation_id, missing);
     } else {
       // Plan outside the lock so that heartbeats (and other jobs) are not held up; the

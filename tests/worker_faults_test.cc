@@ -123,7 +123,9 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
       frozen = PhaseOf(cluster, op_index) == pb::PHASE_EXECUTING;
       if (!frozen) kill(cluster.worker(1).pid, SIGCONT);
     }
-    if (!frozen) ASSERT_TRUE(WaitFor([&] { return AllReported(loaders); })) << Logs(cluster);
+    if (!frozen) {
+      ASSERT_TRUE(WaitFor([&] { return AllReported(loaders); })) << Logs(cluster);
+    }
   }
   ASSERT_TRUE(frozen) << "every load finished before a worker could be frozen";
   const std::string op = OperationId(cluster, op_index);

@@ -246,14 +246,24 @@ wait_ready() {
   done
 }
 
-# drop_cache CKPT...: evicts the checkpoints' files from the page cache (per file, with
-# dd iflag=nocache, i.e. posix_fadvise DONTNEED; no system-wide effect), so that the steps that
-# read them are measured against the disk and not against memory.
+# drop_cache STEP CKPT...: evicts the checkpoints' files from the page cache before STEP reads
+# them (per file: sync, then dd iflag=nocache, i.e. posix_fadvise DONTNEED; no system-wide
+# effect), then checks with fincore(1) that it worked and records the bytes still resident in
+# $RESULTS/STEP.resident; the table prints them, so a step measured partly from memory says so.
 drop_cache() {
-  local f
+  local step="$1" f resident=0 r
+  shift
   for f in $(find "$@" -type f 2>/dev/null); do
+    sync "$f" 2>/dev/null
     dd if="$f" iflag=nocache count=0 status=none 2>/dev/null
+    r=$(fincore --bytes --noheadings --output RES "$f" 2>/dev/null | tr -d ' ')
+    if [[ -z "$r" ]]; then
+      resident=unknown
+      break
+    fi
+    resident=$((resident + r))
   done
+  echo "$resident" >"$RESULTS/$step.resident"
 }
 
 # timed NAME CMD...: runs CMD with output in $LOGS/NAME.log, records its wall seconds in
@@ -296,31 +306,43 @@ if [[ "$DD_NOTE" == "O_DIRECT" ]]; then
 else
   timed dd-read dd if="$DD_FILE" of=/dev/null bs=4M || fail_step "dd read"
 fi
+# Loads read with one reader per rank at once, which a virtual disk may serve faster than one
+# stream: the read limit is the better of one dd and four dd's reading a quarter each.
+read_quarters() {
+  local q=$(((COUNT + 3) / 4)) i flag=""
+  [[ "$DD_NOTE" == "O_DIRECT" ]] && flag="iflag=direct"
+  for i in 0 1 2 3; do
+    dd if="$DD_FILE" of=/dev/null bs=4M skip=$((i * q)) count=$q $flag status=none &
+  done
+  wait
+}
+drop_cache dd-read4 "$DD_FILE"
+timed dd-read4 read_quarters || fail_step "dd read (4 readers)"
 rm -f "$DD_FILE"
 DD_BYTES=$((COUNT * BS))
 
 # ---- Verify what the save wrote -----------------------------------------------------------------
 log "check: every element of the saved checkpoint (offline reader, TP=2 x DP=2 pieces)"
-drop_cache "$SAVED"
+drop_cache check-saved "$SAVED"
 timed check-saved "$GPT_TOOL" check "$SAVED" --layout "$LAYOUTS/tp2dp2.json" ||
   fail_step "content check of the saved checkpoint: $(tail -1 "$LOGS/check-saved.log")"
 log "ckptctl verify $SAVED"
-drop_cache "$SAVED"
+drop_cache verify "$SAVED"
 timed verify "$CKPTCTL" verify "$SAVED" || fail_step "ckptctl verify: $(tail -1 "$LOGS/verify.log")"
 
 # ---- Loads through the cluster into other layouts ---------------------------------------------
 # The 3-rank job reuses the same cluster: its ranks attach to workers 0-2 and worker 3 simply
 # takes no part in that job's operations, as on a host where a job uses fewer GPUs.
 log "load: 4 ranks, TP=4 x DP=1 <- $SAVED (every element verified)"
-drop_cache "$SAVED"
+drop_cache load-tp4dp1 "$SAVED"
 run_job load-tp4dp1 4 "$LAYOUTS/tp4dp1.json" --load "$SAVED" || fail_step "load into TP=4 x DP=1"
 log "load: 3 ranks, uneven <- $SAVED (every element verified)"
-drop_cache "$SAVED"
+drop_cache load-uneven3 "$SAVED"
 run_job load-uneven3 3 "$LAYOUTS/uneven3.json" --load "$SAVED" || fail_step "load into 3 ranks"
 # Into the saved layout again: both data-parallel replicas need the weights (the ZeRO-style
 # optimizer shards are split over them), which are read from storage once and exchanged.
 log "load: 4 ranks, TP=2 x DP=2 <- $SAVED (every element verified)"
-drop_cache "$SAVED"
+drop_cache load-tp2dp2 "$SAVED"
 run_job load-tp2dp2 4 "$LAYOUTS/tp2dp2.json" --load "$SAVED" || fail_step "load into TP=2 x DP=2"
 
 # ---- Operator-requested save and load of a running job (ckptctl -> coordinator -> Poll) -----
@@ -334,7 +356,7 @@ start_job ops-tp4dp1 4 "$LAYOUTS/tp4dp1.json" --step-ms 20 --poll-steps 6000 --p
 if wait_ready ops-tp4dp1 4; then
   timed operator-save "$CKPTCTL" save --coordinator "$ADDRESS" --job ops-tp4dp1 "$OPSAVED" ||
     fail_step "ckptctl save: $(tail -1 "$LOGS/operator-save.log")"
-  drop_cache "$SAVED"
+  drop_cache operator-load "$SAVED"
   timed operator-load "$CKPTCTL" load --coordinator "$ADDRESS" --job ops-tp4dp1 "$SAVED" ||
     fail_step "ckptctl load: $(tail -1 "$LOGS/operator-load.log")"
 else
@@ -354,7 +376,7 @@ fi
 # ---- Offline reshard, verify, inspect, export --------------------------------------------------
 for l in tp4dp1 uneven3; do
   log "ckptctl reshard $SAVED -> $CK/gpt-$l (offline, layout $l.json)"
-  drop_cache "$SAVED"
+  drop_cache "reshard-$l" "$SAVED"
   if timed "reshard-$l" "$CKPTCTL" reshard "$SAVED" "$CK/gpt-$l" --layout "$LAYOUTS/$l.json"; then
     timed "check-$l" "$GPT_TOOL" check "$CK/gpt-$l" --layout "$LAYOUTS/$l.json" ||
       fail_step "content check of the $l reshard: $(tail -1 "$LOGS/check-$l.log")"
@@ -366,7 +388,7 @@ for l in tp4dp1 uneven3; do
 done
 # The same reshard executed by the running cluster's workers (the coordinator plans and commits).
 log "ckptctl reshard $SAVED -> $CK/gpt-cluster-tp4dp1 --coordinator (on the 4 workers)"
-drop_cache "$SAVED"
+drop_cache reshard-cluster "$SAVED"
 if timed reshard-cluster "$CKPTCTL" reshard "$SAVED" "$CK/gpt-cluster-tp4dp1" \
     --layout "$LAYOUTS/tp4dp1.json" --coordinator "$ADDRESS"; then
   timed check-cluster "$GPT_TOOL" check "$CK/gpt-cluster-tp4dp1" --layout "$LAYOUTS/tp4dp1.json" ||
@@ -383,7 +405,7 @@ else
   fail_step "ckptctl inspect: $(tail -1 "$LOGS/inspect.log")"
 fi
 log "ckptctl export $SAVED -> $WORKDIR/export (safetensors)"
-drop_cache "$SAVED"
+drop_cache export "$SAVED"
 timed export "$CKPTCTL" export "$SAVED" "$WORKDIR/export" ||
   fail_step "ckptctl export: $(tail -1 "$LOGS/export.log")"
 
@@ -440,15 +462,30 @@ def job(name, op, kind=None):
 # Tensor bytes of the checkpoint: what the save's main replicas stored (each element once).
 save_bytes, save_s, save_ok = job("save-tp2dp2", "save")
 tensor_bytes = save_bytes if save_ok else file_bytes
-dd_w, dd_r = seconds("dd-write"), seconds("dd-read")
+dd_w, dd_r, dd_r4 = seconds("dd-write"), seconds("dd-read"), seconds("dd-read4")
 bw_w = dd_bytes / dd_w / 1e9 if dd_w else None
-bw_r = dd_bytes / dd_r / 1e9 if dd_r else None
+bw_r1 = dd_bytes / dd_r / 1e9 if dd_r else None
+bw_r4 = dd_bytes / dd_r4 / 1e9 if dd_r4 else None
+bw_r = max(b for b in (bw_r1, bw_r4, 0) if b is not None) or None
 rows = []
 
-def row(step, nbytes, secs, ok, disk, disk_name):
+def resident(name):
+    """Bytes of the step's input still in the page cache after eviction ("?" when unknown)."""
+    try:
+        v = open(os.path.join(results, name + ".resident")).read().strip()
+    except OSError:
+        return ""
+    return "?" if not v.isdigit() else (f"{int(v) / 1e6:.0f} MB" if int(v) else "0")
+
+def row(step, nbytes, secs, ok, disk, disk_name, name="", disk_bytes=None):
+    """disk_bytes: what the step must move through the disk (default nbytes); a load delivers
+    replicated elements to several ranks but reads the checkpoint's bytes."""
     gbps = nbytes / secs / 1e9 if ok and secs else None
-    pct = f"{100 * gbps / disk:.0f}% of {disk_name}" if gbps and disk else "-"
-    rows.append((step, nbytes, secs if ok else None, gbps, pct, "ok" if ok else "FAILED"))
+    moved = nbytes if disk_bytes is None else disk_bytes
+    disk_gbps = moved / secs / 1e9 if ok and secs else None
+    pct = f"{100 * disk_gbps / disk:.0f}% of {disk_name}" if disk_gbps and disk else "-"
+    rows.append((step, nbytes, secs if ok else None, gbps, pct, resident(name),
+                 "ok" if ok else "FAILED"))
 
 def ok_file(name):  # a step run by `timed` succeeded when its log says so
     return os.path.exists(os.path.join(results, name + ".ok"))
@@ -459,7 +496,7 @@ for name, label in (("load-tp4dp1", "load    4 ranks TP4xDP1, cluster"),
                     ("load-uneven3", "load    3 ranks uneven, cluster"),
                     ("load-tp2dp2", "load    4 ranks TP2xDP2, cluster")):
     b, s, ok = job(name, "load")
-    row(label, b, s, ok, bw_r, "read")
+    row(label, b, s, ok, bw_r, "read", name, file_bytes)
 # Operator requests: from `ckptctl save|load` being run to its end (commit / every rank loaded),
 # the wait for the trainers' next Poll included. (A polled save lets the trainer go on at the
 # snapshot, like Save; ckptctl waits for the commit.)
@@ -468,27 +505,32 @@ row("save    ckptctl save -> committed", b, seconds("operator-save"),
     ok and ok_file("operator-save"), bw_w, "write")
 b, _, ok = job("ops-tp4dp1", "poll", "load")
 row("load    ckptctl load -> loaded", b, seconds("operator-load"),
-    ok and ok_file("operator-load"), bw_r, "read")
+    ok and ok_file("operator-load"), bw_r, "read", "operator-load", file_bytes)
 for l, label in (("tp4dp1", "TP4xDP1"), ("uneven3", "uneven3")):
     row(f"reshard offline -> {label}", tensor_bytes, seconds("reshard-" + l),
-        ok_file("reshard-" + l), bw_w, "write")
+        ok_file("reshard-" + l), bw_w, "write", "reshard-" + l)
 row("reshard cluster -> TP4xDP1", tensor_bytes, seconds("reshard-cluster"),
-    ok_file("reshard-cluster") and ok_file("check-cluster"), bw_w, "write")
-row("export  -> safetensors", tensor_bytes, seconds("export"), ok_file("export"), bw_w, "write")
+    ok_file("reshard-cluster") and ok_file("check-cluster"), bw_w, "write", "reshard-cluster")
+row("export  -> safetensors", tensor_bytes, seconds("export"), ok_file("export"), bw_w, "write",
+    "export")
 row("verify  checksums, every byte", tensor_bytes, seconds("verify"), ok_file("verify"), bw_r,
-    "read")
+    "read", "verify", file_bytes)
 row("check   every element (offline)", tensor_bytes, seconds("check-saved"),
-    ok_file("check-saved"), bw_r, "read")
+    ok_file("check-saved"), bw_r, "read", "check-saved", file_bytes)
 
 print()
-disk = (f"write {bw_w:.2f} GB/s, read {bw_r:.2f} GB/s" if bw_w and bw_r else "not measured")
+disk = (f"write {bw_w:.2f} GB/s, read {bw_r1 or 0:.2f} GB/s (1 reader) / {bw_r4 or 0:.2f} GB/s "
+        f"(4 readers)" if bw_w and bw_r else "not measured")
 print(f"checkpoint: {tensor_bytes:,} tensor bytes ({file_bytes:,} in files); disk measured now "
       f"with dd, {dd_note}, {dd_bytes:,} bytes: {disk}")
-print(f"{'step':34} {'bytes':>14} {'seconds':>9} {'GB/s':>7}  {'vs disk':<15} result")
-for step, nbytes, secs, gbps, pct, res in rows:
+print("vs disk: the bytes the step moves through the disk (a load: the checkpoint's files, though it"
+      " delivers replicated\nelements to several ranks) per second, against dd; cached: the step's"
+      " input still in the page cache after\neviction (checked with fincore; 0 = read from disk)")
+print(f"{'step':34} {'bytes':>14} {'seconds':>9} {'GB/s':>7}  {'vs disk':<15} {'cached':>7} result")
+for step, nbytes, secs, gbps, pct, cached, res in rows:
     secs_s = f"{secs:9.3f}" if secs is not None else f"{'-':>9}"
     gbps_s = f"{gbps:7.2f}" if gbps else f"{'-':>7}"
-    print(f"{step:34} {nbytes:>14,} {secs_s} {gbps_s}  {pct:<15} {res}")
+    print(f"{step:34} {nbytes:>14,} {secs_s} {gbps_s}  {pct:<15} {cached:>7} {res}")
 PY
 
 if [[ ${#FAILED[@]} -gt 0 ]]; then
