@@ -309,12 +309,15 @@ fi
 # Loads read with one reader per rank at once, which a virtual disk may serve faster than one
 # stream: the read limit is the better of one dd and four dd's reading a quarter each.
 read_quarters() {
-  local q=$(((COUNT + 3) / 4)) i flag=""
+  local q=$(((COUNT + 3) / 4)) i flag="" pids=() rc=0
   [[ "$DD_NOTE" == "O_DIRECT" ]] && flag="iflag=direct"
   for i in 0 1 2 3; do
     dd if="$DD_FILE" of=/dev/null bs=4M skip=$((i * q)) count=$q $flag status=none &
+    pids+=($!)
   done
-  wait
+  # Only these four: a bare `wait` would also wait for the cluster's daemons.
+  for i in "${pids[@]}"; do wait "$i" || rc=1; done
+  return $rc
 }
 drop_cache dd-read4 "$DD_FILE"
 timed dd-read4 read_quarters || fail_step "dd read (4 readers)"
