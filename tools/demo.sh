@@ -306,21 +306,22 @@ if [[ "$DD_NOTE" == "O_DIRECT" ]]; then
 else
   timed dd-read dd if="$DD_FILE" of=/dev/null bs=4M || fail_step "dd read"
 fi
-# Loads read with one reader per rank at once, which a virtual disk may serve faster than one
-# stream: the read limit is the better of one dd and four dd's reading a quarter each.
-read_quarters() {
-  local q=$(((COUNT + 3) / 4)) i flag="" pids=() rc=0
+# Loads read with several readers at once (ranks, I/O threads), which a virtual disk may serve
+# faster than one stream: the read limit is the better of one dd and eight dd's reading an
+# eighth each.
+read_parallel() {
+  local q=$(((COUNT + 7) / 8)) i flag="" pids=() rc=0
   [[ "$DD_NOTE" == "O_DIRECT" ]] && flag="iflag=direct"
-  for i in 0 1 2 3; do
+  for i in 0 1 2 3 4 5 6 7; do
     dd if="$DD_FILE" of=/dev/null bs=4M skip=$((i * q)) count=$q $flag status=none &
     pids+=($!)
   done
-  # Only these four: a bare `wait` would also wait for the cluster's daemons.
+  # Only these eight: a bare `wait` would also wait for the cluster's daemons.
   for i in "${pids[@]}"; do wait "$i" || rc=1; done
   return $rc
 }
-drop_cache dd-read4 "$DD_FILE"
-timed dd-read4 read_quarters || fail_step "dd read (4 readers)"
+drop_cache dd-read8 "$DD_FILE"
+timed dd-read8 read_parallel || fail_step "dd read (8 readers)"
 rm -f "$DD_FILE"
 DD_BYTES=$((COUNT * BS))
 
@@ -465,11 +466,11 @@ def job(name, op, kind=None):
 # Tensor bytes of the checkpoint: what the save's main replicas stored (each element once).
 save_bytes, save_s, save_ok = job("save-tp2dp2", "save")
 tensor_bytes = save_bytes if save_ok else file_bytes
-dd_w, dd_r, dd_r4 = seconds("dd-write"), seconds("dd-read"), seconds("dd-read4")
+dd_w, dd_r, dd_r8 = seconds("dd-write"), seconds("dd-read"), seconds("dd-read8")
 bw_w = dd_bytes / dd_w / 1e9 if dd_w else None
 bw_r1 = dd_bytes / dd_r / 1e9 if dd_r else None
-bw_r4 = dd_bytes / dd_r4 / 1e9 if dd_r4 else None
-bw_r = max(b for b in (bw_r1, bw_r4, 0) if b is not None) or None
+bw_r8 = dd_bytes / dd_r8 / 1e9 if dd_r8 else None
+bw_r = max(b for b in (bw_r1, bw_r8, 0) if b is not None) or None
 rows = []
 
 def resident(name):
@@ -522,13 +523,15 @@ row("check   every element (offline)", tensor_bytes, seconds("check-saved"),
     ok_file("check-saved"), bw_r, "read", "check-saved", file_bytes)
 
 print()
-disk = (f"write {bw_w:.2f} GB/s, read {bw_r1 or 0:.2f} GB/s (1 reader) / {bw_r4 or 0:.2f} GB/s "
-        f"(4 readers)" if bw_w and bw_r else "not measured")
+disk = (f"write {bw_w:.2f} GB/s, read {bw_r1 or 0:.2f} GB/s (1 reader) / {bw_r8 or 0:.2f} GB/s "
+        f"(8 readers)" if bw_w and bw_r else "not measured")
 print(f"checkpoint: {tensor_bytes:,} tensor bytes ({file_bytes:,} in files); disk measured now "
       f"with dd, {dd_note}, {dd_bytes:,} bytes: {disk}")
 print("vs disk: the bytes the step moves through the disk (a load: the checkpoint's files, though it"
       " delivers replicated\nelements to several ranks) per second, against dd; cached: the step's"
-      " input still in the page cache after\neviction (checked with fincore; 0 = read from disk)")
+      " input still in the page cache after\neviction (checked with fincore; 0 = none of it came from"
+      " this machine's page cache). Above 100% with\ncached 0, the storage served more than dd"
+      " measured (e.g. a virtual disk's host-side cache).")
 print(f"{'step':34} {'bytes':>14} {'seconds':>9} {'GB/s':>7}  {'vs disk':<15} {'cached':>7} result")
 for step, nbytes, secs, gbps, pct, cached, res in rows:
     secs_s = f"{secs:9.3f}" if secs is not None else f"{'-':>9}"
