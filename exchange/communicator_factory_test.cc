@@ -1,3 +1,4 @@
+#include "device/gpu.h"
 #include "exchange/communicator_factory.h"
 
 #include "absl/time/clock.h"

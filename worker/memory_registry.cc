@@ -19,7 +19,7 @@
 #include "proto/convert.h"
 #include "sharding/dtype.h"
 #include "sharding/region.h"
-#include "worker/gpu.h"
+#include "device/gpu.h"
 
 namespace ckpt::worker {
 namespace {

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/gpu.h"
+#include "device/gpu.h"
 
 namespace ckpt::worker {
 namespace {

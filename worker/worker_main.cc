@@ -40,7 +40,7 @@
 #include "common/transport_security.h"
 #include "spdlog/spdlog.h"
 #include "worker/coordinator_link.h"
-#include "worker/gpu.h"
+#include "device/gpu.h"
 #include "worker/memory_registry.h"
 #include "worker/trainer_socket.h"
 #include "worker/worker_service.h"
@@ -141,7 +141,7 @@ int Run() {
     return Fail(absl::StrCat("--listen must be unix:/absolute/path, got \"", listen, "\""));
   }
   int gpu = absl::GetFlag(FLAGS_gpu);
-  if (gpu < -1) gpu = ckpt::worker::GpuForLocalRank(*local_rank);
+  if (gpu < -1) gpu = ckpt::GpuForLocalRank(*local_rank);
   std::string host = absl::GetFlag(FLAGS_host);
   if (host.empty()) host = ckpt::HostName();
   std::string data_plane = absl::GetFlag(FLAGS_data_plane_address);
@@ -173,7 +173,7 @@ int Run() {
   info.set_local_rank(*local_rank);
   info.set_gpu(gpu);
   if (gpu < 0) {
-    absl::StatusOr<int> gpus = ckpt::worker::CudaDeviceCount();
+    absl::StatusOr<int> gpus = ckpt::CudaDeviceCount();
     spdlog::info("no_gpu reason=\"{}\" memory_kinds=host",
                  gpus.ok() ? std::string("--gpu -1") : std::string(gpus.status().message()));
   }

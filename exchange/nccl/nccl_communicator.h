@@ -24,9 +24,6 @@ struct NcclOptions {
   int cuda_device = -1;
 };
 
-// Number of visible CUDA devices, or FailedPrecondition "no CUDA device: <cuda error>".
-absl::StatusOr<int> CudaDeviceCount();
-
 // Joins the group. FailedPrecondition "no CUDA device: ..." on machines without a GPU;
 // DeadlineExceeded naming ranks that never arrived.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Store* store, int rank,

@@ -1,6 +1,7 @@
 // NCCL backend tests. Without a CUDA device only the "no device" reporting is checked and the
 // device tests skip; on a GPU machine they run single-rank (and multi-rank when several GPUs
 // are visible) collectives on device memory staged from host.
+#include "device/gpu.h"
 #include "exchange/nccl/nccl_communicator.h"
 
 #include <cuda_runtime_api.h>

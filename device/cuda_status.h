@@ -1,6 +1,7 @@
-// The one place where NCCL and CUDA runtime error codes convert to absl::Status.
-#ifndef CKPT_EXCHANGE_NCCL_NCCL_STATUS_H_
-#define CKPT_EXCHANGE_NCCL_NCCL_STATUS_H_
+// The one place where NCCL and CUDA runtime error codes convert to absl::Status (used by the
+// device helpers in device/gpu.h and the NCCL backend in exchange/nccl/).
+#ifndef CKPT_DEVICE_CUDA_STATUS_H_
+#define CKPT_DEVICE_CUDA_STATUS_H_
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -16,9 +17,10 @@ namespace ckpt {
 absl::Status NcclStatus(ncclResult_t result, absl::string_view context);
 
 // OK for cudaSuccess; otherwise "<context>: CUDA <name>: <cudaGetErrorString>". "No device"
-// and "driver too old" are FailedPrecondition, allocation failures ResourceExhausted.
+// and "driver too old" are FailedPrecondition (the message adds "(no usable GPU on this
+// host)"), allocation failures ResourceExhausted.
 absl::Status CudaStatus(cudaError_t error, absl::string_view context);
 
 }  // namespace ckpt
 
-#endif  // CKPT_EXCHANGE_NCCL_NCCL_STATUS_H_
+#endif  // CKPT_DEVICE_CUDA_STATUS_H_

@@ -1,36 +1,25 @@
-#include "worker/gpu.h"
+#include "device/gpu.h"
 
 #include <cuda_runtime_api.h>
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "device/cuda_status.h"
 
-namespace ckpt::worker {
-namespace {
-
-absl::Status FromCuda(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  std::string message =
-      absl::StrCat(what, ": CUDA ", cudaGetErrorName(e), ": ", cudaGetErrorString(e));
-  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
-    return absl::FailedPreconditionError(absl::StrCat(message, " (no usable GPU on this host)"));
-  }
-  if (e == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
-  return absl::InternalError(message);
-}
-
-}  // namespace
+namespace ckpt {
 
 absl::StatusOr<int> CudaDeviceCount() {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
     cudaGetLastError();  // clear the sticky error
-    absl::Status s = FromCuda(e, "cudaGetDeviceCount");
-    return absl::FailedPreconditionError(s.message());
+    absl::Status s = CudaStatus(e, "cudaGetDeviceCount");
+    return absl::FailedPreconditionError(absl::StrCat("no CUDA device: ", s.message()));
   }
-  if (count == 0) return absl::FailedPreconditionError("cudaGetDeviceCount: 0 CUDA devices");
+  if (count == 0) {
+    return absl::FailedPreconditionError("no CUDA device: cudaGetDeviceCount reports 0 devices");
+  }
   return count;
 }
 
@@ -43,7 +32,7 @@ int GpuForLocalRank(int local_rank) {
 absl::StatusOr<std::string> ExportIpcHandle(void* device_ptr) {
   if (absl::StatusOr<int> count = CudaDeviceCount(); !count.ok()) return count.status();
   cudaIpcMemHandle_t handle;
-  if (absl::Status s = FromCuda(cudaIpcGetMemHandle(&handle, device_ptr), "cudaIpcGetMemHandle");
+  if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&handle, device_ptr), "cudaIpcGetMemHandle");
       !s.ok()) {
     return s;
   }
@@ -58,9 +47,9 @@ absl::StatusOr<void*> OpenIpcHandle(const std::string& handle, int device) {
   }
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.data(), sizeof(h));
-  if (absl::Status s = FromCuda(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+  if (absl::Status s = CudaStatus(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
   void* ptr = nullptr;
-  if (absl::Status s = FromCuda(cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess),
+  if (absl::Status s = CudaStatus(cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess),
                                 "cudaIpcOpenMemHandle");
       !s.ok()) {
     return s;
@@ -69,7 +58,7 @@ absl::StatusOr<void*> OpenIpcHandle(const std::string& handle, int device) {
 }
 
 absl::Status CloseIpcHandle(void* device_ptr) {
-  return FromCuda(cudaIpcCloseMemHandle(device_ptr), "cudaIpcCloseMemHandle");
+  return CudaStatus(cudaIpcCloseMemHandle(device_ptr), "cudaIpcCloseMemHandle");
 }
 
-}  // namespace ckpt::worker
+}  // namespace ckpt

@@ -1,4 +1,6 @@
-#include "exchange/nccl/nccl_status.h"
+#include "device/cuda_status.h"
+
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -75,8 +77,12 @@ absl::Status NcclStatus(ncclResult_t result, absl::string_view context) {
 
 absl::Status CudaStatus(cudaError_t error, absl::string_view context) {
   if (error == cudaSuccess) return absl::OkStatus();
-  return absl::Status(CudaCode(error), absl::StrCat(context, ": CUDA ", cudaGetErrorName(error),
-                                                    ": ", cudaGetErrorString(error)));
+  std::string message = absl::StrCat(context, ": CUDA ", cudaGetErrorName(error), ": ",
+                                     cudaGetErrorString(error));
+  if (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver) {
+    absl::StrAppend(&message, " (no usable GPU on this host)");
+  }
+  return absl::Status(CudaCode(error), message);
 }
 
 }  // namespace ckpt

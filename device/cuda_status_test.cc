@@ -1,16 +1,16 @@
-#include "exchange/nccl/nccl_status.h"
+#include "device/cuda_status.h"
 
 #include "gtest/gtest.h"
 
 namespace ckpt {
 namespace {
 
-TEST(NcclStatusTest, SuccessIsOk) {
+TEST(CudaStatusTest, SuccessIsOk) {
   EXPECT_TRUE(NcclStatus(ncclSuccess, "x").ok());
   EXPECT_TRUE(CudaStatus(cudaSuccess, "x").ok());
 }
 
-TEST(NcclStatusTest, NcclCodesMapToActionableStatusCodes) {
+TEST(CudaStatusTest, NcclCodesMapToActionableStatusCodes) {
   EXPECT_EQ(NcclStatus(ncclRemoteError, "op").code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(NcclStatus(ncclSystemError, "op").code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(NcclStatus(ncclInvalidArgument, "op").code(), absl::StatusCode::kInvalidArgument);
@@ -21,10 +21,11 @@ TEST(NcclStatusTest, NcclCodesMapToActionableStatusCodes) {
       << s;
 }
 
-TEST(NcclStatusTest, CudaNoDeviceIsFailedPreconditionWithTheCudaText) {
+TEST(CudaStatusTest, CudaNoDeviceIsFailedPreconditionWithTheCudaText) {
   absl::Status s = CudaStatus(cudaErrorNoDevice, "probe");
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("cudaErrorNoDevice"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("probe: CUDA cudaErrorNoDevice"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("(no usable GPU on this host)"), std::string::npos) << s;
   EXPECT_EQ(CudaStatus(cudaErrorInsufficientDriver, "p").code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(CudaStatus(cudaErrorMemoryAllocation, "p").code(),
