@@ -35,12 +35,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "client/options.h"
 #include "common/daemon.h"
+#include "common/launcher_env.h"
 #include "common/transport_security.h"
+#include "device/gpu.h"
 #include "spdlog/spdlog.h"
 #include "worker/coordinator_link.h"
-#include "device/gpu.h"
 #include "worker/memory_registry.h"
 #include "worker/trainer_socket.h"
 #include "worker/worker_service.h"
@@ -132,11 +132,10 @@ int Run() {
   if (coordinator.empty()) return Fail("--coordinator HOST:PORT is required");
   std::optional<int> explicit_local_rank;
   if (absl::GetFlag(FLAGS_local_rank) >= 0) explicit_local_rank = absl::GetFlag(FLAGS_local_rank);
-  absl::StatusOr<int> local_rank =
-      ckpt::client::ResolveLocalRank(explicit_local_rank, ckpt::client::ProcessEnv());
+  absl::StatusOr<int> local_rank = ckpt::ResolveLocalRank(explicit_local_rank, ckpt::ProcessEnv());
   if (!local_rank.ok()) return Fail(std::string(local_rank.status().message()));
   std::string listen = absl::GetFlag(FLAGS_listen);
-  if (listen.empty()) listen = ckpt::client::DefaultWorkerAddress(*local_rank);
+  if (listen.empty()) listen = ckpt::DefaultWorkerAddress(*local_rank);
   if (!absl::StartsWith(listen, "unix:/")) {
     return Fail(absl::StrCat("--listen must be unix:/absolute/path, got \"", listen, "\""));
   }
