@@ -21,7 +21,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -36,6 +35,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/daemon.h"
+#include "common/durable_file.h"
 #include "common/launcher_env.h"
 #include "common/transport_security.h"
 #include "device/gpu.h"
@@ -79,16 +79,6 @@ ABSL_FLAG(int64_t, rpc_timeout_ms, 5000, "deadline of each call to the coordinat
 ABSL_FLAG(int64_t, reap_interval_ms, 250, "how often dead trainers' segments are looked for");
 
 namespace {
-
-bool WriteFileAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = absl::StrCat(path, ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text << "\n";
-    if (!out.good()) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "ckpt_worker: %s\n", message.c_str());
@@ -184,9 +174,9 @@ int Run() {
   const std::string ready_file = absl::GetFlag(FLAGS_ready_file);
   link.SetRegisteredHandler([&service, ready_file, listen](const std::string& worker_id) {
     service.OnRegistered(worker_id);
-    if (!ready_file.empty() && !WriteFileAtomically(ready_file, worker_id + " " + listen)) {
-      spdlog::error("cannot write ready_file={}", ready_file);
-    }
+    if (ready_file.empty()) return;
+    absl::Status s = ckpt::WriteFileAtomically(ready_file, worker_id + " " + listen + "\n");
+    if (!s.ok()) spdlog::error("cannot write ready_file={}: {}", ready_file, s.ToString());
   });
   link.SetWorkHandler([&service](const ckpt::pb::WorkItem& item) { service.OnWorkItem(item); });
   link.SetLeaseLostHandler([&service](const absl::Status& why) { service.OnLeaseLost(why); });
