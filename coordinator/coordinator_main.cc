@@ -37,12 +37,12 @@
 #include "common/grpc_auth.h"
 #include "common/transport_security.h"
 #include "coordinator/coordinator_service.h"
-#include "coordinator/kv_store.h"
 #include "coordinator/load_exchange.h"
-#include "coordinator/rendezvous_service.h"
 #include "coordinator/reshard_commit.h"
 #include "coordinator/save_commit.h"
 #include "coordinator/staging_journal.h"
+#include "rendezvous/kv_store.h"
+#include "rendezvous/rendezvous_service.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7400", "host:port to serve on (port 0: pick a free one)");

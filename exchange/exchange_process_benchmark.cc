@@ -34,12 +34,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "coordinator/kv_store.h"
-#include "coordinator/rendezvous_service.h"
 #include "exchange/exchange.h"
 #include "exchange/gloo/gloo_communicator.h"
-#include "exchange/grpc_store.h"
 #include "exchange/reshard_bench_plan.h"
+#include "rendezvous/grpc_store.h"
+#include "rendezvous/kv_store.h"
+#include "rendezvous/rendezvous_service.h"
 
 namespace ckpt {
 namespace {

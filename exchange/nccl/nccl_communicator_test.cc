@@ -1,7 +1,6 @@
 // NCCL backend tests. Without a CUDA device only the "no device" reporting is checked and the
 // device tests skip; on a GPU machine they run single-rank (and multi-rank when several GPUs
 // are visible) collectives on device memory staged from host.
-#include "device/gpu.h"
 #include "exchange/nccl/nccl_communicator.h"
 
 #include <cuda_runtime_api.h>
@@ -12,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "device/gpu.h"
 #include "gtest/gtest.h"
 
 namespace ckpt {

@@ -1,4 +1,4 @@
-#include "exchange/store.h"
+#include "rendezvous/store.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

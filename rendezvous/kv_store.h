@@ -1,7 +1,7 @@
 // The rendezvous key-value store's state: a thread-safe in-memory map with blocking waits.
 // Served over gRPC by RendezvousService and used directly by in-process tests (InMemoryStore).
-#ifndef CKPT_COORDINATOR_KV_STORE_H_
-#define CKPT_COORDINATOR_KV_STORE_H_
+#ifndef CKPT_RENDEZVOUS_KV_STORE_H_
+#define CKPT_RENDEZVOUS_KV_STORE_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -86,4 +86,4 @@ class KvStore {
 
 }  // namespace ckpt
 
-#endif  // CKPT_COORDINATOR_KV_STORE_H_
+#endif  // CKPT_RENDEZVOUS_KV_STORE_H_

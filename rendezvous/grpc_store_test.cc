@@ -1,13 +1,13 @@
-#include "exchange/grpc_store.h"
+#include "rendezvous/grpc_store.h"
 
 #include <grpcpp/grpcpp.h>
 
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/kv_store.h"
-#include "coordinator/rendezvous_service.h"
 #include "gtest/gtest.h"
+#include "rendezvous/kv_store.h"
+#include "rendezvous/rendezvous_service.h"
 
 namespace ckpt {
 namespace {

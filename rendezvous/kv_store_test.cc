@@ -1,4 +1,4 @@
-#include "coordinator/kv_store.h"
+#include "rendezvous/kv_store.h"
 
 #include <atomic>
 #include <thread>

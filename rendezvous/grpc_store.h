@@ -1,12 +1,12 @@
 // Store client of the coordinator's ckpt.pb.Rendezvous service. gRPC headers stay in the .cc.
-#ifndef CKPT_EXCHANGE_GRPC_STORE_H_
-#define CKPT_EXCHANGE_GRPC_STORE_H_
+#ifndef CKPT_RENDEZVOUS_GRPC_STORE_H_
+#define CKPT_RENDEZVOUS_GRPC_STORE_H_
 
 #include <memory>
 #include <string>
 
 #include "common/transport_security.h"
-#include "exchange/store.h"
+#include "rendezvous/store.h"
 
 namespace ckpt {
 
@@ -34,4 +34,4 @@ class GrpcStore : public Store {
 
 }  // namespace ckpt
 
-#endif  // CKPT_EXCHANGE_GRPC_STORE_H_
+#endif  // CKPT_RENDEZVOUS_GRPC_STORE_H_

@@ -1,4 +1,4 @@
-#include "coordinator/rendezvous_service.h"
+#include "rendezvous/rendezvous_service.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,7 +1,7 @@
 // Rendezvous key-value store used by communicators to find each other (Gloo addresses, NCCL
 // unique ids). Every call takes a deadline; nothing blocks past it.
-#ifndef CKPT_EXCHANGE_STORE_H_
-#define CKPT_EXCHANGE_STORE_H_
+#ifndef CKPT_RENDEZVOUS_STORE_H_
+#define CKPT_RENDEZVOUS_STORE_H_
 
 #include <cstdint>
 #include <memory>
@@ -13,7 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "coordinator/kv_store.h"
+#include "rendezvous/kv_store.h"
 
 namespace ckpt {
 
@@ -77,4 +77,4 @@ absl::Status ArriveAndWait(Store& group_store, int rank, int size, absl::Time de
 
 }  // namespace ckpt
 
-#endif  // CKPT_EXCHANGE_STORE_H_
+#endif  // CKPT_RENDEZVOUS_STORE_H_

@@ -1,12 +1,12 @@
 // The coordinator's rendezvous key-value service (ckpt.pb.Rendezvous) over a KvStore.
-// Gloo's store and NCCL's unique ids go through it (see exchange/store.h for the client).
+// Gloo's store and NCCL's unique ids go through it (see rendezvous/store.h for the client).
 //
 // Only workers may call it (a worker certificate on a TLS server). With an authorizer wired
 // (the coordinator daemon), every key must lie in the group ("<kind>/<operation id>/...") of
 // an operation in flight that the calling worker serves; the KvStore's limits bound what one
 // group may hold, and the coordinator erases a group when its operation ends.
-#ifndef CKPT_COORDINATOR_RENDEZVOUS_SERVICE_H_
-#define CKPT_COORDINATOR_RENDEZVOUS_SERVICE_H_
+#ifndef CKPT_RENDEZVOUS_RENDEZVOUS_SERVICE_H_
+#define CKPT_RENDEZVOUS_RENDEZVOUS_SERVICE_H_
 
 #include <functional>
 #include <string>
@@ -14,8 +14,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/grpc_auth.h"
-#include "coordinator/kv_store.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "rendezvous/kv_store.h"
 
 namespace ckpt {
 
@@ -52,4 +52,4 @@ class RendezvousService final : public pb::Rendezvous::Service {
 
 }  // namespace ckpt
 
-#endif  // CKPT_COORDINATOR_RENDEZVOUS_SERVICE_H_
+#endif  // CKPT_RENDEZVOUS_RENDEZVOUS_SERVICE_H_

@@ -1,4 +1,4 @@
-#include "exchange/grpc_store.h"
+#include "rendezvous/grpc_store.h"
 
 #include <grpcpp/grpcpp.h>
 
