@@ -12,8 +12,8 @@
 #include "common/status_macros.h"
 #include "coordinator/distribute.h"
 #include "sharding/box_index.h"
+#include "sharding/coverage.h"
 #include "sharding/shard_id.h"
-#include "storage/coverage.h"
 
 namespace ckpt {
 namespace {

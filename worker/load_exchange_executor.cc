@@ -15,9 +15,9 @@
 #include "exchange/staging_arena.h"
 #include "proto/convert.h"
 #include "rendezvous/grpc_store.h"
+#include "sharding/coverage.h"
 #include "sharding/overlap.h"
 #include "storage/checkpoint_reader.h"
-#include "storage/coverage.h"
 
 namespace ckpt::worker {
 namespace {

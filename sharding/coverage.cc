@@ -1,4 +1,4 @@
-#include "storage/coverage.h"
+#include "sharding/coverage.h"
 
 #include <algorithm>
 #include <limits>

@@ -2,7 +2,7 @@
 // tensors of 0 to 4 dims, random tilings (boxes and flat ranges) mutated to leave holes and
 // overlaps (including the "relabelled piece" that hides a hole behind an overlap of the same
 // size, which a count of elements misses), and arbitrary random pieces.
-#include "storage/coverage.h"
+#include "sharding/coverage.h"
 
 #include <random>
 

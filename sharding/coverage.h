@@ -10,8 +10,8 @@
 // vanish inside the tensor). The pieces tile the tensor iff their signed corner terms sum to
 // the tensor's single term at the origin. Otherwise the row-major smallest point with a
 // non-zero sum is the first element stored (1 + sum) times.
-#ifndef CKPT_STORAGE_COVERAGE_H_
-#define CKPT_STORAGE_COVERAGE_H_
+#ifndef CKPT_SHARDING_COVERAGE_H_
+#define CKPT_SHARDING_COVERAGE_H_
 
 #include <cstdint>
 #include <functional>
@@ -79,4 +79,4 @@ absl::Status RunTilingStatus(const std::optional<RunFault>& fault, absl::string_
 
 }  // namespace ckpt
 
-#endif  // CKPT_STORAGE_COVERAGE_H_
+#endif  // CKPT_SHARDING_COVERAGE_H_
