@@ -1,8 +1,8 @@
 // Offline resharding of a committed checkpoint into the pieces of a target layout, in-process
 // and within a memory budget (ckptctl reshard without --coordinator).
 //
-// Plan: the target layout's pieces (coordinator/layout_spec.h) go through the planner's save
-// plan (coordinator/save_plan.h: one writer per distinct main-replica piece, balanced over the
+// Plan: the target layout's pieces (planner/layout_spec.h) go through the planner's save
+// plan (planner/save_plan.h: one writer per distinct main-replica piece, balanced over the
 // target's ranks); the pieces are then cut, in shard-id order, into waves with one file per
 // writer per wave (reshard/wave_writer.h, RepackForWaves), and the source pieces of the manifest
 // map onto them with PlanReshard (sharding/reshard_plan.h). A wave's destination pieces are
@@ -21,8 +21,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "coordinator/layout_spec.h"
-#include "coordinator/save_plan.h"
+#include "planner/layout_spec.h"
+#include "planner/save_plan.h"
 #include "reshard/wave_writer.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/io_engine.h"

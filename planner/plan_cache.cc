@@ -1,4 +1,4 @@
-#include "coordinator/plan_cache.h"
+#include "planner/plan_cache.h"
 
 #include <string>
 #include <vector>

@@ -6,13 +6,13 @@
 //                      (Megatron's ZeRO-1 layout).
 // Each rank's flat range used to be found by building the whole even split per rank
 // (quadratic in ranks: 4,096 ranks took ~50 s on a GPT state); it is now computed directly.
-// Run: bazel run -c opt //coordinator:layout_spec_benchmark
+// Run: bazel run -c opt //planner:layout_spec_benchmark
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "coordinator/layout_spec.h"
+#include "planner/layout_spec.h"
 
 namespace ckpt {
 namespace {

@@ -1,4 +1,4 @@
-#include "coordinator/load_plan.h"
+#include "planner/load_plan.h"
 
 #include <cstring>
 #include <map>

@@ -1,4 +1,4 @@
-#include "coordinator/distribute.h"
+#include "planner/distribute.h"
 
 #include <random>
 #include <string>

@@ -1,4 +1,4 @@
-// Fuzz target for target layouts (coordinator/layout_spec.h), the JSON the coordinator takes
+// Fuzz target for target layouts (planner/layout_spec.h), the JSON the coordinator takes
 // from any caller: LayoutSpec::Parse must answer every input with a layout or an error, and a
 // layout it accepts must expand into pieces that store every element of every tensor exactly
 // once (ValidateLayout), with each rank's own pieces (RankPieces) equal to its share of the
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "coordinator/layout_spec.h"
+#include "planner/layout_spec.h"
 #include "sharding/layout.h"
 
 namespace ckpt {

@@ -14,8 +14,8 @@
 // without a size, a negative size, sizes adding up past int64, a shard without any holder in
 // [0, num_ranks), a repeated shard id, and two shards that tie on every earlier sort field
 // but differ in "flat range vs None" (Python raises TypeError there).
-#ifndef CKPT_COORDINATOR_DISTRIBUTE_H_
-#define CKPT_COORDINATOR_DISTRIBUTE_H_
+#ifndef CKPT_PLANNER_DISTRIBUTE_H_
+#define CKPT_PLANNER_DISTRIBUTE_H_
 
 #include <cstdint>
 #include <optional>
@@ -83,4 +83,4 @@ absl::Status IncomparableShardsError(const ShardId& a, const ShardId& b);
 }  // namespace internal
 }  // namespace ckpt
 
-#endif  // CKPT_COORDINATOR_DISTRIBUTE_H_
+#endif  // CKPT_PLANNER_DISTRIBUTE_H_

@@ -1,4 +1,4 @@
-#include "coordinator/distribute.h"
+#include "planner/distribute.h"
 
 #include <algorithm>
 #include <limits>

@@ -22,8 +22,8 @@
 // themselves are not counted (they are allocated by the trainer). Units are packed into waves
 // in distribution order while every rank stays within the budget; a span larger than the
 // budget is split into several units.
-#ifndef CKPT_COORDINATOR_LOAD_PLAN_H_
-#define CKPT_COORDINATOR_LOAD_PLAN_H_
+#ifndef CKPT_PLANNER_LOAD_PLAN_H_
+#define CKPT_PLANNER_LOAD_PLAN_H_
 
 #include <cstdint>
 #include <string>
@@ -139,4 +139,4 @@ int64_t WaveBytesInFlight(const LoadWave& wave, ExchangeAlgorithm algorithm, int
 
 }  // namespace ckpt
 
-#endif  // CKPT_COORDINATOR_LOAD_PLAN_H_
+#endif  // CKPT_PLANNER_LOAD_PLAN_H_

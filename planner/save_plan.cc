@@ -1,4 +1,4 @@
-#include "coordinator/save_plan.h"
+#include "planner/save_plan.h"
 
 #include <algorithm>
 #include <limits>
@@ -9,7 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "coordinator/main_replica.h"
+#include "planner/main_replica.h"
 #include "sharding/shard_id.h"
 
 namespace ckpt {

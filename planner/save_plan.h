@@ -1,8 +1,8 @@
 // The save plan: from every rank's sharded-state metadata, who writes each distinct piece and
 // into which data file, so that every element is written exactly once, write work is spread
 // evenly over ranks (Megatron's main-replica distribution) and files are few and large.
-#ifndef CKPT_COORDINATOR_SAVE_PLAN_H_
-#define CKPT_COORDINATOR_SAVE_PLAN_H_
+#ifndef CKPT_PLANNER_SAVE_PLAN_H_
+#define CKPT_PLANNER_SAVE_PLAN_H_
 
 #include <cstdint>
 #include <string>
@@ -69,4 +69,4 @@ std::string DataFileName(int64_t rank, int64_t index);
 
 }  // namespace ckpt
 
-#endif  // CKPT_COORDINATOR_SAVE_PLAN_H_
+#endif  // CKPT_PLANNER_SAVE_PLAN_H_

@@ -1,4 +1,4 @@
-#include "coordinator/save_plan.h"
+#include "planner/save_plan.h"
 
 #include <map>
 #include <random>

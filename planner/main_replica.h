@@ -1,7 +1,7 @@
 // Megatron-core's determine_main_replica_uniform_distribution over gathered per-rank shard
 // metadata: which rank of a parallelization group saves (or loads) each shard.
-#ifndef CKPT_COORDINATOR_MAIN_REPLICA_H_
-#define CKPT_COORDINATOR_MAIN_REPLICA_H_
+#ifndef CKPT_PLANNER_MAIN_REPLICA_H_
+#define CKPT_PLANNER_MAIN_REPLICA_H_
 
 #include <cstdint>
 #include <optional>
@@ -47,4 +47,4 @@ absl::StatusOr<std::optional<MainReplicaDistribution>> DetermineMainReplicaDistr
 
 }  // namespace ckpt
 
-#endif  // CKPT_COORDINATOR_MAIN_REPLICA_H_
+#endif  // CKPT_PLANNER_MAIN_REPLICA_H_

@@ -1,4 +1,4 @@
-#include "coordinator/layout_spec.h"
+#include "planner/layout_spec.h"
 
 #include <sys/stat.h>
 

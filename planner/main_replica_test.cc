@@ -1,12 +1,12 @@
-#include "coordinator/main_replica.h"
+#include "planner/main_replica.h"
 
 #include <map>
 #include <random>
 #include <set>
 
-#include "coordinator/distribute.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planner/distribute.h"
 
 namespace ckpt {
 namespace {

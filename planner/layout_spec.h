@@ -7,8 +7,8 @@
 // A layout is untrusted input (it arrives over gRPC at the coordinator): it is bounded before
 // any DOM or per-rank state is built (the limits below, docs/layout.md "Limits"), and its
 // patterns are matched with RE2, in time linear in the key and without recursion.
-#ifndef CKPT_COORDINATOR_LAYOUT_SPEC_H_
-#define CKPT_COORDINATOR_LAYOUT_SPEC_H_
+#ifndef CKPT_PLANNER_LAYOUT_SPEC_H_
+#define CKPT_PLANNER_LAYOUT_SPEC_H_
 
 #include <cstdint>
 #include <memory>
@@ -131,4 +131,4 @@ std::optional<Placement> ParsePlacement(absl::string_view text);
 
 }  // namespace ckpt
 
-#endif  // CKPT_COORDINATOR_LAYOUT_SPEC_H_
+#endif  // CKPT_PLANNER_LAYOUT_SPEC_H_

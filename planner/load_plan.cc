@@ -1,4 +1,4 @@
-#include "coordinator/load_plan.h"
+#include "planner/load_plan.h"
 
 #include <algorithm>
 #include <limits>
@@ -10,7 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "coordinator/distribute.h"
+#include "planner/distribute.h"
 #include "sharding/box_index.h"
 #include "sharding/coverage.h"
 #include "sharding/shard_id.h"

@@ -1,11 +1,11 @@
-#include "coordinator/main_replica.h"
+#include "planner/main_replica.h"
 
 #include <algorithm>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "coordinator/distribute.h"
+#include "planner/distribute.h"
 #include "sharding/dtensor.h"
 
 namespace ckpt {

@@ -1,8 +1,8 @@
 // Plans keyed by a fingerprint of everything they are computed from, so a repeated save or
 // load of an unchanged layout skips planning, and any change (a region, a dtype, a rank count,
 // an option, even the order of the gathered lists, which the plans depend on) misses.
-#ifndef CKPT_COORDINATOR_PLAN_CACHE_H_
-#define CKPT_COORDINATOR_PLAN_CACHE_H_
+#ifndef CKPT_PLANNER_PLAN_CACHE_H_
+#define CKPT_PLANNER_PLAN_CACHE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -13,8 +13,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "coordinator/load_plan.h"
-#include "coordinator/save_plan.h"
+#include "planner/load_plan.h"
+#include "planner/save_plan.h"
 #include "sharding/layout.h"
 
 namespace ckpt {
@@ -80,4 +80,4 @@ class PlanCache {
 
 }  // namespace ckpt
 
-#endif  // CKPT_COORDINATOR_PLAN_CACHE_H_
+#endif  // CKPT_PLANNER_PLAN_CACHE_H_
