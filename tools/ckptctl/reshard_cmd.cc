@@ -14,9 +14,9 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "planner/layout_spec.h"
+#include "reshard/offline_reshard.h"
 #include "tools/ckptctl/cluster_reshard.h"
 #include "tools/ckptctl/commands.h"
-#include "tools/offline_reshard.h"
 
 namespace ckpt::ckptctl {
 namespace {

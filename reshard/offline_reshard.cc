@@ -1,4 +1,4 @@
-#include "tools/offline_reshard.h"
+#include "reshard/offline_reshard.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "tools/offline_reshard.h"
+#include "reshard/offline_reshard.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -10,11 +10,11 @@
 #include "examples/gpt_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "reshard/wave_writer.h"
 #include "sharding/shard_id.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
 #include "storage/verify.h"
-#include "reshard/wave_writer.h"
 
 namespace ckpt {
 namespace {

@@ -11,8 +11,8 @@
 // bytes stream out) into a staging directory that is committed atomically at the end. At most about
 // `memory_budget_bytes` of piece data are held at once: a third for the wave being filled, a third
 // for the wave being written meanwhile, a third for source staging.
-#ifndef CKPT_TOOLS_OFFLINE_RESHARD_H_
-#define CKPT_TOOLS_OFFLINE_RESHARD_H_
+#ifndef CKPT_RESHARD_OFFLINE_RESHARD_H_
+#define CKPT_RESHARD_OFFLINE_RESHARD_H_
 
 #include <cstdint>
 #include <functional>
@@ -58,4 +58,4 @@ absl::StatusOr<OfflineReshardStats> OfflineReshard(const std::string& src, const
 
 }  // namespace ckpt
 
-#endif  // CKPT_TOOLS_OFFLINE_RESHARD_H_
+#endif  // CKPT_RESHARD_OFFLINE_RESHARD_H_
