@@ -9,8 +9,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "proto/convert.h"
 #include "device/gpu.h"
+#include "proto/convert.h"
 
 namespace ckpt::client {
 namespace {

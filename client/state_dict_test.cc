@@ -8,9 +8,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "device/gpu.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "device/gpu.h"
 
 namespace ckpt::client {
 namespace {

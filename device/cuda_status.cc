@@ -77,8 +77,8 @@ absl::Status NcclStatus(ncclResult_t result, absl::string_view context) {
 
 absl::Status CudaStatus(cudaError_t error, absl::string_view context) {
   if (error == cudaSuccess) return absl::OkStatus();
-  std::string message = absl::StrCat(context, ": CUDA ", cudaGetErrorName(error), ": ",
-                                     cudaGetErrorString(error));
+  std::string message =
+      absl::StrCat(context, ": CUDA ", cudaGetErrorName(error), ": ", cudaGetErrorString(error));
   if (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver) {
     absl::StrAppend(&message, " (no usable GPU on this host)");
   }

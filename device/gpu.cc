@@ -50,7 +50,7 @@ absl::StatusOr<void*> OpenIpcHandle(const std::string& handle, int device) {
   if (absl::Status s = CudaStatus(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
   void* ptr = nullptr;
   if (absl::Status s = CudaStatus(cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess),
-                                "cudaIpcOpenMemHandle");
+                                  "cudaIpcOpenMemHandle");
       !s.ok()) {
     return s;
   }
