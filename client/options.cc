@@ -1,8 +1,5 @@
 #include "client/options.h"
 
-#include <unistd.h>
-
-#include <cstdlib>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -10,67 +7,13 @@
 #include "absl/strings/str_join.h"
 
 namespace ckpt::client {
-namespace {
 
-// The variables one launcher sets.
-struct Launcher {
-  const char* name;
-  const char* rank;
-  const char* world_size;
-  const char* local_rank;
-};
-
-constexpr Launcher kLaunchers[] = {
-    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
-    {"slurm", "SLURM_PROCID", "SLURM_NPROCS", "SLURM_LOCALID"},
-    {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-};
-
-absl::StatusOr<std::optional<int>> ReadInt(const EnvLookup& env, const std::string& name) {
-  std::optional<std::string> value = env(name);
-  if (!value.has_value()) return std::optional<int>();
-  int parsed = 0;
-  if (!absl::SimpleAtoi(*value, &parsed)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("environment variable ", name, "=\"", *value, "\" is not an integer"));
-  }
-  return std::optional<int>(parsed);
-}
-
-}  // namespace
-
-EnvLookup ProcessEnv() {
-  return [](const std::string& name) -> std::optional<std::string> {
-    const char* v = std::getenv(name.c_str());
-    if (v == nullptr) return std::nullopt;
-    return std::string(v);
-  };
-}
-
-std::string DefaultWorkerAddress(int local_rank) {
-  return absl::StrCat("unix:/tmp/ckpt-worker-", getuid(), "-", local_rank, ".sock");
-}
-
-absl::StatusOr<int> ResolveLocalRank(std::optional<int> explicit_local_rank, const EnvLookup& env) {
-  if (explicit_local_rank.has_value()) return *explicit_local_rank;
-  for (const Launcher& l : kLaunchers) {
-    absl::StatusOr<std::optional<int>> v = ReadInt(env, l.local_rank);
-    if (!v.ok()) return v.status();
-    if (v->has_value()) return **v;
-  }
-  return 0;
-}
+using Launcher = LauncherVariables;
 
 absl::StatusOr<ResolvedOptions> ResolveOptions(const Options& options, const EnvLookup& env) {
   ResolvedOptions out;
   out.rpc_timeout = options.rpc_timeout;
-  const Launcher* launcher = nullptr;
-  for (const Launcher& l : kLaunchers) {
-    if (env(l.rank).has_value()) {
-      launcher = &l;
-      break;
-    }
-  }
+  const Launcher* launcher = DetectLauncher(env);
   out.launcher = options.rank.has_value() || launcher == nullptr ? "explicit" : launcher->name;
   std::vector<std::string> missing;
 
@@ -81,7 +24,7 @@ absl::StatusOr<ResolvedOptions> ResolveOptions(const Options& options, const Env
       return absl::OkStatus();
     }
     if (launcher != nullptr) {
-      absl::StatusOr<std::optional<int>> v = ReadInt(env, launcher->*field);
+      absl::StatusOr<std::optional<int>> v = ReadIntVariable(env, launcher->*field);
       if (!v.ok()) return v.status();
       if (v->has_value()) {
         *dest = **v;
@@ -92,7 +35,7 @@ absl::StatusOr<ResolvedOptions> ResolveOptions(const Options& options, const Env
       return absl::OkStatus();
     }
     std::vector<std::string> vars;
-    for (const Launcher& l : kLaunchers) vars.push_back(l.*field);
+    for (const Launcher& l : KnownLaunchers()) vars.push_back(l.*field);
     missing.push_back(
         absl::StrCat(what, " (pass Options::", what, " or set ", absl::StrJoin(vars, ", "), ")"));
     return absl::OkStatus();
@@ -108,7 +51,7 @@ absl::StatusOr<ResolvedOptions> ResolveOptions(const Options& options, const Env
   if (options.local_rank.has_value()) {
     out.local_rank = *options.local_rank;
   } else if (launcher != nullptr) {
-    absl::StatusOr<std::optional<int>> v = ReadInt(env, launcher->local_rank);
+    absl::StatusOr<std::optional<int>> v = ReadIntVariable(env, launcher->local_rank);
     if (!v.ok()) return v.status();
     // A launcher without a local rank (one process per node): 0.
     out.local_rank = v->value_or(0);
@@ -121,12 +64,7 @@ absl::StatusOr<ResolvedOptions> ResolveOptions(const Options& options, const Env
   if (options.job.has_value()) {
     out.job = *options.job;
   } else {
-    for (const char* var : {"CKPT_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"}) {
-      if (std::optional<std::string> v = env(var); v.has_value() && !v->empty()) {
-        out.job = *v;
-        break;
-      }
-    }
+    out.job = JobFromEnvironment(env).value_or("");
     if (out.job.empty()) {
       missing.push_back(
           "job (pass Options::job or set CKPT_JOB, TORCHELASTIC_RUN_ID or SLURM_JOB_ID)");

@@ -1,8 +1,6 @@
 // Who a trainer process is (job, rank, world size, local rank) and where its worker daemon
-// listens, from explicit options first and the launcher's environment second, as
-// PhysicsNeMo's DistributedManager does: torchrun (RANK, WORLD_SIZE, LOCAL_RANK), SLURM
-// (SLURM_PROCID, SLURM_NPROCS, SLURM_LOCALID) or Open MPI (OMPI_COMM_WORLD_RANK,
-// OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK). Pure: no gRPC, threads or logging.
+// listens, from explicit options first and the launcher's environment second (read by
+// common/launcher_env, which the worker daemon shares). Pure: no gRPC, threads or logging.
 #ifndef CKPT_CLIENT_OPTIONS_H_
 #define CKPT_CLIENT_OPTIONS_H_
 
@@ -12,13 +10,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/launcher_env.h"
 
 namespace ckpt::client {
 
-// Reads an environment variable; nullopt when unset. Injectable for tests.
-using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
-// The process environment (getenv).
-EnvLookup ProcessEnv();
+// The environment readers of common/launcher_env, under the names the client always had.
+using ::ckpt::EnvLookup;
+using ::ckpt::ProcessEnv;
 
 // What the trainer says about itself; unset fields come from the environment.
 struct Options {
@@ -49,13 +47,6 @@ struct ResolvedOptions {
 // launcher. InvalidArgument naming every missing value and the variables that could supply
 // it, or a malformed/inconsistent value (rank outside the world size, ...).
 absl::StatusOr<ResolvedOptions> ResolveOptions(const Options& options, const EnvLookup& env);
-
-// The local rank alone (for the worker daemon choosing its GPU): explicit, else LOCAL_RANK,
-// SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK, else 0.
-absl::StatusOr<int> ResolveLocalRank(std::optional<int> explicit_local_rank, const EnvLookup& env);
-
-// "unix:/tmp/ckpt-worker-<uid>-<local_rank>.sock": where ckpt_worker listens by default.
-std::string DefaultWorkerAddress(int local_rank);
 
 }  // namespace ckpt::client
 

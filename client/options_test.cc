@@ -115,12 +115,5 @@ TEST(OptionsTest, MalformedOrInconsistentValuesAreRejected) {
       ResolveOptions({}, Env({{"RANK", "0"}, {"WORLD_SIZE", "0"}, {"CKPT_JOB", "j"}})).ok());
 }
 
-TEST(OptionsTest, LocalRankAloneForTheWorker) {
-  EXPECT_EQ(*ResolveLocalRank(std::nullopt, Env({})), 0);
-  EXPECT_EQ(*ResolveLocalRank(std::nullopt, Env({{"SLURM_LOCALID", "3"}})), 3);
-  EXPECT_EQ(*ResolveLocalRank(5, Env({{"LOCAL_RANK", "3"}})), 5);
-  EXPECT_FALSE(ResolveLocalRank(std::nullopt, Env({{"LOCAL_RANK", "a"}})).ok());
-}
-
 }  // namespace
 }  // namespace ckpt::client

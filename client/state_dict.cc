@@ -9,8 +9,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "device/gpu.h"
 #include "proto/convert.h"
-#include "worker/gpu.h"
 
 namespace ckpt::client {
 namespace {
@@ -169,7 +169,7 @@ absl::StatusOr<StateTensor*> StateDict::AddDevice(const TensorSpec& spec, void* 
   device_spec.memory = MemoryKind::kDevice;
   auto t = Resolve(device_spec);
   if (!t.ok()) return t.status();
-  absl::StatusOr<std::string> handle = worker::ExportIpcHandle(device_ptr);
+  absl::StatusOr<std::string> handle = ExportIpcHandle(device_ptr);
   if (!handle.ok()) {
     return absl::Status(
         handle.status().code(),

@@ -8,9 +8,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "device/gpu.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/gpu.h"
 
 namespace ckpt::client {
 namespace {
@@ -153,7 +153,7 @@ TEST(StateDictTest, RejectsDuplicateKeysAndBadLayoutsNamingTheKey) {
 }
 
 TEST(StateDictTest, DeviceTensorsNeedAGpu) {
-  if (worker::CudaDeviceCount().ok()) GTEST_SKIP() << "a GPU is present; covered by GPU tests";
+  if (CudaDeviceCount().ok()) GTEST_SKIP() << "a GPU is present; covered by GPU tests";
   StateDict state("j", 0);
   TensorSpec s = Spec("w", {4});
   s.layout = Region{{0}, {4}, std::nullopt};

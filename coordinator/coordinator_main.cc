@@ -22,7 +22,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,15 +33,16 @@
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint_roots.h"
 #include "common/daemon.h"
+#include "common/durable_file.h"
 #include "common/grpc_auth.h"
 #include "common/transport_security.h"
 #include "coordinator/coordinator_service.h"
-#include "coordinator/kv_store.h"
 #include "coordinator/load_exchange.h"
-#include "coordinator/rendezvous_service.h"
 #include "coordinator/reshard_commit.h"
 #include "coordinator/save_commit.h"
 #include "coordinator/staging_journal.h"
+#include "rendezvous/kv_store.h"
+#include "rendezvous/rendezvous_service.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7400", "host:port to serve on (port 0: pick a free one)");
@@ -85,17 +85,6 @@ ABSL_FLAG(std::string, state_dir, "",
 namespace {
 
 constexpr int kMaxMessageBytes = 1 << 30;
-
-// Writes `text` to `path` through a temporary file and rename, so readers never see a part.
-bool WriteFileAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = absl::StrCat(path, ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text << "\n";
-    if (!out.good()) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
 
 int Fail(absl::string_view message) {
   std::fprintf(stderr, "ckpt_coordinator: %s\n", std::string(message).c_str());
@@ -271,11 +260,13 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
       "serving address={} incarnation={} tls={} checkpoint_roots=\"{}\" lease_ms={} "
       "arrival_deadline_ms={} execution_deadline_ms={}",
       address, coordinator.incarnation_hex(), security->tls, roots->Describe(),
-      absl::GetFlag(FLAGS_lease_ms),
-      absl::GetFlag(FLAGS_arrival_deadline_ms), absl::GetFlag(FLAGS_execution_deadline_ms));
+      absl::GetFlag(FLAGS_lease_ms), absl::GetFlag(FLAGS_arrival_deadline_ms),
+      absl::GetFlag(FLAGS_execution_deadline_ms));
   const std::string address_file = absl::GetFlag(FLAGS_address_file);
-  if (!address_file.empty() && !WriteFileAtomically(address_file, address)) {
-    spdlog::error("cannot write address_file={}", address_file);
+  if (!address_file.empty()) {
+    if (absl::Status s = ckpt::WriteFileAtomically(address_file, address + "\n"); !s.ok()) {
+      spdlog::error("cannot write address_file={}: {}", address_file, s.ToString());
+    }
   }
 
   grpc::Server* raw = server.get();

@@ -7,11 +7,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/grpc_status.h"
-#include "coordinator/layout_spec.h"
 #include "coordinator/operation_wire.h"
+#include "planner/layout_spec.h"
 #include "spdlog/spdlog.h"
 
 namespace ckpt::coordinator {

@@ -86,7 +86,7 @@ struct RankEntry {
 // What a reshard executed on the workers reads and how (Operation::path is the destination).
 struct ReshardSpec {
   std::string source;               // the committed checkpoint to read
-  std::string layout_json;          // the target layout (coordinator/layout_spec.h)
+  std::string layout_json;          // the target layout (planner/layout_spec.h)
   bool overwrite = false;           // replace an existing checkpoint at the destination
   int64_t memory_budget_bytes = 0;  // per rank; 0: the planner's default
 };

@@ -1,7 +1,7 @@
 // The direct-read load planner: every rank reads the regions it needs straight from the
 // checkpoint (any saved layout to any target layout, since reads assemble a region from every
 // stored piece that overlaps it). Correct for every layout change; it reads replicated data
-// once per rank that needs it, where the exchange-based plan (coordinator/load_plan) would
+// once per rank that needs it, where the exchange-based plan (planner/load_plan) would
 // read it once and move it over the interconnect. No gRPC, no logging.
 #ifndef CKPT_COORDINATOR_LOAD_DIRECT_H_
 #define CKPT_COORDINATOR_LOAD_DIRECT_H_

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/load_direct.h"
-#include "coordinator/load_plan.h"
+#include "planner/load_plan.h"
 #include "proto/convert.h"
 #include "proto/coordinator.pb.h"
 #include "storage/checkpoint_reader.h"

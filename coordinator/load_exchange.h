@@ -1,5 +1,5 @@
 // The exchange-based load planner: each stored piece somebody needs is read from storage once,
-// by one rank (Megatron's greedy distribution, coordinator/load_plan.h), and its bytes move to
+// by one rank (Megatron's greedy distribution, planner/load_plan.h), and its bytes move to
 // the other ranks that need them over the workers' communicator with the chosen exchange
 // algorithm, in waves bounded by a per-rank memory budget. "direct" keeps the direct-read plan
 // (every rank reads what it needs itself; a debugging aid). No gRPC, no logging.

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/job_state.h"
-#include "coordinator/save_plan.h"
+#include "planner/save_plan.h"
 #include "sharding/layout.h"
 
 namespace ckpt::coordinator {

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "coordinator/save_commit.h"
-#include "coordinator/save_plan.h"
+#include "planner/save_plan.h"
 #include "proto/convert.h"
 #include "proto/coordinator.pb.h"
 #include "reshard/piece_assembler.h"

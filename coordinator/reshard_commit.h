@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "coordinator/job_state.h"
-#include "coordinator/layout_spec.h"
+#include "planner/layout_spec.h"
 #include "proto/manifest.pb.h"
 #include "storage/checkpoint_writer.h"
 

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "coordinator/save_plan.h"
 #include "examples/gpt_state.h"
+#include "planner/save_plan.h"
 #include "storage/checkpoint_reader.h"
 
 namespace ckpt {

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/layout_spec.h"
+#include "planner/layout_spec.h"
+#include "reshard/wave_writer.h"
 #include "sharding/tensor_meta.h"
 #include "storage/checkpoint_writer.h"
-#include "reshard/wave_writer.h"
 
 namespace ckpt {
 

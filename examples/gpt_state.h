@@ -43,7 +43,7 @@ absl::StatusOr<std::vector<TensorMeta>> GptTensors(const GptConfig& config);
 // Total bytes of all tensors.
 int64_t TotalBytes(absl::Span<const TensorMeta> tensors);
 
-// The Megatron-style layout JSON (coordinator/layout_spec.h, docs/layout.md) for a
+// The Megatron-style layout JSON (planner/layout_spec.h, docs/layout.md) for a
 // {"tp": tp, "dp": dp} mesh; optimizer state flat over dp when `flat_optimizer`, else
 // replicated over dp like the weights.
 std::string GptLayoutJson(int64_t tp, int64_t dp, bool flat_optimizer = true);

@@ -2,9 +2,9 @@
 
 #include <random>
 
-#include "coordinator/layout_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planner/layout_spec.h"
 #include "sharding/layout.h"
 #include "sharding/overlap.h"
 

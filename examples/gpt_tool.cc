@@ -14,9 +14,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "coordinator/layout_spec.h"
 #include "examples/gpt_checkpoint.h"
 #include "examples/gpt_state.h"
+#include "planner/layout_spec.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/manifest_codec.h"
 

@@ -52,9 +52,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "coordinator/layout_spec.h"
 #include "examples/gpt_state.h"
 #include "nlohmann/json.hpp"
+#include "planner/layout_spec.h"
 
 namespace {
 

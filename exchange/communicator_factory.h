@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "exchange/communicator.h"
-#include "exchange/store.h"
+#include "rendezvous/store.h"
 
 namespace ckpt {
 

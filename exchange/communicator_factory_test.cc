@@ -1,6 +1,7 @@
 #include "exchange/communicator_factory.h"
 
 #include "absl/time/clock.h"
+#include "device/gpu.h"
 #include "exchange/nccl/nccl_communicator.h"
 #include "gtest/gtest.h"
 

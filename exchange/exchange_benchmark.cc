@@ -30,7 +30,7 @@
 #include "exchange/exchange.h"
 #include "exchange/gloo/gloo_communicator.h"
 #include "exchange/reshard_bench_plan.h"
-#include "exchange/store.h"
+#include "rendezvous/store.h"
 
 namespace ckpt {
 namespace {

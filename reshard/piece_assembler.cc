@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "proto/convert.h"
-#include "storage/coverage.h"
+#include "sharding/coverage.h"
 
 namespace ckpt {
 namespace {

@@ -2,7 +2,7 @@
 // destination piece needs (from a sharding/reshard_plan.h plan) are read from the source
 // pieces as checksum-block aligned, verified spans through the parallel I/O engine, in
 // batches of bounded staging memory, and copied into the caller's piece buffers. Shared by the
-// in-process reshard (tools/offline_reshard.h) and the worker daemon's reshard parts.
+// in-process reshard (reshard/offline_reshard.h) and the worker daemon's reshard parts.
 #ifndef CKPT_RESHARD_PIECE_ASSEMBLER_H_
 #define CKPT_RESHARD_PIECE_ASSEMBLER_H_
 

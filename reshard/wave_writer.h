@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "coordinator/save_plan.h"
+#include "planner/save_plan.h"
 #include "storage/checkpoint_writer.h"
 
 namespace ckpt {

@@ -13,7 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "storage/coverage.h"
+#include "sharding/coverage.h"
 #include "storage/file_util.h"
 #include "storage/overwrite_guard.h"
 #include "storage/safetensors.h"

@@ -1,5 +1,6 @@
-// Small POSIX file helpers with absl::Status errors that name the path: durable writes,
-// fsync of files and directories, bounded whole-file reads, directory removal.
+// Small POSIX file helpers with absl::Status errors that name the path: bounded whole-file
+// reads, directory listing and removal, paths; durable writes and fsync from
+// common/durable_file.h.
 #ifndef CKPT_STORAGE_FILE_UTIL_H_
 #define CKPT_STORAGE_FILE_UTIL_H_
 
@@ -9,19 +10,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/durable_file.h"
 
 namespace ckpt {
 
-// An absl::Status for errno `err` while doing `what` (e.g. "open data/r0_0.safetensors").
-absl::Status ErrnoStatus(int err, absl::string_view what);
-
-// fsync of an open descriptor / of a directory by path (so renames and creations in it are
-// durable).
-absl::Status FsyncFd(int fd, absl::string_view path);
-absl::Status FsyncDir(const std::string& path);
-
-// Writes `contents` to a new file at `path` (truncating), fsyncs it and closes it.
-absl::Status WriteFileDurably(const std::string& path, absl::string_view contents);
+// ErrnoStatus, FsyncFd, FsyncDir, WriteFileDurably, WriteFileAtomically and ParentDir come
+// from common/durable_file.h (included here).
 
 // Reads a whole file of at most `max_bytes` bytes.
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_bytes);
@@ -42,8 +36,7 @@ absl::Status RemoveTree(const std::string& path);
 // Names in a directory (no "." / ".."), sorted.
 absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path);
 
-// Parent directory of `path` ("." when it has none) and its last component.
-std::string ParentDir(const std::string& path);
+// The last component of `path` (its parent: ParentDir in common/durable_file.h).
 std::string BaseName(const std::string& path);
 // Joins with one '/'.
 std::string JoinPath(absl::string_view a, absl::string_view b);

@@ -16,8 +16,8 @@
 #include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "sharding/coverage.h"
 #include "storage/checksum.h"
-#include "storage/coverage.h"
 
 namespace ckpt {
 namespace {
@@ -187,7 +187,7 @@ absl::Status CheckByteRangesDisjoint(const pb::Manifest& m,
   return absl::OkStatus();
 }
 
-// Every tensor's pieces tile it exactly (storage/coverage.h), in manifest order.
+// Every tensor's pieces tile it exactly (sharding/coverage.h), in manifest order.
 // `tensor_of[i]` and `regions[i]` are piece i's tensor index and region.
 absl::Status CheckCoverageOfEachTensor(const pb::Manifest& m, const std::vector<int>& tensor_of,
                                        std::vector<Region> regions) {

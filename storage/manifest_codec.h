@@ -45,7 +45,7 @@ absl::Status ValidateDataFileName(absl::string_view name);
 // file, has a region valid for its tensor, a byte length equal to elements * dtype size, an
 // entry name equal to EncodeEntryName(key, region), lies inside its file's data section, has
 // the right number of block checksums; no duplicate pieces; no overlapping byte ranges; and
-// every tensor's pieces tile it exactly (storage/coverage.h: no element stored twice, none
+// every tensor's pieces tile it exactly (sharding/coverage.h: no element stored twice, none
 // missing), so every reader of a validated manifest can rely on exact coverage.
 absl::Status ValidateManifest(const pb::Manifest& manifest);
 

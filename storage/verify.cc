@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "sharding/coverage.h"
 #include "sharding/overlap.h"
 #include "storage/checkpoint_reader.h"
-#include "storage/coverage.h"
 #include "storage/file_util.h"
 #include "storage/manifest_codec.h"
 

@@ -22,7 +22,7 @@ struct VerifyReport {
   std::vector<std::string> problems;
 };
 
-// Coverage of each tensor by its pieces (the exact check of storage/coverage.h): one problem
+// Coverage of each tensor by its pieces (the exact check of sharding/coverage.h): one problem
 // per tensor naming its first hole or overlap, empty when each element is stored exactly once.
 absl::StatusOr<std::vector<std::string>> CheckCoverage(const pb::Manifest& manifest);
 

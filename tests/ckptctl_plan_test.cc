@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/distribute.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "planner/distribute.h"
 
 namespace ckpt {
 namespace {

@@ -15,9 +15,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "coordinator/kv_store.h"
-#include "coordinator/rendezvous_service.h"
 #include "gtest/gtest.h"
+#include "rendezvous/kv_store.h"
+#include "rendezvous/rendezvous_service.h"
 
 namespace ckpt {
 namespace {

@@ -17,7 +17,7 @@
 #include "exchange/exchange.h"
 #include "exchange/exchange_testing.h"
 #include "exchange/gloo/gloo_communicator.h"
-#include "exchange/grpc_store.h"
+#include "rendezvous/grpc_store.h"
 
 namespace ckpt {
 namespace {

@@ -73,3 +73,58 @@ def test_the_documented_table_is_regenerated_and_its_staleness_detected(tmp_path
     assert layering.main(["table", "--root", root, "--check", "docs/ARCHITECTURE.md"]) == 0
     text = open(os.path.join(root, "docs/ARCHITECTURE.md")).read()
     assert "| `planner/` | sharding |" in text and text.endswith("tail\n")
+
+
+def test_grpc_outside_the_shells_fails(tmp_path, capsys):
+    files = dict(CLEAN)
+    files["planner/BUILD.bazel"] = 'cc_library(\n    deps = ["@system//:grpc"],\n)\n'
+    assert layering.check(make_repo(tmp_path, files)) == 1
+    assert "planner/BUILD.bazel:2: planner may not use @system//:grpc" in capsys.readouterr().out
+
+
+def with_visibility(files):
+    """CLEAN's BUILD files with their package's generated group as default_visibility."""
+    files = dict(files)
+    for path in [p for p in files if p.endswith("/BUILD.bazel")]:
+        pkg = path.split("/", 1)[0]
+        files[path] = f'package(default_visibility = ["//:{pkg}_users"])\n' + files[path]
+    files["BUILD.bazel"] = "# root\n"
+    return files
+
+
+def test_package_groups_are_generated_from_layers_and_checked(tmp_path, capsys):
+    files = with_visibility(CLEAN)
+    files["planner/BUILD.bazel"] = 'package(default_visibility = ["//:planner_users"])\n'
+    root = make_repo(tmp_path, files)
+    assert layering.main(["visibility", "--root", root, "--check", "BUILD.bazel"]) == 1
+    assert layering.main(["visibility", "--root", root, "--write", "BUILD.bazel"]) == 0
+    assert layering.main(["visibility", "--root", root, "--check", "BUILD.bazel"]) == 0
+    text = open(os.path.join(root, "BUILD.bazel")).read()
+    group = text.split('name = "planner_users"', 1)[1].split(")", 1)[0]
+    assert '"//coordinator/..."' in group and '"//storage/..."' not in group
+    # A package that opens itself to everyone again is caught.
+    open(os.path.join(root, "planner/BUILD.bazel"), "w").write(
+        'package(default_visibility = ["//visibility:public"])\n')
+    capsys.readouterr()
+    assert layering.main(["visibility", "--root", root, "--check", "BUILD.bazel"]) == 1
+    assert "planner/BUILD.bazel: package(default_visibility" in capsys.readouterr().out
+
+
+def test_ci_records_a_deliberate_upward_include_as_a_failed_test_case(tmp_path, capsys):
+    files = with_visibility(CLEAN)
+    files["docs/ARCHITECTURE.md"] = layering.BEGIN + layering.END
+    root = make_repo(tmp_path, files)
+    layering.main(["visibility", "--root", root, "--write", "BUILD.bazel"])
+    layering.main(["table", "--root", root, "--write", "docs/ARCHITECTURE.md"])
+    assert layering.main(["ci", "--root", root, "--testlogs", "logs"]) == 0
+    results = os.path.join(root, "logs", "tools", "layering_check", "test.xml")
+    assert "<failure" not in open(results).read()
+
+    with open(os.path.join(root, "sharding/region.h"), "a") as fh:
+        fh.write('#include "coordinator/job_state.h"\n')
+    assert layering.main(["ci", "--root", root, "--testlogs", "logs"]) == 1
+    xml = open(results).read()
+    assert "<failure" in xml and "sharding/region.h:2: sharding -&gt; coordinator" in xml
+    # The doc's table now also differs from the code: its own test case fails too.
+    table = open(os.path.join(root, "logs", "tools", "architecture_table", "test.xml")).read()
+    assert "<failure" in table

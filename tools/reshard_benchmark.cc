@@ -19,8 +19,8 @@
 #include "absl/strings/numbers.h"
 #include "examples/gpt_checkpoint.h"
 #include "examples/gpt_state.h"
+#include "reshard/offline_reshard.h"
 #include "storage/file_util.h"
-#include "tools/offline_reshard.h"
 
 namespace ckpt {
 namespace {

@@ -3,7 +3,8 @@
 # test (plus the parser fuzz tests and the multi-process tests, daemons included, again under
 # AddressSanitizer: the targets tagged "asan"; the in-process concurrency tests under
 # ThreadSanitizer: those tagged "tsan"; and the libFuzzer targets for a bounded time under
-# ASan + UBSan through tools/fuzz.sh), and prints one summary line
+# ASan + UBSan through tools/fuzz.sh; and the layering checks of tools/layering.py), and prints
+# one summary line
 #   N passed, M failed, K skipped
 # counted over individual test cases. Exits non-zero if anything failed or did not build.
 set -uo pipefail
@@ -42,9 +43,16 @@ if [[ -n "${TSAN_TARGETS// /}" ]]; then
     $TSAN_TARGETS || status=1
 fi
 
+# The layers (tools/layering.py: no upward include or BUILD dependency, gRPC/spdlog only in
+# the shells), docs/ARCHITECTURE.md's generated table and the generated Bazel package_groups:
+# one JUnit test case each under bazel-lint-testlogs/, counted below.
+echo "== tools/layering.py ci (layers, architecture table, visibility) =="
+rm -rf bazel-lint-testlogs
+python3 tools/layering.py ci --testlogs bazel-lint-testlogs || status=1
+
 echo "== tools/fuzz.sh (libFuzzer + ASan + UBSan, ${CKPT_FUZZ_SECONDS:-30}s per parser) =="
 ./tools/fuzz.sh || status=1
 
 python3 tools/count_tests.py --status "$status" --testlogs bazel-testlogs \
   --asan-testlogs bazel-asan-testlogs --tsan-testlogs bazel-tsan-testlogs \
-  --extra-testlogs bazel-fuzz-testlogs --tsan-targets $TSAN_TARGETS -- "${TARGETS[@]}" $ASAN_TARGETS
+  --extra-testlogs bazel-fuzz-testlogs --extra-testlogs bazel-lint-testlogs --tsan-targets $TSAN_TARGETS -- "${TARGETS[@]}" $ASAN_TARGETS

@@ -12,12 +12,12 @@
 #include "common/status_macros.h"
 #include "exchange/communicator_factory.h"
 #include "exchange/exchange.h"
-#include "exchange/grpc_store.h"
 #include "exchange/staging_arena.h"
 #include "proto/convert.h"
+#include "rendezvous/grpc_store.h"
+#include "sharding/coverage.h"
 #include "sharding/overlap.h"
 #include "storage/checkpoint_reader.h"
-#include "storage/coverage.h"
 
 namespace ckpt::worker {
 namespace {

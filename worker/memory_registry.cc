@@ -16,10 +16,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "device/gpu.h"
 #include "proto/convert.h"
 #include "sharding/dtype.h"
 #include "sharding/region.h"
-#include "worker/gpu.h"
 
 namespace ckpt::worker {
 namespace {

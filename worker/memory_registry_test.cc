@@ -11,9 +11,9 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "device/gpu.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/gpu.h"
 
 namespace ckpt::worker {
 namespace {

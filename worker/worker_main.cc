@@ -21,7 +21,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -35,12 +34,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "client/options.h"
 #include "common/daemon.h"
+#include "common/durable_file.h"
+#include "common/launcher_env.h"
 #include "common/transport_security.h"
+#include "device/gpu.h"
 #include "spdlog/spdlog.h"
 #include "worker/coordinator_link.h"
-#include "worker/gpu.h"
 #include "worker/memory_registry.h"
 #include "worker/trainer_socket.h"
 #include "worker/worker_service.h"
@@ -79,16 +79,6 @@ ABSL_FLAG(int64_t, rpc_timeout_ms, 5000, "deadline of each call to the coordinat
 ABSL_FLAG(int64_t, reap_interval_ms, 250, "how often dead trainers' segments are looked for");
 
 namespace {
-
-bool WriteFileAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = absl::StrCat(path, ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text << "\n";
-    if (!out.good()) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "ckpt_worker: %s\n", message.c_str());
@@ -132,16 +122,15 @@ int Run() {
   if (coordinator.empty()) return Fail("--coordinator HOST:PORT is required");
   std::optional<int> explicit_local_rank;
   if (absl::GetFlag(FLAGS_local_rank) >= 0) explicit_local_rank = absl::GetFlag(FLAGS_local_rank);
-  absl::StatusOr<int> local_rank =
-      ckpt::client::ResolveLocalRank(explicit_local_rank, ckpt::client::ProcessEnv());
+  absl::StatusOr<int> local_rank = ckpt::ResolveLocalRank(explicit_local_rank, ckpt::ProcessEnv());
   if (!local_rank.ok()) return Fail(std::string(local_rank.status().message()));
   std::string listen = absl::GetFlag(FLAGS_listen);
-  if (listen.empty()) listen = ckpt::client::DefaultWorkerAddress(*local_rank);
+  if (listen.empty()) listen = ckpt::DefaultWorkerAddress(*local_rank);
   if (!absl::StartsWith(listen, "unix:/")) {
     return Fail(absl::StrCat("--listen must be unix:/absolute/path, got \"", listen, "\""));
   }
   int gpu = absl::GetFlag(FLAGS_gpu);
-  if (gpu < -1) gpu = ckpt::worker::GpuForLocalRank(*local_rank);
+  if (gpu < -1) gpu = ckpt::GpuForLocalRank(*local_rank);
   std::string host = absl::GetFlag(FLAGS_host);
   if (host.empty()) host = ckpt::HostName();
   std::string data_plane = absl::GetFlag(FLAGS_data_plane_address);
@@ -173,7 +162,7 @@ int Run() {
   info.set_local_rank(*local_rank);
   info.set_gpu(gpu);
   if (gpu < 0) {
-    absl::StatusOr<int> gpus = ckpt::worker::CudaDeviceCount();
+    absl::StatusOr<int> gpus = ckpt::CudaDeviceCount();
     spdlog::info("no_gpu reason=\"{}\" memory_kinds=host",
                  gpus.ok() ? std::string("--gpu -1") : std::string(gpus.status().message()));
   }
@@ -185,9 +174,9 @@ int Run() {
   const std::string ready_file = absl::GetFlag(FLAGS_ready_file);
   link.SetRegisteredHandler([&service, ready_file, listen](const std::string& worker_id) {
     service.OnRegistered(worker_id);
-    if (!ready_file.empty() && !WriteFileAtomically(ready_file, worker_id + " " + listen)) {
-      spdlog::error("cannot write ready_file={}", ready_file);
-    }
+    if (ready_file.empty()) return;
+    absl::Status s = ckpt::WriteFileAtomically(ready_file, worker_id + " " + listen + "\n");
+    if (!s.ok()) spdlog::error("cannot write ready_file={}: {}", ready_file, s.ToString());
   });
   link.SetWorkHandler([&service](const ckpt::pb::WorkItem& item) { service.OnWorkItem(item); });
   link.SetLeaseLostHandler([&service](const absl::Status& why) { service.OnLeaseLost(why); });

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "exchange/store.h"
+#include "rendezvous/store.h"
 
 namespace ckpt {
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "exchange/nccl/nccl_status.h"
+#include "device/cuda_status.h"
 
 namespace ckpt {
 namespace {

@@ -14,7 +14,7 @@
 namespace ckpt {
 
 // Wraps `device` (memory_kind() == kDevice; its CUDA device must be current on the calling
-// thread). CUDA failures are returned as Status (see nccl_status.h).
+// thread). CUDA failures are returned as Status (see device/cuda_status.h).
 class HostStagingCommunicator : public Communicator {
  public:
   explicit HostStagingCommunicator(std::unique_ptr<Communicator> device);

@@ -10,7 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "exchange/nccl/nccl_status.h"
+#include "device/cuda_status.h"
+#include "device/gpu.h"
 #include "exchange/slice_copy.h"
 
 namespace ckpt {
@@ -359,18 +360,6 @@ class NcclCommunicator final : public Communicator {
 };
 
 }  // namespace
-
-absl::StatusOr<int> CudaDeviceCount() {
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    return absl::FailedPreconditionError(absl::StrCat("no CUDA device: ", cudaGetErrorString(e)));
-  }
-  if (count == 0) {
-    return absl::FailedPreconditionError("no CUDA device: cudaGetDeviceCount reports 0 devices");
-  }
-  return count;
-}
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Store* store, int rank,
                                                                      int size,

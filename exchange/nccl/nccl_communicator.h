@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "exchange/communicator.h"
-#include "exchange/store.h"
+#include "rendezvous/store.h"
 
 namespace ckpt {
 
@@ -23,9 +23,6 @@ struct NcclOptions {
   // CUDA device ordinal to use; -1 keeps the calling thread's current device.
   int cuda_device = -1;
 };
-
-// Number of visible CUDA devices, or FailedPrecondition "no CUDA device: <cuda error>".
-absl::StatusOr<int> CudaDeviceCount();
 
 // Joins the group. FailedPrecondition "no CUDA device: ..." on machines without a GPU;
 // DeadlineExceeded naming ranks that never arrived.

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "device/gpu.h"
 #include "gtest/gtest.h"
 
 namespace ckpt {

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/time/clock.h"
+#include "device/gpu.h"
 #include "exchange/exchange.h"
 #include "exchange/exchange_testing.h"
 #include "exchange/nccl/host_staging_communicator.h"

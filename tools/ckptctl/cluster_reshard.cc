@@ -10,8 +10,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
-#include "coordinator/layout_spec.h"
 #include "nlohmann/json.hpp"
+#include "planner/layout_spec.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "tools/ckptctl/operation_wait.h"
 

@@ -14,9 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
-#include "coordinator/distribute.h"
-#include "coordinator/main_replica.h"
 #include "nlohmann/json.hpp"
+#include "planner/distribute.h"
+#include "planner/main_replica.h"
 #include "sharding/dtensor.h"
 
 namespace ckpt::ckptctl {

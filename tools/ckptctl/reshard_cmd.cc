@@ -12,11 +12,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "coordinator/layout_spec.h"
 #include "nlohmann/json.hpp"
+#include "planner/layout_spec.h"
+#include "reshard/offline_reshard.h"
 #include "tools/ckptctl/cluster_reshard.h"
 #include "tools/ckptctl/commands.h"
-#include "tools/offline_reshard.h"
 
 namespace ckpt::ckptctl {
 namespace {

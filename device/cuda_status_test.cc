@@ -1,0 +1,36 @@
+#include "device/cuda_status.h"
+
+#include "gtest/gtest.h"
+
+namespace ckpt {
+namespace {
+
+TEST(CudaStatusTest, SuccessIsOk) {
+  EXPECT_TRUE(NcclStatus(ncclSuccess, "x").ok());
+  EXPECT_TRUE(CudaStatus(cudaSuccess, "x").ok());
+}
+
+TEST(CudaStatusTest, NcclCodesMapToActionableStatusCodes) {
+  EXPECT_EQ(NcclStatus(ncclRemoteError, "op").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(NcclStatus(ncclSystemError, "op").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(NcclStatus(ncclInvalidArgument, "op").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(NcclStatus(ncclInvalidUsage, "op").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(NcclStatus(ncclInternalError, "op").code(), absl::StatusCode::kInternal);
+  absl::Status s = NcclStatus(ncclRemoteError, "nccl broadcast on rank 3");
+  EXPECT_NE(s.message().find("nccl broadcast on rank 3: NCCL ncclRemoteError"), std::string::npos)
+      << s;
+}
+
+TEST(CudaStatusTest, CudaNoDeviceIsFailedPreconditionWithTheCudaText) {
+  absl::Status s = CudaStatus(cudaErrorNoDevice, "probe");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("probe: CUDA cudaErrorNoDevice"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("(no usable GPU on this host)"), std::string::npos) << s;
+  EXPECT_EQ(CudaStatus(cudaErrorInsufficientDriver, "p").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CudaStatus(cudaErrorMemoryAllocation, "p").code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace ckpt

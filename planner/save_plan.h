@@ -1,0 +1,72 @@
+// The save plan: from every rank's sharded-state metadata, who writes each distinct piece and
+// into which data file, so that every element is written exactly once, write work is spread
+// evenly over ranks (Megatron's main-replica distribution) and files are few and large.
+#ifndef CKPT_PLANNER_SAVE_PLAN_H_
+#define CKPT_PLANNER_SAVE_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "sharding/dtype.h"
+#include "sharding/layout.h"
+#include "sharding/region.h"
+
+namespace ckpt {
+
+// Knobs of the file packing.
+struct SavePlanOptions {
+  // A writer opens another file only when each of its files would still hold at least this
+  // much (so a writer with less than this writes exactly one file).
+  int64_t target_file_bytes = int64_t{256} << 20;
+};
+
+// One piece to write: a main replica, written by a rank that holds identical data.
+struct PlannedPiece {
+  std::string key;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> global_shape;
+  Region region;
+  int64_t size_bytes = 0;
+  // Index (into the metadata given to BuildSavePlan) of the writer's own copy of this piece.
+  int64_t source_index = 0;
+};
+
+// One data file and the pieces it holds, in the order they are to be laid out.
+struct PlannedFile {
+  std::string path;  // relative to the checkpoint directory, e.g. "data/r3_0.safetensors"
+  int64_t total_bytes = 0;
+  std::vector<PlannedPiece> pieces;
+};
+
+// Everything one rank writes.
+struct WriterPlan {
+  int64_t rank = 0;
+  int64_t total_bytes = 0;
+  std::vector<PlannedFile> files;
+};
+
+// The whole save plan: writers in ascending rank order (ranks with nothing to write omitted).
+struct SavePlan {
+  int64_t num_ranks = 0;
+  std::vector<WriterPlan> writers;
+};
+
+// Validates the layout (dtype/shape agreement, valid regions, main replicas covering every
+// element exactly once; see sharding/layout.h), then picks each main replica's writer among
+// the ranks holding the same (key, offsets, flat range) with the main-replica distribution
+// (save mode over all `num_ranks` ranks), then packs each writer's pieces into
+// max(1, min(floor(bytes / target), non-empty pieces)) files, largest piece first into the
+// emptiest file (ties: lower file index), pieces inside a file ordered by shard id. Errors name
+// the tensor, ranks and regions. Deterministic: equal metadata always gives the same plan.
+absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int64_t num_ranks,
+                                       const SavePlanOptions& options = {});
+
+// "data/r<rank>_<index>.safetensors".
+std::string DataFileName(int64_t rank, int64_t index);
+
+}  // namespace ckpt
+
+#endif  // CKPT_PLANNER_SAVE_PLAN_H_

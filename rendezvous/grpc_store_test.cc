@@ -1,0 +1,89 @@
+#include "rendezvous/grpc_store.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "rendezvous/kv_store.h"
+#include "rendezvous/rendezvous_service.h"
+
+namespace ckpt {
+namespace {
+
+class GrpcStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    service_ = std::make_unique<RendezvousService>(&kv_);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    address_ = absl::StrCat("127.0.0.1:", port_);
+  }
+  void TearDown() override { server_->Shutdown(absl::ToChronoTime(absl::Now())); }
+
+  KvStore kv_;
+  std::unique_ptr<RendezvousService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_;
+};
+
+TEST_F(GrpcStoreTest, SetGetAddRoundTripBinaryValues) {
+  GrpcStore store(address_);
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  std::string binary("a\0b\xff", 4);
+  ASSERT_TRUE(store.Set("k", binary, deadline).ok());
+  auto got = store.Get({"k"}, deadline);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0], binary);
+  auto v = store.Add("counter", 5, deadline);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 5);
+  v = store.Add("counter", -2, deadline);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(*v, 3);
+}
+
+TEST_F(GrpcStoreTest, GetWaitsForAKeySetByAnotherClient) {
+  GrpcStore reader(address_);
+  GrpcStore writer(address_);
+  std::thread t([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(writer.Set("late", "x", absl::Now() + absl::Seconds(5)).ok());
+  });
+  auto got = reader.Get({"late"}, absl::Now() + absl::Seconds(10));
+  t.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0], "x");
+}
+
+TEST_F(GrpcStoreTest, TimeoutIsDeadlineExceededNamingMissingKeys) {
+  GrpcStore store(address_);
+  ASSERT_TRUE(store.Set("here", "1", absl::Now() + absl::Seconds(5)).ok());
+  auto got = store.Get({"here", "rank/7"}, absl::Now() + absl::Milliseconds(200));
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
+  EXPECT_NE(got.status().message().find("rank/7"), std::string::npos) << got.status();
+}
+
+TEST_F(GrpcStoreTest, AddOnTextValueIsInvalidArgument) {
+  GrpcStore store(address_);
+  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  ASSERT_TRUE(store.Set("t", "text", deadline).ok());
+  EXPECT_EQ(store.Add("t", 1, deadline).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GrpcStoreNoServerTest, UnreachableServerFailsByTheDeadline) {
+  GrpcStore store("127.0.0.1:1");
+  absl::Time start = absl::Now();
+  absl::Status s = store.Set("k", "v", start + absl::Milliseconds(300));
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("127.0.0.1:1"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace ckpt
