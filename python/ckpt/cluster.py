@@ -105,7 +105,10 @@ class LocalCluster:
     @property
     def env(self):
         """What trainers need: CKPT_WORKER_DIR and CKPT_COORDINATOR_ADDRESS."""
-        return {"CKPT_WORKER_DIR": self.socket_dir, "CKPT_COORDINATOR_ADDRESS": self.address}
+        env = {"CKPT_COORDINATOR_ADDRESS": self.address}
+        if self.num_workers > 0:
+            env["CKPT_WORKER_DIR"] = self.socket_dir
+        return env
 
     # ---- start / stop --------------------------------------------------------------------
     def start(self):

@@ -292,6 +292,16 @@ def _path(checkpoint_id, storage, what):
     return os.path.abspath(os.fspath(checkpoint_id))
 
 
+def _make_parent(path):
+    """Creates the checkpoint's parent directory, as DCP's FileSystemWriter does."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    except OSError as e:
+        cls = _errors.PermissionDenied if isinstance(e, PermissionError) else \
+            _errors.FailedPrecondition
+        raise cls(f"ckpt.torch.save: cannot create the parent directory of {path}: {e}") from None
+
+
 def _refuse_planner(planner, what):
     if planner is not None:
         raise _errors.Unimplemented(f"{what}: custom DCP planners are not supported by ckpt "
@@ -304,6 +314,7 @@ def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group,
     try:
         path = _path(checkpoint_id, storage_writer, "ckpt.torch.save")
         _refuse_planner(planner, "ckpt.torch.save")
+        _make_parent(path)
         items = _classify(_flatten.flatten(state_dict))
     except _errors.Error as e:
         error = e

@@ -4,6 +4,7 @@ with its own Client and worker session): the GIL is released while they wait for
 
 import os
 import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -181,3 +182,16 @@ def test_operator_requested_save_runs_at_the_next_poll(cluster):
 def test_local_cluster_names_a_missing_binary(tmp_path):
     with pytest.raises(ckpt.NotFound, match="ckpt_coordinator"):
         ckpt.cluster.find_binary("ckpt_coordinator", "nowhere", bin_dir=str(tmp_path))
+
+
+def test_up_command_starts_daemons_for_a_command_and_stops_them(tmp_path):
+    trainer = ("import ckpt, torch, os; c = ckpt.Client(job='up', rank=0, world_size=1); "
+               "s = c.state_dict().add('x', torch.ones(3)); "
+               f"c.save({str(tmp_path / 'by-up')!r}, s).wait(60); c.close(); "
+               "print('saved via', os.environ['CKPT_WORKER_DIR'])")
+    out = subprocess.run([sys.executable, "-m", "ckpt.up", "--workers", "1", "--root",
+                          str(tmp_path), "--", sys.executable, "-c", trainer],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ckpt up: coordinator 127.0.0.1:" in out.stdout and "saved via /tmp/" in out.stdout
+    assert ckpt.read_manifest(tmp_path / "by-up")["tensors"]["x"] == ("F32", [3])
