@@ -5,6 +5,7 @@ Bazel runs it offline (python/BUILD.bazel, target //python:wheel; tools/build_wh
         --file ckpt/__init__.py=python/ckpt/__init__.py ... --exec ckpt/bin/ckpt_worker=...
 
 Every --file/--exec is ARCNAME=PATH; --exec files keep mode 0755 (pip restores it).
+--base WHEEL starts from another wheel's files (tools/build_wheel.sh adds the daemons so).
 """
 
 import argparse
@@ -53,10 +54,17 @@ def main():
     p.add_argument("--tag", default="cp311-cp311-linux_x86_64")
     p.add_argument("--file", action="append", default=[])
     p.add_argument("--exec", action="append", default=[])
+    p.add_argument("--base", help="a wheel whose files (but not .dist-info) to start from")
     args = p.parse_args()
     dist_info = f"ckpt-{args.version}.dist-info"
     records = []
     with zipfile.ZipFile(args.out, "w") as zf:
+        if args.base:
+            with zipfile.ZipFile(args.base) as base:
+                for info in base.infolist():
+                    if ".dist-info/" not in info.filename:
+                        _add(zf, records, info.filename, base.read(info),
+                             (info.external_attr >> 16) & 0o777)
         for spec, mode in [(f, 0o644) for f in args.file] + [(f, 0o755) for f in args.exec]:
             arcname, path = spec.split("=", 1)
             with open(path, "rb") as f:

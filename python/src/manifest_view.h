@@ -11,8 +11,9 @@
 namespace ckpt::python {
 
 // {"tensors": {key: (dtype name, [global shape])}, "metadata": {str: str}, "step": int}.
-// NotFound when `path` holds no committed checkpoint (no manifest.pb); the manifest's own
-// validation errors otherwise (DataLoss, InvalidArgument), as ckpt errors.
+// NotFound when `path` holds no committed checkpoint (no manifest.pb); DataLoss when it does
+// not parse. Only parsed (proto/, not storage/: the Python package sits on the client's
+// layers): the coordinator validates the whole manifest again before any load touches memory.
 nanobind::dict ReadManifestDict(const std::string& path);
 
 }  // namespace ckpt::python

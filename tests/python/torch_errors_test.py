@@ -91,6 +91,12 @@ def test_device_tensors_and_partial_placements_are_refused_naming_the_key(cluste
     assert not os.path.exists(path)
 
 
+def test_save_creates_missing_parent_directories_as_dcp_does(cluster):
+    path = os.path.join(cluster.root, "runs", "a", "step1")
+    ckpt.torch.save({"x": torch.ones(2)}, checkpoint_id=path)
+    assert ckpt.read_manifest(path)["tensors"]["x"] == ("F32", [2])
+
+
 def test_an_existing_checkpoint_is_not_overwritten(saved):
     with pytest.raises(ckpt.AlreadyExists):
         ckpt.torch.save({"x": torch.ones(1)}, checkpoint_id=saved)
