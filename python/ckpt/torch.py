@@ -107,6 +107,7 @@ def shutdown():
     """Closes this process's client (says Goodbye to the worker)."""
     global _client, _client_identity
     with _lock:
+        _SaveCache.client, _SaveCache.signature, _SaveCache.state = None, None, None
         if _client is not None:
             _client.close()
         _client, _client_identity = None, None
@@ -334,22 +335,59 @@ def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group,
             if d[0] == "object" and key not in objects:
                 objects[key] = d[4]  # the lowest holder's digest: the value that is written
     client = get_client(process_group)
+    state = _save_state(client, items, ids)
+    meta = dict(metadata or {})
+    meta[_OBJECTS_KEY] = json.dumps(objects, sort_keys=True)
+    return client.save(path, state, meta)
+
+
+class _SaveCache:
+    """The last save's ckpt state dict, reused by the next save of the same tensors (same keys,
+    layouts, replica ids, memory and values' sizes): its shared staging buffers are allocated
+    once, and each save only copies into them. Holds one copy of the staged state in shared
+    memory until shutdown() or a save of something else."""
+
+    client = None
+    signature = None
+    state = None
+
+
+def _signature(items, ids):
+    sig = []
+    for item in items:
+        if item.kind == "object":
+            sig.append((item.key, "object", ids[item.key], len(item.payload)))
+            continue
+        t = item.local
+        sig.append((item.key, item.kind, item.dtype, item.global_shape, repr(item.layout),
+                    ids[item.key], t.data_ptr(), tuple(t.shape), tuple(t.stride())))
+    return tuple(sig)
+
+
+def _save_state(client, items, ids):
+    """The ckpt state dict of this save (the cached one when the tensors are the same)."""
+    import numpy as np
+
+    signature = _signature(items, ids)
+    if _SaveCache.client is client and _SaveCache.signature == signature:
+        state = _SaveCache.state
+        for item in items:
+            if item.kind == "object" and ids[item.key] == 0:
+                state._entries[item.key].tensor = np.frombuffer(item.payload, dtype=np.uint8)
+        return state
+    _SaveCache.client, _SaveCache.signature, _SaveCache.state = None, None, None
     state = client.state_dict()
     for item in items:
         rid = ids[item.key]
         if item.kind == "object":
             if rid == 0:  # the writer; the others hold a copy that is not stored
-                import numpy as np
-
-                state.add(item.key, np.frombuffer(item.payload, dtype=np.uint8).copy(),
-                          Replicated(0))
+                state.add(item.key, np.frombuffer(item.payload, dtype=np.uint8), Replicated(0))
         elif item.kind == "dtensor":
             state.add(item.key, item.local, dataclasses.replace(item.layout, replica_id=(rid,)))
         else:
             state.add(item.key, item.local, Replicated(rid))
-    meta = dict(metadata or {})
-    meta[_OBJECTS_KEY] = json.dumps(objects, sort_keys=True)
-    return client.save(path, state, meta)
+    _SaveCache.client, _SaveCache.signature, _SaveCache.state = client, signature, state
+    return state
 
 
 def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,

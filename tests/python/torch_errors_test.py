@@ -137,3 +137,21 @@ def test_async_save_returns_a_future_of_the_commit(cluster):
     out = {"t": torch.zeros(1000)}
     ckpt.torch.load(out, checkpoint_id=path)
     assert torch.equal(out["t"], torch.arange(1000.0))
+
+
+def test_repeated_saves_reuse_staging_and_store_each_saves_values(cluster):
+    t = torch.arange(64.0)
+    sd = {"t": t, "step": 1}
+    ckpt.torch.save(sd, checkpoint_id=os.path.join(cluster.root, "repeat-1"))
+    first = ckpt.torch._SaveCache.state
+    t.mul_(-1)
+    sd["step"] = 2
+    ckpt.torch.save(sd, checkpoint_id=os.path.join(cluster.root, "repeat-2"))
+    assert ckpt.torch._SaveCache.state is first  # same tensors: same staging buffers
+    sd["t2"] = torch.ones(3)  # another state: new buffers
+    ckpt.torch.save(sd, checkpoint_id=os.path.join(cluster.root, "repeat-3"))
+    assert ckpt.torch._SaveCache.state is not first
+    for name, sign, step in (("repeat-1", 1, 1), ("repeat-2", -1, 2)):
+        out = {"t": torch.zeros(64), "step": 0}
+        ckpt.torch.load(out, checkpoint_id=os.path.join(cluster.root, name), strict=False)
+        assert torch.equal(out["t"], sign * torch.arange(64.0)) and out["step"] == step, name
