@@ -26,7 +26,9 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(const std::
     // posix_fallocate reserves the pages now, so a full /dev/shm fails here, not as a SIGBUS.
     int err = ftruncate(fd, static_cast<off_t>(size)) == 0 ? posix_fallocate(fd, 0, size) : errno;
     if (err == 0) {
-      addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      // MAP_POPULATE maps every page now: the first save or load that touches the memory
+      // does not take a page fault per 4 KiB (a 512 MiB staging buffer: 131,072 faults).
+      addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
       if (addr == MAP_FAILED) err = errno;
     }
     if (err != 0) {

@@ -1,6 +1,7 @@
 """The trainer's connection to its local worker daemon (the C++ client, client/client.h)."""
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -140,6 +141,8 @@ class SaveHandle:
         self._native = native
         self.staged_bytes = staged_bytes
         self.shared_bytes = shared_bytes
+        self.stage_seconds = 0.0  # copying staged tensors into shared memory
+        self.snapshot_seconds = 0.0  # until save() returned (staging included)
 
     @property
     def operation_id(self):
@@ -219,10 +222,15 @@ class Client:
         relative to the working directory; under the coordinator's checkpoint roots). Returns a
         SaveHandle once this rank's state is snapshotted: the tensors may be modified at once.
         ``metadata`` (str -> str) is stored in the manifest."""
+        start = time.perf_counter()
         staged = state._stage_in()
+        staged_at = time.perf_counter()
         meta = {str(k): str(v) for k, v in (metadata or {}).items()}
         native = self._native.save(os.fspath(path), state._native, meta, float(arrival_timeout))
-        return SaveHandle(native, staged, state.shared_bytes)
+        handle = SaveHandle(native, staged, state.shared_bytes)
+        handle.stage_seconds = staged_at - start
+        handle.snapshot_seconds = time.perf_counter() - start
+        return handle
 
     def load(self, path, state, *, arrival_timeout=300.0, deadline=3600.0, algorithm="",
              memory_budget_bytes=0):

@@ -468,31 +468,35 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
         _check_against_manifest(items, manifest)
     except _errors.Error as e:
         error = e
-    held = _agree(error, sorted(i.key for i in items), pg)
+    per_rank = _agree(error, {i.key: i.describe() for i in items}, pg)
     if strict:
-        everyone = set().union(*map(set, held))
+        everyone = set().union(*map(set, per_rank))
         extra = sorted(set(manifest["tensors"]) - everyone)
         if extra:
             raise _errors.InvalidArgument(
                 f"the checkpoint holds key {extra[0]} that no rank's state dict has"
                 f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; pass strict=False"
                 " to ignore such keys", key=extra[0])
+    _check_agreement(per_rank)
+    rank, _ = _group_rank_world(pg)
+    ids = _replica_ids(per_rank, rank)
     client = get_client(pg)
-    state = client.state_dict()
-    import numpy as np
+    # Tensors through the same (cached) state dict a save of them uses: its staging buffers
+    # are allocated once. Non-tensor values, whose stored sizes vary, in a second small load.
+    tensors = [i for i in items if i.kind != "object"]
+    objects = [i for i in items if i.kind == "object"]
+    if tensors or not objects:
+        client.load(path, _save_state(client, tensors, ids))
+    if objects:
+        import numpy as np
 
-    buffers = {}
-    for item in items:
-        if item.kind == "object":
+        state = client.state_dict()
+        buffers = {}
+        for item in objects:
             buffers[item.key] = np.empty(item.global_shape, dtype=np.uint8)
             state.add(item.key, buffers[item.key], Replicated(1))
-        elif item.kind == "dtensor":
-            state.add(item.key, item.local, item.layout)
-        else:
-            state.add(item.key, item.local, Replicated(1))
-    client.load(path, state)
-    for item in items:
-        if item.kind == "object":
-            value = _objects.decode(buffers[item.key].tobytes(), item.key, item.digest,
-                                    trust_pickles)
-            _flatten.assign(item.leaf, value)
+        client.load(path, state)
+    for item in objects:
+        value = _objects.decode(buffers[item.key].tobytes(), item.key, item.digest,
+                                trust_pickles)
+        _flatten.assign(item.leaf, value)
