@@ -11,7 +11,6 @@ Every --file/--exec is ARCNAME=PATH; --exec files keep mode 0755 (pip restores i
 import argparse
 import base64
 import hashlib
-import os
 import zipfile
 
 METADATA = """Metadata-Version: 2.1

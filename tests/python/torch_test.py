@@ -7,7 +7,6 @@ import os
 import socket
 
 import pytest
-import torch
 import torch.multiprocessing as mp
 
 import ckpt

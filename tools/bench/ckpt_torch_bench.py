@@ -22,7 +22,6 @@ iflag=direct) on a file of the state's size.
 import argparse
 import json
 import os
-import re
 import shutil
 import socket
 import statistics
