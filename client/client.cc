@@ -256,6 +256,12 @@ absl::Status Client::Load(const std::string& path, StateDict& state, const LoadO
 }
 
 absl::StatusOr<PollResult> Client::Poll(StateDict& state) {
+  return Poll(state, [](const std::string&, const std::string&) { return absl::OkStatus(); });
+}
+
+absl::StatusOr<PollResult> Client::Poll(
+    StateDict& state,
+    const std::function<absl::Status(const std::string& kind, const std::string& path)>& prepare) {
   pb::PollRequest request;
   request.set_session_id(session_id_);
   pb::PollResponse response;
@@ -268,6 +274,7 @@ absl::StatusOr<PollResult> Client::Poll(StateDict& state) {
   result.kind = response.kind();
   result.path = response.path();
   result.operation_id = response.operation_id();
+  if (absl::Status s = prepare(result.kind, result.path); !s.ok()) return s;
   absl::StatusOr<std::string> op = Transfer(result.kind == "save", result.path, state, {},
                                             result.operation_id, absl::Minutes(5));
   if (!op.ok()) return op.status();

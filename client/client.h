@@ -14,6 +14,7 @@
 #define CKPT_CLIENT_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -130,6 +131,12 @@ class Client {
   // ckptctl waits for the commit), a load once the tensors hold the loaded values. Cheap
   // when nothing is pending.
   absl::StatusOr<PollResult> Poll(StateDict& state);
+  // Poll that calls `prepare(kind, path)` after learning of a pending operation and before the
+  // transfer starts (a binding copies staged tensors into shared memory for a save there); its
+  // error is returned without transferring (the operation then misses this rank's join).
+  absl::StatusOr<PollResult> Poll(
+      StateDict& state,
+      const std::function<absl::Status(const std::string& kind, const std::string& path)>& prepare);
 
  private:
   Client(ResolvedOptions options, std::shared_ptr<WorkerConnection> connection);

@@ -1,11 +1,7 @@
 #include "client/state_dict.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -55,7 +51,10 @@ absl::StatusOr<std::pair<Region, std::vector<int64_t>>> ResolveLayout(const Tens
                                                          d.mesh_rank >= 0 ? d.mesh_rank : rank);
     if (!local.ok()) return fail(local.status());
     region = local->region();
+    // The mesh's Replicate() coordinates, then the spec's own id (which copy of the mesh this
+    // is, when the job holds several, e.g. a tensor-parallel mesh per data-parallel rank).
     replica_id = local->replica_id;
+    replica_id.insert(replica_id.end(), spec.replica_id.begin(), spec.replica_id.end());
   }
   if (absl::Status s = ValidateRegion(region, spec.global_shape); !s.ok()) {
     return absl::InvalidArgumentError(
@@ -71,39 +70,13 @@ absl::StatusOr<std::pair<Region, std::vector<int64_t>>> ResolveLayout(const Tens
 StateDict::StateDict(const std::string& job, int rank)
     : prefix_(SegmentPrefix(job, rank, getpid())), rank_(rank) {}
 
-StateDict::~StateDict() {
-  for (const Segment& seg : segments_) {
-    if (seg.addr != nullptr) munmap(seg.addr, seg.size);
-    shm_unlink(seg.name.c_str());  // ENOENT when the worker already released it: fine
-  }
-}
+StateDict::~StateDict() = default;  // segments unmap and unlink when their last owner goes
 
 absl::StatusOr<StateDict::Segment*> StateDict::NewSegment(size_t size, const std::string& key) {
-  std::string name = absl::StrCat(prefix_, next_segment_++);
-  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("tensor ", key,
-                                                     ": cannot create shared-memory segment ", name,
-                                                     ": ", std::strerror(errno)));
-  }
-  void* addr = nullptr;
-  if (size > 0) {
-    // posix_fallocate reserves the pages now, so a full /dev/shm fails here, not as a SIGBUS.
-    int err = ftruncate(fd, static_cast<off_t>(size)) == 0 ? posix_fallocate(fd, 0, size) : errno;
-    if (err == 0) {
-      addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (addr == MAP_FAILED) err = errno;
-    }
-    if (err != 0) {
-      close(fd);
-      shm_unlink(name.c_str());
-      return absl::ResourceExhaustedError(absl::StrCat("tensor ", key, ": cannot allocate ", size,
-                                                       " bytes of shared memory (", name,
-                                                       "): ", std::strerror(err)));
-    }
-  }
-  close(fd);
-  segments_.push_back(Segment{name, addr, size, 0});
+  absl::StatusOr<std::shared_ptr<SharedSegment>> shared =
+      SharedSegment::Create(absl::StrCat(prefix_, next_segment_++), size, key);
+  if (!shared.ok()) return shared.status();
+  segments_.push_back(Segment{*std::move(shared), 0});
   return &segments_.back();
 }
 
@@ -144,7 +117,7 @@ absl::StatusOr<StateTensor*> StateDict::AddHost(const TensorSpec& spec) {
   const size_t size = static_cast<size_t>((*t)->nbytes);
   Segment* seg = nullptr;
   if (size <= kSmallTensorBytes) {
-    if (arena_ == nullptr || arena_->used + size > arena_->size) {
+    if (arena_ == nullptr || arena_->used + size > arena_->shared->size()) {
       absl::StatusOr<Segment*> fresh = NewSegment(kArenaBytes, spec.key);
       if (!fresh.ok()) return fresh.status();
       arena_ = *fresh;
@@ -155,10 +128,43 @@ absl::StatusOr<StateTensor*> StateDict::AddHost(const TensorSpec& spec) {
     if (!own.ok()) return own.status();
     seg = *own;
   }
-  (*t)->segment = seg->name;
+  (*t)->segment = seg->shared->name();
   (*t)->segment_offset = static_cast<int64_t>(seg->used);
-  (*t)->data = seg->addr == nullptr ? nullptr : static_cast<std::byte*>(seg->addr) + seg->used;
+  (*t)->data = seg->shared->data() == nullptr ? nullptr : seg->shared->data() + seg->used;
   seg->used += (size + 63) / 64 * 64;
+  tensors_.push_back(*std::move(t));
+  return tensors_.back().get();
+}
+
+absl::StatusOr<StateTensor*> StateDict::AddHostView(const TensorSpec& spec,
+                                                    std::shared_ptr<SharedSegment> segment,
+                                                    int64_t offset, int64_t nbytes) {
+  if (segment == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", spec.key, ": no shared segment"));
+  }
+  auto t = Resolve(spec);
+  if (!t.ok()) return t.status();
+  if (spec.memory != MemoryKind::kHost) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", spec.key, " is declared in device memory; use AddDevice"));
+  }
+  if ((*t)->nbytes != nbytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor ", spec.key, ": its layout's region ", (*t)->region.DebugString(), " of ",
+        DTypeName(spec.dtype), " needs ", (*t)->nbytes, " bytes but the memory holds ", nbytes));
+  }
+  if (offset < 0 || static_cast<uint64_t>(offset) + static_cast<uint64_t>(nbytes) >
+                        static_cast<uint64_t>(segment->size())) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", spec.key, ": bytes [", offset, ", ",
+                                                   offset + nbytes, ") lie outside segment ",
+                                                   segment->name(), " of ", segment->size()));
+  }
+  (*t)->segment = segment->name();
+  (*t)->segment_offset = offset;
+  (*t)->data = segment->data() == nullptr ? nullptr : segment->data() + offset;
+  bool held = false;
+  for (const Segment& s : segments_) held = held || s.shared == segment;
+  if (!held) segments_.push_back(Segment{std::move(segment), 0});
   tensors_.push_back(*std::move(t));
   return tensors_.back().get();
 }

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "client/shared_memory.h"
 #include "proto/worker.pb.h"
 #include "sharding/dtensor.h"
 #include "sharding/dtype.h"
@@ -50,6 +51,8 @@ struct TensorSpec {
   std::vector<int64_t> global_shape;
   std::variant<Region, DTensorLayout, FlatRange> layout;
   // Replica id for Region/FlatRange layouts (all zeros, or empty, marks the main replica).
+  // For a DTensorLayout it is appended to the mesh's own replica id (the coordinates along
+  // the Replicate() dims): it tells apart copies of the whole mesh within the job.
   std::vector<int64_t> replica_id;
   MemoryKind memory = MemoryKind::kHost;
 };
@@ -99,6 +102,14 @@ class StateDict {
   // ResourceExhausted when shared memory cannot be allocated.
   absl::StatusOr<StateTensor*> AddHost(const TensorSpec& spec);
 
+  // Adds a host tensor whose bytes already lie in a shared segment this process created
+  // (SharedAllocator): `nbytes` at `offset` in `segment`, which the state dict keeps alive.
+  // InvalidArgument when the layout's bytes (region x dtype) differ from `nbytes` or do not
+  // fit in the segment; the other errors as AddHost.
+  absl::StatusOr<StateTensor*> AddHostView(const TensorSpec& spec,
+                                           std::shared_ptr<SharedSegment> segment, int64_t offset,
+                                           int64_t nbytes);
+
   // Adds a tensor that lives in CUDA memory at `device_ptr` on `device`, shared with the
   // worker through a CUDA IPC handle. FailedPrecondition (naming the CUDA error) without a GPU.
   absl::StatusOr<StateTensor*> AddDevice(const TensorSpec& spec, void* device_ptr, int device);
@@ -113,11 +124,9 @@ class StateDict {
  private:
   absl::StatusOr<std::unique_ptr<StateTensor>> Resolve(const TensorSpec& spec) const;
 
-  // A shared-memory segment this state dict created.
+  // A shared-memory segment this state dict created or borrowed (AddHostView).
   struct Segment {
-    std::string name;
-    void* addr = nullptr;
-    size_t size = 0;
+    std::shared_ptr<SharedSegment> shared;
     size_t used = 0;  // arena: bytes handed out
   };
   absl::StatusOr<Segment*> NewSegment(size_t size, const std::string& key);

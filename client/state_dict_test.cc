@@ -123,6 +123,17 @@ TEST(StateDictTest, DTensorPlacementGivesTorchChunkPieceAndReplicaId) {
   EXPECT_EQ((*t)->nbytes, 2 * 6 * 2);
 }
 
+TEST(StateDictTest, DTensorReplicaIdAppendsTheSpecsIdForCopiesOfTheMesh) {
+  TensorSpec s = Spec("emb", {4, 6});
+  s.layout = DTensorLayout{{2}, {Placement::Replicate()}, /*mesh_rank=*/1};
+  s.replica_id = {3};  // the fourth copy of this 2-rank mesh in the job
+  auto resolved = ResolveLayout(s, /*rank=*/7);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_THAT(resolved->second, ElementsAre(1, 3));
+  s.replica_id = {};
+  EXPECT_THAT(ResolveLayout(s, 7)->second, ElementsAre(1));
+}
+
 TEST(StateDictTest, EmptyDTensorShardHasNoBytes) {
   StateDict state("j", 3);
   TensorSpec s = Spec("tiny", {2});
@@ -150,6 +161,49 @@ TEST(StateDictTest, RejectsDuplicateKeysAndBadLayoutsNamingTheKey) {
   EXPECT_EQ(state.tensors().size(), 1u);
   EXPECT_NE(state.Find("w"), nullptr);
   EXPECT_EQ(state.Find("v"), nullptr);
+}
+
+TEST(StateDictTest, HostViewUsesAllocatedSharedMemoryInPlaceAndKeepsItAlive) {
+  SharedAllocator allocator(absl::StrCat("/ckpt.viewtest.p", getpid(), "."));
+  std::string name;
+  {
+    StateDict state("j", 0);
+    {
+      auto a = allocator.Allocate(4 * 2, "w");
+      ASSERT_TRUE(a.ok());
+      name = a->segment->name();
+      TensorSpec s = Spec("w", {8});
+      s.layout = Region{{4}, {4}, std::nullopt};
+      auto t = state.AddHostView(s, a->segment, a->offset, 8);
+      ASSERT_TRUE(t.ok()) << t.status();
+      EXPECT_EQ((*t)->data, a->data());
+      EXPECT_EQ((*t)->segment, name);
+      EXPECT_EQ((*t)->segment_offset, a->offset);
+    }
+    // The allocation is gone; the state dict still holds the segment.
+    EXPECT_TRUE(SegmentExists(name));
+    auto described = state.Describe();
+    ASSERT_EQ(described.size(), 1u);
+    EXPECT_EQ(described[0].segment(), name);
+    EXPECT_EQ(described[0].nbytes(), 8);
+  }
+  EXPECT_FALSE(SegmentExists(name));
+}
+
+TEST(StateDictTest, HostViewRefusesMemoryOfTheWrongSizeNamingTheKey) {
+  SharedAllocator allocator(absl::StrCat("/ckpt.viewtest.p", getpid(), "."));
+  auto a = allocator.Allocate(16, "w");
+  ASSERT_TRUE(a.ok());
+  StateDict state("j", 0);
+  TensorSpec s = Spec("layers.1.w", {8});
+  s.layout = Region{{0}, {8}, std::nullopt};
+  auto wrong = state.AddHostView(s, a->segment, a->offset, 10);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong.status().message(), HasSubstr("layers.1.w"));
+  auto outside = state.AddHostView(s, a->segment, SharedAllocator::kArenaBytes - 8, 16);
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(outside.status().message(), HasSubstr("outside segment"));
+  EXPECT_TRUE(state.tensors().empty());
 }
 
 TEST(StateDictTest, DeviceTensorsNeedAGpu) {

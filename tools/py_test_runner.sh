@@ -21,7 +21,8 @@ for pair in "$@"; do
   [[ -e $value ]] && value=$(cd "$(dirname "$value")" && pwd)/$(basename "$value")
   export "$name=$value"
 done
-export PYTHONPATH="$runfiles/ckpt${PYTHONPATH:+:$PYTHONPATH}"
+# The workspace root, and python/ for the `ckpt` package (python/BUILD.bazel).
+export PYTHONPATH="$runfiles/ckpt:$runfiles/ckpt/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
 xml=()
 [[ -n ${XML_OUTPUT_FILE:-} ]] && xml=(--junitxml="$XML_OUTPUT_FILE")

@@ -1,0 +1,273 @@
+"""The trainer's connection to its local worker daemon (the C++ client, client/client.h)."""
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from ckpt import _ckpt
+from ckpt import dtypes as _dtypes
+from ckpt import errors as _errors
+from ckpt.layouts import Replicated
+from ckpt.memory import data_pointer
+
+_FOREVER = 10 * 365 * 24 * 3600.0
+
+
+def _is_torch(tensor):
+    return _dtypes.is_torch_dtype(getattr(tensor, "dtype", None))
+
+
+class _Entry:
+    """One tensor of a state dict: the caller's tensor and, when staged, its shared copy."""
+
+    __slots__ = ("key", "tensor", "staging", "nbytes")
+
+    def __init__(self, key, tensor, staging, nbytes):
+        self.key, self.tensor, self.staging, self.nbytes = key, tensor, staging, nbytes
+
+
+class StateDict:
+    """Tensors this rank saves and loads, each with its layout. Make one with
+    ``Client.state_dict()``; add tensors with ``add``."""
+
+    def __init__(self, native):
+        self._native = native
+        self._entries = {}
+
+    def add(self, key, tensor, layout=None):
+        """Adds ``tensor`` (a CPU torch.Tensor or a NumPy array) under ``key`` with ``layout``
+        (default ``Replicated()``). Tensors from ``ckpt.empty`` are used in place; any other is
+        copied into shared staging memory at each save and back after each load. CUDA tensors
+        are refused (device memory is not wired into the Python package yet)."""
+        if not isinstance(key, str) or not key:
+            raise _errors.InvalidArgument(f"state-dict key {key!r} is not a non-empty string")
+        layout = layout if layout is not None else Replicated()
+        if _is_torch(tensor):
+            if tensor.device.type != "cpu":
+                raise _errors.Unimplemented(
+                    f"tensor {key} is on {tensor.device}: ckpt's Python package saves and loads "
+                    "CPU tensors only for now (device memory goes through the CUDA IPC "
+                    "registration that is not wired yet); move it to the CPU or allocate it "
+                    "with ckpt.empty", key=key)
+            if tensor.requires_grad:
+                tensor = tensor.detach()  # same storage; loads write it in place
+        elif not hasattr(tensor, "__array_interface__"):
+            raise _errors.InvalidArgument(
+                f"tensor {key} is a {type(tensor).__name__}, not a torch.Tensor or NumPy array",
+                key=key)
+        shape = tuple(int(d) for d in tensor.shape)
+        dtype = _dtypes.name_of(tensor.dtype, key)
+        global_shape, native_layout, replica = layout._native(key, shape)
+        ptr, nbytes = data_pointer(tensor)
+        raw = self._native.add(key, dtype, global_shape, native_layout, replica, ptr, nbytes)
+        staging = None if raw is None else self._view(raw, tensor)
+        self._entries[key] = _Entry(key, tensor, staging, nbytes)
+        return self
+
+    @staticmethod
+    def _view(raw, tensor):
+        """The staging bytes viewed with the tensor's dtype and shape."""
+        if _is_torch(tensor):
+            import torch
+
+            t = torch.from_numpy(raw)
+            return t.view(tensor.dtype).view(tensor.shape) if raw.size else t
+        return raw.view(tensor.dtype).reshape(tensor.shape)
+
+    def __contains__(self, key):
+        return key in self._entries
+
+    def __len__(self):
+        return len(self._entries)
+
+    def keys(self):
+        return list(self._entries)
+
+    def __getitem__(self, key):
+        return self._entries[key].tensor
+
+    @property
+    def shared_bytes(self):
+        """Bytes saved and loaded in place (ckpt.empty memory)."""
+        return sum(e.nbytes for e in self._entries.values() if e.staging is None)
+
+    @property
+    def staged_bytes(self):
+        """Bytes copied into (and out of) shared staging memory at each save (load)."""
+        return sum(e.nbytes for e in self._entries.values() if e.staging is not None)
+
+    def _stage_in(self):
+        """Copies staged tensors into their shared staging buffers (before a save)."""
+        for e in self._entries.values():
+            if e.staging is not None and e.nbytes:
+                if _is_torch(e.tensor):
+                    e.staging.copy_(e.tensor)
+                else:
+                    e.staging[...] = e.tensor
+        return self.staged_bytes
+
+    def _stage_out(self):
+        """Copies loaded values from staging into the caller's tensors (after a load)."""
+        for e in self._entries.values():
+            if e.staging is not None and e.nbytes:
+                if _is_torch(e.tensor):
+                    e.tensor.copy_(e.staging)
+                else:
+                    e.tensor[...] = e.staging
+
+
+@dataclass
+class Progress:
+    """Where a save stands."""
+
+    phase: str  # gathering, planning, executing, committing, done, aborted
+    bytes_done: int
+    bytes_total: int
+    snapshotted: bool  # this rank's state is copied into worker memory
+    error: Optional[_errors.Error]  # the diagnosis when aborted
+    staged_bytes: int  # copied by this process into shared staging before the snapshot
+    shared_bytes: int  # saved in place from ckpt.empty memory
+
+
+def _status_error(code, message):
+    return None if code == 0 else _errors.BY_CODE.get(code, _errors.Internal)(message)
+
+
+class SaveHandle:
+    """A save in flight: returned once this rank's state is snapshotted."""
+
+    def __init__(self, native, staged_bytes, shared_bytes):
+        self._native = native
+        self.staged_bytes = staged_bytes
+        self.shared_bytes = shared_bytes
+        self.stage_seconds = 0.0  # copying staged tensors into shared memory
+        self.snapshot_seconds = 0.0  # until save() returned (staging included)
+
+    @property
+    def operation_id(self):
+        return self._native.operation_id
+
+    def wait(self, timeout=None):
+        """Blocks until the checkpoint is committed (durable). Raises the abort diagnosis
+        (a ckpt.Error), or ckpt.DeadlineExceeded after ``timeout`` seconds (the save goes on)."""
+        self._native.wait(_FOREVER if timeout is None else float(timeout))
+
+    def progress(self):
+        p = self._native.progress()
+        return Progress(p["phase"], p["bytes_done"], p["bytes_total"], p["snapshotted"],
+                        _status_error(p["code"], p["message"]), self.staged_bytes,
+                        self.shared_bytes)
+
+
+@dataclass
+class PollResult:
+    kind: str  # "save" or "load"
+    path: str
+    operation_id: str
+
+
+def _worker_address(worker_address, socket, job, rank, world_size, local_rank):
+    """Explicit address or socket; else CKPT_WORKER_ADDRESS (the C++ client reads it); else
+    ``unix:$CKPT_WORKER_DIR/worker-<local rank>.sock`` (what ckpt.LocalCluster exports)."""
+    if worker_address is not None:
+        return worker_address
+    if socket is not None:
+        return "unix:" + os.fspath(socket)
+    directory = os.environ.get("CKPT_WORKER_DIR")
+    if directory and not os.environ.get("CKPT_WORKER_ADDRESS"):
+        o = _ckpt.resolve_options(job=job, rank=rank, world_size=world_size,
+                                  local_rank=local_rank, worker_address="unix:unused")
+        return f"unix:{directory}/worker-{o['local_rank']}.sock"
+    return None
+
+
+class Client:
+    """This rank's connection to its local worker daemon.
+
+    Rank, world size, local rank and job come from the keywords, else the launcher's
+    environment as the C++ client resolves them (torchrun RANK/WORLD_SIZE/LOCAL_RANK, SLURM,
+    Open MPI; job from CKPT_JOB, TORCHELASTIC_RUN_ID or SLURM_JOB_ID). The worker is at
+    ``worker_address`` ("unix:/path"), ``socket`` (a path), $CKPT_WORKER_ADDRESS,
+    $CKPT_WORKER_DIR/worker-<local rank>.sock, or /tmp/ckpt-worker-<uid>-<local rank>.sock.
+    Waits up to ``rpc_timeout`` seconds for the worker to come up."""
+
+    def __init__(self, *, job=None, rank=None, world_size=None, local_rank=None,
+                 worker_address=None, socket=None, rpc_timeout=10.0):
+        address = _worker_address(worker_address, socket, job, rank, world_size, local_rank)
+        self._native = _ckpt.Client.connect(job=job, rank=rank, world_size=world_size,
+                                            local_rank=local_rank, worker_address=address,
+                                            rpc_timeout_s=float(rpc_timeout))
+        self._options = self._native.options()
+
+    job = property(lambda self: self._options["job"])
+    rank = property(lambda self: self._options["rank"])
+    world_size = property(lambda self: self._options["world_size"])
+    local_rank = property(lambda self: self._options["local_rank"])
+    worker_address = property(lambda self: self._options["worker_address"])
+    launcher = property(lambda self: self._options["launcher"])
+    worker_id = property(lambda self: self._options["worker_id"])
+
+    def state_dict(self):
+        """A new, empty state dict of this rank."""
+        return StateDict(self._native.new_state_dict())
+
+    def share(self, state):
+        """Describes ``state`` to the worker now (save and load do it themselves): validates
+        layouts and memory early."""
+        self._native.share(state._native)
+
+    def save(self, path, state, metadata=None, *, arrival_timeout=300.0):
+        """Collective: saves ``state`` to the checkpoint directory ``path`` (absolute, or
+        relative to the working directory; under the coordinator's checkpoint roots). Returns a
+        SaveHandle once this rank's state is snapshotted: the tensors may be modified at once.
+        ``metadata`` (str -> str) is stored in the manifest."""
+        start = time.perf_counter()
+        staged = state._stage_in()
+        staged_at = time.perf_counter()
+        meta = {str(k): str(v) for k, v in (metadata or {}).items()}
+        native = self._native.save(os.fspath(path), state._native, meta, float(arrival_timeout))
+        handle = SaveHandle(native, staged, state.shared_bytes)
+        handle.stage_seconds = staged_at - start
+        handle.snapshot_seconds = time.perf_counter() - start
+        return handle
+
+    def load(self, path, state, *, arrival_timeout=300.0, deadline=3600.0, algorithm="",
+             memory_budget_bytes=0):
+        """Collective: fills ``state``'s tensors in place from the checkpoint at ``path``,
+        whatever layout it was saved from (checksums verified). ``algorithm``: "" (the
+        coordinator's choice), "direct", "broadcast", "overlap_all_to_all", ..."""
+        self._native.load(os.fspath(path), state._native, float(arrival_timeout),
+                          float(deadline), algorithm, int(memory_budget_bytes))
+        state._stage_out()
+
+    def poll(self, state):
+        """Call once per step: runs a save or load an operator requested (``ckptctl save|load
+        --job``) on ``state``. Returns a PollResult, or None when nothing was pending."""
+
+        def prepare(kind, path):
+            if kind == "save":
+                state._stage_in()
+
+        r = self._native.poll(state._native, prepare)
+        if r is None:
+            return None
+        if r[0] == "load":
+            state._stage_out()
+        return PollResult(*r)
+
+    def close(self):
+        """Says Goodbye: the worker releases this process's shared memory mappings."""
+        if self._native is not None:
+            self._native.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def read_manifest(path):
+    """A committed checkpoint's tensors ({key: (dtype, shape)}), user metadata and step."""
+    return _ckpt.read_manifest(os.fspath(path))

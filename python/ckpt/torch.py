@@ -1,0 +1,502 @@
+"""A drop-in for torch.distributed.checkpoint (DCP): change the import, keep the calls.
+
+    import ckpt.torch as dcp                    # was: import torch.distributed.checkpoint as dcp
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "step": step}
+    dcp.save(state, checkpoint_id="/ckpt/step100")
+    future = dcp.async_save(state, checkpoint_id="/ckpt/step200")  # returns after the snapshot
+    dcp.load(state, checkpoint_id="/ckpt/step200")                 # in place, any world size
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+
+What is stored, per leaf of the (nested) state dict, under its dotted key:
+* a DTensor: its mesh shape, placements and this rank's coordinate are read from the DTensor
+  and its piece (``to_local()``) is placed by ckpt's own sharding rules (``ckpt.resolve``);
+  copies of a mesh that does not span the job (e.g. TP meshes, one per DP rank) get distinct
+  replica ids, so each element is written once;
+* a plain tensor: replicated (as DCP treats it), written once;
+* any other value (int, float, str, small picklable object): pickled, written once by the lowest
+  rank holding it (rank 0 when every rank holds the same value), loaded on every rank, with its
+  SHA-256 checked on top of the storage checksums.
+
+Saving needs the local ckpt worker daemons (``ckpt.LocalCluster`` or ``python -m ckpt.up``).
+Differences from DCP: ``storage_writer``/``storage_reader`` are accepted only to take their
+``path``; custom planners are refused; a checkpoint directory that exists is not overwritten
+(ckpt.AlreadyExists); ``load`` is strict by default: a key of the checkpoint that no rank's
+state dict holds is an error (``strict=False`` ignores such keys as DCP does). Tensors are
+copied into shared staging memory at the snapshot unless allocated with ``ckpt.empty``; CUDA
+tensors are refused for now.
+"""
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import threading
+import uuid
+
+import torch
+import torch.distributed as dist
+
+from ckpt import _flatten, _objects
+from ckpt import dtypes as _dtypes
+from ckpt import errors as _errors
+from ckpt.client import Client, read_manifest
+from ckpt.layouts import DTensor as _DTensorLayout
+from ckpt.layouts import Replicated, resolve
+
+__all__ = ["save", "async_save", "load", "init", "get_client", "shutdown"]
+
+_OBJECTS_KEY = "ckpt.torch.objects"  # user metadata: {key: sha256} of non-tensor values
+_lock = threading.Lock()
+_client = None
+_client_identity = None
+
+
+# ---- the client -------------------------------------------------------------------------------
+def _group_rank_world(process_group):
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(process_group), dist.get_world_size(process_group)
+    return 0, 1
+
+
+def _job_name(process_group):
+    """CKPT_JOB / TORCHELASTIC_RUN_ID / SLURM_JOB_ID, else a name rank 0 picks and broadcasts."""
+    for var in ("CKPT_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        if os.environ.get(var):
+            return os.environ[var]
+    name = [f"torch-{uuid.uuid4().hex[:12]}"]
+    if dist.is_available() and dist.is_initialized():
+        src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
+        dist.broadcast_object_list(name, src=src, group=process_group)
+    return name[0]
+
+
+def init(client=None, **client_kwargs):
+    """Uses ``client`` (a ckpt.Client) for the following calls, or connects one with
+    ``client_kwargs`` (see ckpt.Client). Optional: the first save or load connects with the
+    process group's rank and size, LOCAL_RANK and the job from the environment."""
+    global _client, _client_identity
+    with _lock:
+        if _client is not None and _client is not client:
+            _client.close()
+        _client = client if client is not None else Client(**client_kwargs)
+        _client_identity = (_client.job, _client.rank, _client.world_size)
+    return _client
+
+
+def get_client(process_group=None):
+    """The client of this process, connected at first use."""
+    global _client, _client_identity
+    rank, world = _group_rank_world(process_group)
+    with _lock:
+        if _client is not None and _client_identity[1:] == (rank, world):
+            return _client
+    job = _job_name(process_group)
+    local_rank = os.environ.get("LOCAL_RANK")
+    client = Client(job=job, rank=rank, world_size=world,
+                    local_rank=int(local_rank) if local_rank is not None else None)
+    with _lock:
+        if _client is not None:
+            _client.close()
+        _client, _client_identity = client, (job, rank, world)
+    return client
+
+
+def shutdown():
+    """Closes this process's client (says Goodbye to the worker)."""
+    global _client, _client_identity
+    with _lock:
+        _SaveCache.client, _SaveCache.signature, _SaveCache.state = None, None, None
+        if _client is not None:
+            _client.close()
+        _client, _client_identity = None, None
+
+
+# ---- what each leaf is ------------------------------------------------------------------------
+class _Item:
+    """A state-dict leaf as ckpt stores it."""
+
+    __slots__ = ("leaf", "kind", "dtype", "global_shape", "local", "layout", "mesh_ranks",
+                 "payload", "digest")
+
+    def __init__(self, leaf):
+        self.leaf = leaf
+        self.kind = "object"
+        self.dtype = "U8"
+        self.global_shape = ()
+        self.local = None
+        self.layout = None
+        self.mesh_ranks = None
+        self.payload = None
+        self.digest = None
+
+    @property
+    def key(self):
+        return self.leaf.key
+
+    def describe(self):
+        """What the other ranks need to agree on this key."""
+        return (self.kind, self.dtype, tuple(self.global_shape), self.mesh_ranks, self.digest)
+
+
+def _is_dtensor(v):
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover (old torch)
+        return False
+    return isinstance(v, DTensor)
+
+
+def _placement_of(key, p):
+    name = type(p).__name__
+    if name in ("Shard", "Replicate"):
+        return p
+    raise _errors.InvalidArgument(
+        f"tensor {key}: DTensor placement {p!r} cannot be saved by ckpt (only Shard(dim) and "
+        "Replicate(); redistribute Partial placements, and save FSDP+TP strided shards through "
+        "full_tensor() or a DCP state dict without _StridedShard)", key=key)
+
+
+def _dtensor_item(item, value):
+    key = item.key
+    mesh = value.device_mesh
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        return None  # this rank is not in the DTensor's mesh: it holds nothing of it
+    placements = [_placement_of(key, p) for p in value.placements]
+    local = value.to_local()
+    if local.device.type != "cpu":
+        _refuse_device(key, local)
+    item.kind = "dtensor"
+    item.dtype = _dtypes.name_of(value.dtype, key)
+    item.global_shape = tuple(int(d) for d in value.shape)
+    item.local = local
+    item.mesh_ranks = tuple(int(r) for r in mesh.mesh.flatten().tolist())
+    item.layout = _DTensorLayout(item.global_shape, tuple(mesh.mesh.shape), placements,
+                                 tuple(coordinate))
+    region = resolve(item.layout, key=key)
+    if region.lengths != tuple(local.shape):
+        raise _errors.InvalidArgument(
+            f"tensor {key}: the DTensor's local tensor has shape {tuple(local.shape)} but "
+            f"{item.layout.placements} over mesh {item.layout.mesh_shape} at coordinate "
+            f"{tuple(coordinate)} gives shape {region.lengths} (torch.chunk sharding)", key=key)
+    return item
+
+
+def _refuse_device(key, tensor):
+    raise _errors.Unimplemented(
+        f"tensor {key} is on {tensor.device}: ckpt.torch saves and loads CPU tensors only for "
+        "now (device memory goes through the CUDA IPC registration that is not wired yet)",
+        key=key)
+
+
+def _classify(leaves):
+    """One _Item per leaf this rank holds."""
+    items = []
+    for leaf in leaves:
+        item = _Item(leaf)
+        value = leaf.value
+        if _is_dtensor(value):
+            if _dtensor_item(item, value) is not None:
+                items.append(item)
+            continue
+        if isinstance(value, torch.Tensor):
+            if value.device.type != "cpu":
+                _refuse_device(leaf.key, value)
+            item.kind = "tensor"
+            item.dtype = _dtypes.name_of(value.dtype, leaf.key)
+            item.global_shape = tuple(int(d) for d in value.shape)
+            item.local = value
+        else:
+            try:
+                item.payload, item.digest = _objects.encode(value)
+            except Exception as e:  # pickling user objects can raise anything
+                raise _errors.InvalidArgument(
+                    f"state-dict value {leaf.key} ({type(value).__name__}) cannot be pickled: "
+                    f"{e}", key=leaf.key) from None
+            item.global_shape = (len(item.payload),)
+        items.append(item)
+    return items
+
+
+# ---- agreement across ranks -------------------------------------------------------------------
+def _all_gather(obj, process_group):
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out = [None] * dist.get_world_size(process_group)
+    dist.all_gather_object(out, obj, group=process_group)
+    return out
+
+
+def _agree(local_error, payload, process_group):
+    """Gathers (error, payload) from every rank. If any rank failed, every rank raises: its own
+    error, or ckpt.Aborted quoting the first failing rank's, so nobody enters the collective
+    save or load alone. Returns the payloads."""
+    gathered = _all_gather((None if local_error is None else
+                            (type(local_error).__name__, str(local_error)), payload),
+                           process_group)
+    if local_error is not None:
+        raise local_error
+    for rank, (err, _) in enumerate(gathered):
+        if err is not None:
+            raise _errors.Aborted(f"rank {rank} failed: {err[0]}: {err[1]}")
+    return [p for _, p in gathered]
+
+
+def _check_agreement(per_rank):
+    """The same key must be the same kind, dtype and global shape on every rank holding it."""
+    first = {}
+    for rank, described in enumerate(per_rank):
+        for key, d in described.items():
+            if key not in first:
+                first[key] = (rank, d)
+                continue
+            r0, d0 = first[key]
+            if d[0] != d0[0] or (d[0] != "object" and d[1:3] != d0[1:3]):
+                raise _errors.InvalidArgument(
+                    f"state-dict key {key} differs between ranks: rank {r0} holds {_what(d0)}, "
+                    f"rank {rank} holds {_what(d)}", key=key)
+
+
+def _what(d):
+    if d[0] == "object":
+        return "a non-tensor value"
+    return f"a {'DTensor' if d[0] == 'dtensor' else 'tensor'} of {d[1]} {list(d[2])}"
+
+
+def _replica_ids(per_rank, rank):
+    """Replica id per key this rank holds: its position among the holders (plain tensors and
+    values; the lowest holder is the main replica), or, for a DTensor, the position of its mesh
+    among the distinct meshes holding it (ordered by their first rank)."""
+    holders, meshes = {}, {}
+    for r, described in enumerate(per_rank):
+        for key, d in described.items():
+            holders.setdefault(key, []).append(r)
+            if d[0] == "dtensor" and d[3] not in meshes.setdefault(key, []):
+                meshes[key].append(d[3])
+    ids = {}
+    for key, d in per_rank[rank].items():
+        if d[0] == "dtensor":
+            ids[key] = sorted(meshes[key], key=min).index(d[3])
+        else:
+            ids[key] = holders[key].index(rank)
+    return ids
+
+
+# ---- save -------------------------------------------------------------------------------------
+def _path(checkpoint_id, storage, what):
+    if storage is not None and checkpoint_id is None:
+        checkpoint_id = getattr(storage, "path", None) or getattr(storage, "checkpoint_id", None)
+    if checkpoint_id is None:
+        raise _errors.InvalidArgument(f"{what}: give checkpoint_id (the checkpoint directory)")
+    return os.path.abspath(os.fspath(checkpoint_id))
+
+
+def _make_parent(path):
+    """Creates the checkpoint's parent directory, as DCP's FileSystemWriter does."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    except OSError as e:
+        cls = _errors.PermissionDenied if isinstance(e, PermissionError) else \
+            _errors.FailedPrecondition
+        raise cls(f"ckpt.torch.save: cannot create the parent directory of {path}: {e}") from None
+
+
+def _refuse_planner(planner, what):
+    if planner is not None:
+        raise _errors.Unimplemented(f"{what}: custom DCP planners are not supported by ckpt "
+                                    "(it plans on its coordinator); pass planner=None")
+
+
+def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group, metadata):
+    """Everything up to the snapshot: returns the SaveHandle."""
+    path, items, error = None, [], None
+    try:
+        path = _path(checkpoint_id, storage_writer, "ckpt.torch.save")
+        _refuse_planner(planner, "ckpt.torch.save")
+        _make_parent(path)
+        items = _classify(_flatten.flatten(state_dict))
+    except _errors.Error as e:
+        error = e
+    described = {i.key: i.describe() for i in items}
+    per_rank = _agree(error, (path, described), process_group)
+    paths = {p for p, _ in per_rank}
+    if len(paths) != 1:
+        raise _errors.InvalidArgument(f"ckpt.torch.save: ranks name different checkpoints: "
+                                      f"{sorted(paths)}")
+    per_rank = [d for _, d in per_rank]
+    _check_agreement(per_rank)
+    rank, _ = _group_rank_world(process_group)
+    ids = _replica_ids(per_rank, rank)
+    objects = {}
+    for described_by_rank in per_rank:
+        for key, d in described_by_rank.items():
+            if d[0] == "object" and key not in objects:
+                objects[key] = d[4]  # the lowest holder's digest: the value that is written
+    client = get_client(process_group)
+    state = _save_state(client, items, ids)
+    meta = dict(metadata or {})
+    meta[_OBJECTS_KEY] = json.dumps(objects, sort_keys=True)
+    return client.save(path, state, meta)
+
+
+class _SaveCache:
+    """The last save's ckpt state dict, reused by the next save of the same tensors (same keys,
+    layouts, replica ids, memory and values' sizes): its shared staging buffers are allocated
+    once, and each save only copies into them. Holds one copy of the staged state in shared
+    memory until shutdown() or a save of something else."""
+
+    client = None
+    signature = None
+    state = None
+
+
+def _signature(items, ids):
+    sig = []
+    for item in items:
+        if item.kind == "object":
+            sig.append((item.key, "object", ids[item.key], len(item.payload)))
+            continue
+        t = item.local
+        sig.append((item.key, item.kind, item.dtype, item.global_shape, repr(item.layout),
+                    ids[item.key], t.data_ptr(), tuple(t.shape), tuple(t.stride())))
+    return tuple(sig)
+
+
+def _save_state(client, items, ids):
+    """The ckpt state dict of this save (the cached one when the tensors are the same)."""
+    import numpy as np
+
+    signature = _signature(items, ids)
+    if _SaveCache.client is client and _SaveCache.signature == signature:
+        state = _SaveCache.state
+        for item in items:
+            if item.kind == "object" and ids[item.key] == 0:
+                state._entries[item.key].tensor = np.frombuffer(item.payload, dtype=np.uint8)
+        return state
+    _SaveCache.client, _SaveCache.signature, _SaveCache.state = None, None, None
+    state = client.state_dict()
+    for item in items:
+        rid = ids[item.key]
+        if item.kind == "object":
+            if rid == 0:  # the writer; the others hold a copy that is not stored
+                state.add(item.key, np.frombuffer(item.payload, dtype=np.uint8), Replicated(0))
+        elif item.kind == "dtensor":
+            state.add(item.key, item.local, dataclasses.replace(item.layout, replica_id=(rid,)))
+        else:
+            state.add(item.key, item.local, Replicated(rid))
+    _SaveCache.client, _SaveCache.signature, _SaveCache.state = client, signature, state
+    return state
+
+
+def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
+         process_group=None, no_dist=False, metadata=None):
+    """Collective: saves ``state_dict`` to the directory ``checkpoint_id`` and returns once it
+    is committed (durable). Returns the SaveHandle (``staged_bytes``: bytes copied into shared
+    staging). ``metadata``: extra str -> str stored in the manifest."""
+    handle = _snapshot(state_dict, checkpoint_id, storage_writer, planner,
+                       None if no_dist else process_group, metadata)
+    handle.wait()
+    return handle
+
+
+def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
+               process_group=None, metadata=None, **unused_dcp_options):
+    """Collective: returns once this rank's state is snapshotted (copied out of the trainer's
+    tensors), so they may be modified at once; the returned concurrent.futures.Future completes
+    (result: the SaveHandle) when the checkpoint is committed, or raises the abort diagnosis.
+    DCP's async_checkpointer_type / async_stager options are accepted and ignored."""
+    handle = _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group,
+                       metadata)
+    future = concurrent.futures.Future()
+    future.set_running_or_notify_cancel()
+
+    def wait():
+        try:
+            handle.wait()
+            future.set_result(handle)
+        except BaseException as e:  # handed to the future's waiter
+            future.set_exception(e)
+
+    threading.Thread(target=wait, name="ckpt-async-save", daemon=True).start()
+    return future
+
+
+# ---- load -------------------------------------------------------------------------------------
+def _check_against_manifest(items, manifest):
+    """Missing keys, shape or dtype mismatches and tensor/value confusion, named."""
+    stored = manifest["tensors"]
+    objects = json.loads(manifest["metadata"].get(_OBJECTS_KEY, "{}"))
+    for item in items:
+        key = item.key
+        if key not in stored:
+            raise _errors.NotFound(f"state-dict key {key} is not in the checkpoint", key=key)
+        if (item.kind == "object") != (key in objects):
+            raise _errors.InvalidArgument(
+                f"state-dict key {key} is a {'non-tensor value' if item.kind == 'object' else 'tensor'}"
+                f" here but the checkpoint holds a "
+                f"{'non-tensor value' if key in objects else 'tensor'}", key=key)
+        dtype, shape = stored[key]
+        if item.kind == "object":
+            item.global_shape, item.digest = tuple(shape), objects[key]
+            continue
+        if dtype != item.dtype:
+            raise _errors.InvalidArgument(f"tensor {key}: the checkpoint holds {dtype}, the state "
+                                          f"dict {item.dtype}", key=key)
+        if tuple(shape) != tuple(item.global_shape):
+            raise _errors.InvalidArgument(
+                f"tensor {key}: the checkpoint holds shape {tuple(shape)}, the state dict "
+                f"{tuple(item.global_shape)}", key=key)
+
+
+def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
+         process_group=None, no_dist=False, strict=True, trust_pickles=False):
+    """Collective: fills ``state_dict`` in place from the checkpoint ``checkpoint_id``, saved
+    from any world size and layout: tensors and DTensor local pieces are written in place,
+    non-tensor values are replaced in their containers. Raises (on every rank) naming the key:
+    ckpt.NotFound for a key the checkpoint lacks, ckpt.InvalidArgument for a shape or dtype
+    mismatch, and with ``strict`` for a key of the checkpoint no rank's state dict holds.
+    Non-tensor values are unpickled as plain data only unless ``trust_pickles``."""
+    pg = None if no_dist else process_group
+    path, items, manifest, error = None, [], None, None
+    try:
+        path = _path(checkpoint_id, storage_reader, "ckpt.torch.load")
+        _refuse_planner(planner, "ckpt.torch.load")
+        items = _classify(_flatten.flatten(state_dict))
+        manifest = read_manifest(path)
+        _check_against_manifest(items, manifest)
+    except _errors.Error as e:
+        error = e
+    per_rank = _agree(error, {i.key: i.describe() for i in items}, pg)
+    if strict:
+        everyone = set().union(*map(set, per_rank))
+        extra = sorted(set(manifest["tensors"]) - everyone)
+        if extra:
+            raise _errors.InvalidArgument(
+                f"the checkpoint holds key {extra[0]} that no rank's state dict has"
+                f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; pass strict=False"
+                " to ignore such keys", key=extra[0])
+    _check_agreement(per_rank)
+    rank, _ = _group_rank_world(pg)
+    ids = _replica_ids(per_rank, rank)
+    client = get_client(pg)
+    # Tensors through the same (cached) state dict a save of them uses: its staging buffers
+    # are allocated once. Non-tensor values, whose stored sizes vary, in a second small load.
+    tensors = [i for i in items if i.kind != "object"]
+    objects = [i for i in items if i.kind == "object"]
+    if tensors or not objects:
+        client.load(path, _save_state(client, tensors, ids))
+    if objects:
+        import numpy as np
+
+        state = client.state_dict()
+        buffers = {}
+        for item in objects:
+            buffers[item.key] = np.empty(item.global_shape, dtype=np.uint8)
+            state.add(item.key, buffers[item.key], Replicated(1))
+        client.load(path, state)
+    for item in objects:
+        value = _objects.decode(buffers[item.key].tobytes(), item.key, item.digest,
+                                trust_pickles)
+        _flatten.assign(item.leaf, value)

@@ -1,0 +1,197 @@
+"""The low-level Python API (ckpt.Client, state dicts, layouts, ckpt.empty) against real
+daemons started by ckpt.LocalCluster. Ranks of one job run as threads of this process (each
+with its own Client and worker session): the GIL is released while they wait for each other."""
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import ckpt
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    with ckpt.LocalCluster(num_workers=2, root=root) as c:
+        yield c
+    assert all(code == 0 for code in c.exit_codes.values()), c.exit_codes
+
+
+def ranks(world, body, job):
+    """Runs body(client) for ranks 0..world-1 in threads; re-raises the first failure."""
+    results, errors = [None] * world, [None] * world
+
+    def run(rank):
+        try:
+            with ckpt.Client(job=job, rank=rank, world_size=world, local_rank=rank) as client:
+                results[rank] = body(client)
+        except BaseException as e:  # handed to the test thread
+            errors[rank] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+def test_zero_copy_staged_and_numpy_tensors_round_trip(cluster):
+    path = os.path.join(cluster.root, "round-trip")
+    shared = ckpt.empty(4, 4, dtype=torch.bfloat16)
+    shared.copy_(torch.arange(16).view(4, 4))
+    plain = torch.arange(10, dtype=torch.int64)
+    array = np.arange(6, dtype=np.float64).reshape(2, 3)
+    assert ckpt.is_shared(shared) and not ckpt.is_shared(plain) and not ckpt.is_shared(array)
+    with ckpt.Client(job="round-trip", rank=0, world_size=1, local_rank=0) as client:
+        assert client.launcher == "explicit"
+        state = client.state_dict()
+        state.add("shared", shared).add("plain", plain).add("array", array, ckpt.Replicated())
+        assert state.shared_bytes == 32 and state.staged_bytes == 80 + 48
+        handle = client.save(path, state, metadata={"step": 7})
+        handle.wait(timeout=60)
+        progress = handle.progress()
+        assert progress.phase == "done" and progress.error is None
+        assert progress.staged_bytes == 128 and progress.shared_bytes == 32
+        shared.zero_()
+        plain.zero_()
+        array[...] = 0
+        client.load(path, state)
+    assert torch.equal(shared, torch.arange(16).view(4, 4).to(torch.bfloat16))
+    assert torch.equal(plain, torch.arange(10))
+    assert np.array_equal(array, np.arange(6, dtype=np.float64).reshape(2, 3))
+    manifest = ckpt.read_manifest(path)
+    assert manifest["tensors"]["shared"] == ("BF16", [4, 4]) and manifest["step"] == 7
+
+
+def test_snapshot_holds_the_values_at_save_while_the_tensors_change(cluster):
+    path = os.path.join(cluster.root, "snapshot")
+    shared = ckpt.empty(1 << 16, dtype=torch.float32)
+    shared.fill_(1.0)
+    plain = torch.full((1 << 16,), 2.0)
+    with ckpt.Client(job="snapshot", rank=0, world_size=1, local_rank=0) as client:
+        state = client.state_dict().add("shared", shared).add("plain", plain)
+        handle = client.save(path, state)
+        shared.fill_(-1.0)  # right after the snapshot, before the commit
+        plain.fill_(-2.0)
+        handle.wait(60)
+        client.load(path, state)
+    assert bool((shared == 1.0).all()) and bool((plain == 2.0).all())
+
+
+def test_box_flat_and_dtensor_layouts_reshard_between_two_ranks(cluster):
+    path = os.path.join(cluster.root, "layouts")
+    full = torch.arange(6 * 5, dtype=torch.float32).view(6, 5)
+
+    def save(client):
+        r = client.rank
+        state = client.state_dict()
+        state.add("box", full[3 * r:3 * r + 3].clone(), ckpt.Box((6, 5), (3 * r, 0)))
+        state.add("flat", full.flatten()[r * 13:(r + 1) * 13 + 4 * r].clone(),
+                  ckpt.Flat((6, 5), r * 13, (r + 1) * 13 + 4 * r))
+        layout = ckpt.DTensor((6, 5), (2,), [ckpt.Shard(1)], (r,))
+        region = ckpt.resolve(layout)
+        state.add("dtensor", full[:, region.offsets[1]:region.offsets[1] + region.lengths[1]]
+                  .clone(), layout)
+        state.add("megatron", full.clone(), ckpt.Replicated(replica_id=(0, r)))
+        client.save(path, state).wait(60)
+
+    ranks(2, save, "layouts-save")
+
+    def load(client):
+        # Rank 0 reads everything as one box; rank 1 a flat range of the DTensor-saved one.
+        state = client.state_dict()
+        if client.rank == 0:
+            out = {k: torch.zeros(6, 5) for k in ("box", "flat", "dtensor", "megatron")}
+            for k, v in out.items():
+                state.add(k, v, ckpt.Box((6, 5), (0, 0)))
+        else:
+            out = {k: torch.zeros(7) for k in ("box", "flat", "dtensor", "megatron")}
+            for k, v in out.items():
+                state.add(k, v, ckpt.Flat((6, 5), 20, 27))
+        client.load(path, state)
+        return out
+
+    got = ranks(2, load, "layouts-load")
+    for k in ("box", "flat", "dtensor", "megatron"):
+        assert torch.equal(got[0][k], full), k
+        assert torch.equal(got[1][k], full.flatten()[20:27]), k
+
+
+def test_dtensor_region_follows_torch_chunk():
+    # 5 rows over a (2, 2) mesh, rank (1, 1): rows [3, 5), replica 1 along the Replicate dim.
+    region = ckpt.resolve(ckpt.DTensor((5, 6), (2, 2), [ckpt.Shard(0), ckpt.Replicate()], (1, 1)))
+    assert region.offsets == (3, 0) and region.lengths == (2, 6) and region.replica_id == (1,)
+    empty = ckpt.resolve(ckpt.DTensor((2,), (4,), [ckpt.Shard(0)], (3,)))
+    assert empty.lengths == (0,) and empty.numel == 0
+
+
+def test_errors_keep_the_status_code_and_message(cluster):
+    with pytest.raises(ckpt.InvalidArgument, match="tensor w region"):
+        ckpt.resolve(ckpt.Box((8, 4), (6, 0)), (4, 4), key="w")
+    with ckpt.Client(job="errors", rank=0, world_size=1, local_rank=0) as client:
+        state = client.state_dict()
+        with pytest.raises(ckpt.Unimplemented, match="tensor on_device is on meta"):
+            state.add("on_device", torch.empty(3, device="meta"))
+        state.add("w", torch.ones(3))
+        with pytest.raises(ckpt.Error, match="already"):
+            state.add("w", torch.ones(3))
+        with pytest.raises(ckpt.NotFound):
+            client.load(os.path.join(cluster.root, "never-saved"), state)
+        with pytest.raises(ckpt.PermissionDenied, match="root"):
+            client.save("/proc/outside-the-roots", state)
+        with pytest.raises(ckpt.InvalidArgument, match="no main replica"):
+            holey = client.state_dict().add("v", torch.ones(2), ckpt.Box((4,), (0,)))
+            client.save(os.path.join(cluster.root, "holey"), holey)
+    with pytest.raises(ckpt.DeadlineExceeded, match="cannot connect"):
+        ckpt.Client(job="j", rank=0, world_size=1, worker_address="unix:/nonexistent.sock",
+                    rpc_timeout=0.5)
+    with pytest.raises(ckpt.InvalidArgument, match="missing rank"):
+        ckpt.Client(worker_address="unix:/nonexistent.sock", rpc_timeout=0.5)
+
+
+def test_operator_requested_save_runs_at_the_next_poll(cluster):
+    ckptctl = os.environ.get("CKPTCTL")
+    if not ckptctl:
+        pytest.skip("CKPTCTL (//tools:ckptctl) not given")
+    path = os.path.join(cluster.root, "operator-save")
+    values = torch.arange(5.0)
+    with ckpt.Client(job="polled", rank=0, world_size=1, local_rank=0) as client:
+        state = client.state_dict().add("values", values)
+        assert client.poll(state) is None
+        operator = subprocess.Popen([ckptctl, "save", "--coordinator", cluster.address,
+                                     "--job", "polled", path], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT)
+        result = None
+        while result is None and operator.poll() is None:
+            result = client.poll(state)
+        out = operator.communicate(timeout=60)[0].decode()
+        assert operator.returncode == 0, out
+        assert result is not None and result.kind == "save" and result.path == path
+    assert ckpt.read_manifest(path)["tensors"]["values"] == ("F32", [5])
+
+
+def test_local_cluster_names_a_missing_binary(tmp_path):
+    with pytest.raises(ckpt.NotFound, match="ckpt_coordinator"):
+        ckpt.cluster.find_binary("ckpt_coordinator", "nowhere", bin_dir=str(tmp_path))
+
+
+def test_up_command_starts_daemons_for_a_command_and_stops_them(tmp_path):
+    trainer = ("import ckpt, torch, os; c = ckpt.Client(job='up', rank=0, world_size=1); "
+               "s = c.state_dict().add('x', torch.ones(3)); "
+               f"c.save({str(tmp_path / 'by-up')!r}, s).wait(60); c.close(); "
+               "print('saved via', os.environ['CKPT_WORKER_DIR'])")
+    out = subprocess.run([sys.executable, "-m", "ckpt.up", "--workers", "1", "--root",
+                          str(tmp_path), "--", sys.executable, "-c", trainer],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ckpt up: coordinator 127.0.0.1:" in out.stdout and "saved via /tmp/" in out.stdout
+    assert ckpt.read_manifest(tmp_path / "by-up")["tensors"]["x"] == ("F32", [3])

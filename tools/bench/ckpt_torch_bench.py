@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""ckpt.torch against torch.distributed.checkpoint (DCP) on FSDP2-sharded state, same run.
+
+Starts a ckpt LocalCluster (a coordinator and one worker per process) and PROCS processes
+(gloo on the CPU, torchrun-style). Each builds a stack of Linear layers sharded with
+fully_shard (about GB of fp32 parameters in all; each rank holds 1/PROCS), then, per repetition
+and alternating which system goes first:
+  save   ckpt.torch.save / dcp.save into a fresh directory (both fsync their files);
+  load   ckpt.torch.load / dcp.load back into the same state dict in place, after the
+         checkpoint's files were evicted from the page cache (posix_fadvise DONTNEED), so both
+         read from the disk;
+  async  ckpt.torch.async_save / dcp.async_save: the time until the call returns (what
+         training waits for) and until the checkpoint is durable.
+Times are the wall time of the collective (barrier before, barrier after). The disk's own
+limit is measured in the same run with dd (write with oflag=direct conv=fsync, read with
+iflag=direct) on a file of the state's size.
+
+  bazel build //python:ckpt //coordinator:ckpt_coordinator //worker:ckpt_worker
+  PYTHONPATH=python .venv/bin/python tools/bench/ckpt_torch_bench.py --dir /var/tmp/ckb --gb 2
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+
+def evict(path):
+    """Drops `path`'s files from the page cache (they are fsynced, so the pages are clean)."""
+    for root, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def dd_limits(directory, gb):
+    """(write GB/s, read GB/s) of the disk under `directory` for a file of `gb` GB."""
+    path = os.path.join(directory, "dd.bin")
+    count = max(1, int(gb * 16))  # 64 MiB blocks
+
+    def run(args):
+        t = time.perf_counter()
+        out = subprocess.run(["dd", *args, "bs=64M", f"count={count}", "status=none"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr)
+        return count * (64 << 20) / (time.perf_counter() - t) / 1e9
+
+    write = run(["if=/dev/zero", f"of={path}", "oflag=direct", "conv=fsync"])
+    evict(path)
+    read = run([f"if={path}", "of=/dev/null", "iflag=direct"])
+    os.unlink(path)
+    return write, read
+
+
+def rank_main(rank, world, port, args, result_file):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), CKPT_JOB="bench")
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import ckpt.torch
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    layers = max(1, round(args.gb * (1 << 30) / 4 / (args.hidden * args.hidden)))
+    with torch.device("meta"):
+        model = torch.nn.Sequential(*[torch.nn.Linear(args.hidden, args.hidden, bias=False)
+                                      for _ in range(layers)])
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            p.to_local().copy_(torch.arange(p.to_local().numel(), dtype=torch.float32)
+                               .view_as(p.to_local()) * (i + 1) + rank)
+    sd = get_model_state_dict(model)
+    sums = {k: float(v.to_local().sum()) for k, v in sd.items()}
+    nbytes = sum(v.numel() * v.element_size() for v in sd.values())  # global (DTensor)
+
+    def timed(fn):
+        dist.barrier()
+        t = time.perf_counter()
+        out = fn()
+        dist.barrier()
+        return time.perf_counter() - t, out
+
+    def clear():
+        with torch.no_grad():
+            for v in sd.values():
+                v.to_local().zero_()
+
+    def check(what):
+        bad = [k for k, v in sd.items() if float(v.to_local().sum()) != sums[k]]
+        if bad:
+            raise AssertionError(f"{what}: {bad[0]} differs after the load")
+
+    systems = {
+        "ckpt": (lambda p: ckpt.torch.save(sd, checkpoint_id=p),
+                 lambda p: ckpt.torch.load(sd, checkpoint_id=p),
+                 lambda p: ckpt.torch.async_save(sd, checkpoint_id=p)),
+        "dcp": (lambda p: dcp.save(sd, checkpoint_id=p),
+                lambda p: dcp.load(sd, checkpoint_id=p),
+                lambda p: dcp.async_save(sd, checkpoint_id=p)),
+    }
+    results = {name: {"save": [], "load": [], "async_block": [], "async_total": []}
+               for name in systems}
+    for rep in range(args.reps):
+        order = list(systems) if rep % 2 == 0 else list(reversed(systems))
+        for name in order:
+            save, load, async_save = systems[name]
+            path = os.path.join(args.dir, f"{name}-{rep}")
+            dt, _ = timed(lambda: save(path))
+            results[name]["save"].append(dt)
+            if rank == 0:
+                evict(path)
+            clear()
+            dt, _ = timed(lambda: load(path))
+            results[name]["load"].append(dt)
+            check(f"{name} load")
+            apath = path + "-async"
+            dist.barrier()
+            t = time.perf_counter()
+            future = async_save(apath)
+            block = time.perf_counter() - t
+            future = getattr(future, "upload_completion", future)
+            future.result()
+            dist.barrier()
+            results[name]["async_block"].append(block)
+            results[name]["async_total"].append(time.perf_counter() - t)
+            if rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
+                shutil.rmtree(apath, ignore_errors=True)
+            dist.barrier()
+    gathered = [None] * world
+    dist.all_gather_object(gathered, results, group=None)
+    if rank == 0:
+        with open(result_file, "w") as f:
+            json.dump({"per_rank": gathered, "bytes": nbytes, "layers": layers}, f)
+    ckpt.torch.shutdown()
+    dist.destroy_process_group()
+
+
+def summarize(data, disk, args):
+    gb = data["bytes"] / 1e9
+    rows = []
+    for what in ("save", "load", "async_block", "async_total"):
+        line = {}
+        for name in ("ckpt", "dcp"):
+            # The collective's time: what the slowest rank saw (blocking time: the slowest too).
+            per_rep = [max(r[name][what][i] for r in data["per_rank"]) for i in range(args.reps)]
+            line[name] = statistics.median(per_rep)
+        rows.append((what, line))
+    print(f"state: {gb:.2f} GB fp32 in {data['layers']} Linear({args.hidden}, {args.hidden}) "
+          f"layers, fully_shard over {args.procs} processes; {args.reps} repetitions (median)")
+    print(f"disk (dd, same run): write {disk[0]:.2f} GB/s, read {disk[1]:.2f} GB/s")
+    print(f"{'':12s} {'ckpt.torch':>18s} {'DCP':>18s} {'ckpt/DCP speed':>15s}")
+    for what, line in rows:
+        c, d = line["ckpt"], line["dcp"]
+        rate = lambda s: f"{s:6.2f} s {gb / s:5.2f} GB/s"
+        print(f"{what:12s} {rate(c):>18s} {rate(d):>18s} {d / c:14.2f}x")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dir", default="/var/tmp/ckpt_torch_bench")
+    p.add_argument("--gb", type=float, default=2.0)
+    p.add_argument("--procs", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--reps", type=int, default=2)
+    args = p.parse_args()
+    import torch.multiprocessing as mp
+
+    import ckpt
+
+    shutil.rmtree(args.dir, ignore_errors=True)
+    os.makedirs(args.dir)
+    args.dir = os.path.realpath(args.dir)
+    disk = dd_limits(args.dir, args.gb)
+    result_file = os.path.join(args.dir, "results.json")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with ckpt.LocalCluster(num_workers=args.procs, root=args.dir):
+        mp.spawn(rank_main, args=(args.procs, port, args, result_file), nprocs=args.procs)
+    with open(result_file) as f:
+        summarize(json.load(f), disk, args)
+    shutil.rmtree(args.dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
