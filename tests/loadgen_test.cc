@@ -40,8 +40,8 @@ TEST(LoadgenTest, TwoThousandRanksSaveAndLoadThroughARealCoordinator) {
   loadgen->reaped = true;
   const std::string out = loadgen->Stdout();
   std::cout << out << std::flush;
-  ASSERT_TRUE(WIFEXITED(loadgen->status) && WEXITSTATUS(loadgen->status) == 0)
-      << out << "\n" << loadgen->Stderr();
+  ASSERT_TRUE(WIFEXITED(loadgen->status) && WEXITSTATUS(loadgen->status) == 0) << out << "\n"
+                                                                               << loadgen->Stderr();
   EXPECT_EQ(LineValue(out, "result"), "ok");
 
   for (const std::string kind : {"save", "load"}) {
@@ -59,8 +59,7 @@ TEST(LoadgenTest, TwoThousandRanksSaveAndLoadThroughARealCoordinator) {
 
   // The committed checkpoint is a real one: headers, sizes, checksums (of zeros) and coverage.
   std::string verify;
-  EXPECT_EQ(cluster.RunCkptctl({"verify", cluster.dir() + "/loadgen-ckpt"}, &verify), 0)
-      << verify;
+  EXPECT_EQ(cluster.RunCkptctl({"verify", cluster.dir() + "/loadgen-ckpt"}, &verify), 0) << verify;
   std::cout << verify << std::flush;
 }
 

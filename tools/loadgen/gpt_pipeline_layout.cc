@@ -44,9 +44,8 @@ absl::StatusOr<Parallelism> ParseParallelism(absl::string_view layout, int64_t r
         "layout \"", layout, "\": expected tp<N>pp<M> (e.g. tp8pp16; either part optional)"));
   }
   if (ranks < 1 || ranks % (p.tp * p.pp) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("layout ", layout, ": ", ranks,
-                                                   " ranks are not a multiple of tp x pp = ",
-                                                   p.tp * p.pp));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout ", layout, ": ", ranks, " ranks are not a multiple of tp x pp = ", p.tp * p.pp));
   }
   p.dp = ranks / (p.tp * p.pp);
   return p;
@@ -72,10 +71,9 @@ absl::StatusOr<GptConfig> ModelByName(absl::string_view name) {
 absl::StatusOr<GptPipelineLayout> GptPipelineLayout::Create(const GptConfig& model,
                                                             Parallelism parallel) {
   if (parallel.tp < 1 || parallel.pp < 1 || parallel.dp < 1 || model.layers % parallel.pp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("a model of ", model.layers,
-                                                   " layers cannot run at tp ", parallel.tp,
-                                                   " pp ", parallel.pp, " dp ", parallel.dp,
-                                                   " (layers must be a multiple of pp)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a model of ", model.layers, " layers cannot run at tp ", parallel.tp, " pp ",
+                     parallel.pp, " dp ", parallel.dp, " (layers must be a multiple of pp)"));
   }
   GptPipelineLayout out;
   out.parallel_ = parallel;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -102,9 +103,7 @@ class Driver {
 
  private:
   int64_t WorkerOf(int64_t rank) const { return rank * options_.workers / options_.ranks; }
-  pb::Coordinator::Stub* StubOf(int64_t worker) {
-    return stubs_[workers_[worker]->channel].get();
-  }
+  pb::Coordinator::Stub* StubOf(int64_t worker) { return stubs_[workers_[worker]->channel].get(); }
   void Describe(LoadgenReport* report);
   absl::Status RegisterWorkers();
   void OpenWatch(SimWorker* w);
@@ -117,8 +116,13 @@ class Driver {
   void Execute(pb::WorkItem item);
   // Waits (WaitOperation) until the operation is final; false on timeout or a dead coordinator.
   bool WaitFinal(const std::string& id, pb::OperationStatus* status);
+  // False once the coordinator process (when known) has exited, zombies included.
   bool CoordinatorAlive() const {
-    return options_.coordinator_pid <= 0 || kill(options_.coordinator_pid, 0) == 0;
+    if (options_.coordinator_pid <= 0) return true;
+    std::ifstream in(absl::StrCat("/proc/", options_.coordinator_pid, "/stat"));
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');
+    return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
   }
   void Stop();
 
@@ -221,8 +225,8 @@ absl::Status Driver::RegisterWorkers() {
   }
   window_.Drain();
   if (!first_error.empty()) {
-    return absl::UnavailableError(absl::StrCat("RegisterWorker at ", options_.coordinator, ": ",
-                                               first_error));
+    return absl::UnavailableError(
+        absl::StrCat("RegisterWorker at ", options_.coordinator, ": ", first_error));
   }
   heartbeats_ = std::thread([this] { HeartbeatLoop(); });
   for (auto& w : workers_) OpenWatch(w.get());
@@ -318,8 +322,8 @@ void Driver::Execute(pb::WorkItem item) {
     absl::StatusOr<std::string> written =
         part.ParseFromString(item.plan_part())
             ? WriteSparseSavePart(part, options_.fsync)
-            : absl::InvalidArgumentError(absl::StrCat("rank ", item.rank(),
-                                                      ": unreadable save plan part"));
+            : absl::InvalidArgumentError(
+                  absl::StrCat("rank ", item.rank(), ": unreadable save plan part"));
     if (written.ok()) {
       request.set_written(*std::move(written));
       files = part.files_size();
@@ -350,7 +354,7 @@ void Driver::Execute(pb::WorkItem item) {
   AsyncUnary<pb::ReportResultResponse>(
       *loop_, options_.rpc_timeout,
       [this, request = std::move(request), worker](grpc::ClientContext* c,
-                                                    grpc::CompletionQueue* cq) {
+                                                   grpc::CompletionQueue* cq) {
         return StubOf(worker)->PrepareAsyncReportResult(c, request, cq);
       },
       [this](const grpc::Status& s, pb::ReportResultResponse&) {
@@ -384,12 +388,12 @@ absl::Status Driver::AttachRanks() {
         });
   }
   window_.Drain();
-  if (!first_error.empty()) return absl::UnavailableError(absl::StrCat("AttachRank: ", first_error));
+  if (!first_error.empty())
+    return absl::UnavailableError(absl::StrCat("AttachRank: ", first_error));
   return absl::OkStatus();
 }
 
-void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& kind,
-                  int64_t rank) {
+void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& kind, int64_t rank) {
   pb::JoinOperationRequest header;
   header.set_job(options_.job);
   header.set_world_size(static_cast<int32_t>(options_.ranks));
@@ -573,13 +577,13 @@ absl::StatusOr<LoadgenReport> Driver::Run() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(1 << 30);
   args.SetMaxSendMessageSize(1 << 30);
-  const int channels = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(options_.channels, options_.workers)));
+  const int channels = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(options_.channels, options_.workers)));
   for (int c = 0; c < channels; ++c) {
     grpc::ChannelArguments unique = args;
     unique.SetInt("ckpt.loadgen_channel", c);  // a connection of its own per channel
-    channels_.push_back(grpc::CreateCustomChannel(
-        options_.coordinator, grpc::InsecureChannelCredentials(), unique));
+    channels_.push_back(grpc::CreateCustomChannel(options_.coordinator,
+                                                  grpc::InsecureChannelCredentials(), unique));
     stubs_.push_back(pb::Coordinator::NewStub(channels_.back()));
     generic_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));
   }
@@ -627,9 +631,9 @@ absl::StatusOr<LoadgenReport> RunLoadgen(const LoadgenOptions& options,
                                          const GptPipelineLayout& layout) {
   if (options.ranks != layout.world_size() || options.workers < 1 ||
       options.workers > options.ranks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "need 1 <= workers (", options.workers, ") <= ranks (", options.ranks,
-        ") and ranks = the layout's world size (", layout.world_size(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("need 1 <= workers (", options.workers, ") <= ranks (", options.ranks,
+                     ") and ranks = the layout's world size (", layout.world_size(), ")"));
   }
   Driver driver(options, layout);
   return driver.Run();
@@ -638,18 +642,17 @@ absl::StatusOr<LoadgenReport> RunLoadgen(const LoadgenOptions& options,
 std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& report) {
   std::string out;
   const Parallelism& p = report.parallelism;
-  absl::StrAppend(&out, absl::StrFormat(
-                            "ranks %d workers %d hosts %d tp %d pp %d dp %d\n", options.ranks,
+  absl::StrAppend(
+      &out, absl::StrFormat("ranks %d workers %d hosts %d tp %d pp %d dp %d\n", options.ranks,
                             options.workers, options.hosts > 0 ? options.hosts : options.workers,
                             p.tp, p.pp, p.dp));
   absl::StrAppend(&out, absl::StrFormat("shards_per_rank_max %d shards_total %d state_mib %s\n",
                                         report.shards_per_rank_max, report.shards_total,
                                         MiB(report.state_bytes_total)));
-  absl::StrAppend(&out, absl::StrFormat(
-                            "setup_s describe %.3f register %.3f attach %.3f\n",
-                            absl::ToDoubleSeconds(report.describe_time),
-                            absl::ToDoubleSeconds(report.register_time),
-                            absl::ToDoubleSeconds(report.attach_time)));
+  absl::StrAppend(&out, absl::StrFormat("setup_s describe %.3f register %.3f attach %.3f\n",
+                                        absl::ToDoubleSeconds(report.describe_time),
+                                        absl::ToDoubleSeconds(report.register_time),
+                                        absl::ToDoubleSeconds(report.attach_time)));
   for (const OperationReport& op : report.operations) {
     absl::StrAppend(&out, absl::StrFormat("%s id %s phase %s%s\n", op.kind, op.id, op.phase,
                                           op.status.empty() ? "" : " status " + op.status));
@@ -665,22 +668,21 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
     const absl::Time exec_end = op.last_result_sent;
     absl::StrAppend(
         &out,
-        absl::StrFormat("%s seconds gather %s plan %s dispatch %s execute %s commit %s "
-                        "notify %s total %s\n",
-                        op.kind, Seconds(op.start, op.log_gathered),
-                        Seconds(op.log_gathered, op.log_planned), Seconds(plan_end, op.last_plan),
-                        Seconds(op.last_plan, exec_end),
-                        op.kind == "save" ? Seconds(exec_end, op.log_committed) : "-",
-                        Seconds(op.log_done, op.all_ranks_told),
-                        Seconds(op.start, op.all_ranks_told != absl::InfinitePast()
-                                              ? op.all_ranks_told
-                                              : op.final_seen)));
-    absl::StrAppend(&out,
-                    absl::StrFormat("%s joins_answered_s %s first_plan_s %s plan_parts %d "
-                                    "plan_mib %s max_part_mib %s files %d\n",
-                                    op.kind, Seconds(op.start, op.last_join_answered),
-                                    Seconds(op.start, op.first_plan), op.plan_parts,
-                                    MiB(op.plan_bytes), MiB(op.max_plan_part), op.files_written));
+        absl::StrFormat(
+            "%s seconds gather %s plan %s dispatch %s execute %s commit %s "
+            "notify %s total %s\n",
+            op.kind, Seconds(op.start, op.log_gathered), Seconds(op.log_gathered, op.log_planned),
+            Seconds(plan_end, op.last_plan), Seconds(op.last_plan, exec_end),
+            op.kind == "save" ? Seconds(exec_end, op.log_committed) : "-",
+            Seconds(op.log_done, op.all_ranks_told),
+            Seconds(op.start, op.all_ranks_told != absl::InfinitePast() ? op.all_ranks_told
+                                                                        : op.final_seen)));
+    absl::StrAppend(
+        &out, absl::StrFormat("%s joins_answered_s %s first_plan_s %s plan_parts %d "
+                              "plan_mib %s max_part_mib %s files %d\n",
+                              op.kind, Seconds(op.start, op.last_join_answered),
+                              Seconds(op.start, op.first_plan), op.plan_parts, MiB(op.plan_bytes),
+                              MiB(op.max_plan_part), op.files_written));
     absl::StrAppend(
         &out, absl::StrFormat(
                   "%s coordinator cpu_s %.2f peak_threads %d rss_mib_after %s loadgen_cpu_s %.2f\n",
@@ -688,13 +690,13 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
                   op.coordinator_peak_threads, MiB(op.coordinator_after.rss_bytes),
                   op.loadgen_cpu_seconds));
   }
-  absl::StrAppend(&out, absl::StrFormat(
-                            "coordinator peak_rss_mib %s peak_threads %d cpu_s %.2f\n",
+  absl::StrAppend(
+      &out, absl::StrFormat("coordinator peak_rss_mib %s peak_threads %d cpu_s %.2f\n",
                             MiB(report.coordinator_peak.peak_rss_bytes),
                             report.coordinator_peak.threads, report.coordinator_peak.cpu_seconds));
-  absl::StrAppend(&out, absl::StrFormat("errors heartbeat %d watch_stream %d report_result %d\n",
-                                        report.heartbeat_errors, report.stream_errors,
-                                        report.report_errors));
+  absl::StrAppend(
+      &out, absl::StrFormat("errors heartbeat %d watch_stream %d report_result %d\n",
+                            report.heartbeat_errors, report.stream_errors, report.report_errors));
   return out;
 }
 

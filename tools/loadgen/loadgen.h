@@ -48,7 +48,7 @@ struct LoadgenOptions {
   absl::Duration rpc_timeout = absl::Seconds(120);
   absl::Duration wait_slice = absl::Seconds(10);  // WaitOperation timeout per call
   absl::Duration operation_timeout = absl::Minutes(30);
-  pid_t coordinator_pid = 0;  // sampled from /proc when set
+  pid_t coordinator_pid = 0;    // sampled from /proc when set
   std::string coordinator_log;  // the coordinator's stderr, for its phase timestamps
   // Called with each sample of the coordinator (e.g. to stop it past a memory cap).
   std::function<void(const ProcStats&)> on_coordinator_sample;
@@ -62,15 +62,15 @@ struct OperationReport {
   std::string status;  // its status message when not OK
   int64_t join_errors = 0;
   std::string first_join_error;
-  absl::Time start;               // first join sent
-  absl::Time last_join_answered;  // by the loadgen's clock
-  absl::Time first_plan, last_plan;
+  absl::Time start = absl::InfinitePast();               // first join sent
+  absl::Time last_join_answered = absl::InfinitePast();  // by the loadgen's clock
+  absl::Time first_plan = absl::InfinitePast(), last_plan = absl::InfinitePast();
   int64_t plan_parts = 0;
-  int64_t plan_bytes = 0;      // sum of plan part sizes received
-  int64_t max_plan_part = 0;   // largest plan part
-  int64_t files_written = 0;   // save: sparse data files
-  absl::Time last_result_sent;
-  absl::Time final_seen;  // the operation was final (the loadgen's WaitOperation)
+  int64_t plan_bytes = 0;     // sum of plan part sizes received
+  int64_t max_plan_part = 0;  // largest plan part
+  int64_t files_written = 0;  // save: sparse data files
+  absl::Time last_result_sent = absl::InfinitePast();
+  absl::Time final_seen = absl::InfinitePast();      // the operation was final (our WaitOperation)
   absl::Time all_ranks_told = absl::InfinitePast();  // every rank's wait returned final
   // The coordinator's log (when given): gathered, planned, committed, done.
   absl::Time log_gathered = absl::InfinitePast(), log_planned = absl::InfinitePast(),
@@ -90,7 +90,7 @@ struct LoadgenReport {
   absl::Duration register_time;   // registering M workers and opening their streams
   absl::Duration attach_time;     // attaching N ranks
   std::vector<OperationReport> operations;
-  ProcStats coordinator_peak;  // peak RSS (VmHWM), most threads, CPU seconds at the end
+  ProcStats coordinator_peak;    // peak RSS (VmHWM), most threads, CPU seconds at the end
   int64_t heartbeat_errors = 0;  // heartbeats that failed
   int64_t stream_errors = 0;     // work streams that ended before the run did
   int64_t report_errors = 0;     // ReportResult calls that failed

@@ -9,6 +9,7 @@
 //                [--operations save,load] [--load-algorithm A] [--max-in-flight 256]
 //                [--channels 64] [--executor-threads 2] [--no-rank-waits] [--fsync]
 //                [--max-coordinator-rss 12G] [--keep-checkpoint] [--operation-timeout-s 1800]
+//                [--rpc-timeout-s 120]
 //
 // Exit status: 0 when every operation reached done, 1 otherwise, 2 for usage errors.
 #include <fcntl.h>
@@ -47,7 +48,7 @@ constexpr char kUsage[] =
     "                    [--operations save,load] [--load-algorithm A] [--max-in-flight 256]\n"
     "                    [--channels 64] [--executor-threads 2] [--no-rank-waits] [--fsync]\n"
     "                    [--max-coordinator-rss 12G] [--keep-checkpoint]\n"
-    "                    [--operation-timeout-s 1800]\n"
+    "                    [--operation-timeout-s 1800] [--rpc-timeout-s 120]\n"
     "Simulates N trainer ranks (a GPT at TP x PP x DP) over M workers against a real\n"
     "ckpt_coordinator over gRPC; saves write sparse (all-zero) data files, loads read nothing.\n"
     "Prints gather/plan/dispatch/commit seconds and the coordinator's peak RSS, threads, CPU.\n";
@@ -107,11 +108,8 @@ bool Spawn(const std::string& path, const std::string& dir, const std::string& r
            const std::vector<std::string>& extra, SpawnedCoordinator* out) {
   const std::string address_file = dir + "/coordinator.address";
   out->log = dir + "/coordinator.log";
-  std::vector<std::string> argv = {path,
-                                   "--listen=127.0.0.1:0",
-                                   "--address_file=" + address_file,
-                                   "--checkpoint_root=" + root,
-                                   "--log_level=info"};
+  std::vector<std::string> argv = {path, "--listen=127.0.0.1:0", "--address_file=" + address_file,
+                                   "--checkpoint_root=" + root, "--log_level=info"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   const pid_t parent = getpid();
   const pid_t pid = fork();
@@ -148,12 +146,25 @@ bool Spawn(const std::string& path, const std::string& dir, const std::string& r
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::set<std::string> value_flags = {
-      "ranks",        "workers",           "hosts",         "layout",
-      "model",        "spawn-coordinator", "coordinator",   "checkpoint-root",
-      "coordinator-pid", "coordinator-log", "operations",   "load-algorithm",
-      "max-in-flight", "channels",          "executor-threads", "max-coordinator-rss",
-      "operation-timeout-s", "coordinator-flag"};
+  const std::set<std::string> value_flags = {"ranks",
+                                             "workers",
+                                             "hosts",
+                                             "layout",
+                                             "model",
+                                             "spawn-coordinator",
+                                             "coordinator",
+                                             "checkpoint-root",
+                                             "coordinator-pid",
+                                             "coordinator-log",
+                                             "operations",
+                                             "load-algorithm",
+                                             "max-in-flight",
+                                             "channels",
+                                             "executor-threads",
+                                             "max-coordinator-rss",
+                                             "operation-timeout-s",
+                                             "coordinator-flag",
+                                             "rpc-timeout-s"};
   const std::set<std::string> bool_flags = {"no-rank-waits", "fsync", "keep-checkpoint", "help"};
   std::map<std::string, std::string> flags;
   std::vector<std::string> coordinator_flags;
@@ -192,20 +203,23 @@ int main(int argc, char** argv) {
     }
     return absl::SimpleAtoi(flags[name], out) && *out >= 0;
   };
-  int64_t max_in_flight, channels, executors, pid, timeout_s;
+  int64_t max_in_flight, channels, executors, pid, timeout_s, rpc_timeout_s;
   if (!integer("ranks", 0, &options.ranks) || options.ranks < 1) {
     return Usage("--ranks must be a positive integer");
   }
-  if (!integer("workers", options.ranks, &options.workers) || !integer("hosts", 0, &options.hosts) ||
-      !integer("max-in-flight", 256, &max_in_flight) || !integer("channels", 64, &channels) ||
-      !integer("executor-threads", 2, &executors) || !integer("coordinator-pid", 0, &pid) ||
-      !integer("operation-timeout-s", 1800, &timeout_s) || max_in_flight < 1 || executors < 1) {
+  if (!integer("workers", options.ranks, &options.workers) ||
+      !integer("hosts", 0, &options.hosts) || !integer("max-in-flight", 256, &max_in_flight) ||
+      !integer("channels", 64, &channels) || !integer("executor-threads", 2, &executors) ||
+      !integer("coordinator-pid", 0, &pid) || !integer("operation-timeout-s", 1800, &timeout_s) ||
+      !integer("rpc-timeout-s", 120, &rpc_timeout_s) || rpc_timeout_s < 1 || max_in_flight < 1 ||
+      executors < 1) {
     return Usage("bad integer flag");
   }
   options.max_in_flight = static_cast<int>(max_in_flight);
   options.channels = static_cast<int>(std::max<int64_t>(1, channels));
   options.executor_threads = static_cast<int>(executors);
   options.operation_timeout = absl::Seconds(timeout_s);
+  options.rpc_timeout = absl::Seconds(rpc_timeout_s);
   options.rank_waits = !flags.count("no-rank-waits");
   options.fsync = flags.count("fsync") > 0;
   options.load_algorithm = flags["load-algorithm"];
@@ -261,7 +275,13 @@ int main(int argc, char** argv) {
     // Protects the shared machine: a coordinator growing past the cap is stopped, and the run
     // reports it.
     options.on_coordinator_sample = [&, pid = spawned.pid](const ckpt::loadgen::ProcStats& s) {
-      if (s.rss_bytes > max_rss && !over_cap.exchange(true)) kill(pid, SIGKILL);
+      if (s.rss_bytes > max_rss && !over_cap.exchange(true)) {
+        kill(pid, SIGKILL);
+        std::fprintf(stderr,
+                     "ckpt_loadgen: coordinator RSS %lld bytes passed --max-coordinator-rss;"
+                     " killed it\n",
+                     static_cast<long long>(s.rss_bytes));
+      }
     };
   } else {
     options.coordinator = flags["coordinator"];
@@ -272,8 +292,7 @@ int main(int argc, char** argv) {
               options.coordinator_log.empty() ? "-" : options.coordinator_log.c_str(),
               options.checkpoint.c_str());
   std::fflush(stdout);
-  absl::StatusOr<ckpt::loadgen::LoadgenReport> report =
-      ckpt::loadgen::RunLoadgen(options, *layout);
+  absl::StatusOr<ckpt::loadgen::LoadgenReport> report = ckpt::loadgen::RunLoadgen(options, *layout);
   if (!report.ok()) {
     std::fprintf(stderr, "ckpt_loadgen: %s\n", report.status().ToString().c_str());
     return 1;

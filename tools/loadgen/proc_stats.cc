@@ -39,8 +39,8 @@ std::string ReadAll(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<ProcStats> ParseProcStats(absl::string_view status_text,
-                                         absl::string_view stat_text, int64_t ticks_per_second) {
+absl::StatusOr<ProcStats> ParseProcStats(absl::string_view status_text, absl::string_view stat_text,
+                                         int64_t ticks_per_second) {
   ProcStats s;
   for (auto [name, field] : {std::pair<const char*, int64_t*>{"VmRSS", &s.rss_bytes},
                              {"VmHWM", &s.peak_rss_bytes},

@@ -28,8 +28,8 @@ struct ProcStats {
 
 // Parses the text of /proc/<pid>/status (VmRSS, VmHWM, Threads) and /proc/<pid>/stat (utime,
 // stime in clock ticks of `ticks_per_second`). InvalidArgument naming the missing field.
-absl::StatusOr<ProcStats> ParseProcStats(absl::string_view status_text,
-                                         absl::string_view stat_text, int64_t ticks_per_second);
+absl::StatusOr<ProcStats> ParseProcStats(absl::string_view status_text, absl::string_view stat_text,
+                                         int64_t ticks_per_second);
 
 // Reads /proc/<pid>/{status,stat}. NotFound when the process is gone.
 absl::StatusOr<ProcStats> ReadProcStats(pid_t pid);

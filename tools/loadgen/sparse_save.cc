@@ -77,8 +77,8 @@ absl::StatusOr<std::string> WriteSparseSavePart(const pb::SavePlanPart& part, bo
     const pb::PlanFile& file = part.files(i);
     const std::string name = DataFileName(part.rank(), i);
     if (file.path() != name) {
-      return absl::InvalidArgumentError(absl::StrCat(who, ": planned file ", file.path(),
-                                                     " is not the worker's name ", name));
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": planned file ", file.path(), " is not the worker's name ", name));
     }
     std::vector<SafetensorsEntry> entries;
     int64_t pos = 0;
@@ -93,19 +93,19 @@ absl::StatusOr<std::string> WriteSparseSavePart(const pb::SavePlanPart& part, bo
                          pos + p.size_bytes()});
       pos += p.size_bytes();
     }
-    absl::StatusOr<std::string> header = EncodeSafetensorsHeader(
-        entries,
-        {{"format", "ckpt"},
-         {"writer_rank", absl::StrCat(part.rank())},
-         {"ckpt_writer", kWriterVersion}},
-        kDataAlignment);
+    absl::StatusOr<std::string> header =
+        EncodeSafetensorsHeader(entries,
+                                {{"format", "ckpt"},
+                                 {"writer_rank", absl::StrCat(part.rank())},
+                                 {"ckpt_writer", kWriterVersion}},
+                                kDataAlignment);
     if (!header.ok()) {
       return absl::Status(header.status().code(),
                           absl::StrCat(who, ": ", name, ": ", header.status().message()));
     }
     const int64_t data_start = static_cast<int64_t>(header->size());
-    absl::Status s = WriteHeaderAndHole(JoinPath(part.staging_dir(), name), *header,
-                                        data_start + pos, fsync);
+    absl::Status s =
+        WriteHeaderAndHole(JoinPath(part.staging_dir(), name), *header, data_start + pos, fsync);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(who, ": ", s.message()));
     pb::DataFile* df = written.add_files();
     df->set_name(name);

@@ -85,8 +85,7 @@ TEST(SparseSaveTest, RecordEqualsTheRealWritersRecordOfZeros) {
         WriteDataFiles(real_dir.path, Tensors(), {files[i]}, static_cast<int>(i), WriteOptions());
     ASSERT_TRUE(real.ok()) << real.status();
     ASSERT_EQ(real->files.size(), 1u);
-    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(real->files[0],
-                                                                   sparse.files(i)))
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(real->files[0], sparse.files(i)))
         << real->files[0].DebugString() << " vs " << sparse.files(i).DebugString();
     for (size_t j = 0; j < real->pieces.size(); ++j) {
       const pb::StoredPiece& mine = sparse.pieces(i == 0 ? j : 2 + j);
