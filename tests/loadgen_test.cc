@@ -1,0 +1,67 @@
+// ckpt_loadgen at CI size: 2,048 simulated ranks over 16 simulated workers against a real
+// ckpt_coordinator process on loopback. Checks that the save commits a checkpoint that verifies
+// (sparse, all-zero data files) and that the load of it completes for every rank; prints the
+// figures (timings are benchmarks, never asserted here).
+#include <sys/wait.h>
+
+#include <iostream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "tests/services_cluster.h"
+
+namespace ckpt::testing {
+namespace {
+
+// The words after "<key> " on the line starting with it, split at spaces.
+std::vector<std::string> Words(const std::string& text, const std::string& key) {
+  return absl::StrSplit(LineValue(text, key), ' ', absl::SkipEmpty());
+}
+
+// The value following `name` among a line's words ("" when absent).
+std::string ValueOf(const std::vector<std::string>& words, const std::string& name) {
+  for (size_t i = 0; i + 1 < words.size(); ++i) {
+    if (words[i] == name) return words[i + 1];
+  }
+  return "";
+}
+
+TEST(LoadgenTest, TwoThousandRanksSaveAndLoadThroughARealCoordinator) {
+  Cluster cluster;  // for its scratch directory, process reaping and ckptctl
+  Child* loadgen = cluster.Start(
+      {Runfile("tools/loadgen/ckpt_loadgen"), "--ranks=2048", "--workers=16", "--hosts=1",
+       "--layout=tp8pp16", "--model=small",
+       "--spawn-coordinator=" + Runfile("coordinator/ckpt_coordinator"),
+       "--checkpoint-root=" + cluster.dir(), "--keep-checkpoint", "--operation-timeout-s=240"},
+      "loadgen");
+  ASSERT_EQ(waitpid(loadgen->pid, &loadgen->status, 0), loadgen->pid);
+  loadgen->reaped = true;
+  const std::string out = loadgen->Stdout();
+  std::cout << out << std::flush;
+  ASSERT_TRUE(WIFEXITED(loadgen->status) && WEXITSTATUS(loadgen->status) == 0) << out << "\n"
+                                                                               << loadgen->Stderr();
+  EXPECT_EQ(LineValue(out, "result"), "ok");
+
+  for (const std::string kind : {"save", "load"}) {
+    std::vector<std::string> outcome = Words(out, kind + " id");
+    ASSERT_GE(outcome.size(), 3u) << out;
+    EXPECT_EQ(ValueOf(outcome, "phase"), "done") << out;
+    // Every rank got its plan part over its worker's stream.
+    std::vector<std::string> plan = Words(out, kind + " joins_answered_s");
+    EXPECT_EQ(ValueOf(plan, "plan_parts"), "2048") << out;
+  }
+  int files = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(ValueOf(Words(out, "save joins_answered_s"), "files"), &files));
+  EXPECT_GT(files, 0);
+  EXPECT_EQ(ValueOf(Words(out, "errors"), "report_result"), "0");
+
+  // The committed checkpoint is a real one: headers, sizes, checksums (of zeros) and coverage.
+  std::string verify;
+  EXPECT_EQ(cluster.RunCkptctl({"verify", cluster.dir() + "/loadgen-ckpt"}, &verify), 0) << verify;
+  std::cout << verify << std::flush;
+}
+
+}  // namespace
+}  // namespace ckpt::testing

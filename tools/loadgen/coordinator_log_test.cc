@@ -1,0 +1,27 @@
+#include "tools/loadgen/coordinator_log.h"
+
+#include "gtest/gtest.h"
+
+namespace ckpt::loadgen {
+namespace {
+
+TEST(CoordinatorLogTest, ReadsPhaseEventsByOperation) {
+  const char* log =
+      "2026-01-02T03:04:05.100000Z info coordinator rank_joined op=op-a-1 job=j rank=0\n"
+      "2026-01-02T03:04:05.250000Z info coordinator operation_gathered op=op-a-1 job=j\n"
+      "2026-01-02T03:04:06.500000Z info coordinator operation_planned op=op-a-1 bytes_total=9\n"
+      "garbage line\n"
+      "2026-01-02T03:04:07.000000Z info coordinator operation_committed op=op-a-1 path=/x\n"
+      "2026-01-02T03:04:07.001000Z info coordinator operation_done op=op-a-1 job=j\n"
+      "2026-01-02T03:04:08.000000Z error coordinator operation_aborted op=op-a-2 cause=\"x\"\n";
+  std::map<std::string, OperationLogTimes> times = ParseCoordinatorLog(log);
+  ASSERT_EQ(times.size(), 2u);
+  const OperationLogTimes& a = times["op-a-1"];
+  EXPECT_EQ(a.planned - a.gathered, absl::Milliseconds(1250));
+  EXPECT_EQ(a.done - a.committed, absl::Milliseconds(1));
+  EXPECT_EQ(a.aborted, absl::InfinitePast());
+  EXPECT_NE(times["op-a-2"].abort_line.find("cause=\"x\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ckpt::loadgen

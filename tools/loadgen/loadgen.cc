@@ -1,0 +1,703 @@
+#include "tools/loadgen/loadgen.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "proto/coordinator.grpc.pb.h"
+#include "tools/loadgen/async_calls.h"
+#include "tools/loadgen/coordinator_log.h"
+#include "tools/loadgen/sparse_save.h"
+
+namespace ckpt::loadgen {
+namespace {
+
+constexpr char kJoinMethod[] = "/ckpt.pb.Coordinator/JoinOperation";
+
+double CpuSecondsOfSelf() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
+
+// A serialized JoinOperationRequest: `header` (every field but the state) followed by field 7
+// (RankState) holding `state`, already serialized. Protobuf merges fields in any order, so the
+// per-rank state is serialized once for all operations.
+std::string JoinRequestBytes(const pb::JoinOperationRequest& header, const std::string& state) {
+  std::string out = header.SerializeAsString();
+  out.push_back(static_cast<char>((7 << 3) | 2));  // field 7, length-delimited
+  uint64_t n = state.size();
+  while (n >= 0x80) {
+    out.push_back(static_cast<char>((n & 0x7F) | 0x80));
+    n >>= 7;
+  }
+  out.push_back(static_cast<char>(n));
+  out += state;
+  return out;
+}
+
+std::string BufferToString(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!buffer.Dump(&slices).ok()) return out;
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+bool IsFinal(pb::OperationPhase phase) {
+  return phase == pb::PHASE_DONE || phase == pb::PHASE_ABORTED;
+}
+
+std::string PhaseName(pb::OperationPhase phase) {
+  std::string name = pb::OperationPhase_Name(phase);
+  absl::string_view view(name);
+  if (absl::ConsumePrefix(&view, "PHASE_")) return absl::AsciiStrToLower(std::string(view));
+  return name;
+}
+
+// One simulated worker daemon.
+struct SimWorker {
+  std::string id;
+  int channel = 0;
+  grpc::ClientContext watch_context;
+  pb::WorkItem item;
+  std::unique_ptr<grpc::ClientAsyncReader<pb::WorkItem>> reader;
+  grpc::Status watch_status;
+};
+
+// The operation in flight and what has been seen of it.
+struct OperationRun {
+  std::mutex mu;
+  std::condition_variable cv;
+  OperationReport report;
+  std::string id;
+  int64_t joins_answered = 0;
+  int64_t ranks_told = 0;
+};
+
+class Driver {
+ public:
+  Driver(const LoadgenOptions& options, const GptPipelineLayout& layout)
+      : options_(options), layout_(layout), window_(options.max_in_flight) {}
+  ~Driver() { Stop(); }
+
+  absl::StatusOr<LoadgenReport> Run();
+
+ private:
+  int64_t WorkerOf(int64_t rank) const { return rank * options_.workers / options_.ranks; }
+  pb::Coordinator::Stub* StubOf(int64_t worker) { return stubs_[workers_[worker]->channel].get(); }
+  void Describe(LoadgenReport* report);
+  absl::Status RegisterWorkers();
+  void OpenWatch(SimWorker* w);
+  void ReadNext(SimWorker* w);
+  void HeartbeatLoop();
+  absl::Status AttachRanks();
+  OperationReport RunOperation(const std::string& kind);
+  void Join(const std::shared_ptr<OperationRun>& run, const std::string& kind, int64_t rank);
+  void WaitRank(const std::shared_ptr<OperationRun>& run, int64_t rank);
+  void Execute(pb::WorkItem item);
+  // Waits (WaitOperation) until the operation is final; false on timeout or a dead coordinator.
+  bool WaitFinal(const std::string& id, pb::OperationStatus* status);
+  // False once the coordinator process (when known) has exited, zombies included.
+  bool CoordinatorAlive() const {
+    if (options_.coordinator_pid <= 0) return true;
+    std::ifstream in(absl::StrCat("/proc/", options_.coordinator_pid, "/stat"));
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');
+    return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+  }
+  void Stop();
+
+  const LoadgenOptions& options_;
+  const GptPipelineLayout& layout_;
+  std::vector<std::string> states_;  // serialized RankState by rank
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<pb::Coordinator::Stub>> stubs_;
+  std::vector<std::unique_ptr<grpc::GenericStub>> generic_;
+  std::vector<std::unique_ptr<SimWorker>> workers_;
+  absl::Duration lease_ = absl::Seconds(10);
+  std::unique_ptr<CompletionLoop> loop_;
+  std::unique_ptr<Executor> executor_;
+  Window window_;
+  std::unique_ptr<ProcSampler> sampler_;
+  std::shared_ptr<OperationRun> current_;  // guarded by current_mu_
+  std::mutex current_mu_;
+  std::atomic<bool> stopping_{false};
+  std::mutex streams_mu_;
+  std::condition_variable streams_cv_;
+  int open_streams_ = 0;
+  std::thread heartbeats_;
+  std::mutex heartbeat_mu_;
+  std::condition_variable heartbeat_cv_;
+  std::atomic<int64_t> heartbeat_errors_{0};
+  std::atomic<int64_t> stream_errors_{0};
+  std::atomic<int64_t> report_errors_{0};
+};
+
+void Driver::Describe(LoadgenReport* report) {
+  const absl::Time start = absl::Now();
+  states_.assign(options_.ranks, std::string());
+  const int threads = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+  std::vector<int64_t> shards(threads, 0), max_shards(threads, 0), bytes(threads, 0);
+  std::vector<std::string> errors(threads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int64_t r = t; r < options_.ranks; r += threads) {
+        absl::StatusOr<pb::RankState> state = layout_.RankState(r);
+        if (!state.ok()) {
+          errors[t] = state.status().ToString();
+          return;
+        }
+        shards[t] += state->shards_size();
+        max_shards[t] = std::max<int64_t>(max_shards[t], state->shards_size());
+        states_[r] = state->SerializeAsString();
+        bytes[t] += static_cast<int64_t>(states_[r].size());
+      }
+    });
+  }
+  for (std::thread& t : pool) t.join();
+  for (int t = 0; t < threads; ++t) {
+    report->shards_total += shards[t];
+    report->shards_per_rank_max = std::max(report->shards_per_rank_max, max_shards[t]);
+    report->state_bytes_total += bytes[t];
+  }
+  report->describe_time = absl::Now() - start;
+}
+
+absl::Status Driver::RegisterWorkers() {
+  const int64_t hosts = options_.hosts > 0 ? options_.hosts : options_.workers;
+  std::mutex mu;
+  std::string first_error;
+  for (int64_t w = 0; w < options_.workers; ++w) {
+    auto worker = std::make_unique<SimWorker>();
+    worker->channel = static_cast<int>(w % static_cast<int64_t>(stubs_.size()));
+    workers_.push_back(std::move(worker));
+  }
+  for (int64_t w = 0; w < options_.workers; ++w) {
+    pb::RegisterWorkerRequest request;
+    pb::WorkerInfo* info = request.mutable_info();
+    const int64_t host = w * hosts / options_.workers;
+    info->set_host(absl::StrCat("lg-host-", host));
+    // A simulated worker has no process of its own: its pid is a stand-in, unique per host.
+    info->set_pid(static_cast<int32_t>(1 + w));
+    info->set_data_plane_address(absl::StrCat("127.0.0.1:", 20000 + w % 40000));
+    info->add_memory_kinds("host");
+    info->set_local_rank(static_cast<int32_t>(w - (host * options_.workers + hosts - 1) / hosts));
+    info->set_gpu(-1);
+    window_.Acquire();
+    SimWorker* worker = workers_[w].get();
+    AsyncUnary<pb::RegisterWorkerResponse>(
+        *loop_, options_.rpc_timeout,
+        [&, request](grpc::ClientContext* c, grpc::CompletionQueue* cq) {
+          return stubs_[worker->channel]->PrepareAsyncRegisterWorker(c, request, cq);
+        },
+        [&, worker](const grpc::Status& s, pb::RegisterWorkerResponse& response) {
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            if (s.ok()) {
+              worker->id = response.worker_id();
+              lease_ = absl::Milliseconds(std::max<int64_t>(response.lease_ms(), 30));
+            } else if (first_error.empty()) {
+              first_error = s.error_message();
+            }
+          }
+          window_.Release();
+        });
+  }
+  window_.Drain();
+  if (!first_error.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("RegisterWorker at ", options_.coordinator, ": ", first_error));
+  }
+  heartbeats_ = std::thread([this] { HeartbeatLoop(); });
+  for (auto& w : workers_) OpenWatch(w.get());
+  return absl::OkStatus();
+}
+
+void Driver::HeartbeatLoop() {
+  std::unique_lock<std::mutex> lock(heartbeat_mu_);
+  while (!stopping_) {
+    // Three renewals per lease, as the real worker's link sends them.
+    heartbeat_cv_.wait_for(lock, absl::ToChronoNanoseconds(lease_ / 3));
+    if (stopping_) break;
+    for (auto& w : workers_) {
+      pb::HeartbeatRequest request;
+      request.set_worker_id(w->id);
+      SimWorker* worker = w.get();
+      AsyncUnary<pb::HeartbeatResponse>(
+          *loop_, std::min(options_.rpc_timeout, lease_ / 2),
+          [this, request, worker](grpc::ClientContext* c, grpc::CompletionQueue* cq) {
+            return stubs_[worker->channel]->PrepareAsyncHeartbeat(c, request, cq);
+          },
+          [this](const grpc::Status& s, pb::HeartbeatResponse&) {
+            if (!s.ok()) ++heartbeat_errors_;
+          });
+    }
+  }
+}
+
+void Driver::OpenWatch(SimWorker* w) {
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    ++open_streams_;
+  }
+  pb::WatchWorkRequest request;
+  request.set_worker_id(w->id);
+  // The stream lives as long as the run; Stop() cancels it.
+  w->reader = stubs_[w->channel]->PrepareAsyncWatchWork(&w->watch_context, request, loop_->cq());
+  w->reader->StartCall(CompletionLoop::Tag([this, w](bool ok) {
+    if (ok) {
+      ReadNext(w);
+      return;
+    }
+    w->reader->Finish(&w->watch_status, CompletionLoop::Tag([this](bool) {
+      std::lock_guard<std::mutex> lock(streams_mu_);
+      --open_streams_;
+      streams_cv_.notify_all();
+    }));
+  }));
+}
+
+void Driver::ReadNext(SimWorker* w) {
+  w->reader->Read(&w->item, CompletionLoop::Tag([this, w](bool ok) {
+    if (!ok) {
+      w->reader->Finish(&w->watch_status, CompletionLoop::Tag([this, w](bool) {
+        if (!stopping_) ++stream_errors_;
+        std::lock_guard<std::mutex> lock(streams_mu_);
+        --open_streams_;
+        streams_cv_.notify_all();
+      }));
+      return;
+    }
+    pb::WorkItem item = std::move(w->item);
+    if (item.item_case() == pb::WorkItem::kPlanPart) {
+      std::shared_ptr<OperationRun> run;
+      {
+        std::lock_guard<std::mutex> lock(current_mu_);
+        run = current_;
+      }
+      if (run != nullptr) {
+        const absl::Time now = absl::Now();
+        std::lock_guard<std::mutex> lock(run->mu);
+        OperationReport& r = run->report;
+        if (r.plan_parts == 0) r.first_plan = now;
+        r.last_plan = now;
+        ++r.plan_parts;
+        const int64_t size = static_cast<int64_t>(item.plan_part().size());
+        r.plan_bytes += size;
+        r.max_plan_part = std::max(r.max_plan_part, size);
+      }
+      executor_->Post([this, item = std::move(item)]() mutable { Execute(std::move(item)); });
+    }
+    ReadNext(w);
+  }));
+}
+
+void Driver::Execute(pb::WorkItem item) {
+  pb::ReportResultRequest request;
+  request.set_operation_id(item.operation_id());
+  request.set_rank(item.rank());
+  int64_t files = 0;
+  if (item.kind() == pb::OPERATION_SAVE) {
+    pb::SavePlanPart part;
+    absl::StatusOr<std::string> written =
+        part.ParseFromString(item.plan_part())
+            ? WriteSparseSavePart(part, options_.fsync)
+            : absl::InvalidArgumentError(
+                  absl::StrCat("rank ", item.rank(), ": unreadable save plan part"));
+    if (written.ok()) {
+      request.set_written(*std::move(written));
+      files = part.files_size();
+    } else {
+      request.mutable_result()->set_code(static_cast<int>(written.status().code()));
+      request.mutable_result()->set_message(std::string(written.status().message()));
+    }
+  } else {
+    // A load part is parsed, as a worker would, and acknowledged without reading anything.
+    pb::LoadPlanPart part;
+    if (!part.ParseFromString(item.plan_part())) {
+      request.mutable_result()->set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
+      request.mutable_result()->set_message("unreadable load plan part");
+    }
+    request.set_bytes_read(0);
+  }
+  std::shared_ptr<OperationRun> run;
+  {
+    std::lock_guard<std::mutex> lock(current_mu_);
+    run = current_;
+  }
+  if (run != nullptr) {
+    std::lock_guard<std::mutex> lock(run->mu);
+    run->report.files_written += files;
+    run->report.last_result_sent = absl::Now();
+  }
+  const int64_t worker = WorkerOf(item.rank());
+  AsyncUnary<pb::ReportResultResponse>(
+      *loop_, options_.rpc_timeout,
+      [this, request = std::move(request), worker](grpc::ClientContext* c,
+                                                   grpc::CompletionQueue* cq) {
+        return StubOf(worker)->PrepareAsyncReportResult(c, request, cq);
+      },
+      [this](const grpc::Status& s, pb::ReportResultResponse&) {
+        if (!s.ok()) ++report_errors_;
+      });
+}
+
+absl::Status Driver::AttachRanks() {
+  std::mutex mu;
+  std::string first_error;
+  for (int64_t r = 0; r < options_.ranks; ++r) {
+    pb::AttachRankRequest request;
+    request.set_job(options_.job);
+    request.set_world_size(static_cast<int32_t>(options_.ranks));
+    request.set_rank(static_cast<int32_t>(r));
+    const int64_t worker = WorkerOf(r);
+    request.set_worker_id(workers_[worker]->id);
+    request.set_trainer_pid(static_cast<int32_t>(100000 + r));
+    window_.Acquire();
+    AsyncUnary<pb::AttachRankResponse>(
+        *loop_, options_.rpc_timeout,
+        [this, request, worker](grpc::ClientContext* c, grpc::CompletionQueue* cq) {
+          return StubOf(worker)->PrepareAsyncAttachRank(c, request, cq);
+        },
+        [&](const grpc::Status& s, pb::AttachRankResponse&) {
+          if (!s.ok()) {
+            std::lock_guard<std::mutex> lock(mu);
+            if (first_error.empty()) first_error = s.error_message();
+          }
+          window_.Release();
+        });
+  }
+  window_.Drain();
+  if (!first_error.empty())
+    return absl::UnavailableError(absl::StrCat("AttachRank: ", first_error));
+  return absl::OkStatus();
+}
+
+void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& kind, int64_t rank) {
+  pb::JoinOperationRequest header;
+  header.set_job(options_.job);
+  header.set_world_size(static_cast<int32_t>(options_.ranks));
+  header.set_rank(static_cast<int32_t>(rank));
+  header.set_kind(kind == "save" ? pb::OPERATION_SAVE : pb::OPERATION_LOAD);
+  header.set_path(options_.checkpoint);
+  const int64_t worker = WorkerOf(rank);
+  header.set_worker_id(workers_[worker]->id);
+  if (kind == "save") {
+    (*header.mutable_metadata())["step"] = "1";
+    // Whoever opens the checkpoint later can tell what made it.
+    (*header.mutable_metadata())["written_by"] = "ckpt_loadgen (sparse files: every element 0)";
+  } else {
+    header.set_load_algorithm(options_.load_algorithm);
+  }
+  struct Call {
+    grpc::ClientContext context;
+    grpc::ByteBuffer response;
+    grpc::Status status;
+    std::unique_ptr<grpc::GenericClientAsyncResponseReader> reader;
+  };
+  auto* call = new Call;
+  call->context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  grpc::Slice slice(JoinRequestBytes(header, states_[rank]));
+  grpc::ByteBuffer request(&slice, 1);
+  call->reader = generic_[workers_[worker]->channel]->PrepareUnaryCall(&call->context, kJoinMethod,
+                                                                       request, loop_->cq());
+  call->reader->StartCall();
+  call->reader->Finish(
+      &call->response, &call->status, CompletionLoop::Tag([this, call, run, rank](bool) {
+        pb::JoinOperationResponse response;
+        const bool ok =
+            call->status.ok() && response.ParseFromString(BufferToString(call->response));
+        std::string id;
+        {
+          std::lock_guard<std::mutex> lock(run->mu);
+          ++run->joins_answered;
+          run->report.last_join_answered = absl::Now();
+          if (ok) {
+            if (run->id.empty()) run->id = response.operation().id();
+            id = run->id;
+          } else if (run->report.join_errors++ == 0) {
+            run->report.first_join_error = absl::StrCat(
+                "rank ", rank, ": ",
+                call->status.ok() ? "unreadable response" : call->status.error_message());
+          }
+        }
+        delete call;
+        window_.Release();
+        if (ok && options_.rank_waits) WaitRank(run, rank);
+      }));
+}
+
+void Driver::WaitRank(const std::shared_ptr<OperationRun>& run, int64_t rank) {
+  pb::WaitOperationRequest request;
+  {
+    std::lock_guard<std::mutex> lock(run->mu);
+    request.set_operation_id(run->id);
+  }
+  request.set_timeout_ms(absl::ToInt64Milliseconds(options_.wait_slice));
+  const int64_t worker = WorkerOf(rank);
+  AsyncUnary<pb::OperationStatus>(
+      *loop_, options_.wait_slice + options_.rpc_timeout,
+      [this, request, worker](grpc::ClientContext* c, grpc::CompletionQueue* cq) {
+        return StubOf(worker)->PrepareAsyncWaitOperation(c, request, cq);
+      },
+      [this, run, rank](const grpc::Status& s, pb::OperationStatus& status) {
+        if (s.ok() && !IsFinal(status.phase()) && !stopping_) {
+          WaitRank(run, rank);
+          return;
+        }
+        std::lock_guard<std::mutex> lock(run->mu);
+        ++run->ranks_told;
+        if (run->ranks_told == options_.ranks) run->report.all_ranks_told = absl::Now();
+        run->cv.notify_all();
+      });
+}
+
+bool Driver::WaitFinal(const std::string& id, pb::OperationStatus* status) {
+  const absl::Time deadline = absl::Now() + options_.operation_timeout;
+  while (absl::Now() < deadline && CoordinatorAlive()) {
+    pb::WaitOperationRequest request;
+    request.set_operation_id(id);
+    request.set_timeout_ms(absl::ToInt64Milliseconds(absl::Seconds(2)));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2) + options_.rpc_timeout));
+    grpc::Status s = stubs_[0]->WaitOperation(&context, request, status);
+    if (s.ok() && IsFinal(status->phase())) return true;
+    if (!s.ok() && s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return false;
+    }
+  }
+  return false;
+}
+
+OperationReport Driver::RunOperation(const std::string& kind) {
+  auto run = std::make_shared<OperationRun>();
+  run->report.kind = kind;
+  {
+    std::lock_guard<std::mutex> lock(current_mu_);
+    current_ = run;
+  }
+  if (sampler_) {
+    run->report.coordinator_before = sampler_->SampleNow();
+    sampler_->ResetPeaks();
+  }
+  const double cpu_before = CpuSecondsOfSelf();
+  run->report.start = absl::Now();
+  for (int64_t r = 0; r < options_.ranks; ++r) {
+    window_.Acquire();
+    Join(run, kind, r);
+  }
+  window_.Drain();
+  std::string id;
+  {
+    std::lock_guard<std::mutex> lock(run->mu);
+    id = run->id;
+  }
+  pb::OperationStatus status;
+  if (id.empty()) {
+    run->report.phase = "not started";
+  } else if (!WaitFinal(id, &status)) {
+    run->report.phase = CoordinatorAlive() ? "timed out" : "coordinator died";
+    run->report.final_seen = absl::Now();
+  } else {
+    run->report.final_seen = absl::Now();
+    run->report.phase = PhaseName(status.phase());
+    if (status.status().code() != 0) run->report.status = status.status().message();
+    if (options_.rank_waits) {
+      std::unique_lock<std::mutex> lock(run->mu);
+      run->cv.wait_for(lock, absl::ToChronoNanoseconds(options_.rpc_timeout + options_.wait_slice),
+                       [&] { return run->ranks_told + run->report.join_errors >= options_.ranks; });
+    }
+  }
+  run->report.loadgen_cpu_seconds = CpuSecondsOfSelf() - cpu_before;
+  if (sampler_) {
+    run->report.coordinator_after = sampler_->SampleNow();
+    run->report.coordinator_peak_threads = sampler_->Peak().threads;
+  }
+  std::lock_guard<std::mutex> lock(run->mu);
+  run->report.id = id;
+  if (!options_.coordinator_log.empty() && !id.empty()) {
+    std::ifstream in(options_.coordinator_log);
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::map<std::string, OperationLogTimes> times = ParseCoordinatorLog(text.str());
+    if (auto it = times.find(id); it != times.end()) {
+      run->report.log_gathered = it->second.gathered;
+      run->report.log_planned = it->second.planned;
+      run->report.log_committed = it->second.committed;
+      run->report.log_done = it->second.done;
+      if (run->report.status.empty() && !it->second.abort_line.empty()) {
+        run->report.status = it->second.abort_line;
+      }
+    }
+  }
+  return run->report;
+}
+
+void Driver::Stop() {
+  if (stopping_.exchange(true)) return;
+  heartbeat_cv_.notify_all();
+  if (heartbeats_.joinable()) heartbeats_.join();
+  executor_.reset();  // runs what is queued (its reports go out on the loop)
+  for (auto& w : workers_) w->watch_context.TryCancel();
+  {
+    std::unique_lock<std::mutex> lock(streams_mu_);
+    streams_cv_.wait(lock, [this] { return open_streams_ == 0; });
+  }
+  loop_.reset();  // waits for every call in flight (each has a deadline)
+}
+
+absl::StatusOr<LoadgenReport> Driver::Run() {
+  LoadgenReport report;
+  report.parallelism = layout_.parallelism();
+  Describe(&report);
+  if (report.shards_total == 0) {
+    return absl::InternalError("describing the ranks failed (see RankState)");
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(1 << 30);
+  args.SetMaxSendMessageSize(1 << 30);
+  const int channels = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(options_.channels, options_.workers)));
+  for (int c = 0; c < channels; ++c) {
+    grpc::ChannelArguments unique = args;
+    unique.SetInt("ckpt.loadgen_channel", c);  // a connection of its own per channel
+    channels_.push_back(grpc::CreateCustomChannel(options_.coordinator,
+                                                  grpc::InsecureChannelCredentials(), unique));
+    stubs_.push_back(pb::Coordinator::NewStub(channels_.back()));
+    generic_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));
+  }
+  loop_ = std::make_unique<CompletionLoop>(options_.cq_threads);
+  executor_ = std::make_unique<Executor>(options_.executor_threads);
+  if (options_.coordinator_pid > 0) {
+    sampler_ = std::make_unique<ProcSampler>(options_.coordinator_pid, absl::Milliseconds(100),
+                                             options_.on_coordinator_sample);
+  }
+  absl::Time t = absl::Now();
+  if (absl::Status s = RegisterWorkers(); !s.ok()) return s;
+  report.register_time = absl::Now() - t;
+  t = absl::Now();
+  if (absl::Status s = AttachRanks(); !s.ok()) return s;
+  report.attach_time = absl::Now() - t;
+  for (const std::string& kind : options_.operations) {
+    report.operations.push_back(RunOperation(kind));
+    const std::string& phase = report.operations.back().phase;
+    if (phase != "done") break;  // later operations depend on this one
+  }
+  if (sampler_) {
+    const double cpu = sampler_->SampleNow().cpu_seconds;
+    report.coordinator_peak = sampler_->AllTimePeak();
+    report.coordinator_peak.cpu_seconds = cpu;
+  }
+  Stop();
+  report.heartbeat_errors = heartbeat_errors_;
+  report.stream_errors = stream_errors_;
+  report.report_errors = report_errors_;
+  return report;
+}
+
+std::string Seconds(absl::Time from, absl::Time to) {
+  if (from == absl::InfinitePast() || to == absl::InfinitePast()) return "-";
+  return absl::StrFormat("%.3f", absl::ToDoubleSeconds(to - from));
+}
+
+std::string MiB(int64_t bytes) {
+  return absl::StrFormat("%.1f", static_cast<double>(bytes) / (1 << 20));
+}
+
+}  // namespace
+
+absl::StatusOr<LoadgenReport> RunLoadgen(const LoadgenOptions& options,
+                                         const GptPipelineLayout& layout) {
+  if (options.ranks != layout.world_size() || options.workers < 1 ||
+      options.workers > options.ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("need 1 <= workers (", options.workers, ") <= ranks (", options.ranks,
+                     ") and ranks = the layout's world size (", layout.world_size(), ")"));
+  }
+  Driver driver(options, layout);
+  return driver.Run();
+}
+
+std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& report) {
+  std::string out;
+  const Parallelism& p = report.parallelism;
+  absl::StrAppend(
+      &out, absl::StrFormat("ranks %d workers %d hosts %d tp %d pp %d dp %d\n", options.ranks,
+                            options.workers, options.hosts > 0 ? options.hosts : options.workers,
+                            p.tp, p.pp, p.dp));
+  absl::StrAppend(&out, absl::StrFormat("shards_per_rank_max %d shards_total %d state_mib %s\n",
+                                        report.shards_per_rank_max, report.shards_total,
+                                        MiB(report.state_bytes_total)));
+  absl::StrAppend(&out, absl::StrFormat("setup_s describe %.3f register %.3f attach %.3f\n",
+                                        absl::ToDoubleSeconds(report.describe_time),
+                                        absl::ToDoubleSeconds(report.register_time),
+                                        absl::ToDoubleSeconds(report.attach_time)));
+  for (const OperationReport& op : report.operations) {
+    absl::StrAppend(&out, absl::StrFormat("%s id %s phase %s%s\n", op.kind, op.id, op.phase,
+                                          op.status.empty() ? "" : " status " + op.status));
+    if (op.join_errors > 0) {
+      absl::StrAppend(&out, absl::StrFormat("%s join_errors %d first \"%s\"\n", op.kind,
+                                            op.join_errors, op.first_join_error));
+    }
+    // Phases: gather = first join sent .. the coordinator logged "gathered" (last join
+    // recorded); plan = gathered .. planned; dispatch = planned .. the last part arrived here;
+    // execute = .. the last result was sent (the loadgen's own work); commit = .. committed
+    // (saves); notify = done .. every rank's wait returned.
+    const absl::Time plan_end = op.log_planned;
+    const absl::Time exec_end = op.last_result_sent;
+    absl::StrAppend(
+        &out,
+        absl::StrFormat(
+            "%s seconds gather %s plan %s dispatch %s execute %s commit %s "
+            "notify %s total %s\n",
+            op.kind, Seconds(op.start, op.log_gathered), Seconds(op.log_gathered, op.log_planned),
+            Seconds(plan_end, op.last_plan), Seconds(op.last_plan, exec_end),
+            op.kind == "save" ? Seconds(exec_end, op.log_committed) : "-",
+            Seconds(op.log_done, op.all_ranks_told),
+            Seconds(op.start, op.all_ranks_told != absl::InfinitePast() ? op.all_ranks_told
+                                                                        : op.final_seen)));
+    absl::StrAppend(
+        &out, absl::StrFormat("%s joins_answered_s %s first_plan_s %s plan_parts %d "
+                              "plan_mib %s max_part_mib %s files %d\n",
+                              op.kind, Seconds(op.start, op.last_join_answered),
+                              Seconds(op.start, op.first_plan), op.plan_parts, MiB(op.plan_bytes),
+                              MiB(op.max_plan_part), op.files_written));
+    absl::StrAppend(
+        &out, absl::StrFormat(
+                  "%s coordinator cpu_s %.2f peak_threads %d rss_mib_after %s loadgen_cpu_s %.2f\n",
+                  op.kind, op.coordinator_after.cpu_seconds - op.coordinator_before.cpu_seconds,
+                  op.coordinator_peak_threads, MiB(op.coordinator_after.rss_bytes),
+                  op.loadgen_cpu_seconds));
+  }
+  absl::StrAppend(
+      &out, absl::StrFormat("coordinator peak_rss_mib %s peak_threads %d cpu_s %.2f\n",
+                            MiB(report.coordinator_peak.peak_rss_bytes),
+                            report.coordinator_peak.threads, report.coordinator_peak.cpu_seconds));
+  absl::StrAppend(
+      &out, absl::StrFormat("errors heartbeat %d watch_stream %d report_result %d\n",
+                            report.heartbeat_errors, report.stream_errors, report.report_errors));
+  return out;
+}
+
+}  // namespace ckpt::loadgen

@@ -1,0 +1,109 @@
+// ckpt_loadgen's driver: one process plays N trainer ranks spread over M worker daemons against
+// a real coordinator, over the real gRPC protocol (ckpt.pb.Coordinator), and times whole save
+// and load operations. What a worker does with the coordinator is done as the worker does it:
+// register (one WorkerInfo per simulated worker), renew leases, pull work over one WatchWork
+// stream per worker, attach ranks, join operations with each rank's shard metadata (a
+// GptPipelineLayout), wait per rank (WaitOperation), execute plan parts and report results.
+// Executing moves no tensor bytes: a save part's files are written as headers + holes
+// (sparse_save.h), so the coordinator's real commit runs on a valid all-zero checkpoint; a load
+// part is acknowledged without reading (each rank reports 0 bytes read) and the plan part's
+// size is recorded.
+//
+// Every call has a deadline; calls run on a completion queue with a bounded window in flight,
+// and plan parts are executed on a fixed executor pool, so the load generator's own threads do
+// not grow with N or M.
+#ifndef CKPT_TOOLS_LOADGEN_LOADGEN_H_
+#define CKPT_TOOLS_LOADGEN_LOADGEN_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tools/loadgen/gpt_pipeline_layout.h"
+#include "tools/loadgen/proc_stats.h"
+
+namespace ckpt::loadgen {
+
+// What to run.
+struct LoadgenOptions {
+  std::string coordinator;  // host:port (plaintext loopback)
+  int64_t ranks = 0;
+  int64_t workers = 0;
+  int64_t hosts = 0;  // simulated hosts the workers spread over (0: one per worker)
+  std::string job = "loadgen";
+  std::string checkpoint;  // absolute; under the coordinator's checkpoint root; must not exist
+  std::vector<std::string> operations = {"save", "load"};
+  std::string load_algorithm;  // "" = the coordinator's default (auto)
+  int max_in_flight = 256;     // calls issued and not yet answered (joins, attaches, ...)
+  int channels = 64;           // gRPC channels (connections) the workers share
+  int cq_threads = 2;
+  int executor_threads = 2;
+  bool rank_waits = true;  // every rank waits through its own WaitOperation, as trainers do
+  bool fsync = false;      // fsync the sparse data files like a real worker
+  absl::Duration rpc_timeout = absl::Seconds(120);
+  absl::Duration wait_slice = absl::Seconds(10);  // WaitOperation timeout per call
+  absl::Duration operation_timeout = absl::Minutes(30);
+  pid_t coordinator_pid = 0;    // sampled from /proc when set
+  std::string coordinator_log;  // the coordinator's stderr, for its phase timestamps
+  // Called with each sample of the coordinator (e.g. to stop it past a memory cap).
+  std::function<void(const ProcStats&)> on_coordinator_sample;
+};
+
+// Figures of one operation. Times are InfinitePast when unknown.
+struct OperationReport {
+  std::string kind;
+  std::string id;
+  std::string phase;   // final phase the coordinator reported ("done", "aborted", ...)
+  std::string status;  // its status message when not OK
+  int64_t join_errors = 0;
+  std::string first_join_error;
+  absl::Time start = absl::InfinitePast();               // first join sent
+  absl::Time last_join_answered = absl::InfinitePast();  // by the loadgen's clock
+  absl::Time first_plan = absl::InfinitePast(), last_plan = absl::InfinitePast();
+  int64_t plan_parts = 0;
+  int64_t plan_bytes = 0;     // sum of plan part sizes received
+  int64_t max_plan_part = 0;  // largest plan part
+  int64_t files_written = 0;  // save: sparse data files
+  absl::Time last_result_sent = absl::InfinitePast();
+  absl::Time final_seen = absl::InfinitePast();      // the operation was final (our WaitOperation)
+  absl::Time all_ranks_told = absl::InfinitePast();  // every rank's wait returned final
+  // The coordinator's log (when given): gathered, planned, committed, done.
+  absl::Time log_gathered = absl::InfinitePast(), log_planned = absl::InfinitePast(),
+             log_committed = absl::InfinitePast(), log_done = absl::InfinitePast();
+  ProcStats coordinator_before, coordinator_after;  // readings around the operation
+  int64_t coordinator_peak_threads = 0;             // during the operation
+  double loadgen_cpu_seconds = 0;
+};
+
+// Figures of a whole run.
+struct LoadgenReport {
+  Parallelism parallelism;
+  int64_t shards_per_rank_max = 0;
+  int64_t shards_total = 0;
+  int64_t state_bytes_total = 0;  // serialized RankState bytes of all ranks
+  absl::Duration describe_time;   // building every rank's RankState (before the clock)
+  absl::Duration register_time;   // registering M workers and opening their streams
+  absl::Duration attach_time;     // attaching N ranks
+  std::vector<OperationReport> operations;
+  ProcStats coordinator_peak;    // peak RSS (VmHWM), most threads, CPU seconds at the end
+  int64_t heartbeat_errors = 0;  // heartbeats that failed
+  int64_t stream_errors = 0;     // work streams that ended before the run did
+  int64_t report_errors = 0;     // ReportResult calls that failed
+};
+
+// Runs the operations. Errors are setup failures (bad options, the coordinator unreachable);
+// an operation that aborts is reported in its OperationReport.
+absl::StatusOr<LoadgenReport> RunLoadgen(const LoadgenOptions& options,
+                                         const GptPipelineLayout& layout);
+
+// The report as text: one line per figure, "key value" style, stable for tests to read.
+std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& report);
+
+}  // namespace ckpt::loadgen
+
+#endif  // CKPT_TOOLS_LOADGEN_LOADGEN_H_

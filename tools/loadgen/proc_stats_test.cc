@@ -1,0 +1,38 @@
+#include "tools/loadgen/proc_stats.h"
+
+#include <unistd.h>
+
+#include "gtest/gtest.h"
+
+namespace ckpt::loadgen {
+namespace {
+
+TEST(ProcStatsTest, ParsesStatusAndStatIncludingNamesWithSpacesAndParentheses) {
+  const char* status = "Name:\tckpt_coord\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\nThreads:\t17\n";
+  // pid (comm) state ppid ... utime (14th) stime (15th)
+  const char* stat = "42 (a b) c) S 1 2 3 4 5 6 7 8 9 10 250 150 0 0\n";
+  absl::StatusOr<ProcStats> s = ParseProcStats(status, stat, 100);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->rss_bytes, 1024 * 1024);
+  EXPECT_EQ(s->peak_rss_bytes, 2048 * 1024);
+  EXPECT_EQ(s->threads, 17);
+  EXPECT_DOUBLE_EQ(s->cpu_seconds, 4.0);
+}
+
+TEST(ProcStatsTest, NamesTheMissingField) {
+  absl::StatusOr<ProcStats> s = ParseProcStats("VmRSS: 1 kB\n", "1 (x) S 0", 100);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("VmHWM"), std::string::npos) << s.status();
+}
+
+TEST(ProcStatsTest, SamplerSeesThisProcess) {
+  ProcSampler sampler(getpid(), absl::Milliseconds(5));
+  ProcStats now = sampler.SampleNow();
+  EXPECT_GT(now.rss_bytes, 0);
+  EXPECT_GE(sampler.Peak().threads, 2);  // this thread and the sampler's
+  EXPECT_GE(sampler.AllTimePeak().peak_rss_bytes, now.rss_bytes);
+  EXPECT_FALSE(ReadProcStats(-5).ok());
+}
+
+}  // namespace
+}  // namespace ckpt::loadgen
