@@ -55,7 +55,8 @@ struct LoadOptions {
 
 // Where an operation stands.
 struct OperationProgress {
-  std::string phase;  // "gathering", "planning", "executing", "committing", "done", "aborted"
+  std::string phase;      // "gathering", "planning", "executing", "committing", "done", "aborted"
+  bool finished = false;  // done or aborted
   int64_t bytes_done = 0;
   int64_t bytes_total = 0;
   absl::Status status;       // the diagnosis when aborted
@@ -133,12 +134,12 @@ class Client {
 
  private:
   Client(ResolvedOptions options, std::shared_ptr<WorkerConnection> connection);
-  absl::StatusOr<std::string> Transfer(bool save, const std::string& path, const StateDict& state,
-                                       const std::map<std::string, std::string>& metadata,
-                                       const std::string& operation_id,
-                                       absl::Duration arrival_timeout,
-                                       const std::string& exchange_algorithm = "",
-                                       int64_t memory_budget_bytes = 0);
+  absl::StatusOr<std::string> Transfer(
+      bool save, const std::string& path, const StateDict& state,
+      const std::map<std::string, std::string>& metadata, const std::string& operation_id,
+      absl::Duration arrival_timeout,
+      pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED,
+      int64_t memory_budget_bytes = 0);
 
   ResolvedOptions options_;
   std::shared_ptr<WorkerConnection> connection_;

@@ -14,6 +14,7 @@
 #include "exchange/exchange.h"
 #include "exchange/staging_arena.h"
 #include "proto/convert.h"
+#include "proto/wire_names.h"
 #include "rendezvous/grpc_store.h"
 #include "sharding/coverage.h"
 #include "sharding/overlap.h"
@@ -202,9 +203,9 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
             absl::StrCat(who, ": the plan's read of ", e.key(), " ", q.region.DebugString(),
                          " does not match the shared tensor ", t.shard.tensor().key()));
       }
-      if (t.memory_kind != "host" || (t.data == nullptr && t.nbytes > 0)) {
+      if (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0)) {
         return absl::UnimplementedError(
-            absl::StrCat(who, ": tensor ", e.key(), " is in ", t.memory_kind,
+            absl::StrCat(who, ": tensor ", e.key(), " is in ", MemoryKindName(t.memory_kind),
                          " memory; loading device tensors is not wired into the worker yet"));
       }
       q.dest = reinterpret_cast<char*>(t.data);
@@ -240,12 +241,12 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
   // One staging block for every wave, so its pages are mapped once per part, not per wave.
   StagingArena staging;
   exchange_options.staging = &staging;
-  const bool narrow = part.algorithm() == "overlap_all_to_all";
+  const bool narrow = part.algorithm() == pb::LOAD_OVERLAP_ALL_TO_ALL;
 
   for (int w = 0; w < part.waves_size(); ++w) {
     const pb::LoadWaveEntry& wave = part.waves(w);
-    const std::string where =
-        absl::StrCat(who, ": wave ", w + 1, " of ", part.waves_size(), " (", part.algorithm(), ")");
+    const std::string where = absl::StrCat(who, ": wave ", w + 1, " of ", part.waves_size(), " (",
+                                           LoadAlgorithmName(part.algorithm()), ")");
     if (absl::Status closed = gate.status(); !closed.ok()) {
       return absl::Status(closed.code(), absl::StrCat(where, ": ", closed.message()));
     }
@@ -357,8 +358,8 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
     stats->read_time += absl::Now() - step_start;
     step_start = absl::Now();
     ExchangeReport report;
-    absl::StatusOr<ShardBuffers> received =
-        ExchangeByDistribution(part.algorithm(), **comm, plan, loaded, exchange_options, &report);
+    absl::StatusOr<ShardBuffers> received = ExchangeByDistribution(
+        LoadAlgorithmName(part.algorithm()), **comm, plan, loaded, exchange_options, &report);
     if (!received.ok()) {
       return absl::Status(received.status().code(),
                           absl::StrCat(where, ": exchange failed: ", received.status().message()));

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "proto/wire_names.h"
 #include "spdlog/spdlog.h"
 #include "worker/load_exchange_executor.h"
 #include "worker/load_executor.h"
@@ -23,13 +24,6 @@ namespace {
 
 // How long Hello waits for the worker's first registration.
 constexpr absl::Duration kRegistrationWait = absl::Seconds(5);
-
-std::string PhaseName(pb::OperationPhase phase) {
-  std::string name = pb::OperationPhase_Name(phase);
-  if (name.rfind("PHASE_", 0) == 0) name = name.substr(6);
-  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return name;
-}
 
 }  // namespace
 
@@ -122,7 +116,7 @@ grpc::Status WorkerService::RegisterTensors(grpc::ServerContext* context,
   if (!s.ok()) return ToGrpcStatus(s);
   int64_t host_bytes = 0;
   for (const pb::SharedTensor& t : tensors) {
-    if (t.memory_kind() == "host") host_bytes += t.nbytes();
+    if (t.memory_kind() == pb::MEMORY_HOST) host_bytes += t.nbytes();
   }
   response->set_host_bytes(host_bytes);
   spdlog::debug("tensors_registered session={} tensors={} host_bytes={}", request->session_id(),
@@ -147,7 +141,7 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   join.set_worker_id(worker_id);
   join.set_operation_id(request.operation_id());
   join.mutable_metadata()->insert(request.metadata().begin(), request.metadata().end());
-  join.set_load_algorithm(request.exchange_algorithm());
+  join.set_load_algorithm(request.load_algorithm());
   join.set_load_memory_budget_bytes(request.memory_budget_bytes());
   pb::RankState* state = join.mutable_state();
   state->set_rank(session->trainer.rank);
@@ -201,7 +195,7 @@ grpc::Status WorkerService::Poll(grpc::ServerContext* context, const pb::PollReq
   response->set_pending(answer.pending());
   if (answer.pending()) {
     response->set_operation_id(answer.operation_id());
-    response->set_kind(answer.kind() == pb::OPERATION_LOAD ? "load" : "save");
+    response->set_kind(answer.kind());
     response->set_path(answer.path());
   }
   return grpc::Status::OK;
@@ -273,7 +267,7 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
                                    op.status().message()));
     }
     if (rank < 0 || snapshotted || final || absl::Now() >= deadline || context->IsCancelled()) {
-      response->set_phase(PhaseName(op.phase()));
+      response->set_phase(op.phase());
       response->set_code(op.status().code());
       response->set_message(op.status().message());
       response->set_bytes_done(op.bytes_done());
@@ -512,7 +506,7 @@ WorkerService::PartOutcome WorkerService::RunLoad(const pb::WorkItem& item,
     out.status = absl::InvalidArgumentError("unreadable load plan part");
     return out;
   }
-  if (part.algorithm().empty() || part.algorithm() == "direct") {
+  if (part.algorithm() == pb::LOAD_ALGORITHM_UNSPECIFIED || part.algorithm() == pb::LOAD_DIRECT) {
     out.status = ExecuteLoadPart(part, session, gate, progress);
     if (out.status.ok()) out.bytes_read = part.total_bytes();
   } else {
@@ -539,8 +533,8 @@ WorkerService::PartOutcome WorkerService::RunLoad(const pb::WorkItem& item,
         "load_part_exchanged op={} rank={} algorithm={} waves={} bytes_read={} bytes_sent={} "
         "bytes_received={} bytes_scattered={} rendezvous_s={:.3f} read_s={:.3f} "
         "exchange_s={:.3f} scatter_s={:.3f}",
-        item.operation_id(), item.rank(), part.algorithm(), part.waves_size(), stats.bytes_read,
-        stats.bytes_sent, stats.bytes_received, stats.bytes_scattered,
+        item.operation_id(), item.rank(), LoadAlgorithmName(part.algorithm()), part.waves_size(),
+        stats.bytes_read, stats.bytes_sent, stats.bytes_received, stats.bytes_scattered,
         absl::ToDoubleSeconds(stats.rendezvous_time), absl::ToDoubleSeconds(stats.read_time),
         absl::ToDoubleSeconds(stats.exchange_time), absl::ToDoubleSeconds(stats.scatter_time));
   }
