@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "proto/wire_names.h"
 #include "proto/worker.grpc.pb.h"
 
 namespace ckpt::client {
@@ -57,7 +58,7 @@ class WorkerConnection {
       absl::StatusOr<OperationProgress> p = Progress(session_id, operation_id, slice);
       if (WorkerDidNotAnswer(p, deadline)) continue;
       if (!p.ok()) return p.status();
-      if (p->phase == "done" || p->phase == "aborted") return p;
+      if (p->finished) return p;
       if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(
             absl::StrCat("operation ", operation_id, " is still ", p->phase, " after ",
@@ -79,7 +80,7 @@ class WorkerConnection {
           Progress(session_id, operation_id, slice, /*until_snapshot=*/true);
       if (WorkerDidNotAnswer(p, deadline)) continue;
       if (!p.ok()) return p.status();
-      if (p->snapshotted || p->phase == "done" || p->phase == "aborted") return p;
+      if (p->snapshotted || p->finished) return p;
       if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat("operation ", operation_id, " is still ",
                                                         p->phase, " after ",
@@ -111,7 +112,8 @@ class WorkerConnection {
         Convert(stub_->Wait(Context(wait + rpc_timeout_).get(), request, &response), "Wait");
     if (!s.ok()) return s;
     OperationProgress p;
-    p.phase = response.phase();
+    p.phase = OperationPhaseName(response.phase());
+    p.finished = response.phase() == pb::PHASE_DONE || response.phase() == pb::PHASE_ABORTED;
     p.bytes_done = response.bytes_done();
     p.bytes_total = response.bytes_total();
     p.snapshotted = response.snapshotted();
@@ -199,13 +201,10 @@ absl::Status Client::Share(const StateDict& state) {
       "RegisterTensors");
 }
 
-absl::StatusOr<std::string> Client::Transfer(bool save, const std::string& path,
-                                             const StateDict& state,
-                                             const std::map<std::string, std::string>& metadata,
-                                             const std::string& operation_id,
-                                             absl::Duration arrival_timeout,
-                                             const std::string& exchange_algorithm,
-                                             int64_t memory_budget_bytes) {
+absl::StatusOr<std::string> Client::Transfer(
+    bool save, const std::string& path, const StateDict& state,
+    const std::map<std::string, std::string>& metadata, const std::string& operation_id,
+    absl::Duration arrival_timeout, pb::LoadAlgorithm load_algorithm, int64_t memory_budget_bytes) {
   if (absl::Status s = Share(state); !s.ok()) return s;
   pb::TransferRequest request;
   request.set_session_id(session_id_);
@@ -217,7 +216,7 @@ absl::StatusOr<std::string> Client::Transfer(bool save, const std::string& path,
   request.mutable_metadata()->insert(metadata.begin(), metadata.end());
   request.set_operation_id(operation_id);
   request.set_timeout_ms(absl::ToInt64Milliseconds(arrival_timeout));
-  request.set_exchange_algorithm(exchange_algorithm);
+  request.set_load_algorithm(load_algorithm);
   request.set_memory_budget_bytes(memory_budget_bytes);
   pb::TransferResponse response;
   auto context = connection_->Context();
@@ -245,9 +244,13 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
 }
 
 absl::Status Client::Load(const std::string& path, StateDict& state, const LoadOptions& options) {
-  absl::StatusOr<std::string> op =
-      Transfer(false, path, state, {}, "", options.arrival_timeout, options.exchange_algorithm,
-               options.memory_budget_bytes);
+  absl::StatusOr<pb::LoadAlgorithm> algorithm = ParseLoadAlgorithm(options.exchange_algorithm);
+  if (!algorithm.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoadOptions::exchange_algorithm: ", algorithm.status().message()));
+  }
+  absl::StatusOr<std::string> op = Transfer(false, path, state, {}, "", options.arrival_timeout,
+                                            *algorithm, options.memory_budget_bytes);
   if (!op.ok()) return op.status();
   absl::StatusOr<OperationProgress> p =
       connection_->WaitFinal(session_id_, *op, options.arrival_timeout + options.deadline);
@@ -271,19 +274,19 @@ absl::StatusOr<PollResult> Client::Poll(
   PollResult result;
   if (!response.pending()) return result;
   result.performed = true;
-  result.kind = response.kind();
+  result.kind = OperationKindName(response.kind());
+  const bool save = response.kind() == pb::OPERATION_SAVE;
   result.path = response.path();
   result.operation_id = response.operation_id();
   if (absl::Status s = prepare(result.kind, result.path); !s.ok()) return s;
-  absl::StatusOr<std::string> op = Transfer(result.kind == "save", result.path, state, {},
-                                            result.operation_id, absl::Minutes(5));
+  absl::StatusOr<std::string> op =
+      Transfer(save, result.path, state, {}, result.operation_id, absl::Minutes(5));
   if (!op.ok()) return op.status();
   // A save returns at the snapshot, like Save (the operator's ckptctl waits for the commit);
   // a load once the tensors hold the loaded values.
   absl::StatusOr<OperationProgress> p =
-      result.kind == "save"
-          ? connection_->WaitSnapshot(session_id_, *op, absl::Minutes(5) + absl::Hours(1))
-          : connection_->WaitFinal(session_id_, *op, absl::Minutes(5) + absl::Hours(1));
+      save ? connection_->WaitSnapshot(session_id_, *op, absl::Minutes(5) + absl::Hours(1))
+           : connection_->WaitFinal(session_id_, *op, absl::Minutes(5) + absl::Hours(1));
   if (!p.ok()) return p.status();
   if (!p->status.ok()) return p->status;
   return result;

@@ -35,10 +35,9 @@ struct SaveOptions {
   // How long this rank waits for the others to call Save (the coordinator's own arrival
   // deadline, --arrival_deadline_ms, aborts the operation for every rank when it is shorter).
   absl::Duration arrival_timeout = absl::Minutes(5);
-  // Exchange algorithm ("broadcast", "gather_rounds", "gather_object", "overlap_all_to_all")
-  // and the staging memory budget per worker (0: unlimited); used by the data path.
-  std::string exchange_algorithm = "broadcast";
-  int64_t memory_budget_bytes = 0;
+  // (No exchange algorithm or memory budget: a save moves no bytes between ranks, each stored
+  // piece is written by one rank that holds it, and the worker snapshots its rank's whole part
+  // before writing it.)
 };
 
 // Options of Load.
@@ -48,15 +47,18 @@ struct LoadOptions {
   // How the workers move what they read: each stored piece is read from storage once, by one
   // rank, and exchanged with this algorithm ("broadcast", "overlap_all_to_all",
   // "gather_rounds", "gather_object"; "direct": every rank reads what it needs itself, a
-  // debugging aid; "": the coordinator's --load_algorithm). The first rank to join decides.
-  std::string exchange_algorithm = "broadcast";
+  // debugging aid; "auto": direct on one host, broadcast across hosts). Unset (""): the
+  // coordinator's --load_algorithm decides (default auto). The first rank to join decides;
+  // an unknown name is refused by Load with InvalidArgument.
+  std::string exchange_algorithm;
   // Bytes in flight per rank and wave (0: the coordinator's --load_memory_budget_bytes).
   int64_t memory_budget_bytes = 0;
 };
 
 // Where an operation stands.
 struct OperationProgress {
-  std::string phase;  // "gathering", "planning", "executing", "committing", "done", "aborted"
+  std::string phase;      // "gathering", "planning", "executing", "committing", "done", "aborted"
+  bool finished = false;  // done or aborted
   int64_t bytes_done = 0;
   int64_t bytes_total = 0;
   absl::Status status;       // the diagnosis when aborted
@@ -140,12 +142,12 @@ class Client {
 
  private:
   Client(ResolvedOptions options, std::shared_ptr<WorkerConnection> connection);
-  absl::StatusOr<std::string> Transfer(bool save, const std::string& path, const StateDict& state,
-                                       const std::map<std::string, std::string>& metadata,
-                                       const std::string& operation_id,
-                                       absl::Duration arrival_timeout,
-                                       const std::string& exchange_algorithm = "",
-                                       int64_t memory_budget_bytes = 0);
+  absl::StatusOr<std::string> Transfer(
+      bool save, const std::string& path, const StateDict& state,
+      const std::map<std::string, std::string>& metadata, const std::string& operation_id,
+      absl::Duration arrival_timeout,
+      pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED,
+      int64_t memory_budget_bytes = 0);
 
   ResolvedOptions options_;
   std::shared_ptr<WorkerConnection> connection_;

@@ -219,11 +219,11 @@ std::vector<pb::SharedTensor> StateDict::Describe() const {
     for (int64_t d : t->mesh_shape) s.add_mesh_shape(d);
     s.set_nbytes(t->nbytes);
     if (t->memory == MemoryKind::kHost) {
-      s.set_memory_kind("host");
+      s.set_memory_kind(pb::MEMORY_HOST);
       s.set_segment(t->segment);
       s.set_offset(t->segment_offset);
     } else {
-      s.set_memory_kind("device");
+      s.set_memory_kind(pb::MEMORY_DEVICE);
       s.set_cuda_ipc_handle(t->cuda_ipc_handle);
       s.set_device(t->device);
     }

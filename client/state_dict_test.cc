@@ -57,7 +57,7 @@ TEST(StateDictTest, RegionTensorIsZeroFilledSharedMemoryNamedForJobRankAndPid) {
     EXPECT_THAT(d.shard().region().lengths(), ElementsAre(4, 4));
     EXPECT_FALSE(d.shard().region().has_flat());
     EXPECT_THAT(d.shard().replica_id(), ElementsAre(1));
-    EXPECT_EQ(d.memory_kind(), "host");
+    EXPECT_EQ(d.memory_kind(), pb::MEMORY_HOST);
     EXPECT_EQ(d.segment(), segment);
     EXPECT_EQ(d.nbytes(), 32);
   }

@@ -41,6 +41,7 @@
 #include "coordinator/reshard_commit.h"
 #include "coordinator/save_commit.h"
 #include "coordinator/staging_journal.h"
+#include "proto/wire_names.h"
 #include "rendezvous/kv_store.h"
 #include "rendezvous/rendezvous_service.h"
 #include "spdlog/spdlog.h"
@@ -175,65 +176,30 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
     return 2;
   }
   ckpt::coordinator::StagingJournal* journal = opened->get();
-  // Journals a save's or reshard's final path before its planner creates the staging directory.
-  auto journaled = [journal](const ckpt::coordinator::Operation& op) -> absl::Status {
-    return journal == nullptr ? absl::OkStatus() : journal->Begin(op.id, op.path);
-  };
-  // Declared before the service so that it outlives it: the finalizer below drops a finished
-  // load's rendezvous keys.
+  ckpt::coordinator::LoadPlannerOptions load_defaults;
+  absl::StatusOr<ckpt::pb::LoadAlgorithm> load_algorithm =
+      ckpt::ParseLoadAlgorithm(absl::GetFlag(FLAGS_load_algorithm));
+  if (!load_algorithm.ok()) {
+    return Fail(absl::StrCat("--load_algorithm: ", load_algorithm.status().message()));
+  }
+  load_defaults.algorithm = *load_algorithm;
+  load_defaults.memory_budget_bytes = absl::GetFlag(FLAGS_load_memory_budget_bytes);
+  // Declared before the service so that they outlive it.
   ckpt::KvStore kv(RendezvousLimits());
-  ckpt::coordinator::CoordinatorService coordinator(&clock, options);
   // Saves: staging directory + save plan, then manifest merge + atomic commit; an aborted
-  // save's staging directory is removed.
-  ckpt::coordinator::SaveCommitter saves;
-  coordinator.SetPlanner(ckpt::coordinator::OperationKind::kSave,
-                         [&saves, journaled](const ckpt::coordinator::Operation& op)
-                             -> absl::StatusOr<std::vector<ckpt::coordinator::RankPlan>> {
-                           if (absl::Status s = journaled(op); !s.ok()) return s;
-                           return saves.Plan(op);
-                         });
+  // save's staging directory is removed. The journal records each final path first.
+  ckpt::coordinator::SaveCommitter saves(journal);
   // Reshards on the workers: source manifest + target layout -> one part per target rank;
   // the manifest is committed from the ranks' records the same way.
-  ckpt::coordinator::ReshardCommitter reshards;
-  coordinator.SetPlanner(ckpt::coordinator::OperationKind::kReshard,
-                         [&reshards, journaled](const ckpt::coordinator::Operation& op)
-                             -> absl::StatusOr<std::vector<ckpt::coordinator::RankPlan>> {
-                           if (absl::Status s = journaled(op); !s.ok()) return s;
-                           return reshards.Plan(op);
-                         });
-  coordinator.SetCommitter(
-      [&saves, &reshards](const ckpt::coordinator::Operation& op) -> absl::Status {
-        if (op.kind == ckpt::coordinator::OperationKind::kReshard) return reshards.Commit(op);
-        return saves.Commit(op);
-      });
-  coordinator.SetFinalizer([&saves, &reshards, &kv,
-                            journal](const ckpt::coordinator::Operation& op) {
-    saves.Finalize(op);
-    reshards.Finalize(op);
-    if (journal != nullptr && op.kind != ckpt::coordinator::OperationKind::kLoad) {
-      if (absl::Status s = journal->End(op.id); !s.ok()) {
-        spdlog::error("staging_journal_failed op={} error=\"{}\"", op.id, std::string(s.message()));
-      }
-    }
-    // Whatever the operation's ranks left in the rendezvous store goes with it.
-    const size_t erased = kv.ErasePrefix(
-        absl::StrCat(ckpt::coordinator::OperationKindName(op.kind), "/", op.id, "/"));
-    if (erased > 0) spdlog::debug("rendezvous_erased op={} keys={}", op.id, erased);
-  });
+  ckpt::coordinator::ReshardCommitter reshards(journal);
   // Loads: each stored piece is read once, by one rank, and exchanged between the workers of
   // the operation (algorithm and budget from the trainers' load options, else the flags).
-  ckpt::coordinator::LoadPlannerOptions load_defaults;
-  load_defaults.algorithm = absl::GetFlag(FLAGS_load_algorithm);
-  load_defaults.memory_budget_bytes = absl::GetFlag(FLAGS_load_memory_budget_bytes);
-  coordinator.SetPlanner(ckpt::coordinator::OperationKind::kLoad,
-                         [load_defaults](const ckpt::coordinator::Operation& op) {
-                           ckpt::coordinator::LoadPlannerOptions options = load_defaults;
-                           if (!op.load_algorithm.empty()) options.algorithm = op.load_algorithm;
-                           if (op.load_memory_budget_bytes > 0) {
-                             options.memory_budget_bytes = op.load_memory_budget_bytes;
-                           }
-                           return ckpt::coordinator::PlanExchangeLoad(op, options);
-                         });
+  ckpt::coordinator::ExchangeLoadKind loads(load_defaults);
+  ckpt::coordinator::CoordinatorService coordinator(&clock, options);
+  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kSave, &saves);
+  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kLoad, &loads);
+  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kReshard, &reshards);
+  coordinator.set_rendezvous_store(&kv);
   ckpt::RendezvousService rendezvous(
       &kv, [&coordinator](const ckpt::Peer& peer, absl::string_view group) {
         return coordinator.AuthorizeRendezvous(peer, group);

@@ -45,11 +45,29 @@ CoordinatorService::CoordinatorService(const Clock* clock, CoordinatorOptions op
 
 CoordinatorService::~CoordinatorService() { Shutdown(); }
 
-void CoordinatorService::SetPlanner(OperationKind kind, Planner planner) {
-  planners_[kind] = std::move(planner);
+void CoordinatorService::RegisterKind(OperationKind kind, OperationKindHandler* handler) {
+  kinds_[kind] = handler;
 }
 
-void CoordinatorService::SetCommitter(Committer committer) { committer_ = std::move(committer); }
+OperationKindHandler* CoordinatorService::KindOf(const Operation& op) const {
+  auto it = kinds_.find(op.kind);
+  return it == kinds_.end() ? nullptr : it->second;
+}
+
+void CoordinatorService::Finalize(const Operation& op) {
+  if (OperationKindHandler* kind = KindOf(op); kind != nullptr) {
+    if (absl::Status s = kind->Finalize(op); !s.ok()) {
+      spdlog::error("operation_finalize_failed op={} error=\"{}\"", op.id,
+                    std::string(s.message()));
+    }
+  }
+  if (rendezvous_ != nullptr) {
+    // Whatever the operation's ranks left in the rendezvous store goes with it.
+    const size_t erased =
+        rendezvous_->ErasePrefix(absl::StrCat(OperationKindName(op.kind), "/", op.id, "/"));
+    if (erased > 0) spdlog::debug("rendezvous_erased op={} keys={}", op.id, erased);
+  }
+}
 
 void CoordinatorService::Start() {
   ticker_ = std::thread([this] {
@@ -73,19 +91,15 @@ void CoordinatorService::Shutdown() {
   if (ticker_.joinable()) ticker_.join();
 }
 
-void CoordinatorService::SetFinalizer(Finalizer finalizer) { finalizer_ = std::move(finalizer); }
-
 void CoordinatorService::Changed() {
-  if (finalizer_) {
-    std::set<std::string> present;
-    for (const Operation* op : jobs_.Operations()) {
-      present.insert(op->id);
-      if (IsFinal(op->phase) && finalized_.insert(op->id).second) finalizer_(*op);
-    }
-    // Forget operations the state machine no longer remembers.
-    for (auto it = finalized_.begin(); it != finalized_.end();) {
-      it = present.count(*it) ? std::next(it) : finalized_.erase(it);
-    }
+  std::set<std::string> present;
+  for (const Operation* op : jobs_.Operations()) {
+    present.insert(op->id);
+    if (IsFinal(op->phase) && finalized_.insert(op->id).second) Finalize(*op);
+  }
+  // Forget operations the state machine no longer remembers.
+  for (auto it = finalized_.begin(); it != finalized_.end();) {
+    it = present.count(*it) ? std::next(it) : finalized_.erase(it);
   }
   changed_.notify_all();
 }
@@ -192,8 +206,8 @@ void CoordinatorService::Advance(const std::string& operation_id) {
   if (op->phase == Phase::kPlanning && busy_.insert(operation_id).second) {
     spdlog::info("operation_gathered op={} job={} kind={} path={} ranks={}", op->id, op->job,
                  std::string(OperationKindName(op->kind)), op->path, op->world_size);
-    auto planner = planners_.find(op->kind);
-    if (planner == planners_.end() || !planner->second) {
+    OperationKindHandler* kind = KindOf(*op);
+    if (kind == nullptr) {
       absl::Status missing = absl::UnimplementedError(absl::StrCat(
           "this coordinator has no ", OperationKindName(op->kind),
           " planner registered (a daemon built without it); nothing was written or loaded"));
@@ -203,7 +217,7 @@ void CoordinatorService::Advance(const std::string& operation_id) {
       // operation stays in planning meanwhile (only deadlines and lost workers can end it).
       Operation snapshot = *op;
       mu_.unlock();
-      absl::StatusOr<std::vector<RankPlan>> plans = planner->second(snapshot);
+      absl::StatusOr<std::vector<RankPlan>> plans = kind->Plan(snapshot);
       mu_.lock();
       op = jobs_.FindOperation(operation_id);
       if (op != nullptr && op->phase == Phase::kPlanning) {
@@ -224,12 +238,13 @@ void CoordinatorService::Advance(const std::string& operation_id) {
   if (op != nullptr && op->phase == Phase::kCommitting && busy_.insert(operation_id).second) {
     // Committing cannot be aborted by anyone else, so the (fsyncing) committer runs unlocked.
     Operation snapshot = *op;
+    OperationKindHandler* kind = KindOf(snapshot);
     absl::Status committed = absl::UnimplementedError(
-        "no manifest committer is wired into this coordinator yet; the checkpoint was not "
-        "committed");
-    if (committer_) {
+        absl::StrCat("this coordinator has no ", OperationKindName(snapshot.kind),
+                     " kind registered to commit it; the checkpoint was not committed"));
+    if (kind != nullptr) {
       mu_.unlock();
-      committed = committer_(snapshot);
+      committed = kind->Commit(snapshot);
       mu_.lock();
     }
     // Nothing else ends a committing operation, so this cannot fail; if it ever does, the
@@ -263,7 +278,9 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* context,
   d.host = info.host();
   d.pid = info.pid();
   d.data_plane_address = info.data_plane_address();
-  d.memory_kinds.assign(info.memory_kinds().begin(), info.memory_kinds().end());
+  for (int kind : info.memory_kinds()) {
+    d.memory_kinds.push_back(static_cast<pb::MemoryKind>(kind));
+  }
   d.local_rank = info.local_rank();
   d.gpu = info.gpu();
   std::lock_guard<std::mutex> lock(mu_);
@@ -661,7 +678,7 @@ grpc::Status CoordinatorService::GetStatus(grpc::ServerContext* context,
     info->set_host(w->description.host);
     info->set_pid(static_cast<int32_t>(w->description.pid));
     info->set_data_plane_address(w->description.data_plane_address);
-    for (const std::string& kind : w->description.memory_kinds) info->add_memory_kinds(kind);
+    for (pb::MemoryKind kind : w->description.memory_kinds) info->add_memory_kinds(kind);
     info->set_local_rank(w->description.local_rank);
     info->set_gpu(w->description.gpu);
     out->set_alive(w->alive);

@@ -3,9 +3,9 @@
 // background thread ticks leases and deadlines; workers pull their plan parts over the
 // WatchWork stream, so the coordinator never dials a worker.
 //
-// Planning and committing are pluggable (SetPlanner/SetCommitter): an operation whose kind has
-// no planner wired is aborted for every rank with Unimplemented naming what is missing, and a
-// save/reshard without a committer never reports done.
+// Each operation kind is one OperationKindHandler (plan, commit, finalize) registered with
+// RegisterKind: an operation whose kind has none is aborted for every rank with Unimplemented
+// naming what is missing.
 //
 // Access control (docs/services.md, Security): on a TLS server every call is checked against
 // the role of the caller's certificate (workers: worker RPCs; operators: operations, status,
@@ -29,8 +29,10 @@
 #include "common/grpc_auth.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_state.h"
+#include "coordinator/operation_kind.h"
 #include "coordinator/worker_registry.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "rendezvous/kv_store.h"
 
 namespace ckpt::coordinator {
 
@@ -47,26 +49,17 @@ struct CoordinatorOptions {
   uint64_t incarnation = 0;
 };
 
-// Computes one plan part per rank for an operation in the planning phase (every rank's shard
-// metadata is in op.ranks[r].shards).
-using Planner = std::function<absl::StatusOr<std::vector<RankPlan>>(const Operation& op)>;
-// Commits a save/reshard whose every rank reported success (writes the manifest).
-using Committer = std::function<absl::Status(const Operation& op)>;
-
-// Called once for every operation that reached done or aborted (e.g. to remove the staging
-// directory of an aborted save), under the service's lock: keep it short.
-using Finalizer = std::function<void(const Operation& op)>;
-
 // The service. Thread-safe; construct, wire planners, Start(), register with a grpc server.
 class CoordinatorService final : public pb::Coordinator::Service {
  public:
   CoordinatorService(const Clock* clock, CoordinatorOptions options);
   ~CoordinatorService() override;
 
-  // Wiring, before Start().
-  void SetPlanner(OperationKind kind, Planner planner);
-  void SetCommitter(Committer committer);
-  void SetFinalizer(Finalizer finalizer);
+  // Wiring, before Start(). `handler` (not owned) must outlive the service.
+  void RegisterKind(OperationKind kind, OperationKindHandler* handler);
+  // The rendezvous store whose keys "<kind>/<operation id>/" are erased once the operation
+  // ended (its ranks' communicators are gone). Optional; must outlive the service.
+  void set_rendezvous_store(KvStore* kv) { rendezvous_ = kv; }
 
   // Starts the lease/deadline ticker thread.
   void Start();
@@ -129,6 +122,10 @@ class CoordinatorService final : public pb::Coordinator::Service {
   void AbortOrLog(const std::string& operation_id, const absl::Status& cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The handler registered for op's kind; nullptr when none is.
+  OperationKindHandler* KindOf(const Operation& op) const;
+  // Once per ended operation: its kind's Finalize, then its rendezvous keys are erased.
+  void Finalize(const Operation& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PermissionDenied unless `peer` registered worker `worker_id` (always OK unauthenticated).
   absl::Status ActsForWorker(const Peer& peer, absl::string_view worker_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -150,9 +147,8 @@ class CoordinatorService final : public pb::Coordinator::Service {
   std::condition_variable_any changed_;  // signalled on every change of state
   JobState jobs_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
-  std::map<OperationKind, Planner> planners_;
-  Committer committer_;
-  Finalizer finalizer_;
+  std::map<OperationKind, OperationKindHandler*> kinds_;
+  KvStore* rendezvous_ = nullptr;
   std::set<std::string> finalized_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // Operations whose planner or committer is running (unlocked) right now.

@@ -65,6 +65,34 @@ class Watcher {
   std::thread thread_;
 };
 
+// A save kind that records what the service asked of it: the shards it planned over and the
+// path it committed (whose result the test chooses).
+class RecordingSaveKind final : public OperationKindHandler {
+ public:
+  absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override {
+    planned_shards = 0;
+    std::vector<RankPlan> plans;
+    for (int r = 0; r < op.world_size; ++r) {
+      planned_shards += static_cast<int>(op.ranks[r].shards.size());
+      plans.push_back({absl::StrCat("part-for-rank-", r), 100 * (r + 1)});
+    }
+    return plans;
+  }
+  absl::Status Commit(const Operation& op) override {
+    committed_path = op.path;
+    return commit_result;
+  }
+  absl::Status Finalize(const Operation& op) override {
+    finalized.push_back(op.id);
+    return absl::OkStatus();
+  }
+
+  int planned_shards = 0;
+  std::string committed_path;
+  absl::Status commit_result = absl::OkStatus();
+  std::vector<std::string> finalized;
+};
+
 class CoordinatorServiceTest : public ::testing::Test {
  protected:
   void StartServer() {
@@ -76,19 +104,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     options.checkpoint_roots = *roots;
     checkpoint_path_ = roots->roots()[0] + "/ckpt/1";
     service_ = std::make_unique<CoordinatorService>(&clock_, options);
-    service_->SetPlanner(OperationKind::kSave, [this](const Operation& op) {
-      planned_shards_ = 0;
-      std::vector<RankPlan> plans;
-      for (int r = 0; r < op.world_size; ++r) {
-        planned_shards_ += static_cast<int>(op.ranks[r].shards.size());
-        plans.push_back({absl::StrCat("part-for-rank-", r), 100 * (r + 1)});
-      }
-      return plans;
-    });
-    service_->SetCommitter([this](const Operation& op) {
-      committed_path_ = op.path;
-      return commit_result_;
-    });
+    service_->RegisterKind(OperationKind::kSave, &save_kind_);
     service_->Start();
     grpc::ServerBuilder builder;
     int port = 0;
@@ -145,13 +161,11 @@ class CoordinatorServiceTest : public ::testing::Test {
   }
 
   RealClock clock_;
+  RecordingSaveKind save_kind_;  // outlives service_
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;
-  int planned_shards_ = 0;
-  std::string committed_path_;
   std::string checkpoint_path_;  // under the service's checkpoint root
-  absl::Status commit_result_ = absl::OkStatus();
 };
 
 TEST_F(CoordinatorServiceTest, PlanPartsReachTheirWorkersAndResultsCommit) {
@@ -164,7 +178,7 @@ TEST_F(CoordinatorServiceTest, PlanPartsReachTheirWorkersAndResultsCommit) {
   ASSERT_TRUE(Join(w1, 1, 2, &j1).ok());
   EXPECT_EQ(j1.operation().phase(), pb::PHASE_EXECUTING);
   EXPECT_EQ(j1.operation().bytes_total(), 300);
-  EXPECT_EQ(planned_shards_, 2);  // the planner saw every rank's gathered metadata
+  EXPECT_EQ(save_kind_.planned_shards, 2);  // the planner saw every rank's gathered metadata
   const std::string op = j0.operation().id();
 
   std::vector<pb::WorkItem> items0 = watch0.Await(1), items1 = watch1.Await(1);
@@ -191,7 +205,7 @@ TEST_F(CoordinatorServiceTest, PlanPartsReachTheirWorkersAndResultsCommit) {
   pb::OperationStatus done = Wait(op);
   EXPECT_EQ(done.phase(), pb::PHASE_DONE);
   EXPECT_EQ(done.bytes_done(), 300);
-  EXPECT_EQ(committed_path_, checkpoint_path_);
+  EXPECT_EQ(save_kind_.committed_path, checkpoint_path_);
 }
 
 TEST_F(CoordinatorServiceTest, FailedRankIsStreamedAsAbortToTheOtherWorkerAndNeverCommits) {
@@ -211,7 +225,7 @@ TEST_F(CoordinatorServiceTest, FailedRankIsStreamedAsAbortToTheOtherWorkerAndNev
   EXPECT_THAT(items[1].abort().message(), HasSubstr("rank 1 (host node1"));
   EXPECT_THAT(items[1].abort().message(), HasSubstr("short write"));
   EXPECT_EQ(Wait(op).phase(), pb::PHASE_ABORTED);
-  EXPECT_TRUE(committed_path_.empty());
+  EXPECT_TRUE(save_kind_.committed_path.empty());
   // A late report of the other rank is acknowledged (so its worker stops re-sending it) and
   // gets the diagnosis.
   pb::ReportResultRequest request;
@@ -225,7 +239,7 @@ TEST_F(CoordinatorServiceTest, FailedRankIsStreamedAsAbortToTheOtherWorkerAndNev
 
 TEST_F(CoordinatorServiceTest, FailedCommitAbortsWithTheCommittersError) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
-  commit_result_ = absl::InternalError("rename of manifest.pb failed");
+  save_kind_.commit_result = absl::InternalError("rename of manifest.pb failed");
   std::string w0 = Register("node0", 10);
   pb::JoinOperationResponse j;
   ASSERT_TRUE(Join(w0, 0, 1, &j).ok());

@@ -116,7 +116,7 @@ Operation* JobState::CreateOperation(Job& job, OperationKind kind, absl::string_
 absl::StatusOr<std::string> JobState::RequestOperation(absl::string_view job_name,
                                                        OperationKind kind, absl::string_view path,
                                                        absl::Duration arrival_deadline,
-                                                       absl::string_view load_algorithm,
+                                                       pb::LoadAlgorithm load_algorithm,
                                                        int64_t load_memory_budget_bytes) {
   if (path.empty()) return absl::InvalidArgumentError("checkpoint path is empty");
   auto it = jobs_.find(job_name);
@@ -130,7 +130,7 @@ absl::StatusOr<std::string> JobState::RequestOperation(absl::string_view job_nam
                                                       PhaseName(busy->phase)));
   }
   Operation* op = CreateOperation(it->second, kind, path, "operator", arrival_deadline);
-  op->load_algorithm = std::string(load_algorithm);
+  op->load_algorithm = load_algorithm;
   op->load_memory_budget_bytes = load_memory_budget_bytes;
   return op->id;
 }
@@ -244,7 +244,9 @@ absl::StatusOr<const Operation*> JobState::JoinOperation(const JoinRequest& requ
   entry.layouts = request.layouts;
   entry.mesh_shape = request.mesh_shape;
   if (op->metadata.empty()) op->metadata = request.metadata;
-  if (op->load_algorithm.empty()) op->load_algorithm = request.load_algorithm;
+  if (op->load_algorithm == pb::LOAD_ALGORITHM_UNSPECIFIED) {
+    op->load_algorithm = request.load_algorithm;
+  }
   if (op->load_memory_budget_bytes <= 0) {
     op->load_memory_budget_bytes = request.load_memory_budget_bytes;
   }

@@ -102,7 +102,7 @@ struct Operation {
   std::string requested_by;                     // "operator" or "rank <r>"
   std::map<std::string, std::string> metadata;  // user metadata (first rank to give any)
   // Load options of the trainers (first rank to give any); empty/0: the coordinator's default.
-  std::string load_algorithm;
+  pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;
   int64_t load_memory_budget_bytes = 0;
   ReshardSpec reshard;  // kReshard only
   int world_size = 0;
@@ -135,8 +135,8 @@ struct JoinRequest {
   std::vector<pb::TensorLayout> layouts;  // informational, for the manifest's saved layout
   std::vector<int64_t> mesh_shape;
   std::map<std::string, std::string> metadata;  // user metadata for the manifest (step, ...)
-  std::string load_algorithm;                   // load: exchange algorithm ("" = default)
-  int64_t load_memory_budget_bytes = 0;         // load: bytes in flight per rank (0 = default)
+  pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;  // load (0: default)
+  int64_t load_memory_budget_bytes = 0;  // load: bytes in flight per rank (0 = default)
   // When set, the operation the rank means to join (e.g. one an operator requested and
   // the trainer learned of through Poll); joining anything else is an error.
   std::string operation_id;
@@ -184,11 +184,11 @@ class JobState {
   // exist (its world size is known) and have no operation in flight. `arrival_deadline`
   // (when positive) replaces the default: trainers only notice at their next step.
   // A load's exchange algorithm and memory budget, when given, override the trainers'.
-  absl::StatusOr<std::string> RequestOperation(absl::string_view job, OperationKind kind,
-                                               absl::string_view path,
-                                               absl::Duration arrival_deadline,
-                                               absl::string_view load_algorithm = "",
-                                               int64_t load_memory_budget_bytes = 0);
+  absl::StatusOr<std::string> RequestOperation(
+      absl::string_view job, OperationKind kind, absl::string_view path,
+      absl::Duration arrival_deadline,
+      pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED,
+      int64_t load_memory_budget_bytes = 0);
 
   // An operator starts a reshard executed on the workers: a job "reshard:<destination>" of
   // `locations.size()` ranks (rank r served by locations[r]) whose operation skips gathering

@@ -9,42 +9,47 @@
 #include "planner/load_plan.h"
 #include "proto/convert.h"
 #include "proto/coordinator.pb.h"
+#include "proto/wire_names.h"
 #include "storage/checkpoint_reader.h"
 
 namespace ckpt::coordinator {
 
-const std::vector<std::string>& LoadAlgorithmNames() {
-  static const auto* names = new std::vector<std::string>{
-      "broadcast", "overlap_all_to_all", "gather_rounds", "gather_object", "direct", "auto"};
-  return *names;
-}
-
 namespace {
 
-absl::StatusOr<ExchangeAlgorithm> PlannerAlgorithm(const std::string& name) {
-  if (name == "broadcast") return ExchangeAlgorithm::kBroadcast;
-  if (name == "overlap_all_to_all") return ExchangeAlgorithm::kOverlapAllToAll;
-  if (name == "gather_rounds") return ExchangeAlgorithm::kGatherRounds;
-  if (name == "gather_object") return ExchangeAlgorithm::kGatherObject;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown load exchange algorithm '", name,
-                   "'; valid: ", absl::StrJoin(LoadAlgorithmNames(), ", ")));
+// The planner's algorithm for an exchange-based load; InvalidArgument for direct/auto/unset
+// (resolved before) or a value this build does not know.
+absl::StatusOr<ExchangeAlgorithm> PlannerAlgorithm(pb::LoadAlgorithm algorithm) {
+  switch (algorithm) {
+    case pb::LOAD_BROADCAST:
+      return ExchangeAlgorithm::kBroadcast;
+    case pb::LOAD_OVERLAP_ALL_TO_ALL:
+      return ExchangeAlgorithm::kOverlapAllToAll;
+    case pb::LOAD_GATHER_ROUNDS:
+      return ExchangeAlgorithm::kGatherRounds;
+    case pb::LOAD_GATHER_OBJECT:
+      return ExchangeAlgorithm::kGatherObject;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown load exchange algorithm ", static_cast<int>(algorithm),
+                       "; valid: ", absl::StrJoin(LoadAlgorithmNames(), ", ")));
+  }
 }
 
 }  // namespace
 
-std::string AutoLoadAlgorithm(const Operation& op) {
+pb::LoadAlgorithm AutoLoadAlgorithm(const Operation& op) {
   for (const RankEntry& e : op.ranks) {
-    if (e.location.host != op.ranks.front().location.host) return "broadcast";
+    if (e.location.host != op.ranks.front().location.host) return pb::LOAD_BROADCAST;
   }
-  return "direct";
+  return pb::LOAD_DIRECT;
 }
 
 absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
                                                        const LoadPlannerOptions& options) {
-  std::string algorithm = options.algorithm.empty() ? "broadcast" : options.algorithm;
-  if (algorithm == "auto") algorithm = AutoLoadAlgorithm(op);
-  if (algorithm == "direct") return PlanDirectLoad(op);
+  pb::LoadAlgorithm algorithm =
+      options.algorithm == pb::LOAD_ALGORITHM_UNSPECIFIED ? pb::LOAD_BROADCAST : options.algorithm;
+  if (algorithm == pb::LOAD_AUTO) algorithm = AutoLoadAlgorithm(op);
+  if (algorithm == pb::LOAD_DIRECT) return PlanDirectLoad(op);
   absl::StatusOr<ExchangeAlgorithm> planner_algorithm = PlannerAlgorithm(algorithm);
   if (!planner_algorithm.ok()) return planner_algorithm.status();
   // The direct plan validates every request against the checkpoint and carries each rank's
@@ -147,6 +152,22 @@ absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
     out[r].part = parts[r].SerializeAsString();
   }
   return out;
+}
+
+LoadPlannerOptions ExchangeLoadKind::OptionsFor(const Operation& op) const {
+  LoadPlannerOptions options = defaults_;
+  if (op.load_algorithm != pb::LOAD_ALGORITHM_UNSPECIFIED) options.algorithm = op.load_algorithm;
+  if (op.load_memory_budget_bytes > 0) options.memory_budget_bytes = op.load_memory_budget_bytes;
+  return options;
+}
+
+absl::StatusOr<std::vector<RankPlan>> ExchangeLoadKind::Plan(const Operation& op) {
+  return PlanExchangeLoad(op, OptionsFor(op));
+}
+
+absl::Status ExchangeLoadKind::Commit(const Operation& op) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(op.DebugString(), ": a load has nothing to commit"));
 }
 
 }  // namespace ckpt::coordinator

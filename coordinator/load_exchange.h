@@ -12,26 +12,24 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/job_state.h"
+#include "coordinator/operation_kind.h"
 
 namespace ckpt::coordinator {
 
 // How loads are planned.
 struct LoadPlannerOptions {
-  // "broadcast", "overlap_all_to_all", "gather_rounds", "gather_object", "direct" or "auto"
-  // (AutoLoadAlgorithm).
-  std::string algorithm = "broadcast";
+  // An exchange algorithm, LOAD_DIRECT or LOAD_AUTO (AutoLoadAlgorithm); UNSPECIFIED:
+  // broadcast.
+  pb::LoadAlgorithm algorithm = pb::LOAD_BROADCAST;
   // Bytes in flight per rank and wave (unit buffers + received bytes).
   int64_t memory_budget_bytes = int64_t{1} << 30;
 };
 
-// Names accepted as LoadPlannerOptions::algorithm, default first.
-const std::vector<std::string>& LoadAlgorithmNames();
-
-// "auto": "direct" when every rank of the operation is served on one host, else "broadcast".
+// LOAD_AUTO: direct when every rank of the operation is served on one host, else broadcast.
 // On one host the ranks share one storage device and the exchange moves over loopback what
 // each could read itself: measured ~2x slower than direct reads (docs/BENCHMARKS.md, "Loads").
 // Across hosts, reading each shared byte once and exchanging it saves storage bandwidth.
-std::string AutoLoadAlgorithm(const Operation& op);
+pb::LoadAlgorithm AutoLoadAlgorithm(const Operation& op);
 
 // Validates the operation against the checkpoint at op.path like PlanDirectLoad, then plans
 // the exchange-based load: one serialized pb::LoadPlanPart per rank carrying the whole plan
@@ -39,6 +37,25 @@ std::string AutoLoadAlgorithm(const Operation& op);
 // and the rendezvous group "load/<operation id>". InvalidArgument for an unknown algorithm.
 absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
                                                        const LoadPlannerOptions& options);
+
+// The load kind: plans with PlanExchangeLoad, the operation's own algorithm and budget (from
+// the trainers or the operator) over `defaults`. A load writes nothing, so there is nothing to
+// commit or clean up.
+class ExchangeLoadKind final : public OperationKindHandler {
+ public:
+  explicit ExchangeLoadKind(LoadPlannerOptions defaults) : defaults_(defaults) {}
+
+  absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
+  // Loads never reach the committing phase; FailedPrecondition if asked.
+  absl::Status Commit(const Operation& op) override;
+  absl::Status Finalize(const Operation&) override { return absl::OkStatus(); }
+
+  // The options a load of `op` is planned with: defaults_, overridden by op's own.
+  LoadPlannerOptions OptionsFor(const Operation& op) const;
+
+ private:
+  LoadPlannerOptions defaults_;
+};
 
 }  // namespace ckpt::coordinator
 

@@ -88,13 +88,13 @@ std::map<int, int64_t> ElementsReadPerPiece(const pb::LoadPlanPart& part) {
 TEST(LoadExchangeTest, EveryStoredPieceIsReadOnceByARankThatNeedsIt) {
   const std::string path = WriteTwoRowCheckpoint("read-once");
   Operation op = ThreeRankLoad(path);
-  auto plans = PlanExchangeLoad(op, LoadPlannerOptions{"broadcast", 1 << 20});
+  auto plans = PlanExchangeLoad(op, LoadPlannerOptions{pb::LOAD_BROADCAST, 1 << 20});
   ASSERT_TRUE(plans.ok()) << plans.status();
   std::vector<pb::LoadPlanPart> parts = Parts(*plans);
   ASSERT_EQ(parts.size(), 3u);
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(parts[r].rank(), r);
-    EXPECT_EQ(parts[r].algorithm(), "broadcast");
+    EXPECT_EQ(parts[r].algorithm(), pb::LOAD_BROADCAST);
     EXPECT_EQ(parts[r].world_size(), 3);
     EXPECT_EQ(parts[r].group(), "load/op-9");
     // Every rank gets the same plan, so every rank builds the same exchange.
@@ -119,7 +119,7 @@ TEST(LoadExchangeTest, EveryStoredPieceIsReadOnceByARankThatNeedsIt) {
 TEST(LoadExchangeTest, ASmallBudgetSplitsPiecesIntoSeveralWavesStillReadingEachByteOnce) {
   const std::string path = WriteTwoRowCheckpoint("small-budget");
   Operation op = ThreeRankLoad(path);
-  auto plans = PlanExchangeLoad(op, LoadPlannerOptions{"overlap_all_to_all", 8});
+  auto plans = PlanExchangeLoad(op, LoadPlannerOptions{pb::LOAD_OVERLAP_ALL_TO_ALL, 8});
   ASSERT_TRUE(plans.ok()) << plans.status();
   std::vector<pb::LoadPlanPart> parts = Parts(*plans);
   EXPECT_GT(parts[0].waves_size(), 1);
@@ -133,10 +133,10 @@ TEST(LoadExchangeTest, ASmallBudgetSplitsPiecesIntoSeveralWavesStillReadingEachB
 
 TEST(LoadExchangeTest, DirectKeepsEveryRankReadingItsOwnRegions) {
   const std::string path = WriteTwoRowCheckpoint("direct");
-  auto plans = PlanExchangeLoad(ThreeRankLoad(path), LoadPlannerOptions{"direct", 1 << 20});
+  auto plans = PlanExchangeLoad(ThreeRankLoad(path), LoadPlannerOptions{pb::LOAD_DIRECT, 1 << 20});
   ASSERT_TRUE(plans.ok()) << plans.status();
   for (const pb::LoadPlanPart& part : Parts(*plans)) {
-    EXPECT_TRUE(part.algorithm().empty());
+    EXPECT_EQ(part.algorithm(), pb::LOAD_ALGORITHM_UNSPECIFIED);  // read directly
     EXPECT_EQ(part.waves_size(), 0);
     EXPECT_EQ(part.reads_size(), 1);
   }
@@ -146,23 +146,24 @@ TEST(LoadExchangeTest, AutoReadsDirectlyOnOneHostAndExchangesAcrossHosts) {
   const std::string path = WriteTwoRowCheckpoint("auto");
   Operation op = ThreeRankLoad(path);
   for (RankEntry& e : op.ranks) e.location.host = "node0";
-  EXPECT_EQ(AutoLoadAlgorithm(op), "direct");
-  auto plans = PlanExchangeLoad(op, LoadPlannerOptions{"auto", 1 << 20});
+  EXPECT_EQ(AutoLoadAlgorithm(op), pb::LOAD_DIRECT);
+  auto plans = PlanExchangeLoad(op, LoadPlannerOptions{pb::LOAD_AUTO, 1 << 20});
   ASSERT_TRUE(plans.ok()) << plans.status();
   for (const pb::LoadPlanPart& part : Parts(*plans)) EXPECT_EQ(part.waves_size(), 0);
   op.ranks[2].location.host = "node1";
-  EXPECT_EQ(AutoLoadAlgorithm(op), "broadcast");
-  plans = PlanExchangeLoad(op, LoadPlannerOptions{"auto", 1 << 20});
+  EXPECT_EQ(AutoLoadAlgorithm(op), pb::LOAD_BROADCAST);
+  plans = PlanExchangeLoad(op, LoadPlannerOptions{pb::LOAD_AUTO, 1 << 20});
   ASSERT_TRUE(plans.ok()) << plans.status();
-  EXPECT_EQ(Parts(*plans)[0].algorithm(), "broadcast");
+  EXPECT_EQ(Parts(*plans)[0].algorithm(), pb::LOAD_BROADCAST);
 }
 
-TEST(LoadExchangeTest, AnUnknownAlgorithmIsRefusedNamingTheValidOnes) {
+TEST(LoadExchangeTest, AnAlgorithmThisBuildDoesNotKnowIsRefusedNamingTheValidOnes) {
   const std::string path = WriteTwoRowCheckpoint("unknown");
-  auto plans = PlanExchangeLoad(ThreeRankLoad(path), LoadPlannerOptions{"telepathy", 1 << 20});
+  auto plans = PlanExchangeLoad(ThreeRankLoad(path),
+                                LoadPlannerOptions{static_cast<pb::LoadAlgorithm>(42), 1 << 20});
   ASSERT_FALSE(plans.ok());
   EXPECT_EQ(plans.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(plans.status().message(), HasSubstr("'telepathy'"));
+  EXPECT_THAT(plans.status().message(), HasSubstr("algorithm 42"));
   EXPECT_THAT(plans.status().message(), HasSubstr("broadcast, overlap_all_to_all"));
 }
 

@@ -91,6 +91,11 @@ absl::StatusOr<std::vector<RankPlan>> PlanClusterReshard(const pb::Manifest& sou
 }
 
 absl::StatusOr<std::vector<RankPlan>> ReshardCommitter::Plan(const Operation& op) {
+  if (journal_ != nullptr) CKPT_RETURN_IF_ERROR(journal_->Begin(op.id, op.path));
+  return PlanJournaled(op);
+}
+
+absl::StatusOr<std::vector<RankPlan>> ReshardCommitter::PlanJournaled(const Operation& op) {
   const ReshardSpec& spec = op.reshard;
   if (Normalized(spec.source) == Normalized(op.path)) {
     return absl::InvalidArgumentError(
@@ -158,16 +163,20 @@ absl::Status ReshardCommitter::Commit(const Operation& op) {
   return committed;
 }
 
-void ReshardCommitter::Finalize(const Operation& op) {
+absl::Status ReshardCommitter::Finalize(const Operation& op) {
   std::string staging;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = pending_.find(op.id);
-    if (it == pending_.end()) return;
-    staging = it->second.staging;
-    pending_.erase(it);
+    if (it != pending_.end()) {
+      staging = it->second.staging;
+      pending_.erase(it);
+    }
   }
-  if (op.phase != Phase::kDone) (void)DiscardStagingDir(staging);
+  absl::Status discarded =
+      staging.empty() || op.phase == Phase::kDone ? absl::OkStatus() : DiscardStagingDir(staging);
+  absl::Status ended = journal_ != nullptr ? journal_->End(op.id) : absl::OkStatus();
+  return discarded.ok() ? ended : discarded;
 }
 
 }  // namespace ckpt::coordinator

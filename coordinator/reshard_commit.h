@@ -19,6 +19,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "coordinator/job_state.h"
+#include "coordinator/operation_kind.h"
+#include "coordinator/staging_journal.h"
 #include "planner/layout_spec.h"
 #include "proto/manifest.pb.h"
 #include "storage/checkpoint_writer.h"
@@ -41,20 +43,28 @@ absl::StatusOr<std::vector<RankPlan>> PlanClusterReshard(const pb::Manifest& sou
                                                          int64_t memory_budget_bytes,
                                                          const std::string& staging_dir);
 
-// Tracks the staging directory and manifest contents of each reshard in flight. Thread-safe.
-class ReshardCommitter {
+// The reshard kind: tracks the staging directory and manifest contents of each reshard in
+// flight. Thread-safe.
+class ReshardCommitter final : public OperationKindHandler {
  public:
-  // Planner for kReshard operations (op.reshard says what to read; op.path is the
-  // destination): validates the source checkpoint and the layout (whose world size must be
-  // op.world_size), creates the staging directory and plans with PlanClusterReshard. Errors
-  // name the source, destination or tensor.
-  absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op);
-  // Committer: manifest from every rank's record, then the commit protocol to op.path.
-  absl::Status Commit(const Operation& op);
-  // Finalizer: removes the staging directory of a reshard that did not commit.
-  void Finalize(const Operation& op);
+  // `journal` (may be null; must outlive this) records each destination before its staging
+  // directory is created.
+  explicit ReshardCommitter(StagingJournal* journal = nullptr) : journal_(journal) {}
+
+  // For kReshard operations (op.reshard says what to read; op.path is the destination):
+  // journals the destination, validates the source checkpoint and the layout (whose world
+  // size must be op.world_size), creates the staging directory and plans with
+  // PlanClusterReshard. Errors name the source, destination or tensor.
+  absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
+  // Manifest from every rank's record, then the commit protocol to op.path.
+  absl::Status Commit(const Operation& op) override;
+  // Removes the staging directory of a reshard that did not commit; ends its journal entry.
+  absl::Status Finalize(const Operation& op) override;
 
  private:
+  absl::StatusOr<std::vector<RankPlan>> PlanJournaled(const Operation& op);
+
+  StagingJournal* journal_;
   // What the commit needs besides the ranks' records.
   struct Pending {
     std::string staging;

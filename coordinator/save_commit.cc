@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "coordinator/operation_planners.h"
 #include "proto/convert.h"
 #include "storage/checkpoint_writer.h"
@@ -76,6 +77,7 @@ std::string SaveCommitter::StagingDir(const std::string& operation_id) {
 }
 
 absl::StatusOr<std::vector<RankPlan>> SaveCommitter::Plan(const Operation& op) {
+  if (journal_ != nullptr) CKPT_RETURN_IF_ERROR(journal_->Begin(op.id, op.path));
   absl::StatusOr<std::string> staging = CreateStagingDir(op.path, /*overwrite=*/false);
   if (!staging.ok()) return staging.status();
   {
@@ -100,16 +102,20 @@ absl::Status SaveCommitter::Commit(const Operation& op) {
   return committed;
 }
 
-void SaveCommitter::Finalize(const Operation& op) {
+absl::Status SaveCommitter::Finalize(const Operation& op) {
   std::string staging;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = staging_.find(op.id);
-    if (it == staging_.end()) return;
-    staging = it->second;
-    staging_.erase(it);
+    if (it != staging_.end()) {
+      staging = it->second;
+      staging_.erase(it);
+    }
   }
-  if (op.phase != Phase::kDone) (void)DiscardStagingDir(staging);
+  absl::Status discarded =
+      staging.empty() || op.phase == Phase::kDone ? absl::OkStatus() : DiscardStagingDir(staging);
+  absl::Status ended = journal_ != nullptr ? journal_->End(op.id) : absl::OkStatus();
+  return discarded.ok() ? ended : discarded;
 }
 
 }  // namespace ckpt::coordinator

@@ -14,6 +14,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "coordinator/job_state.h"
+#include "coordinator/operation_kind.h"
+#include "coordinator/staging_journal.h"
 #include "proto/manifest.pb.h"
 #include "storage/checkpoint_writer.h"
 
@@ -27,20 +29,25 @@ absl::StatusOr<WrittenData> MergeWrittenRecords(const Operation& op);
 // gathered tensor metadata into the checkpoint's manifest. Errors name the rank.
 absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op);
 
-// Tracks the staging directory of each save in flight. Thread-safe.
-class SaveCommitter {
+// The save kind: tracks the staging directory of each save in flight. Thread-safe.
+class SaveCommitter final : public OperationKindHandler {
  public:
-  // Planner for saves: creates the staging directory next to op.path (AlreadyExists when a
+  // `journal` (may be null; must outlive this) records each save's final path before its
+  // staging directory is created, so a restarted coordinator can clean up after it.
+  explicit SaveCommitter(StagingJournal* journal = nullptr) : journal_(journal) {}
+
+  // Journals op.path, creates the staging directory next to it (AlreadyExists when a
   // checkpoint is there) and plans with PlanSave.
-  absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op);
-  // Committer: merges the manifest and commits the staging directory to op.path.
-  absl::Status Commit(const Operation& op);
-  // Finalizer: removes the staging directory of a save that did not commit.
-  void Finalize(const Operation& op);
+  absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
+  // Merges the manifest and commits the staging directory to op.path.
+  absl::Status Commit(const Operation& op) override;
+  // Removes the staging directory of a save that did not commit; ends its journal entry.
+  absl::Status Finalize(const Operation& op) override;
 
  private:
   std::string StagingDir(const std::string& operation_id);
 
+  StagingJournal* journal_;
   std::mutex mu_;
   std::map<std::string, std::string> staging_ ABSL_GUARDED_BY(mu_);  // operation -> dir
 };

@@ -84,7 +84,7 @@ TEST(SaveCommitterTest, StagesPlansAndCommitsAReadableCheckpoint) {
   ASSERT_NO_FATAL_FAILURE(WriteParts(op, *plans, rows));
   ASSERT_TRUE(saves.Commit(op).ok());
   op.phase = Phase::kDone;
-  saves.Finalize(op);
+  EXPECT_TRUE(saves.Finalize(op).ok());
   auto reader = CheckpointReader::Open(path);
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_EQ((*reader)->manifest().step(), 42);
@@ -106,7 +106,7 @@ TEST(SaveCommitterTest, AbortedSaveLosesItsStagingDirectoryAndNeverAppears) {
   ASSERT_TRUE(part.ParseFromString((*plans)[0].part));
   ASSERT_TRUE(PathExists(part.staging_dir()));
   op.phase = Phase::kAborted;
-  saves.Finalize(op);
+  EXPECT_TRUE(saves.Finalize(op).ok());
   EXPECT_FALSE(PathExists(part.staging_dir()));
   EXPECT_FALSE(PathExists(path));
 }

@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
+#include "proto/types.pb.h"
 
 namespace ckpt::coordinator {
 
@@ -23,8 +24,8 @@ namespace ckpt::coordinator {
 struct WorkerDescription {
   std::string host;
   int64_t pid = 0;
-  std::string data_plane_address;         // host:port of its data plane
-  std::vector<std::string> memory_kinds;  // "host", "device"
+  std::string data_plane_address;  // host:port of its data plane
+  std::vector<pb::MemoryKind> memory_kinds;
   int local_rank = 0;
   int gpu = -1;  // -1 when none
 };

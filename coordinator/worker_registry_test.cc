@@ -13,7 +13,7 @@ WorkerDescription Worker(const std::string& host, int64_t pid) {
   d.host = host;
   d.pid = pid;
   d.data_plane_address = host + ":7000";
-  d.memory_kinds = {"host"};
+  d.memory_kinds = {pb::MEMORY_HOST};
   return d;
 }
 

@@ -184,14 +184,26 @@ int64_t WaveBytesInFlight(const LoadWave& wave, ExchangeAlgorithm algorithm, int
   return bytes;
 }
 
-absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensors,
-                                       absl::Span<const StoredPieceInfo> pieces,
-                                       absl::Span<const LoadRequest> requests, int64_t num_ranks,
-                                       const LoadPlanOptions& options) {
-  if (num_ranks <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("load plan needs ranks, got ", num_ranks));
-  }
+namespace {
+
+// The inputs of a load plan, indexed by tensor.
+struct PlanInputs {
+  absl::Span<const CheckpointTensor> tensors;
+  absl::Span<const StoredPieceInfo> pieces;
+  absl::Span<const LoadRequest> requests;
+  int64_t num_ranks = 0;
   absl::flat_hash_map<std::string, int64_t> tensor_of_key;
+  std::vector<std::vector<int64_t>> pieces_of, requests_of;  // by tensor
+};
+
+// Validate: every tensor once with a sane shape, every piece and request on a known tensor
+// within its shape (pieces with the right byte length), every request's rank in range.
+absl::Status IndexInputs(PlanInputs& in) {
+  const auto& tensors = in.tensors;
+  const auto& pieces = in.pieces;
+  const auto& requests = in.requests;
+  const int64_t num_ranks = in.num_ranks;
+  auto& tensor_of_key = in.tensor_of_key;
   for (size_t t = 0; t < tensors.size(); ++t) {
     if (!tensor_of_key.try_emplace(tensors[t].key, t).second) {
       return absl::InvalidArgumentError(
@@ -199,7 +211,10 @@ absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensor
     }
     CKPT_RETURN_IF_ERROR(CheckedNumElements(tensors[t].global_shape).status());
   }
-  std::vector<std::vector<int64_t>> pieces_of(tensors.size()), requests_of(tensors.size());
+  auto& pieces_of = in.pieces_of;
+  auto& requests_of = in.requests_of;
+  pieces_of.resize(tensors.size());
+  requests_of.resize(tensors.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
     const StoredPieceInfo& p = pieces[i];
     auto t = tensor_of_key.find(p.key);
@@ -235,8 +250,17 @@ absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensor
     }
     requests_of[t->second].push_back(static_cast<int64_t>(j));
   }
+  return absl::OkStatus();
+}
 
-  // Overlaps of stored pieces and requests, tensor by tensor.
+// The overlaps of stored pieces and requests, tensor by tensor; InvalidArgument naming the
+// request unless the overlaps tile every request exactly.
+absl::StatusOr<std::vector<Need>> FindNeeds(const PlanInputs& in) {
+  const auto& tensors = in.tensors;
+  const auto& pieces = in.pieces;
+  const auto& requests = in.requests;
+  const auto& pieces_of = in.pieces_of;
+  const auto& requests_of = in.requests_of;
   std::vector<Need> needs;
   // (dst offset, length) of every run feeding each request: it must tile the request exactly.
   std::vector<std::vector<std::pair<int64_t, int64_t>>> written(requests.size());
@@ -280,18 +304,42 @@ absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensor
                                      " of it is stored by more than one piece (they overlap)")));
     }
   }
+  return needs;
+}
 
-  // Needed span and needing ranks of every piece; then one reader per piece.
-  std::vector<std::vector<int64_t>> needs_of_piece(pieces.size());
-  for (size_t n = 0; n < needs.size(); ++n) needs_of_piece[needs[n].piece].push_back(n);
-  std::vector<std::pair<int64_t, int64_t>> span(pieces.size(), {0, 0});
-  std::vector<int64_t> elem_size(pieces.size(), 0);
-  DistributionInput input;
-  input.num_ranks = num_ranks;
-  std::vector<int64_t> piece_of_shard;
+// Which rank reads what of each needed piece.
+struct ReaderChoice {
+  std::vector<std::vector<int64_t>> needs_of_piece;
+  std::vector<std::pair<int64_t, int64_t>> span;  // needed elements of each piece
+  std::vector<int64_t> elem_size;
+  std::vector<int64_t> piece_of_shard;  // the distribution's shards -> pieces
   // Pieces whose needing ranks want disjoint spans of storage: each rank reads its own span
   // (rank, lo, hi), as many bytes from storage as one read and none over the network.
-  std::vector<std::vector<std::tuple<int64_t, int64_t, int64_t>>> own_reads(pieces.size());
+  std::vector<std::vector<std::tuple<int64_t, int64_t, int64_t>>> own_reads;
+  std::vector<ShardAssignment> assignment;  // one reader per other needed piece
+};
+
+// Needed span and needing ranks of every piece; then one reader per piece (Megatron's greedy
+// distribution).
+absl::StatusOr<ReaderChoice> ChooseReaders(const PlanInputs& in, const std::vector<Need>& needs,
+                                           const LoadPlanOptions& options) {
+  const auto& tensors = in.tensors;
+  const auto& pieces = in.pieces;
+  const auto& requests = in.requests;
+  const auto& tensor_of_key = in.tensor_of_key;
+  ReaderChoice c;
+  auto& needs_of_piece = c.needs_of_piece;
+  auto& span = c.span;
+  auto& elem_size = c.elem_size;
+  auto& piece_of_shard = c.piece_of_shard;
+  auto& own_reads = c.own_reads;
+  needs_of_piece.resize(pieces.size());
+  for (size_t n = 0; n < needs.size(); ++n) needs_of_piece[needs[n].piece].push_back(n);
+  span.assign(pieces.size(), {0, 0});
+  elem_size.assign(pieces.size(), 0);
+  DistributionInput input;
+  input.num_ranks = in.num_ranks;
+  own_reads.resize(pieces.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (needs_of_piece[i].empty()) continue;
     int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
@@ -330,77 +378,107 @@ absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensor
   }
   absl::StatusOr<std::vector<ShardAssignment>> assignment = DistributeShardsToRanks(input);
   if (!assignment.ok()) return Annotate(assignment.status(), "choosing readers");
+  c.assignment = *std::move(assignment);
+  return c;
+}
 
+// Units of piece i read by `reader` covering [span_lo, span_hi), for the needs of `only_rank`
+// (-1: every needing rank), cut to the budget and packed into waves.
+absl::Status EmitUnits(const PlanInputs& in, const std::vector<Need>& needs, const ReaderChoice& c,
+                       const LoadPlanOptions& options, int64_t i, int64_t reader, int64_t span_lo,
+                       int64_t span_hi, int64_t only_rank, LoadPlan& plan, WavePacker& packer) {
+  const auto& tensors = in.tensors;
+  const auto& pieces = in.pieces;
+  const auto& requests = in.requests;
+  const auto& tensor_of_key = in.tensor_of_key;
+  const auto& needs_of_piece = c.needs_of_piece;
+  const auto& elem_size = c.elem_size;
+  const StoredPieceInfo& p = pieces[i];
+  const int64_t elem = elem_size[i];
+  if (options.memory_budget_bytes < elem) {
+    return absl::InvalidArgumentError(absl::StrCat("memory budget of ", options.memory_budget_bytes,
+                                                   " bytes cannot hold one element of ",
+                                                   PieceName(p)));
+  }
+  plan.reader_of_piece.emplace_back(i, reader);
+  const int64_t chunk = options.memory_budget_bytes / elem;
+  for (int64_t a0 = span_lo; a0 < span_hi; a0 += chunk) {
+    const int64_t b0 = std::min(span_hi, a0 + chunk);
+    // Deliveries of this chunk, then the unit shrunk to the elements they touch.
+    std::vector<Delivery> deliveries;
+    int64_t lo = b0, hi = a0;
+    for (int64_t n : needs_of_piece[i]) {
+      if (only_rank >= 0 && requests[needs[n].request].rank != only_rank) continue;
+      std::vector<CopyRun> runs = ClipRuns(needs[n].runs, a0, b0);
+      if (runs.empty()) continue;
+      Delivery d;
+      d.request = needs[n].request;
+      d.src_rank = reader;
+      d.dst_rank = requests[d.request].rank;
+      for (const CopyRun& r : runs) d.elements += r.length;
+      lo = std::min(lo, a0 + runs.front().src_offset);
+      hi = std::max(hi, a0 + runs.back().src_offset + runs.back().length);
+      d.runs = std::move(runs);
+      deliveries.push_back(std::move(d));
+    }
+    if (deliveries.empty()) continue;
+    ReadUnit unit;
+    unit.piece = i;
+    unit.reader = reader;
+    unit.file = p.file;
+    unit.first_element = lo;
+    unit.num_elements = hi - lo;
+    unit.elem_size = elem;
+    unit.dtype = tensors[tensor_of_key.at(p.key)].dtype;
+    unit.file_offset = p.byte_offset + lo * elem;
+    unit.byte_length = (hi - lo) * elem;
+    std::map<int64_t, std::vector<const Delivery*>> remote;  // by receiving rank
+    for (Delivery& d : deliveries) {
+      for (CopyRun& r : d.runs) r.src_offset -= lo - a0;
+      if (d.dst_rank != reader) {
+        unit.exchanged = true;
+        remote[d.dst_rank].push_back(&d);
+      }
+    }
+    std::vector<std::pair<int64_t, int64_t>> receives;
+    for (const auto& [rank, ds] : remote) {
+      receives.emplace_back(rank, DistinctSourceElements(ds) * elem);
+    }
+    packer.Add(std::move(unit), std::move(deliveries), receives);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensors,
+                                       absl::Span<const StoredPieceInfo> pieces,
+                                       absl::Span<const LoadRequest> requests, int64_t num_ranks,
+                                       const LoadPlanOptions& options) {
+  if (num_ranks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("load plan needs ranks, got ", num_ranks));
+  }
+  PlanInputs in;
+  in.tensors = tensors;
+  in.pieces = pieces;
+  in.requests = requests;
+  in.num_ranks = num_ranks;
+  CKPT_RETURN_IF_ERROR(IndexInputs(in));
+  CKPT_ASSIGN_OR_RETURN(std::vector<Need> needs, FindNeeds(in));
+  CKPT_ASSIGN_OR_RETURN(ReaderChoice readers, ChooseReaders(in, needs, options));
   LoadPlan plan;
   plan.num_ranks = num_ranks;
   plan.algorithm = options.algorithm;
   WavePacker packer(num_ranks, options.memory_budget_bytes, options.algorithm);
-  // Units of piece i read by `reader` covering [span_lo, span_hi), for the needs of `only_rank`
-  // (-1: every needing rank), cut to the budget.
-  auto emit = [&](int64_t i, int64_t reader, int64_t span_lo, int64_t span_hi,
-                  int64_t only_rank) -> absl::Status {
-    const StoredPieceInfo& p = pieces[i];
-    const int64_t elem = elem_size[i];
-    if (options.memory_budget_bytes < elem) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("memory budget of ", options.memory_budget_bytes,
-                       " bytes cannot hold one element of ", PieceName(p)));
-    }
-    plan.reader_of_piece.emplace_back(i, reader);
-    const int64_t chunk = options.memory_budget_bytes / elem;
-    for (int64_t a0 = span_lo; a0 < span_hi; a0 += chunk) {
-      const int64_t b0 = std::min(span_hi, a0 + chunk);
-      // Deliveries of this chunk, then the unit shrunk to the elements they touch.
-      std::vector<Delivery> deliveries;
-      int64_t lo = b0, hi = a0;
-      for (int64_t n : needs_of_piece[i]) {
-        if (only_rank >= 0 && requests[needs[n].request].rank != only_rank) continue;
-        std::vector<CopyRun> runs = ClipRuns(needs[n].runs, a0, b0);
-        if (runs.empty()) continue;
-        Delivery d;
-        d.request = needs[n].request;
-        d.src_rank = reader;
-        d.dst_rank = requests[d.request].rank;
-        for (const CopyRun& r : runs) d.elements += r.length;
-        lo = std::min(lo, a0 + runs.front().src_offset);
-        hi = std::max(hi, a0 + runs.back().src_offset + runs.back().length);
-        d.runs = std::move(runs);
-        deliveries.push_back(std::move(d));
-      }
-      if (deliveries.empty()) continue;
-      ReadUnit unit;
-      unit.piece = i;
-      unit.reader = reader;
-      unit.file = p.file;
-      unit.first_element = lo;
-      unit.num_elements = hi - lo;
-      unit.elem_size = elem;
-      unit.dtype = tensors[tensor_of_key.at(p.key)].dtype;
-      unit.file_offset = p.byte_offset + lo * elem;
-      unit.byte_length = (hi - lo) * elem;
-      std::map<int64_t, std::vector<const Delivery*>> remote;  // by receiving rank
-      for (Delivery& d : deliveries) {
-        for (CopyRun& r : d.runs) r.src_offset -= lo - a0;
-        if (d.dst_rank != reader) {
-          unit.exchanged = true;
-          remote[d.dst_rank].push_back(&d);
-        }
-      }
-      std::vector<std::pair<int64_t, int64_t>> receives;
-      for (const auto& [rank, ds] : remote) {
-        receives.emplace_back(rank, DistinctSourceElements(ds) * elem);
-      }
-      packer.Add(std::move(unit), std::move(deliveries), receives);
-    }
-    return absl::OkStatus();
-  };
-  for (const ShardAssignment& a : *assignment) {
-    const int64_t i = piece_of_shard[a.shard];
-    CKPT_RETURN_IF_ERROR(emit(i, a.rank, span[i].first, span[i].second, -1));
+  for (const ShardAssignment& a : readers.assignment) {
+    const int64_t i = readers.piece_of_shard[a.shard];
+    CKPT_RETURN_IF_ERROR(EmitUnits(in, needs, readers, options, i, a.rank, readers.span[i].first,
+                                   readers.span[i].second, -1, plan, packer));
   }
   for (size_t i = 0; i < pieces.size(); ++i) {
-    for (const auto& [rank, a, b] : own_reads[i]) {
-      CKPT_RETURN_IF_ERROR(emit(static_cast<int64_t>(i), rank, a, b, rank));
+    for (const auto& [rank, a, b] : readers.own_reads[i]) {
+      CKPT_RETURN_IF_ERROR(EmitUnits(in, needs, readers, options, static_cast<int64_t>(i), rank, a,
+                                     b, rank, plan, packer));
     }
   }
   plan.waves = packer.Finish();

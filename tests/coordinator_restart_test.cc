@@ -152,7 +152,9 @@ TEST(CoordinatorRestartTest, ACrashMidSaveLeavesNoStagingAndTheNextSaveCommits) 
   // The trainers hear that the save is gone: "unknown to this coordinator (incarnation ...)",
   // or, for a call that was in flight at the coordinator when it died, that call's failure.
   for (Child* t : savers) {
-    ASSERT_TRUE(WaitFor([&] { return Result(*t).first >= 0; })) << Logs(cluster);
+    // Exited, not only printed its result: its Goodbye must reach the worker before the next
+    // save's trainer of the same rank says Hello.
+    ASSERT_TRUE(WaitFor([&] { return Result(*t).first >= 0 && !t->Running(); })) << Logs(cluster);
     EXPECT_NE(Result(*t).first, 0);
     EXPECT_THAT(Result(*t).second, HasSubstr("coordinator")) << Result(*t).second;
   }
@@ -181,9 +183,14 @@ TEST(CoordinatorOutageTest, ResultsReportedWhileTheCoordinatorStallsAreSentUntil
   const std::vector<std::string> size = {"--elements", "25000000"};  // 100 MB per rank
   std::vector<Child*> savers = {cluster.StartTrainer(0, "s", 0, 2, "save", path, size),
                                 cluster.StartTrainer(1, "s", 1, 2, "save", path, size)};
+  // Executing, and both joins answered: the last rank's JoinOperation response leaves the
+  // coordinator after the operation entered executing, and a stall before it arrives would fail
+  // the join rather than the reports this test is about.
   ASSERT_TRUE(WaitFor([&] {
     pb::GetStatusResponse s = cluster.Status();
-    return s.operations_size() == 1 && s.operations(0).phase() == pb::PHASE_EXECUTING;
+    return s.operations_size() == 1 && s.operations(0).phase() == pb::PHASE_EXECUTING &&
+           cluster.worker(0).Stderr().find("operation_joined op=") != std::string::npos &&
+           cluster.worker(1).Stderr().find("operation_joined op=") != std::string::npos;
   })) << Logs(cluster);
   kill(cluster.coordinator().pid, SIGSTOP);
   // Both workers finish writing and fail to report (their 5 s call deadline passes).

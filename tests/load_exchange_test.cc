@@ -105,7 +105,7 @@ TEST(LoadExchangeTest, AnUnknownAlgorithmIsRefusedForEveryRankNamingTheValidOnes
   for (Child* t : RunRanks(cluster, "loader", 2, "load", path,
                            {"--layout", "dtensor", "--algorithm", "telepathy"})) {
     EXPECT_EQ(Result(*t).first, static_cast<int>(absl::StatusCode::kInvalidArgument));
-    EXPECT_THAT(Result(*t).second, ::testing::HasSubstr("unknown load exchange algorithm"));
+    EXPECT_THAT(Result(*t).second, ::testing::HasSubstr("unknown load algorithm 'telepathy'"));
     EXPECT_THAT(Result(*t).second, ::testing::HasSubstr("overlap_all_to_all"));
   }
 }

@@ -149,7 +149,7 @@ TEST_F(ReshardCommitTest, AbortedReshardLeavesNoStagingBehind) {
   ASSERT_TRUE(part.ParseFromString((*plans)[0].part));
   EXPECT_TRUE(PathExists(part.staging_dir()));
   op.phase = Phase::kAborted;
-  committer.Finalize(op);
+  EXPECT_TRUE(committer.Finalize(op).ok());
   EXPECT_FALSE(PathExists(part.staging_dir()));
   EXPECT_FALSE(PathExists(op.path));
   // Commit of an operation the committer does not know is refused.

@@ -403,7 +403,7 @@ TEST(SecurityTest, ATrainersPidIsTheKernelsWordNotItsOwn) {
   t->mutable_shard()->mutable_tensor()->add_global_shape(1024);
   for (int64_t v : {0, 0}) t->mutable_shard()->mutable_region()->add_offsets(v);
   for (int64_t v : {1, 1024}) t->mutable_shard()->mutable_region()->add_lengths(v);
-  t->set_memory_kind("host");
+  t->set_memory_kind(pb::MEMORY_HOST);
   t->set_segment(segment_name);
   t->set_nbytes(4096);
   pb::RegisterTensorsResponse registered;

@@ -40,7 +40,7 @@ TEST(ServicesTest, WorkersRegisterAnnounceThemselvesAndKeepTheirLeases) {
     EXPECT_EQ(w->info().local_rank(), i);
     EXPECT_FALSE(w->info().host().empty());
     EXPECT_FALSE(w->info().data_plane_address().empty());
-    EXPECT_THAT(w->info().memory_kinds(), ::testing::Contains("host"));
+    EXPECT_THAT(w->info().memory_kinds(), ::testing::Contains(pb::MEMORY_HOST));
   }
   // Heartbeats renew the leases: after several lease periods every worker is still alive.
   absl::SleepFor(absl::Milliseconds(4 * kLeaseMs));

@@ -58,6 +58,9 @@ int Run(int argc, char** argv) {
   int64_t rpc_timeout_ms = 10000;
   std::string check_file;
   ckpt::client::LoadOptions load_options;
+  // The multi-process tests exercise the exchange unless they name an algorithm (the client's
+  // own default leaves the choice to the coordinator, whose auto reads directly on one host).
+  load_options.exchange_algorithm = "broadcast";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--worker") {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/convert.h"
+#include "proto/wire_names.h"
 #include "storage/checkpoint_reader.h"
 #include "worker/region_chunks.h"
 
@@ -46,9 +47,9 @@ absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& se
                                                         " does not match the shared tensor ",
                                                         t.shard.tensor().key()));
     }
-    if (t.memory_kind != "host" || (t.data == nullptr && t.nbytes > 0)) {
+    if (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0)) {
       return absl::UnimplementedError(
-          absl::StrCat(who, ": tensor ", read.key(), " is in ", t.memory_kind,
+          absl::StrCat(who, ": tensor ", read.key(), " is in ", MemoryKindName(t.memory_kind),
                        " memory; loading device tensors is not wired into the worker yet"));
     }
     const int64_t elem = t.nbytes / std::max<int64_t>(region->NumElements(), 1);

@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "device/gpu.h"
 #include "proto/convert.h"
+#include "proto/wire_names.h"
 #include "sharding/dtype.h"
 #include "sharding/region.h"
 
@@ -196,7 +197,7 @@ absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
     r.nbytes = t.nbytes();
     r.layout = t.layout();
     r.mesh_shape.assign(t.mesh_shape().begin(), t.mesh_shape().end());
-    if (t.memory_kind() == "device") {
+    if (t.memory_kind() == pb::MEMORY_DEVICE) {
       absl::StatusOr<int> gpus = CudaDeviceCount();
       if (!gpus.ok()) {
         return absl::FailedPreconditionError(
@@ -210,10 +211,10 @@ absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
                        ": device tensors through CUDA IPC are not wired into the "
                        "worker's data path yet; register a host copy"));
     }
-    if (t.memory_kind() != "host") {
-      return absl::InvalidArgumentError(absl::StrCat(who, ": tensor ", key, " has memory kind \"",
-                                                     t.memory_kind(),
-                                                     "\" (expected host or device)"));
+    if (t.memory_kind() != pb::MEMORY_HOST) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": tensor ", key, " has memory kind ",
+                                                     MemoryKindName(t.memory_kind()),
+                                                     " (expected host or device)"));
     }
     if (absl::Status s = ValidateSegmentName(t.segment(), session.trainer.pid); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(who, ": tensor ", key, ": ", s.message()));

@@ -61,7 +61,7 @@ class MappedSegment {
 // A registered tensor and where its bytes are mapped in this process.
 struct RegisteredTensor {
   pb::ShardMeta shard;
-  std::string memory_kind;  // "host" or "device"
+  pb::MemoryKind memory_kind = pb::MEMORY_KIND_UNSPECIFIED;
   std::string segment;
   int64_t offset = 0;
   int64_t nbytes = 0;

@@ -77,7 +77,7 @@ pb::SharedTensor HostTensor(const std::string& key, const std::string& segment, 
   region->add_offsets(0);
   region->add_lengths(rows);
   region->add_lengths(cols);
-  t.set_memory_kind("host");
+  t.set_memory_kind(pb::MEMORY_HOST);
   t.set_segment(segment);
   t.set_offset(offset);
   t.set_nbytes(rows * cols * 4);
@@ -164,7 +164,7 @@ TEST_F(MemoryRegistryTest, DeviceTensorsNeedAGpu) {
   auto session = registry_.OpenSession(Trainer());
   ASSERT_TRUE(session.ok());
   pb::SharedTensor t = HostTensor("a", "", 0, 1, 1);
-  t.set_memory_kind("device");
+  t.set_memory_kind(pb::MEMORY_DEVICE);
   absl::Status s = registry_.RegisterTensors(*session, {t});
   if (!CudaDeviceCount().ok()) {
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);

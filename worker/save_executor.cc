@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/convert.h"
 #include "proto/manifest.pb.h"
+#include "proto/wire_names.h"
 #include "storage/checkpoint_writer.h"
 
 namespace ckpt::worker {
@@ -55,9 +56,9 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
                          " does not match the shared tensor ", t.shard.tensor().key(),
                          shared.ok() ? absl::StrCat(" ", shared->DebugString()) : std::string()));
       }
-      if (t.memory_kind != "host" || (t.data == nullptr && t.nbytes > 0)) {
+      if (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0)) {
         return absl::UnimplementedError(
-            absl::StrCat(who, ": tensor ", piece.key(), " is in ", t.memory_kind,
+            absl::StrCat(who, ": tensor ", piece.key(), " is in ", MemoryKindName(t.memory_kind),
                          " memory; saving device tensors is not wired into the worker yet"));
       }
       if (keys.insert(piece.key()).second) {

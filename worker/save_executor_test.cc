@@ -39,7 +39,7 @@ class SaveExecutorTest : public ::testing::Test {
     t.mutable_shard()->mutable_tensor()->add_global_shape(4);
     for (int64_t v : {0, 0}) t.mutable_shard()->mutable_region()->add_offsets(v);
     for (int64_t v : {4, 4}) t.mutable_shard()->mutable_region()->add_lengths(v);
-    t.set_memory_kind("host");
+    t.set_memory_kind(pb::MEMORY_HOST);
     t.set_segment(segment_);
     t.set_nbytes(64);
     ASSERT_TRUE(registry_.RegisterTensors(*session, {t}).ok());

@@ -157,8 +157,8 @@ int Run() {
   info.set_host(host);
   info.set_pid(getpid());
   info.set_data_plane_address(data_plane);
-  info.add_memory_kinds("host");
-  if (gpu >= 0) info.add_memory_kinds("device");
+  info.add_memory_kinds(ckpt::pb::MEMORY_HOST);
+  if (gpu >= 0) info.add_memory_kinds(ckpt::pb::MEMORY_DEVICE);
   info.set_local_rank(*local_rank);
   info.set_gpu(gpu);
   if (gpu < 0) {

@@ -12,11 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "proto/wire_names.h"
 #include "spdlog/spdlog.h"
-#include "worker/load_exchange_executor.h"
-#include "worker/load_executor.h"
-#include "worker/reshard_executor.h"
-#include "worker/save_executor.h"
+#include "worker/part_executors.h"
 
 namespace ckpt::worker {
 namespace {
@@ -24,17 +22,17 @@ namespace {
 // How long Hello waits for the worker's first registration.
 constexpr absl::Duration kRegistrationWait = absl::Seconds(5);
 
-std::string PhaseName(pb::OperationPhase phase) {
-  std::string name = pb::OperationPhase_Name(phase);
-  if (name.rfind("PHASE_", 0) == 0) name = name.substr(6);
-  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return name;
-}
-
 }  // namespace
 
 WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host)
-    : registry_(registry), link_(link), host_(std::move(host)) {}
+    : registry_(registry), link_(link), host_(std::move(host)) {
+  RegisterPartExecutor(pb::OPERATION_SAVE,
+                       std::make_unique<SavePartExecutor>(
+                           [this](const std::string& op, int rank) { MarkSnapshotted(op, rank); }));
+  RegisterPartExecutor(pb::OPERATION_LOAD, std::make_unique<LoadPartExecutor>(LoadEnvironment{
+                                               link_, host_, &gloo_loop_thread_nice_, &stopping_}));
+  RegisterPartExecutor(pb::OPERATION_RESHARD, std::make_unique<ReshardPartExecutor>());
+}
 
 absl::Status WorkerService::Attach(const SessionInfo& session, const std::string& worker_id) {
   pb::AttachRankRequest request;
@@ -122,7 +120,7 @@ grpc::Status WorkerService::RegisterTensors(grpc::ServerContext* context,
   if (!s.ok()) return ToGrpcStatus(s);
   int64_t host_bytes = 0;
   for (const pb::SharedTensor& t : tensors) {
-    if (t.memory_kind() == "host") host_bytes += t.nbytes();
+    if (t.memory_kind() == pb::MEMORY_HOST) host_bytes += t.nbytes();
   }
   response->set_host_bytes(host_bytes);
   spdlog::debug("tensors_registered session={} tensors={} host_bytes={}", request->session_id(),
@@ -147,7 +145,7 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   join.set_worker_id(worker_id);
   join.set_operation_id(request.operation_id());
   join.mutable_metadata()->insert(request.metadata().begin(), request.metadata().end());
-  join.set_load_algorithm(request.exchange_algorithm());
+  join.set_load_algorithm(request.load_algorithm());
   join.set_load_memory_budget_bytes(request.memory_budget_bytes());
   pb::RankState* state = join.mutable_state();
   state->set_rank(session->trainer.rank);
@@ -201,7 +199,7 @@ grpc::Status WorkerService::Poll(grpc::ServerContext* context, const pb::PollReq
   response->set_pending(answer.pending());
   if (answer.pending()) {
     response->set_operation_id(answer.operation_id());
-    response->set_kind(answer.kind() == pb::OPERATION_LOAD ? "load" : "save");
+    response->set_kind(answer.kind());
     response->set_path(answer.path());
   }
   return grpc::Status::OK;
@@ -273,7 +271,7 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
                                    op.status().message()));
     }
     if (rank < 0 || snapshotted || final || absl::Now() >= deadline || context->IsCancelled()) {
-      response->set_phase(PhaseName(op.phase()));
+      response->set_phase(op.phase());
       response->set_code(op.status().code());
       response->set_message(op.status().message());
       response->set_bytes_done(op.bytes_done());
@@ -447,107 +445,64 @@ void WorkerService::Shutdown() {
   for (Executor& e : executors) e.thread.join();
 }
 
-WorkerService::PartOutcome WorkerService::RunReshard(const pb::WorkItem& item, MemoryGate& gate,
-                                                     const ProgressFn& progress) {
-  // No trainer: the worker reads the source checkpoint and writes the rank's files itself.
-  const absl::Time start = absl::Now();
+void WorkerService::RegisterPartExecutor(pb::OperationKind kind,
+                                         std::unique_ptr<PartExecutor> executor) {
+  part_executors_[kind] = std::move(executor);
+}
+
+ProgressFn WorkerService::ProgressReporter(const pb::WorkItem& item) {
+  auto last_report = std::make_shared<absl::Time>(absl::InfinitePast());
+  return [this, last_report, operation_id = item.operation_id(),
+          rank = item.rank()](int64_t bytes_done) {
+    if (absl::Now() - *last_report < absl::Milliseconds(500)) return;
+    *last_report = absl::Now();
+    pb::ReportProgressRequest request;
+    request.set_operation_id(operation_id);
+    request.set_rank(rank);
+    request.set_bytes_done(bytes_done);
+    pb::ReportProgressResponse ignored;
+    (void)link_->stub()->ReportProgress(link_->Context().get(), request, &ignored);
+  };
+}
+
+PartOutcome WorkerService::RunPart(const pb::WorkItem& item, const SessionInfo* session,
+                                   MemoryGate& gate, const ProgressFn& progress) {
+  const std::string where = absl::StrCat("worker ", link_->worker_id(), " on host ", host_);
   PartOutcome out;
-  pb::ReshardPlanPart part;
-  ReshardPartStats stats;
-  if (!part.ParseFromString(item.plan_part())) {
-    out.status = absl::InvalidArgumentError("unreadable reshard plan part");
-  } else {
-    absl::StatusOr<std::string> done = ExecuteReshardPart(
-        part, progress, [&gate] { return gate.closed(); }, &stats);
-    out.status = done.status();
-    if (done.ok()) out.written = *std::move(done);
-    out.bytes_read = stats.bytes_read;
+  auto found = part_executors_.find(item.kind());
+  if (found == part_executors_.end()) {
+    out.status = absl::InvalidArgumentError(absl::StrCat(
+        where, " cannot execute plan parts of kind ", pb::OperationKind_Name(item.kind())));
+    return out;
   }
-  spdlog::info(
-      "reshard_part_done op={} rank={} bytes={} files={} pieces={} bytes_read={} read_s={:.3f} "
-      "write_s={:.3f} seconds={:.3f} ok={}",
-      item.operation_id(), item.rank(), part.total_bytes(), stats.files, stats.pieces,
-      stats.bytes_read, stats.read_seconds, stats.write_seconds,
-      absl::ToDoubleSeconds(absl::Now() - start), out.status.ok());
+  PartExecutor& executor = *found->second;
+  if (executor.NeedsTrainer() && session == nullptr) {
+    out.status = absl::FailedPreconditionError(absl::StrCat(where, ": the trainer of rank ",
+                                                            item.rank(), " of job ", item.job(),
+                                                            " is no longer connected"));
+    return out;
+  }
+  out = executor.Execute(PartRun{item, session, gate, progress});
+  if (!out.status.ok() && !executor.NeedsTrainer()) {
+    // Errors of a part with a trainer name its rank and job; one without says which worker.
+    out.status = absl::Status(out.status.code(), absl::StrCat(where, ": ", out.status.message()));
+  }
   return out;
 }
 
-WorkerService::PartOutcome WorkerService::RunSave(const pb::WorkItem& item,
-                                                  const SessionInfo& session, MemoryGate& gate,
-                                                  const ProgressFn& progress) {
-  const absl::Time start = absl::Now();
-  PartOutcome out;
-  pb::SavePlanPart part;
-  if (!part.ParseFromString(item.plan_part())) {
-    out.status = absl::InvalidArgumentError("unreadable save plan part");
-    return out;
-  }
-  // Copy out of the trainer's memory first; from then on the trainer may train on while the
-  // copy is written.
-  absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, session, gate);
-  if (!snapshot.ok()) {
-    out.status = snapshot.status();
-  } else {
-    MarkSnapshotted(item.operation_id(), item.rank());
-    spdlog::info("save_part_snapshotted op={} rank={} bytes={} seconds={:.3f}", item.operation_id(),
-                 item.rank(), part.total_bytes(), absl::ToDoubleSeconds(absl::Now() - start));
-    absl::StatusOr<std::string> done =
-        WriteSnapshot(*snapshot, progress, [&gate] { return gate.closed(); });
-    out.status = done.status();
-    if (done.ok()) out.written = *std::move(done);
-  }
-  spdlog::info("save_part_written op={} rank={} bytes={} files={} seconds={:.3f} ok={}",
-               item.operation_id(), item.rank(), part.total_bytes(), part.files_size(),
-               absl::ToDoubleSeconds(absl::Now() - start), out.status.ok());
-  return out;
-}
-
-WorkerService::PartOutcome WorkerService::RunLoad(const pb::WorkItem& item,
-                                                  const SessionInfo& session, MemoryGate& gate,
-                                                  const ProgressFn& progress) {
-  const absl::Time start = absl::Now();
-  PartOutcome out;
-  pb::LoadPlanPart part;
-  if (!part.ParseFromString(item.plan_part())) {
-    out.status = absl::InvalidArgumentError("unreadable load plan part");
-    return out;
-  }
-  if (part.algorithm().empty() || part.algorithm() == "direct") {
-    out.status = ExecuteLoadPart(part, session, gate, progress);
-    if (out.status.ok()) out.bytes_read = part.total_bytes();
-  } else {
-    ExchangeLoadContext context;
-    context.rendezvous_address = link_->options().coordinator;
-    context.rendezvous_security = link_->options().security;
-    context.hostname = link_->options().info.data_plane_address();
-    if (context.hostname.empty()) context.hostname = host_;
-    context.gloo_loop_thread_nice = gloo_loop_thread_nice_;
-    ExchangeLoadStats stats;
-    out.status = ExecuteExchangeLoadPart(part, session, context, gate, &stats, progress);
-    out.bytes_read = stats.bytes_read;
-    if (!out.status.ok() && !gate.closed()) {
-      // A peer that died mid-exchange shows up here as a broken connection; the coordinator
-      // notices the dead worker within its lease and aborts the operation naming it. Give it
-      // that long, so every rank receives the root cause rather than this rank's symptom
-      // (the coordinator keeps the first diagnosis; this result follows either way).
-      const absl::Time until = absl::Now() + link_->lease() + absl::Seconds(1);
-      while (!gate.closed() && absl::Now() < until && !stopping_.HasBeenNotified()) {
-        absl::SleepFor(absl::Milliseconds(20));
-      }
-    }
-    spdlog::info(
-        "load_part_exchanged op={} rank={} algorithm={} waves={} bytes_read={} bytes_sent={} "
-        "bytes_received={} bytes_scattered={} rendezvous_s={:.3f} read_s={:.3f} "
-        "exchange_s={:.3f} scatter_s={:.3f}",
-        item.operation_id(), item.rank(), part.algorithm(), part.waves_size(), stats.bytes_read,
-        stats.bytes_sent, stats.bytes_received, stats.bytes_scattered,
-        absl::ToDoubleSeconds(stats.rendezvous_time), absl::ToDoubleSeconds(stats.read_time),
-        absl::ToDoubleSeconds(stats.exchange_time), absl::ToDoubleSeconds(stats.scatter_time));
-  }
-  spdlog::info("load_part_done op={} rank={} bytes={} tensors={} seconds={:.3f} ok={}",
-               item.operation_id(), item.rank(), part.total_bytes(), part.reads_size(),
-               absl::ToDoubleSeconds(absl::Now() - start), out.status.ok());
-  return out;
+void WorkerService::RecordResult(const pb::WorkItem& item, PartOutcome out) {
+  const std::string part_key = absl::StrCat(item.operation_id(), "/", item.rank());
+  std::lock_guard<std::mutex> lock(exec_mu_);
+  PartRecord& record = parts_[part_key];
+  pb::ReportResultRequest& report = record.report;
+  report.set_operation_id(item.operation_id());
+  report.set_rank(item.rank());
+  report.mutable_result()->set_code(static_cast<int32_t>(out.status.code()));
+  report.mutable_result()->set_message(std::string(out.status.message()));
+  report.set_written(std::move(out.written));
+  report.set_bytes_read(out.bytes_read);
+  record.incarnation = item.incarnation();
+  record.finished = true;
 }
 
 void WorkerService::Execute(const pb::WorkItem& item, MemoryGate& gate) {
@@ -557,53 +512,11 @@ void WorkerService::Execute(const pb::WorkItem& item, MemoryGate& gate) {
       session = std::move(candidate);
     }
   }
-  // Progress goes to the coordinator at most twice a second (and at the end).
-  absl::Time last_report = absl::InfinitePast();
-  ProgressFn progress = [&](int64_t bytes_done) {
-    if (absl::Now() - last_report < absl::Milliseconds(500)) return;
-    last_report = absl::Now();
-    pb::ReportProgressRequest request;
-    request.set_operation_id(item.operation_id());
-    request.set_rank(item.rank());
-    request.set_bytes_done(bytes_done);
-    pb::ReportProgressResponse ignored;
-    (void)link_->stub()->ReportProgress(link_->Context().get(), request, &ignored);
-  };
-  const std::string where = absl::StrCat("worker ", link_->worker_id(), " on host ", host_);
-  PartOutcome out;
-  if (item.kind() == pb::OPERATION_RESHARD) {
-    out = RunReshard(item, gate, progress);
-    if (!out.status.ok()) {
-      out.status = absl::Status(out.status.code(), absl::StrCat(where, ": ", out.status.message()));
-    }
-  } else if (!session.has_value()) {
-    out.status = absl::FailedPreconditionError(absl::StrCat(where, ": the trainer of rank ",
-                                                            item.rank(), " of job ", item.job(),
-                                                            " is no longer connected"));
-  } else if (item.kind() == pb::OPERATION_SAVE) {
-    out = RunSave(item, *session, gate, progress);
-  } else if (item.kind() == pb::OPERATION_LOAD) {
-    out = RunLoad(item, *session, gate, progress);
-  } else {
-    out.status = absl::InvalidArgumentError(absl::StrCat(
-        where, " cannot execute plan parts of kind ", pb::OperationKind_Name(item.kind())));
-  }
+  PartOutcome out =
+      RunPart(item, session.has_value() ? &*session : nullptr, gate, ProgressReporter(item));
   session.reset();  // the trainer's memory is no longer needed
-  const std::string part_key = absl::StrCat(item.operation_id(), "/", item.rank());
-  {
-    std::lock_guard<std::mutex> lock(exec_mu_);
-    PartRecord& record = parts_[part_key];
-    pb::ReportResultRequest& report = record.report;
-    report.set_operation_id(item.operation_id());
-    report.set_rank(item.rank());
-    report.mutable_result()->set_code(static_cast<int32_t>(out.status.code()));
-    report.mutable_result()->set_message(std::string(out.status.message()));
-    report.set_written(std::move(out.written));
-    report.set_bytes_read(out.bytes_read);
-    record.incarnation = item.incarnation();
-    record.finished = true;
-  }
-  ReportUntilAcknowledged(part_key);
+  RecordResult(item, std::move(out));
+  ReportUntilAcknowledged(absl::StrCat(item.operation_id(), "/", item.rank()));
 }
 
 void WorkerService::ReportUntilAcknowledged(const std::string& part_key) {

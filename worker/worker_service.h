@@ -20,6 +20,7 @@
 #include <deque>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -33,6 +34,7 @@
 #include "worker/coordinator_link.h"
 #include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
+#include "worker/part_executor.h"
 #include "worker/trainer_socket.h"
 
 namespace ckpt::worker {
@@ -49,6 +51,9 @@ class WorkerService final : public pb::Worker::Service {
   // The socket the trainers' calls arrive on: who called is asked of it (SO_PEERCRED), never
   // taken from the request. Required before serving; must outlive the service.
   void set_trainer_socket(const TrainerSocket* socket) { trainer_socket_ = socket; }
+  // The executor of plan parts of `kind`, replacing the default (the constructor registers
+  // save, load and reshard). Call before serving.
+  void RegisterPartExecutor(pb::OperationKind kind, std::unique_ptr<PartExecutor> executor);
 
   grpc::Status Hello(grpc::ServerContext* context, const pb::TrainerHello* request,
                      pb::TrainerHelloResponse* response) override;
@@ -91,12 +96,6 @@ class WorkerService final : public pb::Worker::Service {
   absl::StatusOr<SessionInfo> CallerSession(const grpc::ServerContext& context,
                                             const std::string& session_id) const;
 
-  // What a part produced, for its ReportResult.
-  struct PartOutcome {
-    absl::Status status;
-    std::string written;     // save/reshard: the record of the files written
-    int64_t bytes_read = 0;  // load/reshard: bytes read from storage
-  };
   // A plan part started here, and its result once it ran.
   struct PartRecord {
     bool finished = false;
@@ -104,15 +103,17 @@ class WorkerService final : public pb::Worker::Service {
     uint64_t incarnation = 0;  // of the coordinator that sent the part
     pb::ReportResultRequest report;
   };
-  using ProgressFn = std::function<void(int64_t bytes_done)>;
 
   void StartThreadLocked(std::function<void()> body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
+  // Runs a plan part (on its own thread), records its result and reports it.
   void Execute(const pb::WorkItem& item, MemoryGate& gate);
-  PartOutcome RunSave(const pb::WorkItem& item, const SessionInfo& session, MemoryGate& gate,
+  // The registered executor of item.kind() run on the part; errors name this worker.
+  PartOutcome RunPart(const pb::WorkItem& item, const SessionInfo* session, MemoryGate& gate,
                       const ProgressFn& progress);
-  PartOutcome RunLoad(const pb::WorkItem& item, const SessionInfo& session, MemoryGate& gate,
-                      const ProgressFn& progress);
-  PartOutcome RunReshard(const pb::WorkItem& item, MemoryGate& gate, const ProgressFn& progress);
+  // Sends the part's progress to the coordinator at most twice a second.
+  ProgressFn ProgressReporter(const pb::WorkItem& item);
+  // Keeps the part's result for ReportUntilAcknowledged and for a re-sent part.
+  void RecordResult(const pb::WorkItem& item, PartOutcome out);
   // Sends the part's result until the coordinator acknowledges it (or cannot take it any more:
   // the operation is unknown to it, it restarted, or this worker stops).
   void ReportUntilAcknowledged(const std::string& part_key);
@@ -127,6 +128,8 @@ class WorkerService final : public pb::Worker::Service {
   std::string host_;
   int gloo_loop_thread_nice_ = 10;
   const TrainerSocket* trainer_socket_ = nullptr;
+  // One per operation kind; filled before serving, read-only after.
+  std::map<pb::OperationKind, std::unique_ptr<PartExecutor>> part_executors_;
   // A plan part running on its own thread.
   struct Executor {
     std::thread thread;

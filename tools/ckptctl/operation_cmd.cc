@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "proto/wire_names.h"
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/coordinator_channel.h"
 #include "tools/ckptctl/operation_wait.h"
@@ -85,6 +86,12 @@ int Run(const std::vector<std::string>& args, pb::OperationKind kind, const char
                  name);
     return 2;
   }
+  absl::StatusOr<pb::LoadAlgorithm> load_algorithm = ParseLoadAlgorithm(algorithm);
+  if (!load_algorithm.ok()) {
+    std::fprintf(stderr, "ckptctl %s: --algorithm: %s\n", name,
+                 std::string(load_algorithm.status().message()).c_str());
+    return 2;
+  }
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = DialCoordinator(coordinator, tls, name);
   if (!channel.ok()) {
     std::fprintf(stderr, "%s\n", std::string(channel.status().message()).c_str());
@@ -102,7 +109,7 @@ int Run(const std::vector<std::string>& args, pb::OperationKind kind, const char
   request.set_kind(kind);
   request.set_path(path);
   request.set_arrival_deadline_ms(arrival_s * 1000);
-  request.set_load_algorithm(algorithm);
+  request.set_load_algorithm(*load_algorithm);
   request.set_load_memory_budget_bytes(budget);
   pb::RequestOperationResponse requested;
   {

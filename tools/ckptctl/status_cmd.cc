@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "proto/wire_names.h"
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/coordinator_channel.h"
 
@@ -29,12 +30,6 @@ constexpr char kUsage[] =
 void PrintUsage() {
   std::fputs(kUsage, stdout);
   std::fputs(kTlsHelp, stdout);
-}
-
-std::string Lower(std::string s, absl::string_view strip_prefix) {
-  if (s.rfind(std::string(strip_prefix), 0) == 0) s = s.substr(strip_prefix.size());
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
 }
 
 std::string Bytes(int64_t n) {
@@ -58,6 +53,15 @@ std::string ProgressBar(int64_t done, int64_t total) {
                       percent, "% ", Bytes(done), " / ", Bytes(total));
 }
 
+// "host,device": the worker's memory kinds as users spell them.
+std::string MemoryKindNames(const pb::WorkerInfo& info) {
+  std::vector<std::string> names;
+  for (int kind : info.memory_kinds()) {
+    names.push_back(MemoryKindName(static_cast<pb::MemoryKind>(kind)));
+  }
+  return absl::StrJoin(names, ",");
+}
+
 void Print(const std::string& coordinator, const pb::GetStatusResponse& status) {
   int live = 0;
   for (const auto& w : status.workers()) live += w.alive() ? 1 : 0;
@@ -66,12 +70,12 @@ void Print(const std::string& coordinator, const pb::GetStatusResponse& status) 
   std::printf("workers: %d live, %d dead\n", live, status.workers_size() - live);
   for (const auto& w : status.workers()) {
     const pb::WorkerInfo& i = w.info();
-    std::string line = absl::StrCat(
-        "  ", w.worker_id(), "  ", w.alive() ? "alive" : "DEAD ", "  host=", i.host(),
-        " pid=", i.pid(), " local_rank=", i.local_rank(),
-        " gpu=", i.gpu() < 0 ? std::string("none") : absl::StrCat(i.gpu()),
-        " memory=", absl::StrJoin(i.memory_kinds(), ","), " data_plane=", i.data_plane_address(),
-        "  heartbeat ", w.ms_since_heartbeat(), " ms ago");
+    std::string line =
+        absl::StrCat("  ", w.worker_id(), "  ", w.alive() ? "alive" : "DEAD ", "  host=", i.host(),
+                     " pid=", i.pid(), " local_rank=", i.local_rank(),
+                     " gpu=", i.gpu() < 0 ? std::string("none") : absl::StrCat(i.gpu()),
+                     " memory=", MemoryKindNames(i), " data_plane=", i.data_plane_address(),
+                     "  heartbeat ", w.ms_since_heartbeat(), " ms ago");
     if (!w.alive()) absl::StrAppend(&line, "  (", w.death_cause(), ")");
     std::printf("%s\n", line.c_str());
   }
@@ -86,10 +90,10 @@ void Print(const std::string& coordinator, const pb::GetStatusResponse& status) 
   }
   std::printf("operations: %d\n", status.operations_size());
   for (const auto& op : status.operations()) {
-    std::string phase = Lower(pb::OperationPhase_Name(op.phase()), "PHASE_");
-    std::string line = absl::StrCat(
-        "  ", op.id(), "  ", Lower(pb::OperationKind_Name(op.kind()), "OPERATION_"), " ", op.path(),
-        "  job=", op.job(), "  ", phase, "  requested by ", op.requested_by());
+    std::string phase = OperationPhaseName(op.phase());
+    std::string line =
+        absl::StrCat("  ", op.id(), "  ", OperationKindName(op.kind()), " ", op.path(),
+                     "  job=", op.job(), "  ", phase, "  requested by ", op.requested_by());
     if (op.phase() == pb::PHASE_GATHERING) {
       absl::StrAppend(&line, "  ranks joined ", op.joined_ranks(), "/", op.world_size());
     } else if (op.phase() == pb::PHASE_EXECUTING || op.phase() == pb::PHASE_COMMITTING ||

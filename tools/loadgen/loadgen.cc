@@ -200,7 +200,7 @@ absl::Status Driver::RegisterWorkers() {
     // A simulated worker has no process of its own: its pid is a stand-in, unique per host.
     info->set_pid(static_cast<int32_t>(1 + w));
     info->set_data_plane_address(absl::StrCat("127.0.0.1:", 20000 + w % 40000));
-    info->add_memory_kinds("host");
+    info->add_memory_kinds(pb::MEMORY_HOST);
     info->set_local_rank(static_cast<int32_t>(w - (host * options_.workers + hosts - 1) / hosts));
     info->set_gpu(-1);
     window_.Acquire();

@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/types.pb.h"
 #include "tools/loadgen/gpt_pipeline_layout.h"
 #include "tools/loadgen/proc_stats.h"
 
@@ -38,7 +39,8 @@ struct LoadgenOptions {
   std::string job = "loadgen";
   std::string checkpoint;  // absolute; under the coordinator's checkpoint root; must not exist
   std::vector<std::string> operations = {"save", "load"};
-  std::string load_algorithm;  // "" = the coordinator's default (auto)
+  // LOAD_ALGORITHM_UNSPECIFIED = the coordinator's default (auto).
+  pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;
   int max_in_flight = 256;     // calls issued and not yet answered (joins, attaches, ...)
   int channels = 64;           // gRPC channels (connections) the workers share
   int cq_threads = 2;

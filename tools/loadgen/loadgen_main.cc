@@ -34,6 +34,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "proto/wire_names.h"
 #include "storage/file_util.h"
 #include "tools/loadgen/loadgen.h"
 
@@ -222,7 +223,12 @@ int main(int argc, char** argv) {
   options.rpc_timeout = absl::Seconds(rpc_timeout_s);
   options.rank_waits = !flags.count("no-rank-waits");
   options.fsync = flags.count("fsync") > 0;
-  options.load_algorithm = flags["load-algorithm"];
+  if (!flags["load-algorithm"].empty()) {
+    absl::StatusOr<ckpt::pb::LoadAlgorithm> algorithm =
+        ckpt::ParseLoadAlgorithm(flags["load-algorithm"]);
+    if (!algorithm.ok()) return Usage(std::string(algorithm.status().message()));
+    options.load_algorithm = *algorithm;
+  }
   if (flags.count("operations")) {
     options.operations = absl::StrSplit(flags["operations"], ',', absl::SkipEmpty());
     for (const std::string& op : options.operations) {

@@ -1,0 +1,35 @@
+// One kind of operation (save, load, reshard) as the coordinator drives it: Plan when every
+// rank arrived, Commit when every rank reported success, Finalize once the operation ended
+// (done or aborted). CoordinatorService holds one registration per kind (RegisterKind) and
+// calls these from its phase machine; no other code dispatches on the kind.
+#ifndef CKPT_COORDINATOR_OPERATION_KIND_H_
+#define CKPT_COORDINATOR_OPERATION_KIND_H_
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/job_state.h"
+
+namespace ckpt::coordinator {
+
+// The plan/commit/finalize steps of one operation kind. Implementations are thread-safe: the
+// service calls Plan and Commit without its lock, for several operations at once.
+class OperationKindHandler {
+ public:
+  virtual ~OperationKindHandler() = default;
+
+  // One plan part per rank for an operation in the planning phase (every rank's shard metadata
+  // is in op.ranks[r].shards). Errors abort the operation for every rank.
+  virtual absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) = 0;
+  // Makes the result durable once every rank reported success (saves and reshards write the
+  // manifest); an error aborts the operation with it.
+  virtual absl::Status Commit(const Operation& op) = 0;
+  // Called once when the operation reached done or aborted, under the service's lock (keep it
+  // short): removes what an aborted operation left behind. Errors are logged by the caller.
+  virtual absl::Status Finalize(const Operation& op) = 0;
+};
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_COORDINATOR_OPERATION_KIND_H_

@@ -1,0 +1,131 @@
+#include "worker/part_executors.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proto/wire_names.h"
+#include "spdlog/spdlog.h"
+#include "worker/load_exchange_executor.h"
+#include "worker/load_executor.h"
+#include "worker/reshard_executor.h"
+#include "worker/save_executor.h"
+
+namespace ckpt::worker {
+
+PartOutcome SavePartExecutor::Execute(const PartRun& run) {
+  const absl::Time start = absl::Now();
+  const pb::WorkItem& item = run.item;
+  PartOutcome out;
+  pb::SavePlanPart part;
+  if (!part.ParseFromString(item.plan_part())) {
+    out.status = absl::InvalidArgumentError("unreadable save plan part");
+    return out;
+  }
+  // Copy out of the trainer's memory first; from then on the trainer may train on while the
+  // copy is written.
+  MemoryGate& gate = run.gate;
+  absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, *run.session, gate);
+  if (!snapshot.ok()) {
+    out.status = snapshot.status();
+  } else {
+    if (on_snapshot_) on_snapshot_(item.operation_id(), item.rank());
+    spdlog::info("save_part_snapshotted op={} rank={} bytes={} seconds={:.3f}", item.operation_id(),
+                 item.rank(), part.total_bytes(), absl::ToDoubleSeconds(absl::Now() - start));
+    absl::StatusOr<std::string> done =
+        WriteSnapshot(*snapshot, run.progress, [&gate] { return gate.closed(); });
+    out.status = done.status();
+    if (done.ok()) out.written = *std::move(done);
+  }
+  spdlog::info("save_part_written op={} rank={} bytes={} files={} seconds={:.3f} ok={}",
+               item.operation_id(), item.rank(), part.total_bytes(), part.files_size(),
+               absl::ToDoubleSeconds(absl::Now() - start), out.status.ok());
+  return out;
+}
+
+PartOutcome LoadPartExecutor::Execute(const PartRun& run) {
+  const absl::Time start = absl::Now();
+  const pb::WorkItem& item = run.item;
+  PartOutcome out;
+  pb::LoadPlanPart part;
+  if (!part.ParseFromString(item.plan_part())) {
+    out.status = absl::InvalidArgumentError("unreadable load plan part");
+    return out;
+  }
+  if (part.algorithm() == pb::LOAD_ALGORITHM_UNSPECIFIED || part.algorithm() == pb::LOAD_DIRECT) {
+    out.status = ExecuteLoadPart(part, *run.session, run.gate, run.progress);
+    if (out.status.ok()) out.bytes_read = part.total_bytes();
+  } else {
+    out = ExecuteExchange(run, part);
+  }
+  spdlog::info("load_part_done op={} rank={} bytes={} tensors={} seconds={:.3f} ok={}",
+               item.operation_id(), item.rank(), part.total_bytes(), part.reads_size(),
+               absl::ToDoubleSeconds(absl::Now() - start), out.status.ok());
+  return out;
+}
+
+PartOutcome LoadPartExecutor::ExecuteExchange(const PartRun& run, const pb::LoadPlanPart& part) {
+  ExchangeLoadContext context;
+  context.rendezvous_address = env_.link->options().coordinator;
+  context.rendezvous_security = env_.link->options().security;
+  context.hostname = env_.link->options().info.data_plane_address();
+  if (context.hostname.empty()) context.hostname = env_.host;
+  if (env_.gloo_loop_thread_nice != nullptr) {
+    context.gloo_loop_thread_nice = *env_.gloo_loop_thread_nice;
+  }
+  ExchangeLoadStats stats;
+  PartOutcome out;
+  out.status = ExecuteExchangeLoadPart(part, *run.session, context, run.gate, &stats, run.progress);
+  out.bytes_read = stats.bytes_read;
+  if (!out.status.ok() && !run.gate.closed()) AwaitAbort(run.gate);
+  spdlog::info(
+      "load_part_exchanged op={} rank={} algorithm={} waves={} bytes_read={} bytes_sent={} "
+      "bytes_received={} bytes_scattered={} rendezvous_s={:.3f} read_s={:.3f} "
+      "exchange_s={:.3f} scatter_s={:.3f}",
+      run.item.operation_id(), run.item.rank(), LoadAlgorithmName(part.algorithm()),
+      part.waves_size(), stats.bytes_read, stats.bytes_sent, stats.bytes_received,
+      stats.bytes_scattered, absl::ToDoubleSeconds(stats.rendezvous_time),
+      absl::ToDoubleSeconds(stats.read_time), absl::ToDoubleSeconds(stats.exchange_time),
+      absl::ToDoubleSeconds(stats.scatter_time));
+  return out;
+}
+
+void LoadPartExecutor::AwaitAbort(const MemoryGate& gate) const {
+  // A peer that died mid-exchange shows up here as a broken connection; the coordinator
+  // notices the dead worker within its lease and aborts the operation naming it. Give it
+  // that long, so every rank receives the root cause rather than this rank's symptom
+  // (the coordinator keeps the first diagnosis; this result follows either way).
+  const absl::Time until = absl::Now() + env_.link->lease() + absl::Seconds(1);
+  while (!gate.closed() && absl::Now() < until &&
+         (env_.stopping == nullptr || !env_.stopping->HasBeenNotified())) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+PartOutcome ReshardPartExecutor::Execute(const PartRun& run) {
+  // No trainer: the worker reads the source checkpoint and writes the rank's files itself.
+  const absl::Time start = absl::Now();
+  const pb::WorkItem& item = run.item;
+  MemoryGate& gate = run.gate;
+  PartOutcome out;
+  pb::ReshardPlanPart part;
+  ReshardPartStats stats;
+  if (!part.ParseFromString(item.plan_part())) {
+    out.status = absl::InvalidArgumentError("unreadable reshard plan part");
+  } else {
+    absl::StatusOr<std::string> done = ExecuteReshardPart(
+        part, run.progress, [&gate] { return gate.closed(); }, &stats);
+    out.status = done.status();
+    if (done.ok()) out.written = *std::move(done);
+    out.bytes_read = stats.bytes_read;
+  }
+  spdlog::info(
+      "reshard_part_done op={} rank={} bytes={} files={} pieces={} bytes_read={} read_s={:.3f} "
+      "write_s={:.3f} seconds={:.3f} ok={}",
+      item.operation_id(), item.rank(), part.total_bytes(), stats.files, stats.pieces,
+      stats.bytes_read, stats.read_seconds, stats.write_seconds,
+      absl::ToDoubleSeconds(absl::Now() - start), out.status.ok());
+  return out;
+}
+
+}  // namespace ckpt::worker

@@ -1,0 +1,63 @@
+// The worker's executors of save, load and reshard plan parts (PartExecutor): each parses its
+// part, runs the matching executor (save_executor, load_executor / load_exchange_executor,
+// reshard_executor) and logs one summary line.
+#ifndef CKPT_WORKER_PART_EXECUTORS_H_
+#define CKPT_WORKER_PART_EXECUTORS_H_
+
+#include <functional>
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "worker/coordinator_link.h"
+#include "worker/part_executor.h"
+
+namespace ckpt::worker {
+
+// Save parts: snapshots the rank's part out of the trainer's memory, calls `on_snapshot`
+// (the trainer may change its tensors from then on), then writes the snapshot's files.
+class SavePartExecutor final : public PartExecutor {
+ public:
+  using SnapshotFn = std::function<void(const std::string& operation_id, int rank)>;
+  explicit SavePartExecutor(SnapshotFn on_snapshot) : on_snapshot_(std::move(on_snapshot)) {}
+  bool NeedsTrainer() const override { return true; }
+  PartOutcome Execute(const PartRun& run) override;
+
+ private:
+  SnapshotFn on_snapshot_;
+};
+
+// What exchange-based loads need of the worker around them. Pointers must outlive the
+// executor.
+struct LoadEnvironment {
+  CoordinatorLink* link = nullptr;  // rendezvous address and security, lease
+  std::string host;                 // data-plane address when the link announces none
+  const int* gloo_loop_thread_nice = nullptr;
+  const absl::Notification* stopping = nullptr;  // the worker is shutting down
+};
+
+// Load parts: direct reads (LOAD_DIRECT or unset) or the exchange-based load.
+class LoadPartExecutor final : public PartExecutor {
+ public:
+  explicit LoadPartExecutor(LoadEnvironment environment) : env_(std::move(environment)) {}
+  bool NeedsTrainer() const override { return true; }
+  PartOutcome Execute(const PartRun& run) override;
+
+ private:
+  PartOutcome ExecuteExchange(const PartRun& run, const pb::LoadPlanPart& part);
+  // After a failed exchange: waits (up to the lease) for the coordinator's abort, so that the
+  // root cause, not this rank's symptom, reaches every rank.
+  void AwaitAbort(const MemoryGate& gate) const;
+
+  LoadEnvironment env_;
+};
+
+// Reshard parts: no trainer; reads the source checkpoint and writes the rank's target files.
+class ReshardPartExecutor final : public PartExecutor {
+ public:
+  bool NeedsTrainer() const override { return false; }
+  PartOutcome Execute(const PartRun& run) override;
+};
+
+}  // namespace ckpt::worker
+
+#endif  // CKPT_WORKER_PART_EXECUTORS_H_
