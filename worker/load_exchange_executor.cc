@@ -18,6 +18,7 @@
 #include "sharding/coverage.h"
 #include "sharding/overlap.h"
 #include "storage/checkpoint_reader.h"
+#include "worker/load_executor.h"
 
 namespace ckpt::worker {
 namespace {
@@ -146,7 +147,8 @@ class CancellableStore final : public Store {
 absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const SessionInfo& session,
                                      const ExchangeLoadContext& context, MemoryGate& gate,
                                      ExchangeLoadStats* stats,
-                                     const std::function<void(int64_t bytes_done)>& progress) {
+                                     const std::function<void(int64_t bytes_done)>& progress,
+                                     PinnedStagingPool* device_staging) {
   ExchangeLoadStats local_stats;
   if (stats == nullptr) stats = &local_stats;
   *stats = ExchangeLoadStats();
@@ -169,8 +171,10 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
   }
   const pb::Manifest& manifest = (*reader)->manifest();
 
-  // Every rank's requests; this rank's point into the trainer's shared tensors.
+  // Every rank's requests; this rank's point into the trainer's shared tensors (or, for device
+  // tensors, into a host buffer copied onto the device at the end).
   std::vector<Request> requests;
+  std::vector<std::pair<const RegisteredTensor*, std::unique_ptr<char[]>>> device_shadows;
   for (const pb::LoadRequestEntry& e : part.requests()) {
     Request q;
     q.rank = e.rank();
@@ -202,12 +206,20 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
             absl::StrCat(who, ": the plan's read of ", e.key(), " ", q.region.DebugString(),
                          " does not match the shared tensor ", t.shard.tensor().key()));
       }
-      if (t.memory_kind != "host" || (t.data == nullptr && t.nbytes > 0)) {
-        return absl::UnimplementedError(
-            absl::StrCat(who, ": tensor ", e.key(), " is in ", t.memory_kind,
-                         " memory; loading device tensors is not wired into the worker yet"));
+      if (t.memory_kind == "device") {
+        if (device_staging == nullptr) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(who, ": tensor ", e.key(), " is in device memory (device ", t.device,
+                           ") but this worker has no device staging (it serves no GPU)"));
+        }
+        device_shadows.emplace_back(&t, new char[std::max<int64_t>(t.nbytes, 1)]);
+        q.dest = device_shadows.back().second.get();
+      } else if (t.memory_kind != "host" || (t.data == nullptr && t.nbytes > 0)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            who, ": tensor ", e.key(), " is in ", t.memory_kind, " memory not mapped here"));
+      } else {
+        q.dest = reinterpret_cast<char*>(t.data);
       }
-      q.dest = reinterpret_cast<char*>(t.data);
     }
     requests.push_back(std::move(q));
   }
@@ -397,6 +409,13 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
     stats->scatter_time += absl::Now() - step_start;
     if (progress) progress(stats->bytes_scattered);
   }
+  // Device tensors: every wave has been scattered into their host buffers; onto the device now.
+  const absl::Time device_start = absl::Now();
+  for (const auto& [tensor, shadow] : device_shadows) {
+    absl::Status s = CopyOntoDevice(*tensor, shadow.get(), device_staging, gate, who);
+    if (!s.ok()) return s;
+  }
+  stats->scatter_time += absl::Now() - device_start;
   return absl::OkStatus();
 }
 

@@ -482,15 +482,23 @@ WorkerService::PartOutcome WorkerService::RunSave(const pb::WorkItem& item,
     out.status = absl::InvalidArgumentError("unreadable save plan part");
     return out;
   }
-  // Copy out of the trainer's memory first; from then on the trainer may train on while the
-  // copy is written.
-  absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, session, gate);
+  // Copy out of the trainer's memory first; the trainer may train on (its Save returns) once
+  // every byte it shares has left its memory (device bytes: the last staging copy completed),
+  // while the copy is written.
+  DeviceSnapshotOptions device;
+  device.staging = device_staging_;
+  device.on_device_drained = [this, &item] { MarkSnapshotted(item.operation_id(), item.rank()); };
+  absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, session, gate, device);
   if (!snapshot.ok()) {
     out.status = snapshot.status();
   } else {
-    MarkSnapshotted(item.operation_id(), item.rank());
-    spdlog::info("save_part_snapshotted op={} rank={} bytes={} seconds={:.3f}", item.operation_id(),
-                 item.rank(), part.total_bytes(), absl::ToDoubleSeconds(absl::Now() - start));
+    const StagingStats& staged = snapshot->device_staging;
+    spdlog::info(
+        "save_part_snapshotted op={} rank={} bytes={} seconds={:.3f} device_bytes={} "
+        "device_chunks={} device_drained_s={:.3f} device_over_pinned_budget={}",
+        item.operation_id(), item.rank(), part.total_bytes(),
+        absl::ToDoubleSeconds(absl::Now() - start), staged.bytes, staged.chunks,
+        absl::ToDoubleSeconds(staged.until_drained), staged.over_budget);
     absl::StatusOr<std::string> done =
         WriteSnapshot(*snapshot, progress, [&gate] { return gate.closed(); });
     out.status = done.status();
@@ -513,7 +521,7 @@ WorkerService::PartOutcome WorkerService::RunLoad(const pb::WorkItem& item,
     return out;
   }
   if (part.algorithm().empty() || part.algorithm() == "direct") {
-    out.status = ExecuteLoadPart(part, session, gate, progress);
+    out.status = ExecuteLoadPart(part, session, gate, progress, device_staging_);
     if (out.status.ok()) out.bytes_read = part.total_bytes();
   } else {
     ExchangeLoadContext context;
@@ -523,7 +531,8 @@ WorkerService::PartOutcome WorkerService::RunLoad(const pb::WorkItem& item,
     if (context.hostname.empty()) context.hostname = host_;
     context.gloo_loop_thread_nice = gloo_loop_thread_nice_;
     ExchangeLoadStats stats;
-    out.status = ExecuteExchangeLoadPart(part, session, context, gate, &stats, progress);
+    out.status =
+        ExecuteExchangeLoadPart(part, session, context, gate, &stats, progress, device_staging_);
     out.bytes_read = stats.bytes_read;
     if (!out.status.ok() && !gate.closed()) {
       // A peer that died mid-exchange shows up here as a broken connection; the coordinator

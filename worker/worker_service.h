@@ -33,6 +33,7 @@
 #include "worker/coordinator_link.h"
 #include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
+#include "worker/staging_pipeline.h"
 #include "worker/trainer_socket.h"
 
 namespace ckpt::worker {
@@ -49,6 +50,9 @@ class WorkerService final : public pb::Worker::Service {
   // The socket the trainers' calls arrive on: who called is asked of it (SO_PEERCRED), never
   // taken from the request. Required before serving; must outlive the service.
   void set_trainer_socket(const TrainerSocket* socket) { trainer_socket_ = socket; }
+  // The pinned pool device tensors are staged through (null: this worker serves no GPU and
+  // refuses device pieces). Must outlive the service; call before serving.
+  void set_device_staging(PinnedStagingPool* staging) { device_staging_ = staging; }
 
   grpc::Status Hello(grpc::ServerContext* context, const pb::TrainerHello* request,
                      pb::TrainerHelloResponse* response) override;
@@ -127,6 +131,7 @@ class WorkerService final : public pb::Worker::Service {
   std::string host_;
   int gloo_loop_thread_nice_ = 10;
   const TrainerSocket* trainer_socket_ = nullptr;
+  PinnedStagingPool* device_staging_ = nullptr;
   // A plan part running on its own thread.
   struct Executor {
     std::thread thread;
