@@ -115,10 +115,11 @@ absl::StatusOr<ExportedAllocation> ExportDeviceAllocation(const void* device_ptr
   if (ipc_capable == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the allocation at ", absl::Hex(base), " (", size, " bytes) on device ", attributes.device,
-        " was made with CUDA's virtual memory API (cuMemCreate, e.g. PyTorch's "
-        "expandable_segments) and cannot be exported with cudaIpcGetMemHandle; this worker "
-        "refuses such allocations: run the trainer with "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False, or register a host copy"));
+        " was made with CUDA's virtual memory API or from a memory pool (cuMemCreate, "
+        "cudaMallocAsync; PyTorch's expandable_segments) and cannot be exported with "
+        "cudaIpcGetMemHandle; such allocations are refused: run the trainer with "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False (and no cudaMallocAsync backend), or "
+        "register a host copy"));
   }
   cudaIpcMemHandle_t handle;
   if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base)),

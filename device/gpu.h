@@ -41,7 +41,8 @@ struct ExportedAllocation {
 
 // Exports the allocation containing `device_ptr`. FailedPrecondition without a GPU; for memory
 // that is not device memory (host, managed) InvalidArgument; for allocations CUDA IPC cannot
-// export (virtual-memory allocations: cuMemCreate, PyTorch's expandable_segments)
+// export (virtual-memory and pool allocations: cuMemCreate, cudaMallocAsync, PyTorch's
+// expandable_segments)
 // FailedPrecondition saying so, with the allocation's base, size and device, and what to do.
 absl::StatusOr<ExportedAllocation> ExportDeviceAllocation(const void* device_ptr);
 
