@@ -74,7 +74,10 @@ find_nccl() {
       $(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null); do
     [[ -e "$candidate/libnccl.so.2" ]] && { echo "$candidate"; return; }
   done
-  ldconfig -p | awk '/libnccl.so.2/ {print $NF; exit}' | xargs -r dirname
+  local found
+  found=$(ldconfig -p | awk '/libnccl.so.2/ {print $NF; exit}')
+  [[ -n "$found" ]] || found=$(find / -xdev -name libnccl.so.2 2>/dev/null | head -1)
+  [[ -n "$found" ]] && dirname "$found"
 }
 
 run() {
