@@ -175,16 +175,29 @@ absl::StatusOr<StateTensor*> StateDict::AddDevice(const TensorSpec& spec, void* 
   device_spec.memory = MemoryKind::kDevice;
   auto t = Resolve(device_spec);
   if (!t.ok()) return t.status();
-  absl::StatusOr<std::string> handle = ExportIpcHandle(device_ptr);
-  if (!handle.ok()) {
-    return absl::Status(
-        handle.status().code(),
-        absl::StrCat("tensor ", spec.key, " (device ", device,
-                     "): cannot share device memory with the worker: ", handle.status().message()));
+  absl::StatusOr<ExportedAllocation> exported = ExportDeviceAllocation(device_ptr);
+  if (!exported.ok()) {
+    return absl::Status(exported.status().code(),
+                        absl::StrCat("tensor ", spec.key, " (device ", device,
+                                     "): cannot share device memory with the worker: ",
+                                     exported.status().message()));
+  }
+  if (exported->device != device) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", spec.key, " was declared on device ",
+                                                   device, " but its memory is on device ",
+                                                   exported->device));
+  }
+  if (exported->offset + (*t)->nbytes > exported->allocation_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", spec.key, " (device ", device, "): its ", (*t)->nbytes,
+                     " bytes at offset ", exported->offset, " overrun its CUDA allocation of ",
+                     exported->allocation_bytes, " bytes"));
   }
   (*t)->data = static_cast<std::byte*>(device_ptr);
   (*t)->device = device;
-  (*t)->cuda_ipc_handle = *std::move(handle);
+  (*t)->cuda_ipc_handle = std::move(exported->ipc_handle);
+  (*t)->ipc_offset = exported->offset;
+  (*t)->allocation_bytes = exported->allocation_bytes;
   tensors_.push_back(*std::move(t));
   return tensors_.back().get();
 }
@@ -226,6 +239,8 @@ std::vector<pb::SharedTensor> StateDict::Describe() const {
       s.set_memory_kind(pb::MEMORY_DEVICE);
       s.set_cuda_ipc_handle(t->cuda_ipc_handle);
       s.set_device(t->device);
+      s.set_ipc_offset(t->ipc_offset);
+      s.set_allocation_bytes(t->allocation_bytes);
     }
     out.push_back(std::move(s));
   }

@@ -74,7 +74,11 @@ struct StateTensor {
   std::vector<int64_t> mesh_shape;
   std::vector<Placement> placements;
   bool flat_sharded = false;
-  std::string cuda_ipc_handle;  // device tensors: exported handle
+  // Device tensors: the CUDA IPC handle of the allocation containing the tensor, the tensor's
+  // offset in it and the allocation's size (see device/gpu.h ExportDeviceAllocation).
+  std::string cuda_ipc_handle;
+  int64_t ipc_offset = 0;
+  int64_t allocation_bytes = 0;
 
   absl::Span<std::byte> bytes() const { return {data, static_cast<size_t>(nbytes)}; }
 };
@@ -111,7 +115,10 @@ class StateDict {
                                            int64_t nbytes);
 
   // Adds a tensor that lives in CUDA memory at `device_ptr` on `device`, shared with the
-  // worker through a CUDA IPC handle. FailedPrecondition (naming the CUDA error) without a GPU.
+  // worker through the CUDA IPC handle of the allocation containing it (plus its offset there).
+  // FailedPrecondition naming the tensor, device and CUDA error without a GPU, and for
+  // allocations CUDA IPC cannot export (virtual-memory allocations, e.g. PyTorch's
+  // expandable_segments); InvalidArgument when the pointer is not on `device`.
   absl::StatusOr<StateTensor*> AddDevice(const TensorSpec& spec, void* device_ptr, int device);
 
   StateTensor* Find(const std::string& key);

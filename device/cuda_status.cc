@@ -85,4 +85,27 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view context) {
   return absl::Status(CudaCode(error), message);
 }
 
+absl::Status CudaDriverStatus(CUresult result, absl::string_view context) {
+  if (result == CUDA_SUCCESS) return absl::OkStatus();
+  absl::StatusCode code = absl::StatusCode::kInternal;
+  switch (result) {
+    case CUDA_ERROR_NOT_SUPPORTED:
+    case CUDA_ERROR_NOT_PERMITTED:
+    case CUDA_ERROR_NO_DEVICE:
+    case CUDA_ERROR_NOT_INITIALIZED:
+      code = absl::StatusCode::kFailedPrecondition;
+      break;
+    case CUDA_ERROR_INVALID_VALUE:
+      code = absl::StatusCode::kInvalidArgument;
+      break;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      code = absl::StatusCode::kResourceExhausted;
+      break;
+    default:
+      break;
+  }
+  return absl::Status(code,
+                      absl::StrCat(context, ": CUDA driver error ", static_cast<int>(result)));
+}
+
 }  // namespace ckpt

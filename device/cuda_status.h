@@ -3,6 +3,7 @@
 #ifndef CKPT_DEVICE_CUDA_STATUS_H_
 #define CKPT_DEVICE_CUDA_STATUS_H_
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -20,6 +21,12 @@ absl::Status NcclStatus(ncclResult_t result, absl::string_view context);
 // and "driver too old" are FailedPrecondition (the message adds "(no usable GPU on this
 // host)"), allocation failures ResourceExhausted.
 absl::Status CudaStatus(cudaError_t error, absl::string_view context);
+
+// OK for CUDA_SUCCESS; otherwise "<context>: CUDA driver error <number>" (the driver API is
+// reached through cudaGetDriverEntryPoint, so its error names may be unavailable): not
+// supported / not permitted are FailedPrecondition, invalid values InvalidArgument, out of
+// memory ResourceExhausted, the rest Internal.
+absl::Status CudaDriverStatus(CUresult result, absl::string_view context);
 
 }  // namespace ckpt
 

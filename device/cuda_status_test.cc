@@ -32,5 +32,15 @@ TEST(CudaStatusTest, CudaNoDeviceIsFailedPreconditionWithTheCudaText) {
             absl::StatusCode::kResourceExhausted);
 }
 
+TEST(CudaStatusTest, DriverNotSupportedIsFailedPreconditionNamingTheCall) {
+  EXPECT_TRUE(CudaDriverStatus(CUDA_SUCCESS, "x").ok());
+  absl::Status s = CudaDriverStatus(CUDA_ERROR_NOT_SUPPORTED, "cuMemGetAddressRange");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("cuMemGetAddressRange: CUDA driver error 801"), std::string::npos)
+      << s;
+  EXPECT_EQ(CudaDriverStatus(CUDA_ERROR_INVALID_VALUE, "p").code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -5,6 +5,8 @@
 #ifndef CKPT_DEVICE_GPU_H_
 #define CKPT_DEVICE_GPU_H_
 
+#include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -20,12 +22,53 @@ absl::StatusOr<int> CudaDeviceCount();
 // when this machine has no GPU.
 int GpuForLocalRank(int local_rank);
 
-// Exports a device allocation as a CUDA IPC handle (the bytes of cudaIpcMemHandle_t).
-absl::StatusOr<std::string> ExportIpcHandle(void* device_ptr);
-
 // Opens another process's device allocation on `device`; close with CloseIpcHandle.
 absl::StatusOr<void*> OpenIpcHandle(const std::string& handle, int device);
 absl::Status CloseIpcHandle(void* device_ptr);
+
+// Bytes of a cudaIpcMemHandle_t.
+inline constexpr size_t kCudaIpcHandleBytes = 64;
+
+// The CUDA allocation that contains a device pointer, exported for another process. PyTorch's
+// caching allocator sub-allocates, so the handle is the allocation's (cuMemGetAddressRange)
+// and the tensor sits `offset` bytes into it.
+struct ExportedAllocation {
+  std::string ipc_handle;  // cudaIpcMemHandle_t of the allocation's base
+  int64_t offset = 0;      // device_ptr - base
+  int64_t allocation_bytes = 0;
+  int device = -1;  // CUDA ordinal in the exporting process
+};
+
+// Exports the allocation containing `device_ptr`. FailedPrecondition without a GPU; for memory
+// that is not device memory (host, managed) InvalidArgument; for allocations CUDA IPC cannot
+// export (virtual-memory and pool allocations: cuMemCreate, cudaMallocAsync, PyTorch's
+// expandable_segments)
+// FailedPrecondition saying so, with the allocation's base, size and device, and what to do.
+absl::StatusOr<ExportedAllocation> ExportDeviceAllocation(const void* device_ptr);
+
+// Another process's allocation opened in this one (cudaIpcOpenMemHandle); closed when the
+// last reference goes. A process may open one handle once: keep and share the object.
+class OpenedDeviceAllocation {
+ public:
+  OpenedDeviceAllocation(void* base, int device) : base_(base), device_(device) {}
+  ~OpenedDeviceAllocation();
+  OpenedDeviceAllocation(const OpenedDeviceAllocation&) = delete;
+  OpenedDeviceAllocation& operator=(const OpenedDeviceAllocation&) = delete;
+  void* base() const { return base_; }
+  int device() const { return device_; }
+
+ private:
+  void* base_;
+  int device_;
+};
+
+// Opens `handle` (kCudaIpcHandleBytes bytes) on `device`.
+absl::StatusOr<std::shared_ptr<const OpenedDeviceAllocation>> OpenDeviceAllocation(
+    const std::string& handle, int device);
+
+// Whether this process can serve device memory on `device`: the device exists, can be made
+// current and gets a context. The error says why not (for the worker's "no device" log line).
+absl::Status CheckDeviceUsable(int device);
 
 }  // namespace ckpt
 

@@ -16,6 +16,7 @@
 #include "rendezvous/grpc_store.h"
 #include "sharding/overlap.h"
 #include "storage/checkpoint_reader.h"
+#include "worker/load_executor.h"
 #include "worker/load_wave_plan.h"
 
 namespace ckpt::worker {
@@ -83,8 +84,13 @@ absl::Status ValidatePart(const pb::LoadPlanPart& part, const SessionInfo& sessi
 
 // Points this rank's requests into the trainer's shared tensors (each must be the host tensor
 // the plan says, with the request's key, region and size).
+// Device tensors get a host buffer each (`device_shadows`), copied onto the device once every
+// wave has been scattered into it.
+using DeviceShadows = std::vector<std::pair<const RegisteredTensor*, std::unique_ptr<char[]>>>;
+
 absl::Status BindToTrainerTensors(std::vector<LoadRequest>& requests, int me,
-                                  const SessionInfo& session, const std::string& who) {
+                                  const SessionInfo& session, PinnedStagingPool* device_staging,
+                                  DeviceShadows* device_shadows, const std::string& who) {
   for (LoadRequest& q : requests) {
     if (q.rank != me) continue;
     if (q.local_index < 0 || q.local_index >= static_cast<int>(session.tensors.size())) {
@@ -101,12 +107,21 @@ absl::Status BindToTrainerTensors(std::vector<LoadRequest>& requests, int me,
           absl::StrCat(who, ": the plan's read of ", q.key, " ", q.region.DebugString(),
                        " does not match the shared tensor ", t.shard.tensor().key()));
     }
-    if (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0)) {
-      return absl::UnimplementedError(
-          absl::StrCat(who, ": tensor ", q.key, " is in ", MemoryKindName(t.memory_kind),
-                       " memory; loading device tensors is not wired into the worker yet"));
+    if (t.memory_kind == pb::MEMORY_DEVICE) {
+      if (device_staging == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(who, ": tensor ", q.key, " is in device memory (device ", t.device,
+                         ") but this worker has no device staging (it serves no GPU)"));
+      }
+      device_shadows->emplace_back(&t, new char[std::max<int64_t>(t.nbytes, 1)]);
+      q.dest = device_shadows->back().second.get();
+    } else if (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, ": tensor ", q.key, " is in ", MemoryKindName(t.memory_kind),
+          " memory not mapped here"));
+    } else {
+      q.dest = reinterpret_cast<char*>(t.data);
     }
-    q.dest = reinterpret_cast<char*>(t.data);
   }
   return absl::OkStatus();
 }
@@ -223,7 +238,8 @@ absl::Status RunWave(const WaveRunContext& run, int w) {
 absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const SessionInfo& session,
                                      const ExchangeLoadContext& context, MemoryGate& gate,
                                      ExchangeLoadStats* stats,
-                                     const std::function<void(int64_t bytes_done)>& progress) {
+                                     const std::function<void(int64_t bytes_done)>& progress,
+                                     PinnedStagingPool* device_staging) {
   ExchangeLoadStats local_stats;
   if (stats == nullptr) stats = &local_stats;
   *stats = ExchangeLoadStats();
@@ -241,7 +257,9 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
     return checkpoint.FindTensor(key);
   };
   CKPT_ASSIGN_OR_RETURN(std::vector<LoadRequest> requests, ResolveRequests(part, tensors, who));
-  CKPT_RETURN_IF_ERROR(BindToTrainerTensors(requests, me, session, who));
+  DeviceShadows device_shadows;
+  CKPT_RETURN_IF_ERROR(
+      BindToTrainerTensors(requests, me, session, device_staging, &device_shadows, who));
   CKPT_RETURN_IF_ERROR(CheckDeliveriesTileRequests(part, checkpoint.manifest(), requests, me, who));
 
   GrpcStore grpc_store(context.rendezvous_address, context.rendezvous_security);
@@ -271,6 +289,13 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
     CKPT_RETURN_IF_ERROR(RunWave(run, w));
     if (progress) progress(stats->bytes_scattered);
   }
+  // Device tensors: every wave has been scattered into their host buffers; onto the device now.
+  const absl::Time device_start = absl::Now();
+  for (const auto& [tensor, shadow] : device_shadows) {
+    absl::Status s = CopyOntoDevice(*tensor, shadow.get(), device_staging, gate, who);
+    if (!s.ok()) return s;
+  }
+  stats->scatter_time += absl::Now() - device_start;
   return absl::OkStatus();
 }
 

@@ -17,6 +17,7 @@
 #include "proto/coordinator.pb.h"
 #include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
+#include "worker/staging_pipeline.h"
 
 namespace ckpt::worker {
 
@@ -47,10 +48,15 @@ struct ExchangeLoadStats {
 // Every write into the trainer's tensors goes through `gate` in chunks; once it closed (the
 // operation was aborted) the part stops with its reason: between waves, between chunks of a
 // scatter, and while it waits at the rendezvous for peers that will never come.
+// Device tensors of this rank (mixed states included) are exchanged over the host communicator
+// too: their pieces are scattered into a host buffer per tensor, which is copied onto the
+// device through the worker's pinned pool `staging` after the last wave (FailedPrecondition
+// without a pool). The NCCL exchange on the device is not wired yet.
 absl::Status ExecuteExchangeLoadPart(
     const pb::LoadPlanPart& part, const SessionInfo& session, const ExchangeLoadContext& context,
     MemoryGate& gate, ExchangeLoadStats* stats,
-    const std::function<void(int64_t bytes_done)>& progress = nullptr);
+    const std::function<void(int64_t bytes_done)>& progress = nullptr,
+    PinnedStagingPool* staging = nullptr);
 
 }  // namespace ckpt::worker
 

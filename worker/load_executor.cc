@@ -1,19 +1,84 @@
 #include "worker/load_executor.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "proto/convert.h"
 #include "proto/wire_names.h"
 #include "storage/checkpoint_reader.h"
 #include "worker/region_chunks.h"
 
 namespace ckpt::worker {
+namespace {
+
+constexpr absl::Duration kDeviceStagingTimeout = absl::Minutes(10);
+
+absl::Status NoStaging(const RegisteredTensor& t, const std::string& who) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(who, ": tensor ", t.shard.tensor().key(), " is in device memory (device ",
+                   t.device, ") but this worker has no device staging (it serves no GPU)"));
+}
+
+// Reads `region` of `key` chunk by chunk into pinned buffers and copies them onto the device
+// tensor `t` (read of chunk k+1 overlapping the copy of chunk k).
+absl::Status ReadOntoDevice(CheckpointReader& reader, const std::string& key, const Region& region,
+                            int64_t elem, const RegisteredTensor& t, PinnedStagingPool& staging,
+                            MemoryGate& gate, const std::string& who) {
+  const absl::Time deadline = absl::Now() + kDeviceStagingTimeout;
+  absl::StatusOr<PinnedStagingPool::Lease> lease = staging.Acquire(deadline);
+  if (!lease.ok()) {
+    return absl::Status(lease.status().code(),
+                        absl::StrCat(who, ": staging ", key, ": ", lease.status().message()));
+  }
+  const std::vector<RegionChunk> pieces =
+      SplitRegion(region, std::max<int64_t>(lease->chunk_bytes() / std::max<int64_t>(elem, 1), 1));
+  std::vector<ChunkSpec> chunks;
+  for (const RegionChunk& c : pieces) {
+    chunks.push_back(ChunkSpec{0, c.first_element * elem, c.region.NumElements() * elem});
+  }
+  const DeviceRange range{key, t.device_ptr, t.nbytes};
+  size_t next = 0;
+  return gate.Run([&] {
+    return StageHostToDevice(
+        *lease, {&range, 1}, chunks, who, [&gate] { return gate.status(); },
+        [&](const StagedChunk& c) { return reader.ReadRegion(key, pieces[next++].region, c.host); },
+        deadline, nullptr);
+  });
+}
+
+}  // namespace
+
+absl::Status CopyOntoDevice(const RegisteredTensor& tensor, const char* host,
+                            PinnedStagingPool* staging, MemoryGate& gate, const std::string& who) {
+  if (staging == nullptr) return NoStaging(tensor, who);
+  const absl::Time deadline = absl::Now() + kDeviceStagingTimeout;
+  absl::StatusOr<PinnedStagingPool::Lease> lease = staging->Acquire(deadline);
+  if (!lease.ok()) {
+    return absl::Status(lease.status().code(),
+                        absl::StrCat(who, ": staging ", tensor.shard.tensor().key(), ": ",
+                                     lease.status().message()));
+  }
+  const DeviceRange range{tensor.shard.tensor().key(), tensor.device_ptr, tensor.nbytes};
+  const std::vector<ChunkSpec> chunks = CutIntoChunks({&range, 1}, lease->chunk_bytes());
+  return gate.Run([&] {
+    return StageHostToDevice(
+        *lease, {&range, 1}, chunks, who, [&gate] { return gate.status(); },
+        [&](const StagedChunk& c) {
+          std::memcpy(c.host, host + c.offset, static_cast<size_t>(c.bytes));
+          return absl::OkStatus();
+        },
+        deadline, nullptr);
+  });
+}
 
 absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& session,
                              MemoryGate& gate,
-                             const std::function<void(int64_t bytes_done)>& progress) {
+                             const std::function<void(int64_t bytes_done)>& progress,
+                             PinnedStagingPool* staging) {
   const std::string who = absl::StrCat("rank ", part.rank(), " of job ", session.trainer.job);
   if (part.rank() != session.trainer.rank) {
     return absl::InternalError(
@@ -47,12 +112,23 @@ absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& se
                                                         " does not match the shared tensor ",
                                                         t.shard.tensor().key()));
     }
-    if (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0)) {
-      return absl::UnimplementedError(
-          absl::StrCat(who, ": tensor ", read.key(), " is in ", MemoryKindName(t.memory_kind),
-                       " memory; loading device tensors is not wired into the worker yet"));
-    }
     const int64_t elem = t.nbytes / std::max<int64_t>(region->NumElements(), 1);
+    if (t.memory_kind == pb::MEMORY_DEVICE) {
+      if (staging == nullptr) return NoStaging(t, who);
+      absl::Status s = ReadOntoDevice(**reader, read.key(), *region, elem, t, *staging, gate, who);
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(s.message(), " (reading ", read.key(), " from ",
+                                                   part.path(), ")"));
+      }
+      bytes_done += t.nbytes;
+      if (progress) progress(bytes_done);
+      continue;
+    }
+    if (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0)) {
+      return absl::FailedPreconditionError(absl::StrCat(who, ": tensor ", read.key(), " is in ",
+                                                        MemoryKindName(t.memory_kind),
+                                                        " memory not mapped here"));
+    }
     for (const RegionChunk& chunk :
          SplitRegion(*region, kReadChunkBytes / std::max<int64_t>(elem, 1))) {
       absl::Status s = gate.Run([&] {

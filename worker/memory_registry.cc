@@ -95,6 +95,35 @@ std::vector<std::string> SweepOrphanSegments(const ProcessProbe& probe,
   return removed;
 }
 
+absl::Status CheckDeviceShare(const pb::SharedTensor& t, int worker_gpu,
+                              const std::string& no_gpu_reason) {
+  const std::string& key = t.shard().tensor().key();
+  const std::string what = absl::StrCat("tensor ", key, " (device ", t.device(), ")");
+  if (worker_gpu < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " is in device memory, but this worker serves no GPU: ", no_gpu_reason));
+  }
+  if (t.cuda_ipc_handle().size() != kCudaIpcHandleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": its CUDA IPC handle has ",
+                                                   t.cuda_ipc_handle().size(), " bytes, expected ",
+                                                   kCudaIpcHandleBytes));
+  }
+  if (t.device() != worker_gpu) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " is not on GPU ", worker_gpu,
+                     ", the one this worker serves: run one worker per GPU (--gpu or the "
+                     "launcher's local rank) and connect each trainer to its GPU's worker"));
+  }
+  if (t.ipc_offset() < 0 || t.nbytes() < 0 || t.allocation_bytes() <= 0 ||
+      static_cast<uint64_t>(t.ipc_offset()) + static_cast<uint64_t>(t.nbytes()) >
+          static_cast<uint64_t>(t.allocation_bytes())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": bytes [", t.ipc_offset(), ", ", t.ipc_offset() + t.nbytes(),
+                     ") lie outside its CUDA allocation of ", t.allocation_bytes(), " bytes"));
+  }
+  return absl::OkStatus();
+}
+
 MappedSegment::~MappedSegment() {
   if (addr_ != nullptr) munmap(addr_, size_);
 }
@@ -165,6 +194,8 @@ absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
   Session& session = it->second;
   const std::string who = absl::StrCat("job ", session.trainer.job, " rank ", session.trainer.rank);
   std::vector<RegisteredTensor> registered;
+  // The device allocations the new tensors use (opened ones reused; the rest close).
+  std::map<std::string, std::shared_ptr<const OpenedDeviceAllocation>> opened;
   for (const pb::SharedTensor& t : tensors) {
     const std::string& key = t.shard().tensor().key();
     if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(who, ": tensor without key"));
@@ -198,18 +229,9 @@ absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
     r.layout = t.layout();
     r.mesh_shape.assign(t.mesh_shape().begin(), t.mesh_shape().end());
     if (t.memory_kind() == pb::MEMORY_DEVICE) {
-      absl::StatusOr<int> gpus = CudaDeviceCount();
-      if (!gpus.ok()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(who, ": tensor ", key,
-                         " is in device memory, but this worker cannot open CUDA IPC "
-                         "handles: ",
-                         gpus.status().message()));
-      }
-      return absl::UnimplementedError(
-          absl::StrCat(who, ": tensor ", key,
-                       ": device tensors through CUDA IPC are not wired into the "
-                       "worker's data path yet; register a host copy"));
+      if (absl::Status s = RegisterDeviceTensor(t, who, session, opened, r); !s.ok()) return s;
+      registered.push_back(std::move(r));
+      continue;
     }
     if (t.memory_kind() != pb::MEMORY_HOST) {
       return absl::InvalidArgumentError(absl::StrCat(who, ": tensor ", key, " has memory kind ",
@@ -240,6 +262,43 @@ absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
     registered.push_back(std::move(r));
   }
   session.tensors = std::move(registered);
+  session.device_allocations = std::move(opened);
+  return absl::OkStatus();
+}
+
+absl::Status MemoryRegistry::RegisterDeviceTensor(
+    const pb::SharedTensor& t, const std::string& who, Session& session,
+    std::map<std::string, std::shared_ptr<const OpenedDeviceAllocation>>& opened,
+    RegisteredTensor& r) const {
+  std::string no_gpu_reason = "started with --gpu -1";
+  if (gpu_ < 0) {
+    absl::StatusOr<int> gpus = CudaDeviceCount();
+    if (!gpus.ok()) no_gpu_reason = std::string(gpus.status().message());
+  }
+  if (absl::Status s = CheckDeviceShare(t, gpu_, no_gpu_reason); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(who, ": ", s.message()));
+  }
+  std::shared_ptr<const OpenedDeviceAllocation> allocation;
+  if (auto it = opened.find(t.cuda_ipc_handle()); it != opened.end()) {
+    allocation = it->second;
+  } else if (auto kept = session.device_allocations.find(t.cuda_ipc_handle());
+             kept != session.device_allocations.end()) {
+    allocation = kept->second;  // opened once while the trainer stays attached
+  } else {
+    absl::StatusOr<std::shared_ptr<const OpenedDeviceAllocation>> fresh =
+        OpenDeviceAllocation(t.cuda_ipc_handle(), gpu_);
+    if (!fresh.ok()) {
+      return absl::Status(
+          fresh.status().code(),
+          absl::StrCat(who, ": tensor ", t.shard().tensor().key(), " (device ", gpu_,
+                       "): opening its CUDA IPC handle: ", fresh.status().message()));
+    }
+    allocation = *std::move(fresh);
+  }
+  opened.emplace(t.cuda_ipc_handle(), allocation);
+  r.device = gpu_;
+  r.device_ptr = static_cast<std::byte*>(allocation->base()) + t.ipc_offset();
+  r.device_allocation = std::move(allocation);
   return absl::OkStatus();
 }
 
@@ -250,6 +309,7 @@ void MemoryRegistry::Release(Session& session) {
   }
   session.segments.clear();
   session.tensors.clear();
+  session.device_allocations.clear();  // closed once no running part holds them
 }
 
 absl::Status MemoryRegistry::CloseSession(const std::string& session_id) {

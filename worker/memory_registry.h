@@ -7,8 +7,10 @@
 // anything refers to it: every SessionInfo handed out pins the mappings of its tensors, so a
 // plan part that still copies into a session closed meanwhile never touches unmapped memory.
 //
-// Device tensors (CUDA IPC handles) are accepted only where a GPU is present; without one,
-// registering them is FailedPrecondition naming the CUDA error.
+// Device tensors arrive as (CUDA IPC handle of their allocation, offset, allocation size): the
+// worker opens each allocation once, on the GPU it serves (ServeDevice), and keeps it open while
+// the trainer stays attached and still registers tensors in it. A worker serving no GPU refuses
+// them (FailedPrecondition naming the tensor and why there is no GPU).
 //
 // Thread-safe (the gRPC handlers and the reaper thread share it). No gRPC, no logging.
 #ifndef CKPT_WORKER_MEMORY_REGISTRY_H_
@@ -27,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "device/gpu.h"
 #include "proto/types.pb.h"
 #include "proto/worker.pb.h"
 
@@ -68,6 +71,11 @@ struct RegisteredTensor {
   std::byte* data = nullptr;  // host: the mapped bytes; device: nullptr
   // Keeps `data` mapped while this copy of the tensor exists (host tensors).
   std::shared_ptr<const MappedSegment> mapping;
+  // Device tensors: the bytes in this process (the opened allocation's base + offset), the GPU,
+  // and what keeps the allocation open while this copy of the tensor exists.
+  void* device_ptr = nullptr;
+  int device = -1;
+  std::shared_ptr<const OpenedDeviceAllocation> device_allocation;
   pb::TensorLayout layout;  // as the trainer described it (informational)
   std::vector<int64_t> mesh_shape;
 };
@@ -106,6 +114,13 @@ absl::Status ValidateSegmentName(const std::string& name, pid_t pid);
 std::vector<std::string> SweepOrphanSegments(const ProcessProbe& probe,
                                              const std::string& shm_dir = "/dev/shm");
 
+// Checks a device tensor's share before anything is opened: the worker serves a GPU
+// (`worker_gpu` >= 0, else FailedPrecondition with `no_gpu_reason`), the tensor is on it, the
+// handle has kCudaIpcHandleBytes bytes and [ipc_offset, ipc_offset + nbytes) lies inside the
+// allocation. Errors name the tensor and device; the caller adds job and rank.
+absl::Status CheckDeviceShare(const pb::SharedTensor& tensor, int worker_gpu,
+                              const std::string& no_gpu_reason);
+
 // The registry. See the file comment.
 class MemoryRegistry {
  public:
@@ -118,6 +133,11 @@ class MemoryRegistry {
   // Opens a session for a live trainer process. InvalidArgument for a bad identity or a pid
   // that is not running on this host.
   absl::StatusOr<std::string> OpenSession(const TrainerIdentity& trainer);
+
+  // The GPU whose device tensors this worker serves (call before serving; default none, with
+  // CUDA's reason when no GPU exists).
+  void ServeDevice(int gpu) { gpu_ = gpu; }
+  int device() const { return gpu_; }
 
   // Replaces the session's tensors. Host tensors: the segment is mapped (once per segment)
   // and [offset, offset + nbytes) must lie inside it; nbytes must equal the region's element
@@ -141,12 +161,19 @@ class MemoryRegistry {
     uint64_t start_token = 0;
     std::map<std::string, std::shared_ptr<const MappedSegment>> segments;
     std::vector<RegisteredTensor> tensors;
+    // By IPC handle: the device allocations opened for the current tensors.
+    std::map<std::string, std::shared_ptr<const OpenedDeviceAllocation>> device_allocations;
   };
+  absl::Status RegisterDeviceTensor(
+      const pb::SharedTensor& t, const std::string& who, Session& session,
+      std::map<std::string, std::shared_ptr<const OpenedDeviceAllocation>>& opened,
+      RegisteredTensor& r) const;
   static SessionInfo Summarize(const std::string& id, const Session& session);
   static void Release(Session& session);
   absl::StatusOr<std::shared_ptr<const MappedSegment>> MapSegment(const std::string& name) const;
 
   std::unique_ptr<ProcessProbe> probe_;
+  int gpu_ = -1;
   mutable std::mutex mu_;
   std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;

@@ -84,6 +84,19 @@ pb::SharedTensor HostTensor(const std::string& key, const std::string& segment, 
   return t;
 }
 
+// A device tensor of rows x cols f32 at `ipc_offset` in an allocation of 8192 bytes on GPU 0.
+pb::SharedTensor DeviceTensor(const std::string& key, int64_t ipc_offset, int64_t rows,
+                              int64_t cols) {
+  pb::SharedTensor t = HostTensor(key, "", 0, rows, cols);
+  t.set_memory_kind(pb::MEMORY_DEVICE);
+  t.clear_segment();
+  t.set_cuda_ipc_handle(std::string(kCudaIpcHandleBytes, '\x01'));
+  t.set_device(0);
+  t.set_ipc_offset(ipc_offset);
+  t.set_allocation_bytes(8192);
+  return t;
+}
+
 class MemoryRegistryTest : public ::testing::Test {
  protected:
   MemoryRegistryTest() : registry_(std::make_unique<FakeProbe>(&table_)) { table_[pid_] = 7; }
@@ -160,18 +173,72 @@ TEST_F(MemoryRegistryTest, RejectsSegmentsOfOtherProcessesAndMissingOnes) {
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(MemoryRegistryTest, DeviceTensorsNeedAGpu) {
+TEST_F(MemoryRegistryTest, DeviceTensorsNeedAWorkerThatServesAGpu) {
   auto session = registry_.OpenSession(Trainer());
   ASSERT_TRUE(session.ok());
-  pb::SharedTensor t = HostTensor("a", "", 0, 1, 1);
-  t.set_memory_kind(pb::MEMORY_DEVICE);
+  pb::SharedTensor t = DeviceTensor("a", 0, 1, 1);
   absl::Status s = registry_.RegisterTensors(*session, {t});
-  if (!CudaDeviceCount().ok()) {
-    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(s.message(), HasSubstr("CUDA"));
-  } else {
-    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("job job rank 0: tensor a (device 0) is in device memory, "
+                        "but this worker serves no GPU"));
+  if (!CudaDeviceCount().ok()) EXPECT_THAT(s.message(), HasSubstr("CUDA"));
+}
+
+TEST(CheckDeviceShareTest, AcceptsATensorInsideItsAllocationOnTheWorkersGpu) {
+  pb::SharedTensor t = DeviceTensor("w", 4096, 16, 4);  // 256 bytes at 4096 of 8192
+  EXPECT_TRUE(CheckDeviceShare(t, 0, "").ok());
+  t.set_ipc_offset(8192 - 256);
+  EXPECT_TRUE(CheckDeviceShare(t, 0, "").ok());
+}
+
+TEST(CheckDeviceShareTest, RefusesBytesOutsideTheAllocationNamingTensorAndDevice) {
+  pb::SharedTensor t = DeviceTensor("layers.0.w", 8192 - 255, 16, 4);
+  absl::Status s = CheckDeviceShare(t, 0, "");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("tensor layers.0.w (device 0): bytes [7937, 8193) lie "
+                                     "outside its CUDA allocation of 8192 bytes"));
+  t.set_ipc_offset(-1);
+  EXPECT_EQ(CheckDeviceShare(t, 0, "").code(), absl::StatusCode::kInvalidArgument);
+  t.set_ipc_offset(0);
+  t.set_allocation_bytes(0);
+  EXPECT_EQ(CheckDeviceShare(t, 0, "").code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CheckDeviceShareTest, RefusesAHandleOfTheWrongSize) {
+  pb::SharedTensor t = DeviceTensor("w", 0, 1, 1);
+  t.set_cuda_ipc_handle("short");
+  absl::Status s = CheckDeviceShare(t, 0, "");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("tensor w (device 0): its CUDA IPC handle has 5 bytes, "
+                                     "expected 64"));
+}
+
+TEST(CheckDeviceShareTest, RefusesATensorOnAnotherGpuAndSaysWhatToDo) {
+  pb::SharedTensor t = DeviceTensor("w", 0, 1, 1);
+  t.set_device(3);
+  absl::Status s = CheckDeviceShare(t, 1, "");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("tensor w (device 3) is not on GPU 1, the one this worker "
+                                     "serves: run one worker per GPU"));
+  EXPECT_THAT(CheckDeviceShare(t, -1, "started with --gpu -1").message(),
+              HasSubstr("serves no GPU: started with --gpu -1"));
+}
+
+TEST_F(MemoryRegistryTest, AValidDeviceShareIsOpenedOnTheServedGpuAndErrorsNameTheTensor) {
+  if (CudaDeviceCount().ok()) GTEST_SKIP() << "a GPU is present; opening is covered by GPU tests";
+  registry_.ServeDevice(0);
+  auto session = registry_.OpenSession(Trainer());
+  ASSERT_TRUE(session.ok());
+  // Validation passes; opening the handle fails without a GPU, and says which tensor and why.
+  absl::Status s = registry_.RegisterTensors(*session, {DeviceTensor("opt.m", 0, 4, 4)});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("job job rank 0: tensor opt.m (device 0): opening its "
+                        "CUDA IPC handle: no CUDA device"));
+  pb::SharedTensor bad = DeviceTensor("opt.v", 0, 4, 4);
+  bad.set_cuda_ipc_handle(std::string(63, 'x'));
+  EXPECT_EQ(registry_.RegisterTensors(*session, {bad}).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(MemoryRegistryTest, OpenSessionNeedsALiveTrainer) {

@@ -22,16 +22,26 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
     out.status = absl::InvalidArgumentError("unreadable save plan part");
     return out;
   }
-  // Copy out of the trainer's memory first; from then on the trainer may train on while the
-  // copy is written.
+  // Copy out of the trainer's memory first; the trainer may train on (its Save returns) once
+  // every byte it shares has left its memory (device bytes: the last staging copy completed),
+  // while the copy is written.
   MemoryGate& gate = run.gate;
-  absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, *run.session, gate);
+  DeviceSnapshotOptions device;
+  device.staging = device_staging_ != nullptr ? *device_staging_ : nullptr;
+  device.on_device_drained = [this, &item] {
+    if (on_snapshot_) on_snapshot_(item.operation_id(), item.rank());
+  };
+  absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, *run.session, gate, device);
   if (!snapshot.ok()) {
     out.status = snapshot.status();
   } else {
-    if (on_snapshot_) on_snapshot_(item.operation_id(), item.rank());
-    spdlog::info("save_part_snapshotted op={} rank={} bytes={} seconds={:.3f}", item.operation_id(),
-                 item.rank(), part.total_bytes(), absl::ToDoubleSeconds(absl::Now() - start));
+    const StagingStats& staged = snapshot->device_staging;
+    spdlog::info(
+        "save_part_snapshotted op={} rank={} bytes={} seconds={:.3f} device_bytes={} "
+        "device_chunks={} device_drained_s={:.3f} device_over_pinned_budget={}",
+        item.operation_id(), item.rank(), part.total_bytes(),
+        absl::ToDoubleSeconds(absl::Now() - start), staged.bytes, staged.chunks,
+        absl::ToDoubleSeconds(staged.until_drained), staged.over_budget);
     absl::StatusOr<std::string> done =
         WriteSnapshot(*snapshot, run.progress, [&gate] { return gate.closed(); });
     out.status = done.status();
@@ -53,7 +63,7 @@ PartOutcome LoadPartExecutor::Execute(const PartRun& run) {
     return out;
   }
   if (part.algorithm() == pb::LOAD_ALGORITHM_UNSPECIFIED || part.algorithm() == pb::LOAD_DIRECT) {
-    out.status = ExecuteLoadPart(part, *run.session, run.gate, run.progress);
+    out.status = ExecuteLoadPart(part, *run.session, run.gate, run.progress, DeviceStaging());
     if (out.status.ok()) out.bytes_read = part.total_bytes();
   } else {
     out = ExecuteExchange(run, part);
@@ -75,7 +85,8 @@ PartOutcome LoadPartExecutor::ExecuteExchange(const PartRun& run, const pb::Load
   }
   ExchangeLoadStats stats;
   PartOutcome out;
-  out.status = ExecuteExchangeLoadPart(part, *run.session, context, run.gate, &stats, run.progress);
+  out.status = ExecuteExchangeLoadPart(part, *run.session, context, run.gate, &stats, run.progress,
+                                       DeviceStaging());
   out.bytes_read = stats.bytes_read;
   if (!out.status.ok() && !run.gate.closed()) AwaitAbort(run.gate);
   spdlog::info(

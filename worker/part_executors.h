@@ -10,20 +10,26 @@
 #include "absl/synchronization/notification.h"
 #include "worker/coordinator_link.h"
 #include "worker/part_executor.h"
+#include "worker/staging_pipeline.h"
 
 namespace ckpt::worker {
 
-// Save parts: snapshots the rank's part out of the trainer's memory, calls `on_snapshot`
+// Save parts: snapshots the rank's part out of the trainer's memory (device pieces through the
+// pinned staging pool), calls `on_snapshot` once the last byte has left the trainer's memory
 // (the trainer may change its tensors from then on), then writes the snapshot's files.
 class SavePartExecutor final : public PartExecutor {
  public:
   using SnapshotFn = std::function<void(const std::string& operation_id, int rank)>;
-  explicit SavePartExecutor(SnapshotFn on_snapshot) : on_snapshot_(std::move(on_snapshot)) {}
+  // `device_staging` points at the worker's pool pointer (null pool: no GPU served; device
+  // pieces are refused); both must outlive the executor.
+  SavePartExecutor(SnapshotFn on_snapshot, PinnedStagingPool* const* device_staging)
+      : on_snapshot_(std::move(on_snapshot)), device_staging_(device_staging) {}
   bool NeedsTrainer() const override { return true; }
   PartOutcome Execute(const PartRun& run) override;
 
  private:
   SnapshotFn on_snapshot_;
+  PinnedStagingPool* const* device_staging_;
 };
 
 // What exchange-based loads need of the worker around them. Pointers must outlive the
@@ -33,6 +39,7 @@ struct LoadEnvironment {
   std::string host;                 // data-plane address when the link announces none
   const int* gloo_loop_thread_nice = nullptr;
   const absl::Notification* stopping = nullptr;  // the worker is shutting down
+  PinnedStagingPool* const* device_staging = nullptr;  // the worker's pool (null: no GPU)
 };
 
 // Load parts: direct reads (LOAD_DIRECT or unset) or the exchange-based load.
@@ -48,6 +55,9 @@ class LoadPartExecutor final : public PartExecutor {
   // root cause, not this rank's symptom, reaches every rank.
   void AwaitAbort(const MemoryGate& gate) const;
 
+  PinnedStagingPool* DeviceStaging() const {
+    return env_.device_staging != nullptr ? *env_.device_staging : nullptr;
+  }
   LoadEnvironment env_;
 };
 

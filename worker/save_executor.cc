@@ -1,20 +1,54 @@
 #include "worker/save_executor.h"
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "proto/convert.h"
 #include "proto/manifest.pb.h"
 #include "proto/wire_names.h"
 #include "storage/checkpoint_writer.h"
 
 namespace ckpt::worker {
+namespace {
+
+// Stages the device pieces into their snapshot buffers through the worker's pinned pool, inside
+// the gate (closing it stops the staging after the copies in flight). Signals the drain (also
+// when there are no device pieces: the host pieces are copied already).
+absl::Status StageDeviceSnapshot(absl::Span<const DeviceRange> ranges,
+                                 absl::Span<char* const> destinations, const std::string& who,
+                                 MemoryGate& gate, const DeviceSnapshotOptions& device,
+                                 StagingStats* stats) {
+  if (ranges.empty()) {
+    if (device.on_device_drained) device.on_device_drained();
+    return absl::OkStatus();
+  }
+  const absl::Time deadline = absl::Now() + device.timeout;
+  absl::StatusOr<PinnedStagingPool::Lease> lease = device.staging->Acquire(deadline);
+  if (!lease.ok()) {
+    return absl::Status(lease.status().code(),
+                        absl::StrCat(who, ": staging device tensors: ", lease.status().message()));
+  }
+  return gate.Run([&] {
+    return StageDeviceToHost(
+        *lease, ranges, who, [&gate] { return gate.status(); },
+        [&](const StagedChunk& c) {
+          std::memcpy(destinations[c.range] + c.offset, c.host, static_cast<size_t>(c.bytes));
+          return absl::OkStatus();
+        },
+        device.on_device_drained, deadline, stats);
+  });
+}
+
+}  // namespace
 
 absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
-                                              const SessionInfo& session, MemoryGate& gate) {
+                                              const SessionInfo& session, MemoryGate& gate,
+                                              const DeviceSnapshotOptions& device) {
   const std::string who = absl::StrCat("rank ", part.rank(), " of job ", session.trainer.job);
   if (part.rank() != session.trainer.rank) {
     return absl::InternalError(
@@ -30,6 +64,8 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
   std::vector<TensorSpec>& tensors = snapshot.tensors;
   std::vector<DataFilePlan>& files = snapshot.files;
   std::set<std::string> keys;
+  std::vector<DeviceRange> device_ranges;
+  std::vector<char*> device_destinations;
   for (const pb::PlanFile& file : part.files()) {
     snapshot.file_paths.push_back(file.path());
     DataFilePlan plan;
@@ -56,10 +92,16 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
                          " does not match the shared tensor ", t.shard.tensor().key(),
                          shared.ok() ? absl::StrCat(" ", shared->DebugString()) : std::string()));
       }
-      if (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0)) {
-        return absl::UnimplementedError(
-            absl::StrCat(who, ": tensor ", piece.key(), " is in ", MemoryKindName(t.memory_kind),
-                         " memory; saving device tensors is not wired into the worker yet"));
+      const bool on_device = t.memory_kind == pb::MEMORY_DEVICE;
+      if (on_device && device.staging == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(who, ": tensor ", piece.key(), " is in device memory (device ", t.device,
+                         ") but this worker has no device staging (it serves no GPU)"));
+      }
+      if ((!on_device && (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0))) ||
+          (on_device && t.device_ptr == nullptr && t.nbytes > 0)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            who, ": tensor ", piece.key(), " is in ", MemoryKindName(t.memory_kind), " memory not mapped here"));
       }
       if (keys.insert(piece.key()).second) {
         absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype());
@@ -73,6 +115,13 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
       }
       // The copy is what gets written: the trainer may change its tensors once this returns.
       snapshot.buffers.emplace_back(new char[std::max<int64_t>(t.nbytes, 1)]);
+      if (on_device) {  // staged below, after every host piece
+        device_ranges.push_back(DeviceRange{piece.key(), t.device_ptr, t.nbytes});
+        device_destinations.push_back(snapshot.buffers.back().get());
+        plan.pieces.push_back(
+            PieceData{piece.key(), *region, snapshot.buffers.back().get(), t.nbytes});
+        continue;
+      }
       absl::Status copied =
           gate.Copy(snapshot.buffers.back().get(), t.data, static_cast<size_t>(t.nbytes));
       if (!copied.ok()) {
@@ -83,6 +132,11 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
           PieceData{piece.key(), *region, snapshot.buffers.back().get(), t.nbytes});
     }
     files.push_back(std::move(plan));
+  }
+  if (absl::Status s = StageDeviceSnapshot(device_ranges, device_destinations, who, gate, device,
+                                           &snapshot.device_staging);
+      !s.ok()) {
+    return s;
   }
   return snapshot;
 }

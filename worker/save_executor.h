@@ -16,6 +16,7 @@
 #include "storage/checkpoint_writer.h"
 #include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
+#include "worker/staging_pipeline.h"
 
 namespace ckpt::worker {
 
@@ -29,12 +30,26 @@ struct SaveSnapshot {
   std::vector<DataFilePlan> files;               // pieces point into `buffers`
   std::vector<std::string> file_paths;           // as planned, for messages
   std::vector<std::unique_ptr<char[]>> buffers;  // the copied bytes, one buffer per piece
+  // Device pieces: staged off the device through the worker's pinned pool (bytes 0 when none).
+  StagingStats device_staging;
+};
+
+// Where device pieces go through, and who hears that they left the device.
+struct DeviceSnapshotOptions {
+  PinnedStagingPool* staging = nullptr;  // null: device pieces are FailedPrecondition
+  // Called once every byte of this rank's device pieces has left device memory (and the host
+  // pieces are copied): the trainer may overwrite its tensors from then on.
+  std::function<void()> on_device_drained;
+  absl::Duration timeout = absl::Minutes(10);  // for the pool and each copy
 };
 
 // Checks `part` against the session (see ExecuteSavePart) and copies the pieces it writes,
-// through `gate` in chunks (a closed gate stops the copy with its reason).
+// through `gate` in chunks (a closed gate stops the copy with its reason). Host pieces are
+// copied first, then device pieces are staged off the device through `device.staging` in
+// chunks (see worker/staging_pipeline.h) into the snapshot's buffers.
 absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
-                                              const SessionInfo& session, MemoryGate& gate);
+                                              const SessionInfo& session, MemoryGate& gate,
+                                              const DeviceSnapshotOptions& device = {});
 
 // Writes a snapshot into its staging directory, one data file at a time; returns the record
 // of what it wrote (serialized pb::Manifest with pieces and files).

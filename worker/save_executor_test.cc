@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "device/host_memcpy_copy_engine_for_tests.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/manifest.pb.h"
@@ -165,6 +166,118 @@ TEST_F(SaveExecutorTest, PartOfAnotherRankIsAnInternalError) {
   pb::SavePlanPart part = Part();
   part.set_rank(1);
   EXPECT_EQ(ExecuteSavePart(part, session_).status().code(), absl::StatusCode::kInternal);
+}
+
+// A device tensor "d" (100 x 100 i32) whose "device" memory is host memory moved by the test
+// copy engine, added to the session beside the host tensor "w", and its piece in the plan.
+class DeviceSaveTest : public SaveExecutorTest {
+ protected:
+  void SetUp() override {
+    SaveExecutorTest::SetUp();
+    device_memory_.resize(100 * 100);
+    for (int i = 0; i < 100 * 100; ++i) device_memory_[i] = 7 * i + 1;
+    RegisteredTensor d;
+    d.shard.mutable_tensor()->set_key("d");
+    d.shard.mutable_tensor()->set_dtype(pb::DTYPE_I32);
+    for (int64_t v : {100, 100}) d.shard.mutable_tensor()->add_global_shape(v);
+    for (int64_t v : {0, 0}) d.shard.mutable_region()->add_offsets(v);
+    for (int64_t v : {100, 100}) d.shard.mutable_region()->add_lengths(v);
+    d.memory_kind = pb::MEMORY_DEVICE;
+    d.nbytes = 40000;
+    d.device = 0;
+    d.device_ptr = device_memory_.data();
+    session_.tensors.push_back(d);
+  }
+  pb::SavePlanPart MixedPart() {
+    pb::SavePlanPart part = Part();
+    part.set_total_bytes(64 + 40000);
+    pb::PlanPiece* p = part.mutable_files(0)->add_pieces();
+    *p->mutable_region() = session_.tensors[1].shard.region();
+    p->set_key("d");
+    p->set_dtype(pb::DTYPE_I32);
+    p->add_global_shape(100);
+    p->add_global_shape(100);
+    p->set_size_bytes(40000);
+    p->set_local_index(1);
+    return part;
+  }
+  std::vector<int32_t> device_memory_;
+  HostMemcpyCopyEngineForTests engine_;
+  PinnedStagingPool pool_{&engine_, 16384, 8192};  // 40000 bytes do not fit: 5 chunks, 2 buffers
+};
+
+TEST_F(DeviceSaveTest, TheCheckpointHoldsTheValuesAtSaveEvenIfOverwrittenOnceDrained) {
+  const std::vector<int32_t> at_save = device_memory_;
+  MemoryGate gate;
+  bool drained = false;
+  DeviceSnapshotOptions device;
+  device.staging = &pool_;
+  device.on_device_drained = [&] {
+    drained = true;
+    // The trainer overwrites its tensors as soon as Save returned.
+    for (int32_t& v : device_memory_) v = -1;
+    for (int i = 0; i < 16; ++i) data_[i] = -1;
+  };
+  auto snapshot = SnapshotSavePart(MixedPart(), session_, gate, device);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  EXPECT_TRUE(drained);
+  EXPECT_EQ(snapshot->device_staging.bytes, 40000);
+  EXPECT_TRUE(snapshot->device_staging.over_budget);
+  auto written = WriteSnapshot(*snapshot, nullptr);
+  ASSERT_TRUE(written.ok()) << written.status();
+  pb::Manifest m;
+  ASSERT_TRUE(m.ParseFromString(*written));
+  ASSERT_EQ(m.pieces_size(), 2);
+  for (const pb::StoredPiece& piece : m.pieces()) {
+    auto bytes =
+        ReadFileRange(JoinPath(staging_, piece.file()), piece.byte_offset(), piece.byte_length());
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    if (piece.key() == "d") {
+      ASSERT_EQ(bytes->size(), 40000u);
+      EXPECT_EQ(std::memcmp(bytes->data(), at_save.data(), 40000), 0);
+    } else {
+      std::vector<int32_t> host(16);
+      for (int i = 0; i < 16; ++i) host[i] = 100 + i;
+      EXPECT_EQ(std::memcmp(bytes->data(), host.data(), 64), 0);
+    }
+  }
+}
+
+TEST_F(DeviceSaveTest, DevicePiecesOnAWorkerWithoutStagingAreRefusedNamingTheTensor) {
+  MemoryGate gate;
+  auto snapshot = SnapshotSavePart(MixedPart(), session_, gate, {});
+  EXPECT_EQ(snapshot.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(snapshot.status().message()),
+              HasSubstr("rank 0 of job exec: tensor d is in device memory (device 0)"));
+}
+
+TEST_F(DeviceSaveTest, AFailedDeviceCopyFailsTheSnapshotNamingTensorAndRankWithoutDraining) {
+  engine_.set_hook([](const HostCopy& c) {
+    return c.bytes < 8192 ? absl::InternalError("CUDA cudaErrorLaunchFailure: injected")
+                          : absl::OkStatus();
+  });
+  MemoryGate gate;
+  bool drained = false;
+  DeviceSnapshotOptions device;
+  device.staging = &pool_;
+  device.on_device_drained = [&] { drained = true; };
+  auto snapshot = SnapshotSavePart(MixedPart(), session_, gate, device);
+  EXPECT_EQ(snapshot.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(snapshot.status().message()),
+              HasSubstr("rank 0 of job exec: tensor d bytes [32768, 40000)"));
+  EXPECT_FALSE(drained);
+}
+
+TEST_F(DeviceSaveTest, AClosedGateStopsTheDeviceStagingWithItsReason) {
+  MemoryGate gate;
+  gate.Close(absl::AbortedError("rank 1 died"));
+  DeviceSnapshotOptions device;
+  device.staging = &pool_;
+  pb::SavePlanPart part = MixedPart();
+  part.mutable_files(0)->mutable_pieces()->DeleteSubrange(0, 1);  // the device piece only
+  auto snapshot = SnapshotSavePart(part, session_, gate, device);
+  EXPECT_EQ(snapshot.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(snapshot.status().message()), HasSubstr("rank 1 died"));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 //   ckpt_worker --coordinator HOST:PORT [--listen unix:/path] [--local_rank N] [--gpu G]
 //               [--host NAME] [--data_plane_address ADDR] [--log_level info]
 //               [--ready_file F] [--gloo_loop_nice 10] [--trainer_uids U,...]
+//               [--pinned_staging_bytes N] [--staging_chunk_bytes N]
 //               [--tls_ca F --tls_cert F --tls_key F | --insecure]
 //
 // The trainers' socket is private to this uid (mode 0600) unless --trainer_uids allows
@@ -38,10 +39,12 @@
 #include "common/durable_file.h"
 #include "common/launcher_env.h"
 #include "common/transport_security.h"
+#include "device/cuda_copy_engine.h"
 #include "device/gpu.h"
 #include "spdlog/spdlog.h"
 #include "worker/coordinator_link.h"
 #include "worker/memory_registry.h"
+#include "worker/staging_pipeline.h"
 #include "worker/trainer_socket.h"
 #include "worker/worker_service.h"
 
@@ -51,7 +54,15 @@ ABSL_FLAG(
     "unix:/path to serve trainers on (default unix:/tmp/ckpt-worker-<uid>-<local_rank>.sock)");
 ABSL_FLAG(int, local_rank, -1,
           "local rank on this host (default: from the launcher's env, else 0)");
-ABSL_FLAG(int, gpu, -2, "GPU ordinal; -1 for none (default: local_rank modulo the GPU count)");
+ABSL_FLAG(int, gpu, -2,
+          "GPU ordinal whose device tensors this worker serves; -1 for none (default: local_rank "
+          "modulo the GPU count, host memory only when no GPU is usable)");
+ABSL_FLAG(int64_t, pinned_staging_bytes, int64_t{512} << 20,
+          "page-locked host memory this worker stages device tensors through (allocated at the "
+          "first device save or load, reused afterwards); a larger state still saves, its Save "
+          "returns later");
+ABSL_FLAG(int64_t, staging_chunk_bytes, int64_t{8} << 20,
+          "bytes of one device<->host staging copy");
 ABSL_FLAG(std::string, host, "", "host name to announce (default: this machine's)");
 ABSL_FLAG(std::string, data_plane_address, "",
           "address this worker's data plane (Gloo) binds to and peers reach it on (default: the "
@@ -129,8 +140,38 @@ int Run() {
   if (!absl::StartsWith(listen, "unix:/")) {
     return Fail(absl::StrCat("--listen must be unix:/absolute/path, got \"", listen, "\""));
   }
-  int gpu = absl::GetFlag(FLAGS_gpu);
-  if (gpu < -1) gpu = ckpt::GpuForLocalRank(*local_rank);
+  // Device memory is advertised only when this worker can really serve it: the GPU exists,
+  // takes a context and the copy engine's streams could be created on it.
+  const int gpu_flag = absl::GetFlag(FLAGS_gpu);
+  int gpu = gpu_flag < -1 ? ckpt::GpuForLocalRank(*local_rank) : gpu_flag;
+  std::unique_ptr<ckpt::CudaCopyEngine> copy_engine;
+  std::string no_device_reason = gpu_flag == -1 ? "--gpu -1" : "";
+  if (gpu >= 0) {
+    absl::Status usable = ckpt::CheckDeviceUsable(gpu);
+    if (usable.ok()) {
+      absl::StatusOr<std::unique_ptr<ckpt::CudaCopyEngine>> engine =
+          ckpt::CudaCopyEngine::Create(gpu);
+      if (engine.ok()) copy_engine = *std::move(engine);
+      usable = engine.status();
+    }
+    if (!usable.ok()) {
+      if (gpu_flag >= 0) {
+        return Fail(absl::StrCat("--gpu ", gpu_flag, " cannot be served: ", usable.message()));
+      }
+      no_device_reason = absl::StrCat("GPU ", gpu, " is not usable: ", usable.message());
+      gpu = -1;
+    }
+  } else if (no_device_reason.empty()) {
+    absl::StatusOr<int> gpus = ckpt::CudaDeviceCount();
+    no_device_reason =
+        gpus.ok() ? "no GPU for this local rank" : std::string(gpus.status().message());
+  }
+  std::unique_ptr<ckpt::worker::PinnedStagingPool> staging;
+  if (copy_engine != nullptr) {
+    staging = std::make_unique<ckpt::worker::PinnedStagingPool>(
+        copy_engine.get(), absl::GetFlag(FLAGS_pinned_staging_bytes),
+        absl::GetFlag(FLAGS_staging_chunk_bytes));
+  }
   std::string host = absl::GetFlag(FLAGS_host);
   if (host.empty()) host = ckpt::HostName();
   std::string data_plane = absl::GetFlag(FLAGS_data_plane_address);
@@ -162,14 +203,20 @@ int Run() {
   info.set_local_rank(*local_rank);
   info.set_gpu(gpu);
   if (gpu < 0) {
-    absl::StatusOr<int> gpus = ckpt::CudaDeviceCount();
-    spdlog::info("no_gpu reason=\"{}\" memory_kinds=host",
-                 gpus.ok() ? std::string("--gpu -1") : std::string(gpus.status().message()));
+    spdlog::info("no_gpu reason=\"{}\" memory_kinds=host", no_device_reason);
+  } else {
+    spdlog::info("device_staging gpu={} engine=\"{}\" pinned_bytes={} chunk_bytes={} buffers={}",
+                 gpu, std::string(copy_engine->name()), staging->capacity_bytes(),
+                 staging->chunk_bytes(), staging->num_buffers());
   }
 
   ckpt::worker::MemoryRegistry registry;
   ckpt::worker::CoordinatorLink link(link_options);
   ckpt::worker::WorkerService service(&registry, &link, host);
+  if (staging != nullptr) {
+    registry.ServeDevice(gpu);
+    service.set_device_staging(staging.get());
+  }
   service.set_gloo_loop_thread_nice(absl::GetFlag(FLAGS_gloo_loop_nice));
   const std::string ready_file = absl::GetFlag(FLAGS_ready_file);
   link.SetRegisteredHandler([&service, ready_file, listen](const std::string& worker_id) {

@@ -35,6 +35,7 @@
 #include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
 #include "worker/part_executor.h"
+#include "worker/staging_pipeline.h"
 #include "worker/trainer_socket.h"
 
 namespace ckpt::worker {
@@ -54,6 +55,9 @@ class WorkerService final : public pb::Worker::Service {
   // The executor of plan parts of `kind`, replacing the default (the constructor registers
   // save, load and reshard). Call before serving.
   void RegisterPartExecutor(pb::OperationKind kind, std::unique_ptr<PartExecutor> executor);
+  // The pinned pool device tensors are staged through (null: this worker serves no GPU and
+  // refuses device pieces). Must outlive the service; call before serving.
+  void set_device_staging(PinnedStagingPool* staging) { device_staging_ = staging; }
 
   grpc::Status Hello(grpc::ServerContext* context, const pb::TrainerHello* request,
                      pb::TrainerHelloResponse* response) override;
@@ -130,6 +134,7 @@ class WorkerService final : public pb::Worker::Service {
   const TrainerSocket* trainer_socket_ = nullptr;
   // One per operation kind; filled before serving, read-only after.
   std::map<pb::OperationKind, std::unique_ptr<PartExecutor>> part_executors_;
+  PinnedStagingPool* device_staging_ = nullptr;
   // A plan part running on its own thread.
   struct Executor {
     std::thread thread;
