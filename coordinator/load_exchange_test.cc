@@ -108,7 +108,9 @@ TEST(LoadExchangeTest, EveryStoredPieceIsReadOnceByARankThatNeedsIt) {
   for (const pb::LoadWaveEntry& w : parts[0].waves()) {
     for (const pb::LoadUnitEntry& u : w.units()) {
       // Row 0 is needed by ranks 0 and 1 only; row 1 by all three.
-      if (u.piece() == 0) EXPECT_LT(u.reader(), 2);
+      if (u.piece() == 0) {
+        EXPECT_LT(u.reader(), 2);
+      }
     }
     for (const pb::LoadDeliveryEntry& d : w.deliveries()) {
       EXPECT_EQ(parts[0].requests(d.request()).rank(), d.dst_rank());

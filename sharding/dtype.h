@@ -32,8 +32,8 @@ enum class DType : uint8_t {
 
 // Every DType, in enumerator order.
 inline constexpr DType kAllDTypes[] = {
-    DType::kBool, DType::kU8,   DType::kI8,     DType::kI16,    DType::kU16,    DType::kI32,
-    DType::kU32,  DType::kI64,  DType::kU64,    DType::kF16,    DType::kBF16,   DType::kF32,
+    DType::kBool, DType::kU8,     DType::kI8,     DType::kI16,    DType::kU16,  DType::kI32,
+    DType::kU32,  DType::kI64,    DType::kU64,    DType::kF16,    DType::kBF16, DType::kF32,
     DType::kF64,  DType::kF8E4M3, DType::kF8E5M2, DType::kF8E8M0, DType::kC64};
 
 // The safetensors name, e.g. "BF16", "F8_E4M3".

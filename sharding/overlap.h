@@ -36,7 +36,7 @@ std::optional<Region> IntersectBoxes(const Region& a, const Region& b);
 // present in both `src` and `dst` (honouring flat ranges on either side) from src storage to
 // dst storage. Empty when they do not overlap. Both regions must be valid for global_shape.
 absl::StatusOr<std::vector<CopyRun>> OverlapRuns(const Region& src, const Region& dst,
-                                                  absl::Span<const int64_t> global_shape);
+                                                 absl::Span<const int64_t> global_shape);
 
 // Number of elements present in both regions (sum of OverlapRuns lengths), computed
 // without materializing runs.

@@ -163,8 +163,10 @@ std::shared_ptr<grpc::Channel> Cluster::CoordinatorChannel(const TlsFiles& files
 
 void Cluster::StartCoordinator(const std::vector<std::string>& flags) {
   std::string address_file = absl::StrCat(dir_, "/coordinator.address");
-  std::vector<std::string> argv = {Runfile("coordinator/ckpt_coordinator"), "--listen=127.0.0.1:0",
-                                   "--address_file=" + address_file, "--log_level=debug",
+  std::vector<std::string> argv = {Runfile("coordinator/ckpt_coordinator"),
+                                   "--listen=127.0.0.1:0",
+                                   "--address_file=" + address_file,
+                                   "--log_level=debug",
                                    "--checkpoint_root=" + dir_,
                                    "--state_dir=" + dir_ + "/coordinator-state"};
   for (const std::string& flag : TlsFlags(coordinator_tls_)) argv.push_back(flag);

@@ -3,8 +3,8 @@
 # test (plus the parser fuzz tests and the multi-process tests, daemons included, again under
 # AddressSanitizer: the targets tagged "asan"; the in-process concurrency tests under
 # ThreadSanitizer: those tagged "tsan"; and the libFuzzer targets for a bounded time under
-# ASan + UBSan through tools/fuzz.sh; and the layering checks of tools/layering.py), and prints
-# one summary line
+# ASan + UBSan through tools/fuzz.sh; the layering checks of tools/layering.py; and the
+# clang-format check of tools/format.sh), and prints one summary line
 #   N passed, M failed, K skipped
 # counted over individual test cases. Exits non-zero if anything failed or did not build.
 set -uo pipefail
@@ -49,6 +49,11 @@ fi
 echo "== tools/layering.py ci (layers, architecture table, visibility) =="
 rm -rf bazel-lint-testlogs
 python3 tools/layering.py ci --testlogs bazel-lint-testlogs || status=1
+
+# Formatting (tools/format.sh, pinned to clang-format 14): one JUnit test case beside the
+# layering ones, so an unformatted file is a failed test in the summary line.
+echo "== tools/format.sh --check (clang-format 14) =="
+./tools/format.sh --check --junit bazel-lint-testlogs/tools/clang_format/test.xml || status=1
 
 echo "== tools/fuzz.sh (libFuzzer + ASan + UBSan, ${CKPT_FUZZ_SECONDS:-30}s per parser) =="
 ./tools/fuzz.sh || status=1

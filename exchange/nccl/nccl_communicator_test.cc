@@ -36,16 +36,22 @@ TEST(NcclNoDeviceTest, CreateReportsNoCudaDeviceAsFailedPrecondition) {
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t n) : n_(n) {
-    if (n_ > 0) EXPECT_EQ(cudaMalloc(&ptr_, n_), cudaSuccess);
+    if (n_ > 0) {
+      EXPECT_EQ(cudaMalloc(&ptr_, n_), cudaSuccess);
+    }
   }
   explicit DeviceBuffer(const std::string& s) : DeviceBuffer(s.size()) {
-    if (n_ > 0) EXPECT_EQ(cudaMemcpy(ptr_, s.data(), n_, cudaMemcpyHostToDevice), cudaSuccess);
+    if (n_ > 0) {
+      EXPECT_EQ(cudaMemcpy(ptr_, s.data(), n_, cudaMemcpyHostToDevice), cudaSuccess);
+    }
   }
   ~DeviceBuffer() { cudaFree(ptr_); }
   char* get() { return static_cast<char*>(ptr_); }
   std::string ToHost() const {
     std::string s(n_, '\0');
-    if (n_ > 0) EXPECT_EQ(cudaMemcpy(s.data(), ptr_, n_, cudaMemcpyDeviceToHost), cudaSuccess);
+    if (n_ > 0) {
+      EXPECT_EQ(cudaMemcpy(s.data(), ptr_, n_, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
     return s;
   }
 

@@ -114,9 +114,9 @@ struct Subject {
   int days = 825;
 };
 
-// A certificate for `key` signed by `issuer_key` (self-signed when `issuer` is null).
-absl::StatusOr<Owned<X509>> NewCertificate(const Subject& subject, EVP_PKEY* key, X509* issuer,
-                                           EVP_PKEY* issuer_key) {
+// An unsigned certificate for `key` whose issuer is `issuer`'s subject (its own subject when
+// `issuer` is null: self-signed). Sign() signs it with the issuer's key.
+absl::StatusOr<Owned<X509>> NewCertificate(const Subject& subject, EVP_PKEY* key, X509* issuer) {
   Owned<X509> cert(X509_new());
   Owned<BIGNUM> serial_number(BN_new());
   if (cert == nullptr || serial_number == nullptr ||
@@ -182,8 +182,7 @@ absl::Status Init(const std::string& dir, int days) {
   }
   absl::StatusOr<Owned<EVP_PKEY>> key = NewKey();
   if (!key.ok()) return key.status();
-  absl::StatusOr<Owned<X509>> cert =
-      NewCertificate({"ckpt CA", "ca", days}, key->get(), nullptr, nullptr);
+  absl::StatusOr<Owned<X509>> cert = NewCertificate({"ckpt CA", "ca", days}, key->get(), nullptr);
   if (!cert.ok()) return cert.status();
   X509* c = cert->get();
   for (const auto& [nid, value] : std::vector<std::pair<int, std::string>>{
@@ -222,8 +221,7 @@ absl::Status Issue(const std::string& dir, Role role, const std::string& name, i
   absl::StatusOr<Owned<EVP_PKEY>> key = NewKey();
   if (!key.ok()) return key.status();
   const std::string role_name(RoleName(role));
-  absl::StatusOr<Owned<X509>> cert =
-      NewCertificate({name, role_name, days}, key->get(), ca->get(), ca_key->get());
+  absl::StatusOr<Owned<X509>> cert = NewCertificate({name, role_name, days}, key->get(), ca->get());
   if (!cert.ok()) return cert.status();
   std::string san = absl::StrCat("URI:", RoleUri(role));
   if (role == Role::kCoordinator) absl::StrAppend(&san, ",DNS:", kCoordinatorServerName);

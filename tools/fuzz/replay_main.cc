@@ -40,8 +40,8 @@ std::string Mutate(const std::vector<std::string>& corpus, std::mt19937_64& rng)
         s.resize(s.empty() ? 0 : rng() % s.size());
         break;
       case 2: {  // insert a byte that parsers care about
-        static constexpr char kSyntax[] = {'{', '}', '[', ']', '"', ',', ':', '0', '9',
-                                           '-', 'e', '.', '\\', '\n', '\xff', '\0'};
+        static constexpr char kSyntax[] = {'{', '}', '[', ']', '"',  ',',  ':',    '0',
+                                           '9', '-', 'e', '.', '\\', '\n', '\xff', '\0'};
         s.insert(s.empty() ? 0 : rng() % s.size(), 1, kSyntax[rng() % sizeof(kSyntax)]);
         break;
       }
