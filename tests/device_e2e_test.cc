@@ -130,7 +130,8 @@ TEST(DeviceEndToEndTest, AWorkerOnAMachineWithoutAGpuAdvertisesHostMemoryOnly) {
   pb::GetStatusResponse s = cluster.Status();
   const pb::WorkerStatus* w = FindWorker(s, cluster.worker_id(0));
   ASSERT_NE(w, nullptr);
-  EXPECT_THAT(w->info().memory_kinds(), ::testing::ElementsAre(pb::MEMORY_HOST)) << w->DebugString();
+  EXPECT_THAT(w->info().memory_kinds(), ::testing::ElementsAre(pb::MEMORY_HOST))
+      << w->DebugString();
   EXPECT_EQ(w->info().gpu(), -1);
 }
 

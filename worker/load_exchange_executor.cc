@@ -116,9 +116,9 @@ absl::Status BindToTrainerTensors(std::vector<LoadRequest>& requests, int me,
       device_shadows->emplace_back(&t, new char[std::max<int64_t>(t.nbytes, 1)]);
       q.dest = device_shadows->back().second.get();
     } else if (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          who, ": tensor ", q.key, " is in ", MemoryKindName(t.memory_kind),
-          " memory not mapped here"));
+      return absl::FailedPreconditionError(absl::StrCat(who, ": tensor ", q.key, " is in ",
+                                                        MemoryKindName(t.memory_kind),
+                                                        " memory not mapped here"));
     } else {
       q.dest = reinterpret_cast<char*>(t.data);
     }

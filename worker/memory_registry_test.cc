@@ -182,7 +182,9 @@ TEST_F(MemoryRegistryTest, DeviceTensorsNeedAWorkerThatServesAGpu) {
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("job job rank 0: tensor a (device 0) is in device memory, "
                         "but this worker serves no GPU"));
-  if (!CudaDeviceCount().ok()) EXPECT_THAT(s.message(), HasSubstr("CUDA"));
+  if (!CudaDeviceCount().ok()) {
+    EXPECT_THAT(s.message(), HasSubstr("CUDA"));
+  }
 }
 
 TEST(CheckDeviceShareTest, AcceptsATensorInsideItsAllocationOnTheWorkersGpu) {

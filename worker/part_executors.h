@@ -38,7 +38,7 @@ struct LoadEnvironment {
   CoordinatorLink* link = nullptr;  // rendezvous address and security, lease
   std::string host;                 // data-plane address when the link announces none
   const int* gloo_loop_thread_nice = nullptr;
-  const absl::Notification* stopping = nullptr;  // the worker is shutting down
+  const absl::Notification* stopping = nullptr;        // the worker is shutting down
   PinnedStagingPool* const* device_staging = nullptr;  // the worker's pool (null: no GPU)
 };
 

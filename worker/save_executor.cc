@@ -98,10 +98,12 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
             absl::StrCat(who, ": tensor ", piece.key(), " is in device memory (device ", t.device,
                          ") but this worker has no device staging (it serves no GPU)"));
       }
-      if ((!on_device && (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0))) ||
+      if ((!on_device &&
+           (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0))) ||
           (on_device && t.device_ptr == nullptr && t.nbytes > 0)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            who, ": tensor ", piece.key(), " is in ", MemoryKindName(t.memory_kind), " memory not mapped here"));
+        return absl::FailedPreconditionError(absl::StrCat(who, ": tensor ", piece.key(), " is in ",
+                                                          MemoryKindName(t.memory_kind),
+                                                          " memory not mapped here"));
       }
       if (keys.insert(piece.key()).second) {
         absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype());

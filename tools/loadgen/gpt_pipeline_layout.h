@@ -17,8 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "planner/layout_spec.h"
 #include "examples/gpt_state.h"
+#include "planner/layout_spec.h"
 #include "proto/coordinator.pb.h"
 
 namespace ckpt::loadgen {

@@ -41,8 +41,8 @@ struct LoadgenOptions {
   std::vector<std::string> operations = {"save", "load"};
   // LOAD_ALGORITHM_UNSPECIFIED = the coordinator's default (auto).
   pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;
-  int max_in_flight = 256;     // calls issued and not yet answered (joins, attaches, ...)
-  int channels = 64;           // gRPC channels (connections) the workers share
+  int max_in_flight = 256;  // calls issued and not yet answered (joins, attaches, ...)
+  int channels = 64;        // gRPC channels (connections) the workers share
   int cq_threads = 2;
   int executor_threads = 2;
   bool rank_waits = true;  // every rank waits through its own WaitOperation, as trainers do
