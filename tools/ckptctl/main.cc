@@ -23,7 +23,7 @@ int RunGcCommand(const std::vector<std::string>& args);       // gc_cmd.cc
 
 const std::vector<Command>& AllCommands() {
   static const std::vector<Command>* commands = new std::vector<Command>{
-      {"plan", "Megatron-exact shard distributions on JSON Lines (distribute, main-replicas)",
+      {"plan", "Megatron-exact distributions, DTensor shards on JSON Lines (see plan --help)",
        RunPlanCommand},
       {"inspect", "show a checkpoint's tensors, pieces, files, layout and metadata",
        RunInspectCommand},
