@@ -16,6 +16,7 @@
 #include "storage/tensor_source.h"
 #include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
+#include "tools/ckptctl/dcp_bridge.h"
 
 namespace ckpt::ckptctl {
 namespace {
@@ -27,8 +28,9 @@ constexpr char kUsage[] =
     "usage: ckptctl diff <A> <B> [--memory-budget SIZE] [--max-reports N] [--threads N]\n"
     "                    [--direct] [--no-uring]\n\n"
     "Compares two checkpoints tensor by tensor, whatever their formats and layouts: a ckpt\n"
-    "checkpoint (any sharding) or safetensors (a file, a directory of them, or an index\n"
-    ".json). Reports keys\n"
+    "checkpoint (any sharding), safetensors (a file, a directory of them, or an index .json)\n"
+    "or a PyTorch DCP / torch_dist directory (.metadata; first imported into a temporary ckpt\n"
+    "checkpoint under $TMPDIR, see ckptctl import --from dcp --help). Reports keys\n"
     "only in A or only in B, dtype and shape differences, and for tensors whose elements\n"
     "differ (bit for bit: -0.0 differs from 0.0, NaNs compare by their bits) the count, the\n"
     "first differing element with its index and both values, and for floats the largest\n"
@@ -119,9 +121,21 @@ int Diff(const std::vector<std::string>& args) {
     return Usage(kCmd, "--max-reports must be a non-negative integer");
   }
 
+  // DCP sides are imported into temporary ckpt checkpoints first (removed on return).
+  std::vector<std::unique_ptr<TemporaryImport>> imports;
   std::vector<std::unique_ptr<TensorSource>> sides;
   for (int i = 0; i < 2; ++i) {
-    const std::string& path = a.positional[i];
+    std::string path = a.positional[i];
+    if (IsDcpCheckpointDir(path)) {
+      auto imported = ImportDcpTemporarily(path, budget);
+      if (!imported.ok()) {
+        std::fprintf(stderr, "ckptctl diff: %s: %s\n", i == 0 ? "A" : "B",
+                     std::string(imported.status().message()).c_str());
+        return 2;
+      }
+      path = (*imported)->path();
+      imports.push_back(std::move(*imported));
+    }
     auto source = OpenTensorSource(path, io);
     if (!source.ok()) {
       std::fprintf(stderr, "ckptctl diff: %s: %s\n", i == 0 ? "A" : "B",

@@ -21,6 +21,7 @@
 #include "storage/verify.h"
 #include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
+#include "tools/ckptctl/dcp_cmd.h"
 
 namespace ckpt::ckptctl {
 namespace {
@@ -224,7 +225,8 @@ int RunImport(const std::vector<std::string>& args) {
         "Converts a Hugging Face-style safetensors checkpoint into a ckpt checkpoint (each\n"
         "tensor stored whole), committed atomically, so it can be loaded into any sharded\n"
         "layout. An existing checkpoint is replaced only with --overwrite, which refuses to\n"
-        "replace anything that is not a committed ckpt checkpoint.\n");
+        "replace anything that is not a committed ckpt checkpoint.\n"
+        "PyTorch DCP / Megatron torch_dist sources: see ckptctl import --from dcp --help.\n");
     return 0;
   }
   if (!a.error.empty()) return Usage(cmd, a.error);
@@ -255,7 +257,8 @@ int RunExport(const std::vector<std::string>& args) {
         "files plus model.safetensors.index.json when --max-file-size (e.g. 5GB, 500MiB)\n"
         "splits them. Checksums are verified while reading. --overwrite replaces an earlier\n"
         "export's files (regular files named as above; stale shards of it are removed) and\n"
-        "never touches anything else in the directory.\n");
+        "never touches anything else in the directory.\n"
+        "PyTorch DCP destinations: see ckptctl export --to dcp --help.\n");
     return 0;
   }
   if (!a.error.empty()) return Usage(cmd, a.error);
@@ -278,7 +281,12 @@ int RunExport(const std::vector<std::string>& args) {
 
 int RunInspectCommand(const std::vector<std::string>& args) { return RunInspect(args); }
 int RunVerifyCommand(const std::vector<std::string>& args) { return RunVerify(args); }
-int RunImportCommand(const std::vector<std::string>& args) { return RunImport(args); }
-int RunExportCommand(const std::vector<std::string>& args) { return RunExport(args); }
+// DCP sources and destinations go to tools/ckptctl/dcp_cmd.cc.
+int RunImportCommand(const std::vector<std::string>& args) {
+  return WantsDcp(args, "from", /*detect_source=*/true) ? RunDcpImport(args) : RunImport(args);
+}
+int RunExportCommand(const std::vector<std::string>& args) {
+  return WantsDcp(args, "to", /*detect_source=*/false) ? RunDcpExport(args) : RunExport(args);
+}
 
 }  // namespace ckpt::ckptctl
