@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,6 +16,7 @@
 #include "sharding/dtype.h"
 #include "sharding/region.h"
 #include "storage/checkpoint_reader.h"
+#include "storage/export_transform.h"
 #include "storage/file_util.h"
 #include "storage/interop.h"
 #include "storage/manifest_codec.h"
@@ -246,18 +248,23 @@ int RunImport(const std::vector<std::string>& args) {
 
 int RunExport(const std::vector<std::string>& args) {
   const std::string cmd = "export";
-  Args a =
-      ParseArgs(args, With(kIoBoolFlags, {"overwrite"}), With(kIoValueFlags, {"max-file-size"}));
+  Args a = ParseArgs(args, With(kIoBoolFlags, {"overwrite"}),
+                     With(kIoValueFlags, {"max-file-size", "dtype", "rename"}));
   if (a.flags.count("help")) {
     std::printf(
         "usage: ckptctl export <checkpoint> <out.safetensors | out-dir> [--max-file-size SIZE]\n"
-        "                      [--overwrite] [--threads N] [--direct]\n\n"
+        "                      [--dtype BF16|F16|F32] [--rename map.json] [--overwrite]\n"
+        "                      [--threads N] [--direct]\n\n"
         "Consolidates every tensor into one full, unsharded tensor and writes safetensors:\n"
         "a single file, or in a directory model.safetensors, or model-0000i-of-0000n\n"
         "files plus model.safetensors.index.json when --max-file-size (e.g. 5GB, 500MiB)\n"
         "splits them. Checksums are verified while reading. --overwrite replaces an earlier\n"
         "export's files (regular files named as above; stale shards of it are removed) and\n"
         "never touches anything else in the directory.\n"
+        "--dtype writes every floating-point tensor (F64/F32/F16/BF16) as that dtype, e.g.\n"
+        "BF16 for fp32 master weights (round to nearest even, as torch); others keep theirs.\n"
+        "--rename map.json ({\"old key\": \"new key\", ...}) renames tensors on the way out;\n"
+        "every mapped key must exist and no two tensors may get one name.\n"
         "PyTorch DCP destinations: see ckptctl export --to dcp --help.\n");
     return 0;
   }
@@ -270,6 +277,22 @@ int RunExport(const std::vector<std::string>& args) {
   if (a.flags.count("max-file-size") &&
       !ParseSize(a.flags.at("max-file-size"), &eo.max_file_bytes)) {
     return Usage(cmd, absl::StrCat("bad --max-file-size \"", a.flags.at("max-file-size"), "\""));
+  }
+  if (a.flags.count("dtype")) {
+    auto dtype = ParseDType(absl::AsciiStrToUpper(a.flags.at("dtype")));
+    if (!dtype.ok() || !IsConvertibleFloat(*dtype)) {
+      return Usage(cmd, absl::StrCat("--dtype must be BF16, F16, F32 or F64, not \"",
+                                     a.flags.at("dtype"), "\""));
+    }
+    eo.float_dtype = *dtype;
+  }
+  if (a.flags.count("rename")) {
+    const std::string& path = a.flags.at("rename");
+    auto text = ReadWholeFile(path, int64_t{64} << 20);
+    if (!text.ok()) return Fail(cmd, text.status());
+    auto mapping = ParseKeyMapping(*text, path);
+    if (!mapping.ok()) return Fail(cmd, mapping.status());
+    eo.rename = *std::move(mapping);
   }
   auto files = ExportCheckpoint(a.positional[0], a.positional[1], eo);
   if (!files.ok()) return Fail(cmd, files.status());
