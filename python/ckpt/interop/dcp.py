@@ -288,10 +288,11 @@ def import_dcp(src, dst, overwrite=False, workers=1, memory_budget=DEFAULT_BUDGE
     user_metadata.update(extra_meta)
     workers = max(1, workers)
     batches = batch_items(items, max(1, memory_budget // (2 * workers)))
-    jobs = [(src, None, tensors, batches[w::workers], w) for w in range(workers)]
     staging = storage.create_staging(dst, overwrite)
     try:
-        jobs = [(s, staging, t, b, w) for s, _, t, b, w in jobs if b]
+        # Worker w writes data files r<w>_<i>: one per batch, batches dealt round robin.
+        jobs = [(src, staging, tensors, batches[w::workers], w) for w in range(workers)
+                if batches[w::workers]]
         records = [r for part in _run_workers(import_batches, jobs, workers) for r in part]
         final_step = step if step is not None else (common_step or 0)
         storage.commit(staging, dst, tensors, records, user_metadata, final_step, overwrite)
