@@ -22,6 +22,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "storage/checkpoint_reader.h"
+#include "storage/export_transform.h"
 #include "storage/file_util.h"
 #include "storage/manifest_codec.h"
 #include "storage/safetensors.h"
@@ -333,27 +334,72 @@ namespace {
 
 // One tensor of an export and how it is grouped into files.
 struct ExportItem {
-  std::string key;
-  DType dtype;
+  std::string key;  // the exported name
+  DType dtype;      // the exported dtype
   std::vector<int64_t> shape;
-  int64_t bytes;
+  int64_t bytes;           // exported bytes
+  std::string source_key;  // the checkpoint's key
+  DType source_dtype;      // the checkpoint's dtype
 };
 
-absl::StatusOr<std::vector<ExportItem>> ExportItems(const pb::Manifest& m) {
+absl::StatusOr<std::vector<ExportItem>> ExportItems(const pb::Manifest& m,
+                                                    const ExportOptions& options) {
+  std::vector<std::string> keys;
+  for (const pb::TensorMeta& t : m.tensors()) keys.push_back(t.key());
+  CKPT_ASSIGN_OR_RETURN(std::vector<std::string> names, RenameKeys(keys, options.rename));
   std::vector<ExportItem> items;
-  for (const pb::TensorMeta& t : m.tensors()) {
+  for (int i = 0; i < m.tensors_size(); ++i) {
+    const pb::TensorMeta& t = m.tensors(i);
     CKPT_ASSIGN_OR_RETURN(DType d, DTypeFromProto(t.dtype()));
     std::vector<int64_t> shape(t.global_shape().begin(), t.global_shape().end());
     CKPT_ASSIGN_OR_RETURN(int64_t n, CheckedNumElements(shape));
-    if (!IsValidUtf8(t.key())) {
+    if (!IsValidUtf8(names[i])) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor key \"", t.key(), "\" is not valid UTF-8 and cannot be a safetensors name"));
+          "tensor key \"", names[i], "\" is not valid UTF-8 and cannot be a safetensors name"));
     }
-    items.push_back({t.key(), d, shape, n * DTypeSize(d)});
+    const DType out = ExportedDType(d, options.float_dtype);
+    items.push_back({names[i], out, shape, n * DTypeSize(out), t.key(), d});
   }
   std::sort(items.begin(), items.end(),
             [](const ExportItem& a, const ExportItem& b) { return a.key < b.key; });
   return items;
+}
+
+// Fills entries [first, last) of one file's group (back to back in `buf`): one batch of
+// region reads, into `buf` directly or, for converted tensors, into scratch then converted.
+absl::Status FillExportBatch(const CheckpointReader& reader, const std::vector<ExportItem>& items,
+                             const std::vector<size_t>& group,
+                             const std::vector<SafetensorsEntry>& entries, size_t first,
+                             size_t last, char* buf) {
+  int64_t scratch_bytes = 0;
+  for (size_t e = first; e < last; ++e) {
+    const ExportItem& it = items[group[e]];
+    if (it.dtype != it.source_dtype) {
+      scratch_bytes += it.bytes / DTypeSize(it.dtype) * DTypeSize(it.source_dtype);
+    }
+  }
+  std::unique_ptr<char[]> scratch(new char[std::max<int64_t>(1, scratch_bytes)]);
+  std::vector<CheckpointReader::RegionRead> batch;
+  std::vector<std::pair<size_t, char*>> converted;  // entry, its source bytes in scratch
+  int64_t used = 0;
+  for (size_t e = first; e < last; ++e) {
+    const ExportItem& it = items[group[e]];
+    char* out = buf + (entries[e].begin - entries[first].begin);
+    if (it.dtype != it.source_dtype) {
+      char* source = scratch.get() + used;
+      used += it.bytes / DTypeSize(it.dtype) * DTypeSize(it.source_dtype);
+      converted.emplace_back(e, source);
+      out = source;
+    }
+    batch.push_back({it.source_key, WholeRegion(it.shape), out});
+  }
+  CKPT_RETURN_IF_ERROR(reader.ReadRegions(batch));
+  for (const auto& [e, source] : converted) {
+    const ExportItem& it = items[group[e]];
+    ConvertFloats(it.source_dtype, it.dtype, source,
+                  buf + (entries[e].begin - entries[first].begin), it.bytes / DTypeSize(it.dtype));
+  }
+  return absl::OkStatus();
 }
 
 // Groups items (in key order) into files of at most max_file_bytes (0: one file).
@@ -421,7 +467,7 @@ absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckp
   ro.io = options.io;
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(ckpt, ro));
   const pb::Manifest& m = reader->manifest();
-  CKPT_ASSIGN_OR_RETURN(std::vector<ExportItem> items, ExportItems(m));
+  CKPT_ASSIGN_OR_RETURN(std::vector<ExportItem> items, ExportItems(m, options));
   const std::vector<std::vector<size_t>> groups = GroupIntoFiles(items, options.max_file_bytes);
   CKPT_ASSIGN_OR_RETURN(ExportTargets targets, PrepareExportTargets(out, groups.size(), options));
   std::vector<std::string> paths = targets.paths;
@@ -442,13 +488,7 @@ absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckp
     total += pos;
     CKPT_RETURN_IF_ERROR(WriteSafetensorsFile(
         paths[g], entries, metadata, [&](size_t first, size_t last, char* buf) {
-          std::vector<CheckpointReader::RegionRead> batch;
-          for (size_t e = first; e < last; ++e) {
-            const ExportItem& it = items[groups[g][e]];
-            batch.push_back(
-                {it.key, WholeRegion(it.shape), buf + (entries[e].begin - entries[first].begin)});
-          }
-          return reader->ReadRegions(batch);
+          return FillExportBatch(*reader, items, groups[g], entries, first, last, buf);
         }));
   }
   if (groups.size() > 1) {

@@ -4,11 +4,14 @@
 #define CKPT_STORAGE_INTEROP_H_
 
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/manifest.pb.h"
+#include "sharding/dtype.h"
 #include "storage/checkpoint_writer.h"
 
 namespace ckpt {
@@ -34,6 +37,13 @@ struct ExportOptions {
   // not rewrite are removed after it succeeds. Nothing else is ever touched.
   bool overwrite = false;
   IoOptions io;  // for reading the checkpoint
+  // Floating-point tensors (F64, F32, F16, BF16) are written as this dtype (e.g. BF16 for
+  // fp32 master weights; nearest even, as torch's Tensor.to), others keep theirs
+  // (storage/export_transform.h). Memory then also holds a batch's source bytes.
+  std::optional<DType> float_dtype;
+  // Exported names: checkpoint key -> name (storage/export_transform.h RenameKeys: every
+  // mapped key must exist, no two tensors may end up with one name). Others keep their key.
+  std::map<std::string, std::string> rename;
 };
 
 // Consolidates every tensor of `ckpt` into full, unsharded tensors. `out` ending in

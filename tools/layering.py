@@ -54,10 +54,13 @@ LAYERS = {
     "worker": ["common", "sharding", "proto", "device", "planner", "storage", "exchange",
                "rendezvous", "reshard"],
     "client": ["common", "sharding", "proto", "device"],
-    "python": ["common", "sharding", "proto", "device", "client"],
+    # The bindings: the trainer client, and (python/ckpt/interop) the storage format and the
+    # target-layout parser for DCP/Megatron conversion, so no format code is written twice.
+    "python": ["common", "sharding", "proto", "device", "client", "planner", "storage"],
     "examples": ["common", "sharding", "proto", "planner", "storage", "client", "reshard"],
+    # ckptctl runs python/ckpt/interop's DCP converter (a data dependency, exec'd).
     "tools": ["common", "sharding", "proto", "device", "planner", "storage", "exchange",
-              "rendezvous", "reshard", "coordinator", "worker", "client", "examples"],
+              "rendezvous", "reshard", "coordinator", "worker", "client", "python", "examples"],
     "tests": ["common", "sharding", "proto", "device", "planner", "storage", "exchange",
               "rendezvous", "reshard", "coordinator", "worker", "client", "examples", "tools",
               "python"],

@@ -20,10 +20,11 @@ int RunLoadCommand(const std::vector<std::string>& args);     // operation_cmd.c
 int RunReshardCommand(const std::vector<std::string>& args);  // reshard_cmd.cc
 int RunCertsCommand(const std::vector<std::string>& args);    // certs_cmd.cc
 int RunGcCommand(const std::vector<std::string>& args);       // gc_cmd.cc
+int RunDiffCommand(const std::vector<std::string>& args);     // diff_cmd.cc
 
 const std::vector<Command>& AllCommands() {
   static const std::vector<Command>* commands = new std::vector<Command>{
-      {"plan", "Megatron-exact shard distributions on JSON Lines (distribute, main-replicas)",
+      {"plan", "Megatron-exact distributions, DTensor shards on JSON Lines (see plan --help)",
        RunPlanCommand},
       {"inspect", "show a checkpoint's tensors, pieces, files, layout and metadata",
        RunInspectCommand},
@@ -32,6 +33,8 @@ const std::vector<Command>& AllCommands() {
       {"import", "convert Hugging Face safetensors (file, dir or index.json) into a checkpoint",
        RunImportCommand},
       {"export", "consolidate a checkpoint into full tensors as safetensors", RunExportCommand},
+      {"diff", "compare two checkpoints (any formats, layouts) tensor by tensor; exit 0 same",
+       RunDiffCommand},
       {"status", "workers, jobs and operations in flight (with progress) of a coordinator",
        RunStatusCommand},
       {"save", "operator-requested save of a running job (at its next Poll); waits for commit",

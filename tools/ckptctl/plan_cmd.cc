@@ -1,5 +1,6 @@
 // `ckptctl plan distribute` and `ckptctl plan main-replicas`: the planner's Megatron-exact
-// distributions over JSON Lines, for operators debugging a plan and for tests.
+// distributions (and DTensor local shards) over JSON Lines, for operators debugging a plan and
+// for tests.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "tools/ckptctl/commands.h"
+#include "tools/ckptctl/dtensor_lines.h"
 #include "tools/ckptctl/plan_lines.h"
 
 namespace ckpt::ckptctl {
@@ -25,6 +27,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: ckptctl plan distribute    [--input F] [--output F] [--keep-out-of-range-ranks]\n"
     "       ckptctl plan main-replicas [--input F] [--output F]\n"
+    "       ckptctl plan dtensor       [--input F] [--output F]\n"
     "\n"
     "Runs the planner's Megatron-exact distributions on JSON Lines: one JSON object per input\n"
     "line gives one output line (blank lines are skipped). Input is stdin and output stdout\n"
@@ -46,6 +49,12 @@ constexpr char kUsage[] =
     "...]},\n"
     "      \"plan_seconds\": s}\n"
     "  ignore_groups may be omitted (false); per_rank must have N lists (also for N <= 1).\n"
+    "dtensor: {\"global_shape\": [..], \"mesh_shape\": [..],\n"
+    "          \"placements\": [\"Shard(<dim>)\" | \"Replicate()\", ..], \"ranks\": [r, ..]}\n"
+    "  -> {\"shards\": [[local_shape, global_offset, replica_id], ..]}  (one per listed rank,\n"
+    "     or every rank in order when \"ranks\" is omitted), as PyTorch's DTensor computes\n"
+    "     them (compute_local_shape_and_global_offset; an empty shard's offset is the dim's\n"
+    "     global size); replica_id is the coordinates along the Replicate() mesh dims.\n"
     "\n"
     "plan_seconds times the distribution alone (not JSON parsing or printing).\n"
     "Errors: a malformed line or an input the planner rejects stops the command with one\n"
@@ -117,7 +126,7 @@ int RunPlan(const std::vector<std::string>& args) {
     return args.size() < 2 ? 2 : 0;
   }
   const std::string& mode = args[1];
-  if (mode != "distribute" && mode != "main-replicas") {
+  if (mode != "distribute" && mode != "main-replicas" && mode != "dtensor") {
     std::fprintf(stderr, "%s: unknown subcommand \"%s\" (see ckptctl plan --help)\n", prog.c_str(),
                  mode.c_str());
     return 2;
@@ -149,8 +158,11 @@ int RunPlan(const std::vector<std::string>& args) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(text.status().message()).c_str());
     return 1;
   }
-  absl::StatusOr<std::string> output = RunPlanLines(
-      mode == "distribute" ? PlanMode::kDistribute : PlanMode::kMainReplicas, *text, options);
+  absl::StatusOr<std::string> output =
+      mode == "dtensor"
+          ? RunDTensorLines(*text)
+          : RunPlanLines(mode == "distribute" ? PlanMode::kDistribute : PlanMode::kMainReplicas,
+                         *text, options);
   if (!output.ok()) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(output.status().message()).c_str());
     return 1;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,128 +16,21 @@
 #include "sharding/dtype.h"
 #include "sharding/region.h"
 #include "storage/checkpoint_reader.h"
+#include "storage/export_transform.h"
 #include "storage/file_util.h"
 #include "storage/interop.h"
 #include "storage/manifest_codec.h"
 #include "storage/verify.h"
+#include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
+#include "tools/ckptctl/dcp_cmd.h"
 
 namespace ckpt::ckptctl {
 namespace {
 
 using Json = nlohmann::json;
 
-// Parsed "--flag", "--flag=value" / "--flag value" options and positional arguments.
-struct Args {
-  std::vector<std::string> positional;
-  std::map<std::string, std::string> flags;
-  std::string error;
-};
-
-Args ParseArgs(const std::vector<std::string>& args, const std::vector<std::string>& bool_flags,
-               const std::vector<std::string>& value_flags) {
-  Args out;
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a.rfind("--", 0) != 0 || a == "--") {
-      out.positional.push_back(a);
-      continue;
-    }
-    std::string name = a.substr(2), value;
-    const size_t eq = name.find('=');
-    const bool has_value = eq != std::string::npos;
-    if (has_value) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
-    if (std::find(bool_flags.begin(), bool_flags.end(), name) != bool_flags.end()) {
-      if (has_value) out.error = absl::StrCat("--", name, " takes no value");
-      out.flags[name] = "1";
-    } else if (std::find(value_flags.begin(), value_flags.end(), name) != value_flags.end()) {
-      if (!has_value) {
-        if (i + 1 >= args.size()) {
-          out.error = absl::StrCat("--", name, " needs a value");
-          break;
-        }
-        value = args[++i];
-      }
-      out.flags[name] = value;
-    } else {
-      out.error = absl::StrCat("unknown option ", a);
-      break;
-    }
-  }
-  return out;
-}
-
-int Usage(const std::string& cmd, const std::string& msg) {
-  std::fprintf(stderr, "ckptctl %s: %s (see ckptctl %s --help)\n", cmd.c_str(), msg.c_str(),
-               cmd.c_str());
-  return 2;
-}
-
-int Fail(const std::string& cmd, const absl::Status& s) {
-  std::fprintf(stderr, "ckptctl %s: %s\n", cmd.c_str(), std::string(s.message()).c_str());
-  return 1;
-}
-
-// "123", "64KiB", "5MB", "2GiB", "1.5GB" -> bytes.
-bool ParseSize(const std::string& text, int64_t* out) {
-  static const std::vector<std::pair<std::string, double>> kUnits = {
-      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
-      {"KB", 1e3},     {"MB", 1e6},        {"GB", 1e9},           {"TB", 1e12},
-      {"K", 1024.0},   {"M", 1048576.0},   {"G", 1073741824.0},   {"B", 1.0}};
-  double mult = 1.0;
-  std::string num = text;
-  for (const auto& [suffix, m] : kUnits) {
-    if (num.size() > suffix.size() &&
-        num.compare(num.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      num = num.substr(0, num.size() - suffix.size());
-      mult = m;
-      break;
-    }
-  }
-  double v;
-  if (!absl::SimpleAtod(num, &v) || v <= 0 || v * mult > 9e18) return false;
-  *out = static_cast<int64_t>(v * mult);
-  return true;
-}
-
-// I/O options from --threads N, --direct, --no-uring.
-bool IoFromFlags(const Args& a, IoOptions* io, std::string* err) {
-  if (a.flags.count("threads")) {
-    int n;
-    if (!absl::SimpleAtoi(a.flags.at("threads"), &n) || n < 1 || n > 256) {
-      *err = "--threads must be an integer in [1, 256]";
-      return false;
-    }
-    io->num_threads = n;
-  }
-  io->direct_io = a.flags.count("direct") > 0;
-  if (a.flags.count("no-uring")) io->backend = IoBackend::kPosix;
-  return true;
-}
-
-const std::vector<std::string> kIoValueFlags = {"threads"};
-const std::vector<std::string> kIoBoolFlags = {"direct", "no-uring", "help"};
-
-std::vector<std::string> With(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
-
-std::string HumanBytes(int64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  return u == 0 ? absl::StrCat(b, " B") : absl::StrFormat("%.2f %s", v, units[u]);
-}
 
 std::string DTypeText(pb::DType d) {
   auto dt = DTypeFromProto(d);
@@ -333,7 +227,8 @@ int RunImport(const std::vector<std::string>& args) {
         "Converts a Hugging Face-style safetensors checkpoint into a ckpt checkpoint (each\n"
         "tensor stored whole), committed atomically, so it can be loaded into any sharded\n"
         "layout. An existing checkpoint is replaced only with --overwrite, which refuses to\n"
-        "replace anything that is not a committed ckpt checkpoint.\n");
+        "replace anything that is not a committed ckpt checkpoint.\n"
+        "PyTorch DCP / Megatron torch_dist sources: see ckptctl import --from dcp --help.\n");
     return 0;
   }
   if (!a.error.empty()) return Usage(cmd, a.error);
@@ -353,18 +248,24 @@ int RunImport(const std::vector<std::string>& args) {
 
 int RunExport(const std::vector<std::string>& args) {
   const std::string cmd = "export";
-  Args a =
-      ParseArgs(args, With(kIoBoolFlags, {"overwrite"}), With(kIoValueFlags, {"max-file-size"}));
+  Args a = ParseArgs(args, With(kIoBoolFlags, {"overwrite"}),
+                     With(kIoValueFlags, {"max-file-size", "dtype", "rename"}));
   if (a.flags.count("help")) {
     std::printf(
         "usage: ckptctl export <checkpoint> <out.safetensors | out-dir> [--max-file-size SIZE]\n"
-        "                      [--overwrite] [--threads N] [--direct]\n\n"
+        "                      [--dtype BF16|F16|F32] [--rename map.json] [--overwrite]\n"
+        "                      [--threads N] [--direct]\n\n"
         "Consolidates every tensor into one full, unsharded tensor and writes safetensors:\n"
         "a single file, or in a directory model.safetensors, or model-0000i-of-0000n\n"
         "files plus model.safetensors.index.json when --max-file-size (e.g. 5GB, 500MiB)\n"
         "splits them. Checksums are verified while reading. --overwrite replaces an earlier\n"
         "export's files (regular files named as above; stale shards of it are removed) and\n"
-        "never touches anything else in the directory.\n");
+        "never touches anything else in the directory.\n"
+        "--dtype writes every floating-point tensor (F64/F32/F16/BF16) as that dtype, e.g.\n"
+        "BF16 for fp32 master weights (round to nearest even, as torch); others keep theirs.\n"
+        "--rename map.json ({\"old key\": \"new key\", ...}) renames tensors on the way out;\n"
+        "every mapped key must exist and no two tensors may get one name.\n"
+        "PyTorch DCP destinations: see ckptctl export --to dcp --help.\n");
     return 0;
   }
   if (!a.error.empty()) return Usage(cmd, a.error);
@@ -377,6 +278,22 @@ int RunExport(const std::vector<std::string>& args) {
       !ParseSize(a.flags.at("max-file-size"), &eo.max_file_bytes)) {
     return Usage(cmd, absl::StrCat("bad --max-file-size \"", a.flags.at("max-file-size"), "\""));
   }
+  if (a.flags.count("dtype")) {
+    auto dtype = ParseDType(absl::AsciiStrToUpper(a.flags.at("dtype")));
+    if (!dtype.ok() || !IsConvertibleFloat(*dtype)) {
+      return Usage(cmd, absl::StrCat("--dtype must be BF16, F16, F32 or F64, not \"",
+                                     a.flags.at("dtype"), "\""));
+    }
+    eo.float_dtype = *dtype;
+  }
+  if (a.flags.count("rename")) {
+    const std::string& path = a.flags.at("rename");
+    auto text = ReadWholeFile(path, int64_t{64} << 20);
+    if (!text.ok()) return Fail(cmd, text.status());
+    auto mapping = ParseKeyMapping(*text, path);
+    if (!mapping.ok()) return Fail(cmd, mapping.status());
+    eo.rename = *std::move(mapping);
+  }
   auto files = ExportCheckpoint(a.positional[0], a.positional[1], eo);
   if (!files.ok()) return Fail(cmd, files.status());
   for (const std::string& f : *files) std::printf("wrote %s\n", f.c_str());
@@ -387,7 +304,12 @@ int RunExport(const std::vector<std::string>& args) {
 
 int RunInspectCommand(const std::vector<std::string>& args) { return RunInspect(args); }
 int RunVerifyCommand(const std::vector<std::string>& args) { return RunVerify(args); }
-int RunImportCommand(const std::vector<std::string>& args) { return RunImport(args); }
-int RunExportCommand(const std::vector<std::string>& args) { return RunExport(args); }
+// DCP sources and destinations go to tools/ckptctl/dcp_cmd.cc.
+int RunImportCommand(const std::vector<std::string>& args) {
+  return WantsDcp(args, "from", /*detect_source=*/true) ? RunDcpImport(args) : RunImport(args);
+}
+int RunExportCommand(const std::vector<std::string>& args) {
+  return WantsDcp(args, "to", /*detect_source=*/false) ? RunDcpExport(args) : RunExport(args);
+}
 
 }  // namespace ckpt::ckptctl
