@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "sharding/dtensor.h"
+#include "tools/ckptctl/plan_lines.h"
 
 namespace ckpt::ckptctl {
 namespace {
@@ -130,24 +131,7 @@ absl::StatusOr<std::string> RunDTensorLine(absl::string_view line) {
 }
 
 absl::StatusOr<std::string> RunDTensorLines(absl::string_view text) {
-  std::string output;
-  size_t pos = 0;
-  for (int64_t line_no = 1; pos < text.size(); ++line_no) {
-    size_t end = text.find('\n', pos);
-    if (end == absl::string_view::npos) end = text.size();
-    absl::string_view line = text.substr(pos, end - pos);
-    pos = end + 1;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.find_first_not_of(" \t") == absl::string_view::npos) continue;
-    absl::StatusOr<std::string> result = RunDTensorLine(line);
-    if (!result.ok()) {
-      return absl::Status(result.status().code(),
-                          absl::StrCat("line ", line_no, ": ", result.status().message()));
-    }
-    output += *result;
-    output += '\n';
-  }
-  return output;
+  return RunEachLine(text, RunDTensorLine);
 }
 
 }  // namespace ckpt::ckptctl

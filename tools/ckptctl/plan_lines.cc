@@ -281,6 +281,13 @@ absl::StatusOr<std::string> RunPlanLine(PlanMode mode, absl::string_view line,
 
 absl::StatusOr<std::string> RunPlanLines(PlanMode mode, absl::string_view text,
                                          const PlanOptions& options) {
+  return RunEachLine(
+      text, [mode, &options](absl::string_view line) { return RunPlanLine(mode, line, options); });
+}
+
+absl::StatusOr<std::string> RunEachLine(
+    absl::string_view text,
+    const std::function<absl::StatusOr<std::string>(absl::string_view line)>& run_line) {
   std::string output;
   size_t pos = 0;
   for (int64_t line_no = 1; pos < text.size(); ++line_no) {
@@ -290,7 +297,7 @@ absl::StatusOr<std::string> RunPlanLines(PlanMode mode, absl::string_view text,
     pos = end + 1;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == absl::string_view::npos) continue;
-    absl::StatusOr<std::string> result = RunPlanLine(mode, line, options);
+    absl::StatusOr<std::string> result = run_line(line);
     if (!result.ok()) {
       return absl::Status(result.status().code(),
                           absl::StrCat("line ", line_no, ": ", result.status().message()));

@@ -4,6 +4,7 @@
 #ifndef CKPT_TOOLS_CKPTCTL_PLAN_LINES_H_
 #define CKPT_TOOLS_CKPTCTL_PLAN_LINES_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -35,6 +36,13 @@ absl::StatusOr<std::string> RunPlanLine(PlanMode mode, absl::string_view line,
 // it with "line N: <error>".
 absl::StatusOr<std::string> RunPlanLines(PlanMode mode, absl::string_view text,
                                          const PlanOptions& options = {});
+
+// The JSON Lines driver both line formats share: runs `run_line` on every line of `text`
+// ('\n'-separated; a trailing '\r' is dropped, blank lines skipped) and joins the outputs, each
+// ending in '\n'; the first failing line stops it with "line N: <error>".
+absl::StatusOr<std::string> RunEachLine(
+    absl::string_view text,
+    const std::function<absl::StatusOr<std::string>(absl::string_view line)>& run_line);
 
 }  // namespace ckpt::ckptctl
 
