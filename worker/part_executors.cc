@@ -27,7 +27,7 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
   // while the copy is written.
   MemoryGate& gate = run.gate;
   DeviceSnapshotOptions device;
-  device.staging = device_staging_ != nullptr ? *device_staging_ : nullptr;
+  device.staging = device_staging_;
   device.on_device_drained = [this, &item] {
     if (on_snapshot_) on_snapshot_(item.operation_id(), item.rank());
   };
@@ -63,7 +63,7 @@ PartOutcome LoadPartExecutor::Execute(const PartRun& run) {
     return out;
   }
   if (part.algorithm() == pb::LOAD_ALGORITHM_UNSPECIFIED || part.algorithm() == pb::LOAD_DIRECT) {
-    out.status = ExecuteLoadPart(part, *run.session, run.gate, run.progress, DeviceStaging());
+    out.status = ExecuteLoadPart(part, *run.session, run.gate, run.progress, env_.device_staging);
     if (out.status.ok()) out.bytes_read = part.total_bytes();
   } else {
     out = ExecuteExchange(run, part);
@@ -86,7 +86,7 @@ PartOutcome LoadPartExecutor::ExecuteExchange(const PartRun& run, const pb::Load
   ExchangeLoadStats stats;
   PartOutcome out;
   out.status = ExecuteExchangeLoadPart(part, *run.session, context, run.gate, &stats, run.progress,
-                                       DeviceStaging());
+                                       env_.device_staging);
   out.bytes_read = stats.bytes_read;
   if (!out.status.ok() && !run.gate.closed()) AwaitAbort(run.gate);
   spdlog::info(

@@ -20,16 +20,16 @@ namespace ckpt::worker {
 class SavePartExecutor final : public PartExecutor {
  public:
   using SnapshotFn = std::function<void(const std::string& operation_id, int rank)>;
-  // `device_staging` points at the worker's pool pointer (null pool: no GPU served; device
-  // pieces are refused); both must outlive the executor.
-  SavePartExecutor(SnapshotFn on_snapshot, PinnedStagingPool* const* device_staging)
+  // `device_staging`: the worker's pinned pool (null: no GPU served; device pieces are
+  // refused); it must outlive the executor.
+  SavePartExecutor(SnapshotFn on_snapshot, PinnedStagingPool* device_staging)
       : on_snapshot_(std::move(on_snapshot)), device_staging_(device_staging) {}
   bool NeedsTrainer() const override { return true; }
   PartOutcome Execute(const PartRun& run) override;
 
  private:
   SnapshotFn on_snapshot_;
-  PinnedStagingPool* const* device_staging_;
+  PinnedStagingPool* device_staging_;
 };
 
 // What exchange-based loads need of the worker around them. Pointers must outlive the
@@ -38,8 +38,8 @@ struct LoadEnvironment {
   CoordinatorLink* link = nullptr;  // rendezvous address and security, lease
   std::string host;                 // data-plane address when the link announces none
   const int* gloo_loop_thread_nice = nullptr;
-  const absl::Notification* stopping = nullptr;        // the worker is shutting down
-  PinnedStagingPool* const* device_staging = nullptr;  // the worker's pool (null: no GPU)
+  const absl::Notification* stopping = nullptr;  // the worker is shutting down
+  PinnedStagingPool* device_staging = nullptr;   // the worker's pinned pool (null: no GPU)
 };
 
 // Load parts: direct reads (LOAD_DIRECT or unset) or the exchange-based load.
@@ -55,9 +55,6 @@ class LoadPartExecutor final : public PartExecutor {
   // root cause, not this rank's symptom, reaches every rank.
   void AwaitAbort(const MemoryGate& gate) const;
 
-  PinnedStagingPool* DeviceStaging() const {
-    return env_.device_staging != nullptr ? *env_.device_staging : nullptr;
-  }
   LoadEnvironment env_;
 };
 

@@ -212,11 +212,8 @@ int Run() {
 
   ckpt::worker::MemoryRegistry registry;
   ckpt::worker::CoordinatorLink link(link_options);
-  ckpt::worker::WorkerService service(&registry, &link, host);
-  if (staging != nullptr) {
-    registry.ServeDevice(gpu);
-    service.set_device_staging(staging.get());
-  }
+  if (staging != nullptr) registry.ServeDevice(gpu);
+  ckpt::worker::WorkerService service(&registry, &link, host, staging.get());
   service.set_gloo_loop_thread_nice(absl::GetFlag(FLAGS_gloo_loop_nice));
   const std::string ready_file = absl::GetFlag(FLAGS_ready_file);
   link.SetRegisteredHandler([&service, ready_file, listen](const std::string& worker_id) {

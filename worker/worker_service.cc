@@ -24,15 +24,16 @@ constexpr absl::Duration kRegistrationWait = absl::Seconds(5);
 
 }  // namespace
 
-WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host)
+WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host,
+                             PinnedStagingPool* device_staging)
     : registry_(registry), link_(link), host_(std::move(host)) {
-  RegisterPartExecutor(pb::OPERATION_SAVE,
-                       std::make_unique<SavePartExecutor>(
-                           [this](const std::string& op, int rank) { MarkSnapshotted(op, rank); },
-                           &device_staging_));
+  RegisterPartExecutor(
+      pb::OPERATION_SAVE,
+      std::make_unique<SavePartExecutor>(
+          [this](const std::string& op, int rank) { MarkSnapshotted(op, rank); }, device_staging));
   RegisterPartExecutor(pb::OPERATION_LOAD,
                        std::make_unique<LoadPartExecutor>(LoadEnvironment{
-                           link_, host_, &gloo_loop_thread_nice_, &stopping_, &device_staging_}));
+                           link_, host_, &gloo_loop_thread_nice_, &stopping_, device_staging}));
   RegisterPartExecutor(pb::OPERATION_RESHARD, std::make_unique<ReshardPartExecutor>());
 }
 

@@ -43,8 +43,11 @@ namespace ckpt::worker {
 // The service. Thread-safe.
 class WorkerService final : public pb::Worker::Service {
  public:
-  // `registry` and `link` must outlive the service.
-  WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host);
+  // `registry`, `link` and `device_staging` must outlive the service. `device_staging` is the
+  // pinned pool device tensors are staged through (null: this worker serves no GPU and refuses
+  // device pieces).
+  WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host,
+                PinnedStagingPool* device_staging = nullptr);
 
   // Nice increment of the Gloo event-loop thread of each load's communicator (default 10;
   // GlooOptions::loop_thread_nice says why). Call before serving.
@@ -55,9 +58,6 @@ class WorkerService final : public pb::Worker::Service {
   // The executor of plan parts of `kind`, replacing the default (the constructor registers
   // save, load and reshard). Call before serving.
   void RegisterPartExecutor(pb::OperationKind kind, std::unique_ptr<PartExecutor> executor);
-  // The pinned pool device tensors are staged through (null: this worker serves no GPU and
-  // refuses device pieces). Must outlive the service; call before serving.
-  void set_device_staging(PinnedStagingPool* staging) { device_staging_ = staging; }
 
   grpc::Status Hello(grpc::ServerContext* context, const pb::TrainerHello* request,
                      pb::TrainerHelloResponse* response) override;
@@ -134,7 +134,6 @@ class WorkerService final : public pb::Worker::Service {
   const TrainerSocket* trainer_socket_ = nullptr;
   // One per operation kind; filled before serving, read-only after.
   std::map<pb::OperationKind, std::unique_ptr<PartExecutor>> part_executors_;
-  PinnedStagingPool* device_staging_ = nullptr;
   // A plan part running on its own thread.
   struct Executor {
     std::thread thread;
