@@ -135,18 +135,13 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   }
   for (int64_t v : {absl::GetFlag(FLAGS_lease_ms), absl::GetFlag(FLAGS_arrival_deadline_ms),
                     absl::GetFlag(FLAGS_execution_deadline_ms), absl::GetFlag(FLAGS_tick_ms)}) {
-    if (v <= 0) {
-      std::fprintf(stderr, "ckpt_coordinator: deadlines, lease and tick must be positive\n");
-      return 2;
-    }
+    if (v <= 0) return Fail("deadlines, lease and tick must be positive");
   }
   std::string listen = absl::GetFlag(FLAGS_listen);
   size_t colon = listen.rfind(':');
   int port_ignored = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port_ignored)) {
-    std::fprintf(stderr, "ckpt_coordinator: --listen must be host:port, got \"%s\"\n",
-                 listen.c_str());
-    return 2;
+    return Fail(absl::StrCat("--listen must be host:port, got \"", listen, "\""));
   }
 
   absl::StatusOr<ckpt::CheckpointRoots> roots = ckpt::CheckpointRoots::Create(checkpoint_roots);
@@ -170,11 +165,7 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   options.jobs.arrival_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_arrival_deadline_ms));
   options.jobs.execution_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_execution_deadline_ms));
   absl::StatusOr<std::unique_ptr<ckpt::coordinator::StagingJournal>> opened = OpenStagingJournal();
-  if (!opened.ok()) {
-    std::fprintf(stderr, "ckpt_coordinator: --state_dir: %s\n",
-                 std::string(opened.status().message()).c_str());
-    return 2;
-  }
+  if (!opened.ok()) return Fail(absl::StrCat("--state_dir: ", opened.status().message()));
   ckpt::coordinator::StagingJournal* journal = opened->get();
   ckpt::coordinator::LoadPlannerOptions load_defaults;
   absl::StatusOr<ckpt::pb::LoadAlgorithm> load_algorithm =
