@@ -113,10 +113,28 @@ def test_listed_ranks_match_the_full_listing():
     ({"global_shape": [4], "mesh_shape": [2], "placements": ["Replicate()"], "ranks": [2]},
      "ranks[0]"),
     ({"mesh_shape": [2], "placements": ["Replicate()"]}, "global_shape: missing"),
+    # Huge and hostile: refused before anything is allocated, never a crash.
+    ({"global_shape": [4], "mesh_shape": [1048577], "placements": ["Shard(0)"]},
+     "more than the limit of 1048576 ranks"),
+    ({"global_shape": [2**63 - 1, 2**63 - 1], "mesh_shape": [2], "placements": ["Shard(0)"]},
+     "more than 2^62 elements"),
 ])
 def test_bad_lines_are_refused_naming_the_field(line, message):
     done = subprocess.run([CKPTCTL, "plan", "dtensor"], input=(json.dumps(line) + "\n").encode(),
                           capture_output=True, timeout=60)
     assert done.returncode == 1
     assert "line 1:" in done.stderr.decode() and message in done.stderr.decode()
+    assert done.stdout == b""
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"global_shape":' + "[" * 100000 + "]" * 100000 + "}", "nested deeper than the limit"),
+    ("not json", "not valid JSON"),
+], ids=["nesting-100000-deep", "not-json"])  # short ids: pytest exports the id to the child's env
+def test_hostile_lines_are_refused_in_one_line(text, message):
+    done = subprocess.run([CKPTCTL, "plan", "dtensor"], input=(text + "\n").encode(),
+                          capture_output=True, timeout=60)
+    assert done.returncode == 1
+    err = done.stderr.decode()
+    assert "line 1:" in err and message in err and err.count("\n") == 1
     assert done.stdout == b""
