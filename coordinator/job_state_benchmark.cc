@@ -14,10 +14,10 @@ namespace {
 
 // Rank r of a TP=world layout: `shards` tensors of shape (world*64, 1024), row block r each,
 // plus one replicated norm per rank (main replica on rank 0).
-std::vector<pb::ShardMeta> RankShards(int rank, int world, int shards) {
-  std::vector<pb::ShardMeta> out;
+std::vector<pb::PieceMeta> RankShards(int rank, int world, int shards) {
+  std::vector<pb::PieceMeta> out;
   for (int t = 0; t < shards; ++t) {
-    pb::ShardMeta s;
+    pb::PieceMeta s;
     s.mutable_tensor()->set_key(absl::StrCat("layers.", t, ".weight"));
     s.mutable_tensor()->set_dtype(pb::DTYPE_BF16);
     s.mutable_tensor()->add_global_shape(int64_t{world} * 64);
@@ -28,7 +28,7 @@ std::vector<pb::ShardMeta> RankShards(int rank, int world, int shards) {
     s.mutable_region()->add_lengths(1024);
     out.push_back(std::move(s));
   }
-  pb::ShardMeta norm;
+  pb::PieceMeta norm;
   norm.mutable_tensor()->set_key("final_norm");
   norm.mutable_tensor()->set_dtype(pb::DTYPE_F32);
   norm.mutable_tensor()->add_global_shape(1024);
@@ -42,7 +42,7 @@ std::vector<pb::ShardMeta> RankShards(int rank, int world, int shards) {
 void BM_GatherAllRanks(benchmark::State& state) {
   const int world = static_cast<int>(state.range(0));
   const int shards = static_cast<int>(state.range(1));
-  std::vector<std::vector<pb::ShardMeta>> metadata;
+  std::vector<std::vector<pb::PieceMeta>> metadata;
   for (int r = 0; r < world; ++r) metadata.push_back(RankShards(r, world, shards));
   FakeClock clock;
   for (auto _ : state) {

@@ -22,7 +22,7 @@ JoinRequest Join(int rank, int world_size = 2, OperationKind kind = OperationKin
   r.kind = kind;
   r.path = std::move(path);
   r.location = Loc(rank);
-  pb::ShardMeta shard;
+  pb::PieceMeta shard;
   shard.mutable_tensor()->set_key(absl::StrCat("w", rank));
   r.shards.push_back(shard);
   return r;

@@ -21,9 +21,9 @@ absl::StatusOr<std::vector<RankPlan>> PlanDirectLoad(const Operation& op) {
     pb::LoadPlanPart part;
     part.set_rank(r);
     part.set_path(op.path);
-    const std::vector<pb::ShardMeta>& shards = op.ranks[r].shards;
+    const std::vector<pb::PieceMeta>& shards = op.ranks[r].shards;
     for (int i = 0; i < static_cast<int>(shards.size()); ++i) {
-      const pb::ShardMeta& s = shards[i];
+      const pb::PieceMeta& s = shards[i];
       const std::string& key = s.tensor().key();
       const pb::TensorMeta* stored = (*reader)->FindTensor(key);
       if (stored == nullptr) {

@@ -13,9 +13,9 @@ absl::StatusOr<std::vector<TensorPiece>> GatheredPieces(const Operation& op,
   std::vector<TensorPiece> pieces;
   local_index->clear();
   for (int r = 0; r < op.world_size; ++r) {
-    const std::vector<pb::ShardMeta>& shards = op.ranks[r].shards;
+    const std::vector<pb::PieceMeta>& shards = op.ranks[r].shards;
     for (int i = 0; i < static_cast<int>(shards.size()); ++i) {
-      const pb::ShardMeta& s = shards[i];
+      const pb::PieceMeta& s = shards[i];
       TensorPiece p;
       p.key = s.tensor().key();
       p.rank = r;

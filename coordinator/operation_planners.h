@@ -1,5 +1,5 @@
 // Adapters from the coordinator's operations to the pure planners: gathered shard metadata
-// (pb::ShardMeta per rank) in, one serialized plan part per rank out. Pure: no gRPC, threads
+// (pb::PieceMeta per rank) in, one serialized plan part per rank out. Pure: no gRPC, threads
 // or logging.
 #ifndef CKPT_COORDINATOR_OPERATION_PLANNERS_H_
 #define CKPT_COORDINATOR_OPERATION_PLANNERS_H_

@@ -9,10 +9,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-pb::ShardMeta Shard(const std::string& key, std::vector<int64_t> shape,
+pb::PieceMeta Shard(const std::string& key, std::vector<int64_t> shape,
                     std::vector<int64_t> offsets, std::vector<int64_t> lengths,
                     std::vector<int64_t> replica_id = {}) {
-  pb::ShardMeta s;
+  pb::PieceMeta s;
   s.mutable_tensor()->set_key(key);
   s.mutable_tensor()->set_dtype(pb::DTYPE_F32);
   for (int64_t d : shape) s.mutable_tensor()->add_global_shape(d);
@@ -50,7 +50,7 @@ TEST(PlanSaveTest, EveryMainReplicaIsWrittenOnceByARankHoldingIt) {
       for (const pb::PlanPiece& p : f.pieces()) {
         ++writes[p.key() + "@" + std::to_string(p.region().offsets(0))];
         // local_index points at the writer's own copy in its gathered shards.
-        const pb::ShardMeta& own = op.ranks[r].shards[p.local_index()];
+        const pb::PieceMeta& own = op.ranks[r].shards[p.local_index()];
         EXPECT_EQ(own.tensor().key(), p.key());
         EXPECT_EQ(own.region().offsets(0), p.region().offsets(0));
         EXPECT_EQ(p.dtype(), pb::DTYPE_F32);

@@ -11,7 +11,7 @@
 #include "proto/convert.h"
 #include "proto/coordinator.pb.h"
 #include "reshard/piece_assembler.h"
-#include "sharding/shard_id.h"
+#include "sharding/piece_id.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
 
@@ -56,8 +56,8 @@ absl::StatusOr<std::vector<RankPlan>> PlanClusterReshard(const pb::Manifest& sou
       for (PlannedPiece& p : f.pieces) mine.push_back(std::move(p));
     }
     std::stable_sort(mine.begin(), mine.end(), [](const PlannedPiece& a, const PlannedPiece& b) {
-      return ShardIdLess()(ShardId{a.key, a.region.offsets, a.region.flat},
-                           ShardId{b.key, b.region.offsets, b.region.flat});
+      return PieceIdLess()(PieceId{a.key, a.region.offsets, a.region.flat},
+                           PieceId{b.key, b.region.offsets, b.region.flat});
     });
     pb::ReshardPlanPart& part = parts[w.rank];
     pb::PlanFile* file = nullptr;
@@ -115,7 +115,7 @@ absl::StatusOr<std::vector<RankPlan>> ReshardCommitter::PlanJournaled(const Oper
   Pending pending;
   CKPT_ASSIGN_OR_RETURN(SourcePieces src, PiecesOfManifest(manifest));
   for (const TensorMeta& t : src.tensors) {
-    pending.tensors.push_back(TensorSpec{t.key, t.dtype, t.global_shape});
+    pending.tensors.push_back(TensorMeta{t.key, t.dtype, t.global_shape});
   }
   absl::StatusOr<pb::SavedLayout> saved = layout->ToSavedLayout(src.tensors);
   if (!saved.ok()) return WithContext(saved.status(), "target layout: ");

@@ -68,7 +68,7 @@ class ReshardCommitter final : public OperationKindHandler {
   // What the commit needs besides the ranks' records.
   struct Pending {
     std::string staging;
-    std::vector<TensorSpec> tensors;
+    std::vector<TensorMeta> tensors;
     CheckpointContents info;  // saved layout, step, user metadata
     int64_t checksum_block_bytes = 0;
     bool overwrite = false;

@@ -29,17 +29,17 @@ absl::StatusOr<WrittenData> MergeWrittenRecords(const Operation& op) {
 
 absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op) {
   // Tensors: every key gathered, with the dtype and shape the lowest rank reported.
-  std::vector<TensorSpec> tensors;
+  std::vector<TensorMeta> tensors;
   std::set<std::string> seen;
   for (int r = 0; r < op.world_size; ++r) {
-    for (const pb::ShardMeta& s : op.ranks[r].shards) {
+    for (const pb::PieceMeta& s : op.ranks[r].shards) {
       if (!seen.insert(s.tensor().key()).second) continue;
       absl::StatusOr<DType> dtype = DTypeFromProto(s.tensor().dtype());
       if (!dtype.ok()) {
         return absl::InvalidArgumentError(
             absl::StrCat("rank ", r, " tensor ", s.tensor().key(), ": ", dtype.status().message()));
       }
-      tensors.push_back(TensorSpec{s.tensor().key(), *dtype,
+      tensors.push_back(TensorMeta{s.tensor().key(), *dtype,
                                    std::vector<int64_t>(s.tensor().global_shape().begin(),
                                                         s.tensor().global_shape().end())});
     }

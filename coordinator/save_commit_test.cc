@@ -15,8 +15,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-pb::ShardMeta Row(int rank) {
-  pb::ShardMeta s;
+pb::PieceMeta Row(int rank) {
+  pb::PieceMeta s;
   s.mutable_tensor()->set_key("w");
   s.mutable_tensor()->set_dtype(pb::DTYPE_I32);
   s.mutable_tensor()->add_global_shape(2);
@@ -63,7 +63,7 @@ void WriteParts(Operation& op, const std::vector<RankPlan>& plans, const int32_t
     }
     pb::Manifest written;
     if (!files.empty()) {
-      auto data = WriteDataFiles(part.staging_dir(), {TensorSpec{"w", DType::kI32, {2, 4}}}, files,
+      auto data = WriteDataFiles(part.staging_dir(), {TensorMeta{"w", DType::kI32, {2, 4}}}, files,
                                  0, WriteOptions());
       ASSERT_TRUE(data.ok()) << data.status();
       for (auto& p : data->pieces) *written.add_pieces() = p;

@@ -30,7 +30,7 @@ absl::StatusOr<WaveWriteStats> WriteGptCheckpoint(
   SavePlanOptions sp;
   sp.target_file_bytes = std::max<int64_t>(1, std::min<int64_t>(int64_t{256} << 20, wave_bytes));
   CKPT_ASSIGN_OR_RETURN(SavePlan plan, BuildSavePlan(pieces, layout.world_size(), sp));
-  std::vector<TensorSpec> specs;
+  std::vector<TensorMeta> specs;
   for (const TensorMeta& t : tensors) specs.push_back({t.key, t.dtype, t.global_shape});
   CheckpointContents info;
   CKPT_ASSIGN_OR_RETURN(info.saved_layout, layout.ToSavedLayout(tensors));

@@ -219,7 +219,7 @@ absl::StatusOr<RankState> BuildState(const Client& client, const ckpt::LayoutSpe
     // Declare the piece: the global tensor, this rank's region (box, optionally narrowed to a
     // flat range for ZeRO-style optimizer shards) and its replica id. The library allocates
     // the bytes in a shared-memory segment the worker maps.
-    ckpt::client::TensorSpec spec;
+    ckpt::client::TensorDeclaration spec;
     spec.key = piece.key;
     spec.dtype = piece.dtype;
     spec.global_shape = piece.global_shape;

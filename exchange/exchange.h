@@ -36,15 +36,15 @@
 #include "exchange/communicator.h"
 #include "exchange/staging_arena.h"
 #include "sharding/dtype.h"
+#include "sharding/piece_id.h"
 #include "sharding/region.h"
-#include "sharding/shard_id.h"
 
 namespace ckpt {
 
-// What every rank knows about one shard: identity, element type, tensor shape and region.
+// What every rank knows about one piece: identity, element type, tensor shape and region.
 // Its bytes are the storage-convention flattening of `region` (see sharding/overlap.h).
-struct ShardSpec {
-  ShardId id;
+struct PieceSpec {
+  PieceId id;
   DType dtype = DType::kU8;
   std::vector<int64_t> global_shape;
   Region region;
@@ -53,8 +53,8 @@ struct ShardSpec {
 };
 
 // A stored shard in the distribution and the rank that loaded it (its main rank).
-struct DistributedShard {
-  ShardSpec spec;
+struct DistributedPiece {
+  PieceSpec spec;
   int main_rank = 0;
 };
 
@@ -62,19 +62,19 @@ struct DistributedShard {
 struct ExchangePlan {
   int num_ranks = 0;
   // Stored shards in distribution order.
-  std::vector<DistributedShard> distribution;
+  std::vector<DistributedPiece> distribution;
   // needs[r]: what rank r must end up with.
-  std::vector<std::vector<ShardSpec>> needs;
+  std::vector<std::vector<PieceSpec>> needs;
 };
 
 // Shard bytes keyed by shard id.
-using ShardBuffers = std::map<ShardId, std::string, ShardIdLess>;
+using ShardBuffers = std::map<PieceId, std::string, PieceIdLess>;
 
 // Caller-owned memory for each shard a rank needs, keyed by id: exactly one entry per
-// ShardSpec in plan.needs[rank], each exactly spec.NumBytes() long, no two overlapping. The
+// PieceSpec in plan.needs[rank], each exactly spec.NumBytes() long, no two overlapping. The
 // exchange writes every byte of each (the memory need not be initialized). A destination may
 // be the very buffer `loaded` holds under the same shard id, but no other loaded buffer.
-using DestinationBuffers = std::map<ShardId, absl::Span<char>, ShardIdLess>;
+using DestinationBuffers = std::map<PieceId, absl::Span<char>, PieceIdLess>;
 
 // Views of `buffers` as destinations (the map must outlive the views).
 DestinationBuffers DestinationsOf(ShardBuffers& buffers);
@@ -115,7 +115,7 @@ struct ExchangeReport {
 const std::vector<std::string>& ExchangeAlgorithmNames();
 
 // Runs the named algorithm on this rank. `loaded` holds exactly the shards the distribution
-// assigns to comm.rank(). Returns, keyed by id, every ShardSpec in plan.needs[comm.rank()].
+// assigns to comm.rank(). Returns, keyed by id, every PieceSpec in plan.needs[comm.rank()].
 // InvalidArgument for an unknown name (listing the valid ones) or an inconsistent plan;
 // FailedPrecondition for a communicator whose memory kind is not host.
 // `report` may be null.

@@ -288,7 +288,7 @@ void BM_OverlapAllToAllInto(benchmark::State& state) {
   std::vector<DestinationBuffers> destinations(n);
   std::vector<std::unique_ptr<StagingArena>> arenas;
   for (int r = 0; r < n; ++r) {
-    for (const ShardSpec& need : plan.needs[r]) {
+    for (const PieceSpec& need : plan.needs[r]) {
       outputs[r][need.id] = std::string(need.NumBytes(), '\0');
     }
     destinations[r] = DestinationsOf(outputs[r]);

@@ -34,7 +34,7 @@ class BroadcastExchange {
     const int64_t batch_limit =
         std::min(options_.coalesce_max_batch_bytes, options_.memory_budget_bytes);
     for (int i = 0; i < static_cast<int>(plan_.distribution.size()); ++i) {
-      const DistributedShard& d = plan_.distribution[i];
+      const DistributedPiece& d = plan_.distribution[i];
       const std::vector<int>& h = holders_[i];
       if (h.empty()) continue;
       if (h.size() == 1) {
@@ -84,7 +84,7 @@ class BroadcastExchange {
   // One shard, in windows of at most the budget. Ranks that need it receive straight into
   // their output; the others into a discard window.
   absl::Status BroadcastLarge(int i) {
-    const DistributedShard& d = plan_.distribution[i];
+    const DistributedPiece& d = plan_.distribution[i];
     const size_t bytes = d.spec.NumBytes();
     const size_t window = std::max<int64_t>(1, options_.memory_budget_bytes);
     const bool is_root = comm_.rank() == d.main_rank;
@@ -125,7 +125,7 @@ class BroadcastExchange {
     if (!is_root) {
       size_t at = 0;
       for (int i : batch) {
-        const ShardSpec& spec = plan_.distribution[i].spec;
+        const PieceSpec& spec = plan_.distribution[i].spec;
         const size_t n = spec.NumBytes();
         if (Needs(i) && n > 0) std::memcpy(out_.at(spec.id).data(), buffer + at, n);
         at += n;

@@ -34,7 +34,7 @@ absl::Status ExchangeGatherRoundsInto(Communicator& comm, const ExchangePlan& pl
   // Per dtype name (sorted), per rank: its assigned shards in distribution order.
   std::map<std::string, std::vector<std::vector<int>>> by_dtype;
   for (int i = 0; i < static_cast<int>(plan.distribution.size()); ++i) {
-    const DistributedShard& d = plan.distribution[i];
+    const DistributedPiece& d = plan.distribution[i];
     auto& per_rank = by_dtype[std::string(DTypeName(d.spec.dtype))];
     per_rank.resize(n);
     per_rank[d.main_rank].push_back(i);
@@ -50,7 +50,7 @@ absl::Status ExchangeGatherRoundsInto(Communicator& comm, const ExchangePlan& pl
       for (int r = 0; r < n; ++r) {
         if (k >= per_rank[r].size()) continue;
         const int i = per_rank[r][k];
-        const ShardSpec& spec = plan.distribution[i].spec;
+        const PieceSpec& spec = plan.distribution[i].spec;
         sizes[r] = spec.NumBytes();
         const std::vector<int>& h = holders[i];
         if (r != me && std::binary_search(h.begin(), h.end(), me)) {
@@ -113,7 +113,7 @@ std::string SerializeHeader(const ShardBuffers& loaded) {
 
 // A parsed header entry.
 struct HeaderEntry {
-  ShardId id;
+  PieceId id;
   uint64_t size;
 };
 
@@ -206,7 +206,7 @@ absl::Status ExchangeGatherObjectInto(Communicator& comm, const ExchangePlan& pl
     uint64_t offset;  // in that rank's data payload
     uint64_t size;
   };
-  absl::flat_hash_map<ShardId, Location> where;
+  absl::flat_hash_map<PieceId, Location> where;
   std::vector<size_t> payload_sizes(n, 0);
   size_t at = 0;
   for (int r = 0; r < n; ++r) {

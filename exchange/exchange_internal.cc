@@ -31,7 +31,7 @@ absl::StatusOr<DistributionIndex> IndexPlan(const ExchangePlan& plan, const Comm
   DistributionIndex index;
   index.reserve(plan.distribution.size());
   for (int i = 0; i < static_cast<int>(plan.distribution.size()); ++i) {
-    const DistributedShard& d = plan.distribution[i];
+    const DistributedPiece& d = plan.distribution[i];
     if (d.main_rank < 0 || d.main_rank >= plan.num_ranks) {
       return absl::InvalidArgumentError(absl::StrCat("shard ", d.spec.id.DebugString(),
                                                      " is assigned to rank ", d.main_rank,
@@ -53,7 +53,7 @@ absl::StatusOr<DistributionIndex> IndexPlan(const ExchangePlan& plan, const Comm
 absl::Status CheckLoaded(const ExchangePlan& plan, const DistributionIndex& index, int rank,
                          const ShardBuffers& loaded) {
   size_t assigned = 0;
-  for (const DistributedShard& d : plan.distribution) {
+  for (const DistributedPiece& d : plan.distribution) {
     if (d.main_rank != rank) continue;
     ++assigned;
     auto it = loaded.find(d.spec.id);
@@ -89,7 +89,7 @@ absl::StatusOr<std::vector<std::vector<int>>> HoldersOfStoredShards(
     const ExchangePlan& plan, const DistributionIndex& index) {
   std::vector<std::vector<int>> holders(plan.distribution.size());
   for (int r = 0; r < plan.num_ranks; ++r) {
-    for (const ShardSpec& need : plan.needs[r]) {
+    for (const PieceSpec& need : plan.needs[r]) {
       auto it = index.find(need.id);
       if (it == index.end()) {
         return absl::InvalidArgumentError(
@@ -97,7 +97,7 @@ absl::StatusOr<std::vector<std::vector<int>>> HoldersOfStoredShards(
                          " which no rank stores (only overlap_all_to_all can assemble "
                          "regions that differ from stored shards)"));
       }
-      const ShardSpec& stored = plan.distribution[it->second].spec;
+      const PieceSpec& stored = plan.distribution[it->second].spec;
       if (stored.NumBytes() != need.NumBytes() || stored.dtype != need.dtype) {
         return absl::InvalidArgumentError(absl::StrCat(
             "rank ", r, " needs shard ", need.id.DebugString(), " as ", need.NumBytes(),
@@ -136,7 +136,7 @@ void ResizeWithHugePageHint(std::string& s, size_t bytes) {
 
 absl::StatusOr<ShardBuffers> AllocateOutputs(const ExchangePlan& plan, int rank) {
   ShardBuffers out;
-  for (const ShardSpec& need : plan.needs[rank]) {
+  for (const PieceSpec& need : plan.needs[rank]) {
     absl::Status valid = ValidateRegion(need.region, need.global_shape);
     if (!valid.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " needs shard ",
@@ -157,8 +157,8 @@ absl::StatusOr<std::vector<absl::Span<char>>> CheckDestinations(
     const DestinationBuffers& destinations) {
   std::vector<absl::Span<char>> targets;
   targets.reserve(plan.needs[rank].size());
-  absl::flat_hash_set<ShardId> seen;
-  for (const ShardSpec& need : plan.needs[rank]) {
+  absl::flat_hash_set<PieceId> seen;
+  for (const PieceSpec& need : plan.needs[rank]) {
     absl::Status valid = ValidateRegion(need.region, need.global_shape);
     if (!valid.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " needs shard ",
@@ -199,7 +199,7 @@ absl::StatusOr<std::vector<absl::Span<char>>> CheckDestinations(
   struct Range {
     const char* begin;
     const char* end;
-    const ShardId* id;
+    const PieceId* id;
     bool is_loaded;
   };
   std::vector<Range> ranges;

@@ -23,7 +23,7 @@ namespace exchange_internal {
 absl::Status CheckPlanShape(const ExchangePlan& plan, const Communicator& comm);
 
 // Position of each stored shard in the distribution.
-using DistributionIndex = absl::flat_hash_map<ShardId, int>;
+using DistributionIndex = absl::flat_hash_map<PieceId, int>;
 
 // Checks the plan against the group: rank count, main ranks in range, distinct stored ids,
 // valid regions. Returns the index of stored shards.

@@ -27,7 +27,7 @@ struct Destinations {
 
 Destinations PoisonedDestinations(const ExchangePlan& plan, int rank) {
   Destinations d;
-  for (const ShardSpec& need : plan.needs[rank]) {
+  for (const PieceSpec& need : plan.needs[rank]) {
     d.storage[need.id] = std::string(need.NumBytes(), '\xAB');
   }
   d.views = DestinationsOf(d.storage);
@@ -151,8 +151,8 @@ OneRank MakeOneRank() {
 }
 
 // The first need with at least one byte.
-const ShardSpec& NonEmptyNeed(const ExchangePlan& plan) {
-  for (const ShardSpec& s : plan.needs[0]) {
+const PieceSpec& NonEmptyNeed(const ExchangePlan& plan) {
+  for (const PieceSpec& s : plan.needs[0]) {
     if (s.NumBytes() > 0) return s;
   }
   return plan.needs[0].front();
@@ -163,7 +163,7 @@ TEST(ExchangeIntoArgumentsTest, WrongSizeDestinationIsRefusedNamingShardAndRank)
   ASSERT_TRUE(comm.ok()) << comm.status();
   for (const std::string& algorithm : ExchangeAlgorithmNames()) {
     OneRank o = MakeOneRank();
-    const ShardSpec& need = NonEmptyNeed(o.sc.plan);
+    const PieceSpec& need = NonEmptyNeed(o.sc.plan);
     absl::Span<char>& view = o.dst.views.at(need.id);
     view = view.subspan(0, view.size() - 1);
     absl::Status s = ExchangeByDistributionInto(algorithm, **comm, o.sc.plan, o.sc.loaded[0],
@@ -182,7 +182,7 @@ TEST(ExchangeIntoArgumentsTest, MissingDestinationIsRefusedNamingShardAndRank) {
   ASSERT_TRUE(comm.ok()) << comm.status();
   for (const std::string& algorithm : ExchangeAlgorithmNames()) {
     OneRank o = MakeOneRank();
-    const ShardSpec& need = NonEmptyNeed(o.sc.plan);
+    const PieceSpec& need = NonEmptyNeed(o.sc.plan);
     o.dst.views.erase(need.id);
     absl::Status s = ExchangeByDistributionInto(algorithm, **comm, o.sc.plan, o.sc.loaded[0],
                                                 o.dst.views, ExchangeOptions());
@@ -198,7 +198,7 @@ TEST(ExchangeIntoArgumentsTest, DestinationForAShardNotNeededIsRefused) {
   auto comm = SingleRank("into_extra");
   ASSERT_TRUE(comm.ok()) << comm.status();
   OneRank o = MakeOneRank();
-  ShardId stray{"not.needed", {0}, std::nullopt};
+  PieceId stray{"not.needed", {0}, std::nullopt};
   std::string memory(8, '\0');
   o.dst.views[stray] = absl::Span<char>(memory.data(), memory.size());
   absl::Status s = ExchangeByDistributionInto("overlap_all_to_all", **comm, o.sc.plan,
@@ -215,8 +215,8 @@ TEST(ExchangeIntoArgumentsTest, OverlappingDestinationsAreRefused) {
   ASSERT_TRUE(comm.ok()) << comm.status();
   OneRank o = MakeOneRank();
   // Point two non-empty destinations at the same memory.
-  std::vector<ShardId> non_empty;
-  for (const ShardSpec& s : o.sc.plan.needs[0]) {
+  std::vector<PieceId> non_empty;
+  for (const PieceSpec& s : o.sc.plan.needs[0]) {
     if (s.NumBytes() > 0) non_empty.push_back(s.id);
   }
   ASSERT_GE(non_empty.size(), 2u);
@@ -237,7 +237,7 @@ TEST(ExchangeIntoArgumentsTest, LoadedBufferOfAnotherShardIsNotADestination) {
   OneRank o = MakeOneRank();
   // Find two different non-empty shards with room: write one's destination over the other's
   // loaded bytes.
-  const ShardSpec& need = NonEmptyNeed(o.sc.plan);
+  const PieceSpec& need = NonEmptyNeed(o.sc.plan);
   std::string* other = nullptr;
   for (auto& [id, bytes] : o.sc.loaded[0]) {
     if (!(id == need.id) && static_cast<int64_t>(bytes.size()) >= need.NumBytes()) other = &bytes;
@@ -278,7 +278,7 @@ TEST(ExchangeIntoTest, ZeroByteShardsTakeEmptyDestinationsOnEveryAlgorithm) {
   sc.plan.needs.resize(2);
   sc.loaded.resize(2);
   for (int i = 0; i < 2; ++i) {
-    DistributedShard d;
+    DistributedPiece d;
     d.spec.id.key = i == 0 ? "empty" : "tiny";
     d.spec.dtype = DType::kF32;
     d.spec.global_shape = {i == 0 ? 0 : 3};

@@ -72,13 +72,13 @@ absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan&
   std::vector<Transfer> transfers;
   for (int r = 0; r < n; ++r) {
     for (int t = 0; t < static_cast<int>(plan.needs[r].size()); ++t) {
-      const ShardSpec& need = plan.needs[r][t];
+      const PieceSpec& need = plan.needs[r][t];
       CKPT_RETURN_IF_ERROR(ValidateRegion(need.region, need.global_shape));
       int64_t covered = 0;
       auto it = stored_by_key.find(need.id.key);
       if (it != stored_by_key.end()) {
         for (int i : it->second) {
-          const DistributedShard& d = plan.distribution[i];
+          const DistributedPiece& d = plan.distribution[i];
           if (d.spec.global_shape != need.global_shape || d.spec.dtype != need.dtype) {
             return absl::InvalidArgumentError(absl::StrCat(
                 "overlap exchange: tensor '", need.id.key, "' is stored as ",
@@ -112,13 +112,13 @@ absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan&
   // 2. Local overlaps are plain copies.
   for (const Transfer& tr : transfers) {
     if (tr.src != me || tr.dst != me) continue;
-    const ShardSpec& stored = plan.distribution[tr.stored].spec;
+    const PieceSpec& stored = plan.distribution[tr.stored].spec;
     const std::string& src = loaded.at(stored.id);
     char* dst = targets[tr.need].data();
     if (src.data() == dst) {
       // The caller made the loaded buffer the destination: nothing to copy if it holds the
       // same region.
-      const ShardSpec& need = plan.needs[me][tr.need];
+      const PieceSpec& need = plan.needs[me][tr.need];
       if (stored.region == need.region) continue;
       return absl::InvalidArgumentError(
           absl::StrCat("overlap exchange: rank ", me, "'s destination for ", need.id.DebugString(),

@@ -165,7 +165,7 @@ TEST(ExchangeBroadcastTest, HundredThousandTinyShardsTakeAFewCoalescedCollective
   sc.plan.needs.resize(n);
   sc.loaded.resize(n);
   for (int i = 0; i < shards; ++i) {
-    DistributedShard d;
+    DistributedPiece d;
     d.spec.id.key = absl::StrCat("bias.", i);
     d.spec.dtype = i % 2 ? DType::kBF16 : DType::kF32;
     d.spec.global_shape = {i % 7};
@@ -194,10 +194,10 @@ TEST(ExchangeBroadcastTest, SingleHolderMustBeTheAssignedRank) {
     if (sc.plan.distribution[i].main_rank == 0) victim = i;
   }
   ASSERT_GE(victim, 0);
-  const ShardSpec spec = sc.plan.distribution[victim].spec;
+  const PieceSpec spec = sc.plan.distribution[victim].spec;
   for (auto& needs : sc.plan.needs) {
     needs.erase(std::remove_if(needs.begin(), needs.end(),
-                               [&](const ShardSpec& s) { return s.id == spec.id; }),
+                               [&](const PieceSpec& s) { return s.id == spec.id; }),
                 needs.end());
   }
   sc.plan.needs[1].push_back(spec);

@@ -35,9 +35,9 @@ std::vector<std::pair<int64_t, int64_t>> Chunks(int64_t length, int m) {
   return out;
 }
 
-ShardSpec Spec(const std::string& key, DType dtype, const std::vector<int64_t>& shape,
+PieceSpec Spec(const std::string& key, DType dtype, const std::vector<int64_t>& shape,
                Region region) {
-  ShardSpec s;
+  PieceSpec s;
   s.id.key = key;
   s.id.offsets = region.offsets;
   s.id.flat = region.flat;
@@ -77,7 +77,7 @@ std::vector<Region> SplitFlat(const std::vector<int64_t>& shape, int m) {
 
 }  // namespace
 
-std::string ReferenceRegionBytes(const ShardSpec& spec) {
+std::string ReferenceRegionBytes(const PieceSpec& spec) {
   const int64_t esize = DTypeSize(spec.dtype);
   const Region& r = spec.region;
   const int64_t count = r.NumElements();
@@ -148,7 +148,7 @@ Scenario MakeScenario(const ScenarioOptions& options) {
           SplitAlong(t.shape, 0, std::min<int64_t>(n + 1, std::max<int64_t>(1, t.shape[0] + 1)));
     }
     for (Region& region : regions) {
-      DistributedShard d;
+      DistributedPiece d;
       d.spec = Spec(t.key, t.dtype, t.shape, region);
       d.main_rank = static_cast<int>((piece * 7 + rng() % 3) % n);
       ++piece;
@@ -159,19 +159,19 @@ Scenario MakeScenario(const ScenarioOptions& options) {
   std::shuffle(sc.plan.distribution.begin(), sc.plan.distribution.end(), rng);
   // Some stored ids may coincide (e.g. empty dim-0 chunks at the same offset): keep the first.
   {
-    std::vector<DistributedShard> unique;
-    for (DistributedShard& d : sc.plan.distribution) {
+    std::vector<DistributedPiece> unique;
+    for (DistributedPiece& d : sc.plan.distribution) {
       bool dup = false;
-      for (const DistributedShard& u : unique) dup = dup || u.spec.id == d.spec.id;
+      for (const DistributedPiece& u : unique) dup = dup || u.spec.id == d.spec.id;
       if (!dup) unique.push_back(std::move(d));
     }
     sc.plan.distribution = std::move(unique);
   }
-  for (const DistributedShard& d : sc.plan.distribution) {
+  for (const DistributedPiece& d : sc.plan.distribution) {
     sc.loaded[d.main_rank][d.spec.id] = ReferenceRegionBytes(d.spec);
   }
   if (!options.reshard) {
-    for (const DistributedShard& d : sc.plan.distribution) {
+    for (const DistributedPiece& d : sc.plan.distribution) {
       for (int r = 0; r < n; ++r) {
         if (r == d.main_rank || rng() % 3 == 0) sc.plan.needs[r].push_back(d.spec);
       }
@@ -210,14 +210,14 @@ Scenario MakeScenario(const ScenarioOptions& options) {
 
 ShardBuffers ReferenceOutputs(const ExchangePlan& plan, int rank) {
   ShardBuffers out;
-  for (const ShardSpec& need : plan.needs[rank]) out[need.id] = ReferenceRegionBytes(need);
+  for (const PieceSpec& need : plan.needs[rank]) out[need.id] = ReferenceRegionBytes(need);
   return out;
 }
 
 int64_t LowerBoundReceiveBytes(const ExchangePlan& plan, int rank) {
   // Brute force: mark the needed elements stored on this rank, count the rest.
   int64_t bytes = 0;
-  for (const ShardSpec& need : plan.needs[rank]) {
+  for (const PieceSpec& need : plan.needs[rank]) {
     const Region& r = need.region;
     const int64_t count = r.NumElements();
     const int64_t first = r.flat ? r.flat->start : 0;
@@ -230,7 +230,7 @@ int64_t LowerBoundReceiveBytes(const ExchangePlan& plan, int rank) {
         f = r.lengths[d] == 0 ? 0 : f / r.lengths[d];
       }
       bool local = false;
-      for (const DistributedShard& d : plan.distribution) {
+      for (const DistributedPiece& d : plan.distribution) {
         if (d.main_rank != rank || d.spec.id.key != need.id.key) continue;
         const Region& s = d.spec.region;
         bool inside = true;

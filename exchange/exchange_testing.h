@@ -17,7 +17,7 @@ namespace ckpt {
 // Deterministic bytes of `spec`'s region: each element's bytes depend only on the tensor key,
 // the element's global index and the byte position, so any two regions agree where they
 // overlap. Computed element by element (independent of sharding/overlap.h).
-std::string ReferenceRegionBytes(const ShardSpec& spec);
+std::string ReferenceRegionBytes(const PieceSpec& spec);
 
 // How a scenario is built.
 struct ScenarioOptions {

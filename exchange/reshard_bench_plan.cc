@@ -13,7 +13,7 @@ ExchangePlan RowsToColumnsReshardPlan(int n, int64_t bytes, std::vector<ShardBuf
   plan.needs.resize(n);
   loaded->assign(n, {});
   for (int r = 0; r < n; ++r) {
-    DistributedShard d;
+    DistributedPiece d;
     d.spec.id.key = "w";
     d.spec.dtype = DType::kF32;
     d.spec.global_shape = {rows, cols};
@@ -24,7 +24,7 @@ ExchangePlan RowsToColumnsReshardPlan(int n, int64_t bytes, std::vector<ShardBuf
     d.main_rank = r;
     (*loaded)[r][d.spec.id] = std::string(d.spec.NumBytes(), static_cast<char>(r));
     plan.distribution.push_back(d);
-    ShardSpec need = d.spec;
+    PieceSpec need = d.spec;
     int64_t clo = std::min(cols, r * cchunk), chi = std::min(cols, (r + 1) * cchunk);
     need.region.offsets = {0, clo};
     need.region.lengths = {rows, chi - clo};

@@ -15,10 +15,10 @@
 
 namespace ckpt {
 
-int32_t DistributionInput::AddShard(ShardId id, std::optional<int64_t> size_bytes,
+int32_t DistributionInput::AddShard(PieceId id, std::optional<int64_t> size_bytes,
                                     std::vector<int64_t> holders, bool cross_group) {
   holder_lists.push_back(std::move(holders));
-  shards.push_back(DistributableShard{std::move(id), size_bytes,
+  shards.push_back(DistributablePiece{std::move(id), size_bytes,
                                       static_cast<int32_t>(holder_lists.size() - 1), cross_group});
   return static_cast<int32_t>(shards.size() - 1);
 }
@@ -26,23 +26,23 @@ int32_t DistributionInput::AddShard(ShardId id, std::optional<int64_t> size_byte
 namespace internal {
 namespace {
 
-struct ShardIdPtrHash {
-  size_t operator()(const ShardId* id) const { return absl::Hash<ShardId>()(*id); }
+struct PieceIdPtrHash {
+  size_t operator()(const PieceId* id) const { return absl::Hash<PieceId>()(*id); }
 };
-struct ShardIdPtrEq {
-  bool operator()(const ShardId* a, const ShardId* b) const { return *a == *b; }
+struct PieceIdPtrEq {
+  bool operator()(const PieceId* a, const PieceId* b) const { return *a == *b; }
 };
 
 }  // namespace
 
-absl::Status IncomparableShardsError(const ShardId& a, const ShardId& b) {
+absl::Status IncomparableShardsError(const PieceId& a, const PieceId& b) {
   return absl::InvalidArgumentError(absl::StrCat(
       "shards ", a.DebugString(), " and ", b.DebugString(),
       " cannot be ordered: they tie on every earlier sort field and compare a flat range "
       "with None (Python raises TypeError here)"));
 }
 
-absl::Status RepeatedShardError(const ShardId& id) {
+absl::Status RepeatedShardError(const PieceId& id) {
   return absl::InvalidArgumentError(
       absl::StrCat("shard ", id.DebugString(), " is listed more than once"));
 }
@@ -58,7 +58,7 @@ absl::Status ValidateDistributionInput(const DistributionInput& input) {
     return absl::InvalidArgumentError("too many shards (at most 2^31 - 1)");
   }
   int64_t total_bytes = 0;
-  for (const DistributableShard& s : input.shards) {
+  for (const DistributablePiece& s : input.shards) {
     if (!s.size_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("shard ", s.id.DebugString(), " has no size"));
     }
@@ -93,9 +93,9 @@ absl::Status ValidateDistributionInput(const DistributionInput& input) {
 }
 
 absl::Status CheckDistinctIds(const DistributionInput& input) {
-  absl::flat_hash_set<const ShardId*, ShardIdPtrHash, ShardIdPtrEq> seen;
+  absl::flat_hash_set<const PieceId*, PieceIdPtrHash, PieceIdPtrEq> seen;
   seen.reserve(input.shards.size());
-  for (const DistributableShard& s : input.shards) {
+  for (const DistributablePiece& s : input.shards) {
     if (!seen.insert(&s.id).second) return RepeatedShardError(s.id);
   }
   return absl::OkStatus();
@@ -123,7 +123,7 @@ struct VisitKey {
 
 // Python's order of ids that share a key: offsets (shorter prefix first), then None before
 // any range, then (start, stop). Ties broken by index so duplicates end up adjacent.
-bool SameKeyIdLess(const ShardId& x, int32_t xi, const ShardId& y, int32_t yi) {
+bool SameKeyIdLess(const PieceId& x, int32_t xi, const PieceId& y, int32_t yi) {
   const size_t n = std::min(x.offsets.size(), y.offsets.size());
   for (size_t i = 0; i < n; ++i) {
     if (x.offsets[i] != y.offsets[i]) return x.offsets[i] < y.offsets[i];
@@ -217,7 +217,7 @@ absl::StatusOr<std::vector<VisitKey>> VisitingOrder(const DistributionInput& inp
   using Packed = unsigned __int128;
   std::vector<Packed> packed(num_shards);
   for (int32_t r = 0; r < num_shards; ++r) {
-    const DistributableShard& s = shards[by_id[r]];
+    const DistributablePiece& s = shards[by_id[r]];
     const uint64_t hi = (uint64_t{s.cross_group} << 63) |
                         (uint64_t{input.holder_lists[s.holder_list].size()} << 32);
     const uint64_t size_key =
@@ -228,7 +228,7 @@ absl::StatusOr<std::vector<VisitKey>> VisitingOrder(const DistributionInput& inp
   std::vector<VisitKey> order(num_shards);
   for (int32_t v = 0; v < num_shards; ++v) {
     const int32_t i = by_id[static_cast<uint32_t>(packed[v])];
-    const DistributableShard& s = shards[i];
+    const DistributablePiece& s = shards[i];
     order[v] = VisitKey{input.holder_lists[s.holder_list].size(),
                         -*s.size_bytes,
                         static_cast<int32_t>(static_cast<uint32_t>(packed[v])),
@@ -244,7 +244,7 @@ absl::StatusOr<std::vector<VisitKey>> VisitingOrder(const DistributionInput& inp
     if (a.key_ordinal == b.key_ordinal && a.cross == b.cross && a.num_holders == b.num_holders &&
         a.neg_size == b.neg_size) {
       bool incomparable = false;
-      CompareShardIds(shards[a.shard].id, shards[b.shard].id, &incomparable);
+      ComparePieceIds(shards[a.shard].id, shards[b.shard].id, &incomparable);
       if (incomparable) {
         return internal::IncomparableShardsError(shards[a.shard].id, shards[b.shard].id);
       }
@@ -319,7 +319,7 @@ absl::StatusOr<std::vector<ShardAssignment>> DistributeShardsToRanks(
   constexpr int32_t kScan = -1;
   std::vector<int32_t> set_of_list(input.holder_lists.size(), kScan);
   std::vector<int64_t> uses_of_list(input.holder_lists.size(), 0);
-  for (const DistributableShard& s : input.shards) ++uses_of_list[s.holder_list];
+  for (const DistributablePiece& s : input.shards) ++uses_of_list[s.holder_list];
   std::vector<std::vector<int32_t>> set_members;
   std::vector<int64_t> set_uses;
   absl::flat_hash_map<std::vector<int32_t>, int32_t, VectorHash> set_index;
@@ -393,14 +393,14 @@ absl::StatusOr<std::vector<ShardAssignment>> DistributeShardsToRanksReference(
   // The full Python sort key, compared field by field.
   auto compare = [&](int32_t a, int32_t b, bool* incomparable) -> int {
     *incomparable = false;
-    const DistributableShard& x = shards[a];
-    const DistributableShard& y = shards[b];
+    const DistributablePiece& x = shards[a];
+    const DistributablePiece& y = shards[b];
     if (x.cross_group != y.cross_group) return x.cross_group ? 1 : -1;
     const size_t nx = input.holder_lists[x.holder_list].size();
     const size_t ny = input.holder_lists[y.holder_list].size();
     if (nx != ny) return nx < ny ? -1 : 1;
     if (*x.size_bytes != *y.size_bytes) return -*x.size_bytes < -*y.size_bytes ? -1 : 1;
-    return CompareShardIds(x.id, y.id, incomparable);
+    return ComparePieceIds(x.id, y.id, incomparable);
   };
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
     bool incomparable = false;
@@ -418,7 +418,7 @@ absl::StatusOr<std::vector<ShardAssignment>> DistributeShardsToRanksReference(
   std::vector<ShardAssignment> result;
   result.reserve(order.size());
   for (int32_t shard : order) {
-    const DistributableShard& s = shards[shard];
+    const DistributablePiece& s = shards[shard];
     int64_t best = -1;
     for (int64_t r : input.holder_lists[s.holder_list]) {
       if (r < 0 || r >= input.num_ranks) continue;

@@ -22,14 +22,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "sharding/shard_id.h"
+#include "sharding/piece_id.h"
 
 namespace ckpt {
 
 // One shard to distribute. `holder_list` indexes DistributionInput::holder_lists, so that
 // many shards held by the same ranks (e.g. a whole data-parallel group) share one list.
-struct DistributableShard {
-  ShardId id;
+struct DistributablePiece {
+  PieceId id;
   std::optional<int64_t> size_bytes;  // nullopt: "no size" (an error, as Python's KeyError)
   int32_t holder_list = 0;
   bool cross_group = false;  // in Megatron's cross_parallelization_group_loads
@@ -40,10 +40,10 @@ struct DistributableShard {
 struct DistributionInput {
   int64_t num_ranks = 0;
   std::vector<std::vector<int64_t>> holder_lists;
-  std::vector<DistributableShard> shards;
+  std::vector<DistributablePiece> shards;
 
   // Appends a shard with its own holder list; returns its index.
-  int32_t AddShard(ShardId id, std::optional<int64_t> size_bytes, std::vector<int64_t> holders,
+  int32_t AddShard(PieceId id, std::optional<int64_t> size_bytes, std::vector<int64_t> holders,
                    bool cross_group = false);
 };
 
@@ -75,10 +75,10 @@ absl::Status ValidateDistributionInput(const DistributionInput& input);
 
 // Hash-based repeated-id check (the reference's; the fast path finds repeats while sorting).
 absl::Status CheckDistinctIds(const DistributionInput& input);
-absl::Status RepeatedShardError(const ShardId& id);
+absl::Status RepeatedShardError(const PieceId& id);
 
 // The error for two shards Python could not order (None vs range under equal key/offsets).
-absl::Status IncomparableShardsError(const ShardId& a, const ShardId& b);
+absl::Status IncomparableShardsError(const PieceId& a, const PieceId& b);
 
 }  // namespace internal
 }  // namespace ckpt

@@ -33,7 +33,7 @@ DistributionInput Megatron200k() {
     const int64_t n = 1 + rng() % 8;
     std::vector<int64_t> holders;
     for (int64_t h = 0; h < n; ++h) holders.push_back(rng() % 512);
-    ShardId id{LayerKey(i / 8), {static_cast<int64_t>(i % 8) * 1024, 0}, std::nullopt};
+    PieceId id{LayerKey(i / 8), {static_cast<int64_t>(i % 8) * 1024, 0}, std::nullopt};
     in.AddShard(std::move(id), int64_t{2} * (1 + rng() % (1 << 20)), std::move(holders));
   }
   return in;
@@ -53,11 +53,11 @@ DistributionInput DpGroups1M() {
   const int64_t kShards = 1000000;
   in.shards.reserve(kShards);
   for (int64_t i = 0; i < kShards; ++i) {
-    ShardId id{LayerKey(i / 16), {static_cast<int64_t>(i % 16) * 4096}, std::nullopt};
+    PieceId id{LayerKey(i / 16), {static_cast<int64_t>(i % 16) * 4096}, std::nullopt};
     // Sizes drawn from a few tensor shapes, so many ties fall through to the shard id.
     const int64_t size = int64_t{2} << (10 + rng() % 12);
     in.shards.push_back(
-        DistributableShard{std::move(id), size, static_cast<int32_t>(i % kGroups), false});
+        DistributablePiece{std::move(id), size, static_cast<int32_t>(i % kGroups), false});
   }
   return in;
 }

@@ -13,9 +13,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-ShardId Id(std::string key, std::vector<int64_t> offsets = {0},
+PieceId Id(std::string key, std::vector<int64_t> offsets = {0},
            std::optional<FlatRange> flat = std::nullopt) {
-  return ShardId{std::move(key), std::move(offsets), flat};
+  return PieceId{std::move(key), std::move(offsets), flat};
 }
 
 // Runs both implementations, checks they agree, and returns (shard key/offset string, rank)
@@ -230,7 +230,7 @@ TEST(DistributeTest, HugeRankCountsAndSizeTotalsAreErrors) {
   EXPECT_THAT(RunError(sizes).message(), HasSubstr("past 2^63 - 1 bytes"));
 }
 
-TEST(DistributeTest, RepeatedShardIdIsAnError) {
+TEST(DistributeTest, RepeatedPieceIdIsAnError) {
   DistributionInput in;
   in.num_ranks = 2;
   in.AddShard(Id("w"), 1, {0});
@@ -256,7 +256,7 @@ TEST(DistributeTest, SharedLargeHolderSetsBalanceLikeTheScan) {
   in.holder_lists = {g0, g1};
   for (int i = 0; i < 500; ++i) {
     in.shards.push_back(
-        DistributableShard{Id("t" + std::to_string(i)), (i * 37) % 11, i % 2, false});
+        DistributablePiece{Id("t" + std::to_string(i)), (i * 37) % 11, i % 2, false});
   }
   auto fast = DistributeShardsToRanks(in);
   auto ref = DistributeShardsToRanksReference(in);
@@ -292,7 +292,7 @@ DistributionInput RandomInput(std::mt19937_64& rng) {
   const int num_shards = static_cast<int>(pick(0, 300));
   const bool allow_mixed = pick(0, 3) == 0;
   for (int i = 0; i < num_shards; ++i) {
-    ShardId id{keys[pick(0, keys.size() - 1)], {}, std::nullopt};
+    PieceId id{keys[pick(0, keys.size() - 1)], {}, std::nullopt};
     const int64_t ndims = pick(0, 2);
     for (int64_t d = 0; d < ndims; ++d) id.offsets.push_back(pick(0, 3));
     // Flatness is a function of (key, offsets) unless mixing is allowed, so most problems
@@ -314,10 +314,10 @@ DistributionInput RandomInput(std::mt19937_64& rng) {
       in.holder_lists.push_back(holders);
       list = static_cast<int32_t>(in.holder_lists.size() - 1);
     }
-    in.shards.push_back(DistributableShard{id, size, list, pick(0, 5) == 0});
+    in.shards.push_back(DistributablePiece{id, size, list, pick(0, 5) == 0});
   }
   // Drop repeated ids so most problems are valid.
-  std::vector<DistributableShard> unique;
+  std::vector<DistributablePiece> unique;
   for (auto& s : in.shards) {
     bool dup = false;
     for (auto& u : unique) dup = dup || u.id == s.id;
@@ -363,7 +363,7 @@ TEST(DistributePropertyTest, LargeInputsMatchStraightforwardImplementation) {
     }
     const int num_shards = static_cast<int>(pick(5000, 20000));
     for (int i = 0; i < num_shards; ++i) {
-      ShardId id{"k" + std::to_string(pick(0, 400)), {i, pick(0, 3)}, std::nullopt};
+      PieceId id{"k" + std::to_string(pick(0, 400)), {i, pick(0, 3)}, std::nullopt};
       if (iter % 2 == 0) id.flat = FlatRange{0, pick(0, 9)};
       // Sizes spanning many bit ranges so every radix digit varies.
       const int64_t size = pick(0, 3) == 0 ? pick(0, 4) : (int64_t{1} << pick(0, 50)) + pick(0, 9);
@@ -377,7 +377,7 @@ TEST(DistributePropertyTest, LargeInputsMatchStraightforwardImplementation) {
         in.holder_lists.push_back(holders);
         list = static_cast<int32_t>(in.holder_lists.size() - 1);
       }
-      in.shards.push_back(DistributableShard{id, size, list, pick(0, 7) == 0});
+      in.shards.push_back(DistributablePiece{id, size, list, pick(0, 7) == 0});
     }
     auto fast = DistributeShardsToRanks(in);
     auto ref = DistributeShardsToRanksReference(in);

@@ -13,7 +13,7 @@
 #include "planner/distribute.h"
 #include "sharding/box_index.h"
 #include "sharding/coverage.h"
-#include "sharding/shard_id.h"
+#include "sharding/piece_id.h"
 
 namespace ckpt {
 namespace {
@@ -188,7 +188,7 @@ namespace {
 
 // The inputs of a load plan, indexed by tensor.
 struct PlanInputs {
-  absl::Span<const CheckpointTensor> tensors;
+  absl::Span<const TensorMeta> tensors;
   absl::Span<const StoredPieceInfo> pieces;
   absl::Span<const LoadRequest> requests;
   int64_t num_ranks = 0;
@@ -221,7 +221,7 @@ absl::Status IndexInputs(PlanInputs& in) {
     if (t == tensor_of_key.end()) {
       return absl::InvalidArgumentError(PieceName(p) + ": no such tensor in the checkpoint");
     }
-    const CheckpointTensor& tensor = tensors[t->second];
+    const TensorMeta& tensor = tensors[t->second];
     if (absl::Status s = ValidateRegion(p.region, tensor.global_shape); !s.ok()) {
       return Annotate(s, PieceName(p));
     }
@@ -373,7 +373,7 @@ absl::StatusOr<ReaderChoice> ChooseReaders(const PlanInputs& in, const std::vect
       }
     }
     piece_of_shard.push_back(static_cast<int64_t>(i));
-    input.AddShard(ShardId{pieces[i].key, pieces[i].region.offsets, pieces[i].region.flat},
+    input.AddShard(PieceId{pieces[i].key, pieces[i].region.offsets, pieces[i].region.flat},
                    (hi - lo) * elem_size[i], std::move(ranks));
   }
   absl::StatusOr<std::vector<ShardAssignment>> assignment = DistributeShardsToRanks(input);
@@ -451,7 +451,7 @@ absl::Status EmitUnits(const PlanInputs& in, const std::vector<Need>& needs, con
 
 }  // namespace
 
-absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensors,
+absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const TensorMeta> tensors,
                                        absl::Span<const StoredPieceInfo> pieces,
                                        absl::Span<const LoadRequest> requests, int64_t num_ranks,
                                        const LoadPlanOptions& options) {

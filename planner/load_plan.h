@@ -34,15 +34,9 @@
 #include "sharding/dtype.h"
 #include "sharding/overlap.h"
 #include "sharding/region.h"
+#include "sharding/tensor_meta.h"
 
 namespace ckpt {
-
-// A tensor of the checkpoint (manifest TensorMeta).
-struct CheckpointTensor {
-  std::string key;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> global_shape;
-};
 
 // A stored piece of the checkpoint (manifest StoredPiece, minus checksum and names).
 struct StoredPieceInfo {
@@ -126,7 +120,7 @@ struct LoadPlan {
 // keys, invalid regions, pieces whose byte length disagrees with their region, requested
 // elements no stored piece holds, stored pieces that overlap on a requested element, ranks
 // outside [0, num_ranks), and a budget smaller than one element.
-absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const CheckpointTensor> tensors,
+absl::StatusOr<LoadPlan> BuildLoadPlan(absl::Span<const TensorMeta> tensors,
                                        absl::Span<const StoredPieceInfo> pieces,
                                        absl::Span<const LoadRequest> requests, int64_t num_ranks,
                                        const LoadPlanOptions& options = {});

@@ -23,7 +23,7 @@ uint64_t Value(int64_t t, int64_t g) {
 }
 
 struct Scenario {
-  std::vector<CheckpointTensor> tensors;
+  std::vector<TensorMeta> tensors;
   std::vector<StoredPieceInfo> pieces;
   std::vector<LoadRequest> requests;
   std::map<std::string, std::string> files;  // file name -> bytes
@@ -32,7 +32,7 @@ struct Scenario {
 
 // Appends `piece` of tensor t to `file`, filling its bytes with the tensor's values.
 void Store(Scenario& s, int64_t t, Region region, const std::string& file) {
-  const CheckpointTensor& tensor = s.tensors[t];
+  const TensorMeta& tensor = s.tensors[t];
   const int64_t elem = DTypeSize(tensor.dtype);
   std::string& bytes = s.files[file];
   StoredPieceInfo p{tensor.key, region, file, static_cast<int64_t>(bytes.size()), 0};
@@ -122,7 +122,7 @@ Scenario RandomScenario(std::mt19937_64& rng) {
   const DType dtypes[] = {DType::kF32, DType::kF64, DType::kBF16};
   for (int t = 0; t < 2; ++t) {
     s.tensors.push_back(
-        CheckpointTensor{"t" + std::to_string(t), dtypes[pick(0, 2)], {pick(1, 9), pick(1, 12)}});
+        TensorMeta{"t" + std::to_string(t), dtypes[pick(0, 2)], {pick(1, 9), pick(1, 12)}});
     const auto& shape = s.tensors[t].global_shape;
     const auto rows = Cuts(rng, shape[0], 3), cols = Cuts(rng, shape[1], 3);
     for (size_t a = 0; a + 1 < rows.size(); ++a) {

@@ -24,14 +24,14 @@ absl::StatusOr<std::optional<MainReplicaDistribution>> DetermineMainReplicaDistr
   }
   // Every distinct shard in first-occurrence order, with Megatron's per-shard facts.
   struct Gathered {
-    const ShardId* id;
+    const PieceId* id;
     int64_t size;
     std::vector<int64_t> ranks;
     bool has_main = false;
     bool has_non_main = false;
   };
   std::vector<Gathered> gathered;
-  absl::flat_hash_map<ShardId, int32_t> index;
+  absl::flat_hash_map<PieceId, int32_t> index;
   for (size_t rank = 0; rank < per_rank.size(); ++rank) {
     for (const RankShardInfo& info : per_rank[rank]) {
       if (info.size_bytes < 0) {
@@ -65,7 +65,7 @@ absl::StatusOr<std::optional<MainReplicaDistribution>> DetermineMainReplicaDistr
     result.main_rank_for_shard.emplace_back(input.shards[a.shard].id, a.rank);
   }
   std::sort(in_group.begin(), in_group.end(),
-            [&](int32_t a, int32_t b) { return ShardIdLess()(*gathered[a].id, *gathered[b].id); });
+            [&](int32_t a, int32_t b) { return PieceIdLess()(*gathered[a].id, *gathered[b].id); });
   result.shards_in_this_group.reserve(in_group.size());
   result.all_ranks_for_shard.reserve(in_group.size());
   for (int32_t i : in_group) {

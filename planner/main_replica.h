@@ -9,14 +9,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "sharding/shard_id.h"
+#include "sharding/piece_id.h"
 
 namespace ckpt {
 
 // One entry of a rank's gathered metadata: a shard it holds, its size in bytes, and whether
 // this copy is the main replica (replica id all zeros).
 struct RankShardInfo {
-  ShardId id;
+  PieceId id;
   int64_t size_bytes = 0;
   bool is_main = false;
 };
@@ -24,11 +24,11 @@ struct RankShardInfo {
 // Megatron's ShardDistribution, minus the metadata dict (callers keep their own).
 struct MainReplicaDistribution {
   // The chosen rank per distributed shard, in distribution (visiting) order.
-  std::vector<std::pair<ShardId, int64_t>> main_rank_for_shard;
+  std::vector<std::pair<PieceId, int64_t>> main_rank_for_shard;
   // Shards this group is responsible for, sorted by id.
-  std::vector<ShardId> shards_in_this_group;
+  std::vector<PieceId> shards_in_this_group;
   // Every group rank holding each distributed shard (rank order, repeats kept), sorted by id.
-  std::vector<std::pair<ShardId, std::vector<int64_t>>> all_ranks_for_shard;
+  std::vector<std::pair<PieceId, std::vector<int64_t>>> all_ranks_for_shard;
 };
 
 // `per_rank[r]` is rank r's list in its own order; `group_size` is the group's size (Megatron

@@ -15,7 +15,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
 
-ShardId Id(std::string key, int64_t offset = 0) { return ShardId{std::move(key), {offset}, {}}; }
+PieceId Id(std::string key, int64_t offset = 0) { return PieceId{std::move(key), {offset}, {}}; }
 
 TEST(MainReplicaTest, GroupOfOneOrZeroHasNoDistribution) {
   auto one = DetermineMainReplicaDistribution({{{Id("a"), 4, true}}}, 1, false);
@@ -97,7 +97,7 @@ TEST(MainReplicaTest, HugeGroupIsAnError) {
 }
 
 TEST(MainReplicaTest, NoneVersusRangeTieIsReportedFromTheDistribution) {
-  ShardId flat{"k", {0}, FlatRange{0, 2}};
+  PieceId flat{"k", {0}, FlatRange{0, 2}};
   std::vector<std::vector<RankShardInfo>> per_rank = {{{Id("k"), 4, true}}, {{flat, 4, true}}};
   auto d = DetermineMainReplicaDistribution(per_rank, 2, false);
   EXPECT_FALSE(d.ok());
@@ -107,9 +107,9 @@ TEST(MainReplicaTest, NoneVersusRangeTieIsReportedFromTheDistribution) {
 // Brute-force twin of Megatron's function: ordered maps, the straightforward distribution.
 MainReplicaDistribution BruteForce(const std::vector<std::vector<RankShardInfo>>& per_rank,
                                    bool ignore_groups) {
-  std::map<ShardId, std::vector<int64_t>, ShardIdLess> ranks;
-  std::map<ShardId, int64_t, ShardIdLess> size;
-  std::set<ShardId, ShardIdLess> main, non_main;
+  std::map<PieceId, std::vector<int64_t>, PieceIdLess> ranks;
+  std::map<PieceId, int64_t, PieceIdLess> size;
+  std::set<PieceId, PieceIdLess> main, non_main;
   for (size_t r = 0; r < per_rank.size(); ++r) {
     for (const RankShardInfo& info : per_rank[r]) {
       ranks[info.id].push_back(r);
@@ -145,7 +145,7 @@ TEST(MainReplicaPropertyTest, MatchesBruteForceTwin) {
     std::vector<std::vector<RankShardInfo>> per_rank(n);
     for (auto& list : per_rank) {
       for (int i = 0, k = static_cast<int>(pick(0, 10)); i < k; ++i) {
-        ShardId id{std::string(1, static_cast<char>('a' + pick(0, 4))), {pick(0, 2)}, {}};
+        PieceId id{std::string(1, static_cast<char>('a' + pick(0, 4))), {pick(0, 2)}, {}};
         if (id.key[0] % 2 == 0) id.flat = FlatRange{0, pick(1, 3)};  // never mixed per key
         list.push_back(RankShardInfo{id, pick(0, 3) * 4, pick(0, 2) == 0});
       }

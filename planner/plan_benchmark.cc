@@ -49,7 +49,7 @@ void BM_SavePlanTp8Dp64(benchmark::State& state) {
 BENCHMARK(BM_SavePlanTp8Dp64)->Unit(benchmark::kMillisecond);
 
 struct LoadInputs {
-  std::vector<CheckpointTensor> tensors;
+  std::vector<TensorMeta> tensors;
   std::vector<StoredPieceInfo> pieces;
   std::vector<LoadRequest> requests;
 };

@@ -64,8 +64,7 @@ PlanKey SavePlanKey(absl::Span<const TensorPiece> pieces, int64_t num_ranks,
   return f.Finish();
 }
 
-PlanKey LoadPlanKey(absl::Span<const CheckpointTensor> tensors,
-                    absl::Span<const StoredPieceInfo> pieces,
+PlanKey LoadPlanKey(absl::Span<const TensorMeta> tensors, absl::Span<const StoredPieceInfo> pieces,
                     absl::Span<const LoadRequest> requests, int64_t num_ranks,
                     const LoadPlanOptions& options) {
   Fingerprinter f;
@@ -74,7 +73,7 @@ PlanKey LoadPlanKey(absl::Span<const CheckpointTensor> tensors,
   f.Int(static_cast<int64_t>(options.algorithm));
   f.Int(options.memory_budget_bytes);
   f.Int(static_cast<int64_t>(tensors.size()));
-  for (const CheckpointTensor& t : tensors) {
+  for (const TensorMeta& t : tensors) {
     f.Str(t.key);
     f.Int(static_cast<int64_t>(t.dtype));
     f.Ints(t.global_shape);
@@ -139,7 +138,7 @@ absl::StatusOr<std::shared_ptr<const SavePlan>> PlanCache::GetSavePlan(
 }
 
 absl::StatusOr<std::shared_ptr<const LoadPlan>> PlanCache::GetLoadPlan(
-    absl::Span<const CheckpointTensor> tensors, absl::Span<const StoredPieceInfo> pieces,
+    absl::Span<const TensorMeta> tensors, absl::Span<const StoredPieceInfo> pieces,
     absl::Span<const LoadRequest> requests, int64_t num_ranks, const LoadPlanOptions& options) {
   const PlanKey key = LoadPlanKey(tensors, pieces, requests, num_ranks, options);
   if (auto plan = load_.Find(key)) {

@@ -36,8 +36,7 @@ struct PlanKey {
 
 PlanKey SavePlanKey(absl::Span<const TensorPiece> pieces, int64_t num_ranks,
                     const SavePlanOptions& options);
-PlanKey LoadPlanKey(absl::Span<const CheckpointTensor> tensors,
-                    absl::Span<const StoredPieceInfo> pieces,
+PlanKey LoadPlanKey(absl::Span<const TensorMeta> tensors, absl::Span<const StoredPieceInfo> pieces,
                     absl::Span<const LoadRequest> requests, int64_t num_ranks,
                     const LoadPlanOptions& options);
 
@@ -51,7 +50,7 @@ class PlanCache {
                                                               int64_t num_ranks,
                                                               const SavePlanOptions& options = {});
   absl::StatusOr<std::shared_ptr<const LoadPlan>> GetLoadPlan(
-      absl::Span<const CheckpointTensor> tensors, absl::Span<const StoredPieceInfo> pieces,
+      absl::Span<const TensorMeta> tensors, absl::Span<const StoredPieceInfo> pieces,
       absl::Span<const LoadRequest> requests, int64_t num_ranks,
       const LoadPlanOptions& options = {});
 

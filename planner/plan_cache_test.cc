@@ -94,7 +94,7 @@ TEST(PlanCacheTest, FailuresAreNotCachedAndLeastRecentlyUsedIsEvicted) {
 
 TEST(PlanCacheTest, LoadPlansAreKeyedByRequestsToo) {
   PlanCache cache;
-  std::vector<CheckpointTensor> tensors = {{"w", DType::kF32, {8}}};
+  std::vector<TensorMeta> tensors = {{"w", DType::kF32, {8}}};
   std::vector<StoredPieceInfo> pieces = {
       {"w", Region{{0}, {8}, {}}, "data/r0_0.safetensors", 0, 32}};
   std::vector<LoadRequest> requests = {{0, "w", Region{{0}, {4}, {}}},

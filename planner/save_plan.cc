@@ -10,12 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "planner/main_replica.h"
-#include "sharding/shard_id.h"
+#include "sharding/piece_id.h"
 
 namespace ckpt {
 namespace {
 
-ShardId IdOf(const TensorPiece& p) { return ShardId{p.key, p.region.offsets, p.region.flat}; }
+PieceId IdOf(const TensorPiece& p) { return PieceId{p.key, p.region.offsets, p.region.flat}; }
 
 absl::StatusOr<int64_t> PieceBytes(const TensorPiece& p) {
   const int64_t elements = p.region.NumElements();
@@ -37,8 +37,8 @@ std::vector<PlannedFile> PackFiles(int64_t rank, std::vector<PlannedPiece> piece
                                          [](const PlannedPiece& p) { return p.size_bytes > 0; });
   num_files = std::min<int64_t>(num_files, std::max<int64_t>(1, nonempty));
   auto id_less = [](const PlannedPiece& a, const PlannedPiece& b) {
-    return ShardIdLess()(ShardId{a.key, a.region.offsets, a.region.flat},
-                         ShardId{b.key, b.region.offsets, b.region.flat});
+    return PieceIdLess()(PieceId{a.key, a.region.offsets, a.region.flat},
+                         PieceId{b.key, b.region.offsets, b.region.flat});
   };
   std::stable_sort(pieces.begin(), pieces.end(), [&](const PlannedPiece& a, const PlannedPiece& b) {
     if (a.size_bytes != b.size_bytes) return a.size_bytes > b.size_bytes;
@@ -91,13 +91,13 @@ absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int
 
   // Per-rank lists in input order, the piece index of each (id, rank), and one region per id.
   std::vector<std::vector<RankShardInfo>> per_rank(num_ranks);
-  absl::flat_hash_map<ShardId, int64_t> first_piece_of_id;
+  absl::flat_hash_map<PieceId, int64_t> first_piece_of_id;
   // (first piece index of the id, rank) -> the rank's own piece with that id.
   absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> piece_of_id_rank;
   std::vector<int64_t> size_of(pieces.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
     const TensorPiece& p = pieces[i];
-    ShardId id = IdOf(p);
+    PieceId id = IdOf(p);
     auto [first, inserted] = first_piece_of_id.try_emplace(id, static_cast<int64_t>(i));
     if (!inserted && pieces[first->second].region != p.region) {
       const TensorPiece& q = pieces[first->second];

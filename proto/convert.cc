@@ -102,22 +102,22 @@ absl::StatusOr<TensorMeta> TensorMetaFromProto(const pb::TensorMeta& meta) {
   return out;
 }
 
-pb::ShardMeta ShardMetaToProto(const ShardMeta& meta) {
-  pb::ShardMeta out;
+pb::PieceMeta PieceMetaToProto(const PieceMeta& meta) {
+  pb::PieceMeta out;
   *out.mutable_tensor() = TensorMetaToProto(meta.tensor);
   *out.mutable_region() = RegionToProto(meta.region);
   for (int64_t r : meta.replica_id) out.add_replica_id(r);
   return out;
 }
 
-absl::StatusOr<ShardMeta> ShardMetaFromProto(const pb::ShardMeta& meta) {
-  ShardMeta out;
+absl::StatusOr<PieceMeta> PieceMetaFromProto(const pb::PieceMeta& meta) {
+  PieceMeta out;
   CKPT_ASSIGN_OR_RETURN(out.tensor, TensorMetaFromProto(meta.tensor()));
   auto region = RegionFromProto(meta.region());
   if (!region.ok()) return WithKey(out.tensor.key, region.status());
   out.region = *std::move(region);
   out.replica_id.assign(meta.replica_id().begin(), meta.replica_id().end());
-  CKPT_RETURN_IF_ERROR(ValidateShardMeta(out));
+  CKPT_RETURN_IF_ERROR(ValidatePieceMeta(out));
   return out;
 }
 

@@ -23,15 +23,15 @@ absl::StatusOr<FlatRange> FlatRangeFromProto(const pb::FlatRange& range);
 
 pb::Region RegionToProto(const Region& region);
 // Structural checks only (equal offsets/lengths counts, non-negative values, a sane flat
-// range); use ValidateRegion or ShardMetaFromProto to check it against a tensor shape.
+// range); use ValidateRegion or PieceMetaFromProto to check it against a tensor shape.
 absl::StatusOr<Region> RegionFromProto(const pb::Region& region);
 
 pb::TensorMeta TensorMetaToProto(const TensorMeta& meta);
 absl::StatusOr<TensorMeta> TensorMetaFromProto(const pb::TensorMeta& meta);
 
-pb::ShardMeta ShardMetaToProto(const ShardMeta& meta);
+pb::PieceMeta PieceMetaToProto(const PieceMeta& meta);
 // Fully validated: the region must lie inside the tensor's shape.
-absl::StatusOr<ShardMeta> ShardMetaFromProto(const pb::ShardMeta& meta);
+absl::StatusOr<PieceMeta> PieceMetaFromProto(const pb::PieceMeta& meta);
 
 }  // namespace ckpt
 

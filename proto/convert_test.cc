@@ -75,46 +75,46 @@ TEST(ConvertTest, MalformedRegionsAreErrors) {
   EXPECT_FALSE(RegionFromProto(r).ok());
 }
 
-TEST(ConvertTest, ShardMetaRoundTrips) {
-  ShardMeta meta{TensorMeta{"decoder.w", DType::kBF16, {8, 16}},
+TEST(ConvertTest, PieceMetaRoundTrips) {
+  PieceMeta meta{TensorMeta{"decoder.w", DType::kBF16, {8, 16}},
                  Region{{4, 0}, {4, 16}, FlatRange{5, 60}},
                  {0, 2}};
-  auto back = ShardMetaFromProto(ShardMetaToProto(meta));
+  auto back = PieceMetaFromProto(PieceMetaToProto(meta));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, meta);
   TensorPiece piece = ToTensorPiece(*back, 7);
   EXPECT_EQ(piece.rank, 7);
   EXPECT_FALSE(piece.is_main_replica());
-  EXPECT_EQ(ToShardMeta(piece), meta);
+  EXPECT_EQ(ToPieceMeta(piece), meta);
 }
 
-TEST(ConvertTest, ShardMetaErrorsNameTheTensor) {
-  ShardMeta meta{TensorMeta{"decoder.w", DType::kF32, {8, 16}}, Region{{4, 0}, {5, 16}, {}}, {}};
-  auto s = ShardMetaFromProto(ShardMetaToProto(meta));
+TEST(ConvertTest, PieceMetaErrorsNameTheTensor) {
+  PieceMeta meta{TensorMeta{"decoder.w", DType::kF32, {8, 16}}, Region{{4, 0}, {5, 16}, {}}, {}};
+  auto s = PieceMetaFromProto(PieceMetaToProto(meta));
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Mentions(s.status(), "tensor 'decoder.w'")) << s.status();
   EXPECT_TRUE(Mentions(s.status(), "dim 0")) << s.status();
 
-  pb::ShardMeta p = ShardMetaToProto(
-      ShardMeta{TensorMeta{"decoder.w", DType::kF32, {8}}, Region{{0}, {8}, {}}, {}});
+  pb::PieceMeta p = PieceMetaToProto(
+      PieceMeta{TensorMeta{"decoder.w", DType::kF32, {8}}, Region{{0}, {8}, {}}, {}});
   p.mutable_tensor()->set_dtype(pb::DTYPE_UNSPECIFIED);
-  s = ShardMetaFromProto(p);
+  s = PieceMetaFromProto(p);
   EXPECT_TRUE(Mentions(s.status(), "tensor 'decoder.w'")) << s.status();
   EXPECT_TRUE(Mentions(s.status(), "UNSPECIFIED")) << s.status();
 
-  p = ShardMetaToProto(ShardMeta{TensorMeta{"w", DType::kF32, {8}}, Region{{0}, {8}, {}}, {}});
+  p = PieceMetaToProto(PieceMeta{TensorMeta{"w", DType::kF32, {8}}, Region{{0}, {8}, {}}, {}});
   p.add_replica_id(-1);
-  EXPECT_FALSE(ShardMetaFromProto(p).ok());
+  EXPECT_FALSE(PieceMetaFromProto(p).ok());
   p.clear_replica_id();
   p.mutable_tensor()->set_key("");
-  EXPECT_FALSE(ShardMetaFromProto(p).ok());
+  EXPECT_FALSE(PieceMetaFromProto(p).ok());
   p.mutable_tensor()->set_key("w");
   p.mutable_tensor()->set_global_shape(0, -8);
-  EXPECT_FALSE(ShardMetaFromProto(p).ok());
+  EXPECT_FALSE(PieceMetaFromProto(p).ok());
   p.mutable_tensor()->set_global_shape(0, 8);
   p.mutable_region()->add_offsets(0);
   p.mutable_region()->add_lengths(1);
-  s = ShardMetaFromProto(p);
+  s = PieceMetaFromProto(p);
   EXPECT_TRUE(Mentions(s.status(), "tensor 'w'")) << s.status();  // rank mismatch
 }
 

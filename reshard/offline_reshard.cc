@@ -49,7 +49,7 @@ absl::StatusOr<OfflineReshardStats> OfflineReshard(const std::string& src, const
   OfflineReshardStats stats;
   CKPT_ASSIGN_OR_RETURN(SourcePieces source, PiecesOfManifest(manifest));
   const std::vector<TensorMeta>& tensors = source.tensors;
-  std::vector<TensorSpec> specs;
+  std::vector<TensorMeta> specs;
   for (const TensorMeta& t : tensors) specs.push_back({t.key, t.dtype, t.global_shape});
   stats.tensors = static_cast<int64_t>(tensors.size());
   const std::vector<TensorPiece>& src_pieces = source.pieces;

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "sharding/shard_id.h"
+#include "sharding/piece_id.h"
 #include "storage/file_util.h"
 
 namespace ckpt {
@@ -47,8 +47,8 @@ absl::StatusOr<int64_t> RepackForWaves(SavePlan* plan, int64_t wave_bytes) {
     }
   }
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    return ShardIdLess()(ShardId{a.piece.key, a.piece.region.offsets, a.piece.region.flat},
-                         ShardId{b.piece.key, b.piece.region.offsets, b.piece.region.flat});
+    return PieceIdLess()(PieceId{a.piece.key, a.piece.region.offsets, a.piece.region.flat},
+                         PieceId{b.piece.key, b.piece.region.offsets, b.piece.region.flat});
   });
   for (WriterPlan& w : plan->writers) w.files.clear();
   int64_t waves = 0, in_wave = 0;
@@ -71,7 +71,7 @@ absl::StatusOr<int64_t> RepackForWaves(SavePlan* plan, int64_t wave_bytes) {
 }
 
 absl::StatusOr<WrittenData> WriteFilesInWaves(const std::string& staging,
-                                              const std::vector<TensorSpec>& tensors,
+                                              const std::vector<TensorMeta>& tensors,
                                               const SavePlan& plan, const WaveFill& fill,
                                               const WaveOptions& wave_options,
                                               const WriteOptions& options,
@@ -89,10 +89,10 @@ absl::StatusOr<WrittenData> WriteFilesInWaves(const std::string& staging,
   }
   auto first_id = [](const FileRef& f) {
     const PlannedPiece& p = f.file->pieces.front();
-    return ShardId{p.key, p.region.offsets, p.region.flat};
+    return PieceId{p.key, p.region.offsets, p.region.flat};
   };
   std::stable_sort(files.begin(), files.end(), [&](const FileRef& a, const FileRef& b) {
-    return ShardIdLess()(first_id(a), first_id(b));
+    return PieceIdLess()(first_id(a), first_id(b));
   });
   // Waves: consecutive files up to wave_bytes (a larger file forms a wave of its own).
   std::vector<std::pair<size_t, size_t>> waves;
@@ -217,7 +217,7 @@ absl::StatusOr<WrittenData> WriteFilesInWaves(const std::string& staging,
 }
 
 absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
-    const std::string& path, const std::vector<TensorSpec>& tensors, const SavePlan& plan,
+    const std::string& path, const std::vector<TensorMeta>& tensors, const SavePlan& plan,
     const CheckpointContents& info, const WaveFill& fill, const WaveOptions& wave_options,
     const WriteOptions& options) {
   CKPT_ASSIGN_OR_RETURN(std::string staging, CreateStagingDir(path, options.overwrite));

@@ -56,7 +56,7 @@ struct WaveOptions {
 // `files` are ignored). Data file names are those of the plan. On error nothing is committed
 // and the staging directory is removed.
 absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
-    const std::string& path, const std::vector<TensorSpec>& tensors, const SavePlan& plan,
+    const std::string& path, const std::vector<TensorMeta>& tensors, const SavePlan& plan,
     const CheckpointContents& info, const WaveFill& fill, const WaveOptions& wave_options,
     const WriteOptions& options);
 
@@ -65,7 +65,7 @@ absl::StatusOr<WaveWriteStats> WriteCheckpointInWaves(
 // cluster) and returns their manifest records. On error the files written so far stay for the
 // caller to remove with the staging directory.
 absl::StatusOr<WrittenData> WriteFilesInWaves(const std::string& staging,
-                                              const std::vector<TensorSpec>& tensors,
+                                              const std::vector<TensorMeta>& tensors,
                                               const SavePlan& plan, const WaveFill& fill,
                                               const WaveOptions& wave_options,
                                               const WriteOptions& options, WaveWriteStats* stats);

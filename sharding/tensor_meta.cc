@@ -13,7 +13,7 @@ absl::Status ValidateTensorMeta(const TensorMeta& meta) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateShardMeta(const ShardMeta& meta) {
+absl::Status ValidatePieceMeta(const PieceMeta& meta) {
   if (absl::Status s = ValidateTensorMeta(meta.tensor); !s.ok()) return s;
   if (absl::Status s = ValidateRegion(meta.region, meta.tensor.global_shape); !s.ok()) {
     return absl::InvalidArgumentError(
@@ -29,13 +29,13 @@ absl::Status ValidateShardMeta(const ShardMeta& meta) {
   return absl::OkStatus();
 }
 
-TensorPiece ToTensorPiece(const ShardMeta& meta, int64_t rank) {
+TensorPiece ToTensorPiece(const PieceMeta& meta, int64_t rank) {
   return TensorPiece{meta.tensor.key,          rank,        meta.tensor.dtype,
                      meta.tensor.global_shape, meta.region, meta.replica_id};
 }
 
-ShardMeta ToShardMeta(const TensorPiece& piece) {
-  return ShardMeta{TensorMeta{piece.key, piece.dtype, piece.global_shape}, piece.region,
+PieceMeta ToPieceMeta(const TensorPiece& piece) {
+  return PieceMeta{TensorMeta{piece.key, piece.dtype, piece.global_shape}, piece.region,
                    piece.replica_id};
 }
 

@@ -1,6 +1,6 @@
 // A tensor's identity and global description (key, dtype, global shape), and one piece's
 // metadata (tensor, region, replica id) — the sharding-side twins of proto TensorMeta and
-// ShardMeta. A rank's piece with its rank attached is a TensorPiece (layout.h).
+// PieceMeta. A rank's piece with its rank attached is a TensorPiece (layout.h).
 #ifndef CKPT_SHARDING_TENSOR_META_H_
 #define CKPT_SHARDING_TENSOR_META_H_
 
@@ -25,12 +25,12 @@ struct TensorMeta {
   }
 };
 
-struct ShardMeta {
+struct PieceMeta {
   TensorMeta tensor;
   Region region;
   std::vector<int64_t> replica_id;  // all zeros (or empty): the main replica
 
-  friend bool operator==(const ShardMeta& a, const ShardMeta& b) {
+  friend bool operator==(const PieceMeta& a, const PieceMeta& b) {
     return a.tensor == b.tensor && a.region == b.region && a.replica_id == b.replica_id;
   }
 };
@@ -40,11 +40,11 @@ absl::Status ValidateTensorMeta(const TensorMeta& meta);
 
 // A valid tensor, a region valid for its shape, non-negative replica id entries. Messages
 // name the tensor key.
-absl::Status ValidateShardMeta(const ShardMeta& meta);
+absl::Status ValidatePieceMeta(const PieceMeta& meta);
 
 // The piece `rank` holds, and back.
-TensorPiece ToTensorPiece(const ShardMeta& meta, int64_t rank);
-ShardMeta ToShardMeta(const TensorPiece& piece);
+TensorPiece ToTensorPiece(const PieceMeta& meta, int64_t rank);
+PieceMeta ToPieceMeta(const TensorPiece& piece);
 
 }  // namespace ckpt
 

@@ -26,13 +26,13 @@ std::string TestDir(const std::string& name) {
 
 // A tensor with deterministic contents and helpers to cut pieces out of it.
 struct TestTensor {
-  TensorSpec spec;
+  TensorMeta spec;
   std::string bytes;  // row-major, whole tensor
 
   TestTensor(std::string key, DType dtype, std::vector<int64_t> shape, uint32_t seed) {
     spec = {std::move(key), dtype, std::move(shape)};
     int64_t n = 1;
-    for (int64_t d : spec.shape) n *= d;
+    for (int64_t d : spec.global_shape) n *= d;
     bytes.resize(n * DTypeSize(dtype));
     std::mt19937 rng(seed);
     for (auto& c : bytes) c = static_cast<char>(rng());
@@ -47,7 +47,7 @@ struct TestTensor {
     for (int64_t i = 0; i < box; ++i) {
       if (!r.flat || (i >= r.flat->start && i < r.flat->stop)) {
         int64_t g = 0;
-        for (int d = 0; d < nd; ++d) g = g * spec.shape[d] + r.offsets[d] + idx[d];
+        for (int d = 0; d < nd; ++d) g = g * spec.global_shape[d] + r.offsets[d] + idx[d];
         out.append(bytes.data() + g * es(), es());
       }
       for (int d = nd - 1; d >= 0; --d) {
@@ -95,12 +95,12 @@ TEST(CheckpointTest, RoundTripsEveryDTypeAndOddShapes) {
   std::vector<PieceData> rank0, rank1;
   for (const TestTensor& t : tensors) {
     c.tensors.push_back(t.spec);
-    if (t.spec.shape == std::vector<int64_t>{5, 7}) {
+    if (t.spec.global_shape == std::vector<int64_t>{5, 7}) {
       rank0.push_back(pieces.Make(t, Box({0, 0}, {2, 7})));
       rank1.push_back(pieces.Make(t, Region{{2, 0}, {3, 7}, FlatRange{0, 9}}));
       rank1.push_back(pieces.Make(t, Region{{2, 0}, {3, 7}, FlatRange{9, 21}}));
     } else {
-      rank0.push_back(pieces.Make(t, WholeRegion(t.spec.shape)));
+      rank0.push_back(pieces.Make(t, WholeRegion(t.spec.global_shape)));
     }
   }
   c.files = BalanceIntoFiles(rank0, 3, 0);
@@ -122,7 +122,8 @@ TEST(CheckpointTest, RoundTripsEveryDTypeAndOddShapes) {
   EXPECT_EQ((*reader)->manifest().user_metadata().at("run"), "unit-test");
   for (const TestTensor& t : tensors) {
     std::string out(t.bytes.size(), '\x55');
-    absl::Status s = (*reader)->ReadRegion(t.spec.key, WholeRegion(t.spec.shape), out.data());
+    absl::Status s =
+        (*reader)->ReadRegion(t.spec.key, WholeRegion(t.spec.global_shape), out.data());
     ASSERT_TRUE(s.ok()) << t.spec.key.substr(0, 40) << ": " << s;
     EXPECT_TRUE(out == t.bytes) << t.spec.key.substr(0, 40);
   }
@@ -227,7 +228,7 @@ TEST(CheckpointTest, PartialReadsVerifyOnlyTheBlocksTheyTouch) {
 CheckpointContents OneTensor(Pieces& pieces, const TestTensor& t) {
   CheckpointContents c;
   c.tensors = {t.spec};
-  c.files = {{0, {pieces.Make(t, WholeRegion(t.spec.shape))}}};
+  c.files = {{0, {pieces.Make(t, WholeRegion(t.spec.global_shape))}}};
   return c;
 }
 

@@ -121,12 +121,12 @@ absl::Status CheckContentsCoverage(const CheckpointContents& contents) {
   for (const DataFilePlan& f : contents.files) {
     for (const PieceData& p : f.pieces) regions[p.key].push_back(p.region);
   }
-  for (const TensorSpec& t : contents.tensors) {
+  for (const TensorMeta& t : contents.tensors) {
     const std::vector<Region>& pieces = regions[absl::string_view(t.key)];
     for (const Region& r : pieces) {
-      if (!ValidateRegion(r, t.shape).ok()) return absl::OkStatus();
+      if (!ValidateRegion(r, t.global_shape).ok()) return absl::OkStatus();
     }
-    absl::Status s = CheckExactCoverage(t.key, t.shape, pieces);
+    absl::Status s = CheckExactCoverage(t.key, t.global_shape, pieces);
     if (!s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("cannot write a checkpoint whose pieces do "
@@ -195,12 +195,12 @@ absl::Status DiscardStagingDir(const std::string& staging_dir) {
 }
 
 absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
-                                           const std::vector<TensorSpec>& tensors,
+                                           const std::vector<TensorMeta>& tensors,
                                            const std::vector<DataFilePlan>& files, int first_index,
                                            const WriteOptions& options) {
-  absl::flat_hash_map<absl::string_view, const TensorSpec*> by_key;
+  absl::flat_hash_map<absl::string_view, const TensorMeta*> by_key;
   by_key.reserve(tensors.size());
-  for (const TensorSpec& t : tensors) by_key.emplace(t.key, &t);
+  for (const TensorMeta& t : tensors) by_key.emplace(t.key, &t);
   std::map<int, int> next_index;
   std::vector<std::string> headers(files.size());
   std::vector<FileWrite> writes(files.size());
@@ -220,7 +220,7 @@ absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
         return absl::InvalidArgumentError(
             absl::StrCat("piece of unknown tensor \"", p.key, "\" (rank ", plan.writer_rank, ")"));
       }
-      absl::Status valid = ValidateRegion(p.region, t->second->shape);
+      absl::Status valid = ValidateRegion(p.region, t->second->global_shape);
       if (!valid.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "tensor \"", p.key, "\" region ", p.region.DebugString(), ": ", valid.message()));
@@ -288,15 +288,15 @@ absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
   return out;
 }
 
-pb::Manifest BuildManifest(const std::vector<TensorSpec>& tensors, const WrittenData& data,
+pb::Manifest BuildManifest(const std::vector<TensorMeta>& tensors, const WrittenData& data,
                            const CheckpointContents& info, int64_t checksum_block_bytes) {
   pb::Manifest m;
   m.set_format_version(kManifestFormatVersion);
-  for (const TensorSpec& t : tensors) {
+  for (const TensorMeta& t : tensors) {
     pb::TensorMeta* meta = m.add_tensors();
     meta->set_key(t.key);
     meta->set_dtype(DTypeToProto(t.dtype));
-    for (int64_t d : t.shape) meta->add_global_shape(d);
+    for (int64_t d : t.global_shape) meta->add_global_shape(d);
   }
   for (const pb::StoredPiece& p : data.pieces) *m.add_pieces() = p;
   for (const pb::DataFile& f : data.files) *m.add_files() = f;

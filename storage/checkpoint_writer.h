@@ -19,17 +19,11 @@
 #include "proto/manifest.pb.h"
 #include "sharding/dtype.h"
 #include "sharding/region.h"
+#include "sharding/tensor_meta.h"
 #include "storage/io_engine.h"
 #include "storage/manifest_codec.h"
 
 namespace ckpt {
-
-// A tensor of the checkpoint: key, element type and global shape.
-struct TensorSpec {
-  std::string key;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
-};
 
 // One piece to store: `region` of tensor `key`, whose bytes (row-major flattening of the
 // region's box, narrowed to its flat range) are at `data`. The memory must stay valid while
@@ -49,7 +43,7 @@ struct DataFilePlan {
 
 // Everything that goes into one checkpoint.
 struct CheckpointContents {
-  std::vector<TensorSpec> tensors;
+  std::vector<TensorMeta> tensors;
   std::vector<DataFilePlan> files;
   pb::SavedLayout saved_layout;
   int64_t step = 0;
@@ -113,12 +107,12 @@ struct WrittenData {
 // per rank), fsyncs them, and returns their manifest records. Pieces are validated against
 // `tensors` (known key, valid region, size = elements * dtype size).
 absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
-                                           const std::vector<TensorSpec>& tensors,
+                                           const std::vector<TensorMeta>& tensors,
                                            const std::vector<DataFilePlan>& files, int first_index,
                                            const WriteOptions& options);
 
 // A manifest for `tensors` and the written data (format version, time, writer version filled).
-pb::Manifest BuildManifest(const std::vector<TensorSpec>& tensors, const WrittenData& data,
+pb::Manifest BuildManifest(const std::vector<TensorMeta>& tensors, const WrittenData& data,
                            const CheckpointContents& info, int64_t checksum_block_bytes);
 
 // Steps 2 (directory fsyncs) to 4 of the protocol for a staging dir whose data files are

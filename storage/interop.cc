@@ -268,7 +268,7 @@ absl::StatusOr<pb::Manifest> ImportSafetensors(const std::string& source, const 
   CKPT_ASSIGN_OR_RETURN(std::vector<std::string> files, ResolveImportSource(source));
   // Headers first: all tensors must be known (and unique) before anything is written.
   std::vector<SafetensorsHeader> headers(files.size());
-  std::vector<TensorSpec> tensors;
+  std::vector<TensorMeta> tensors;
   absl::flat_hash_map<absl::string_view, size_t> owner;  // key (viewing headers) -> file index
   CheckpointContents info;
   for (size_t f = 0; f < files.size(); ++f) {
@@ -285,7 +285,7 @@ absl::StatusOr<pb::Manifest> ImportSafetensors(const std::string& source, const 
   }
   info.user_metadata["imported_from"] = source;
   std::sort(tensors.begin(), tensors.end(),
-            [](const TensorSpec& a, const TensorSpec& b) { return a.key < b.key; });
+            [](const TensorMeta& a, const TensorMeta& b) { return a.key < b.key; });
 
   CKPT_ASSIGN_OR_RETURN(std::string staging, CreateStagingDir(ckpt, options.overwrite));
   WrittenData all;

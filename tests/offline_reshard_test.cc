@@ -11,7 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "reshard/wave_writer.h"
-#include "sharding/shard_id.h"
+#include "sharding/piece_id.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
 #include "storage/verify.h"
@@ -43,18 +43,18 @@ std::vector<TensorMeta> SmallGpt() {
   return *GptTensors(c);
 }
 
-using PieceId =
+using PieceKey =
     std::tuple<std::string, std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t>;
 
-PieceId IdOf(const std::string& key, const Region& r) {
+PieceKey IdOf(const std::string& key, const Region& r) {
   return {key, r.offsets, r.lengths, r.flat ? r.flat->start : -1, r.flat ? r.flat->stop : -1};
 }
 
 // The (key, region) of every stored piece of the checkpoint, with its checksum.
-std::map<PieceId, uint64_t> StoredPieces(const std::string& path) {
+std::map<PieceKey, uint64_t> StoredPieces(const std::string& path) {
   auto reader = CheckpointReader::Open(path);
   EXPECT_TRUE(reader.ok()) << reader.status();
-  std::map<PieceId, uint64_t> out;
+  std::map<PieceKey, uint64_t> out;
   for (const pb::StoredPiece& p : (*reader)->manifest().pieces()) {
     Region r;
     r.offsets.assign(p.region().offsets().begin(), p.region().offsets().end());
@@ -66,9 +66,9 @@ std::map<PieceId, uint64_t> StoredPieces(const std::string& path) {
   return out;
 }
 
-std::set<PieceId> LayoutMainPieces(const LayoutSpec& layout,
-                                   const std::vector<TensorMeta>& tensors) {
-  std::set<PieceId> out;
+std::set<PieceKey> LayoutMainPieces(const LayoutSpec& layout,
+                                    const std::vector<TensorMeta>& tensors) {
+  std::set<PieceKey> out;
   const std::vector<TensorPiece> pieces = *layout.AllPieces(tensors, true);
   for (const TensorPiece& p : pieces) {
     if (p.is_main_replica()) out.insert(IdOf(p.key, p.region));
@@ -111,7 +111,7 @@ TEST_F(OfflineReshardTest, EveryTargetPieceHoldsTheRightElements) {
     EXPECT_EQ(stats->write.bytes_written, TotalBytes(tensors_));
 
     // Stored pieces are exactly the target's distinct pieces.
-    std::set<PieceId> stored;
+    std::set<PieceKey> stored;
     for (const auto& [id, sum] : StoredPieces(dst)) stored.insert(id);
     EXPECT_EQ(stored, LayoutMainPieces(target, tensors_));
     auto check = CheckGptCheckpoint(dst, tensors_, target);
@@ -227,7 +227,7 @@ TEST_F(OfflineReshardTest, FailedWaveCommitsNothingAndLeavesNoStaging) {
   sp.target_file_bytes = 64 << 10;
   auto plan = BuildSavePlan(*pieces, source_.world_size(), sp);
   ASSERT_TRUE(plan.ok());
-  std::vector<TensorSpec> specs;
+  std::vector<TensorMeta> specs;
   for (const TensorMeta& t : tensors_) specs.push_back({t.key, t.dtype, t.global_shape});
   int calls = 0;
   WaveOptions wave;
@@ -267,7 +267,7 @@ TEST(RepackForWavesTest, ConsecutiveWavesOneFilePerWriterPieceKeepsItsWriter) {
   ASSERT_TRUE(pieces.ok());
   auto plan = BuildSavePlan(*pieces, 4);
   ASSERT_TRUE(plan.ok());
-  std::map<PieceId, int64_t> writer_of;
+  std::map<PieceKey, int64_t> writer_of;
   int64_t total = 0;
   for (const WriterPlan& w : plan->writers) {
     for (const PlannedFile& f : w.files) {
@@ -282,7 +282,7 @@ TEST(RepackForWavesTest, ConsecutiveWavesOneFilePerWriterPieceKeepsItsWriter) {
   ASSERT_TRUE(waves.ok()) << waves.status();
   EXPECT_GE(*waves, total / wave_bytes);
   std::vector<int64_t> wave_total(*waves, 0);
-  std::vector<std::pair<PieceId, int64_t>> order;  // (piece, wave)
+  std::vector<std::pair<PieceKey, int64_t>> order;  // (piece, wave)
   size_t count = 0;
   for (const WriterPlan& w : plan->writers) {
     ASSERT_EQ(static_cast<int64_t>(w.files.size()), *waves);
@@ -306,12 +306,12 @@ TEST(RepackForWavesTest, ConsecutiveWavesOneFilePerWriterPieceKeepsItsWriter) {
   for (const auto& [a, ka] : order) {
     for (const auto& [b, kb] : order) {
       if (ka < kb) {
-        ASSERT_TRUE(ShardIdLess()(
-            ShardId{std::get<0>(a), std::get<1>(a),
+        ASSERT_TRUE(PieceIdLess()(
+            PieceId{std::get<0>(a), std::get<1>(a),
                     std::get<3>(a) < 0
                         ? std::nullopt
                         : std::optional<FlatRange>(FlatRange{std::get<3>(a), std::get<4>(a)})},
-            ShardId{std::get<0>(b), std::get<1>(b),
+            PieceId{std::get<0>(b), std::get<1>(b),
                     std::get<3>(b) < 0
                         ? std::nullopt
                         : std::optional<FlatRange>(FlatRange{std::get<3>(b), std::get<4>(b)})}));

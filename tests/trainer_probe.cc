@@ -110,7 +110,7 @@ int Run(int argc, char** argv) {
   }
   Emit("connected " + (*client)->worker_id() + " " + (*client)->session_id());
   auto state = (*client)->NewStateDict();
-  ckpt::client::TensorSpec spec;
+  ckpt::client::TensorDeclaration spec;
   spec.key = "probe.weight";
   spec.dtype = ckpt::DType::kI32;
   const int64_t world = (*client)->options().world_size;

@@ -30,7 +30,7 @@ class DeviceLoadTest : public ::testing::Test {
     stored_.resize(100 * 100);
     for (int i = 0; i < 100 * 100; ++i) stored_[i] = 3 * i - 5000;
     CheckpointContents contents;
-    contents.tensors.push_back(TensorSpec{"d", DType::kI32, {100, 100}});
+    contents.tensors.push_back(TensorMeta{"d", DType::kI32, {100, 100}});
     DataFilePlan file;
     file.pieces.push_back(PieceData{"d", WholeRegion({100, 100}), stored_.data(), 40000});
     contents.files.push_back(file);

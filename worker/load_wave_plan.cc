@@ -14,7 +14,7 @@ namespace ckpt::worker {
 namespace {
 
 // The distribution entry of one unit: the (part of the) stored piece its reader reads.
-absl::StatusOr<DistributedShard> UnitShard(const pb::LoadUnitEntry& u, const pb::Manifest& manifest,
+absl::StatusOr<DistributedPiece> UnitShard(const pb::LoadUnitEntry& u, const pb::Manifest& manifest,
                                            const TensorLookup& tensors, int world,
                                            const std::string& where) {
   if (u.piece() < 0 || u.piece() >= manifest.pieces_size() || u.reader() < 0 ||
@@ -38,7 +38,7 @@ absl::StatusOr<DistributedShard> UnitShard(const pb::LoadUnitEntry& u, const pb:
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": unit of ", piece.key(), " reads elements outside its piece"));
   }
-  DistributedShard d;
+  DistributedPiece d;
   d.main_rank = u.reader();
   d.spec.dtype = *dtype;
   d.spec.global_shape.assign(meta->global_shape().begin(), meta->global_shape().end());
@@ -48,7 +48,7 @@ absl::StatusOr<DistributedShard> UnitShard(const pb::LoadUnitEntry& u, const pb:
     d.spec.region.flat =
         FlatRange{base + u.first_element(), base + u.first_element() + u.num_elements()};
   }
-  d.spec.id = ShardId{piece.key(), region->offsets, d.spec.region.flat};
+  d.spec.id = PieceId{piece.key(), region->offsets, d.spec.region.flat};
   return d;
 }
 
@@ -57,7 +57,7 @@ absl::StatusOr<DistributedShard> UnitShard(const pb::LoadUnitEntry& u, const pb:
 absl::Status AddDeliveredNeeds(const pb::LoadWaveEntry& wave,
                                const std::vector<LoadRequest>& requests, int me, bool narrow,
                                const std::string& where,
-                               std::vector<std::map<ShardId, int, ShardIdLess>>& need_index,
+                               std::vector<std::map<PieceId, int, PieceIdLess>>& need_index,
                                WaveExchange* out) {
   ExchangePlan& plan = out->plan;
   for (const pb::LoadDeliveryEntry& e : wave.deliveries()) {
@@ -66,9 +66,9 @@ absl::Status AddDeliveredNeeds(const pb::LoadWaveEntry& wave,
         requests[e.request()].rank != e.dst_rank()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": inconsistent delivery"));
     }
-    const ShardSpec& unit = plan.distribution[e.unit()].spec;
+    const PieceSpec& unit = plan.distribution[e.unit()].spec;
     const int r = e.dst_rank();
-    ShardSpec need = NeededPart(unit, requests[e.request()], narrow);
+    PieceSpec need = NeededPart(unit, requests[e.request()], narrow);
     auto it = need_index[r].find(need.id);
     if (it != need_index[r].end() && plan.needs[r][it->second].region != need.region) {
       need = unit;  // two different parts with one id: receive the whole unit instead
@@ -96,13 +96,13 @@ absl::Status AddDeliveredNeeds(const pb::LoadWaveEntry& wave,
 // the rank chosen for the piece; a unit needed by one other rank only must still travel, so its
 // reader counts as needing it too (it already holds it; nothing is scattered).
 void AddReadersAsNeeding(const pb::LoadWaveEntry& wave, int me,
-                         std::vector<std::map<ShardId, int, ShardIdLess>>& need_index,
+                         std::vector<std::map<PieceId, int, PieceIdLess>>& need_index,
                          WaveExchange* out) {
   ExchangePlan& plan = out->plan;
   std::vector<bool> delivered(plan.distribution.size(), false);
   for (const pb::LoadDeliveryEntry& e : wave.deliveries()) delivered[e.unit()] = true;
   for (int u = 0; u < static_cast<int>(plan.distribution.size()); ++u) {
-    const DistributedShard& d = plan.distribution[u];
+    const DistributedPiece& d = plan.distribution[u];
     if (!delivered[u] || need_index[d.main_rank].count(d.spec.id) > 0) continue;
     need_index[d.main_rank].emplace(d.spec.id, static_cast<int>(plan.needs[d.main_rank].size()));
     plan.needs[d.main_rank].push_back(d.spec);
@@ -138,16 +138,16 @@ absl::StatusOr<std::vector<LoadRequest>> ResolveRequests(const pb::LoadPlanPart&
   return requests;
 }
 
-ShardSpec NeededPart(const ShardSpec& unit, const LoadRequest& request, bool narrow) {
+PieceSpec NeededPart(const PieceSpec& unit, const LoadRequest& request, bool narrow) {
   if (!narrow) return unit;
   const Region& u = unit.region;
   const Region& q = request.region;
   if (!u.flat.has_value() && !q.flat.has_value()) {
     std::optional<Region> box = IntersectBoxes(u, q);
     if (!box.has_value()) return unit;
-    ShardSpec s = unit;
+    PieceSpec s = unit;
     s.region = *box;
-    s.id = ShardId{unit.id.key, box->offsets, std::nullopt};
+    s.id = PieceId{unit.id.key, box->offsets, std::nullopt};
     return s;
   }
   if (u.offsets == q.offsets && u.lengths == q.lengths) {
@@ -156,13 +156,13 @@ ShardSpec NeededPart(const ShardSpec& unit, const LoadRequest& request, bool nar
     FlatRange qf = q.flat.value_or(FlatRange{0, n});
     FlatRange f{std::max(uf.start, qf.start), std::min(uf.stop, qf.stop)};
     if (f.start >= f.stop) return unit;
-    ShardSpec s = unit;
+    PieceSpec s = unit;
     if (f.start == 0 && f.stop == n) {
       s.region.flat.reset();
     } else {
       s.region.flat = f;
     }
-    s.id = ShardId{unit.id.key, u.offsets, s.region.flat};
+    s.id = PieceId{unit.id.key, u.offsets, s.region.flat};
     return s;
   }
   return unit;
@@ -219,7 +219,7 @@ absl::StatusOr<WaveExchange> BuildWaveExchange(const pb::LoadWaveEntry& wave,
   out.plan.num_ranks = world;
   out.plan.needs.resize(world);
   for (const pb::LoadUnitEntry& u : wave.units()) {
-    absl::StatusOr<DistributedShard> d = UnitShard(u, manifest, tensors, world, where);
+    absl::StatusOr<DistributedPiece> d = UnitShard(u, manifest, tensors, world, where);
     if (!d.ok()) return d.status();
     if (u.reader() == me) {
       const int64_t elem = DTypeSize(d->spec.dtype);
@@ -228,7 +228,7 @@ absl::StatusOr<WaveExchange> BuildWaveExchange(const pb::LoadWaveEntry& wave,
     }
     out.plan.distribution.push_back(*std::move(d));
   }
-  std::vector<std::map<ShardId, int, ShardIdLess>> need_index(world);
+  std::vector<std::map<PieceId, int, PieceIdLess>> need_index(world);
   if (absl::Status s = AddDeliveredNeeds(wave, requests, me, narrow, where, need_index, &out);
       !s.ok()) {
     return s;

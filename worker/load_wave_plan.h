@@ -45,7 +45,7 @@ absl::StatusOr<std::vector<LoadRequest>> ResolveRequests(const pb::LoadPlanPart&
 // What a rank must receive of `unit` for `request`: with `narrow` (overlap_all_to_all) only
 // the part of the unit the request covers, when that part is itself a region (a box
 // intersection of two plain boxes, or a flat intersection on one box); otherwise the whole unit.
-ShardSpec NeededPart(const ShardSpec& unit, const LoadRequest& request, bool narrow);
+PieceSpec NeededPart(const PieceSpec& unit, const LoadRequest& request, bool narrow);
 
 // Before anything is read, exchanged or scattered: the plan's deliveries to rank `me` must
 // write every element of each of its requests exactly once, so the trainer's memory is never
@@ -61,7 +61,7 @@ struct UnitRead {
   int piece = 0;
   int64_t begin = 0;
   int64_t end = 0;
-  ShardId id;
+  PieceId id;
 };
 
 // One wave as the exchange runs it on rank `me`.

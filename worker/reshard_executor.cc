@@ -87,7 +87,7 @@ absl::StatusOr<std::string> ExecuteReshardPart(const pb::ReshardPlanPart& part,
   }
   absl::StatusOr<SourcePieces> src = PiecesOfManifest((*reader)->manifest());
   if (!src.ok()) return WithContext(src.status(), absl::StrCat(who, ": ", part.source(), ": "));
-  std::vector<TensorSpec> tensors;
+  std::vector<TensorMeta> tensors;
   for (const TensorMeta& t : src->tensors) tensors.push_back({t.key, t.dtype, t.global_shape});
   ReshardPlanOptions options;
   options.prefer_local = false;

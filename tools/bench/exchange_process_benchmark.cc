@@ -182,7 +182,7 @@ int RankMain(const std::string& store_address, int rank, int n, int64_t bytes, i
   // The same reshard into destinations allocated (and touched) once, staging kept across
   // calls in a caller-owned arena.
   ShardBuffers outputs;
-  for (const ShardSpec& need : plan.needs[rank]) {
+  for (const PieceSpec& need : plan.needs[rank]) {
     outputs[need.id] = std::string(need.NumBytes(), '\0');
   }
   const DestinationBuffers destinations = DestinationsOf(outputs);

@@ -71,11 +71,11 @@ absl::Status ExpectArray(const Json& v, const std::string& field) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ShardId> ParseShardId(const Json& v, const std::string& field) {
+absl::StatusOr<PieceId> ParsePieceId(const Json& v, const std::string& field) {
   if (!v.is_array() || v.size() != 3) {
     return FieldError(field, "expected a shard id [key, [offsets...], null | [start, stop]]");
   }
-  ShardId id;
+  PieceId id;
   if (!v[0].is_string()) return FieldError(field + "[0]", "expected a string key");
   id.key = v[0].get<std::string>();
   CKPT_RETURN_IF_ERROR(ExpectArray(v[1], field + "[1]"));
@@ -94,7 +94,7 @@ absl::StatusOr<ShardId> ParseShardId(const Json& v, const std::string& field) {
   return id;
 }
 
-OrderedJson ShardIdJson(const ShardId& id) {
+OrderedJson PieceIdJson(const PieceId& id) {
   OrderedJson offsets = OrderedJson::array();
   for (int64_t o : id.offsets) offsets.push_back(o);
   OrderedJson flat = id.flat ? OrderedJson::array({id.flat->start, id.flat->stop}) : nullptr;
@@ -118,13 +118,13 @@ absl::StatusOr<std::string> RunDistribute(const Json& line, const PlanOptions& o
 
   DistributionInput input;
   input.num_ranks = num_ranks;
-  absl::flat_hash_map<ShardId, int32_t> index;
+  absl::flat_hash_map<PieceId, int32_t> index;
   for (size_t i = 0; i < to_ranks->size(); ++i) {
     const std::string field = absl::StrCat("shard_to_ranks[", i, "]");
     const Json& entry = (*to_ranks)[i];
     if (!entry.is_array() || entry.size() != 2)
       return FieldError(field, "expected [id, [ranks...]]");
-    CKPT_ASSIGN_OR_RETURN(ShardId id, ParseShardId(entry[0], field + "[0]"));
+    CKPT_ASSIGN_OR_RETURN(PieceId id, ParsePieceId(entry[0], field + "[0]"));
     CKPT_RETURN_IF_ERROR(ExpectArray(entry[1], field + "[1]"));
     std::vector<int64_t> ranks;
     ranks.reserve(entry[1].size());
@@ -142,12 +142,12 @@ absl::StatusOr<std::string> RunDistribute(const Json& line, const PlanOptions& o
     index.emplace(id, static_cast<int32_t>(input.shards.size()));
     input.AddShard(std::move(id), std::nullopt, std::move(ranks));
   }
-  absl::flat_hash_set<ShardId> sized;
+  absl::flat_hash_set<PieceId> sized;
   for (size_t i = 0; i < to_size->size(); ++i) {
     const std::string field = absl::StrCat("shard_to_size[", i, "]");
     const Json& entry = (*to_size)[i];
     if (!entry.is_array() || entry.size() != 2) return FieldError(field, "expected [id, bytes]");
-    CKPT_ASSIGN_OR_RETURN(ShardId id, ParseShardId(entry[0], field + "[0]"));
+    CKPT_ASSIGN_OR_RETURN(PieceId id, ParsePieceId(entry[0], field + "[0]"));
     CKPT_ASSIGN_OR_RETURN(int64_t bytes, ParseInt(entry[1], field + "[1]"));
     if (!sized.insert(id).second) return FieldError(field, "repeats shard " + id.DebugString());
     auto it = index.find(id);
@@ -156,14 +156,14 @@ absl::StatusOr<std::string> RunDistribute(const Json& line, const PlanOptions& o
   if (auto it = line.find("cross_group"); it != line.end()) {
     CKPT_RETURN_IF_ERROR(ExpectArray(*it, "cross_group"));
     for (size_t i = 0; i < it->size(); ++i) {
-      CKPT_ASSIGN_OR_RETURN(ShardId id,
-                            ParseShardId((*it)[i], absl::StrCat("cross_group[", i, "]")));
+      CKPT_ASSIGN_OR_RETURN(PieceId id,
+                            ParsePieceId((*it)[i], absl::StrCat("cross_group[", i, "]")));
       auto found = index.find(id);
       if (found != index.end()) input.shards[found->second].cross_group = true;
     }
   }
 
-  for (const DistributableShard& s : input.shards) {
+  for (const DistributablePiece& s : input.shards) {
     if (!s.size_bytes) {
       return FieldError("shard_to_size", absl::StrCat("no entry for shard ", s.id.DebugString(),
                                                       " listed in shard_to_ranks"));
@@ -179,7 +179,7 @@ absl::StatusOr<std::string> RunDistribute(const Json& line, const PlanOptions& o
 
   OrderedJson pairs = OrderedJson::array();
   for (const ShardAssignment& a : *assignment) {
-    pairs.push_back(OrderedJson::array({ShardIdJson(input.shards[a.shard].id), a.rank}));
+    pairs.push_back(OrderedJson::array({PieceIdJson(input.shards[a.shard].id), a.rank}));
   }
   OrderedJson out;
   out["assignment"] = std::move(pairs);
@@ -209,7 +209,7 @@ absl::StatusOr<std::string> RunMainReplicas(const Json& line) {
       const std::string field = absl::StrCat("per_rank[", r, "][", i, "]");
       const Json& e = list[i];
       if (!e.is_array() || e.size() != 3) return FieldError(field, "expected [id, bytes, is_main]");
-      CKPT_ASSIGN_OR_RETURN(ShardId id, ParseShardId(e[0], field + "[0]"));
+      CKPT_ASSIGN_OR_RETURN(PieceId id, ParsePieceId(e[0], field + "[0]"));
       CKPT_ASSIGN_OR_RETURN(int64_t bytes, ParseInt(e[1], field + "[1]"));
       if (!e[2].is_boolean()) return FieldError(field + "[2]", "expected true or false");
       per_rank[r].push_back(RankShardInfo{std::move(id), bytes, e[2].get<bool>()});
@@ -230,13 +230,13 @@ absl::StatusOr<std::string> RunMainReplicas(const Json& line) {
   const MainReplicaDistribution& d = **distribution;
   OrderedJson main_rank = OrderedJson::array();
   for (const auto& [id, rank] : d.main_rank_for_shard) {
-    main_rank.push_back(OrderedJson::array({ShardIdJson(id), rank}));
+    main_rank.push_back(OrderedJson::array({PieceIdJson(id), rank}));
   }
   OrderedJson in_group = OrderedJson::array();
-  for (const ShardId& id : d.shards_in_this_group) in_group.push_back(ShardIdJson(id));
+  for (const PieceId& id : d.shards_in_this_group) in_group.push_back(PieceIdJson(id));
   OrderedJson all_ranks = OrderedJson::array();
   for (const auto& [id, ranks] : d.all_ranks_for_shard) {
-    all_ranks.push_back(OrderedJson::array({ShardIdJson(id), OrderedJson(ranks)}));
+    all_ranks.push_back(OrderedJson::array({PieceIdJson(id), OrderedJson(ranks)}));
   }
   OrderedJson dist;
   dist["main_rank_for_shard"] = std::move(main_rank);

@@ -111,7 +111,7 @@ absl::StatusOr<pb::RankState> GptPipelineLayout::RankState(int64_t rank) const {
   pb::RankState state;
   state.set_rank(static_cast<int32_t>(rank));
   for (TensorPiece& piece : *pieces) {
-    pb::ShardMeta* shard = state.add_shards();
+    pb::PieceMeta* shard = state.add_shards();
     *shard->mutable_tensor() =
         TensorMetaToProto(TensorMeta{std::move(piece.key), piece.dtype, piece.global_shape});
     *shard->mutable_region() = RegionToProto(piece.region);

@@ -49,7 +49,7 @@ TEST(GptPipelineLayoutTest, MainReplicasOfAllRanksStoreEveryTensorOnce) {
     absl::StatusOr<pb::RankState> state = layout->RankState(r);
     ASSERT_TRUE(state.ok()) << state.status();
     EXPECT_EQ(state->rank(), r);
-    for (const pb::ShardMeta& s : state->shards()) {
+    for (const pb::PieceMeta& s : state->shards()) {
       stages_of[s.tensor().key()].insert(layout->StageOf(r));
       bool main = true;
       for (int64_t id : s.replica_id()) main = main && id == 0;
@@ -83,7 +83,7 @@ TEST(GptPipelineLayoutTest, RanksAreNumberedTpFastestThenDpThenPp) {
   absl::StatusOr<pb::RankState> state = layout->RankState(3);
   ASSERT_TRUE(state.ok());
   bool found = false;
-  for (const pb::ShardMeta& s : state->shards()) {
+  for (const pb::PieceMeta& s : state->shards()) {
     if (s.tensor().key() != "layers.0.attention.qkv.weight") continue;
     found = true;
     EXPECT_EQ(s.region().offsets(0), 24);

@@ -50,7 +50,7 @@ pb::SavePlanPart TestPart(const std::string& staging) {
   return part;
 }
 
-std::vector<TensorSpec> Tensors() {
+std::vector<TensorMeta> Tensors() {
   return {{"small", DType::kBF16, {2, 5}},
           {"big", DType::kF32, {2600, 1000}},
           {"other", DType::kF32, {3, 3}}};

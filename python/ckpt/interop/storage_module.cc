@@ -54,8 +54,8 @@ T Take(absl::StatusOr<T> v) {
   return *std::move(v);
 }
 
-std::vector<TensorSpec> ToSpecs(const std::vector<TensorTuple>& tensors) {
-  std::vector<TensorSpec> specs;
+std::vector<TensorMeta> ToSpecs(const std::vector<TensorTuple>& tensors) {
+  std::vector<TensorMeta> specs;
   specs.reserve(tensors.size());
   for (const auto& [key, dtype, shape] : tensors) {
     specs.push_back({key, Take(ParseDType(dtype)), shape});
@@ -86,7 +86,7 @@ nb::bytes WriteDataFile(
                                  std::optional<std::tuple<int64_t, int64_t>>, uintptr_t, int64_t>>&
         pieces,
     int writer_rank, int index) {
-  const std::vector<TensorSpec> specs = ToSpecs(tensors);
+  const std::vector<TensorMeta> specs = ToSpecs(tensors);
   DataFilePlan plan;
   plan.writer_rank = writer_rank;
   for (const auto& [key, offsets, lengths, flat, address, nbytes] : pieces) {
@@ -112,7 +112,7 @@ nb::bytes WriteDataFile(
 void Commit(const std::string& staging, const std::string& final_path,
             const std::vector<TensorTuple>& tensors, const std::vector<nb::bytes>& records,
             const std::map<std::string, std::string>& user_metadata, int64_t step, bool overwrite) {
-  const std::vector<TensorSpec> specs = ToSpecs(tensors);
+  const std::vector<TensorMeta> specs = ToSpecs(tensors);
   WrittenData all;
   for (const nb::bytes& blob : records) {
     pb::Manifest part;

@@ -1,18 +1,18 @@
-#include "sharding/shard_id.h"
+#include "sharding/piece_id.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace ckpt {
 
-std::string ShardId::DebugString() const {
+std::string PieceId::DebugString() const {
   std::string offs = offsets.size() == 1 ? absl::StrCat("(", offsets[0], ",)")
                                          : absl::StrCat("(", absl::StrJoin(offsets, ", "), ")");
   std::string range = flat ? absl::StrCat("(", flat->start, ", ", flat->stop, ")") : "None";
   return absl::StrCat("('", key, "', ", offs, ", ", range, ")");
 }
 
-int CompareShardIds(const ShardId& a, const ShardId& b, bool* incomparable) {
+int ComparePieceIds(const PieceId& a, const PieceId& b, bool* incomparable) {
   if (incomparable != nullptr) *incomparable = false;
   // std::string::compare uses char_traits<char>::compare, which compares as unsigned char.
   if (int c = a.key.compare(b.key); c != 0) return c < 0 ? -1 : 1;

@@ -1,4 +1,4 @@
-#include "sharding/shard_id.h"
+#include "sharding/piece_id.h"
 
 #include <algorithm>
 
@@ -8,32 +8,32 @@
 namespace ckpt {
 namespace {
 
-ShardId Id(std::string key, std::vector<int64_t> offsets,
+PieceId Id(std::string key, std::vector<int64_t> offsets,
            std::optional<FlatRange> flat = std::nullopt) {
-  return ShardId{std::move(key), std::move(offsets), flat};
+  return PieceId{std::move(key), std::move(offsets), flat};
 }
 
-int Cmp(const ShardId& a, const ShardId& b) { return CompareShardIds(a, b); }
+int Cmp(const PieceId& a, const PieceId& b) { return ComparePieceIds(a, b); }
 
-TEST(ShardIdTest, KeysCompareFirst) {
+TEST(PieceIdTest, KeysCompareFirst) {
   EXPECT_LT(Cmp(Id("a", {9}), Id("b", {0})), 0);
   EXPECT_GT(Cmp(Id("b", {0}), Id("a", {9})), 0);
   EXPECT_LT(Cmp(Id("a", {}), Id("ab", {})), 0);  // prefix first
 }
 
-TEST(ShardIdTest, UnicodeKeysCompareAsCodePoints) {
+TEST(PieceIdTest, UnicodeKeysCompareAsCodePoints) {
   // Python: 'z' < 'é' (U+00E9) < '中' (U+4E2D) < '😀' (U+1F600); UTF-8 bytes order the same.
   std::vector<std::string> keys = {"\xF0\x9F\x98\x80", "\xE4\xB8\xAD", "\xC3\xA9", "z"};
-  std::vector<ShardId> ids;
+  std::vector<PieceId> ids;
   for (const auto& k : keys) ids.push_back(Id(k, {0}));
-  std::sort(ids.begin(), ids.end(), ShardIdLess());
+  std::sort(ids.begin(), ids.end(), PieceIdLess());
   EXPECT_EQ(ids[0].key, "z");
   EXPECT_EQ(ids[1].key, "\xC3\xA9");
   EXPECT_EQ(ids[2].key, "\xE4\xB8\xAD");
   EXPECT_EQ(ids[3].key, "\xF0\x9F\x98\x80");
 }
 
-TEST(ShardIdTest, OffsetsCompareLexicographicallyWithPrefixFirst) {
+TEST(PieceIdTest, OffsetsCompareLexicographicallyWithPrefixFirst) {
   EXPECT_LT(Cmp(Id("w", {0, 5}), Id("w", {1, 0})), 0);
   EXPECT_LT(Cmp(Id("w", {1, 0}), Id("w", {1, 2})), 0);
   EXPECT_LT(Cmp(Id("w", {1}), Id("w", {1, 0})), 0);
@@ -42,38 +42,38 @@ TEST(ShardIdTest, OffsetsCompareLexicographicallyWithPrefixFirst) {
   EXPECT_LT(Cmp(Id("w", {-1}), Id("w", {0})), 0);
 }
 
-TEST(ShardIdTest, FlatRangesCompareAsPairs) {
+TEST(PieceIdTest, FlatRangesCompareAsPairs) {
   EXPECT_LT(Cmp(Id("w", {0}, FlatRange{0, 4}), Id("w", {0}, FlatRange{0, 5})), 0);
   EXPECT_LT(Cmp(Id("w", {0}, FlatRange{0, 9}), Id("w", {0}, FlatRange{1, 2})), 0);
   EXPECT_EQ(Cmp(Id("w", {0}, FlatRange{1, 2}), Id("w", {0}, FlatRange{1, 2})), 0);
   EXPECT_EQ(Cmp(Id("w", {0}), Id("w", {0})), 0);
 }
 
-TEST(ShardIdTest, NoneVersusRangeIsIncomparable) {
+TEST(PieceIdTest, NoneVersusRangeIsIncomparable) {
   bool incomparable = false;
-  int c = CompareShardIds(Id("w", {0}), Id("w", {0}, FlatRange{0, 1}), &incomparable);
+  int c = ComparePieceIds(Id("w", {0}), Id("w", {0}, FlatRange{0, 1}), &incomparable);
   EXPECT_TRUE(incomparable);
-  EXPECT_LT(c, 0);  // None first, as ShardIdLess orders them
-  c = CompareShardIds(Id("w", {0}, FlatRange{0, 1}), Id("w", {0}), &incomparable);
+  EXPECT_LT(c, 0);  // None first, as PieceIdLess orders them
+  c = ComparePieceIds(Id("w", {0}, FlatRange{0, 1}), Id("w", {0}), &incomparable);
   EXPECT_TRUE(incomparable);
   EXPECT_GT(c, 0);
-  // ShardIdLess still orders them (None first) so containers work.
-  EXPECT_TRUE(ShardIdLess()(Id("w", {0}), Id("w", {0}, FlatRange{0, 1})));
-  EXPECT_FALSE(ShardIdLess()(Id("w", {0}, FlatRange{0, 1}), Id("w", {0})));
+  // PieceIdLess still orders them (None first) so containers work.
+  EXPECT_TRUE(PieceIdLess()(Id("w", {0}), Id("w", {0}, FlatRange{0, 1})));
+  EXPECT_FALSE(PieceIdLess()(Id("w", {0}, FlatRange{0, 1}), Id("w", {0})));
   // Earlier differences decide before the flat ranges are looked at.
   incomparable = true;
-  c = CompareShardIds(Id("a", {0}), Id("b", {0}, FlatRange{0, 1}), &incomparable);
+  c = ComparePieceIds(Id("a", {0}), Id("b", {0}, FlatRange{0, 1}), &incomparable);
   EXPECT_FALSE(incomparable);
   EXPECT_LT(c, 0);
 }
 
-TEST(ShardIdTest, DebugStringLooksLikePython) {
+TEST(PieceIdTest, DebugStringLooksLikePython) {
   EXPECT_EQ(Id("w", {0, 128}, FlatRange{0, 4096}).DebugString(), "('w', (0, 128), (0, 4096))");
   EXPECT_EQ(Id("w", {3}).DebugString(), "('w', (3,), None)");
 }
 
-TEST(ShardIdTest, HashDistinguishesFlatRanges) {
-  absl::flat_hash_set<ShardId> set = {Id("w", {0}), Id("w", {0}, FlatRange{0, 1}),
+TEST(PieceIdTest, HashDistinguishesFlatRanges) {
+  absl::flat_hash_set<PieceId> set = {Id("w", {0}), Id("w", {0}, FlatRange{0, 1}),
                                       Id("w", {0}, FlatRange{0, 2})};
   EXPECT_EQ(set.size(), 3u);
   EXPECT_TRUE(set.contains(Id("w", {0}, FlatRange{0, 1})));
