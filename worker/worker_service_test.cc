@@ -1,17 +1,29 @@
 // WorkerService's plan-part bookkeeping, against a coordinator peer that is a real gRPC service
 // on loopback (worker/fake_coordinator.h) reached through a real CoordinatorLink: parts arrive on
-// the work stream, run on the real reshard executor (wrapped to count runs), and their results
-// are reported with ReportResult.
+// the work stream, run on the real executors (the reshard executor wrapped to count runs; load
+// parts read a real checkpoint into this process's shared memory, registered as a trainer's),
+// and their results are reported with ReportResult.
 #include "worker/worker_service.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "proto/convert.h"
+#include "storage/checkpoint_writer.h"
+#include "storage/file_util.h"
 #include "worker/coordinator_link.h"
 #include "worker/fake_coordinator.h"
 #include "worker/memory_registry.h"
@@ -180,6 +192,112 @@ TEST_F(WorkerServiceTest, PartOfAKindWithoutAnExecutorIsRefusedNamingTheKind) {
   const pb::ReportResultRequest report = coordinator_.acknowledged_reports()[0];
   EXPECT_EQ(report.result().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(absl::StrContains(report.result().message(), "OPERATION_KIND_UNSPECIFIED"))
+      << report.result().message();
+}
+
+// A POSIX shared-memory segment of this process named as the client library of rank 0 of "job"
+// names its segments, as a trainer shares its tensors.
+class SharedSegmentForTest {
+ public:
+  explicit SharedSegmentForTest(size_t bytes)
+      : name_(absl::StrCat("/ckpt.job.r0.p", getpid(), ".0")), bytes_(bytes) {
+    shm_unlink(name_.c_str());
+    int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    EXPECT_GE(fd, 0) << std::strerror(errno);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    EXPECT_NE(data, MAP_FAILED);
+    data_ = static_cast<char*>(data);
+    close(fd);
+  }
+  ~SharedSegmentForTest() {
+    munmap(data_, bytes_);
+    shm_unlink(name_.c_str());
+  }
+  const std::string& name() const { return name_; }
+  const char* data() const { return data_; }
+
+ private:
+  std::string name_;
+  size_t bytes_;
+  char* data_ = nullptr;
+};
+
+// A load part of rank 0 of "job" reading all of w (rows x cols f32) from `path`, directly.
+pb::WorkItem DirectLoadPart(const std::string& operation_id, int rank, const std::string& path,
+                            int64_t rows, int64_t cols) {
+  pb::LoadPlanPart part;
+  part.set_rank(rank);
+  part.set_path(path);
+  part.set_total_bytes(rows * cols * 4);
+  part.set_algorithm(pb::LOAD_DIRECT);
+  pb::LoadRead* read = part.add_reads();
+  read->set_key("w");
+  *read->mutable_region() = RegionToProto(WholeRegion({rows, cols}));
+  read->set_local_index(0);
+  read->set_size_bytes(rows * cols * 4);
+  pb::WorkItem item;
+  item.set_operation_id(operation_id);
+  item.set_job("job");
+  item.set_rank(rank);
+  item.set_kind(pb::OPERATION_LOAD);
+  item.set_plan_part(part.SerializeAsString());
+  return item;
+}
+
+TEST_F(WorkerServiceTest, LoadPartFillsTheTrainersSharedTensorFromTheCheckpoint) {
+  constexpr int64_t kRows = 16, kCols = 8;
+  std::vector<float> stored(kRows * kCols);
+  for (size_t i = 0; i < stored.size(); ++i) stored[i] = static_cast<float>(3 * i) - 7.5f;
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/ws-load-", getpid());
+  (void)RemoveTree(path);
+  CheckpointContents contents;
+  contents.tensors = {{"w", DType::kF32, {kRows, kCols}}};
+  contents.files = {{0, {{"w", WholeRegion({kRows, kCols}), stored.data(), kRows * kCols * 4}}}};
+  ASSERT_TRUE(WriteCheckpoint(path, contents, WriteOptions()).ok());
+
+  // This process is the trainer of rank 0: its session holds w in a shared segment.
+  SharedSegmentForTest segment(kRows * kCols * 4);
+  TrainerIdentity trainer;
+  trainer.job = "job";
+  trainer.rank = 0;
+  trainer.world_size = 1;
+  trainer.pid = getpid();
+  trainer.uid = getuid();
+  auto session = registry_.OpenSession(trainer);
+  ASSERT_TRUE(session.ok()) << session.status();
+  pb::SharedTensor tensor;
+  tensor.mutable_shard()->mutable_tensor()->set_key("w");
+  tensor.mutable_shard()->mutable_tensor()->set_dtype(pb::DTYPE_F32);
+  tensor.mutable_shard()->mutable_tensor()->add_global_shape(kRows);
+  tensor.mutable_shard()->mutable_tensor()->add_global_shape(kCols);
+  *tensor.mutable_shard()->mutable_region() = RegionToProto(WholeRegion({kRows, kCols}));
+  tensor.set_memory_kind(pb::MEMORY_HOST);
+  tensor.set_segment(segment.name());
+  tensor.set_nbytes(kRows * kCols * 4);
+  absl::Status registered = registry_.RegisterTensors(*session, {tensor});
+  ASSERT_TRUE(registered.ok()) << registered;
+
+  coordinator_.Push(DirectLoadPart("op-load", 0, path, kRows, kCols));
+  ASSERT_TRUE(coordinator_.WaitForReports(1, kWait));
+  const pb::ReportResultRequest report = coordinator_.acknowledged_reports()[0];
+  EXPECT_EQ(report.result().code(), 0) << report.result().message();
+  EXPECT_GE(report.bytes_read(), kRows * kCols * 4);
+  std::vector<float> loaded(kRows * kCols);
+  std::memcpy(loaded.data(), segment.data(), loaded.size() * 4);
+  EXPECT_EQ(loaded, stored);
+  ASSERT_TRUE(registry_.CloseSession(*session).ok());
+  (void)RemoveTree(path);
+}
+
+TEST_F(WorkerServiceTest, LoadPartWhoseTrainerIsNotConnectedIsRefusedNamingRankAndJob) {
+  coordinator_.Push(DirectLoadPart("op-orphan", 5, "/nonexistent", 2, 2));
+  ASSERT_TRUE(coordinator_.WaitForReports(1, kWait));
+  const pb::ReportResultRequest report = coordinator_.acknowledged_reports()[0];
+  EXPECT_EQ(report.result().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_TRUE(absl::StrContains(report.result().message(),
+                                "the trainer of rank 5 of job job is no longer connected"))
       << report.result().message();
 }
 
