@@ -22,6 +22,8 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
+#include "proto/manifest.pb.h"
+#include "storage/checkpoint_reader.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
 #include "worker/coordinator_link.h"
@@ -215,13 +217,39 @@ class SharedSegmentForTest {
     shm_unlink(name_.c_str());
   }
   const std::string& name() const { return name_; }
-  const char* data() const { return data_; }
+  char* data() const { return data_; }
 
  private:
   std::string name_;
   size_t bytes_;
   char* data_ = nullptr;
 };
+
+// Opens a session for this process as the trainer of rank 0 of "job" whose one tensor, w
+// (rows x cols f32), lies in `segment`.
+absl::StatusOr<std::string> ShareAsTrainerOfRank0(MemoryRegistry& registry,
+                                                  const SharedSegmentForTest& segment, int64_t rows,
+                                                  int64_t cols) {
+  TrainerIdentity trainer;
+  trainer.job = "job";
+  trainer.rank = 0;
+  trainer.world_size = 1;
+  trainer.pid = getpid();
+  trainer.uid = getuid();
+  absl::StatusOr<std::string> session = registry.OpenSession(trainer);
+  if (!session.ok()) return session.status();
+  pb::SharedTensor tensor;
+  tensor.mutable_shard()->mutable_tensor()->set_key("w");
+  tensor.mutable_shard()->mutable_tensor()->set_dtype(pb::DTYPE_F32);
+  tensor.mutable_shard()->mutable_tensor()->add_global_shape(rows);
+  tensor.mutable_shard()->mutable_tensor()->add_global_shape(cols);
+  *tensor.mutable_shard()->mutable_region() = RegionToProto(WholeRegion({rows, cols}));
+  tensor.set_memory_kind(pb::MEMORY_HOST);
+  tensor.set_segment(segment.name());
+  tensor.set_nbytes(rows * cols * 4);
+  if (absl::Status s = registry.RegisterTensors(*session, {tensor}); !s.ok()) return s;
+  return session;
+}
 
 // A load part of rank 0 of "job" reading all of w (rows x cols f32) from `path`, directly.
 pb::WorkItem DirectLoadPart(const std::string& operation_id, int rank, const std::string& path,
@@ -259,25 +287,8 @@ TEST_F(WorkerServiceTest, LoadPartFillsTheTrainersSharedTensorFromTheCheckpoint)
 
   // This process is the trainer of rank 0: its session holds w in a shared segment.
   SharedSegmentForTest segment(kRows * kCols * 4);
-  TrainerIdentity trainer;
-  trainer.job = "job";
-  trainer.rank = 0;
-  trainer.world_size = 1;
-  trainer.pid = getpid();
-  trainer.uid = getuid();
-  auto session = registry_.OpenSession(trainer);
+  auto session = ShareAsTrainerOfRank0(registry_, segment, kRows, kCols);
   ASSERT_TRUE(session.ok()) << session.status();
-  pb::SharedTensor tensor;
-  tensor.mutable_shard()->mutable_tensor()->set_key("w");
-  tensor.mutable_shard()->mutable_tensor()->set_dtype(pb::DTYPE_F32);
-  tensor.mutable_shard()->mutable_tensor()->add_global_shape(kRows);
-  tensor.mutable_shard()->mutable_tensor()->add_global_shape(kCols);
-  *tensor.mutable_shard()->mutable_region() = RegionToProto(WholeRegion({kRows, kCols}));
-  tensor.set_memory_kind(pb::MEMORY_HOST);
-  tensor.set_segment(segment.name());
-  tensor.set_nbytes(kRows * kCols * 4);
-  absl::Status registered = registry_.RegisterTensors(*session, {tensor});
-  ASSERT_TRUE(registered.ok()) << registered;
 
   coordinator_.Push(DirectLoadPart("op-load", 0, path, kRows, kCols));
   ASSERT_TRUE(coordinator_.WaitForReports(1, kWait));
@@ -289,6 +300,65 @@ TEST_F(WorkerServiceTest, LoadPartFillsTheTrainersSharedTensorFromTheCheckpoint)
   EXPECT_EQ(loaded, stored);
   ASSERT_TRUE(registry_.CloseSession(*session).ok());
   (void)RemoveTree(path);
+}
+
+TEST_F(WorkerServiceTest, SavePartWritesTheTrainersTensorAndItsRecordCommitsToThoseBytes) {
+  constexpr int64_t kRows = 16, kCols = 8;
+  SharedSegmentForTest segment(kRows * kCols * 4);
+  std::vector<float> values(kRows * kCols);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f + 1;
+  std::memcpy(segment.data(), values.data(), values.size() * 4);
+  auto session = ShareAsTrainerOfRank0(registry_, segment, kRows, kCols);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dst = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/ws-save-", getpid());
+  (void)RemoveTree(dst);
+  auto staging = CreateStagingDir(dst, /*overwrite=*/false);
+  ASSERT_TRUE(staging.ok()) << staging.status();
+
+  pb::SavePlanPart part;
+  part.set_rank(0);
+  part.set_total_bytes(kRows * kCols * 4);
+  part.set_staging_dir(*staging);
+  pb::PlanFile* file = part.add_files();
+  file->set_path("data/r0_0.safetensors");
+  file->set_total_bytes(kRows * kCols * 4);
+  pb::PlanPiece* piece = file->add_pieces();
+  piece->set_key("w");
+  piece->set_dtype(pb::DTYPE_F32);
+  piece->add_global_shape(kRows);
+  piece->add_global_shape(kCols);
+  *piece->mutable_region() = RegionToProto(WholeRegion({kRows, kCols}));
+  piece->set_size_bytes(kRows * kCols * 4);
+  piece->set_local_index(0);
+  pb::WorkItem item;
+  item.set_operation_id("op-save");
+  item.set_job("job");
+  item.set_rank(0);
+  item.set_kind(pb::OPERATION_SAVE);
+  item.set_plan_part(part.SerializeAsString());
+  coordinator_.Push(item);
+  ASSERT_TRUE(coordinator_.WaitForReports(1, kWait));
+  const pb::ReportResultRequest report = coordinator_.acknowledged_reports()[0];
+  ASSERT_EQ(report.result().code(), 0) << report.result().message();
+
+  // The record commits (as the coordinator commits it) to the trainer's bytes.
+  pb::Manifest written;
+  ASSERT_TRUE(written.ParseFromString(report.written()));
+  WrittenData data;
+  data.pieces.assign(written.pieces().begin(), written.pieces().end());
+  data.files.assign(written.files().begin(), written.files().end());
+  pb::Manifest manifest = BuildManifest({{"w", DType::kF32, {kRows, kCols}}}, data,
+                                        CheckpointContents(), kDefaultChecksumBlockBytes);
+  absl::Status committed = CommitCheckpoint(*staging, dst, manifest, WriteOptions());
+  ASSERT_TRUE(committed.ok()) << committed;
+  auto reader = CheckpointReader::Open(dst);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<float> saved(kRows * kCols);
+  ASSERT_TRUE((*reader)->ReadRegion("w", WholeRegion({kRows, kCols}), saved.data()).ok());
+  EXPECT_EQ(saved, values);
+  ASSERT_TRUE(registry_.CloseSession(*session).ok());
+  (void)RemoveTree(dst);
 }
 
 TEST_F(WorkerServiceTest, LoadPartWhoseTrainerIsNotConnectedIsRefusedNamingRankAndJob) {
