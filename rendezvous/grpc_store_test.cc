@@ -5,6 +5,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_auth.h"
 #include "gtest/gtest.h"
 #include "rendezvous/kv_store.h"
 #include "rendezvous/rendezvous_service.h"
@@ -48,15 +50,38 @@ TEST_F(GrpcStoreTest, SetGetAddRoundTripBinaryValues) {
   EXPECT_EQ(*v, 3);
 }
 
-TEST_F(GrpcStoreTest, GetWaitsForAKeySetByAnotherClient) {
-  GrpcStore reader(address_);
-  GrpcStore writer(address_);
+// The reader's Get reaches the server (its authorizer sees the call, which is authorized before
+// it waits) before the writer sets the key.
+TEST(GrpcStoreWaitTest, GetWaitsForAKeySetByAnotherClient) {
+  KvStore kv;
+  absl::Mutex mu;
+  int authorized = 0;
+  RendezvousService service(&kv,
+                            [&](const Peer&, absl::string_view) -> absl::StatusOr<std::string> {
+                              absl::MutexLock lock(&mu);
+                              ++authorized;
+                              return std::string("job");
+                            });
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  GrpcStore reader(address);
+  GrpcStore writer(address);
   std::thread t([&] {
-    absl::SleepFor(absl::Milliseconds(100));
-    ASSERT_TRUE(writer.Set("late", "x", absl::Now() + absl::Seconds(5)).ok());
+    {
+      absl::MutexLock lock(&mu);
+      auto reader_arrived = [&authorized]() { return authorized >= 1; };
+      ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&reader_arrived), absl::Seconds(10)));
+    }
+    ASSERT_TRUE(writer.Set("load/op-1/late", "x", absl::Now() + absl::Seconds(5)).ok());
   });
-  auto got = reader.Get({"late"}, absl::Now() + absl::Seconds(10));
+  auto got = reader.Get({"load/op-1/late"}, absl::Now() + absl::Seconds(10));
   t.join();
+  server->Shutdown(absl::ToChronoTime(absl::Now()));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ((*got)[0], "x");
 }

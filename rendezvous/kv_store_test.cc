@@ -3,6 +3,7 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -21,11 +22,18 @@ TEST(KvStoreTest, SetThenGetReturnsValuesInKeyOrder) {
 
 TEST(KvStoreTest, WaitBlocksUntilAnotherThreadSets) {
   KvStore store;
+  // WaitAndGet asks `cancelled` each time it finds a key missing, before it sleeps: the first
+  // call tells the setter that the waiter is blocked on the absent key.
+  absl::Notification waiting;
+  auto note_waiting = [&waiting] {
+    if (!waiting.HasBeenNotified()) waiting.Notify();
+    return false;
+  };
   std::thread setter([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(waiting.WaitForNotificationWithTimeout(absl::Seconds(10)));
     ASSERT_TRUE(store.Set("late", "v").ok());
   });
-  auto got = store.WaitAndGet({"late"}, absl::Now() + absl::Seconds(10));
+  auto got = store.WaitAndGet({"late"}, absl::Now() + absl::Seconds(10), note_waiting);
   setter.join();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ((*got)[0], "v");

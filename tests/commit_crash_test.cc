@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/checkpoint_writer.h"
@@ -65,11 +68,35 @@ WriteOptions Options(bool overwrite) {
   return o;
 }
 
-// Forks a child that writes version `v`; `stop_at` (when set) makes the child report the step
-// through a pipe and wait there to be killed. Without it, the parent kills the child after
-// `delay_us`. Returns once the child is dead.
+// Bytes in the regular files under `dir` outside `exclude` (files may vanish meanwhile).
+int64_t BytesUnder(const std::string& dir, const std::string& exclude) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  int64_t total = 0;
+  for (fs::recursive_directory_iterator it(dir, error), end; !error && it != end;
+       it.increment(error)) {
+    if (it->path().string().rfind(exclude, 0) == 0) continue;
+    std::error_code size_error;
+    const uintmax_t size = fs::is_regular_file(it->path(), size_error)
+                               ? fs::file_size(it->path(), size_error)
+                               : uintmax_t{0};
+    if (!size_error) total += static_cast<int64_t>(size);
+  }
+  return total;
+}
+
+// Whether child `pid` has exited (it is left unreaped).
+bool Exited(pid_t pid) {
+  siginfo_t info{};
+  return ::waitid(P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
+}
+
+// Forks a child that writes version `v` into the directory of `path`; `stop_at` (when set) makes
+// the child report the step through a pipe and wait there to be killed. Without it, the parent
+// kills the child once its staging files hold `kill_after_bytes` bytes (or it exited first).
+// Returns once the child is dead.
 void RunAndKill(const std::string& path, int v, bool overwrite, const CommitStep* stop_at,
-                int delay_us) {
+                int64_t kill_after_bytes) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   pid_t pid = ::fork();
@@ -96,7 +123,14 @@ void RunAndKill(const std::string& path, int v, bool overwrite, const CommitStep
   char c = 0;
   const ssize_t n = ::read(fds[0], &c, 1);
   ::close(fds[0]);
-  if (stop_at == nullptr && n == 1) ::usleep(delay_us);
+  if (stop_at == nullptr && n == 1) {
+    // Watches the data land (a poll of the observable condition, bounded by a deadline).
+    const std::string dir = path.substr(0, path.rfind('/'));
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (BytesUnder(dir, path) < kill_after_bytes && !Exited(pid) && absl::Now() < deadline) {
+      std::this_thread::yield();
+    }
+  }
   ::kill(pid, SIGKILL);
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
@@ -151,7 +185,8 @@ TEST(CommitCrashTest, KillWhileDataIsBeingWrittenKeepsTheOldCheckpoint) {
     const std::string path = JoinPath(dir, "ckpt");
     Model old(1);
     ASSERT_TRUE(WriteCheckpoint(path, old.contents, Options(false)).ok());
-    RunAndKill(path, 2, /*overwrite=*/true, nullptr, static_cast<int>(rng() % 20000));
+    // Somewhere in the 4 MiB of data files.
+    RunAndKill(path, 2, /*overwrite=*/true, nullptr, static_cast<int64_t>(rng() % (4 << 20)));
     // Depending on timing the child may have finished; either way only complete versions.
     auto reader = CheckpointReader::Open(path);
     ASSERT_TRUE(reader.ok()) << reader.status();

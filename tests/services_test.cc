@@ -9,6 +9,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -42,8 +44,27 @@ TEST(ServicesTest, WorkersRegisterAnnounceThemselvesAndKeepTheirLeases) {
     EXPECT_FALSE(w->info().data_plane_address().empty());
     EXPECT_THAT(w->info().memory_kinds(), ::testing::Contains(pb::MEMORY_HOST));
   }
-  // Heartbeats renew the leases: after several lease periods every worker is still alive.
-  absl::SleepFor(absl::Milliseconds(4 * kLeaseMs));
+  // Heartbeats renew the leases: for four lease periods (a duration, so it is waited out,
+  // looking at the status every 20 ms) every worker stays alive, and each is seen renewing
+  // (the time since its last heartbeat drops).
+  std::map<std::string, int64_t> last_ms;
+  std::set<std::string> renewed;
+  const absl::Time until = absl::Now() + absl::Milliseconds(4 * kLeaseMs);
+  bool all_alive = true;
+  WaitFor([&] {
+    const pb::GetStatusResponse s = cluster.Status();
+    all_alive = all_alive && LiveWorkers(s) == 3;
+    for (const pb::WorkerStatus& w : s.workers()) {
+      auto previous = last_ms.find(w.worker_id());
+      if (previous != last_ms.end() && w.ms_since_heartbeat() < previous->second) {
+        renewed.insert(w.worker_id());
+      }
+      last_ms[w.worker_id()] = w.ms_since_heartbeat();
+    }
+    return !all_alive || absl::Now() >= until;
+  });
+  EXPECT_TRUE(all_alive) << "a worker died although it kept sending heartbeats";
+  EXPECT_EQ(renewed.size(), 3u);
   EXPECT_EQ(LiveWorkers(cluster.Status()), 3);
   std::string out;
   EXPECT_EQ(cluster.RunCkptctl({"status", "--coordinator", cluster.address()}, &out), 0) << out;

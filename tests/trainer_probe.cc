@@ -39,9 +39,23 @@
 #include <string>
 
 #include "absl/strings/numbers.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 
 namespace {
+
+// How long one simulated training step of the "poll" mode takes.
+constexpr absl::Duration kTrainingStep = absl::Milliseconds(50);
+
+// Waits until `path` exists (polled every 10 ms); false at `deadline`.
+bool WaitForFile(const std::string& path, absl::Time deadline) {
+  struct stat st;
+  while (stat(path.c_str(), &st) != 0) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
 
 void Emit(const std::string& line) {
   std::printf("%s\n", line.c_str());
@@ -184,12 +198,19 @@ int Run(int argc, char** argv) {
   } else if (mode == "load") {
     result = (*client)->Load(path, *state, load_options);
   } else if (mode == "poll") {
+    // A training loop: each step computes (here: 50 ms of pacing, which stands for the step's
+    // work and orders nothing) and then polls. The test waits on this process's output lines.
+    const absl::Time give_up = absl::Now() + absl::Minutes(5);
     while (true) {
+      if (absl::Now() >= give_up) {
+        result = absl::DeadlineExceededError("no operation was performed within 5 minutes");
+        break;
+      }
       auto polled = (*client)->Poll(*state);
       if (!polled.ok() && polled.status().code() == absl::StatusCode::kUnavailable) {
         // The coordinator is away (restarting): a training loop trains on and polls again.
         Emit("poll_unavailable " + std::string(polled.status().message()));
-        usleep(50 * 1000);
+        absl::SleepFor(kTrainingStep);
         continue;
       }
       if (!polled.ok()) {
@@ -197,7 +218,7 @@ int Run(int argc, char** argv) {
         break;
       }
       if (polled->performed) break;
-      usleep(50 * 1000);  // one "training step"
+      absl::SleepFor(kTrainingStep);
     }
   } else {
     std::fprintf(stderr, "trainer_probe: unknown mode %s\n", mode.c_str());
@@ -222,8 +243,12 @@ int Run(int argc, char** argv) {
     constexpr int32_t kSentinel = 0x5a5a5a5a;
     for (int64_t i = 0; i < count; ++i) std::memcpy((*tensor)->data + i * 4, &kSentinel, 4);
     Emit("sentinel");
-    struct stat st;
-    while (stat(check_file.c_str(), &st) != 0) usleep(10 * 1000);
+    // The test creates `check_file` (a ready file) when the scenario is over; the sentinel must
+    // still be there then.
+    if (!WaitForFile(check_file, absl::Now() + absl::Minutes(5))) {
+      Emit("check_file_never_appeared " + check_file);
+      return 1;
+    }
     for (int64_t i = 0; i < count; ++i) {
       int32_t v = 0;
       std::memcpy(&v, (*tensor)->data + i * 4, 4);

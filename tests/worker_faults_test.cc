@@ -149,8 +149,11 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
       << loaders[0]->Stdout() << loaders[0]->Stderr();
 
   // The scenario needs the freeze to outlast rank 1's Wait call to its worker (a 30 s slice
-  // plus the trainer's 2 s RPC timeout): a duration, not an ordering, so it is waited out.
-  absl::SleepFor(frozen_at + absl::Seconds(34) - absl::Now());
+  // plus the trainer's 2 s RPC timeout): a duration, not an ordering, so it is waited out,
+  // watching (every 20 ms) that rank 1 does not give up meanwhile.
+  const absl::Time freeze_until = frozen_at + absl::Seconds(34);
+  WaitFor([&] { return Result(*loaders[1]).first != -1 || absl::Now() >= freeze_until; },
+          absl::Seconds(40));
   EXPECT_EQ(Result(*loaders[1]).first, -1)
       << "rank 1 gave up while its worker was frozen: " << Result(*loaders[1]).second;
   kill(cluster.worker(1).pid, SIGCONT);

@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 mode=${1:-build}
 dir=${2:-gpu-bundle}
 
-TESTS=(//exchange:nccl_communicator_test //exchange:nccl_exchange_test
+TESTS=(//exchange:nccl_communicator_test //exchange:nccl_conformance_test //exchange:nccl_exchange_test
        //worker:staging_pipeline_cuda_test //tests:device_e2e_test)
 BENCHMARKS=(//tools/bench:device_staging_benchmark)
 RUNFILES=(worker/ckpt_worker coordinator/ckpt_coordinator tools/ckptctl tests/device_trainer)

@@ -363,8 +363,10 @@ TEST(ProcfsProcessProbeTest, SeesLiveZombieAndReapedProcesses) {
   }
   EXPECT_NE(probe.StartToken(child), 0u);
   ASSERT_EQ(kill(child, SIGKILL), 0);
-  // Until reaped the child is a zombie; a zombie counts as dead.
-  for (int i = 0; i < 1000 && probe.StartToken(child) != 0; ++i) usleep(1000);
+  // Until reaped the child is a zombie; a zombie counts as dead. waitid(WNOWAIT) returns once
+  // the child has exited, leaving it unreaped.
+  siginfo_t info{};
+  ASSERT_EQ(waitid(P_PID, child, &info, WEXITED | WNOWAIT), 0);
   EXPECT_EQ(probe.StartToken(child), 0u);
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);

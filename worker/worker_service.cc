@@ -365,7 +365,6 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
       spdlog::info("plan_part_duplicate op={} rank={} ({})", item.operation_id(), item.rank(),
                    finished ? "already ran: its result is sent again" : "still running here");
       if (finished) {
-        existing->second.acknowledged = false;
         StartThreadLocked([this, part_key] { ReportUntilAcknowledged(part_key); });
       }
       return;
@@ -528,7 +527,9 @@ void WorkerService::ReportUntilAcknowledged(const std::string& part_key) {
   {
     std::lock_guard<std::mutex> lock(exec_mu_);
     auto it = parts_.find(part_key);
-    if (it == parts_.end() || !it->second.finished || it->second.acknowledged) return;
+    // Sent even when an earlier report of it ended: a re-sent part asks for it again (and an
+    // "already acknowledged" flag would race with that earlier report's ending).
+    if (it == parts_.end() || !it->second.finished) return;
     report = it->second.report;
     incarnation = it->second.incarnation;
   }
@@ -548,9 +549,6 @@ void WorkerService::ReportUntilAcknowledged(const std::string& part_key) {
                    s.ok() ? std::string()
                           : absl::StrCat(" error=\"", s.error_message(), "\"",
                                          gone ? " (the coordinator restarted)" : ""));
-      std::lock_guard<std::mutex> lock(exec_mu_);
-      auto it = parts_.find(part_key);
-      if (it != parts_.end()) it->second.acknowledged = true;  // or never will be
       return;
     }
     if (attempt == 1) {

@@ -103,7 +103,6 @@ class WorkerService final : public pb::Worker::Service {
   // A plan part started here, and its result once it ran.
   struct PartRecord {
     bool finished = false;
-    bool acknowledged = false;
     uint64_t incarnation = 0;  // of the coordinator that sent the part
     pb::ReportResultRequest report;
   };

@@ -1,0 +1,203 @@
+// ExecuteExchangeLoadPart with every rank of a load as a thread of this process: parts planned by
+// the coordinator's exchange-load planner (which is why this test sits in tests/: worker/ may not
+// depend on coordinator/), the communicator formed through a real Rendezvous gRPC service on
+// loopback, Gloo over loopback, a real checkpoint, and each rank's destination as a host tensor.
+#include "worker/load_exchange_executor.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "coordinator/load_exchange.h"
+#include "gtest/gtest.h"
+#include "proto/coordinator.pb.h"
+#include "rendezvous/kv_store.h"
+#include "rendezvous/rendezvous_service.h"
+#include "storage/checkpoint_writer.h"
+#include "storage/file_util.h"
+
+namespace ckpt::worker {
+namespace {
+
+constexpr int64_t kRows = 8, kCols = 16;  // int32 w, stored as two 4-row pieces
+constexpr int kRanks = 3;
+
+int32_t Value(int64_t i, int64_t j) { return static_cast<int32_t>(1000 * i + j); }
+
+std::string WriteCheckpointOfW(const std::string& name) {
+  static const std::vector<int32_t> w = [] {
+    std::vector<int32_t> v(kRows * kCols);
+    for (int64_t i = 0; i < kRows; ++i) {
+      for (int64_t j = 0; j < kCols; ++j) v[i * kCols + j] = Value(i, j);
+    }
+    return v;
+  }();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name, "-", getpid());
+  (void)RemoveTree(path);
+  CheckpointContents contents;
+  contents.tensors = {TensorSpec{"w", DType::kI32, {kRows, kCols}}};
+  for (int r = 0; r < 2; ++r) {
+    DataFilePlan file;
+    file.writer_rank = r;
+    file.pieces.push_back(PieceData{"w", Region{{r * kRows / 2, 0}, {kRows / 2, kCols}, {}},
+                                    w.data() + r * kRows / 2 * kCols, kRows / 2 * kCols * 4});
+    contents.files.push_back(file);
+  }
+  auto manifest = WriteCheckpoint(path, contents, WriteOptions());
+  EXPECT_TRUE(manifest.ok()) << manifest.status();
+  return path;
+}
+
+pb::ShardMeta Rows(int64_t first, int64_t count) {
+  pb::ShardMeta s;
+  s.mutable_tensor()->set_key("w");
+  s.mutable_tensor()->set_dtype(pb::DTYPE_I32);
+  s.mutable_tensor()->add_global_shape(kRows);
+  s.mutable_tensor()->add_global_shape(kCols);
+  s.mutable_region()->add_offsets(first);
+  s.mutable_region()->add_offsets(0);
+  s.mutable_region()->add_lengths(count);
+  s.mutable_region()->add_lengths(kCols);
+  return s;
+}
+
+// Ranks 0 and 1 hold all of w; rank 2 holds rows 2-6 (straddling both stored pieces).
+std::vector<pb::ShardMeta> RankShards() { return {Rows(0, kRows), Rows(0, kRows), Rows(2, 5)}; }
+
+class LoadExchangeExecutorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    service_ = std::make_unique<RendezvousService>(&kv_);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+  }
+  void TearDown() override { server_->Shutdown(absl::ToChronoTime(absl::Now())); }
+
+  // The parts of a load of `path` into RankShards() with `algorithm`.
+  std::vector<pb::LoadPlanPart> Plan(const std::string& path, const std::string& id,
+                                     pb::LoadAlgorithm algorithm, int64_t budget) {
+    coordinator::Operation op;
+    op.id = id;
+    op.job = "j";
+    op.kind = coordinator::OperationKind::kLoad;
+    op.path = path;
+    op.world_size = kRanks;
+    op.ranks.resize(kRanks);
+    const std::vector<pb::ShardMeta> shards = RankShards();
+    for (int r = 0; r < kRanks; ++r) op.ranks[r].shards = {shards[r]};
+    auto plans =
+        coordinator::PlanExchangeLoad(op, coordinator::LoadPlannerOptions{algorithm, budget});
+    EXPECT_TRUE(plans.ok()) << plans.status();
+    std::vector<pb::LoadPlanPart> parts(kRanks);
+    for (int r = 0; plans.ok() && r < kRanks; ++r) {
+      EXPECT_TRUE(parts[r].ParseFromString((*plans)[r].part));
+    }
+    return parts;
+  }
+
+  // Rank r's session: job j, one host tensor (its shard) in `memory`.
+  static SessionInfo Session(int r, std::vector<int32_t>* memory) {
+    const pb::ShardMeta shard = RankShards()[r];
+    const int64_t elements = shard.region().lengths(0) * shard.region().lengths(1);
+    memory->assign(elements, -1);
+    SessionInfo session;
+    session.trainer.job = "j";
+    session.trainer.rank = r;
+    session.trainer.world_size = kRanks;
+    RegisteredTensor t;
+    t.shard = shard;
+    t.memory_kind = pb::MEMORY_HOST;
+    t.nbytes = elements * 4;
+    t.data = reinterpret_cast<std::byte*>(memory->data());
+    session.tensors.push_back(t);
+    return session;
+  }
+
+  ExchangeLoadContext Context() const {
+    ExchangeLoadContext context;
+    context.rendezvous_address = absl::StrCat("127.0.0.1:", port_);
+    context.rendezvous_timeout = absl::Seconds(30);
+    context.exchange_timeout = absl::Seconds(60);
+    context.gloo_loop_thread_nice = 0;
+    return context;
+  }
+
+  KvStore kv_;
+  std::unique_ptr<RendezvousService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+TEST_F(LoadExchangeExecutorTest, EveryAlgorithmFillsEachRanksTensorReadingEachStoredByteOnce) {
+  const std::string path = WriteCheckpointOfW("exchange-load");
+  int n = 0;
+  for (pb::LoadAlgorithm algorithm : {pb::LOAD_BROADCAST, pb::LOAD_OVERLAP_ALL_TO_ALL,
+                                      pb::LOAD_GATHER_ROUNDS, pb::LOAD_GATHER_OBJECT}) {
+    SCOPED_TRACE(pb::LoadAlgorithm_Name(algorithm));
+    // A budget of 200 bytes: a 256-byte stored piece is read in several units and waves.
+    std::vector<pb::LoadPlanPart> parts =
+        Plan(path, absl::StrCat("op-", ++n), algorithm, /*budget=*/200);
+    ASSERT_EQ(parts.size(), static_cast<size_t>(kRanks));
+    EXPECT_GT(parts[0].waves_size(), 1);
+    std::vector<std::vector<int32_t>> memory(kRanks);
+    std::vector<SessionInfo> sessions;
+    for (int r = 0; r < kRanks; ++r) sessions.push_back(Session(r, &memory[r]));
+    std::vector<absl::Status> statuses(kRanks);
+    std::vector<ExchangeLoadStats> stats(kRanks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back([&, r] {
+        MemoryGate gate;
+        statuses[r] = ExecuteExchangeLoadPart(parts[r], sessions[r], Context(), gate, &stats[r]);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    int64_t read = 0;
+    const std::vector<pb::ShardMeta> shards = RankShards();
+    for (int r = 0; r < kRanks; ++r) {
+      ASSERT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+      const pb::Region& region = shards[r].region();
+      for (int64_t i = 0; i < region.lengths(0); ++i) {
+        for (int64_t j = 0; j < kCols; ++j) {
+          ASSERT_EQ(memory[r][i * kCols + j], Value(region.offsets(0) + i, j))
+              << "rank " << r << " element " << i << "," << j;
+        }
+      }
+      EXPECT_EQ(stats[r].bytes_scattered, region.lengths(0) * kCols * 4) << "rank " << r;
+      read += stats[r].bytes_read;
+    }
+    EXPECT_EQ(read, kRows * kCols * 4);
+  }
+}
+
+TEST_F(LoadExchangeExecutorTest, ClosedGateStopsThePartWithItsReasonInsteadOfWaitingForPeers) {
+  const std::string path = WriteCheckpointOfW("exchange-load-aborted");
+  std::vector<pb::LoadPlanPart> parts = Plan(path, "op-aborted", pb::LOAD_BROADCAST, 1 << 20);
+  std::vector<int32_t> memory;
+  SessionInfo session = Session(0, &memory);
+  MemoryGate gate;
+  gate.Close(absl::AbortedError("operation op-aborted aborted: rank 2 never arrived"));
+  ExchangeLoadStats stats;
+  const absl::Time start = absl::Now();
+  // Ranks 1 and 2 never come: only the closed gate can end the wait before its 30 s timeout.
+  absl::Status s = ExecuteExchangeLoadPart(parts[0], session, Context(), gate, &stats);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "rank 2 never arrived")) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_EQ(memory, std::vector<int32_t>(memory.size(), -1));
+}
+
+}  // namespace
+}  // namespace ckpt::worker
