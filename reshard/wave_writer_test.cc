@@ -29,7 +29,7 @@ std::string TestDir(const std::string& name) {
 
 float Value(int64_t i, int64_t j) { return static_cast<float>(1000 * i + j); }
 
-std::vector<TensorSpec> Tensors() { return {{"t", DType::kF32, {kRows, kCols}}}; }
+std::vector<TensorMeta> Tensors() { return {{"t", DType::kF32, {kRows, kCols}}}; }
 
 // Writer 0 writes t in row blocks, one file each.
 SavePlan RowBlockPlan() {

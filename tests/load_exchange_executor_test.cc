@@ -44,7 +44,7 @@ std::string WriteCheckpointOfW(const std::string& name) {
   const std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name, "-", getpid());
   (void)RemoveTree(path);
   CheckpointContents contents;
-  contents.tensors = {TensorSpec{"w", DType::kI32, {kRows, kCols}}};
+  contents.tensors = {TensorMeta{"w", DType::kI32, {kRows, kCols}}};
   for (int r = 0; r < 2; ++r) {
     DataFilePlan file;
     file.writer_rank = r;
@@ -57,8 +57,8 @@ std::string WriteCheckpointOfW(const std::string& name) {
   return path;
 }
 
-pb::ShardMeta Rows(int64_t first, int64_t count) {
-  pb::ShardMeta s;
+pb::PieceMeta Rows(int64_t first, int64_t count) {
+  pb::PieceMeta s;
   s.mutable_tensor()->set_key("w");
   s.mutable_tensor()->set_dtype(pb::DTYPE_I32);
   s.mutable_tensor()->add_global_shape(kRows);
@@ -71,7 +71,7 @@ pb::ShardMeta Rows(int64_t first, int64_t count) {
 }
 
 // Ranks 0 and 1 hold all of w; rank 2 holds rows 2-6 (straddling both stored pieces).
-std::vector<pb::ShardMeta> RankShards() { return {Rows(0, kRows), Rows(0, kRows), Rows(2, 5)}; }
+std::vector<pb::PieceMeta> RankShards() { return {Rows(0, kRows), Rows(0, kRows), Rows(2, 5)}; }
 
 class LoadExchangeExecutorTest : public ::testing::Test {
  protected:
@@ -95,7 +95,7 @@ class LoadExchangeExecutorTest : public ::testing::Test {
     op.path = path;
     op.world_size = kRanks;
     op.ranks.resize(kRanks);
-    const std::vector<pb::ShardMeta> shards = RankShards();
+    const std::vector<pb::PieceMeta> shards = RankShards();
     for (int r = 0; r < kRanks; ++r) op.ranks[r].shards = {shards[r]};
     auto plans =
         coordinator::PlanExchangeLoad(op, coordinator::LoadPlannerOptions{algorithm, budget});
@@ -109,7 +109,7 @@ class LoadExchangeExecutorTest : public ::testing::Test {
 
   // Rank r's session: job j, one host tensor (its shard) in `memory`.
   static SessionInfo Session(int r, std::vector<int32_t>* memory) {
-    const pb::ShardMeta shard = RankShards()[r];
+    const pb::PieceMeta shard = RankShards()[r];
     const int64_t elements = shard.region().lengths(0) * shard.region().lengths(1);
     memory->assign(elements, -1);
     SessionInfo session;
@@ -165,7 +165,7 @@ TEST_F(LoadExchangeExecutorTest, EveryAlgorithmFillsEachRanksTensorReadingEachSt
     }
     for (std::thread& t : threads) t.join();
     int64_t read = 0;
-    const std::vector<pb::ShardMeta> shards = RankShards();
+    const std::vector<pb::PieceMeta> shards = RankShards();
     for (int r = 0; r < kRanks; ++r) {
       ASSERT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
       const pb::Region& region = shards[r].region();

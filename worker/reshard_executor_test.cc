@@ -39,7 +39,7 @@ std::vector<float> Values() {
   return w;
 }
 
-std::vector<TensorSpec> Tensors() { return {{"w", DType::kF32, {kRows, kCols}}}; }
+std::vector<TensorMeta> Tensors() { return {{"w", DType::kF32, {kRows, kCols}}}; }
 
 // The source: w stored as two row halves, in two files of writer 0.
 void WriteSource(const std::string& path) {
