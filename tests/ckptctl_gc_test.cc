@@ -1,6 +1,6 @@
 // `ckptctl gc` end to end on the real binary: only incomplete ckpt staging directories of dead
 // writers are removed, each printed with its size; complete ones are kept, look-alikes refused,
-// live writers' skipped, and --dry_run removes nothing.
+// live writers' skipped, and --dry-run removes nothing.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,18 +55,18 @@ TEST(CkptctlGcTest, RemovesOnlyIncompleteStagingDirectoriesOfDeadWritersAndSaysW
   ASSERT_TRUE(MakeDir(checkpoint).ok());
 
   std::string out;
-  ASSERT_EQ(cluster.RunCkptctl({"gc", "--dry_run", dir}, &out), 0) << out;
-  EXPECT_THAT(out, HasSubstr("would remove " + leftover + " (3.0 MiB)"));
+  ASSERT_EQ(cluster.RunCkptctl({"gc", "--dry-run", dir}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("would remove " + leftover + " (3.00 MiB)"));
   EXPECT_TRUE(PathExists(leftover));
 
   ASSERT_EQ(cluster.RunCkptctl({"gc", dir}, &out), 0) << out;
-  EXPECT_THAT(out, HasSubstr("removed " + leftover + " (3.0 MiB)"));
+  EXPECT_THAT(out, HasSubstr("removed " + leftover + " (3.00 MiB)"));
   EXPECT_THAT(out, HasSubstr("kept " + complete));
   EXPECT_THAT(out, HasSubstr("complete checkpoint under a staging name"));
   EXPECT_THAT(out, HasSubstr("refused " + lookalike));
   EXPECT_THAT(out, HasSubstr("holds chapter1.tex"));
   EXPECT_THAT(out, HasSubstr(absl::StrCat("skipped ", live)));
-  EXPECT_THAT(out, HasSubstr("gc: 1 removed (3.0 MiB), 1 kept, 1 skipped, 1 refused"));
+  EXPECT_THAT(out, HasSubstr("gc: 1 removed (3.00 MiB), 1 kept, 1 skipped, 1 refused"));
   EXPECT_THAT(out, Not(HasSubstr(checkpoint)));
   EXPECT_FALSE(PathExists(leftover));
   for (const std::string& stays : {complete, lookalike, live, checkpoint}) {

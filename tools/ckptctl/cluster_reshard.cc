@@ -68,14 +68,14 @@ int RunClusterReshard(const ClusterReshardArgs& args) {
     std::fprintf(stderr, "reshard started as %s: %d ranks on %d worker(s)\n",
                  started.operation_id().c_str(), started.world_size(), started.workers());
   }
-  absl::StatusOr<pb::OperationStatus> waited = WaitForOperation(
-      stub.get(), args.coordinator, started.operation_id(), start + absl::Seconds(args.timeout_s),
-      absl::Milliseconds(500), [&](const pb::OperationStatus& op) {
-        if (!show) return;
-        std::fprintf(stderr, "\r  %s: %.3f / %.3f GB  ",
-                     pb::OperationPhase_Name(op.phase()).substr(6).c_str(), Gb(op.bytes_done()),
-                     Gb(op.bytes_total()));
-      });
+  absl::StatusOr<pb::OperationStatus> waited =
+      WaitForOperation(stub.get(), args.coordinator, started.operation_id(), start + args.timeout,
+                       absl::Milliseconds(500), [&](const pb::OperationStatus& op) {
+                         if (!show) return;
+                         std::fprintf(stderr, "\r  %s: %.3f / %.3f GB  ",
+                                      pb::OperationPhase_Name(op.phase()).substr(6).c_str(),
+                                      Gb(op.bytes_done()), Gb(op.bytes_total()));
+                       });
   if (!waited.ok()) {
     if (show) std::fputc('\n', stderr);
     return Fail(std::string(waited.status().message()));
@@ -83,8 +83,8 @@ int RunClusterReshard(const ClusterReshardArgs& args) {
   const pb::OperationStatus& op = *waited;
   if (!IsFinal(op)) {
     if (show) std::fputc('\n', stderr);
-    return Fail(absl::StrCat(op.id(), " did not finish within ", args.timeout_s,
-                             " s (it goes on at the coordinator)"));
+    return Fail(absl::StrCat(op.id(), " did not finish within ", absl::FormatDuration(args.timeout),
+                             " (it goes on at the coordinator)"));
   }
   if (show) std::fputc('\n', stderr);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
