@@ -33,6 +33,31 @@ std::string Absolute(const std::string& path) {
   return ec ? path : p.string();
 }
 
+// The summary of a committed cluster reshard: one JSON object, or lines for people.
+void PrintSummary(const pb::StartReshardRequest& request, const pb::StartReshardResponse& started,
+                  const pb::OperationStatus& op, double seconds, bool json) {
+  const double gbps = seconds > 0 ? Gb(op.bytes_total()) / seconds : 0;
+  if (json) {
+    nlohmann::json j = {{"operation", op.id()},
+                        {"src", request.source()},
+                        {"dst", request.destination()},
+                        {"world_size", op.world_size()},
+                        {"workers", started.workers()},
+                        {"bytes_read", op.bytes_read()},
+                        {"bytes_written", op.bytes_total()},
+                        {"seconds", seconds},
+                        {"gb_per_s", gbps}};
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf(
+      "resharded %s -> %s on the cluster (%s: %d ranks on %d worker(s))\n"
+      "  read %lld bytes, wrote %lld bytes in %.2f s, %.2f GB/s, committed\n",
+      request.source().c_str(), request.destination().c_str(), op.id().c_str(), op.world_size(),
+      started.workers(), static_cast<long long>(op.bytes_read()),
+      static_cast<long long>(op.bytes_total()), seconds, gbps);
+}
+
 }  // namespace
 
 int RunClusterReshard(const ClusterReshardArgs& args) {
@@ -89,26 +114,7 @@ int RunClusterReshard(const ClusterReshardArgs& args) {
   if (show) std::fputc('\n', stderr);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (op.phase() == pb::PHASE_ABORTED) return Fail(op.status().message());
-  const double gbps = seconds > 0 ? Gb(op.bytes_total()) / seconds : 0;
-  if (args.json) {
-    nlohmann::json j = {{"operation", op.id()},
-                        {"src", request.source()},
-                        {"dst", request.destination()},
-                        {"world_size", op.world_size()},
-                        {"workers", started.workers()},
-                        {"bytes_read", op.bytes_read()},
-                        {"bytes_written", op.bytes_total()},
-                        {"seconds", seconds},
-                        {"gb_per_s", gbps}};
-    std::printf("%s\n", j.dump().c_str());
-    return 0;
-  }
-  std::printf(
-      "resharded %s -> %s on the cluster (%s: %d ranks on %d worker(s))\n"
-      "  read %lld bytes, wrote %lld bytes in %.2f s, %.2f GB/s, committed\n",
-      request.source().c_str(), request.destination().c_str(), op.id().c_str(), op.world_size(),
-      started.workers(), static_cast<long long>(op.bytes_read()),
-      static_cast<long long>(op.bytes_total()), seconds, gbps);
+  PrintSummary(request, started, op, seconds, args.json);
   return 0;
 }
 
