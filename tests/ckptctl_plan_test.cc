@@ -286,7 +286,7 @@ TEST(CkptctlPlanTest, RandomProblemsMatchTheLibrary) {
     Json to_ranks = Json::array(), to_size = Json::array(), cross = Json::array();
     const int n = static_cast<int>(pick(1, 60));
     for (int i = 0; i < n; ++i) {
-      ShardId id{"t" + std::to_string(i % 7), {pick(0, 3), i}, std::nullopt};
+      PieceId id{"t" + std::to_string(i % 7), {pick(0, 3), i}, std::nullopt};
       if (i % 3 == 0) id.flat = FlatRange{0, pick(1, 9)};
       std::vector<int64_t> holders;
       for (int h = 0, k = static_cast<int>(pick(1, 6)); h < k; ++h) {
@@ -319,7 +319,7 @@ TEST(CkptctlPlanTest, RandomProblemsMatchTheLibrary) {
     ASSERT_TRUE(expected.ok()) << expected.status();
     Json want = Json::array();
     for (const ShardAssignment& a : *expected) {
-      const ShardId& id = problems[p].shards[a.shard].id;
+      const PieceId& id = problems[p].shards[a.shard].id;
       want.push_back(Json::array(
           {Json::array({id.key, id.offsets,
                         id.flat ? Json::array({id.flat->start, id.flat->stop}) : Json()}),

@@ -11,7 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "reshard/wave_writer.h"
-#include "sharding/shard_id.h"
+#include "sharding/piece_id.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
 #include "storage/verify.h"
@@ -223,7 +223,7 @@ TEST_F(OfflineReshardTest, FailedWaveCommitsNothingAndLeavesNoStaging) {
   sp.target_file_bytes = 64 << 10;
   auto plan = BuildSavePlan(*pieces, source_.world_size(), sp);
   ASSERT_TRUE(plan.ok());
-  std::vector<TensorSpec> specs;
+  std::vector<TensorMeta> specs;
   for (const TensorMeta& t : tensors_) specs.push_back({t.key, t.dtype, t.global_shape});
   int calls = 0;
   WaveOptions wave;
@@ -302,12 +302,12 @@ TEST(RepackForWavesTest, ConsecutiveWavesOneFilePerWriterPieceKeepsItsWriter) {
   for (const auto& [a, ka] : order) {
     for (const auto& [b, kb] : order) {
       if (ka < kb) {
-        ASSERT_TRUE(ShardIdLess()(
-            ShardId{std::get<0>(a), std::get<1>(a),
+        ASSERT_TRUE(PieceIdLess()(
+            PieceId{std::get<0>(a), std::get<1>(a),
                     std::get<3>(a) < 0
                         ? std::nullopt
                         : std::optional<FlatRange>(FlatRange{std::get<3>(a), std::get<4>(a)})},
-            ShardId{std::get<0>(b), std::get<1>(b),
+            PieceId{std::get<0>(b), std::get<1>(b),
                     std::get<3>(b) < 0
                         ? std::nullopt
                         : std::optional<FlatRange>(FlatRange{std::get<3>(b), std::get<4>(b)})}));
