@@ -23,6 +23,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -128,54 +129,108 @@ absl::StatusOr<std::unique_ptr<ckpt::coordinator::StagingJournal>> OpenStagingJo
   return journal;
 }
 
-int Run(const std::vector<std::string>& checkpoint_roots) {
-  if (absl::Status s = ckpt::SetUpDaemonLogging("coordinator", absl::GetFlag(FLAGS_log_level));
-      !s.ok()) {
-    return Fail(s.message());
-  }
+// What the flags ask for, checked.
+struct Settings {
+  std::string listen;  // host:port as given
+  std::string host;    // its host part
+  ckpt::TransportSecurity security;
+  ckpt::coordinator::CoordinatorOptions options;
+  ckpt::coordinator::LoadPlannerOptions load_defaults;
+};
+
+// Reads and checks the flags into *out: nullopt to go on, else the exit code after printing
+// the refusal.
+std::optional<int> ReadSettings(const std::vector<std::string>& checkpoint_roots, Settings* out) {
   for (int64_t v : {absl::GetFlag(FLAGS_lease_ms), absl::GetFlag(FLAGS_arrival_deadline_ms),
                     absl::GetFlag(FLAGS_execution_deadline_ms), absl::GetFlag(FLAGS_tick_ms)}) {
     if (v <= 0) return Fail("deadlines, lease and tick must be positive");
   }
-  std::string listen = absl::GetFlag(FLAGS_listen);
-  size_t colon = listen.rfind(':');
+  out->listen = absl::GetFlag(FLAGS_listen);
+  const size_t colon = out->listen.rfind(':');
   int port_ignored = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port_ignored)) {
-    return Fail(absl::StrCat("--listen must be host:port, got \"", listen, "\""));
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(out->listen.substr(colon + 1), &port_ignored)) {
+    return Fail(absl::StrCat("--listen must be host:port, got \"", out->listen, "\""));
   }
-
+  out->host = out->listen.substr(0, colon);
   absl::StatusOr<ckpt::CheckpointRoots> roots = ckpt::CheckpointRoots::Create(checkpoint_roots);
   if (!roots.ok()) return Fail(roots.status().message());
   absl::StatusOr<ckpt::TransportSecurity> security = ckpt::ResolveTransportSecurity(
       {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)},
-      absl::GetFlag(FLAGS_insecure), listen, "--listen", "ckpt_coordinator");
+      absl::GetFlag(FLAGS_insecure), out->listen, "--listen", "ckpt_coordinator");
   if (!security.ok()) {  // the message names the program already
     std::fprintf(stderr, "%s\n", std::string(security.status().message()).c_str());
     return 2;
   }
-  if (security->insecure_beyond_loopback) {
-    spdlog::critical("{}", ckpt::InsecureWarning("ckpt_coordinator", listen));
-  }
-
-  ckpt::coordinator::RealClock clock;
-  ckpt::coordinator::CoordinatorOptions options;
-  options.checkpoint_roots = *roots;
-  options.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
-  options.tick = absl::Milliseconds(absl::GetFlag(FLAGS_tick_ms));
-  options.jobs.arrival_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_arrival_deadline_ms));
-  options.jobs.execution_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_execution_deadline_ms));
-  absl::StatusOr<std::unique_ptr<ckpt::coordinator::StagingJournal>> opened = OpenStagingJournal();
-  if (!opened.ok()) return Fail(absl::StrCat("--state_dir: ", opened.status().message()));
-  ckpt::coordinator::StagingJournal* journal = opened->get();
-  ckpt::coordinator::LoadPlannerOptions load_defaults;
+  out->security = *std::move(security);
   absl::StatusOr<ckpt::pb::LoadAlgorithm> load_algorithm =
       ckpt::ParseLoadAlgorithm(absl::GetFlag(FLAGS_load_algorithm));
   if (!load_algorithm.ok()) {
     return Fail(absl::StrCat("--load_algorithm: ", load_algorithm.status().message()));
   }
-  load_defaults.algorithm = *load_algorithm;
-  load_defaults.memory_budget_bytes = absl::GetFlag(FLAGS_load_memory_budget_bytes);
+  out->load_defaults.algorithm = *load_algorithm;
+  out->load_defaults.memory_budget_bytes = absl::GetFlag(FLAGS_load_memory_budget_bytes);
+  ckpt::coordinator::CoordinatorOptions& options = out->options;
+  options.checkpoint_roots = *roots;
+  options.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
+  options.tick = absl::Milliseconds(absl::GetFlag(FLAGS_tick_ms));
+  options.jobs.arrival_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_arrival_deadline_ms));
+  options.jobs.execution_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_execution_deadline_ms));
+  return std::nullopt;
+}
+
+// Serves `services` on the settings' address; null when it cannot listen. *bound_port is the
+// port actually bound.
+std::unique_ptr<grpc::Server> StartServer(const Settings& settings,
+                                          const std::vector<grpc::Service*>& services,
+                                          int* bound_port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(settings.listen, ckpt::MakeServerCredentials(settings.security),
+                           bound_port);
+  // Gathered metadata of a rank with many tensors easily exceeds gRPC's 4 MB default.
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *bound_port == 0) return nullptr;
+  return server;
+}
+
+// Says where the coordinator serves: stdout, the log, and --address_file when given.
+void Announce(const Settings& settings, const std::string& address,
+              const ckpt::coordinator::CoordinatorService& coordinator) {
+  std::printf("ckpt_coordinator listening on %s\n", address.c_str());
+  std::fflush(stdout);
+  spdlog::info(
+      "serving address={} incarnation={} tls={} checkpoint_roots=\"{}\" lease_ms={} "
+      "arrival_deadline_ms={} execution_deadline_ms={}",
+      address, coordinator.incarnation_hex(), settings.security.tls,
+      settings.options.checkpoint_roots->Describe(), absl::GetFlag(FLAGS_lease_ms),
+      absl::GetFlag(FLAGS_arrival_deadline_ms), absl::GetFlag(FLAGS_execution_deadline_ms));
+  const std::string address_file = absl::GetFlag(FLAGS_address_file);
+  if (!address_file.empty()) {
+    if (absl::Status s = ckpt::WriteFileAtomically(address_file, address + "\n"); !s.ok()) {
+      spdlog::error("cannot write address_file={}: {}", address_file, s.ToString());
+    }
+  }
+}
+
+int Run(const std::vector<std::string>& checkpoint_roots) {
+  if (absl::Status s = ckpt::SetUpDaemonLogging("coordinator", absl::GetFlag(FLAGS_log_level));
+      !s.ok()) {
+    return Fail(s.message());
+  }
+  Settings settings;
+  if (std::optional<int> code = ReadSettings(checkpoint_roots, &settings)) return *code;
+  if (settings.security.insecure_beyond_loopback) {
+    spdlog::critical("{}", ckpt::InsecureWarning("ckpt_coordinator", settings.listen));
+  }
+  absl::StatusOr<std::unique_ptr<ckpt::coordinator::StagingJournal>> opened = OpenStagingJournal();
+  if (!opened.ok()) return Fail(absl::StrCat("--state_dir: ", opened.status().message()));
+  ckpt::coordinator::StagingJournal* journal = opened->get();
+
   // Declared before the service so that they outlive it.
+  ckpt::coordinator::RealClock clock;
   ckpt::KvStore kv(RendezvousLimits());
   // Saves: staging directory + save plan, then manifest merge + atomic commit; an aborted
   // save's staging directory is removed. The journal records each final path first.
@@ -185,8 +240,8 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   ckpt::coordinator::ReshardCommitter reshards(journal);
   // Loads: each stored piece is read once, by one rank, and exchanged between the workers of
   // the operation (algorithm and budget from the trainers' load options, else the flags).
-  ckpt::coordinator::ExchangeLoadKind loads(load_defaults);
-  ckpt::coordinator::CoordinatorService coordinator(&clock, options);
+  ckpt::coordinator::ExchangeLoadKind loads(settings.load_defaults);
+  ckpt::coordinator::CoordinatorService coordinator(&clock, settings.options);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kSave, &saves);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kLoad, &loads);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kReshard, &reshards);
@@ -196,35 +251,15 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
         return coordinator.AuthorizeRendezvous(peer, group);
       });
 
-  grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(listen, ckpt::MakeServerCredentials(*security), &bound_port);
-  // Gathered metadata of a rank with many tensors easily exceeds gRPC's 4 MB default.
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
-  builder.RegisterService(&coordinator);
-  builder.RegisterService(&rendezvous);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || bound_port == 0) {
-    std::fprintf(stderr, "ckpt_coordinator: cannot listen on %s\n", listen.c_str());
+  std::unique_ptr<grpc::Server> server =
+      StartServer(settings, {&coordinator, &rendezvous}, &bound_port);
+  if (server == nullptr) {
+    std::fprintf(stderr, "ckpt_coordinator: cannot listen on %s\n", settings.listen.c_str());
     return 1;
   }
   coordinator.Start();
-  std::string address = absl::StrCat(listen.substr(0, colon), ":", bound_port);
-  std::printf("ckpt_coordinator listening on %s\n", address.c_str());
-  std::fflush(stdout);
-  spdlog::info(
-      "serving address={} incarnation={} tls={} checkpoint_roots=\"{}\" lease_ms={} "
-      "arrival_deadline_ms={} execution_deadline_ms={}",
-      address, coordinator.incarnation_hex(), security->tls, roots->Describe(),
-      absl::GetFlag(FLAGS_lease_ms), absl::GetFlag(FLAGS_arrival_deadline_ms),
-      absl::GetFlag(FLAGS_execution_deadline_ms));
-  const std::string address_file = absl::GetFlag(FLAGS_address_file);
-  if (!address_file.empty()) {
-    if (absl::Status s = ckpt::WriteFileAtomically(address_file, address + "\n"); !s.ok()) {
-      spdlog::error("cannot write address_file={}: {}", address_file, s.ToString());
-    }
-  }
+  Announce(settings, absl::StrCat(settings.host, ":", bound_port), coordinator);
 
   grpc::Server* raw = server.get();
   ckpt::WatchShutdownSignals([raw, &coordinator](int signal_number) {

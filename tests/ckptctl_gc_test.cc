@@ -1,6 +1,6 @@
 // `ckptctl gc` end to end on the real binary: only incomplete ckpt staging directories of dead
 // writers are removed, each printed with its size; complete ones are kept, look-alikes refused,
-// live writers' skipped, and --dry_run removes nothing.
+// live writers' skipped, and --dry-run removes nothing.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,11 +18,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-void WriteFile(const std::string& path, size_t bytes) {
-  std::ofstream out(path);
-  out << std::string(bytes, 'x');
-}
 
 // The pid of a process that has exited (and been reaped).
 pid_t DeadPid() {
@@ -44,29 +39,29 @@ TEST(CkptctlGcTest, RemovesOnlyIncompleteStagingDirectoriesOfDeadWritersAndSaysW
     return path;
   };
   const std::string leftover = staging(absl::StrCat(".step5.tmp-", dead, "-0"));
-  WriteFile(JoinPath(leftover, "data/r0_0.safetensors"), 3 << 20);
+  WriteFile(JoinPath(leftover, "data/r0_0.safetensors"), std::string(3 << 20, 'x'));
   const std::string complete = staging(absl::StrCat(".step6.tmp-", dead, "-1"));
-  WriteFile(JoinPath(complete, "data/r0_0.safetensors"), 10);
-  WriteFile(JoinPath(complete, "manifest.pb"), 10);
+  WriteFile(JoinPath(complete, "data/r0_0.safetensors"), std::string(10, 'x'));
+  WriteFile(JoinPath(complete, "manifest.pb"), std::string(10, 'x'));
   const std::string lookalike = staging(absl::StrCat(".thesis.tmp-", dead, "-2"));
-  WriteFile(JoinPath(lookalike, "chapter1.tex"), 10);
+  WriteFile(JoinPath(lookalike, "chapter1.tex"), std::string(10, 'x'));
   const std::string live = staging(absl::StrCat(".step7.tmp-", getpid(), "-0"));
   const std::string checkpoint = JoinPath(dir, "step4");
   ASSERT_TRUE(MakeDir(checkpoint).ok());
 
   std::string out;
-  ASSERT_EQ(cluster.RunCkptctl({"gc", "--dry_run", dir}, &out), 0) << out;
-  EXPECT_THAT(out, HasSubstr("would remove " + leftover + " (3.0 MiB)"));
+  ASSERT_EQ(cluster.RunCkptctl({"gc", "--dry-run", dir}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("would remove " + leftover + " (3.00 MiB)"));
   EXPECT_TRUE(PathExists(leftover));
 
   ASSERT_EQ(cluster.RunCkptctl({"gc", dir}, &out), 0) << out;
-  EXPECT_THAT(out, HasSubstr("removed " + leftover + " (3.0 MiB)"));
+  EXPECT_THAT(out, HasSubstr("removed " + leftover + " (3.00 MiB)"));
   EXPECT_THAT(out, HasSubstr("kept " + complete));
   EXPECT_THAT(out, HasSubstr("complete checkpoint under a staging name"));
   EXPECT_THAT(out, HasSubstr("refused " + lookalike));
   EXPECT_THAT(out, HasSubstr("holds chapter1.tex"));
   EXPECT_THAT(out, HasSubstr(absl::StrCat("skipped ", live)));
-  EXPECT_THAT(out, HasSubstr("gc: 1 removed (3.0 MiB), 1 kept, 1 skipped, 1 refused"));
+  EXPECT_THAT(out, HasSubstr("gc: 1 removed (3.00 MiB), 1 kept, 1 skipped, 1 refused"));
   EXPECT_THAT(out, Not(HasSubstr(checkpoint)));
   EXPECT_FALSE(PathExists(leftover));
   for (const std::string& stays : {complete, lookalike, live, checkpoint}) {
@@ -79,7 +74,10 @@ TEST(CkptctlGcTest, RemovesOnlyIncompleteStagingDirectoriesOfDeadWritersAndSaysW
   EXPECT_EQ(cluster.RunCkptctl({"gc", dir + "/missing"}, &out), 1) << out;
   EXPECT_THAT(out, HasSubstr(dir + "/missing"));
   EXPECT_EQ(cluster.RunCkptctl({"gc"}, &out), 2) << out;
-  EXPECT_THAT(out, HasSubstr("usage: ckptctl gc"));
+  EXPECT_THAT(out, HasSubstr("name at least one directory (see ckptctl gc --help)"));
+  // The old snake_case spelling is refused, naming the flag to use, and removes nothing.
+  EXPECT_EQ(cluster.RunCkptctl({"gc", "--dry_run", dir}, &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("did you mean --dry-run?"));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "planner/distribute.h"
+#include "tests/test_util.h"
 
 namespace ckpt {
 namespace {
@@ -20,31 +21,12 @@ namespace {
 using Json = nlohmann::json;
 using ::testing::HasSubstr;
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
+using ckpt::testing::Exists;
+using ckpt::testing::ReadFile;
+using ckpt::testing::TmpPath;
+using ckpt::testing::WriteFile;
 
-std::string Binary() { return Env("TEST_SRCDIR") + "/" + Env("TEST_WORKSPACE") + "/tools/ckptctl"; }
-
-std::string TmpPath(const std::string& name) {
-  std::string dir = Env("TEST_TMPDIR");
-  if (dir.empty()) dir = "/tmp";
-  return dir + "/" + name;
-}
-
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool Exists(const std::string& path) { return std::ifstream(path).good(); }
+std::string Binary() { return ckpt::testing::Runfile("tools/ckptctl"); }
 
 struct RunResult {
   int exit_code = -1;

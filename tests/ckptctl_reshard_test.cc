@@ -16,49 +16,21 @@
 #include "nlohmann/json.hpp"
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
+#include "tests/test_util.h"
 
 namespace ckpt {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
-std::string Binary() { return Env("TEST_SRCDIR") + "/" + Env("TEST_WORKSPACE") + "/tools/ckptctl"; }
-
-std::string Tmp() { return Env("TEST_TMPDIR").empty() ? "/tmp" : Env("TEST_TMPDIR"); }
-
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-Result Ckptctl(const std::string& args) {
-  static int n = 0;
-  const std::string base = JoinPath(Tmp(), "reshard_run" + std::to_string(++n));
-  const std::string cmd = Binary() + " " + args + " >" + base + ".out 2>" + base + ".err";
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = ReadWholeFile(base + ".out", 1 << 26).value_or("");
-  r.err = ReadWholeFile(base + ".err", 1 << 26).value_or("");
-  return r;
-}
-
-// One line on stderr: the command's errors are a single line.
-int Lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
+using ckpt::testing::Ckptctl;
+using Result = ckpt::testing::CommandResult;
+using ckpt::testing::CountLines;  // the command's errors are a single line on stderr
 
 class CkptctlReshardTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(JoinPath(Tmp(), "ckptctl_reshard"));
+    dir_ = new std::string(ckpt::testing::TmpPath("ckptctl_reshard"));
     ASSERT_TRUE(RemoveTree(*dir_).ok());
     ASSERT_TRUE(MakeDir(*dir_).ok());
     GptConfig c;
@@ -165,7 +137,7 @@ TEST_F(CkptctlReshardTest, MissingSourceFails) {
                                   " --layout ", LayoutFile("ok", GptLayoutJson(1, 1))));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("no_such"));
-  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
   EXPECT_FALSE(PathExists(JoinPath(*dir_, "x")));
 }
 
@@ -177,7 +149,7 @@ TEST_F(CkptctlReshardTest, BadLayoutJsonNamesThePath) {
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("rules[1].placements[1]"));
   EXPECT_THAT(r.err, HasSubstr("bad.json"));
-  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
   EXPECT_FALSE(PathExists(JoinPath(*dir_, "y")));
 
   r = Ckptctl(absl::StrCat("reshard ", *src_, " ", JoinPath(*dir_, "y"), " --layout ",
@@ -242,7 +214,7 @@ TEST_F(CkptctlReshardTest, OverwriteRefusesWhatIsNotACheckpoint) {
     EXPECT_EQ(r.code, 1) << victim;
     EXPECT_THAT(r.err, HasSubstr(victim));
     EXPECT_THAT(r.err, HasSubstr(what));
-    EXPECT_EQ(Lines(r.err), 1) << r.err;
+    EXPECT_EQ(CountLines(r.err), 1) << r.err;
   }
   EXPECT_EQ(ReadWholeFile(JoinPath(home, "thesis.tex"), 1 << 20).value_or(""), "chapter 1");
   EXPECT_EQ(ReadWholeFile(file, 1 << 20).value_or(""), "plain text");
@@ -260,7 +232,7 @@ TEST_F(CkptctlReshardTest, UsageErrorsAndHelp) {
   EXPECT_THAT(h.out, HasSubstr("--memory-budget"));
   Result r = Ckptctl("reshard " + *src_);
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(Lines(r.err), 1);
+  EXPECT_EQ(CountLines(r.err), 1);
   r = Ckptctl(absl::StrCat("reshard ", *src_, " ", JoinPath(*dir_, "u")));
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("--layout"));
@@ -271,7 +243,17 @@ TEST_F(CkptctlReshardTest, UsageErrorsAndHelp) {
   r = Ckptctl(
       absl::StrCat("reshard ", *src_, " ", JoinPath(*dir_, "u"), " --layout x.json --bogus"));
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("unknown option --bogus"));
+  EXPECT_THAT(r.err, HasSubstr("unknown flag --bogus"));
+  // Flags are kebab-case only: a snake_case spelling is refused, naming the one to use.
+  r = Ckptctl(
+      absl::StrCat("reshard ", *src_, " ", JoinPath(*dir_, "u"), " --layout x.json --no_verify"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("did you mean --no-verify?"));
+  // Durations carry their unit.
+  r = Ckptctl(absl::StrCat("reshard ", *src_, " ", JoinPath(*dir_, "u"),
+                           " --layout x.json --coordinator localhost:1 --timeout 60"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("bad --timeout \"60\""));
   // Options of one mode are refused in the other; an unreachable coordinator is one line.
   r = Ckptctl(absl::StrCat("reshard ", *src_, " ", JoinPath(*dir_, "u"),
                            " --layout x.json --coordinator localhost:1 --threads 2"));
@@ -286,7 +268,7 @@ TEST_F(CkptctlReshardTest, UsageErrorsAndHelp) {
                            " --coordinator 127.0.0.1:1"));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("127.0.0.1:1"));
-  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
   EXPECT_FALSE(PathExists(JoinPath(*dir_, "u")));
 }
 

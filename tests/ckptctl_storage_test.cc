@@ -17,6 +17,7 @@
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
 #include "storage/manifest_codec.h"
+#include "tests/test_util.h"
 
 namespace ckpt {
 namespace {
@@ -24,37 +25,11 @@ namespace {
 using Json = nlohmann::json;
 using ::testing::HasSubstr;
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
+using ckpt::testing::Ckptctl;
+using Result = ckpt::testing::CommandResult;
 
-std::string Binary() { return Env("TEST_SRCDIR") + "/" + Env("TEST_WORKSPACE") + "/tools/ckptctl"; }
-
-std::string TestDir(const std::string& name) {
-  std::string dir = JoinPath(Env("TEST_TMPDIR").empty() ? "/tmp" : Env("TEST_TMPDIR"), name);
-  EXPECT_TRUE(RemoveTree(dir).ok());
-  EXPECT_TRUE(MakeDir(dir).ok());
-  return dir;
-}
-
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-Result Ckptctl(const std::string& args) {
-  static int n = 0;
-  const std::string base = JoinPath(Env("TEST_TMPDIR").empty() ? "/tmp" : Env("TEST_TMPDIR"),
-                                    "run" + std::to_string(++n));
-  const std::string cmd = Binary() + " " + args + " >" + base + ".out 2>" + base + ".err";
-  int status = std::system(cmd.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = ReadWholeFile(base + ".out", 1 << 26).value_or("");
-  r.err = ReadWholeFile(base + ".err", 1 << 26).value_or("");
-  return r;
-}
+// An empty scratch directory for one test.
+std::string TestDir(const std::string& name) { return ckpt::testing::FreshDir(name); }
 
 std::string Bytes(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -223,7 +198,7 @@ TEST(CkptctlStorageTest, VerifyPassesAndCatchesCorruptionAndGaps) {
   Result ok = Ckptctl("verify " + path);
   ASSERT_EQ(ok.code, 0) << ok.err;
   EXPECT_THAT(ok.out, HasSubstr("OK"));
-  EXPECT_EQ(Ckptctl("verify --no-uring --direct --threads 1 " + path).code, 0);
+  EXPECT_EQ(Ckptctl("verify --no-uring --direct-io --threads 1 " + path).code, 0);
 
   // Flip one byte inside the piece of "b".
   auto reader = CheckpointReader::Open(path);

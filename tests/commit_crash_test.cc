@@ -17,17 +17,13 @@
 #include "storage/checkpoint_reader.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
+#include "tests/test_util.h"
 
 namespace ckpt {
 namespace {
 
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = JoinPath(tmp != nullptr ? tmp : "/tmp", name);
-  EXPECT_TRUE(RemoveTree(dir).ok());
-  EXPECT_TRUE(MakeDir(dir).ok());
-  return dir;
-}
+// An empty scratch directory for one test.
+std::string TestDir(const std::string& name) { return ckpt::testing::FreshDir(name); }
 
 // Version `v` of a two-tensor model, 4 MiB in three files; contents depend on v.
 struct Model {

@@ -26,14 +26,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Logs(Cluster& cluster) {
-  std::string logs = "coordinator:\n" + cluster.coordinator().Stderr();
-  for (int w = 0; w < cluster.num_workers(); ++w) {
-    absl::StrAppend(&logs, "\nworker ", w, ":\n", cluster.worker(w).Stderr());
-  }
-  return logs;
-}
-
 // Names in the cluster's directory that start with `prefix` (staging directories of a path).
 std::vector<std::string> EntriesStartingWith(Cluster& cluster, const std::string& prefix) {
   std::vector<std::string> out;
@@ -89,12 +81,12 @@ TEST(CoordinatorRestartTest, NewIdsPromptReRegistrationAndTheNextLoadWorks) {
 
   ASSERT_NO_FATAL_FAILURE(cluster.RestartCoordinator({lease}));
   const absl::Time restarted = absl::Now();  // the new process serves from here on
-  ASSERT_TRUE(WaitFor([&] { return AllReRegistered(cluster, "job", 2); })) << Logs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return AllReRegistered(cluster, "job", 2); })) << ClusterLogs(cluster);
   const absl::Duration took = absl::Now() - restarted;
   std::printf("workers registered again and re-attached their ranks %s after the restart\n",
               absl::FormatDuration(took).c_str());
   // Far below the 10 s heartbeat period: the broken work stream told the workers.
-  EXPECT_LT(took, absl::Seconds(5)) << Logs(cluster);
+  EXPECT_LT(took, absl::Seconds(5)) << ClusterLogs(cluster);
   for (int w = 0; w < 2; ++w) {
     EXPECT_THAT(cluster.worker(w).Stderr(), HasSubstr("reregistered_after_ms="));
   }
@@ -109,10 +101,10 @@ TEST(CoordinatorRestartTest, NewIdsPromptReRegistrationAndTheNextLoadWorks) {
   // The next operation: an operator's load, taken by both trainers at their next Poll.
   std::string out;
   ASSERT_EQ(cluster.RunCkptctl({"load", "--coordinator", cluster.address(), "--job", "job",
-                                "--timeout_s", "60", path},
+                                "--timeout", "60s", path},
                                &out),
             0)
-      << out << Logs(cluster);
+      << out << ClusterLogs(cluster);
   for (Child* t : trainers) {
     ASSERT_TRUE(WaitFor([&] { return Result(*t).first >= 0; }));
     EXPECT_EQ(Result(*t).first, 0) << Result(*t).second;
@@ -139,7 +131,7 @@ TEST(CoordinatorRestartTest, ACrashMidSaveLeavesNoStagingAndTheNextSaveCommits) 
   ASSERT_TRUE(WaitFor([&] {
     pb::GetStatusResponse s = cluster.Status();
     return s.operations_size() == 1 && s.operations(0).phase() == pb::PHASE_EXECUTING;
-  })) << Logs(cluster);
+  })) << ClusterLogs(cluster);
   const std::vector<std::string> staging = EntriesStartingWith(cluster, ".big.tmp-");
   ASSERT_EQ(staging.size(), 1u);
 
@@ -147,20 +139,21 @@ TEST(CoordinatorRestartTest, ACrashMidSaveLeavesNoStagingAndTheNextSaveCommits) 
   EXPECT_THAT(
       cluster.coordinator().Stderr(),
       HasSubstr(absl::StrCat("staging_removed path=", cluster.dir(), "/", staging[0], " bytes=")))
-      << Logs(cluster);
-  EXPECT_TRUE(EntriesStartingWith(cluster, ".big.").empty()) << Logs(cluster);
+      << ClusterLogs(cluster);
+  EXPECT_TRUE(EntriesStartingWith(cluster, ".big.").empty()) << ClusterLogs(cluster);
   // The trainers hear that the save is gone: "unknown to this coordinator (incarnation ...)",
   // or, for a call that was in flight at the coordinator when it died, that call's failure.
   for (Child* t : savers) {
     // Exited, not only printed its result: its Goodbye must reach the worker before the next
     // save's trainer of the same rank says Hello.
-    ASSERT_TRUE(WaitFor([&] { return Result(*t).first >= 0 && !t->Running(); })) << Logs(cluster);
+    ASSERT_TRUE(WaitFor([&] { return Result(*t).first >= 0 && !t->Running(); }))
+        << ClusterLogs(cluster);
     EXPECT_NE(Result(*t).first, 0);
     EXPECT_THAT(Result(*t).second, HasSubstr("coordinator")) << Result(*t).second;
   }
   EXPECT_FALSE(PathExists(path));
 
-  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster.Status()) == 2; })) << Logs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster.Status()) == 2; })) << ClusterLogs(cluster);
   for (Child* t : RunRanks(cluster, "big", 2, "save", path, {})) {
     EXPECT_EQ(Result(*t).first, 0) << Result(*t).second;
   }
@@ -191,7 +184,7 @@ TEST(CoordinatorOutageTest, ResultsReportedWhileTheCoordinatorStallsAreSentUntil
     return s.operations_size() == 1 && s.operations(0).phase() == pb::PHASE_EXECUTING &&
            cluster.worker(0).Stderr().find("operation_joined op=") != std::string::npos &&
            cluster.worker(1).Stderr().find("operation_joined op=") != std::string::npos;
-  })) << Logs(cluster);
+  })) << ClusterLogs(cluster);
   kill(cluster.coordinator().pid, SIGSTOP);
   // Both workers finish writing and fail to report (their 5 s call deadline passes).
   auto report_failed = [&](int w) {
@@ -201,15 +194,16 @@ TEST(CoordinatorOutageTest, ResultsReportedWhileTheCoordinatorStallsAreSentUntil
   };
   const bool both_failed = WaitFor([&] { return report_failed(0) && report_failed(1); });
   kill(cluster.coordinator().pid, SIGCONT);
-  ASSERT_TRUE(both_failed) << Logs(cluster);
+  ASSERT_TRUE(both_failed) << ClusterLogs(cluster);
   for (Child* t : savers) {
-    ASSERT_TRUE(WaitFor([&] { return Result(*t).first >= 0; })) << Logs(cluster);
-    EXPECT_EQ(Result(*t).first, 0) << Result(*t).second << "\n" << Logs(cluster);
+    ASSERT_TRUE(WaitFor([&] { return Result(*t).first >= 0; })) << ClusterLogs(cluster);
+    EXPECT_EQ(Result(*t).first, 0) << Result(*t).second << "\n" << ClusterLogs(cluster);
   }
   std::string out;
   EXPECT_EQ(cluster.RunCkptctl({"verify", path}, &out), 0) << out;
   for (int w = 0; w < 2; ++w) {
-    EXPECT_THAT(cluster.worker(w).Stderr(), HasSubstr("reported=true attempts=")) << Logs(cluster);
+    EXPECT_THAT(cluster.worker(w).Stderr(), HasSubstr("reported=true attempts="))
+        << ClusterLogs(cluster);
   }
 }
 

@@ -18,25 +18,15 @@
 #include "gtest/gtest.h"
 #include "rendezvous/kv_store.h"
 #include "rendezvous/rendezvous_service.h"
+#include "tests/test_util.h"
 
 namespace ckpt {
 namespace {
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? "" : v;
-}
+using ckpt::testing::Env;
+using ckpt::testing::ReadFile;
 
-std::string RankBinary() {
-  return Env("TEST_SRCDIR") + "/" + Env("TEST_WORKSPACE") + "/tests/exchange_rank_main";
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string RankBinary() { return ckpt::testing::Runfile("tests/exchange_rank_main"); }
 
 // The result of one rank process.
 struct RankExit {

@@ -15,19 +15,15 @@
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
 #include "storage/verify.h"
+#include "tests/test_util.h"
 
 namespace ckpt {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = JoinPath(tmp ? tmp : "/tmp", name);
-  EXPECT_TRUE(RemoveTree(dir).ok());
-  EXPECT_TRUE(MakeDir(dir).ok());
-  return dir;
-}
+// An empty scratch directory for one test.
+std::string TestDir(const std::string& name) { return ckpt::testing::FreshDir(name); }
 
 LayoutSpec Layout(const std::string& json) {
   auto spec = LayoutSpec::Parse(json);

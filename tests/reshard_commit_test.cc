@@ -11,23 +11,17 @@
 #include "proto/coordinator.pb.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
+#include "tests/test_util.h"
 
 namespace ckpt::coordinator {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string Tmp() {
-  const char* t = std::getenv("TEST_TMPDIR");
-  return t ? t : "/tmp";
-}
-
 class ReshardCommitTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = JoinPath(Tmp(), ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_TRUE(RemoveTree(dir_).ok());
-    ASSERT_TRUE(MakeDir(dir_).ok());
+    dir_ = ckpt::testing::FreshDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
     GptConfig c;
     c.layers = 2;
     c.hidden = 64;

@@ -112,7 +112,7 @@ TEST(ServicesTest, WorkerKilledMidSaveAbortsEveryRankAndNothingIsCommitted) {
   std::string out;
   ASSERT_EQ(cluster.RunCkptctl({"status", "--coordinator", cluster.address()}, &out), 0);
   EXPECT_THAT(out, HasSubstr("executing  requested by rank"));
-  EXPECT_THAT(out, HasSubstr("/ 762.9 MiB"));  // progress bar over the plan's bytes
+  EXPECT_THAT(out, HasSubstr("/ 762.94 MiB"));  // progress bar over the plan's bytes
   pid_t victim = cluster.worker(1).pid;
   cluster.worker(1).Kill(SIGKILL);
   ASSERT_TRUE(WaitFor([&] { return Result(*r0).first >= 0 && Result(*r1).first >= 0; }))
@@ -303,7 +303,7 @@ TEST(ServicesTest, CkptctlSaveIsTakenAtTheTrainersNextPollAndWaitsForTheCommit) 
   const std::string path = cluster.dir() + "/operator-ckpt";
   std::string out;
   ASSERT_EQ(cluster.RunCkptctl({"save", "--coordinator", cluster.address(), "--job", "polled",
-                                "--timeout_s", "60", path},
+                                "--timeout", "60s", path},
                                &out),
             0)
       << out;

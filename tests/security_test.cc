@@ -83,8 +83,8 @@ TEST(SecurityTest, ATlsCoordinatorRefusesPlaintextClientsAndCertificatesOfAnothe
   std::string out;
   EXPECT_NE(cluster.RunCkptctl({"status", "--coordinator", cluster.address()}, &out), 0) << out;
   std::vector<std::string> with_foreign = {"status",     "--coordinator", cluster.address(),
-                                           "--tls_ca",   foreign.ca,      "--tls_cert",
-                                           foreign.cert, "--tls_key",     foreign.key};
+                                           "--tls-ca",   foreign.ca,      "--tls-cert",
+                                           foreign.cert, "--tls-key",     foreign.key};
   EXPECT_NE(cluster.RunCkptctl(with_foreign, &out), 0) << out;
   std::vector<std::string> with_operator = {"status", "--coordinator", cluster.address()};
   for (const std::string& flag : cluster.OperatorFlags()) with_operator.push_back(flag);
@@ -110,7 +110,7 @@ TEST(SecurityTest, AWorkerCertificateCannotRequestOperationsButAnOperatorCertifi
   EXPECT_EQ(cluster.Status().operations_size(), 0) << "nothing was requested";
 
   std::vector<std::string> save = {
-      "save", "--coordinator", cluster.address(), "--job", "polled", "--timeout_s", "60", path};
+      "save", "--coordinator", cluster.address(), "--job", "polled", "--timeout", "60s", path};
   for (const std::string& flag : cluster.OperatorFlags()) save.push_back(flag);
   std::string out;
   ASSERT_EQ(cluster.RunCkptctl(save, &out), 0) << out;

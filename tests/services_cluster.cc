@@ -11,8 +11,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -24,13 +22,6 @@
 
 namespace ckpt::testing {
 namespace {
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::atomic<int> cluster_counter{0};
 
@@ -63,17 +54,19 @@ bool WaitFor(const std::function<bool()>& condition, absl::Duration timeout) {
   return true;
 }
 
-std::string Runfile(const std::string& relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "ckpt", "/", relative);
-}
-
 std::string LineValue(const std::string& text, const std::string& key) {
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     if (absl::ConsumePrefix(&line, key + " ")) return std::string(line);
   }
   return "";
+}
+
+std::string ClusterLogs(Cluster& cluster) {
+  std::string logs = "coordinator:\n" + cluster.coordinator().Stderr();
+  for (int w = 0; w < cluster.num_workers(); ++w) {
+    absl::StrAppend(&logs, "\nworker ", w, ":\n", cluster.worker(w).Stderr());
+  }
+  return logs;
 }
 
 Cluster::Cluster() {
@@ -128,12 +121,16 @@ Child* Cluster::Spawn(const std::vector<std::string>& argv, const std::string& n
   return children_.back().get();
 }
 
-std::vector<std::string> Cluster::TlsFlags(const TlsFiles& files) {
+std::vector<std::string> Cluster::DaemonTlsFlags(const TlsFiles& files) {
   if (files.empty()) return {};
   return {"--tls_ca=" + files.ca, "--tls_cert=" + files.cert, "--tls_key=" + files.key};
 }
 
-std::vector<std::string> Cluster::OperatorFlags() const { return TlsFlags(operator_tls_); }
+std::vector<std::string> Cluster::OperatorFlags() const {
+  if (operator_tls_.empty()) return {};
+  return {"--tls-ca=" + operator_tls_.ca, "--tls-cert=" + operator_tls_.cert,
+          "--tls-key=" + operator_tls_.key};
+}
 
 TlsFiles Cluster::IssueCertificate(const std::string& role, const std::string& name,
                                    const std::string& ca_dir) {
@@ -169,7 +166,7 @@ void Cluster::StartCoordinator(const std::vector<std::string>& flags) {
                                    "--log_level=debug",
                                    "--checkpoint_root=" + dir_,
                                    "--state_dir=" + dir_ + "/coordinator-state"};
-  for (const std::string& flag : TlsFlags(coordinator_tls_)) argv.push_back(flag);
+  for (const std::string& flag : DaemonTlsFlags(coordinator_tls_)) argv.push_back(flag);
   argv.insert(argv.end(), flags.begin(), flags.end());
   unlink(address_file.c_str());
   Child* c = Spawn(argv, absl::StrCat("coordinator", children_.size()));
@@ -198,7 +195,7 @@ int Cluster::StartWorker(int local_rank, const std::vector<std::string>& flags) 
       "--listen=unix:" + entry.socket, absl::StrCat("--local_rank=", local_rank),
       "--ready_file=" + ready,         "--log_level=debug",
       "--reap_interval_ms=50"};
-  for (const std::string& flag : TlsFlags(worker_tls_)) argv.push_back(flag);
+  for (const std::string& flag : DaemonTlsFlags(worker_tls_)) argv.push_back(flag);
   argv.insert(argv.end(), flags.begin(), flags.end());
   Child* w = Spawn(argv, absl::StrCat("worker", index));
   entry.child = static_cast<int>(children_.size()) - 1;

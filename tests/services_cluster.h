@@ -18,6 +18,7 @@
 #include "common/transport_security.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "tests/test_util.h"
 
 namespace ckpt::testing {
 
@@ -42,9 +43,6 @@ struct Child {
 // two cores shared with other test processes.
 bool WaitFor(const std::function<bool()>& condition, absl::Duration timeout = absl::Seconds(60));
 
-// Path of a binary built by Bazel, from the test's runfiles ("coordinator/ckpt_coordinator").
-std::string Runfile(const std::string& relative);
-
 // A coordinator and workers on loopback. Everything started is killed on destruction.
 // Checkpoints may be saved under dir() (the coordinator's --checkpoint_root).
 class Cluster {
@@ -61,7 +59,7 @@ class Cluster {
                             const std::string& ca_dir = "");
   // A channel to the coordinator with `files` (plaintext when empty).
   std::shared_ptr<grpc::Channel> CoordinatorChannel(const TlsFiles& files);
-  // The operator certificate's ckptctl flags (none without TLS).
+  // The operator certificate as ckptctl's flags, --tls-ca=... (none without TLS).
   std::vector<std::string> OperatorFlags() const;
   bool tls() const { return !operator_tls_.empty(); }
   // The certificate the workers present (empty without TLS).
@@ -101,7 +99,8 @@ class Cluster {
 
  private:
   Child* Spawn(const std::vector<std::string>& argv, const std::string& name);
-  static std::vector<std::string> TlsFlags(const TlsFiles& files);
+  // `files` as the daemons' absl flags, --tls_ca=... (none when empty).
+  static std::vector<std::string> DaemonTlsFlags(const TlsFiles& files);
 
   std::string dir_;                                       // per-cluster scratch directory
   TlsFiles coordinator_tls_, worker_tls_, operator_tls_;  // empty without UseTls()
@@ -119,6 +118,9 @@ class Cluster {
 
 // The value after "<key> " on the first stdout line starting with it ("" if none yet).
 std::string LineValue(const std::string& text, const std::string& key);
+
+// The coordinator's and every worker's stderr, each under a heading (for failure messages).
+std::string ClusterLogs(Cluster& cluster);
 
 // The status entry of worker `id`, or nullptr. Points into `s`: keep `s` alive (not a
 // temporary such as FindWorker(cluster.Status(), id)).

@@ -272,7 +272,7 @@ TEST(ServicesTest, CkptctlStatusNeedsACoordinator) {
   EXPECT_EQ(cluster.RunCkptctl({"status", "--help"}, &out), 0);
   EXPECT_THAT(out, HasSubstr("usage: ckptctl status"));
   EXPECT_EQ(
-      cluster.RunCkptctl({"status", "--coordinator", "127.0.0.1:1", "--timeout_ms", "300"}, &out),
+      cluster.RunCkptctl({"status", "--coordinator", "127.0.0.1:1", "--timeout", "300ms"}, &out),
       1);
   EXPECT_THAT(out, HasSubstr("GetStatus at coordinator 127.0.0.1:1"));
 }

@@ -66,14 +66,6 @@ bool PartEnded(Cluster& cluster, int w, const std::string& op) {
          !cluster.worker(w).Running();
 }
 
-std::string Logs(Cluster& cluster) {
-  std::string logs = "coordinator:\n" + cluster.coordinator().Stderr();
-  for (int w = 0; w < cluster.num_workers(); ++w) {
-    absl::StrAppend(&logs, "\nworker ", w, ":\n", cluster.worker(w).Stderr());
-  }
-  return logs;
-}
-
 // The scenario: SIGSTOP a worker during a load, leave it past its lease (and past the
 // trainer's Wait call of 30 s + its RPC timeout), SIGCONT it. Before, the resumed worker
 // segfaulted in a memcpy into the segment of a trainer that had died meanwhile (taking the
@@ -88,7 +80,7 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
   const std::string path = cluster.dir() + "/big";
   const std::vector<std::string> size = {"--elements", "25000000"};  // 100 MB per rank
   std::vector<Child*> savers = StartRanks(cluster, "big", "save", path, size);
-  ASSERT_TRUE(WaitFor([&] { return AllReported(savers); })) << Logs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return AllReported(savers); })) << ClusterLogs(cluster);
   for (Child* t : savers) ASSERT_EQ(Result(*t).first, 0) << Result(*t).second;
 
   // Loaded as column blocks, every rank needs a part of every stored row: the workers
@@ -116,7 +108,7 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
       pb::OperationPhase p = PhaseOf(cluster, op_index);
       return (p == pb::PHASE_EXECUTING && BytesDone(cluster, op_index) > 0) ||
              p == pb::PHASE_DONE || p == pb::PHASE_ABORTED;
-    })) << Logs(cluster);
+    })) << ClusterLogs(cluster);
     if (PhaseOf(cluster, op_index) == pb::PHASE_EXECUTING) {
       kill(cluster.worker(1).pid, SIGSTOP);
       frozen_at = absl::Now();
@@ -124,7 +116,7 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
       if (!frozen) kill(cluster.worker(1).pid, SIGCONT);
     }
     if (!frozen) {
-      ASSERT_TRUE(WaitFor([&] { return AllReported(loaders); })) << Logs(cluster);
+      ASSERT_TRUE(WaitFor([&] { return AllReported(loaders); })) << ClusterLogs(cluster);
     }
   }
   ASSERT_TRUE(frozen) << "every load finished before a worker could be frozen";
@@ -138,8 +130,8 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
     const pb::GetStatusResponse s = cluster.Status();  // outlives the pointer into it
     const pb::WorkerStatus* w = FindWorker(s, frozen_id);
     return w != nullptr && !w->alive() && PhaseOf(cluster, op_index) == pb::PHASE_ABORTED;
-  })) << Logs(cluster);
-  ASSERT_TRUE(WaitFor([&] { return Result(*loaders[0]).first >= 0; })) << Logs(cluster);
+  })) << ClusterLogs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return Result(*loaders[0]).first >= 0; })) << ClusterLogs(cluster);
   EXPECT_EQ(Result(*loaders[0]).first, static_cast<int>(absl::StatusCode::kUnavailable))
       << Result(*loaders[0]).second;
   EXPECT_THAT(Result(*loaders[0]).second, HasSubstr(absl::StrCat("worker ", frozen_id, " (pid ")));
@@ -159,7 +151,7 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
   kill(cluster.worker(1).pid, SIGCONT);
 
   // Rank 1, served by the frozen worker, hears the real cause once its worker answers again.
-  ASSERT_TRUE(WaitFor([&] { return Result(*loaders[1]).first >= 0; })) << Logs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return Result(*loaders[1]).first >= 0; })) << ClusterLogs(cluster);
   EXPECT_EQ(Result(*loaders[1]).first, static_cast<int>(absl::StatusCode::kUnavailable))
       << Result(*loaders[1]).second;
   EXPECT_THAT(Result(*loaders[1]).second, HasSubstr(absl::StrCat("worker ", frozen_id, " (pid ")));
@@ -169,9 +161,9 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
 
   // Both workers' parts of the aborted load end, and the resumed worker is still serving.
   ASSERT_TRUE(WaitFor([&] { return PartEnded(cluster, 0, op) && PartEnded(cluster, 1, op); }))
-      << Logs(cluster);
-  EXPECT_TRUE(cluster.worker(1).Running()) << "the resumed worker died:\n" << Logs(cluster);
-  EXPECT_TRUE(cluster.worker(0).Running()) << Logs(cluster);
+      << ClusterLogs(cluster);
+  EXPECT_TRUE(cluster.worker(1).Running()) << "the resumed worker died:\n" << ClusterLogs(cluster);
+  EXPECT_TRUE(cluster.worker(0).Running()) << ClusterLogs(cluster);
   // Nothing wrote into the trainers' memory after their load was reported aborted.
   FILE* f = std::fopen(check_file.c_str(), "w");
   ASSERT_NE(f, nullptr);
@@ -179,13 +171,13 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
   for (int r : {0, 1}) {
     ASSERT_TRUE(WaitFor([&] { return !loaders[r]->Running(); })) << loaders[r]->Stdout();
     EXPECT_THAT(loaders[r]->Stdout(), HasSubstr("untouched")) << "rank " << r << "\n"
-                                                              << Logs(cluster);
+                                                              << ClusterLogs(cluster);
   }
 
   // The resumed worker registered again and serves new operations.
-  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster.Status()) == 2; })) << Logs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster.Status()) == 2; })) << ClusterLogs(cluster);
   std::vector<Child*> after = StartRanks(cluster, "after", "save", cluster.dir() + "/after", {});
-  ASSERT_TRUE(WaitFor([&] { return AllReported(after); })) << Logs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return AllReported(after); })) << ClusterLogs(cluster);
   for (Child* t : after) EXPECT_EQ(Result(*t).first, 0) << Result(*t).second;
 }
 

@@ -17,37 +17,19 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/transport_security.h"
+#include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
 
 namespace ckpt::ckptctl {
 namespace {
-
-constexpr char kUsage[] =
-    "usage: ckptctl certs init --dir DIR [--days N]\n"
-    "       ckptctl certs issue --dir DIR --role coordinator|worker|operator --name NAME "
-    "[--days N]\n\n"
-    "Makes the certificates that authenticate a ckpt deployment (TLS with client\n"
-    "certificates; docs/services.md, Security).\n"
-    "  init   creates the certificate authority: DIR/ca.pem (give it to every party) and\n"
-    "         DIR/ca.key (keep it private: whoever holds it can issue any role). Default\n"
-    "         validity 3650 days.\n"
-    "  issue  creates DIR/<role>-<name>.pem and DIR/<role>-<name>.key signed by the CA.\n"
-    "         coordinator: the server certificate (ckpt_coordinator --tls_*);\n"
-    "         worker:      what ckpt_worker presents (worker RPCs only, bound to the workers it\n"
-    "                      registers); one per host is usual;\n"
-    "         operator:    what ckptctl presents to request save/load/reshard/status.\n"
-    "         NAME becomes the certificate's subject CN. Default validity 825 days.\n"
-    "Existing files are never overwritten. Pass the files to daemons and ckptctl as\n"
-    "  --tls_ca DIR/ca.pem --tls_cert DIR/<role>-<name>.pem --tls_key DIR/<role>-<name>.key\n"
-    "(ckptctl also reads CKPT_TLS_CA, CKPT_TLS_CERT and CKPT_TLS_KEY).\n";
 
 struct Deleter {
   void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
@@ -248,47 +230,59 @@ bool ValidName(const std::string& name) {
   return name[0] != '.';
 }
 
-int Usage(const std::string& message) {
-  std::fprintf(stderr, "ckptctl certs: %s (see ckptctl certs --help)\n", message.c_str());
-  return 2;
-}
-
 }  // namespace
 
+const CommandSpec& CertsSpec() {
+  static const CommandSpec* spec = new CommandSpec{
+      "certs",
+      "usage: ckptctl certs init --dir DIR [--days N]\n"
+      "       ckptctl certs issue --dir DIR --role coordinator|worker|operator --name NAME "
+      "[--days N]",
+      "Makes the certificates that authenticate a ckpt deployment (TLS with client\n"
+      "certificates; docs/services.md, Security).\n"
+      "  init   creates the certificate authority: DIR/ca.pem (give it to every party) and\n"
+      "         DIR/ca.key (keep it private: whoever holds it can issue any role). Default\n"
+      "         validity 3650 days.\n"
+      "  issue  creates DIR/<role>-<name>.pem and DIR/<role>-<name>.key signed by the CA.\n"
+      "         coordinator: the server certificate (ckpt_coordinator --tls_*);\n"
+      "         worker:      what ckpt_worker presents (worker RPCs only, bound to the workers it\n"
+      "                      registers); one per host is usual;\n"
+      "         operator:    what ckptctl presents to request save/load/reshard/status.\n"
+      "         NAME becomes the certificate's subject CN. Default validity 825 days.\n"
+      "Existing files are never overwritten. Pass the files to the daemons as\n"
+      "  --tls_ca DIR/ca.pem --tls_cert DIR/<role>-<name>.pem --tls_key DIR/<role>-<name>.key\n"
+      "and to ckptctl as --tls-ca, --tls-cert, --tls-key (or CKPT_TLS_CA, CKPT_TLS_CERT and\n"
+      "CKPT_TLS_KEY).\n",
+      {{"dir", "DIR", "where the CA and the certificates are, required"},
+       {"role", "ROLE", "issue: coordinator, worker or operator"},
+       {"name", "NAME", "issue: the certificate's subject CN (1-64 of [A-Za-z0-9._-])"},
+       {"days", "N", "validity in days (default 3650 for init, 825 for issue)"}}};
+  return *spec;
+}
+
 int RunCertsCommand(const std::vector<std::string>& args) {
-  if (args.size() < 2 || args[1] == "--help" || args[1] == "-h") {
-    std::fputs(kUsage, args.size() < 2 ? stderr : stdout);
-    return args.size() < 2 ? 2 : 0;
-  }
-  const std::string action = args[1];
-  std::string dir, role_name, name;
+  const std::string cmd = "certs";
+  ParsedArgs a;
+  if (std::optional<int> code = ParseCommandLine(CertsSpec(), args, &a)) return *code;
+  if (a.positional.size() != 1) return Usage(cmd, "expected one action: init or issue");
+  const std::string action = a.positional[0];
+  const std::string dir = a.Get("dir"), role_name = a.Get("role"), name = a.Get("name");
   int days = action == "init" ? 3650 : 825;
-  for (size_t i = 2; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    const bool has_value = i + 1 < args.size();
-    if (a == "--dir" && has_value) {
-      dir = args[++i];
-    } else if (a == "--role" && has_value) {
-      role_name = args[++i];
-    } else if (a == "--name" && has_value) {
-      name = args[++i];
-    } else if (a == "--days" && has_value && absl::SimpleAtoi(args[i + 1], &days) && days > 0) {
-      ++i;
-    } else {
-      return Usage(absl::StrCat("bad or incomplete argument \"", a, "\""));
-    }
+  if (absl::Status s = IntFlag(a, "days", 1, 36500, &days); !s.ok()) {
+    return Usage(cmd, std::string(s.message()));
   }
-  if (dir.empty()) return Usage("--dir is required");
+  if (dir.empty()) return Usage(cmd, "--dir is required");
   absl::Status s;
   if (action == "init") {
     s = Init(dir, days);
   } else if (action == "issue") {
     std::optional<Role> role = RoleFromName(role_name);
-    if (!role.has_value()) return Usage("--role must be coordinator, worker or operator");
-    if (!ValidName(name)) return Usage("--name must be 1-64 of [A-Za-z0-9._-], not starting '.'");
+    if (!role.has_value()) return Usage(cmd, "--role must be coordinator, worker or operator");
+    if (!ValidName(name))
+      return Usage(cmd, "--name must be 1-64 of [A-Za-z0-9._-], not starting '.'");
     s = Issue(dir, *role, name, days);
   } else {
-    return Usage(absl::StrCat("unknown action \"", action, "\"; use init or issue"));
+    return Usage(cmd, absl::StrCat("unknown action \"", action, "\"; use init or issue"));
   }
   if (!s.ok()) {
     std::fprintf(stderr, "ckptctl certs %s: %s\n", action.c_str(),

@@ -33,6 +33,31 @@ std::string Absolute(const std::string& path) {
   return ec ? path : p.string();
 }
 
+// The summary of a committed cluster reshard: one JSON object, or lines for people.
+void PrintSummary(const pb::StartReshardRequest& request, const pb::StartReshardResponse& started,
+                  const pb::OperationStatus& op, double seconds, bool json) {
+  const double gbps = seconds > 0 ? Gb(op.bytes_total()) / seconds : 0;
+  if (json) {
+    nlohmann::json j = {{"operation", op.id()},
+                        {"src", request.source()},
+                        {"dst", request.destination()},
+                        {"world_size", op.world_size()},
+                        {"workers", started.workers()},
+                        {"bytes_read", op.bytes_read()},
+                        {"bytes_written", op.bytes_total()},
+                        {"seconds", seconds},
+                        {"gb_per_s", gbps}};
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf(
+      "resharded %s -> %s on the cluster (%s: %d ranks on %d worker(s))\n"
+      "  read %lld bytes, wrote %lld bytes in %.2f s, %.2f GB/s, committed\n",
+      request.source().c_str(), request.destination().c_str(), op.id().c_str(), op.world_size(),
+      started.workers(), static_cast<long long>(op.bytes_read()),
+      static_cast<long long>(op.bytes_total()), seconds, gbps);
+}
+
 }  // namespace
 
 int RunClusterReshard(const ClusterReshardArgs& args) {
@@ -68,14 +93,14 @@ int RunClusterReshard(const ClusterReshardArgs& args) {
     std::fprintf(stderr, "reshard started as %s: %d ranks on %d worker(s)\n",
                  started.operation_id().c_str(), started.world_size(), started.workers());
   }
-  absl::StatusOr<pb::OperationStatus> waited = WaitForOperation(
-      stub.get(), args.coordinator, started.operation_id(), start + absl::Seconds(args.timeout_s),
-      absl::Milliseconds(500), [&](const pb::OperationStatus& op) {
-        if (!show) return;
-        std::fprintf(stderr, "\r  %s: %.3f / %.3f GB  ",
-                     pb::OperationPhase_Name(op.phase()).substr(6).c_str(), Gb(op.bytes_done()),
-                     Gb(op.bytes_total()));
-      });
+  absl::StatusOr<pb::OperationStatus> waited =
+      WaitForOperation(stub.get(), args.coordinator, started.operation_id(), start + args.timeout,
+                       absl::Milliseconds(500), [&](const pb::OperationStatus& op) {
+                         if (!show) return;
+                         std::fprintf(stderr, "\r  %s: %.3f / %.3f GB  ",
+                                      pb::OperationPhase_Name(op.phase()).substr(6).c_str(),
+                                      Gb(op.bytes_done()), Gb(op.bytes_total()));
+                       });
   if (!waited.ok()) {
     if (show) std::fputc('\n', stderr);
     return Fail(std::string(waited.status().message()));
@@ -83,32 +108,13 @@ int RunClusterReshard(const ClusterReshardArgs& args) {
   const pb::OperationStatus& op = *waited;
   if (!IsFinal(op)) {
     if (show) std::fputc('\n', stderr);
-    return Fail(absl::StrCat(op.id(), " did not finish within ", args.timeout_s,
-                             " s (it goes on at the coordinator)"));
+    return Fail(absl::StrCat(op.id(), " did not finish within ", absl::FormatDuration(args.timeout),
+                             " (it goes on at the coordinator)"));
   }
   if (show) std::fputc('\n', stderr);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (op.phase() == pb::PHASE_ABORTED) return Fail(op.status().message());
-  const double gbps = seconds > 0 ? Gb(op.bytes_total()) / seconds : 0;
-  if (args.json) {
-    nlohmann::json j = {{"operation", op.id()},
-                        {"src", request.source()},
-                        {"dst", request.destination()},
-                        {"world_size", op.world_size()},
-                        {"workers", started.workers()},
-                        {"bytes_read", op.bytes_read()},
-                        {"bytes_written", op.bytes_total()},
-                        {"seconds", seconds},
-                        {"gb_per_s", gbps}};
-    std::printf("%s\n", j.dump().c_str());
-    return 0;
-  }
-  std::printf(
-      "resharded %s -> %s on the cluster (%s: %d ranks on %d worker(s))\n"
-      "  read %lld bytes, wrote %lld bytes in %.2f s, %.2f GB/s, committed\n",
-      request.source().c_str(), request.destination().c_str(), op.id().c_str(), op.world_size(),
-      started.workers(), static_cast<long long>(op.bytes_read()),
-      static_cast<long long>(op.bytes_total()), seconds, gbps);
+  PrintSummary(request, started, op, seconds, args.json);
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/time/time.h"
 #include "tools/ckptctl/coordinator_channel.h"
 
 namespace ckpt::ckptctl {
@@ -17,9 +18,9 @@ struct ClusterReshardArgs {
   std::string destination;
   std::string layout_path;  // read here, sent as JSON text
   bool overwrite = false;
-  int64_t memory_budget_bytes = 0;  // per rank; 0: the coordinator's default
-  int max_workers = 0;              // 0: every live worker
-  int64_t timeout_s = 3600;
+  int64_t memory_budget_bytes = 0;          // per rank; 0: the coordinator's default
+  int max_workers = 0;                      // 0: every live worker
+  absl::Duration timeout = absl::Hours(1);  // of the wait; the reshard goes on after it
   bool json = false;
 };
 

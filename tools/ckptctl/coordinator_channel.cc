@@ -3,38 +3,29 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/grpc_auth.h"
 
 namespace ckpt::ckptctl {
 
-const char kTlsHelp[] =
-    "  --tls_ca F --tls_cert F --tls_key F\n"
-    "                        the CA and this operator's certificate and key (ckptctl certs;\n"
-    "                        default: $CKPT_TLS_CA, $CKPT_TLS_CERT, $CKPT_TLS_KEY)\n"
-    "  --insecure            talk plaintext to a coordinator beyond loopback\n";
+const std::vector<FlagSpec>& TlsFlagSpecs() {
+  static const std::vector<FlagSpec>* flags = new std::vector<FlagSpec>{
+      {"tls-ca", "FILE", "the deployment's CA certificate (ckptctl certs; default $CKPT_TLS_CA)"},
+      {"tls-cert", "FILE", "this operator's certificate (default $CKPT_TLS_CERT)"},
+      {"tls-key", "FILE", "this operator's private key (default $CKPT_TLS_KEY)"},
+      {"insecure", "", "talk plaintext to a coordinator beyond loopback"},
+  };
+  return *flags;
+}
 
-bool ConsumeTlsFlag(const std::vector<std::string>& args, size_t* i, TlsFlags* flags) {
-  const std::string& arg = args[*i];
-  if (arg == "--insecure") {
-    flags->insecure = true;
-    return true;
-  }
-  for (auto [name, out] : {std::pair<const char*, std::string*>{"--tls_ca", &flags->files.ca},
-                           {"--tls_cert", &flags->files.cert},
-                           {"--tls_key", &flags->files.key}}) {
-    if (arg == name) {
-      if (*i + 1 >= args.size()) return false;
-      *out = args[++*i];
-      return true;
-    }
-    if (absl::StartsWith(arg, absl::StrCat(name, "="))) {
-      *out = arg.substr(std::string(name).size() + 1);
-      return true;
-    }
-  }
-  return false;
+TlsFlags TlsFromArgs(const ParsedArgs& args) {
+  TlsFlags tls;
+  tls.files.ca = args.Get("tls-ca");
+  tls.files.cert = args.Get("tls-cert");
+  tls.files.key = args.Get("tls-key");
+  tls.insecure = args.Has("insecure");
+  return tls;
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> DialCoordinator(const std::string& address,
@@ -51,7 +42,15 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> DialCoordinator(const std::string
   }
   absl::StatusOr<TransportSecurity> security = ResolveTransportSecurity(
       files, flags.insecure, address, "--coordinator", absl::StrCat("ckptctl ", command));
-  if (!security.ok()) return security.status();
+  if (!security.ok()) {
+    // The shared resolver names the daemons' flags (--tls_ca ...); ckptctl spells them
+    // --tls-ca, so the advice it prints must too.
+    return absl::Status(
+        security.status().code(),
+        absl::StrReplaceAll(
+            security.status().message(),
+            {{"--tls_ca", "--tls-ca"}, {"--tls_cert", "--tls-cert"}, {"--tls_key", "--tls-key"}}));
+  }
   if (security->insecure_beyond_loopback) {
     std::fprintf(stderr, "warning: ckptctl %s talks to %s without TLS (--insecure)\n",
                  command.c_str(), address.c_str());

@@ -1,5 +1,5 @@
 // How ckptctl's cluster commands (status, save, load, reshard --coordinator) reach the
-// coordinator: TLS with the operator's certificate (--tls_ca/--tls_cert/--tls_key, else the
+// coordinator: TLS with the operator's certificate (--tls-ca/--tls-cert/--tls-key, else the
 // environment's CKPT_TLS_CA/CKPT_TLS_CERT/CKPT_TLS_KEY), or plaintext to a loopback address
 // (beyond loopback only with --insecure).
 #ifndef CKPT_TOOLS_CKPTCTL_COORDINATOR_CHANNEL_H_
@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/transport_security.h"
+#include "tools/ckptctl/cli_args.h"
 
 namespace ckpt::ckptctl {
 
@@ -22,19 +23,18 @@ struct TlsFlags {
   bool insecure = false;
 };
 
-// Consumes the TLS option at args[*i] ("--tls_ca F", "--tls_cert F", "--tls_key F",
-// "--insecure", or their "--x=F" forms), advancing *i past its value; false when args[*i] is
-// none of them (or its value is missing).
-bool ConsumeTlsFlag(const std::vector<std::string>& args, size_t* i, TlsFlags* flags);
+// The TLS flags of the cluster commands (--tls-ca F, --tls-cert F, --tls-key F, --insecure),
+// for their flag tables.
+const std::vector<FlagSpec>& TlsFlagSpecs();
+
+// The TLS options given on a command line parsed with TlsFlagSpecs() in its table.
+TlsFlags TlsFromArgs(const ParsedArgs& args);
 
 // A channel to the coordinator at `address` for `command` (named in errors).
 // FailedPrecondition, saying how to make certificates, for plaintext beyond loopback.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> DialCoordinator(
     const std::string& address, const TlsFlags& flags, const std::string& command,
     grpc::ChannelArguments args = grpc::ChannelArguments());
-
-// The --help lines of the TLS options.
-extern const char kTlsHelp[];
 
 }  // namespace ckpt::ckptctl
 

@@ -4,21 +4,21 @@
 #include "tools/ckptctl/dcp_cmd.h"
 
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "storage/tensor_source.h"
 #include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/dcp_bridge.h"
 
 namespace ckpt::ckptctl {
-namespace {
 
-constexpr char kImportUsage[] =
-    "usage: ckptctl import --from dcp <dcp-dir> <checkpoint> [--overwrite] [--workers N]\n"
-    "                      [--memory-budget SIZE] [--step N]\n\n"
+const char kDcpImportHelp[] =
+    "PyTorch DCP sources: ckptctl import --from dcp <dcp-dir> <checkpoint> [--overwrite]\n"
+    "[--workers N] [--memory-budget SIZE] [--step N]\n"
     "Converts a PyTorch DCP checkpoint (FileSystemWriter: .metadata + __<rank>_<i>.distcp),\n"
     "or a Megatron-core torch_dist one (the same plus metadata.json and common.pt), into a\n"
     "ckpt checkpoint. A directory holding .metadata is taken as DCP without --from.\n"
@@ -33,9 +33,9 @@ constexpr char kImportUsage[] =
     "data. Runs python/ckpt/interop/dcp.py with the project's Python environment\n"
     "($CKPT_PYTHON and $CKPT_INTEROP_PATH override where they are found).\n";
 
-constexpr char kExportUsage[] =
-    "usage: ckptctl export --to dcp <checkpoint> <dcp-dir> [--layout layout.json]\n"
-    "                      [--workers N] [--memory-budget SIZE] [--max-file-size SIZE]\n\n"
+const char kDcpExportHelp[] =
+    "PyTorch DCP destinations: ckptctl export --to dcp <checkpoint> <dcp-dir>\n"
+    "[--layout layout.json] [--workers N] [--memory-budget SIZE] [--max-file-size SIZE]\n"
     "Writes a PyTorch DCP checkpoint that torch.distributed.checkpoint.load reads into any\n"
     "sharding (plain tensors, DTensors). Its chunks are the main-replica pieces of --layout\n"
     "(docs/layout.md; flat ranges become boxes), else the stored pieces; rank r's chunks go\n"
@@ -45,6 +45,30 @@ constexpr char kExportUsage[] =
     "metadata.json and common.pt back. <dcp-dir> must not exist; it is built under a hidden\n"
     "sibling name and renamed into place when complete.\n";
 
+const std::vector<FlagSpec>& DcpImportFlagSpecs() {
+  static const std::vector<FlagSpec>* flags = new std::vector<FlagSpec>{
+      {"from", "dcp", "the source is a PyTorch DCP / torch_dist directory"},
+      {"workers", "N", "DCP: converter processes (default min(8, CPUs))"},
+      {"memory-budget", "SIZE",
+       "DCP: item data held at once, shared by the workers (default 1GiB)"},
+      {"step", "N", "DCP: the checkpoint's step (default: torch_dist's iteration)"},
+  };
+  return *flags;
+}
+
+const std::vector<FlagSpec>& DcpExportFlagSpecs() {
+  static const std::vector<FlagSpec>* flags = new std::vector<FlagSpec>{
+      {"to", "dcp", "write a PyTorch DCP directory"},
+      {"layout", "FILE", "DCP: chunks are this layout's main-replica pieces (docs/layout.md)"},
+      {"workers", "N", "DCP: converter processes (default min(8, CPUs))"},
+      {"memory-budget", "SIZE",
+       "DCP: item data held at once, shared by the workers (default 1GiB)"},
+  };
+  return *flags;
+}
+
+namespace {
+
 // Passes the checked arguments on; the converter prints its own messages.
 int Run(const std::string& cmd, std::vector<std::string> converter_args) {
   absl::StatusOr<int> code = RunDcpConverter(converter_args);
@@ -53,7 +77,8 @@ int Run(const std::string& cmd, std::vector<std::string> converter_args) {
 }
 
 // Appends "--name value" for each value flag present.
-void PassOn(const Args& a, const std::vector<std::string>& names, std::vector<std::string>* out) {
+void PassOn(const ParsedArgs& a, const std::vector<std::string>& names,
+            std::vector<std::string>* out) {
   for (const std::string& n : names) {
     if (a.flags.count(n)) {
       out->push_back("--" + n);
@@ -63,72 +88,52 @@ void PassOn(const Args& a, const std::vector<std::string>& names, std::vector<st
 }
 
 // Sizes and counts are checked here, so usage errors read like ckptctl's own.
-std::string CheckValues(const Args& a) {
-  for (const char* n : {"memory-budget", "max-file-size"}) {
-    int64_t bytes;
-    if (a.flags.count(n) && !ParseSize(a.flags.at(n), &bytes)) {
-      return absl::StrCat("bad --", n, " \"", a.flags.at(n), "\"");
-    }
-  }
-  int64_t v;
-  if (a.flags.count("workers") && (!absl::SimpleAtoi(a.flags.at("workers"), &v) || v < 1)) {
-    return "--workers must be a positive integer";
-  }
-  if (a.flags.count("step") && !absl::SimpleAtoi(a.flags.at("step"), &v)) {
-    return "--step must be an integer";
-  }
-  return "";
+absl::Status CheckValues(const ParsedArgs& a) {
+  int64_t v = 0;
+  CKPT_RETURN_IF_ERROR(SizeFlag(a, "memory-budget", 1, &v));
+  CKPT_RETURN_IF_ERROR(SizeFlag(a, "max-file-size", 1, &v));
+  CKPT_RETURN_IF_ERROR(IntFlag(a, "workers", 1, 4096, &v));
+  return IntFlag(a, "step", std::numeric_limits<int64_t>::min(),
+                 std::numeric_limits<int64_t>::max(), &v);
 }
 
 }  // namespace
 
-bool WantsDcp(const std::vector<std::string>& args, const char* flag, bool detect_source) {
-  for (size_t i = 1; i < args.size(); ++i) {
-    if (args[i] == absl::StrCat("--", flag, "=dcp")) return true;
-    if (args[i] == absl::StrCat("--", flag) && i + 1 < args.size() && args[i + 1] == "dcp") {
-      return true;
-    }
-  }
-  if (!detect_source) return false;
-  for (size_t i = 1; i < args.size(); ++i) {
-    if (args[i].rfind("--", 0) == 0) continue;
-    return IsDcpCheckpointDir(args[i]);  // the first positional: the source
-  }
-  return false;
+bool WantsDcp(const ParsedArgs& args, const std::string& flag, bool detect_source) {
+  if (args.Get(flag) == "dcp") return true;
+  return detect_source && !args.Has(flag) && !args.positional.empty() &&
+         IsDcpCheckpointDir(args.positional[0]);
 }
 
-int RunDcpImport(const std::vector<std::string>& args) {
+int RunDcpImport(const ParsedArgs& a) {
   const std::string cmd = "import";
-  Args a = ParseArgs(args, {"overwrite", "help"}, {"from", "workers", "memory-budget", "step"});
-  if (a.flags.count("help")) {
-    std::fputs(kImportUsage, stdout);
-    return 0;
-  }
-  if (!a.error.empty()) return Usage(cmd, a.error);
-  if (a.flags.count("from") && a.flags.at("from") != "dcp") {
+  if (a.Has("from") && a.Get("from") != "dcp") {
     return Usage(cmd, "--from must be dcp (safetensors sources need no --from)");
   }
+  if (absl::Status s = RefuseFlags(a, {"threads", "direct-io", "no-uring"},
+                                   "applies only to safetensors sources");
+      !s.ok()) {
+    return Usage(cmd, std::string(s.message()));
+  }
   if (a.positional.size() != 2) return Usage(cmd, "expected <dcp-dir> <checkpoint>");
-  if (std::string e = CheckValues(a); !e.empty()) return Usage(cmd, e);
+  if (absl::Status s = CheckValues(a); !s.ok()) return Usage(cmd, std::string(s.message()));
   std::vector<std::string> out = {"import", a.positional[0], a.positional[1]};
-  if (a.flags.count("overwrite")) out.push_back("--overwrite");
+  if (a.Has("overwrite")) out.push_back("--overwrite");
   PassOn(a, {"workers", "memory-budget", "step"}, &out);
   return Run(cmd, out);
 }
 
-int RunDcpExport(const std::vector<std::string>& args) {
+int RunDcpExport(const ParsedArgs& a) {
   const std::string cmd = "export";
-  Args a = ParseArgs(args, {"help"}, {"to", "layout", "workers", "memory-budget", "max-file-size"});
-  if (a.flags.count("help")) {
-    std::fputs(kExportUsage, stdout);
-    return 0;
-  }
-  if (!a.error.empty()) return Usage(cmd, a.error);
-  if (a.flags.count("to") && a.flags.at("to") != "dcp") {
-    return Usage(cmd, "--to must be dcp here");
+  if (a.Has("to") && a.Get("to") != "dcp") return Usage(cmd, "--to must be dcp");
+  if (absl::Status s =
+          RefuseFlags(a, {"overwrite", "dtype", "rename", "threads", "direct-io", "no-uring"},
+                      "applies only to safetensors exports");
+      !s.ok()) {
+    return Usage(cmd, std::string(s.message()));
   }
   if (a.positional.size() != 2) return Usage(cmd, "expected <checkpoint> <dcp-dir>");
-  if (std::string e = CheckValues(a); !e.empty()) return Usage(cmd, e);
+  if (absl::Status s = CheckValues(a); !s.ok()) return Usage(cmd, std::string(s.message()));
   std::vector<std::string> out = {"export", a.positional[0], a.positional[1]};
   PassOn(a, {"layout", "workers", "memory-budget", "max-file-size"}, &out);
   return Run(cmd, out);

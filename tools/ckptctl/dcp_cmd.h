@@ -5,15 +5,24 @@
 #include <string>
 #include <vector>
 
+#include "tools/ckptctl/cli_args.h"
+
 namespace ckpt::ckptctl {
 
-// True if the arguments ask for DCP: "--<flag> dcp" / "--<flag>=dcp", or with
-// `detect_source` a first positional argument that is a DCP directory (holds .metadata).
-bool WantsDcp(const std::vector<std::string>& args, const char* flag, bool detect_source);
+// True if the parsed arguments ask for DCP: "--<flag> dcp", or with `detect_source` a first
+// positional argument that is a DCP directory (holds .metadata).
+bool WantsDcp(const ParsedArgs& args, const std::string& flag, bool detect_source);
 
-// The DCP forms of `ckptctl import` and `ckptctl export` (args[0] is the subcommand).
-int RunDcpImport(const std::vector<std::string>& args);
-int RunDcpExport(const std::vector<std::string>& args);
+// The DCP forms of `ckptctl import` and `ckptctl export`, on their parsed command lines
+// (tools/ckptctl/storage_cmd.cc holds the flag tables, DCP flags included).
+int RunDcpImport(const ParsedArgs& args);
+int RunDcpExport(const ParsedArgs& args);
+
+// The flags only the DCP forms take, and the --help paragraphs about them.
+const std::vector<FlagSpec>& DcpImportFlagSpecs();  // from, workers, memory-budget, step
+const std::vector<FlagSpec>& DcpExportFlagSpecs();  // to, layout, workers, memory-budget
+extern const char kDcpImportHelp[];
+extern const char kDcpExportHelp[];
 
 }  // namespace ckpt::ckptctl
 

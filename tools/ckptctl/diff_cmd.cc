@@ -4,7 +4,9 @@
 #include <cinttypes>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,19 +26,17 @@ namespace {
 constexpr char kCmd[] = "diff";
 constexpr int64_t kDefaultBudget = int64_t{256} << 20;
 
-constexpr char kUsage[] =
-    "usage: ckptctl diff <A> <B> [--memory-budget SIZE] [--max-reports N] [--threads N]\n"
-    "                    [--direct] [--no-uring]\n\n"
+constexpr char kDescription[] =
     "Compares two checkpoints tensor by tensor, whatever their formats and layouts: a ckpt\n"
     "checkpoint (any sharding), safetensors (a file, a directory of them, or an index .json)\n"
     "or a PyTorch DCP / torch_dist directory (.metadata; first imported into a temporary ckpt\n"
-    "checkpoint under $TMPDIR, see ckptctl import --from dcp --help). Reports keys\n"
-    "only in A or only in B, dtype and shape differences, and for tensors whose elements\n"
-    "differ (bit for bit: -0.0 differs from 0.0, NaNs compare by their bits) the count, the\n"
-    "first differing element with its index and both values, and for floats the largest\n"
-    "finite |a - b|. Both sides are read in chunks of at most half of --memory-budget each\n"
-    "(default 256MiB), so any size compares in bounded memory. At most --max-reports lines\n"
-    "(default 100) are printed per kind of difference; the summary counts all.\n"
+    "checkpoint under $TMPDIR, see ckptctl import --help). Reports keys only in A or only in\n"
+    "B, dtype and shape differences, and for tensors whose elements differ (bit for bit: -0.0\n"
+    "differs from 0.0, NaNs compare by their bits) the count, the first differing element\n"
+    "with its index and both values, and for floats the largest finite |a - b|. Both sides\n"
+    "are read in chunks of at most half of --memory-budget each, so any size compares in\n"
+    "bounded memory. At most --max-reports lines are printed per kind of difference; the\n"
+    "summary counts all.\n"
     "Exit status: 0 identical, 1 different, 2 error (a side unreadable, corrupt, bad usage).\n";
 
 std::string ShapeText(const std::vector<int64_t>& shape) { return ShapeString(shape); }
@@ -98,58 +98,27 @@ void PrintCapped(const std::vector<std::string>& lines, int64_t max) {
   }
 }
 
-int Diff(const std::vector<std::string>& args) {
-  Args a = ParseArgs(args, kIoBoolFlags, With(kIoValueFlags, {"memory-budget", "max-reports"}));
-  if (a.flags.count("help")) {
-    std::fputs(kUsage, stdout);
-    return 0;
+// Opens side `label` ("A" or "B") at `path`; a DCP directory is first imported into a
+// temporary checkpoint, kept in *imports until the comparison ends.
+absl::StatusOr<std::unique_ptr<TensorSource>> OpenSide(
+    const std::string& label, std::string path, int64_t budget, const IoOptions& io,
+    std::vector<std::unique_ptr<TemporaryImport>>* imports) {
+  auto prefixed = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat(label, ": ", s.message()));
+  };
+  if (IsDcpCheckpointDir(path)) {
+    auto imported = ImportDcpTemporarily(path, budget);
+    if (!imported.ok()) return prefixed(imported.status());
+    path = (*imported)->path();
+    imports->push_back(std::move(*imported));
   }
-  if (!a.error.empty()) return Usage(kCmd, a.error);
-  if (a.positional.size() != 2) return Usage(kCmd, "expected two checkpoints <A> <B>");
-  IoOptions io;
-  std::string err;
-  if (!IoFromFlags(a, &io, &err)) return Usage(kCmd, err);
-  int64_t budget = kDefaultBudget;
-  if (a.flags.count("memory-budget") &&
-      (!ParseSize(a.flags.at("memory-budget"), &budget) || budget < 2 * 64)) {
-    return Usage(kCmd, absl::StrCat("bad --memory-budget \"", a.flags.at("memory-budget"),
-                                    "\" (at least 128 bytes)"));
-  }
-  int64_t max_reports = 100;
-  if (a.flags.count("max-reports") &&
-      (!absl::SimpleAtoi(a.flags.at("max-reports"), &max_reports) || max_reports < 0)) {
-    return Usage(kCmd, "--max-reports must be a non-negative integer");
-  }
+  auto source = OpenTensorSource(path, io);
+  if (!source.ok()) return prefixed(source.status());
+  return std::move(*source);
+}
 
-  // DCP sides are imported into temporary ckpt checkpoints first (removed on return).
-  std::vector<std::unique_ptr<TemporaryImport>> imports;
-  std::vector<std::unique_ptr<TensorSource>> sides;
-  for (int i = 0; i < 2; ++i) {
-    std::string path = a.positional[i];
-    if (IsDcpCheckpointDir(path)) {
-      auto imported = ImportDcpTemporarily(path, budget);
-      if (!imported.ok()) {
-        std::fprintf(stderr, "ckptctl diff: %s: %s\n", i == 0 ? "A" : "B",
-                     std::string(imported.status().message()).c_str());
-        return 2;
-      }
-      path = (*imported)->path();
-      imports.push_back(std::move(*imported));
-    }
-    auto source = OpenTensorSource(path, io);
-    if (!source.ok()) {
-      std::fprintf(stderr, "ckptctl diff: %s: %s\n", i == 0 ? "A" : "B",
-                   std::string(source.status().message()).c_str());
-      return 2;
-    }
-    sides.push_back(std::move(*source));
-  }
-  const TensorSource& side_a = *sides[0];
-  const TensorSource& side_b = *sides[1];
-  std::printf("A: %s (%zu tensors)\nB: %s (%zu tensors)\n", side_a.Describe().c_str(),
-              side_a.tensors().size(), side_b.Describe().c_str(), side_b.tensors().size());
-
-  const TensorListDiff lists = DiffTensorLists(side_a.tensors(), side_b.tensors());
+// Prints the keys only one side holds and those whose dtype or shape differ.
+void PrintListDifferences(const TensorListDiff& lists, int64_t max_reports) {
   std::vector<std::string> lines;
   for (const std::string& k : lists.only_in_a) lines.push_back("only in A: " + k);
   PrintCapped(lines, max_reports);
@@ -166,7 +135,15 @@ int Diff(const std::vector<std::string>& args) {
                                  ShapeText(y.shape)));
   }
   PrintCapped(lines, max_reports);
+}
 
+// Compares both sides and prints the differences and the summary; the exit code.
+int Compare(const TensorSource& side_a, const TensorSource& side_b, int64_t budget,
+            int64_t max_reports) {
+  std::printf("A: %s (%zu tensors)\nB: %s (%zu tensors)\n", side_a.Describe().c_str(),
+              side_a.tensors().size(), side_b.Describe().c_str(), side_b.tensors().size());
+  const TensorListDiff lists = DiffTensorLists(side_a.tensors(), side_b.tensors());
+  PrintListDifferences(lists, max_reports);
   Totals totals;
   std::vector<char> buf_a, buf_b;
   for (const TensorDescription& t : lists.comparable) {
@@ -192,7 +169,42 @@ int Diff(const std::vector<std::string>& args) {
   return same ? 0 : 1;
 }
 
+int Diff(const std::vector<std::string>& args) {
+  ParsedArgs a;
+  if (std::optional<int> code = ParseCommandLine(DiffSpec(), args, &a)) return *code;
+  if (a.positional.size() != 2) return Usage(kCmd, "expected two checkpoints <A> <B>");
+  IoOptions io;
+  int64_t budget = kDefaultBudget;
+  int64_t max_reports = 100;
+  absl::Status s = IoFromFlags(a, &io);
+  if (s.ok()) s = SizeFlag(a, "memory-budget", 2 * 64, &budget);
+  if (s.ok()) s = IntFlag(a, "max-reports", 0, std::numeric_limits<int64_t>::max(), &max_reports);
+  if (!s.ok()) return Usage(kCmd, std::string(s.message()));
+
+  // DCP sides are imported into temporary ckpt checkpoints first (removed on return).
+  std::vector<std::unique_ptr<TemporaryImport>> imports;
+  std::vector<std::unique_ptr<TensorSource>> sides;
+  for (int i = 0; i < 2; ++i) {
+    auto side = OpenSide(i == 0 ? "A" : "B", a.positional[i], budget, io, &imports);
+    if (!side.ok()) {
+      std::fprintf(stderr, "ckptctl diff: %s\n", std::string(side.status().message()).c_str());
+      return 2;
+    }
+    sides.push_back(std::move(*side));
+  }
+  return Compare(*sides[0], *sides[1], budget, max_reports);
+}
+
 }  // namespace
+
+const CommandSpec& DiffSpec() {
+  static const CommandSpec* spec = new CommandSpec{
+      kCmd, "usage: ckptctl diff <A> <B> [flags]", kDescription,
+      With({{"memory-budget", "SIZE", "memory for both sides' chunks (default 256MiB)"},
+            {"max-reports", "N", "lines printed per kind of difference (default 100)"}},
+           IoFlagSpecs())};
+  return *spec;
+}
 
 // No library exception (std::bad_alloc) ends the process: one line, exit 2.
 int RunDiffCommand(const std::vector<std::string>& args) {

@@ -5,17 +5,19 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/wire_names.h"
+#include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/coordinator_channel.h"
 #include "tools/ckptctl/operation_wait.h"
@@ -23,111 +25,106 @@
 namespace ckpt::ckptctl {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: ckptctl %s --coordinator HOST:PORT --job NAME [--timeout_s N]\n"
-    "                    [--arrival_deadline_s N] [--algorithm A] [--memory_budget_bytes N]\n"
-    "                    <checkpoint>\n\n"
-    "Asks the trainers of a running job to %s the checkpoint at their next Poll, waits until\n"
-    "the operation ends (for a save: until it is committed, i.e. durable), showing progress,\n"
-    "and prints a summary. Exits 1 with the coordinator's diagnosis when it is aborted.\n"
-    "  --timeout_s           give up waiting after this long (default 3600; the operation goes "
-    "on)\n"
-    "  --arrival_deadline_s  how long the trainers have to join (default: the coordinator's)\n"
-    "  --algorithm           load: how workers move what one of them read to the others:\n"
-    "                        broadcast, overlap_all_to_all, gather_rounds, gather_object, or\n"
-    "                        direct (each reads what it needs; default: the coordinator's)\n"
-    "  --memory_budget_bytes load: bytes in flight per rank and wave (default: the "
-    "coordinator's)\n";
-
-double Gb(int64_t bytes) { return static_cast<double>(bytes) / 1e9; }
-
-int Run(const std::vector<std::string>& args, pb::OperationKind kind, const char* name) {
+// What `save` or `load` was asked to do.
+struct OperationArgs {
+  pb::OperationKind kind;
+  const char* name;  // "save" or "load"
   std::string coordinator, job, path;
-  int64_t timeout_s = 3600, arrival_s = 0, budget = 0;
-  std::string algorithm;
   TlsFlags tls;
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](std::string* out) {
-      if (i + 1 >= args.size()) return false;
-      *out = args[++i];
-      return true;
-    };
-    std::string v;
-    if (a == "--help" || a == "-h") {
-      std::printf(kUsage, name, name);
-      std::fputs(kTlsHelp, stdout);
-      return 0;
-    } else if (ConsumeTlsFlag(args, &i, &tls)) {
-    } else if (a == "--coordinator" && value(&v)) {
-      coordinator = v;
-    } else if (a == "--job" && value(&v)) {
-      job = v;
-    } else if (a == "--timeout_s" && value(&v) && absl::SimpleAtoi(v, &timeout_s) &&
-               timeout_s > 0) {
-    } else if (a == "--arrival_deadline_s" && value(&v) && absl::SimpleAtoi(v, &arrival_s) &&
-               arrival_s > 0) {
-    } else if (kind == pb::OPERATION_LOAD && a == "--algorithm" && value(&algorithm) &&
-               !algorithm.empty()) {
-    } else if (kind == pb::OPERATION_LOAD && a == "--memory_budget_bytes" && value(&v) &&
-               absl::SimpleAtoi(v, &budget) && budget > 0) {
-    } else if (!a.empty() && a[0] != '-' && path.empty()) {
-      path = a;
-    } else {
-      std::fprintf(stderr, "ckptctl %s: bad or incomplete argument \"%s\" (see --help)\n", name,
-                   a.c_str());
-      return 2;
-    }
+  absl::Duration timeout = absl::Hours(1);
+  absl::Duration arrival_deadline = absl::ZeroDuration();  // zero: the coordinator's
+  pb::LoadAlgorithm algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;
+  int64_t memory_budget = 0;  // zero: the coordinator's
+};
+
+std::string Description(const char* verb) {
+  return absl::StrCat(
+      "Asks the trainers of a running job to ", verb,
+      " the checkpoint at their next Poll, waits until the operation ends (for a save: until\n"
+      "it is committed, i.e. durable), showing progress, and prints a summary. Exits 1 with\n"
+      "the coordinator's diagnosis when it is aborted. A relative path is taken from this\n"
+      "shell's working directory.\n");
+}
+
+std::vector<FlagSpec> OperationFlags(pb::OperationKind kind) {
+  std::vector<FlagSpec> flags = {
+      {"coordinator", "HOST:PORT", "the coordinator, required"},
+      {"job", "NAME", "the running job, required"},
+      {"timeout", "DURATION", "give up waiting after this long (default 1h; the operation goes on)",
+       "timeout_s"},
+      {"arrival-deadline", "DURATION",
+       "how long the trainers have to join (default: the coordinator's)", "arrival_deadline_s"},
+  };
+  if (kind == pb::OPERATION_LOAD) {
+    flags.push_back({"algorithm", "NAME",
+                     "how workers move what one of them read to the others: broadcast,\n"
+                     "overlap_all_to_all, gather_rounds, gather_object, or direct (each\n"
+                     "reads what it needs; default: the coordinator's)"});
+    flags.push_back({"memory-budget", "SIZE",
+                     "bytes in flight per rank and wave (default: the coordinator's)",
+                     "memory_budget_bytes"});
   }
-  if (coordinator.empty() || job.empty() || path.empty()) {
-    std::fprintf(stderr,
-                 "ckptctl %s: --coordinator, --job and a checkpoint path are required "
-                 "(see --help)\n",
-                 name);
-    return 2;
+  return With(flags, TlsFlagSpecs());
+}
+
+// The request from the command line: nullopt to go on, else the exit code after printing the
+// help or a usage error.
+std::optional<int> ParseOperation(const CommandSpec& spec, const std::vector<std::string>& args,
+                                  OperationArgs* out) {
+  ParsedArgs a;
+  if (std::optional<int> code = ParseCommandLine(spec, args, &a)) return code;
+  if (!a.Has("coordinator") || !a.Has("job") || a.positional.size() != 1) {
+    return Usage(out->name, "--coordinator, --job and one checkpoint path are required");
   }
-  absl::StatusOr<pb::LoadAlgorithm> load_algorithm = ParseLoadAlgorithm(algorithm);
-  if (!load_algorithm.ok()) {
-    std::fprintf(stderr, "ckptctl %s: --algorithm: %s\n", name,
-                 std::string(load_algorithm.status().message()).c_str());
-    return 2;
+  out->coordinator = a.Get("coordinator");
+  out->job = a.Get("job");
+  out->path = a.positional[0];
+  out->tls = TlsFromArgs(a);
+  absl::Status s = DurationFlag(a, "timeout", &out->timeout);
+  if (s.ok()) s = DurationFlag(a, "arrival-deadline", &out->arrival_deadline);
+  if (s.ok()) s = SizeFlag(a, "memory-budget", 1, &out->memory_budget);
+  if (!s.ok()) return Usage(out->name, std::string(s.message()));
+  absl::StatusOr<pb::LoadAlgorithm> algorithm = ParseLoadAlgorithm(a.Get("algorithm"));
+  if (!algorithm.ok()) {
+    return Usage(out->name, absl::StrCat("--algorithm: ", algorithm.status().message()));
   }
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = DialCoordinator(coordinator, tls, name);
-  if (!channel.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(channel.status().message()).c_str());
-    return 2;
-  }
-  auto stub = pb::Coordinator::NewStub(*channel);
-  const absl::Time start = absl::Now();
+  out->algorithm = *algorithm;
   // The coordinator accepts only absolute paths (under its checkpoint roots): a relative one
   // means this shell's working directory.
   std::error_code ec;
-  std::filesystem::path absolute = std::filesystem::absolute(path, ec);
-  if (!ec) path = absolute.string();
+  std::filesystem::path absolute = std::filesystem::absolute(out->path, ec);
+  if (!ec) out->path = absolute.string();
+  return std::nullopt;
+}
+
+double Gb(int64_t bytes) { return static_cast<double>(bytes) / 1e9; }
+
+// Asks the coordinator for the operation; its id, or the RPC's error.
+absl::StatusOr<std::string> RequestOperation(pb::Coordinator::Stub* stub, const OperationArgs& op) {
   pb::RequestOperationRequest request;
-  request.set_job(job);
-  request.set_kind(kind);
-  request.set_path(path);
-  request.set_arrival_deadline_ms(arrival_s * 1000);
-  request.set_load_algorithm(*load_algorithm);
-  request.set_load_memory_budget_bytes(budget);
+  request.set_job(op.job);
+  request.set_kind(op.kind);
+  request.set_path(op.path);
+  request.set_arrival_deadline_ms(absl::ToInt64Milliseconds(op.arrival_deadline));
+  request.set_load_algorithm(op.algorithm);
+  request.set_load_memory_budget_bytes(op.memory_budget);
   pb::RequestOperationResponse requested;
-  {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    absl::Status s = FromGrpcStatus(stub->RequestOperation(&context, request, &requested),
-                                    absl::StrCat("RequestOperation at coordinator ", coordinator));
-    if (!s.ok()) {
-      std::fprintf(stderr, "ckptctl %s: %s\n", name, s.ToString().c_str());
-      return 1;
-    }
-  }
-  std::fprintf(stderr, "%s requested as %s; waiting for the trainers of job %s\n", name,
-               requested.operation_id().c_str(), job.c_str());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  CKPT_RETURN_IF_ERROR(
+      FromGrpcStatus(stub->RequestOperation(&context, request, &requested),
+                     absl::StrCat("RequestOperation at coordinator ", op.coordinator)));
+  return requested.operation_id();
+}
+
+// Waits for the operation, printing each new phase line, and prints its summary.
+int WaitAndReport(pb::Coordinator::Stub* stub, const OperationArgs& args, const std::string& id,
+                  absl::Time start) {
+  const char* name = args.name;
   std::string last_line;
   absl::StatusOr<pb::OperationStatus> waited = WaitForOperation(
-      stub.get(), coordinator, requested.operation_id(), start + absl::Seconds(timeout_s),
-      absl::Seconds(1), [&](const pb::OperationStatus& op) {
+      stub, args.coordinator, id, start + args.timeout, absl::Seconds(1),
+      [&](const pb::OperationStatus& op) {
         std::string line = op.phase() == pb::PHASE_GATHERING
                                ? absl::StrCat("gathering: ", op.joined_ranks(), "/",
                                               op.world_size(), " ranks joined")
@@ -143,8 +140,8 @@ int Run(const std::vector<std::string>& args, pb::OperationKind kind, const char
   }
   const pb::OperationStatus& op = *waited;
   if (!IsFinal(op)) {
-    std::fprintf(stderr, "ckptctl %s: %s is still %s after %llds (it goes on)\n", name,
-                 op.id().c_str(), last_line.c_str(), static_cast<long long>(timeout_s));
+    std::fprintf(stderr, "ckptctl %s: %s is still %s after %s (it goes on)\n", name,
+                 op.id().c_str(), last_line.c_str(), absl::FormatDuration(args.timeout).c_str());
     return 1;
   }
   double seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -153,21 +150,58 @@ int Run(const std::vector<std::string>& args, pb::OperationKind kind, const char
     return 1;
   }
   std::printf("%s %s: job %s, %d ranks, %lld bytes in %.2f s (%.2f GB/s)%s\n", op.id().c_str(),
-              name, job.c_str(), op.world_size(), static_cast<long long>(op.bytes_total()), seconds,
-              seconds > 0 ? Gb(op.bytes_total()) / seconds : 0.0,
-              kind == pb::OPERATION_SAVE
-                  ? absl::StrCat(", committed at ", path).c_str()
+              name, args.job.c_str(), op.world_size(), static_cast<long long>(op.bytes_total()),
+              seconds, seconds > 0 ? Gb(op.bytes_total()) / seconds : 0.0,
+              args.kind == pb::OPERATION_SAVE
+                  ? absl::StrCat(", committed at ", args.path).c_str()
                   : absl::StrCat(", ", op.bytes_read(), " bytes read from storage").c_str());
   return 0;
 }
 
+int Run(const std::vector<std::string>& args, const CommandSpec& spec, pb::OperationKind kind) {
+  OperationArgs op;
+  op.kind = kind;
+  op.name = kind == pb::OPERATION_SAVE ? "save" : "load";
+  if (std::optional<int> code = ParseOperation(spec, args, &op)) return *code;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      DialCoordinator(op.coordinator, op.tls, op.name);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(channel.status().message()).c_str());
+    return 2;
+  }
+  auto stub = pb::Coordinator::NewStub(*channel);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> id = RequestOperation(stub.get(), op);
+  if (!id.ok()) {
+    std::fprintf(stderr, "ckptctl %s: %s\n", op.name, id.status().ToString().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "%s requested as %s; waiting for the trainers of job %s\n", op.name,
+               id->c_str(), op.job.c_str());
+  return WaitAndReport(stub.get(), op, *id, start);
+}
+
 }  // namespace
 
+const CommandSpec& SaveSpec() {
+  static const CommandSpec* spec = new CommandSpec{
+      "save", "usage: ckptctl save --coordinator HOST:PORT --job NAME [flags] <checkpoint>",
+      Description("save"), OperationFlags(pb::OPERATION_SAVE)};
+  return *spec;
+}
+
+const CommandSpec& LoadSpec() {
+  static const CommandSpec* spec = new CommandSpec{
+      "load", "usage: ckptctl load --coordinator HOST:PORT --job NAME [flags] <checkpoint>",
+      Description("load"), OperationFlags(pb::OPERATION_LOAD)};
+  return *spec;
+}
+
 int RunSaveCommand(const std::vector<std::string>& args) {
-  return Run(args, pb::OPERATION_SAVE, "save");
+  return Run(args, SaveSpec(), pb::OPERATION_SAVE);
 }
 int RunLoadCommand(const std::vector<std::string>& args) {
-  return Run(args, pb::OPERATION_LOAD, "load");
+  return Run(args, LoadSpec(), pb::OPERATION_LOAD);
 }
 
 }  // namespace ckpt::ckptctl

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/dtensor_lines.h"
 #include "tools/ckptctl/plan_lines.h"
@@ -24,11 +25,12 @@
 namespace ckpt::ckptctl {
 namespace {
 
-constexpr char kUsage[] =
+constexpr char kSynopsis[] =
     "usage: ckptctl plan distribute    [--input F] [--output F] [--keep-out-of-range-ranks]\n"
     "       ckptctl plan main-replicas [--input F] [--output F]\n"
-    "       ckptctl plan dtensor       [--input F] [--output F]\n"
-    "\n"
+    "       ckptctl plan dtensor       [--input F] [--output F]";
+
+constexpr char kDescription[] =
     "Runs the planner's Megatron-exact distributions on JSON Lines: one JSON object per input\n"
     "line gives one output line (blank lines are skipped). Input is stdin and output stdout\n"
     "unless --input / --output name files. A shard id is [key, [offsets...], null | [start,\n"
@@ -121,36 +123,23 @@ absl::Status WriteOutput(const std::optional<std::string>& path, const std::stri
 
 int RunPlan(const std::vector<std::string>& args) {
   const std::string prog = "ckptctl plan";
-  if (args.size() < 2 || args[1] == "--help" || args[1] == "-h") {
-    std::fputs(kUsage, args.size() < 2 ? stderr : stdout);
-    return args.size() < 2 ? 2 : 0;
+  ParsedArgs a;
+  if (std::optional<int> code = ParseCommandLine(PlanSpec(), args, &a)) return *code;
+  if (a.positional.size() != 1) {
+    return Usage("plan", "expected one mode: distribute, main-replicas or dtensor");
   }
-  const std::string& mode = args[1];
+  const std::string& mode = a.positional[0];
   if (mode != "distribute" && mode != "main-replicas" && mode != "dtensor") {
-    std::fprintf(stderr, "%s: unknown subcommand \"%s\" (see ckptctl plan --help)\n", prog.c_str(),
-                 mode.c_str());
-    return 2;
+    return Usage("plan", absl::StrCat("unknown mode \"", mode, "\""));
   }
   const std::string name = prog + " " + mode;
   std::optional<std::string> input_path, output_path;
+  if (a.Has("input")) input_path = a.Get("input");
+  if (a.Has("output")) output_path = a.Get("output");
   PlanOptions options;
-  for (size_t i = 2; i < args.size(); ++i) {
-    if (args[i] == "--help" || args[i] == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (args[i] == "--keep-out-of-range-ranks" && mode == "distribute") {
-      options.keep_out_of_range_ranks = true;
-      continue;
-    }
-    if ((args[i] == "--input" || args[i] == "--output") && i + 1 < args.size()) {
-      (args[i] == "--input" ? input_path : output_path) = args[i + 1];
-      ++i;
-      continue;
-    }
-    std::fprintf(stderr, "%s: unexpected argument \"%s\" (see ckptctl plan --help)\n", name.c_str(),
-                 args[i].c_str());
-    return 2;
+  options.keep_out_of_range_ranks = a.Has("keep-out-of-range-ranks");
+  if (options.keep_out_of_range_ranks && mode != "distribute") {
+    return Usage("plan", "--keep-out-of-range-ranks applies only to plan distribute");
   }
 
   absl::StatusOr<std::string> text = ReadInput(input_path);
@@ -175,6 +164,19 @@ int RunPlan(const std::vector<std::string>& args) {
 }
 
 }  // namespace
+
+const CommandSpec& PlanSpec() {
+  static const CommandSpec* spec = new CommandSpec{
+      "plan",
+      kSynopsis,
+      kDescription,
+      {{"input", "FILE", "read the JSON Lines from FILE (default stdin)"},
+       {"output", "FILE", "write the results to FILE, replaced atomically (default stdout)"},
+       {"keep-out-of-range-ranks", "",
+        "distribute: keep ranks outside [0, N) as Megatron does (counted in\n"
+        "len(holders), never chosen)"}}};
+  return *spec;
+}
 
 // No library exception (std::bad_alloc, iostreams) ends the process: one line, exit 1.
 int RunPlanCommand(const std::vector<std::string>& args) {

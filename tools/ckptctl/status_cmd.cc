@@ -3,10 +3,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -14,43 +14,19 @@
 #include "common/grpc_status.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/wire_names.h"
+#include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/coordinator_channel.h"
 
 namespace ckpt::ckptctl {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: ckptctl status --coordinator HOST:PORT [--job NAME] [--timeout_ms N]\n\n"
-    "Shows the coordinator's workers (live and dead, with host, pid, GPU and heartbeat age),\n"
-    "its jobs (ranks attached) and its operations (in flight with progress, and recently\n"
-    "finished with their outcome).\n";
-
-// Prints the usage with the TLS options.
-void PrintUsage() {
-  std::fputs(kUsage, stdout);
-  std::fputs(kTlsHelp, stdout);
-}
-
-std::string Bytes(int64_t n) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
-
 std::string ProgressBar(int64_t done, int64_t total) {
   constexpr int kWidth = 24;
   int filled = total > 0 ? static_cast<int>(kWidth * static_cast<double>(done) / total) : 0;
   int percent = total > 0 ? static_cast<int>(100.0 * static_cast<double>(done) / total) : 0;
   return absl::StrCat("[", std::string(filled, '#'), std::string(kWidth - filled, '.'), "] ",
-                      percent, "% ", Bytes(done), " / ", Bytes(total));
+                      percent, "% ", HumanBytes(done), " / ", HumanBytes(total));
 }
 
 // "host,device": the worker's memory kinds as users spell them.
@@ -109,37 +85,16 @@ void Print(const std::string& coordinator, const pb::GetStatusResponse& status) 
 }
 
 int RunStatus(const std::vector<std::string>& args) {
-  std::string coordinator;
-  std::string job;
-  int64_t timeout_ms = 5000;
-  TlsFlags tls;
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](std::string* out) {
-      if (i + 1 >= args.size()) return false;
-      *out = args[++i];
-      return true;
-    };
-    std::string v;
-    if (a == "--help" || a == "-h") {
-      PrintUsage();
-      return 0;
-    } else if (ConsumeTlsFlag(args, &i, &tls)) {
-    } else if (a == "--coordinator" && value(&v)) {
-      coordinator = v;
-    } else if (a == "--job" && value(&v)) {
-      job = v;
-    } else if (a == "--timeout_ms" && value(&v) && absl::SimpleAtoi(v, &timeout_ms) &&
-               timeout_ms > 0) {
-    } else {
-      std::fprintf(stderr, "ckptctl status: bad or incomplete argument \"%s\" (see --help)\n",
-                   a.c_str());
-      return 2;
-    }
-  }
-  if (coordinator.empty()) {
-    std::fprintf(stderr, "ckptctl status: --coordinator HOST:PORT is required (see --help)\n");
-    return 2;
+  ParsedArgs a;
+  if (std::optional<int> code = ParseCommandLine(StatusSpec(), args, &a)) return *code;
+  if (!a.positional.empty()) return Usage("status", "takes no positional arguments");
+  if (!a.Has("coordinator")) return Usage("status", "--coordinator HOST:PORT is required");
+  const std::string coordinator = a.Get("coordinator");
+  const std::string job = a.Get("job");
+  const TlsFlags tls = TlsFromArgs(a);
+  absl::Duration timeout = absl::Seconds(5);
+  if (absl::Status s = DurationFlag(a, "timeout", &timeout); !s.ok()) {
+    return Usage("status", std::string(s.message()));
   }
   grpc::ChannelArguments channel_args;  // many workers and operations exceed 4 MB
   channel_args.SetMaxReceiveMessageSize(1 << 30);
@@ -151,7 +106,7 @@ int RunStatus(const std::vector<std::string>& args) {
   }
   auto stub = pb::Coordinator::NewStub(*channel);
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(timeout_ms)));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   pb::GetStatusRequest request;
   request.set_job(job);
   pb::GetStatusResponse response;
@@ -166,6 +121,19 @@ int RunStatus(const std::vector<std::string>& args) {
 }
 
 }  // namespace
+
+const CommandSpec& StatusSpec() {
+  static const CommandSpec* spec = new CommandSpec{
+      "status", "usage: ckptctl status --coordinator HOST:PORT [--job NAME] [flags]",
+      "Shows the coordinator's workers (live and dead, with host, pid, GPU and heartbeat age),\n"
+      "its jobs (ranks attached) and its operations (in flight with progress, and recently\n"
+      "finished with their outcome).\n",
+      With({{"coordinator", "HOST:PORT", "the coordinator, required"},
+            {"job", "NAME", "only this job's ranks and operations"},
+            {"timeout", "DURATION", "deadline of the status call (default 5s)", "timeout_ms"}},
+           TlsFlagSpecs())};
+  return *spec;
+}
 
 int RunStatusCommand(const std::vector<std::string>& args) { return RunStatus(args); }
 

@@ -3,6 +3,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -135,20 +136,11 @@ void PrintManifestText(const std::string& path, const pb::Manifest& m) {
 
 int RunInspect(const std::vector<std::string>& args) {
   const std::string cmd = "inspect";
-  Args a = ParseArgs(args, {"json", "help"}, {});
-  if (a.flags.count("help")) {
-    std::printf(
-        "usage: ckptctl inspect <checkpoint> [--json]\n\n"
-        "Shows a checkpoint's tensors (dtype, shape, stored bytes), every stored piece (region,\n"
-        "data file, offset, length, checksum), the saved layout and user metadata. A directory\n"
-        "without manifest.pb is reported as incomplete (exit 1). Does not read tensor data;\n"
-        "use `ckptctl verify` for that. --json prints one JSON object.\n");
-    return 0;
-  }
-  if (!a.error.empty()) return Usage(cmd, a.error);
+  ParsedArgs a;
+  if (std::optional<int> code = ParseCommandLine(InspectSpec(), args, &a)) return *code;
   if (a.positional.size() != 1) return Usage(cmd, "expected exactly one checkpoint path");
   const std::string& path = a.positional[0];
-  const bool json = a.flags.count("json") > 0;
+  const bool json = a.Has("json");
   CheckpointProbe probe = ProbeCheckpoint(path);
   if (probe.state != CheckpointState::kComplete) {
     const std::string what =
@@ -185,21 +177,11 @@ int RunInspect(const std::vector<std::string>& args) {
 
 int RunVerify(const std::vector<std::string>& args) {
   const std::string cmd = "verify";
-  Args a = ParseArgs(args, kIoBoolFlags, kIoValueFlags);
-  if (a.flags.count("help")) {
-    std::printf(
-        "usage: ckptctl verify <checkpoint> [--threads N] [--direct] [--no-uring]\n\n"
-        "Checks that the manifest is valid and agrees with every data file's safetensors\n"
-        "header and size, that every element of every tensor is stored by exactly one piece,\n"
-        "and reads every stored byte verifying its XXH3-64 checksums. Exit 0 when sound, 1\n"
-        "with one line per problem otherwise.\n");
-    return 0;
-  }
-  if (!a.error.empty()) return Usage(cmd, a.error);
+  ParsedArgs a;
+  if (std::optional<int> code = ParseCommandLine(VerifySpec(), args, &a)) return *code;
   if (a.positional.size() != 1) return Usage(cmd, "expected exactly one checkpoint path");
   IoOptions io;
-  std::string err;
-  if (!IoFromFlags(a, &io, &err)) return Usage(cmd, err);
+  if (absl::Status s = IoFromFlags(a, &io); !s.ok()) return Usage(cmd, std::string(s.message()));
   auto report = VerifyCheckpoint(a.positional[0], io);
   if (!report.ok()) return Fail(cmd, report.status());
   for (const std::string& p : report->problems) {
@@ -217,26 +199,20 @@ int RunVerify(const std::vector<std::string>& args) {
   return 0;
 }
 
-int RunImport(const std::vector<std::string>& args) {
+int RunImport(const ParsedArgs& a) {
   const std::string cmd = "import";
-  Args a = ParseArgs(args, With(kIoBoolFlags, {"overwrite"}), kIoValueFlags);
-  if (a.flags.count("help")) {
-    std::printf(
-        "usage: ckptctl import <file.safetensors | dir | model.safetensors.index.json>\n"
-        "                      <checkpoint> [--overwrite] [--threads N] [--direct]\n\n"
-        "Converts a Hugging Face-style safetensors checkpoint into a ckpt checkpoint (each\n"
-        "tensor stored whole), committed atomically, so it can be loaded into any sharded\n"
-        "layout. An existing checkpoint is replaced only with --overwrite, which refuses to\n"
-        "replace anything that is not a committed ckpt checkpoint.\n"
-        "PyTorch DCP / Megatron torch_dist sources: see ckptctl import --from dcp --help.\n");
-    return 0;
+  if (a.Has("from")) return Usage(cmd, "--from must be dcp (safetensors sources need no --from)");
+  if (absl::Status s = RefuseFlags(a, {"workers", "memory-budget", "step"},
+                                   "applies only to DCP sources (--from dcp)");
+      !s.ok()) {
+    return Usage(cmd, std::string(s.message()));
   }
-  if (!a.error.empty()) return Usage(cmd, a.error);
   if (a.positional.size() != 2) return Usage(cmd, "expected <source> <checkpoint>");
   WriteOptions wo;
-  std::string err;
-  if (!IoFromFlags(a, &wo.io, &err)) return Usage(cmd, err);
-  wo.overwrite = a.flags.count("overwrite") > 0;
+  if (absl::Status s = IoFromFlags(a, &wo.io); !s.ok()) {
+    return Usage(cmd, std::string(s.message()));
+  }
+  wo.overwrite = a.Has("overwrite");
   auto m = ImportSafetensors(a.positional[0], a.positional[1], wo);
   if (!m.ok()) return Fail(cmd, m.status());
   int64_t bytes = 0;
@@ -246,48 +222,30 @@ int RunImport(const std::vector<std::string>& args) {
   return 0;
 }
 
-int RunExport(const std::vector<std::string>& args) {
+int RunExport(const ParsedArgs& a) {
   const std::string cmd = "export";
-  Args a = ParseArgs(args, With(kIoBoolFlags, {"overwrite"}),
-                     With(kIoValueFlags, {"max-file-size", "dtype", "rename"}));
-  if (a.flags.count("help")) {
-    std::printf(
-        "usage: ckptctl export <checkpoint> <out.safetensors | out-dir> [--max-file-size SIZE]\n"
-        "                      [--dtype BF16|F16|F32] [--rename map.json] [--overwrite]\n"
-        "                      [--threads N] [--direct]\n\n"
-        "Consolidates every tensor into one full, unsharded tensor and writes safetensors:\n"
-        "a single file, or in a directory model.safetensors, or model-0000i-of-0000n\n"
-        "files plus model.safetensors.index.json when --max-file-size (e.g. 5GB, 500MiB)\n"
-        "splits them. Checksums are verified while reading. --overwrite replaces an earlier\n"
-        "export's files (regular files named as above; stale shards of it are removed) and\n"
-        "never touches anything else in the directory.\n"
-        "--dtype writes every floating-point tensor (F64/F32/F16/BF16) as that dtype, e.g.\n"
-        "BF16 for fp32 master weights (round to nearest even, as torch); others keep theirs.\n"
-        "--rename map.json ({\"old key\": \"new key\", ...}) renames tensors on the way out;\n"
-        "every mapped key must exist and no two tensors may get one name.\n"
-        "PyTorch DCP destinations: see ckptctl export --to dcp --help.\n");
-    return 0;
+  if (a.Has("to")) return Usage(cmd, "--to must be dcp (safetensors needs no --to)");
+  if (absl::Status s = RefuseFlags(a, {"layout", "workers", "memory-budget"},
+                                   "applies only to DCP exports (--to dcp)");
+      !s.ok()) {
+    return Usage(cmd, std::string(s.message()));
   }
-  if (!a.error.empty()) return Usage(cmd, a.error);
   if (a.positional.size() != 2) return Usage(cmd, "expected <checkpoint> <out>");
   ExportOptions eo;
-  std::string err;
-  if (!IoFromFlags(a, &eo.io, &err)) return Usage(cmd, err);
-  eo.overwrite = a.flags.count("overwrite") > 0;
-  if (a.flags.count("max-file-size") &&
-      !ParseSize(a.flags.at("max-file-size"), &eo.max_file_bytes)) {
-    return Usage(cmd, absl::StrCat("bad --max-file-size \"", a.flags.at("max-file-size"), "\""));
-  }
-  if (a.flags.count("dtype")) {
-    auto dtype = ParseDType(absl::AsciiStrToUpper(a.flags.at("dtype")));
+  absl::Status s = IoFromFlags(a, &eo.io);
+  if (s.ok()) s = SizeFlag(a, "max-file-size", 1, &eo.max_file_bytes);
+  if (!s.ok()) return Usage(cmd, std::string(s.message()));
+  eo.overwrite = a.Has("overwrite");
+  if (a.Has("dtype")) {
+    auto dtype = ParseDType(absl::AsciiStrToUpper(a.Get("dtype")));
     if (!dtype.ok() || !IsConvertibleFloat(*dtype)) {
-      return Usage(cmd, absl::StrCat("--dtype must be BF16, F16, F32 or F64, not \"",
-                                     a.flags.at("dtype"), "\""));
+      return Usage(
+          cmd, absl::StrCat("--dtype must be BF16, F16, F32 or F64, not \"", a.Get("dtype"), "\""));
     }
     eo.float_dtype = *dtype;
   }
-  if (a.flags.count("rename")) {
-    const std::string& path = a.flags.at("rename");
+  if (a.Has("rename")) {
+    const std::string path = a.Get("rename");
     auto text = ReadWholeFile(path, int64_t{64} << 20);
     if (!text.ok()) return Fail(cmd, text.status());
     auto mapping = ParseKeyMapping(*text, path);
@@ -302,14 +260,85 @@ int RunExport(const std::vector<std::string>& args) {
 
 }  // namespace
 
+const CommandSpec& InspectSpec() {
+  static const CommandSpec* spec = new CommandSpec{
+      "inspect",
+      "usage: ckptctl inspect <checkpoint> [--json]",
+      "Shows a checkpoint's tensors (dtype, shape, stored bytes), every stored piece (region,\n"
+      "data file, offset, length, checksum), the saved layout and user metadata. A directory\n"
+      "without manifest.pb is reported as incomplete (exit 1). Does not read tensor data;\n"
+      "use `ckptctl verify` for that.\n",
+      {{"json", "", "print one JSON object"}}};
+  return *spec;
+}
+
+const CommandSpec& VerifySpec() {
+  static const CommandSpec* spec = new CommandSpec{
+      "verify", "usage: ckptctl verify <checkpoint> [flags]",
+      "Checks that the manifest is valid and agrees with every data file's safetensors\n"
+      "header and size, that every element of every tensor is stored by exactly one piece,\n"
+      "and reads every stored byte verifying its XXH3-64 checksums. Exit 0 when sound, 1\n"
+      "with one line per problem otherwise.\n",
+      IoFlagSpecs()};
+  return *spec;
+}
+
+const CommandSpec& ImportSpec() {
+  static const CommandSpec* spec = new CommandSpec{
+      "import",
+      "usage: ckptctl import <file.safetensors | dir | model.safetensors.index.json>\n"
+      "                      <checkpoint> [flags]\n"
+      "       ckptctl import --from dcp <dcp-dir> <checkpoint> [flags]",
+      absl::StrCat(
+          "Converts a Hugging Face-style safetensors checkpoint into a ckpt checkpoint (each\n"
+          "tensor stored whole), committed atomically, so it can be loaded into any sharded\n"
+          "layout. An existing checkpoint is replaced only with --overwrite, which refuses to\n"
+          "replace anything that is not a committed ckpt checkpoint.\n\n",
+          kDcpImportHelp),
+      With(With({{"overwrite", "", "replace an existing committed checkpoint (only)"}},
+                IoFlagSpecs()),
+           DcpImportFlagSpecs())};
+  return *spec;
+}
+
+const CommandSpec& ExportSpec() {
+  static const CommandSpec* spec = new CommandSpec{
+      "export",
+      "usage: ckptctl export <checkpoint> <out.safetensors | out-dir> [flags]\n"
+      "       ckptctl export --to dcp <checkpoint> <dcp-dir> [flags]",
+      absl::StrCat(
+          "Consolidates every tensor into one full, unsharded tensor and writes safetensors:\n"
+          "a single file, or in a directory model.safetensors, or model-0000i-of-0000n\n"
+          "files plus model.safetensors.index.json when --max-file-size (e.g. 5GB, 500MiB)\n"
+          "splits them. Checksums are verified while reading. --overwrite replaces an earlier\n"
+          "export's files (regular files named as above; stale shards of it are removed) and\n"
+          "never touches anything else in the directory.\n"
+          "--dtype writes every floating-point tensor (F64/F32/F16/BF16) as that dtype, e.g.\n"
+          "BF16 for fp32 master weights (round to nearest even, as torch); others keep theirs.\n"
+          "--rename map.json ({\"old key\": \"new key\", ...}) renames tensors on the way out;\n"
+          "every mapped key must exist and no two tensors may get one name.\n\n",
+          kDcpExportHelp),
+      With(With({{"overwrite", "", "replace an earlier export's files (only those)"},
+                 {"max-file-size", "SIZE", "split into files of at most SIZE (e.g. 5GB)"},
+                 {"dtype", "BF16|F16|F32|F64", "write floating-point tensors as this dtype"},
+                 {"rename", "FILE", "rename tensors by the JSON map in FILE"}},
+                IoFlagSpecs()),
+           DcpExportFlagSpecs())};
+  return *spec;
+}
+
 int RunInspectCommand(const std::vector<std::string>& args) { return RunInspect(args); }
 int RunVerifyCommand(const std::vector<std::string>& args) { return RunVerify(args); }
 // DCP sources and destinations go to tools/ckptctl/dcp_cmd.cc.
 int RunImportCommand(const std::vector<std::string>& args) {
-  return WantsDcp(args, "from", /*detect_source=*/true) ? RunDcpImport(args) : RunImport(args);
+  ParsedArgs a;
+  if (std::optional<int> code = ParseCommandLine(ImportSpec(), args, &a)) return *code;
+  return WantsDcp(a, "from", /*detect_source=*/true) ? RunDcpImport(a) : RunImport(a);
 }
 int RunExportCommand(const std::vector<std::string>& args) {
-  return WantsDcp(args, "to", /*detect_source=*/false) ? RunDcpExport(args) : RunExport(args);
+  ParsedArgs a;
+  if (std::optional<int> code = ParseCommandLine(ExportSpec(), args, &a)) return *code;
+  return WantsDcp(a, "to", /*detect_source=*/false) ? RunDcpExport(a) : RunExport(a);
 }
 
 }  // namespace ckpt::ckptctl
