@@ -209,7 +209,7 @@ StateTensor* StateDict::Find(const std::string& key) {
   return nullptr;
 }
 
-std::vector<pb::SharedTensor> StateDict::Describe() const {
+std::vector<pb::SharedTensor> StateDict::Describe(Lending lending) const {
   std::vector<pb::SharedTensor> out;
   out.reserve(tensors_.size());
   for (const auto& t : tensors_) {
@@ -235,6 +235,8 @@ std::vector<pb::SharedTensor> StateDict::Describe() const {
       s.set_memory_kind(pb::MEMORY_HOST);
       s.set_segment(t->segment);
       s.set_offset(t->segment_offset);
+      s.set_lent_until_durable(lending == Lending::kAllHostTensors ||
+                               (lending == Lending::kMarkedTensors && t->lent_until_durable));
     } else {
       s.set_memory_kind(pb::MEMORY_DEVICE);
       s.set_cuda_ipc_handle(t->cuda_ipc_handle);
