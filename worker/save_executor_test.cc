@@ -197,6 +197,9 @@ TEST_F(SaveExecutorTest, ALentTensorStaysMappedForTheWriteAfterTheSessionIsGone)
     snapshot = SnapshotSavePart(Part(), lent, gate);
     ASSERT_TRUE(snapshot.ok()) << snapshot.status();
   }
+  // The snapshot itself holds the worker's mapping of the lent piece's segment.
+  ASSERT_EQ(snapshot->mappings.size(), 1u);
+  EXPECT_EQ(snapshot->mappings[0]->addr(), session_.tensors[0].mapping->addr());
   // The trainer said goodbye: the registry unmaps its segments, the session copy is gone.
   ASSERT_TRUE(registry_.CloseSession(session_.id).ok());
   session_ = SessionInfo();
