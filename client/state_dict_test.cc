@@ -25,8 +25,8 @@ bool SegmentExists(const std::string& name) {
   return true;
 }
 
-TensorSpec Spec(const std::string& key, std::vector<int64_t> shape) {
-  TensorSpec s;
+TensorDeclaration Spec(const std::string& key, std::vector<int64_t> shape) {
+  TensorDeclaration s;
   s.key = key;
   s.dtype = DType::kBF16;
   s.global_shape = std::move(shape);
@@ -37,7 +37,7 @@ TEST(StateDictTest, RegionTensorIsZeroFilledSharedMemoryNamedForJobRankAndPid) {
   std::string segment;
   {
     StateDict state("my job/1", 3);
-    TensorSpec s = Spec("layers.0.w", {8, 4});
+    TensorDeclaration s = Spec("layers.0.w", {8, 4});
     s.layout = Region{{4, 0}, {4, 4}, std::nullopt};
     s.replica_id = {1};
     auto t = state.AddHost(s);
@@ -68,13 +68,13 @@ TEST(StateDictTest, SmallTensorsShareAnArenaAndLargeOnesGetTheirOwnSegment) {
   StateDict state("j", 0);
   std::vector<StateTensor*> small;
   for (int i = 0; i < 3; ++i) {
-    TensorSpec s = Spec(absl::StrCat("small", i), {3, 5});  // 30 bytes: offsets 64 apart
+    TensorDeclaration s = Spec(absl::StrCat("small", i), {3, 5});  // 30 bytes: offsets 64 apart
     s.layout = Region{{0, 0}, {3, 5}, std::nullopt};
     auto t = state.AddHost(s);
     ASSERT_TRUE(t.ok()) << t.status();
     small.push_back(*t);
   }
-  TensorSpec big = Spec("big", {int64_t{5} << 20});  // 10 MiB of BF16
+  TensorDeclaration big = Spec("big", {int64_t{5} << 20});  // 10 MiB of BF16
   big.layout = Region{{0}, {int64_t{5} << 20}, std::nullopt};
   auto b = state.AddHost(big);
   ASSERT_TRUE(b.ok()) << b.status();
@@ -96,7 +96,7 @@ TEST(StateDictTest, SmallTensorsShareAnArenaAndLargeOnesGetTheirOwnSegment) {
 
 TEST(StateDictTest, FlatRangeCoversPartOfTheWholeTensor) {
   StateDict state("j", 0);
-  TensorSpec s = Spec("optim.exp_avg", {10, 10});
+  TensorDeclaration s = Spec("optim.exp_avg", {10, 10});
   s.dtype = DType::kF32;
   s.layout = FlatRange{30, 55};
   auto t = state.AddHost(s);
@@ -111,7 +111,7 @@ TEST(StateDictTest, FlatRangeCoversPartOfTheWholeTensor) {
 
 TEST(StateDictTest, DTensorPlacementGivesTorchChunkPieceAndReplicaId) {
   StateDict state("j", 3);
-  TensorSpec s = Spec("emb", {5, 6});
+  TensorDeclaration s = Spec("emb", {5, 6});
   // Mesh (2, 2): rank 3 is coordinate (1, 1); Shard(0) over dim 0 of 5 rows -> rows [3, 5);
   // Replicate() over mesh dim 1 -> replica id [1].
   s.layout = DTensorLayout{{2, 2}, {Placement::Shard(0), Placement::Replicate()}};
@@ -124,7 +124,7 @@ TEST(StateDictTest, DTensorPlacementGivesTorchChunkPieceAndReplicaId) {
 }
 
 TEST(StateDictTest, DTensorReplicaIdAppendsTheSpecsIdForCopiesOfTheMesh) {
-  TensorSpec s = Spec("emb", {4, 6});
+  TensorDeclaration s = Spec("emb", {4, 6});
   s.layout = DTensorLayout{{2}, {Placement::Replicate()}, /*mesh_rank=*/1};
   s.replica_id = {3};  // the fourth copy of this 2-rank mesh in the job
   auto resolved = ResolveLayout(s, /*rank=*/7);
@@ -136,7 +136,7 @@ TEST(StateDictTest, DTensorReplicaIdAppendsTheSpecsIdForCopiesOfTheMesh) {
 
 TEST(StateDictTest, EmptyDTensorShardHasNoBytes) {
   StateDict state("j", 3);
-  TensorSpec s = Spec("tiny", {2});
+  TensorDeclaration s = Spec("tiny", {2});
   s.layout = DTensorLayout{{4}, {Placement::Shard(0)}};
   auto t = state.AddHost(s);
   ASSERT_TRUE(t.ok()) << t.status();
@@ -146,16 +146,16 @@ TEST(StateDictTest, EmptyDTensorShardHasNoBytes) {
 
 TEST(StateDictTest, RejectsDuplicateKeysAndBadLayoutsNamingTheKey) {
   StateDict state("j", 0);
-  TensorSpec s = Spec("w", {4});
+  TensorDeclaration s = Spec("w", {4});
   s.layout = Region{{0}, {4}, std::nullopt};
   ASSERT_TRUE(state.AddHost(s).ok());
   EXPECT_EQ(state.AddHost(s).status().code(), absl::StatusCode::kAlreadyExists);
-  TensorSpec bad = Spec("v", {4});
+  TensorDeclaration bad = Spec("v", {4});
   bad.layout = Region{{2}, {4}, std::nullopt};
   auto r = state.AddHost(bad);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("tensor v"));
-  TensorSpec bad_mesh = Spec("m", {4});
+  TensorDeclaration bad_mesh = Spec("m", {4});
   bad_mesh.layout = DTensorLayout{{2}, {Placement::Shard(3)}};
   EXPECT_THAT(state.AddHost(bad_mesh).status().message(), HasSubstr("tensor m"));
   EXPECT_EQ(state.tensors().size(), 1u);
@@ -172,7 +172,7 @@ TEST(StateDictTest, HostViewUsesAllocatedSharedMemoryInPlaceAndKeepsItAlive) {
       auto a = allocator.Allocate(4 * 2, "w");
       ASSERT_TRUE(a.ok());
       name = a->segment->name();
-      TensorSpec s = Spec("w", {8});
+      TensorDeclaration s = Spec("w", {8});
       s.layout = Region{{4}, {4}, std::nullopt};
       auto t = state.AddHostView(s, a->segment, a->offset, 8);
       ASSERT_TRUE(t.ok()) << t.status();
@@ -195,7 +195,7 @@ TEST(StateDictTest, HostViewRefusesMemoryOfTheWrongSizeNamingTheKey) {
   auto a = allocator.Allocate(16, "w");
   ASSERT_TRUE(a.ok());
   StateDict state("j", 0);
-  TensorSpec s = Spec("layers.1.w", {8});
+  TensorDeclaration s = Spec("layers.1.w", {8});
   s.layout = Region{{0}, {8}, std::nullopt};
   auto wrong = state.AddHostView(s, a->segment, a->offset, 10);
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
@@ -209,7 +209,7 @@ TEST(StateDictTest, HostViewRefusesMemoryOfTheWrongSizeNamingTheKey) {
 TEST(StateDictTest, DeviceTensorsNeedAGpu) {
   if (CudaDeviceCount().ok()) GTEST_SKIP() << "a GPU is present; covered by GPU tests";
   StateDict state("j", 0);
-  TensorSpec s = Spec("w", {4});
+  TensorDeclaration s = Spec("w", {4});
   s.layout = Region{{0}, {4}, std::nullopt};
   int fake = 0;
   auto r = state.AddDevice(s, &fake, 0);
@@ -222,7 +222,7 @@ TEST(StateDictTest, DeviceTensorsNeedAGpu) {
 TEST(StateDictTest, LendingMarksWhatTheSaveMayWriteInPlace) {
   StateDict state("lend", 0);
   auto whole = [](const std::string& key) {
-    TensorSpec s = Spec(key, {4});
+    TensorDeclaration s = Spec(key, {4});
     s.layout = Region{{0}, {4}, std::nullopt};
     return s;
   };

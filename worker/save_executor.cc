@@ -70,7 +70,7 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
   snapshot.rank = part.rank();
   snapshot.job = session.trainer.job;
   snapshot.staging_dir = part.staging_dir();
-  std::vector<TensorSpec>& tensors = snapshot.tensors;
+  std::vector<TensorMeta>& tensors = snapshot.tensors;
   std::vector<DataFilePlan>& files = snapshot.files;
   std::set<std::string> keys;
   std::vector<DeviceRange> device_ranges;
@@ -120,7 +120,7 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
           return absl::InvalidArgumentError(
               absl::StrCat(who, ": tensor ", piece.key(), ": ", dtype.status().message()));
         }
-        tensors.push_back(TensorSpec{
+        tensors.push_back(TensorMeta{
             piece.key(), *dtype,
             std::vector<int64_t>(piece.global_shape().begin(), piece.global_shape().end())});
       }

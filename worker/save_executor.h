@@ -37,7 +37,7 @@ struct SaveSnapshot {
   int rank = 0;
   std::string job;
   std::string staging_dir;
-  std::vector<TensorSpec> tensors;
+  std::vector<TensorMeta> tensors;
   std::vector<DataFilePlan> files;               // pieces point into `buffers`
   std::vector<std::string> file_paths;           // as planned, for messages
   std::vector<std::unique_ptr<char[]>> buffers;  // the copied bytes, one per copied piece

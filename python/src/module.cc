@@ -35,7 +35,7 @@ namespace {
 
 using client::DTensorLayout;
 using client::SharedAllocator;
-using client::TensorSpec;
+using client::TensorDeclaration;
 using Layout = std::variant<Region, DTensorLayout, FlatRange>;
 
 // A layout as the Python classes build it (ckpt.Box, ckpt.Flat, ckpt.DTensorLayout...).
@@ -64,10 +64,10 @@ PyLayout MeshLayout(std::vector<int64_t> mesh_shape, std::vector<std::optional<i
   return PyLayout{std::move(d)};
 }
 
-TensorSpec MakeSpec(const std::string& key, const std::string& dtype,
+TensorDeclaration MakeSpec(const std::string& key, const std::string& dtype,
                     std::vector<int64_t> global_shape, const PyLayout& layout,
                     std::vector<int64_t> replica_id) {
-  TensorSpec spec;
+  TensorDeclaration spec;
   spec.key = key;
   absl::StatusOr<DType> parsed = ParseDType(dtype);
   if (!parsed.ok()) {
@@ -88,7 +88,7 @@ using ResolvedRegion =
 // ckpt's own sharding rules (client::ResolveLayout): the region and replica id of `rank`.
 ResolvedRegion Resolve(const std::string& key, std::vector<int64_t> global_shape,
                        const PyLayout& layout, std::vector<int64_t> replica_id, int rank) {
-  TensorSpec spec = MakeSpec(key, "U8", std::move(global_shape), layout, std::move(replica_id));
+  TensorDeclaration spec = MakeSpec(key, "U8", std::move(global_shape), layout, std::move(replica_id));
   auto [region, replica] = ValueOrThrow(client::ResolveLayout(spec, rank));
   std::optional<std::tuple<int64_t, int64_t>> flat;
   if (region.flat) flat = std::make_tuple(region.flat->start, region.flat->stop);
@@ -133,7 +133,7 @@ class PyStateDict {
   std::optional<nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>> Add(
       const std::string& key, const std::string& dtype, std::vector<int64_t> global_shape,
       const PyLayout& layout, std::vector<int64_t> replica_id, uintptr_t data, int64_t nbytes) {
-    TensorSpec spec = MakeSpec(key, dtype, std::move(global_shape), layout, std::move(replica_id));
+    TensorDeclaration spec = MakeSpec(key, dtype, std::move(global_shape), layout, std::move(replica_id));
     SharedAllocator& allocator = SharedAllocator::ForThisProcess();
     std::optional<SharedAllocator::Allocation> shared =
         nbytes > 0 ? allocator.Find(reinterpret_cast<const void*>(data), nbytes) : std::nullopt;
