@@ -117,6 +117,9 @@ class WorkerConnection {
     p.bytes_done = response.bytes_done();
     p.bytes_total = response.bytes_total();
     p.snapshotted = response.snapshotted();
+    const pb::SaveSnapshotReport& r = response.snapshot();
+    p.snapshot = SnapshotInfo{r.copied_bytes(), r.lent_bytes(), r.device_bytes(),
+                              r.device_over_pinned_budget(), r.pinned_budget_bytes()};
     if (response.code() != 0) {
       p.status = absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
     }
@@ -187,25 +190,30 @@ std::unique_ptr<StateDict> Client::NewStateDict() const {
   return std::make_unique<StateDict>(options_.job, options_.rank);
 }
 
-absl::Status Client::Share(const StateDict& state) {
+absl::Status Client::Share(const StateDict& state) { return Register(state, Lending::kNone); }
+
+absl::Status Client::Register(const StateDict& state, Lending lending) {
   if (state.rank() != options_.rank) {
     return absl::InvalidArgumentError(
         absl::StrCat("state dict of rank ", state.rank(), " shared by rank ", options_.rank));
   }
   pb::RegisterTensorsRequest request;
   request.set_session_id(session_id_);
-  for (pb::SharedTensor& t : state.Describe()) *request.add_tensors() = std::move(t);
+  for (pb::SharedTensor& t : state.Describe(lending)) *request.add_tensors() = std::move(t);
   pb::RegisterTensorsResponse response;
   return connection_->Convert(
       connection_->stub()->RegisterTensors(connection_->Context().get(), request, &response),
       "RegisterTensors");
 }
 
-absl::StatusOr<std::string> Client::Transfer(
-    bool save, const std::string& path, const StateDict& state,
-    const std::map<std::string, std::string>& metadata, const std::string& operation_id,
-    absl::Duration arrival_timeout, pb::LoadAlgorithm load_algorithm, int64_t memory_budget_bytes) {
-  if (absl::Status s = Share(state); !s.ok()) return s;
+absl::StatusOr<std::string> Client::Transfer(bool save, const std::string& path,
+                                             const StateDict& state,
+                                             const std::map<std::string, std::string>& metadata,
+                                             const std::string& operation_id,
+                                             absl::Duration arrival_timeout, Lending lending,
+                                             pb::LoadAlgorithm load_algorithm,
+                                             int64_t memory_budget_bytes) {
+  if (absl::Status s = Register(state, lending); !s.ok()) return s;
   pb::TransferRequest request;
   request.set_session_id(session_id_);
   // The coordinator accepts only absolute paths (under its checkpoint roots); a relative one
@@ -231,7 +239,7 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
                                                          const StateDict& state,
                                                          const SaveOptions& options) {
   absl::StatusOr<std::string> op =
-      Transfer(true, path, state, options.metadata, "", options.arrival_timeout);
+      Transfer(true, path, state, options.metadata, "", options.arrival_timeout, options.lending);
   if (!op.ok()) return op.status();
   auto handle = std::make_unique<SaveHandle>(connection_, session_id_, *op);
   // Return once this rank's worker copied the state out of the trainer's memory (or the save
@@ -240,6 +248,7 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
       connection_->WaitSnapshot(session_id_, *op, options.arrival_timeout + absl::Hours(1));
   if (!p.ok()) return p.status();
   if (!p->status.ok()) return p->status;
+  handle->snapshot_ = p->snapshot;
   return handle;
 }
 
@@ -249,8 +258,9 @@ absl::Status Client::Load(const std::string& path, StateDict& state, const LoadO
     return absl::InvalidArgumentError(
         absl::StrCat("LoadOptions::exchange_algorithm: ", algorithm.status().message()));
   }
-  absl::StatusOr<std::string> op = Transfer(false, path, state, {}, "", options.arrival_timeout,
-                                            *algorithm, options.memory_budget_bytes);
+  absl::StatusOr<std::string> op =
+      Transfer(false, path, state, {}, "", options.arrival_timeout, Lending::kNone, *algorithm,
+               options.memory_budget_bytes);
   if (!op.ok()) return op.status();
   absl::StatusOr<OperationProgress> p =
       connection_->WaitFinal(session_id_, *op, options.arrival_timeout + options.deadline);
@@ -280,7 +290,7 @@ absl::StatusOr<PollResult> Client::Poll(
   result.operation_id = response.operation_id();
   if (absl::Status s = prepare(result.kind, result.path); !s.ok()) return s;
   absl::StatusOr<std::string> op =
-      Transfer(save, result.path, state, {}, result.operation_id, absl::Minutes(5));
+      Transfer(save, result.path, state, {}, result.operation_id, absl::Minutes(5), Lending::kNone);
   if (!op.ok()) return op.status();
   // A save returns at the snapshot, like Save (the operator's ckptctl waits for the commit);
   // a load once the tensors hold the loaded values.

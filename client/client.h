@@ -35,6 +35,12 @@ struct SaveOptions {
   // How long this rank waits for the others to call Save (the coordinator's own arrival
   // deadline, --arrival_deadline_ms, aborts the operation for every rank when it is shorter).
   absl::Duration arrival_timeout = absl::Minutes(5);
+  // What the trainer lends to this save until it ends (WaitDurable returned, OK or not). The
+  // worker writes lent host bytes straight from shared memory, without copying them at the
+  // snapshot, and Save returns at once for them, so the trainer must not change them before the
+  // save ends. Memory not lent is copied by the worker before Save returns (snapshot semantics).
+  // See Lending (client/state_dict.h).
+  Lending lending = Lending::kMarkedTensors;
   // (No exchange algorithm or memory budget: a save moves no bytes between ranks, each stored
   // piece is written by one rank that holds it, and the worker snapshots its rank's whole part
   // before writing it.)
@@ -55,6 +61,17 @@ struct LoadOptions {
   int64_t memory_budget_bytes = 0;
 };
 
+// How this rank's worker took a save's snapshot (known once snapshotted).
+struct SnapshotInfo {
+  int64_t copied_bytes = 0;  // host bytes the worker copied out of the trainer's memory
+  int64_t lent_bytes = 0;    // host bytes lent until durable: written in place, not copied
+  int64_t device_bytes = 0;  // bytes staged off the device through the worker's pinned pool
+  // The device bytes exceeded the worker's pinned budget: its buffers were reused during the
+  // snapshot, so Save returned later than one round of staging would take.
+  bool device_over_pinned_budget = false;
+  int64_t pinned_budget_bytes = 0;  // the worker's pinned staging budget (0: none)
+};
+
 // Where an operation stands.
 struct OperationProgress {
   std::string phase;      // "gathering", "planning", "executing", "committing", "done", "aborted"
@@ -63,6 +80,7 @@ struct OperationProgress {
   int64_t bytes_total = 0;
   absl::Status status;       // the diagnosis when aborted
   bool snapshotted = false;  // save: this rank's state is copied into worker memory
+  SnapshotInfo snapshot;     // save, once snapshotted: how
 };
 
 // A save in flight.
@@ -76,8 +94,12 @@ class SaveHandle {
   // `timeout` (the save keeps going).
   absl::Status WaitDurable(absl::Duration timeout);
   absl::StatusOr<OperationProgress> Progress();
+  // How this rank's worker took the snapshot (zeros when the save ended before it).
+  const SnapshotInfo& snapshot() const { return snapshot_; }
 
  private:
+  friend class Client;
+  SnapshotInfo snapshot_;
   std::shared_ptr<WorkerConnection> connection_;
   std::string session_id_;
   std::string operation_id_;
@@ -130,8 +152,8 @@ class Client {
 
   // Call once per training step: performs any save or load an operator requested for this
   // job (ckptctl save/load). A save returns once snapshotted (as Save does; the operator's
-  // ckptctl waits for the commit), a load once the tensors hold the loaded values. Cheap
-  // when nothing is pending.
+  // ckptctl waits for the commit; nothing is lent: every byte is copied at the snapshot), a
+  // load once the tensors hold the loaded values. Cheap when nothing is pending.
   absl::StatusOr<PollResult> Poll(StateDict& state);
   // Poll that calls `prepare(kind, path)` after learning of a pending operation and before the
   // transfer starts (a binding copies staged tensors into shared memory for a save there); its
@@ -145,9 +167,12 @@ class Client {
   absl::StatusOr<std::string> Transfer(
       bool save, const std::string& path, const StateDict& state,
       const std::map<std::string, std::string>& metadata, const std::string& operation_id,
-      absl::Duration arrival_timeout,
+      absl::Duration arrival_timeout, Lending lending,
       pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED,
       int64_t memory_budget_bytes = 0);
+
+  // Share with what `lending` lends marked in the description.
+  absl::Status Register(const StateDict& state, Lending lending);
 
   ResolvedOptions options_;
   std::shared_ptr<WorkerConnection> connection_;

@@ -219,4 +219,25 @@ TEST(StateDictTest, DeviceTensorsNeedAGpu) {
 }
 
 }  // namespace
+TEST(StateDictTest, LendingMarksWhatTheSaveMayWriteInPlace) {
+  StateDict state("lend", 0);
+  auto whole = [](const std::string& key) {
+    TensorDeclaration s = Spec(key, {4});
+    s.layout = Region{{0}, {4}, std::nullopt};
+    return s;
+  };
+  auto staging = state.AddHost(whole("staging"));
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  (*staging)->lent_until_durable = true;  // a binding's own staging buffer
+  ASSERT_TRUE(state.AddHost(whole("trainers")).ok());
+  auto lent = [&](Lending lending) {
+    std::vector<bool> out;
+    for (const pb::SharedTensor& t : state.Describe(lending)) out.push_back(t.lent_until_durable());
+    return out;
+  };
+  EXPECT_EQ(lent(Lending::kNone), (std::vector<bool>{false, false}));
+  EXPECT_EQ(lent(Lending::kMarkedTensors), (std::vector<bool>{true, false}));
+  EXPECT_EQ(lent(Lending::kAllHostTensors), (std::vector<bool>{true, true}));
+}
+
 }  // namespace ckpt::client

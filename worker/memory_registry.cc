@@ -259,6 +259,7 @@ absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
     }
     r.data = static_cast<std::byte*>(seg->second->addr()) + t.offset();
     r.mapping = seg->second;
+    r.lent_until_durable = t.lent_until_durable();
     registered.push_back(std::move(r));
   }
   session.tensors = std::move(registered);

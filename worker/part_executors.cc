@@ -28,19 +28,27 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
   MemoryGate& gate = run.gate;
   DeviceSnapshotOptions device;
   device.staging = device_staging_;
-  device.on_device_drained = [this, &item] {
-    if (on_snapshot_) on_snapshot_(item.operation_id(), item.rank());
+  device.on_device_drained = [this, &item](const SnapshotReport& r) {
+    pb::SaveSnapshotReport report;
+    report.set_copied_bytes(r.copied_bytes);
+    report.set_lent_bytes(r.lent_bytes);
+    report.set_device_bytes(r.device.bytes);
+    report.set_device_over_pinned_budget(r.device.over_budget);
+    report.set_pinned_budget_bytes(r.pinned_budget_bytes);
+    if (on_snapshot_) on_snapshot_(item.operation_id(), item.rank(), report);
   };
   absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, *run.session, gate, device);
   if (!snapshot.ok()) {
     out.status = snapshot.status();
   } else {
-    const StagingStats& staged = snapshot->device_staging;
+    const StagingStats& staged = snapshot->report.device;
     spdlog::info(
-        "save_part_snapshotted op={} rank={} bytes={} seconds={:.3f} device_bytes={} "
-        "device_chunks={} device_drained_s={:.3f} device_over_pinned_budget={}",
+        "save_part_snapshotted op={} rank={} bytes={} seconds={:.3f} copied_bytes={} "
+        "lent_bytes={} device_bytes={} device_chunks={} device_drained_s={:.3f} "
+        "device_over_pinned_budget={}",
         item.operation_id(), item.rank(), part.total_bytes(),
-        absl::ToDoubleSeconds(absl::Now() - start), staged.bytes, staged.chunks,
+        absl::ToDoubleSeconds(absl::Now() - start), snapshot->report.copied_bytes,
+        snapshot->report.lent_bytes, staged.bytes, staged.chunks,
         absl::ToDoubleSeconds(staged.until_drained), staged.over_budget);
     absl::StatusOr<std::string> done =
         WriteSnapshot(*snapshot, run.progress, [&gate] { return gate.closed(); });

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/synchronization/notification.h"
+#include "proto/worker.pb.h"
 #include "worker/coordinator_link.h"
 #include "worker/part_executor.h"
 #include "worker/staging_pipeline.h"
@@ -19,7 +20,8 @@ namespace ckpt::worker {
 // (the trainer may change its tensors from then on), then writes the snapshot's files.
 class SavePartExecutor final : public PartExecutor {
  public:
-  using SnapshotFn = std::function<void(const std::string& operation_id, int rank)>;
+  using SnapshotFn = std::function<void(const std::string& operation_id, int rank,
+                                        const pb::SaveSnapshotReport& report)>;
   // `device_staging`: the worker's pinned pool (null: no GPU served; device pieces are
   // refused); it must outlive the executor.
   SavePartExecutor(SnapshotFn on_snapshot, PinnedStagingPool* device_staging)

@@ -22,11 +22,12 @@ namespace {
 absl::Status StageDeviceSnapshot(absl::Span<const DeviceRange> ranges,
                                  absl::Span<char* const> destinations, const std::string& who,
                                  MemoryGate& gate, const DeviceSnapshotOptions& device,
-                                 StagingStats* stats) {
+                                 SnapshotReport* report) {
   if (ranges.empty()) {
-    if (device.on_device_drained) device.on_device_drained();
+    if (device.on_device_drained) device.on_device_drained(*report);
     return absl::OkStatus();
   }
+  report->pinned_budget_bytes = device.staging->budget_bytes();
   const absl::Time deadline = absl::Now() + device.timeout;
   absl::StatusOr<PinnedStagingPool::Lease> lease = device.staging->Acquire(deadline);
   if (!lease.ok()) {
@@ -40,7 +41,15 @@ absl::Status StageDeviceSnapshot(absl::Span<const DeviceRange> ranges,
           std::memcpy(destinations[c.range] + c.offset, c.host, static_cast<size_t>(c.bytes));
           return absl::OkStatus();
         },
-        device.on_device_drained, deadline, stats);
+        [&] {
+          // The pipeline counts bytes as they are consumed; at the drain every byte has left
+          // the device, so the report says all of them.
+          SnapshotReport at_drain = *report;
+          at_drain.device.bytes = 0;
+          for (const DeviceRange& r : ranges) at_drain.device.bytes += r.bytes;
+          if (device.on_device_drained) device.on_device_drained(at_drain);
+        },
+        deadline, &report->device);
   });
 }
 
@@ -115,6 +124,13 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
             piece.key(), *dtype,
             std::vector<int64_t>(piece.global_shape().begin(), piece.global_shape().end())});
       }
+      if (!on_device && t.lent_until_durable) {
+        // Lent until the save ends: written from the trainer's mapping, which stays mapped.
+        snapshot.mappings.push_back(t.mapping);
+        snapshot.report.lent_bytes += t.nbytes;
+        plan.pieces.push_back(PieceData{piece.key(), *region, t.data, t.nbytes});
+        continue;
+      }
       // The copy is what gets written: the trainer may change its tensors once this returns.
       snapshot.buffers.emplace_back(new char[std::max<int64_t>(t.nbytes, 1)]);
       if (on_device) {  // staged below, after every host piece
@@ -130,13 +146,14 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
         return absl::Status(copied.code(), absl::StrCat(who, ": stopped copying ", piece.key(),
                                                         ": ", copied.message()));
       }
+      snapshot.report.copied_bytes += t.nbytes;
       plan.pieces.push_back(
           PieceData{piece.key(), *region, snapshot.buffers.back().get(), t.nbytes});
     }
     files.push_back(std::move(plan));
   }
   if (absl::Status s = StageDeviceSnapshot(device_ranges, device_destinations, who, gate, device,
-                                           &snapshot.device_staging);
+                                           &snapshot.report);
       !s.ok()) {
     return s;
   }

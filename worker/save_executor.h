@@ -20,8 +20,19 @@
 
 namespace ckpt::worker {
 
-// A rank's save part copied out of the trainer's memory into worker-owned buffers: once it
-// exists the trainer may change its tensors; writing it produces the pre-change values.
+// How a snapshot was taken (reported to the trainer with the snapshot signal).
+struct SnapshotReport {
+  int64_t copied_bytes = 0;         // host bytes copied out of the trainer's memory
+  int64_t lent_bytes = 0;           // host bytes lent until durable: written in place, not copied
+  StagingStats device;              // device pieces staged through the pinned pool (bytes 0: none)
+  int64_t pinned_budget_bytes = 0;  // of the pool used (0: no device staging)
+};
+
+// A rank's save part taken out of the trainer's memory: its own pieces are copied into
+// worker-owned buffers, so the trainer may change them once it exists and writing it produces
+// the pre-change values; pieces the trainer lent until durable (RegisteredTensor::
+// lent_until_durable) are not copied and are written from the trainer's shared mapping, which
+// `mappings` keeps alive.
 struct SaveSnapshot {
   int rank = 0;
   std::string job;
@@ -29,24 +40,25 @@ struct SaveSnapshot {
   std::vector<TensorMeta> tensors;
   std::vector<DataFilePlan> files;               // pieces point into `buffers`
   std::vector<std::string> file_paths;           // as planned, for messages
-  std::vector<std::unique_ptr<char[]>> buffers;  // the copied bytes, one buffer per piece
-  // Device pieces: staged off the device through the worker's pinned pool (bytes 0 when none).
-  StagingStats device_staging;
+  std::vector<std::unique_ptr<char[]>> buffers;  // the copied bytes, one per copied piece
+  std::vector<std::shared_ptr<const MappedSegment>> mappings;  // of the lent pieces
+  SnapshotReport report;
 };
 
 // Where device pieces go through, and who hears that they left the device.
 struct DeviceSnapshotOptions {
   PinnedStagingPool* staging = nullptr;  // null: device pieces are FailedPrecondition
   // Called once every byte of this rank's device pieces has left device memory (and the host
-  // pieces are copied): the trainer may overwrite its tensors from then on.
-  std::function<void()> on_device_drained;
+  // pieces are copied; lent pieces need no copy): the trainer may overwrite its tensors from
+  // then on. The report's device figures are final when it is called.
+  std::function<void(const SnapshotReport&)> on_device_drained;
   absl::Duration timeout = absl::Minutes(10);  // for the pool and each copy
 };
 
 // Checks `part` against the session (see ExecuteSavePart) and copies the pieces it writes,
 // through `gate` in chunks (a closed gate stops the copy with its reason). Host pieces are
-// copied first, then device pieces are staged off the device through `device.staging` in
-// chunks (see worker/staging_pipeline.h) into the snapshot's buffers.
+// copied first (lent ones are not copied), then device pieces are staged off the device through
+// `device.staging` in chunks (see worker/staging_pipeline.h) into the snapshot's buffers.
 absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
                                               const SessionInfo& session, MemoryGate& gate,
                                               const DeviceSnapshotOptions& device = {});

@@ -152,6 +152,71 @@ TEST_F(SaveExecutorTest, SnapshotIsACopyTheTrainerMayOverwrite) {
   EXPECT_EQ(first, 100);  // the value at the snapshot
 }
 
+// The trainer's tensor registered again, lent to the save until durable.
+SessionInfo LentSession(const SessionInfo& session) {
+  SessionInfo lent = session;
+  for (RegisteredTensor& t : lent.tensors) t.lent_until_durable = true;
+  return lent;
+}
+
+TEST_F(SaveExecutorTest, ALentTensorIsNotCopiedAndTheSnapshotSignalComesAtOnce) {
+  const SessionInfo lent = LentSession(session_);
+  MemoryGate gate;
+  // A closed gate stops every copy out of the trainer's memory; a lent tensor needs none.
+  gate.Close(absl::UnavailableError("no copy may run"));
+  SnapshotReport at_signal;
+  bool signalled = false;
+  DeviceSnapshotOptions device;
+  device.on_device_drained = [&](const SnapshotReport& r) {
+    signalled = true;
+    at_signal = r;
+  };
+  auto snapshot = SnapshotSavePart(Part(), lent, gate, device);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  EXPECT_TRUE(signalled);
+  EXPECT_EQ(at_signal.copied_bytes, 0);
+  EXPECT_EQ(at_signal.lent_bytes, 64);
+  EXPECT_TRUE(snapshot->buffers.empty());
+  // Written from the trainer's own mapping: a change before the write (which a lender promises
+  // not to make) is what gets stored, proving no copy was taken.
+  data_[0] = 4242;
+  auto written = WriteSnapshot(*snapshot, nullptr);
+  ASSERT_TRUE(written.ok()) << written.status();
+  pb::Manifest m;
+  ASSERT_TRUE(m.ParseFromString(*written));
+  auto bytes = ReadFileRange(JoinPath(staging_, m.pieces(0).file()), m.pieces(0).byte_offset(), 64);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(std::memcmp(bytes->data(), data_, 64), 0);
+}
+
+TEST_F(SaveExecutorTest, ALentTensorStaysMappedForTheWriteAfterTheSessionIsGone) {
+  MemoryGate gate;
+  absl::StatusOr<SaveSnapshot> snapshot;
+  {
+    const SessionInfo lent = LentSession(session_);
+    snapshot = SnapshotSavePart(Part(), lent, gate);
+    ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  }
+  // The snapshot itself holds the worker's mapping of the lent piece's segment.
+  ASSERT_EQ(snapshot->mappings.size(), 1u);
+  EXPECT_EQ(snapshot->mappings[0]->addr(), session_.tensors[0].mapping->addr());
+  // The trainer said goodbye: the registry unmaps its segments, the session copy is gone.
+  ASSERT_TRUE(registry_.CloseSession(session_.id).ok());
+  session_ = SessionInfo();
+  auto written = WriteSnapshot(*snapshot, nullptr);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(snapshot->report.lent_bytes, 64);
+}
+
+TEST_F(SaveExecutorTest, ATensorNotLentIsCopiedAndReportedAsCopied) {
+  MemoryGate gate;
+  auto snapshot = SnapshotSavePart(Part(), session_, gate);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  EXPECT_EQ(snapshot->report.copied_bytes, 64);
+  EXPECT_EQ(snapshot->report.lent_bytes, 0);
+  EXPECT_EQ(snapshot->buffers.size(), 1u);
+}
+
 TEST_F(SaveExecutorTest, EmptyPartWritesNothing) {
   pb::SavePlanPart part;
   part.set_rank(0);
@@ -212,8 +277,10 @@ TEST_F(DeviceSaveTest, TheCheckpointHoldsTheValuesAtSaveEvenIfOverwrittenOnceDra
   bool drained = false;
   DeviceSnapshotOptions device;
   device.staging = &pool_;
-  device.on_device_drained = [&] {
+  SnapshotReport at_drain;
+  device.on_device_drained = [&](const SnapshotReport& r) {
     drained = true;
+    at_drain = r;
     // The trainer overwrites its tensors as soon as Save returned.
     for (int32_t& v : device_memory_) v = -1;
     for (int i = 0; i < 16; ++i) data_[i] = -1;
@@ -221,8 +288,14 @@ TEST_F(DeviceSaveTest, TheCheckpointHoldsTheValuesAtSaveEvenIfOverwrittenOnceDra
   auto snapshot = SnapshotSavePart(MixedPart(), session_, gate, device);
   ASSERT_TRUE(snapshot.ok()) << snapshot.status();
   EXPECT_TRUE(drained);
-  EXPECT_EQ(snapshot->device_staging.bytes, 40000);
-  EXPECT_TRUE(snapshot->device_staging.over_budget);
+  EXPECT_EQ(snapshot->report.device.bytes, 40000);
+  EXPECT_TRUE(snapshot->report.device.over_budget);
+  // What the trainer hears with the signal: every device byte staged, over the pinned budget.
+  EXPECT_EQ(at_drain.device.bytes, 40000);
+  EXPECT_TRUE(at_drain.device.over_budget);
+  EXPECT_EQ(at_drain.pinned_budget_bytes, 16384);
+  EXPECT_EQ(at_drain.copied_bytes, 64);
+  EXPECT_EQ(at_drain.lent_bytes, 0);
   auto written = WriteSnapshot(*snapshot, nullptr);
   ASSERT_TRUE(written.ok()) << written.status();
   pb::Manifest m;
@@ -260,7 +333,7 @@ TEST_F(DeviceSaveTest, AFailedDeviceCopyFailsTheSnapshotNamingTensorAndRankWitho
   bool drained = false;
   DeviceSnapshotOptions device;
   device.staging = &pool_;
-  device.on_device_drained = [&] { drained = true; };
+  device.on_device_drained = [&](const SnapshotReport&) { drained = true; };
   auto snapshot = SnapshotSavePart(MixedPart(), session_, gate, device);
   EXPECT_EQ(snapshot.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(std::string(snapshot.status().message()),

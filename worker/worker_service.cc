@@ -27,10 +27,12 @@ constexpr absl::Duration kRegistrationWait = absl::Seconds(5);
 WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host,
                              PinnedStagingPool* device_staging)
     : registry_(registry), link_(link), host_(std::move(host)) {
-  RegisterPartExecutor(
-      pb::OPERATION_SAVE,
-      std::make_unique<SavePartExecutor>(
-          [this](const std::string& op, int rank) { MarkSnapshotted(op, rank); }, device_staging));
+  RegisterPartExecutor(pb::OPERATION_SAVE, std::make_unique<SavePartExecutor>(
+                                               [this](const std::string& op, int rank,
+                                                      const pb::SaveSnapshotReport& report) {
+                                                 MarkSnapshotted(op, rank, report);
+                                               },
+                                               device_staging));
   RegisterPartExecutor(pb::OPERATION_LOAD,
                        std::make_unique<LoadPartExecutor>(LoadEnvironment{
                            link_, host_, &gloo_loop_thread_nice_, &stopping_, device_staging}));
@@ -208,16 +210,21 @@ grpc::Status WorkerService::Poll(grpc::ServerContext* context, const pb::PollReq
   return grpc::Status::OK;
 }
 
-void WorkerService::MarkSnapshotted(const std::string& operation_id, int rank) {
+void WorkerService::MarkSnapshotted(const std::string& operation_id, int rank,
+                                    const pb::SaveSnapshotReport& report) {
   std::lock_guard<std::mutex> lock(snapshot_mu_);
-  snapshotted_.push_back(absl::StrCat(operation_id, "/", rank));
+  snapshotted_.emplace_back(absl::StrCat(operation_id, "/", rank), report);
   if (snapshotted_.size() > 4096) snapshotted_.pop_front();
   snapshot_cv_.notify_all();
 }
 
-bool WorkerService::Snapshotted(const std::string& operation_id, int rank) {
+const pb::SaveSnapshotReport* WorkerService::Snapshotted(const std::string& operation_id,
+                                                         int rank) {
   const std::string key = absl::StrCat(operation_id, "/", rank);
-  return std::find(snapshotted_.begin(), snapshotted_.end(), key) != snapshotted_.end();
+  for (const auto& [k, report] : snapshotted_) {
+    if (k == key) return &report;
+  }
+  return nullptr;
 }
 
 grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitRequest* request,
@@ -231,17 +238,20 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
   const int rank = request->until_snapshot() ? session->trainer.rank : -1;
   while (true) {
     bool snapshotted = false;
+    pb::SaveSnapshotReport report;
     absl::Duration slice = std::min(absl::Milliseconds(100), deadline - absl::Now());
     if (slice < absl::ZeroDuration()) slice = absl::ZeroDuration();
     if (rank >= 0) {
       // Wait here for the snapshot, checking the operation's end at the coordinator between.
       std::lock_guard<std::mutex> lock(snapshot_mu_);
       absl::Time until = absl::Now() + slice;
-      while (!Snapshotted(request->operation_id(), rank) &&
+      while (Snapshotted(request->operation_id(), rank) == nullptr &&
              !(snapshot_cv_.wait_until(snapshot_mu_, absl::ToChronoTime(until)) ==
                std::cv_status::timeout)) {
       }
-      snapshotted = Snapshotted(request->operation_id(), rank);
+      const pb::SaveSnapshotReport* r = Snapshotted(request->operation_id(), rank);
+      snapshotted = r != nullptr;
+      if (r != nullptr) report = *r;
     }
     pb::WaitOperationRequest wait;
     wait.set_operation_id(request->operation_id());
@@ -280,6 +290,7 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
       response->set_bytes_done(op.bytes_done());
       response->set_bytes_total(op.bytes_total());
       response->set_snapshotted(snapshotted);
+      if (snapshotted) *response->mutable_snapshot() = report;
       return grpc::Status::OK;
     }
   }

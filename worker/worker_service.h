@@ -123,8 +123,11 @@ class WorkerService final : public pb::Worker::Service {
   // The operation's gate, created open (bound to the current registration) on first use.
   std::shared_ptr<MemoryGate> GateFor(const std::string& operation_id);
   void CloseGate(const std::string& operation_id, const absl::Status& reason);
-  void MarkSnapshotted(const std::string& operation_id, int rank);
-  bool Snapshotted(const std::string& operation_id, int rank);
+  void MarkSnapshotted(const std::string& operation_id, int rank,
+                       const pb::SaveSnapshotReport& report);
+  // The report of the part's snapshot; null when it is not snapshotted (yet).
+  const pb::SaveSnapshotReport* Snapshotted(const std::string& operation_id, int rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(snapshot_mu_);
 
   MemoryRegistry* registry_;
   CoordinatorLink* link_;
@@ -148,7 +151,9 @@ class WorkerService final : public pb::Worker::Service {
       ABSL_GUARDED_BY(exec_mu_);  // by operation: the newest 1024, and every one a part holds
   std::mutex snapshot_mu_;
   std::condition_variable_any snapshot_cv_;
-  std::deque<std::string> snapshotted_ ABSL_GUARDED_BY(snapshot_mu_);  // "<op>/<rank>", recent
+  // By "<op>/<rank>", recent: how each snapshot was taken.
+  std::deque<std::pair<std::string, pb::SaveSnapshotReport>> snapshotted_
+      ABSL_GUARDED_BY(snapshot_mu_);
 };
 
 }  // namespace ckpt::worker

@@ -34,6 +34,7 @@ class StateDict:
     def __init__(self, native):
         self._native = native
         self._entries = {}
+        self._lent_to = None  # the SaveHandle of a save its staging is lent to, until it ends
 
     def add(self, key, tensor, layout=None):
         """Adds ``tensor`` (a CPU torch.Tensor or a NumPy array) under ``key`` with ``layout``
@@ -97,8 +98,19 @@ class StateDict:
         """Bytes copied into (and out of) shared staging memory at each save (load)."""
         return sum(e.nbytes for e in self._entries.values() if e.staging is not None)
 
+    def _await_lent(self):
+        """Waits until the save the staging buffers were lent to has ended (committed or
+        aborted: its own handle reports how), so that they may be written again."""
+        handle, self._lent_to = self._lent_to, None
+        if handle is not None and handle._lent_state is not None:
+            try:
+                handle.wait()
+            except _errors.Error:
+                pass  # the save's outcome belongs to its handle; the buffers are free either way
+
     def _stage_in(self):
         """Copies staged tensors into their shared staging buffers (before a save)."""
+        self._await_lent()
         for e in self._entries.values():
             if e.staging is not None and e.nbytes:
                 if _is_torch(e.tensor):
@@ -109,6 +121,7 @@ class StateDict:
 
     def _stage_out(self):
         """Copies loaded values from staging into the caller's tensors (after a load)."""
+        self._await_lent()
         for e in self._entries.values():
             if e.staging is not None and e.nbytes:
                 if _is_torch(e.tensor):
@@ -128,6 +141,10 @@ class Progress:
     error: Optional[_errors.Error]  # the diagnosis when aborted
     staged_bytes: int  # copied by this process into shared staging before the snapshot
     shared_bytes: int  # saved in place from ckpt.empty memory
+    worker_copied_bytes: int  # host bytes the worker copied out of shared memory (snapshot)
+    lent_bytes: int  # host bytes lent until durable: written in place, not copied again
+    device_bytes: int  # bytes staged off the device through the worker's pinned pool
+    device_over_pinned_budget: bool  # the device bytes exceeded the pinned budget
 
 
 def _status_error(code, message):
@@ -135,14 +152,27 @@ def _status_error(code, message):
 
 
 class SaveHandle:
-    """A save in flight: returned once this rank's state is snapshotted."""
+    """A save in flight: returned once this rank's state is snapshotted.
 
-    def __init__(self, native, staged_bytes, shared_bytes):
+    ``staged_bytes``: copied by this process into shared staging; ``shared_bytes``: ckpt.empty
+    memory; ``worker_copied_bytes``: copied again by the worker at the snapshot (memory not
+    lent); ``lent_bytes``: written by the worker straight from shared memory (staging, and with
+    ``lend=True`` every tensor), which the state dict keeps busy until the save ends;
+    ``device_bytes`` / ``device_over_pinned_budget``: device staging (see docs/python.md)."""
+
+    def __init__(self, native, staged_bytes, shared_bytes, state=None):
         self._native = native
         self.staged_bytes = staged_bytes
         self.shared_bytes = shared_bytes
         self.stage_seconds = 0.0  # copying staged tensors into shared memory
         self.snapshot_seconds = 0.0  # until save() returned (staging included)
+        snapshot = native.snapshot()
+        self.worker_copied_bytes = snapshot["copied_bytes"]
+        self.lent_bytes = snapshot["lent_bytes"]
+        self.device_bytes = snapshot["device_bytes"]
+        self.device_over_pinned_budget = snapshot["device_over_pinned_budget"]
+        # Lent memory stays alive (and unwritten by this package) until the save ended.
+        self._lent_state = state if self.lent_bytes else None
 
     @property
     def operation_id(self):
@@ -151,13 +181,21 @@ class SaveHandle:
     def wait(self, timeout=None):
         """Blocks until the checkpoint is committed (durable). Raises the abort diagnosis
         (a ckpt.Error), or ckpt.DeadlineExceeded after ``timeout`` seconds (the save goes on)."""
-        self._native.wait(_FOREVER if timeout is None else float(timeout))
+        try:
+            self._native.wait(_FOREVER if timeout is None else float(timeout))
+            self._lent_state = None
+        except _errors.DeadlineExceeded:
+            raise  # still running: the lent memory stays lent
+        except _errors.Error:
+            self._lent_state = None  # ended (aborted): the lent memory is free again
+            raise
 
     def progress(self):
         p = self._native.progress()
         return Progress(p["phase"], p["bytes_done"], p["bytes_total"], p["snapshotted"],
                         _status_error(p["code"], p["message"]), self.staged_bytes,
-                        self.shared_bytes)
+                        self.shared_bytes, self.worker_copied_bytes, self.lent_bytes,
+                        self.device_bytes, self.device_over_pinned_budget)
 
 
 @dataclass
@@ -217,17 +255,26 @@ class Client:
         layouts and memory early."""
         self._native.share(state._native)
 
-    def save(self, path, state, metadata=None, *, arrival_timeout=300.0):
+    def save(self, path, state, metadata=None, *, arrival_timeout=300.0, lend=False):
         """Collective: saves ``state`` to the checkpoint directory ``path`` (absolute, or
         relative to the working directory; under the coordinator's checkpoint roots). Returns a
         SaveHandle once this rank's state is snapshotted: the tensors may be modified at once.
-        ``metadata`` (str -> str) is stored in the manifest."""
+        ``metadata`` (str -> str) is stored in the manifest.
+
+        Tensors that are not ckpt.empty memory are copied into shared staging here; the
+        staging is lent to the worker until the save ends (it writes from it without a second
+        copy), so the next save or load of ``state`` first waits for this one to end.
+        ``lend=True`` also lends the ckpt.empty tensors: the caller promises not to change any
+        tensor of ``state`` until ``handle.wait()`` returned (a blocking save); the worker then
+        copies nothing. Without it the worker copies ckpt.empty tensors before this returns."""
         start = time.perf_counter()
         staged = state._stage_in()
         staged_at = time.perf_counter()
         meta = {str(k): str(v) for k, v in (metadata or {}).items()}
-        native = self._native.save(os.fspath(path), state._native, meta, float(arrival_timeout))
-        handle = SaveHandle(native, staged, state.shared_bytes)
+        native = self._native.save(os.fspath(path), state._native, meta, float(arrival_timeout),
+                                   bool(lend))
+        handle = SaveHandle(native, staged, state.shared_bytes, state)
+        state._lent_to = handle
         handle.stage_seconds = staged_at - start
         handle.snapshot_seconds = time.perf_counter() - start
         return handle
@@ -237,6 +284,7 @@ class Client:
         """Collective: fills ``state``'s tensors in place from the checkpoint at ``path``,
         whatever layout it was saved from (checksums verified). ``algorithm``: "" (the
         coordinator's choice), "direct", "broadcast", "overlap_all_to_all", ..."""
+        state._await_lent()
         self._native.load(os.fspath(path), state._native, float(arrival_timeout),
                           float(deadline), algorithm, int(memory_budget_bytes))
         state._stage_out()

@@ -107,6 +107,8 @@ def shutdown():
     """Closes this process's client (says Goodbye to the worker)."""
     global _client, _client_identity
     with _lock:
+        if _SaveCache.state is not None:
+            _SaveCache.state._await_lent()  # the worker may still write from its staging
         _SaveCache.client, _SaveCache.signature, _SaveCache.state = None, None, None
         if _client is not None:
             _client.close()
@@ -309,8 +311,10 @@ def _refuse_planner(planner, what):
                                     "(it plans on its coordinator); pass planner=None")
 
 
-def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group, metadata):
-    """Everything up to the snapshot: returns the SaveHandle."""
+def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group, metadata,
+              lend):
+    """Everything up to the snapshot: returns the SaveHandle. ``lend``: the caller waits for
+    the commit before it touches any tensor (see ckpt.Client.save)."""
     path, items, error = None, [], None
     try:
         path = _path(checkpoint_id, storage_writer, "ckpt.torch.save")
@@ -338,14 +342,16 @@ def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group,
     state = _save_state(client, items, ids)
     meta = dict(metadata or {})
     meta[_OBJECTS_KEY] = json.dumps(objects, sort_keys=True)
-    return client.save(path, state, meta)
+    return client.save(path, state, meta, lend=lend)
 
 
 class _SaveCache:
     """The last save's ckpt state dict, reused by the next save of the same tensors (same keys,
     layouts, replica ids, memory and values' sizes): its shared staging buffers are allocated
     once, and each save only copies into them. Holds one copy of the staged state in shared
-    memory until shutdown() or a save of something else."""
+    memory until shutdown() or a save of something else. The buffers are lent to each save
+    until it is durable (the worker writes from them, no second copy): the next save or load
+    of the same tensors waits for the previous save to end before it writes them."""
 
     client = None
     signature = None
@@ -375,6 +381,8 @@ def _save_state(client, items, ids):
             if item.kind == "object" and ids[item.key] == 0:
                 state._entries[item.key].tensor = np.frombuffer(item.payload, dtype=np.uint8)
         return state
+    if _SaveCache.state is not None:
+        _SaveCache.state._await_lent()  # its staging may be freed and reused below
     _SaveCache.client, _SaveCache.signature, _SaveCache.state = None, None, None
     state = client.state_dict()
     for item in items:
@@ -394,9 +402,11 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
          process_group=None, no_dist=False, metadata=None):
     """Collective: saves ``state_dict`` to the directory ``checkpoint_id`` and returns once it
     is committed (durable). Returns the SaveHandle (``staged_bytes``: bytes copied into shared
-    staging). ``metadata``: extra str -> str stored in the manifest."""
+    staging; ``lent_bytes``: bytes the worker wrote from shared memory without copying them
+    again, here every byte: the call does not return before the commit, so all the memory is
+    lent to the save). ``metadata``: extra str -> str stored in the manifest."""
     handle = _snapshot(state_dict, checkpoint_id, storage_writer, planner,
-                       None if no_dist else process_group, metadata)
+                       None if no_dist else process_group, metadata, lend=True)
     handle.wait()
     return handle
 
@@ -406,9 +416,12 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
     """Collective: returns once this rank's state is snapshotted (copied out of the trainer's
     tensors), so they may be modified at once; the returned concurrent.futures.Future completes
     (result: the SaveHandle) when the checkpoint is committed, or raises the abort diagnosis.
-    DCP's async_checkpointer_type / async_stager options are accepted and ignored."""
+    DCP's async_checkpointer_type / async_stager options are accepted and ignored.
+    Tensors are copied into ckpt's shared staging by this call and the worker writes from
+    there; ckpt.empty tensors are copied by the worker before this returns. The staging stays
+    busy until the save is durable: a following save or load of the same tensors waits for it."""
     handle = _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group,
-                       metadata)
+                       metadata, lend=False)
     future = concurrent.futures.Future()
     future.set_running_or_notify_cancel()
 

@@ -85,6 +85,47 @@ def test_snapshot_holds_the_values_at_save_while_the_tensors_change(cluster):
         handle.wait(60)
         client.load(path, state)
     assert bool((shared == 1.0).all()) and bool((plain == 2.0).all())
+    # The staging of `plain` was lent (written in place), ckpt.empty memory copied by the worker.
+    assert handle.lent_bytes == 4 << 16 and handle.worker_copied_bytes == 4 << 16
+
+
+def test_staging_is_lent_not_copied_and_lend_true_lends_everything(cluster):
+    path = os.path.join(cluster.root, "lent")
+    shared = ckpt.empty(1 << 10, dtype=torch.float32)
+    shared.fill_(3.0)
+    plain = torch.full((1 << 12,), 4.0)
+    with ckpt.Client(job="lent", rank=0, world_size=1, local_rank=0) as client:
+        state = client.state_dict().add("shared", shared).add("plain", plain)
+        handle = client.save(path + "-a", state)
+        assert (handle.worker_copied_bytes, handle.lent_bytes) == (4 << 10, 4 << 12)
+        handle.wait(60)
+        p = handle.progress()
+        assert (p.worker_copied_bytes, p.lent_bytes, p.device_bytes) == (4 << 10, 4 << 12, 0)
+        blocking = client.save(path + "-b", state, lend=True)  # nothing is copied by the worker
+        assert (blocking.worker_copied_bytes, blocking.lent_bytes) == (0, (4 << 10) + (4 << 12))
+        blocking.wait(60)
+        shared.zero_()
+        plain.zero_()
+        client.load(path + "-b", state)
+    assert bool((shared == 3.0).all()) and bool((plain == 4.0).all())
+
+
+def test_a_second_save_of_lent_staging_waits_for_the_first_to_end(cluster):
+    path = os.path.join(cluster.root, "busy")
+    plain = torch.full((1 << 16,), 5.0)
+    with ckpt.Client(job="busy", rank=0, world_size=1, local_rank=0) as client:
+        state = client.state_dict().add("plain", plain)
+        first = client.save(path + "-1", state)
+        assert first.lent_bytes == 4 << 16
+        plain.fill_(6.0)
+        second = client.save(path + "-2", state)  # restages only after the first ended
+        assert first.progress().phase == "done"
+        second.wait(60)
+        plain.zero_()
+        client.load(path + "-1", state)
+        assert bool((plain == 5.0).all())
+        client.load(path + "-2", state)
+        assert bool((plain == 6.0).all())
 
 
 def test_box_flat_and_dtensor_layouts_reshard_between_two_ranks(cluster):
