@@ -195,6 +195,7 @@ absl::StatusOr<StateTensor*> StateDict::AddDevice(const TensorSpec& spec, void* 
   }
   (*t)->data = static_cast<std::byte*>(device_ptr);
   (*t)->device = device;
+  (*t)->device_uuid = std::move(exported->device_uuid);
   (*t)->cuda_ipc_handle = std::move(exported->ipc_handle);
   (*t)->ipc_offset = exported->offset;
   (*t)->allocation_bytes = exported->allocation_bytes;
@@ -238,6 +239,7 @@ std::vector<pb::SharedTensor> StateDict::Describe() const {
     } else {
       s.set_memory_kind(pb::MEMORY_DEVICE);
       s.set_cuda_ipc_handle(t->cuda_ipc_handle);
+      s.set_device_uuid(t->device_uuid);
       s.set_device(t->device);
       s.set_ipc_offset(t->ipc_offset);
       s.set_allocation_bytes(t->allocation_bytes);

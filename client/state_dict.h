@@ -70,6 +70,7 @@ struct StateTensor {
   std::byte* data = nullptr;   // host: the bytes (row-major over the region); device: the pointer
   int64_t nbytes = 0;
   int device = -1;  // device tensors: CUDA ordinal
+  std::string device_uuid;  // device tensors: the GPU's UUID (the worker matches by it)
   // How the piece was described (informational, for the manifest's saved layout).
   std::vector<int64_t> mesh_shape;
   std::vector<Placement> placements;
