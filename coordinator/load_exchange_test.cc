@@ -178,5 +178,78 @@ TEST(LoadExchangeTest, ATensorTheCheckpointLacksIsRefusedNamingRankAndKey) {
   EXPECT_THAT(plans.status().message(), HasSubstr("rank 2 asks for tensor v"));
 }
 
+// ThreeRankLoad with every shard in device memory, each rank on its own GPU with NCCL.
+Operation DeviceResidentLoad(const std::string& path) {
+  Operation op = ThreeRankLoad(path);
+  for (int r = 0; r < 3; ++r) {
+    RankEntry& e = op.ranks[r];
+    e.memory_kinds.assign(e.shards.size(), pb::MEMORY_DEVICE);
+    e.location.worker_id = absl::StrCat("w-", r);
+    e.location.host = "node0";
+    e.location.gpu = r;
+    e.location.nccl = true;
+  }
+  return op;
+}
+
+TEST(ChooseExchangeTransportTest, DeviceResidentRanksOnTheirOwnNcclGpusExchangeOnTheDevice) {
+  const std::string path = WriteTwoRowCheckpoint("device");
+  const Operation op = DeviceResidentLoad(path);
+  const ExchangeTransport transport = ChooseExchangeTransport(op);
+  EXPECT_TRUE(transport.device) << transport.reason;
+  auto plans = PlanExchangeLoad(op, LoadPlannerOptions{pb::LOAD_BROADCAST, 1 << 20});
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  for (const pb::LoadPlanPart& part : Parts(*plans)) {
+    EXPECT_TRUE(part.device_exchange());
+    EXPECT_EQ(part.transport_reason(), transport.reason);
+  }
+}
+
+TEST(ChooseExchangeTransportTest, OneRankWithAHostTensorKeepsEveryRankOnGlooNamingIt) {
+  const std::string path = WriteTwoRowCheckpoint("mixed");
+  Operation op = DeviceResidentLoad(path);
+  op.ranks[2].memory_kinds[0] = pb::MEMORY_HOST;
+  const ExchangeTransport transport = ChooseExchangeTransport(op);
+  EXPECT_FALSE(transport.device);
+  EXPECT_EQ(transport.reason, "rank 2 has tensors in host memory (w)");
+  auto plans = PlanExchangeLoad(op, LoadPlannerOptions{pb::LOAD_BROADCAST, 1 << 20});
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  for (const pb::LoadPlanPart& part : Parts(*plans)) EXPECT_FALSE(part.device_exchange());
+}
+
+TEST(ChooseExchangeTransportTest, AWorkerWithoutNcclKeepsTheLoadOnGloo) {
+  Operation op = DeviceResidentLoad(WriteTwoRowCheckpoint("nonccl"));
+  op.ranks[1].location.nccl = false;
+  const ExchangeTransport transport = ChooseExchangeTransport(op);
+  EXPECT_FALSE(transport.device);
+  EXPECT_THAT(transport.reason, HasSubstr("the worker of rank 1"));
+  EXPECT_THAT(transport.reason, HasSubstr("cannot create an NCCL communicator"));
+  op.ranks[1].location.nccl = true;
+  op.ranks[1].location.gpu = -1;  // a worker that serves no GPU cannot, whatever it says
+  EXPECT_FALSE(ChooseExchangeTransport(op).device);
+}
+
+TEST(ChooseExchangeTransportTest, TwoRanksOnOneGpuKeepTheLoadOnGlooBecauseNcclRefusesThem) {
+  Operation op = DeviceResidentLoad(WriteTwoRowCheckpoint("shared-gpu"));
+  op.ranks[2].location.gpu = 0;
+  const ExchangeTransport transport = ChooseExchangeTransport(op);
+  EXPECT_FALSE(transport.device);
+  EXPECT_THAT(transport.reason, HasSubstr("ranks 0 and 2 share GPU 0 of host node0"));
+  op.ranks[2].location.host = "node1";  // GPU 0 of another host is another GPU
+  EXPECT_TRUE(ChooseExchangeTransport(op).device);
+}
+
+TEST(ChooseExchangeTransportTest, RanksThatDidNotSayWhereTheirTensorsLiveStayOnGloo) {
+  Operation op = DeviceResidentLoad(WriteTwoRowCheckpoint("unsaid"));
+  op.ranks[0].memory_kinds.clear();
+  EXPECT_EQ(ChooseExchangeTransport(op).reason, "rank 0 did not say where its tensors live");
+  Operation empty = DeviceResidentLoad(WriteTwoRowCheckpoint("empty"));
+  for (RankEntry& e : empty.ranks) {
+    e.shards.clear();
+    e.memory_kinds.clear();
+  }
+  EXPECT_EQ(ChooseExchangeTransport(empty).reason, "no rank has device tensors");
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

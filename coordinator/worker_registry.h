@@ -28,6 +28,7 @@ struct WorkerDescription {
   std::vector<pb::MemoryKind> memory_kinds;
   int local_rank = 0;
   int gpu = -1;  // -1 when none
+  bool nccl = false;  // can create an NCCL communicator on `gpu`
 };
 
 // A registered worker and its lease.
