@@ -69,7 +69,7 @@ struct StateTensor {
   int64_t segment_offset = 0;  // host: where the tensor's bytes start in the segment
   std::byte* data = nullptr;   // host: the bytes (row-major over the region); device: the pointer
   int64_t nbytes = 0;
-  int device = -1;  // device tensors: CUDA ordinal
+  int device = -1;          // device tensors: CUDA ordinal
   std::string device_uuid;  // device tensors: the GPU's UUID (the worker matches by it)
   // How the piece was described (informational, for the manifest's saved layout).
   std::vector<int64_t> mesh_shape;

@@ -73,9 +73,9 @@ struct RankEntry {
   bool joined = false;
   RankLocation location;
   absl::Time joined_at;
-  std::vector<pb::ShardMeta> shards;      // the rank's shard metadata, as gathered
+  std::vector<pb::ShardMeta> shards;         // the rank's shard metadata, as gathered
   std::vector<pb::MemoryKind> memory_kinds;  // where each shard lives (parallel; may be empty)
-  std::vector<pb::TensorLayout> layouts;  // how the rank described them (informational)
+  std::vector<pb::TensorLayout> layouts;     // how the rank described them (informational)
   std::vector<int64_t> mesh_shape;
   bool has_plan = false;
   std::string plan_part;    // opaque serialized plan part for this rank's worker
@@ -136,7 +136,7 @@ struct JoinRequest {
   RankLocation location;
   std::vector<pb::ShardMeta> shards;
   std::vector<pb::MemoryKind> memory_kinds;  // parallel to shards (empty: not said)
-  std::vector<pb::TensorLayout> layouts;  // informational, for the manifest's saved layout
+  std::vector<pb::TensorLayout> layouts;     // informational, for the manifest's saved layout
   std::vector<int64_t> mesh_shape;
   std::map<std::string, std::string> metadata;  // user metadata for the manifest (step, ...)
   pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;  // load (0: default)

@@ -48,9 +48,9 @@ ExchangeTransport ChooseExchangeTransport(const Operation& op) {
     }
     for (size_t i = 0; i < e.shards.size(); ++i) {
       if (e.memory_kinds[i] != pb::MEMORY_DEVICE) {
-        return {false, absl::StrCat("rank ", r, " has tensors in ",
-                                    MemoryKindName(e.memory_kinds[i]), " memory (",
-                                    e.shards[i].tensor().key(), ")")};
+        return {false,
+                absl::StrCat("rank ", r, " has tensors in ", MemoryKindName(e.memory_kinds[i]),
+                             " memory (", e.shards[i].tensor().key(), ")")};
       }
     }
     device_shards += static_cast<int64_t>(e.shards.size());

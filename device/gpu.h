@@ -40,7 +40,7 @@ struct ExportedAllocation {
   std::string ipc_handle;  // cudaIpcMemHandle_t of the allocation's base
   int64_t offset = 0;      // device_ptr - base
   int64_t allocation_bytes = 0;
-  int device = -1;  // CUDA ordinal in the exporting process
+  int device = -1;          // CUDA ordinal in the exporting process
   std::string device_uuid;  // the device's UUID (DeviceUuid): how the worker matches its GPU
 };
 

@@ -121,8 +121,7 @@ std::vector<std::string> SweepOrphanSegments(const ProcessProbe& probe,
 // [ipc_offset, ipc_offset + nbytes) lies inside the allocation. Errors name the tensor and
 // device; the caller adds job and rank.
 absl::Status CheckDeviceShare(const pb::SharedTensor& tensor, int worker_gpu,
-                              const std::string& worker_gpu_uuid,
-                              const std::string& no_gpu_reason);
+                              const std::string& worker_gpu_uuid, const std::string& no_gpu_reason);
 
 // The registry. See the file comment.
 class MemoryRegistry {
