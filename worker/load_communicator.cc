@@ -37,21 +37,18 @@ absl::StatusOr<std::unique_ptr<Communicator>> JoinLoadCommunicator(
     const std::string& who) {
   absl::StatusOr<CommunicatorOptions> options = LoadCommunicatorOptions(part, config, who);
   if (!options.ok()) return options.status();
-  absl::StatusOr<std::unique_ptr<Communicator>> comm =
-      CreateCommunicator(store, part.rank(), part.world_size(), *options,
-                         absl::Now() + config.rendezvous_timeout);
+  absl::StatusOr<std::unique_ptr<Communicator>> comm = CreateCommunicator(
+      store, part.rank(), part.world_size(), *options, absl::Now() + config.rendezvous_timeout);
   if (!comm.ok()) {
     return absl::Status(
         comm.status().code(),
         absl::StrCat(who, ": joining the load's communicator (", LoadTransportName(part),
-                     ", group ", part.group(), ", ", part.world_size(),
-                     " ranks, rendezvous at ", config.rendezvous_address,
-                     "): ", comm.status().message()));
+                     ", group ", part.group(), ", ", part.world_size(), " ranks, rendezvous at ",
+                     config.rendezvous_address, "): ", comm.status().message()));
   }
   if ((*comm)->memory_kind() == MemoryKind::kHost) return comm;
   // The exchange algorithms move host buffers: each collective goes through the device.
-  return std::unique_ptr<Communicator>(
-      std::make_unique<HostStagingCommunicator>(*std::move(comm)));
+  return std::unique_ptr<Communicator>(std::make_unique<HostStagingCommunicator>(*std::move(comm)));
 }
 
 }  // namespace ckpt::worker
