@@ -2,8 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <random>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -249,6 +253,54 @@ TEST(ChooseExchangeTransportTest, RanksThatDidNotSayWhereTheirTensorsLiveStayOnG
     e.memory_kinds.clear();
   }
   EXPECT_EQ(ChooseExchangeTransport(empty).reason, "no rank has device tensors");
+}
+
+// The rule stated as a whole (a brute-force twin of ChooseExchangeTransport's walk): the
+// device exchange iff every rank said where each shard lives, all of it in device memory, at
+// least one shard, every worker serves a GPU with NCCL, and the (host, GPU) pairs are distinct.
+bool DeviceExchangeTwin(const Operation& op) {
+  std::set<std::pair<std::string, int>> gpus;
+  int64_t shards = 0;
+  for (const RankEntry& e : op.ranks) {
+    if (e.memory_kinds.size() != e.shards.size()) return false;
+    if (std::count(e.memory_kinds.begin(), e.memory_kinds.end(), pb::MEMORY_DEVICE) !=
+        static_cast<int64_t>(e.memory_kinds.size())) {
+      return false;
+    }
+    if (!e.location.nccl || e.location.gpu < 0) return false;
+    gpus.emplace(e.location.host, e.location.gpu);
+    shards += static_cast<int64_t>(e.shards.size());
+  }
+  return shards > 0 && gpus.size() == op.ranks.size();
+}
+
+TEST(ChooseExchangeTransportTest, AgreesWithTheRuleOnRandomOperations) {
+  std::mt19937 random(13);
+  auto pick = [&random](int n) { return static_cast<int>(random() % n); };
+  int device = 0;
+  for (int trial = 0; trial < 5000; ++trial) {
+    Operation op;
+    op.world_size = 1 + pick(5);
+    op.ranks.resize(op.world_size);
+    for (RankEntry& e : op.ranks) {
+      const int shards = pick(3);
+      for (int i = 0; i < shards; ++i) e.shards.push_back(Rows(0, 1));
+      // Mostly device memory, so that the device case is common.
+      for (int i = 0; i < shards; ++i) {
+        e.memory_kinds.push_back(pick(8) == 0 ? pb::MEMORY_HOST : pb::MEMORY_DEVICE);
+      }
+      if (pick(16) == 0) e.memory_kinds.clear();
+      e.location.host = absl::StrCat("node", pick(2));
+      e.location.gpu = pick(9) - 1;
+      e.location.nccl = pick(10) != 0;
+    }
+    const ExchangeTransport got = ChooseExchangeTransport(op);
+    ASSERT_EQ(got.device, DeviceExchangeTwin(op)) << "trial " << trial << ": " << got.reason;
+    EXPECT_FALSE(got.reason.empty());
+    device += got.device ? 1 : 0;
+  }
+  EXPECT_GT(device, 100);  // both outcomes are exercised
+  EXPECT_LT(device, 4900);
 }
 
 }  // namespace
