@@ -129,6 +129,30 @@ std::unique_ptr<grpc::Server> StartTrainerServer(ckpt::worker::WorkerService* se
   return server;
 }
 
+// What the worker announces about the GPU it serves beyond the ordinal.
+struct ServedDevice {
+  std::string uuid;  // device tensors are matched by it (the trainer's ordinal may differ)
+  std::string no_nccl_reason = "no GPU served";  // empty: NCCL communicators can be created
+};
+
+// Reads `gpu`'s UUID (an error stops the worker: it could match no device tensor) and whether
+// NCCL works (unless `nccl_flag` is false).
+absl::StatusOr<ServedDevice> DescribeServedDevice(int gpu, bool nccl_flag) {
+  ServedDevice served;
+  absl::StatusOr<std::string> uuid = ckpt::DeviceUuid(gpu);
+  if (!uuid.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GPU ", gpu, ": cannot read its UUID: ", uuid.status().message()));
+  }
+  served.uuid = *std::move(uuid);
+  served.no_nccl_reason = "--nccl=false";
+  if (nccl_flag) {
+    absl::StatusOr<int> version = ckpt::NcclVersion();
+    served.no_nccl_reason = version.ok() ? "" : std::string(version.status().message());
+  }
+  return served;
+}
+
 int Run() {
   if (absl::Status s = ckpt::SetUpDaemonLogging("worker", absl::GetFlag(FLAGS_log_level));
       !s.ok()) {
@@ -171,20 +195,11 @@ int Run() {
     no_device_reason =
         gpus.ok() ? "no GPU for this local rank" : std::string(gpus.status().message());
   }
-  // Device tensors are matched to this GPU by UUID (the trainer's ordinal may differ).
-  std::string gpu_uuid;
+  ServedDevice served;
   if (copy_engine != nullptr) {
-    absl::StatusOr<std::string> uuid = ckpt::DeviceUuid(gpu);
-    if (!uuid.ok()) {
-      return Fail(absl::StrCat("GPU ", gpu, ": cannot read its UUID: ", uuid.status().message()));
-    }
-    gpu_uuid = *std::move(uuid);
-  }
-  std::string no_nccl_reason = "no GPU served";
-  if (copy_engine != nullptr && !absl::GetFlag(FLAGS_nccl)) no_nccl_reason = "--nccl=false";
-  if (copy_engine != nullptr && absl::GetFlag(FLAGS_nccl)) {
-    absl::StatusOr<int> nccl = ckpt::NcclVersion();
-    no_nccl_reason = nccl.ok() ? "" : std::string(nccl.status().message());
+    absl::StatusOr<ServedDevice> described = DescribeServedDevice(gpu, absl::GetFlag(FLAGS_nccl));
+    if (!described.ok()) return Fail(std::string(described.status().message()));
+    served = *std::move(described);
   }
   std::unique_ptr<ckpt::worker::PinnedStagingPool> staging;
   if (copy_engine != nullptr) {
@@ -222,21 +237,21 @@ int Run() {
   if (gpu >= 0) info.add_memory_kinds(ckpt::pb::MEMORY_DEVICE);
   info.set_local_rank(*local_rank);
   info.set_gpu(gpu);
-  info.set_nccl(no_nccl_reason.empty());
+  info.set_nccl(served.no_nccl_reason.empty());
   if (gpu < 0) {
     spdlog::info("no_gpu reason=\"{}\" memory_kinds=host", no_device_reason);
   } else {
     spdlog::info(
         "device_staging gpu={} uuid={} engine=\"{}\" pinned_bytes={} chunk_bytes={} buffers={} "
         "nccl={}",
-        gpu, ckpt::FormatDeviceUuid(gpu_uuid), std::string(copy_engine->name()),
+        gpu, ckpt::FormatDeviceUuid(served.uuid), std::string(copy_engine->name()),
         staging->capacity_bytes(), staging->chunk_bytes(), staging->num_buffers(),
-        no_nccl_reason.empty() ? "yes" : absl::StrCat("no (", no_nccl_reason, ")"));
+        served.no_nccl_reason.empty() ? "yes" : absl::StrCat("no (", served.no_nccl_reason, ")"));
   }
 
   ckpt::worker::MemoryRegistry registry;
   ckpt::worker::CoordinatorLink link(link_options);
-  if (staging != nullptr) registry.ServeDevice(gpu, gpu_uuid);
+  if (staging != nullptr) registry.ServeDevice(gpu, served.uuid);
   ckpt::worker::WorkerService service(&registry, &link, host, staging.get());
   service.set_gloo_loop_thread_nice(absl::GetFlag(FLAGS_gloo_loop_nice));
   const std::string ready_file = absl::GetFlag(FLAGS_ready_file);
