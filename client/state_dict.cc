@@ -27,7 +27,7 @@ std::string SegmentPrefix(const std::string& job, int rank, pid_t pid) {
   return absl::StrCat("/ckpt.", Sanitize(job), ".r", rank, ".p", pid, ".");
 }
 
-absl::StatusOr<std::pair<Region, std::vector<int64_t>>> ResolveLayout(const TensorSpec& spec,
+absl::StatusOr<std::pair<Region, std::vector<int64_t>>> ResolveLayout(const TensorDeclaration& spec,
                                                                       int rank) {
   if (spec.key.empty()) return absl::InvalidArgumentError("tensor spec without a key");
   auto fail = [&](const absl::Status& s) {
@@ -80,7 +80,7 @@ absl::StatusOr<StateDict::Segment*> StateDict::NewSegment(size_t size, const std
   return &segments_.back();
 }
 
-absl::StatusOr<std::unique_ptr<StateTensor>> StateDict::Resolve(const TensorSpec& spec) const {
+absl::StatusOr<std::unique_ptr<StateTensor>> StateDict::Resolve(const TensorDeclaration& spec) const {
   for (const auto& t : tensors_) {
     if (t->key == spec.key) {
       return absl::AlreadyExistsError(
@@ -105,7 +105,7 @@ absl::StatusOr<std::unique_ptr<StateTensor>> StateDict::Resolve(const TensorSpec
   return t;
 }
 
-absl::StatusOr<StateTensor*> StateDict::AddHost(const TensorSpec& spec) {
+absl::StatusOr<StateTensor*> StateDict::AddHost(const TensorDeclaration& spec) {
   auto t = Resolve(spec);
   if (!t.ok()) return t.status();
   if (spec.memory != MemoryKind::kHost) {
@@ -136,7 +136,7 @@ absl::StatusOr<StateTensor*> StateDict::AddHost(const TensorSpec& spec) {
   return tensors_.back().get();
 }
 
-absl::StatusOr<StateTensor*> StateDict::AddHostView(const TensorSpec& spec,
+absl::StatusOr<StateTensor*> StateDict::AddHostView(const TensorDeclaration& spec,
                                                     std::shared_ptr<SharedSegment> segment,
                                                     int64_t offset, int64_t nbytes) {
   if (segment == nullptr) {
@@ -169,9 +169,9 @@ absl::StatusOr<StateTensor*> StateDict::AddHostView(const TensorSpec& spec,
   return tensors_.back().get();
 }
 
-absl::StatusOr<StateTensor*> StateDict::AddDevice(const TensorSpec& spec, void* device_ptr,
+absl::StatusOr<StateTensor*> StateDict::AddDevice(const TensorDeclaration& spec, void* device_ptr,
                                                   int device) {
-  TensorSpec device_spec = spec;
+  TensorDeclaration device_spec = spec;
   device_spec.memory = MemoryKind::kDevice;
   auto t = Resolve(device_spec);
   if (!t.ok()) return t.status();
@@ -215,7 +215,7 @@ std::vector<pb::SharedTensor> StateDict::Describe() const {
   out.reserve(tensors_.size());
   for (const auto& t : tensors_) {
     pb::SharedTensor s;
-    pb::ShardMeta* shard = s.mutable_shard();
+    pb::PieceMeta* shard = s.mutable_shard();
     shard->mutable_tensor()->set_key(t->key);
     shard->mutable_tensor()->set_dtype(DTypeToProto(t->dtype));
     for (int64_t d : t->global_shape) shard->mutable_tensor()->add_global_shape(d);

@@ -45,7 +45,7 @@ struct DTensorLayout {
 //  - Region: an N-d box of the global tensor, optionally narrowed to a flat range of the box;
 //  - DTensorLayout: placements over a device mesh;
 //  - FlatRange: a contiguous range of the whole tensor's row-major flattening (ZeRO/FSDP).
-struct TensorSpec {
+struct TensorDeclaration {
   std::string key;
   DType dtype = DType::kF32;
   std::vector<int64_t> global_shape;
@@ -85,7 +85,7 @@ struct StateTensor {
 };
 
 // Resolves a spec's layout to (region, replica id) for global rank `rank`. Errors name the key.
-absl::StatusOr<std::pair<Region, std::vector<int64_t>>> ResolveLayout(const TensorSpec& spec,
+absl::StatusOr<std::pair<Region, std::vector<int64_t>>> ResolveLayout(const TensorDeclaration& spec,
                                                                       int rank);
 
 inline constexpr size_t kArenaBytes = size_t{64} << 20;
@@ -105,13 +105,13 @@ class StateDict {
   // kSmallTensorBytes share kArenaBytes arena segments, larger ones get their own segment.
   // AlreadyExists for a duplicate key; InvalidArgument for an invalid shape/layout;
   // ResourceExhausted when shared memory cannot be allocated.
-  absl::StatusOr<StateTensor*> AddHost(const TensorSpec& spec);
+  absl::StatusOr<StateTensor*> AddHost(const TensorDeclaration& spec);
 
   // Adds a host tensor whose bytes already lie in a shared segment this process created
   // (SharedAllocator): `nbytes` at `offset` in `segment`, which the state dict keeps alive.
   // InvalidArgument when the layout's bytes (region x dtype) differ from `nbytes` or do not
   // fit in the segment; the other errors as AddHost.
-  absl::StatusOr<StateTensor*> AddHostView(const TensorSpec& spec,
+  absl::StatusOr<StateTensor*> AddHostView(const TensorDeclaration& spec,
                                            std::shared_ptr<SharedSegment> segment, int64_t offset,
                                            int64_t nbytes);
 
@@ -120,7 +120,7 @@ class StateDict {
   // FailedPrecondition naming the tensor, device and CUDA error without a GPU, and for
   // allocations CUDA IPC cannot export (virtual-memory allocations, e.g. PyTorch's
   // expandable_segments); InvalidArgument when the pointer is not on `device`.
-  absl::StatusOr<StateTensor*> AddDevice(const TensorSpec& spec, void* device_ptr, int device);
+  absl::StatusOr<StateTensor*> AddDevice(const TensorDeclaration& spec, void* device_ptr, int device);
 
   StateTensor* Find(const std::string& key);
   const std::vector<std::unique_ptr<StateTensor>>& tensors() const { return tensors_; }
@@ -130,7 +130,7 @@ class StateDict {
   std::vector<pb::SharedTensor> Describe() const;
 
  private:
-  absl::StatusOr<std::unique_ptr<StateTensor>> Resolve(const TensorSpec& spec) const;
+  absl::StatusOr<std::unique_ptr<StateTensor>> Resolve(const TensorDeclaration& spec) const;
 
   // A shared-memory segment this state dict created or borrowed (AddHostView).
   struct Segment {

@@ -73,7 +73,7 @@ struct RankEntry {
   bool joined = false;
   RankLocation location;
   absl::Time joined_at;
-  std::vector<pb::ShardMeta> shards;         // the rank's shard metadata, as gathered
+  std::vector<pb::PieceMeta> shards;         // the rank's shard metadata, as gathered
   std::vector<pb::MemoryKind> memory_kinds;  // where each shard lives (parallel; may be empty)
   std::vector<pb::TensorLayout> layouts;     // how the rank described them (informational)
   std::vector<int64_t> mesh_shape;
@@ -134,7 +134,7 @@ struct JoinRequest {
   OperationKind kind = OperationKind::kSave;
   std::string path;
   RankLocation location;
-  std::vector<pb::ShardMeta> shards;
+  std::vector<pb::PieceMeta> shards;
   std::vector<pb::MemoryKind> memory_kinds;  // parallel to shards (empty: not said)
   std::vector<pb::TensorLayout> layouts;     // informational, for the manifest's saved layout
   std::vector<int64_t> mesh_shape;

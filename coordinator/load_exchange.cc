@@ -95,9 +95,9 @@ absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
                                                              ": ", reader.status().message()));
   }
   const pb::Manifest& manifest = (*reader)->manifest();
-  std::vector<CheckpointTensor> tensors;
+  std::vector<TensorMeta> tensors;
   for (const pb::TensorMeta& t : manifest.tensors()) {
-    CheckpointTensor c;
+    TensorMeta c;
     c.key = t.key();
     absl::StatusOr<DType> dtype = DTypeFromProto(t.dtype());
     if (!dtype.ok()) {

@@ -29,7 +29,7 @@ std::string TmpPath(const std::string& name) {
 std::string WriteTwoRowCheckpoint(const std::string& name) {
   static const int32_t rows[2][4] = {{0, 1, 2, 3}, {4, 5, 6, 7}};
   CheckpointContents contents;
-  contents.tensors = {TensorSpec{"w", DType::kI32, {2, 4}}};
+  contents.tensors = {TensorMeta{"w", DType::kI32, {2, 4}}};
   for (int r = 0; r < 2; ++r) {
     DataFilePlan file;
     file.writer_rank = r;
@@ -44,8 +44,8 @@ std::string WriteTwoRowCheckpoint(const std::string& name) {
   return path;
 }
 
-pb::ShardMeta Rows(int64_t first, int64_t count) {
-  pb::ShardMeta s;
+pb::PieceMeta Rows(int64_t first, int64_t count) {
+  pb::PieceMeta s;
   s.mutable_tensor()->set_key("w");
   s.mutable_tensor()->set_dtype(pb::DTYPE_I32);
   s.mutable_tensor()->add_global_shape(2);

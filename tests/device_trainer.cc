@@ -108,19 +108,19 @@ int Run(const Flags& f) {
   }
   char* a = static_cast<char*>(block);
   char* b = a + a_bytes + 4096;
-  ckpt::client::TensorSpec spec_a{"dev.a",
+  ckpt::client::TensorDeclaration spec_a{"dev.a",
                                   ckpt::DType::kI32,
                                   {f.global * f.rows, f.cols},
                                   ckpt::Region{{f.rank * k * f.rows, 0}, {k * f.rows, f.cols}, {}},
                                   {},
                                   ckpt::client::MemoryKind::kDevice};
-  ckpt::client::TensorSpec spec_b{"dev.b",
+  ckpt::client::TensorDeclaration spec_b{"dev.b",
                                   ckpt::DType::kI32,
                                   {f.global, f.cols},
                                   ckpt::Region{{f.rank * k, 0}, {k, f.cols}, {}},
                                   {},
                                   ckpt::client::MemoryKind::kDevice};
-  ckpt::client::TensorSpec spec_c{"host.c",
+  ckpt::client::TensorDeclaration spec_c{"host.c",
                                   ckpt::DType::kI32,
                                   {f.global, 64},
                                   ckpt::Region{{f.rank * k, 0}, {k, 64}, {}},

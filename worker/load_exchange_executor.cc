@@ -168,7 +168,7 @@ absl::Status ReadUnits(const WaveRunContext& run, const WaveExchange& wave, Shar
 // Scatter: what this rank received into the trainer's tensors, through the gate.
 absl::Status Scatter(const WaveRunContext& run, const WaveExchange& wave,
                      const ShardBuffers& received, const std::string& where) {
-  const std::vector<ShardSpec>& needs = wave.plan.needs[run.me];
+  const std::vector<PieceSpec>& needs = wave.plan.needs[run.me];
   for (int i = 0; i < static_cast<int>(needs.size()); ++i) {
     auto buffer = received.find(needs[i].id);
     if (buffer == received.end()) {

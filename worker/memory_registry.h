@@ -63,7 +63,7 @@ class MappedSegment {
 
 // A registered tensor and where its bytes are mapped in this process.
 struct RegisteredTensor {
-  pb::ShardMeta shard;
+  pb::PieceMeta shard;
   pb::MemoryKind memory_kind = pb::MEMORY_KIND_UNSPECIFIED;
   std::string segment;
   int64_t offset = 0;

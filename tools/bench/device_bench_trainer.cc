@@ -104,7 +104,7 @@ int Run(const Flags& f) {
     if (cudaMalloc(&device[t], tensor_bytes) != cudaSuccess) return Fail("cudaMalloc failed");
     Fill(host, t);
     cudaMemcpy(device[t], host.data(), tensor_bytes, cudaMemcpyHostToDevice);
-    ckpt::client::TensorSpec spec{absl::StrCat("t", t),
+    ckpt::client::TensorDeclaration spec{absl::StrCat("t", t),
                                   ckpt::DType::kI32,
                                   {elements},
                                   ckpt::Region{{0}, {elements}, {}},
