@@ -283,6 +283,7 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* context,
   }
   d.local_rank = info.local_rank();
   d.gpu = info.gpu();
+  d.nccl = info.nccl() && info.gpu() >= 0;
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = MayRegister(*peer, d); !s.ok()) return ToGrpcStatus(s);
   for (auto it = worker_owners_.begin(); it != worker_owners_.end();) {  // forgotten workers
@@ -403,8 +404,12 @@ grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext* context,
   join.rank = request->rank();
   join.kind = *kind;
   join.path = *path;
-  join.location = RankLocation{worker->id, worker->description.host, worker->description.pid};
+  join.location = RankLocation{worker->id, worker->description.host, worker->description.pid,
+                               worker->description.gpu, worker->description.nccl};
   join.shards.assign(request->state().shards().begin(), request->state().shards().end());
+  for (int kind : request->state().memory_kinds()) {
+    join.memory_kinds.push_back(static_cast<pb::MemoryKind>(kind));
+  }
   join.layouts.assign(request->state().layouts().begin(), request->state().layouts().end());
   join.mesh_shape.assign(request->state().mesh_shape().begin(),
                          request->state().mesh_shape().end());
@@ -681,6 +686,7 @@ grpc::Status CoordinatorService::GetStatus(grpc::ServerContext* context,
     for (pb::MemoryKind kind : w->description.memory_kinds) info->add_memory_kinds(kind);
     info->set_local_rank(w->description.local_rank);
     info->set_gpu(w->description.gpu);
+    info->set_nccl(w->description.nccl);
     out->set_alive(w->alive);
     out->set_death_cause(w->death_cause);
     out->set_ms_since_heartbeat(absl::ToInt64Milliseconds(now - w->last_heartbeat));

@@ -307,6 +307,26 @@ TEST_F(CoordinatorServiceTest, IdsOfAnEarlierIncarnationAreRefusedByTheNextOne) 
   EXPECT_EQ(items[0].incarnation(), service_->incarnation());
 }
 
+TEST_F(CoordinatorServiceTest, NcclIsRecordedOnlyForAWorkerThatServesAGpu) {
+  StartServer();
+  for (int gpu : {0, -1}) {
+    pb::RegisterWorkerRequest request;
+    request.mutable_info()->set_host("node0");
+    request.mutable_info()->set_pid(100 + gpu);
+    request.mutable_info()->set_gpu(gpu);
+    request.mutable_info()->set_nccl(true);
+    pb::RegisterWorkerResponse response;
+    ASSERT_TRUE(stub_->RegisterWorker(Ctx().get(), request, &response).ok());
+  }
+  pb::GetStatusResponse status;
+  ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
+  ASSERT_EQ(status.workers_size(), 2);
+  for (const pb::WorkerStatus& w : status.workers()) {
+    // A worker without a GPU cannot create an NCCL communicator, whatever it says.
+    EXPECT_EQ(w.info().nccl(), w.info().gpu() >= 0) << w.info().ShortDebugString();
+  }
+}
+
 TEST(CoordinatorServiceConversionTest, StatusDetailRoundTrips) {
   absl::Status s = absl::DeadlineExceededError("rank 3 late");
   EXPECT_EQ(FromDetail(ToDetail(s)), s);

@@ -241,6 +241,7 @@ absl::StatusOr<const Operation*> JobState::JoinOperation(const JoinRequest& requ
   entry.location = request.location;
   entry.joined_at = clock_->Now();
   entry.shards = request.shards;
+  entry.memory_kinds = request.memory_kinds;
   entry.layouts = request.layouts;
   entry.mesh_shape = request.mesh_shape;
   if (op->metadata.empty()) op->metadata = request.metadata;

@@ -53,6 +53,8 @@ struct RankLocation {
   std::string worker_id;
   std::string host;
   int64_t worker_pid = 0;
+  int gpu = -1;       // the GPU the worker serves (-1: none)
+  bool nccl = false;  // the worker can create an NCCL communicator on it
 
   // "host h, worker w-2 (pid 123)", or "no worker attached" when empty.
   std::string DebugString() const;
@@ -71,8 +73,9 @@ struct RankEntry {
   bool joined = false;
   RankLocation location;
   absl::Time joined_at;
-  std::vector<pb::PieceMeta> shards;      // the rank's shard metadata, as gathered
-  std::vector<pb::TensorLayout> layouts;  // how the rank described them (informational)
+  std::vector<pb::PieceMeta> shards;         // the rank's shard metadata, as gathered
+  std::vector<pb::MemoryKind> memory_kinds;  // where each shard lives (parallel; may be empty)
+  std::vector<pb::TensorLayout> layouts;     // how the rank described them (informational)
   std::vector<int64_t> mesh_shape;
   bool has_plan = false;
   std::string plan_part;    // opaque serialized plan part for this rank's worker
@@ -132,7 +135,8 @@ struct JoinRequest {
   std::string path;
   RankLocation location;
   std::vector<pb::PieceMeta> shards;
-  std::vector<pb::TensorLayout> layouts;  // informational, for the manifest's saved layout
+  std::vector<pb::MemoryKind> memory_kinds;  // parallel to shards (empty: not said)
+  std::vector<pb::TensorLayout> layouts;     // informational, for the manifest's saved layout
   std::vector<int64_t> mesh_shape;
   std::map<std::string, std::string> metadata;  // user metadata for the manifest (step, ...)
   pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;  // load (0: default)

@@ -1,5 +1,6 @@
 #include "coordinator/load_exchange.h"
 
+#include <map>
 #include <memory>
 #include <utility>
 
@@ -36,6 +37,38 @@ absl::StatusOr<ExchangeAlgorithm> PlannerAlgorithm(pb::LoadAlgorithm algorithm) 
 }
 
 }  // namespace
+
+ExchangeTransport ChooseExchangeTransport(const Operation& op) {
+  std::map<std::pair<std::string, int>, int> rank_on_gpu;  // (host, gpu) -> first rank on it
+  int64_t device_shards = 0;
+  for (int r = 0; r < static_cast<int>(op.ranks.size()); ++r) {
+    const RankEntry& e = op.ranks[r];
+    if (e.memory_kinds.size() != e.shards.size()) {
+      return {false, absl::StrCat("rank ", r, " did not say where its tensors live")};
+    }
+    for (size_t i = 0; i < e.shards.size(); ++i) {
+      if (e.memory_kinds[i] != pb::MEMORY_DEVICE) {
+        return {false,
+                absl::StrCat("rank ", r, " has tensors in ", MemoryKindName(e.memory_kinds[i]),
+                             " memory (", e.shards[i].tensor().key(), ")")};
+      }
+    }
+    device_shards += static_cast<int64_t>(e.shards.size());
+    if (!e.location.nccl || e.location.gpu < 0) {
+      return {false, absl::StrCat("the worker of rank ", r, " (", e.location.DebugString(),
+                                  ") cannot create an NCCL communicator")};
+    }
+    auto [first, inserted] =
+        rank_on_gpu.emplace(std::make_pair(e.location.host, e.location.gpu), r);
+    if (!inserted) {
+      return {false, absl::StrCat("ranks ", first->second, " and ", r, " share GPU ",
+                                  e.location.gpu, " of host ", e.location.host,
+                                  " (NCCL refuses two ranks on one device)")};
+    }
+  }
+  if (device_shards == 0) return {false, "no rank has device tensors"};
+  return {true, "every rank is device-resident on its own GPU with NCCL"};
+}
 
 pb::LoadAlgorithm AutoLoadAlgorithm(const Operation& op) {
   for (const RankEntry& e : op.ranks) {
@@ -145,6 +178,9 @@ absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
   shared.set_memory_budget_bytes(options.memory_budget_bytes);
   shared.set_world_size(op.world_size);
   shared.set_group(absl::StrCat("load/", op.id));
+  const ExchangeTransport transport = ChooseExchangeTransport(op);
+  shared.set_device_exchange(transport.device);
+  shared.set_transport_reason(transport.reason);
   std::vector<RankPlan> out(op.world_size);
   for (int r = 0; r < op.world_size; ++r) {
     parts[r].MergeFrom(shared);

@@ -31,10 +31,23 @@ struct LoadPlannerOptions {
 // Across hosts, reading each shared byte once and exchanging it saves storage bandwidth.
 pb::LoadAlgorithm AutoLoadAlgorithm(const Operation& op);
 
+// Over which transport the workers of an exchange-based load exchange, and why.
+struct ExchangeTransport {
+  bool device = false;  // true: NCCL on the device; false: Gloo from host staging
+  std::string reason;   // e.g. "rank 1 has host tensors"
+};
+
+// The transport of `op`'s exchange: the device (NCCL) when every shard of every rank lives in
+// device memory (as the ranks said when they joined; at least one shard), every rank's worker
+// can create an NCCL communicator, and no two ranks share a GPU (NCCL refuses two ranks on
+// one device); otherwise host staging over Gloo, with the first reason found. Pure.
+ExchangeTransport ChooseExchangeTransport(const Operation& op);
+
 // Validates the operation against the checkpoint at op.path like PlanDirectLoad, then plans
 // the exchange-based load: one serialized pb::LoadPlanPart per rank carrying the whole plan
 // (every rank's requests, the waves of read units and deliveries), the algorithm, the budget
-// and the rendezvous group "load/<operation id>". InvalidArgument for an unknown algorithm.
+// the rendezvous group "load/<operation id>" and the transport (ChooseExchangeTransport).
+// InvalidArgument for an unknown algorithm.
 absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
                                                        const LoadPlannerOptions& options);
 

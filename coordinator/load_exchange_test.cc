@@ -2,8 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <random>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -176,6 +180,127 @@ TEST(LoadExchangeTest, ATensorTheCheckpointLacksIsRefusedNamingRankAndKey) {
   auto plans = PlanExchangeLoad(op, LoadPlannerOptions{});
   ASSERT_FALSE(plans.ok());
   EXPECT_THAT(plans.status().message(), HasSubstr("rank 2 asks for tensor v"));
+}
+
+// ThreeRankLoad with every shard in device memory, each rank on its own GPU with NCCL.
+Operation DeviceResidentLoad(const std::string& path) {
+  Operation op = ThreeRankLoad(path);
+  for (int r = 0; r < 3; ++r) {
+    RankEntry& e = op.ranks[r];
+    e.memory_kinds.assign(e.shards.size(), pb::MEMORY_DEVICE);
+    e.location.worker_id = absl::StrCat("w-", r);
+    e.location.host = "node0";
+    e.location.gpu = r;
+    e.location.nccl = true;
+  }
+  return op;
+}
+
+TEST(ChooseExchangeTransportTest, DeviceResidentRanksOnTheirOwnNcclGpusExchangeOnTheDevice) {
+  const std::string path = WriteTwoRowCheckpoint("device");
+  const Operation op = DeviceResidentLoad(path);
+  const ExchangeTransport transport = ChooseExchangeTransport(op);
+  EXPECT_TRUE(transport.device) << transport.reason;
+  auto plans = PlanExchangeLoad(op, LoadPlannerOptions{pb::LOAD_BROADCAST, 1 << 20});
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  for (const pb::LoadPlanPart& part : Parts(*plans)) {
+    EXPECT_TRUE(part.device_exchange());
+    EXPECT_EQ(part.transport_reason(), transport.reason);
+  }
+}
+
+TEST(ChooseExchangeTransportTest, OneRankWithAHostTensorKeepsEveryRankOnGlooNamingIt) {
+  const std::string path = WriteTwoRowCheckpoint("mixed");
+  Operation op = DeviceResidentLoad(path);
+  op.ranks[2].memory_kinds[0] = pb::MEMORY_HOST;
+  const ExchangeTransport transport = ChooseExchangeTransport(op);
+  EXPECT_FALSE(transport.device);
+  EXPECT_EQ(transport.reason, "rank 2 has tensors in host memory (w)");
+  auto plans = PlanExchangeLoad(op, LoadPlannerOptions{pb::LOAD_BROADCAST, 1 << 20});
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  for (const pb::LoadPlanPart& part : Parts(*plans)) EXPECT_FALSE(part.device_exchange());
+}
+
+TEST(ChooseExchangeTransportTest, AWorkerWithoutNcclKeepsTheLoadOnGloo) {
+  Operation op = DeviceResidentLoad(WriteTwoRowCheckpoint("nonccl"));
+  op.ranks[1].location.nccl = false;
+  const ExchangeTransport transport = ChooseExchangeTransport(op);
+  EXPECT_FALSE(transport.device);
+  EXPECT_THAT(transport.reason, HasSubstr("the worker of rank 1"));
+  EXPECT_THAT(transport.reason, HasSubstr("cannot create an NCCL communicator"));
+  op.ranks[1].location.nccl = true;
+  op.ranks[1].location.gpu = -1;  // a worker that serves no GPU cannot, whatever it says
+  EXPECT_FALSE(ChooseExchangeTransport(op).device);
+}
+
+TEST(ChooseExchangeTransportTest, TwoRanksOnOneGpuKeepTheLoadOnGlooBecauseNcclRefusesThem) {
+  Operation op = DeviceResidentLoad(WriteTwoRowCheckpoint("shared-gpu"));
+  op.ranks[2].location.gpu = 0;
+  const ExchangeTransport transport = ChooseExchangeTransport(op);
+  EXPECT_FALSE(transport.device);
+  EXPECT_THAT(transport.reason, HasSubstr("ranks 0 and 2 share GPU 0 of host node0"));
+  op.ranks[2].location.host = "node1";  // GPU 0 of another host is another GPU
+  EXPECT_TRUE(ChooseExchangeTransport(op).device);
+}
+
+TEST(ChooseExchangeTransportTest, RanksThatDidNotSayWhereTheirTensorsLiveStayOnGloo) {
+  Operation op = DeviceResidentLoad(WriteTwoRowCheckpoint("unsaid"));
+  op.ranks[0].memory_kinds.clear();
+  EXPECT_EQ(ChooseExchangeTransport(op).reason, "rank 0 did not say where its tensors live");
+  Operation empty = DeviceResidentLoad(WriteTwoRowCheckpoint("empty"));
+  for (RankEntry& e : empty.ranks) {
+    e.shards.clear();
+    e.memory_kinds.clear();
+  }
+  EXPECT_EQ(ChooseExchangeTransport(empty).reason, "no rank has device tensors");
+}
+
+// The rule stated as a whole (a brute-force twin of ChooseExchangeTransport's walk): the
+// device exchange iff every rank said where each shard lives, all of it in device memory, at
+// least one shard, every worker serves a GPU with NCCL, and the (host, GPU) pairs are distinct.
+bool DeviceExchangeTwin(const Operation& op) {
+  std::set<std::pair<std::string, int>> gpus;
+  int64_t shards = 0;
+  for (const RankEntry& e : op.ranks) {
+    if (e.memory_kinds.size() != e.shards.size()) return false;
+    if (std::count(e.memory_kinds.begin(), e.memory_kinds.end(), pb::MEMORY_DEVICE) !=
+        static_cast<int64_t>(e.memory_kinds.size())) {
+      return false;
+    }
+    if (!e.location.nccl || e.location.gpu < 0) return false;
+    gpus.emplace(e.location.host, e.location.gpu);
+    shards += static_cast<int64_t>(e.shards.size());
+  }
+  return shards > 0 && gpus.size() == op.ranks.size();
+}
+
+TEST(ChooseExchangeTransportTest, AgreesWithTheRuleOnRandomOperations) {
+  std::mt19937 random(13);
+  auto pick = [&random](int n) { return static_cast<int>(random() % n); };
+  int device = 0;
+  for (int trial = 0; trial < 5000; ++trial) {
+    Operation op;
+    op.world_size = 1 + pick(5);
+    op.ranks.resize(op.world_size);
+    for (RankEntry& e : op.ranks) {
+      const int shards = pick(3);
+      for (int i = 0; i < shards; ++i) e.shards.push_back(Rows(0, 1));
+      // Mostly device memory, so that the device case is common.
+      for (int i = 0; i < shards; ++i) {
+        e.memory_kinds.push_back(pick(8) == 0 ? pb::MEMORY_HOST : pb::MEMORY_DEVICE);
+      }
+      if (pick(16) == 0) e.memory_kinds.clear();
+      e.location.host = absl::StrCat("node", pick(2));
+      e.location.gpu = pick(9) - 1;
+      e.location.nccl = pick(10) != 0;
+    }
+    const ExchangeTransport got = ChooseExchangeTransport(op);
+    ASSERT_EQ(got.device, DeviceExchangeTwin(op)) << "trial " << trial << ": " << got.reason;
+    EXPECT_FALSE(got.reason.empty());
+    device += got.device ? 1 : 0;
+  }
+  EXPECT_GT(device, 100);  // both outcomes are exercised
+  EXPECT_LT(device, 4900);
 }
 
 }  // namespace

@@ -27,7 +27,8 @@ struct WorkerDescription {
   std::string data_plane_address;  // host:port of its data plane
   std::vector<pb::MemoryKind> memory_kinds;
   int local_rank = 0;
-  int gpu = -1;  // -1 when none
+  int gpu = -1;       // -1 when none
+  bool nccl = false;  // can create an NCCL communicator on `gpu`
 };
 
 // A registered worker and its lease.

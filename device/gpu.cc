@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "device/cuda_status.h"
+#include "device/device_uuid.h"
 
 namespace ckpt {
 
@@ -132,7 +133,22 @@ absl::StatusOr<ExportedAllocation> ExportDeviceAllocation(const void* device_ptr
   out.offset = static_cast<int64_t>(ptr - base);
   out.allocation_bytes = static_cast<int64_t>(size);
   out.device = attributes.device;
+  absl::StatusOr<std::string> uuid = DeviceUuid(attributes.device);
+  if (!uuid.ok()) return uuid.status();
+  out.device_uuid = *std::move(uuid);
   return out;
+}
+
+absl::StatusOr<std::string> DeviceUuid(int device) {
+  if (absl::StatusOr<int> count = CudaDeviceCount(); !count.ok()) return count.status();
+  cudaDeviceProp properties;
+  if (absl::Status s =
+          CudaStatus(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("device ", device, ": ", s.message()));
+  }
+  static_assert(sizeof(properties.uuid.bytes) == kDeviceUuidBytes);
+  return std::string(properties.uuid.bytes, sizeof(properties.uuid.bytes));
 }
 
 OpenedDeviceAllocation::~OpenedDeviceAllocation() {

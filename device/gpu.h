@@ -22,6 +22,10 @@ absl::StatusOr<int> CudaDeviceCount();
 // when this machine has no GPU.
 int GpuForLocalRank(int local_rank);
 
+// The UUID of CUDA device `device` (cudaDeviceProp.uuid, kDeviceUuidBytes bytes; see
+// device/device_uuid.h). FailedPrecondition without a GPU.
+absl::StatusOr<std::string> DeviceUuid(int device);
+
 // Opens another process's device allocation on `device`; close with CloseIpcHandle.
 absl::StatusOr<void*> OpenIpcHandle(const std::string& handle, int device);
 absl::Status CloseIpcHandle(void* device_ptr);
@@ -36,7 +40,8 @@ struct ExportedAllocation {
   std::string ipc_handle;  // cudaIpcMemHandle_t of the allocation's base
   int64_t offset = 0;      // device_ptr - base
   int64_t allocation_bytes = 0;
-  int device = -1;  // CUDA ordinal in the exporting process
+  int device = -1;          // CUDA ordinal in the exporting process
+  std::string device_uuid;  // the device's UUID (DeviceUuid): how the worker matches its GPU
 };
 
 // Exports the allocation containing `device_ptr`. FailedPrecondition without a GPU; for memory

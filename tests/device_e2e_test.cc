@@ -18,6 +18,7 @@ namespace ckpt::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kLeaseMs = 1500;
 
@@ -84,10 +85,45 @@ TEST(DeviceEndToEndTest, CudaTensorsSaveLoadAndReshardBitExactWithTwoTrainersOnO
       EXPECT_THAT(t->Stdout(), HasSubstr("verified")) << algorithm << t->Stdout() << t->Stderr();
     }
   }
+  // A mixed state (host.c beside the device tensors) keeps the exchange on Gloo.
+  EXPECT_THAT(cluster.worker(0).Stderr(), HasSubstr("transport=\"gloo (host staging)\""));
+  EXPECT_THAT(cluster.worker(0).Stderr(), HasSubstr("has tensors in host memory (host.c)"));
+  // Device-only ranks sharing the one GPU: NCCL refuses two ranks on one device, so Gloo too.
+  for (Child* t : RunDeviceRanks(cluster, "dsave-device-only", 2, "save", path + "-d",
+                                 {"--device_only", "1"})) {
+    EXPECT_EQ(Result(*t).first, 0) << Result(*t).second << t->Stderr();
+  }
+  for (Child* t : RunDeviceRanks(cluster, "dload-device-only", 2, "load", path + "-d",
+                                 {"--algorithm", "broadcast", "--device_only", "1"})) {
+    EXPECT_THAT(t->Stdout(), HasSubstr("verified")) << t->Stdout() << t->Stderr();
+  }
+  EXPECT_THAT(cluster.worker(0).Stderr(), HasSubstr("ranks 0 and 1 share GPU 0"));
   // Reshard on load: one rank takes the whole state.
   for (Child* t : RunDeviceRanks(cluster, "dreshard", 1, "load", path, {"--global_ranks", "2"})) {
     EXPECT_THAT(t->Stdout(), HasSubstr("verified")) << t->Stdout() << t->Stderr();
   }
+}
+
+// The device exchange: every rank device-resident on its own GPU with NCCL. One GPU allows one
+// rank, so the NCCL communicator has N=1 (multi-rank exchanges are proven on Gloo).
+TEST(DeviceEndToEndTest, AnAllDeviceLoadExchangesOverNcclOnTheDeviceBitExact) {
+  SKIP_WITHOUT_GPU();
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({}));
+  cluster.StartWorker(0, {"--gpu=0"});
+  EXPECT_THAT(cluster.worker(0).Stderr(), HasSubstr("nccl=yes"));
+  const std::string path = cluster.dir() + "/nccl";
+  for (Child* t : RunDeviceRanks(cluster, "nsave", 1, "save", path, {"--device_only", "1"})) {
+    EXPECT_EQ(Result(*t).first, 0) << Result(*t).second << t->Stderr();
+  }
+  for (const std::string algorithm : {"broadcast", "overlap_all_to_all"}) {
+    for (Child* t : RunDeviceRanks(cluster, "nload-" + algorithm, 1, "load", path,
+                                   {"--algorithm", algorithm, "--device_only", "1"})) {
+      EXPECT_THAT(t->Stdout(), HasSubstr("verified")) << algorithm << t->Stdout() << t->Stderr();
+    }
+  }
+  EXPECT_THAT(cluster.worker(0).Stderr(), HasSubstr("transport=\"nccl (device)\""));
+  EXPECT_THAT(cluster.worker(0).Stderr(), Not(HasSubstr("transport=\"gloo")));
 }
 
 TEST(DeviceEndToEndTest, AWorkerKilledDuringADeviceSaveAbortsItAndCommitsNothing) {

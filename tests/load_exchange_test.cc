@@ -88,6 +88,11 @@ TEST(LoadExchangeTest, EachStoredByteIsReadOnceWhenTheTargetReplicatesIt) {
                   {"--layout", "tpdp", "--tp", "2", "--algorithm", algorithm});
     EXPECT_EQ(BytesReadByLoad(cluster, job), kTensorBytes) << job;
   }
+  // Host state: the coordinator kept the exchange on Gloo, knowing where the tensors live
+  // (the workers send each shard's memory kind with the join).
+  EXPECT_THAT(cluster.worker(0).Stderr(),
+              ::testing::HasSubstr("transport=\"gloo (host staging)\" transport_reason=\"rank 0 "
+                                   "has tensors in host memory (probe.weight)\""));
   // The direct-read debugging path reads it once per replica: the count tells them apart.
   LoadAndVerify(cluster, "dp-direct", 4, path,
                 {"--layout", "tpdp", "--tp", "2", "--algorithm", "direct"});

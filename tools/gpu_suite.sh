@@ -12,9 +12,15 @@
 #                                    # LD_LIBRARY_PATH=DIR/lib, then the benchmark; writes
 #                                    # device.txt, suite.log, benchmark.txt, summary.txt to $OUT
 #                                    # (default DIR/logs) and exits non-zero on any failure
+#   tools/gpu_suite.sh bench [DIR]   # on the GPU machine: the benchmarks only: D2H staging vs
+#                                    # the pinned cudaMemcpy peak (benchmark.txt), then ckpt vs
+#                                    # DCP on BENCH_GB (default 8) GB of CUDA state
+#                                    # (tools/bench/device_dcp_bench.py with the machine's own
+#                                    # python that imports torch, or BENCH_PYTHON; e2e.txt)
 #
 # With this project's device tool: `tools/gpu_suite.sh build`, then
 #   run(command="tools/gpu_suite.sh run gpu-bundle", carry=["gpu-bundle"], timeout_s=600)
+#   run(command="tools/gpu_suite.sh bench gpu-bundle", carry=["gpu-bundle"], timeout_s=600)
 # libnccl.so.2 (218 MB) is not bundled: `run` finds the GPU machine's own (CUDA toolkit, the
 # library path, or PyTorch's nvidia-nccl wheel). BENCH_BYTES sets the benchmark's state size.
 set -euo pipefail
@@ -24,7 +30,11 @@ dir=${2:-gpu-bundle}
 
 TESTS=(//exchange:nccl_communicator_test //exchange:nccl_conformance_test //exchange:nccl_exchange_test
        //worker:staging_pipeline_cuda_test //tests:device_e2e_test)
-BENCHMARKS=(//tools/bench:device_staging_benchmark)
+BENCHMARKS=(//tools/bench:device_staging_benchmark //tools/bench:device_bench_trainer)
+# Python drivers copied into DIR/bench; they run with the GPU machine's own python and torch
+# (the venv, the _ckpt extension and ckpt.torch are not bundled: the Python client does not
+# take CUDA tensors yet, and its extension is built for this machine's CPython).
+SCRIPTS=(tools/bench/device_dcp_bench.py)
 RUNFILES=(worker/ckpt_worker coordinator/ckpt_coordinator tools/ckptctl tests/device_trainer)
 # Present on any Linux machine, or the GPU machine's own (driver, NCCL).
 SYSTEM_LIBS='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|libcuda|libnvidia|libnccl)\.'
@@ -44,8 +54,9 @@ build() {
   for r in "${RUNFILES[@]}"; do labels+=("//$(dirname "$r"):$(basename "$r")"); done
   bazel build "${TESTS[@]}" "${BENCHMARKS[@]}" "${labels[@]}" 2>&1 | tail -2
   rm -rf "$dir"
-  mkdir -p "$dir/bin" "$dir/lib" "$dir/runfiles/ckpt"
+  mkdir -p "$dir/bin" "$dir/lib" "$dir/runfiles/ckpt" "$dir/bench"
   for t in "${TESTS[@]}" "${BENCHMARKS[@]}"; do cp "$(path_of "$t")" "$dir/bin/"; done
+  for s in "${SCRIPTS[@]}"; do cp "$s" "$dir/bench/"; done
   for r in "${RUNFILES[@]}"; do
     mkdir -p "$dir/runfiles/ckpt/$(dirname "$r")"
     cp "bazel-bin/$r" "$dir/runfiles/ckpt/$r"
@@ -80,12 +91,55 @@ find_nccl() {
   [[ -n "$found" ]] && dirname "$found"
 }
 
+# The bundle's libraries, then NCCL from the machine (its directory in $nccl).
+nccl=
+use_bundle_libs() {
+  nccl=$(find_nccl || true)
+  export LD_LIBRARY_PATH="$PWD/$dir/lib${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+# A python that imports torch (the GPU machine's own): BENCH_PYTHON, else the first that does.
+find_torch_python() {
+  local candidate
+  for candidate in ${BENCH_PYTHON:-} python3 python /opt/conda/bin/python /usr/local/bin/python3; do
+    command -v "$candidate" >/dev/null 2>&1 || continue
+    "$candidate" -c 'import torch, torch.distributed.checkpoint' >/dev/null 2>&1 &&
+      { echo "$candidate"; return; }
+  done
+  return 1
+}
+
+bench() {
+  local out=${OUT:-$dir/logs}
+  mkdir -p "$out"
+  local machine_libs=${LD_LIBRARY_PATH:-}
+  use_bundle_libs
+  local failed=0 python
+  set +e
+  timeout 300 "$dir/bin/device_staging_benchmark" --bytes "${BENCH_BYTES:-4294967296}" \
+    >"$out/benchmark.txt" 2>&1 || failed=1
+  set -e
+  if python=$(LD_LIBRARY_PATH="$machine_libs" find_torch_python); then
+    set +e
+    # torch keeps the machine's libraries; the daemons and the trainer get the bundle's.
+    timeout 560 env LD_LIBRARY_PATH="$machine_libs" CKPT_BUNDLE_LD_LIBRARY_PATH="$LD_LIBRARY_PATH" \
+      "$python" "$dir/bench/device_dcp_bench.py" --bin "$dir/runfiles/ckpt" \
+      --trainer "$dir/bin/device_bench_trainer" --dir "${BENCH_DIR:-/var/tmp/device_dcp_bench}" \
+      --gb "${BENCH_GB:-8}" --reps "${BENCH_REPS:-2}" >"$out/e2e.txt" 2>&1 || failed=1
+    set -e
+  else
+    echo "gpu_suite: no python here imports torch (set BENCH_PYTHON)" >"$out/e2e.txt"
+    failed=1
+  fi
+  { echo "--- staging"; cat "$out/benchmark.txt"; echo "--- ckpt vs DCP"; cat "$out/e2e.txt"; } |
+    tee "$out/bench_summary.txt"
+  exit $failed
+}
+
 run() {
   local out=${OUT:-$dir/logs}
   mkdir -p "$out"
-  local nccl
-  nccl=$(find_nccl || true)
-  export LD_LIBRARY_PATH="$PWD/$dir/lib${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  use_bundle_libs
   export TEST_SRCDIR="$PWD/$dir/runfiles" TEST_WORKSPACE=ckpt
   export TEST_TMPDIR
   TEST_TMPDIR=$(mktemp -d)
@@ -124,5 +178,6 @@ run() {
 case "$mode" in
   build) build ;;
   run) run ;;
-  *) echo "usage: tools/gpu_suite.sh build|run [DIR]" >&2; exit 2 ;;
+  bench) bench ;;
+  *) echo "usage: tools/gpu_suite.sh build|run|bench [DIR]" >&2; exit 2 ;;
 esac

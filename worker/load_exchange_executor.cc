@@ -16,6 +16,7 @@
 #include "rendezvous/grpc_store.h"
 #include "sharding/overlap.h"
 #include "storage/checkpoint_reader.h"
+#include "worker/load_communicator.h"
 #include "worker/load_executor.h"
 #include "worker/load_wave_plan.h"
 
@@ -126,26 +127,21 @@ absl::Status BindToTrainerTensors(std::vector<LoadRequest>& requests, int me,
   return absl::OkStatus();
 }
 
-// Rendezvous: joins the operation's host-memory communicator through `store`.
+// Rendezvous: joins the operation's communicator through `store`, on the transport the
+// coordinator chose (worker/load_communicator.h).
 absl::StatusOr<std::unique_ptr<Communicator>> JoinCommunicator(const pb::LoadPlanPart& part,
                                                                const ExchangeLoadContext& context,
                                                                Store* store, const std::string& who,
                                                                ExchangeLoadStats* stats) {
-  CommunicatorOptions comm_options;
-  comm_options.memory_kind = MemoryKind::kHost;
-  comm_options.group_name = part.group();
-  comm_options.hostname = context.hostname;
-  comm_options.gloo_loop_thread_nice = context.gloo_loop_thread_nice;
+  LoadCommunicatorConfig config;
+  config.hostname = context.hostname;
+  config.gloo_loop_thread_nice = context.gloo_loop_thread_nice;
+  config.cuda_device = context.cuda_device;
+  config.rendezvous_address = context.rendezvous_address;
+  config.rendezvous_timeout = context.rendezvous_timeout;
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<Communicator>> comm =
-      CreateCommunicator(store, part.rank(), part.world_size(), comm_options,
-                         absl::Now() + context.rendezvous_timeout);
-  if (!comm.ok()) {
-    return absl::Status(comm.status().code(),
-                        absl::StrCat(who, ": joining the load's communicator (group ", part.group(),
-                                     ", ", part.world_size(), " ranks, rendezvous at ",
-                                     context.rendezvous_address, "): ", comm.status().message()));
-  }
+      JoinLoadCommunicator(part, config, store, who);
   stats->rendezvous_time = absl::Now() - start;
   return comm;
 }

@@ -27,6 +27,7 @@ struct ExchangeLoadContext {
   TransportSecurity rendezvous_security;  // as the worker's link to the coordinator
   std::string hostname = "127.0.0.1";     // this worker's data-plane address (Gloo binds here)
   int gloo_loop_thread_nice = 10;         // see GlooOptions::loop_thread_nice
+  int cuda_device = -1;  // the GPU this worker serves (NCCL, when the plan says device_exchange)
   absl::Duration rendezvous_timeout = absl::Minutes(2);
   absl::Duration exchange_timeout = absl::Minutes(30);  // the whole exchange
 };
@@ -48,10 +49,13 @@ struct ExchangeLoadStats {
 // Every write into the trainer's tensors goes through `gate` in chunks; once it closed (the
 // operation was aborted) the part stops with its reason: between waves, between chunks of a
 // scatter, and while it waits at the rendezvous for peers that will never come.
-// Device tensors of this rank (mixed states included) are exchanged over the host communicator
-// too: their pieces are scattered into a host buffer per tensor, which is copied onto the
-// device through the worker's pinned pool `staging` after the last wave (FailedPrecondition
-// without a pool). The NCCL exchange on the device is not wired yet.
+// The communicator is Gloo over TCP, or NCCL on `context.cuda_device` when the coordinator
+// chose the device exchange (part.device_exchange(): every rank device-resident, NCCL on
+// every worker; worker/load_communicator.h). Either way the exchange algorithms move host
+// buffers (NCCL's collectives stage through the device), and device tensors of this rank
+// (mixed states included) get their pieces scattered into a host buffer per tensor, copied
+// onto the device through the worker's pinned pool `staging` after the last wave
+// (FailedPrecondition without a pool).
 absl::Status ExecuteExchangeLoadPart(
     const pb::LoadPlanPart& part, const SessionInfo& session, const ExchangeLoadContext& context,
     MemoryGate& gate, ExchangeLoadStats* stats,

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "device/device_uuid.h"
 #include "device/gpu.h"
 #include "proto/convert.h"
 #include "proto/wire_names.h"
@@ -96,6 +97,7 @@ std::vector<std::string> SweepOrphanSegments(const ProcessProbe& probe,
 }
 
 absl::Status CheckDeviceShare(const pb::SharedTensor& t, int worker_gpu,
+                              const std::string& worker_gpu_uuid,
                               const std::string& no_gpu_reason) {
   const std::string& key = t.shard().tensor().key();
   const std::string what = absl::StrCat("tensor ", key, " (device ", t.device(), ")");
@@ -108,11 +110,12 @@ absl::Status CheckDeviceShare(const pb::SharedTensor& t, int worker_gpu,
                                                    t.cuda_ipc_handle().size(), " bytes, expected ",
                                                    kCudaIpcHandleBytes));
   }
-  if (t.device() != worker_gpu) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " is not on GPU ", worker_gpu,
-                     ", the one this worker serves: run one worker per GPU (--gpu or the "
-                     "launcher's local rank) and connect each trainer to its GPU's worker"));
+  // By UUID: the trainer's ordinal and the worker's differ under different
+  // CUDA_VISIBLE_DEVICES, and the same ordinal may name different GPUs.
+  if (absl::Status same =
+          CheckSameDevice(key, t.device_uuid(), t.device(), worker_gpu_uuid, worker_gpu);
+      !same.ok()) {
+    return same;
   }
   if (t.ipc_offset() < 0 || t.nbytes() < 0 || t.allocation_bytes() <= 0 ||
       static_cast<uint64_t>(t.ipc_offset()) + static_cast<uint64_t>(t.nbytes()) >
@@ -276,7 +279,7 @@ absl::Status MemoryRegistry::RegisterDeviceTensor(
     absl::StatusOr<int> gpus = CudaDeviceCount();
     if (!gpus.ok()) no_gpu_reason = std::string(gpus.status().message());
   }
-  if (absl::Status s = CheckDeviceShare(t, gpu_, no_gpu_reason); !s.ok()) {
+  if (absl::Status s = CheckDeviceShare(t, gpu_, gpu_uuid_, no_gpu_reason); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(who, ": ", s.message()));
   }
   std::shared_ptr<const OpenedDeviceAllocation> allocation;

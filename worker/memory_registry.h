@@ -118,11 +118,13 @@ std::vector<std::string> SweepOrphanSegments(const ProcessProbe& probe,
                                              const std::string& shm_dir = "/dev/shm");
 
 // Checks a device tensor's share before anything is opened: the worker serves a GPU
-// (`worker_gpu` >= 0, else FailedPrecondition with `no_gpu_reason`), the tensor is on it, the
-// handle has kCudaIpcHandleBytes bytes and [ipc_offset, ipc_offset + nbytes) lies inside the
-// allocation. Errors name the tensor and device; the caller adds job and rank.
+// (`worker_gpu` >= 0, else FailedPrecondition with `no_gpu_reason`), the tensor is on it (its
+// device_uuid equals `worker_gpu_uuid`; ordinals are only reported, see
+// device/device_uuid.h), the handle has kCudaIpcHandleBytes bytes and
+// [ipc_offset, ipc_offset + nbytes) lies inside the allocation. Errors name the tensor and
+// device; the caller adds job and rank.
 absl::Status CheckDeviceShare(const pb::SharedTensor& tensor, int worker_gpu,
-                              const std::string& no_gpu_reason);
+                              const std::string& worker_gpu_uuid, const std::string& no_gpu_reason);
 
 // The registry. See the file comment.
 class MemoryRegistry {
@@ -137,9 +139,13 @@ class MemoryRegistry {
   // that is not running on this host.
   absl::StatusOr<std::string> OpenSession(const TrainerIdentity& trainer);
 
-  // The GPU whose device tensors this worker serves (call before serving; default none, with
-  // CUDA's reason when no GPU exists).
-  void ServeDevice(int gpu) { gpu_ = gpu; }
+  // The GPU whose device tensors this worker serves, by ordinal and UUID (DeviceUuid; device
+  // tensors are matched by it). Call before serving; default none, with CUDA's reason when no
+  // GPU exists.
+  void ServeDevice(int gpu, std::string uuid) {
+    gpu_ = gpu;
+    gpu_uuid_ = std::move(uuid);
+  }
   int device() const { return gpu_; }
 
   // Replaces the session's tensors. Host tensors: the segment is mapped (once per segment)
@@ -177,6 +183,7 @@ class MemoryRegistry {
 
   std::unique_ptr<ProcessProbe> probe_;
   int gpu_ = -1;
+  std::string gpu_uuid_;
   mutable std::mutex mu_;
   std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;

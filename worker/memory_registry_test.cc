@@ -11,6 +11,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "device/device_uuid.h"
 #include "device/gpu.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -85,6 +86,9 @@ pb::SharedTensor HostTensor(const std::string& key, const std::string& segment, 
 }
 
 // A device tensor of rows x cols f32 at `ipc_offset` in an allocation of 8192 bytes on GPU 0.
+// The UUID of the GPU the tests' worker serves (and their device tensors are on).
+const std::string kWorkerGpuUuid(kDeviceUuidBytes, '\x5a');
+
 pb::SharedTensor DeviceTensor(const std::string& key, int64_t ipc_offset, int64_t rows,
                               int64_t cols) {
   pb::SharedTensor t = HostTensor(key, "", 0, rows, cols);
@@ -92,6 +96,7 @@ pb::SharedTensor DeviceTensor(const std::string& key, int64_t ipc_offset, int64_
   t.clear_segment();
   t.set_cuda_ipc_handle(std::string(kCudaIpcHandleBytes, '\x01'));
   t.set_device(0);
+  t.set_device_uuid(kWorkerGpuUuid);
   t.set_ipc_offset(ipc_offset);
   t.set_allocation_bytes(8192);
   return t;
@@ -189,47 +194,66 @@ TEST_F(MemoryRegistryTest, DeviceTensorsNeedAWorkerThatServesAGpu) {
 
 TEST(CheckDeviceShareTest, AcceptsATensorInsideItsAllocationOnTheWorkersGpu) {
   pb::SharedTensor t = DeviceTensor("w", 4096, 16, 4);  // 256 bytes at 4096 of 8192
-  EXPECT_TRUE(CheckDeviceShare(t, 0, "").ok());
+  EXPECT_TRUE(CheckDeviceShare(t, 0, kWorkerGpuUuid, "").ok());
   t.set_ipc_offset(8192 - 256);
-  EXPECT_TRUE(CheckDeviceShare(t, 0, "").ok());
+  EXPECT_TRUE(CheckDeviceShare(t, 0, kWorkerGpuUuid, "").ok());
 }
 
 TEST(CheckDeviceShareTest, RefusesBytesOutsideTheAllocationNamingTensorAndDevice) {
   pb::SharedTensor t = DeviceTensor("layers.0.w", 8192 - 255, 16, 4);
-  absl::Status s = CheckDeviceShare(t, 0, "");
+  absl::Status s = CheckDeviceShare(t, 0, kWorkerGpuUuid, "");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("tensor layers.0.w (device 0): bytes [7937, 8193) lie "
                                      "outside its CUDA allocation of 8192 bytes"));
   t.set_ipc_offset(-1);
-  EXPECT_EQ(CheckDeviceShare(t, 0, "").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckDeviceShare(t, 0, kWorkerGpuUuid, "").code(), absl::StatusCode::kInvalidArgument);
   t.set_ipc_offset(0);
   t.set_allocation_bytes(0);
-  EXPECT_EQ(CheckDeviceShare(t, 0, "").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckDeviceShare(t, 0, kWorkerGpuUuid, "").code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CheckDeviceShareTest, RefusesAHandleOfTheWrongSize) {
   pb::SharedTensor t = DeviceTensor("w", 0, 1, 1);
   t.set_cuda_ipc_handle("short");
-  absl::Status s = CheckDeviceShare(t, 0, "");
+  absl::Status s = CheckDeviceShare(t, 0, kWorkerGpuUuid, "");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("tensor w (device 0): its CUDA IPC handle has 5 bytes, "
                                      "expected 64"));
 }
 
-TEST(CheckDeviceShareTest, RefusesATensorOnAnotherGpuAndSaysWhatToDo) {
+TEST(CheckDeviceShareTest, RefusesATensorOnAnotherGpuByUuidAndSaysWhatToDo) {
   pb::SharedTensor t = DeviceTensor("w", 0, 1, 1);
-  t.set_device(3);
-  absl::Status s = CheckDeviceShare(t, 1, "");
+  t.set_device(1);  // the same ordinal as the worker's: only the UUID tells them apart
+  t.set_device_uuid(std::string(kDeviceUuidBytes, '\x11'));
+  absl::Status s = CheckDeviceShare(t, 1, kWorkerGpuUuid, "");
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(), HasSubstr("tensor w (device 3) is not on GPU 1, the one this worker "
-                                     "serves: run one worker per GPU"));
-  EXPECT_THAT(CheckDeviceShare(t, -1, "started with --gpu -1").message(),
+  EXPECT_THAT(s.message(),
+              HasSubstr("tensor w is on GPU GPU-11111111-1111-1111-1111-111111111111 (device 1 "
+                        "in the trainer), not on GPU GPU-5a5a5a5a-5a5a-5a5a-5a5a-5a5a5a5a5a5a "
+                        "(device 1 in the worker), the one this worker serves: run one worker "
+                        "per GPU"));
+  EXPECT_THAT(CheckDeviceShare(t, -1, "", "started with --gpu -1").message(),
               HasSubstr("serves no GPU: started with --gpu -1"));
+}
+
+TEST(CheckDeviceShareTest, AcceptsTheWorkersGpuUnderAnotherOrdinalInTheTrainer) {
+  pb::SharedTensor t = DeviceTensor("w", 0, 1, 1);
+  t.set_device(0);  // the trainer sees only this GPU (CUDA_VISIBLE_DEVICES=2)
+  EXPECT_TRUE(CheckDeviceShare(t, 2, kWorkerGpuUuid, "").ok());
+}
+
+TEST(CheckDeviceShareTest, RefusesAShareWithoutADeviceUuid) {
+  pb::SharedTensor t = DeviceTensor("w", 0, 1, 1);
+  t.clear_device_uuid();
+  absl::Status s = CheckDeviceShare(t, 0, kWorkerGpuUuid, "");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("tensor w"));
+  EXPECT_THAT(s.message(), HasSubstr("device UUID <no uuid>"));
 }
 
 TEST_F(MemoryRegistryTest, AValidDeviceShareIsOpenedOnTheServedGpuAndErrorsNameTheTensor) {
   if (CudaDeviceCount().ok()) GTEST_SKIP() << "a GPU is present; opening is covered by GPU tests";
-  registry_.ServeDevice(0);
+  registry_.ServeDevice(0, kWorkerGpuUuid);
   auto session = registry_.OpenSession(Trainer());
   ASSERT_TRUE(session.ok());
   // Validation passes; opening the handle fails without a GPU, and says which tensor and why.

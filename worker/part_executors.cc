@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 #include "proto/wire_names.h"
 #include "spdlog/spdlog.h"
+#include "worker/load_communicator.h"
 #include "worker/load_exchange_executor.h"
 #include "worker/load_executor.h"
 #include "worker/reshard_executor.h"
@@ -91,6 +92,7 @@ PartOutcome LoadPartExecutor::ExecuteExchange(const PartRun& run, const pb::Load
   if (env_.gloo_loop_thread_nice != nullptr) {
     context.gloo_loop_thread_nice = *env_.gloo_loop_thread_nice;
   }
+  context.cuda_device = env_.link->options().info.gpu();
   ExchangeLoadStats stats;
   PartOutcome out;
   out.status = ExecuteExchangeLoadPart(part, *run.session, context, run.gate, &stats, run.progress,
@@ -98,14 +100,14 @@ PartOutcome LoadPartExecutor::ExecuteExchange(const PartRun& run, const pb::Load
   out.bytes_read = stats.bytes_read;
   if (!out.status.ok() && !run.gate.closed()) AwaitAbort(run.gate);
   spdlog::info(
-      "load_part_exchanged op={} rank={} algorithm={} waves={} bytes_read={} bytes_sent={} "
-      "bytes_received={} bytes_scattered={} rendezvous_s={:.3f} read_s={:.3f} "
-      "exchange_s={:.3f} scatter_s={:.3f}",
+      "load_part_exchanged op={} rank={} algorithm={} transport=\"{}\" transport_reason=\"{}\" "
+      "waves={} bytes_read={} bytes_sent={} bytes_received={} bytes_scattered={} "
+      "rendezvous_s={:.3f} read_s={:.3f} exchange_s={:.3f} scatter_s={:.3f}",
       run.item.operation_id(), run.item.rank(), LoadAlgorithmName(part.algorithm()),
-      part.waves_size(), stats.bytes_read, stats.bytes_sent, stats.bytes_received,
-      stats.bytes_scattered, absl::ToDoubleSeconds(stats.rendezvous_time),
-      absl::ToDoubleSeconds(stats.read_time), absl::ToDoubleSeconds(stats.exchange_time),
-      absl::ToDoubleSeconds(stats.scatter_time));
+      LoadTransportName(part), part.transport_reason(), part.waves_size(), stats.bytes_read,
+      stats.bytes_sent, stats.bytes_received, stats.bytes_scattered,
+      absl::ToDoubleSeconds(stats.rendezvous_time), absl::ToDoubleSeconds(stats.read_time),
+      absl::ToDoubleSeconds(stats.exchange_time), absl::ToDoubleSeconds(stats.scatter_time));
   return out;
 }
 

@@ -40,7 +40,9 @@
 #include "common/launcher_env.h"
 #include "common/transport_security.h"
 #include "device/cuda_copy_engine.h"
+#include "device/device_uuid.h"
 #include "device/gpu.h"
+#include "exchange/nccl/nccl_communicator.h"
 #include "spdlog/spdlog.h"
 #include "worker/coordinator_link.h"
 #include "worker/memory_registry.h"
@@ -57,6 +59,9 @@ ABSL_FLAG(int, local_rank, -1,
 ABSL_FLAG(int, gpu, -2,
           "GPU ordinal whose device tensors this worker serves; -1 for none (default: local_rank "
           "modulo the GPU count, host memory only when no GPU is usable)");
+ABSL_FLAG(bool, nccl, true,
+          "advertise NCCL (when a GPU is served and the NCCL library loads): loads whose ranks "
+          "are all device-resident then exchange over NCCL on the device; false: always Gloo");
 ABSL_FLAG(int64_t, pinned_staging_bytes, int64_t{512} << 20,
           "page-locked host memory this worker stages device tensors through (allocated at the "
           "first device save or load, reused afterwards); a larger state still saves, its Save "
@@ -124,6 +129,30 @@ std::unique_ptr<grpc::Server> StartTrainerServer(ckpt::worker::WorkerService* se
   return server;
 }
 
+// What the worker announces about the GPU it serves beyond the ordinal.
+struct ServedDevice {
+  std::string uuid;  // device tensors are matched by it (the trainer's ordinal may differ)
+  std::string no_nccl_reason = "no GPU served";  // empty: NCCL communicators can be created
+};
+
+// Reads `gpu`'s UUID (an error stops the worker: it could match no device tensor) and whether
+// NCCL works (unless `nccl_flag` is false).
+absl::StatusOr<ServedDevice> DescribeServedDevice(int gpu, bool nccl_flag) {
+  ServedDevice served;
+  absl::StatusOr<std::string> uuid = ckpt::DeviceUuid(gpu);
+  if (!uuid.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GPU ", gpu, ": cannot read its UUID: ", uuid.status().message()));
+  }
+  served.uuid = *std::move(uuid);
+  served.no_nccl_reason = "--nccl=false";
+  if (nccl_flag) {
+    absl::StatusOr<int> version = ckpt::NcclVersion();
+    served.no_nccl_reason = version.ok() ? "" : std::string(version.status().message());
+  }
+  return served;
+}
+
 int Run() {
   if (absl::Status s = ckpt::SetUpDaemonLogging("worker", absl::GetFlag(FLAGS_log_level));
       !s.ok()) {
@@ -166,6 +195,12 @@ int Run() {
     no_device_reason =
         gpus.ok() ? "no GPU for this local rank" : std::string(gpus.status().message());
   }
+  ServedDevice served;
+  if (copy_engine != nullptr) {
+    absl::StatusOr<ServedDevice> described = DescribeServedDevice(gpu, absl::GetFlag(FLAGS_nccl));
+    if (!described.ok()) return Fail(std::string(described.status().message()));
+    served = *std::move(described);
+  }
   std::unique_ptr<ckpt::worker::PinnedStagingPool> staging;
   if (copy_engine != nullptr) {
     staging = std::make_unique<ckpt::worker::PinnedStagingPool>(
@@ -202,17 +237,21 @@ int Run() {
   if (gpu >= 0) info.add_memory_kinds(ckpt::pb::MEMORY_DEVICE);
   info.set_local_rank(*local_rank);
   info.set_gpu(gpu);
+  info.set_nccl(served.no_nccl_reason.empty());
   if (gpu < 0) {
     spdlog::info("no_gpu reason=\"{}\" memory_kinds=host", no_device_reason);
   } else {
-    spdlog::info("device_staging gpu={} engine=\"{}\" pinned_bytes={} chunk_bytes={} buffers={}",
-                 gpu, std::string(copy_engine->name()), staging->capacity_bytes(),
-                 staging->chunk_bytes(), staging->num_buffers());
+    spdlog::info(
+        "device_staging gpu={} uuid={} engine=\"{}\" pinned_bytes={} chunk_bytes={} buffers={} "
+        "nccl={}",
+        gpu, ckpt::FormatDeviceUuid(served.uuid), std::string(copy_engine->name()),
+        staging->capacity_bytes(), staging->chunk_bytes(), staging->num_buffers(),
+        served.no_nccl_reason.empty() ? "yes" : absl::StrCat("no (", served.no_nccl_reason, ")"));
   }
 
   ckpt::worker::MemoryRegistry registry;
   ckpt::worker::CoordinatorLink link(link_options);
-  if (staging != nullptr) registry.ServeDevice(gpu);
+  if (staging != nullptr) registry.ServeDevice(gpu, served.uuid);
   ckpt::worker::WorkerService service(&registry, &link, host, staging.get());
   service.set_gloo_loop_thread_nice(absl::GetFlag(FLAGS_gloo_loop_nice));
   const std::string ready_file = absl::GetFlag(FLAGS_ready_file);

@@ -156,6 +156,7 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   state->set_rank(session->trainer.rank);
   for (const RegisteredTensor& t : session->tensors) {
     *state->add_shards() = t.shard;
+    state->add_memory_kinds(t.memory_kind);
     *state->add_layouts() = t.layout;
     if (state->mesh_shape_size() == 0 && !t.mesh_shape.empty()) {
       state->mutable_mesh_shape()->Add(t.mesh_shape.begin(), t.mesh_shape.end());

@@ -361,6 +361,12 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
+absl::StatusOr<int> NcclVersion() {
+  int version = 0;
+  CKPT_RETURN_IF_ERROR(NcclStatus(ncclGetVersion(&version), "ncclGetVersion"));
+  return version;
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Store* store, int rank,
                                                                      int size,
                                                                      const NcclOptions& options,

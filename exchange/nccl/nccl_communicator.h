@@ -24,6 +24,10 @@ struct NcclOptions {
   int cuda_device = -1;
 };
 
+// The NCCL library's version (ncclGetVersion, e.g. 22703 for 2.27.3): whether this process
+// can create NCCL communicators at all (the worker advertises "nccl" on it).
+absl::StatusOr<int> NcclVersion();
+
 // Joins the group. FailedPrecondition "no CUDA device: ..." on machines without a GPU;
 // DeadlineExceeded naming ranks that never arrived.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Store* store, int rank,

@@ -46,12 +46,12 @@ void Print(const std::string& coordinator, const pb::GetStatusResponse& status) 
   std::printf("workers: %d live, %d dead\n", live, status.workers_size() - live);
   for (const auto& w : status.workers()) {
     const pb::WorkerInfo& i = w.info();
-    std::string line =
-        absl::StrCat("  ", w.worker_id(), "  ", w.alive() ? "alive" : "DEAD ", "  host=", i.host(),
-                     " pid=", i.pid(), " local_rank=", i.local_rank(),
-                     " gpu=", i.gpu() < 0 ? std::string("none") : absl::StrCat(i.gpu()),
-                     " memory=", MemoryKindNames(i), " data_plane=", i.data_plane_address(),
-                     "  heartbeat ", w.ms_since_heartbeat(), " ms ago");
+    std::string line = absl::StrCat(
+        "  ", w.worker_id(), "  ", w.alive() ? "alive" : "DEAD ", "  host=", i.host(),
+        " pid=", i.pid(), " local_rank=", i.local_rank(),
+        " gpu=", i.gpu() < 0 ? std::string("none") : absl::StrCat(i.gpu()), i.nccl() ? " nccl" : "",
+        " memory=", MemoryKindNames(i), " data_plane=", i.data_plane_address(), "  heartbeat ",
+        w.ms_since_heartbeat(), " ms ago");
     if (!w.alive()) absl::StrAppend(&line, "  (", w.death_cause(), ")");
     std::printf("%s\n", line.c_str());
   }
