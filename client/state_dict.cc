@@ -196,6 +196,7 @@ absl::StatusOr<StateTensor*> StateDict::AddDevice(const TensorDeclaration& spec,
   }
   (*t)->data = static_cast<std::byte*>(device_ptr);
   (*t)->device = device;
+  (*t)->device_uuid = std::move(exported->device_uuid);
   (*t)->cuda_ipc_handle = std::move(exported->ipc_handle);
   (*t)->ipc_offset = exported->offset;
   (*t)->allocation_bytes = exported->allocation_bytes;
@@ -210,7 +211,7 @@ StateTensor* StateDict::Find(const std::string& key) {
   return nullptr;
 }
 
-std::vector<pb::SharedTensor> StateDict::Describe() const {
+std::vector<pb::SharedTensor> StateDict::Describe(Lending lending) const {
   std::vector<pb::SharedTensor> out;
   out.reserve(tensors_.size());
   for (const auto& t : tensors_) {
@@ -236,9 +237,12 @@ std::vector<pb::SharedTensor> StateDict::Describe() const {
       s.set_memory_kind(pb::MEMORY_HOST);
       s.set_segment(t->segment);
       s.set_offset(t->segment_offset);
+      s.set_lent_until_durable(lending == Lending::kAllHostTensors ||
+                               (lending == Lending::kMarkedTensors && t->lent_until_durable));
     } else {
       s.set_memory_kind(pb::MEMORY_DEVICE);
       s.set_cuda_ipc_handle(t->cuda_ipc_handle);
+      s.set_device_uuid(t->device_uuid);
       s.set_device(t->device);
       s.set_ipc_offset(t->ipc_offset);
       s.set_allocation_bytes(t->allocation_bytes);

@@ -31,6 +31,17 @@ namespace ckpt::client {
 // Where a tensor's bytes live in the trainer.
 enum class MemoryKind { kHost, kDevice };
 
+// What a save borrows from the trainer until the save ends (committed or aborted): the worker
+// writes lent host bytes straight from shared memory instead of copying them at the snapshot,
+// so the trainer must not change them before then. Bytes not lent are copied by the worker
+// before Save returns.
+enum class Lending {
+  kNone,            // nothing: every byte is copied at the snapshot
+  kMarkedTensors,   // host tensors marked StateTensor::lent_until_durable (a binding's staging)
+  kAllHostTensors,  // every host tensor: for a caller that waits for the commit before it
+                    // touches its tensors (a blocking save)
+};
+
 // A DTensor-style layout: the rank's piece follows from the mesh and one placement per mesh
 // dimension exactly as PyTorch computes it (torch.chunk semantics, empty shards included);
 // the replica id is the rank's coordinates along the Replicate() mesh dims.
@@ -69,7 +80,8 @@ struct StateTensor {
   int64_t segment_offset = 0;  // host: where the tensor's bytes start in the segment
   std::byte* data = nullptr;   // host: the bytes (row-major over the region); device: the pointer
   int64_t nbytes = 0;
-  int device = -1;  // device tensors: CUDA ordinal
+  int device = -1;          // device tensors: CUDA ordinal
+  std::string device_uuid;  // device tensors: the GPU's UUID (the worker matches by it)
   // How the piece was described (informational, for the manifest's saved layout).
   std::vector<int64_t> mesh_shape;
   std::vector<Placement> placements;
@@ -79,6 +91,9 @@ struct StateTensor {
   std::string cuda_ipc_handle;
   int64_t ipc_offset = 0;
   int64_t allocation_bytes = 0;
+  // Host: ckpt-owned staging its owner does not change while a save of it runs (until the
+  // save ends), so saves with Lending::kMarkedTensors lend it (see Lending).
+  bool lent_until_durable = false;
 
   absl::Span<std::byte> bytes() const { return {data, static_cast<size_t>(nbytes)}; }
 };
@@ -126,8 +141,9 @@ class StateDict {
   const std::vector<std::unique_ptr<StateTensor>>& tensors() const { return tensors_; }
   int rank() const { return rank_; }
 
-  // The description sent to the worker.
-  std::vector<pb::SharedTensor> Describe() const;
+  // The description sent to the worker; host tensors `lending` lends are marked
+  // lent_until_durable.
+  std::vector<pb::SharedTensor> Describe(Lending lending = Lending::kNone) const;
 
  private:
   absl::StatusOr<std::unique_ptr<StateTensor>> Resolve(const TensorDeclaration& spec) const;

@@ -12,6 +12,7 @@
 //
 //   device_trainer --worker unix:/path --job J --rank R --world_size N --mode save|load
 //                  --path P [--rows 4] [--cols 1024] [--algorithm direct|broadcast]
+//                  [--device_only 1]
 //                  [--gpu 0] [--global_ranks G]
 // --mode save: Save, overwrite every tensor right after Save returns, WaitDurable.
 // --mode load: Load into zeroed tensors and check every element. A load with another world
@@ -41,6 +42,7 @@ int Report(const absl::Status& s) {
 struct Flags {
   std::string worker, job, mode, path, algorithm = "direct";
   int rank = 0, world = 1, gpu = 0, global = -1;
+  bool device_only = false;  // no host tensor: the state is device-resident
   int64_t rows = 4, cols = 1024;
 };
 
@@ -69,6 +71,8 @@ bool Parse(int argc, char** argv, Flags& f) {
       f.rows = std::stoll(v);
     else if (k == "--cols")
       f.cols = std::stoll(v);
+    else if (k == "--device_only")
+      f.device_only = v == "1" || v == "true";
     else
       return false;
   }
@@ -127,15 +131,18 @@ int Run(const Flags& f) {
   if (!ta.ok()) return Report(ta.status());
   auto tb = state->AddDevice(spec_b, b, f.gpu);
   if (!tb.ok()) return Report(tb.status());
-  auto tc = state->AddHost(spec_c);
+  // Mixed state (a host tensor beside the device ones) unless --device_only.
+  absl::StatusOr<ckpt::client::StateTensor*> tc = nullptr;
+  if (!f.device_only) tc = state->AddHost(spec_c);
   if (!tc.ok()) return Report(tc.status());
   const std::vector<int32_t> want_a = Image(1, f.rank * k * f.rows, k * f.rows, f.cols);
   const std::vector<int32_t> want_b = Image(2, f.rank * k, k, f.cols);
-  const std::vector<int32_t> want_c = Image(3, f.rank * k, k, 64);
+  const std::vector<int32_t> want_c =
+      f.device_only ? std::vector<int32_t>() : Image(3, f.rank * k, k, 64);
   if (f.mode == "save") {
     cudaMemcpy(a, want_a.data(), a_bytes, cudaMemcpyHostToDevice);
     cudaMemcpy(b, want_b.data(), b_bytes, cudaMemcpyHostToDevice);
-    std::memcpy((*tc)->data, want_c.data(), c_bytes);
+    if (*tc != nullptr) std::memcpy((*tc)->data, want_c.data(), c_bytes);
   } else {
     cudaMemset(a, 0, a_bytes);
     cudaMemset(b, 0, b_bytes);
@@ -152,7 +159,7 @@ int Run(const Flags& f) {
       // Training goes on at once: the checkpoint must hold the values at Save.
       cudaMemset(a, 0xff, a_bytes);
       cudaMemset(b, 0xff, b_bytes);
-      std::memset((*tc)->data, 0xff, c_bytes);
+      if (*tc != nullptr) std::memset((*tc)->data, 0xff, c_bytes);
       cudaDeviceSynchronize();
       Emit("mutated");
       result = (*handle)->WaitDurable(absl::Minutes(5));
@@ -167,7 +174,7 @@ int Run(const Flags& f) {
   std::vector<int32_t> got_a(want_a.size()), got_b(want_b.size()), got_c(want_c.size());
   cudaMemcpy(got_a.data(), a, a_bytes, cudaMemcpyDeviceToHost);
   cudaMemcpy(got_b.data(), b, b_bytes, cudaMemcpyDeviceToHost);
-  std::memcpy(got_c.data(), (*tc)->data, c_bytes);
+  if (*tc != nullptr) std::memcpy(got_c.data(), (*tc)->data, c_bytes);
   const std::pair<const char*, std::pair<const std::vector<int32_t>*, std::vector<int32_t>*>>
       checks[] = {{"dev.a", {&want_a, &got_a}},
                   {"dev.b", {&want_b, &got_b}},

@@ -144,8 +144,12 @@ class PyStateDict {
       nb::gil_scoped_release release;
       shared = ValueOrThrow(allocator.Allocate(static_cast<size_t>(nbytes), key));
     }
-    ValueOrThrow(state_->AddHostView(spec, shared->segment, shared->offset, nbytes));
+    client::StateTensor* added =
+        ValueOrThrow(state_->AddHostView(spec, shared->segment, shared->offset, nbytes));
     if (in_place) return std::nullopt;
+    // The staging is ckpt's own: the Python StateDict does not write it while a save of it runs
+    // (it waits for that save to end), so saves lend it to the worker instead of it being copied.
+    added->lent_until_durable = true;
     return ArrayOver(*std::move(shared));
   }
 
@@ -177,6 +181,17 @@ class PySaveHandle {
  public:
   explicit PySaveHandle(std::unique_ptr<client::SaveHandle> handle) : handle_(std::move(handle)) {}
   std::string OperationId() const { return handle_->operation_id(); }
+  // How this rank's worker took the snapshot (client::SnapshotInfo).
+  nb::dict Snapshot() const {
+    const client::SnapshotInfo& s = handle_->snapshot();
+    nb::dict d;
+    d["copied_bytes"] = s.copied_bytes;
+    d["lent_bytes"] = s.lent_bytes;
+    d["device_bytes"] = s.device_bytes;
+    d["device_over_pinned_budget"] = s.device_over_pinned_budget;
+    d["pinned_budget_bytes"] = s.pinned_budget_bytes;
+    return d;
+  }
   void Wait(double timeout_s) {
     nb::gil_scoped_release release;
     ThrowIfError(handle_->WaitDurable(absl::Seconds(timeout_s)));
@@ -270,9 +285,10 @@ class PyClient {
   }
   std::unique_ptr<PySaveHandle> Save(const std::string& path, PyStateDict& state,
                                      std::map<std::string, std::string> metadata,
-                                     double arrival_timeout_s) {
+                                     double arrival_timeout_s, bool lend_all) {
     client::Client& c = get();
     client::SaveOptions options;
+    options.lending = lend_all ? client::Lending::kAllHostTensors : client::Lending::kMarkedTensors;
     options.metadata = std::move(metadata);
     options.arrival_timeout = absl::Seconds(arrival_timeout_s);
     std::unique_ptr<client::SaveHandle> handle;
@@ -363,6 +379,7 @@ NB_MODULE(_ckpt, m) {
   nb::class_<PySaveHandle>(m, "SaveHandle")
       .def_prop_ro("operation_id", &PySaveHandle::OperationId)
       .def("wait", &PySaveHandle::Wait, nb::arg("timeout_s"))
+      .def("snapshot", &PySaveHandle::Snapshot)
       .def("progress", &PySaveHandle::Progress);
   nb::class_<PyClient>(m, "Client")
       .def_static("connect", &PyClient::Connect, nb::arg("job") = nb::none(),
@@ -373,7 +390,7 @@ NB_MODULE(_ckpt, m) {
       .def("new_state_dict", &PyClient::NewStateDict)
       .def("share", &PyClient::Share)
       .def("save", &PyClient::Save, nb::arg("path"), nb::arg("state"), nb::arg("metadata"),
-           nb::arg("arrival_timeout_s"))
+           nb::arg("arrival_timeout_s"), nb::arg("lend_all") = false)
       .def("load", &PyClient::Load, nb::arg("path"), nb::arg("state"), nb::arg("arrival_timeout_s"),
            nb::arg("deadline_s"), nb::arg("algorithm"), nb::arg("memory_budget_bytes"))
       .def("poll", &PyClient::Poll, nb::arg("state"), nb::arg("prepare"))
