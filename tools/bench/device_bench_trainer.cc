@@ -105,11 +105,11 @@ int Run(const Flags& f) {
     Fill(host, t);
     cudaMemcpy(device[t], host.data(), tensor_bytes, cudaMemcpyHostToDevice);
     ckpt::client::TensorDeclaration spec{absl::StrCat("t", t),
-                                  ckpt::DType::kI32,
-                                  {elements},
-                                  ckpt::Region{{0}, {elements}, {}},
-                                  {},
-                                  ckpt::client::MemoryKind::kDevice};
+                                         ckpt::DType::kI32,
+                                         {elements},
+                                         ckpt::Region{{0}, {elements}, {}},
+                                         {},
+                                         ckpt::client::MemoryKind::kDevice};
     auto added = state->AddDevice(spec, device[t], f.gpu);
     if (!added.ok()) return Fail(added.status().ToString());
   }
