@@ -186,6 +186,38 @@ absl::StatusOr<std::shared_ptr<const MappedSegment>> MemoryRegistry::MapSegment(
   return std::make_shared<const MappedSegment>(addr, size);
 }
 
+namespace {
+
+// The shared tensor names a key, a region valid for its shape, and exactly the region's bytes.
+absl::Status CheckSharedTensorSize(const pb::SharedTensor& t, const std::string& who) {
+  const std::string& key = t.shard().tensor().key();
+  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(who, ": tensor without key"));
+  std::vector<int64_t> shape(t.shard().tensor().global_shape().begin(),
+                             t.shard().tensor().global_shape().end());
+  absl::StatusOr<Region> parsed = RegionFromProto(t.shard().region());
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": tensor ", key, ": ", parsed.status().message()));
+  }
+  const Region& region = *parsed;
+  if (absl::Status s = ValidateRegion(region, shape); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": tensor ", key, " region ", region.DebugString(), ": ", s.message()));
+  }
+  absl::StatusOr<int64_t> elem = ElementSize(t.shard().tensor().dtype(), key);
+  if (!elem.ok())
+    return absl::InvalidArgumentError(absl::StrCat(who, ": ", elem.status().message()));
+  const int64_t expected = region.NumElements() * *elem;
+  if (t.nbytes() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": tensor ", key, " region ",
+                                                   region.DebugString(), " needs ", expected,
+                                                   " bytes but ", t.nbytes(), " were shared"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
                                              absl::Span<const pb::SharedTensor> tensors) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -201,28 +233,7 @@ absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
   std::map<std::string, std::shared_ptr<const OpenedDeviceAllocation>> opened;
   for (const pb::SharedTensor& t : tensors) {
     const std::string& key = t.shard().tensor().key();
-    if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(who, ": tensor without key"));
-    std::vector<int64_t> shape(t.shard().tensor().global_shape().begin(),
-                               t.shard().tensor().global_shape().end());
-    absl::StatusOr<Region> parsed = RegionFromProto(t.shard().region());
-    if (!parsed.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, ": tensor ", key, ": ", parsed.status().message()));
-    }
-    const Region& region = *parsed;
-    if (absl::Status s = ValidateRegion(region, shape); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, ": tensor ", key, " region ", region.DebugString(), ": ", s.message()));
-    }
-    absl::StatusOr<int64_t> elem = ElementSize(t.shard().tensor().dtype(), key);
-    if (!elem.ok())
-      return absl::InvalidArgumentError(absl::StrCat(who, ": ", elem.status().message()));
-    int64_t expected = region.NumElements() * *elem;
-    if (t.nbytes() != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(who, ": tensor ", key, " region ",
-                                                     region.DebugString(), " needs ", expected,
-                                                     " bytes but ", t.nbytes(), " were shared"));
-    }
+    if (absl::Status s = CheckSharedTensorSize(t, who); !s.ok()) return s;
     RegisteredTensor r;
     r.shard = t.shard();
     r.memory_kind = t.memory_kind();

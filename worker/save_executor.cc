@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "proto/convert.h"
 #include "proto/manifest.pb.h"
 #include "proto/wire_names.h"
@@ -53,6 +54,67 @@ absl::Status StageDeviceSnapshot(absl::Span<const DeviceRange> ranges,
   });
 }
 
+// A planned piece checked against what the trainer shares: the tensor it comes from and its
+// region. Errors name the rank and the tensor.
+struct PlannedPiece {
+  const RegisteredTensor* tensor = nullptr;
+  Region region;
+};
+
+absl::StatusOr<PlannedPiece> ResolvePlannedPiece(const pb::PlanPiece& piece,
+                                                 const SessionInfo& session,
+                                                 const DeviceSnapshotOptions& device,
+                                                 const std::string& who) {
+  if (piece.local_index() < 0 || piece.local_index() >= static_cast<int>(session.tensors.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": tensor ", piece.key(), " (local index ", piece.local_index(), ") is not among the ",
+        session.tensors.size(),
+        " tensors the trainer shares now (did it re-register its state during the save?)"));
+  }
+  const RegisteredTensor& t = session.tensors[piece.local_index()];
+  absl::StatusOr<Region> region = RegionFromProto(piece.region());
+  if (!region.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": tensor ", piece.key(), ": ", region.status().message()));
+  }
+  absl::StatusOr<Region> shared = RegionFromProto(t.shard.region());
+  if (t.shard.tensor().key() != piece.key() || !shared.ok() || *shared != *region ||
+      t.nbytes != piece.size_bytes()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": the plan's piece ", piece.key(), " ", region->DebugString(),
+                     " does not match the shared tensor ", t.shard.tensor().key(),
+                     shared.ok() ? absl::StrCat(" ", shared->DebugString()) : std::string()));
+  }
+  const bool on_device = t.memory_kind == pb::MEMORY_DEVICE;
+  if (on_device && device.staging == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": tensor ", piece.key(), " is in device memory (device ", t.device,
+                     ") but this worker has no device staging (it serves no GPU)"));
+  }
+  if ((!on_device && (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0))) ||
+      (on_device && t.device_ptr == nullptr && t.nbytes > 0)) {
+    return absl::FailedPreconditionError(absl::StrCat(who, ": tensor ", piece.key(), " is in ",
+                                                      MemoryKindName(t.memory_kind),
+                                                      " memory not mapped here"));
+  }
+  return PlannedPiece{&t, *std::move(region)};
+}
+
+// The tensor of `piece`, appended to `tensors` the first time its key is seen.
+absl::Status AddTensorOnce(const pb::PlanPiece& piece, const std::string& who,
+                           std::set<std::string>* keys, std::vector<TensorMeta>* tensors) {
+  if (!keys->insert(piece.key()).second) return absl::OkStatus();
+  absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype());
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": tensor ", piece.key(), ": ", dtype.status().message()));
+  }
+  tensors->push_back(
+      TensorMeta{piece.key(), *dtype,
+                 std::vector<int64_t>(piece.global_shape().begin(), piece.global_shape().end())});
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
@@ -80,55 +142,15 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
     DataFilePlan plan;
     plan.writer_rank = part.rank();
     for (const pb::PlanPiece& piece : file.pieces()) {
-      if (piece.local_index() < 0 ||
-          piece.local_index() >= static_cast<int>(session.tensors.size())) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            who, ": tensor ", piece.key(), " (local index ", piece.local_index(),
-            ") is not among the ", session.tensors.size(),
-            " tensors the trainer shares now (did it re-register its state during the save?)"));
-      }
-      const RegisteredTensor& t = session.tensors[piece.local_index()];
-      absl::StatusOr<Region> region = RegionFromProto(piece.region());
-      if (!region.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(who, ": tensor ", piece.key(), ": ", region.status().message()));
-      }
-      absl::StatusOr<Region> shared = RegionFromProto(t.shard.region());
-      if (t.shard.tensor().key() != piece.key() || !shared.ok() || *shared != *region ||
-          t.nbytes != piece.size_bytes()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(who, ": the plan's piece ", piece.key(), " ", region->DebugString(),
-                         " does not match the shared tensor ", t.shard.tensor().key(),
-                         shared.ok() ? absl::StrCat(" ", shared->DebugString()) : std::string()));
-      }
+      CKPT_ASSIGN_OR_RETURN(PlannedPiece planned, ResolvePlannedPiece(piece, session, device, who));
+      CKPT_RETURN_IF_ERROR(AddTensorOnce(piece, who, &keys, &tensors));
+      const RegisteredTensor& t = *planned.tensor;
       const bool on_device = t.memory_kind == pb::MEMORY_DEVICE;
-      if (on_device && device.staging == nullptr) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(who, ": tensor ", piece.key(), " is in device memory (device ", t.device,
-                         ") but this worker has no device staging (it serves no GPU)"));
-      }
-      if ((!on_device &&
-           (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0))) ||
-          (on_device && t.device_ptr == nullptr && t.nbytes > 0)) {
-        return absl::FailedPreconditionError(absl::StrCat(who, ": tensor ", piece.key(), " is in ",
-                                                          MemoryKindName(t.memory_kind),
-                                                          " memory not mapped here"));
-      }
-      if (keys.insert(piece.key()).second) {
-        absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype());
-        if (!dtype.ok()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(who, ": tensor ", piece.key(), ": ", dtype.status().message()));
-        }
-        tensors.push_back(TensorMeta{
-            piece.key(), *dtype,
-            std::vector<int64_t>(piece.global_shape().begin(), piece.global_shape().end())});
-      }
       if (!on_device && t.lent_until_durable) {
         // Lent until the save ends: written from the trainer's mapping, which stays mapped.
         snapshot.mappings.push_back(t.mapping);
         snapshot.report.lent_bytes += t.nbytes;
-        plan.pieces.push_back(PieceData{piece.key(), *region, t.data, t.nbytes});
+        plan.pieces.push_back(PieceData{piece.key(), planned.region, t.data, t.nbytes});
         continue;
       }
       // The copy is what gets written: the trainer may change its tensors once this returns.
@@ -137,7 +159,7 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
         device_ranges.push_back(DeviceRange{piece.key(), t.device_ptr, t.nbytes});
         device_destinations.push_back(snapshot.buffers.back().get());
         plan.pieces.push_back(
-            PieceData{piece.key(), *region, snapshot.buffers.back().get(), t.nbytes});
+            PieceData{piece.key(), planned.region, snapshot.buffers.back().get(), t.nbytes});
         continue;
       }
       absl::Status copied =
@@ -148,7 +170,7 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
       }
       snapshot.report.copied_bytes += t.nbytes;
       plan.pieces.push_back(
-          PieceData{piece.key(), *region, snapshot.buffers.back().get(), t.nbytes});
+          PieceData{piece.key(), planned.region, snapshot.buffers.back().get(), t.nbytes});
     }
     files.push_back(std::move(plan));
   }

@@ -38,6 +38,7 @@
 #include "common/daemon.h"
 #include "common/durable_file.h"
 #include "common/launcher_env.h"
+#include "common/status_macros.h"
 #include "common/transport_security.h"
 #include "device/cuda_copy_engine.h"
 #include "device/device_uuid.h"
@@ -153,108 +154,169 @@ absl::StatusOr<ServedDevice> DescribeServedDevice(int gpu, bool nccl_flag) {
   return served;
 }
 
-int Run() {
-  if (absl::Status s = ckpt::SetUpDaemonLogging("worker", absl::GetFlag(FLAGS_log_level));
-      !s.ok()) {
-    return Fail(std::string(s.message()));
-  }
-  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
-  if (coordinator.empty()) return Fail("--coordinator HOST:PORT is required");
-  std::optional<int> explicit_local_rank;
-  if (absl::GetFlag(FLAGS_local_rank) >= 0) explicit_local_rank = absl::GetFlag(FLAGS_local_rank);
-  absl::StatusOr<int> local_rank = ckpt::ResolveLocalRank(explicit_local_rank, ckpt::ProcessEnv());
-  if (!local_rank.ok()) return Fail(std::string(local_rank.status().message()));
-  std::string listen = absl::GetFlag(FLAGS_listen);
-  if (listen.empty()) listen = ckpt::DefaultWorkerAddress(*local_rank);
-  if (!absl::StartsWith(listen, "unix:/")) {
-    return Fail(absl::StrCat("--listen must be unix:/absolute/path, got \"", listen, "\""));
-  }
-  // Device memory is advertised only when this worker can really serve it: the GPU exists,
-  // takes a context and the copy engine's streams could be created on it.
+// The GPU this worker serves, if any: device memory is advertised only when the worker can
+// really serve it (the GPU exists, takes a context and the copy engine's streams were created).
+struct DeviceServing {
+  int gpu = -1;
+  std::unique_ptr<ckpt::CudaCopyEngine> copy_engine;  // null: host memory only
+  std::unique_ptr<ckpt::worker::PinnedStagingPool> staging;
+  ServedDevice served;
+  std::string no_device_reason;
+};
+
+// Picks the GPU (--gpu, else the local rank's) and opens it. An explicit --gpu that cannot be
+// served is an error; an implicit one falls back to host memory with the reason kept.
+absl::StatusOr<DeviceServing> ServeDevice(int local_rank) {
+  DeviceServing d;
   const int gpu_flag = absl::GetFlag(FLAGS_gpu);
-  int gpu = gpu_flag < -1 ? ckpt::GpuForLocalRank(*local_rank) : gpu_flag;
-  std::unique_ptr<ckpt::CudaCopyEngine> copy_engine;
-  std::string no_device_reason = gpu_flag == -1 ? "--gpu -1" : "";
-  if (gpu >= 0) {
-    absl::Status usable = ckpt::CheckDeviceUsable(gpu);
+  d.gpu = gpu_flag < -1 ? ckpt::GpuForLocalRank(local_rank) : gpu_flag;
+  d.no_device_reason = gpu_flag == -1 ? "--gpu -1" : "";
+  if (d.gpu >= 0) {
+    absl::Status usable = ckpt::CheckDeviceUsable(d.gpu);
     if (usable.ok()) {
       absl::StatusOr<std::unique_ptr<ckpt::CudaCopyEngine>> engine =
-          ckpt::CudaCopyEngine::Create(gpu);
-      if (engine.ok()) copy_engine = *std::move(engine);
+          ckpt::CudaCopyEngine::Create(d.gpu);
+      if (engine.ok()) d.copy_engine = *std::move(engine);
       usable = engine.status();
     }
     if (!usable.ok()) {
       if (gpu_flag >= 0) {
-        return Fail(absl::StrCat("--gpu ", gpu_flag, " cannot be served: ", usable.message()));
+        return absl::FailedPreconditionError(
+            absl::StrCat("--gpu ", gpu_flag, " cannot be served: ", usable.message()));
       }
-      no_device_reason = absl::StrCat("GPU ", gpu, " is not usable: ", usable.message());
-      gpu = -1;
+      d.no_device_reason = absl::StrCat("GPU ", d.gpu, " is not usable: ", usable.message());
+      d.gpu = -1;
     }
-  } else if (no_device_reason.empty()) {
+  } else if (d.no_device_reason.empty()) {
     absl::StatusOr<int> gpus = ckpt::CudaDeviceCount();
-    no_device_reason =
+    d.no_device_reason =
         gpus.ok() ? "no GPU for this local rank" : std::string(gpus.status().message());
   }
-  ServedDevice served;
-  if (copy_engine != nullptr) {
-    absl::StatusOr<ServedDevice> described = DescribeServedDevice(gpu, absl::GetFlag(FLAGS_nccl));
-    if (!described.ok()) return Fail(std::string(described.status().message()));
-    served = *std::move(described);
-  }
-  std::unique_ptr<ckpt::worker::PinnedStagingPool> staging;
-  if (copy_engine != nullptr) {
-    staging = std::make_unique<ckpt::worker::PinnedStagingPool>(
-        copy_engine.get(), absl::GetFlag(FLAGS_pinned_staging_bytes),
-        absl::GetFlag(FLAGS_staging_chunk_bytes));
-  }
-  std::string host = absl::GetFlag(FLAGS_host);
-  if (host.empty()) host = ckpt::HostName();
-  std::string data_plane = absl::GetFlag(FLAGS_data_plane_address);
-  if (data_plane.empty()) data_plane = host;
+  if (d.copy_engine == nullptr) return d;
+  CKPT_ASSIGN_OR_RETURN(d.served, DescribeServedDevice(d.gpu, absl::GetFlag(FLAGS_nccl)));
+  d.staging = std::make_unique<ckpt::worker::PinnedStagingPool>(
+      d.copy_engine.get(), absl::GetFlag(FLAGS_pinned_staging_bytes),
+      absl::GetFlag(FLAGS_staging_chunk_bytes));
+  return d;
+}
 
-  absl::StatusOr<ckpt::TransportSecurity> security = ckpt::ResolveTransportSecurity(
-      {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)},
-      absl::GetFlag(FLAGS_insecure), coordinator, "--coordinator", "ckpt_worker");
-  if (!security.ok()) {  // the message names the program already
-    std::fprintf(stderr, "%s\n", std::string(security.status().message()).c_str());
-    return 2;
-  }
-  if (security->insecure_beyond_loopback) {
-    spdlog::critical("{}", ckpt::InsecureWarning("ckpt_worker", coordinator));
-  }
-  absl::StatusOr<std::vector<uid_t>> trainer_uids = TrainerUids(absl::GetFlag(FLAGS_trainer_uids));
-  if (!trainer_uids.ok()) return Fail(std::string(trainer_uids.status().message()));
-
+// What the worker registers with the coordinator.
+ckpt::worker::LinkOptions MakeLinkOptions(const std::string& coordinator,
+                                          const ckpt::TransportSecurity& security,
+                                          const std::string& host, int local_rank,
+                                          const DeviceServing& device) {
   ckpt::worker::LinkOptions link_options;
   link_options.coordinator = coordinator;
-  link_options.security = *security;
+  link_options.security = security;
   link_options.rpc_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_rpc_timeout_ms));
+  std::string data_plane = absl::GetFlag(FLAGS_data_plane_address);
+  if (data_plane.empty()) data_plane = host;
   ckpt::pb::WorkerInfo& info = link_options.info;
   info.set_host(host);
   info.set_pid(getpid());
   info.set_data_plane_address(data_plane);
   info.add_memory_kinds(ckpt::pb::MEMORY_HOST);
-  if (gpu >= 0) info.add_memory_kinds(ckpt::pb::MEMORY_DEVICE);
-  info.set_local_rank(*local_rank);
-  info.set_gpu(gpu);
-  info.set_nccl(served.no_nccl_reason.empty());
-  if (gpu < 0) {
-    spdlog::info("no_gpu reason=\"{}\" memory_kinds=host", no_device_reason);
-  } else {
-    spdlog::info(
-        "device_staging gpu={} uuid={} engine=\"{}\" pinned_bytes={} chunk_bytes={} buffers={} "
-        "nccl={}",
-        gpu, ckpt::FormatDeviceUuid(served.uuid), std::string(copy_engine->name()),
-        staging->capacity_bytes(), staging->chunk_bytes(), staging->num_buffers(),
-        served.no_nccl_reason.empty() ? "yes" : absl::StrCat("no (", served.no_nccl_reason, ")"));
+  if (device.gpu >= 0) info.add_memory_kinds(ckpt::pb::MEMORY_DEVICE);
+  info.set_local_rank(local_rank);
+  info.set_gpu(device.gpu);
+  info.set_nccl(device.gpu >= 0 && device.served.no_nccl_reason.empty());
+  return link_options;
+}
+
+void LogDevice(const DeviceServing& d) {
+  if (d.gpu < 0) {
+    spdlog::info("no_gpu reason=\"{}\" memory_kinds=host", d.no_device_reason);
+    return;
   }
+  spdlog::info(
+      "device_staging gpu={} uuid={} engine=\"{}\" pinned_bytes={} chunk_bytes={} buffers={} "
+      "nccl={}",
+      d.gpu, ckpt::FormatDeviceUuid(d.served.uuid), std::string(d.copy_engine->name()),
+      d.staging->capacity_bytes(), d.staging->chunk_bytes(), d.staging->num_buffers(),
+      d.served.no_nccl_reason.empty() ? "yes" : absl::StrCat("no (", d.served.no_nccl_reason, ")"));
+}
+
+// Until `stop`: releases the memory of trainers that died, and sweeps orphan segments of
+// trainers that died while no worker served them (at start, then every 10 s).
+void ReapUntilStopped(ckpt::worker::MemoryRegistry* registry, ckpt::worker::WorkerService* service,
+                      absl::Notification* stop) {
+  const absl::Duration interval = absl::Milliseconds(absl::GetFlag(FLAGS_reap_interval_ms));
+  ckpt::worker::ProcfsProcessProbe probe;
+  absl::Time next_sweep = absl::InfinitePast();
+  do {
+    if (absl::Now() >= next_sweep) {
+      for (const std::string& name : ckpt::worker::SweepOrphanSegments(probe)) {
+        spdlog::warn("orphan_segment_removed name={}", name);
+      }
+      next_sweep = absl::Now() + absl::Seconds(10);
+    }
+    for (const ckpt::worker::SessionInfo& gone : registry->ReapDeadTrainers()) {
+      spdlog::warn("trainer_gone session={} job={} rank={} pid={} segments_released={}", gone.id,
+                   gone.trainer.job, gone.trainer.rank, gone.trainer.pid, gone.segments.size());
+      service->OnTrainerGone(gone);
+    }
+  } while (!stop->WaitForNotificationWithTimeout(interval));
+}
+
+// The settings that need checking before anything starts.
+struct Settings {
+  std::string coordinator, listen, host;
+  int local_rank = 0;
+  ckpt::TransportSecurity security;
+  std::vector<uid_t> trainer_uids;
+};
+
+absl::StatusOr<Settings> ReadSettings() {
+  Settings s;
+  s.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (s.coordinator.empty()) {
+    return absl::InvalidArgumentError("--coordinator HOST:PORT is required");
+  }
+  std::optional<int> explicit_local_rank;
+  if (absl::GetFlag(FLAGS_local_rank) >= 0) explicit_local_rank = absl::GetFlag(FLAGS_local_rank);
+  CKPT_ASSIGN_OR_RETURN(s.local_rank,
+                        ckpt::ResolveLocalRank(explicit_local_rank, ckpt::ProcessEnv()));
+  s.listen = absl::GetFlag(FLAGS_listen);
+  if (s.listen.empty()) s.listen = ckpt::DefaultWorkerAddress(s.local_rank);
+  if (!absl::StartsWith(s.listen, "unix:/")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen must be unix:/absolute/path, got \"", s.listen, "\""));
+  }
+  s.host = absl::GetFlag(FLAGS_host);
+  if (s.host.empty()) s.host = ckpt::HostName();
+  CKPT_ASSIGN_OR_RETURN(s.trainer_uids, TrainerUids(absl::GetFlag(FLAGS_trainer_uids)));
+  return s;
+}
+
+int Run() {
+  if (absl::Status s = ckpt::SetUpDaemonLogging("worker", absl::GetFlag(FLAGS_log_level));
+      !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  absl::StatusOr<Settings> settings = ReadSettings();
+  if (!settings.ok()) return Fail(std::string(settings.status().message()));
+  absl::StatusOr<DeviceServing> device = ServeDevice(settings->local_rank);
+  if (!device.ok()) return Fail(std::string(device.status().message()));
+  absl::StatusOr<ckpt::TransportSecurity> security = ckpt::ResolveTransportSecurity(
+      {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)},
+      absl::GetFlag(FLAGS_insecure), settings->coordinator, "--coordinator", "ckpt_worker");
+  if (!security.ok()) {  // the message names the program already
+    std::fprintf(stderr, "%s\n", std::string(security.status().message()).c_str());
+    return 2;
+  }
+  if (security->insecure_beyond_loopback) {
+    spdlog::critical("{}", ckpt::InsecureWarning("ckpt_worker", settings->coordinator));
+  }
+  LogDevice(*device);
 
   ckpt::worker::MemoryRegistry registry;
-  ckpt::worker::CoordinatorLink link(link_options);
-  if (staging != nullptr) registry.ServeDevice(gpu, served.uuid);
-  ckpt::worker::WorkerService service(&registry, &link, host, staging.get());
+  ckpt::worker::CoordinatorLink link(MakeLinkOptions(
+      settings->coordinator, *security, settings->host, settings->local_rank, *device));
+  if (device->staging != nullptr) registry.ServeDevice(device->gpu, device->served.uuid);
+  ckpt::worker::WorkerService service(&registry, &link, settings->host, device->staging.get());
   service.set_gloo_loop_thread_nice(absl::GetFlag(FLAGS_gloo_loop_nice));
   const std::string ready_file = absl::GetFlag(FLAGS_ready_file);
+  const std::string listen = settings->listen;
   link.SetRegisteredHandler([&service, ready_file, listen](const std::string& worker_id) {
     service.OnRegistered(worker_id);
     if (ready_file.empty()) return;
@@ -266,38 +328,19 @@ int Run() {
 
   // A stale socket of a previous, killed worker is replaced; nothing else is removed.
   absl::StatusOr<std::unique_ptr<ckpt::worker::TrainerSocket>> socket =
-      ckpt::worker::TrainerSocket::Open({listen.substr(5), *trainer_uids});
+      ckpt::worker::TrainerSocket::Open({listen.substr(5), settings->trainer_uids});
   if (!socket.ok()) return Fail(std::string(socket.status().message()));
   std::unique_ptr<grpc::Server> server = StartTrainerServer(&service, socket->get());
   if (server == nullptr) return Fail(absl::StrCat("cannot serve on ", listen));
   std::printf("ckpt_worker listening on %s\n", listen.c_str());
   std::fflush(stdout);
   spdlog::info("serving address={} coordinator={} tls={} host={} local_rank={} gpu={}", listen,
-               coordinator, security->tls, host, *local_rank, gpu);
+               settings->coordinator, security->tls, settings->host, settings->local_rank,
+               device->gpu);
   link.Start();
 
   absl::Notification stop;
-  std::thread reaper([&registry, &service, &stop] {
-    const absl::Duration interval = absl::Milliseconds(absl::GetFlag(FLAGS_reap_interval_ms));
-    ckpt::worker::ProcfsProcessProbe probe;
-    absl::Time next_sweep = absl::InfinitePast();
-    do {
-      // Segments of trainers that died while no worker served them (e.g. worker and trainer
-      // killed together): swept at start and then every 10 s.
-      if (absl::Now() >= next_sweep) {
-        for (const std::string& name : ckpt::worker::SweepOrphanSegments(probe)) {
-          spdlog::warn("orphan_segment_removed name={}", name);
-        }
-        next_sweep = absl::Now() + absl::Seconds(10);
-      }
-      for (const ckpt::worker::SessionInfo& gone : registry.ReapDeadTrainers()) {
-        spdlog::warn("trainer_gone session={} job={} rank={} pid={} segments_released={}", gone.id,
-                     gone.trainer.job, gone.trainer.rank, gone.trainer.pid, gone.segments.size());
-        service.OnTrainerGone(gone);
-      }
-    } while (!stop.WaitForNotificationWithTimeout(interval));
-  });
-
+  std::thread reaper(ReapUntilStopped, &registry, &service, &stop);
   grpc::Server* raw = server.get();
   ckpt::worker::TrainerSocket* trainer_socket = socket->get();
   ckpt::WatchShutdownSignals([raw, trainer_socket](int signal_number) {
