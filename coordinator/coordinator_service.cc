@@ -417,6 +417,12 @@ grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext* context,
   join.metadata.insert(request->metadata().begin(), request->metadata().end());
   join.load_algorithm = request->load_algorithm();
   join.load_memory_budget_bytes = request->load_memory_budget_bytes();
+  if (request->arrival_deadline_ms() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("job ", request->job(), " rank ", request->rank(),
+                     ": negative arrival_deadline_ms ", request->arrival_deadline_ms())));
+  }
+  join.arrival_deadline = absl::Milliseconds(request->arrival_deadline_ms());
   absl::StatusOr<const Operation*> op = jobs_.JoinOperation(join);
   if (!op.ok()) return ToGrpcStatus(op.status());
   std::string id = (*op)->id;

@@ -221,8 +221,14 @@ absl::StatusOr<const Operation*> JobState::JoinOperation(const JoinRequest& requ
                                                       " is no longer in flight"));
   }
   if (op == nullptr) {
+    // A trainer may shorten the coordinator's arrival deadline, not lengthen it (operators
+    // lengthen it through RequestOperation).
+    const absl::Duration arrival =
+        request.arrival_deadline > absl::ZeroDuration()
+            ? std::min(request.arrival_deadline, options_.arrival_deadline)
+            : absl::ZeroDuration();
     op = CreateOperation(job, request.kind, request.path, absl::StrCat("rank ", request.rank),
-                         absl::ZeroDuration());
+                         arrival);
   }
   if (op->kind != request.kind || op->path != request.path) {
     return absl::FailedPreconditionError(

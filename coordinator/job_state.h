@@ -141,6 +141,9 @@ struct JoinRequest {
   std::map<std::string, std::string> metadata;  // user metadata for the manifest (step, ...)
   pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;  // load (0: default)
   int64_t load_memory_budget_bytes = 0;  // load: bytes in flight per rank (0 = default)
+  // Arrival deadline of an operation this join creates, capped by the coordinator's (zero:
+  // the coordinator's).
+  absl::Duration arrival_deadline = absl::ZeroDuration();
   // When set, the operation the rank means to join (e.g. one an operator requested and
   // the trainer learned of through Poll); joining anything else is an error.
   std::string operation_id;

@@ -320,6 +320,23 @@ TEST_F(JobStateTest, OperatorRequestIsPendingUntilEachRankJoins) {
   EXPECT_EQ(state_.Tick().size(), 1u);
 }
 
+TEST_F(JobStateTest, ATrainersShorterArrivalDeadlineAppliesAndALongerOneIsCapped) {
+  ASSERT_TRUE(state_.AttachRank("gpt", 2, 0, Loc(0)).ok());
+  JoinRequest r = Join(0, 2, OperationKind::kSave, "/x");
+  r.arrival_deadline = absl::Seconds(3);
+  ASSERT_TRUE(state_.JoinOperation(r).ok());
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_TRUE(state_.Tick().empty());
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_EQ(state_.Tick().size(), 1u);  // rank 1 never came: aborted at the trainer's 3 s
+
+  JoinRequest longer = Join(0, 2, OperationKind::kSave, "/y");
+  longer.arrival_deadline = absl::Hours(1);
+  ASSERT_TRUE(state_.JoinOperation(longer).ok());
+  clock_.Advance(absl::Seconds(10));  // the coordinator's own deadline (fixture: 10 s)
+  EXPECT_EQ(state_.Tick().size(), 1u);
+}
+
 TEST_F(JobStateTest, JoiningANamedOperationThatEndedFails) {
   std::string id = Executing(OperationKind::kLoad);
   ASSERT_TRUE(state_.ReportResult(id, 0, absl::OkStatus()).ok());
