@@ -128,7 +128,7 @@ struct Families {
   bool self = false;
 };
 
-// The rank shared by the non-empty boxes, or -1 when all are empty.
+// The number of dims of the non-empty boxes, or -1 when all are empty.
 int CommonNdim(const Families& f) {
   int ndim = -1;
   for (int k = 0; k < f.count; ++k) {
