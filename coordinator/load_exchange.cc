@@ -2,7 +2,9 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -33,6 +35,96 @@ absl::StatusOr<ExchangeAlgorithm> PlannerAlgorithm(pb::LoadAlgorithm algorithm) 
       return absl::InvalidArgumentError(
           absl::StrCat("unknown load exchange algorithm ", static_cast<int>(algorithm),
                        "; valid: ", absl::StrJoin(LoadAlgorithmNames(), ", ")));
+  }
+}
+
+// What the load planner needs of a checkpoint: its tensors and stored pieces.
+struct StoredCheckpoint {
+  std::vector<TensorMeta> tensors;
+  std::vector<StoredPieceInfo> pieces;
+};
+
+// Reads the manifest at `path`; errors name the checkpoint and the tensor or piece.
+absl::StatusOr<StoredCheckpoint> ReadStoredCheckpoint(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(path);
+  if (!reader.ok()) {
+    return absl::Status(reader.status().code(), absl::StrCat("cannot load checkpoint ", path, ": ",
+                                                             reader.status().message()));
+  }
+  const pb::Manifest& manifest = (*reader)->manifest();
+  StoredCheckpoint stored;
+  for (const pb::TensorMeta& t : manifest.tensors()) {
+    TensorMeta c;
+    c.key = t.key();
+    absl::StatusOr<DType> dtype = DTypeFromProto(t.dtype());
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint ", path, " tensor ", t.key(), ": ", dtype.status().message()));
+    }
+    c.dtype = *dtype;
+    c.global_shape.assign(t.global_shape().begin(), t.global_shape().end());
+    stored.tensors.push_back(std::move(c));
+  }
+  for (const pb::StoredPiece& p : manifest.pieces()) {
+    StoredPieceInfo info;
+    info.key = p.key();
+    absl::StatusOr<Region> region = RegionFromProto(p.region());
+    if (!region.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, " piece of ", p.key(),
+                                                     " in ", p.file(), ": ",
+                                                     region.status().message()));
+    }
+    info.region = *std::move(region);
+    info.file = p.file();
+    info.byte_offset = p.byte_offset();
+    info.byte_length = p.byte_length();
+    stored.pieces.push_back(std::move(info));
+  }
+  return stored;
+}
+
+// The planner's requests: every non-empty read of the direct plan's parts, each also recorded
+// in the part shared by all ranks.
+absl::StatusOr<std::vector<LoadRequest>> CollectRequests(const std::vector<pb::LoadPlanPart>& parts,
+                                                         pb::LoadPlanPart* shared) {
+  std::vector<LoadRequest> requests;
+  for (int r = 0; r < static_cast<int>(parts.size()); ++r) {
+    for (const pb::LoadRead& read : parts[r].reads()) {
+      if (read.size_bytes() == 0) continue;  // nothing to move
+      LoadRequest q;
+      q.rank = r;
+      q.key = read.key();
+      absl::StatusOr<Region> region = RegionFromProto(read.region());
+      if (!region.ok()) return region.status();
+      q.region = *std::move(region);
+      requests.push_back(std::move(q));
+      pb::LoadRequestEntry* e = shared->add_requests();
+      e->set_rank(r);
+      e->set_key(read.key());
+      *e->mutable_region() = read.region();
+      e->set_local_index(read.local_index());
+    }
+  }
+  return requests;
+}
+
+// Records the plan's waves (read units and deliveries) in the shared part.
+void AddWaves(const LoadPlan& plan, pb::LoadPlanPart* shared) {
+  for (const LoadWave& wave : plan.waves) {
+    pb::LoadWaveEntry* w = shared->add_waves();
+    for (const ReadUnit& u : wave.units) {
+      pb::LoadUnitEntry* e = w->add_units();
+      e->set_piece(static_cast<int32_t>(u.piece));
+      e->set_reader(static_cast<int32_t>(u.reader));
+      e->set_first_element(u.first_element);
+      e->set_num_elements(u.num_elements);
+    }
+    for (const Delivery& d : wave.deliveries) {
+      pb::LoadDeliveryEntry* e = w->add_deliveries();
+      e->set_unit(static_cast<int32_t>(d.unit));
+      e->set_request(static_cast<int32_t>(d.request));
+      e->set_dst_rank(static_cast<int32_t>(d.dst_rank));
+    }
   }
 }
 
@@ -89,91 +181,27 @@ absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
   // reads (tensor, region, local index); the exchange fields are added to it.
   absl::StatusOr<std::vector<RankPlan>> direct = PlanDirectLoad(op);
   if (!direct.ok()) return direct.status();
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(op.path);
-  if (!reader.ok()) {
-    return absl::Status(reader.status().code(), absl::StrCat("cannot load checkpoint ", op.path,
-                                                             ": ", reader.status().message()));
-  }
-  const pb::Manifest& manifest = (*reader)->manifest();
-  std::vector<TensorMeta> tensors;
-  for (const pb::TensorMeta& t : manifest.tensors()) {
-    TensorMeta c;
-    c.key = t.key();
-    absl::StatusOr<DType> dtype = DTypeFromProto(t.dtype());
-    if (!dtype.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", op.path, " tensor ", t.key(),
-                                                     ": ", dtype.status().message()));
-    }
-    c.dtype = *dtype;
-    c.global_shape.assign(t.global_shape().begin(), t.global_shape().end());
-    tensors.push_back(std::move(c));
-  }
-  std::vector<StoredPieceInfo> pieces;
-  for (const pb::StoredPiece& p : manifest.pieces()) {
-    StoredPieceInfo info;
-    info.key = p.key();
-    absl::StatusOr<Region> region = RegionFromProto(p.region());
-    if (!region.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", op.path, " piece of ", p.key(),
-                                                     " in ", p.file(), ": ",
-                                                     region.status().message()));
-    }
-    info.region = *std::move(region);
-    info.file = p.file();
-    info.byte_offset = p.byte_offset();
-    info.byte_length = p.byte_length();
-    pieces.push_back(std::move(info));
-  }
+  absl::StatusOr<StoredCheckpoint> stored = ReadStoredCheckpoint(op.path);
+  if (!stored.ok()) return stored.status();
   std::vector<pb::LoadPlanPart> parts(op.world_size);
   for (int r = 0; r < op.world_size; ++r) {
     if (!parts[r].ParseFromString((*direct)[r].part)) {
       return absl::InternalError("direct load plan part does not parse");
     }
   }
-  std::vector<LoadRequest> requests;
   pb::LoadPlanPart shared;
-  for (int r = 0; r < op.world_size; ++r) {
-    for (const pb::LoadRead& read : parts[r].reads()) {
-      if (read.size_bytes() == 0) continue;  // nothing to move
-      LoadRequest q;
-      q.rank = r;
-      q.key = read.key();
-      absl::StatusOr<Region> region = RegionFromProto(read.region());
-      if (!region.ok()) return region.status();
-      q.region = *std::move(region);
-      requests.push_back(std::move(q));
-      pb::LoadRequestEntry* e = shared.add_requests();
-      e->set_rank(r);
-      e->set_key(read.key());
-      *e->mutable_region() = read.region();
-      e->set_local_index(read.local_index());
-    }
-  }
+  absl::StatusOr<std::vector<LoadRequest>> requests = CollectRequests(parts, &shared);
+  if (!requests.ok()) return requests.status();
   LoadPlanOptions plan_options;
   plan_options.algorithm = *planner_algorithm;
   plan_options.memory_budget_bytes = options.memory_budget_bytes;
   absl::StatusOr<LoadPlan> plan =
-      BuildLoadPlan(tensors, pieces, requests, op.world_size, plan_options);
+      BuildLoadPlan(stored->tensors, stored->pieces, *requests, op.world_size, plan_options);
   if (!plan.ok()) {
     return absl::Status(plan.status().code(), absl::StrCat("planning the load of ", op.path, ": ",
                                                            plan.status().message()));
   }
-  for (const LoadWave& wave : plan->waves) {
-    pb::LoadWaveEntry* w = shared.add_waves();
-    for (const ReadUnit& u : wave.units) {
-      pb::LoadUnitEntry* e = w->add_units();
-      e->set_piece(static_cast<int32_t>(u.piece));
-      e->set_reader(static_cast<int32_t>(u.reader));
-      e->set_first_element(u.first_element);
-      e->set_num_elements(u.num_elements);
-    }
-    for (const Delivery& d : wave.deliveries) {
-      pb::LoadDeliveryEntry* e = w->add_deliveries();
-      e->set_unit(static_cast<int32_t>(d.unit));
-      e->set_request(static_cast<int32_t>(d.request));
-      e->set_dst_rank(static_cast<int32_t>(d.dst_rank));
-    }
-  }
+  AddWaves(*plan, &shared);
   shared.set_algorithm(algorithm);
   shared.set_memory_budget_bytes(options.memory_budget_bytes);
   shared.set_world_size(op.world_size);

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -170,22 +171,12 @@ absl::StatusOr<std::vector<HeaderEntry>> ParseHeader(const char* data, size_t si
   return entries;
 }
 
-}  // namespace
-
-absl::Status ExchangeGatherObjectInto(Communicator& comm, const ExchangePlan& plan,
-                                      const ShardBuffers& loaded,
-                                      const DestinationBuffers& destinations,
-                                      const ExchangeOptions& options, ExchangeReport* report) {
-  using namespace exchange_internal;
-  CKPT_RETURN_IF_ERROR(CheckPlanShape(plan, comm));
-  CKPT_RETURN_IF_ERROR(CheckDestinations(plan, comm.rank(), loaded, destinations).status());
-  StagingArena own_staging;
-  StagingArena& staging = options.staging != nullptr ? *options.staging : own_staging;
+// Step 1: every rank's map of shard ids and sizes (small): sizes, then the headers. Returns the
+// concatenated headers; counts[r] is rank r's header size.
+absl::StatusOr<std::string> GatherHeaders(Communicator& comm, const ShardBuffers& loaded,
+                                          const ExchangeOptions& options, WaveRecorder& waves,
+                                          std::vector<size_t>* counts) {
   const int n = comm.size();
-  const int me = comm.rank();
-  WaveRecorder waves(options.memory_budget_bytes);
-
-  // 1. Every rank's map of shard ids and sizes (small): sizes, then the headers.
   const std::string header = SerializeHeader(loaded);
   std::vector<uint64_t> header_sizes(n);
   uint64_t my_header_size = header.size();
@@ -193,46 +184,67 @@ absl::Status ExchangeGatherObjectInto(Communicator& comm, const ExchangePlan& pl
   CKPT_RETURN_IF_ERROR(
       comm.AllGather(&my_header_size, sizeof(uint64_t), header_sizes.data(), options.deadline));
   waves.Add(8 * n, 8 * (n - 1), 8 * (n - 1), absl::Now() - start);
-  std::vector<size_t> counts(header_sizes.begin(), header_sizes.end());
-  std::string headers(TotalBytes(counts), '\0');  // small: ids and sizes only
+  counts->assign(header_sizes.begin(), header_sizes.end());
+  std::string headers(TotalBytes(*counts), '\0');  // small: ids and sizes only
   start = absl::Now();
-  CKPT_RETURN_IF_ERROR(comm.AllGatherV(header.data(), counts, headers.data(), options.deadline));
+  CKPT_RETURN_IF_ERROR(comm.AllGatherV(header.data(), *counts, headers.data(), options.deadline));
   waves.Add(headers.size(), header.size() * (n - 1), headers.size() - header.size(),
             absl::Now() - start);
+  return headers;
+}
 
-  // 2. Locate every needed shard in exactly one rank's map.
-  struct Location {
-    int rank;
-    uint64_t offset;  // in that rank's data payload
-    uint64_t size;
-  };
+// Where a shard's bytes are: a rank and a range of its data payload.
+struct Location {
+  int rank;
+  uint64_t offset;  // in that rank's data payload
+  uint64_t size;
+};
+
+// Every rank's shards located in its payload, and each rank's payload size.
+struct ShardMap {
   absl::flat_hash_map<PieceId, Location> where;
-  std::vector<size_t> payload_sizes(n, 0);
+  std::vector<size_t> payload_sizes;
+};
+
+// Step 2a: locates every shard of the gathered headers in exactly one rank's map.
+absl::StatusOr<ShardMap> LocateShards(const std::string& headers,
+                                      const std::vector<size_t>& counts) {
+  const int n = static_cast<int>(counts.size());
+  ShardMap map;
+  map.payload_sizes.assign(n, 0);
   size_t at = 0;
   for (int r = 0; r < n; ++r) {
     CKPT_ASSIGN_OR_RETURN(std::vector<HeaderEntry> entries,
                           ParseHeader(headers.data() + at, counts[r], r));
     at += counts[r];
     for (const HeaderEntry& e : entries) {
-      auto [it, inserted] = where.emplace(e.id, Location{r, payload_sizes[r], e.size});
+      auto [it, inserted] = map.where.emplace(e.id, Location{r, map.payload_sizes[r], e.size});
       if (!inserted) {
         return absl::FailedPreconditionError(
             absl::StrCat("gather_object: shard ", e.id.DebugString(), " was loaded by both rank ",
                          it->second.rank, " and rank ", r));
       }
-      payload_sizes[r] += e.size;
+      map.payload_sizes[r] += e.size;
     }
   }
-  // Per source rank: (payload offset, size, output) of the shards this rank needs.
-  struct Wanted {
-    uint64_t offset;
-    uint64_t size;
-    char* output;
-  };
-  std::vector<std::vector<Wanted>> wanted(n);
+  return map;
+}
+
+// A needed shard's range of a source rank's payload and where its bytes go.
+struct Wanted {
+  uint64_t offset;
+  uint64_t size;
+  char* output;
+};
+
+// Step 2b: per source rank, the shards this rank needs, in payload order. Refuses a needed
+// shard that no rank loaded or whose size differs.
+absl::StatusOr<std::vector<std::vector<Wanted>>> WantedBySource(
+    const ShardMap& map, const DestinationBuffers& destinations, int me) {
+  std::vector<std::vector<Wanted>> wanted(map.payload_sizes.size());
   for (const auto& [id, bytes] : destinations) {
-    auto it = where.find(id);
-    if (it == where.end()) {
+    auto it = map.where.find(id);
+    if (it == map.where.end()) {
       return absl::NotFoundError(absl::StrCat("gather_object: rank ", me, " needs shard ",
                                               id.DebugString(), " which no rank loaded"));
     }
@@ -250,12 +262,32 @@ absl::Status ExchangeGatherObjectInto(Communicator& comm, const ExchangePlan& pl
     std::sort(w.begin(), w.end(),
               [](const Wanted& a, const Wanted& b) { return a.offset < b.offset; });
   }
+  return wanted;
+}
+
+}  // namespace
+
+absl::Status ExchangeGatherObjectInto(Communicator& comm, const ExchangePlan& plan,
+                                      const ShardBuffers& loaded,
+                                      const DestinationBuffers& destinations,
+                                      const ExchangeOptions& options, ExchangeReport* report) {
+  using namespace exchange_internal;
+  CKPT_RETURN_IF_ERROR(CheckPlanShape(plan, comm));
+  CKPT_RETURN_IF_ERROR(CheckDestinations(plan, comm.rank(), loaded, destinations).status());
+  StagingArena own_staging;
+  StagingArena& staging = options.staging != nullptr ? *options.staging : own_staging;
+  WaveRecorder waves(options.memory_budget_bytes);
+  std::vector<size_t> counts;
+  CKPT_ASSIGN_OR_RETURN(std::string headers, GatherHeaders(comm, loaded, options, waves, &counts));
+  CKPT_ASSIGN_OR_RETURN(ShardMap map, LocateShards(headers, counts));
+  CKPT_ASSIGN_OR_RETURN(std::vector<std::vector<Wanted>> wanted,
+                        WantedBySource(map, destinations, comm.rank()));
 
   // 3. The data of every map, in budgeted windows; keep the bytes of needed shards.
   std::vector<Segment> mine;
   for (const auto& [id, bytes] : loaded) mine.push_back({bytes.data(), bytes.size()});
   CKPT_RETURN_IF_ERROR(ChunkedAllGatherV(
-      comm, mine, payload_sizes, options.memory_budget_bytes, options.deadline, waves, staging,
+      comm, mine, map.payload_sizes, options.memory_budget_bytes, options.deadline, waves, staging,
       [&](int source, size_t offset, const char* data, size_t size) {
         const std::vector<Wanted>& w = wanted[source];
         // First wanted shard ending after `offset` (shards are disjoint and sorted).

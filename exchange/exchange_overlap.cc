@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -50,21 +51,10 @@ void ForEachRunPart(const std::vector<CopyRun>& runs, int64_t begin, int64_t end
   }
 }
 
-}  // namespace
-
-absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan& plan,
-                                         const ShardBuffers& loaded,
-                                         const DestinationBuffers& destinations,
-                                         const ExchangeOptions& options, ExchangeReport* report) {
-  using namespace exchange_internal;
-  CKPT_ASSIGN_OR_RETURN(DistributionIndex index, IndexPlan(plan, comm));
-  CKPT_RETURN_IF_ERROR(CheckLoaded(plan, index, comm.rank(), loaded));
-  CKPT_ASSIGN_OR_RETURN(std::vector<absl::Span<char>> targets,
-                        CheckDestinations(plan, comm.rank(), loaded, destinations));
-  const int n = comm.size();
-  const int me = comm.rank();
-
-  // 1. Every (stored shard, needed region) overlap, in (dst rank, need, distribution) order.
+// Step 1: every (stored shard, needed region) overlap, in (dst rank, need, distribution) order.
+// Runs are computed only for transfers this rank `me` takes part in. Refuses a need stored
+// with another dtype or shape, or not fully covered.
+absl::StatusOr<std::vector<Transfer>> FindTransfers(const ExchangePlan& plan, int n, int me) {
   absl::flat_hash_map<std::string, std::vector<int>> stored_by_key;
   for (int i = 0; i < static_cast<int>(plan.distribution.size()); ++i) {
     stored_by_key[plan.distribution[i].spec.id.key].push_back(i);
@@ -108,8 +98,13 @@ absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan&
       }
     }
   }
+  return transfers;
+}
 
-  // 2. Local overlaps are plain copies.
+// Step 2: local overlaps are plain copies.
+absl::Status CopyLocalTransfers(const ExchangePlan& plan, int me,
+                                const std::vector<Transfer>& transfers, const ShardBuffers& loaded,
+                                const std::vector<absl::Span<char>>& targets) {
   for (const Transfer& tr : transfers) {
     if (tr.src != me || tr.dst != me) continue;
     const PieceSpec& stored = plan.distribution[tr.stored].spec;
@@ -127,11 +122,14 @@ absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan&
     }
     CopyRuns(tr.runs, tr.elem_size, src.data(), dst);
   }
+  return absl::OkStatus();
+}
 
-  // 3. Remote overlaps in waves: greedily, in transfer order, while every rank's send +
-  //    receive staging stays within the budget; a transfer larger than the budget is cut into
-  //    element windows. Identical on every rank.
-  const int64_t budget = options.memory_budget_bytes;
+// Step 3: remote overlaps in waves: greedily, in transfer order, while every rank's send +
+// receive staging stays within the budget; a transfer larger than the budget is cut into
+// element windows. Identical on every rank.
+absl::StatusOr<std::vector<std::vector<Piece>>> PlanRemoteWaves(
+    const ExchangePlan& plan, const std::vector<Transfer>& transfers, int n, int64_t budget) {
   std::vector<std::vector<Piece>> waves_plan;
   std::vector<int64_t> load(n, 0);
   auto new_wave = [&] {
@@ -159,18 +157,47 @@ absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan&
       waves_plan.back().push_back({k, begin, end});
     }
   }
+  return waves_plan;
+}
 
-  // 4. Run the waves: per peer, the runs this rank sends and receives, in wave order.
-  WaveRunOptions run;
-  run.deadline = options.deadline;
+// The most bytes this rank sends and receives in one wave.
+size_t MaxWaveBytes(const std::vector<std::vector<Piece>>& waves_plan,
+                    const std::vector<Transfer>& transfers, int me) {
+  size_t max_bytes = 0;
   for (const std::vector<Piece>& wave : waves_plan) {
     size_t mine = 0;
     for (const Piece& p : wave) {
       const Transfer& tr = transfers[p.transfer];
       if (tr.src == me || tr.dst == me) mine += (p.end - p.begin) * tr.elem_size;
     }
-    run.max_wave_bytes = std::max(run.max_wave_bytes, mine);
+    max_bytes = std::max(max_bytes, mine);
   }
+  return max_bytes;
+}
+
+}  // namespace
+
+absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan& plan,
+                                         const ShardBuffers& loaded,
+                                         const DestinationBuffers& destinations,
+                                         const ExchangeOptions& options, ExchangeReport* report) {
+  using namespace exchange_internal;
+  CKPT_ASSIGN_OR_RETURN(DistributionIndex index, IndexPlan(plan, comm));
+  CKPT_RETURN_IF_ERROR(CheckLoaded(plan, index, comm.rank(), loaded));
+  CKPT_ASSIGN_OR_RETURN(std::vector<absl::Span<char>> targets,
+                        CheckDestinations(plan, comm.rank(), loaded, destinations));
+  const int n = comm.size();
+  const int me = comm.rank();
+  CKPT_ASSIGN_OR_RETURN(std::vector<Transfer> transfers, FindTransfers(plan, n, me));
+  CKPT_RETURN_IF_ERROR(CopyLocalTransfers(plan, me, transfers, loaded, targets));
+  const int64_t budget = options.memory_budget_bytes;
+  CKPT_ASSIGN_OR_RETURN(std::vector<std::vector<Piece>> waves_plan,
+                        PlanRemoteWaves(plan, transfers, n, budget));
+
+  // Step 4: run the waves: per peer, the runs this rank sends and receives, in wave order.
+  WaveRunOptions run;
+  run.deadline = options.deadline;
+  run.max_wave_bytes = MaxWaveBytes(waves_plan, transfers, me);
   auto build = [&](int k, WaveStreams& streams) {
     for (const Piece& piece : waves_plan[k]) {
       const Transfer& tr = transfers[piece.transfer];

@@ -100,20 +100,23 @@ std::string ReferenceRegionBytes(const PieceSpec& spec) {
   return out;
 }
 
-Scenario MakeScenario(const ScenarioOptions& options) {
-  const int n = options.num_ranks;
-  std::mt19937_64 rng(options.seed * 7919 + n);
-  struct Tensor {
-    std::string key;
-    DType dtype;
-    std::vector<int64_t> shape;
-    bool flat_stored;
-  };
-  std::vector<Tensor> tensors;
+namespace {
+
+// A tensor of a scenario; flat-stored ones are saved as flat ranges.
+struct ScenarioTensor {
+  std::string key;
+  DType dtype;
+  std::vector<int64_t> shape;
+  bool flat_stored;
+};
+
+// One tensor per dtype, of varied ranks and shapes (an empty one and a scalar included).
+std::vector<ScenarioTensor> ScenarioTensors(int n, int64_t scale) {
+  std::vector<ScenarioTensor> tensors;
   int j = 0;
   for (DType dtype : kAllDTypes) {
     std::vector<int64_t> shape;
-    const int64_t s = options.scale;
+    const int64_t s = scale;
     switch (j % 4) {
       case 0:
         shape = {2 * n + j % 3 + 1, (3 + j % 5) * s};
@@ -132,12 +135,16 @@ Scenario MakeScenario(const ScenarioOptions& options) {
                        j % 3 == 0 && !shape.empty()});
     ++j;
   }
-  Scenario sc;
-  sc.plan.num_ranks = n;
-  sc.plan.needs.resize(n);
-  sc.loaded.resize(n);
+  return tensors;
+}
+
+// The stored pieces (dim-0 or flat chunks) on pseudo-random main ranks, shuffled (Megatron's
+// distribution order is not the id order), with coinciding ids dropped.
+std::vector<DistributedPiece> DistributeScenario(const std::vector<ScenarioTensor>& tensors, int n,
+                                                 std::mt19937_64& rng) {
+  std::vector<DistributedPiece> distribution;
   int piece = 0;
-  for (const Tensor& t : tensors) {
+  for (const ScenarioTensor& t : tensors) {
     std::vector<Region> regions;
     if (t.shape.empty()) {
       regions = {WholeRegion(t.shape)};
@@ -152,58 +159,74 @@ Scenario MakeScenario(const ScenarioOptions& options) {
       d.spec = Spec(t.key, t.dtype, t.shape, region);
       d.main_rank = static_cast<int>((piece * 7 + rng() % 3) % n);
       ++piece;
-      sc.plan.distribution.push_back(std::move(d));
+      distribution.push_back(std::move(d));
     }
   }
-  // Megatron's distribution order is not the id order: shuffle it.
-  std::shuffle(sc.plan.distribution.begin(), sc.plan.distribution.end(), rng);
+  std::shuffle(distribution.begin(), distribution.end(), rng);
   // Some stored ids may coincide (e.g. empty dim-0 chunks at the same offset): keep the first.
-  {
-    std::vector<DistributedPiece> unique;
-    for (DistributedPiece& d : sc.plan.distribution) {
-      bool dup = false;
-      for (const DistributedPiece& u : unique) dup = dup || u.spec.id == d.spec.id;
-      if (!dup) unique.push_back(std::move(d));
-    }
-    sc.plan.distribution = std::move(unique);
+  std::vector<DistributedPiece> unique;
+  for (DistributedPiece& d : distribution) {
+    bool dup = false;
+    for (const DistributedPiece& u : unique) dup = dup || u.spec.id == d.spec.id;
+    if (!dup) unique.push_back(std::move(d));
   }
+  return unique;
+}
+
+// Reshard needs: per rank a column (last-dim) chunk of every tensor, flat ranges with other cut
+// points for flat-stored ones, the scalar whole, and on rank 0 one whole tensor as a flat range.
+void AddReshardNeeds(const std::vector<ScenarioTensor>& tensors, int n, ExchangePlan* plan) {
+  for (const ScenarioTensor& t : tensors) {
+    if (t.shape.empty()) {
+      for (int r = 0; r < n; ++r) {
+        plan->needs[r].push_back(Spec(t.key, t.dtype, t.shape, WholeRegion(t.shape)));
+      }
+      continue;
+    }
+    // Column (last-dim) chunks, one per rank, empty ones included.
+    std::vector<Region> cols = SplitAlong(t.shape, static_cast<int>(t.shape.size()) - 1, n);
+    for (int r = 0; r < n; ++r) plan->needs[r].push_back(Spec(t.key, t.dtype, t.shape, cols[r]));
+    // Flat-stored tensors: also flat ranges with different cut points.
+    if (t.flat_stored) {
+      std::vector<Region> flats = SplitFlat(t.shape, n);
+      for (int r = 0; r < n; ++r) {
+        Region f = flats[(r + 1) % n];
+        // A column chunk may share offsets with this flat region's box: ids differ by flat.
+        plan->needs[r].push_back(Spec(t.key, t.dtype, t.shape, f));
+      }
+    }
+  }
+  // Rank 0 also needs one whole tensor (as a full flat range, so its id differs from the
+  // column chunk at the same offsets).
+  const ScenarioTensor& whole = tensors[4];
+  Region w = WholeRegion(whole.shape);
+  w.flat = FlatRange{0, w.BoxElements()};
+  plan->needs[0].push_back(Spec(whole.key, whole.dtype, whole.shape, w));
+}
+
+}  // namespace
+
+Scenario MakeScenario(const ScenarioOptions& options) {
+  const int n = options.num_ranks;
+  std::mt19937_64 rng(options.seed * 7919 + n);
+  const std::vector<ScenarioTensor> tensors = ScenarioTensors(n, options.scale);
+  Scenario sc;
+  sc.plan.num_ranks = n;
+  sc.plan.needs.resize(n);
+  sc.loaded.resize(n);
+  sc.plan.distribution = DistributeScenario(tensors, n, rng);
   for (const DistributedPiece& d : sc.plan.distribution) {
     sc.loaded[d.main_rank][d.spec.id] = ReferenceRegionBytes(d.spec);
   }
   if (!options.reshard) {
+    // Replica needs: every stored piece on its main rank and, pseudo-randomly, elsewhere.
     for (const DistributedPiece& d : sc.plan.distribution) {
       for (int r = 0; r < n; ++r) {
         if (r == d.main_rank || rng() % 3 == 0) sc.plan.needs[r].push_back(d.spec);
       }
     }
   } else {
-    for (const Tensor& t : tensors) {
-      if (t.shape.empty()) {
-        for (int r = 0; r < n; ++r) {
-          sc.plan.needs[r].push_back(Spec(t.key, t.dtype, t.shape, WholeRegion(t.shape)));
-        }
-        continue;
-      }
-      // Column (last-dim) chunks, one per rank, empty ones included.
-      std::vector<Region> cols = SplitAlong(t.shape, static_cast<int>(t.shape.size()) - 1, n);
-      for (int r = 0; r < n; ++r)
-        sc.plan.needs[r].push_back(Spec(t.key, t.dtype, t.shape, cols[r]));
-      // Flat-stored tensors: also flat ranges with different cut points.
-      if (t.flat_stored) {
-        std::vector<Region> flats = SplitFlat(t.shape, n);
-        for (int r = 0; r < n; ++r) {
-          Region f = flats[(r + 1) % n];
-          // A column chunk may share offsets with this flat region's box: ids differ by flat.
-          sc.plan.needs[r].push_back(Spec(t.key, t.dtype, t.shape, f));
-        }
-      }
-    }
-    // Rank 0 also needs one whole tensor (as a full flat range, so its id differs from the
-    // column chunk at the same offsets).
-    const Tensor& whole = tensors[4];
-    Region w = WholeRegion(whole.shape);
-    w.flat = FlatRange{0, w.BoxElements()};
-    sc.plan.needs[0].push_back(Spec(whole.key, whole.dtype, whole.shape, w));
+    AddReshardNeeds(tensors, n, &sc.plan);
   }
   return sc;
 }

@@ -162,20 +162,25 @@ void SortPacked(std::vector<unsigned __int128>& keys) {
   }
 }
 
-// Visiting order with duplicate-id and Python TypeError detection. Returns the sort keys in
-// visiting order.
-absl::StatusOr<std::vector<VisitKey>> VisitingOrder(const DistributionInput& input) {
-  const auto& shards = input.shards;
+// Each shard's key as an integer: key_of_shard[i] indexes the distinct keys in first-seen order
+// and ordinal[k] is key k's position in sorted order, so the sorts compare integers instead of
+// strings.
+struct KeyRanks {
+  std::vector<int32_t> key_of_shard;
+  std::vector<int32_t> ordinal;
+};
+
+KeyRanks RankKeys(const std::vector<DistributablePiece>& shards) {
   const int32_t num_shards = static_cast<int32_t>(shards.size());
-  // Rank distinct keys once so the sorts compare integers instead of strings.
+  KeyRanks ranks;
   absl::flat_hash_map<std::string_view, int32_t> key_index;
   std::vector<std::string_view> keys;
-  std::vector<int32_t> key_of_shard(num_shards);
+  ranks.key_of_shard.resize(num_shards);
   for (int32_t i = 0; i < num_shards; ++i) {
     auto [it, inserted] =
         key_index.try_emplace(shards[i].id.key, static_cast<int32_t>(keys.size()));
     if (inserted) keys.push_back(shards[i].id.key);
-    key_of_shard[i] = it->second;
+    ranks.key_of_shard[i] = it->second;
   }
   key_index.clear();
   const int32_t num_keys = static_cast<int32_t>(keys.size());
@@ -183,17 +188,25 @@ absl::StatusOr<std::vector<VisitKey>> VisitingOrder(const DistributionInput& inp
   for (int32_t i = 0; i < num_keys; ++i) by_key[i] = i;
   // std::string_view compares as unsigned char: UTF-8 byte order = code point order.
   std::sort(by_key.begin(), by_key.end(), [&](int32_t a, int32_t b) { return keys[a] < keys[b]; });
-  std::vector<int32_t> ordinal(num_keys);
-  for (int32_t i = 0; i < num_keys; ++i) ordinal[by_key[i]] = i;
+  ranks.ordinal.resize(num_keys);
+  for (int32_t i = 0; i < num_keys; ++i) ranks.ordinal[by_key[i]] = i;
+  return ranks;
+}
 
-  // Id order: bucket shards by key ordinal (counting sort), then sort each bucket.
+// The shards in id order: bucketed by key ordinal (counting sort), then each bucket sorted.
+// Fails on the lowest-index shard whose id occurred at a lower index.
+absl::StatusOr<std::vector<int32_t>> IdOrder(const std::vector<DistributablePiece>& shards,
+                                             const KeyRanks& ranks) {
+  const int32_t num_shards = static_cast<int32_t>(shards.size());
+  const int32_t num_keys = static_cast<int32_t>(ranks.ordinal.size());
   std::vector<int32_t> bucket_start(num_keys + 1, 0);
-  for (int32_t i = 0; i < num_shards; ++i) ++bucket_start[ordinal[key_of_shard[i]] + 1];
+  for (int32_t i = 0; i < num_shards; ++i) ++bucket_start[ranks.ordinal[ranks.key_of_shard[i]] + 1];
   for (int32_t k = 0; k < num_keys; ++k) bucket_start[k + 1] += bucket_start[k];
   std::vector<int32_t> by_id(num_shards);
   {
     std::vector<int32_t> next(bucket_start.begin(), bucket_start.end() - 1);
-    for (int32_t i = 0; i < num_shards; ++i) by_id[next[ordinal[key_of_shard[i]]]++] = i;
+    for (int32_t i = 0; i < num_shards; ++i)
+      by_id[next[ranks.ordinal[ranks.key_of_shard[i]]]++] = i;
   }
   int32_t repeated = -1;  // lowest index whose id occurred at a lower index
   for (int32_t k = 0; k < num_keys; ++k) {
@@ -210,10 +223,16 @@ absl::StatusOr<std::vector<VisitKey>> VisitingOrder(const DistributionInput& inp
     }
   }
   if (repeated >= 0) return internal::RepeatedShardError(shards[repeated].id);
+  return by_id;
+}
 
-  // Pack (cross, len(holders), -size, id rank) into one 128-bit integer so the big sort moves
-  // and compares 16-byte keys: [cross:1][holders:31][size key:64][id rank:32], where the
-  // size key INT64_MAX - size grows as the size shrinks.
+// The visiting order: (cross, len(holders), -size, id rank) packed into one 128-bit integer so
+// the big sort moves and compares 16-byte keys: [cross:1][holders:31][size key:64][id rank:32],
+// where the size key INT64_MAX - size grows as the size shrinks.
+std::vector<VisitKey> SortByVisit(const DistributionInput& input, const std::vector<int32_t>& by_id,
+                                  const KeyRanks& ranks) {
+  const auto& shards = input.shards;
+  const int32_t num_shards = static_cast<int32_t>(shards.size());
   using Packed = unsigned __int128;
   std::vector<Packed> packed(num_shards);
   for (int32_t r = 0; r < num_shards; ++r) {
@@ -233,12 +252,18 @@ absl::StatusOr<std::vector<VisitKey>> VisitingOrder(const DistributionInput& inp
                         -*s.size_bytes,
                         static_cast<int32_t>(static_cast<uint32_t>(packed[v])),
                         i,
-                        ordinal[key_of_shard[i]],
+                        ranks.ordinal[ranks.key_of_shard[i]],
                         s.holder_list,
                         static_cast<uint8_t>(s.cross_group ? 1 : 0)};
   }
-  // A None/range pair tying on the earlier fields ends up adjacent (None sorts first).
-  for (int32_t i = 1; i < num_shards; ++i) {
+  return order;
+}
+
+// Python's TypeError: a None/range pair tying on the earlier fields ends up adjacent (None
+// sorts first) and cannot be compared.
+absl::Status CheckComparable(const std::vector<DistributablePiece>& shards,
+                             const std::vector<VisitKey>& order) {
+  for (size_t i = 1; i < order.size(); ++i) {
     const VisitKey& a = order[i - 1];
     const VisitKey& b = order[i];
     if (a.key_ordinal == b.key_ordinal && a.cross == b.cross && a.num_holders == b.num_holders &&
@@ -250,6 +275,16 @@ absl::StatusOr<std::vector<VisitKey>> VisitingOrder(const DistributionInput& inp
       }
     }
   }
+  return absl::OkStatus();
+}
+
+// Visiting order with duplicate-id and Python TypeError detection. Returns the sort keys in
+// visiting order.
+absl::StatusOr<std::vector<VisitKey>> VisitingOrder(const DistributionInput& input) {
+  const KeyRanks ranks = RankKeys(input.shards);
+  CKPT_ASSIGN_OR_RETURN(std::vector<int32_t> by_id, IdOrder(input.shards, ranks));
+  std::vector<VisitKey> order = SortByVisit(input, by_id, ranks);
+  CKPT_RETURN_IF_ERROR(CheckComparable(input.shards, order));
   return order;
 }
 

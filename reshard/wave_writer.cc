@@ -5,6 +5,9 @@
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -70,21 +73,18 @@ absl::StatusOr<int64_t> RepackForWaves(SavePlan* plan, int64_t wave_bytes) {
   return waves;
 }
 
-absl::StatusOr<WrittenData> WriteFilesInWaves(const std::string& staging,
-                                              const std::vector<TensorMeta>& tensors,
-                                              const SavePlan& plan, const WaveFill& fill,
-                                              const WaveOptions& wave_options,
-                                              const WriteOptions& options,
-                                              WaveWriteStats* stats_out) {
-  // Files in the order of their first piece's shard id, so that a wave covers neighbouring
-  // tensors (and a reshard reads each source piece in as few waves as possible).
+namespace {
+
+// The plan's non-empty files in the order of their first piece's shard id, so that a wave
+// covers neighbouring tensors (and a reshard reads each source piece in as few waves as
+// possible). Adds their bytes to *total.
+std::vector<FileRef> OrderFiles(const SavePlan& plan, int64_t* total) {
   std::vector<FileRef> files;
-  int64_t total = 0;
   for (const WriterPlan& w : plan.writers) {
     for (size_t i = 0; i < w.files.size(); ++i) {
       if (w.files[i].pieces.empty()) continue;
       files.push_back({w.rank, static_cast<int64_t>(i), &w.files[i]});
-      total += w.files[i].total_bytes;
+      *total += w.files[i].total_bytes;
     }
   }
   auto first_id = [](const FileRef& f) {
@@ -94,52 +94,114 @@ absl::StatusOr<WrittenData> WriteFilesInWaves(const std::string& staging,
   std::stable_sort(files.begin(), files.end(), [&](const FileRef& a, const FileRef& b) {
     return PieceIdLess()(first_id(a), first_id(b));
   });
-  // Waves: consecutive files up to wave_bytes (a larger file forms a wave of its own).
+  return files;
+}
+
+// Cuts the ordered files into waves [begin, end): consecutive files up to wave_bytes (a larger
+// file forms a wave of its own).
+std::vector<std::pair<size_t, size_t>> CutWaves(const std::vector<FileRef>& files,
+                                                int64_t wave_bytes) {
   std::vector<std::pair<size_t, size_t>> waves;
   for (size_t begin = 0; begin < files.size();) {
     size_t end = begin;
     int64_t bytes = 0;
     while (end < files.size() &&
-           (end == begin || bytes + files[end].file->total_bytes <= wave_options.wave_bytes)) {
+           (end == begin || bytes + files[end].file->total_bytes <= wave_bytes)) {
       bytes += files[end++].file->total_bytes;
     }
     waves.emplace_back(begin, end);
     begin = end;
   }
+  return waves;
+}
+
+// One wave's files, each with where its piece bytes start in the arena.
+using FilledWave = std::vector<std::pair<const FileRef*, char*>>;
+
+// Writes one filled wave: one WriteDataFiles call per file index (distinct writers, so the
+// plan's names r<writer>_<index> are kept), files of a call written in parallel. Appends the
+// records to *written and the piece bytes to *written_bytes.
+absl::Status WriteWave(const std::string& staging, const std::vector<TensorMeta>& tensors,
+                       const WriteOptions& options, FilledWave wave, WrittenData* written,
+                       int64_t* written_bytes) {
+  std::stable_sort(wave.begin(), wave.end(), [](const auto& a, const auto& b) {
+    return a.first->index != b.first->index ? a.first->index < b.first->index
+                                            : a.first->writer < b.first->writer;
+  });
+  for (size_t f = 0; f < wave.size();) {
+    const int64_t index = wave[f].first->index;
+    std::vector<DataFilePlan> group;
+    for (; f < wave.size() && wave[f].first->index == index; ++f) {
+      DataFilePlan dfp;
+      dfp.writer_rank = static_cast<int>(wave[f].first->writer);
+      char* data = wave[f].second;
+      for (const PlannedPiece& p : wave[f].first->file->pieces) {
+        dfp.pieces.push_back({p.key, p.region, data, p.size_bytes});
+        data += p.size_bytes;
+        *written_bytes += p.size_bytes;
+      }
+      group.push_back(std::move(dfp));
+    }
+    CKPT_ASSIGN_OR_RETURN(WrittenData data, WriteDataFiles(staging, tensors, group,
+                                                           static_cast<int>(index), options));
+    for (auto& p : data.pieces) written->pieces.push_back(std::move(p));
+    for (auto& df : data.files) written->files.push_back(std::move(df));
+  }
+  return absl::OkStatus();
+}
+
+// Lays the files [begin, end) out back to back in `arena`: each piece's buffer (for the fill)
+// and each file's start (for the write). Internal when a file's pieces disagree with its size.
+absl::Status LayOutWave(const std::vector<FileRef>& files, size_t begin, size_t end, char* arena,
+                        std::vector<const PlannedPiece*>* pieces, std::vector<char*>* buffers,
+                        FilledWave* wave) {
+  int64_t pos = 0;
+  for (size_t f = begin; f < end; ++f) {
+    wave->emplace_back(&files[f], arena + pos);
+    const int64_t file_start = pos;
+    for (const PlannedPiece& p : files[f].file->pieces) {
+      pieces->push_back(&p);
+      buffers->push_back(arena + pos);
+      pos += p.size_bytes;
+    }
+    if (pos - file_start != files[f].file->total_bytes) {
+      return absl::InternalError(absl::StrCat("save plan file ", files[f].file->path, " declares ",
+                                              files[f].file->total_bytes,
+                                              " bytes but its pieces hold ", pos - file_start));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Makes *arena hold at least `bytes` (the old contents are dropped first, to keep the peak low).
+void GrowArena(int64_t bytes, std::unique_ptr<char[]>* arena, int64_t* size) {
+  if (*size >= bytes) return;
+  arena->reset();
+  arena->reset(new char[bytes]);
+  *size = bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<WrittenData> WriteFilesInWaves(const std::string& staging,
+                                              const std::vector<TensorMeta>& tensors,
+                                              const SavePlan& plan, const WaveFill& fill,
+                                              const WaveOptions& wave_options,
+                                              const WriteOptions& options,
+                                              WaveWriteStats* stats_out) {
+  int64_t total = 0;
+  const std::vector<FileRef> files = OrderFiles(plan, &total);
+  const std::vector<std::pair<size_t, size_t>> waves = CutWaves(files, wave_options.wave_bytes);
 
   WaveWriteStats& stats = *stats_out;
   stats = WaveWriteStats();
   stats.waves = static_cast<int64_t>(waves.size());
   WrittenData written;
   int64_t written_bytes = 0;  // touched by the writing task only, read after it is joined
-
-  // Writes one filled wave: one WriteDataFiles call per file index (distinct writers, so the
-  // plan's names r<writer>_<index> are kept), files of a call written in parallel.
-  auto write_wave = [&](std::vector<std::pair<const FileRef*, char*>> wave) -> absl::Status {
+  auto write_wave = [&](FilledWave wave) -> absl::Status {
     const auto t0 = std::chrono::steady_clock::now();
-    std::stable_sort(wave.begin(), wave.end(), [](const auto& a, const auto& b) {
-      return a.first->index != b.first->index ? a.first->index < b.first->index
-                                              : a.first->writer < b.first->writer;
-    });
-    for (size_t f = 0; f < wave.size();) {
-      const int64_t index = wave[f].first->index;
-      std::vector<DataFilePlan> group;
-      for (; f < wave.size() && wave[f].first->index == index; ++f) {
-        DataFilePlan dfp;
-        dfp.writer_rank = static_cast<int>(wave[f].first->writer);
-        char* data = wave[f].second;
-        for (const PlannedPiece& p : wave[f].first->file->pieces) {
-          dfp.pieces.push_back({p.key, p.region, data, p.size_bytes});
-          data += p.size_bytes;
-          written_bytes += p.size_bytes;
-        }
-        group.push_back(std::move(dfp));
-      }
-      CKPT_ASSIGN_OR_RETURN(WrittenData data, WriteDataFiles(staging, tensors, group,
-                                                             static_cast<int>(index), options));
-      for (auto& p : data.pieces) written.pieces.push_back(std::move(p));
-      for (auto& df : data.files) written.files.push_back(std::move(df));
-    }
+    CKPT_RETURN_IF_ERROR(
+        WriteWave(staging, tensors, options, std::move(wave), &written, &written_bytes));
     stats.write_seconds += SecondsSince(t0);
     return absl::OkStatus();
   };
@@ -165,29 +227,13 @@ absl::StatusOr<WrittenData> WriteFilesInWaves(const std::string& staging,
     int64_t wave_total = 0;
     for (size_t f = begin; f < end; ++f) wave_total += files[f].file->total_bytes;
     const int a = wave_options.overlap ? static_cast<int>(w % 2) : 0;
-    if (arena_size[a] < wave_total) {
-      arenas[a].reset();
-      arenas[a].reset(new char[wave_total]);
-      arena_size[a] = wave_total;
-    }
+    GrowArena(wave_total, &arenas[a], &arena_size[a]);
     std::vector<const PlannedPiece*> pieces;
     std::vector<char*> buffers;
-    std::vector<std::pair<const FileRef*, char*>> wave;
-    int64_t pos = 0;
-    for (size_t f = begin; f < end; ++f) {
-      wave.emplace_back(&files[f], arenas[a].get() + pos);
-      const int64_t file_start = pos;
-      for (const PlannedPiece& p : files[f].file->pieces) {
-        pieces.push_back(&p);
-        buffers.push_back(arenas[a].get() + pos);
-        pos += p.size_bytes;
-      }
-      if (pos - file_start != files[f].file->total_bytes) {
-        return fail(absl::InternalError(absl::StrCat(
-            "save plan file ", files[f].file->path, " declares ", files[f].file->total_bytes,
-            " bytes but its pieces hold ", pos - file_start)));
-      }
-    }
+    FilledWave wave;
+    absl::Status laid_out =
+        LayOutWave(files, begin, end, arenas[a].get(), &pieces, &buffers, &wave);
+    if (!laid_out.ok()) return fail(laid_out);
     const auto t0 = std::chrono::steady_clock::now();
     absl::Status filled = fill(pieces, buffers);
     stats.fill_seconds += SecondsSince(t0);

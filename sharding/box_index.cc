@@ -120,42 +120,134 @@ class ActiveIntervals {
   std::vector<int64_t> start_of_;
 };
 
-// Sweep over dim 0 for two families (family 1 may be the same set as family 0 when `self`).
-void Sweep(absl::Span<const Region> a, absl::Span<const Region> b, bool self,
-           absl::FunctionRef<bool(int64_t, int64_t)> on_pair) {
-  const absl::Span<const Region> fam[2] = {a, b};
-  const int families = self ? 1 : 2;
+// The box families of a sweep: family 1 is absent (count 1) when pairs within family 0 are
+// wanted (`self`).
+struct Families {
+  absl::Span<const Region> fam[2];
+  int count = 2;
+  bool self = false;
+};
+
+// The number of dims of the non-empty boxes, or -1 when all are empty.
+int CommonNdim(const Families& f) {
   int ndim = -1;
-  for (int f = 0; f < families; ++f) {
-    for (const Region& r : fam[f]) {
+  for (int k = 0; k < f.count; ++k) {
+    for (const Region& r : f.fam[k]) {
       if (!IsEmpty(r)) ndim = r.ndim();
     }
   }
-  if (ndim < 0) return;
-  // Sweep along the dim with the most distinct box starts and index the runner-up, so that
-  // candidates meeting in those two dims are (nearly) always real intersections.
-  int d0 = 0, d1 = ndim > 1 ? 1 : 0;
-  if (ndim > 2) {
-    std::vector<std::pair<int64_t, int>> splits;  // (-distinct starts, dim)
-    for (int j = 0; j < ndim; ++j) {
-      std::vector<int64_t> starts;
-      for (int f = 0; f < families; ++f) {
-        for (const Region& r : fam[f]) {
-          if (!IsEmpty(r)) starts.push_back(r.offsets[j]);
-        }
+  return ndim;
+}
+
+// The dims to sweep along and to index: the one with the most distinct box starts and the
+// runner-up, so that candidates meeting in those two dims are (nearly) always real
+// intersections.
+std::pair<int, int> ChooseSweepDims(const Families& f, int ndim) {
+  if (ndim <= 2) return {0, ndim > 1 ? 1 : 0};
+  std::vector<std::pair<int64_t, int>> splits;  // (-distinct starts, dim)
+  for (int j = 0; j < ndim; ++j) {
+    std::vector<int64_t> starts;
+    for (int k = 0; k < f.count; ++k) {
+      for (const Region& r : f.fam[k]) {
+        if (!IsEmpty(r)) starts.push_back(r.offsets[j]);
       }
-      std::sort(starts.begin(), starts.end());
-      const int64_t distinct = std::unique(starts.begin(), starts.end()) - starts.begin();
-      splits.push_back({-distinct, j});
     }
-    std::sort(splits.begin(), splits.end());
-    d0 = splits[0].second;
-    d1 = splits[1].second;
+    std::sort(starts.begin(), starts.end());
+    const int64_t distinct = std::unique(starts.begin(), starts.end()) - starts.begin();
+    splits.push_back({-distinct, j});
   }
-  auto report = [&](int f, int64_t mine, int64_t other) {
-    if (self) return on_pair(std::min(mine, other), std::max(mine, other));
-    return f == 0 ? on_pair(mine, other) : on_pair(other, mine);
-  };
+  std::sort(splits.begin(), splits.end());
+  return {splits[0].second, splits[1].second};
+}
+
+// A box entering or leaving the sweep line: (x, kind (0 = end, 1 = start), family, id).
+struct Event {
+  int64_t x;
+  int kind;
+  int family;
+  int64_t id;
+};
+
+// The non-empty boxes' events along dim d0, ends first at equal x (half-open).
+std::vector<Event> SweepEvents(const Families& f, int d0) {
+  std::vector<Event> events;
+  for (int k = 0; k < f.count; ++k) {
+    for (int64_t i = 0; i < static_cast<int64_t>(f.fam[k].size()); ++i) {
+      const Region& r = f.fam[k][i];
+      if (IsEmpty(r)) continue;
+      events.push_back({r.offsets[d0], 1, k, i});
+      events.push_back({r.offsets[d0] + r.lengths[d0], 0, k, i});
+    }
+  }
+  std::sort(events.begin(), events.end(), [](const Event& x, const Event& y) {
+    return std::tie(x.x, x.kind, x.family, x.id) < std::tie(y.x, y.kind, y.family, y.id);
+  });
+  return events;
+}
+
+// One-dimensional boxes: every active box of the other family overlaps a starting box.
+// `report(family, mine, other)` returns false to stop.
+template <typename Report>
+void SweepLine(const Families& f, const std::vector<Event>& events, const Report& report) {
+  std::vector<int64_t> active[2];
+  std::vector<int64_t> pos[2];
+  for (int k = 0; k < f.count; ++k) pos[k].assign(f.fam[k].size(), -1);
+  for (const Event& e : events) {
+    std::vector<int64_t>& mine = active[e.family];
+    if (e.kind == 0) {
+      const int64_t p = pos[e.family][e.id];
+      pos[e.family][mine.back()] = p;
+      mine[p] = mine.back();
+      mine.pop_back();
+      continue;
+    }
+    const int other = f.self ? 0 : 1 - e.family;
+    for (int64_t o : active[other]) {
+      if (!report(e.family, e.id, o)) return;
+    }
+    pos[e.family][e.id] = mine.size();
+    mine.push_back(e.id);
+  }
+}
+
+// Boxes of two or more dims: active boxes are indexed by their interval on dim d1, and
+// candidates from the index are checked in the remaining dims.
+template <typename Report>
+void SweepIndexed(const Families& f, const std::vector<Event>& events, int ndim, int d0, int d1,
+                  const Report& report) {
+  std::vector<ActiveIntervals> index;
+  for (int k = 0; k < f.count; ++k) {
+    std::vector<int64_t> coords;
+    for (const Region& r : f.fam[k]) {
+      if (IsEmpty(r)) continue;
+      coords.push_back(r.offsets[d1]);
+      coords.push_back(r.offsets[d1] + r.lengths[d1]);
+    }
+    index.emplace_back(std::move(coords), f.fam[k].size());
+  }
+  for (const Event& e : events) {
+    const Region& r = f.fam[e.family][e.id];
+    if (e.kind == 0) {
+      index[e.family].Erase(e.id);
+      continue;
+    }
+    const int other = f.self ? 0 : 1 - e.family;
+    const bool go_on =
+        index[other].Query(r.offsets[d1], r.offsets[d1] + r.lengths[d1], [&](int64_t o) {
+          if (ndim > 2 && !MeetInOtherDims(r, f.fam[other][o], d0, d1)) return true;
+          return report(e.family, e.id, o);
+        });
+    if (!go_on) return;
+    index[e.family].Insert(e.id, r.offsets[d1], r.offsets[d1] + r.lengths[d1]);
+  }
+}
+
+// Sweep over one dim for two families (family 1 may be the same set as family 0 when `self`).
+void Sweep(absl::Span<const Region> a, absl::Span<const Region> b, bool self,
+           absl::FunctionRef<bool(int64_t, int64_t)> on_pair) {
+  const Families f{{a, b}, self ? 1 : 2, self};
+  const int ndim = CommonNdim(f);
+  if (ndim < 0) return;
   if (ndim == 0) {
     for (int64_t i = 0; i < static_cast<int64_t>(a.size()); ++i) {
       for (int64_t j = self ? i + 1 : 0; j < static_cast<int64_t>(self ? a.size() : b.size()); ++j)
@@ -163,74 +255,16 @@ void Sweep(absl::Span<const Region> a, absl::Span<const Region> b, bool self,
     }
     return;
   }
-  // Events: (x, kind (0 = end, 1 = start), family, id). Ends first at equal x (half-open).
-  struct Event {
-    int64_t x;
-    int kind;
-    int family;
-    int64_t id;
+  const auto [d0, d1] = ChooseSweepDims(f, ndim);
+  auto report = [&](int family, int64_t mine, int64_t other) {
+    if (self) return on_pair(std::min(mine, other), std::max(mine, other));
+    return family == 0 ? on_pair(mine, other) : on_pair(other, mine);
   };
-  std::vector<Event> events;
-  for (int f = 0; f < families; ++f) {
-    for (int64_t i = 0; i < static_cast<int64_t>(fam[f].size()); ++i) {
-      const Region& r = fam[f][i];
-      if (IsEmpty(r)) continue;
-      events.push_back({r.offsets[d0], 1, f, i});
-      events.push_back({r.offsets[d0] + r.lengths[d0], 0, f, i});
-    }
-  }
-  std::sort(events.begin(), events.end(), [](const Event& x, const Event& y) {
-    return std::tie(x.x, x.kind, x.family, x.id) < std::tie(y.x, y.kind, y.family, y.id);
-  });
-
+  const std::vector<Event> events = SweepEvents(f, d0);
   if (ndim == 1) {
-    // Every active box of the other family overlaps a starting box.
-    std::vector<int64_t> active[2];
-    std::vector<int64_t> pos[2];
-    for (int f = 0; f < families; ++f) pos[f].assign(fam[f].size(), -1);
-    for (const Event& e : events) {
-      std::vector<int64_t>& mine = active[e.family];
-      if (e.kind == 0) {
-        const int64_t p = pos[e.family][e.id];
-        pos[e.family][mine.back()] = p;
-        mine[p] = mine.back();
-        mine.pop_back();
-        continue;
-      }
-      const int other = self ? 0 : 1 - e.family;
-      for (int64_t o : active[other]) {
-        if (!report(e.family, e.id, o)) return;
-      }
-      pos[e.family][e.id] = mine.size();
-      mine.push_back(e.id);
-    }
-    return;
-  }
-
-  std::vector<ActiveIntervals> index;
-  for (int f = 0; f < families; ++f) {
-    std::vector<int64_t> coords;
-    for (const Region& r : fam[f]) {
-      if (IsEmpty(r)) continue;
-      coords.push_back(r.offsets[d1]);
-      coords.push_back(r.offsets[d1] + r.lengths[d1]);
-    }
-    index.emplace_back(std::move(coords), fam[f].size());
-  }
-  for (const Event& e : events) {
-    const Region& r = fam[e.family][e.id];
-    if (e.kind == 0) {
-      index[e.family].Erase(e.id);
-      continue;
-    }
-    const int other = self ? 0 : 1 - e.family;
-    const bool go_on =
-        index[other].Query(r.offsets[d1], r.offsets[d1] + r.lengths[d1], [&](int64_t o) {
-          if (ndim > 2 && !MeetInOtherDims(r, fam[other][o], d0, d1)) return true;
-          return report(e.family, e.id, o);
-        });
-    if (!go_on) return;
-    index[e.family].Insert(e.id, r.offsets[d1], r.offsets[d1] + r.lengths[d1]);
+    SweepLine(f, events, report);
+  } else {
+    SweepIndexed(f, events, ndim, d0, d1, report);
   }
 }
 

@@ -194,11 +194,99 @@ absl::Status DiscardStagingDir(const std::string& staging_dir) {
   return removed;
 }
 
+namespace {
+
+using TensorsByKey = absl::flat_hash_map<absl::string_view, const TensorMeta*>;
+
+// Validates a file's pieces (known tensor, region inside it, size matching the dtype) and lays
+// them out back to back as safetensors entries; *data_bytes is set to their total.
+absl::StatusOr<std::vector<SafetensorsEntry>> LayOutEntries(const DataFilePlan& plan,
+                                                            const TensorsByKey& by_key,
+                                                            int64_t* data_bytes) {
+  std::vector<SafetensorsEntry> entries;
+  int64_t pos = 0;
+  for (const PieceData& p : plan.pieces) {
+    auto t = by_key.find(p.key);
+    if (t == by_key.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("piece of unknown tensor \"", p.key, "\" (rank ", plan.writer_rank, ")"));
+    }
+    absl::Status valid = ValidateRegion(p.region, t->second->global_shape);
+    if (!valid.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", p.key, "\" region ", p.region.DebugString(), ": ", valid.message()));
+    }
+    const int64_t bytes = p.region.NumElements() * DTypeSize(t->second->dtype);
+    if (bytes != p.size_bytes || (bytes > 0 && p.data == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", p.key, "\" region ", p.region.DebugString(), " has ", p.size_bytes,
+          " bytes of data, expected ", bytes, " (", DTypeName(t->second->dtype), ")"));
+    }
+    entries.push_back({EncodeEntryName(p.key, p.region), t->second->dtype, EntryShape(p.region),
+                       pos, pos + bytes});
+    pos += bytes;
+  }
+  *data_bytes = pos;
+  return entries;
+}
+
+// Appends the manifest records of one data file and its pieces (checksums come after the
+// write).
+void RecordFile(const std::string& name, const DataFilePlan& plan, int64_t header_bytes,
+                int64_t data_bytes, const std::vector<SafetensorsEntry>& entries,
+                WrittenData* out) {
+  pb::DataFile df;
+  df.set_name(name);
+  df.set_writer_rank(plan.writer_rank);
+  df.set_data_start(header_bytes);
+  df.set_size_bytes(header_bytes + data_bytes);
+  out->files.push_back(df);
+  for (size_t i = 0; i < plan.pieces.size(); ++i) {
+    const PieceData& p = plan.pieces[i];
+    pb::StoredPiece sp;
+    sp.set_key(p.key);
+    *sp.mutable_region() = RegionToProto(p.region);
+    sp.set_file(name);
+    sp.set_entry_name(entries[i].name);
+    sp.set_byte_offset(df.data_start() + entries[i].begin);
+    sp.set_byte_length(p.size_bytes);
+    sp.set_writer_rank(plan.writer_rank);
+    out->pieces.push_back(std::move(sp));
+  }
+}
+
+// Checks each written file's size and stores the pieces' checksums (block checksums only for
+// pieces larger than a block).
+absl::Status RecordChecksums(const std::vector<DataFilePlan>& files,
+                             const std::vector<FileWrite>& writes,
+                             const std::vector<FileWriteResult>& results,
+                             int64_t checksum_block_bytes, WrittenData* out) {
+  size_t piece = 0;
+  for (size_t f = 0; f < files.size(); ++f) {
+    if (results[f].size != out->files[f].size_bytes()) {
+      return absl::InternalError(absl::StrCat("wrote ", results[f].size, " bytes to ",
+                                              writes[f].path, ", expected ",
+                                              out->files[f].size_bytes()));
+    }
+    for (size_t i = 0; i < files[f].pieces.size(); ++i, ++piece) {
+      const SegmentChecksum& cs = results[f].checksums[i + 1];
+      pb::StoredPiece& sp = out->pieces[piece];
+      sp.set_xxh3_64(cs.xxh3);
+      if (sp.byte_length() > checksum_block_bytes) {
+        for (uint64_t b : cs.blocks) sp.add_block_xxh3(b);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
                                            const std::vector<TensorMeta>& tensors,
                                            const std::vector<DataFilePlan>& files, int first_index,
                                            const WriteOptions& options) {
-  absl::flat_hash_map<absl::string_view, const TensorMeta*> by_key;
+  TensorsByKey by_key;
   by_key.reserve(tensors.size());
   for (const TensorMeta& t : tensors) by_key.emplace(t.key, &t);
   std::map<int, int> next_index;
@@ -212,29 +300,9 @@ absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
     }
     const int index = first_index + next_index[plan.writer_rank]++;
     const std::string name = DataFileName(plan.writer_rank, index);
-    std::vector<SafetensorsEntry> entries;
-    int64_t pos = 0;
-    for (const PieceData& p : plan.pieces) {
-      auto t = by_key.find(p.key);
-      if (t == by_key.end()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("piece of unknown tensor \"", p.key, "\" (rank ", plan.writer_rank, ")"));
-      }
-      absl::Status valid = ValidateRegion(p.region, t->second->global_shape);
-      if (!valid.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor \"", p.key, "\" region ", p.region.DebugString(), ": ", valid.message()));
-      }
-      const int64_t bytes = p.region.NumElements() * DTypeSize(t->second->dtype);
-      if (bytes != p.size_bytes || (bytes > 0 && p.data == nullptr)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor \"", p.key, "\" region ", p.region.DebugString(), " has ", p.size_bytes,
-            " bytes of data, expected ", bytes, " (", DTypeName(t->second->dtype), ")"));
-      }
-      entries.push_back({EncodeEntryName(p.key, p.region), t->second->dtype, EntryShape(p.region),
-                         pos, pos + bytes});
-      pos += bytes;
-    }
+    int64_t data_bytes = 0;
+    CKPT_ASSIGN_OR_RETURN(std::vector<SafetensorsEntry> entries,
+                          LayOutEntries(plan, by_key, &data_bytes));
     CKPT_ASSIGN_OR_RETURN(headers[f],
                           EncodeSafetensorsHeader(entries,
                                                   {{"format", "ckpt"},
@@ -247,44 +315,12 @@ absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
     for (const PieceData& p : plan.pieces) {
       writes[f].segments.push_back({p.data, p.size_bytes, true, options.checksum_block_bytes});
     }
-    pb::DataFile df;
-    df.set_name(name);
-    df.set_writer_rank(plan.writer_rank);
-    df.set_data_start(static_cast<int64_t>(headers[f].size()));
-    df.set_size_bytes(static_cast<int64_t>(headers[f].size()) + pos);
-    out.files.push_back(df);
-    for (size_t i = 0; i < plan.pieces.size(); ++i) {
-      const PieceData& p = plan.pieces[i];
-      pb::StoredPiece sp;
-      sp.set_key(p.key);
-      *sp.mutable_region() = RegionToProto(p.region);
-      sp.set_file(name);
-      sp.set_entry_name(entries[i].name);
-      sp.set_byte_offset(df.data_start() + entries[i].begin);
-      sp.set_byte_length(p.size_bytes);
-      sp.set_writer_rank(plan.writer_rank);
-      out.pieces.push_back(std::move(sp));
-    }
+    RecordFile(name, plan, static_cast<int64_t>(headers[f].size()), data_bytes, entries, &out);
   }
   IoOptions io = options.io;
   io.fsync = true;
   CKPT_ASSIGN_OR_RETURN(std::vector<FileWriteResult> results, WriteFiles(writes, io));
-  size_t piece = 0;
-  for (size_t f = 0; f < files.size(); ++f) {
-    if (results[f].size != out.files[f].size_bytes()) {
-      return absl::InternalError(absl::StrCat("wrote ", results[f].size, " bytes to ",
-                                              writes[f].path, ", expected ",
-                                              out.files[f].size_bytes()));
-    }
-    for (size_t i = 0; i < files[f].pieces.size(); ++i, ++piece) {
-      const SegmentChecksum& cs = results[f].checksums[i + 1];
-      pb::StoredPiece& sp = out.pieces[piece];
-      sp.set_xxh3_64(cs.xxh3);
-      if (sp.byte_length() > options.checksum_block_bytes) {
-        for (uint64_t b : cs.blocks) sp.add_block_xxh3(b);
-      }
-    }
-  }
+  CKPT_RETURN_IF_ERROR(RecordChecksums(files, writes, results, options.checksum_block_bytes, &out));
   return out;
 }
 

@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -29,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -144,9 +147,12 @@ bool Spawn(const std::string& path, const std::string& dir, const std::string& r
   return false;
 }
 
-}  // namespace
+using Flags = std::map<std::string, std::string>;
 
-int main(int argc, char** argv) {
+// Reads the command line into `flags` (a boolean flag's value is "1") and the repeated
+// --coordinator-flag values; the error names the bad argument.
+absl::Status ParseCommandLine(int argc, char** argv, Flags* flags,
+                              std::vector<std::string>* coordinator_flags) {
   const std::set<std::string> value_flags = {"ranks",
                                              "workers",
                                              "hosts",
@@ -167,36 +173,40 @@ int main(int argc, char** argv) {
                                              "coordinator-flag",
                                              "rpc-timeout-s"};
   const std::set<std::string> bool_flags = {"no-rank-waits", "fsync", "keep-checkpoint", "help"};
-  std::map<std::string, std::string> flags;
-  std::vector<std::string> coordinator_flags;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
-    if (!absl::ConsumePrefix(&arg, "--")) return Usage(absl::StrCat("unexpected argument ", arg));
+    if (!absl::ConsumePrefix(&arg, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument ", arg));
+    }
     std::string name(arg.substr(0, arg.find('=')));
     std::string value;
     if (bool_flags.count(name)) {
-      flags[name] = "1";
+      (*flags)[name] = "1";
       continue;
     }
-    if (!value_flags.count(name)) return Usage(absl::StrCat("unknown flag --", name));
+    if (!value_flags.count(name)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    }
     if (arg.find('=') != absl::string_view::npos) {
       value = std::string(arg.substr(arg.find('=') + 1));
     } else if (i + 1 < argc) {
       value = argv[++i];
     } else {
-      return Usage(absl::StrCat("--", name, " needs a value"));
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
     }
     if (name == "coordinator-flag") {
-      coordinator_flags.push_back(value);
+      coordinator_flags->push_back(value);
     } else {
-      flags[name] = value;
+      (*flags)[name] = value;
     }
   }
-  if (flags.count("help")) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  ckpt::loadgen::LoadgenOptions options;
+  return absl::OkStatus();
+}
+
+// The run's options from the flags (all but the coordinator and checkpoint), the pid given by
+// --coordinator-pid and the --max-coordinator-rss cap; the error says which flag is bad.
+absl::Status ParseRunOptions(Flags& flags, ckpt::loadgen::LoadgenOptions* options, int64_t* pid,
+                             int64_t* max_rss) {
   auto integer = [&](const std::string& name, int64_t fallback, int64_t* out) {
     if (!flags.count(name)) {
       *out = fallback;
@@ -204,91 +214,148 @@ int main(int argc, char** argv) {
     }
     return absl::SimpleAtoi(flags[name], out) && *out >= 0;
   };
-  int64_t max_in_flight, channels, executors, pid, timeout_s, rpc_timeout_s;
-  if (!integer("ranks", 0, &options.ranks) || options.ranks < 1) {
-    return Usage("--ranks must be a positive integer");
+  int64_t max_in_flight, channels, executors, timeout_s, rpc_timeout_s;
+  if (!integer("ranks", 0, &options->ranks) || options->ranks < 1) {
+    return absl::InvalidArgumentError("--ranks must be a positive integer");
   }
-  if (!integer("workers", options.ranks, &options.workers) ||
-      !integer("hosts", 0, &options.hosts) || !integer("max-in-flight", 256, &max_in_flight) ||
+  if (!integer("workers", options->ranks, &options->workers) ||
+      !integer("hosts", 0, &options->hosts) || !integer("max-in-flight", 256, &max_in_flight) ||
       !integer("channels", 64, &channels) || !integer("executor-threads", 2, &executors) ||
-      !integer("coordinator-pid", 0, &pid) || !integer("operation-timeout-s", 1800, &timeout_s) ||
+      !integer("coordinator-pid", 0, pid) || !integer("operation-timeout-s", 1800, &timeout_s) ||
       !integer("rpc-timeout-s", 120, &rpc_timeout_s) || rpc_timeout_s < 1 || max_in_flight < 1 ||
       executors < 1) {
-    return Usage("bad integer flag");
+    return absl::InvalidArgumentError("bad integer flag");
   }
-  options.max_in_flight = static_cast<int>(max_in_flight);
-  options.channels = static_cast<int>(std::max<int64_t>(1, channels));
-  options.executor_threads = static_cast<int>(executors);
-  options.operation_timeout = absl::Seconds(timeout_s);
-  options.rpc_timeout = absl::Seconds(rpc_timeout_s);
-  options.rank_waits = !flags.count("no-rank-waits");
-  options.fsync = flags.count("fsync") > 0;
+  options->max_in_flight = static_cast<int>(max_in_flight);
+  options->channels = static_cast<int>(std::max<int64_t>(1, channels));
+  options->executor_threads = static_cast<int>(executors);
+  options->operation_timeout = absl::Seconds(timeout_s);
+  options->rpc_timeout = absl::Seconds(rpc_timeout_s);
+  options->rank_waits = !flags.count("no-rank-waits");
+  options->fsync = flags.count("fsync") > 0;
   if (!flags["load-algorithm"].empty()) {
     absl::StatusOr<ckpt::pb::LoadAlgorithm> algorithm =
         ckpt::ParseLoadAlgorithm(flags["load-algorithm"]);
-    if (!algorithm.ok()) return Usage(std::string(algorithm.status().message()));
-    options.load_algorithm = *algorithm;
+    if (!algorithm.ok()) return absl::InvalidArgumentError(algorithm.status().message());
+    options->load_algorithm = *algorithm;
   }
   if (flags.count("operations")) {
-    options.operations = absl::StrSplit(flags["operations"], ',', absl::SkipEmpty());
-    for (const std::string& op : options.operations) {
-      if (op != "save" && op != "load") return Usage(absl::StrCat("unknown operation ", op));
+    options->operations = absl::StrSplit(flags["operations"], ',', absl::SkipEmpty());
+    for (const std::string& op : options->operations) {
+      if (op != "save" && op != "load") {
+        return absl::InvalidArgumentError(absl::StrCat("unknown operation ", op));
+      }
     }
   }
-  int64_t max_rss = int64_t{12} << 30;
-  if (flags.count("max-coordinator-rss") && !ParseBytes(flags["max-coordinator-rss"], &max_rss)) {
-    return Usage("bad --max-coordinator-rss");
+  if (flags.count("max-coordinator-rss") && !ParseBytes(flags["max-coordinator-rss"], max_rss)) {
+    return absl::InvalidArgumentError("bad --max-coordinator-rss");
   }
+  return absl::OkStatus();
+}
 
-  absl::StatusOr<ckpt::loadgen::Parallelism> parallel = ckpt::loadgen::ParseParallelism(
-      flags.count("layout") ? flags["layout"] : "tp8pp16", options.ranks);
-  if (!parallel.ok()) return Usage(std::string(parallel.status().message()));
+// The simulated GPT's pipeline layout from --layout and --model.
+absl::StatusOr<ckpt::loadgen::GptPipelineLayout> LayoutOfFlags(Flags& flags, int64_t ranks) {
+  absl::StatusOr<ckpt::loadgen::Parallelism> parallel =
+      ckpt::loadgen::ParseParallelism(flags.count("layout") ? flags["layout"] : "tp8pp16", ranks);
+  if (!parallel.ok()) return parallel.status();
   absl::StatusOr<ckpt::GptConfig> model =
       ckpt::loadgen::ModelByName(flags.count("model") ? flags["model"] : "gpt-175b");
-  if (!model.ok()) return Usage(std::string(model.status().message()));
-  absl::StatusOr<ckpt::loadgen::GptPipelineLayout> layout =
-      ckpt::loadgen::GptPipelineLayout::Create(*model, *parallel);
+  if (!model.ok()) return model.status();
+  return ckpt::loadgen::GptPipelineLayout::Create(*model, *parallel);
+}
+
+// The checkpoint root: --checkpoint-root, or a fresh scratch directory when the coordinator is
+// spawned here.
+absl::StatusOr<std::string> CheckpointRoot(Flags& flags, bool spawn) {
+  std::string root = flags["checkpoint-root"];
+  if (!root.empty()) return root;
+  if (!spawn)
+    return absl::InvalidArgumentError("--coordinator needs --checkpoint-root (under its root)");
+  char scratch[] = "/tmp/ckpt-loadgen-XXXXXX";
+  if (mkdtemp(scratch) == nullptr) {
+    return absl::InvalidArgumentError("cannot create a scratch directory in /tmp");
+  }
+  return std::string(scratch);
+}
+
+// Starts the coordinator under `root` and points the options at it. Protects the shared
+// machine: a coordinator growing past `max_rss` is stopped, and *over_cap says so.
+bool StartCoordinator(Flags& flags, const std::vector<std::string>& coordinator_flags,
+                      const std::string& root, int64_t max_rss, std::atomic<bool>* over_cap,
+                      SpawnedCoordinator* spawned, ckpt::loadgen::LoadgenOptions* options) {
+  if (!Spawn(flags["spawn-coordinator"], root, root, coordinator_flags, spawned)) {
+    std::fprintf(stderr, "ckpt_loadgen: the coordinator did not start; its log: %s\n%s",
+                 spawned->log.c_str(), ReadFile(spawned->log).c_str());
+    return false;
+  }
+  options->coordinator = spawned->address;
+  options->coordinator_pid = spawned->pid;
+  options->coordinator_log = spawned->log;
+  options->on_coordinator_sample = [over_cap, max_rss,
+                                    pid = spawned->pid](const ckpt::loadgen::ProcStats& s) {
+    if (s.rss_bytes > max_rss && !over_cap->exchange(true)) {
+      kill(pid, SIGKILL);
+      std::fprintf(stderr,
+                   "ckpt_loadgen: coordinator RSS %lld bytes passed --max-coordinator-rss;"
+                   " killed it\n",
+                   static_cast<long long>(s.rss_bytes));
+    }
+  };
+  return true;
+}
+
+// Prints the report and the verdict; returns whether every operation reached done.
+bool PrintReport(const ckpt::loadgen::LoadgenOptions& options,
+                 const ckpt::loadgen::LoadgenReport& report, bool over_cap, int64_t max_rss) {
+  std::fputs(ckpt::loadgen::FormatReport(options, report).c_str(), stdout);
+  if (over_cap) {
+    std::printf("coordinator_killed rss above --max-coordinator-rss %lld bytes\n",
+                static_cast<long long>(max_rss));
+  }
+  bool all_done = report.operations.size() == options.operations.size();
+  for (const auto& op : report.operations) all_done = all_done && op.phase == "done";
+  std::printf("result %s\n", all_done ? "ok" : "failed");
+  return all_done;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  std::vector<std::string> coordinator_flags;
+  if (absl::Status s = ParseCommandLine(argc, argv, &flags, &coordinator_flags); !s.ok()) {
+    return Usage(std::string(s.message()));
+  }
+  if (flags.count("help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  ckpt::loadgen::LoadgenOptions options;
+  int64_t pid = 0;
+  int64_t max_rss = int64_t{12} << 30;
+  if (absl::Status s = ParseRunOptions(flags, &options, &pid, &max_rss); !s.ok()) {
+    return Usage(std::string(s.message()));
+  }
+  absl::StatusOr<ckpt::loadgen::GptPipelineLayout> layout = LayoutOfFlags(flags, options.ranks);
   if (!layout.ok()) return Usage(std::string(layout.status().message()));
 
   const bool spawn = flags.count("spawn-coordinator") > 0;
   if (spawn == (flags.count("coordinator") > 0)) {
     return Usage("give exactly one of --spawn-coordinator and --coordinator");
   }
-  std::string root = flags["checkpoint-root"];
-  bool made_root = false;
-  if (root.empty()) {
-    if (!spawn) return Usage("--coordinator needs --checkpoint-root (under its root)");
-    char scratch[] = "/tmp/ckpt-loadgen-XXXXXX";
-    if (mkdtemp(scratch) == nullptr) return Usage("cannot create a scratch directory in /tmp");
-    root = scratch;
-    made_root = true;
-  }
-  options.checkpoint = root + "/loadgen-ckpt";
+  absl::StatusOr<std::string> root = CheckpointRoot(flags, spawn);
+  if (!root.ok()) return Usage(std::string(root.status().message()));
+  options.checkpoint = *root + "/loadgen-ckpt";
   if (ckpt::PathExists(options.checkpoint)) {
     return Usage(absl::StrCat(options.checkpoint, " exists already; remove it first"));
   }
   SpawnedCoordinator spawned;
   std::atomic<bool> over_cap{false};
   if (spawn) {
-    if (!Spawn(flags["spawn-coordinator"], root, root, coordinator_flags, &spawned)) {
-      std::fprintf(stderr, "ckpt_loadgen: the coordinator did not start; its log: %s\n%s",
-                   spawned.log.c_str(), ReadFile(spawned.log).c_str());
+    if (!StartCoordinator(flags, coordinator_flags, *root, max_rss, &over_cap, &spawned,
+                          &options)) {
       return 1;
     }
-    options.coordinator = spawned.address;
-    options.coordinator_pid = spawned.pid;
-    options.coordinator_log = spawned.log;
-    // Protects the shared machine: a coordinator growing past the cap is stopped, and the run
-    // reports it.
-    options.on_coordinator_sample = [&, pid = spawned.pid](const ckpt::loadgen::ProcStats& s) {
-      if (s.rss_bytes > max_rss && !over_cap.exchange(true)) {
-        kill(pid, SIGKILL);
-        std::fprintf(stderr,
-                     "ckpt_loadgen: coordinator RSS %lld bytes passed --max-coordinator-rss;"
-                     " killed it\n",
-                     static_cast<long long>(s.rss_bytes));
-      }
-    };
   } else {
     options.coordinator = flags["coordinator"];
     options.coordinator_pid = static_cast<pid_t>(pid);
@@ -303,17 +370,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ckpt_loadgen: %s\n", report.status().ToString().c_str());
     return 1;
   }
-  std::fputs(ckpt::loadgen::FormatReport(options, *report).c_str(), stdout);
-  if (over_cap) {
-    std::printf("coordinator_killed rss above --max-coordinator-rss %lld bytes\n",
-                static_cast<long long>(max_rss));
-  }
-  bool all_done = report->operations.size() == options.operations.size();
-  for (const auto& op : report->operations) all_done = all_done && op.phase == "done";
-  std::printf("result %s\n", all_done ? "ok" : "failed");
+  const bool all_done = PrintReport(options, *report, over_cap, max_rss);
   // The checkpoint goes; a scratch root stays for the coordinator's log (printed above).
   if (!flags.count("keep-checkpoint")) (void)ckpt::RemoveTree(options.checkpoint);
-  (void)made_root;
   std::fflush(stdout);
   return all_done ? 0 : 1;
 }
