@@ -55,6 +55,13 @@ python3 tools/layering.py ci --testlogs bazel-lint-testlogs || status=1
 echo "== tools/format.sh --check (clang-format 14) =="
 ./tools/format.sh --check --junit bazel-lint-testlogs/tools/clang_format/test.xml || status=1
 
+# Function length (tools/function_length.py): no function over 80 lines outside tests and
+# generated code unless its ALLOWED entry says why. One JUnit test case.
+echo "== tools/function_length.py ci (no function over 80 lines) =="
+mkdir -p bazel-lint-testlogs/tools/function_length
+python3 tools/function_length.py ci --junit bazel-lint-testlogs/tools/function_length/test.xml \
+  || status=1
+
 echo "== tools/fuzz.sh (libFuzzer + ASan + UBSan, ${CKPT_FUZZ_SECONDS:-30}s per parser) =="
 ./tools/fuzz.sh || status=1
 

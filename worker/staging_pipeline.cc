@@ -107,26 +107,25 @@ absl::Status StageDeviceToHost(PinnedStagingPool::Lease& lease,
     stats->until_drained = absl::Now() - start;
     if (on_drained) on_drained();
   };
+  // Drains what is in flight and names the chunk `c` that failed and the step.
+  auto fail = [&](const absl::Status& s, const ChunkSpec& c, const std::string& step) {
+    Drain(engine, in_flight, deadline);
+    return Annotate(s, Describe(who, ranges, c), step);
+  };
+  const std::string copying = absl::StrCat("copying off the device on ", engine->name());
   if (chunks.empty()) signal_drained();
   size_t next = 0;
   while (next < chunks.size() || !in_flight.empty()) {
     while (next < chunks.size() && !free_buffers.empty()) {
       const ChunkSpec& c = chunks[next];
       absl::Status s = stop ? stop() : absl::OkStatus();
-      if (!s.ok()) {
-        Drain(engine, in_flight, deadline);
-        return Annotate(s, Describe(who, ranges, c), "stopped before copying it off the device");
-      }
+      if (!s.ok()) return fail(s, c, "stopped before copying it off the device");
       const int buffer = free_buffers.back();
       absl::StatusOr<uint64_t> ticket =
           engine->Enqueue(CopyDirection::kDeviceToHost, lease.buffers()[buffer].data(),
                           static_cast<const std::byte*>(ranges[c.range].device) + c.offset,
                           static_cast<size_t>(c.bytes));
-      if (!ticket.ok()) {
-        Drain(engine, in_flight, deadline);
-        return Annotate(ticket.status(), Describe(who, ranges, c),
-                        absl::StrCat("copying off the device on ", engine->name()));
-      }
+      if (!ticket.ok()) return fail(ticket.status(), c, copying);
       free_buffers.pop_back();
       in_flight.push_back(InFlight{static_cast<int>(next), buffer, *ticket});
       ++next;
@@ -137,9 +136,7 @@ absl::Status StageDeviceToHost(PinnedStagingPool::Lease& lease,
       InFlight& last = in_flight.back();
       last.waited = true;
       if (absl::Status s = engine->Wait(last.ticket, deadline); !s.ok()) {
-        Drain(engine, in_flight, deadline);
-        return Annotate(s, Describe(who, ranges, chunks[last.chunk]),
-                        absl::StrCat("copying off the device on ", engine->name()));
+        return fail(s, chunks[last.chunk], copying);
       }
       signal_drained();
     }
@@ -148,17 +145,12 @@ absl::Status StageDeviceToHost(PinnedStagingPool::Lease& lease,
     const ChunkSpec& c = chunks[front.chunk];
     if (!front.waited) {
       if (absl::Status s = engine->Wait(front.ticket, deadline); !s.ok()) {
-        Drain(engine, in_flight, deadline);
-        return Annotate(s, Describe(who, ranges, c),
-                        absl::StrCat("copying off the device on ", engine->name()));
+        return fail(s, c, copying);
       }
     }
     absl::Status s =
         consume(StagedChunk{c.range, c.offset, c.bytes, lease.buffers()[front.buffer].data()});
-    if (!s.ok()) {
-      Drain(engine, in_flight, deadline);
-      return Annotate(s, Describe(who, ranges, c), "consuming the staged chunk");
-    }
+    if (!s.ok()) return fail(s, c, "consuming the staged chunk");
     stats->bytes += c.bytes;
     ++stats->chunks;
     free_buffers.push_back(front.buffer);
