@@ -44,7 +44,7 @@ std::string Peer::Describe() const {
   return absl::StrCat(RoleName(role), " certificate '", name, "' (", address, ")");
 }
 
-absl::StatusOr<Peer> PeerOf(const grpc::ServerContext& context) {
+absl::StatusOr<Peer> PeerOf(const grpc::ServerContextBase& context) {
   Peer peer;
   peer.address = context.peer();
   std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
@@ -81,7 +81,7 @@ absl::Status RequireRole(const Peer& peer, std::initializer_list<Role> roles,
                                                   absl::StrJoin(names, " or ")));
 }
 
-absl::StatusOr<Peer> AuthorizeCall(const grpc::ServerContext& context,
+absl::StatusOr<Peer> AuthorizeCall(const grpc::ServerContextBase& context,
                                    std::initializer_list<Role> roles, absl::string_view call) {
   absl::StatusOr<Peer> peer = PeerOf(context);
   if (!peer.ok()) return peer.status();

@@ -44,7 +44,7 @@ struct Peer {
 
 // The caller of the call behind `context`. PermissionDenied when the caller's certificate
 // carries no ckpt role (or several).
-absl::StatusOr<Peer> PeerOf(const grpc::ServerContext& context);
+absl::StatusOr<Peer> PeerOf(const grpc::ServerContextBase& context);
 
 // OK when `peer` holds one of `roles` or is unauthenticated (plaintext server); otherwise
 // PermissionDenied naming the caller, `call` and the roles allowed.
@@ -52,7 +52,7 @@ absl::Status RequireRole(const Peer& peer, std::initializer_list<Role> roles,
                          absl::string_view call);
 
 // PeerOf and RequireRole together: the authorised peer, or why not.
-absl::StatusOr<Peer> AuthorizeCall(const grpc::ServerContext& context,
+absl::StatusOr<Peer> AuthorizeCall(const grpc::ServerContextBase& context,
                                    std::initializer_list<Role> roles, absl::string_view call);
 
 }  // namespace ckpt

@@ -17,13 +17,6 @@
 namespace ckpt::coordinator {
 namespace {
 
-// Longest single wait before re-checking cancellation and shutdown.
-constexpr absl::Duration kWaitSlice = absl::Milliseconds(200);
-
-absl::Time ClientDeadline(const grpc::ServerContext* context) {
-  return absl::FromChrono(context->deadline());
-}
-
 uint64_t ChooseIncarnation(uint64_t requested) {
   std::random_device random;
   while (requested == 0) {
@@ -70,23 +63,38 @@ void CoordinatorService::Finalize(const Operation& op) {
 }
 
 void CoordinatorService::Start() {
-  ticker_ = std::thread([this] {
-    std::lock_guard<std::mutex> lock(mu_);
-    while (!shutting_down_) {
-      changed_.wait_for(mu_, absl::ToChronoNanoseconds(options_.tick));
-      if (shutting_down_) break;
-      mu_.unlock();
+  ticker_ = std::thread([this] { RunTicker(); });
+}
+
+void CoordinatorService::RunTicker() {
+  std::unique_lock<std::mutex> lock(mu_);
+  absl::Time next_tick = absl::Now() + options_.tick;
+  while (!shutting_down_) {
+    // Sleep until the next tick, or the first wait's deadline when that comes sooner.
+    const absl::Duration until_deadline = EarliestWaitDeadline() - clock_->Now();
+    const absl::Duration sleep =
+        std::max(absl::ZeroDuration(), std::min(next_tick - absl::Now(), until_deadline));
+    ticker_sleeps_until_ = clock_->Now() + sleep;
+    ticker_wake_.wait_for(lock, absl::ToChronoNanoseconds(sleep));
+    ticker_sleeps_until_ = absl::InfinitePast();  // awake: registrations need not wake it
+    if (shutting_down_) break;
+    if (absl::Now() >= next_tick) {
+      lock.unlock();
       TickOnce();
-      mu_.lock();
+      lock.lock();
+      next_tick = absl::Now() + options_.tick;
+    } else {
+      WakeWaiters(/*all=*/true);  // a wait's deadline
     }
-  });
+  }
 }
 
 void CoordinatorService::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     shutting_down_ = true;
-    changed_.notify_all();
+    ticker_wake_.notify_all();
+    WakeWaiters(/*all=*/true);  // every stream and wait finishes now
   }
   if (ticker_.joinable()) ticker_.join();
 }
@@ -101,7 +109,7 @@ void CoordinatorService::Changed() {
   for (auto it = finalized_.begin(); it != finalized_.end();) {
     it = present.count(*it) ? std::next(it) : finalized_.erase(it);
   }
-  changed_.notify_all();
+  WakeWaiters(/*all=*/false);
 }
 
 absl::Status CoordinatorService::ActsForWorker(const Peer& peer,
@@ -178,6 +186,7 @@ void CoordinatorService::TickOnce() {
   }
   LogAborted(jobs_.Tick());
   Changed();
+  WakeWaiters(/*all=*/true);  // deadlines, and watchers of lost workers
 }
 
 void CoordinatorService::AbortOrLog(const std::string& operation_id, const absl::Status& cause) {
@@ -438,75 +447,6 @@ grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::WatchWork(grpc::ServerContext* context,
-                                           const pb::WatchWorkRequest* request,
-                                           grpc::ServerWriter<pb::WorkItem>* writer) {
-  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "WatchWork");
-  if (!peer.ok()) return ToGrpcStatus(peer.status());
-  const std::string worker_id = request->worker_id();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (absl::Status s = ActsForWorker(*peer, worker_id); !s.ok()) return ToGrpcStatus(s);
-  }
-  const absl::Time started = clock_->Now();
-  std::set<std::pair<std::string, int>> plans_sent;  // (operation, rank)
-  std::set<std::string> aborts_sent;
-  uint64_t seen_version = 0;
-  bool first = true;
-  while (true) {
-    std::vector<pb::WorkItem> items;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      while (!shutting_down_ && !context->IsCancelled() && !first &&
-             jobs_.phase_version() == seen_version) {
-        changed_.wait_for(mu_, absl::ToChronoNanoseconds(kWaitSlice));
-        const WorkerRecord* w = workers_.Find(worker_id);
-        if (w == nullptr || !w->alive) break;
-      }
-      first = false;
-      if (shutting_down_)
-        return ToGrpcStatus(absl::UnavailableError("coordinator is shutting down"));
-      if (context->IsCancelled()) return grpc::Status::CANCELLED;
-      const WorkerRecord* w = workers_.Find(worker_id);
-      if (w == nullptr) {
-        return ToGrpcStatus(absl::NotFoundError(
-            absl::StrCat("worker ", worker_id, " is not registered with this coordinator ",
-                         "(incarnation ", incarnation_hex_, "); register again")));
-      }
-      if (!w->alive) {
-        return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-            w->DebugString(), " was declared dead (", w->death_cause, "); register again")));
-      }
-      seen_version = jobs_.phase_version();
-      for (const Operation* op : jobs_.Operations()) {
-        for (int r = 0; r < op->world_size; ++r) {
-          const RankEntry& e = op->ranks[r];
-          if (!e.joined || e.location.worker_id != worker_id) continue;
-          pb::WorkItem item;
-          item.set_operation_id(op->id);
-          item.set_incarnation(incarnation_);
-          item.set_job(op->job);
-          item.set_rank(r);
-          item.set_kind(ToProto(op->kind));
-          item.set_path(op->path);
-          if (op->phase == Phase::kExecuting && e.has_plan && !e.result.has_value() &&
-              plans_sent.insert({op->id, r}).second) {
-            item.set_plan_part(e.plan_part);
-            items.push_back(std::move(item));
-          } else if (op->phase == Phase::kAborted && op->finished >= started &&
-                     aborts_sent.insert(absl::StrCat(op->id, "/", r)).second) {
-            *item.mutable_abort() = ToDetail(op->status);
-            items.push_back(std::move(item));
-          }
-        }
-      }
-    }
-    for (const pb::WorkItem& item : items) {
-      if (!writer->Write(item)) return grpc::Status::CANCELLED;
-    }
-  }
-}
-
 grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext* context,
                                                 const pb::ReportProgressRequest* request,
                                                 pb::ReportProgressResponse*) {
@@ -548,31 +488,6 @@ grpc::Status CoordinatorService::ReportResult(grpc::ServerContext* context,
     ToProto(*after, response->mutable_operation());
   }
   return grpc::Status::OK;
-}
-
-grpc::Status CoordinatorService::WaitOperation(grpc::ServerContext* context,
-                                               const pb::WaitOperationRequest* request,
-                                               pb::OperationStatus* response) {
-  absl::StatusOr<Peer> peer =
-      AuthorizeCall(*context, {Role::kWorker, Role::kOperator}, "WaitOperation");
-  if (!peer.ok()) return ToGrpcStatus(peer.status());
-  absl::Time deadline =
-      std::min(clock_->Now() + absl::Milliseconds(request->timeout_ms()), ClientDeadline(context));
-  std::lock_guard<std::mutex> lock(mu_);
-  while (true) {
-    const Operation* op = jobs_.FindOperation(request->operation_id());
-    if (op == nullptr) {
-      return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
-          "operation ", request->operation_id(), " is unknown to this coordinator (incarnation ",
-          incarnation_hex_, "): long finished, or run by a coordinator process since restarted")));
-    }
-    absl::Time now = clock_->Now();
-    if (IsFinal(op->phase) || now >= deadline || shutting_down_ || context->IsCancelled()) {
-      ToProto(*op, response);
-      return grpc::Status::OK;
-    }
-    changed_.wait_for(mu_, absl::ToChronoNanoseconds(std::min(kWaitSlice, deadline - now)));
-  }
 }
 
 grpc::Status CoordinatorService::RequestOperation(grpc::ServerContext* context,

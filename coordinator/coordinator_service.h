@@ -3,6 +3,11 @@
 // background thread ticks leases and deadlines; workers pull their plan parts over the
 // WatchWork stream, so the coordinator never dials a worker.
 //
+// The long-lived calls (WatchWork streams, WaitOperation) are gRPC callback reactors, not a
+// thread each: they wait in lists that every change of state (and the ticker, for deadlines
+// and leases) walks, so the service's thread count does not grow with the number of ranks.
+// The short unary calls stay synchronous on gRPC's (capped) sync pool.
+//
 // Each operation kind is one OperationKindHandler (plan, commit, finalize) registered with
 // RegisterKind: an operation whose kind has none is aborted for every rank with Unimplemented
 // naming what is missing.
@@ -49,8 +54,12 @@ struct CoordinatorOptions {
   uint64_t incarnation = 0;
 };
 
+// The generated service with WatchWork and WaitOperation as callback methods.
+using CoordinatorServiceBase = pb::Coordinator::WithCallbackMethod_WatchWork<
+    pb::Coordinator::WithCallbackMethod_WaitOperation<pb::Coordinator::Service>>;
+
 // The service. Thread-safe; construct, wire planners, Start(), register with a grpc server.
-class CoordinatorService final : public pb::Coordinator::Service {
+class CoordinatorService final : public CoordinatorServiceBase {
  public:
   CoordinatorService(const Clock* clock, CoordinatorOptions options);
   ~CoordinatorService() override;
@@ -63,7 +72,8 @@ class CoordinatorService final : public pb::Coordinator::Service {
 
   // Starts the lease/deadline ticker thread.
   void Start();
-  // Stops the ticker and ends every WatchWork stream and waiting call promptly.
+  // Stops the ticker and ends every WatchWork stream (Unavailable) and waiting call (with the
+  // operation's current status) at once.
   void Shutdown();
 
   grpc::Status RegisterWorker(grpc::ServerContext* context,
@@ -80,15 +90,20 @@ class CoordinatorService final : public pb::Coordinator::Service {
                           pb::DetachRankResponse* response) override;
   grpc::Status JoinOperation(grpc::ServerContext* context, const pb::JoinOperationRequest* request,
                              pb::JoinOperationResponse* response) override;
-  grpc::Status WatchWork(grpc::ServerContext* context, const pb::WatchWorkRequest* request,
-                         grpc::ServerWriter<pb::WorkItem>* writer) override;
+  // Streams the worker's plan parts and aborts as they appear, until the worker is lost or
+  // deregistered, the client cancels, or the coordinator shuts down.
+  grpc::ServerWriteReactor<pb::WorkItem>* WatchWork(grpc::CallbackServerContext* context,
+                                                    const pb::WatchWorkRequest* request) override;
   grpc::Status ReportProgress(grpc::ServerContext* context,
                               const pb::ReportProgressRequest* request,
                               pb::ReportProgressResponse* response) override;
   grpc::Status ReportResult(grpc::ServerContext* context, const pb::ReportResultRequest* request,
                             pb::ReportResultResponse* response) override;
-  grpc::Status WaitOperation(grpc::ServerContext* context, const pb::WaitOperationRequest* request,
-                             pb::OperationStatus* response) override;
+  // Answers the operation's status once it ended, at the earlier of timeout_ms and the client's
+  // deadline, or at shutdown, whichever comes first.
+  grpc::ServerUnaryReactor* WaitOperation(grpc::CallbackServerContext* context,
+                                          const pb::WaitOperationRequest* request,
+                                          pb::OperationStatus* response) override;
   grpc::Status RequestOperation(grpc::ServerContext* context,
                                 const pb::RequestOperationRequest* request,
                                 pb::RequestOperationResponse* response) override;
@@ -104,6 +119,9 @@ class CoordinatorService final : public pb::Coordinator::Service {
 
   // One pass of lease and deadline checks (the ticker calls it; tests may too).
   void TickOnce();
+  // Open WatchWork streams and waiting WaitOperation calls (for tests and metrics).
+  size_t open_watchers();
+  size_t open_waits();
 
   // Whether `peer` may use the rendezvous keys of `group` ("<kind>/<operation id>"): the
   // operation is in flight and the peer is a worker serving one of its ranks (any caller on
@@ -114,6 +132,16 @@ class CoordinatorService final : public pb::Coordinator::Service {
   const std::string& incarnation_hex() const { return incarnation_hex_; }
 
  private:
+  class WorkWatcher;      // one WatchWork stream (coordinator_reactors.cc)
+  class OperationWaiter;  // one WaitOperation call (coordinator_reactors.cc)
+
+  // The ticker's loop: TickOnce every tick, and the waits' deadlines in between.
+  void RunTicker();
+  // Ends the waits that are over (their operation ended, or `all`: also deadlines and
+  // shutdown) and lets the watchers stream what changed (`all`: also re-check their worker).
+  void WakeWaiters(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The earliest deadline of a waiting WaitOperation (InfiniteFuture when none).
+  absl::Time EarliestWaitDeadline() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the planner (or aborts) for an operation that just entered planning, and the
   // committer for one that just entered committing. Requires mu_.
   void Advance(const std::string& operation_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -144,7 +172,8 @@ class CoordinatorService final : public pb::Coordinator::Service {
   const std::string incarnation_hex_;
   const absl::Time started_;
   std::mutex mu_;
-  std::condition_variable_any changed_;  // signalled on every change of state
+  std::condition_variable_any ticker_wake_;  // shutdown, or a wait with an earlier deadline
+  absl::Time ticker_sleeps_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   JobState jobs_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   std::map<OperationKind, OperationKindHandler*> kinds_;
@@ -155,6 +184,10 @@ class CoordinatorService final : public pb::Coordinator::Service {
   std::set<std::string> busy_ ABSL_GUARDED_BY(mu_);
   // Worker id -> the principal (Peer::Principal) of the certificate that registered it.
   std::map<std::string, std::string> worker_owners_ ABSL_GUARDED_BY(mu_);
+  std::set<WorkWatcher*> watchers_ ABSL_GUARDED_BY(mu_);
+  uint64_t watchers_version_ ABSL_GUARDED_BY(mu_) = 0;  // phase_version they last saw
+  // Operation id -> its waiting WaitOperation calls.
+  std::multimap<std::string, OperationWaiter*> waiters_ ABSL_GUARDED_BY(mu_);
   std::thread ticker_;
 };
 

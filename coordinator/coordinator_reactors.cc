@@ -1,0 +1,286 @@
+// The coordinator's long-lived calls as gRPC callback reactors: a WatchWork stream and a
+// WaitOperation call hold no thread while they wait. Each is registered with the service
+// (under its mutex) and woken by WakeWaiters on every change of state; the ticker wakes them
+// for deadlines, lost workers and shutdown. Everything a reactor shares with the service is
+// guarded by the service's mutex, and a reactor leaves the service's lists before it is
+// deleted (OnDone), so the service only ever touches live reactors.
+#include <deque>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/operation_wire.h"
+
+namespace ckpt::coordinator {
+
+// One worker's WatchWork stream: writes the plan parts of its ranks once each (and the aborts
+// of operations that ended after the stream opened), one write at a time, in order.
+class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb::WorkItem> {
+ public:
+  WorkWatcher(CoordinatorService* service, std::string worker_id)
+      : service_(service), worker_id_(std::move(worker_id)), started_(service->clock_->Now()) {}
+
+  // Queues what is new for the worker and writes it, or finishes when the stream is over
+  // (shutdown, worker unknown or dead). `scan`: the operations may have changed. Requires
+  // the service's mutex.
+  void Refresh(bool scan) {
+    if (finish_requested_) return;
+    if (absl::Status over = Over(); !over.ok()) {
+      RequestFinish(ToGrpcStatus(over));
+      return;
+    }
+    if (scan || first_) CollectItems();
+    first_ = false;
+    WriteNext();
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(service_->mu_);
+    writing_ = false;
+    pending_.pop_front();
+    if (!ok) {
+      DropQueued();
+      RequestFinish(grpc::Status::CANCELLED);
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(service_->mu_);
+    DropQueued();  // a write in flight fails and then finishes the stream
+    RequestFinish(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard<std::mutex> lock(service_->mu_);
+      service_->watchers_.erase(this);
+    }
+    delete this;
+  }
+
+ private:
+  // Why the stream ends now; OK while it goes on.
+  absl::Status Over() const {
+    if (service_->shutting_down_) return absl::UnavailableError("coordinator is shutting down");
+    const WorkerRecord* w = service_->workers_.Find(worker_id_);
+    if (w == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          "worker ", worker_id_, " is not registered with this coordinator ", "(incarnation ",
+          service_->incarnation_hex_, "); register again"));
+    }
+    if (!w->alive) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          w->DebugString(), " was declared dead (", w->death_cause, "); register again"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Queues the plan parts and aborts of the worker's ranks not sent yet.
+  void CollectItems() {
+    for (const Operation* op : service_->jobs_.Operations()) {
+      for (int r = 0; r < op->world_size; ++r) {
+        const RankEntry& e = op->ranks[r];
+        if (!e.joined || e.location.worker_id != worker_id_) continue;
+        pb::WorkItem item;
+        item.set_operation_id(op->id);
+        item.set_incarnation(service_->incarnation_);
+        item.set_job(op->job);
+        item.set_rank(r);
+        item.set_kind(ToProto(op->kind));
+        item.set_path(op->path);
+        if (op->phase == Phase::kExecuting && e.has_plan && !e.result.has_value() &&
+            plans_sent_.insert({op->id, r}).second) {
+          item.set_plan_part(e.plan_part);
+          pending_.push_back(std::move(item));
+        } else if (op->phase == Phase::kAborted && op->finished >= started_ &&
+                   aborts_sent_.insert({op->id, r}).second) {
+          *item.mutable_abort() = ToDetail(op->status);
+          pending_.push_back(std::move(item));
+        }
+      }
+    }
+  }
+
+  // Forgets the queued items, except the one being written (gRPC holds it until OnWriteDone).
+  void DropQueued() {
+    while (pending_.size() > (writing_ ? 1u : 0u)) pending_.pop_back();
+  }
+
+  // Starts the next write unless one is in flight; finishes once a requested finish has
+  // nothing left to write.
+  void WriteNext() {
+    if (writing_ || finished_) return;
+    if (!pending_.empty()) {
+      writing_ = true;
+      StartWrite(&pending_.front());
+    } else if (finish_requested_) {
+      finished_ = true;
+      Finish(final_status_);
+    }
+  }
+
+  // Finishes with `status` once the writes queued before it are out (at once when cancelled:
+  // the queue was dropped).
+  void RequestFinish(grpc::Status status) {
+    if (!finish_requested_) {
+      finish_requested_ = true;
+      final_status_ = std::move(status);
+    }
+    WriteNext();
+  }
+
+  CoordinatorService* const service_;
+  const std::string worker_id_;
+  const absl::Time started_;
+  // All below: guarded by service_->mu_.
+  bool first_ = true;
+  std::set<std::pair<std::string, int>> plans_sent_;   // (operation, rank)
+  std::set<std::pair<std::string, int>> aborts_sent_;  // (operation, rank)
+  std::deque<pb::WorkItem> pending_;                   // front: in flight while writing_
+  bool writing_ = false;
+  bool finish_requested_ = false;
+  bool finished_ = false;
+  grpc::Status final_status_;
+};
+
+// One WaitOperation call: answers the operation's status when it ended, at the deadline, when
+// the client cancels or at shutdown; NotFound once the operation is pruned.
+class CoordinatorService::OperationWaiter final : public grpc::ServerUnaryReactor {
+ public:
+  OperationWaiter(CoordinatorService* service, std::string operation_id, absl::Time deadline,
+                  pb::OperationStatus* response)
+      : service_(service),
+        operation_id_(std::move(operation_id)),
+        deadline_(deadline),
+        response_(response) {}
+
+  const std::string& operation_id() const { return operation_id_; }
+  absl::Time deadline() const { return deadline_; }
+
+  // Finishes when the wait is over (`cancelled`: it is), leaving the service's list first
+  // (gRPC may delete a finished reactor at once); returns whether it finished. Requires the
+  // service's mutex; the caller must not touch a finished waiter.
+  bool FinishIfOver(bool cancelled) {
+    const Operation* op = service_->jobs_.FindOperation(operation_id_);
+    if (op == nullptr) {
+      Unregister();
+      Finish(ToGrpcStatus(absl::NotFoundError(
+          absl::StrCat("operation ", operation_id_,
+                       " is unknown to this coordinator (incarnation ", service_->incarnation_hex_,
+                       "): long finished, or run by a coordinator process since restarted"))));
+      return true;
+    }
+    if (IsFinal(op->phase) || service_->clock_->Now() >= deadline_ || service_->shutting_down_ ||
+        cancelled) {
+      ToProto(*op, response_);
+      Unregister();
+      Finish(grpc::Status::OK);
+      return true;
+    }
+    return false;
+  }
+
+  // Remembers where this waiter is registered. Requires the service's mutex.
+  void set_registration(std::multimap<std::string, OperationWaiter*>::iterator it) {
+    registration_ = it;
+    registered_ = true;
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(service_->mu_);
+    if (registered_) FinishIfOver(/*cancelled=*/true);  // else it has finished already
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  CoordinatorService* const service_;
+  const std::string operation_id_;
+  const absl::Time deadline_;
+  pb::OperationStatus* const response_;
+  // Leaves the service's list (if on it). Requires the service's mutex.
+  void Unregister() {
+    if (!registered_) return;
+    service_->waiters_.erase(registration_);
+    registered_ = false;
+  }
+
+  // Guarded by service_->mu_.
+  bool registered_ = false;
+  std::multimap<std::string, OperationWaiter*>::iterator registration_;
+};
+
+grpc::ServerWriteReactor<pb::WorkItem>* CoordinatorService::WatchWork(
+    grpc::CallbackServerContext* context, const pb::WatchWorkRequest* request) {
+  auto* watcher = new WorkWatcher(this, request->worker_id());
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "WatchWork");
+  absl::Status allowed = peer.ok() ? ActsForWorker(*peer, request->worker_id()) : peer.status();
+  if (!allowed.ok()) {
+    watcher->Finish(ToGrpcStatus(allowed));
+    return watcher;  // never registered: OnDone finds nothing to erase
+  }
+  watchers_.insert(watcher);
+  watcher->Refresh(/*scan=*/true);
+  return watcher;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::WaitOperation(
+    grpc::CallbackServerContext* context, const pb::WaitOperationRequest* request,
+    pb::OperationStatus* response) {
+  absl::Time deadline = std::min(clock_->Now() + absl::Milliseconds(request->timeout_ms()),
+                                 absl::FromChrono(context->deadline()));
+  auto* waiter = new OperationWaiter(this, request->operation_id(), deadline, response);
+  absl::StatusOr<Peer> peer =
+      AuthorizeCall(*context, {Role::kWorker, Role::kOperator}, "WaitOperation");
+  if (!peer.ok()) {
+    waiter->Finish(ToGrpcStatus(peer.status()));
+    return waiter;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (waiter->FinishIfOver(/*cancelled=*/false)) return waiter;
+  waiter->set_registration(waiters_.emplace(request->operation_id(), waiter));
+  // The ticker ends the wait at its deadline; wake it if it would sleep past that.
+  if (deadline < ticker_sleeps_until_) ticker_wake_.notify_all();
+  return waiter;
+}
+
+void CoordinatorService::WakeWaiters(bool all) {
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    const Operation* op = jobs_.FindOperation(it->first);
+    if (!all && op != nullptr && !IsFinal(op->phase)) {
+      it = waiters_.upper_bound(it->first);  // nothing to tell this operation's waiters yet
+      continue;
+    }
+    OperationWaiter* waiter = it->second;
+    ++it;  // before the waiter may erase itself
+    waiter->FinishIfOver(/*cancelled=*/false);
+  }
+  const bool scan = jobs_.phase_version() != watchers_version_;
+  watchers_version_ = jobs_.phase_version();
+  if (!all && !scan) return;
+  for (WorkWatcher* watcher : watchers_) watcher->Refresh(scan);
+}
+
+absl::Time CoordinatorService::EarliestWaitDeadline() const {
+  absl::Time earliest = absl::InfiniteFuture();
+  for (const auto& [id, waiter] : waiters_) earliest = std::min(earliest, waiter->deadline());
+  return earliest;
+}
+
+size_t CoordinatorService::open_watchers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return watchers_.size();
+}
+
+size_t CoordinatorService::open_waits() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiters_.size();
+}
+
+}  // namespace ckpt::coordinator
