@@ -1,4 +1,5 @@
-// The rendezvous key-value store's state: a thread-safe in-memory map with blocking waits.
+// The rendezvous key-value store's state: a thread-safe in-memory map with blocking waits
+// (WaitAndGet) and waits that hold no thread (WaitAsync, for the gRPC callback service).
 // Served over gRPC by RendezvousService and used directly by in-process tests (InMemoryStore).
 #ifndef CKPT_RENDEZVOUS_KV_STORE_H_
 #define CKPT_RENDEZVOUS_KV_STORE_H_
@@ -6,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -51,6 +53,23 @@ class KvStore {
       absl::Span<const std::string> keys, absl::Time deadline,
       const std::function<bool()>& cancelled = nullptr);
 
+  // What a WaitAsync ends with: the values in the order of the keys, or why not.
+  using WaitCallback = std::function<void(absl::StatusOr<std::vector<std::string>>)>;
+
+  // Waits for every key to exist without holding a thread: `done` runs exactly once, without
+  // the store's lock, on the thread that ends the wait: with the values (at once, inside this
+  // call, when they all exist already; else inside the Set or Add that completes them),
+  // DeadlineExceeded naming the keys still missing (inside ExpireWaits at or past `deadline`),
+  // or Cancelled (inside CancelWait). Returns the wait's id for CancelWait.
+  uint64_t WaitAsync(std::vector<std::string> keys, absl::Time deadline, WaitCallback done);
+  // Ends wait `id` with Cancelled when it is still waiting; else does nothing.
+  void CancelWait(uint64_t id);
+  // Ends the waits whose deadline is at or before `now` with DeadlineExceeded. Returns the
+  // earliest deadline still waited for (InfiniteFuture when none).
+  absl::Time ExpireWaits(absl::Time now);
+  // Number of WaitAsync waits still waiting (for tests and metrics).
+  size_t async_waits() const;
+
   // Atomically adds delta to the integer at key (absent = 0) and returns the new value.
   // InvalidArgument when the existing value is not a decimal integer or the sum overflows;
   // ResourceExhausted as Set for a new key.
@@ -70,11 +89,30 @@ class KvStore {
     size_t keys = 0;
     size_t bytes = 0;
   };
+  // One WaitAsync in progress, indexed under the first key it still misses.
+  struct AsyncWait {
+    std::vector<std::string> keys;
+    absl::Time deadline;
+    WaitCallback done;
+  };
+  // A finished wait's callback and its outcome, run once the lock is released.
+  using Completion = std::pair<WaitCallback, absl::StatusOr<std::vector<std::string>>>;
+
   bool AllPresentLocked(absl::Span<const std::string> keys) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Stores value at key if the limits allow it, keeping the groups' usage.
-  absl::Status PutLocked(absl::string_view key, std::string value)
+  // The first of `keys` that does not exist; nullptr when all do.
+  const std::string* FirstMissingLocked(absl::Span<const std::string> keys) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::string> ValuesLocked(absl::Span<const std::string> keys) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores value at key if the limits allow it, keeping the groups' usage; the async waits it
+  // completes are appended to *ready.
+  absl::Status PutLocked(absl::string_view key, std::string value, std::vector<Completion>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Re-indexes the waits that were waiting on `key` (just set); completed ones go to *ready.
+  void AdvanceWaitsLocked(const std::string& key, std::vector<Completion>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void Run(std::vector<Completion> ready);
 
   const KvLimits limits_;
   // std::mutex rather than absl::Mutex: ThreadSanitizer sees through it (docs/services.md).
@@ -82,6 +120,9 @@ class KvStore {
   std::condition_variable_any changed_;  // notified when a key is set
   absl::flat_hash_map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, GroupUsage> groups_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, AsyncWait> async_waits_ ABSL_GUARDED_BY(mu_);
+  std::multimap<std::string, uint64_t> waiting_on_ ABSL_GUARDED_BY(mu_);  // missing key -> wait
 };
 
 }  // namespace ckpt

@@ -8,8 +8,11 @@
 #ifndef CKPT_RENDEZVOUS_RENDEZVOUS_SERVICE_H_
 #define CKPT_RENDEZVOUS_RENDEZVOUS_SERVICE_H_
 
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -24,30 +27,45 @@ namespace ckpt {
 using RendezvousAuthorizer =
     std::function<absl::StatusOr<std::string>(const Peer& peer, absl::string_view group)>;
 
-// Get blocks until every key exists, up to the request's timeout_ms and the client's own
-// deadline (whichever is earlier), and stops early when the client cancels.
-class RendezvousService final : public pb::Rendezvous::Service {
+// The generated service with Get as a callback method.
+using RendezvousServiceBase = pb::Rendezvous::WithCallbackMethod_Get<pb::Rendezvous::Service>;
+
+// Get waits until every key exists, up to the request's timeout_ms and the client's own
+// deadline (whichever is earlier), and stops early when the client cancels. A waiting Get
+// holds no thread (a callback reactor over KvStore::WaitAsync); one thread of the service
+// ends the waits at their deadlines.
+class RendezvousService final : public RendezvousServiceBase {
  public:
   // `store` must outlive the service. Without `authorizer` any key is accepted (tests and
-  // benchmarks with a private store).
-  explicit RendezvousService(KvStore* store, RendezvousAuthorizer authorizer = nullptr)
-      : store_(store), authorizer_(std::move(authorizer)) {}
+  // benchmarks with a private store). The server must be shut down before the service is
+  // destroyed.
+  explicit RendezvousService(KvStore* store, RendezvousAuthorizer authorizer = nullptr);
+  ~RendezvousService() override;
 
   grpc::Status Set(grpc::ServerContext* context, const pb::KvSetRequest* request,
                    pb::KvSetResponse* response) override;
-  grpc::Status Get(grpc::ServerContext* context, const pb::KvGetRequest* request,
-                   pb::KvGetResponse* response) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context,
+                                const pb::KvGetRequest* request,
+                                pb::KvGetResponse* response) override;
   grpc::Status Add(grpc::ServerContext* context, const pb::KvAddRequest* request,
                    pb::KvAddResponse* response) override;
 
  private:
   // The job of the keys' groups when the caller may use them all ("" without an authorizer).
-  absl::StatusOr<std::string> Authorize(const grpc::ServerContext& context,
+  absl::StatusOr<std::string> Authorize(const grpc::ServerContextBase& context,
                                         absl::Span<const std::string> keys,
                                         absl::string_view call) const;
 
+  // Ends the store's async waits at their deadlines until the service is destroyed.
+  void ExpireWaits();
+
   KvStore* store_;
   RendezvousAuthorizer authorizer_;
+  std::mutex mu_;
+  std::condition_variable expiry_wake_;  // a wait with an earlier deadline, or stopping
+  absl::Time expiry_sleeps_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread expiry_;
 };
 
 }  // namespace ckpt
