@@ -193,16 +193,7 @@ std::unique_ptr<grpc::Server> StartServer(const Settings& settings,
   // Gathered metadata of a rank with many tensors easily exceeds gRPC's 4 MB default.
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
-  // The sync pool serves only short calls (WatchWork, WaitOperation and rendezvous Get are
-  // callback reactors), so a fixed cap keeps the thread count flat whatever the rank count.
-  grpc::ResourceQuota quota("ckpt_coordinator");
-  quota.SetMaxThreads(absl::GetFlag(FLAGS_rpc_threads));
-  builder.SetResourceQuota(quota);
-  // One poller per completion queue is reserved from the quota at start (gRPC aborts when it
-  // cannot be), so the queue count is fixed rather than one per core.
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 2);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
+  ckpt::coordinator::CapServerThreads(&builder, absl::GetFlag(FLAGS_rpc_threads));
   for (grpc::Service* service : services) builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *bound_port == 0) return nullptr;

@@ -27,6 +27,17 @@ uint64_t ChooseIncarnation(uint64_t requested) {
 
 }  // namespace
 
+void CapServerThreads(grpc::ServerBuilder* builder, int rpc_threads) {
+  grpc::ResourceQuota quota("ckpt_coordinator");
+  quota.SetMaxThreads(rpc_threads);
+  builder->SetResourceQuota(quota);
+  // One poller per completion queue is reserved from the quota at start (gRPC aborts when it
+  // cannot be), so the queue count is fixed rather than one per core.
+  builder->SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 2);
+  builder->SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
+  builder->SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
+}
+
 CoordinatorService::CoordinatorService(const Clock* clock, CoordinatorOptions options)
     : clock_(clock),
       options_(options),

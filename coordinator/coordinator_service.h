@@ -28,6 +28,9 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/resource_quota.h>
+#include <grpcpp/server_builder.h>
+
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/checkpoint_roots.h"
@@ -190,6 +193,11 @@ class CoordinatorService final : public CoordinatorServiceBase {
   std::multimap<std::string, OperationWaiter*> waiters_ ABSL_GUARDED_BY(mu_);
   std::thread ticker_;
 };
+
+// Caps the server's synchronous pool at `rpc_threads` threads (at least 4) on two completion
+// queues. The service's streams and waits (and the rendezvous Get) hold no thread, so only
+// short calls use the pool and the server's thread count stays flat whatever the rank count.
+void CapServerThreads(grpc::ServerBuilder* builder, int rpc_threads);
 
 }  // namespace ckpt::coordinator
 

@@ -7,6 +7,7 @@
 
 #include <condition_variable>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -110,10 +111,12 @@ class CoordinatorServiceTest : public ::testing::Test {
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(service_.get());
+    CapServerThreads(&builder, 8);  // as the daemon does
     server_ = builder.BuildAndStart();
     ASSERT_NE(port, 0);
+    address_ = absl::StrCat("127.0.0.1:", port);
     stub_ = pb::Coordinator::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   }
   void TearDown() override {
     if (service_) service_->Shutdown();
@@ -166,6 +169,7 @@ class CoordinatorServiceTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;
   std::string checkpoint_path_;  // under the service's checkpoint root
+  std::string address_;
 };
 
 TEST_F(CoordinatorServiceTest, PlanPartsReachTheirWorkersAndResultsCommit) {
@@ -325,6 +329,180 @@ TEST_F(CoordinatorServiceTest, NcclIsRecordedOnlyForAWorkerThatServesAGpu) {
     // A worker without a GPU cannot create an NCCL communicator, whatever it says.
     EXPECT_EQ(w.info().nccl(), w.info().gpu() >= 0) << w.info().ShortDebugString();
   }
+}
+
+// The threads of this process (the test's clients and the server), from /proc/self/status.
+int ProcessThreads() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::atoi(line.c_str() + 8);
+  }
+  return -1;
+}
+
+// Calls of many workers and ranks at once, made with the async client API (so the client
+// side holds no thread per call either), over several connections.
+class ManyCalls {
+ public:
+  ManyCalls(const std::string& address, int channels) {
+    for (int i = 0; i < channels; ++i) {
+      grpc::ChannelArguments args;
+      args.SetInt("ckpt.test_connection", i);  // a connection each, not one shared
+      stubs_.push_back(pb::Coordinator::NewStub(
+          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    }
+  }
+  ~ManyCalls() {
+    for (auto& c : contexts_) c->TryCancel();
+    Drain();
+  }
+  // Opens worker `worker_id`'s WatchWork stream.
+  void Watch(const std::string& worker_id) {
+    pb::WatchWorkRequest request;
+    request.set_worker_id(worker_id);
+    grpc::ClientContext* context = NewContext();
+    streams_.push_back(Stub()->AsyncWatchWork(context, request, &cq_, NewTag()));
+  }
+  // Starts a WaitOperation on `operation_id` with `timeout_ms`.
+  void Wait(const std::string& operation_id, int64_t timeout_ms) {
+    pb::WaitOperationRequest request;
+    request.set_operation_id(operation_id);
+    request.set_timeout_ms(timeout_ms);
+    grpc::ClientContext* context = NewContext();
+    waits_.push_back(Stub()->AsyncWaitOperation(context, request, &cq_));
+    statuses_.push_back(std::make_unique<grpc::Status>());
+    responses_.push_back(std::make_unique<pb::OperationStatus>());
+    waits_.back()->Finish(responses_.back().get(), statuses_.back().get(), NewTag());
+  }
+  // Cancels every call; the server must let go of each one.
+  void CancelAll() {
+    for (auto& c : contexts_) c->TryCancel();
+  }
+
+ private:
+  pb::Coordinator::Stub* Stub() { return stubs_[contexts_.size() % stubs_.size()].get(); }
+  grpc::ClientContext* NewContext() {
+    contexts_.push_back(std::make_unique<grpc::ClientContext>());
+    contexts_.back()->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    return contexts_.back().get();
+  }
+  void* NewTag() { return reinterpret_cast<void*>(++tags_); }
+  // Collects the completion of every call started (the stream starts and the waits).
+  void Drain() {
+    void* tag = nullptr;
+    bool ok = false;
+    for (int64_t i = 0; i < tags_ && cq_.Next(&tag, &ok); ++i) {
+    }
+    for (auto& stream : streams_) {
+      grpc::Status ignored;
+      stream->Finish(&ignored, NewTag());
+      cq_.Next(&tag, &ok);
+    }
+    cq_.Shutdown();
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+
+  grpc::CompletionQueue cq_;
+  std::vector<std::unique_ptr<pb::Coordinator::Stub>> stubs_;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
+  std::vector<std::unique_ptr<grpc::ClientAsyncReader<pb::WorkItem>>> streams_;
+  std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<pb::OperationStatus>>> waits_;
+  std::vector<std::unique_ptr<grpc::Status>> statuses_;
+  std::vector<std::unique_ptr<pb::OperationStatus>> responses_;
+  int64_t tags_ = 0;
+};
+
+// Waits (bounded) until `done` holds; the server registers calls on its own threads.
+bool Eventually(const std::function<bool()>& done) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (!done()) {
+    if (absl::Now() > give_up) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+// Issue 16: the sync server held a thread per open WatchWork stream and per waiting
+// WaitOperation (~2 per rank). 500 workers each watching, and 500 ranks each waiting, must
+// leave the process's thread count flat; cancelling the calls must free the server's side.
+TEST_F(CoordinatorServiceTest, FiveHundredWatchersAndWaitersHoldNoThreadEach) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  constexpr int kWorkers = 500;
+  std::vector<std::string> workers;
+  for (int i = 0; i < kWorkers; ++i) workers.push_back(Register(absl::StrCat("node", i), i + 1));
+  pb::JoinOperationResponse j;
+  ASSERT_TRUE(Join(workers[0], 0, kWorkers + 1, &j).ok());  // gathers until rank 500 joins
+  const std::string op = j.operation().id();
+  pb::GetStatusResponse status;
+  ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
+  const int threads_before = ProcessThreads();
+  {
+    ManyCalls calls(address_, 8);
+    for (const std::string& w : workers) calls.Watch(w);
+    for (int r = 0; r < kWorkers; ++r) calls.Wait(op, 60'000);
+    ASSERT_TRUE(Eventually([&] {
+      return service_->open_watchers() == kWorkers && service_->open_waits() == kWorkers;
+    })) << service_->open_watchers() << " streams, " << service_->open_waits() << " waits";
+    const int threads = ProcessThreads();
+    EXPECT_LT(threads, 64) << "before the calls: " << threads_before;
+    calls.CancelAll();
+    EXPECT_TRUE(Eventually([&] {
+      return service_->open_watchers() == 0 && service_->open_waits() == 0;
+    })) << service_->open_watchers() << " streams, " << service_->open_waits() << " waits";
+  }
+}
+
+TEST_F(CoordinatorServiceTest, WaitEndsAtItsDeadlineWithTheCurrentPhase) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10);
+  pb::JoinOperationResponse j;
+  ASSERT_TRUE(Join(w0, 0, 2, &j).ok());
+  pb::WaitOperationRequest request;
+  request.set_operation_id(j.operation().id());
+  request.set_timeout_ms(150);
+  pb::OperationStatus status;
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(stub_->WaitOperation(Ctx().get(), request, &status).ok());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+  EXPECT_EQ(status.phase(), pb::PHASE_GATHERING);
+  request.set_operation_id("op-unknown");
+  grpc::Status unknown = stub_->WaitOperation(Ctx().get(), request, &status);
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(unknown.error_message(), HasSubstr("op-unknown is unknown to this coordinator"));
+}
+
+TEST_F(CoordinatorServiceTest, ShutdownEndsOpenStreamsAndWaitsAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10);
+  pb::JoinOperationResponse j;
+  ASSERT_TRUE(Join(w0, 0, 2, &j).ok());
+  pb::WatchWorkRequest watch;
+  watch.set_worker_id(w0);
+  grpc::ClientContext watch_context;  // no deadline: only the shutdown ends it
+  auto reader = stub_->WatchWork(&watch_context, watch);
+  pb::OperationStatus status;
+  grpc::Status waited;
+  std::thread waiter([&] {
+    pb::WaitOperationRequest request;
+    request.set_operation_id(j.operation().id());
+    request.set_timeout_ms(3'600'000);
+    grpc::ClientContext context;
+    waited = stub_->WaitOperation(&context, request, &status);
+  });
+  ASSERT_TRUE(Eventually([&] {
+    return service_->open_watchers() == 1 && service_->open_waits() == 1;
+  }));
+  service_->Shutdown();
+  waiter.join();
+  EXPECT_TRUE(waited.ok()) << waited.error_message();
+  EXPECT_EQ(status.phase(), pb::PHASE_GATHERING);
+  pb::WorkItem item;
+  EXPECT_FALSE(reader->Read(&item));
+  grpc::Status ended = reader->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(ended.error_message(), HasSubstr("shutting down"));
 }
 
 TEST(CoordinatorServiceConversionTest, StatusDetailRoundTrips) {

@@ -142,5 +142,87 @@ TEST(KvStoreTest, ValuesAndGroupBytesAreBounded) {
   EXPECT_EQ(kv.Set(std::string(2000, 'k'), "v").code(), absl::StatusCode::kResourceExhausted);
 }
 
+// Records the outcome of one WaitAsync.
+struct AsyncOutcome {
+  int calls = 0;
+  absl::StatusOr<std::vector<std::string>> values = absl::UnknownError("not called");
+  KvStore::WaitCallback Callback() {
+    return [this](absl::StatusOr<std::vector<std::string>> v) {
+      ++calls;
+      values = std::move(v);
+    };
+  }
+};
+
+TEST(KvStoreAsyncTest, WaitCompletesInsideTheSetThatSuppliesTheLastKey) {
+  KvStore store;
+  AsyncOutcome outcome;
+  ASSERT_TRUE(store.Set("a", "1").ok());
+  store.WaitAsync({"a", "b", "c"}, absl::InfiniteFuture(), outcome.Callback());
+  ASSERT_TRUE(store.Set("c", "3").ok());
+  EXPECT_EQ(outcome.calls, 0);
+  EXPECT_EQ(store.async_waits(), 1u);
+  ASSERT_TRUE(store.Add("b", 2).ok());  // a counter completes it too
+  ASSERT_EQ(outcome.calls, 1);
+  ASSERT_TRUE(outcome.values.ok()) << outcome.values.status();
+  EXPECT_THAT(*outcome.values, ::testing::ElementsAre("1", "2", "3"));
+  EXPECT_EQ(store.async_waits(), 0u);
+}
+
+TEST(KvStoreAsyncTest, WaitOnPresentKeysCompletesAtOnce) {
+  KvStore store;
+  AsyncOutcome outcome;
+  ASSERT_TRUE(store.Set("k", "v").ok());
+  store.WaitAsync({"k"}, absl::InfiniteFuture(), outcome.Callback());
+  ASSERT_EQ(outcome.calls, 1);
+  ASSERT_TRUE(outcome.values.ok());
+  EXPECT_EQ(store.async_waits(), 0u);
+}
+
+TEST(KvStoreAsyncTest, ExpiredWaitNamesOnlyTheMissingKeysAndReportsTheNextDeadline) {
+  KvStore store;
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  AsyncOutcome early, late;
+  ASSERT_TRUE(store.Set("present", "x").ok());
+  store.WaitAsync({"present", "rank/3", "rank/5"}, t0, early.Callback());
+  store.WaitAsync({"rank/9"}, t0 + absl::Seconds(5), late.Callback());
+  EXPECT_EQ(store.ExpireWaits(t0 - absl::Seconds(1)), t0);
+  EXPECT_EQ(early.calls, 0);
+  EXPECT_EQ(store.ExpireWaits(t0), t0 + absl::Seconds(5));
+  ASSERT_EQ(early.calls, 1);
+  EXPECT_EQ(early.values.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(early.values.status().message()),
+              ::testing::HasSubstr("rank/3, rank/5"));
+  EXPECT_EQ(late.calls, 0);
+  ASSERT_TRUE(store.Set("rank/3", "y").ok());  // the expired wait is gone: nothing runs twice
+  EXPECT_EQ(early.calls, 1);
+}
+
+TEST(KvStoreAsyncTest, CancelEndsTheWaitOnceAndOnlyWhileWaiting) {
+  KvStore store;
+  AsyncOutcome outcome;
+  uint64_t id = store.WaitAsync({"never"}, absl::InfiniteFuture(), outcome.Callback());
+  store.CancelWait(id);
+  ASSERT_EQ(outcome.calls, 1);
+  EXPECT_EQ(outcome.values.status().code(), absl::StatusCode::kCancelled);
+  store.CancelWait(id);
+  ASSERT_TRUE(store.Set("never", "now").ok());
+  EXPECT_EQ(outcome.calls, 1);
+  EXPECT_EQ(store.async_waits(), 0u);
+}
+
+TEST(KvStoreAsyncTest, WaitOnAnErasedKeyWaitsForItAgain) {
+  KvStore store;
+  AsyncOutcome outcome;
+  ASSERT_TRUE(store.Set("load/op-1/a", "1").ok());
+  store.WaitAsync({"load/op-1/a", "load/op-1/b"}, absl::InfiniteFuture(), outcome.Callback());
+  EXPECT_EQ(store.ErasePrefix("load/op-1/"), 1u);
+  ASSERT_TRUE(store.Set("load/op-1/b", "2").ok());
+  EXPECT_EQ(outcome.calls, 0);  // "a" is missing again
+  ASSERT_TRUE(store.Set("load/op-1/a", "3").ok());
+  ASSERT_EQ(outcome.calls, 1);
+  EXPECT_THAT(*outcome.values, ::testing::ElementsAre("3", "2"));
+}
+
 }  // namespace
 }  // namespace ckpt
