@@ -69,13 +69,13 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
     if (service_->shutting_down_) return absl::UnavailableError("coordinator is shutting down");
     const WorkerRecord* w = service_->workers_.Find(worker_id_);
     if (w == nullptr) {
-      return absl::NotFoundError(absl::StrCat(
-          "worker ", worker_id_, " is not registered with this coordinator ", "(incarnation ",
-          service_->incarnation_hex_, "); register again"));
+      return absl::NotFoundError(
+          absl::StrCat("worker ", worker_id_, " is not registered with this coordinator ",
+                       "(incarnation ", service_->incarnation_hex_, "); register again"));
     }
     if (!w->alive) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          w->DebugString(), " was declared dead (", w->death_cause, "); register again"));
+      return absl::FailedPreconditionError(absl::StrCat(w->DebugString(), " was declared dead (",
+                                                        w->death_cause, "); register again"));
     }
     return absl::OkStatus();
   }
@@ -170,8 +170,8 @@ class CoordinatorService::OperationWaiter final : public grpc::ServerUnaryReacto
     if (op == nullptr) {
       Unregister();
       Finish(ToGrpcStatus(absl::NotFoundError(
-          absl::StrCat("operation ", operation_id_,
-                       " is unknown to this coordinator (incarnation ", service_->incarnation_hex_,
+          absl::StrCat("operation ", operation_id_, " is unknown to this coordinator (incarnation ",
+                       service_->incarnation_hex_,
                        "): long finished, or run by a coordinator process since restarted"))));
       return true;
     }
@@ -230,9 +230,9 @@ grpc::ServerWriteReactor<pb::WorkItem>* CoordinatorService::WatchWork(
   return watcher;
 }
 
-grpc::ServerUnaryReactor* CoordinatorService::WaitOperation(
-    grpc::CallbackServerContext* context, const pb::WaitOperationRequest* request,
-    pb::OperationStatus* response) {
+grpc::ServerUnaryReactor* CoordinatorService::WaitOperation(grpc::CallbackServerContext* context,
+                                                            const pb::WaitOperationRequest* request,
+                                                            pb::OperationStatus* response) {
   absl::Time deadline = std::min(clock_->Now() + absl::Milliseconds(request->timeout_ms()),
                                  absl::FromChrono(context->deadline()));
   auto* waiter = new OperationWaiter(this, request->operation_id(), deadline, response);

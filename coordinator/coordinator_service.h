@@ -19,6 +19,9 @@
 #ifndef CKPT_COORDINATOR_COORDINATOR_SERVICE_H_
 #define CKPT_COORDINATOR_COORDINATOR_SERVICE_H_
 
+#include <grpcpp/resource_quota.h>
+#include <grpcpp/server_builder.h>
+
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -27,9 +30,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/resource_quota.h>
-#include <grpcpp/server_builder.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"

@@ -115,8 +115,8 @@ class CoordinatorServiceTest : public ::testing::Test {
     server_ = builder.BuildAndStart();
     ASSERT_NE(port, 0);
     address_ = absl::StrCat("127.0.0.1:", port);
-    stub_ = pb::Coordinator::NewStub(
-        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+    stub_ =
+        pb::Coordinator::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   }
   void TearDown() override {
     if (service_) service_->Shutdown();
@@ -444,13 +444,15 @@ TEST_F(CoordinatorServiceTest, FiveHundredWatchersAndWaitersHoldNoThreadEach) {
     for (int r = 0; r < kWorkers; ++r) calls.Wait(op, 60'000);
     ASSERT_TRUE(Eventually([&] {
       return service_->open_watchers() == kWorkers && service_->open_waits() == kWorkers;
-    })) << service_->open_watchers() << " streams, " << service_->open_waits() << " waits";
+    })) << service_->open_watchers()
+        << " streams, " << service_->open_waits() << " waits";
     const int threads = ProcessThreads();
     EXPECT_LT(threads, 64) << "before the calls: " << threads_before;
     calls.CancelAll();
     EXPECT_TRUE(Eventually([&] {
       return service_->open_watchers() == 0 && service_->open_waits() == 0;
-    })) << service_->open_watchers() << " streams, " << service_->open_waits() << " waits";
+    })) << service_->open_watchers()
+        << " streams, " << service_->open_waits() << " waits";
   }
 }
 
@@ -491,9 +493,8 @@ TEST_F(CoordinatorServiceTest, ShutdownEndsOpenStreamsAndWaitsAtOnce) {
     grpc::ClientContext context;
     waited = stub_->WaitOperation(&context, request, &status);
   });
-  ASSERT_TRUE(Eventually([&] {
-    return service_->open_watchers() == 1 && service_->open_waits() == 1;
-  }));
+  ASSERT_TRUE(
+      Eventually([&] { return service_->open_watchers() == 1 && service_->open_waits() == 1; }));
   service_->Shutdown();
   waiter.join();
   EXPECT_TRUE(waited.ok()) << waited.error_message();

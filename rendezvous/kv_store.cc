@@ -12,7 +12,7 @@ namespace {
 
 // Removes wait `id` from the index of missing keys. The caller holds the store's lock.
 void Unindex(std::multimap<std::string, uint64_t>* waiting_on, const std::string& key,
-                    uint64_t id) {
+             uint64_t id) {
   auto [first, last] = waiting_on->equal_range(key);
   for (auto it = first; it != last; ++it) {
     if (it->second == id) {
@@ -33,7 +33,7 @@ absl::string_view KvGroupOf(absl::string_view key) {
 }
 
 absl::Status KvStore::PutLocked(absl::string_view key, std::string value,
-                               std::vector<Completion>* ready) {
+                                std::vector<Completion>* ready) {
   if (key.size() > limits_.max_key_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "rendezvous key of ", key.size(), " bytes; the limit is ", limits_.max_key_bytes));
@@ -122,8 +122,7 @@ void KvStore::AdvanceWaitsLocked(const std::string& key, std::vector<Completion>
   }
 }
 
-uint64_t KvStore::WaitAsync(std::vector<std::string> keys, absl::Time deadline,
-                            WaitCallback done) {
+uint64_t KvStore::WaitAsync(std::vector<std::string> keys, absl::Time deadline, WaitCallback done) {
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t id = next_wait_id_++;
   if (const std::string* missing = FirstMissingLocked(keys); missing != nullptr) {
@@ -167,10 +166,10 @@ absl::Time KvStore::ExpireWaits(absl::Time now) {
         if (!values_.contains(key)) missing.push_back(key);
       }
       Unindex(&waiting_on_, missing.front(), it->first);
-      expired.emplace_back(std::move(wait.done),
-                           absl::DeadlineExceededError(absl::StrCat(
-                               "rendezvous keys still missing at the deadline: ",
-                               absl::StrJoin(missing, ", "))));
+      expired.emplace_back(
+          std::move(wait.done),
+          absl::DeadlineExceededError(absl::StrCat(
+              "rendezvous keys still missing at the deadline: ", absl::StrJoin(missing, ", "))));
       it = async_waits_.erase(it);
     }
   }

@@ -191,8 +191,7 @@ TEST(KvStoreAsyncTest, ExpiredWaitNamesOnlyTheMissingKeysAndReportsTheNextDeadli
   EXPECT_EQ(store.ExpireWaits(t0), t0 + absl::Seconds(5));
   ASSERT_EQ(early.calls, 1);
   EXPECT_EQ(early.values.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(std::string(early.values.status().message()),
-              ::testing::HasSubstr("rank/3, rank/5"));
+  EXPECT_THAT(std::string(early.values.status().message()), ::testing::HasSubstr("rank/3, rank/5"));
   EXPECT_EQ(late.calls, 0);
   ASSERT_TRUE(store.Set("rank/3", "y").ok());  // the expired wait is gone: nothing runs twice
   EXPECT_EQ(early.calls, 1);

@@ -28,10 +28,9 @@ class GetReactor final : public grpc::ServerUnaryReactor {
   // Starts the wait; `job` prefixes a failure.
   void Start(std::vector<std::string> keys, absl::Time deadline, std::string job) {
     job_ = std::move(job);
-    wait_id_ = store_->WaitAsync(std::move(keys), deadline,
-                                 [this](absl::StatusOr<std::vector<std::string>> values) {
-                                   Done(std::move(values));
-                                 });
+    wait_id_ = store_->WaitAsync(
+        std::move(keys), deadline,
+        [this](absl::StatusOr<std::vector<std::string>> values) { Done(std::move(values)); });
   }
   void OnCancel() override { store_->CancelWait(wait_id_); }
   void OnDone() override { delete this; }
