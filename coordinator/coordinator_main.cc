@@ -54,8 +54,6 @@ ABSL_FLAG(int64_t, arrival_deadline_ms, 60000,
 ABSL_FLAG(int64_t, execution_deadline_ms, 1800000,
           "planning + executing an operation must finish within this long");
 ABSL_FLAG(int64_t, tick_ms, 100, "how often leases and deadlines are checked");
-ABSL_FLAG(int32_t, rpc_threads, 16,
-          "most threads serving the short (synchronous) calls; streams and waits hold none");
 ABSL_FLAG(std::string, load_algorithm, "auto",
           "exchange algorithm of loads whose trainers ask for none: auto (direct when every rank "
           "is on one host, else broadcast), broadcast, overlap_all_to_all, gather_rounds, "
@@ -147,7 +145,6 @@ std::optional<int> ReadSettings(const std::vector<std::string>& checkpoint_roots
                     absl::GetFlag(FLAGS_execution_deadline_ms), absl::GetFlag(FLAGS_tick_ms)}) {
     if (v <= 0) return Fail("deadlines, lease and tick must be positive");
   }
-  if (absl::GetFlag(FLAGS_rpc_threads) < 4) return Fail("--rpc_threads must be at least 4");
   out->listen = absl::GetFlag(FLAGS_listen);
   const size_t colon = out->listen.rfind(':');
   int port_ignored = 0;
@@ -193,7 +190,6 @@ std::unique_ptr<grpc::Server> StartServer(const Settings& settings,
   // Gathered metadata of a rank with many tensors easily exceeds gRPC's 4 MB default.
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
-  ckpt::coordinator::CapServerThreads(&builder, absl::GetFlag(FLAGS_rpc_threads));
   for (grpc::Service* service : services) builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *bound_port == 0) return nullptr;

@@ -25,18 +25,14 @@ uint64_t ChooseIncarnation(uint64_t requested) {
   return requested;
 }
 
-}  // namespace
-
-void CapServerThreads(grpc::ServerBuilder* builder, int rpc_threads) {
-  grpc::ResourceQuota quota("ckpt_coordinator");
-  quota.SetMaxThreads(rpc_threads);
-  builder->SetResourceQuota(quota);
-  // One poller per completion queue is reserved from the quota at start (gRPC aborts when it
-  // cannot be), so the queue count is fixed rather than one per core.
-  builder->SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 2);
-  builder->SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
-  builder->SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
+// Answers a short call at once with `status`.
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, grpc::Status status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(std::move(status));
+  return reactor;
 }
+
+}  // namespace
 
 CoordinatorService::CoordinatorService(const Clock* clock, CoordinatorOptions options)
     : clock_(clock),
@@ -288,9 +284,9 @@ void CoordinatorService::Advance(const std::string& operation_id) {
   Changed();
 }
 
-grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* context,
-                                                const pb::RegisterWorkerRequest* request,
-                                                pb::RegisterWorkerResponse* response) {
+grpc::Status CoordinatorService::DoRegisterWorker(const grpc::ServerContextBase* context,
+                                                  const pb::RegisterWorkerRequest* request,
+                                                  pb::RegisterWorkerResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "RegisterWorker");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   const pb::WorkerInfo& info = request->info();
@@ -321,9 +317,9 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
-                                           const pb::HeartbeatRequest* request,
-                                           pb::HeartbeatResponse* response) {
+grpc::Status CoordinatorService::DoHeartbeat(const grpc::ServerContextBase* context,
+                                             const pb::HeartbeatRequest* request,
+                                             pb::HeartbeatResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "Heartbeat");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   std::lock_guard<std::mutex> lock(mu_);
@@ -335,9 +331,9 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::DeregisterWorker(grpc::ServerContext* context,
-                                                  const pb::DeregisterWorkerRequest* request,
-                                                  pb::DeregisterWorkerResponse*) {
+grpc::Status CoordinatorService::DoDeregisterWorker(const grpc::ServerContextBase* context,
+                                                    const pb::DeregisterWorkerRequest* request,
+                                                    pb::DeregisterWorkerResponse*) {
   absl::StatusOr<Peer> peer =
       AuthorizeCall(*context, {Role::kWorker, Role::kOperator}, "DeregisterWorker");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
@@ -361,9 +357,9 @@ grpc::Status CoordinatorService::DeregisterWorker(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::AttachRank(grpc::ServerContext* context,
-                                            const pb::AttachRankRequest* request,
-                                            pb::AttachRankResponse*) {
+grpc::Status CoordinatorService::DoAttachRank(const grpc::ServerContextBase* context,
+                                              const pb::AttachRankRequest* request,
+                                              pb::AttachRankResponse*) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "AttachRank");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   std::lock_guard<std::mutex> lock(mu_);
@@ -385,9 +381,9 @@ grpc::Status CoordinatorService::AttachRank(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::DetachRank(grpc::ServerContext* context,
-                                            const pb::DetachRankRequest* request,
-                                            pb::DetachRankResponse*) {
+grpc::Status CoordinatorService::DoDetachRank(const grpc::ServerContextBase* context,
+                                              const pb::DetachRankRequest* request,
+                                              pb::DetachRankResponse*) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "DetachRank");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   std::lock_guard<std::mutex> lock(mu_);
@@ -399,9 +395,9 @@ grpc::Status CoordinatorService::DetachRank(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext* context,
-                                               const pb::JoinOperationRequest* request,
-                                               pb::JoinOperationResponse* response) {
+grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* context,
+                                                 const pb::JoinOperationRequest* request,
+                                                 pb::JoinOperationResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "JoinOperation");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::StatusOr<OperationKind> kind = FromProto(request->kind());
@@ -458,9 +454,9 @@ grpc::Status CoordinatorService::JoinOperation(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext* context,
-                                                const pb::ReportProgressRequest* request,
-                                                pb::ReportProgressResponse*) {
+grpc::Status CoordinatorService::DoReportProgress(const grpc::ServerContextBase* context,
+                                                  const pb::ReportProgressRequest* request,
+                                                  pb::ReportProgressResponse*) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "ReportProgress");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   std::lock_guard<std::mutex> lock(mu_);
@@ -473,9 +469,9 @@ grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext* context,
   return ToGrpcStatus(s);
 }
 
-grpc::Status CoordinatorService::ReportResult(grpc::ServerContext* context,
-                                              const pb::ReportResultRequest* request,
-                                              pb::ReportResultResponse* response) {
+grpc::Status CoordinatorService::DoReportResult(const grpc::ServerContextBase* context,
+                                                const pb::ReportResultRequest* request,
+                                                pb::ReportResultResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "ReportResult");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   std::lock_guard<std::mutex> lock(mu_);
@@ -501,9 +497,9 @@ grpc::Status CoordinatorService::ReportResult(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::RequestOperation(grpc::ServerContext* context,
-                                                  const pb::RequestOperationRequest* request,
-                                                  pb::RequestOperationResponse* response) {
+grpc::Status CoordinatorService::DoRequestOperation(const grpc::ServerContextBase* context,
+                                                    const pb::RequestOperationRequest* request,
+                                                    pb::RequestOperationResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kOperator}, "RequestOperation");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::StatusOr<OperationKind> kind = FromProto(request->kind());
@@ -523,9 +519,9 @@ grpc::Status CoordinatorService::RequestOperation(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::StartReshard(grpc::ServerContext* context,
-                                              const pb::StartReshardRequest* request,
-                                              pb::StartReshardResponse* response) {
+grpc::Status CoordinatorService::DoStartReshard(const grpc::ServerContextBase* context,
+                                                const pb::StartReshardRequest* request,
+                                                pb::StartReshardResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kOperator}, "StartReshard");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::StatusOr<std::string> source = CheckpointPath(request->source(), "reshard source");
@@ -582,9 +578,9 @@ grpc::Status CoordinatorService::StartReshard(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::PendingOperation(grpc::ServerContext* context,
-                                                  const pb::PendingOperationRequest* request,
-                                                  pb::PendingOperationResponse* response) {
+grpc::Status CoordinatorService::DoPendingOperation(const grpc::ServerContextBase* context,
+                                                    const pb::PendingOperationRequest* request,
+                                                    pb::PendingOperationResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "PendingOperation");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   std::lock_guard<std::mutex> lock(mu_);
@@ -598,9 +594,9 @@ grpc::Status CoordinatorService::PendingOperation(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::GetStatus(grpc::ServerContext* context,
-                                           const pb::GetStatusRequest* request,
-                                           pb::GetStatusResponse* response) {
+grpc::Status CoordinatorService::DoGetStatus(const grpc::ServerContextBase* context,
+                                             const pb::GetStatusRequest* request,
+                                             pb::GetStatusResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kOperator}, "GetStatus");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   std::lock_guard<std::mutex> lock(mu_);
@@ -640,6 +636,78 @@ grpc::Status CoordinatorService::GetStatus(grpc::ServerContext* context,
     ToProto(*op, response->add_operations());
   }
   return grpc::Status::OK;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(
+    grpc::CallbackServerContext* context, const pb::RegisterWorkerRequest* request,
+    pb::RegisterWorkerResponse* response) {
+  return Answer(context, DoRegisterWorker(context, request, response));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* context,
+                                                        const pb::HeartbeatRequest* request,
+                                                        pb::HeartbeatResponse* response) {
+  return Answer(context, DoHeartbeat(context, request, response));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::DeregisterWorker(
+    grpc::CallbackServerContext* context, const pb::DeregisterWorkerRequest* request,
+    pb::DeregisterWorkerResponse* response) {
+  return Answer(context, DoDeregisterWorker(context, request, response));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::AttachRank(grpc::CallbackServerContext* context,
+                                                         const pb::AttachRankRequest* request,
+                                                         pb::AttachRankResponse* response) {
+  return Answer(context, DoAttachRank(context, request, response));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::DetachRank(grpc::CallbackServerContext* context,
+                                                         const pb::DetachRankRequest* request,
+                                                         pb::DetachRankResponse* response) {
+  return Answer(context, DoDetachRank(context, request, response));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::JoinOperation(grpc::CallbackServerContext* context,
+                                                            const pb::JoinOperationRequest* request,
+                                                            pb::JoinOperationResponse* response) {
+  return Answer(context, DoJoinOperation(context, request, response));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportProgress(
+    grpc::CallbackServerContext* context, const pb::ReportProgressRequest* request,
+    pb::ReportProgressResponse* response) {
+  return Answer(context, DoReportProgress(context, request, response));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportResult(grpc::CallbackServerContext* context,
+                                                           const pb::ReportResultRequest* request,
+                                                           pb::ReportResultResponse* response) {
+  return Answer(context, DoReportResult(context, request, response));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::RequestOperation(
+    grpc::CallbackServerContext* context, const pb::RequestOperationRequest* request,
+    pb::RequestOperationResponse* response) {
+  return Answer(context, DoRequestOperation(context, request, response));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::PendingOperation(
+    grpc::CallbackServerContext* context, const pb::PendingOperationRequest* request,
+    pb::PendingOperationResponse* response) {
+  return Answer(context, DoPendingOperation(context, request, response));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerContext* context,
+                                                        const pb::GetStatusRequest* request,
+                                                        pb::GetStatusResponse* response) {
+  return Answer(context, DoGetStatus(context, request, response));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StartReshard(grpc::CallbackServerContext* context,
+                                                           const pb::StartReshardRequest* request,
+                                                           pb::StartReshardResponse* response) {
+  return Answer(context, DoStartReshard(context, request, response));
 }
 
 }  // namespace ckpt::coordinator

@@ -3,10 +3,12 @@
 // background thread ticks leases and deadlines; workers pull their plan parts over the
 // WatchWork stream, so the coordinator never dials a worker.
 //
-// The long-lived calls (WatchWork streams, WaitOperation) are gRPC callback reactors, not a
-// thread each: they wait in lists that every change of state (and the ticker, for deadlines
-// and leases) walks, so the service's thread count does not grow with the number of ranks.
-// The short unary calls stay synchronous on gRPC's (capped) sync pool.
+// Every method is a gRPC callback method, so the server has no synchronous thread pool (whose
+// threads grow with concurrent calls, and which rejects calls once capped). The long-lived
+// calls (WatchWork streams, WaitOperation) hold no thread while they wait: they wait in lists
+// that every change of state (and the ticker, for deadlines and leases) walks. The short
+// calls run on gRPC's callback threads and answer at once. The service's thread count does
+// not grow with the number of ranks.
 //
 // Each operation kind is one OperationKindHandler (plan, commit, finalize) registered with
 // RegisterKind: an operation whose kind has none is aborted for every rank with Unimplemented
@@ -18,9 +20,6 @@
 // Every checkpoint path a caller names is resolved under the checkpoint roots first.
 #ifndef CKPT_COORDINATOR_COORDINATOR_SERVICE_H_
 #define CKPT_COORDINATOR_COORDINATOR_SERVICE_H_
-
-#include <grpcpp/resource_quota.h>
-#include <grpcpp/server_builder.h>
 
 #include <condition_variable>
 #include <functional>
@@ -57,12 +56,8 @@ struct CoordinatorOptions {
   uint64_t incarnation = 0;
 };
 
-// The generated service with WatchWork and WaitOperation as callback methods.
-using CoordinatorServiceBase = pb::Coordinator::WithCallbackMethod_WatchWork<
-    pb::Coordinator::WithCallbackMethod_WaitOperation<pb::Coordinator::Service>>;
-
 // The service. Thread-safe; construct, wire planners, Start(), register with a grpc server.
-class CoordinatorService final : public CoordinatorServiceBase {
+class CoordinatorService final : public pb::Coordinator::CallbackService {
  public:
   CoordinatorService(const Clock* clock, CoordinatorOptions options);
   ~CoordinatorService() override;
@@ -79,46 +74,53 @@ class CoordinatorService final : public CoordinatorServiceBase {
   // operation's current status) at once.
   void Shutdown();
 
-  grpc::Status RegisterWorker(grpc::ServerContext* context,
-                              const pb::RegisterWorkerRequest* request,
-                              pb::RegisterWorkerResponse* response) override;
-  grpc::Status Heartbeat(grpc::ServerContext* context, const pb::HeartbeatRequest* request,
-                         pb::HeartbeatResponse* response) override;
-  grpc::Status DeregisterWorker(grpc::ServerContext* context,
-                                const pb::DeregisterWorkerRequest* request,
-                                pb::DeregisterWorkerResponse* response) override;
-  grpc::Status AttachRank(grpc::ServerContext* context, const pb::AttachRankRequest* request,
-                          pb::AttachRankResponse* response) override;
-  grpc::Status DetachRank(grpc::ServerContext* context, const pb::DetachRankRequest* request,
-                          pb::DetachRankResponse* response) override;
-  grpc::Status JoinOperation(grpc::ServerContext* context, const pb::JoinOperationRequest* request,
-                             pb::JoinOperationResponse* response) override;
+  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
+                                           const pb::RegisterWorkerRequest* request,
+                                           pb::RegisterWorkerResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const pb::HeartbeatRequest* request,
+                                      pb::HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* DeregisterWorker(grpc::CallbackServerContext* context,
+                                             const pb::DeregisterWorkerRequest* request,
+                                             pb::DeregisterWorkerResponse* response) override;
+  grpc::ServerUnaryReactor* AttachRank(grpc::CallbackServerContext* context,
+                                       const pb::AttachRankRequest* request,
+                                       pb::AttachRankResponse* response) override;
+  grpc::ServerUnaryReactor* DetachRank(grpc::CallbackServerContext* context,
+                                       const pb::DetachRankRequest* request,
+                                       pb::DetachRankResponse* response) override;
+  grpc::ServerUnaryReactor* JoinOperation(grpc::CallbackServerContext* context,
+                                          const pb::JoinOperationRequest* request,
+                                          pb::JoinOperationResponse* response) override;
   // Streams the worker's plan parts and aborts as they appear, until the worker is lost or
   // deregistered, the client cancels, or the coordinator shuts down.
   grpc::ServerWriteReactor<pb::WorkItem>* WatchWork(grpc::CallbackServerContext* context,
                                                     const pb::WatchWorkRequest* request) override;
-  grpc::Status ReportProgress(grpc::ServerContext* context,
-                              const pb::ReportProgressRequest* request,
-                              pb::ReportProgressResponse* response) override;
-  grpc::Status ReportResult(grpc::ServerContext* context, const pb::ReportResultRequest* request,
-                            pb::ReportResultResponse* response) override;
+  grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* context,
+                                           const pb::ReportProgressRequest* request,
+                                           pb::ReportProgressResponse* response) override;
+  grpc::ServerUnaryReactor* ReportResult(grpc::CallbackServerContext* context,
+                                         const pb::ReportResultRequest* request,
+                                         pb::ReportResultResponse* response) override;
   // Answers the operation's status once it ended, at the earlier of timeout_ms and the client's
   // deadline, or at shutdown, whichever comes first.
   grpc::ServerUnaryReactor* WaitOperation(grpc::CallbackServerContext* context,
                                           const pb::WaitOperationRequest* request,
                                           pb::OperationStatus* response) override;
-  grpc::Status RequestOperation(grpc::ServerContext* context,
-                                const pb::RequestOperationRequest* request,
-                                pb::RequestOperationResponse* response) override;
-  grpc::Status PendingOperation(grpc::ServerContext* context,
-                                const pb::PendingOperationRequest* request,
-                                pb::PendingOperationResponse* response) override;
-  grpc::Status GetStatus(grpc::ServerContext* context, const pb::GetStatusRequest* request,
-                         pb::GetStatusResponse* response) override;
+  grpc::ServerUnaryReactor* RequestOperation(grpc::CallbackServerContext* context,
+                                             const pb::RequestOperationRequest* request,
+                                             pb::RequestOperationResponse* response) override;
+  grpc::ServerUnaryReactor* PendingOperation(grpc::CallbackServerContext* context,
+                                             const pb::PendingOperationRequest* request,
+                                             pb::PendingOperationResponse* response) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const pb::GetStatusRequest* request,
+                                      pb::GetStatusResponse* response) override;
   // Starts a reshard executed on the live workers: the target layout's ranks are spread over
   // them round-robin (in registration order), then planned and executed like any operation.
-  grpc::Status StartReshard(grpc::ServerContext* context, const pb::StartReshardRequest* request,
-                            pb::StartReshardResponse* response) override;
+  grpc::ServerUnaryReactor* StartReshard(grpc::CallbackServerContext* context,
+                                         const pb::StartReshardRequest* request,
+                                         pb::StartReshardResponse* response) override;
 
   // One pass of lease and deadline checks (the ticker calls it; tests may too).
   void TickOnce();
@@ -135,6 +137,40 @@ class CoordinatorService final : public CoordinatorServiceBase {
   const std::string& incarnation_hex() const { return incarnation_hex_; }
 
  private:
+  // The short calls' bodies; each callback method answers with its status at once.
+  grpc::Status DoRegisterWorker(const grpc::ServerContextBase* context,
+                                const pb::RegisterWorkerRequest* request,
+                                pb::RegisterWorkerResponse* response);
+  grpc::Status DoHeartbeat(const grpc::ServerContextBase* context,
+                           const pb::HeartbeatRequest* request, pb::HeartbeatResponse* response);
+  grpc::Status DoDeregisterWorker(const grpc::ServerContextBase* context,
+                                  const pb::DeregisterWorkerRequest* request,
+                                  pb::DeregisterWorkerResponse* response);
+  grpc::Status DoAttachRank(const grpc::ServerContextBase* context,
+                            const pb::AttachRankRequest* request, pb::AttachRankResponse* response);
+  grpc::Status DoDetachRank(const grpc::ServerContextBase* context,
+                            const pb::DetachRankRequest* request, pb::DetachRankResponse* response);
+  grpc::Status DoJoinOperation(const grpc::ServerContextBase* context,
+                               const pb::JoinOperationRequest* request,
+                               pb::JoinOperationResponse* response);
+  grpc::Status DoReportProgress(const grpc::ServerContextBase* context,
+                                const pb::ReportProgressRequest* request,
+                                pb::ReportProgressResponse* response);
+  grpc::Status DoReportResult(const grpc::ServerContextBase* context,
+                              const pb::ReportResultRequest* request,
+                              pb::ReportResultResponse* response);
+  grpc::Status DoRequestOperation(const grpc::ServerContextBase* context,
+                                  const pb::RequestOperationRequest* request,
+                                  pb::RequestOperationResponse* response);
+  grpc::Status DoPendingOperation(const grpc::ServerContextBase* context,
+                                  const pb::PendingOperationRequest* request,
+                                  pb::PendingOperationResponse* response);
+  grpc::Status DoGetStatus(const grpc::ServerContextBase* context,
+                           const pb::GetStatusRequest* request, pb::GetStatusResponse* response);
+  grpc::Status DoStartReshard(const grpc::ServerContextBase* context,
+                              const pb::StartReshardRequest* request,
+                              pb::StartReshardResponse* response);
+
   class WorkWatcher;      // one WatchWork stream (coordinator_reactors.cc)
   class OperationWaiter;  // one WaitOperation call (coordinator_reactors.cc)
 
@@ -193,11 +229,6 @@ class CoordinatorService final : public CoordinatorServiceBase {
   std::multimap<std::string, OperationWaiter*> waiters_ ABSL_GUARDED_BY(mu_);
   std::thread ticker_;
 };
-
-// Caps the server's synchronous pool at `rpc_threads` threads (at least 4) on two completion
-// queues. The service's streams and waits (and the rendezvous Get) hold no thread, so only
-// short calls use the pool and the server's thread count stays flat whatever the rank count.
-void CapServerThreads(grpc::ServerBuilder* builder, int rpc_threads);
 
 }  // namespace ckpt::coordinator
 

@@ -111,7 +111,6 @@ class CoordinatorServiceTest : public ::testing::Test {
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(service_.get());
-    CapServerThreads(&builder, 8);  // as the daemon does
     server_ = builder.BuildAndStart();
     ASSERT_NE(port, 0);
     address_ = absl::StrCat("127.0.0.1:", port);

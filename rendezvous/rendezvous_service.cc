@@ -104,14 +104,18 @@ absl::StatusOr<std::string> RendezvousService::Authorize(const grpc::ServerConte
   return job;
 }
 
-grpc::Status RendezvousService::Set(grpc::ServerContext* context, const pb::KvSetRequest* request,
-                                    pb::KvSetResponse* /*response*/) {
+grpc::ServerUnaryReactor* RendezvousService::Set(grpc::CallbackServerContext* context,
+                                                 const pb::KvSetRequest* request,
+                                                 pb::KvSetResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (request->key().empty()) {
-    return ToGrpcStatus(absl::InvalidArgumentError("rendezvous Set: empty key"));
+    reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError("rendezvous Set: empty key")));
+    return reactor;
   }
   absl::StatusOr<std::string> job = Authorize(*context, {request->key()}, "Rendezvous.Set");
-  if (!job.ok()) return ToGrpcStatus(job.status());
-  return ToGrpcStatus(ForJob(store_->Set(request->key(), request->value()), *job));
+  reactor->Finish(ToGrpcStatus(
+      job.ok() ? ForJob(store_->Set(request->key(), request->value()), *job) : job.status()));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Get(grpc::CallbackServerContext* context,
@@ -138,14 +142,19 @@ grpc::ServerUnaryReactor* RendezvousService::Get(grpc::CallbackServerContext* co
   return reactor;
 }
 
-grpc::Status RendezvousService::Add(grpc::ServerContext* context, const pb::KvAddRequest* request,
-                                    pb::KvAddResponse* response) {
+grpc::ServerUnaryReactor* RendezvousService::Add(grpc::CallbackServerContext* context,
+                                                 const pb::KvAddRequest* request,
+                                                 pb::KvAddResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<std::string> job = Authorize(*context, {request->key()}, "Rendezvous.Add");
-  if (!job.ok()) return ToGrpcStatus(job.status());
-  auto value = store_->Add(request->key(), request->delta());
-  if (!value.ok()) return ToGrpcStatus(ForJob(value.status(), *job));
-  response->set_value(*value);
-  return grpc::Status::OK;
+  if (!job.ok()) {
+    reactor->Finish(ToGrpcStatus(job.status()));
+    return reactor;
+  }
+  absl::StatusOr<int64_t> value = store_->Add(request->key(), request->delta());
+  if (value.ok()) response->set_value(*value);
+  reactor->Finish(ToGrpcStatus(value.ok() ? absl::OkStatus() : ForJob(value.status(), *job)));
+  return reactor;
 }
 
 }  // namespace ckpt

@@ -27,14 +27,11 @@ namespace ckpt {
 using RendezvousAuthorizer =
     std::function<absl::StatusOr<std::string>(const Peer& peer, absl::string_view group)>;
 
-// The generated service with Get as a callback method.
-using RendezvousServiceBase = pb::Rendezvous::WithCallbackMethod_Get<pb::Rendezvous::Service>;
-
 // Get waits until every key exists, up to the request's timeout_ms and the client's own
-// deadline (whichever is earlier), and stops early when the client cancels. A waiting Get
-// holds no thread (a callback reactor over KvStore::WaitAsync); one thread of the service
-// ends the waits at their deadlines.
-class RendezvousService final : public RendezvousServiceBase {
+// deadline (whichever is earlier), and stops early when the client cancels. Every method is
+// a gRPC callback method (no synchronous pool): a waiting Get holds no thread (a reactor over
+// KvStore::WaitAsync) and one thread of the service ends the waits at their deadlines.
+class RendezvousService final : public pb::Rendezvous::CallbackService {
  public:
   // `store` must outlive the service. Without `authorizer` any key is accepted (tests and
   // benchmarks with a private store). The server must be shut down before the service is
@@ -42,13 +39,15 @@ class RendezvousService final : public RendezvousServiceBase {
   explicit RendezvousService(KvStore* store, RendezvousAuthorizer authorizer = nullptr);
   ~RendezvousService() override;
 
-  grpc::Status Set(grpc::ServerContext* context, const pb::KvSetRequest* request,
-                   pb::KvSetResponse* response) override;
+  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
+                                const pb::KvSetRequest* request,
+                                pb::KvSetResponse* response) override;
   grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context,
                                 const pb::KvGetRequest* request,
                                 pb::KvGetResponse* response) override;
-  grpc::Status Add(grpc::ServerContext* context, const pb::KvAddRequest* request,
-                   pb::KvAddResponse* response) override;
+  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* context,
+                                const pb::KvAddRequest* request,
+                                pb::KvAddResponse* response) override;
 
  private:
   // The job of the keys' groups when the caller may use them all ("" without an authorizer).
