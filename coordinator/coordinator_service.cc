@@ -71,6 +71,7 @@ void CoordinatorService::Finalize(const Operation& op) {
 
 void CoordinatorService::Start() {
   ticker_ = std::thread([this] { RunTicker(); });
+  advancer_ = std::thread([this] { RunAdvancer(); });
 }
 
 void CoordinatorService::RunTicker() {
@@ -96,14 +97,58 @@ void CoordinatorService::RunTicker() {
   }
 }
 
+bool CoordinatorService::NeedsAdvancer(const std::string& operation_id) const {
+  const Operation* op = jobs_.FindOperation(operation_id);
+  return op != nullptr && (op->phase == Phase::kPlanning || op->phase == Phase::kCommitting);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::AnswerAfterAdvance(
+    grpc::CallbackServerContext* context, DeferredAnswer later) {
+  later.reactor = context->DefaultReactor();
+  grpc::ServerUnaryReactor* reactor = later.reactor;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) {
+    FinishDeferred(later);
+  } else {
+    advance_queue_.push_back(std::move(later));
+    advance_wake_.notify_all();
+  }
+  return reactor;
+}
+
+void CoordinatorService::FinishDeferred(const DeferredAnswer& later) {
+  const Operation* after = jobs_.FindOperation(later.operation_id);
+  if (after == nullptr && later.pruned_is_not_found) {
+    later.reactor->Finish(ToGrpcStatus(absl::NotFoundError(
+        absl::StrCat("operation ", later.operation_id, " ended and was pruned"))));
+    return;
+  }
+  if (after != nullptr && later.out != nullptr) ToProto(*after, later.out);
+  later.reactor->Finish(grpc::Status::OK);
+}
+
+void CoordinatorService::RunAdvancer() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    advance_wake_.wait(lock, [this] { return shutting_down_ || !advance_queue_.empty(); });
+    if (advance_queue_.empty()) return;  // shutting down with nothing left
+    DeferredAnswer later = std::move(advance_queue_.front());
+    advance_queue_.pop_front();
+    if (!shutting_down_) Advance(later.operation_id);  // unlocks while planning or committing
+    FinishDeferred(later);
+  }
+}
+
 void CoordinatorService::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     shutting_down_ = true;
     ticker_wake_.notify_all();
-    WakeWaiters(/*all=*/true);  // every stream and wait finishes now
+    advance_wake_.notify_all();  // the advancer answers what is queued and stops
+    WakeWaiters(/*all=*/true);   // every stream and wait finishes now
   }
   if (ticker_.joinable()) ticker_.join();
+  if (advancer_.joinable()) advancer_.join();
 }
 
 void CoordinatorService::Changed() {
@@ -397,7 +442,8 @@ grpc::Status CoordinatorService::DoDetachRank(const grpc::ServerContextBase* con
 
 grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* context,
                                                  const pb::JoinOperationRequest* request,
-                                                 pb::JoinOperationResponse* response) {
+                                                 pb::JoinOperationResponse* response,
+                                                 DeferredAnswer* later) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "JoinOperation");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::StatusOr<OperationKind> kind = FromProto(request->kind());
@@ -444,6 +490,10 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   std::string id = (*op)->id;
   spdlog::info("rank_joined op={} job={} rank={} shards={} joined={}/{}", id, join.job, join.rank,
                join.shards.size(), (*op)->JoinedRanks(), (*op)->world_size);
+  if (NeedsAdvancer(id)) {
+    *later = {id, response->mutable_operation(), /*pruned_is_not_found=*/true};
+    return grpc::Status::OK;
+  }
   Advance(id);
   const Operation* after = jobs_.FindOperation(id);
   if (after == nullptr) {
@@ -471,7 +521,8 @@ grpc::Status CoordinatorService::DoReportProgress(const grpc::ServerContextBase*
 
 grpc::Status CoordinatorService::DoReportResult(const grpc::ServerContextBase* context,
                                                 const pb::ReportResultRequest* request,
-                                                pb::ReportResultResponse* response) {
+                                                pb::ReportResultResponse* response,
+                                                DeferredAnswer* later) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "ReportResult");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   std::lock_guard<std::mutex> lock(mu_);
@@ -490,6 +541,10 @@ grpc::Status CoordinatorService::DoReportResult(const grpc::ServerContextBase* c
   if (!s.ok()) return ToGrpcStatus(s);
   const Operation* op = jobs_.FindOperation(request->operation_id());
   if (op != nullptr && op->phase == Phase::kAborted) LogAborted({op->id});
+  if (NeedsAdvancer(request->operation_id())) {
+    *later = {request->operation_id(), response->mutable_operation()};
+    return grpc::Status::OK;
+  }
   Advance(request->operation_id());
   if (const Operation* after = jobs_.FindOperation(request->operation_id()); after != nullptr) {
     ToProto(*after, response->mutable_operation());
@@ -521,7 +576,8 @@ grpc::Status CoordinatorService::DoRequestOperation(const grpc::ServerContextBas
 
 grpc::Status CoordinatorService::DoStartReshard(const grpc::ServerContextBase* context,
                                                 const pb::StartReshardRequest* request,
-                                                pb::StartReshardResponse* response) {
+                                                pb::StartReshardResponse* response,
+                                                DeferredAnswer* later) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kOperator}, "StartReshard");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::StatusOr<std::string> source = CheckpointPath(request->source(), "reshard source");
@@ -574,6 +630,10 @@ grpc::Status CoordinatorService::DoStartReshard(const grpc::ServerContextBase* c
   response->set_world_size(op->world_size);
   response->set_workers(static_cast<int32_t>(live.size()));
   Changed();
+  if (NeedsAdvancer(*id)) {
+    later->operation_id = *id;
+    return grpc::Status::OK;
+  }
   Advance(*id);
   return grpc::Status::OK;
 }
@@ -671,7 +731,10 @@ grpc::ServerUnaryReactor* CoordinatorService::DetachRank(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CoordinatorService::JoinOperation(grpc::CallbackServerContext* context,
                                                             const pb::JoinOperationRequest* request,
                                                             pb::JoinOperationResponse* response) {
-  return Answer(context, DoJoinOperation(context, request, response));
+  DeferredAnswer later;
+  grpc::Status status = DoJoinOperation(context, request, response, &later);
+  if (later.operation_id.empty()) return Answer(context, std::move(status));
+  return AnswerAfterAdvance(context, std::move(later));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportProgress(
@@ -683,7 +746,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportProgress(
 grpc::ServerUnaryReactor* CoordinatorService::ReportResult(grpc::CallbackServerContext* context,
                                                            const pb::ReportResultRequest* request,
                                                            pb::ReportResultResponse* response) {
-  return Answer(context, DoReportResult(context, request, response));
+  DeferredAnswer later;
+  grpc::Status status = DoReportResult(context, request, response, &later);
+  if (later.operation_id.empty()) return Answer(context, std::move(status));
+  return AnswerAfterAdvance(context, std::move(later));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::RequestOperation(
@@ -707,7 +773,10 @@ grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::StartReshard(grpc::CallbackServerContext* context,
                                                            const pb::StartReshardRequest* request,
                                                            pb::StartReshardResponse* response) {
-  return Answer(context, DoStartReshard(context, request, response));
+  DeferredAnswer later;
+  grpc::Status status = DoStartReshard(context, request, response, &later);
+  if (later.operation_id.empty()) return Answer(context, std::move(status));
+  return AnswerAfterAdvance(context, std::move(later));
 }
 
 }  // namespace ckpt::coordinator

@@ -22,6 +22,7 @@
 #define CKPT_COORDINATOR_COORDINATOR_SERVICE_H_
 
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -68,7 +69,7 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // ended (its ranks' communicators are gone). Optional; must outlive the service.
   void set_rendezvous_store(KvStore* kv) { rendezvous_ = kv; }
 
-  // Starts the lease/deadline ticker thread.
+  // Starts the lease/deadline ticker thread and the advancer thread (planners, committers).
   void Start();
   // Stops the ticker and ends every WatchWork stream (Unavailable) and waiting call (with the
   // operation's current status) at once.
@@ -137,6 +138,24 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   const std::string& incarnation_hex() const { return incarnation_hex_; }
 
  private:
+  // A call answered once its operation's planner or committer ran on the advancer thread
+  // (not on one of gRPC's callback threads, which heartbeats need meanwhile).
+  struct DeferredAnswer {
+    std::string operation_id;            // empty: answer at once
+    pb::OperationStatus* out = nullptr;  // filled with the operation's state after, if set
+    bool pruned_is_not_found = false;    // an operation pruned meanwhile: NotFound
+    grpc::ServerUnaryReactor* reactor = nullptr;
+  };
+  // Whether Advance would run a planner or committer for the operation now.
+  bool NeedsAdvancer(const std::string& operation_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `later` for the advancer thread and returns its reactor.
+  grpc::ServerUnaryReactor* AnswerAfterAdvance(grpc::CallbackServerContext* context,
+                                               DeferredAnswer later);
+  // Answers `later` with the operation's state. Requires mu_.
+  void FinishDeferred(const DeferredAnswer& later) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The advancer thread's loop: Advance each queued operation, then answer its call.
+  void RunAdvancer();
+
   // The short calls' bodies; each callback method answers with its status at once.
   grpc::Status DoRegisterWorker(const grpc::ServerContextBase* context,
                                 const pb::RegisterWorkerRequest* request,
@@ -152,13 +171,13 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
                             const pb::DetachRankRequest* request, pb::DetachRankResponse* response);
   grpc::Status DoJoinOperation(const grpc::ServerContextBase* context,
                                const pb::JoinOperationRequest* request,
-                               pb::JoinOperationResponse* response);
+                               pb::JoinOperationResponse* response, DeferredAnswer* later);
   grpc::Status DoReportProgress(const grpc::ServerContextBase* context,
                                 const pb::ReportProgressRequest* request,
                                 pb::ReportProgressResponse* response);
   grpc::Status DoReportResult(const grpc::ServerContextBase* context,
                               const pb::ReportResultRequest* request,
-                              pb::ReportResultResponse* response);
+                              pb::ReportResultResponse* response, DeferredAnswer* later);
   grpc::Status DoRequestOperation(const grpc::ServerContextBase* context,
                                   const pb::RequestOperationRequest* request,
                                   pb::RequestOperationResponse* response);
@@ -169,7 +188,7 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
                            const pb::GetStatusRequest* request, pb::GetStatusResponse* response);
   grpc::Status DoStartReshard(const grpc::ServerContextBase* context,
                               const pb::StartReshardRequest* request,
-                              pb::StartReshardResponse* response);
+                              pb::StartReshardResponse* response, DeferredAnswer* later);
 
   class WorkWatcher;      // one WatchWork stream (coordinator_reactors.cc)
   class OperationWaiter;  // one WaitOperation call (coordinator_reactors.cc)
@@ -228,6 +247,9 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // Operation id -> its waiting WaitOperation calls.
   std::multimap<std::string, OperationWaiter*> waiters_ ABSL_GUARDED_BY(mu_);
   std::thread ticker_;
+  std::deque<DeferredAnswer> advance_queue_ ABSL_GUARDED_BY(mu_);
+  std::condition_variable_any advance_wake_;
+  std::thread advancer_;
 };
 
 }  // namespace ckpt::coordinator
