@@ -26,9 +26,12 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -146,6 +149,12 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
     bool pruned_is_not_found = false;    // an operation pruned meanwhile: NotFound
     grpc::ServerUnaryReactor* reactor = nullptr;
   };
+  // Worker id -> its joined ranks, (operation, rank), over every operation.
+  using RanksByWorker =
+      std::unordered_map<std::string, std::vector<std::pair<const Operation*, int>>>;
+  // The joined ranks of every worker (or of worker `only`). Requires mu_.
+  RanksByWorker IndexRanks(const std::optional<std::string>& only = std::nullopt) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether Advance would run a planner or committer for the operation now.
   bool NeedsAdvancer(const std::string& operation_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues `later` for the advancer thread and returns its reactor.
