@@ -201,7 +201,7 @@ absl::Status ValidateLayout(absl::Span<const TensorPiece> pieces, int max_issues
   }
   if (messages.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("invalid layout (", messages.size(),
-                                                 messages.size() >= max_issues ? "+" : "",
+                                                 static_cast<int64_t>(messages.size()) >= max_issues ? "+" : "",
                                                  " issues): ", absl::StrJoin(messages, "; ")));
 }
 
