@@ -60,6 +60,8 @@ absl::Status StreamDeviceSnapshot(absl::Span<const DeviceRange> ranges,
     return StageDeviceToHost(
         *lease, ranges, who, [&gate] { return gate.status(); },
         [&](const StagedChunk& c) {
+          // An abort stops the writes too, so closing the gate waits for one write at most.
+          CKPT_RETURN_IF_ERROR(gate.status());
           const StreamTarget& to = targets[c.range];
           return snapshot->streams[to.file]->Append(to.piece, c.host, c.bytes);
         },

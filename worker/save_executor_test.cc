@@ -11,6 +11,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "device/host_memcpy_copy_engine_for_tests.h"
@@ -519,6 +520,25 @@ TEST_F(TenTimesTheBudgetTest, AWriteFailureMidStreamNamesTensorRankAndFileAndGiv
   EXPECT_THAT(message, HasSubstr(DataFile()));
   EXPECT_FALSE(signalled);
   EXPECT_FALSE(PathExists(final_path_));
+}
+
+TEST_F(TenTimesTheBudgetTest, AnAbortAfterTheSignalStopsTheWritesOfTheChunksStillStaged) {
+  MemoryGate gate;
+  std::thread closer;
+  DeviceSnapshotOptions device;
+  device.staging = &pool_;
+  device.on_device_drained = [&](const SnapshotReport&) {
+    // The operation is aborted right after the signal (Close waits for the staging to end).
+    closer = std::thread([&gate] { gate.Close(absl::AbortedError("rank 1 died")); });
+    while (!gate.closed()) std::this_thread::yield();
+  };
+  auto snapshot = SnapshotSavePart(BigPart(), session_, gate, device);
+  closer.join();
+  EXPECT_EQ(snapshot.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(snapshot.status().message()),
+              HasSubstr("tensor big bytes [147456, 155648)"));
+  EXPECT_THAT(std::string(snapshot.status().message()), HasSubstr("rank 1 died"));
+  EXPECT_EQ(DataFileBytes(), 4096 + 18 * 8192);  // the two chunks still staged were not written
 }
 
 }  // namespace
