@@ -1,7 +1,6 @@
 #include "worker/save_executor.h"
 
 #include <algorithm>
-#include <cstring>
 #include <set>
 #include <utility>
 #include <vector>
