@@ -141,5 +141,120 @@ TEST_F(MultiHostTest, SaveAndLoadAcrossHostsAreBitExactWithEveryAlgorithm) {
   }
 }
 
+// The cluster reshards a checkpoint the hosts saved (4 row blocks) into 2 column blocks on its
+// workers across the hosts; two ranks load the result, and four load it back into rows with
+// the exchange: both bit-exact.
+TEST_F(MultiHostTest, ReshardOnTheHostsIntoAnotherLayoutIsBitExact) {
+  const std::string src = cluster_->dir() + "/ck", dst = cluster_->dir() + "/cols2";
+  const std::vector<std::string> size = {"--elements", "16384"};
+  ExpectAllOk(RunRanks("mh", kWorld, "save", src, size), false);
+  const std::string layout = cluster_->dir() + "/cols2.json";
+  testing::WriteFile(layout, R"json({"world_size": 2, "mesh": {"tp": 2},
+      "rules": [{"match": "*", "placements": ["Shard(1)"]}]})json");
+  std::string out;
+  cluster_->set_network_namespace(hosts_->netns(1));  // the operator works on hostB
+  std::vector<std::string> args = {"reshard",       src, dst, "--layout", layout, "--coordinator",
+                                   cluster_->address(), "--json"};
+  for (const std::string& flag : cluster_->OperatorFlags()) args.push_back(flag);
+  ASSERT_EQ(cluster_->RunCkptctl(args, &out), 0)
+      << out << testing::ClusterLogs(*cluster_);
+  EXPECT_THAT(out, HasSubstr("\"workers\":4")) << out;
+  std::vector<std::string> two = size;
+  for (const char* a : {"--layout", "cols", "--global_rows", "4", "--algorithm", "direct"}) {
+    two.push_back(a);
+  }
+  ExpectAllOk(RunRanks("mh2", 2, "load", dst, two), true);
+  std::vector<std::string> rows = size;
+  for (const char* a : {"--algorithm", "overlap_all_to_all"}) rows.push_back(a);
+  ExpectAllOk(RunRanks("mh", kWorld, "load", dst, rows), true);
+}
+
+// hostC's link goes down while a load exchanges bytes between the hosts (the link is shaped so
+// the exchange takes seconds, and cut once the coordinator reports the load executing): every
+// rank's error names hostC, within a bound of the lease, and the checkpoint stays loadable.
+TEST_F(MultiHostTest, LinkCutMidLoadNamesTheHostOnEveryRankAndKeepsTheCheckpoint) {
+  const std::string path = cluster_->dir() + "/ck";
+  const std::vector<std::string> size = {"--elements", "262144"};  // 1 MiB per rank
+  ExpectAllOk(RunRanks("mh", kWorld, "save", path, size), false);
+  absl::Status shaped = hosts_->Shape(kCutHost, "8mbit");
+  ASSERT_TRUE(shaped.ok()) << shaped;
+  std::vector<Child*> ranks;
+  std::vector<std::string> extra = size;
+  for (const char* a : {"--layout", "cols", "--algorithm", "broadcast"}) extra.push_back(a);
+  for (int r = 0; r < kWorld; ++r) ranks.push_back(StartRank("mh", r, kWorld, "load", path, extra));
+  ASSERT_TRUE(WaitFor([&] { return Phase(path) == pb::PHASE_EXECUTING; }))
+      << testing::ClusterLogs(*cluster_);
+  ASSERT_TRUE(hosts_->CutLink(kCutHost).ok());
+  const absl::Time cut = absl::Now();
+  ASSERT_TRUE(AllFinished(ranks, absl::Seconds(60))) << testing::ClusterLogs(*cluster_);
+  const absl::Duration took = absl::Now() - cut;
+  std::printf("every rank had its error %s after the cut\n", absl::FormatDuration(took).c_str());
+  // A functional bound, not a speed target: the coordinator declares hostC's workers dead
+  // after a lease and tells the other ranks; hostC's workers notice their lease ran out within
+  // one WaitOperation call (at most a lease plus the 5 s RPC deadline). Generous for CI's
+  // shared cores; the hang guard above is 60 s.
+  EXPECT_LT(took, absl::Seconds(30));
+  // Where the load was when the link went down (each worker's account), for the log.
+  for (int w = 0; w < kWorld; ++w) {
+    const std::string log = cluster_->worker(w).Stderr();
+    const size_t at = log.find("load_part_exchanged");
+    std::printf("worker %d: %s\n", w,
+                at == std::string::npos ? "(no exchange finished)"
+                                        : log.substr(at, log.find('\n', at) - at).c_str());
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    std::printf("rank %d: %s\n", r, Result(*ranks[r]).second.c_str());
+    EXPECT_NE(Result(*ranks[r]).first, 0) << "rank " << r;
+    EXPECT_THAT(Result(*ranks[r]).second, HasSubstr(hosts_->name(kCutHost))) << "rank " << r;
+  }
+  // The checkpoint is intact: ranks on the hosts still linked load it bit-exact.
+  std::vector<std::string> two = size;
+  for (const char* a : {"--layout", "cols", "--global_rows", "4", "--algorithm", "broadcast"}) {
+    two.push_back(a);
+  }
+  ExpectAllOk(RunRanks("after", 2, "load", path, two), true);
+}
+
+// A save in flight when hostC's link goes down: ranks 0 and 1 (hostA, hostB) have joined, then
+// the link is cut and hostC's ranks ask to save. Every rank's error names hostC, no checkpoint
+// directory appears, and the earlier checkpoint loads bit-exact.
+TEST_F(MultiHostTest, LinkCutMidSaveNamesTheHostCommitsNothingAndKeepsTheEarlierCheckpoint) {
+  const std::string first = cluster_->dir() + "/first", second = cluster_->dir() + "/second";
+  const std::vector<std::string> size = {"--elements", "16384"};
+  ExpectAllOk(RunRanks("mh", kWorld, "save", first, size), false);
+  const std::string go = cluster_->dir() + "/go";
+  std::vector<Child*> ranks;
+  for (int r = 0; r < kWorld; ++r) {
+    std::vector<std::string> extra = size;
+    if (kHostOfWorker[r] == kCutHost) {
+      extra.push_back("--start_file");
+      extra.push_back(go);
+    }
+    ranks.push_back(StartRank("mh", r, kWorld, "save", second, extra));
+  }
+  int joined = 0;
+  ASSERT_TRUE(WaitFor([&] {
+    Phase(second, &joined);
+    return joined == 2;
+  })) << testing::ClusterLogs(*cluster_);
+  ASSERT_TRUE(hosts_->CutLink(kCutHost).ok());
+  const absl::Time cut = absl::Now();
+  testing::WriteFile(go, "go");
+  ASSERT_TRUE(AllFinished(ranks, absl::Seconds(60))) << testing::ClusterLogs(*cluster_);
+  std::printf("every rank had its error %s after the cut\n",
+              absl::FormatDuration(absl::Now() - cut).c_str());
+  for (int r = 0; r < kWorld; ++r) {
+    std::printf("rank %d: %s\n", r, Result(*ranks[r]).second.c_str());
+    EXPECT_NE(Result(*ranks[r]).first, 0) << "rank " << r;
+    EXPECT_THAT(Result(*ranks[r]).second, HasSubstr(hosts_->name(kCutHost))) << "rank " << r;
+  }
+  EXPECT_FALSE(testing::Exists(second)) << "a checkpoint was committed";
+  std::vector<std::string> two = size;
+  for (const char* a : {"--layout", "cols", "--global_rows", "4", "--algorithm", "broadcast"}) {
+    two.push_back(a);
+  }
+  ExpectAllOk(RunRanks("after", 2, "load", first, two), true);
+}
+
 }  // namespace
 }  // namespace ckpt

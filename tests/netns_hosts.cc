@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace ckpt::testing {
 namespace {
@@ -180,10 +181,14 @@ absl::Status NetnsHosts::CutLink(int i) {
   return RunShell(absl::StrCat(Ip(), " link set ", hosts_.at(i).bridge_end, " down"));
 }
 
-absl::Status NetnsHosts::Shape(int i, const std::string& netem) {
+absl::Status NetnsHosts::Shape(int i, const std::string& rate) {
   if (Tc().empty()) return absl::UnavailableError("tc(8) is not installed (iproute2)");
+  // A token bucket (tbf: in every kernel, unlike netem's module) at both ends of the link.
+  const std::string qdisc = absl::StrCat(" root tbf rate ", rate, " burst 32kbit latency 2s");
+  CKPT_RETURN_IF_ERROR(
+      RunShell(absl::StrCat(Tc(), " qdisc replace dev ", hosts_.at(i).bridge_end, qdisc)));
   return RunShell(
-      absl::StrCat(Tc(), " qdisc replace dev ", hosts_.at(i).bridge_end, " root netem ", netem));
+      absl::StrCat(Ip(), " netns exec ", hosts_.at(i).netns, " ", Tc(), " qdisc replace dev eth0", qdisc));
 }
 
 }  // namespace ckpt::testing

@@ -43,9 +43,8 @@ class NetnsHosts {
   // Takes host i's link down at the bridge (its end in this namespace): from now on nothing
   // reaches the host and nothing leaves it, and no packet says so (no RST, no ICMP).
   absl::Status CutLink(int i);
-  // Replaces host i's egress queueing at the bridge end with `netem` (e.g. "rate 40mbit"):
-  // traffic towards the host is shaped.
-  absl::Status Shape(int i, const std::string& netem);
+  // Limits host i's link to `rate` (tc's syntax, e.g. "8mbit") in both directions.
+  absl::Status Shape(int i, const std::string& rate);
 
  private:
   struct Host {
