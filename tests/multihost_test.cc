@@ -29,10 +29,10 @@ namespace {
 
 using testing::Child;
 using testing::Cluster;
+using ::testing::HasSubstr;
 using testing::NetnsHosts;
 using testing::Result;
 using testing::WaitFor;
-using ::testing::HasSubstr;
 
 constexpr int kWorld = 4;
 // The host of each worker (and of the trainer beside it): hostA, hostB, hostC, hostC.
@@ -55,14 +55,14 @@ class MultiHostTest : public ::testing::Test {
     // Daemons refuse non-loopback addresses without TLS: real certificates, as deployed.
     cluster_->UseTls();
     cluster_->set_network_namespace(hosts_->netns(0));
-    cluster_->StartCoordinator({"--listen=" + hosts_->address(0) + ":0",
-                                absl::StrCat("--lease_ms=", kLeaseMs)});
+    cluster_->StartCoordinator(
+        {"--listen=" + hosts_->address(0) + ":0", absl::StrCat("--lease_ms=", kLeaseMs)});
     for (int w = 0; w < kWorld; ++w) {
       const int h = kHostOfWorker[w];
       const int local_rank = w > 0 && kHostOfWorker[w - 1] == h ? 1 : 0;
       cluster_->set_network_namespace(hosts_->netns(h));
-      cluster_->StartWorker(local_rank, {"--host=" + hosts_->name(h),
-                                         "--data_plane_address=" + hosts_->address(h)});
+      cluster_->StartWorker(
+          local_rank, {"--host=" + hosts_->name(h), "--data_plane_address=" + hosts_->address(h)});
     }
   }
 
@@ -83,9 +83,8 @@ class MultiHostTest : public ::testing::Test {
                                const std::string& path, const std::vector<std::string>& extra) {
     std::vector<Child*> ranks;
     for (int r = 0; r < world; ++r) ranks.push_back(StartRank(job, r, world, mode, path, extra));
-    EXPECT_TRUE(AllFinished(ranks, absl::Seconds(90)))
-        << job << ": not every rank finished\n"
-        << testing::ClusterLogs(*cluster_);
+    EXPECT_TRUE(AllFinished(ranks, absl::Seconds(90))) << job << ": not every rank finished\n"
+                                                       << testing::ClusterLogs(*cluster_);
     return ranks;
   }
 
@@ -103,9 +102,9 @@ class MultiHostTest : public ::testing::Test {
   // Every rank succeeded (and, for loads, verified every element).
   void ExpectAllOk(const std::vector<Child*>& ranks, bool load) {
     for (size_t r = 0; r < ranks.size(); ++r) {
-      EXPECT_EQ(Result(*ranks[r]).first, 0) << "rank " << r << ": " << Result(*ranks[r]).second
-                                            << "\n"
-                                            << ranks[r]->Stderr();
+      EXPECT_EQ(Result(*ranks[r]).first, 0)
+          << "rank " << r << ": " << Result(*ranks[r]).second << "\n"
+          << ranks[r]->Stderr();
       if (load) {
         EXPECT_THAT(ranks[r]->Stdout(), HasSubstr("verified")) << "rank " << r;
       }
@@ -153,11 +152,10 @@ TEST_F(MultiHostTest, ReshardOnTheHostsIntoAnotherLayoutIsBitExact) {
       "rules": [{"match": "*", "placements": ["Shard(1)"]}]})json");
   std::string out;
   cluster_->set_network_namespace(hosts_->netns(1));  // the operator works on hostB
-  std::vector<std::string> args = {"reshard",       src, dst, "--layout", layout, "--coordinator",
-                                   cluster_->address(), "--json"};
+  std::vector<std::string> args = {
+      "reshard", src, dst, "--layout", layout, "--coordinator", cluster_->address(), "--json"};
   for (const std::string& flag : cluster_->OperatorFlags()) args.push_back(flag);
-  ASSERT_EQ(cluster_->RunCkptctl(args, &out), 0)
-      << out << testing::ClusterLogs(*cluster_);
+  ASSERT_EQ(cluster_->RunCkptctl(args, &out), 0) << out << testing::ClusterLogs(*cluster_);
   EXPECT_THAT(out, HasSubstr("\"workers\":4")) << out;
   std::vector<std::string> two = size;
   for (const char* a : {"--layout", "cols", "--global_rows", "4", "--algorithm", "direct"}) {

@@ -123,7 +123,8 @@ absl::Status NetnsHosts::Build(int hosts) {
     const int n = static_cast<int>(getpid()) + attempt * 7919;
     const std::string candidate = absl::StrCat("10.", 100 + (n / 256) % 150, ".", n % 256, ".");
     int code = 0;
-    std::string routes = Capture(absl::StrCat(ip, " -4 route show to match ", candidate, "1"), &code);
+    std::string routes =
+        Capture(absl::StrCat(ip, " -4 route show to match ", candidate, "1"), &code);
     // Only the default route (or nothing) may cover it.
     bool used = false;
     for (absl::string_view line : absl::StrSplit(routes, '\n', absl::SkipEmpty())) {
@@ -137,9 +138,8 @@ absl::Status NetnsHosts::Build(int hosts) {
     bridge_.clear();
     return s;
   }
-  std::vector<std::string> steps = {
-      absl::StrCat(ip, " addr add ", subnet, "254/24 dev ", bridge_),
-      absl::StrCat(ip, " link set ", bridge_, " up")};
+  std::vector<std::string> steps = {absl::StrCat(ip, " addr add ", subnet, "254/24 dev ", bridge_),
+                                    absl::StrCat(ip, " link set ", bridge_, " up")};
   for (int i = 0; i < hosts; ++i) {
     Host h;
     h.name = absl::StrCat("host", std::string(1, static_cast<char>('A' + i)));
@@ -187,8 +187,8 @@ absl::Status NetnsHosts::Shape(int i, const std::string& rate) {
   const std::string qdisc = absl::StrCat(" root tbf rate ", rate, " burst 32kbit latency 2s");
   CKPT_RETURN_IF_ERROR(
       RunShell(absl::StrCat(Tc(), " qdisc replace dev ", hosts_.at(i).bridge_end, qdisc)));
-  return RunShell(
-      absl::StrCat(Ip(), " netns exec ", hosts_.at(i).netns, " ", Tc(), " qdisc replace dev eth0", qdisc));
+  return RunShell(absl::StrCat(Ip(), " netns exec ", hosts_.at(i).netns, " ", Tc(),
+                               " qdisc replace dev eth0", qdisc));
 }
 
 }  // namespace ckpt::testing

@@ -203,9 +203,9 @@ grpc::Status WorkerService::Poll(grpc::ServerContext* context, const pb::PollReq
   pending.set_job(session->trainer.job);
   pending.set_rank(session->trainer.rank);
   pb::PendingOperationResponse answer;
-  absl::Status s = FromGrpcStatus(
-      link_->stub()->PendingOperation(link_->Context().get(), pending, &answer),
-      CoordinatorCall("PendingOperation"));
+  absl::Status s =
+      FromGrpcStatus(link_->stub()->PendingOperation(link_->Context().get(), pending, &answer),
+                     CoordinatorCall("PendingOperation"));
   if (!s.ok()) return ToGrpcStatus(s);
   response->set_pending(answer.pending());
   if (answer.pending()) {
@@ -233,9 +233,8 @@ const pb::SaveSnapshotReport* WorkerService::Snapshotted(const std::string& oper
   return nullptr;
 }
 
-absl::Status WorkerService::WaitAtCoordinator(const std::string& operation_id,
-                                              absl::Duration wait, uint64_t epoch,
-                                              pb::OperationStatus* op) {
+absl::Status WorkerService::WaitAtCoordinator(const std::string& operation_id, absl::Duration wait,
+                                              uint64_t epoch, pb::OperationStatus* op) {
   // At most a lease per call: a worker cut off from the coordinator notices within about a
   // lease plus the RPC deadline that its lease ran out, instead of after the trainer's wait.
   pb::WaitOperationRequest request;
@@ -255,8 +254,8 @@ absl::Status WorkerService::WaitAtCoordinator(const std::string& operation_id,
   }
   absl::Status lapsed = link_->LeaseStatus(epoch);
   if (lapsed.ok()) return s;
-  return absl::UnavailableError(absl::StrCat(s.message(), "; host ", host_, " is cut off: ",
-                                             lapsed.message()));
+  return absl::UnavailableError(
+      absl::StrCat(s.message(), "; host ", host_, " is cut off: ", lapsed.message()));
 }
 
 grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitRequest* request,
@@ -287,9 +286,9 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
       if (r != nullptr) report = *r;
     }
     pb::OperationStatus op;
-    absl::Status s = WaitAtCoordinator(request->operation_id(),
-                                       rank >= 0 ? absl::ZeroDuration() : deadline - absl::Now(),
-                                       epoch, &op);
+    absl::Status s =
+        WaitAtCoordinator(request->operation_id(),
+                          rank >= 0 ? absl::ZeroDuration() : deadline - absl::Now(), epoch, &op);
     if ((s.code() == absl::StatusCode::kUnavailable ||
          s.code() == absl::StatusCode::kDeadlineExceeded) &&
         link_->LeaseStatus(epoch).ok() && absl::Now() < deadline && !context->IsCancelled()) {
