@@ -181,6 +181,20 @@ absl::Status NetnsHosts::CutLink(int i) {
   return RunShell(absl::StrCat(Ip(), " link set ", hosts_.at(i).bridge_end, " down"));
 }
 
+absl::StatusOr<std::vector<std::string>> NetnsHosts::TcpPeers(int i) const {
+  int code = 0;
+  const std::string out = Capture(
+      absl::StrCat(Ip(), " netns exec ", hosts_.at(i).netns, " ss -Htn state established"), &code);
+  if (code != 0) return absl::InternalError(absl::StrCat("ss failed: ", out));
+  // Columns (with a state filter): Recv-Q Send-Q Local:Port Peer:Port.
+  std::vector<std::string> peers;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (words.size() >= 4) peers.push_back(words[3]);
+  }
+  return peers;
+}
+
 absl::Status NetnsHosts::Shape(int i, const std::string& rate) {
   if (Tc().empty()) return absl::UnavailableError("tc(8) is not installed (iproute2)");
   // A token bucket (tbf: in every kernel, unlike netem's module) at both ends of the link.

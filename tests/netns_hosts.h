@@ -43,6 +43,8 @@ class NetnsHosts {
   // Takes host i's link down at the bridge (its end in this namespace): from now on nothing
   // reaches the host and nothing leaves it, and no packet says so (no RST, no ICMP).
   absl::Status CutLink(int i);
+  // The peers ("address:port") of host i's established TCP connections, as ss(8) lists them.
+  absl::StatusOr<std::vector<std::string>> TcpPeers(int i) const;
   // Limits host i's link to `rate` (tc's syntax, e.g. "8mbit") in both directions.
   absl::Status Shape(int i, const std::string& rate);
 

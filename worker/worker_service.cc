@@ -234,13 +234,21 @@ const pb::SaveSnapshotReport* WorkerService::Snapshotted(const std::string& oper
 }
 
 absl::Status WorkerService::WaitAtCoordinator(const std::string& operation_id, absl::Duration wait,
-                                              uint64_t epoch, pb::OperationStatus* op) {
-  // At most a lease per call: a worker cut off from the coordinator notices within about a
-  // lease plus the RPC deadline that its lease ran out, instead of after the trainer's wait.
+                                              uint64_t epoch, pb::OperationStatus* op,
+                                              bool* cut_off) {
+  *cut_off = false;
+  // Whether this worker's lease had already run out before the call: only then does a call
+  // that gets no answer show the host cut off (one in flight while the worker was frozen, or
+  // when the link went down, is asked again).
+  const absl::Status lease_before = link_->LeaseStatus(epoch);
+  // At most a lease per call (none once the lease ran out): a worker cut off from the
+  // coordinator notices within about a lease plus two RPC deadlines, not after the trainer's
+  // whole wait.
+  const absl::Duration lease = link_->lease();
+  if (!lease_before.ok()) wait = absl::ZeroDuration();
+  if (lease > absl::ZeroDuration()) wait = std::min(wait, lease);
   pb::WaitOperationRequest request;
   request.set_operation_id(operation_id);
-  const absl::Duration lease = link_->lease();
-  if (lease > absl::ZeroDuration()) wait = std::min(wait, lease);
   request.set_timeout_ms(absl::ToInt64Milliseconds(std::max(absl::ZeroDuration(), wait)));
   absl::Status s = FromGrpcStatus(
       link_->stub()->WaitOperation(
@@ -248,14 +256,13 @@ absl::Status WorkerService::WaitAtCoordinator(const std::string& operation_id, a
               .get(),
           request, op),
       CoordinatorCall("WaitOperation"));
-  if (s.ok() || (s.code() != absl::StatusCode::kUnavailable &&
-                 s.code() != absl::StatusCode::kDeadlineExceeded)) {
-    return s;
-  }
-  absl::Status lapsed = link_->LeaseStatus(epoch);
-  if (lapsed.ok()) return s;
+  // A refused connection is a coordinator restarting (its successor answers for the
+  // operation); silence past the lease is a host cut off or a coordinator frozen past every
+  // lease: either way the coordinator aborts the operation.
+  if (s.code() != absl::StatusCode::kDeadlineExceeded || lease_before.ok()) return s;
+  *cut_off = true;
   return absl::UnavailableError(
-      absl::StrCat(s.message(), "; host ", host_, " is cut off: ", lapsed.message()));
+      absl::StrCat(s.message(), "; host ", host_, " is cut off: ", lease_before.message()));
 }
 
 grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitRequest* request,
@@ -286,24 +293,25 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
       if (r != nullptr) report = *r;
     }
     pb::OperationStatus op;
-    absl::Status s =
-        WaitAtCoordinator(request->operation_id(),
-                          rank >= 0 ? absl::ZeroDuration() : deadline - absl::Now(), epoch, &op);
+    bool cut_off = false;
+    absl::Status s = WaitAtCoordinator(request->operation_id(),
+                                       rank >= 0 ? absl::ZeroDuration() : deadline - absl::Now(),
+                                       epoch, &op, &cut_off);
     if ((s.code() == absl::StatusCode::kUnavailable ||
          s.code() == absl::StatusCode::kDeadlineExceeded) &&
-        link_->LeaseStatus(epoch).ok() && absl::Now() < deadline && !context->IsCancelled()) {
+        !cut_off && absl::Now() < deadline && !context->IsCancelled()) {
       // The coordinator is away (restarting, stalled): ask again, so the trainer hears what
       // became of its operation (e.g. that a restarted coordinator does not know it) once it
       // is back.
       absl::SleepFor(std::min(absl::Milliseconds(100), deadline - absl::Now()));
       continue;
     }
-    if (!s.ok()) {
-      // Unreachable past this worker's lease: the coordinator has declared it dead and aborted
-      // the operation; nothing may write the trainer's memory any more.
+    if (cut_off) {
+      // The coordinator has declared this worker dead and aborted the operation: nothing may
+      // write the trainer's memory any more.
       CloseGate(request->operation_id(), s);
-      return ToGrpcStatus(s);
     }
+    if (!s.ok()) return ToGrpcStatus(s);
     bool final = op.phase() == pb::PHASE_DONE || op.phase() == pb::PHASE_ABORTED;
     if (final) {
       // Before the trainer hears that its operation ended, make sure no part on this worker
