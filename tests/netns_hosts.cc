@@ -6,12 +6,13 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <regex>
 #include <set>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 
 namespace ckpt::testing {
@@ -51,12 +52,12 @@ std::string Capture(const std::string& command, int* code) {
 }
 
 // Whether the run that made names with prefix "ckmh<pid>" is gone.
-bool OwnerGone(const std::string& name) {
-  static const std::regex kOwned(std::string("^") + kPrefix + "([0-9]+)");
-  std::smatch m;
-  if (!std::regex_search(name, m, kOwned)) return false;
-  const pid_t pid = static_cast<pid_t>(std::stol(m[1].str()));
-  return pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH;
+bool OwnerGone(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, kPrefix)) return false;
+  const size_t digits = name.find_first_not_of("0123456789");
+  int64_t pid = 0;
+  if (!absl::SimpleAtoi(name.substr(0, digits), &pid) || pid <= 0) return false;
+  return pid != getpid() && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
 }
 
 // First whitespace-separated word of each line of `text` (an `ip netns list` / `ip -o link`
