@@ -13,17 +13,16 @@
 #include "gtest/gtest.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
+#include "storage/test_dir.h"
 
 namespace ckpt {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = JoinPath(tmp != nullptr ? tmp : "/tmp", name);
-  EXPECT_TRUE(RemoveTree(dir).ok());
-  EXPECT_TRUE(MakeDir(dir).ok());
+// An emptied staging directory with its data/ folder.
+std::string StagingDir(const std::string& name) {
+  std::string dir = TestDir(name);
   EXPECT_TRUE(MakeDir(JoinPath(dir, "data")).ok());
   return dir;
 }
@@ -88,8 +87,8 @@ TEST(DataFileStreamTest, StreamedFileAndRecordsAreByteIdenticalToTheWholeFileWri
     const RandomFile file(rng, static_cast<int>(rng() % 4));
     const int64_t block_bytes = (trial % 3 == 0) ? kDefaultChecksumBlockBytes : 64 + rng() % 900;
     const int index = static_cast<int>(rng() % 3);
-    const std::string whole_dir = TestDir("whole");
-    const std::string streamed_dir = TestDir("streamed");
+    const std::string whole_dir = StagingDir("whole");
+    const std::string streamed_dir = StagingDir("streamed");
     WriteOptions options;
     options.checksum_block_bytes = block_bytes;
     absl::StatusOr<WrittenData> whole =
@@ -122,7 +121,7 @@ struct OnePiece {
 };
 
 TEST(DataFileStreamTest, FinishRefusesAFileWithBytesMissingNamingTheTensor) {
-  const std::string dir = TestDir("missing");
+  const std::string dir = StagingDir("missing");
   OnePiece one;
   auto stream = DataFileStream::Create(dir, one.tensors, one.plan, 0);
   ASSERT_TRUE(stream.ok()) << stream.status();
@@ -136,7 +135,7 @@ TEST(DataFileStreamTest, FinishRefusesAFileWithBytesMissingNamingTheTensor) {
 }
 
 TEST(DataFileStreamTest, MoreBytesThanThePieceHasAreRefusedNamingTheTensorAndFile) {
-  const std::string dir = TestDir("excess");
+  const std::string dir = StagingDir("excess");
   OnePiece one;
   auto stream = DataFileStream::Create(dir, one.tensors, one.plan, 0);
   ASSERT_TRUE(stream.ok()) << stream.status();
@@ -148,7 +147,7 @@ TEST(DataFileStreamTest, MoreBytesThanThePieceHasAreRefusedNamingTheTensorAndFil
 }
 
 TEST(DataFileStreamTest, APieceOfAnUnknownTensorIsRefusedBeforeTheFileIsCreated) {
-  const std::string dir = TestDir("unknown");
+  const std::string dir = StagingDir("unknown");
   OnePiece one;
   one.plan.pieces[0].key = "other";
   auto stream = DataFileStream::Create(dir, one.tensors, one.plan, 0);
@@ -160,7 +159,7 @@ TEST(DataFileStreamTest, APieceOfAnUnknownTensorIsRefusedBeforeTheFileIsCreated)
 // A real failed write: the process's file size limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes
 // pwrite past it fail with EFBIG midway through the piece.
 TEST(DataFileStreamTest, AFailedWriteMidwayNamesTheFileAndTheStreamTakesNoMoreBytes) {
-  const std::string dir = TestDir("efbig");
+  const std::string dir = StagingDir("efbig");
   OnePiece one;
   auto stream = DataFileStream::Create(dir, one.tensors, one.plan, 0);
   ASSERT_TRUE(stream.ok()) << stream.status();
