@@ -168,8 +168,8 @@ TEST_F(MultiHostTest, ReshardOnTheHostsIntoAnotherLayoutIsBitExact) {
   ExpectAllOk(RunRanks("mh", kWorld, "load", dst, rows), true);
 }
 
-// hostC's link goes down while a load exchanges bytes between the hosts (the link is shaped so
-// the exchange takes seconds, and cut once the coordinator reports the load executing): every
+// hostC's link goes down while a load exchanges bytes between the hosts (the link is shaped and
+// every rank needs every saved row, so the exchange takes seconds, and cut once the coordinator reports the load executing): every
 // rank's error names hostC, within a bound of the lease, and the checkpoint stays loadable.
 TEST_F(MultiHostTest, LinkCutMidLoadNamesTheHostOnEveryRankAndKeepsTheCheckpoint) {
   const std::string path = cluster_->dir() + "/ck";
@@ -179,7 +179,14 @@ TEST_F(MultiHostTest, LinkCutMidLoadNamesTheHostOnEveryRankAndKeepsTheCheckpoint
   ASSERT_TRUE(shaped.ok()) << shaped;
   std::vector<Child*> ranks;
   std::vector<std::string> extra = size;
-  for (const char* a : {"--layout", "cols", "--algorithm", "broadcast"}) extra.push_back(a);
+  // Every rank loads the whole tensor (a (4, 1) mesh replicated over its first dimension), so
+  // each saved row is read once and broadcast to every other rank: hostC's ranks must receive
+  // 3 MiB each through the 8 Mbit/s link, seconds of exchange. (Column blocks would not do: each
+  // block of a saved row is needed by one rank only, which reads it itself, and the load can end
+  // within the poll interval below.)
+  for (const char* a : {"--layout", "tpdp", "--tp", "1", "--algorithm", "broadcast"}) {
+    extra.push_back(a);
+  }
   for (int r = 0; r < kWorld; ++r) ranks.push_back(StartRank("mh", r, kWorld, "load", path, extra));
   // The exchange has begun once hostC holds a data-plane (Gloo) connection to hostB (which
   // runs no coordinator): the plan executes and the ranks' communicator spans the hosts.
