@@ -118,8 +118,13 @@ class WorkerConnection {
     p.bytes_total = response.bytes_total();
     p.snapshotted = response.snapshotted();
     const pb::SaveSnapshotReport& r = response.snapshot();
-    p.snapshot = SnapshotInfo{r.copied_bytes(), r.lent_bytes(), r.device_bytes(),
-                              r.device_over_pinned_budget(), r.pinned_budget_bytes()};
+    p.snapshot = SnapshotInfo{r.copied_bytes(),
+                              r.lent_bytes(),
+                              r.device_bytes(),
+                              r.device_over_pinned_budget(),
+                              r.pinned_budget_bytes(),
+                              r.snapshot_waited_for_writes(),
+                              r.bytes_written_before_snapshot()};
     if (response.code() != 0) {
       p.status = absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
     }

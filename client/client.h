@@ -70,6 +70,10 @@ struct SnapshotInfo {
   // snapshot, so Save returned later than one round of staging would take.
   bool device_over_pinned_budget = false;
   int64_t pinned_budget_bytes = 0;  // the worker's pinned staging budget (0: none)
+  // The device bytes did not fit in the pinned budget, so Save returned only after the chunks
+  // staged first were written to their data files: `bytes_written_before_snapshot` of them.
+  bool snapshot_waited_for_writes = false;
+  int64_t bytes_written_before_snapshot = 0;
 };
 
 // Where an operation stands.

@@ -131,9 +131,10 @@ class CoordinatorServiceTest : public ::testing::Test {
     return response.worker_id();
   }
 
-  grpc::Status Join(const std::string& worker, int rank, int world,
-                    pb::JoinOperationResponse* out) {
+  grpc::Status Join(const std::string& worker, int rank, int world, pb::JoinOperationResponse* out,
+                    int64_t arrival_deadline_ms = 0) {
     pb::JoinOperationRequest request;
+    request.set_arrival_deadline_ms(arrival_deadline_ms);
     request.set_job("gpt");
     request.set_world_size(world);
     request.set_rank(rank);
@@ -250,6 +251,18 @@ TEST_F(CoordinatorServiceTest, FailedCommitAbortsWithTheCommittersError) {
   pb::OperationStatus s = Wait(j.operation().id());
   EXPECT_EQ(s.phase(), pb::PHASE_ABORTED);
   EXPECT_THAT(s.status().message(), HasSubstr("commit failed: rename of manifest.pb failed"));
+}
+
+TEST_F(CoordinatorServiceTest, ANegativeArrivalDeadlineIsRefusedNamingTheRankAndStartsNothing) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10);
+  pb::JoinOperationResponse j;
+  grpc::Status s = Join(w0, 0, 2, &j, /*arrival_deadline_ms=*/-1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("job gpt rank 0: negative arrival_deadline_ms -1"));
+  // Nothing was started: the same rank's valid join creates the operation.
+  ASSERT_TRUE(Join(w0, 0, 2, &j).ok());
+  EXPECT_EQ(j.operation().phase(), pb::PHASE_GATHERING);
 }
 
 TEST_F(CoordinatorServiceTest, UnregisteredWorkersCannotJoinOrWatch) {

@@ -9,6 +9,7 @@
 #include "common/grpc_auth.h"
 #include "gtest/gtest.h"
 #include "rendezvous/kv_store.h"
+#include "rendezvous/loopback_rendezvous.h"
 #include "rendezvous/rendezvous_service.h"
 
 namespace ckpt {
@@ -16,26 +17,13 @@ namespace {
 
 class GrpcStoreTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    service_ = std::make_unique<RendezvousService>(&kv_);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    address_ = absl::StrCat("127.0.0.1:", port_);
-  }
-  void TearDown() override { server_->Shutdown(absl::ToChronoTime(absl::Now())); }
+  void SetUp() override { ASSERT_TRUE(rendezvous_.ok()); }
 
-  KvStore kv_;
-  std::unique_ptr<RendezvousService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
-  std::string address_;
+  LoopbackRendezvous rendezvous_;
 };
 
 TEST_F(GrpcStoreTest, SetGetAddRoundTripBinaryValues) {
-  GrpcStore store(address_);
+  GrpcStore store(rendezvous_.address());
   absl::Time deadline = absl::Now() + absl::Seconds(10);
   std::string binary("a\0b\xff", 4);
   ASSERT_TRUE(store.Set("k", binary, deadline).ok());
@@ -87,7 +75,7 @@ TEST(GrpcStoreWaitTest, GetWaitsForAKeySetByAnotherClient) {
 }
 
 TEST_F(GrpcStoreTest, TimeoutIsDeadlineExceededNamingMissingKeys) {
-  GrpcStore store(address_);
+  GrpcStore store(rendezvous_.address());
   ASSERT_TRUE(store.Set("here", "1", absl::Now() + absl::Seconds(5)).ok());
   auto got = store.Get({"here", "rank/7"}, absl::Now() + absl::Milliseconds(200));
   ASSERT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
@@ -95,7 +83,7 @@ TEST_F(GrpcStoreTest, TimeoutIsDeadlineExceededNamingMissingKeys) {
 }
 
 TEST_F(GrpcStoreTest, AddOnTextValueIsInvalidArgument) {
-  GrpcStore store(address_);
+  GrpcStore store(rendezvous_.address());
   absl::Time deadline = absl::Now() + absl::Seconds(5);
   ASSERT_TRUE(store.Set("t", "text", deadline).ok());
   EXPECT_EQ(store.Add("t", 1, deadline).status().code(), absl::StatusCode::kInvalidArgument);

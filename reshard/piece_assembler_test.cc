@@ -14,6 +14,7 @@
 #include "storage/checkpoint_reader.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
+#include "storage/test_dir.h"
 
 namespace ckpt {
 namespace {
@@ -21,14 +22,6 @@ namespace {
 // 12 KiB of f32 in two 6 KiB stored pieces: each spans two 4 KiB checksum blocks.
 constexpr int64_t kRows = 64, kCols = 48;
 constexpr int64_t kBlock = 4096;
-
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = JoinPath(tmp != nullptr ? tmp : "/tmp", name);
-  EXPECT_TRUE(RemoveTree(dir).ok());
-  EXPECT_TRUE(MakeDir(dir).ok());
-  return dir;
-}
 
 // w[i][j] = 100 * i + j, stored as two row halves in two files.
 const std::vector<float>& Values() {

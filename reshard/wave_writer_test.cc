@@ -12,20 +12,13 @@
 #include "gtest/gtest.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
+#include "storage/test_dir.h"
 
 namespace ckpt {
 namespace {
 
 constexpr int64_t kRows = 32, kCols = 64;  // 8 KiB of f32
 constexpr int64_t kRowsPerPiece = 4;       // 1 KiB pieces, one per file
-
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = JoinPath(tmp != nullptr ? tmp : "/tmp", name);
-  EXPECT_TRUE(RemoveTree(dir).ok());
-  EXPECT_TRUE(MakeDir(dir).ok());
-  return dir;
-}
 
 float Value(int64_t i, int64_t j) { return static_cast<float>(1000 * i + j); }
 

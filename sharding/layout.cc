@@ -200,9 +200,10 @@ absl::Status ValidateLayout(absl::Span<const TensorPiece> pieces, int max_issues
     }
   }
   if (messages.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("invalid layout (", messages.size(),
-                                                 messages.size() >= max_issues ? "+" : "",
-                                                 " issues): ", absl::StrJoin(messages, "; ")));
+  return absl::InvalidArgumentError(
+      absl::StrCat("invalid layout (", messages.size(),
+                   static_cast<int64_t>(messages.size()) >= max_issues ? "+" : "",
+                   " issues): ", absl::StrJoin(messages, "; ")));
 }
 
 }  // namespace ckpt

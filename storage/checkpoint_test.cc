@@ -10,19 +10,12 @@
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
 #include "storage/manifest_codec.h"
+#include "storage/test_dir.h"
 
 namespace ckpt {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = JoinPath(tmp != nullptr ? tmp : "/tmp", name);
-  EXPECT_TRUE(RemoveTree(dir).ok());
-  EXPECT_TRUE(MakeDir(dir).ok());
-  return dir;
-}
 
 // A tensor with deterministic contents and helpers to cut pieces out of it.
 struct TestTensor {

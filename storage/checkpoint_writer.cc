@@ -198,10 +198,12 @@ namespace {
 
 using TensorsByKey = absl::flat_hash_map<absl::string_view, const TensorMeta*>;
 
-// Validates a file's pieces (known tensor, region inside it, size matching the dtype) and lays
-// them out back to back as safetensors entries; *data_bytes is set to their total.
+// Validates a file's pieces (known tensor, region inside it, size matching the dtype, bytes in
+// memory unless `require_data` is false) and lays them out back to back as safetensors entries;
+// *data_bytes is set to their total.
 absl::StatusOr<std::vector<SafetensorsEntry>> LayOutEntries(const DataFilePlan& plan,
                                                             const TensorsByKey& by_key,
+                                                            bool require_data,
                                                             int64_t* data_bytes) {
   std::vector<SafetensorsEntry> entries;
   int64_t pos = 0;
@@ -217,7 +219,7 @@ absl::StatusOr<std::vector<SafetensorsEntry>> LayOutEntries(const DataFilePlan& 
           "tensor \"", p.key, "\" region ", p.region.DebugString(), ": ", valid.message()));
     }
     const int64_t bytes = p.region.NumElements() * DTypeSize(t->second->dtype);
-    if (bytes != p.size_bytes || (bytes > 0 && p.data == nullptr)) {
+    if (bytes != p.size_bytes || (require_data && bytes > 0 && p.data == nullptr)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor \"", p.key, "\" region ", p.region.DebugString(), " has ", p.size_bytes,
           " bytes of data, expected ", bytes, " (", DTypeName(t->second->dtype), ")"));
@@ -270,14 +272,39 @@ absl::Status RecordChecksums(const std::vector<DataFilePlan>& files,
     }
     for (size_t i = 0; i < files[f].pieces.size(); ++i, ++piece) {
       const SegmentChecksum& cs = results[f].checksums[i + 1];
-      pb::StoredPiece& sp = out->pieces[piece];
-      sp.set_xxh3_64(cs.xxh3);
-      if (sp.byte_length() > checksum_block_bytes) {
-        for (uint64_t b : cs.blocks) sp.add_block_xxh3(b);
-      }
+      SetStoredChecksums(cs.xxh3, cs.blocks, checksum_block_bytes, &out->pieces[piece]);
     }
   }
   return absl::OkStatus();
+}
+
+TensorsByKey IndexByKey(const std::vector<TensorMeta>& tensors) {
+  TensorsByKey by_key;
+  by_key.reserve(tensors.size());
+  for (const TensorMeta& t : tensors) by_key.emplace(t.key, &t);
+  return by_key;
+}
+
+// LayOutDataFile with the tensors indexed by key.
+absl::StatusOr<DataFileLayout> LayOutIndexed(const TensorsByKey& by_key, const DataFilePlan& plan,
+                                             int index, bool require_data) {
+  if (plan.writer_rank < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative writer rank ", plan.writer_rank));
+  }
+  DataFileLayout layout;
+  layout.name = DataFileName(plan.writer_rank, index);
+  int64_t data_bytes = 0;
+  CKPT_ASSIGN_OR_RETURN(std::vector<SafetensorsEntry> entries,
+                        LayOutEntries(plan, by_key, require_data, &data_bytes));
+  CKPT_ASSIGN_OR_RETURN(layout.header,
+                        EncodeSafetensorsHeader(entries,
+                                                {{"format", "ckpt"},
+                                                 {"writer_rank", absl::StrCat(plan.writer_rank)},
+                                                 {"ckpt_writer", kWriterVersion}},
+                                                kDirectIoAlignment));
+  RecordFile(layout.name, plan, static_cast<int64_t>(layout.header.size()), data_bytes, entries,
+             &layout.records);
+  return layout;
 }
 
 }  // namespace
@@ -286,42 +313,45 @@ absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
                                            const std::vector<TensorMeta>& tensors,
                                            const std::vector<DataFilePlan>& files, int first_index,
                                            const WriteOptions& options) {
-  TensorsByKey by_key;
-  by_key.reserve(tensors.size());
-  for (const TensorMeta& t : tensors) by_key.emplace(t.key, &t);
+  const TensorsByKey by_key = IndexByKey(tensors);
   std::map<int, int> next_index;
   std::vector<std::string> headers(files.size());
   std::vector<FileWrite> writes(files.size());
   WrittenData out;
   for (size_t f = 0; f < files.size(); ++f) {
     const DataFilePlan& plan = files[f];
-    if (plan.writer_rank < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("negative writer rank ", plan.writer_rank));
-    }
     const int index = first_index + next_index[plan.writer_rank]++;
-    const std::string name = DataFileName(plan.writer_rank, index);
-    int64_t data_bytes = 0;
-    CKPT_ASSIGN_OR_RETURN(std::vector<SafetensorsEntry> entries,
-                          LayOutEntries(plan, by_key, &data_bytes));
-    CKPT_ASSIGN_OR_RETURN(headers[f],
-                          EncodeSafetensorsHeader(entries,
-                                                  {{"format", "ckpt"},
-                                                   {"writer_rank", absl::StrCat(plan.writer_rank)},
-                                                   {"ckpt_writer", kWriterVersion}},
-                                                  kDirectIoAlignment));
-    writes[f].path = JoinPath(staging_dir, name);
+    CKPT_ASSIGN_OR_RETURN(DataFileLayout layout,
+                          LayOutIndexed(by_key, plan, index, /*require_data=*/true));
+    headers[f] = std::move(layout.header);
+    writes[f].path = JoinPath(staging_dir, layout.name);
     writes[f].segments.push_back(
         {headers[f].data(), static_cast<int64_t>(headers[f].size()), false, 0});
     for (const PieceData& p : plan.pieces) {
       writes[f].segments.push_back({p.data, p.size_bytes, true, options.checksum_block_bytes});
     }
-    RecordFile(name, plan, static_cast<int64_t>(headers[f].size()), data_bytes, entries, &out);
+    for (pb::DataFile& df : layout.records.files) out.files.push_back(std::move(df));
+    for (pb::StoredPiece& sp : layout.records.pieces) out.pieces.push_back(std::move(sp));
   }
   IoOptions io = options.io;
   io.fsync = true;
   CKPT_ASSIGN_OR_RETURN(std::vector<FileWriteResult> results, WriteFiles(writes, io));
   CKPT_RETURN_IF_ERROR(RecordChecksums(files, writes, results, options.checksum_block_bytes, &out));
   return out;
+}
+
+absl::StatusOr<DataFileLayout> LayOutDataFile(const std::vector<TensorMeta>& tensors,
+                                              const DataFilePlan& plan, int index,
+                                              bool require_data) {
+  return LayOutIndexed(IndexByKey(tensors), plan, index, require_data);
+}
+
+void SetStoredChecksums(uint64_t xxh3, const std::vector<uint64_t>& blocks,
+                        int64_t checksum_block_bytes, pb::StoredPiece* piece) {
+  piece->set_xxh3_64(xxh3);
+  if (piece->byte_length() > checksum_block_bytes) {
+    for (uint64_t b : blocks) piece->add_block_xxh3(b);
+  }
 }
 
 pb::Manifest BuildManifest(const std::vector<TensorMeta>& tensors, const WrittenData& data,

@@ -111,6 +111,27 @@ absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
                                            const std::vector<DataFilePlan>& files, int first_index,
                                            const WriteOptions& options);
 
+// One data file laid out before any of its bytes is written: its name (data/r<rank>_<index>
+// .safetensors), its safetensors header and the manifest records of the file and its pieces
+// (offsets and lengths; checksums are set once the bytes were hashed).
+struct DataFileLayout {
+  std::string name;
+  std::string header;
+  WrittenData records;
+};
+
+// Validates `plan`'s pieces against `tensors` as WriteDataFiles does and lays the file out.
+// With `require_data` false the pieces' `data` may be null (their bytes are streamed in later,
+// see storage/data_file_stream.h).
+absl::StatusOr<DataFileLayout> LayOutDataFile(const std::vector<TensorMeta>& tensors,
+                                              const DataFilePlan& plan, int index,
+                                              bool require_data);
+
+// Stores a piece's checksums as the manifest records them: `xxh3` (the RangeChecksum of the
+// blocks) always, the block hashes only for a piece larger than one block.
+void SetStoredChecksums(uint64_t xxh3, const std::vector<uint64_t>& blocks,
+                        int64_t checksum_block_bytes, pb::StoredPiece* piece);
+
 // A manifest for `tensors` and the written data (format version, time, writer version filled).
 pb::Manifest BuildManifest(const std::vector<TensorMeta>& tensors, const WrittenData& data,
                            const CheckpointContents& info, int64_t checksum_block_bytes);

@@ -13,17 +13,10 @@
 #include "gtest/gtest.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
+#include "storage/test_dir.h"
 
 namespace ckpt {
 namespace {
-
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = JoinPath(tmp != nullptr ? tmp : "/tmp", name);
-  EXPECT_TRUE(RemoveTree(dir).ok());
-  EXPECT_TRUE(MakeDir(dir).ok());
-  return dir;
-}
 
 TEST(InteropTest, ExportNeverWritesThroughAPlantedTemporaryName) {
   const std::string dir = TestDir("planted");

@@ -9,19 +9,12 @@
 #include "gtest/gtest.h"
 #include "storage/checksum.h"
 #include "storage/file_util.h"
+#include "storage/test_dir.h"
 
 namespace ckpt {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = JoinPath(tmp != nullptr ? tmp : "/tmp", name);
-  EXPECT_TRUE(RemoveTree(dir).ok());
-  EXPECT_TRUE(MakeDir(dir).ok());
-  return dir;
-}
 
 std::string RandomBytes(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);

@@ -26,10 +26,6 @@ absl::Status ManifestError(absl::string_view what) {
   return absl::DataLossError(absl::StrCat("invalid manifest: ", what));
 }
 
-std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& f) {
-  return std::vector<int64_t>(f.begin(), f.end());
-}
-
 }  // namespace
 
 Region PieceRegion(const pb::StoredPiece& piece) {

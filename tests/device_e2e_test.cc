@@ -75,6 +75,8 @@ TEST(DeviceEndToEndTest, CudaTensorsSaveLoadAndReshardBitExactWithTwoTrainersOnO
   for (Child* t : RunDeviceRanks(cluster, "dsave", 2, "save", path)) {
     EXPECT_EQ(Result(*t).first, 0) << Result(*t).second << t->Stderr();
     EXPECT_THAT(t->Stdout(), HasSubstr("mutated"));
+    // The state fits in the default pinned budget: Save returned before anything was written.
+    EXPECT_THAT(t->Stdout(), HasSubstr("waited_for_writes=0 written_before=0"));
   }
   std::string out;
   ASSERT_EQ(cluster.RunCkptctl({"verify", path}, &out), 0) << out;
@@ -124,6 +126,30 @@ TEST(DeviceEndToEndTest, AnAllDeviceLoadExchangesOverNcclOnTheDeviceBitExact) {
   }
   EXPECT_THAT(cluster.worker(0).Stderr(), HasSubstr("transport=\"nccl (device)\""));
   EXPECT_THAT(cluster.worker(0).Stderr(), Not(HasSubstr("transport=\"gloo")));
+}
+
+// 64 MiB of device state per rank through a 16 MiB pinned pool: the chunks stream into the data
+// files while later ones are copied, Save returns once the last device byte left the device
+// (after the earlier chunks were written, which the result says) and the trainer overwrites
+// its tensors at once; the checkpoint still loads bit-exact.
+TEST(DeviceEndToEndTest, AStateLargerThanThePinnedBudgetSavesBitExactAndSaysSaveWaitedForWrites) {
+  SKIP_WITHOUT_GPU();
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({}));
+  cluster.StartWorker(0, {"--gpu=0", "--pinned_staging_bytes=16777216"});
+  cluster.StartWorker(1, {"--gpu=0", "--pinned_staging_bytes=16777216"});
+  const std::string path = cluster.dir() + "/over-budget";
+  const std::vector<std::string> big = {"--rows", "16", "--cols", "1048576"};
+  for (Child* t : RunDeviceRanks(cluster, "obsave", 2, "save", path, big)) {
+    EXPECT_EQ(Result(*t).first, 0) << Result(*t).second << t->Stderr();
+    EXPECT_THAT(t->Stdout(), HasSubstr("waited_for_writes=1"));
+    EXPECT_THAT(t->Stdout(), HasSubstr("mutated"));
+  }
+  std::string out;
+  ASSERT_EQ(cluster.RunCkptctl({"verify", path}, &out), 0) << out;
+  for (Child* t : RunDeviceRanks(cluster, "obload", 2, "load", path, big)) {
+    EXPECT_THAT(t->Stdout(), HasSubstr("verified")) << t->Stdout() << t->Stderr();
+  }
 }
 
 TEST(DeviceEndToEndTest, AWorkerKilledDuringADeviceSaveAbortsItAndCommitsNothing) {

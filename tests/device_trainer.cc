@@ -7,7 +7,8 @@
 //   "host.c" (G, 64) i32, rank r holds rows [r * k, (r + 1) * k)     (shared memory)
 // where G = --global_ranks (default: the world size) and k = G / world size.
 // Every element holds its global flat index xor a per-tensor salt.
-// Printed lines (flushed): "shared", "snapshotted", "mutated", "result <code> <message>",
+// Printed lines (flushed): "shared", "snapshotted device_bytes=N waited_for_writes=0|1
+// written_before=N", "mutated", "result <code> <message>",
 // "verified <elements>", "mismatch <tensor> <index> <got> <want>".
 //
 //   device_trainer --worker unix:/path --job J --rank R --world_size N --mode save|load
@@ -155,7 +156,10 @@ int Run(const Flags& f) {
     auto handle = (*client)->Save(f.path, *state);
     result = handle.status();
     if (handle.ok()) {
-      Emit("snapshotted");
+      const ckpt::client::SnapshotInfo& info = (*handle)->snapshot();
+      Emit("snapshotted device_bytes=" + std::to_string(info.device_bytes) +
+           " waited_for_writes=" + std::to_string(info.snapshot_waited_for_writes ? 1 : 0) +
+           " written_before=" + std::to_string(info.bytes_written_before_snapshot));
       // Training goes on at once: the checkpoint must hold the values at Save.
       cudaMemset(a, 0xff, a_bytes);
       cudaMemset(b, 0xff, b_bytes);

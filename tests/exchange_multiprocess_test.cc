@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "rendezvous/kv_store.h"
+#include "rendezvous/loopback_rendezvous.h"
 #include "rendezvous/rendezvous_service.h"
 #include "tests/test_util.h"
 
@@ -36,15 +37,7 @@ struct RankExit {
 
 class MultiProcessExchangeTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    service_ = std::make_unique<RendezvousService>(&kv_);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-  }
-  void TearDown() override { server_->Shutdown(absl::ToChronoTime(absl::Now())); }
+  void SetUp() override { ASSERT_TRUE(rendezvous_.ok()); }
 
   // Starts ranks `ranks` of a group of `size` and waits for all of them (at most `limit`).
   std::vector<RankExit> RunRanks(int size, const std::vector<int>& ranks,
@@ -56,9 +49,9 @@ class MultiProcessExchangeTest : public ::testing::Test {
     std::vector<pid_t> pids;
     std::vector<std::string> err_paths;
     for (int r : ranks) {
-      std::vector<std::string> args = {RankBinary(), absl::StrCat("--store=127.0.0.1:", port_),
-                                       absl::StrCat("--rank=", r), absl::StrCat("--size=", size),
-                                       absl::StrCat("--group=", group)};
+      std::vector<std::string> args = {
+          RankBinary(), absl::StrCat("--store=", rendezvous_.address()), absl::StrCat("--rank=", r),
+          absl::StrCat("--size=", size), absl::StrCat("--group=", group)};
       args.insert(args.end(), common_flags.begin(), common_flags.end());
       if (r == special_rank)
         args.insert(args.end(), extra_for_rank0.begin(), extra_for_rank0.end());
@@ -108,10 +101,7 @@ class MultiProcessExchangeTest : public ::testing::Test {
     return r;
   }
 
-  KvStore kv_;
-  std::unique_ptr<RendezvousService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
+  LoopbackRendezvous rendezvous_;
 };
 
 TEST_F(MultiProcessExchangeTest, AllAlgorithmsMatchTheReferenceAcrossProcesses) {

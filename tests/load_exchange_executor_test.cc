@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "proto/coordinator.pb.h"
 #include "rendezvous/kv_store.h"
+#include "rendezvous/loopback_rendezvous.h"
 #include "rendezvous/rendezvous_service.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
@@ -75,15 +76,7 @@ std::vector<pb::PieceMeta> RankShards() { return {Rows(0, kRows), Rows(0, kRows)
 
 class LoadExchangeExecutorTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    service_ = std::make_unique<RendezvousService>(&kv_);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-  }
-  void TearDown() override { server_->Shutdown(absl::ToChronoTime(absl::Now())); }
+  void SetUp() override { ASSERT_TRUE(rendezvous_.ok()); }
 
   // The parts of a load of `path` into RankShards() with `algorithm`.
   std::vector<pb::LoadPlanPart> Plan(const std::string& path, const std::string& id,
@@ -127,17 +120,14 @@ class LoadExchangeExecutorTest : public ::testing::Test {
 
   ExchangeLoadContext Context() const {
     ExchangeLoadContext context;
-    context.rendezvous_address = absl::StrCat("127.0.0.1:", port_);
+    context.rendezvous_address = rendezvous_.address();
     context.rendezvous_timeout = absl::Seconds(30);
     context.exchange_timeout = absl::Seconds(60);
     context.gloo_loop_thread_nice = 0;
     return context;
   }
 
-  KvStore kv_;
-  std::unique_ptr<RendezvousService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
+  LoopbackRendezvous rendezvous_;
 };
 
 TEST_F(LoadExchangeExecutorTest, EveryAlgorithmFillsEachRanksTensorReadingEachStoredByteOnce) {

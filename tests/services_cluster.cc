@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -101,11 +102,19 @@ Child* Cluster::Spawn(const std::vector<std::string>& argv, const std::string& n
   auto child = std::make_unique<Child>();
   child->stdout_path = absl::StrCat(dir_, "/", name, ".out");
   child->stderr_path = absl::StrCat(dir_, "/", name, ".err");
+  // Built before fork: the child only makes system calls until it execs.
+  const std::string netns =
+      network_namespace_.empty() ? "" : "/var/run/netns/" + network_namespace_;
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
+    if (!netns.empty()) {
+      int ns = open(netns.c_str(), O_RDONLY | O_CLOEXEC);
+      if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) _exit(126);
+      close(ns);
+    }
     int out = open(child->stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     int err = open(child->stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     dup2(out, 1);

@@ -81,6 +81,10 @@ class Cluster {
   Child* StartTrainer(int worker_index, const std::string& job, int rank, int world_size,
                       const std::string& mode, const std::string& path = "",
                       const std::vector<std::string>& extra_args = {});
+  // Processes started from now on (daemons, trainers, ckptctl) join the network namespace
+  // /var/run/netns/<name> before they exec ("" for this process's own namespace). The
+  // multi-host tests (tests/netns_hosts.h) start each host's processes this way.
+  void set_network_namespace(const std::string& name) { network_namespace_ = name; }
   // Runs ckptctl with arguments to completion; returns its exit code and fills `out`.
   int RunCkptctl(const std::vector<std::string>& args, std::string* out);
 
@@ -105,6 +109,7 @@ class Cluster {
   std::string dir_;                                       // per-cluster scratch directory
   TlsFiles coordinator_tls_, worker_tls_, operator_tls_;  // empty without UseTls()
   std::string address_;
+  std::string network_namespace_;  // where Spawn's children run ("": here)
   int coordinator_child_ = -1;
   struct WorkerEntry {
     int child = -1;

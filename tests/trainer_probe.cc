@@ -21,6 +21,7 @@
 //                 --mode hold|save|save_mutate|load|poll [--path P] [--elements N]
 //                 [--layout rows|dtensor|cols|flat|tpdp] [--global_rows G] [--tp T]
 //                 [--algorithm A] [--budget BYTES] [--rpc_timeout_ms MS] [--check_file F]
+//                 [--start_file F]
 // The tensor "probe.weight" has shape (G, elements) (G defaults to the world size); "rows": rank
 // r holds row r; "dtensor": Shard(0) over a 1-d mesh of all ranks (torch.chunk rows);
 // "cols": Shard(1) over all ranks (column blocks); "flat": an even split of the flattened
@@ -29,6 +30,8 @@
 // --algorithm and --budget are the load's exchange algorithm and memory budget.
 // --check_file: after a failed load, fill the tensor with a sentinel, say so, and once the test
 // created F report whether anything (a worker still running the aborted load) wrote into it.
+// --start_file: after "shared", wait until the test created F before the save or load (so a
+// test can act between a rank's sharing and its operation).
 // Element values are their global flat index.
 #include <sys/stat.h>
 #include <unistd.h>
@@ -70,7 +73,7 @@ int Run(int argc, char** argv) {
   std::string layout = "rows";
   int64_t tp = -1;
   int64_t rpc_timeout_ms = 10000;
-  std::string check_file;
+  std::string check_file, start_file;
   ckpt::client::LoadOptions load_options;
   // The multi-process tests exercise the exchange unless they name an algorithm (the client's
   // own default leaves the choice to the coordinator, whose auto reads directly on one host).
@@ -105,6 +108,8 @@ int Run(int argc, char** argv) {
       absl::SimpleAtoi(value, &rpc_timeout_ms);
     } else if (flag == "--check_file") {
       check_file = value;
+    } else if (flag == "--start_file") {
+      start_file = value;
     } else {
       std::fprintf(stderr, "trainer_probe: unknown flag %s\n", flag.c_str());
       return 2;
@@ -180,6 +185,10 @@ int Run(int argc, char** argv) {
     return 1;
   }
   Emit("shared");
+  if (!start_file.empty() && !WaitForFile(start_file, absl::Now() + absl::Minutes(5))) {
+    Emit("start_file_never_appeared " + start_file);
+    return 1;
+  }
   absl::Status result;
   if (mode == "hold") {
     while (true) pause();

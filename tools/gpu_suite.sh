@@ -34,7 +34,7 @@ BENCHMARKS=(//tools/bench:device_staging_benchmark //tools/bench:device_bench_tr
 # Python drivers copied into DIR/bench; they run with the GPU machine's own python and torch
 # (the venv, the _ckpt extension and ckpt.torch are not bundled: the Python client does not
 # take CUDA tensors yet, and its extension is built for this machine's CPython).
-SCRIPTS=(tools/bench/device_dcp_bench.py)
+SCRIPTS=(tools/bench/device_dcp_bench.py tools/bench/disk_limits.py)
 RUNFILES=(worker/ckpt_worker coordinator/ckpt_coordinator tools/ckptctl tests/device_trainer)
 # Present on any Linux machine, or the GPU machine's own (driver, NCCL).
 SYSTEM_LIBS='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|libcuda|libnvidia|libnccl)\.'

@@ -15,6 +15,7 @@ PACKAGES=(
   libgloo-dev libxxhash-dev liburing-dev nlohmann-json3-dev libre2-dev
   libssl-dev openssl pkg-config python3 python3-dev python3-venv
   clang libclang-rt-14-dev clang-format
+  iproute2
 )
 
 missing=()

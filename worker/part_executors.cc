@@ -36,6 +36,8 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
     report.set_device_bytes(r.device.bytes);
     report.set_device_over_pinned_budget(r.device.over_budget);
     report.set_pinned_budget_bytes(r.pinned_budget_bytes);
+    report.set_snapshot_waited_for_writes(r.waited_for_writes);
+    report.set_bytes_written_before_snapshot(r.bytes_written_before_snapshot);
     if (on_snapshot_) on_snapshot_(item.operation_id(), item.rank(), report);
   };
   absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, *run.session, gate, device);
@@ -46,11 +48,12 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
     spdlog::info(
         "save_part_snapshotted op={} rank={} bytes={} seconds={:.3f} copied_bytes={} "
         "lent_bytes={} device_bytes={} device_chunks={} device_drained_s={:.3f} "
-        "device_over_pinned_budget={}",
+        "device_over_pinned_budget={} device_bytes_written_before_snapshot={}",
         item.operation_id(), item.rank(), part.total_bytes(),
         absl::ToDoubleSeconds(absl::Now() - start), snapshot->report.copied_bytes,
         snapshot->report.lent_bytes, staged.bytes, staged.chunks,
-        absl::ToDoubleSeconds(staged.until_drained), staged.over_budget);
+        absl::ToDoubleSeconds(staged.until_drained), staged.over_budget,
+        snapshot->report.bytes_written_before_snapshot);
     absl::StatusOr<std::string> done =
         WriteSnapshot(*snapshot, run.progress, [&gate] { return gate.closed(); });
     out.status = done.status();

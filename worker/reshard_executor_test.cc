@@ -16,19 +16,12 @@
 #include "storage/checkpoint_reader.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
+#include "storage/test_dir.h"
 
 namespace ckpt::worker {
 namespace {
 
 constexpr int64_t kRows = 8, kCols = 6;
-
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = JoinPath(tmp != nullptr ? tmp : "/tmp", name);
-  EXPECT_TRUE(RemoveTree(dir).ok());
-  EXPECT_TRUE(MakeDir(dir).ok());
-  return dir;
-}
 
 // w[i][j] = 100 * i + j.
 std::vector<float> Values() {

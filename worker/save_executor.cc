@@ -1,7 +1,6 @@
 #include "worker/save_executor.h"
 
 #include <algorithm>
-#include <cstring>
 #include <set>
 #include <utility>
 #include <vector>
@@ -13,17 +12,38 @@
 #include "proto/manifest.pb.h"
 #include "proto/wire_names.h"
 #include "storage/checkpoint_writer.h"
+#include "storage/data_file_stream.h"
 
 namespace ckpt::worker {
 namespace {
 
-// Stages the device pieces into their snapshot buffers through the worker's pinned pool, inside
-// the gate (closing it stops the staging after the copies in flight). Signals the drain (also
+// Where a device piece's bytes go: piece `piece` of the snapshot's file `file`.
+struct StreamTarget {
+  int file = 0;
+  int piece = 0;
+};
+
+// The report the trainer hears with the snapshot signal: every device byte has left the device
+// (the pipeline counts bytes as they are written, so the report says all of them), and those
+// written before the signal.
+SnapshotReport ReportAtDrain(const SnapshotReport& report, absl::Span<const DeviceRange> ranges) {
+  SnapshotReport at_drain = report;
+  at_drain.device.bytes = 0;
+  for (const DeviceRange& r : ranges) at_drain.device.bytes += r.bytes;
+  at_drain.bytes_written_before_snapshot = report.device.bytes_consumed_before_drained;
+  at_drain.waited_for_writes = at_drain.bytes_written_before_snapshot > 0;
+  return at_drain;
+}
+
+// Stages the device pieces through the worker's pinned pool straight into their data files
+// (`streams`), inside the gate (closing it stops the staging after the copies in flight): each
+// staged chunk is written and hashed while the next ones are copied. Signals the drain (also
 // when there are no device pieces: the host pieces are copied already).
-absl::Status StageDeviceSnapshot(absl::Span<const DeviceRange> ranges,
-                                 absl::Span<char* const> destinations, const std::string& who,
-                                 MemoryGate& gate, const DeviceSnapshotOptions& device,
-                                 SnapshotReport* report) {
+absl::Status StreamDeviceSnapshot(absl::Span<const DeviceRange> ranges,
+                                  absl::Span<const StreamTarget> targets, const std::string& who,
+                                  MemoryGate& gate, const DeviceSnapshotOptions& device,
+                                  SaveSnapshot* snapshot) {
+  SnapshotReport* report = &snapshot->report;
   if (ranges.empty()) {
     if (device.on_device_drained) device.on_device_drained(*report);
     return absl::OkStatus();
@@ -35,23 +55,24 @@ absl::Status StageDeviceSnapshot(absl::Span<const DeviceRange> ranges,
     return absl::Status(lease.status().code(),
                         absl::StrCat(who, ": staging device tensors: ", lease.status().message()));
   }
-  return gate.Run([&] {
+  absl::Status staged = gate.Run([&] {
     return StageDeviceToHost(
         *lease, ranges, who, [&gate] { return gate.status(); },
         [&](const StagedChunk& c) {
-          std::memcpy(destinations[c.range] + c.offset, c.host, static_cast<size_t>(c.bytes));
-          return absl::OkStatus();
+          // An abort stops the writes too, so closing the gate waits for one write at most.
+          CKPT_RETURN_IF_ERROR(gate.status());
+          const StreamTarget& to = targets[c.range];
+          return snapshot->streams[to.file]->Append(to.piece, c.host, c.bytes);
         },
         [&] {
-          // The pipeline counts bytes as they are consumed; at the drain every byte has left
-          // the device, so the report says all of them.
-          SnapshotReport at_drain = *report;
-          at_drain.device.bytes = 0;
-          for (const DeviceRange& r : ranges) at_drain.device.bytes += r.bytes;
+          const SnapshotReport at_drain = ReportAtDrain(*report, ranges);
           if (device.on_device_drained) device.on_device_drained(at_drain);
         },
         deadline, &report->device);
   });
+  report->bytes_written_before_snapshot = report->device.bytes_consumed_before_drained;
+  report->waited_for_writes = report->bytes_written_before_snapshot > 0;
+  return staged;
 }
 
 // A planned piece checked against what the trainer shares: the tensor it comes from and its
@@ -115,6 +136,96 @@ absl::Status AddTensorOnce(const pb::PlanPiece& piece, const std::string& who,
   return absl::OkStatus();
 }
 
+// Takes a save part's pieces out of the trainer's memory: SnapshotSavePart's steps.
+class SnapshotTaker {
+ public:
+  SnapshotTaker(std::string who, const SessionInfo& session, MemoryGate& gate,
+                const DeviceSnapshotOptions& device)
+      : who_(std::move(who)), session_(session), gate_(gate), device_(device) {}
+
+  SaveSnapshot& snapshot() { return snapshot_; }
+
+  // Checks `piece` against the session and adds it to `plan` (the snapshot's next file): a host
+  // piece copied into a worker buffer (or lent: written from the trainer's mapping later), a
+  // device piece without data, queued for streaming into its file.
+  absl::Status TakePiece(const pb::PlanPiece& piece, DataFilePlan* plan) {
+    CKPT_ASSIGN_OR_RETURN(PlannedPiece planned,
+                          ResolvePlannedPiece(piece, session_, device_, who_));
+    CKPT_RETURN_IF_ERROR(AddTensorOnce(piece, who_, &keys_, &snapshot_.tensors));
+    const RegisteredTensor& t = *planned.tensor;
+    if (t.memory_kind == pb::MEMORY_DEVICE) {  // staged once every host piece is copied
+      targets_.push_back(StreamTarget{static_cast<int>(snapshot_.files.size()),
+                                      static_cast<int>(plan->pieces.size())});
+      ranges_.push_back(DeviceRange{piece.key(), t.device_ptr, t.nbytes});
+      plan->pieces.push_back(PieceData{piece.key(), planned.region, nullptr, t.nbytes});
+      return absl::OkStatus();
+    }
+    if (t.lent_until_durable) {
+      // Lent until the save ends: written from the trainer's mapping, which stays mapped.
+      snapshot_.mappings.push_back(t.mapping);
+      snapshot_.report.lent_bytes += t.nbytes;
+      plan->pieces.push_back(PieceData{piece.key(), planned.region, t.data, t.nbytes});
+      return absl::OkStatus();
+    }
+    // The copy is what gets written: the trainer may change its tensors once this returns.
+    snapshot_.buffers.emplace_back(new char[std::max<int64_t>(t.nbytes, 1)]);
+    char* copy = snapshot_.buffers.back().get();
+    absl::Status copied = gate_.Copy(copy, t.data, static_cast<size_t>(t.nbytes));
+    if (!copied.ok()) {
+      return absl::Status(copied.code(), absl::StrCat(who_, ": stopped copying ", piece.key(), ": ",
+                                                      copied.message()));
+    }
+    snapshot_.report.copied_bytes += t.nbytes;
+    plan->pieces.push_back(PieceData{piece.key(), planned.region, copy, t.nbytes});
+    return absl::OkStatus();
+  }
+
+  // Creates the data files that hold device pieces in the staging directory (every file's
+  // pieces and tensors are known now), so the staged chunks can be written into them.
+  absl::Status OpenStreams() {
+    snapshot_.streams.resize(snapshot_.files.size());
+    for (const StreamTarget& target : targets_) {
+      if (snapshot_.streams[target.file] != nullptr) continue;
+      absl::StatusOr<std::unique_ptr<DataFileStream>> stream = DataFileStream::Create(
+          snapshot_.staging_dir, snapshot_.tensors, snapshot_.files[target.file], target.file);
+      if (!stream.ok()) {
+        return absl::Status(
+            stream.status().code(),
+            absl::StrCat(who_, ": creating ", snapshot_.file_paths[target.file], " in ",
+                         snapshot_.staging_dir, ": ", stream.status().message()));
+      }
+      snapshot_.streams[target.file] = *std::move(stream);
+    }
+    return absl::OkStatus();
+  }
+
+  // Stages the device pieces into their files and signals the drain (StreamDeviceSnapshot).
+  absl::Status StreamDevicePieces() {
+    return StreamDeviceSnapshot(ranges_, targets_, who_, gate_, device_, &snapshot_);
+  }
+
+ private:
+  const std::string who_;
+  const SessionInfo& session_;
+  MemoryGate& gate_;
+  const DeviceSnapshotOptions& device_;
+  SaveSnapshot snapshot_;
+  std::set<std::string> keys_;
+  std::vector<DeviceRange> ranges_;    // the device pieces, in plan order
+  std::vector<StreamTarget> targets_;  // where each range goes
+};
+
+// Completes a file whose device pieces were streamed into it: appends its host pieces (those
+// with data) and finishes it.
+absl::StatusOr<WrittenData> FinishStreamedFile(const DataFilePlan& plan, DataFileStream& stream) {
+  for (size_t i = 0; i < plan.pieces.size(); ++i) {
+    const PieceData& p = plan.pieces[i];
+    if (p.data == nullptr || p.size_bytes == 0) continue;
+    CKPT_RETURN_IF_ERROR(stream.Append(static_cast<int>(i), p.data, p.size_bytes));
+  }
+  return stream.Finish();
+}
+
 }  // namespace
 
 absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
@@ -128,61 +239,25 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
   if (part.staging_dir().empty() && part.files_size() > 0) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": save plan part has no staging dir"));
   }
-  SaveSnapshot snapshot;
-  snapshot.rank = part.rank();
-  snapshot.job = session.trainer.job;
-  snapshot.staging_dir = part.staging_dir();
-  std::vector<TensorMeta>& tensors = snapshot.tensors;
-  std::vector<DataFilePlan>& files = snapshot.files;
-  std::set<std::string> keys;
-  std::vector<DeviceRange> device_ranges;
-  std::vector<char*> device_destinations;
+  SnapshotTaker taker(who, session, gate, device);
+  taker.snapshot().rank = part.rank();
+  taker.snapshot().job = session.trainer.job;
+  taker.snapshot().staging_dir = part.staging_dir();
   for (const pb::PlanFile& file : part.files()) {
-    snapshot.file_paths.push_back(file.path());
+    taker.snapshot().file_paths.push_back(file.path());
     DataFilePlan plan;
     plan.writer_rank = part.rank();
     for (const pb::PlanPiece& piece : file.pieces()) {
-      CKPT_ASSIGN_OR_RETURN(PlannedPiece planned, ResolvePlannedPiece(piece, session, device, who));
-      CKPT_RETURN_IF_ERROR(AddTensorOnce(piece, who, &keys, &tensors));
-      const RegisteredTensor& t = *planned.tensor;
-      const bool on_device = t.memory_kind == pb::MEMORY_DEVICE;
-      if (!on_device && t.lent_until_durable) {
-        // Lent until the save ends: written from the trainer's mapping, which stays mapped.
-        snapshot.mappings.push_back(t.mapping);
-        snapshot.report.lent_bytes += t.nbytes;
-        plan.pieces.push_back(PieceData{piece.key(), planned.region, t.data, t.nbytes});
-        continue;
-      }
-      // The copy is what gets written: the trainer may change its tensors once this returns.
-      snapshot.buffers.emplace_back(new char[std::max<int64_t>(t.nbytes, 1)]);
-      if (on_device) {  // staged below, after every host piece
-        device_ranges.push_back(DeviceRange{piece.key(), t.device_ptr, t.nbytes});
-        device_destinations.push_back(snapshot.buffers.back().get());
-        plan.pieces.push_back(
-            PieceData{piece.key(), planned.region, snapshot.buffers.back().get(), t.nbytes});
-        continue;
-      }
-      absl::Status copied =
-          gate.Copy(snapshot.buffers.back().get(), t.data, static_cast<size_t>(t.nbytes));
-      if (!copied.ok()) {
-        return absl::Status(copied.code(), absl::StrCat(who, ": stopped copying ", piece.key(),
-                                                        ": ", copied.message()));
-      }
-      snapshot.report.copied_bytes += t.nbytes;
-      plan.pieces.push_back(
-          PieceData{piece.key(), planned.region, snapshot.buffers.back().get(), t.nbytes});
+      CKPT_RETURN_IF_ERROR(taker.TakePiece(piece, &plan));
     }
-    files.push_back(std::move(plan));
+    taker.snapshot().files.push_back(std::move(plan));
   }
-  if (absl::Status s = StageDeviceSnapshot(device_ranges, device_destinations, who, gate, device,
-                                           &snapshot.report);
-      !s.ok()) {
-    return s;
-  }
-  return snapshot;
+  CKPT_RETURN_IF_ERROR(taker.OpenStreams());
+  CKPT_RETURN_IF_ERROR(taker.StreamDevicePieces());
+  return std::move(taker.snapshot());
 }
 
-absl::StatusOr<std::string> WriteSnapshot(const SaveSnapshot& snapshot,
+absl::StatusOr<std::string> WriteSnapshot(SaveSnapshot& snapshot,
                                           const std::function<void(int64_t bytes_done)>& progress,
                                           const std::function<bool()>& cancelled) {
   const std::string who = absl::StrCat("rank ", snapshot.rank, " of job ", snapshot.job);
@@ -195,8 +270,11 @@ absl::StatusOr<std::string> WriteSnapshot(const SaveSnapshot& snapshot,
       return absl::CancelledError(absl::StrCat(who, ": the operation was aborted; stopped after ",
                                                i, " of ", files.size(), " data files"));
     }
-    absl::StatusOr<WrittenData> data = WriteDataFiles(
-        snapshot.staging_dir, snapshot.tensors, {files[i]}, static_cast<int>(i), WriteOptions());
+    absl::StatusOr<WrittenData> data =
+        i < snapshot.streams.size() && snapshot.streams[i] != nullptr
+            ? FinishStreamedFile(files[i], *snapshot.streams[i])
+            : WriteDataFiles(snapshot.staging_dir, snapshot.tensors, {files[i]},
+                             static_cast<int>(i), WriteOptions());
     if (!data.ok()) {
       return absl::Status(data.status().code(),
                           absl::StrCat(who, ": writing ", snapshot.file_paths[i], " into ",

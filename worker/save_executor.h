@@ -1,5 +1,5 @@
-// Executes a worker's part of a save: writes the pieces the plan assigned to this rank, straight
-// from the trainer's shared memory, into the save's staging directory (storage's safetensors
+// Executes a worker's part of a save: writes the pieces the plan assigned to this rank, out of
+// the trainer's host or device memory, into the save's staging directory (storage's safetensors
 // data files, fsynced), and returns the record of what it wrote for the coordinator's commit.
 // No gRPC, no logging.
 #ifndef CKPT_WORKER_SAVE_EXECUTOR_H_
@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "proto/coordinator.pb.h"
 #include "storage/checkpoint_writer.h"
+#include "storage/data_file_stream.h"
 #include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
 #include "worker/staging_pipeline.h"
@@ -26,21 +27,32 @@ struct SnapshotReport {
   int64_t lent_bytes = 0;           // host bytes lent until durable: written in place, not copied
   StagingStats device;              // device pieces staged through the pinned pool (bytes 0: none)
   int64_t pinned_budget_bytes = 0;  // of the pool used (0: no device staging)
+  // The device pieces did not fit in the pinned pool, so the signal waited until the chunks
+  // staged first were written to their data files and their buffers reused: Save returned
+  // after `bytes_written_before_snapshot` device bytes were written.
+  bool waited_for_writes = false;
+  int64_t bytes_written_before_snapshot = 0;
 };
 
-// A rank's save part taken out of the trainer's memory: its own pieces are copied into
+// A rank's save part taken out of the trainer's memory. Host pieces are copied into
 // worker-owned buffers, so the trainer may change them once it exists and writing it produces
 // the pre-change values; pieces the trainer lent until durable (RegisteredTensor::
 // lent_until_durable) are not copied and are written from the trainer's shared mapping, which
-// `mappings` keeps alive.
+// `mappings` keeps alive. Device pieces are not held at all: their bytes went from the pinned
+// staging buffers straight into their data files (`streams`), which WriteSnapshot completes
+// with the host pieces and finishes.
 struct SaveSnapshot {
   int rank = 0;
   std::string job;
   std::string staging_dir;
   std::vector<TensorMeta> tensors;
-  std::vector<DataFilePlan> files;               // pieces point into `buffers`
-  std::vector<std::string> file_paths;           // as planned, for messages
-  std::vector<std::unique_ptr<char[]>> buffers;  // the copied bytes, one per copied piece
+  std::vector<DataFilePlan> files;      // host pieces point into `buffers` or `mappings`; device
+                                        // pieces have no data (they are in `streams` already)
+  std::vector<std::string> file_paths;  // as planned, for messages
+  // Per file: the open data file its device pieces were streamed into (null for a file of
+  // host pieces only, which WriteSnapshot writes whole).
+  std::vector<std::unique_ptr<DataFileStream>> streams;
+  std::vector<std::unique_ptr<char[]>> buffers;  // the copied bytes, one per copied host piece
   std::vector<std::shared_ptr<const MappedSegment>> mappings;  // of the lent pieces
   SnapshotReport report;
 };
@@ -55,19 +67,22 @@ struct DeviceSnapshotOptions {
   absl::Duration timeout = absl::Minutes(10);  // for the pool and each copy
 };
 
-// Checks `part` against the session (see ExecuteSavePart) and copies the pieces it writes,
-// through `gate` in chunks (a closed gate stops the copy with its reason). Host pieces are
-// copied first (lent ones are not copied), then device pieces are staged off the device through
-// `device.staging` in chunks (see worker/staging_pipeline.h) into the snapshot's buffers.
+// Checks `part` against the session (see ExecuteSavePart) and takes the pieces it writes out
+// of the trainer's memory: host pieces are copied through `gate` in chunks (a closed gate stops
+// the copy with its reason; lent ones are not copied), then the data files holding device
+// pieces are created in the staging directory and the device pieces are staged off the device
+// through `device.staging` in chunks (see worker/staging_pipeline.h), each chunk written and
+// hashed into its file while the next one is copied. Errors name the rank, tensor and file.
 absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
                                               const SessionInfo& session, MemoryGate& gate,
                                               const DeviceSnapshotOptions& device = {});
 
-// Writes a snapshot into its staging directory, one data file at a time; returns the record
-// of what it wrote (serialized pb::Manifest with pieces and files).
+// Writes a snapshot's data files into its staging directory, one at a time (the host pieces of
+// a file that device pieces were streamed into are appended to it, then it is finished);
+// returns the record of what it wrote (serialized pb::Manifest with pieces and files).
 // `cancelled`, checked before each file, stops the write with Cancelled (the operation was
 // aborted meanwhile).
-absl::StatusOr<std::string> WriteSnapshot(const SaveSnapshot& snapshot,
+absl::StatusOr<std::string> WriteSnapshot(SaveSnapshot& snapshot,
                                           const std::function<void(int64_t bytes_done)>& progress,
                                           const std::function<bool()>& cancelled = nullptr);
 

@@ -2,10 +2,16 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "device/host_memcpy_copy_engine_for_tests.h"
@@ -13,12 +19,23 @@
 #include "gtest/gtest.h"
 #include "proto/manifest.pb.h"
 #include "storage/checkpoint_writer.h"
+#include "storage/checksum.h"
 #include "storage/file_util.h"
 
 namespace ckpt::worker {
 namespace {
 
 using ::testing::HasSubstr;
+
+// The manifest checksum of `bytes`, computed independently of the writer.
+uint64_t Xxh3BlocksOf(const std::string& bytes, int64_t block_bytes) {
+  std::vector<uint64_t> blocks;
+  for (size_t at = 0; at < bytes.size(); at += static_cast<size_t>(block_bytes)) {
+    const size_t n = std::min(bytes.size() - at, static_cast<size_t>(block_bytes));
+    blocks.push_back(Xxh3(bytes.data() + at, n));
+  }
+  return RangeChecksum(blocks);
+}
 
 class SaveExecutorTest : public ::testing::Test {
  protected:
@@ -296,6 +313,10 @@ TEST_F(DeviceSaveTest, TheCheckpointHoldsTheValuesAtSaveEvenIfOverwrittenOnceDra
   EXPECT_EQ(at_drain.pinned_budget_bytes, 16384);
   EXPECT_EQ(at_drain.copied_bytes, 64);
   EXPECT_EQ(at_drain.lent_bytes, 0);
+  // 5 chunks through 2 buffers: the first 3 were written before the last could be copied.
+  EXPECT_TRUE(at_drain.waited_for_writes);
+  EXPECT_EQ(at_drain.bytes_written_before_snapshot, 3 * 8192);
+  EXPECT_TRUE(snapshot->buffers.size() == 1u);  // the host piece's copy only
   auto written = WriteSnapshot(*snapshot, nullptr);
   ASSERT_TRUE(written.ok()) << written.status();
   pb::Manifest m;
@@ -351,6 +372,173 @@ TEST_F(DeviceSaveTest, AClosedGateStopsTheDeviceStagingWithItsReason) {
   auto snapshot = SnapshotSavePart(part, session_, gate, device);
   EXPECT_EQ(snapshot.status().code(), absl::StatusCode::kAborted);
   EXPECT_THAT(std::string(snapshot.status().message()), HasSubstr("rank 1 died"));
+}
+
+// A device tensor "big" (160 x 256 i32: 163840 bytes, 10x the pool's 16384-byte budget, 20
+// chunks through 2 buffers), and a plan part holding it alone.
+class TenTimesTheBudgetTest : public DeviceSaveTest {
+ protected:
+  static constexpr int64_t kBigBytes = 160 * 256 * 4;
+  void SetUp() override {
+    DeviceSaveTest::SetUp();
+    big_memory_.resize(160 * 256);
+    for (size_t i = 0; i < big_memory_.size(); ++i) big_memory_[i] = static_cast<int32_t>(3 * i);
+    RegisteredTensor b;
+    b.shard.mutable_tensor()->set_key("big");
+    b.shard.mutable_tensor()->set_dtype(pb::DTYPE_I32);
+    for (int64_t v : {160, 256}) b.shard.mutable_tensor()->add_global_shape(v);
+    for (int64_t v : {0, 0}) b.shard.mutable_region()->add_offsets(v);
+    for (int64_t v : {160, 256}) b.shard.mutable_region()->add_lengths(v);
+    b.memory_kind = pb::MEMORY_DEVICE;
+    b.nbytes = kBigBytes;
+    b.device = 0;
+    b.device_ptr = big_memory_.data();
+    session_.tensors.push_back(b);
+  }
+  pb::SavePlanPart BigPart() {
+    pb::SavePlanPart part = Part();
+    part.set_total_bytes(kBigBytes);
+    part.mutable_files(0)->set_total_bytes(kBigBytes);
+    pb::PlanPiece* p = part.mutable_files(0)->mutable_pieces(0);
+    *p->mutable_region() = session_.tensors[2].shard.region();
+    p->set_key("big");
+    p->clear_global_shape();
+    p->add_global_shape(160);
+    p->add_global_shape(256);
+    p->set_size_bytes(kBigBytes);
+    p->set_local_index(2);
+    return part;
+  }
+  std::string DataFile() const { return JoinPath(staging_, "data/r0_0.safetensors"); }
+  // Bytes of the data file written so far (0 before it exists).
+  int64_t DataFileBytes() const {
+    absl::StatusOr<int64_t> size = FileSize(DataFile());
+    return size.ok() ? *size : 0;
+  }
+  std::vector<int32_t> big_memory_;
+};
+
+TEST_F(TenTimesTheBudgetTest, SavesCorrectlyWithinTheBudgetAndSaysTheSignalWaitedForWrites) {
+  const std::vector<int32_t> at_save = big_memory_;
+  // Before each copy: the pinned buffer it fills, and how far the data file is written.
+  std::mutex mu;
+  std::set<void*> buffers_used;
+  int copies = 0;
+  int64_t max_staged_not_written = 0;
+  engine_.set_hook([&](const HostCopy& c) {
+    std::lock_guard<std::mutex> lock(mu);
+    buffers_used.insert(c.dst);
+    ++copies;
+    const int64_t written = std::max<int64_t>(0, DataFileBytes() - 4096);  // header: 4 KiB
+    max_staged_not_written = std::max(max_staged_not_written, copies * int64_t{8192} - written);
+    return absl::OkStatus();
+  });
+  MemoryGate gate;
+  DeviceSnapshotOptions device;
+  device.staging = &pool_;
+  SnapshotReport at_signal;
+  int copies_at_signal = 0;
+  int64_t file_bytes_at_signal = 0;
+  device.on_device_drained = [&](const SnapshotReport& r) {
+    at_signal = r;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      copies_at_signal = copies;
+    }
+    file_bytes_at_signal = DataFileBytes();
+    for (int32_t& v : big_memory_) v = -7;  // the trainer trains on
+  };
+  auto snapshot = SnapshotSavePart(BigPart(), session_, gate, device);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  // The signal came once the last device byte was copied, after 18 chunks were written.
+  EXPECT_EQ(copies_at_signal, 20);
+  EXPECT_TRUE(at_signal.waited_for_writes);
+  EXPECT_EQ(at_signal.bytes_written_before_snapshot, 18 * 8192);
+  EXPECT_EQ(file_bytes_at_signal, 4096 + 18 * 8192);
+  EXPECT_EQ(at_signal.device.bytes, kBigBytes);
+  EXPECT_TRUE(at_signal.device.over_budget);
+  EXPECT_EQ(snapshot->report.bytes_written_before_snapshot, 18 * 8192);
+  // Never more staged than the pool's two buffers hold, and only those two buffers, allocated
+  // once; no pageable copy of the device state.
+  EXPECT_LE(max_staged_not_written, 2 * 8192);
+  EXPECT_EQ(buffers_used.size(), 2u);
+  EXPECT_EQ(engine_.pinned_allocations(), 2);
+  EXPECT_TRUE(snapshot->buffers.empty());
+  auto written = WriteSnapshot(*snapshot, nullptr);
+  ASSERT_TRUE(written.ok()) << written.status();
+  pb::Manifest m;
+  ASSERT_TRUE(m.ParseFromString(*written));
+  ASSERT_EQ(m.pieces_size(), 1);
+  EXPECT_EQ(m.files(0).data_start(), 4096);
+  // The file holds the values at Save, in order, and verifies against its recorded checksums.
+  auto bytes = ReadFileRange(DataFile(), m.pieces(0).byte_offset(), kBigBytes);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(std::memcmp(bytes->data(), at_save.data(), kBigBytes), 0);
+  EXPECT_EQ(Xxh3BlocksOf(*bytes, kDefaultChecksumBlockBytes), m.pieces(0).xxh3_64());
+}
+
+TEST_F(TenTimesTheBudgetTest, ACopyFailureMidStreamNamesTensorAndRankAndGivesNoSignal) {
+  std::atomic<int> n{0};
+  engine_.set_hook([&n](const HostCopy&) {
+    return ++n == 8 ? absl::InternalError("CUDA cudaErrorIllegalAddress: injected")
+                    : absl::OkStatus();
+  });
+  MemoryGate gate;
+  bool signalled = false;
+  DeviceSnapshotOptions device;
+  device.staging = &pool_;
+  device.on_device_drained = [&](const SnapshotReport&) { signalled = true; };
+  auto snapshot = SnapshotSavePart(BigPart(), session_, gate, device);
+  EXPECT_EQ(snapshot.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(snapshot.status().message()),
+              HasSubstr("rank 0 of job exec: tensor big bytes [57344, 65536)"));
+  EXPECT_THAT(std::string(snapshot.status().message()), HasSubstr("cudaErrorIllegalAddress"));
+  EXPECT_FALSE(signalled);  // the trainer is never told its state was taken
+  EXPECT_FALSE(PathExists(final_path_));
+}
+
+// A real failed write: the process's file size limit (RLIMIT_FSIZE, SIGXFSZ ignored) stops the
+// data file at 32 KiB, midway through the device tensor's chunks.
+TEST_F(TenTimesTheBudgetTest, AWriteFailureMidStreamNamesTensorRankAndFileAndGivesNoSignal) {
+  MemoryGate gate;
+  bool signalled = false;
+  DeviceSnapshotOptions device;
+  device.staging = &pool_;
+  device.on_device_drained = [&](const SnapshotReport&) { signalled = true; };
+  struct rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  auto* old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit limited = saved;
+  limited.rlim_cur = 32768;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
+  auto snapshot = SnapshotSavePart(BigPart(), session_, gate, device);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
+  std::signal(SIGXFSZ, old_handler);
+  ASSERT_FALSE(snapshot.ok());
+  const std::string message(snapshot.status().message());
+  EXPECT_THAT(message, HasSubstr("rank 0 of job exec: tensor big bytes [24576, 32768)"));
+  EXPECT_THAT(message, HasSubstr(DataFile()));
+  EXPECT_FALSE(signalled);
+  EXPECT_FALSE(PathExists(final_path_));
+}
+
+TEST_F(TenTimesTheBudgetTest, AnAbortAfterTheSignalStopsTheWritesOfTheChunksStillStaged) {
+  MemoryGate gate;
+  std::thread closer;
+  DeviceSnapshotOptions device;
+  device.staging = &pool_;
+  device.on_device_drained = [&](const SnapshotReport&) {
+    // The operation is aborted right after the signal (Close waits for the staging to end).
+    closer = std::thread([&gate] { gate.Close(absl::AbortedError("rank 1 died")); });
+    while (!gate.closed()) std::this_thread::yield();
+  };
+  auto snapshot = SnapshotSavePart(BigPart(), session_, gate, device);
+  closer.join();
+  EXPECT_EQ(snapshot.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(snapshot.status().message()),
+              HasSubstr("tensor big bytes [147456, 155648)"));
+  EXPECT_THAT(std::string(snapshot.status().message()), HasSubstr("rank 1 died"));
+  EXPECT_EQ(DataFileBytes(), 4096 + 18 * 8192);  // the two chunks still staged were not written
 }
 
 }  // namespace

@@ -152,6 +152,7 @@ absl::Status StageDeviceToHost(PinnedStagingPool::Lease& lease,
         consume(StagedChunk{c.range, c.offset, c.bytes, lease.buffers()[front.buffer].data()});
     if (!s.ok()) return fail(s, c, "consuming the staged chunk");
     stats->bytes += c.bytes;
+    if (!drained) stats->bytes_consumed_before_drained += c.bytes;
     ++stats->chunks;
     free_buffers.push_back(front.buffer);
   }

@@ -6,7 +6,7 @@
 // to the consumer; once every chunk is issued the pipeline waits for the last copy and signals
 // "drained": every device byte has left device memory (the trainer may overwrite its tensors).
 // When the ranges exceed the pool, later chunks wait for buffers the consumer released, so the
-// signal comes later (StagingStats::over_budget says so).
+// signal comes later (StagingStats::over_budget and bytes_consumed_before_drained say so).
 // Host to device (loads): the producer fills chunk k+1 (e.g. reads it from storage) while chunk
 // k is copied to the device.
 //
@@ -95,6 +95,9 @@ struct StagingStats {
   int64_t chunks = 0;
   bool over_budget = false;      // the ranges did not fit in the pool at once
   absl::Duration until_drained;  // device to host: from start to the "drained" signal
+  // Device to host: bytes the consumer took (e.g. wrote to storage) before the "drained"
+  // signal, so that their buffers could take later chunks: the signal waited for them.
+  int64_t bytes_consumed_before_drained = 0;
 };
 
 // Device to host, see the file comment. `stop` (may be empty) is asked before each chunk is

@@ -124,6 +124,7 @@ TEST(StagingPipelineTest, DrainedSignalComesAfterTheLastDeviceByteAndBeforeTheWr
   EXPECT_EQ(copied_at_signal, 5);     // every chunk had left the "device"
   EXPECT_EQ(consumed_at_signal, 0u);  // before anything was written
   EXPECT_FALSE(stats.over_budget);
+  EXPECT_EQ(stats.bytes_consumed_before_drained, 0);
   EXPECT_EQ(t.staged, t.device);
 }
 
@@ -142,6 +143,7 @@ TEST(StagingPipelineTest, AStateLargerThanTheBudgetSignalsDrainedOnlyAfterBuffer
                   .ok());
   EXPECT_EQ(consumed_at_signal, 5u);  // 7 chunks through 2 buffers: 5 consumed first
   EXPECT_TRUE(stats.over_budget);
+  EXPECT_EQ(stats.bytes_consumed_before_drained, 5 * kChunk);
   EXPECT_EQ(t.staged, t.device);
 }
 

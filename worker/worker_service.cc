@@ -39,6 +39,10 @@ WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, st
   RegisterPartExecutor(pb::OPERATION_RESHARD, std::make_unique<ReshardPartExecutor>());
 }
 
+std::string WorkerService::CoordinatorCall(absl::string_view call) const {
+  return absl::StrCat(call, " from host ", host_, " to coordinator ", link_->options().coordinator);
+}
+
 absl::Status WorkerService::Attach(const SessionInfo& session, const std::string& worker_id) {
   pb::AttachRankRequest request;
   request.set_job(session.trainer.job);
@@ -48,7 +52,7 @@ absl::Status WorkerService::Attach(const SessionInfo& session, const std::string
   request.set_trainer_pid(session.trainer.pid);
   pb::AttachRankResponse response;
   return FromGrpcStatus(link_->stub()->AttachRank(link_->Context().get(), request, &response),
-                        absl::StrCat("AttachRank at coordinator ", link_->options().coordinator));
+                        CoordinatorCall("AttachRank"));
 }
 
 absl::StatusOr<TrainerCredentials> WorkerService::Caller(const grpc::ServerContext& context) const {
@@ -166,7 +170,7 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   pb::JoinOperationResponse joined;
   absl::Status s =
       FromGrpcStatus(link_->stub()->JoinOperation(link_->Context().get(), join, &joined),
-                     absl::StrCat("JoinOperation at coordinator ", link_->options().coordinator));
+                     CoordinatorCall("JoinOperation"));
   if (!s.ok()) return ToGrpcStatus(s);
   spdlog::info("operation_joined op={} job={} rank={} kind={} path={} shards={}",
                joined.operation().id(), join.job(), join.rank(), pb::OperationKind_Name(kind),
@@ -199,9 +203,9 @@ grpc::Status WorkerService::Poll(grpc::ServerContext* context, const pb::PollReq
   pending.set_job(session->trainer.job);
   pending.set_rank(session->trainer.rank);
   pb::PendingOperationResponse answer;
-  absl::Status s = FromGrpcStatus(
-      link_->stub()->PendingOperation(link_->Context().get(), pending, &answer),
-      absl::StrCat("PendingOperation at coordinator ", link_->options().coordinator));
+  absl::Status s =
+      FromGrpcStatus(link_->stub()->PendingOperation(link_->Context().get(), pending, &answer),
+                     CoordinatorCall("PendingOperation"));
   if (!s.ok()) return ToGrpcStatus(s);
   response->set_pending(answer.pending());
   if (answer.pending()) {
@@ -229,6 +233,38 @@ const pb::SaveSnapshotReport* WorkerService::Snapshotted(const std::string& oper
   return nullptr;
 }
 
+absl::Status WorkerService::WaitAtCoordinator(const std::string& operation_id, absl::Duration wait,
+                                              uint64_t epoch, pb::OperationStatus* op,
+                                              bool* cut_off) {
+  *cut_off = false;
+  // Whether this worker's lease had already run out before the call: only then does a call
+  // that gets no answer show the host cut off (one in flight while the worker was frozen, or
+  // when the link went down, is asked again).
+  const absl::Status lease_before = link_->LeaseStatus(epoch);
+  // At most a lease per call (none once the lease ran out): a worker cut off from the
+  // coordinator notices within about a lease plus two RPC deadlines, not after the trainer's
+  // whole wait.
+  const absl::Duration lease = link_->lease();
+  if (!lease_before.ok()) wait = absl::ZeroDuration();
+  if (lease > absl::ZeroDuration()) wait = std::min(wait, lease);
+  pb::WaitOperationRequest request;
+  request.set_operation_id(operation_id);
+  request.set_timeout_ms(absl::ToInt64Milliseconds(std::max(absl::ZeroDuration(), wait)));
+  absl::Status s = FromGrpcStatus(
+      link_->stub()->WaitOperation(
+          link_->Context(absl::Milliseconds(request.timeout_ms()) + link_->options().rpc_timeout)
+              .get(),
+          request, op),
+      CoordinatorCall("WaitOperation"));
+  // A refused connection is a coordinator restarting (its successor answers for the
+  // operation); silence past the lease is a host cut off or a coordinator frozen past every
+  // lease: either way the coordinator aborts the operation.
+  if (s.code() != absl::StatusCode::kDeadlineExceeded || lease_before.ok()) return s;
+  *cut_off = true;
+  return absl::UnavailableError(
+      absl::StrCat(s.message(), "; host ", host_, " is cut off: ", lease_before.message()));
+}
+
 grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitRequest* request,
                                  pb::WaitResponse* response) {
   if (request->timeout_ms() < 0) {
@@ -238,6 +274,7 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
   absl::StatusOr<SessionInfo> session = CallerSession(*context, request->session_id());
   if (!session.ok()) return ToGrpcStatus(session.status());
   const int rank = request->until_snapshot() ? session->trainer.rank : -1;
+  const uint64_t epoch = link_->registration_epoch();
   while (true) {
     bool snapshotted = false;
     pb::SaveSnapshotReport report;
@@ -255,24 +292,24 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
       snapshotted = r != nullptr;
       if (r != nullptr) report = *r;
     }
-    pb::WaitOperationRequest wait;
-    wait.set_operation_id(request->operation_id());
-    wait.set_timeout_ms(rank >= 0 ? 0 : request->timeout_ms());
     pb::OperationStatus op;
-    absl::Status s = FromGrpcStatus(
-        link_->stub()->WaitOperation(
-            link_->Context(absl::Milliseconds(wait.timeout_ms()) + link_->options().rpc_timeout)
-                .get(),
-            wait, &op),
-        absl::StrCat("WaitOperation at coordinator ", link_->options().coordinator));
+    bool cut_off = false;
+    absl::Status s = WaitAtCoordinator(request->operation_id(),
+                                       rank >= 0 ? absl::ZeroDuration() : deadline - absl::Now(),
+                                       epoch, &op, &cut_off);
     if ((s.code() == absl::StatusCode::kUnavailable ||
          s.code() == absl::StatusCode::kDeadlineExceeded) &&
-        absl::Now() < deadline && !context->IsCancelled()) {
+        !cut_off && absl::Now() < deadline && !context->IsCancelled()) {
       // The coordinator is away (restarting, stalled): ask again, so the trainer hears what
       // became of its operation (e.g. that a restarted coordinator does not know it) once it
       // is back.
       absl::SleepFor(std::min(absl::Milliseconds(100), deadline - absl::Now()));
       continue;
+    }
+    if (cut_off) {
+      // The coordinator has declared this worker dead and aborted the operation: nothing may
+      // write the trainer's memory any more.
+      CloseGate(request->operation_id(), s);
     }
     if (!s.ok()) return ToGrpcStatus(s);
     bool final = op.phase() == pb::PHASE_DONE || op.phase() == pb::PHASE_ABORTED;
@@ -285,7 +322,7 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
                     : absl::Status(static_cast<absl::StatusCode>(op.status().code()),
                                    op.status().message()));
     }
-    if (rank < 0 || snapshotted || final || absl::Now() >= deadline || context->IsCancelled()) {
+    if (snapshotted || final || absl::Now() >= deadline || context->IsCancelled()) {
       response->set_phase(op.phase());
       response->set_code(op.status().code());
       response->set_message(op.status().message());

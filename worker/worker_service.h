@@ -129,6 +129,16 @@ class WorkerService final : public pb::Worker::Service {
   const pb::SaveSnapshotReport* Snapshotted(const std::string& operation_id, int rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(snapshot_mu_);
 
+  // "<call> from host <host> to coordinator <address>": what a trainer's error says when
+  // the coordinator cannot be reached from this host (a cut link names the host it cut off).
+  std::string CoordinatorCall(absl::string_view call) const;
+  // One WaitOperation call for `operation_id` (waiting up to `wait`, at most a lease) into
+  // `op`. When this worker's lease (registration `epoch`) had run out before the call and the
+  // coordinator does not answer it either, sets `cut_off` and returns Unavailable naming this
+  // host: the coordinator has declared the worker dead and aborted the operation.
+  absl::Status WaitAtCoordinator(const std::string& operation_id, absl::Duration wait,
+                                 uint64_t epoch, pb::OperationStatus* op, bool* cut_off);
+
   MemoryRegistry* registry_;
   CoordinatorLink* link_;
   std::string host_;

@@ -145,6 +145,8 @@ class Progress:
     lent_bytes: int  # host bytes lent until durable: written in place, not copied again
     device_bytes: int  # bytes staged off the device through the worker's pinned pool
     device_over_pinned_budget: bool  # the device bytes exceeded the pinned budget
+    snapshot_waited_for_writes: bool  # so save() returned after part of them was written
+    bytes_written_before_snapshot: int  # device bytes written before save() returned
 
 
 def _status_error(code, message):
@@ -158,7 +160,9 @@ class SaveHandle:
     memory; ``worker_copied_bytes``: copied again by the worker at the snapshot (memory not
     lent); ``lent_bytes``: written by the worker straight from shared memory (staging, and with
     ``lend=True`` every tensor), which the state dict keeps busy until the save ends;
-    ``device_bytes`` / ``device_over_pinned_budget``: device staging (see docs/python.md)."""
+    ``device_bytes`` / ``device_over_pinned_budget``: device staging; over the budget,
+    ``snapshot_waited_for_writes`` and ``bytes_written_before_snapshot``: save() returned only
+    after that many device bytes were written (see docs/python.md)."""
 
     def __init__(self, native, staged_bytes, shared_bytes, state=None):
         self._native = native
@@ -171,6 +175,8 @@ class SaveHandle:
         self.lent_bytes = snapshot["lent_bytes"]
         self.device_bytes = snapshot["device_bytes"]
         self.device_over_pinned_budget = snapshot["device_over_pinned_budget"]
+        self.snapshot_waited_for_writes = snapshot["snapshot_waited_for_writes"]
+        self.bytes_written_before_snapshot = snapshot["bytes_written_before_snapshot"]
         # Lent memory stays alive (and unwritten by this package) until the save ended.
         self._lent_state = state if self.lent_bytes else None
 
@@ -195,7 +201,8 @@ class SaveHandle:
         return Progress(p["phase"], p["bytes_done"], p["bytes_total"], p["snapshotted"],
                         _status_error(p["code"], p["message"]), self.staged_bytes,
                         self.shared_bytes, self.worker_copied_bytes, self.lent_bytes,
-                        self.device_bytes, self.device_over_pinned_budget)
+                        self.device_bytes, self.device_over_pinned_budget,
+                        self.snapshot_waited_for_writes, self.bytes_written_before_snapshot)
 
 
 @dataclass

@@ -190,6 +190,8 @@ class PySaveHandle {
     d["device_bytes"] = s.device_bytes;
     d["device_over_pinned_budget"] = s.device_over_pinned_budget;
     d["pinned_budget_bytes"] = s.pinned_budget_bytes;
+    d["snapshot_waited_for_writes"] = s.snapshot_waited_for_writes;
+    d["bytes_written_before_snapshot"] = s.bytes_written_before_snapshot;
     return d;
   }
   void Wait(double timeout_s) {

@@ -101,6 +101,7 @@ def test_staging_is_lent_not_copied_and_lend_true_lends_everything(cluster):
         handle.wait(60)
         p = handle.progress()
         assert (p.worker_copied_bytes, p.lent_bytes, p.device_bytes) == (4 << 10, 4 << 12, 0)
+        assert (p.snapshot_waited_for_writes, p.bytes_written_before_snapshot) == (False, 0)
         blocking = client.save(path + "-b", state, lend=True)  # nothing is copied by the worker
         assert (blocking.worker_copied_bytes, blocking.lent_bytes) == (0, (4 << 10) + (4 << 12))
         blocking.wait(60)

@@ -3,10 +3,12 @@
 // written on a machine without a GPU; tools/gpu_suite.sh runs it on one.
 //
 //   device_staging_benchmark [--bytes 4294967296] [--budget 536870912] [--chunk 8388608]
-//                            [--reps 5] [--gpu 0]
+//                            [--reps 5] [--gpu 0] [--dir /tmp]
 // Prints one line per measurement: "<what> bytes=<n> seconds=<best> gbps=<GB/s>", then
-// "ratio staging/peak=<r>" for the no-op consumer (pure staging) and the snapshot consumer
-// (a memcpy into pageable memory, as a save does).
+// "ratio staging/peak=<r>" for the no-op consumer (pure staging), the snapshot consumer (a
+// memcpy into pageable memory, as saves did before streaming) and the data-file consumer (each
+// chunk written and hashed into a data file in --dir with storage's DataFileStream, fsynced at
+// the end, as a save's device pieces are now; disk-bound, so compare it with the disk too).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -18,7 +20,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "device/cuda_copy_engine.h"
+#include "storage/data_file_stream.h"
+#include "storage/file_util.h"
 #include "worker/staging_pipeline.h"
 
 namespace {
@@ -31,12 +36,59 @@ int64_t Flag(int argc, char** argv, const std::string& name, int64_t fallback) {
   return fallback;
 }
 
+std::string FlagString(int argc, char** argv, const std::string& name, std::string fallback) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (name == argv[i]) return argv[i + 1];
+  }
+  return fallback;
+}
+
+// A staging directory with data/ under `dir` for the data-file consumer's files.
+std::string BenchStagingDir(const std::string& dir) {
+  const std::string staging = ckpt::JoinPath(dir, "device_staging_benchmark.staging");
+  (void)ckpt::RemoveTree(staging);
+  (void)ckpt::MakeDir(staging);
+  (void)ckpt::MakeDir(ckpt::JoinPath(staging, "data"));
+  return staging;
+}
+
 double Report(const char* what, int64_t bytes, double seconds) {
   const double gbps = static_cast<double>(bytes) / seconds / 1e9;
   std::printf("%s bytes=%ld seconds=%.4f gbps=%.2f\n", what, static_cast<long>(bytes), seconds,
               gbps);
   std::fflush(stdout);
   return gbps;
+}
+
+enum Consumer { kNoop, kSnapshot, kDataFile };
+
+// One staging of `range` into `consumer` (the data file: one 1-D u8 tensor "bench" stored whole
+// in <staging>/data/r0_0.safetensors, fsynced); keeps the best total and until-drained times.
+absl::Status StageOnce(ckpt::worker::PinnedStagingPool& pool,
+                       const ckpt::worker::DeviceRange& range, Consumer consumer, char* heap,
+                       const std::string& staging, double* best, double* drained) {
+  CKPT_ASSIGN_OR_RETURN(auto lease, pool.Acquire(absl::InfiniteFuture()));
+  const std::vector<ckpt::TensorMeta> tensors = {{"bench", ckpt::DType::kU8, {range.bytes}}};
+  const ckpt::DataFilePlan plan{
+      0, {{"bench", {{0}, {range.bytes}, std::nullopt}, nullptr, range.bytes}}};
+  ckpt::worker::StagingStats stats;
+  const absl::Time start = absl::Now();
+  std::unique_ptr<ckpt::DataFileStream> file;
+  if (consumer == kDataFile) {
+    CKPT_ASSIGN_OR_RETURN(file, ckpt::DataFileStream::Create(staging, tensors, plan, 0));
+  }
+  CKPT_RETURN_IF_ERROR(ckpt::worker::StageDeviceToHost(
+      lease, {&range, 1}, "benchmark", nullptr,
+      [&](const ckpt::worker::StagedChunk& c) {
+        if (consumer == kSnapshot) std::memcpy(heap + c.offset, c.host, c.bytes);
+        if (consumer == kDataFile) return file->Append(0, c.host, c.bytes);
+        return absl::OkStatus();
+      },
+      nullptr, absl::InfiniteFuture(), &stats));
+  if (file != nullptr) CKPT_RETURN_IF_ERROR(file->Finish().status());
+  *best = std::min(*best, absl::ToDoubleSeconds(absl::Now() - start));
+  *drained = std::min(*drained, absl::ToDoubleSeconds(stats.until_drained));
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -81,38 +133,30 @@ int main(int argc, char** argv) {
   std::unique_ptr<char[]> heap(new char[bytes]);
   std::memset(heap.get(), 0, bytes);  // fault the pages in before timing
   const ckpt::worker::DeviceRange range{"bench", device, bytes};
-  for (const bool snapshot : {false, true}) {
+  const std::string staging = BenchStagingDir(FlagString(argc, argv, "--dir", "/tmp"));
+  for (const int mode : {kNoop, kSnapshot, kDataFile}) {
     double best = 1e30, drained = 1e30;
     for (int r = 0; r < reps; ++r) {
-      auto lease = pool.Acquire(absl::InfiniteFuture());
-      if (!lease.ok()) {
-        std::fprintf(stderr, "device_staging_benchmark: %s\n", lease.status().ToString().c_str());
-        return 2;
-      }
-      ckpt::worker::StagingStats stats;
-      const absl::Time start = absl::Now();
-      absl::Status s = ckpt::worker::StageDeviceToHost(
-          *lease, {&range, 1}, "benchmark", nullptr,
-          [&](const ckpt::worker::StagedChunk& c) {
-            if (snapshot) std::memcpy(heap.get() + c.offset, c.host, c.bytes);
-            return absl::OkStatus();
-          },
-          nullptr, absl::InfiniteFuture(), &stats);
+      absl::Status s =
+          StageOnce(pool, range, static_cast<Consumer>(mode), heap.get(), staging, &best, &drained);
       if (!s.ok()) {
         std::fprintf(stderr, "device_staging_benchmark: %s\n", s.ToString().c_str());
         return 1;
       }
-      best = std::min(best, absl::ToDoubleSeconds(absl::Now() - start));
-      drained = std::min(drained, absl::ToDoubleSeconds(stats.until_drained));
     }
-    const char* what = snapshot ? "staging_into_snapshot" : "staging_noop_consumer";
+    const char* whats[] = {"staging_noop_consumer", "staging_into_snapshot",
+                           "staging_into_data_file"};
+    const char* drained_whats[] = {"staging_noop_until_drained",
+                                   "staging_into_snapshot_until_drained",
+                                   "staging_into_data_file_until_drained"};
+    const char* what = whats[mode];
     const double gbps = Report(what, bytes, best);
-    Report(snapshot ? "staging_into_snapshot_until_drained" : "staging_noop_until_drained", bytes,
-           drained);
+    Report(drained_whats[mode], bytes, drained);
     std::printf("ratio %s/peak=%.3f (budget=%ld chunk=%ld buffers=%d)\n", what, gbps / peak_gbps,
                 static_cast<long>(budget), static_cast<long>(pool.chunk_bytes()),
                 pool.num_buffers());
   }
+  (void)ckpt::RemoveTree(staging);
   cudaFree(device);
   return 0;
 }
