@@ -169,8 +169,9 @@ TEST_F(MultiHostTest, ReshardOnTheHostsIntoAnotherLayoutIsBitExact) {
 }
 
 // hostC's link goes down while a load exchanges bytes between the hosts (the link is shaped and
-// every rank needs every saved row, so the exchange takes seconds, and cut once the coordinator reports the load executing): every
-// rank's error names hostC, within a bound of the lease, and the checkpoint stays loadable.
+// every rank needs every saved row, so the exchange takes seconds, and cut once the coordinator
+// reports the load executing): every rank's error names hostC, within a bound of the lease, and the
+// checkpoint stays loadable.
 TEST_F(MultiHostTest, LinkCutMidLoadNamesTheHostOnEveryRankAndKeepsTheCheckpoint) {
   const std::string path = cluster_->dir() + "/ck";
   const std::vector<std::string> size = {"--elements", "262144"};  // 1 MiB per rank
