@@ -13,8 +13,9 @@ not NumPy's memory, not a mapped file), not yet shared with other processes, not
 viewed contiguously are moved; anything else (or a move PyTorch refuses) stays on the staging
 path. A process forked after the move shares those pages with its parent instead of getting
 copy-on-write copies, as after ``Tensor.share_memory_()``. A registration
-holds the storage alive; ``retain`` drops the ones no longer in use and ``release`` all of them
-(ckpt.torch.shutdown). Set CKPT_TORCH_SHARE_IN_PLACE=0 to keep every tensor on the staging path.
+holds the storage alive; ``retain`` drops those nothing else holds any more and ``release`` all
+of them (ckpt.torch.shutdown; tensors moved before it are staged by later saves, being shared
+already). Set CKPT_TORCH_SHARE_IN_PLACE=0 to keep every tensor on the staging path.
 """
 
 import os
@@ -82,10 +83,20 @@ def share(key, tensor):
     return True
 
 
+def _only_ours(storage):
+    """Whether nothing but the registration holds ``storage`` any more."""
+    import torch
+
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    return use_count is None or use_count(storage._cdata) <= 1
+
+
 def retain(tensors):
-    """Drops the registrations of storages none of ``tensors`` views."""
+    """Drops the registrations of storages that none of ``tensors`` views and that nothing
+    else holds any more (so a state dict saved in turn with another keeps its registrations:
+    a storage moved once is never eligible again, being shared, and would be staged)."""
     keep = {t.untyped_storage().data_ptr() for t in tensors if t.device.type == "cpu"}
-    for ptr in [p for p in _adopted if p not in keep]:
+    for ptr in [p for p, (s, _) in _adopted.items() if p not in keep and _only_ours(s)]:
         del _adopted[ptr]
 
 

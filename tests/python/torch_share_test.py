@@ -88,3 +88,12 @@ def test_shutdown_drops_the_registrations_and_keeps_the_values(cluster):
     out = {"big": torch.zeros(BIG)}  # the next call connects again
     ckpt.torch.load(out, checkpoint_id=os.path.join(cluster.root, "before-shutdown"))
     assert torch.equal(out["big"], big)
+
+
+def test_state_dicts_saved_in_turn_both_stay_in_place(cluster):
+    a, b = torch.ones(BIG), torch.full((BIG,), 2.0)
+    for i in range(2):
+        for name, t in (("a", a), ("b", b)):
+            handle = ckpt.torch.save({name: t},
+                                     checkpoint_id=os.path.join(cluster.root, f"turn-{name}{i}"))
+            assert ckpt.is_shared(t) and handle.staged_bytes == 0, (name, i)
