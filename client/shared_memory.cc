@@ -45,7 +45,7 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(const std::
 }
 
 SharedSegment::~SharedSegment() {
-  if (data_ != nullptr) munmap(data_, size_);
+  if (data_ != nullptr && owns_mapping_) munmap(data_, size_);
   shm_unlink(name_.c_str());  // ENOENT when the worker already released it: fine
 }
 
@@ -76,6 +76,17 @@ absl::StatusOr<SharedAllocator::Allocation> SharedAllocator::Allocate(size_t siz
   if (!own.ok()) return own.status();
   segments_[reinterpret_cast<uintptr_t>((*own)->data())] = *own;
   return Allocation{*std::move(own), 0, size};
+}
+
+absl::StatusOr<SharedAllocator::Allocation> SharedAllocator::Adopt(const std::string& existing,
+                                                                   void* data, size_t size,
+                                                                   absl::string_view what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<std::shared_ptr<SharedSegment>> linked =
+      SharedSegment::Link(existing, absl::StrCat(prefix_, next_++), data, size, what);
+  if (!linked.ok()) return linked.status();
+  segments_[reinterpret_cast<uintptr_t>((*linked)->data())] = *linked;
+  return Allocation{*std::move(linked), 0, size};
 }
 
 std::optional<SharedAllocator::Allocation> SharedAllocator::Find(const void* data,

@@ -30,6 +30,15 @@ class SharedSegment {
   // `what` (the tensor) and the segment on failure.
   static absl::StatusOr<std::shared_ptr<SharedSegment>> Create(const std::string& name, size_t size,
                                                                absl::string_view what);
+  // Gives memory another library already placed in the shared-memory file `existing` (a name
+  // as for shm_open, e.g. PyTorch's share_memory_) and mapped in this process at [data, data +
+  // size) the second name `name`, so that the worker maps the same pages. FailedPrecondition
+  // naming `what` unless `existing` is a regular file of this user of exactly `size` bytes that
+  // this process maps MAP_SHARED at `data` from offset 0. The segment never unmaps that
+  // mapping (it stays the other library's); destroying it only unlinks `name`.
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> Link(const std::string& existing,
+                                                             const std::string& name, void* data,
+                                                             size_t size, absl::string_view what);
   ~SharedSegment();
   SharedSegment(const SharedSegment&) = delete;
   SharedSegment& operator=(const SharedSegment&) = delete;
@@ -39,11 +48,12 @@ class SharedSegment {
   size_t size() const { return size_; }
 
  private:
-  SharedSegment(std::string name, std::byte* data, size_t size)
-      : name_(std::move(name)), data_(data), size_(size) {}
+  SharedSegment(std::string name, std::byte* data, size_t size, bool owns_mapping = true)
+      : name_(std::move(name)), data_(data), size_(size), owns_mapping_(owns_mapping) {}
   std::string name_;
   std::byte* data_;
   size_t size_;
+  bool owns_mapping_;  // false for Link: the mapping belongs to another library
 };
 
 // Tensor memory in shared segments named "<prefix><n>": allocations up to kSmallBytes share
@@ -67,6 +77,13 @@ class SharedAllocator {
 
   // `what` names the tensor in errors.
   absl::StatusOr<Allocation> Allocate(size_t size, absl::string_view what);
+
+  // Registers memory another library placed in the shared-memory file `existing` and mapped
+  // at [data, data + size) (see SharedSegment::Link) under a name of this allocator: Find then
+  // finds it and a state dict saves and loads it in place. The caller keeps that library's
+  // mapping alive as long as the returned Allocation (or a state dict holding it) lives.
+  absl::StatusOr<Allocation> Adopt(const std::string& existing, void* data, size_t size,
+                                   absl::string_view what);
 
   // The live segment of this allocator holding all of [data, data + size), if any.
   std::optional<Allocation> Find(const void* data, size_t size) const;

@@ -36,11 +36,12 @@ class StateDict:
         self._entries = {}
         self._lent_to = None  # the SaveHandle of a save its staging is lent to, until it ends
 
-    def add(self, key, tensor, layout=None):
+    def add(self, key, tensor, layout=None, *, stage=False):
         """Adds ``tensor`` (a CPU torch.Tensor or a NumPy array) under ``key`` with ``layout``
-        (default ``Replicated()``). Tensors from ``ckpt.empty`` are used in place; any other is
-        copied into shared staging memory at each save and back after each load. CUDA tensors
-        are refused (device memory is not wired into the Python package yet)."""
+        (default ``Replicated()``). Tensors from ``ckpt.empty`` are used in place (unless
+        ``stage``); any other is copied into shared staging memory at each save and back after
+        each load. CUDA tensors are refused (device memory is not wired into the Python package
+        yet)."""
         if not isinstance(key, str) or not key:
             raise _errors.InvalidArgument(f"state-dict key {key!r} is not a non-empty string")
         layout = layout if layout is not None else Replicated()
@@ -61,7 +62,8 @@ class StateDict:
         dtype = _dtypes.name_of(tensor.dtype, key)
         global_shape, native_layout, replica = layout._native(key, shape)
         ptr, nbytes = data_pointer(tensor)
-        raw = self._native.add(key, dtype, global_shape, native_layout, replica, ptr, nbytes)
+        raw = self._native.add(key, dtype, global_shape, native_layout, replica,
+                               0 if stage else ptr, nbytes)
         staging = None if raw is None else self._view(raw, tensor)
         self._entries[key] = _Entry(key, tensor, staging, nbytes)
         return self

@@ -23,9 +23,12 @@ Saving needs the local ckpt worker daemons (``ckpt.LocalCluster`` or ``python -m
 Differences from DCP: ``storage_writer``/``storage_reader`` are accepted only to take their
 ``path``; custom planners are refused; a checkpoint directory that exists is not overwritten
 (ckpt.AlreadyExists); ``load`` is strict by default: a key of the checkpoint that no rank's
-state dict holds is an error (``strict=False`` ignores such keys as DCP does). Tensors are
-copied into shared staging memory at the snapshot unless allocated with ``ckpt.empty``; CUDA
-tensors are refused for now.
+state dict holds is an error (``strict=False`` ignores such keys as DCP does). CPU tensors of
+1 MiB or more that PyTorch allocated are moved into worker-shared memory in place at their
+first save or load (PyTorch's share_memory_ mechanism; ckpt._share), so later saves and loads
+copy nothing in the trainer (CKPT_TORCH_SHARE_IN_PLACE=0 turns it off); other tensors, and
+every tensor of an async_save, are copied into shared staging at the snapshot unless allocated
+with ``ckpt.empty``; CUDA tensors are refused for now.
 """
 
 import concurrent.futures
@@ -38,7 +41,7 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from ckpt import _flatten, _objects
+from ckpt import _flatten, _objects, _share
 from ckpt import dtypes as _dtypes
 from ckpt import errors as _errors
 from ckpt.client import Client, read_manifest
@@ -107,9 +110,10 @@ def shutdown():
     """Closes this process's client (says Goodbye to the worker)."""
     global _client, _client_identity
     with _lock:
-        if _SaveCache.state is not None:
-            _SaveCache.state._await_lent()  # the worker may still write from its staging
-        _SaveCache.client, _SaveCache.signature, _SaveCache.state = None, None, None
+        for _, _, state in _SaveCache.slots.values():
+            state._await_lent()  # the worker may still write from its staging
+        _SaveCache.slots.clear()
+        _share.release()
         if _client is not None:
             _client.close()
         _client, _client_identity = None, None
@@ -339,23 +343,26 @@ def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group,
             if d[0] == "object" and key not in objects:
                 objects[key] = d[4]  # the lowest holder's digest: the value that is written
     client = get_client(process_group)
-    state = _save_state(client, items, ids)
+    state = _save_state(client, items, ids, "in_place" if lend else "staged")
     meta = dict(metadata or {})
     meta[_OBJECTS_KEY] = json.dumps(objects, sort_keys=True)
     return client.save(path, state, meta, lend=lend)
 
 
 class _SaveCache:
-    """The last save's ckpt state dict, reused by the next save of the same tensors (same keys,
-    layouts, replica ids, memory and values' sizes): its shared staging buffers are allocated
-    once, and each save only copies into them. Holds one copy of the staged state in shared
-    memory until shutdown() or a save of something else. The buffers are lent to each save
-    until it is durable (the worker writes from them, no second copy): the next save or load
-    of the same tensors waits for the previous save to end before it writes them."""
+    """The last ckpt state dict of each kind, reused by the next save or load of the same
+    tensors (same keys, layouts, replica ids, memory and values' sizes), so its shared staging
+    buffers are allocated once and each save only copies into them. Two kinds:
+    * "in_place" (blocking save, load): large CPU tensors are moved into worker-shared memory
+      once (ckpt._share) and saved and loaded where they are; the rest is staged;
+    * "staged" (async_save): every tensor is copied into ckpt's staging at the snapshot, which
+      is cheaper than the worker copying shared tensors into fresh buffers of its own.
+    Each holds one copy of its staged tensors in shared memory until shutdown() or a save of
+    something else. The buffers are lent to each save until it is durable (the worker writes
+    from them, no second copy): the next save or load of the same tensors waits for the
+    previous save to end before it writes them."""
 
-    client = None
-    signature = None
-    state = None
+    slots = {}  # kind -> (client, signature, state)
 
 
 def _signature(items, ids):
@@ -370,20 +377,29 @@ def _signature(items, ids):
     return tuple(sig)
 
 
-def _save_state(client, items, ids):
-    """The ckpt state dict of this save (the cached one when the tensors are the same)."""
+def _save_state(client, items, ids, kind="in_place"):
+    """The ckpt state dict of this save or load (the cached one when the tensors are the same).
+    ``kind``: see _SaveCache."""
     import numpy as np
 
+    stage = kind == "staged"
+    if not stage:
+        for item in items:
+            if item.kind != "object":
+                _share.share(item.key, item.local)  # before the signature: it moves the memory
     signature = _signature(items, ids)
-    if _SaveCache.client is client and _SaveCache.signature == signature:
-        state = _SaveCache.state
+    cached = _SaveCache.slots.get(kind)
+    if cached is not None and cached[0] is client and cached[1] == signature:
+        state = cached[2]
         for item in items:
             if item.kind == "object" and ids[item.key] == 0:
                 state._entries[item.key].tensor = np.frombuffer(item.payload, dtype=np.uint8)
         return state
-    if _SaveCache.state is not None:
-        _SaveCache.state._await_lent()  # its staging may be freed and reused below
-    _SaveCache.client, _SaveCache.signature, _SaveCache.state = None, None, None
+    if cached is not None:
+        cached[2]._await_lent()  # its staging may be freed and reused below
+        del _SaveCache.slots[kind]
+    if not stage:
+        _share.retain([item.local for item in items if item.kind != "object"])
     state = client.state_dict()
     for item in items:
         rid = ids[item.key]
@@ -391,10 +407,11 @@ def _save_state(client, items, ids):
             if rid == 0:  # the writer; the others hold a copy that is not stored
                 state.add(item.key, np.frombuffer(item.payload, dtype=np.uint8), Replicated(0))
         elif item.kind == "dtensor":
-            state.add(item.key, item.local, dataclasses.replace(item.layout, replica_id=(rid,)))
+            state.add(item.key, item.local, dataclasses.replace(item.layout, replica_id=(rid,)),
+                      stage=stage)
         else:
-            state.add(item.key, item.local, Replicated(rid))
-    _SaveCache.client, _SaveCache.signature, _SaveCache.state = client, signature, state
+            state.add(item.key, item.local, Replicated(rid), stage=stage)
+    _SaveCache.slots[kind] = (client, signature, state)
     return state
 
 

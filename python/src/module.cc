@@ -117,6 +117,23 @@ nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> Allocate(int64_t nbytes, const std:
   return ArrayOver(*std::move(allocation));
 }
 
+// Memory PyTorch's share_memory_ placed in the shared-memory file `existing` and maps at
+// [data, data + nbytes): registered as ckpt memory (a second name the worker maps), so state
+// dicts save and load it in place. The returned array views it and keeps the registration;
+// the caller keeps the torch storage alive as long as the array.
+nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> AdoptSharedFile(const std::string& existing,
+                                                             uintptr_t data, int64_t nbytes,
+                                                             const std::string& what) {
+  if (nbytes < 0) throw StatusError{absl::InvalidArgumentError("negative size")};
+  std::optional<SharedAllocator::Allocation> allocation;
+  {
+    nb::gil_scoped_release release;
+    allocation = ValueOrThrow(SharedAllocator::ForThisProcess().Adopt(
+        existing, reinterpret_cast<void*>(data), static_cast<size_t>(nbytes), what));
+  }
+  return ArrayOver(*std::move(allocation));
+}
+
 bool IsShared(uintptr_t data, int64_t nbytes) {
   return SharedAllocator::ForThisProcess()
       .Find(reinterpret_cast<const void*>(data), static_cast<size_t>(nbytes))
@@ -369,6 +386,8 @@ NB_MODULE(_ckpt, m) {
     return ckpt::DTypeSize(ValueOrThrow(ckpt::ParseDType(name)));
   });
   m.def("allocate", &Allocate, nb::arg("nbytes"), nb::arg("what"));
+  m.def("adopt_shared_file", &AdoptSharedFile, nb::arg("existing"), nb::arg("data"),
+        nb::arg("nbytes"), nb::arg("what"));
   m.def("is_shared", &IsShared, nb::arg("data"), nb::arg("nbytes"));
   m.def("resolve_options", &ResolveOptionsDict, nb::arg("job") = nb::none(),
         nb::arg("rank") = nb::none(), nb::arg("world_size") = nb::none(),

@@ -11,7 +11,10 @@ and alternating which system goes first:
          read from the disk;
   async  ckpt.torch.async_save / dcp.async_save: the time until the call returns (what
          training waits for) and until the checkpoint is durable.
-Times are the wall time of the collective (barrier before, barrier after). The disk's own
+Times are the wall time of the collective (barrier before, barrier after); with several
+repetitions the first save (one-time costs) and the later ones are also shown apart. CPU
+seconds per save and load: the trainers' (process time, summed over ranks) and the ckpt
+daemons' (from /proc, coordinator and workers; zero for DCP's own work). The disk's own
 limit is measured in the same run with dd (write with oflag=direct conv=fsync, read with
 iflag=direct) on a file of the state's size.
 
@@ -63,11 +66,16 @@ def rank_main(rank, world, port, args, result_file):
     sums = {k: float(v.to_local().sum()) for k, v in sd.items()}
     nbytes = sum(v.numel() * v.element_size() for v in sd.values())  # global (DTensor)
 
-    def timed(fn):
+    cpu = {}  # (system, what) -> [this rank's CPU seconds, the daemons' CPU seconds] per rep
+
+    def timed(fn, account=None):
         dist.barrier()
-        t = time.perf_counter()
+        t, c, d = time.perf_counter(), time.process_time(), daemon_cpu(args.daemon_pids)
         out = fn()
         dist.barrier()
+        if account is not None:
+            cpu.setdefault(account, []).append(
+                [time.process_time() - c, daemon_cpu(args.daemon_pids) - d])
         return time.perf_counter() - t, out
 
     def clear():
@@ -95,12 +103,12 @@ def rank_main(rank, world, port, args, result_file):
         for name in order:
             save, load, async_save = systems[name]
             path = os.path.join(args.dir, f"{name}-{rep}")
-            dt, _ = timed(lambda: save(path))
+            dt, _ = timed(lambda: save(path), (name, "save"))
             results[name]["save"].append(dt)
             if rank == 0:
                 evict(path)
             clear()
-            dt, _ = timed(lambda: load(path))
+            dt, _ = timed(lambda: load(path), (name, "load"))
             results[name]["load"].append(dt)
             check(f"{name} load")
             apath = path + "-async"
@@ -117,6 +125,8 @@ def rank_main(rank, world, port, args, result_file):
                 shutil.rmtree(path, ignore_errors=True)
                 shutil.rmtree(apath, ignore_errors=True)
             dist.barrier()
+    for (name, what), reps in cpu.items():
+        results[name][what + "_cpu"] = reps
     gathered = [None] * world
     dist.all_gather_object(gathered, results, group=None)
     if rank == 0:
@@ -124,6 +134,34 @@ def rank_main(rank, world, port, args, result_file):
             json.dump({"per_rank": gathered, "bytes": nbytes, "layers": layers}, f)
     ckpt.torch.shutdown()
     dist.destroy_process_group()
+
+
+def daemon_cpu(pids):
+    """CPU seconds (user + system) the daemons (coordinator, workers) used so far."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+        except OSError:
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def summarize_cpu(data, args):
+    """CPU seconds per collective: the trainers' (summed over ranks) and the daemons'."""
+    print("CPU seconds per collective (median): trainers (all ranks) + ckpt daemons")
+    for what in ("save", "load"):
+        cells = []
+        for name in ("ckpt", "dcp"):
+            reps = range(args.reps)
+            trainers = statistics.median(sum(r[name][what + "_cpu"][i][0]
+                                             for r in data["per_rank"]) for i in reps)
+            daemons = statistics.median(data["per_rank"][0][name][what + "_cpu"][i][1]
+                                        for i in reps)
+            cells.append(f"{name} {trainers:6.2f} + {daemons:5.2f}")
+        print(f"{what:12s} " + "   ".join(cells))
 
 
 def summarize(data, disk, args):
@@ -139,6 +177,13 @@ def summarize(data, disk, args):
     print(f"state: {gb:.2f} GB fp32 in {data['layers']} Linear({args.hidden}, {args.hidden}) "
           f"layers, fully_shard over {args.procs} processes; {args.reps} repetitions (median)")
     print(f"disk (dd, same run): write {disk[0]:.2f} GB/s, read {disk[1]:.2f} GB/s")
+    if args.reps > 1:
+        # The first save pays one-time costs (ckpt: moving large tensors into shared memory
+        # and the workers' first touch of it); later saves are what a training run repeats.
+        for label, picked in (("save_first", [0]), ("save_later", range(1, args.reps))):
+            line = {name: statistics.median(max(r[name]["save"][i] for r in data["per_rank"])
+                                            for i in picked) for name in ("ckpt", "dcp")}
+            rows.insert(len(rows) - 3, (label, line))
     print(f"{'':12s} {'ckpt.torch':>18s} {'DCP':>18s} {'ckpt/DCP speed':>15s}")
     for what, line in rows:
         c, d = line["ckpt"], line["dcp"]
@@ -153,6 +198,8 @@ def main():
     p.add_argument("--procs", type=int, default=4)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--log-dir", default=None,
+                   help="keep the daemons' logs here (per-phase seconds of each save and load)")
     args = p.parse_args()
     import torch.multiprocessing as mp
 
@@ -166,10 +213,13 @@ def main():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with ckpt.LocalCluster(num_workers=args.procs, root=args.dir):
+    with ckpt.LocalCluster(num_workers=args.procs, root=args.dir, log_dir=args.log_dir) as c:
+        args.daemon_pids = [p.pid for _, p in c._workers] + [c._coordinator.pid]
         mp.spawn(rank_main, args=(args.procs, port, args, result_file), nprocs=args.procs)
     with open(result_file) as f:
-        summarize(json.load(f), disk, args)
+        data = json.load(f)
+    summarize(data, disk, args)
+    summarize_cpu(data, args)
     shutil.rmtree(args.dir, ignore_errors=True)
 
 
