@@ -32,10 +32,14 @@ WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, st
                                                       const pb::SaveSnapshotReport& report) {
                                                  MarkSnapshotted(op, rank, report);
                                                },
-                                               device_staging));
+                                               device_staging,
+                                               LoadEnvironment{link_, host_,
+                                                               &gloo_loop_thread_nice_, &stopping_,
+                                                               nullptr, &memory_tier_}));
   RegisterPartExecutor(pb::OPERATION_LOAD,
                        std::make_unique<LoadPartExecutor>(LoadEnvironment{
-                           link_, host_, &gloo_loop_thread_nice_, &stopping_, device_staging}));
+                           link_, host_, &gloo_loop_thread_nice_, &stopping_, device_staging,
+                           &memory_tier_}));
   RegisterPartExecutor(pb::OPERATION_RESHARD, std::make_unique<ReshardPartExecutor>());
 }
 
