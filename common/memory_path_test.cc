@@ -16,8 +16,9 @@ TEST(MemoryPathTest, AcceptsPlainNames) {
 }
 
 TEST(MemoryPathTest, RefusesHostileNamesNamingThem) {
-  for (const std::string& bad : std::vector<std::string>{"mem://", "mem://a/b", "mem://../x", "mem://..", "mem://.", "mem://a b", "mem://a\nb",
-        "mem://" + std::string(129, 'a'), std::string("mem://a\0b", 9), "/tmp/x"}) {
+  for (const std::string& bad : std::vector<std::string>{
+           "mem://", "mem://a/b", "mem://../x", "mem://..", "mem://.", "mem://a b", "mem://a\nb",
+           "mem://" + std::string(129, 'a'), std::string("mem://a\0b", 9), "/tmp/x"}) {
     absl::StatusOr<std::string> name = MemoryCheckpointName(bad);
     ASSERT_FALSE(name.ok()) << bad;
     EXPECT_EQ(name.status().code(), absl::StatusCode::kInvalidArgument) << bad;

@@ -250,8 +250,8 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   // The in-memory tier (mem://<name>): saves kept in the workers' memory with replicas on
   // other hosts, recorded in the catalog; loads read by the workers holding each file.
   ckpt::coordinator::MemoryCatalog memory_catalog;
-  ckpt::coordinator::MemorySaveKind memory_saves(
-      &memory_catalog, std::max(0, absl::GetFlag(FLAGS_memory_replicas)));
+  ckpt::coordinator::MemorySaveKind memory_saves(&memory_catalog,
+                                                 std::max(0, absl::GetFlag(FLAGS_memory_replicas)));
   ckpt::coordinator::MemoryLoadKind memory_loads(&memory_catalog, settings.load_defaults);
   ckpt::coordinator::PathDispatchKind save_kinds(&saves, &memory_saves);
   ckpt::coordinator::PathDispatchKind load_kinds(&loads, &memory_loads);

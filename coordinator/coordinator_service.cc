@@ -1,7 +1,5 @@
 #include "coordinator/coordinator_service.h"
 
-#include "common/memory_path.h"
-
 #include <algorithm>
 #include <chrono>
 #include <random>
@@ -256,12 +254,10 @@ void CoordinatorService::TickOnce() {
   WakeWaiters(/*all=*/true);  // deadlines, and watchers of lost workers
 }
 
-void CoordinatorService::DropMemoryCopies(const std::string& worker_id,
-                                          const std::string& host) {
+void CoordinatorService::DropMemoryCopies(const std::string& worker_id, const std::string& host) {
   if (memory_catalog_ == nullptr) return;
   for (const std::string& name : memory_catalog_->DropWorker(worker_id)) {
-    spdlog::warn("memory_copies_lost checkpoint=mem://{} worker={} host={}", name, worker_id,
-                 host);
+    spdlog::warn("memory_copies_lost checkpoint=mem://{} worker={} host={}", name, worker_id, host);
   }
 }
 

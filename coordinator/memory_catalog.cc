@@ -14,8 +14,8 @@ std::string MemoryHolder::DebugString() const {
 absl::Status MemoryCatalog::Claim(const std::string& name, const std::string& operation_id) {
   std::lock_guard<std::mutex> lock(mu_);
   if (committed_.count(name) > 0) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "memory checkpoint mem://", name, " exists already (memory saves never overwrite)"));
+    return absl::AlreadyExistsError(absl::StrCat("memory checkpoint mem://", name,
+                                                 " exists already (memory saves never overwrite)"));
   }
   auto [it, fresh] = claims_.emplace(name, operation_id);
   if (!fresh && it->second != operation_id) {
@@ -50,10 +50,9 @@ std::vector<std::string> MemoryCatalog::DropWorker(const std::string& worker_id)
   for (auto& [name, checkpoint] : committed_) {
     bool lost_some = false;
     for (auto& [file, holders] : checkpoint.holders) {
-      auto gone = std::stable_partition(holders.begin(), holders.end(),
-                                        [&](const MemoryHolder& h) {
-                                          return h.worker_id != worker_id;
-                                        });
+      auto gone = std::stable_partition(holders.begin(), holders.end(), [&](const MemoryHolder& h) {
+        return h.worker_id != worker_id;
+      });
       if (gone == holders.end()) continue;
       std::vector<MemoryHolder>& lost = checkpoint.lost[file];
       lost.insert(lost.end(), gone, holders.end());

@@ -27,7 +27,8 @@ std::vector<MemoryHolder> HoldersOf(const Operation& op, int writer,
                                     const std::vector<int>& replicas) {
   std::vector<MemoryHolder> holders;
   holders.push_back({op.ranks[writer].location.worker_id, op.ranks[writer].location.host});
-  for (int r : replicas) holders.push_back({op.ranks[r].location.worker_id, op.ranks[r].location.host});
+  for (int r : replicas)
+    holders.push_back({op.ranks[r].location.worker_id, op.ranks[r].location.host});
   return holders;
 }
 
@@ -36,7 +37,8 @@ std::vector<MemoryHolder> HoldersOf(const Operation& op, int writer,
 std::string WhyUnreadable(const MemoryCheckpoint& checkpoint, const std::string& file) {
   std::vector<std::string> tensors;
   for (const pb::StoredPiece& p : checkpoint.manifest.pieces()) {
-    if (p.file() == file) tensors.push_back(absl::StrCat("\"", p.key(), "\" (", p.entry_name(), ")"));
+    if (p.file() == file)
+      tensors.push_back(absl::StrCat("\"", p.key(), "\" (", p.entry_name(), ")"));
   }
   std::vector<std::string> lost, elsewhere;
   if (auto it = checkpoint.lost.find(file); it != checkpoint.lost.end()) {
@@ -197,14 +199,15 @@ absl::StatusOr<std::vector<RankPlan>> MemoryLoadKind::Plan(const Operation& op) 
       !unreadable.empty()) {
     std::vector<std::string> why;
     for (const std::string& file : unreadable) why.push_back(WhyUnreadable(*checkpoint, file));
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot load memory checkpoint ", op.path, ": ", absl::StrJoin(why, "; ")));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot load memory checkpoint ", op.path, ": ", absl::StrJoin(why, "; ")));
   }
   if (!plans.ok()) return plans.status();
   const std::string manifest_bytes = manifest.SerializeAsString();
   for (RankPlan& plan : *plans) {
     pb::LoadPlanPart part;
-    if (!part.ParseFromString(plan.part)) return absl::InternalError("load plan part does not parse");
+    if (!part.ParseFromString(plan.part))
+      return absl::InternalError("load plan part does not parse");
     part.set_memory_manifest(manifest_bytes);
     plan.part = part.SerializeAsString();
   }

@@ -48,9 +48,9 @@ void StartTwoHosts(Cluster& cluster, const std::vector<std::string>& extra = {})
 }
 
 // Runs one trainer per entry of `workers` (rank r on workers[r]) and waits for all results.
-std::vector<Child*> RunOn(Cluster& cluster, const std::vector<int>& workers,
-                          const std::string& job, const std::string& mode,
-                          const std::string& path, const std::vector<std::string>& extra) {
+std::vector<Child*> RunOn(Cluster& cluster, const std::vector<int>& workers, const std::string& job,
+                          const std::string& mode, const std::string& path,
+                          const std::vector<std::string>& extra) {
   std::vector<Child*> ranks;
   const int world = static_cast<int>(workers.size());
   for (int r = 0; r < world; ++r) {
@@ -94,7 +94,7 @@ TEST(MemoryTierTest, SaveReplicatesAcrossHostsAndLoadsFromSurvivorsIntoAnotherLa
   cluster.worker(1).Kill(SIGKILL);
   ASSERT_TRUE(WaitFor([&] { return Replicas(cluster, "step1") == 6; })) << ClusterLogs(cluster);
   // Three ranks, column blocks, on workers 0, 2 and 3: every element arrives bit-exact.
-  const std::vector<std::string> cols = {"--global_rows", "4",    "--elements",
+  const std::vector<std::string> cols = {"--global_rows", "4",        "--elements",
                                          "4096",          "--layout", "cols"};
   for (Child* t : RunOn(cluster, {0, 2, 3}, "serve", "load", "mem://step1", cols)) {
     ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << t->Stdout() << ClusterLogs(cluster);
@@ -112,9 +112,8 @@ TEST(MemoryTierTest, SaveReplicatesAcrossHostsAndLoadsFromSurvivorsIntoAnotherLa
   // two workers that held them, so a load is refused naming the files, tensor, workers, hosts.
   cluster.worker(3).Kill(SIGKILL);
   ASSERT_TRUE(WaitFor([&] { return Replicas(cluster, "step1") == 4; })) << ClusterLogs(cluster);
-  std::vector<Child*> refused =
-      RunOn(cluster, {0, 2}, "serve3", "load", "mem://step1", {"--global_rows", "4",
-                                                                "--elements", "4096"});
+  std::vector<Child*> refused = RunOn(cluster, {0, 2}, "serve3", "load", "mem://step1",
+                                      {"--global_rows", "4", "--elements", "4096"});
   for (Child* t : refused) {
     auto [code, message] = Result(*t);
     EXPECT_EQ(code, static_cast<int>(absl::StatusCode::kFailedPrecondition)) << message;
@@ -156,13 +155,11 @@ TEST(MemoryTierTest, HostileNamesUnknownCheckpointsAndSingleHostReplicasAreRefus
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
   cluster.StartWorker(0, {"--host=hostA"});
   cluster.StartWorker(1, {"--host=hostA"});
-  for (const std::string& bad :
-       {std::string("mem://a/b"), std::string("mem://../etc"), "mem://" + std::string(200, 'x'),
-        std::string("mem://")}) {
+  for (const std::string& bad : {std::string("mem://a/b"), std::string("mem://../etc"),
+                                 "mem://" + std::string(200, 'x'), std::string("mem://")}) {
     std::vector<Child*> ranks = RunOn(cluster, {0}, "solo", "save", bad, {});
     auto [code, message] = Result(*ranks[0]);
-    EXPECT_EQ(code, static_cast<int>(absl::StatusCode::kInvalidArgument)) << bad << ": "
-                                                                          << message;
+    EXPECT_EQ(code, static_cast<int>(absl::StatusCode::kInvalidArgument)) << bad << ": " << message;
     EXPECT_THAT(message, HasSubstr("memory checkpoint name")) << message;
   }
   std::vector<Child*> unknown = RunOn(cluster, {0}, "solo", "load", "mem://never", {});

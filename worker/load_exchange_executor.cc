@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <functional>
 #include <map>
-#include <string>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -84,9 +84,9 @@ absl::StatusOr<std::unique_ptr<LoadSource>> OpenLoadSource(const pb::LoadPlanPar
   if (part.memory_manifest().empty()) {
     absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(part.path());
     if (!reader.ok()) {
-      return absl::Status(reader.status().code(),
-                          absl::StrCat(who, ": opening checkpoint ", part.path(), ": ",
-                                       reader.status().message()));
+      return absl::Status(
+          reader.status().code(),
+          absl::StrCat(who, ": opening checkpoint ", part.path(), ": ", reader.status().message()));
     }
     source->storage = *std::move(reader);
     const CheckpointReader* r = source->storage.get();

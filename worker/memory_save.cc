@@ -26,7 +26,7 @@ void AppendFrame(const std::string& name, const std::string& bytes, std::string*
 
 // The files framed in `data`; InvalidArgument for a truncated frame.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseFrames(const char* data,
-                                                                              size_t size) {
+                                                                             size_t size) {
   std::vector<std::pair<std::string, std::string>> out;
   size_t at = 0;
   auto take = [&](uint64_t* v) {
@@ -128,8 +128,8 @@ absl::StatusOr<std::string> KeepSnapshotInMemory(const pb::SavePlanPart& part,
                                                  const SaveSnapshot& snapshot,
                                                  const MemorySaveContext& context,
                                                  const MemoryGate& gate) {
-  const std::string who = absl::StrCat("rank ", part.rank(), " of job ", snapshot.job,
-                                       " (mem://", part.memory_checkpoint(), ")");
+  const std::string who = absl::StrCat("rank ", part.rank(), " of job ", snapshot.job, " (mem://",
+                                       part.memory_checkpoint(), ")");
   if (context.tier == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(who, ": this worker has no memory tier (--memory_tier_bytes 0)"));

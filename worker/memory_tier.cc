@@ -88,8 +88,8 @@ absl::Status MemoryTier::Put(const std::string& name, const std::string& operati
   if (!MakeRoomLocked(size - replaced, name)) {
     std::vector<std::string> holders;
     for (const auto& [n, e] : entries_) {
-      holders.push_back(absl::StrCat(n, " (", e.bytes, " bytes", e.complete ? "" : ", in progress",
-                                     ")"));
+      holders.push_back(
+          absl::StrCat(n, " (", e.bytes, " bytes", e.complete ? "" : ", in progress", ")"));
     }
     return absl::ResourceExhaustedError(absl::StrCat(
         options_.worker, ": memory tier cannot keep ", file, " of mem://", name, " (", size,
@@ -143,9 +143,8 @@ absl::StatusOr<std::shared_ptr<const std::string>> MemoryTier::Find(const std::s
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat(options_.worker, " holds no memory checkpoint mem://", name,
-                     " (never saved here, or evicted)"));
+    return absl::NotFoundError(absl::StrCat(options_.worker, " holds no memory checkpoint mem://",
+                                            name, " (never saved here, or evicted)"));
   }
   auto f = it->second.files.find(file);
   if (f == it->second.files.end()) {
@@ -206,8 +205,8 @@ absl::Status ReadHeldPieces(const MemoryTier& tier, const std::string& name,
   const int64_t block = manifest.checksum_block_bytes();
   for (const PieceRead& r : reads) {
     if (r.piece < 0 || r.piece >= manifest.pieces_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("no stored piece ", r.piece, " in mem://",
-                                                     name));
+      return absl::InvalidArgumentError(
+          absl::StrCat("no stored piece ", r.piece, " in mem://", name));
     }
     const pb::StoredPiece& p = manifest.pieces(r.piece);
     if (r.begin < 0 || r.begin > r.end || r.end > p.byte_length()) {
@@ -216,8 +215,8 @@ absl::Status ReadHeldPieces(const MemoryTier& tier, const std::string& name,
                                                      p.file(), " of mem://", name));
     }
     CKPT_ASSIGN_OR_RETURN(std::shared_ptr<const std::string> file, tier.Find(name, p.file()));
-    if (p.byte_offset() < 0 || p.byte_offset() + p.byte_length() >
-                                   static_cast<int64_t>(file->size())) {
+    if (p.byte_offset() < 0 ||
+        p.byte_offset() + p.byte_length() > static_cast<int64_t>(file->size())) {
       return absl::DataLossError(absl::StrCat("tensor \"", p.key(), "\" lies beyond the ",
                                               file->size(), " bytes held of ", p.file(),
                                               " of mem://", name));

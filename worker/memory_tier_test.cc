@@ -76,7 +76,8 @@ TEST(MemoryTierTest, EncodedFileEqualsTheStorageWritersFile) {
   DataFilePlan plan;
   plan.writer_rank = 1;
   plan.pieces.push_back(PieceData{"w", Region{{0}, {1000}, std::nullopt}, values.data(), 4000});
-  plan.pieces.push_back(PieceData{"w", Region{{1000}, {2000}, std::nullopt}, values.data() + 1000, 8000});
+  plan.pieces.push_back(
+      PieceData{"w", Region{{1000}, {2000}, std::nullopt}, values.data() + 1000, 8000});
   const int64_t block = 1024;  // several blocks per piece
   absl::StatusOr<EncodedFile> encoded = EncodeDataFile({t}, plan, 0, block);
   ASSERT_TRUE(encoded.ok()) << encoded.status();

@@ -48,9 +48,9 @@
 #include "spdlog/spdlog.h"
 #include "worker/coordinator_link.h"
 #include "worker/memory_registry.h"
+#include "worker/memory_tier.h"
 #include "worker/staging_pipeline.h"
 #include "worker/trainer_socket.h"
-#include "worker/memory_tier.h"
 #include "worker/worker_service.h"
 
 ABSL_FLAG(std::string, coordinator, "", "the coordinator's host:port (required)");

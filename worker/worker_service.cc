@@ -27,19 +27,18 @@ constexpr absl::Duration kRegistrationWait = absl::Seconds(5);
 WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host,
                              PinnedStagingPool* device_staging)
     : registry_(registry), link_(link), host_(std::move(host)) {
-  RegisterPartExecutor(pb::OPERATION_SAVE, std::make_unique<SavePartExecutor>(
-                                               [this](const std::string& op, int rank,
-                                                      const pb::SaveSnapshotReport& report) {
-                                                 MarkSnapshotted(op, rank, report);
-                                               },
-                                               device_staging,
-                                               LoadEnvironment{link_, host_,
-                                                               &gloo_loop_thread_nice_, &stopping_,
-                                                               nullptr, &memory_tier_}));
-  RegisterPartExecutor(pb::OPERATION_LOAD,
-                       std::make_unique<LoadPartExecutor>(LoadEnvironment{
-                           link_, host_, &gloo_loop_thread_nice_, &stopping_, device_staging,
-                           &memory_tier_}));
+  RegisterPartExecutor(
+      pb::OPERATION_SAVE,
+      std::make_unique<SavePartExecutor>(
+          [this](const std::string& op, int rank, const pb::SaveSnapshotReport& report) {
+            MarkSnapshotted(op, rank, report);
+          },
+          device_staging,
+          LoadEnvironment{link_, host_, &gloo_loop_thread_nice_, &stopping_, nullptr,
+                          &memory_tier_}));
+  RegisterPartExecutor(pb::OPERATION_LOAD, std::make_unique<LoadPartExecutor>(LoadEnvironment{
+                                               link_, host_, &gloo_loop_thread_nice_, &stopping_,
+                                               device_staging, &memory_tier_}));
   RegisterPartExecutor(pb::OPERATION_RESHARD, std::make_unique<ReshardPartExecutor>());
 }
 
