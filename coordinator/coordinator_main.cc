@@ -86,6 +86,9 @@ ABSL_FLAG(int64_t, rendezvous_max_bytes_per_job, int64_t{1} << 30,
 ABSL_FLAG(int, memory_replicas, 1,
           "extra copies of every data file of a memory save (mem://<name>), each kept by a "
           "worker on another host than the file's writer (0: none)");
+ABSL_FLAG(int, memory_keep, 2,
+          "memory checkpoints kept: the catalog forgets, and the workers evict, older ones once "
+          "a newer one is committed (at least 1)");
 ABSL_FLAG(std::string, state_dir, "",
           "directory journaling the staging directories of saves/reshards in flight, so that a "
           "restarted coordinator removes what a crashed one left (one coordinator per directory)");
@@ -251,7 +254,8 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   // other hosts, recorded in the catalog; loads read by the workers holding each file.
   ckpt::coordinator::MemoryCatalog memory_catalog;
   ckpt::coordinator::MemorySaveKind memory_saves(&memory_catalog,
-                                                 std::max(0, absl::GetFlag(FLAGS_memory_replicas)));
+                                                 std::max(0, absl::GetFlag(FLAGS_memory_replicas)),
+                                                 std::max(1, absl::GetFlag(FLAGS_memory_keep)));
   ckpt::coordinator::MemoryLoadKind memory_loads(&memory_catalog, settings.load_defaults);
   ckpt::coordinator::PathDispatchKind save_kinds(&saves, &memory_saves);
   ckpt::coordinator::PathDispatchKind load_kinds(&loads, &memory_loads);

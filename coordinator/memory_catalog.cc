@@ -31,7 +31,9 @@ void MemoryCatalog::Release(const std::string& name, const std::string& operatio
   if (it != claims_.end() && it->second == operation_id) claims_.erase(it);
 }
 
-absl::Status MemoryCatalog::Commit(const std::string& operation_id, MemoryCheckpoint checkpoint) {
+absl::StatusOr<std::vector<std::string>> MemoryCatalog::Commit(const std::string& operation_id,
+                                                               MemoryCheckpoint checkpoint,
+                                                               int keep_newest) {
   std::lock_guard<std::mutex> lock(mu_);
   auto claim = claims_.find(checkpoint.name);
   if (claim == claims_.end() || claim->second != operation_id) {
@@ -40,8 +42,18 @@ absl::Status MemoryCatalog::Commit(const std::string& operation_id, MemoryCheckp
   }
   claims_.erase(claim);
   std::string name = checkpoint.name;
+  checkpoint.sequence = next_sequence_++;
   committed_[name] = std::move(checkpoint);
-  return absl::OkStatus();
+  std::vector<std::string> forgotten;
+  if (keep_newest <= 0 || static_cast<int>(committed_.size()) <= keep_newest) return forgotten;
+  std::vector<std::pair<int64_t, std::string>> by_age;
+  for (const auto& [n, c] : committed_) by_age.emplace_back(c.sequence, n);
+  std::sort(by_age.begin(), by_age.end());
+  for (size_t i = 0; i + keep_newest < by_age.size(); ++i) {
+    committed_.erase(by_age[i].second);
+    forgotten.push_back(by_age[i].second);
+  }
+  return forgotten;
 }
 
 std::vector<std::string> MemoryCatalog::DropWorker(const std::string& worker_id) {

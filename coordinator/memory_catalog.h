@@ -35,7 +35,8 @@ struct MemoryCheckpoint {
   std::map<std::string, std::vector<MemoryHolder>> holders;  // data file -> live copies
   std::map<std::string, std::vector<MemoryHolder>> lost;     // data file -> copies lost
   absl::Time committed;
-  int64_t bytes = 0;  // one copy of every data file
+  int64_t bytes = 0;     // one copy of every data file
+  int64_t sequence = 0;  // commit order (set by the catalog)
 };
 
 // The catalog.
@@ -46,8 +47,11 @@ class MemoryCatalog {
   absl::Status Claim(const std::string& name, const std::string& operation_id);
   // Gives up the claim of a save that did not commit (no-op for another operation's claim).
   void Release(const std::string& name, const std::string& operation_id);
-  // Records the committed checkpoint (the claim of `operation_id` ends).
-  absl::Status Commit(const std::string& operation_id, MemoryCheckpoint checkpoint);
+  // Records the committed checkpoint (the claim of `operation_id` ends), then forgets the
+  // committed checkpoints older than the newest `keep_newest` (the workers evict them when
+  // this one is complete on them; 0: keep all). Returns the names forgotten.
+  absl::StatusOr<std::vector<std::string>> Commit(const std::string& operation_id,
+                                                  MemoryCheckpoint checkpoint, int keep_newest = 0);
   // Drops every copy `worker_id` held; returns the names of the checkpoints that lost some.
   std::vector<std::string> DropWorker(const std::string& worker_id);
   // The checkpoint, or NotFound naming it.
@@ -59,6 +63,7 @@ class MemoryCatalog {
   mutable std::mutex mu_;
   std::map<std::string, MemoryCheckpoint> committed_;  // guarded by mu_
   std::map<std::string, std::string> claims_;          // name -> operation; guarded by mu_
+  int64_t next_sequence_ = 0;                          // commit order; guarded by mu_
 };
 
 }  // namespace ckpt::coordinator

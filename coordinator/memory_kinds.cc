@@ -110,8 +110,9 @@ absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::Plan(const Operation& op) 
     }
     part.set_memory_checkpoint(*name);
     for (int replica : (*placement)[r]) part.add_replica_ranks(replica);
-    part.set_group(absl::StrCat("save/", op.id));
+    if (replicas_ > 0) part.set_group(absl::StrCat("save/", op.id));  // no copies: no exchange
     part.set_world_size(op.world_size);
+    part.set_keep_newest(keep_newest_);
     (*plans)[r].part = part.SerializeAsString();
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -150,7 +151,9 @@ absl::Status MemorySaveKind::Commit(const Operation& op) {
     checkpoint.bytes += file.size_bytes();
   }
   checkpoint.manifest = *std::move(manifest);
-  return catalog_->Commit(op.id, std::move(checkpoint));
+  absl::StatusOr<std::vector<std::string>> forgotten =
+      catalog_->Commit(op.id, std::move(checkpoint), keep_newest_);
+  return forgotten.status();
 }
 
 absl::Status MemorySaveKind::Finalize(const Operation& op) {

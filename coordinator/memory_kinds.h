@@ -33,8 +33,11 @@ absl::StatusOr<std::vector<std::vector<int>>> PlaceReplicas(const Operation& op,
 // Memory saves. Thread-safe.
 class MemorySaveKind final : public OperationKindHandler {
  public:
-  // `catalog` must outlive this; `replicas`: extra copies of every file (0: none).
-  MemorySaveKind(MemoryCatalog* catalog, int replicas) : catalog_(catalog), replicas_(replicas) {}
+  // `catalog` must outlive this; `replicas`: extra copies of every file (0: none);
+  // `keep_newest`: memory checkpoints kept, by the catalog and every worker (0: unbounded
+  // here, the workers' --memory_tier_keep there).
+  MemorySaveKind(MemoryCatalog* catalog, int replicas, int keep_newest = 0)
+      : catalog_(catalog), replicas_(replicas), keep_newest_(keep_newest) {}
 
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
   absl::Status Commit(const Operation& op) override;
@@ -43,6 +46,7 @@ class MemorySaveKind final : public OperationKindHandler {
  private:
   MemoryCatalog* catalog_;
   int replicas_;
+  int keep_newest_;
   std::mutex mu_;
   std::map<std::string, std::vector<std::vector<int>>> placement_;  // op -> replica ranks
 };

@@ -76,5 +76,28 @@ TEST(MemoryCatalogTest, ClaimsCommitsAndLosesCopiesOfDeadWorkers) {
   EXPECT_TRUE(catalog.Claim("n", "op-5").ok());
 }
 
+TEST(MemoryCatalogTest, KeepsTheNewestCommittedCheckpoints) {
+  MemoryCatalog catalog;
+  std::vector<std::string> forgotten_all;
+  for (const std::string name : {"s1", "s2", "s3"}) {
+    ASSERT_TRUE(catalog.Claim(name, "op-" + name).ok());
+    MemoryCheckpoint c;
+    c.name = name;
+    absl::StatusOr<std::vector<std::string>> forgotten =
+        catalog.Commit("op-" + name, c, /*keep_newest=*/2);
+    ASSERT_TRUE(forgotten.ok()) << forgotten.status();
+    forgotten_all.insert(forgotten_all.end(), forgotten->begin(), forgotten->end());
+  }
+  EXPECT_EQ(forgotten_all, std::vector<std::string>{"s1"});
+  EXPECT_EQ(catalog.Find("s1").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(catalog.Find("s2").ok());
+  EXPECT_TRUE(catalog.Find("s3").ok());
+  // A commit without the claim is refused.
+  MemoryCheckpoint unclaimed;
+  unclaimed.name = "s4";
+  EXPECT_EQ(catalog.Commit("op-x", unclaimed).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

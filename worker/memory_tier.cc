@@ -108,7 +108,8 @@ absl::Status MemoryTier::Put(const std::string& name, const std::string& operati
   return absl::OkStatus();
 }
 
-void MemoryTier::Seal(const std::string& name) {
+void MemoryTier::Seal(const std::string& name, int keep_newest) {
+  const int keep = std::max(keep_newest > 0 ? keep_newest : options_.keep_newest, 1);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) {
@@ -123,8 +124,7 @@ void MemoryTier::Seal(const std::string& name) {
     if (e.complete) complete.emplace_back(e.sequence, n);
   }
   std::sort(complete.rbegin(), complete.rend());
-  for (size_t i = static_cast<size_t>(std::max(options_.keep_newest, 1)); i < complete.size();
-       ++i) {
+  for (size_t i = static_cast<size_t>(keep); i < complete.size(); ++i) {
     held_ -= entries_[complete[i].second].bytes;
     entries_.erase(complete[i].second);
   }

@@ -63,8 +63,9 @@ class MemoryTier {
   // evicted then).
   absl::Status Put(const std::string& name, const std::string& operation_id,
                    const std::string& file, std::shared_ptr<const std::string> bytes);
-  // Marks `name` complete, then evicts complete checkpoints beyond the newest keep_newest.
-  void Seal(const std::string& name);
+  // Marks `name` complete, then evicts complete checkpoints beyond the newest `keep_newest`
+  // (0: the options' keep_newest).
+  void Seal(const std::string& name, int keep_newest = 0);
   // Forgets `name` (an aborted save's files).
   void Drop(const std::string& name);
   // The bytes of `file` of `name`; NotFound naming the worker, checkpoint and file.

@@ -53,6 +53,10 @@ TEST(MemoryTierTest, KeepsTheNewestKComplete) {
   EXPECT_TRUE(tier.Find("b", "f").ok());
   EXPECT_TRUE(tier.Find("c", "f").ok());
   EXPECT_EQ(tier.held_bytes(), 20);
+  // The plan's count overrides the worker's.
+  tier.Seal("c", /*keep_newest=*/1);
+  EXPECT_FALSE(tier.Find("b", "f").ok());
+  EXPECT_TRUE(tier.Find("c", "f").ok());
 }
 
 TEST(MemoryTierTest, ASaveUnderAnotherOperationReplacesAnUncommittedLeftover) {
