@@ -500,6 +500,7 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   join.metadata.insert(request->metadata().begin(), request->metadata().end());
   join.load_algorithm = request->load_algorithm();
   join.load_memory_budget_bytes = request->load_memory_budget_bytes();
+  join.memory_replicas = request->has_memory_replicas() ? request->memory_replicas() : -1;
   if (request->arrival_deadline_ms() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("job ", request->job(), " rank ", request->rank(),

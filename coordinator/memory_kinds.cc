@@ -94,7 +94,8 @@ absl::StatusOr<std::vector<std::vector<int>>> PlaceReplicas(const Operation& op,
 absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::Plan(const Operation& op) {
   absl::StatusOr<std::string> name = MemoryCheckpointName(op.path);
   if (!name.ok()) return name.status();
-  absl::StatusOr<std::vector<std::vector<int>>> placement = PlaceReplicas(op, replicas_);
+  const int replicas = op.memory_replicas >= 0 ? op.memory_replicas : replicas_;
+  absl::StatusOr<std::vector<std::vector<int>>> placement = PlaceReplicas(op, replicas);
   if (!placement.ok()) return placement.status();
   if (absl::Status claimed = catalog_->Claim(*name, op.id); !claimed.ok()) return claimed;
   absl::StatusOr<std::vector<RankPlan>> plans = PlanSave(op, {}, op.path);
@@ -110,7 +111,7 @@ absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::Plan(const Operation& op) 
     }
     part.set_memory_checkpoint(*name);
     for (int replica : (*placement)[r]) part.add_replica_ranks(replica);
-    if (replicas_ > 0) part.set_group(absl::StrCat("save/", op.id));  // no copies: no exchange
+    if (replicas > 0) part.set_group(absl::StrCat("save/", op.id));  // no copies: no exchange
     part.set_world_size(op.world_size);
     part.set_keep_newest(keep_newest_);
     (*plans)[r].part = part.SerializeAsString();

@@ -153,8 +153,8 @@ TEST(MemoryTierTest, ASaveOverTheMemoryBudgetFailsNamingWorkerAndBytes) {
 TEST(MemoryTierTest, HostileNamesUnknownCheckpointsAndSingleHostReplicasAreRefused) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
-  cluster.StartWorker(0, {"--host=hostA"});
-  cluster.StartWorker(1, {"--host=hostA"});
+  cluster.StartWorker(0, {"--host=hostA", "--data_plane_address=127.0.0.1"});
+  cluster.StartWorker(1, {"--host=hostA", "--data_plane_address=127.0.0.1"});
   for (const std::string& bad : {std::string("mem://a/b"), std::string("mem://../etc"),
                                  "mem://" + std::string(200, 'x'), std::string("mem://")}) {
     std::vector<Child*> ranks = RunOn(cluster, {0}, "solo", "save", bad, {});
@@ -174,6 +174,15 @@ TEST(MemoryTierTest, HostileNamesUnknownCheckpointsAndSingleHostReplicasAreRefus
     EXPECT_THAT(message, HasSubstr("hostA"));
   }
   EXPECT_EQ(Replicas(cluster, "one-host"), -1);
+  // Asking for no copies (the trainers' save option) needs no other host: one copy per file.
+  for (Child* t : RunOn(cluster, {0, 1}, "pair", "save", "mem://no-copies", {"--replicas", "0"})) {
+    EXPECT_EQ(Result(*t).first, 0) << Result(*t).second;
+  }
+  EXPECT_EQ(Replicas(cluster, "no-copies"), 2);
+  for (Child* t : RunOn(cluster, {1, 0}, "pair2", "load", "mem://no-copies", {})) {
+    EXPECT_EQ(Result(*t).first, 0) << Result(*t).second;
+    EXPECT_THAT(t->Stdout(), HasSubstr("verified"));
+  }
 }
 
 }  // namespace
