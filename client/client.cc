@@ -217,7 +217,7 @@ absl::StatusOr<std::string> Client::Transfer(bool save, const std::string& path,
                                              const std::string& operation_id,
                                              absl::Duration arrival_timeout, Lending lending,
                                              pb::LoadAlgorithm load_algorithm,
-                                             int64_t memory_budget_bytes) {
+                                             int64_t memory_budget_bytes, int memory_replicas) {
   if (absl::Status s = Register(state, lending); !s.ok()) return s;
   pb::TransferRequest request;
   request.set_session_id(session_id_);
@@ -225,11 +225,14 @@ absl::StatusOr<std::string> Client::Transfer(bool save, const std::string& path,
   // means this process's working directory.
   std::error_code ec;
   std::filesystem::path absolute = std::filesystem::absolute(path, ec);
-  request.set_path(path.empty() || ec ? path : absolute.string());
+  // A memory checkpoint's path (mem://<name>) is a name, not a directory.
+  const bool memory = path.rfind("mem://", 0) == 0;
+  request.set_path(path.empty() || ec || memory ? path : absolute.string());
   request.mutable_metadata()->insert(metadata.begin(), metadata.end());
   request.set_operation_id(operation_id);
   request.set_timeout_ms(absl::ToInt64Milliseconds(arrival_timeout));
   request.set_load_algorithm(load_algorithm);
+  if (memory_replicas >= 0) request.set_memory_replicas(memory_replicas);
   request.set_memory_budget_bytes(memory_budget_bytes);
   pb::TransferResponse response;
   auto context = connection_->Context();
@@ -244,7 +247,8 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
                                                          const StateDict& state,
                                                          const SaveOptions& options) {
   absl::StatusOr<std::string> op =
-      Transfer(true, path, state, options.metadata, "", options.arrival_timeout, options.lending);
+      Transfer(true, path, state, options.metadata, "", options.arrival_timeout, options.lending,
+               pb::LOAD_ALGORITHM_UNSPECIFIED, 0, options.memory_replicas);
   if (!op.ok()) return op.status();
   auto handle = std::make_unique<SaveHandle>(connection_, session_id_, *op);
   // Return once this rank's worker copied the state out of the trainer's memory (or the save

@@ -41,6 +41,9 @@ struct SaveOptions {
   // save ends. Memory not lent is copied by the worker before Save returns (snapshot semantics).
   // See Lending (client/state_dict.h).
   Lending lending = Lending::kMarkedTensors;
+  // Memory saves (path mem://<name>) only: extra copies of each data file, each on a worker
+  // of another host (-1: the coordinator's --memory_replicas, default 1; 0: none).
+  int memory_replicas = -1;
   // (No exchange algorithm or memory budget: a save moves no bytes between ranks, each stored
   // piece is written by one rank that holds it, and the worker snapshots its rank's whole part
   // before writing it.)
@@ -173,7 +176,7 @@ class Client {
       const std::map<std::string, std::string>& metadata, const std::string& operation_id,
       absl::Duration arrival_timeout, Lending lending,
       pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED,
-      int64_t memory_budget_bytes = 0);
+      int64_t memory_budget_bytes = 0, int memory_replicas = -1);
 
   // Share with what `lending` lends marked in the description.
   absl::Status Register(const StateDict& state, Lending lending);

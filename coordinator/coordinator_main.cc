@@ -21,6 +21,7 @@
 // "ckpt_coordinator listening on HOST:PORT" (and written to --address_file when given).
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -39,6 +40,8 @@
 #include "common/transport_security.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/load_exchange.h"
+#include "coordinator/memory_catalog.h"
+#include "coordinator/memory_kinds.h"
 #include "coordinator/reshard_commit.h"
 #include "coordinator/save_commit.h"
 #include "coordinator/staging_journal.h"
@@ -80,6 +83,12 @@ ABSL_FLAG(int64_t, rendezvous_max_value_bytes, int64_t{8} << 20,
 ABSL_FLAG(int64_t, rendezvous_max_bytes_per_job, int64_t{1} << 30,
           "bytes (keys + values) one operation's rendezvous may hold (Gloo's full mesh needs "
           "~200 x ranks^2)");
+ABSL_FLAG(int, memory_replicas, 1,
+          "extra copies of every data file of a memory save (mem://<name>), each kept by a "
+          "worker on another host than the file's writer (0: none)");
+ABSL_FLAG(int, memory_keep, 2,
+          "memory checkpoints kept: the catalog forgets, and the workers evict, older ones once "
+          "a newer one is committed (at least 1)");
 ABSL_FLAG(std::string, state_dir, "",
           "directory journaling the staging directories of saves/reshards in flight, so that a "
           "restarted coordinator removes what a crashed one left (one coordinator per directory)");
@@ -241,9 +250,19 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   // Loads: each stored piece is read once, by one rank, and exchanged between the workers of
   // the operation (algorithm and budget from the trainers' load options, else the flags).
   ckpt::coordinator::ExchangeLoadKind loads(settings.load_defaults);
+  // The in-memory tier (mem://<name>): saves kept in the workers' memory with replicas on
+  // other hosts, recorded in the catalog; loads read by the workers holding each file.
+  ckpt::coordinator::MemoryCatalog memory_catalog;
+  ckpt::coordinator::MemorySaveKind memory_saves(&memory_catalog,
+                                                 std::max(0, absl::GetFlag(FLAGS_memory_replicas)),
+                                                 std::max(1, absl::GetFlag(FLAGS_memory_keep)));
+  ckpt::coordinator::MemoryLoadKind memory_loads(&memory_catalog, settings.load_defaults);
+  ckpt::coordinator::PathDispatchKind save_kinds(&saves, &memory_saves);
+  ckpt::coordinator::PathDispatchKind load_kinds(&loads, &memory_loads);
   ckpt::coordinator::CoordinatorService coordinator(&clock, settings.options);
-  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kSave, &saves);
-  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kLoad, &loads);
+  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kSave, &save_kinds);
+  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kLoad, &load_kinds);
+  coordinator.set_memory_catalog(&memory_catalog);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kReshard, &reshards);
   coordinator.set_rendezvous_store(&kv);
   ckpt::RendezvousService rendezvous(

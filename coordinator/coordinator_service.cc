@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/grpc_status.h"
+#include "common/memory_path.h"
 #include "coordinator/operation_wire.h"
 #include "planner/layout_spec.h"
 #include "spdlog/spdlog.h"
@@ -198,6 +199,17 @@ absl::Status CoordinatorService::MayRegister(const Peer& peer,
 
 absl::StatusOr<std::string> CoordinatorService::CheckpointPath(absl::string_view path,
                                                                absl::string_view what) const {
+  if (IsMemoryPath(path)) {
+    if (memory_catalog_ == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, " '", path, "' refused: this coordinator has no memory tier"));
+    }
+    absl::StatusOr<std::string> name = MemoryCheckpointName(path);
+    if (!name.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", name.status().message()));
+    }
+    return absl::StrCat(kMemoryPathPrefix, *name);
+  }
   if (!options_.checkpoint_roots.has_value()) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " '", path,
@@ -235,10 +247,18 @@ void CoordinatorService::TickOnce() {
     spdlog::warn("worker_lost worker={} host={} pid={} cause=\"{}\"", dead.id,
                  dead.description.host, dead.description.pid, dead.death_cause);
     LogAborted(jobs_.WorkerLost(dead.id, dead.death_cause));
+    DropMemoryCopies(dead.id, dead.description.host);
   }
   LogAborted(jobs_.Tick());
   Changed();
   WakeWaiters(/*all=*/true);  // deadlines, and watchers of lost workers
+}
+
+void CoordinatorService::DropMemoryCopies(const std::string& worker_id, const std::string& host) {
+  if (memory_catalog_ == nullptr) return;
+  for (const std::string& name : memory_catalog_->DropWorker(worker_id)) {
+    spdlog::warn("memory_copies_lost checkpoint=mem://{} worker={} host={}", name, worker_id, host);
+  }
 }
 
 void CoordinatorService::AbortOrLog(const std::string& operation_id, const absl::Status& cause) {
@@ -395,6 +415,7 @@ grpc::Status CoordinatorService::DoDeregisterWorker(const grpc::ServerContextBas
   }
   std::string description = record->DebugString();
   LogAborted(jobs_.WorkerLost(request->worker_id(), "shut down"));
+  DropMemoryCopies(request->worker_id(), record->description.host);
   (void)workers_.Deregister(request->worker_id());
   worker_owners_.erase(request->worker_id());
   spdlog::info("worker_deregistered {} by=\"{}\"", description, peer->Describe());
@@ -479,6 +500,7 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   join.metadata.insert(request->metadata().begin(), request->metadata().end());
   join.load_algorithm = request->load_algorithm();
   join.load_memory_budget_bytes = request->load_memory_budget_bytes();
+  join.memory_replicas = request->has_memory_replicas() ? request->memory_replicas() : -1;
   if (request->arrival_deadline_ms() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("job ", request->job(), " rank ", request->rank(),
@@ -695,6 +717,7 @@ grpc::Status CoordinatorService::DoGetStatus(const grpc::ServerContextBase* cont
     if (!request->job().empty() && op->job != request->job()) continue;
     ToProto(*op, response->add_operations());
   }
+  if (memory_catalog_ != nullptr) memory_catalog_->ToProto(response->mutable_memory_checkpoints());
   return grpc::Status::OK;
 }
 

@@ -40,6 +40,7 @@
 #include "common/grpc_auth.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_state.h"
+#include "coordinator/memory_catalog.h"
 #include "coordinator/operation_kind.h"
 #include "coordinator/worker_registry.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -71,6 +72,10 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // The rendezvous store whose keys "<kind>/<operation id>/" are erased once the operation
   // ended (its ranks' communicators are gone). Optional; must outlive the service.
   void set_rendezvous_store(KvStore* kv) { rendezvous_ = kv; }
+  // The in-memory tier's catalog: mem://<name> paths are accepted (name validated), a worker
+  // whose lease is lost loses its copies there, and GetStatus lists it. Optional (without
+  // one, mem:// paths are refused); must outlive the service.
+  void set_memory_catalog(MemoryCatalog* catalog) { memory_catalog_ = catalog; }
 
   // Starts the lease/deadline ticker thread and the advancer thread (planners, committers).
   void Start();
@@ -232,6 +237,8 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `path` resolved under the checkpoint roots (see CheckpointRoots::Resolve).
   absl::StatusOr<std::string> CheckpointPath(absl::string_view path, absl::string_view what) const;
+  // The memory tier loses `worker_id`'s copies (its lease was lost or it deregistered).
+  void DropMemoryCopies(const std::string& worker_id, const std::string& host);
 
   const Clock* clock_;
   CoordinatorOptions options_;
@@ -245,6 +252,7 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   std::map<OperationKind, OperationKindHandler*> kinds_;
   KvStore* rendezvous_ = nullptr;
+  MemoryCatalog* memory_catalog_ = nullptr;
   std::set<std::string> finalized_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // Operations whose planner or committer is running (unlocked) right now.

@@ -257,6 +257,7 @@ absl::StatusOr<const Operation*> JobState::JoinOperation(const JoinRequest& requ
   if (op->load_memory_budget_bytes <= 0) {
     op->load_memory_budget_bytes = request.load_memory_budget_bytes;
   }
+  if (op->memory_replicas < 0) op->memory_replicas = request.memory_replicas;
   ++version_;
   if (op->JoinedRanks() == op->world_size) {
     EnterPhase(*op, Phase::kPlanning, clock_->Now() + options_.execution_deadline);

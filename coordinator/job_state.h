@@ -107,7 +107,8 @@ struct Operation {
   // Load options of the trainers (first rank to give any); empty/0: the coordinator's default.
   pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;
   int64_t load_memory_budget_bytes = 0;
-  ReshardSpec reshard;  // kReshard only
+  int memory_replicas = -1;  // memory saves: the trainers' replication factor (-1: default)
+  ReshardSpec reshard;       // kReshard only
   int world_size = 0;
   Phase phase = Phase::kGathering;
   absl::Time created;
@@ -141,6 +142,7 @@ struct JoinRequest {
   std::map<std::string, std::string> metadata;  // user metadata for the manifest (step, ...)
   pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;  // load (0: default)
   int64_t load_memory_budget_bytes = 0;  // load: bytes in flight per rank (0 = default)
+  int memory_replicas = -1;              // memory save: extra copies of each file (-1: default)
   // Arrival deadline of an operation this join creates, capped by the coordinator's (zero:
   // the coordinator's).
   absl::Duration arrival_deadline = absl::ZeroDuration();

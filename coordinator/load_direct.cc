@@ -1,5 +1,7 @@
 #include "coordinator/load_direct.h"
 
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +18,13 @@ absl::StatusOr<std::vector<RankPlan>> PlanDirectLoad(const Operation& op) {
     return absl::Status(reader.status().code(), absl::StrCat("cannot load checkpoint ", op.path,
                                                              ": ", reader.status().message()));
   }
+  return PlanDirectLoadFrom(op, (*reader)->manifest());
+}
+
+absl::StatusOr<std::vector<RankPlan>> PlanDirectLoadFrom(const Operation& op,
+                                                         const pb::Manifest& manifest) {
+  std::map<std::string, const pb::TensorMeta*> by_key;
+  for (const pb::TensorMeta& t : manifest.tensors()) by_key.emplace(t.key(), &t);
   std::vector<RankPlan> plans(op.world_size);
   for (int r = 0; r < op.world_size; ++r) {
     pb::LoadPlanPart part;
@@ -25,7 +34,8 @@ absl::StatusOr<std::vector<RankPlan>> PlanDirectLoad(const Operation& op) {
     for (int i = 0; i < static_cast<int>(shards.size()); ++i) {
       const pb::PieceMeta& s = shards[i];
       const std::string& key = s.tensor().key();
-      const pb::TensorMeta* stored = (*reader)->FindTensor(key);
+      auto found = by_key.find(key);
+      const pb::TensorMeta* stored = found == by_key.end() ? nullptr : found->second;
       if (stored == nullptr) {
         return absl::NotFoundError(absl::StrCat("rank ", r, " asks for tensor ", key,
                                                 ", which checkpoint ", op.path, " does not hold"));

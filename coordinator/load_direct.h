@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/job_state.h"
+#include "proto/manifest.pb.h"
 
 namespace ckpt::coordinator {
 
@@ -17,6 +18,11 @@ namespace ckpt::coordinator {
 // key exists, dtype and global shape agree, the region is inside the tensor) and returns one
 // serialized pb::LoadPlanPart per rank. Errors name the rank, tensor and checkpoint.
 absl::StatusOr<std::vector<RankPlan>> PlanDirectLoad(const Operation& op);
+
+// PlanDirectLoad against `manifest` (validated by the caller) instead of the checkpoint at
+// op.path, e.g. a memory checkpoint's manifest from the catalog (coordinator/memory_catalog.h).
+absl::StatusOr<std::vector<RankPlan>> PlanDirectLoadFrom(const Operation& op,
+                                                         const pb::Manifest& manifest);
 
 }  // namespace ckpt::coordinator
 

@@ -44,14 +44,10 @@ struct StoredCheckpoint {
   std::vector<StoredPieceInfo> pieces;
 };
 
-// Reads the manifest at `path`; errors name the checkpoint and the tensor or piece.
-absl::StatusOr<StoredCheckpoint> ReadStoredCheckpoint(const std::string& path) {
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(path);
-  if (!reader.ok()) {
-    return absl::Status(reader.status().code(), absl::StrCat("cannot load checkpoint ", path, ": ",
-                                                             reader.status().message()));
-  }
-  const pb::Manifest& manifest = (*reader)->manifest();
+// The planner's view of `manifest` (of the checkpoint at `path`); errors name the checkpoint
+// and the tensor or piece.
+absl::StatusOr<StoredCheckpoint> ReadStoredCheckpoint(const std::string& path,
+                                                      const pb::Manifest& manifest) {
   StoredCheckpoint stored;
   for (const pb::TensorMeta& t : manifest.tensors()) {
     TensorMeta c;
@@ -175,13 +171,27 @@ absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
       options.algorithm == pb::LOAD_ALGORITHM_UNSPECIFIED ? pb::LOAD_BROADCAST : options.algorithm;
   if (algorithm == pb::LOAD_AUTO) algorithm = AutoLoadAlgorithm(op);
   if (algorithm == pb::LOAD_DIRECT) return PlanDirectLoad(op);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(op.path);
+  if (!reader.ok()) {
+    return absl::Status(reader.status().code(), absl::StrCat("cannot load checkpoint ", op.path,
+                                                             ": ", reader.status().message()));
+  }
+  LoadPlannerOptions resolved = options;
+  resolved.algorithm = algorithm;
+  return PlanExchangeLoadFrom(op, resolved, (*reader)->manifest(), {});
+}
+
+absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoadFrom(
+    const Operation& op, const LoadPlannerOptions& options, const pb::Manifest& manifest,
+    std::vector<std::vector<int64_t>> readers_of_piece) {
+  const pb::LoadAlgorithm algorithm = options.algorithm;
   absl::StatusOr<ExchangeAlgorithm> planner_algorithm = PlannerAlgorithm(algorithm);
   if (!planner_algorithm.ok()) return planner_algorithm.status();
   // The direct plan validates every request against the checkpoint and carries each rank's
   // reads (tensor, region, local index); the exchange fields are added to it.
-  absl::StatusOr<std::vector<RankPlan>> direct = PlanDirectLoad(op);
+  absl::StatusOr<std::vector<RankPlan>> direct = PlanDirectLoadFrom(op, manifest);
   if (!direct.ok()) return direct.status();
-  absl::StatusOr<StoredCheckpoint> stored = ReadStoredCheckpoint(op.path);
+  absl::StatusOr<StoredCheckpoint> stored = ReadStoredCheckpoint(op.path, manifest);
   if (!stored.ok()) return stored.status();
   std::vector<pb::LoadPlanPart> parts(op.world_size);
   for (int r = 0; r < op.world_size; ++r) {
@@ -195,6 +205,7 @@ absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
   LoadPlanOptions plan_options;
   plan_options.algorithm = *planner_algorithm;
   plan_options.memory_budget_bytes = options.memory_budget_bytes;
+  plan_options.readers_of_piece = std::move(readers_of_piece);
   absl::StatusOr<LoadPlan> plan =
       BuildLoadPlan(stored->tensors, stored->pieces, *requests, op.world_size, plan_options);
   if (!plan.ok()) {

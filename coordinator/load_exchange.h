@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/job_state.h"
 #include "coordinator/operation_kind.h"
+#include "proto/manifest.pb.h"
 
 namespace ckpt::coordinator {
 
@@ -50,6 +51,14 @@ ExchangeTransport ChooseExchangeTransport(const Operation& op);
 // InvalidArgument for an unknown algorithm.
 absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
                                                        const LoadPlannerOptions& options);
+
+// The exchange-based plan against `manifest` (validated by the caller) instead of the
+// checkpoint at op.path, with options.algorithm an exchange algorithm (not direct or auto)
+// and, when not empty, the ranks allowed to read each stored piece (one list per piece of
+// `manifest`; planner LoadPlanOptions::readers_of_piece). Used for memory checkpoints.
+absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoadFrom(
+    const Operation& op, const LoadPlannerOptions& options, const pb::Manifest& manifest,
+    std::vector<std::vector<int64_t>> readers_of_piece);
 
 // The load kind: plans with PlanExchangeLoad, the operation's own algorithm and budget (from
 // the trainers or the operator) over `defaults`. A load writes nothing, so there is nothing to

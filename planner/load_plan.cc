@@ -359,7 +359,22 @@ absl::StatusOr<ReaderChoice> ChooseReaders(const PlanInputs& in, const std::vect
     ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
     span[i] = {lo, hi};
     elem_size[i] = DTypeSize(tensors[tensor_of_key.at(pieces[i].key)].dtype);
-    if (options.split_disjoint_reads && ranks.size() > 1) {
+    const bool restricted = !options.readers_of_piece.empty();
+    if (restricted) {
+      if (options.readers_of_piece.size() != pieces.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("readers_of_piece names ", options.readers_of_piece.size(),
+                         " pieces; the checkpoint has ", pieces.size()));
+      }
+      ranks = options.readers_of_piece[i];
+      std::sort(ranks.begin(), ranks.end());
+      ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+      if (ranks.empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(PieceName(pieces[i]), " is needed but no rank may read it"));
+      }
+    }
+    if (!restricted && options.split_disjoint_reads && ranks.size() > 1) {
       std::vector<std::tuple<int64_t, int64_t, int64_t>> by_start;
       for (const auto& [rank, ab] : span_of_rank) by_start.emplace_back(ab.first, ab.second, rank);
       std::sort(by_start.begin(), by_start.end());

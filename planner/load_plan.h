@@ -64,6 +64,12 @@ struct LoadPlanOptions {
   // as two TP=4 shards) is read by each of them, its own span: as few bytes from storage as
   // one reader and none over the network. Off: one reader per piece, the rest exchanged.
   bool split_disjoint_reads = true;
+  // When not empty (one list per stored piece): the only ranks that may read each piece, e.g.
+  // the ranks whose workers hold the piece's file in memory (coordinator/memory_kinds.h). A
+  // reader need not need the piece itself; every rank needing it then receives it. Such
+  // pieces are never split into own reads. A needed piece with an empty list is
+  // FailedPrecondition naming it.
+  std::vector<std::vector<int64_t>> readers_of_piece;
 };
 
 // One storage read into a unit buffer: elements [first_element, first_element + num_elements)

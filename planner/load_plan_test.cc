@@ -233,6 +233,42 @@ TEST(LoadPlanTest, RanksNeedingDisjointSpansReadTheirOwn) {
   Execute(s, *plan, one_reader.memory_budget_bytes);
 }
 
+TEST(LoadPlanTest, RestrictedReadersReadPiecesTheyDoNotNeedAndDeliverToEveryone) {
+  // Memory loads: only rank 2 (whose worker holds the file) may read the piece; ranks 0 and 1
+  // need disjoint halves of it and receive them, whatever the algorithm.
+  for (ExchangeAlgorithm algorithm :
+       {ExchangeAlgorithm::kOverlapAllToAll, ExchangeAlgorithm::kBroadcast,
+        ExchangeAlgorithm::kGatherRounds, ExchangeAlgorithm::kGatherObject}) {
+    Scenario s = OnePieceScenario();
+    s.num_ranks = 3;
+    s.requests.push_back({0, "w", Region{{0, 0}, {2, 8}, {}}});
+    s.requests.push_back({1, "w", Region{{2, 0}, {2, 8}, {}}});
+    LoadPlanOptions options;
+    options.algorithm = algorithm;
+    options.readers_of_piece = {{2}};
+    auto plan = BuildLoadPlan(s.tensors, s.pieces, s.requests, s.num_ranks, options);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (const LoadWave& wave : plan->waves) {
+      for (const ReadUnit& u : wave.units) {
+        EXPECT_EQ(u.reader, 2);
+        EXPECT_TRUE(u.exchanged);
+      }
+    }
+    Execute(s, *plan, options.memory_budget_bytes);
+  }
+}
+
+TEST(LoadPlanTest, ANeededPieceNoRankMayReadIsRefusedNamingIt) {
+  Scenario s = OnePieceScenario();
+  s.requests.push_back({0, "w", Region{{0, 0}, {2, 8}, {}}});
+  LoadPlanOptions options;
+  options.readers_of_piece = {{}};
+  auto plan = BuildLoadPlan(s.tensors, s.pieces, s.requests, s.num_ranks, options);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(plan.status().message(), HasSubstr("data/r0_0.safetensors"));
+}
+
 TEST(LoadPlanTest, RanksNeedingInterleavedOrSharedBytesShareOneRead) {
   // Columns 0-3 and 4-7: each rank's span crosses the other's, so one read is exchanged
   // rather than both ranks reading (nearly) the whole piece; the same for a replicated need.

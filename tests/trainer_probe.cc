@@ -21,13 +21,15 @@
 //                 --mode hold|save|save_mutate|load|poll [--path P] [--elements N]
 //                 [--layout rows|dtensor|cols|flat|tpdp] [--global_rows G] [--tp T]
 //                 [--algorithm A] [--budget BYTES] [--rpc_timeout_ms MS] [--check_file F]
+//                 [--replicas N]
 //                 [--start_file F]
 // The tensor "probe.weight" has shape (G, elements) (G defaults to the world size); "rows": rank
 // r holds row r; "dtensor": Shard(0) over a 1-d mesh of all ranks (torch.chunk rows);
 // "cols": Shard(1) over all ranks (column blocks); "flat": an even split of the flattened
 // tensor; "tpdp": a (world/T, T) mesh, Shard(0) over the
 // T tensor-parallel ranks and replicated over the data-parallel ones (rank = dp * T + tp).
-// --algorithm and --budget are the load's exchange algorithm and memory budget.
+// --algorithm and --budget are the load's exchange algorithm and memory budget; --replicas the
+// copies of a memory save (mem://) on other hosts.
 // --check_file: after a failed load, fill the tensor with a sentinel, say so, and once the test
 // created F report whether anything (a worker still running the aborted load) wrote into it.
 // --start_file: after "shared", wait until the test created F before the save or load (so a
@@ -75,6 +77,7 @@ int Run(int argc, char** argv) {
   int64_t rpc_timeout_ms = 10000;
   std::string check_file, start_file;
   ckpt::client::LoadOptions load_options;
+  ckpt::client::SaveOptions save_options;
   // The multi-process tests exercise the exchange unless they name an algorithm (the client's
   // own default leaves the choice to the coordinator, whose auto reads directly on one host).
   load_options.exchange_algorithm = "broadcast";
@@ -102,6 +105,8 @@ int Run(int argc, char** argv) {
       absl::SimpleAtoi(value, &tp);
     } else if (flag == "--algorithm") {
       load_options.exchange_algorithm = value;
+    } else if (flag == "--replicas") {
+      absl::SimpleAtoi(value, &save_options.memory_replicas);
     } else if (flag == "--budget") {
       absl::SimpleAtoi(value, &load_options.memory_budget_bytes);
     } else if (flag == "--rpc_timeout_ms") {
@@ -193,7 +198,7 @@ int Run(int argc, char** argv) {
   if (mode == "hold") {
     while (true) pause();
   } else if (mode == "save" || mode == "save_mutate") {
-    auto handle = (*client)->Save(path, *state);
+    auto handle = (*client)->Save(path, *state, save_options);
     result = handle.status();
     if (handle.ok()) {
       Emit("snapshotted");

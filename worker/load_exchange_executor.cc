@@ -1,12 +1,16 @@
 #include "worker/load_exchange_executor.h"
 
 #include <algorithm>
+#include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/memory_path.h"
 #include "common/status_macros.h"
 #include "exchange/communicator_factory.h"
 #include "exchange/exchange.h"
@@ -19,6 +23,7 @@
 #include "worker/load_communicator.h"
 #include "worker/load_executor.h"
 #include "worker/load_wave_plan.h"
+#include "worker/memory_tier.h"
 
 namespace ckpt::worker {
 namespace {
@@ -53,11 +58,68 @@ class CancellableStore final : public Store {
   const MemoryGate* gate_;
 };
 
+// Where a part's units are read from: a committed checkpoint in storage, or a memory
+// checkpoint in this worker's memory tier (part.memory_manifest() set).
+struct LoadSource {
+  std::unique_ptr<CheckpointReader> storage;
+  pb::Manifest memory_manifest;
+  std::map<std::string, const pb::TensorMeta*> memory_tensors;
+  std::function<absl::Status(const std::vector<PieceRead>&)> read_pieces;
+
+  const pb::Manifest& manifest() const {
+    return storage != nullptr ? storage->manifest() : memory_manifest;
+  }
+  const pb::TensorMeta* FindTensor(const std::string& key) const {
+    if (storage != nullptr) return storage->FindTensor(key);
+    auto it = memory_tensors.find(key);
+    return it == memory_tensors.end() ? nullptr : it->second;
+  }
+};
+
+// Opens the part's source; errors name `who` and the checkpoint.
+absl::StatusOr<std::unique_ptr<LoadSource>> OpenLoadSource(const pb::LoadPlanPart& part,
+                                                           const MemoryTier* tier,
+                                                           const std::string& who) {
+  auto source = std::make_unique<LoadSource>();
+  if (part.memory_manifest().empty()) {
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(part.path());
+    if (!reader.ok()) {
+      return absl::Status(
+          reader.status().code(),
+          absl::StrCat(who, ": opening checkpoint ", part.path(), ": ", reader.status().message()));
+    }
+    source->storage = *std::move(reader);
+    const CheckpointReader* r = source->storage.get();
+    source->read_pieces = [r](const std::vector<PieceRead>& reads) { return r->ReadPieces(reads); };
+    return source;
+  }
+  if (!source->memory_manifest.ParseFromString(part.memory_manifest())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": the plan's manifest of ", part.path(), " does not parse"));
+  }
+  for (const pb::TensorMeta& t : source->memory_manifest.tensors()) {
+    source->memory_tensors.emplace(t.key(), &t);
+  }
+  absl::StatusOr<std::string> name = MemoryCheckpointName(part.path());
+  if (!name.ok()) return name.status();
+  const pb::Manifest* manifest = &source->memory_manifest;
+  source->read_pieces = [tier, manifest, name = *name,
+                         who](const std::vector<PieceRead>& reads) -> absl::Status {
+    if (reads.empty()) return absl::OkStatus();
+    if (tier == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(who, ": this worker has no memory tier to read mem://", name, " from"));
+    }
+    return ReadHeldPieces(*tier, name, *manifest, reads);
+  };
+  return source;
+}
+
 // Everything the waves of one part share.
 struct WaveRunContext {
   const std::string& who;  // "rank <r> of job <j>"
   const pb::LoadPlanPart& part;
-  const CheckpointReader& reader;
+  const LoadSource& source;
   TensorLookup tensors;
   const std::vector<LoadRequest>& requests;
   int me = 0;
@@ -157,7 +219,7 @@ absl::Status ReadUnits(const WaveRunContext& run, const WaveExchange& wave, Shar
     run.stats->bytes_read += static_cast<int64_t>(buffer.size());
   }
   if (reads.empty()) return absl::OkStatus();
-  absl::Status s = run.reader.ReadPieces(reads);
+  absl::Status s = run.source.read_pieces(reads);
   if (!s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat(where, ": reading from ", run.part.path(), ": ", s.message()));
@@ -204,7 +266,7 @@ absl::Status RunWave(const WaveRunContext& run, int w) {
     return absl::Status(closed.code(), absl::StrCat(where, ": ", closed.message()));
   }
   CKPT_ASSIGN_OR_RETURN(WaveExchange wave,
-                        BuildWaveExchange(entry, run.reader.manifest(), run.tensors, run.requests,
+                        BuildWaveExchange(entry, run.source.manifest(), run.tensors, run.requests,
                                           run.me, run.part.world_size(), run.narrow, where));
   ShardBuffers loaded;
   absl::Time step_start = absl::Now();
@@ -242,13 +304,9 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
   const int me = part.rank();
   const std::string who = absl::StrCat("rank ", me, " of job ", session.trainer.job);
   CKPT_RETURN_IF_ERROR(ValidatePart(part, session, who));
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(part.path());
-  if (!reader.ok()) {
-    return absl::Status(
-        reader.status().code(),
-        absl::StrCat(who, ": opening checkpoint ", part.path(), ": ", reader.status().message()));
-  }
-  const CheckpointReader& checkpoint = **reader;
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<LoadSource> source,
+                        OpenLoadSource(part, context.memory_tier, who));
+  const LoadSource& checkpoint = *source;
   TensorLookup tensors = [&checkpoint](const std::string& key) {
     return checkpoint.FindTensor(key);
   };

@@ -17,6 +17,7 @@
 #include "proto/coordinator.pb.h"
 #include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
+#include "worker/memory_tier.h"
 #include "worker/staging_pipeline.h"
 
 namespace ckpt::worker {
@@ -30,6 +31,9 @@ struct ExchangeLoadContext {
   int cuda_device = -1;  // the GPU this worker serves (NCCL, when the plan says device_exchange)
   absl::Duration rendezvous_timeout = absl::Minutes(2);
   absl::Duration exchange_timeout = absl::Minutes(30);  // the whole exchange
+  // The worker's memory tier: units of a memory checkpoint (part.memory_manifest() set) are
+  // read from it instead of storage (null: such a part fails naming the checkpoint).
+  const MemoryTier* memory_tier = nullptr;
 };
 
 // What the part did on this rank.

@@ -9,6 +9,7 @@
 #include "worker/load_communicator.h"
 #include "worker/load_exchange_executor.h"
 #include "worker/load_executor.h"
+#include "worker/memory_save.h"
 #include "worker/reshard_executor.h"
 #include "worker/save_executor.h"
 
@@ -28,7 +29,8 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
   // while the copy is written.
   MemoryGate& gate = run.gate;
   DeviceSnapshotOptions device;
-  device.staging = device_staging_;
+  // A memory save holds host bytes only: device pieces are refused (no staging pool).
+  device.staging = part.memory_checkpoint().empty() ? device_staging_ : nullptr;
   device.on_device_drained = [this, &item](const SnapshotReport& r) {
     pb::SaveSnapshotReport report;
     report.set_copied_bytes(r.copied_bytes);
@@ -55,7 +57,9 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
         absl::ToDoubleSeconds(staged.until_drained), staged.over_budget,
         snapshot->report.bytes_written_before_snapshot);
     absl::StatusOr<std::string> done =
-        WriteSnapshot(*snapshot, run.progress, [&gate] { return gate.closed(); });
+        part.memory_checkpoint().empty()
+            ? WriteSnapshot(*snapshot, run.progress, [&gate] { return gate.closed(); })
+            : KeepSnapshotInMemory(part, item.operation_id(), *snapshot, MemoryContext(), gate);
     out.status = done.status();
     if (done.ok()) out.written = *std::move(done);
   }
@@ -63,6 +67,20 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
                item.operation_id(), item.rank(), part.total_bytes(), part.files_size(),
                absl::ToDoubleSeconds(absl::Now() - start), out.status.ok());
   return out;
+}
+
+MemorySaveContext SavePartExecutor::MemoryContext() const {
+  MemorySaveContext context;
+  context.tier = memory_.memory_tier == nullptr ? nullptr : *memory_.memory_tier;
+  if (memory_.link == nullptr) return context;
+  context.rendezvous_address = memory_.link->options().coordinator;
+  context.rendezvous_security = memory_.link->options().security;
+  context.hostname = memory_.link->options().info.data_plane_address();
+  if (context.hostname.empty()) context.hostname = memory_.host;
+  if (memory_.gloo_loop_thread_nice != nullptr) {
+    context.gloo_loop_thread_nice = *memory_.gloo_loop_thread_nice;
+  }
+  return context;
 }
 
 PartOutcome LoadPartExecutor::Execute(const PartRun& run) {
@@ -96,6 +114,7 @@ PartOutcome LoadPartExecutor::ExecuteExchange(const PartRun& run, const pb::Load
     context.gloo_loop_thread_nice = *env_.gloo_loop_thread_nice;
   }
   context.cuda_device = env_.link->options().info.gpu();
+  if (env_.memory_tier != nullptr) context.memory_tier = *env_.memory_tier;
   ExchangeLoadStats stats;
   PartOutcome out;
   out.status = ExecuteExchangeLoadPart(part, *run.session, context, run.gate, &stats, run.progress,

@@ -10,29 +10,12 @@
 #include "absl/synchronization/notification.h"
 #include "proto/worker.pb.h"
 #include "worker/coordinator_link.h"
+#include "worker/memory_save.h"
+#include "worker/memory_tier.h"
 #include "worker/part_executor.h"
 #include "worker/staging_pipeline.h"
 
 namespace ckpt::worker {
-
-// Save parts: snapshots the rank's part out of the trainer's memory (device pieces through the
-// pinned staging pool), calls `on_snapshot` once the last byte has left the trainer's memory
-// (the trainer may change its tensors from then on), then writes the snapshot's files.
-class SavePartExecutor final : public PartExecutor {
- public:
-  using SnapshotFn = std::function<void(const std::string& operation_id, int rank,
-                                        const pb::SaveSnapshotReport& report)>;
-  // `device_staging`: the worker's pinned pool (null: no GPU served; device pieces are
-  // refused); it must outlive the executor.
-  SavePartExecutor(SnapshotFn on_snapshot, PinnedStagingPool* device_staging)
-      : on_snapshot_(std::move(on_snapshot)), device_staging_(device_staging) {}
-  bool NeedsTrainer() const override { return true; }
-  PartOutcome Execute(const PartRun& run) override;
-
- private:
-  SnapshotFn on_snapshot_;
-  PinnedStagingPool* device_staging_;
-};
 
 // What exchange-based loads need of the worker around them. Pointers must outlive the
 // executor.
@@ -42,6 +25,36 @@ struct LoadEnvironment {
   const int* gloo_loop_thread_nice = nullptr;
   const absl::Notification* stopping = nullptr;  // the worker is shutting down
   PinnedStagingPool* device_staging = nullptr;   // the worker's pinned pool (null: no GPU)
+  // The worker's memory tier (*memory_tier null: none), for mem:// saves and loads.
+  MemoryTier* const* memory_tier = nullptr;
+};
+
+// Save parts: snapshots the rank's part out of the trainer's memory (device pieces through the
+// pinned staging pool), calls `on_snapshot` once the last byte has left the trainer's memory
+// (the trainer may change its tensors from then on), then writes the snapshot's files (a
+// memory save: keeps them in the worker's memory tier and replicates them, worker/memory_save.h).
+class SavePartExecutor final : public PartExecutor {
+ public:
+  using SnapshotFn = std::function<void(const std::string& operation_id, int rank,
+                                        const pb::SaveSnapshotReport& report)>;
+  // `device_staging`: the worker's pinned pool (null: no GPU served; device pieces are
+  // refused); it must outlive the executor.
+  // `memory`: what a memory save (mem://) needs (the tier, the rendezvous and data plane).
+  SavePartExecutor(SnapshotFn on_snapshot, PinnedStagingPool* device_staging,
+                   LoadEnvironment memory = {})
+      : on_snapshot_(std::move(on_snapshot)),
+        device_staging_(device_staging),
+        memory_(std::move(memory)) {}
+  bool NeedsTrainer() const override { return true; }
+  PartOutcome Execute(const PartRun& run) override;
+
+ private:
+  SnapshotFn on_snapshot_;
+  // The memory save's context from memory_ (the link's rendezvous address and data plane).
+  MemorySaveContext MemoryContext() const;
+
+  PinnedStagingPool* device_staging_;
+  LoadEnvironment memory_;
 };
 
 // Load parts: direct reads (LOAD_DIRECT or unset) or the exchange-based load.

@@ -20,6 +20,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <memory>
@@ -47,6 +48,7 @@
 #include "spdlog/spdlog.h"
 #include "worker/coordinator_link.h"
 #include "worker/memory_registry.h"
+#include "worker/memory_tier.h"
 #include "worker/staging_pipeline.h"
 #include "worker/trainer_socket.h"
 #include "worker/worker_service.h"
@@ -89,6 +91,11 @@ ABSL_FLAG(bool, insecure, false,
 ABSL_FLAG(int, gloo_loop_nice, 10,
           "added to the nice value of Gloo's event-loop thread in load exchanges (0: unchanged); "
           "keeps its busy-polling from starving the thread it waits on when ranks outnumber cores");
+ABSL_FLAG(int64_t, memory_tier_bytes, int64_t{1} << 30,
+          "bytes of memory checkpoints (mem://<name>: this worker's ranks' data files and the "
+          "replicas it keeps for other hosts) this worker holds at most (0: no memory tier)");
+ABSL_FLAG(int, memory_tier_keep, 2,
+          "complete memory checkpoints kept; older ones are evicted (at least 1)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 ABSL_FLAG(std::string, ready_file, "",
           "when set, \"<worker_id> <listen address>\" is written here after registering");
@@ -313,8 +320,16 @@ int Run() {
   ckpt::worker::CoordinatorLink link(MakeLinkOptions(
       settings->coordinator, *security, settings->host, settings->local_rank, *device));
   if (device->staging != nullptr) registry.ServeDevice(device->gpu, device->served.uuid);
+  // Declared before the service, which runs the parts that use it.
+  std::unique_ptr<ckpt::worker::MemoryTier> memory_tier;
+  if (absl::GetFlag(FLAGS_memory_tier_bytes) > 0) {
+    memory_tier = std::make_unique<ckpt::worker::MemoryTier>(ckpt::worker::MemoryTierOptions{
+        absl::GetFlag(FLAGS_memory_tier_bytes), std::max(1, absl::GetFlag(FLAGS_memory_tier_keep)),
+        absl::StrCat("worker on host ", settings->host, " (pid ", getpid(), ")")});
+  }
   ckpt::worker::WorkerService service(&registry, &link, settings->host, device->staging.get());
   service.set_gloo_loop_thread_nice(absl::GetFlag(FLAGS_gloo_loop_nice));
+  if (memory_tier != nullptr) service.set_memory_tier(memory_tier.get());
   const std::string ready_file = absl::GetFlag(FLAGS_ready_file);
   const std::string listen = settings->listen;
   link.SetRegisteredHandler([&service, ready_file, listen](const std::string& worker_id) {

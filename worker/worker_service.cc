@@ -27,15 +27,18 @@ constexpr absl::Duration kRegistrationWait = absl::Seconds(5);
 WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host,
                              PinnedStagingPool* device_staging)
     : registry_(registry), link_(link), host_(std::move(host)) {
-  RegisterPartExecutor(pb::OPERATION_SAVE, std::make_unique<SavePartExecutor>(
-                                               [this](const std::string& op, int rank,
-                                                      const pb::SaveSnapshotReport& report) {
-                                                 MarkSnapshotted(op, rank, report);
-                                               },
-                                               device_staging));
-  RegisterPartExecutor(pb::OPERATION_LOAD,
-                       std::make_unique<LoadPartExecutor>(LoadEnvironment{
-                           link_, host_, &gloo_loop_thread_nice_, &stopping_, device_staging}));
+  RegisterPartExecutor(
+      pb::OPERATION_SAVE,
+      std::make_unique<SavePartExecutor>(
+          [this](const std::string& op, int rank, const pb::SaveSnapshotReport& report) {
+            MarkSnapshotted(op, rank, report);
+          },
+          device_staging,
+          LoadEnvironment{link_, host_, &gloo_loop_thread_nice_, &stopping_, nullptr,
+                          &memory_tier_}));
+  RegisterPartExecutor(pb::OPERATION_LOAD, std::make_unique<LoadPartExecutor>(LoadEnvironment{
+                                               link_, host_, &gloo_loop_thread_nice_, &stopping_,
+                                               device_staging, &memory_tier_}));
   RegisterPartExecutor(pb::OPERATION_RESHARD, std::make_unique<ReshardPartExecutor>());
 }
 
@@ -156,6 +159,7 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   join.mutable_metadata()->insert(request.metadata().begin(), request.metadata().end());
   join.set_load_algorithm(request.load_algorithm());
   join.set_load_memory_budget_bytes(request.memory_budget_bytes());
+  if (request.has_memory_replicas()) join.set_memory_replicas(request.memory_replicas());
   join.set_arrival_deadline_ms(std::max<int64_t>(request.timeout_ms(), 0));
   pb::RankState* state = join.mutable_state();
   state->set_rank(session->trainer.rank);

@@ -34,6 +34,7 @@
 #include "worker/coordinator_link.h"
 #include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
+#include "worker/memory_tier.h"
 #include "worker/part_executor.h"
 #include "worker/staging_pipeline.h"
 #include "worker/trainer_socket.h"
@@ -55,6 +56,9 @@ class WorkerService final : public pb::Worker::Service {
   // The socket the trainers' calls arrive on: who called is asked of it (SO_PEERCRED), never
   // taken from the request. Required before serving; must outlive the service.
   void set_trainer_socket(const TrainerSocket* socket) { trainer_socket_ = socket; }
+  // The memory tier mem:// saves keep their files in and mem:// loads read from (null, the
+  // default: such parts fail naming the checkpoint). Call before serving; must outlive it.
+  void set_memory_tier(MemoryTier* tier) { memory_tier_ = tier; }
   // The executor of plan parts of `kind`, replacing the default (the constructor registers
   // save, load and reshard). Call before serving.
   void RegisterPartExecutor(pb::OperationKind kind, std::unique_ptr<PartExecutor> executor);
@@ -143,6 +147,7 @@ class WorkerService final : public pb::Worker::Service {
   CoordinatorLink* link_;
   std::string host_;
   int gloo_loop_thread_nice_ = 10;
+  MemoryTier* memory_tier_ = nullptr;  // read by the executors through &memory_tier_
   const TrainerSocket* trainer_socket_ = nullptr;
   // One per operation kind; filled before serving, read-only after.
   std::map<pb::OperationKind, std::unique_ptr<PartExecutor>> part_executors_;

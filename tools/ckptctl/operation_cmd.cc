@@ -93,7 +93,8 @@ std::optional<int> ParseOperation(const CommandSpec& spec, const std::vector<std
   // means this shell's working directory.
   std::error_code ec;
   std::filesystem::path absolute = std::filesystem::absolute(out->path, ec);
-  if (!ec) out->path = absolute.string();
+  // A memory checkpoint's path (mem://<name>) is a name, not a directory.
+  if (!ec && out->path.rfind("mem://", 0) != 0) out->path = absolute.string();
   return std::nullopt;
 }
 

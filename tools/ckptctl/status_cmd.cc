@@ -1,5 +1,6 @@
 // `ckptctl status --coordinator HOST:PORT [--job J]`: the coordinator's workers (live and
-// dead), jobs (ranks attached), and operations in flight or recently finished, with progress.
+// dead), jobs (ranks attached), operations in flight or recently finished, with progress, and
+// the memory tier's checkpoints (mem://<name>) with the workers holding each file's copies.
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
@@ -36,6 +37,30 @@ std::string MemoryKindNames(const pb::WorkerInfo& info) {
     names.push_back(MemoryKindName(static_cast<pb::MemoryKind>(kind)));
   }
   return absl::StrJoin(names, ",");
+}
+
+// The memory tier: each memory checkpoint with its bytes and, per data file, who holds a copy.
+void PrintMemoryCheckpoints(const pb::GetStatusResponse& status) {
+  std::printf("memory checkpoints: %d\n", status.memory_checkpoints_size());
+  for (const pb::MemoryCheckpointStatus& m : status.memory_checkpoints()) {
+    std::printf("  mem://%s  %s in %d files  %d copies\n", m.name().c_str(),
+                HumanBytes(m.bytes()).c_str(), m.files(), m.replicas_size());
+    std::string file;
+    std::vector<std::string> holders;
+    auto flush = [&] {
+      if (file.empty()) return;
+      std::printf("      %s  on %s\n", file.c_str(), absl::StrJoin(holders, " ").c_str());
+    };
+    for (const pb::MemoryReplicaStatus& r : m.replicas()) {
+      if (r.file() != file) {
+        flush();
+        file = r.file();
+        holders.clear();
+      }
+      holders.push_back(absl::StrCat(r.worker_id(), "@", r.host()));
+    }
+    flush();
+  }
 }
 
 void Print(const std::string& coordinator, const pb::GetStatusResponse& status) {
@@ -82,6 +107,7 @@ void Print(const std::string& coordinator, const pb::GetStatusResponse& status) 
       std::printf("      %s\n", op.status().message().c_str());
     }
   }
+  PrintMemoryCheckpoints(status);
 }
 
 int RunStatus(const std::vector<std::string>& args) {

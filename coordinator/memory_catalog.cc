@@ -1,0 +1,112 @@
+#include "coordinator/memory_catalog.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ckpt::coordinator {
+
+std::string MemoryHolder::DebugString() const {
+  return absl::StrCat("worker ", worker_id, " on host ", host);
+}
+
+absl::Status MemoryCatalog::Claim(const std::string& name, const std::string& operation_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (committed_.count(name) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("memory checkpoint mem://", name,
+                                                 " exists already (memory saves never overwrite)"));
+  }
+  auto [it, fresh] = claims_.emplace(name, operation_id);
+  if (!fresh && it->second != operation_id) {
+    return absl::AlreadyExistsError(absl::StrCat("memory checkpoint mem://", name,
+                                                 " is being saved by operation ", it->second));
+  }
+  return absl::OkStatus();
+}
+
+void MemoryCatalog::Release(const std::string& name, const std::string& operation_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = claims_.find(name);
+  if (it != claims_.end() && it->second == operation_id) claims_.erase(it);
+}
+
+absl::StatusOr<std::vector<std::string>> MemoryCatalog::Commit(const std::string& operation_id,
+                                                               MemoryCheckpoint checkpoint,
+                                                               int keep_newest) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto claim = claims_.find(checkpoint.name);
+  if (claim == claims_.end() || claim->second != operation_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "operation ", operation_id, " does not hold the claim on mem://", checkpoint.name));
+  }
+  claims_.erase(claim);
+  std::string name = checkpoint.name;
+  checkpoint.sequence = next_sequence_++;
+  committed_[name] = std::move(checkpoint);
+  std::vector<std::string> forgotten;
+  if (keep_newest <= 0 || static_cast<int>(committed_.size()) <= keep_newest) return forgotten;
+  std::vector<std::pair<int64_t, std::string>> by_age;
+  for (const auto& [n, c] : committed_) by_age.emplace_back(c.sequence, n);
+  std::sort(by_age.begin(), by_age.end());
+  for (size_t i = 0; i + keep_newest < by_age.size(); ++i) {
+    committed_.erase(by_age[i].second);
+    forgotten.push_back(by_age[i].second);
+  }
+  return forgotten;
+}
+
+std::vector<std::string> MemoryCatalog::DropWorker(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> touched;
+  for (auto& [name, checkpoint] : committed_) {
+    bool lost_some = false;
+    for (auto& [file, holders] : checkpoint.holders) {
+      auto gone = std::stable_partition(holders.begin(), holders.end(), [&](const MemoryHolder& h) {
+        return h.worker_id != worker_id;
+      });
+      if (gone == holders.end()) continue;
+      std::vector<MemoryHolder>& lost = checkpoint.lost[file];
+      lost.insert(lost.end(), gone, holders.end());
+      holders.erase(gone, holders.end());
+      lost_some = true;
+    }
+    if (lost_some) touched.push_back(name);
+  }
+  return touched;
+}
+
+absl::StatusOr<MemoryCheckpoint> MemoryCatalog::Find(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = committed_.find(name);
+  if (it == committed_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no memory checkpoint mem://", name, " (never committed by a memory save)"));
+  }
+  return it->second;
+}
+
+void MemoryCatalog::ToProto(
+    google::protobuf::RepeatedPtrField<pb::MemoryCheckpointStatus>* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [name, checkpoint] : committed_) {
+    pb::MemoryCheckpointStatus* s = out->Add();
+    s->set_name(name);
+    s->set_bytes(checkpoint.bytes);
+    s->set_files(checkpoint.manifest.files_size());
+    s->set_committed_unix_ms(absl::ToUnixMillis(checkpoint.committed));
+    for (const pb::DataFile& file : checkpoint.manifest.files()) {
+      auto holders = checkpoint.holders.find(file.name());
+      if (holders == checkpoint.holders.end()) continue;
+      for (const MemoryHolder& h : holders->second) {
+        pb::MemoryReplicaStatus* r = s->add_replicas();
+        r->set_file(file.name());
+        r->set_worker_id(h.worker_id);
+        r->set_host(h.host);
+        r->set_bytes(file.size_bytes());
+      }
+    }
+  }
+}
+
+}  // namespace ckpt::coordinator

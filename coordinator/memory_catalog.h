@@ -1,0 +1,71 @@
+// The coordinator's catalog of the in-memory checkpoint tier: for each memory checkpoint
+// (mem://<name>) committed by a memory save, its manifest (the content a storage save of the
+// same state would commit) and which workers hold a copy of each data file. A worker whose
+// lease was lost loses its copies here; what remains decides whether, and from whom, a load
+// can read each file. Pure: no gRPC, threads or logging; thread-safe.
+#ifndef CKPT_COORDINATOR_MEMORY_CATALOG_H_
+#define CKPT_COORDINATOR_MEMORY_CATALOG_H_
+
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/coordinator.pb.h"
+#include "proto/manifest.pb.h"
+
+namespace ckpt::coordinator {
+
+// A worker holding (or having held) a copy of a data file.
+struct MemoryHolder {
+  std::string worker_id;
+  std::string host;
+  // "worker w-2 on host b"
+  std::string DebugString() const;
+};
+
+// One memory checkpoint.
+struct MemoryCheckpoint {
+  std::string name;
+  pb::Manifest manifest;
+  std::map<std::string, std::vector<MemoryHolder>> holders;  // data file -> live copies
+  std::map<std::string, std::vector<MemoryHolder>> lost;     // data file -> copies lost
+  absl::Time committed;
+  int64_t bytes = 0;     // one copy of every data file
+  int64_t sequence = 0;  // commit order (set by the catalog)
+};
+
+// The catalog.
+class MemoryCatalog {
+ public:
+  // Claims `name` for save `operation_id` before it is planned: AlreadyExists naming the
+  // checkpoint when it is committed, or claimed by another save in flight.
+  absl::Status Claim(const std::string& name, const std::string& operation_id);
+  // Gives up the claim of a save that did not commit (no-op for another operation's claim).
+  void Release(const std::string& name, const std::string& operation_id);
+  // Records the committed checkpoint (the claim of `operation_id` ends), then forgets the
+  // committed checkpoints older than the newest `keep_newest` (the workers evict them when
+  // this one is complete on them; 0: keep all). Returns the names forgotten.
+  absl::StatusOr<std::vector<std::string>> Commit(const std::string& operation_id,
+                                                  MemoryCheckpoint checkpoint, int keep_newest = 0);
+  // Drops every copy `worker_id` held; returns the names of the checkpoints that lost some.
+  std::vector<std::string> DropWorker(const std::string& worker_id);
+  // The checkpoint, or NotFound naming it.
+  absl::StatusOr<MemoryCheckpoint> Find(const std::string& name) const;
+  // Every checkpoint, by name, for `ckptctl status`.
+  void ToProto(google::protobuf::RepeatedPtrField<pb::MemoryCheckpointStatus>* out) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, MemoryCheckpoint> committed_;  // guarded by mu_
+  std::map<std::string, std::string> claims_;          // name -> operation; guarded by mu_
+  int64_t next_sequence_ = 0;                          // commit order; guarded by mu_
+};
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_COORDINATOR_MEMORY_CATALOG_H_

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Memory tier vs storage, same state, same run (issue 17): a coordinator and 4 workers on
+# loopback announcing two hosts (hostA: workers 0-1, hostB: 2-3), 4 trainer_probe ranks of
+# ELEMENTS int32 each (one row per rank). For each of storage (DIR/ckpt, fsynced) and memory
+# (mem://bench, one replica on the other host) it prints, per rank and as the slowest rank:
+#   save_blocking_s   Save called -> Save returned ("snapshotted": the trainer may go on)
+#   save_durable_s    Save called -> WaitDurable returned (storage: committed on disk;
+#                     memory: every replica holds its copy and the catalog committed it)
+#   load_s            Load called -> Load returned (memory: read by the holders' workers,
+#                     exchanged over Gloo; storage: read from the files, exchanged the same way)
+# Usage: bazel build -c opt //coordinator:ckpt_coordinator //worker:ckpt_worker
+#          //tests:trainer_probe && tools/bench/memory_tier_bench.sh [ELEMENTS] [DIR]
+set -euo pipefail
+ELEMENTS=${1:-33554432}   # 128 MiB per rank
+DIR=${2:-$(mktemp -d /tmp/ckpt-memtier-bench.XXXXXX)}
+BIN=${BIN:-bazel-bin}
+mkdir -p "$DIR"
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+"$BIN/coordinator/ckpt_coordinator" --listen=127.0.0.1:0 --address_file="$DIR/addr" \
+  --checkpoint_root="$DIR" --log_level=warn --load_algorithm=broadcast \
+  >"$DIR/coordinator.out" 2>"$DIR/coordinator.err" &
+PIDS+=($!)
+while [ ! -s "$DIR/addr" ]; do sleep 0.05; done
+ADDR=$(cat "$DIR/addr")
+for w in 0 1 2 3; do
+  host=hostA; [ "$w" -ge 2 ] && host=hostB
+  "$BIN/worker/ckpt_worker" --coordinator="$ADDR" --listen="unix:$DIR/w$w.sock" --local_rank="$w" \
+    --host="$host" --data_plane_address=127.0.0.1 --ready_file="$DIR/w$w.ready" \
+    --memory_tier_bytes=$((ELEMENTS * 4 * 3)) --log_level=${WORKER_LOG_LEVEL:-warn} \
+    >"$DIR/w$w.out" 2>"$DIR/w$w.err" &
+  PIDS+=($!)
+done
+for w in 0 1 2 3; do while [ ! -s "$DIR/w$w.ready" ]; do sleep 0.05; done; done
+
+# Runs 4 ranks of `mode` on `path` under job `job`; each rank's stdout lines are stamped with
+# the seconds since the Save/Load call ("shared" marks it: the probe calls right after).
+run_ranks() {
+  local job=$1 mode=$2 path=$3
+  local pids=()
+  for r in 0 1 2 3; do
+    ( "$BIN/tests/trainer_probe" --worker "unix:$DIR/w$r.sock" --job "$job" --rank "$r" \
+        --world_size 4 --mode "$mode" --path "$path" --elements "$ELEMENTS" --global_rows 4 \
+        | while IFS= read -r line; do echo "$(date +%s.%N) $line"; done >"$DIR/$job.r$r" ) &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+}
+
+# Slowest rank's seconds from "shared" to the first line starting with $2, over job $1's ranks.
+slowest() {
+  local job=$1 event=$2 worst=0
+  for r in 0 1 2 3; do
+    local f="$DIR/$job.r$r"
+    grep -q " result 0 " "$f" || { echo "rank $r of $job failed: $(grep result "$f")" >&2; exit 1; }
+    local t0 t1
+    t0=$(awk '$2 == "shared" {print $1; exit}' "$f")
+    t1=$(awk -v e="$event" '$2 == e {print $1; exit}' "$f")
+    worst=$(echo "$worst $t0 $t1" | awk '{d = $3 - $2; print (d > $1 ? d : $1)}')
+  done
+  printf "%.3f" "$worst"
+}
+
+MIB=$((ELEMENTS * 4 * 4 / 1048576))
+echo "state: 4 ranks x $((ELEMENTS * 4 / 1048576)) MiB = $MIB MiB; dir $DIR"
+run_ranks store save "$DIR/ckpt"
+echo "storage save: blocking_s=$(slowest store snapshotted) durable_s=$(slowest store result)"
+run_ranks mem save mem://bench
+echo "memory save:  blocking_s=$(slowest mem snapshotted) durable_s=$(slowest mem result)" \
+  "(durable = replicated on the other host)"
+run_ranks storeload load "$DIR/ckpt"
+echo "storage load: load_s=$(slowest storeload result)"
+run_ranks memload load mem://bench
+echo "memory load:  load_s=$(slowest memload result)"

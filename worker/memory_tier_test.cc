@@ -1,0 +1,122 @@
+#include "worker/memory_tier.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "storage/checkpoint_reader.h"
+#include "storage/checkpoint_writer.h"
+#include "storage/file_util.h"
+#include "storage/test_dir.h"
+
+namespace ckpt::worker {
+namespace {
+
+std::shared_ptr<const std::string> Bytes(int64_t n, char c = 'x') {
+  return std::make_shared<const std::string>(static_cast<size_t>(n), c);
+}
+
+TEST(MemoryTierTest, RefusesWhatDoesNotFitNamingWorkerAndBytesAndEvictsNothing) {
+  MemoryTier tier({/*budget_bytes=*/100, /*keep_newest=*/2, "worker w-1 (host a)"});
+  ASSERT_TRUE(tier.Put("a", "op-1", "f0", Bytes(60)).ok());
+  absl::Status s = tier.Put("b", "op-2", "f0", Bytes(50));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("worker w-1 (host a)"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("50 bytes"), std::string::npos) << s;
+  EXPECT_TRUE(tier.Find("a", "f0").ok());  // in progress: never evicted
+  EXPECT_EQ(tier.held_bytes(), 60);
+}
+
+TEST(MemoryTierTest, EvictsOlderCompleteCheckpointsButNeverTheNewestComplete) {
+  MemoryTier tier({100, 5, "w"});
+  ASSERT_TRUE(tier.Put("a", "op-1", "f", Bytes(40)).ok());
+  tier.Seal("a");
+  ASSERT_TRUE(tier.Put("b", "op-2", "f", Bytes(40)).ok());
+  tier.Seal("b");
+  // c needs 40: a (older complete) goes, b (newest complete) stays.
+  ASSERT_TRUE(tier.Put("c", "op-3", "f", Bytes(40)).ok());
+  EXPECT_FALSE(tier.Find("a", "f").ok());
+  EXPECT_TRUE(tier.Find("b", "f").ok());
+  // d needs 30 more: only b could go, and it is the newest complete one.
+  EXPECT_EQ(tier.Put("d", "op-4", "f", Bytes(30)).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(tier.Find("b", "f").ok());
+}
+
+TEST(MemoryTierTest, KeepsTheNewestKComplete) {
+  MemoryTier tier({1000, 2, "w"});
+  for (const char* name : {"a", "b", "c"}) {
+    ASSERT_TRUE(tier.Put(name, std::string("op-") + name, "f", Bytes(10)).ok());
+    tier.Seal(name);
+  }
+  EXPECT_EQ(tier.Find("a", "f").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(tier.Find("b", "f").ok());
+  EXPECT_TRUE(tier.Find("c", "f").ok());
+  EXPECT_EQ(tier.held_bytes(), 20);
+  // The plan's count overrides the worker's.
+  tier.Seal("c", /*keep_newest=*/1);
+  EXPECT_FALSE(tier.Find("b", "f").ok());
+  EXPECT_TRUE(tier.Find("c", "f").ok());
+}
+
+TEST(MemoryTierTest, ASaveUnderAnotherOperationReplacesAnUncommittedLeftover) {
+  MemoryTier tier({1000, 2, "w"});
+  ASSERT_TRUE(tier.Put("a", "op-1", "f", Bytes(10, 'x')).ok());
+  ASSERT_TRUE(tier.Put("a", "op-2", "g", Bytes(20, 'y')).ok());
+  EXPECT_FALSE(tier.Find("a", "f").ok());
+  EXPECT_EQ(tier.held_bytes(), 20);
+  tier.Drop("a");
+  EXPECT_EQ(tier.held_bytes(), 0);
+}
+
+// The encoded file is byte for byte the file WriteDataFiles writes, with the same records.
+TEST(MemoryTierTest, EncodedFileEqualsTheStorageWritersFile) {
+  std::vector<float> values(3000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
+  TensorMeta t;
+  t.key = "w";
+  t.dtype = DType::kF32;
+  t.global_shape = {3000};
+  DataFilePlan plan;
+  plan.writer_rank = 1;
+  plan.pieces.push_back(PieceData{"w", Region{{0}, {1000}, std::nullopt}, values.data(), 4000});
+  plan.pieces.push_back(
+      PieceData{"w", Region{{1000}, {2000}, std::nullopt}, values.data() + 1000, 8000});
+  const int64_t block = 1024;  // several blocks per piece
+  absl::StatusOr<EncodedFile> encoded = EncodeDataFile({t}, plan, 0, block);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  const std::string dir = TestDir("memory_tier");
+  ASSERT_TRUE(MakeDir(dir + "/data", /*exist_ok=*/true).ok());
+  WriteOptions options;
+  options.checksum_block_bytes = block;
+  absl::StatusOr<WrittenData> written = WriteDataFiles(dir, {t}, {plan}, 0, options);
+  ASSERT_TRUE(written.ok()) << written.status();
+  absl::StatusOr<std::string> on_disk = ReadWholeFile(JoinPath(dir, encoded->name), 1 << 20);
+  ASSERT_TRUE(on_disk.ok()) << on_disk.status();
+  EXPECT_EQ(*encoded->bytes, *on_disk);
+  ASSERT_EQ(encoded->records.pieces.size(), written->pieces.size());
+  for (size_t i = 0; i < written->pieces.size(); ++i) {
+    EXPECT_EQ(encoded->records.pieces[i].SerializeAsString(),
+              written->pieces[i].SerializeAsString());
+  }
+
+  // Reading back through the tier verifies the checksums; a flipped byte is DataLoss.
+  MemoryTier tier({1 << 20, 2, "w"});
+  ASSERT_TRUE(tier.Put("m", "op", encoded->name, encoded->bytes).ok());
+  pb::Manifest manifest;
+  manifest.set_checksum_block_bytes(block);
+  for (const pb::StoredPiece& p : encoded->records.pieces) *manifest.add_pieces() = p;
+  std::vector<float> out(10);
+  ASSERT_TRUE(ReadHeldPieces(tier, "m", manifest, {PieceRead{1, 400, 440, out.data()}}).ok());
+  EXPECT_EQ(out[0], values[1100]);
+  auto corrupt = std::make_shared<std::string>(*encoded->bytes);
+  (*corrupt)[corrupt->size() - 1] ^= 1;
+  ASSERT_TRUE(tier.Put("m", "op", encoded->name, corrupt).ok());
+  absl::Status s = ReadHeldPieces(tier, "m", manifest, {PieceRead{1, 7996, 8000, out.data()}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(ReadHeldPieces(tier, "gone", manifest, {PieceRead{0, 0, 4, out.data()}}).code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace ckpt::worker
