@@ -276,10 +276,12 @@ void CoordinatorService::Advance(const std::string& operation_id) {
     } else {
       // Plan outside the lock so that heartbeats (and other jobs) are not held up; the
       // operation stays in planning meanwhile (only deadlines and lost workers can end it).
-      Operation snapshot = *op;
+      // The gathered pieces are lent (moved), not copied: the lock is held O(ranks) moves.
+      Operation snapshot = *jobs_.LendGathered(operation_id);
       mu_.unlock();
       absl::StatusOr<std::vector<RankPlan>> plans = kind->Plan(snapshot);
       mu_.lock();
+      jobs_.ReturnLent(operation_id, std::move(snapshot));
       op = jobs_.FindOperation(operation_id);
       if (op != nullptr && op->phase == Phase::kPlanning) {
         absl::Status s =
@@ -297,8 +299,9 @@ void CoordinatorService::Advance(const std::string& operation_id) {
   }
   op = jobs_.FindOperation(operation_id);
   if (op != nullptr && op->phase == Phase::kCommitting && busy_.insert(operation_id).second) {
-    // Committing cannot be aborted by anyone else, so the (fsyncing) committer runs unlocked.
-    Operation snapshot = *op;
+    // Committing cannot be aborted by anyone else, so the (fsyncing) committer runs unlocked,
+    // on the operation's gathered data lent to it (moved, not copied).
+    Operation snapshot = *jobs_.LendGathered(operation_id);
     OperationKindHandler* kind = KindOf(snapshot);
     absl::Status committed = absl::UnimplementedError(
         absl::StrCat("this coordinator has no ", OperationKindName(snapshot.kind),
@@ -308,6 +311,8 @@ void CoordinatorService::Advance(const std::string& operation_id) {
       committed = kind->Commit(snapshot);
       mu_.lock();
     }
+    const std::string committed_path = snapshot.path;
+    jobs_.ReturnLent(operation_id, std::move(snapshot));
     // Nothing else ends a committing operation, so this cannot fail; if it ever does, the
     // operation would wait for its deadline with nobody the wiser: say so loudly.
     if (absl::Status finished = jobs_.FinishCommit(operation_id, committed); !finished.ok()) {
@@ -316,7 +321,7 @@ void CoordinatorService::Advance(const std::string& operation_id) {
     }
     busy_.erase(operation_id);
     if (committed.ok()) {
-      spdlog::info("operation_committed op={} path={}", operation_id, snapshot.path);
+      spdlog::info("operation_committed op={} path={}", operation_id, committed_path);
     } else {
       LogAborted({operation_id});
     }

@@ -464,6 +464,47 @@ std::vector<std::string> JobState::Tick() {
   return aborted;
 }
 
+namespace {
+
+// Moves the bulky gathered fields of `from` into `to`.
+void MoveGathered(RankEntry& from, RankEntry& to) {
+  to.shards = std::move(from.shards);
+  to.memory_kinds = std::move(from.memory_kinds);
+  to.layouts = std::move(from.layouts);
+  to.mesh_shape = std::move(from.mesh_shape);
+  to.written = std::move(from.written);
+  from.shards.clear();
+  from.memory_kinds.clear();
+  from.layouts.clear();
+  from.mesh_shape.clear();
+  from.written.clear();
+}
+
+}  // namespace
+
+absl::StatusOr<Operation> JobState::LendGathered(absl::string_view operation_id) {
+  Operation* op = MutableOperation(operation_id);
+  if (op == nullptr) return UnknownOperation(operation_id);
+  std::vector<RankEntry> bulky(op->ranks.size());
+  std::vector<std::string> parts(op->ranks.size());
+  for (size_t r = 0; r < op->ranks.size(); ++r) {
+    MoveGathered(op->ranks[r], bulky[r]);
+    parts[r].swap(op->ranks[r].plan_part);
+  }
+  Operation lent = *op;  // small now: no pieces, no plan parts
+  for (size_t r = 0; r < op->ranks.size(); ++r) {
+    MoveGathered(bulky[r], lent.ranks[r]);
+    parts[r].swap(op->ranks[r].plan_part);
+  }
+  return lent;
+}
+
+void JobState::ReturnLent(absl::string_view operation_id, Operation lent) {
+  Operation* op = MutableOperation(operation_id);
+  if (op == nullptr || op->ranks.size() != lent.ranks.size()) return;
+  for (size_t r = 0; r < op->ranks.size(); ++r) MoveGathered(lent.ranks[r], op->ranks[r]);
+}
+
 const Operation* JobState::FindOperation(absl::string_view operation_id) const {
   auto it = operations_.find(OperationNumber(operation_id));
   return it == operations_.end() ? nullptr : it->second.get();

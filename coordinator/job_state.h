@@ -242,6 +242,16 @@ class JobState {
   // Enforces deadlines at the clock's current time. Returns the ids of aborted operations.
   std::vector<std::string> Tick();
 
+  // Lends the bulky per-rank data of an operation (gathered pieces, memory kinds, layouts,
+  // mesh shapes, written records) to a planner or committer that runs without the service's
+  // lock: returns a copy of the operation holding that data, moved out (O(ranks) moves, no
+  // piece copied; the copy has no plan parts). Meanwhile the operation's own entries lack it;
+  // nothing reads it before ReturnLent. NotFound for an unknown id.
+  absl::StatusOr<Operation> LendGathered(absl::string_view operation_id);
+  // Moves the data of LendGathered's copy back into the operation (dropped when it was
+  // pruned meanwhile).
+  void ReturnLent(absl::string_view operation_id, Operation lent);
+
   // Lookups. Pointers stay valid until the next mutating call. An id of another incarnation
   // is unknown.
   const Operation* FindOperation(absl::string_view operation_id) const;

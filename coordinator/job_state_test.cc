@@ -480,3 +480,35 @@ TEST_F(StartReshardTest, LostWorkerAbortsNamingItsRanks) {
 
 }  // namespace
 }  // namespace ckpt::coordinator
+
+namespace ckpt::coordinator {
+namespace {
+
+TEST_F(JobStateTest, LendGatheredMovesThePiecesOutWithoutCopyingAndReturnLentPutsThemBack) {
+  const std::string id = Gathered();
+  const pb::PieceMeta* gathered = state_.FindOperation(id)->ranks[1].shards.data();
+  absl::StatusOr<Operation> lent = state_.LendGathered(id);
+  ASSERT_TRUE(lent.ok()) << lent.status();
+  EXPECT_EQ(lent->ranks[1].shards.data(), gathered);  // the same pieces, moved
+  EXPECT_EQ(lent->ranks[1].shards[0].tensor().key(), "w1");
+  EXPECT_EQ(lent->phase, Phase::kPlanning);
+  EXPECT_TRUE(state_.FindOperation(id)->ranks[1].shards.empty());
+  EXPECT_TRUE(state_.FindOperation(id)->ranks[1].joined);  // only the bulky data left
+  state_.ReturnLent(id, *std::move(lent));
+  EXPECT_EQ(state_.FindOperation(id)->ranks[1].shards.data(), gathered);
+  EXPECT_EQ(state_.LendGathered("op-999").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobStateTest, LendingKeepsThePlanPartsWithTheOperation) {
+  const std::string id = Executing();
+  absl::StatusOr<Operation> lent = state_.LendGathered(id);
+  ASSERT_TRUE(lent.ok());
+  EXPECT_TRUE(lent->ranks[0].plan_part.empty());
+  EXPECT_EQ(state_.FindOperation(id)->ranks[0].plan_part, "part0");
+  EXPECT_EQ(lent->ranks[0].shards.size(), 1u);
+  state_.ReturnLent(id, *std::move(lent));
+  EXPECT_EQ(state_.FindOperation(id)->ranks[0].shards.size(), 1u);
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator
