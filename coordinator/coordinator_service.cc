@@ -457,22 +457,13 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
       CheckpointPath(request->path(), absl::StrCat(OperationKindName(*kind), " path of job ",
                                                    request->job(), " rank ", request->rank()));
   if (!path.ok()) return ToGrpcStatus(path.status());
-  std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
-  const WorkerRecord* worker = workers_.Find(request->worker_id());
-  if (worker == nullptr || !worker->alive) {
-    return ToGrpcStatus(absl::FailedPreconditionError(
-        absl::StrCat("rank ", request->rank(), " of job ", request->job(), ": worker ",
-                     request->worker_id(), " is not registered (or lost its lease)")));
-  }
+  // The request's pieces are converted before the lock is taken: the lock is for the state.
   JoinRequest join;
   join.job = request->job();
   join.world_size = request->world_size();
   join.rank = request->rank();
   join.kind = *kind;
   join.path = *path;
-  join.location = RankLocation{worker->id, worker->description.host, worker->description.pid,
-                               worker->description.gpu, worker->description.nccl};
   join.shards.assign(request->state().shards().begin(), request->state().shards().end());
   for (int kind : request->state().memory_kinds()) {
     join.memory_kinds.push_back(static_cast<pb::MemoryKind>(kind));
@@ -490,11 +481,24 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
                      ": negative arrival_deadline_ms ", request->arrival_deadline_ms())));
   }
   join.arrival_deadline = absl::Milliseconds(request->arrival_deadline_ms());
-  absl::StatusOr<const Operation*> op = jobs_.JoinOperation(join);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
+  const WorkerRecord* worker = workers_.Find(request->worker_id());
+  if (worker == nullptr || !worker->alive) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        absl::StrCat("rank ", request->rank(), " of job ", request->job(), ": worker ",
+                     request->worker_id(), " is not registered (or lost its lease)")));
+  }
+  join.location = RankLocation{worker->id, worker->description.host, worker->description.pid,
+                               worker->description.gpu, worker->description.nccl};
+  const size_t shard_count = join.shards.size();
+  const std::string job = join.job;
+  const int rank = join.rank;
+  absl::StatusOr<const Operation*> op = jobs_.JoinOperation(std::move(join));
   if (!op.ok()) return ToGrpcStatus(op.status());
   std::string id = (*op)->id;
-  spdlog::info("rank_joined op={} job={} rank={} shards={} joined={}/{}", id, join.job, join.rank,
-               join.shards.size(), (*op)->JoinedRanks(), (*op)->world_size);
+  spdlog::info("rank_joined op={} job={} rank={} shards={} joined={}/{}", id, job, rank,
+               shard_count, (*op)->JoinedRanks(), (*op)->world_size);
   if (NeedsAdvancer(id)) {
     *later = {id, response->mutable_operation(), /*pruned_is_not_found=*/true};
     return grpc::Status::OK;

@@ -170,6 +170,7 @@ absl::StatusOr<std::string> JobState::StartReshard(absl::string_view destination
   for (size_t r = 0; r < locations.size(); ++r) {
     RankEntry& entry = op->ranks[r];
     entry.joined = true;
+    ++op->totals.joined;
     entry.location = locations[r];
     entry.joined_at = now;
   }
@@ -189,7 +190,7 @@ const Operation* JobState::PendingForRank(absl::string_view job, int rank) const
   return op;
 }
 
-absl::StatusOr<const Operation*> JobState::JoinOperation(const JoinRequest& request) {
+absl::StatusOr<const Operation*> JobState::JoinOperation(JoinRequest request) {
   if (request.path.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("job ", request.job, " rank ", request.rank, ": checkpoint path is empty"));
@@ -244,13 +245,14 @@ absl::StatusOr<const Operation*> JobState::JoinOperation(const JoinRequest& requ
                                                       " is already ", PhaseName(op->phase)));
   }
   entry.joined = true;
+  ++op->totals.joined;
   entry.location = request.location;
   entry.joined_at = clock_->Now();
-  entry.shards = request.shards;
-  entry.memory_kinds = request.memory_kinds;
-  entry.layouts = request.layouts;
-  entry.mesh_shape = request.mesh_shape;
-  if (op->metadata.empty()) op->metadata = request.metadata;
+  entry.shards = std::move(request.shards);
+  entry.memory_kinds = std::move(request.memory_kinds);
+  entry.layouts = std::move(request.layouts);
+  entry.mesh_shape = std::move(request.mesh_shape);
+  if (op->metadata.empty()) op->metadata = std::move(request.metadata);
   if (op->load_algorithm == pb::LOAD_ALGORITHM_UNSPECIFIED) {
     op->load_algorithm = request.load_algorithm;
   }
@@ -285,6 +287,7 @@ absl::Status JobState::SetPlan(absl::string_view operation_id, std::vector<RankP
   for (int r = 0; r < op->world_size; ++r) {
     op->ranks[r].has_plan = true;
     op->ranks[r].plan_part = std::move(plans[r].part);
+    op->totals.bytes_total += plans[r].bytes - op->ranks[r].bytes_total;
     op->ranks[r].bytes_total = plans[r].bytes;
   }
   EnterPhase(*op, Phase::kExecuting, op->deadline);  // the execution deadline keeps running
@@ -307,6 +310,7 @@ absl::Status JobState::ReportProgress(absl::string_view operation_id, int rank,
   RankEntry& entry = op->ranks[rank];
   int64_t capped = std::min(std::max<int64_t>(bytes_done, 0), entry.bytes_total);
   if (capped > entry.bytes_done) {
+    op->totals.bytes_done += capped - entry.bytes_done;
     entry.bytes_done = capped;
     ++version_;
   }
@@ -330,6 +334,7 @@ absl::Status JobState::ReportResult(absl::string_view operation_id, int rank,
   RankEntry& entry = op->ranks[rank];
   if (entry.result.has_value()) return absl::OkStatus();  // idempotent retry
   entry.result = result;
+  ++op->totals.reported;
   ++version_;
   if (!result.ok()) {
     AbortOperation(*op, WithCode(result.code(), absl::StrCat(op->DebugString(),
@@ -337,8 +342,10 @@ absl::Status JobState::ReportResult(absl::string_view operation_id, int rank,
                                                              " failed: ", result.message())));
     return absl::OkStatus();
   }
+  op->totals.bytes_done += entry.bytes_total - entry.bytes_done;
   entry.bytes_done = entry.bytes_total;
   entry.written = std::move(written);
+  op->totals.bytes_read += bytes_read - entry.bytes_read;
   entry.bytes_read = bytes_read;
   if (op->ReportedRanks() == op->world_size) {
     if (op->kind == OperationKind::kLoad) {

@@ -512,3 +512,53 @@ TEST_F(JobStateTest, LendingKeepsThePlanPartsWithTheOperation) {
 
 }  // namespace
 }  // namespace ckpt::coordinator
+
+namespace ckpt::coordinator {
+namespace {
+
+// The brute-force twin of Operation::Totals: sums over every rank's entry.
+void ExpectTotalsMatchRanks(const Operation& op) {
+  int joined = 0, reported = 0;
+  int64_t done = 0, total = 0, read = 0;
+  for (const RankEntry& e : op.ranks) {
+    joined += e.joined;
+    reported += e.result.has_value();
+    done += e.bytes_done;
+    total += e.bytes_total;
+    read += e.bytes_read;
+  }
+  EXPECT_EQ(op.JoinedRanks(), joined);
+  EXPECT_EQ(op.ReportedRanks(), reported);
+  EXPECT_EQ(op.BytesDone(), done);
+  EXPECT_EQ(op.BytesTotal(), total);
+  EXPECT_EQ(op.BytesRead(), read);
+}
+
+TEST_F(JobStateTest, RunningTotalsEqualSumsOverRanksThroughAWholeOperation) {
+  constexpr int kWorld = 5;
+  std::string id;
+  for (int r : {3, 0, 3, 4, 1, 2}) {  // rank 3 joins twice (an idempotent retry)
+    auto op = state_.JoinOperation(Join(r, kWorld, OperationKind::kLoad));
+    ASSERT_TRUE(op.ok()) << op.status();
+    id = (*op)->id;
+    ExpectTotalsMatchRanks(**op);
+  }
+  std::vector<RankPlan> plans;
+  for (int r = 0; r < kWorld; ++r) plans.push_back({"p", 100 * (r + 1)});
+  ASSERT_TRUE(state_.SetPlan(id, plans).ok());
+  ExpectTotalsMatchRanks(*state_.FindOperation(id));
+  const int64_t progress[][2] = {{0, 50}, {0, 20}, {2, 999}, {1, -5}, {4, 499}};
+  for (const auto& [rank, bytes] : progress) {
+    ASSERT_TRUE(state_.ReportProgress(id, static_cast<int>(rank), bytes).ok());
+    ExpectTotalsMatchRanks(*state_.FindOperation(id));
+  }
+  for (int r : {4, 0, 0, 2, 1, 3}) {  // rank 0 reports twice
+    ASSERT_TRUE(state_.ReportResult(id, r, absl::OkStatus(), "", 7 * r).ok());
+    ExpectTotalsMatchRanks(*state_.FindOperation(id));
+  }
+  EXPECT_EQ(state_.FindOperation(id)->phase, Phase::kDone);
+  EXPECT_EQ(state_.FindOperation(id)->BytesTotal(), 1500);
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator
