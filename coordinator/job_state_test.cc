@@ -562,3 +562,37 @@ TEST_F(JobStateTest, RunningTotalsEqualSumsOverRanksThroughAWholeOperation) {
 
 }  // namespace
 }  // namespace ckpt::coordinator
+
+namespace ckpt::coordinator {
+namespace {
+
+TEST_F(JobStateTest, AnEndedOperationKeepsNoPiecesRecordsOrPlanPartsButKeepsItsTotals) {
+  const std::string id = Executing();
+  ASSERT_TRUE(state_.ReportResult(id, 0, absl::OkStatus(), "record0").ok());
+  ASSERT_TRUE(state_.ReportResult(id, 1, absl::OkStatus(), "record1").ok());
+  ASSERT_EQ(state_.FindOperation(id)->phase, Phase::kCommitting);
+  EXPECT_EQ(state_.FindOperation(id)->ranks[1].written, "record1");  // the committer's input
+  ASSERT_TRUE(state_.FinishCommit(id, absl::OkStatus()).ok());
+  const Operation* op = state_.FindOperation(id);
+  ASSERT_EQ(op->phase, Phase::kDone);
+  for (const RankEntry& e : op->ranks) {
+    EXPECT_TRUE(e.shards.empty());
+    EXPECT_TRUE(e.written.empty());
+    EXPECT_TRUE(e.plan_part.empty());
+  }
+  EXPECT_EQ(op->JoinedRanks(), 2);
+  EXPECT_EQ(op->BytesTotal(), 400);
+  EXPECT_EQ(op->BytesDone(), 400);
+}
+
+TEST_F(JobStateTest, PiecesLentToAPlannerAreDroppedWhenTheOperationEndedMeanwhile) {
+  const std::string id = Gathered();
+  absl::StatusOr<Operation> lent = state_.LendGathered(id);
+  ASSERT_TRUE(lent.ok());
+  ASSERT_TRUE(state_.Abort(id, absl::CancelledError("operator")).ok());
+  state_.ReturnLent(id, *std::move(lent));
+  EXPECT_TRUE(state_.FindOperation(id)->ranks[0].shards.empty());
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator
