@@ -229,9 +229,15 @@ absl::StatusOr<std::string> CoordinatorService::AuthorizeRendezvous(const Peer& 
                                                   ") and may not use its rendezvous"));
 }
 
+void CoordinatorService::ApplyRenewals() {
+  for (const std::string& id : leases_.TakeRenewals()) (void)workers_.Heartbeat(id);
+}
+
 void CoordinatorService::TickOnce() {
   std::lock_guard<std::mutex> lock(mu_);
+  ApplyRenewals();
   for (const WorkerRecord& dead : workers_.Tick()) {
+    leases_.Remove(dead.id);
     spdlog::warn("worker_lost worker={} host={} pid={} cause=\"{}\"", dead.id,
                  dead.description.host, dead.description.pid, dead.death_cause);
     LogAborted(jobs_.WorkerLost(dead.id, dead.death_cause));
@@ -358,6 +364,7 @@ grpc::Status CoordinatorService::DoRegisterWorker(const grpc::ServerContextBase*
   absl::StatusOr<WorkerRecord> record = workers_.Register(d);
   if (!record.ok()) return ToGrpcStatus(record.status());
   if (peer->authenticated) worker_owners_[record->id] = peer->Principal();
+  leases_.Add(record->id, peer->authenticated ? peer->Principal() : "");
   spdlog::info("worker_registered worker={} host={} pid={} data_plane={} local_rank={} gpu={}",
                record->id, d.host, d.pid, d.data_plane_address, d.local_rank, d.gpu);
   response->set_worker_id(record->id);
@@ -372,7 +379,15 @@ grpc::Status CoordinatorService::DoHeartbeat(const grpc::ServerContextBase* cont
                                              pb::HeartbeatResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "Heartbeat");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
+  response->set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
+  response->set_incarnation(incarnation_);
+  // A live worker's renewal is recorded without the service's lock (see LeaseBook).
+  const std::string principal = peer->authenticated ? peer->Principal() : "";
+  if (leases_.Renew(request->worker_id(), peer->authenticated ? &principal : nullptr)) {
+    return grpc::Status::OK;
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  ApplyRenewals();
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   absl::Status s = workers_.Heartbeat(request->worker_id());
   if (!s.ok()) return ToGrpcStatus(s);
@@ -401,6 +416,7 @@ grpc::Status CoordinatorService::DoDeregisterWorker(const grpc::ServerContextBas
   std::string description = record->DebugString();
   LogAborted(jobs_.WorkerLost(request->worker_id(), "shut down"));
   (void)workers_.Deregister(request->worker_id());
+  leases_.Remove(request->worker_id());
   worker_owners_.erase(request->worker_id());
   spdlog::info("worker_deregistered {} by=\"{}\"", description, peer->Describe());
   Changed();
@@ -669,6 +685,7 @@ grpc::Status CoordinatorService::DoGetStatus(const grpc::ServerContextBase* cont
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kOperator}, "GetStatus");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   std::lock_guard<std::mutex> lock(mu_);
+  ApplyRenewals();
   absl::Time now = clock_->Now();
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
   response->set_incarnation(incarnation_);

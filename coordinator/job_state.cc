@@ -485,7 +485,6 @@ std::vector<std::string> JobState::Tick() {
   return aborted;
 }
 
-
 absl::StatusOr<Operation> JobState::LendGathered(absl::string_view operation_id) {
   Operation* op = MutableOperation(operation_id);
   if (op == nullptr) return UnknownOperation(operation_id);
