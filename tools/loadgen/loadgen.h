@@ -98,8 +98,8 @@ struct LoadgenReport {
   // seconds above are only comparable between runs at similar load.
   double load_average_start = -1;
   double load_average_end = -1;
-  int64_t stream_errors = 0;     // work streams that ended before the run did
-  int64_t report_errors = 0;     // ReportResult calls that failed
+  int64_t stream_errors = 0;  // work streams that ended before the run did
+  int64_t report_errors = 0;  // ReportResult calls that failed
 };
 
 // Runs the operations. Errors are setup failures (bad options, the coordinator unreachable);
