@@ -1,5 +1,9 @@
 #include "coordinator/coordinator_service.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <random>
@@ -129,6 +133,10 @@ void CoordinatorService::FinishDeferred(const DeferredAnswer& later) {
 }
 
 void CoordinatorService::RunAdvancer() {
+  // Planners and committers are CPU-bound for seconds at scale; the callback threads that
+  // answer heartbeats need little CPU but need it within the lease. On Linux a thread's nice
+  // value is its own: this thread yields to them.
+  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     advance_wake_.wait(lock, [this] { return shutting_down_ || !advance_queue_.empty(); });
@@ -241,9 +249,15 @@ absl::StatusOr<std::string> CoordinatorService::AuthorizeRendezvous(const Peer& 
                                                   ") and may not use its rendezvous"));
 }
 
+void CoordinatorService::ApplyRenewals() {
+  for (const std::string& id : leases_.TakeRenewals()) (void)workers_.Heartbeat(id);
+}
+
 void CoordinatorService::TickOnce() {
   std::lock_guard<std::mutex> lock(mu_);
+  ApplyRenewals();
   for (const WorkerRecord& dead : workers_.Tick()) {
+    leases_.Remove(dead.id);
     spdlog::warn("worker_lost worker={} host={} pid={} cause=\"{}\"", dead.id,
                  dead.description.host, dead.description.pid, dead.death_cause);
     LogAborted(jobs_.WorkerLost(dead.id, dead.death_cause));
@@ -296,10 +310,12 @@ void CoordinatorService::Advance(const std::string& operation_id) {
     } else {
       // Plan outside the lock so that heartbeats (and other jobs) are not held up; the
       // operation stays in planning meanwhile (only deadlines and lost workers can end it).
-      Operation snapshot = *op;
+      // The gathered pieces are lent (moved), not copied: the lock is held O(ranks) moves.
+      Operation snapshot = *jobs_.LendGathered(operation_id);
       mu_.unlock();
       absl::StatusOr<std::vector<RankPlan>> plans = kind->Plan(snapshot);
       mu_.lock();
+      jobs_.ReturnLent(operation_id, std::move(snapshot));
       op = jobs_.FindOperation(operation_id);
       if (op != nullptr && op->phase == Phase::kPlanning) {
         absl::Status s =
@@ -317,8 +333,9 @@ void CoordinatorService::Advance(const std::string& operation_id) {
   }
   op = jobs_.FindOperation(operation_id);
   if (op != nullptr && op->phase == Phase::kCommitting && busy_.insert(operation_id).second) {
-    // Committing cannot be aborted by anyone else, so the (fsyncing) committer runs unlocked.
-    Operation snapshot = *op;
+    // Committing cannot be aborted by anyone else, so the (fsyncing) committer runs unlocked,
+    // on the operation's gathered data lent to it (moved, not copied).
+    Operation snapshot = *jobs_.LendGathered(operation_id);
     OperationKindHandler* kind = KindOf(snapshot);
     absl::Status committed = absl::UnimplementedError(
         absl::StrCat("this coordinator has no ", OperationKindName(snapshot.kind),
@@ -328,6 +345,8 @@ void CoordinatorService::Advance(const std::string& operation_id) {
       committed = kind->Commit(snapshot);
       mu_.lock();
     }
+    const std::string committed_path = snapshot.path;
+    jobs_.ReturnLent(operation_id, std::move(snapshot));
     // Nothing else ends a committing operation, so this cannot fail; if it ever does, the
     // operation would wait for its deadline with nobody the wiser: say so loudly.
     if (absl::Status finished = jobs_.FinishCommit(operation_id, committed); !finished.ok()) {
@@ -336,7 +355,7 @@ void CoordinatorService::Advance(const std::string& operation_id) {
     }
     busy_.erase(operation_id);
     if (committed.ok()) {
-      spdlog::info("operation_committed op={} path={}", operation_id, snapshot.path);
+      spdlog::info("operation_committed op={} path={}", operation_id, committed_path);
     } else {
       LogAborted({operation_id});
     }
@@ -373,6 +392,7 @@ grpc::Status CoordinatorService::DoRegisterWorker(const grpc::ServerContextBase*
   absl::StatusOr<WorkerRecord> record = workers_.Register(d);
   if (!record.ok()) return ToGrpcStatus(record.status());
   if (peer->authenticated) worker_owners_[record->id] = peer->Principal();
+  leases_.Add(record->id, peer->authenticated ? peer->Principal() : "");
   spdlog::info("worker_registered worker={} host={} pid={} data_plane={} local_rank={} gpu={}",
                record->id, d.host, d.pid, d.data_plane_address, d.local_rank, d.gpu);
   response->set_worker_id(record->id);
@@ -387,7 +407,15 @@ grpc::Status CoordinatorService::DoHeartbeat(const grpc::ServerContextBase* cont
                                              pb::HeartbeatResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "Heartbeat");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
+  response->set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
+  response->set_incarnation(incarnation_);
+  // A live worker's renewal is recorded without the service's lock (see LeaseBook).
+  const std::string principal = peer->authenticated ? peer->Principal() : "";
+  if (leases_.Renew(request->worker_id(), peer->authenticated ? &principal : nullptr)) {
+    return grpc::Status::OK;
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  ApplyRenewals();
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   absl::Status s = workers_.Heartbeat(request->worker_id());
   if (!s.ok()) return ToGrpcStatus(s);
@@ -417,6 +445,7 @@ grpc::Status CoordinatorService::DoDeregisterWorker(const grpc::ServerContextBas
   LogAborted(jobs_.WorkerLost(request->worker_id(), "shut down"));
   DropMemoryCopies(request->worker_id(), record->description.host);
   (void)workers_.Deregister(request->worker_id());
+  leases_.Remove(request->worker_id());
   worker_owners_.erase(request->worker_id());
   spdlog::info("worker_deregistered {} by=\"{}\"", description, peer->Describe());
   Changed();
@@ -473,22 +502,13 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
       CheckpointPath(request->path(), absl::StrCat(OperationKindName(*kind), " path of job ",
                                                    request->job(), " rank ", request->rank()));
   if (!path.ok()) return ToGrpcStatus(path.status());
-  std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
-  const WorkerRecord* worker = workers_.Find(request->worker_id());
-  if (worker == nullptr || !worker->alive) {
-    return ToGrpcStatus(absl::FailedPreconditionError(
-        absl::StrCat("rank ", request->rank(), " of job ", request->job(), ": worker ",
-                     request->worker_id(), " is not registered (or lost its lease)")));
-  }
+  // The request's pieces are converted before the lock is taken: the lock is for the state.
   JoinRequest join;
   join.job = request->job();
   join.world_size = request->world_size();
   join.rank = request->rank();
   join.kind = *kind;
   join.path = *path;
-  join.location = RankLocation{worker->id, worker->description.host, worker->description.pid,
-                               worker->description.gpu, worker->description.nccl};
   join.shards.assign(request->state().shards().begin(), request->state().shards().end());
   for (int kind : request->state().memory_kinds()) {
     join.memory_kinds.push_back(static_cast<pb::MemoryKind>(kind));
@@ -507,11 +527,24 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
                      ": negative arrival_deadline_ms ", request->arrival_deadline_ms())));
   }
   join.arrival_deadline = absl::Milliseconds(request->arrival_deadline_ms());
-  absl::StatusOr<const Operation*> op = jobs_.JoinOperation(join);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
+  const WorkerRecord* worker = workers_.Find(request->worker_id());
+  if (worker == nullptr || !worker->alive) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        absl::StrCat("rank ", request->rank(), " of job ", request->job(), ": worker ",
+                     request->worker_id(), " is not registered (or lost its lease)")));
+  }
+  join.location = RankLocation{worker->id, worker->description.host, worker->description.pid,
+                               worker->description.gpu, worker->description.nccl};
+  const size_t shard_count = join.shards.size();
+  const std::string job = join.job;
+  const int rank = join.rank;
+  absl::StatusOr<const Operation*> op = jobs_.JoinOperation(std::move(join));
   if (!op.ok()) return ToGrpcStatus(op.status());
   std::string id = (*op)->id;
-  spdlog::info("rank_joined op={} job={} rank={} shards={} joined={}/{}", id, join.job, join.rank,
-               join.shards.size(), (*op)->JoinedRanks(), (*op)->world_size);
+  spdlog::info("rank_joined op={} job={} rank={} shards={} joined={}/{}", id, job, rank,
+               shard_count, (*op)->JoinedRanks(), (*op)->world_size);
   if (NeedsAdvancer(id)) {
     *later = {id, response->mutable_operation(), /*pruned_is_not_found=*/true};
     return grpc::Status::OK;
@@ -682,6 +715,7 @@ grpc::Status CoordinatorService::DoGetStatus(const grpc::ServerContextBase* cont
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kOperator}, "GetStatus");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   std::lock_guard<std::mutex> lock(mu_);
+  ApplyRenewals();
   absl::Time now = clock_->Now();
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
   response->set_incarnation(incarnation_);

@@ -41,6 +41,7 @@
 #include "coordinator/clock.h"
 #include "coordinator/job_state.h"
 #include "coordinator/memory_catalog.h"
+#include "coordinator/lease_book.h"
 #include "coordinator/operation_kind.h"
 #include "coordinator/worker_registry.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -222,6 +223,8 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   void AbortOrLog(const std::string& operation_id, const absl::Status& cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Folds the renewals the lease book recorded into the registry (before leases are read).
+  void ApplyRenewals() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The handler registered for op's kind; nullptr when none is.
   OperationKindHandler* KindOf(const Operation& op) const;
   // Once per ended operation: its kind's Finalize, then its rendezvous keys are erased.
@@ -250,6 +253,7 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   absl::Time ticker_sleeps_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   JobState jobs_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
+  LeaseBook leases_;  // its own lock: heartbeats of live workers do not take mu_
   std::map<OperationKind, OperationKindHandler*> kinds_;
   KvStore* rendezvous_ = nullptr;
   MemoryCatalog* memory_catalog_ = nullptr;

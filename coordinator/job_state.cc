@@ -11,6 +11,20 @@
 namespace ckpt::coordinator {
 namespace {
 
+// Moves the bulky gathered fields of `from` into `to`.
+void MoveGathered(RankEntry& from, RankEntry& to) {
+  to.shards = std::move(from.shards);
+  to.memory_kinds = std::move(from.memory_kinds);
+  to.layouts = std::move(from.layouts);
+  to.mesh_shape = std::move(from.mesh_shape);
+  to.written = std::move(from.written);
+  from.shards.clear();
+  from.memory_kinds.clear();
+  from.layouts.clear();
+  from.mesh_shape.clear();
+  from.written.clear();
+}
+
 // Adds context to a status while keeping its code.
 absl::Status WithCode(absl::StatusCode code, std::string message) {
   return absl::Status(code, std::move(message));
@@ -170,6 +184,7 @@ absl::StatusOr<std::string> JobState::StartReshard(absl::string_view destination
   for (size_t r = 0; r < locations.size(); ++r) {
     RankEntry& entry = op->ranks[r];
     entry.joined = true;
+    ++op->totals.joined;
     entry.location = locations[r];
     entry.joined_at = now;
   }
@@ -189,7 +204,7 @@ const Operation* JobState::PendingForRank(absl::string_view job, int rank) const
   return op;
 }
 
-absl::StatusOr<const Operation*> JobState::JoinOperation(const JoinRequest& request) {
+absl::StatusOr<const Operation*> JobState::JoinOperation(JoinRequest request) {
   if (request.path.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("job ", request.job, " rank ", request.rank, ": checkpoint path is empty"));
@@ -244,13 +259,14 @@ absl::StatusOr<const Operation*> JobState::JoinOperation(const JoinRequest& requ
                                                       " is already ", PhaseName(op->phase)));
   }
   entry.joined = true;
+  ++op->totals.joined;
   entry.location = request.location;
   entry.joined_at = clock_->Now();
-  entry.shards = request.shards;
-  entry.memory_kinds = request.memory_kinds;
-  entry.layouts = request.layouts;
-  entry.mesh_shape = request.mesh_shape;
-  if (op->metadata.empty()) op->metadata = request.metadata;
+  entry.shards = std::move(request.shards);
+  entry.memory_kinds = std::move(request.memory_kinds);
+  entry.layouts = std::move(request.layouts);
+  entry.mesh_shape = std::move(request.mesh_shape);
+  if (op->metadata.empty()) op->metadata = std::move(request.metadata);
   if (op->load_algorithm == pb::LOAD_ALGORITHM_UNSPECIFIED) {
     op->load_algorithm = request.load_algorithm;
   }
@@ -286,6 +302,7 @@ absl::Status JobState::SetPlan(absl::string_view operation_id, std::vector<RankP
   for (int r = 0; r < op->world_size; ++r) {
     op->ranks[r].has_plan = true;
     op->ranks[r].plan_part = std::move(plans[r].part);
+    op->totals.bytes_total += plans[r].bytes - op->ranks[r].bytes_total;
     op->ranks[r].bytes_total = plans[r].bytes;
   }
   EnterPhase(*op, Phase::kExecuting, op->deadline);  // the execution deadline keeps running
@@ -308,6 +325,7 @@ absl::Status JobState::ReportProgress(absl::string_view operation_id, int rank,
   RankEntry& entry = op->ranks[rank];
   int64_t capped = std::min(std::max<int64_t>(bytes_done, 0), entry.bytes_total);
   if (capped > entry.bytes_done) {
+    op->totals.bytes_done += capped - entry.bytes_done;
     entry.bytes_done = capped;
     ++version_;
   }
@@ -331,6 +349,7 @@ absl::Status JobState::ReportResult(absl::string_view operation_id, int rank,
   RankEntry& entry = op->ranks[rank];
   if (entry.result.has_value()) return absl::OkStatus();  // idempotent retry
   entry.result = result;
+  ++op->totals.reported;
   ++version_;
   if (!result.ok()) {
     AbortOperation(*op, WithCode(result.code(), absl::StrCat(op->DebugString(),
@@ -338,8 +357,10 @@ absl::Status JobState::ReportResult(absl::string_view operation_id, int rank,
                                                              " failed: ", result.message())));
     return absl::OkStatus();
   }
+  op->totals.bytes_done += entry.bytes_total - entry.bytes_done;
   entry.bytes_done = entry.bytes_total;
   entry.written = std::move(written);
+  op->totals.bytes_read += bytes_read - entry.bytes_read;
   entry.bytes_read = bytes_read;
   if (op->ReportedRanks() == op->world_size) {
     if (op->kind == OperationKind::kLoad) {
@@ -465,6 +486,30 @@ std::vector<std::string> JobState::Tick() {
   return aborted;
 }
 
+absl::StatusOr<Operation> JobState::LendGathered(absl::string_view operation_id) {
+  Operation* op = MutableOperation(operation_id);
+  if (op == nullptr) return UnknownOperation(operation_id);
+  std::vector<RankEntry> bulky(op->ranks.size());
+  std::vector<std::string> parts(op->ranks.size());
+  for (size_t r = 0; r < op->ranks.size(); ++r) {
+    MoveGathered(op->ranks[r], bulky[r]);
+    parts[r].swap(op->ranks[r].plan_part);
+  }
+  Operation lent = *op;  // small now: no pieces, no plan parts
+  for (size_t r = 0; r < op->ranks.size(); ++r) {
+    MoveGathered(bulky[r], lent.ranks[r]);
+    parts[r].swap(op->ranks[r].plan_part);
+  }
+  return lent;
+}
+
+void JobState::ReturnLent(absl::string_view operation_id, Operation lent) {
+  Operation* op = MutableOperation(operation_id);
+  // An operation that ended meanwhile keeps nothing (see Finish).
+  if (op == nullptr || IsFinal(op->phase) || op->ranks.size() != lent.ranks.size()) return;
+  for (size_t r = 0; r < op->ranks.size(); ++r) MoveGathered(lent.ranks[r], op->ranks[r]);
+}
+
 const Operation* JobState::FindOperation(absl::string_view operation_id) const {
   auto it = operations_.find(OperationNumber(operation_id));
   return it == operations_.end() ? nullptr : it->second.get();
@@ -512,6 +557,14 @@ void JobState::AbortOperation(Operation& op, absl::Status cause) {
 
 void JobState::Finish(Operation& op, Phase final_phase) {
   EnterPhase(op, final_phase, absl::InfiniteFuture());
+  // Nothing reads an ended operation's pieces, records or plan parts (status answers use
+  // the totals): free them now, not when the operation is pruned 32 operations later (at
+  // 10k ranks each kept save held ~2 GiB of gathered pieces).
+  for (RankEntry& entry : op.ranks) {
+    RankEntry released;
+    MoveGathered(entry, released);
+    std::string().swap(entry.plan_part);
+  }
   op.finished = op.phase_since;
   auto it = in_flight_.find(op.job);
   if (it != in_flight_.end() && it->second == op.id) in_flight_.erase(it);

@@ -117,6 +117,16 @@ struct Operation {
   std::vector<RankEntry> ranks;  // indexed by rank
   absl::Status status;           // OK unless aborted; the diagnosis every rank receives
   absl::Time finished;           // when the phase became final
+  // Running totals over `ranks`, kept by JobState as ranks join, plans are set and ranks
+  // report, so that answering a call with the operation's status is O(1), not O(ranks)
+  // (which made a 100k-rank gather quadratic). An Operation built by hand has zeros here.
+  struct Totals {
+    int joined = 0;
+    int reported = 0;
+    int64_t bytes_done = 0;
+    int64_t bytes_total = 0;
+    int64_t bytes_read = 0;
+  } totals;
 
   int JoinedRanks() const;
   int ReportedRanks() const;
@@ -215,7 +225,7 @@ class JobState {
   // Errors: a kind/path that does not match the operation in flight, an operation already
   // past gathering, a world size that does not match the job, or (with operation_id) an
   // operation that already ended -- then its own status.
-  absl::StatusOr<const Operation*> JoinOperation(const JoinRequest& request);
+  absl::StatusOr<const Operation*> JoinOperation(JoinRequest request);
 
   // kPlanning -> kExecuting with one plan part per rank.
   absl::Status SetPlan(absl::string_view operation_id, std::vector<RankPlan> plans);
@@ -243,6 +253,16 @@ class JobState {
 
   // Enforces deadlines at the clock's current time. Returns the ids of aborted operations.
   std::vector<std::string> Tick();
+
+  // Lends the bulky per-rank data of an operation (gathered pieces, memory kinds, layouts,
+  // mesh shapes, written records) to a planner or committer that runs without the service's
+  // lock: returns a copy of the operation holding that data, moved out (O(ranks) moves, no
+  // piece copied; the copy has no plan parts). Meanwhile the operation's own entries lack it;
+  // nothing reads it before ReturnLent. NotFound for an unknown id.
+  absl::StatusOr<Operation> LendGathered(absl::string_view operation_id);
+  // Moves the data of LendGathered's copy back into the operation (dropped when it was
+  // pruned meanwhile).
+  void ReturnLent(absl::string_view operation_id, Operation lent);
 
   // Lookups. Pointers stay valid until the next mutating call. An id of another incarnation
   // is unknown.

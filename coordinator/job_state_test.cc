@@ -480,3 +480,119 @@ TEST_F(StartReshardTest, LostWorkerAbortsNamingItsRanks) {
 
 }  // namespace
 }  // namespace ckpt::coordinator
+
+namespace ckpt::coordinator {
+namespace {
+
+TEST_F(JobStateTest, LendGatheredMovesThePiecesOutWithoutCopyingAndReturnLentPutsThemBack) {
+  const std::string id = Gathered();
+  const pb::PieceMeta* gathered = state_.FindOperation(id)->ranks[1].shards.data();
+  absl::StatusOr<Operation> lent = state_.LendGathered(id);
+  ASSERT_TRUE(lent.ok()) << lent.status();
+  EXPECT_EQ(lent->ranks[1].shards.data(), gathered);  // the same pieces, moved
+  EXPECT_EQ(lent->ranks[1].shards[0].tensor().key(), "w1");
+  EXPECT_EQ(lent->phase, Phase::kPlanning);
+  EXPECT_TRUE(state_.FindOperation(id)->ranks[1].shards.empty());
+  EXPECT_TRUE(state_.FindOperation(id)->ranks[1].joined);  // only the bulky data left
+  state_.ReturnLent(id, *std::move(lent));
+  EXPECT_EQ(state_.FindOperation(id)->ranks[1].shards.data(), gathered);
+  EXPECT_EQ(state_.LendGathered("op-999").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobStateTest, LendingKeepsThePlanPartsWithTheOperation) {
+  const std::string id = Executing();
+  absl::StatusOr<Operation> lent = state_.LendGathered(id);
+  ASSERT_TRUE(lent.ok());
+  EXPECT_TRUE(lent->ranks[0].plan_part.empty());
+  EXPECT_EQ(state_.FindOperation(id)->ranks[0].plan_part, "part0");
+  EXPECT_EQ(lent->ranks[0].shards.size(), 1u);
+  state_.ReturnLent(id, *std::move(lent));
+  EXPECT_EQ(state_.FindOperation(id)->ranks[0].shards.size(), 1u);
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator
+
+namespace ckpt::coordinator {
+namespace {
+
+// The brute-force twin of Operation::Totals: sums over every rank's entry.
+void ExpectTotalsMatchRanks(const Operation& op) {
+  int joined = 0, reported = 0;
+  int64_t done = 0, total = 0, read = 0;
+  for (const RankEntry& e : op.ranks) {
+    joined += e.joined;
+    reported += e.result.has_value();
+    done += e.bytes_done;
+    total += e.bytes_total;
+    read += e.bytes_read;
+  }
+  EXPECT_EQ(op.JoinedRanks(), joined);
+  EXPECT_EQ(op.ReportedRanks(), reported);
+  EXPECT_EQ(op.BytesDone(), done);
+  EXPECT_EQ(op.BytesTotal(), total);
+  EXPECT_EQ(op.BytesRead(), read);
+}
+
+TEST_F(JobStateTest, RunningTotalsEqualSumsOverRanksThroughAWholeOperation) {
+  constexpr int kWorld = 5;
+  std::string id;
+  for (int r : {3, 0, 3, 4, 1, 2}) {  // rank 3 joins twice (an idempotent retry)
+    auto op = state_.JoinOperation(Join(r, kWorld, OperationKind::kLoad));
+    ASSERT_TRUE(op.ok()) << op.status();
+    id = (*op)->id;
+    ExpectTotalsMatchRanks(**op);
+  }
+  std::vector<RankPlan> plans;
+  for (int r = 0; r < kWorld; ++r) plans.push_back({"p", 100 * (r + 1)});
+  ASSERT_TRUE(state_.SetPlan(id, plans).ok());
+  ExpectTotalsMatchRanks(*state_.FindOperation(id));
+  const int64_t progress[][2] = {{0, 50}, {0, 20}, {2, 999}, {1, -5}, {4, 499}};
+  for (const auto& [rank, bytes] : progress) {
+    ASSERT_TRUE(state_.ReportProgress(id, static_cast<int>(rank), bytes).ok());
+    ExpectTotalsMatchRanks(*state_.FindOperation(id));
+  }
+  for (int r : {4, 0, 0, 2, 1, 3}) {  // rank 0 reports twice
+    ASSERT_TRUE(state_.ReportResult(id, r, absl::OkStatus(), "", 7 * r).ok());
+    ExpectTotalsMatchRanks(*state_.FindOperation(id));
+  }
+  EXPECT_EQ(state_.FindOperation(id)->phase, Phase::kDone);
+  EXPECT_EQ(state_.FindOperation(id)->BytesTotal(), 1500);
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator
+
+namespace ckpt::coordinator {
+namespace {
+
+TEST_F(JobStateTest, AnEndedOperationKeepsNoPiecesRecordsOrPlanPartsButKeepsItsTotals) {
+  const std::string id = Executing();
+  ASSERT_TRUE(state_.ReportResult(id, 0, absl::OkStatus(), "record0").ok());
+  ASSERT_TRUE(state_.ReportResult(id, 1, absl::OkStatus(), "record1").ok());
+  ASSERT_EQ(state_.FindOperation(id)->phase, Phase::kCommitting);
+  EXPECT_EQ(state_.FindOperation(id)->ranks[1].written, "record1");  // the committer's input
+  ASSERT_TRUE(state_.FinishCommit(id, absl::OkStatus()).ok());
+  const Operation* op = state_.FindOperation(id);
+  ASSERT_EQ(op->phase, Phase::kDone);
+  for (const RankEntry& e : op->ranks) {
+    EXPECT_TRUE(e.shards.empty());
+    EXPECT_TRUE(e.written.empty());
+    EXPECT_TRUE(e.plan_part.empty());
+  }
+  EXPECT_EQ(op->JoinedRanks(), 2);
+  EXPECT_EQ(op->BytesTotal(), 400);
+  EXPECT_EQ(op->BytesDone(), 400);
+}
+
+TEST_F(JobStateTest, PiecesLentToAPlannerAreDroppedWhenTheOperationEndedMeanwhile) {
+  const std::string id = Gathered();
+  absl::StatusOr<Operation> lent = state_.LendGathered(id);
+  ASSERT_TRUE(lent.ok());
+  ASSERT_TRUE(state_.Abort(id, absl::CancelledError("operator")).ok());
+  state_.ReturnLent(id, *std::move(lent));
+  EXPECT_TRUE(state_.FindOperation(id)->ranks[0].shards.empty());
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

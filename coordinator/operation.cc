@@ -50,33 +50,15 @@ std::string RankLocation::DebugString() const {
                       worker_pid, ")");
 }
 
-int Operation::JoinedRanks() const {
-  return static_cast<int>(
-      std::count_if(ranks.begin(), ranks.end(), [](const RankEntry& r) { return r.joined; }));
-}
+int Operation::JoinedRanks() const { return totals.joined; }
 
-int Operation::ReportedRanks() const {
-  return static_cast<int>(std::count_if(ranks.begin(), ranks.end(),
-                                        [](const RankEntry& r) { return r.result.has_value(); }));
-}
+int Operation::ReportedRanks() const { return totals.reported; }
 
-int64_t Operation::BytesDone() const {
-  int64_t n = 0;
-  for (const RankEntry& r : ranks) n += r.bytes_done;
-  return n;
-}
+int64_t Operation::BytesDone() const { return totals.bytes_done; }
 
-int64_t Operation::BytesTotal() const {
-  int64_t n = 0;
-  for (const RankEntry& r : ranks) n += r.bytes_total;
-  return n;
-}
+int64_t Operation::BytesTotal() const { return totals.bytes_total; }
 
-int64_t Operation::BytesRead() const {
-  int64_t n = 0;
-  for (const RankEntry& r : ranks) n += r.bytes_read;
-  return n;
-}
+int64_t Operation::BytesRead() const { return totals.bytes_read; }
 
 std::string Operation::DebugString() const {
   return absl::StrCat(id, " (", OperationKindName(kind), " of ", path, ", job ", job, ")");

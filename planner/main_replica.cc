@@ -31,7 +31,8 @@ absl::StatusOr<std::optional<MainReplicaDistribution>> DetermineMainReplicaDistr
     bool has_non_main = false;
   };
   std::vector<Gathered> gathered;
-  absl::flat_hash_map<PieceId, int32_t> index;
+  // Keyed by the callers' ids (per_rank outlives this call): no id is copied per piece.
+  absl::flat_hash_map<const PieceId*, int32_t, PieceIdPtrHash, PieceIdPtrEq> index;
   for (size_t rank = 0; rank < per_rank.size(); ++rank) {
     for (const RankShardInfo& info : per_rank[rank]) {
       if (info.size_bytes < 0) {
@@ -39,7 +40,7 @@ absl::StatusOr<std::optional<MainReplicaDistribution>> DetermineMainReplicaDistr
                                                        info.id.DebugString(),
                                                        " with negative size ", info.size_bytes));
       }
-      auto [it, inserted] = index.try_emplace(info.id, static_cast<int32_t>(gathered.size()));
+      auto [it, inserted] = index.try_emplace(&info.id, static_cast<int32_t>(gathered.size()));
       if (inserted) gathered.push_back(Gathered{&info.id, info.size_bytes, {}});
       Gathered& g = gathered[it->second];
       g.ranks.push_back(static_cast<int64_t>(rank));

@@ -65,6 +65,16 @@ std::vector<PlannedFile> PackFiles(int64_t rank, std::vector<PlannedPiece> piece
   return result;
 }
 
+// One empty list per rank with room for the rank's pieces (pieces' ranks are in range).
+std::vector<std::vector<RankShardInfo>> ReservedPerRank(absl::Span<const TensorPiece> pieces,
+                                                        int64_t num_ranks) {
+  std::vector<int64_t> count(num_ranks, 0);
+  for (const TensorPiece& p : pieces) ++count[p.rank];
+  std::vector<std::vector<RankShardInfo>> per_rank(num_ranks);
+  for (int64_t r = 0; r < num_ranks; ++r) per_rank[r].reserve(count[r]);
+  return per_rank;
+}
+
 }  // namespace
 
 std::string DataFileName(int64_t rank, int64_t index) {
@@ -90,15 +100,19 @@ absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int
   CKPT_RETURN_IF_ERROR(ValidateLayout(pieces));
 
   // Per-rank lists in input order, the piece index of each (id, rank), and one region per id.
-  std::vector<std::vector<RankShardInfo>> per_rank(num_ranks);
-  absl::flat_hash_map<PieceId, int64_t> first_piece_of_id;
+  // Reserved up front so that the ids in per_rank stay put: first_piece_of_id points at them
+  // instead of holding a second copy of every piece's id.
+  std::vector<std::vector<RankShardInfo>> per_rank = ReservedPerRank(pieces, num_ranks);
+  absl::flat_hash_map<const PieceId*, int64_t, PieceIdPtrHash, PieceIdPtrEq> first_piece_of_id;
+  first_piece_of_id.reserve(pieces.size());
   // (first piece index of the id, rank) -> the rank's own piece with that id.
   absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> piece_of_id_rank;
   std::vector<int64_t> size_of(pieces.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
     const TensorPiece& p = pieces[i];
-    PieceId id = IdOf(p);
-    auto [first, inserted] = first_piece_of_id.try_emplace(id, static_cast<int64_t>(i));
+    per_rank[p.rank].push_back(RankShardInfo{IdOf(p), 0, p.is_main_replica()});
+    const PieceId& id = per_rank[p.rank].back().id;
+    auto [first, inserted] = first_piece_of_id.try_emplace(&id, static_cast<int64_t>(i));
     if (!inserted && pieces[first->second].region != p.region) {
       const TensorPiece& q = pieces[first->second];
       return absl::InvalidArgumentError(
@@ -106,8 +120,8 @@ absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int
                        " share the shard id ", id.DebugString(), " but differ in region"));
     }
     CKPT_ASSIGN_OR_RETURN(size_of[i], PieceBytes(p));
+    per_rank[p.rank].back().size_bytes = size_of[i];
     piece_of_id_rank.try_emplace(std::make_pair(first->second, p.rank), static_cast<int64_t>(i));
-    per_rank[p.rank].push_back(RankShardInfo{std::move(id), size_of[i], p.is_main_replica()});
   }
 
   // Writer of every main replica: the distribution, or (one rank) the holder itself.
@@ -118,7 +132,7 @@ absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int
   if (distribution) {
     for (const auto& [id, rank] : distribution->main_rank_for_shard) {
       writes.emplace_back(rank,
-                          piece_of_id_rank.at(std::make_pair(first_piece_of_id.at(id), rank)));
+                          piece_of_id_rank.at(std::make_pair(first_piece_of_id.at(&id), rank)));
     }
   } else {
     for (size_t i = 0; i < pieces.size(); ++i) {

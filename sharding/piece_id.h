@@ -45,6 +45,15 @@ int ComparePieceIds(const PieceId& a, const PieceId& b, bool* incomparable = nul
 
 // Strict weak order for containers; treats "None" as less than any range. Callers that need
 // Python's TypeError must detect mixed None/range ids themselves (see ComparePieceIds).
+// Hash and equality of PieceId through pointers, for maps that index ids owned elsewhere
+// without copying them (key string and offsets) per piece.
+struct PieceIdPtrHash {
+  size_t operator()(const PieceId* id) const { return absl::Hash<PieceId>()(*id); }
+};
+struct PieceIdPtrEq {
+  bool operator()(const PieceId* a, const PieceId* b) const { return *a == *b; }
+};
+
 struct PieceIdLess {
   bool operator()(const PieceId& a, const PieceId& b) const { return ComparePieceIds(a, b) < 0; }
 };

@@ -593,6 +593,7 @@ absl::StatusOr<LoadgenReport> Driver::Run() {
     sampler_ = std::make_unique<ProcSampler>(options_.coordinator_pid, absl::Milliseconds(100),
                                              options_.on_coordinator_sample);
   }
+  report.load_average_start = ReadLoadAverage();
   absl::Time t = absl::Now();
   if (absl::Status s = RegisterWorkers(); !s.ok()) return s;
   report.register_time = absl::Now() - t;
@@ -610,6 +611,7 @@ absl::StatusOr<LoadgenReport> Driver::Run() {
     report.coordinator_peak.cpu_seconds = cpu;
   }
   Stop();
+  report.load_average_end = ReadLoadAverage();
   report.heartbeat_errors = heartbeat_errors_;
   report.stream_errors = stream_errors_;
   report.report_errors = report_errors_;
@@ -697,6 +699,8 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
   absl::StrAppend(
       &out, absl::StrFormat("errors heartbeat %d watch_stream %d report_result %d\n",
                             report.heartbeat_errors, report.stream_errors, report.report_errors));
+  absl::StrAppend(&out, absl::StrFormat("machine load_average_1m start %.2f end %.2f\n",
+                                        report.load_average_start, report.load_average_end));
   return out;
 }
 

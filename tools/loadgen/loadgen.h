@@ -94,8 +94,12 @@ struct LoadgenReport {
   std::vector<OperationReport> operations;
   ProcStats coordinator_peak;    // peak RSS (VmHWM), most threads, CPU seconds at the end
   int64_t heartbeat_errors = 0;  // heartbeats that failed
-  int64_t stream_errors = 0;     // work streams that ended before the run did
-  int64_t report_errors = 0;     // ReportResult calls that failed
+  // The machine's 1-minute load average when the run started and ended (-1: unknown): the
+  // seconds above are only comparable between runs at similar load.
+  double load_average_start = -1;
+  double load_average_end = -1;
+  int64_t stream_errors = 0;  // work streams that ended before the run did
+  int64_t report_errors = 0;  // ReportResult calls that failed
 };
 
 // Runs the operations. Errors are setup failures (bad options, the coordinator unreachable);

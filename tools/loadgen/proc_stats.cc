@@ -66,6 +66,25 @@ absl::StatusOr<ProcStats> ParseProcStats(absl::string_view status_text, absl::st
   return s;
 }
 
+absl::StatusOr<double> ParseLoadAverage(absl::string_view loadavg_text) {
+  std::vector<absl::string_view> fields =
+      absl::StrSplit(loadavg_text, absl::ByAnyChar(" \t\n"), absl::SkipEmpty());
+  double one_minute = 0;
+  if (fields.empty() || !absl::SimpleAtod(fields[0], &one_minute)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("/proc/loadavg: no load average in '", loadavg_text.substr(0, 40), "'"));
+  }
+  return one_minute;
+}
+
+double ReadLoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<double> load = ParseLoadAverage(text.str());
+  return load.ok() ? *load : -1;
+}
+
 absl::StatusOr<ProcStats> ReadProcStats(pid_t pid) {
   const std::string dir = absl::StrCat("/proc/", pid);
   const std::string status = ReadAll(dir + "/status");

@@ -31,6 +31,12 @@ struct ProcStats {
 absl::StatusOr<ProcStats> ParseProcStats(absl::string_view status_text, absl::string_view stat_text,
                                          int64_t ticks_per_second);
 
+// The 1-minute load average from the text of /proc/loadavg ("0.52 0.58 0.59 1/123 4567").
+// InvalidArgument when the text does not start with a number.
+absl::StatusOr<double> ParseLoadAverage(absl::string_view loadavg_text);
+// Reads /proc/loadavg; -1 when it cannot be read (the figure is informational).
+double ReadLoadAverage();
+
 // Reads /proc/<pid>/{status,stat}. NotFound when the process is gone.
 absl::StatusOr<ProcStats> ReadProcStats(pid_t pid);
 

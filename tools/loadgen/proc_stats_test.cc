@@ -25,6 +25,15 @@ TEST(ProcStatsTest, NamesTheMissingField) {
   EXPECT_NE(s.status().message().find("VmHWM"), std::string::npos) << s.status();
 }
 
+TEST(ProcStatsTest, ParsesTheOneMinuteLoadAverageAndRefusesText) {
+  absl::StatusOr<double> load = ParseLoadAverage("7.52 8.58 6.65 9/332 26679\n");
+  ASSERT_TRUE(load.ok()) << load.status();
+  EXPECT_DOUBLE_EQ(*load, 7.52);
+  EXPECT_EQ(ParseLoadAverage("").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseLoadAverage("busy 1 2").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_GE(ReadLoadAverage(), 0);  // this machine's /proc/loadavg
+}
+
 TEST(ProcStatsTest, SamplerSeesThisProcess) {
   ProcSampler sampler(getpid(), absl::Milliseconds(5));
   ProcStats now = sampler.SampleNow();
