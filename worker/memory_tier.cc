@@ -57,6 +57,9 @@ bool MemoryTier::MakeRoomLocked(int64_t needed, const std::string& keep) {
   }
   std::sort(complete.begin(), complete.end());
   if (!complete.empty()) complete.pop_back();  // the newest complete one stays
+  complete.erase(std::remove_if(complete.begin(), complete.end(),
+                                [&](const auto& c) { return entries_[c.second].pinned; }),
+                 complete.end());  // awaiting persistence
   int64_t freeable = 0;
   size_t evict = 0;
   while (held_ - freeable + needed > options_.budget_bytes && evict < complete.size()) {
@@ -75,7 +78,10 @@ absl::Status MemoryTier::Put(const std::string& name, const std::string& operati
   const int64_t size = bytes == nullptr ? 0 : static_cast<int64_t>(bytes->size());
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
-  if (it != entries_.end() && it->second.operation_id != operation_id) {
+  bool pinned = false;  // a pin outlives the leftover it replaces
+  if (it != entries_.end() && !it->second.operation_id.empty() &&
+      it->second.operation_id != operation_id) {
+    pinned = it->second.pinned;
     held_ -= it->second.bytes;  // left by a save that never committed under this name
     entries_.erase(it);
     it = entries_.end();
@@ -88,16 +94,18 @@ absl::Status MemoryTier::Put(const std::string& name, const std::string& operati
   if (!MakeRoomLocked(size - replaced, name)) {
     std::vector<std::string> holders;
     for (const auto& [n, e] : entries_) {
-      holders.push_back(
-          absl::StrCat(n, " (", e.bytes, " bytes", e.complete ? "" : ", in progress", ")"));
+      holders.push_back(absl::StrCat(n, " (", e.bytes, " bytes", e.complete ? "" : ", in progress",
+                                     e.pinned ? ", awaiting persistence" : "", ")"));
     }
     return absl::ResourceExhaustedError(absl::StrCat(
         options_.worker, ": memory tier cannot keep ", file, " of mem://", name, " (", size,
         " bytes): ", held_, " of its ", options_.budget_bytes, " byte budget are held by ",
         holders.empty() ? "nothing" : absl::StrJoin(holders, ", "),
-        " and the newest complete checkpoint is never evicted for a save in progress"));
+        " and neither the newest complete checkpoint nor one awaiting persistence is evicted "
+        "for a save in progress"));
   }
   Entry& e = entries_[name];
+  e.pinned = e.pinned || pinned;
   if (e.operation_id.empty()) {
     e.operation_id = operation_id;
     e.sequence = next_sequence_++;
@@ -119,15 +127,37 @@ void MemoryTier::Seal(const std::string& name, int keep_newest) {
     it = entries_.find(name);
   }
   it->second.complete = true;
+  last_keep_ = keep;
+  KeepNewestLocked(keep);
+}
+
+void MemoryTier::KeepNewestLocked(int keep) {
   std::vector<std::pair<int64_t, std::string>> complete;
   for (const auto& [n, e] : entries_) {
     if (e.complete) complete.emplace_back(e.sequence, n);
   }
   std::sort(complete.rbegin(), complete.rend());
-  for (size_t i = static_cast<size_t>(keep); i < complete.size(); ++i) {
-    held_ -= entries_[complete[i].second].bytes;
+  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < complete.size(); ++i) {
+    Entry& e = entries_[complete[i].second];
+    if (e.pinned) continue;  // awaiting persistence
+    held_ -= e.bytes;
     entries_.erase(complete[i].second);
   }
+}
+
+void MemoryTier::Pin(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, inserted] = entries_.try_emplace(name);
+  if (inserted) it->second.sequence = next_sequence_++;
+  it->second.pinned = true;
+}
+
+void MemoryTier::Unpin(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return;
+  it->second.pinned = false;
+  if (last_keep_ > 0) KeepNewestLocked(last_keep_);
 }
 
 void MemoryTier::Drop(const std::string& name) {
@@ -162,6 +192,7 @@ std::vector<HeldCheckpoint> MemoryTier::List() const {
     h.name = name;
     h.operation_id = e.operation_id;
     h.complete = e.complete;
+    h.pinned = e.pinned;
     h.bytes = e.bytes;
     for (const auto& [file, bytes] : e.files) h.files.push_back(file);
     out.push_back(std::move(h));

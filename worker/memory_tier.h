@@ -46,6 +46,7 @@ struct HeldCheckpoint {
   std::string name;
   std::string operation_id;  // of the save that produced it
   bool complete = false;     // Seal()ed: the save's part (with its replicas) succeeded here
+  bool pinned = false;       // awaiting persistence to storage: never evicted (Pin)
   int64_t bytes = 0;
   std::vector<std::string> files;
 };
@@ -68,6 +69,12 @@ class MemoryTier {
   void Seal(const std::string& name, int keep_newest = 0);
   // Forgets `name` (an aborted save's files).
   void Drop(const std::string& name);
+  // Pins `name` (kept even when it does not exist yet): a checkpoint awaiting persistence to
+  // storage is never evicted, neither for the budget nor by keep-newest, until Unpin.
+  void Pin(const std::string& name);
+  // Ends the pin of `name` (persisted, or its persistence failed) and applies keep-newest
+  // (the count of the last Seal) again.
+  void Unpin(const std::string& name);
   // The bytes of `file` of `name`; NotFound naming the worker, checkpoint and file.
   absl::StatusOr<std::shared_ptr<const std::string>> Find(const std::string& name,
                                                           const std::string& file) const;
@@ -80,18 +87,22 @@ class MemoryTier {
     int64_t sequence = 0;
     std::string operation_id;
     bool complete = false;
+    bool pinned = false;
     int64_t bytes = 0;
     std::map<std::string, std::shared_ptr<const std::string>> files;
   };
   // Evicts complete checkpoints (oldest first, never the newest complete one, never `keep`)
   // until `needed` more bytes fit; false (nothing evicted) when they cannot.
   bool MakeRoomLocked(int64_t needed, const std::string& keep);
+  // Evicts complete, unpinned checkpoints beyond the newest `keep` complete ones.
+  void KeepNewestLocked(int keep);
 
   const MemoryTierOptions options_;
   mutable std::mutex mu_;
   std::map<std::string, Entry> entries_;  // guarded by mu_
   int64_t held_ = 0;                      // guarded by mu_
   int64_t next_sequence_ = 0;             // guarded by mu_
+  int last_keep_ = 0;                     // keep-newest of the last Seal; guarded by mu_
 };
 
 // Reads byte ranges of stored pieces of a memory checkpoint described by `manifest` from the

@@ -69,6 +69,39 @@ TEST(MemoryTierTest, ASaveUnderAnotherOperationReplacesAnUncommittedLeftover) {
   EXPECT_EQ(tier.held_bytes(), 0);
 }
 
+TEST(MemoryTierTest, APinnedCheckpointIsNeverEvictedUntilUnpinned) {
+  MemoryTier tier({100, 1, "worker w-1 (host a)"});
+  tier.Pin("a");  // asked to be persisted: pinned before its first file arrives
+  ASSERT_TRUE(tier.Put("a", "op-1", "f", Bytes(40)).ok());
+  tier.Seal("a");
+  ASSERT_TRUE(tier.Put("b", "op-2", "f", Bytes(40)).ok());
+  tier.Seal("b");  // keep-newest 1 would evict a, but it awaits persistence
+  EXPECT_TRUE(tier.Find("a", "f").ok());
+  // c does not fit: b is the newest complete one and a is pinned.
+  absl::Status s = tier.Put("c", "op-3", "f", Bytes(40));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("awaiting persistence"), std::string::npos) << s;
+  tier.Unpin("a");  // persisted: keep-newest applies again
+  EXPECT_FALSE(tier.Find("a", "f").ok());
+  EXPECT_TRUE(tier.Find("b", "f").ok());
+  EXPECT_TRUE(tier.Put("c", "op-3", "f", Bytes(40)).ok());
+}
+
+TEST(MemoryTierTest, APinOutlivesTheLeftoverItReplaces) {
+  MemoryTier tier({1000, 1, "w"});
+  ASSERT_TRUE(tier.Put("a", "op-1", "f", Bytes(10)).ok());  // a save that never committed
+  tier.Pin("a");
+  ASSERT_TRUE(tier.Put("a", "op-2", "g", Bytes(10)).ok());
+  tier.Seal("a");
+  ASSERT_TRUE(tier.Put("b", "op-3", "f", Bytes(10)).ok());
+  tier.Seal("b");
+  EXPECT_TRUE(tier.Find("a", "g").ok());
+  std::vector<HeldCheckpoint> held = tier.List();
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_TRUE(held[0].pinned);
+  EXPECT_FALSE(held[1].pinned);
+}
+
 // The encoded file is byte for byte the file WriteDataFiles writes, with the same records.
 TEST(MemoryTierTest, EncodedFileEqualsTheStorageWritersFile) {
   std::vector<float> values(3000);
