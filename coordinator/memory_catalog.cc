@@ -11,6 +11,21 @@ std::string MemoryHolder::DebugString() const {
   return absl::StrCat("worker ", worker_id, " on host ", host);
 }
 
+std::string PersistDescription(PersistState state, const std::string& path,
+                               const std::string& detail) {
+  switch (state) {
+    case PersistState::kNotAsked:
+      return "";
+    case PersistState::kPersisting:
+      return absl::StrCat("persisting to ", path);
+    case PersistState::kPersisted:
+      return absl::StrCat("persisted to ", path);
+    case PersistState::kFailed:
+      return absl::StrCat("persist to ", path, " failed: ", detail);
+  }
+  return "";
+}
+
 absl::Status MemoryCatalog::Claim(const std::string& name, const std::string& operation_id) {
   std::lock_guard<std::mutex> lock(mu_);
   if (committed_.count(name) > 0) {
@@ -44,16 +59,56 @@ absl::StatusOr<std::vector<std::string>> MemoryCatalog::Commit(const std::string
   std::string name = checkpoint.name;
   checkpoint.sequence = next_sequence_++;
   committed_[name] = std::move(checkpoint);
+  return ForgetBeyondLocked(keep_newest);
+}
+
+std::vector<std::string> MemoryCatalog::ForgetBeyondLocked(int keep_newest) {
   std::vector<std::string> forgotten;
   if (keep_newest <= 0 || static_cast<int>(committed_.size()) <= keep_newest) return forgotten;
   std::vector<std::pair<int64_t, std::string>> by_age;
   for (const auto& [n, c] : committed_) by_age.emplace_back(c.sequence, n);
   std::sort(by_age.begin(), by_age.end());
   for (size_t i = 0; i + keep_newest < by_age.size(); ++i) {
+    if (committed_[by_age[i].second].persist_state == PersistState::kPersisting) continue;
     committed_.erase(by_age[i].second);
     forgotten.push_back(by_age[i].second);
   }
   return forgotten;
+}
+
+absl::Status MemoryCatalog::CheckRoomForOneMore(int keep_newest) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (keep_newest <= 0 || static_cast<int>(committed_.size()) < keep_newest) {
+    return absl::OkStatus();
+  }
+  std::vector<std::pair<int64_t, std::string>> by_age;
+  for (const auto& [n, c] : committed_) by_age.emplace_back(c.sequence, n);
+  std::sort(by_age.begin(), by_age.end());
+  // The ones the next commit forgets: all but the newest keep_newest - 1.
+  for (size_t i = 0; i + keep_newest <= by_age.size(); ++i) {
+    const MemoryCheckpoint& old = committed_.at(by_age[i].second);
+    if (old.persist_state != PersistState::kPersisting) continue;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a new memory checkpoint would evict mem://", old.name, " (keep newest ",
+                     keep_newest, "), which waits for its persistence to ", old.persist_to,
+                     " to finish; save again once `ckptctl status` shows it persisted"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> MemoryCatalog::SetPersistState(const std::string& name,
+                                                                        PersistState state,
+                                                                        const std::string& detail,
+                                                                        int keep_newest) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = committed_.find(name);
+  if (it == committed_.end()) {
+    return absl::NotFoundError(absl::StrCat("no memory checkpoint mem://", name, " to persist"));
+  }
+  it->second.persist_state = state;
+  it->second.persist_detail = detail;
+  if (state == PersistState::kPersisting) return std::vector<std::string>();
+  return ForgetBeyondLocked(keep_newest);
 }
 
 std::vector<std::string> MemoryCatalog::DropWorker(const std::string& worker_id) {
@@ -95,6 +150,8 @@ void MemoryCatalog::ToProto(
     s->set_bytes(checkpoint.bytes);
     s->set_files(checkpoint.manifest.files_size());
     s->set_committed_unix_ms(absl::ToUnixMillis(checkpoint.committed));
+    s->set_persist(PersistDescription(checkpoint.persist_state, checkpoint.persist_to,
+                                      checkpoint.persist_detail));
     for (const pb::DataFile& file : checkpoint.manifest.files()) {
       auto holders = checkpoint.holders.find(file.name());
       if (holders == checkpoint.holders.end()) continue;

@@ -28,6 +28,18 @@ struct MemoryHolder {
   std::string DebugString() const;
 };
 
+// Where a memory checkpoint's background persistence to storage stands.
+enum class PersistState {
+  kNotAsked,    // never to be persisted
+  kPersisting,  // asked for; not committed to storage yet (never evicted meanwhile)
+  kPersisted,   // committed at persist_to as an ordinary checkpoint
+  kFailed,      // gave up (persist_detail says why); evictable again
+};
+
+// "persisting to /p", "persisted to /p", "persist to /p failed: why", "" when not asked.
+std::string PersistDescription(PersistState state, const std::string& path,
+                               const std::string& detail);
+
 // One memory checkpoint.
 struct MemoryCheckpoint {
   std::string name;
@@ -35,8 +47,11 @@ struct MemoryCheckpoint {
   std::map<std::string, std::vector<MemoryHolder>> holders;  // data file -> live copies
   std::map<std::string, std::vector<MemoryHolder>> lost;     // data file -> copies lost
   absl::Time committed;
-  int64_t bytes = 0;     // one copy of every data file
-  int64_t sequence = 0;  // commit order (set by the catalog)
+  int64_t bytes = 0;       // one copy of every data file
+  int64_t sequence = 0;    // commit order (set by the catalog)
+  std::string persist_to;  // storage path of the asked-for persistence ("" when not asked)
+  PersistState persist_state = PersistState::kNotAsked;
+  std::string persist_detail;  // why it failed
 };
 
 // The catalog.
@@ -52,6 +67,17 @@ class MemoryCatalog {
   // this one is complete on them; 0: keep all). Returns the names forgotten.
   absl::StatusOr<std::vector<std::string>> Commit(const std::string& operation_id,
                                                   MemoryCheckpoint checkpoint, int keep_newest = 0);
+  // Before a save that keeps the newest `keep_newest` (0: all) is planned: ResourceExhausted
+  // naming the checkpoint and its storage path when committing one more would have to forget
+  // a checkpoint still being persisted (it is evicted only once persisted).
+  absl::Status CheckRoomForOneMore(int keep_newest) const;
+  // Records how the persistence of `name` stands; NotFound for an unknown name. Once it ended
+  // (persisted or failed), checkpoints beyond the newest `keep_newest` are forgotten as in
+  // Commit; returns their names.
+  absl::StatusOr<std::vector<std::string>> SetPersistState(const std::string& name,
+                                                           PersistState state,
+                                                           const std::string& detail,
+                                                           int keep_newest = 0);
   // Drops every copy `worker_id` held; returns the names of the checkpoints that lost some.
   std::vector<std::string> DropWorker(const std::string& worker_id);
   // The checkpoint, or NotFound naming it.
@@ -63,7 +89,10 @@ class MemoryCatalog {
   mutable std::mutex mu_;
   std::map<std::string, MemoryCheckpoint> committed_;  // guarded by mu_
   std::map<std::string, std::string> claims_;          // name -> operation; guarded by mu_
-  int64_t next_sequence_ = 0;                          // commit order; guarded by mu_
+  // Forgets committed checkpoints beyond the newest `keep_newest`, never one being persisted.
+  std::vector<std::string> ForgetBeyondLocked(int keep_newest);
+
+  int64_t next_sequence_ = 0;  // commit order; guarded by mu_
 };
 
 }  // namespace ckpt::coordinator

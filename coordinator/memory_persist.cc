@@ -1,0 +1,118 @@
+#include "coordinator/memory_persist.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "storage/checkpoint_writer.h"
+
+namespace ckpt::coordinator {
+
+absl::StatusOr<PersistAssignment> AssignPersistWriters(const MemoryCheckpoint& checkpoint,
+                                                       const std::vector<std::string>& files,
+                                                       const std::set<std::string>& excluded) {
+  PersistAssignment out;
+  for (const std::string& file : files) {
+    std::vector<std::string> tried;
+    const MemoryHolder* writer = nullptr;
+    if (auto it = checkpoint.holders.find(file); it != checkpoint.holders.end()) {
+      for (const MemoryHolder& h : it->second) {
+        if (excluded.count(h.worker_id) == 0) {
+          writer = &h;
+          break;
+        }
+        tried.push_back(absl::StrCat(h.DebugString(), " (failed)"));
+      }
+    }
+    if (auto it = checkpoint.lost.find(file); it != checkpoint.lost.end()) {
+      for (const MemoryHolder& h : it->second) {
+        tried.push_back(absl::StrCat(h.DebugString(), " (lost)"));
+      }
+    }
+    if (writer == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot persist mem://", checkpoint.name, ": no live copy of ", file, " is left (",
+          tried.empty() ? "no recorded holder" : absl::StrJoin(tried, ", "), ")"));
+    }
+    out[writer->worker_id].push_back(file);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<MemoryPersist>> MemoryPersist::Begin(MemoryCheckpoint checkpoint,
+                                                                    const std::string& path,
+                                                                    bool overwrite) {
+  std::vector<std::string> files;
+  for (const pb::DataFile& f : checkpoint.manifest.files()) files.push_back(f.name());
+  absl::StatusOr<PersistAssignment> assignment = AssignPersistWriters(checkpoint, files, {});
+  if (!assignment.ok()) return assignment.status();
+  absl::StatusOr<std::string> staging = CreateStagingDir(path, overwrite);
+  if (!staging.ok()) {
+    return absl::Status(staging.status().code(),
+                        absl::StrCat("cannot persist mem://", checkpoint.name, " to ", path, ": ",
+                                     staging.status().message()));
+  }
+  std::unique_ptr<MemoryPersist> persist(new MemoryPersist());
+  persist->checkpoint_ = std::move(checkpoint);
+  persist->path_ = path;
+  persist->overwrite_ = overwrite;
+  persist->staging_dir_ = *std::move(staging);
+  persist->pending_ = *std::move(assignment);
+  return persist;
+}
+
+MemoryPersist::~MemoryPersist() { (void)Abort(); }
+
+absl::StatusOr<PersistAssignment> MemoryPersist::Report(const std::string& worker,
+                                                        const absl::Status& result) {
+  auto it = pending_.find(worker);
+  if (it == pending_.end()) return PersistAssignment();  // nothing of it pending (late report)
+  std::vector<std::string> files = std::move(it->second);
+  pending_.erase(it);
+  if (result.ok()) return PersistAssignment();
+  failed_.insert(worker);
+  failures_[worker] = std::string(result.message());
+  absl::StatusOr<PersistAssignment> again = AssignPersistWriters(checkpoint_, files, failed_);
+  if (!again.ok()) {
+    std::vector<std::string> why;
+    for (const auto& [w, message] : failures_) why.push_back(absl::StrCat(w, ": ", message));
+    return absl::FailedPreconditionError(
+        absl::StrCat(again.status().message(), "; failures: ", absl::StrJoin(why, "; ")));
+  }
+  for (auto& [w, more] : *again) {
+    std::vector<std::string>& mine = pending_[w];
+    mine.insert(mine.end(), more.begin(), more.end());
+  }
+  return again;
+}
+
+absl::Status MemoryPersist::Commit() {
+  if (finished_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("persistence of mem://", checkpoint_.name, " to ", path_, " has ended"));
+  }
+  if (!pending_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("persistence of mem://", checkpoint_.name,
+                                                      " to ", path_, " still waits for ",
+                                                      pending_.size(), " worker(s)"));
+  }
+  WriteOptions options;
+  options.overwrite = overwrite_;
+  options.checksum_block_bytes = checkpoint_.manifest.checksum_block_bytes();
+  absl::Status committed = CommitCheckpoint(staging_dir_, path_, checkpoint_.manifest, options);
+  if (committed.ok()) {
+    finished_ = true;
+    return committed;
+  }
+  (void)Abort();
+  return absl::Status(committed.code(), absl::StrCat("cannot persist mem://", checkpoint_.name,
+                                                     " to ", path_, ": ", committed.message()));
+}
+
+absl::Status MemoryPersist::Abort() {
+  if (finished_ || staging_dir_.empty()) return absl::OkStatus();
+  finished_ = true;
+  return DiscardStagingDir(staging_dir_);
+}
+
+}  // namespace ckpt::coordinator
