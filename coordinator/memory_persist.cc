@@ -12,6 +12,7 @@ absl::StatusOr<PersistAssignment> AssignPersistWriters(const MemoryCheckpoint& c
                                                        const std::vector<std::string>& files,
                                                        const std::set<std::string>& excluded) {
   PersistAssignment out;
+  std::vector<std::string> orphans;  // "file (held by ...)"
   for (const std::string& file : files) {
     std::vector<std::string> tried;
     const MemoryHolder* writer = nullptr;
@@ -30,11 +31,16 @@ absl::StatusOr<PersistAssignment> AssignPersistWriters(const MemoryCheckpoint& c
       }
     }
     if (writer == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot persist mem://", checkpoint.name, ": no live copy of ", file, " is left (",
-          tried.empty() ? "no recorded holder" : absl::StrJoin(tried, ", "), ")"));
+      orphans.push_back(absl::StrCat(
+          file, " (", tried.empty() ? "no recorded holder" : absl::StrJoin(tried, ", "), ")"));
+      continue;
     }
     out[writer->worker_id].push_back(file);
+  }
+  if (!orphans.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot persist mem://", checkpoint.name,
+                                                      ": no live copy is left of ",
+                                                      absl::StrJoin(orphans, "; ")));
   }
   return out;
 }
@@ -57,33 +63,62 @@ absl::StatusOr<std::unique_ptr<MemoryPersist>> MemoryPersist::Begin(MemoryCheckp
   persist->path_ = path;
   persist->overwrite_ = overwrite;
   persist->staging_dir_ = *std::move(staging);
-  persist->pending_ = *std::move(assignment);
+  for (const auto& [worker, its_files] : *assignment) {
+    for (const std::string& file : its_files) persist->writer_of_[file] = worker;
+  }
   return persist;
 }
 
 MemoryPersist::~MemoryPersist() { (void)Abort(); }
 
+PersistAssignment MemoryPersist::pending() const {
+  PersistAssignment out;
+  for (const auto& [file, worker] : writer_of_) out[worker].push_back(file);
+  return out;
+}
+
 absl::StatusOr<PersistAssignment> MemoryPersist::Report(const std::string& worker,
+                                                        const std::vector<std::string>& files,
                                                         const absl::Status& result) {
-  auto it = pending_.find(worker);
-  if (it == pending_.end()) return PersistAssignment();  // nothing of it pending (late report)
-  std::vector<std::string> files = std::move(it->second);
-  pending_.erase(it);
-  if (result.ok()) return PersistAssignment();
+  std::vector<std::string> mine;  // still pending on `worker` (a late report changes nothing)
+  for (const std::string& file : files) {
+    auto it = writer_of_.find(file);
+    if (it == writer_of_.end() || it->second != worker) continue;
+    mine.push_back(file);
+    writer_of_.erase(it);
+  }
+  if (result.ok() || mine.empty()) return PersistAssignment();
   failed_.insert(worker);
   failures_[worker] = std::string(result.message());
-  absl::StatusOr<PersistAssignment> again = AssignPersistWriters(checkpoint_, files, failed_);
+  // Whatever else was pending on the failed worker moves too.
+  for (auto it = writer_of_.begin(); it != writer_of_.end();) {
+    if (it->second != worker) {
+      ++it;
+      continue;
+    }
+    mine.push_back(it->first);
+    it = writer_of_.erase(it);
+  }
+  absl::StatusOr<PersistAssignment> again = AssignPersistWriters(checkpoint_, mine, failed_);
   if (!again.ok()) {
     std::vector<std::string> why;
     for (const auto& [w, message] : failures_) why.push_back(absl::StrCat(w, ": ", message));
     return absl::FailedPreconditionError(
         absl::StrCat(again.status().message(), "; failures: ", absl::StrJoin(why, "; ")));
   }
-  for (auto& [w, more] : *again) {
-    std::vector<std::string>& mine = pending_[w];
-    mine.insert(mine.end(), more.begin(), more.end());
+  for (const auto& [w, more] : *again) {
+    for (const std::string& file : more) writer_of_[file] = w;
   }
   return again;
+}
+
+absl::StatusOr<PersistAssignment> MemoryPersist::WorkerFailed(const std::string& worker,
+                                                              const absl::Status& why) {
+  std::vector<std::string> files;
+  for (const auto& [file, w] : writer_of_) {
+    if (w == worker) files.push_back(file);
+  }
+  return Report(worker, files, why);
 }
 
 absl::Status MemoryPersist::Commit() {
@@ -91,10 +126,10 @@ absl::Status MemoryPersist::Commit() {
     return absl::FailedPreconditionError(
         absl::StrCat("persistence of mem://", checkpoint_.name, " to ", path_, " has ended"));
   }
-  if (!pending_.empty()) {
+  if (!writer_of_.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("persistence of mem://", checkpoint_.name,
                                                       " to ", path_, " still waits for ",
-                                                      pending_.size(), " worker(s)"));
+                                                      writer_of_.size(), " data file(s)"));
   }
   WriteOptions options;
   options.overwrite = overwrite_;

@@ -47,14 +47,20 @@ class MemoryPersist {
   const std::string& staging_dir() const { return staging_dir_; }
   const MemoryCheckpoint& checkpoint() const { return checkpoint_; }
   // The files each worker still has to write (what to send the workers now).
-  const PersistAssignment& pending() const { return pending_; }
+  PersistAssignment pending() const;
 
-  // `worker` reports on its files: OK marks them written; an error (or a lost worker) hands
-  // them to other holders, returned as the new work to send; FailedPrecondition naming the
-  // file, the workers and `result` when a file has no holder left (then Abort).
-  absl::StatusOr<PersistAssignment> Report(const std::string& worker, const absl::Status& result);
+  // `worker` reports on `files`: OK marks them written; an error hands them, and whatever else
+  // was pending on `worker`, to other holders, returned as the new work to send.
+  // FailedPrecondition naming every file without a holder left, the workers and the failures
+  // (then Abort). Files not pending on `worker` are ignored (a late report).
+  absl::StatusOr<PersistAssignment> Report(const std::string& worker,
+                                           const std::vector<std::string>& files,
+                                           const absl::Status& result);
+  // A worker lost (lease expired): its pending files go to other holders, as in Report.
+  absl::StatusOr<PersistAssignment> WorkerFailed(const std::string& worker,
+                                                 const absl::Status& why);
   // True once every data file was written.
-  bool AllWritten() const { return pending_.empty(); }
+  bool AllWritten() const { return writer_of_.empty(); }
   // Commits the staging directory at the path with the catalog's manifest (FailedPrecondition
   // while files are pending).
   absl::Status Commit();
@@ -68,10 +74,10 @@ class MemoryPersist {
   std::string path_;
   bool overwrite_ = false;
   std::string staging_dir_;
-  bool finished_ = false;  // committed or discarded
-  PersistAssignment pending_;
-  std::set<std::string> failed_;                 // workers that failed
-  std::map<std::string, std::string> failures_;  // worker -> why
+  bool finished_ = false;                         // committed or discarded
+  std::map<std::string, std::string> writer_of_;  // pending data file -> worker writing it
+  std::set<std::string> failed_;                  // workers that failed
+  std::map<std::string, std::string> failures_;   // worker -> why
 };
 
 }  // namespace ckpt::coordinator

@@ -84,9 +84,13 @@ TEST(MemoryPersistTest, CommitsTheSameCheckpointAsTheDirectSave) {
   EXPECT_EQ((*persist)->Commit().code(), absl::StatusCode::kFailedPrecondition);  // pending
   for (const auto& [worker, files] : PersistAssignment((*persist)->pending())) {
     WriteFiles(f, (*persist)->staging_dir(), files);
-    ASSERT_TRUE((*persist)->Report(worker, absl::OkStatus()).ok());
+    ASSERT_TRUE((*persist)->Report(worker, files, absl::OkStatus()).ok());
   }
   ASSERT_TRUE((*persist)->AllWritten());
+  EXPECT_TRUE((*persist)
+                  ->Report("w0", {f.checkpoint.manifest.files(0).name()},
+                           absl::InternalError("late"))
+                  ->empty());  // a late report after the file was written changes nothing
   ASSERT_TRUE((*persist)->Commit().ok());
   for (const pb::DataFile& file : f.checkpoint.manifest.files()) {
     EXPECT_EQ(*ReadWholeFile(JoinPath(path, file.name()), 1 << 20),
@@ -104,15 +108,35 @@ TEST(MemoryPersistTest, AFailedHolderIsReplacedByAnotherHolderOfTheSameFile) {
   ASSERT_TRUE(persist.ok()) << persist.status();
   const std::vector<std::string> files_of_w0 = (*persist)->pending().at("w0");
   absl::StatusOr<PersistAssignment> again =
-      (*persist)->Report("w0", absl::UnavailableError("lease of w0 expired"));
+      (*persist)->WorkerFailed("w0", absl::UnavailableError("lease of w0 expired"));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->at("w2"), files_of_w0);
   for (const auto& [worker, files] : PersistAssignment((*persist)->pending())) {
     WriteFiles(f, (*persist)->staging_dir(), files);
-    ASSERT_TRUE((*persist)->Report(worker, absl::OkStatus()).ok());
+    ASSERT_TRUE((*persist)->Report(worker, files, absl::OkStatus()).ok());
   }
   ASSERT_TRUE((*persist)->Commit().ok());
   EXPECT_TRUE(PathExists(JoinPath(path, "manifest.pb")));
+  EXPECT_EQ(*ReadWholeFile(JoinPath(path, files_of_w0[0]), 1 << 20),
+            *ReadWholeFile(JoinPath(f.source, files_of_w0[0]), 1 << 20));
+}
+
+TEST(MemoryPersistTest, ASuccessReportCoversOnlyTheFilesItNames) {
+  const std::string dir = TestDir("persist_partial_report");
+  Fixture f = MakeFixture(dir);
+  auto persist = MemoryPersist::Begin(f.checkpoint, JoinPath(dir, "persisted"), false);
+  ASSERT_TRUE(persist.ok()) << persist.status();
+  const std::string f0 = f.checkpoint.manifest.files(0).name();
+  const std::string f1 = f.checkpoint.manifest.files(1).name();
+  // w0 fails: f0 goes to w2; then w1 fails: f1 goes to w3. w2 reports f0 only.
+  ASSERT_TRUE((*persist)->Report("w0", {f0}, absl::UnavailableError("killed")).ok());
+  ASSERT_TRUE((*persist)->Report("w2", {}, absl::OkStatus()).ok());
+  EXPECT_FALSE((*persist)->AllWritten());
+  EXPECT_EQ((*persist)->pending().at("w2"), std::vector<std::string>{f0});
+  ASSERT_TRUE((*persist)->Report("w2", {f0}, absl::OkStatus()).ok());
+  EXPECT_EQ((*persist)->pending().count("w2"), 0u);
+  EXPECT_EQ((*persist)->pending().at("w1"), std::vector<std::string>{f1});
+  EXPECT_EQ((*persist)->Commit().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(MemoryPersistTest, NoHolderLeftFailsNamingFileAndWorkersAndCommitsNothing) {
@@ -122,9 +146,10 @@ TEST(MemoryPersistTest, NoHolderLeftFailsNamingFileAndWorkersAndCommitsNothing) 
   auto persist = MemoryPersist::Begin(f.checkpoint, path, false);
   ASSERT_TRUE(persist.ok()) << persist.status();
   const std::string staging = (*persist)->staging_dir();
-  ASSERT_TRUE((*persist)->Report("w0", absl::UnavailableError("killed")).ok());
+  const std::vector<std::string> files_of_w0 = (*persist)->pending().at("w0");
+  ASSERT_TRUE((*persist)->Report("w0", files_of_w0, absl::UnavailableError("killed")).ok());
   absl::StatusOr<PersistAssignment> none =
-      (*persist)->Report("w2", absl::InternalError("disk full"));
+      (*persist)->Report("w2", files_of_w0, absl::InternalError("disk full"));
   ASSERT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
   const std::string message(none.status().message());
   EXPECT_NE(message.find(f.checkpoint.manifest.files(0).name()), std::string::npos) << message;
