@@ -45,6 +45,7 @@ void PrintMemoryCheckpoints(const pb::GetStatusResponse& status) {
   for (const pb::MemoryCheckpointStatus& m : status.memory_checkpoints()) {
     std::printf("  mem://%s  %s in %d files  %d copies\n", m.name().c_str(),
                 HumanBytes(m.bytes()).c_str(), m.files(), m.replicas_size());
+    if (!m.persist().empty()) std::printf("    %s\n", m.persist().c_str());
     std::string file;
     std::vector<std::string> holders;
     auto flush = [&] {
