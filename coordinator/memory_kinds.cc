@@ -94,6 +94,8 @@ absl::StatusOr<std::vector<std::vector<int>>> PlaceReplicas(const Operation& op,
 absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::Plan(const Operation& op) {
   absl::StatusOr<std::string> name = MemoryCheckpointName(op.path);
   if (!name.ok()) return name.status();
+  // Keep-newest would evict a checkpoint still being persisted: refused, naming what it waits for.
+  if (absl::Status room = catalog_->CheckRoomForOneMore(keep_newest_); !room.ok()) return room;
   const int replicas = op.memory_replicas >= 0 ? op.memory_replicas : replicas_;
   absl::StatusOr<std::vector<std::vector<int>>> placement = PlaceReplicas(op, replicas);
   if (!placement.ok()) return placement.status();

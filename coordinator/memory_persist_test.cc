@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "coordinator/memory_catalog.h"
+#include "coordinator/memory_kinds.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
@@ -199,6 +200,26 @@ TEST(MemoryCatalogPersistTest, ANewSaveThatWouldEvictAPersistingCheckpointIsRefu
   ASSERT_TRUE(forgotten.ok());
   EXPECT_EQ(*forgotten, std::vector<std::string>{"old"});
   EXPECT_TRUE(catalog.CheckRoomForOneMore(1).ok());
+}
+
+TEST(MemoryCatalogPersistTest, AMemorySaveIsRefusedWhileKeepNewestWouldEvictAPersistingOne) {
+  MemoryCatalog catalog;
+  MemoryCheckpoint old;
+  old.name = "old";
+  old.persist_to = "/ckpt/old";
+  old.persist_state = PersistState::kPersisting;
+  ASSERT_TRUE(catalog.Claim("old", "op-1").ok());
+  ASSERT_TRUE(catalog.Commit("op-1", old).ok());
+  MemorySaveKind kind(&catalog, /*replicas=*/0, /*keep_newest=*/1);
+  Operation op;
+  op.id = "op-2";
+  op.path = "mem://next";
+  op.world_size = 1;
+  op.ranks.resize(1);
+  absl::StatusOr<std::vector<RankPlan>> refused = kind.Plan(op);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("/ckpt/old"), std::string::npos) << refused.status();
+  EXPECT_TRUE(catalog.Claim("next", "op-3").ok());  // the refused save claimed nothing
 }
 
 TEST(MemoryCatalogPersistTest, StatusSaysHowThePersistenceStands) {
