@@ -79,8 +79,11 @@ absl::Status MemoryTier::Put(const std::string& name, const std::string& operati
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
   bool pinned = false;  // a pin outlives the leftover it replaces
-  if (it != entries_.end() && !it->second.operation_id.empty() &&
-      it->second.operation_id != operation_id) {
+  // A Pin placeholder (no operation yet, not complete) is kept; anything else from another
+  // operation is a leftover.
+  const bool placeholder =
+      it != entries_.end() && it->second.operation_id.empty() && !it->second.complete;
+  if (it != entries_.end() && !placeholder && it->second.operation_id != operation_id) {
     pinned = it->second.pinned;
     held_ -= it->second.bytes;  // left by a save that never committed under this name
     entries_.erase(it);

@@ -87,6 +87,22 @@ TEST(MemoryTierTest, APinnedCheckpointIsNeverEvictedUntilUnpinned) {
   EXPECT_TRUE(tier.Put("c", "op-3", "f", Bytes(40)).ok());
 }
 
+TEST(MemoryTierTest, ANewSaveReplacesAnEmptyCompleteLeftoverButKeepsAPinnedPlaceholder) {
+  MemoryTier tier({1000, 2, "w"});
+  tier.Seal("a");  // a rank with no files: complete here with nothing in it
+  ASSERT_TRUE(tier.Put("a", "op-2", "f", Bytes(10)).ok());
+  std::vector<HeldCheckpoint> held = tier.List();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_FALSE(held[0].complete);  // the new save is in progress, not complete
+  EXPECT_EQ(held[0].operation_id, "op-2");
+  tier.Pin("b");  // pinned before its first file: the placeholder is not a leftover
+  ASSERT_TRUE(tier.Put("b", "op-3", "f", Bytes(10)).ok());
+  held = tier.List();
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_TRUE(held[1].pinned);
+  EXPECT_FALSE(held[1].complete);
+}
+
 TEST(MemoryTierTest, APinOutlivesTheLeftoverItReplaces) {
   MemoryTier tier({1000, 1, "w"});
   ASSERT_TRUE(tier.Put("a", "op-1", "f", Bytes(10)).ok());  // a save that never committed
