@@ -1,0 +1,335 @@
+#include "tools/ckptctl/distribute_line_fast.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "nlohmann/json.hpp"
+#include "sharding/dtensor.h"
+#include "sharding/piece_id.h"
+
+namespace ckpt::ckptctl {
+namespace {
+
+// Longest line handled here: with at least one byte per value, such a line cannot hold more
+// values than PlanLineLimits() allows (2^28), so that limit needs no count of its own.
+constexpr size_t kMaxFastLineBytes = size_t{1} << 28;
+// PlanLineLimits().max_string_bytes.
+constexpr size_t kMaxStringBytes = size_t{1} << 20;
+
+// A cursor over one line. Every method answers false for anything outside the subset this
+// parser handles; the line is then given to the DOM path.
+class Reader {
+ public:
+  explicit Reader(absl::string_view text) : p_(text.data()), end_(text.data() + text.size()) {}
+
+  void SkipSpace() {
+    while (p_ < end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\n' || *p_ == '\r')) ++p_;
+  }
+  bool Consume(char c) {
+    SkipSpace();
+    if (p_ == end_ || *p_ != c) return false;
+    ++p_;
+    return true;
+  }
+  bool AtEnd() {
+    SkipSpace();
+    return p_ == end_;
+  }
+  bool Null() {
+    SkipSpace();
+    if (end_ - p_ < 4 || std::memcmp(p_, "null", 4) != 0) return false;
+    p_ += 4;
+    return true;
+  }
+  // A string of printable ASCII without escapes (written back unchanged by nlohmann's dump).
+  bool String(absl::string_view* out) {
+    if (!Consume('"')) return false;
+    const char* start = p_;
+    while (p_ < end_) {
+      const unsigned char c = static_cast<unsigned char>(*p_);
+      if (c == '"') {
+        *out = absl::string_view(start, static_cast<size_t>(p_ - start));
+        ++p_;
+        return out->size() <= kMaxStringBytes;
+      }
+      if (c < 0x20 || c >= 0x7f || c == '\\') return false;
+      ++p_;
+    }
+    return false;
+  }
+  // -?(0|[1-9][0-9]{0,17}) not followed by a digit, '.', 'e' or 'E' (floats go to the DOM).
+  bool Int(int64_t* out) {
+    SkipSpace();
+    const bool negative = p_ < end_ && *p_ == '-';
+    if (negative) ++p_;
+    if (p_ == end_ || *p_ < '0' || *p_ > '9') return false;
+    int64_t value = 0;
+    if (*p_ == '0') {
+      ++p_;
+    } else {
+      for (int digits = 0; p_ < end_ && *p_ >= '0' && *p_ <= '9'; ++digits, ++p_) {
+        if (digits == 18) return false;
+        value = value * 10 + (*p_ - '0');
+      }
+    }
+    if (p_ < end_ && ((*p_ >= '0' && *p_ <= '9') || *p_ == '.' || *p_ == 'e' || *p_ == 'E')) {
+      return false;
+    }
+    *out = negative ? -value : value;
+    return true;
+  }
+  // [each(), each(), ...] (possibly empty).
+  template <typename Each>
+  bool List(Each each) {
+    if (!Consume('[')) return false;
+    if (Consume(']')) return true;
+    do {
+      if (!each()) return false;
+    } while (Consume(','));
+    return Consume(']');
+  }
+
+ private:
+  const char* p_;
+  const char* end_;
+};
+
+// [key, [offsets...], null | [start, stop]] into `id` (reused, so its buffers are too).
+bool ReadPieceId(Reader& r, PieceId* id) {
+  absl::string_view key;
+  if (!r.Consume('[') || !r.String(&key) || !r.Consume(',')) return false;
+  id->key.assign(key.data(), key.size());
+  id->offsets.clear();
+  const bool offsets_read = r.List([&] {
+    int64_t offset = 0;
+    if (!r.Int(&offset)) return false;
+    id->offsets.push_back(offset);
+    return true;
+  });
+  if (!offsets_read || !r.Consume(',')) return false;
+  if (r.Null()) {
+    id->flat.reset();
+  } else {
+    int64_t start = 0, stop = 0;
+    if (!r.Consume('[') || !r.Int(&start) || !r.Consume(',') || !r.Int(&stop) || !r.Consume(']')) {
+      return false;
+    }
+    id->flat = FlatRange{start, stop};
+  }
+  return r.Consume(']');
+}
+
+using ShardIndex = absl::flat_hash_map<const PieceId*, int32_t, PieceIdPtrHash, PieceIdPtrEq>;
+
+// shard_to_ranks: [[id, [ranks...]], ...] appended to `input`.
+bool ReadShardToRanks(Reader& r, DistributionInput* input) {
+  return r.List([&] {
+    PieceId id;
+    std::vector<int64_t> ranks;
+    if (!r.Consume('[') || !ReadPieceId(r, &id) || !r.Consume(',')) return false;
+    const bool ranks_read = r.List([&] {
+      int64_t rank = 0;
+      if (!r.Int(&rank)) return false;
+      ranks.push_back(rank);
+      return true;
+    });
+    if (!ranks_read || !r.Consume(']')) return false;
+    input->AddShard(std::move(id), std::nullopt, std::move(ranks));
+    return true;
+  });
+}
+
+// Indexes every shard of `input`; false when one repeats.
+bool IndexShards(const DistributionInput& input, ShardIndex* index) {
+  index->reserve(input.shards.size());
+  for (size_t i = 0; i < input.shards.size(); ++i) {
+    if (!index->emplace(&input.shards[i].id, static_cast<int32_t>(i)).second) return false;
+  }
+  return true;
+}
+
+// shard_to_size: [[id, bytes], ...]. Sizes of shards not in shard_to_ranks are unused, but a
+// shard listed twice is refused (by the DOM path, with its field).
+bool ReadShardToSize(Reader& r, const ShardIndex& index, DistributionInput* input) {
+  absl::flat_hash_set<PieceId> unlisted_sized;
+  PieceId id;
+  return r.List([&] {
+    int64_t bytes = 0;
+    if (!r.Consume('[') || !ReadPieceId(r, &id) || !r.Consume(',') || !r.Int(&bytes) ||
+        !r.Consume(']')) {
+      return false;
+    }
+    auto it = index.find(&id);
+    if (it == index.end()) return unlisted_sized.insert(id).second;
+    std::optional<int64_t>& size = input->shards[it->second].size_bytes;
+    if (size.has_value()) return false;
+    size = bytes;
+    return true;
+  });
+}
+
+// cross_group: [id, ...]; ids not in shard_to_ranks are ignored, repeats allowed.
+bool ReadCrossGroup(Reader& r, const ShardIndex& index, DistributionInput* input) {
+  PieceId id;
+  return r.List([&] {
+    if (!ReadPieceId(r, &id)) return false;
+    auto it = index.find(&id);
+    if (it != index.end()) input->shards[it->second].cross_group = true;
+    return true;
+  });
+}
+
+// The checks the DOM path makes after parsing: num_ranks in range, every holder in
+// [0, num_ranks) unless kept as Megatron keeps them, every shard sized.
+bool Valid(const DistributionInput& input, bool keep_out_of_range_ranks) {
+  if (input.num_ranks < 0 || input.num_ranks > kMaxWorldSize) return false;
+  if (!keep_out_of_range_ranks) {
+    for (const std::vector<int64_t>& holders : input.holder_lists) {
+      for (int64_t rank : holders) {
+        if (rank < 0 || rank >= input.num_ranks) return false;
+      }
+    }
+  }
+  for (const DistributablePiece& shard : input.shards) {
+    if (!shard.size_bytes.has_value()) return false;
+  }
+  return true;
+}
+
+// One field of the top-level object; false also for a field this parser does not take here
+// (unknown, repeated, or shard_to_size / cross_group before shard_to_ranks).
+struct Fields {
+  bool num_ranks = false, shard_to_ranks = false, shard_to_size = false, cross_group = false;
+};
+
+bool ReadField(Reader& r, absl::string_view name, Fields* seen, ShardIndex* index,
+               DistributionInput* input) {
+  if (name == "num_ranks" && !seen->num_ranks) {
+    seen->num_ranks = true;
+    return r.Int(&input->num_ranks);
+  }
+  if (name == "shard_to_ranks" && !seen->shard_to_ranks && !seen->shard_to_size &&
+      !seen->cross_group) {
+    seen->shard_to_ranks = true;
+    return ReadShardToRanks(r, input) && IndexShards(*input, index);
+  }
+  if (name == "shard_to_size" && seen->shard_to_ranks && !seen->shard_to_size) {
+    seen->shard_to_size = true;
+    return ReadShardToSize(r, *index, input);
+  }
+  if (name == "cross_group" && seen->shard_to_ranks && !seen->cross_group) {
+    seen->cross_group = true;
+    return ReadCrossGroup(r, *index, input);
+  }
+  return false;
+}
+
+void AppendInt(std::string* out, int64_t value) {
+  char buffer[24];
+  const std::to_chars_result end = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  out->append(buffer, static_cast<size_t>(end.ptr - buffer));
+}
+
+// A JSON string as nlohmann's dump() writes it: plain printable ASCII as is, anything else
+// through nlohmann itself (escapes, invalid UTF-8 replaced).
+void AppendString(std::string* out, const std::string& s) {
+  bool plain = true;
+  for (char c : s) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x7f || c == '"' || c == '\\') {
+      plain = false;
+      break;
+    }
+  }
+  if (!plain) {
+    out->append(nlohmann::json(s).dump(-1, ' ', false, nlohmann::detail::error_handler_t::replace));
+    return;
+  }
+  out->push_back('"');
+  out->append(s);
+  out->push_back('"');
+}
+
+void AppendPieceId(std::string* out, const PieceId& id) {
+  out->push_back('[');
+  AppendString(out, id.key);
+  out->append(",[");
+  for (size_t i = 0; i < id.offsets.size(); ++i) {
+    if (i > 0) out->push_back(',');
+    AppendInt(out, id.offsets[i]);
+  }
+  out->append("],");
+  if (!id.flat) {
+    out->append("null");
+  } else {
+    out->push_back('[');
+    AppendInt(out, id.flat->start);
+    out->push_back(',');
+    AppendInt(out, id.flat->stop);
+    out->push_back(']');
+  }
+  out->push_back(']');
+}
+
+}  // namespace
+
+std::optional<DistributionInput> ParseDistributeLineFast(absl::string_view line,
+                                                         bool keep_out_of_range_ranks) {
+  if (line.size() > kMaxFastLineBytes) return std::nullopt;
+  Reader r(line);
+  DistributionInput input;
+  // A shard takes at least ~40 bytes of a line (its id twice, a rank, a size); reserving for
+  // that many saves the vectors' regrowth copies (pages never touched are never faulted in).
+  const size_t expected_shards = std::min<size_t>(line.size() / 40, size_t{1} << 22);
+  input.shards.reserve(expected_shards);
+  input.holder_lists.reserve(expected_shards);
+  ShardIndex index;
+  Fields seen;
+  if (!r.Consume('{')) return std::nullopt;
+  do {
+    absl::string_view name;
+    if (!r.String(&name) || !r.Consume(':')) return std::nullopt;
+    if (!ReadField(r, name, &seen, &index, &input)) return std::nullopt;
+  } while (r.Consume(','));
+  if (!r.Consume('}') || !r.AtEnd()) return std::nullopt;
+  if (!seen.num_ranks || !seen.shard_to_ranks || !seen.shard_to_size) return std::nullopt;
+  if (!Valid(input, keep_out_of_range_ranks)) return std::nullopt;
+  return input;
+}
+
+std::string FormatDistributeResult(const DistributionInput& input,
+                                   const std::vector<ShardAssignment>& assignment,
+                                   double plan_seconds) {
+  // Every id written once in shard order (sequential reads of the shards), then copied in
+  // visiting order: one random read per pair instead of three (shard, key, offsets).
+  std::string ids;
+  ids.reserve(input.shards.size() * 48);
+  std::vector<size_t> id_end(input.shards.size() + 1, 0);
+  for (size_t i = 0; i < input.shards.size(); ++i) {
+    AppendPieceId(&ids, input.shards[i].id);
+    id_end[i + 1] = ids.size();
+  }
+  std::string out;
+  out.reserve(ids.size() + assignment.size() * 16 + 64);
+  out.append("{\"assignment\":[");
+  for (size_t i = 0; i < assignment.size(); ++i) {
+    if (i > 0) out.push_back(',');
+    out.push_back('[');
+    const size_t shard = static_cast<size_t>(assignment[i].shard);
+    out.append(ids, id_end[shard], id_end[shard + 1] - id_end[shard]);
+    out.push_back(',');
+    AppendInt(&out, assignment[i].rank);
+    out.push_back(']');
+  }
+  out.append("],\"plan_seconds\":");
+  out.append(nlohmann::json(plan_seconds).dump());
+  out.push_back('}');
+  return out;
+}
+
+}  // namespace ckpt::ckptctl
