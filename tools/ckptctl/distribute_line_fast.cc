@@ -99,19 +99,25 @@ class Reader {
   const char* end_;
 };
 
+// [int, ...] into `out`, through `scratch` so that `out` is allocated once at its size.
+bool ReadInts(Reader& r, std::vector<int64_t>* scratch, std::vector<int64_t>* out) {
+  scratch->clear();
+  const bool read = r.List([&] {
+    int64_t value = 0;
+    if (!r.Int(&value)) return false;
+    scratch->push_back(value);
+    return true;
+  });
+  out->assign(scratch->begin(), scratch->end());
+  return read;
+}
+
 // [key, [offsets...], null | [start, stop]] into `id` (reused, so its buffers are too).
-bool ReadPieceId(Reader& r, PieceId* id) {
+bool ReadPieceId(Reader& r, std::vector<int64_t>* scratch, PieceId* id) {
   absl::string_view key;
   if (!r.Consume('[') || !r.String(&key) || !r.Consume(',')) return false;
   id->key.assign(key.data(), key.size());
-  id->offsets.clear();
-  const bool offsets_read = r.List([&] {
-    int64_t offset = 0;
-    if (!r.Int(&offset)) return false;
-    id->offsets.push_back(offset);
-    return true;
-  });
-  if (!offsets_read || !r.Consume(',')) return false;
+  if (!ReadInts(r, scratch, &id->offsets) || !r.Consume(',')) return false;
   if (r.Null()) {
     id->flat.reset();
   } else {
@@ -128,17 +134,14 @@ using ShardIndex = absl::flat_hash_map<const PieceId*, int32_t, PieceIdPtrHash, 
 
 // shard_to_ranks: [[id, [ranks...]], ...] appended to `input`.
 bool ReadShardToRanks(Reader& r, DistributionInput* input) {
+  std::vector<int64_t> scratch;
   return r.List([&] {
     PieceId id;
     std::vector<int64_t> ranks;
-    if (!r.Consume('[') || !ReadPieceId(r, &id) || !r.Consume(',')) return false;
-    const bool ranks_read = r.List([&] {
-      int64_t rank = 0;
-      if (!r.Int(&rank)) return false;
-      ranks.push_back(rank);
-      return true;
-    });
-    if (!ranks_read || !r.Consume(']')) return false;
+    if (!r.Consume('[') || !ReadPieceId(r, &scratch, &id) || !r.Consume(',') ||
+        !ReadInts(r, &scratch, &ranks) || !r.Consume(']')) {
+      return false;
+    }
     input->AddShard(std::move(id), std::nullopt, std::move(ranks));
     return true;
   });
@@ -157,10 +160,11 @@ bool IndexShards(const DistributionInput& input, ShardIndex* index) {
 // shard listed twice is refused (by the DOM path, with its field).
 bool ReadShardToSize(Reader& r, const ShardIndex& index, DistributionInput* input) {
   absl::flat_hash_set<PieceId> unlisted_sized;
+  std::vector<int64_t> scratch;
   PieceId id;
   return r.List([&] {
     int64_t bytes = 0;
-    if (!r.Consume('[') || !ReadPieceId(r, &id) || !r.Consume(',') || !r.Int(&bytes) ||
+    if (!r.Consume('[') || !ReadPieceId(r, &scratch, &id) || !r.Consume(',') || !r.Int(&bytes) ||
         !r.Consume(']')) {
       return false;
     }
@@ -175,9 +179,10 @@ bool ReadShardToSize(Reader& r, const ShardIndex& index, DistributionInput* inpu
 
 // cross_group: [id, ...]; ids not in shard_to_ranks are ignored, repeats allowed.
 bool ReadCrossGroup(Reader& r, const ShardIndex& index, DistributionInput* input) {
+  std::vector<int64_t> scratch;
   PieceId id;
   return r.List([&] {
-    if (!ReadPieceId(r, &id)) return false;
+    if (!ReadPieceId(r, &scratch, &id)) return false;
     auto it = index.find(&id);
     if (it != index.end()) input->shards[it->second].cross_group = true;
     return true;
