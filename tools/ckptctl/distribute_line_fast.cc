@@ -130,8 +130,6 @@ bool ReadPieceId(Reader& r, std::vector<int64_t>* scratch, PieceId* id) {
   return r.Consume(']');
 }
 
-using ShardIndex = absl::flat_hash_map<const PieceId*, int32_t, PieceIdPtrHash, PieceIdPtrEq>;
-
 // shard_to_ranks: [[id, [ranks...]], ...] appended to `input`.
 bool ReadShardToRanks(Reader& r, DistributionInput* input) {
   std::vector<int64_t> scratch;
@@ -147,18 +145,51 @@ bool ReadShardToRanks(Reader& r, DistributionInput* input) {
   });
 }
 
-// Indexes every shard of `input`; false when one repeats.
-bool IndexShards(const DistributionInput& input, ShardIndex* index) {
-  index->reserve(input.shards.size());
-  for (size_t i = 0; i < input.shards.size(); ++i) {
-    if (!index->emplace(&input.shards[i].id, static_cast<int32_t>(i)).second) return false;
+// Finds shards by id. Lines usually list shard_to_size (and cross_group) in shard_to_ranks'
+// order, so it first looks at the shards after the last one found (up to kScan of them until
+// the first miss, then only the next one), and builds a hash index only when that fails.
+class ShardFinder {
+ public:
+  static constexpr int64_t kNotListed = -1;
+  static constexpr int64_t kRepeated = -2;  // shard_to_ranks repeats an id: no index
+
+  explicit ShardFinder(const DistributionInput& input) : shards_(input.shards) {}
+
+  int64_t Find(const PieceId& id) {
+    const size_t scan = index_built_ ? 1 : kScan;
+    for (size_t k = 0; k < scan && next_ + k < shards_.size(); ++k) {
+      if (shards_[next_ + k].id == id) return Found(next_ + k);
+    }
+    if (!index_built_ && !BuildIndex()) return kRepeated;
+    auto it = index_.find(&id);
+    return it == index_.end() ? kNotListed : Found(static_cast<size_t>(it->second));
   }
-  return true;
-}
+
+ private:
+  static constexpr size_t kScan = 256;
+
+  int64_t Found(size_t shard) {
+    next_ = shard + 1;
+    return static_cast<int64_t>(shard);
+  }
+  bool BuildIndex() {
+    index_built_ = true;
+    index_.reserve(shards_.size());
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      if (!index_.emplace(&shards_[i].id, static_cast<int32_t>(i)).second) return false;
+    }
+    return true;
+  }
+
+  const std::vector<DistributablePiece>& shards_;
+  size_t next_ = 0;
+  bool index_built_ = false;
+  absl::flat_hash_map<const PieceId*, int32_t, PieceIdPtrHash, PieceIdPtrEq> index_;
+};
 
 // shard_to_size: [[id, bytes], ...]. Sizes of shards not in shard_to_ranks are unused, but a
 // shard listed twice is refused (by the DOM path, with its field).
-bool ReadShardToSize(Reader& r, const ShardIndex& index, DistributionInput* input) {
+bool ReadShardToSize(Reader& r, ShardFinder& finder, DistributionInput* input) {
   absl::flat_hash_set<PieceId> unlisted_sized;
   std::vector<int64_t> scratch;
   PieceId id;
@@ -168,9 +199,10 @@ bool ReadShardToSize(Reader& r, const ShardIndex& index, DistributionInput* inpu
         !r.Consume(']')) {
       return false;
     }
-    auto it = index.find(&id);
-    if (it == index.end()) return unlisted_sized.insert(id).second;
-    std::optional<int64_t>& size = input->shards[it->second].size_bytes;
+    const int64_t shard = finder.Find(id);
+    if (shard == ShardFinder::kRepeated) return false;
+    if (shard == ShardFinder::kNotListed) return unlisted_sized.insert(id).second;
+    std::optional<int64_t>& size = input->shards[static_cast<size_t>(shard)].size_bytes;
     if (size.has_value()) return false;
     size = bytes;
     return true;
@@ -178,13 +210,14 @@ bool ReadShardToSize(Reader& r, const ShardIndex& index, DistributionInput* inpu
 }
 
 // cross_group: [id, ...]; ids not in shard_to_ranks are ignored, repeats allowed.
-bool ReadCrossGroup(Reader& r, const ShardIndex& index, DistributionInput* input) {
+bool ReadCrossGroup(Reader& r, ShardFinder& finder, DistributionInput* input) {
   std::vector<int64_t> scratch;
   PieceId id;
   return r.List([&] {
     if (!ReadPieceId(r, &scratch, &id)) return false;
-    auto it = index.find(&id);
-    if (it != index.end()) input->shards[it->second].cross_group = true;
+    const int64_t shard = finder.Find(id);
+    if (shard == ShardFinder::kRepeated) return false;
+    if (shard >= 0) input->shards[static_cast<size_t>(shard)].cross_group = true;
     return true;
   });
 }
@@ -212,7 +245,7 @@ struct Fields {
   bool num_ranks = false, shard_to_ranks = false, shard_to_size = false, cross_group = false;
 };
 
-bool ReadField(Reader& r, absl::string_view name, Fields* seen, ShardIndex* index,
+bool ReadField(Reader& r, absl::string_view name, Fields* seen, std::optional<ShardFinder>* finder,
                DistributionInput* input) {
   if (name == "num_ranks" && !seen->num_ranks) {
     seen->num_ranks = true;
@@ -221,15 +254,17 @@ bool ReadField(Reader& r, absl::string_view name, Fields* seen, ShardIndex* inde
   if (name == "shard_to_ranks" && !seen->shard_to_ranks && !seen->shard_to_size &&
       !seen->cross_group) {
     seen->shard_to_ranks = true;
-    return ReadShardToRanks(r, input) && IndexShards(*input, index);
+    if (!ReadShardToRanks(r, input)) return false;
+    finder->emplace(*input);  // input->shards no longer grows
+    return true;
   }
   if (name == "shard_to_size" && seen->shard_to_ranks && !seen->shard_to_size) {
     seen->shard_to_size = true;
-    return ReadShardToSize(r, *index, input);
+    return ReadShardToSize(r, **finder, input);
   }
   if (name == "cross_group" && seen->shard_to_ranks && !seen->cross_group) {
     seen->cross_group = true;
-    return ReadCrossGroup(r, *index, input);
+    return ReadCrossGroup(r, **finder, input);
   }
   return false;
 }
@@ -293,13 +328,13 @@ std::optional<DistributionInput> ParseDistributeLineFast(absl::string_view line,
   const size_t expected_shards = std::min<size_t>(line.size() / 40, size_t{1} << 22);
   input.shards.reserve(expected_shards);
   input.holder_lists.reserve(expected_shards);
-  ShardIndex index;
+  std::optional<ShardFinder> finder;
   Fields seen;
   if (!r.Consume('{')) return std::nullopt;
   do {
     absl::string_view name;
     if (!r.String(&name) || !r.Consume(':')) return std::nullopt;
-    if (!ReadField(r, name, &seen, &index, &input)) return std::nullopt;
+    if (!ReadField(r, name, &seen, &finder, &input)) return std::nullopt;
   } while (r.Consume(','));
   if (!r.Consume('}') || !r.AtEnd()) return std::nullopt;
   if (!seen.num_ranks || !seen.shard_to_ranks || !seen.shard_to_size) return std::nullopt;

@@ -24,9 +24,11 @@ namespace ckpt::ckptctl {
 // Parses `line` = {"num_ranks": N, "shard_to_ranks": [...], "shard_to_size": [...],
 // "cross_group": [...]} (num_ranks anywhere; shard_to_ranks before shard_to_size and
 // cross_group; cross_group optional; JSON whitespace anywhere) into a DistributionInput that
-// passed every check of the DOM path: ranks in [0, N) unless `keep_out_of_range_ranks`, no
-// shard repeated in shard_to_ranks or shard_to_size, every shard sized. nullopt: not handled
-// here (see above), run the DOM path.
+// passed every check of the DOM path but one: ranks in [0, N) unless
+// `keep_out_of_range_ranks`, no shard repeated in shard_to_size, every shard sized. A shard
+// repeated in shard_to_ranks is left to DistributeShardsToRanks, which refuses it: when it
+// refuses the input, the caller runs the DOM path for its error. nullopt: not handled here
+// (see above), run the DOM path.
 std::optional<DistributionInput> ParseDistributeLineFast(absl::string_view line,
                                                          bool keep_out_of_range_ranks);
 

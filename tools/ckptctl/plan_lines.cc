@@ -281,7 +281,11 @@ absl::StatusOr<std::string> RunPlanLine(PlanMode mode, absl::string_view line,
     if (mode == PlanMode::kDistribute) {
       std::optional<DistributionInput> input =
           ParseDistributeLineFast(line, options.keep_out_of_range_ranks);
-      if (input) return DistributeAndFormat(*input);
+      if (input) {
+        absl::StatusOr<std::string> result = DistributeAndFormat(*input);
+        if (result.ok()) return result;
+        // E.g. a shard repeated in shard_to_ranks: the DOM path words the error with its field.
+      }
     }
     return RunPlanLineViaDom(mode, line, options);
   } catch (const std::exception& e) {  // e.g. std::bad_alloc: no exception leaves this module
