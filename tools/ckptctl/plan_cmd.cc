@@ -81,6 +81,20 @@ absl::StatusOr<std::string> ReadInput(const std::optional<std::string>& path) {
     }
   }
   std::string text;
+  struct stat input_stat;
+  if (::fstat(fd, &input_stat) == 0 && S_ISREG(input_stat.st_mode)) {
+    // Read straight into one buffer of the file's size (no chunk copies, no regrowth); a
+    // file that grew meanwhile is read on by the loop below.
+    text.resize(static_cast<size_t>(input_stat.st_size));
+    size_t filled = 0;
+    while (filled < text.size()) {
+      const ssize_t n = ::read(fd, text.data() + filled, text.size() - filled);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // an error is reported by the loop below
+      filled += static_cast<size_t>(n);
+    }
+    text.resize(filled);
+  }
   char buffer[1 << 16];
   while (true) {
     const ssize_t n = ::read(fd, buffer, sizeof(buffer));

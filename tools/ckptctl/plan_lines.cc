@@ -6,6 +6,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -18,6 +19,7 @@
 #include "planner/distribute.h"
 #include "planner/main_replica.h"
 #include "sharding/dtensor.h"
+#include "tools/ckptctl/distribute_line_fast.h"
 
 namespace ckpt::ckptctl {
 namespace {
@@ -109,7 +111,9 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-absl::StatusOr<std::string> RunDistribute(const Json& line, const PlanOptions& options) {
+// The DOM path's reading of a distribute line: every check, each error naming its field.
+absl::StatusOr<DistributionInput> ReadDistributeInput(const Json& line,
+                                                      const PlanOptions& options) {
   CKPT_ASSIGN_OR_RETURN(int64_t num_ranks, ParseNumRanks(line));
   CKPT_ASSIGN_OR_RETURN(const Json* to_ranks, Member(line, "shard_to_ranks"));
   CKPT_RETURN_IF_ERROR(ExpectArray(*to_ranks, "shard_to_ranks"));
@@ -170,21 +174,18 @@ absl::StatusOr<std::string> RunDistribute(const Json& line, const PlanOptions& o
     }
   }
 
+  return input;
+}
+
+// Distributes a checked input and writes its output line.
+absl::StatusOr<std::string> DistributeAndFormat(const DistributionInput& input) {
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<ShardAssignment>> assignment = DistributeShardsToRanks(input);
   const double seconds = SecondsSince(start);
   if (!assignment.ok()) {
     return FieldError("shard_to_ranks", std::string(assignment.status().message()));
   }
-
-  OrderedJson pairs = OrderedJson::array();
-  for (const ShardAssignment& a : *assignment) {
-    pairs.push_back(OrderedJson::array({PieceIdJson(input.shards[a.shard].id), a.rank}));
-  }
-  OrderedJson out;
-  out["assignment"] = std::move(pairs);
-  out["plan_seconds"] = seconds;
-  return Dump(out);
+  return FormatDistributeResult(input, *assignment, seconds);
 }
 
 absl::StatusOr<std::string> RunMainReplicas(const Json& line) {
@@ -255,6 +256,14 @@ absl::Status GuardError(const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("field ", message));
 }
 
+// One line's DOM, bounded by PlanLineLimits(); it must be an object.
+absl::StatusOr<Json> ParseLineObject(absl::string_view line) {
+  absl::StatusOr<Json> parsed = ParseGuardedJson<Json>(line, PlanLineLimits());
+  if (!parsed.ok()) return GuardError(parsed.status());
+  if (!parsed->is_object()) return absl::InvalidArgumentError("expected a JSON object");
+  return parsed;
+}
+
 }  // namespace
 
 JsonLimits PlanLineLimits() {
@@ -269,12 +278,41 @@ JsonLimits PlanLineLimits() {
 absl::StatusOr<std::string> RunPlanLine(PlanMode mode, absl::string_view line,
                                         const PlanOptions& options) {
   try {
-    absl::StatusOr<Json> parsed = ParseGuardedJson<Json>(line, PlanLineLimits());
-    if (!parsed.ok()) return GuardError(parsed.status());
-    if (!parsed->is_object()) return absl::InvalidArgumentError("expected a JSON object");
-    return mode == PlanMode::kDistribute ? RunDistribute(*parsed, options)
-                                         : RunMainReplicas(*parsed);
+    if (mode == PlanMode::kDistribute) {
+      std::optional<DistributionInput> input =
+          ParseDistributeLineFast(line, options.keep_out_of_range_ranks);
+      if (input) {
+        absl::StatusOr<std::string> result = DistributeAndFormat(*input);
+        if (result.ok()) return result;
+        // E.g. a shard repeated in shard_to_ranks: the DOM path words the error with its field.
+      }
+    }
+    return RunPlanLineViaDom(mode, line, options);
   } catch (const std::exception& e) {  // e.g. std::bad_alloc: no exception leaves this module
+    return absl::ResourceExhaustedError(absl::StrCat("cannot plan this line: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::string> RunPlanLineViaDom(PlanMode mode, absl::string_view line,
+                                              const PlanOptions& options) {
+  try {
+    if (mode == PlanMode::kMainReplicas) {
+      CKPT_ASSIGN_OR_RETURN(Json parsed, ParseLineObject(line));
+      return RunMainReplicas(parsed);
+    }
+    CKPT_ASSIGN_OR_RETURN(DistributionInput input, ParseDistributeLineViaDom(line, options));
+    return DistributeAndFormat(input);
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc: no exception leaves this module
+    return absl::ResourceExhaustedError(absl::StrCat("cannot plan this line: ", e.what()));
+  }
+}
+
+absl::StatusOr<DistributionInput> ParseDistributeLineViaDom(absl::string_view line,
+                                                            const PlanOptions& options) {
+  try {
+    CKPT_ASSIGN_OR_RETURN(Json parsed, ParseLineObject(line));
+    return ReadDistributeInput(parsed, options);
+  } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot plan this line: ", e.what()));
   }
 }
@@ -302,7 +340,11 @@ absl::StatusOr<std::string> RunEachLine(
       return absl::Status(result.status().code(),
                           absl::StrCat("line ", line_no, ": ", result.status().message()));
     }
-    output += *result;
+    if (output.empty()) {
+      output = std::move(*result);  // the usual single line: no copy
+    } else {
+      output += *result;
+    }
     output += '\n';
   }
   return output;

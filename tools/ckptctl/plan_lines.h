@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/json_guard.h"
+#include "planner/distribute.h"
 
 namespace ckpt::ckptctl {
 
@@ -30,6 +31,15 @@ JsonLimits PlanLineLimits();
 // "field shard_to_ranks[3][1][0]: rank 7 is outside [0, 4)".
 absl::StatusOr<std::string> RunPlanLine(PlanMode mode, absl::string_view line,
                                         const PlanOptions& options = {});
+
+// RunPlanLine without distribute's fast path (tools/ckptctl/distribute_line_fast.h): every
+// line through json_guard and nlohmann's DOM. The reference the fast path is tested against.
+absl::StatusOr<std::string> RunPlanLineViaDom(PlanMode mode, absl::string_view line,
+                                              const PlanOptions& options = {});
+
+// The DOM path's checked DistributionInput for one distribute line (or its field error).
+absl::StatusOr<DistributionInput> ParseDistributeLineViaDom(absl::string_view line,
+                                                            const PlanOptions& options = {});
 
 // Runs every line of `text` ('\n'-separated; a trailing '\r' is dropped and blank lines are
 // skipped) and returns the output lines, each ending in '\n'. The first failing line stops

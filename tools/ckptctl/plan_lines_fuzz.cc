@@ -2,7 +2,9 @@
 // first byte picks the mode (distribute or main-replicas, Megatron's out-of-range holders
 // kept or refused), the rest is the input text. Every input must get output lines or one
 // error naming a line; no crash, no exception, no unbounded allocation. For distribute, every
-// output line must assign each listed shard once to one of its holders in [0, num_ranks).
+// output line must assign each listed shard once to one of its holders in [0, num_ranks), and
+// each line must give what the DOM path alone gives (distribute's fast path against its twin;
+// plan_seconds aside).
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -40,6 +42,28 @@ void CheckAssignment(const nlohmann::json& in, const nlohmann::json& out, absl::
   }
 }
 
+// The output line or error with plan_seconds cut off.
+std::string Masked(const absl::StatusOr<std::string>& result) {
+  if (!result.ok()) return result.status().ToString();
+  return result->substr(0, result->rfind("\"plan_seconds\":"));
+}
+
+// Every line through RunPlanLine (fast path first) and through the DOM path alone.
+void CheckAgainstDomPath(ckpt::ckptctl::PlanMode mode, absl::string_view text,
+                         const ckpt::ckptctl::PlanOptions& options) {
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == absl::string_view::npos) end = text.size();
+    const absl::string_view line = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (Masked(ckpt::ckptctl::RunPlanLine(mode, line, options)) !=
+        Masked(ckpt::ckptctl::RunPlanLineViaDom(mode, line, options))) {
+      Fail("the fast path and the DOM path disagree", line);
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -50,6 +74,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.keep_out_of_range_ranks = (data[0] & 2) != 0;
   const absl::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   absl::StatusOr<std::string> out = ckpt::ckptctl::RunPlanLines(mode, text, options);
+  CheckAgainstDomPath(mode, text, options);
   if (!out.ok()) {
     if (!absl::StartsWith(out.status().message(), "line ")) Fail("error names no line", text);
     return 0;
