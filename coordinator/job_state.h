@@ -127,6 +127,8 @@ struct Operation {
     int64_t bytes_total = 0;
     int64_t bytes_read = 0;
   } totals;
+  // Ranks that joined with only the digest of their unchanged description (gather skipped).
+  int ranks_described_by_digest = 0;
 
   int JoinedRanks() const;
   int ReportedRanks() const;
@@ -159,6 +161,9 @@ struct JoinRequest {
   // When set, the operation the rank means to join (e.g. one an operator requested and
   // the trainer learned of through Poll); joining anything else is an error.
   std::string operation_id;
+  // The rank sent only the digest of its unchanged description; shards, layouts and the rest
+  // come from the description the coordinator kept. Counted in ranks_described_by_digest.
+  bool described_by_digest = false;
 };
 
 // A rank's plan part, handed to SetPlan.
