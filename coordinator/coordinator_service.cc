@@ -485,7 +485,8 @@ grpc::Status CoordinatorService::DoDetachRank(const grpc::ServerContextBase* con
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   jobs_.DetachRank(request->job(), request->rank(), request->worker_id());
-  descriptions_.DropRank(request->job(), request->rank());
+  const Job* job = jobs_.FindJob(request->job());
+  if (job == nullptr || job->ranks.empty()) descriptions_.DropJob(request->job());  // it ended
   spdlog::info("rank_detached job={} rank={} worker={}", request->job(), request->rank(),
                request->worker_id());
   Changed();
