@@ -506,7 +506,8 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
                                                    request->job(), " rank ", request->rank()));
   if (!path.ok()) return ToGrpcStatus(path.status());
   std::shared_ptr<const pb::RankState> kept;
-  const pb::RankState* state = JoinState(*request, response, &kept);
+  std::string digest;
+  const pb::RankState* state = JoinState(*request, response, &kept, &digest);
   if (state == nullptr) return grpc::Status::OK;  // the rank re-sends its full description
   // The request's pieces are converted before the lock is taken: the lock is for the state.
   JoinRequest join;
@@ -522,6 +523,7 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   join.layouts.assign(state->layouts().begin(), state->layouts().end());
   join.mesh_shape.assign(state->mesh_shape().begin(), state->mesh_shape().end());
   join.described_by_digest = kept != nullptr;
+  join.description_digest = std::move(digest);
   join.operation_id = request->operation_id();
   join.metadata.insert(request->metadata().begin(), request->metadata().end());
   join.load_algorithm = request->load_algorithm();
@@ -567,10 +569,12 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
 
 const pb::RankState* CoordinatorService::JoinState(const pb::JoinOperationRequest& request,
                                                   pb::JoinOperationResponse* response,
-                                                  std::shared_ptr<const pb::RankState>* kept) {
+                                                  std::shared_ptr<const pb::RankState>* kept,
+                                                  std::string* digest) {
   if (!request.state_omitted()) {
     if (!request.state_digest().empty()) {
-      descriptions_.Keep(request.job(), request.world_size(), request.rank(), request.state());
+      *digest = descriptions_.Keep(request.job(), request.world_size(), request.rank(),
+                                   request.state());
     }
     return &request.state();
   }
@@ -584,6 +588,7 @@ const pb::RankState* CoordinatorService::JoinState(const pb::JoinOperationReques
     return nullptr;
   }
   *kept = *std::move(found);
+  *digest = request.state_digest();  // equal to the one computed when the description was kept
   return kept->get();
 }
 

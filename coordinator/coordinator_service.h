@@ -245,9 +245,10 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // digest) the kept one, held alive by `*kept`. Null when the digest does not match what the
   // coordinator keeps: `response` then tells the rank to send its full description. A join
   // carrying a full description and a digest has its description kept (digest computed here).
+  // `*digest`: the coordinator's digest of the description ("" when the rank sent none).
   const pb::RankState* JoinState(const pb::JoinOperationRequest& request,
                                  pb::JoinOperationResponse* response,
-                                 std::shared_ptr<const pb::RankState>* kept);
+                                 std::shared_ptr<const pb::RankState>* kept, std::string* digest);
   // The memory tier loses `worker_id`'s copies (its lease was lost or it deregistered).
   void DropMemoryCopies(const std::string& worker_id, const std::string& host);
 
