@@ -568,13 +568,13 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
 }
 
 const pb::RankState* CoordinatorService::JoinState(const pb::JoinOperationRequest& request,
-                                                  pb::JoinOperationResponse* response,
-                                                  std::shared_ptr<const pb::RankState>* kept,
-                                                  std::string* digest) {
+                                                   pb::JoinOperationResponse* response,
+                                                   std::shared_ptr<const pb::RankState>* kept,
+                                                   std::string* digest) {
   if (!request.state_omitted()) {
     if (!request.state_digest().empty()) {
-      *digest = descriptions_.Keep(request.job(), request.world_size(), request.rank(),
-                                   request.state());
+      *digest =
+          descriptions_.Keep(request.job(), request.world_size(), request.rank(), request.state());
     }
     return &request.state();
   }

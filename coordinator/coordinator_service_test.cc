@@ -15,9 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "coordinator/operation_wire.h"
-#include "proto/state_digest.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/state_digest.h"
 
 namespace ckpt::coordinator {
 namespace {

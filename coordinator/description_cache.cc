@@ -55,9 +55,9 @@ absl::StatusOr<std::shared_ptr<const pb::RankState>> DescriptionCache::Lookup(
   std::lock_guard<std::mutex> lock(mu_);
   auto refuse = [&](absl::string_view why) {
     ++stats_.misses;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job, " rank ", rank, " sent only the digest ", ShortDigest(digest),
-        " of its state description, but ", why, ": send the full description"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job, " rank ", rank, " sent only the digest ", ShortDigest(digest),
+                     " of its state description, but ", why, ": send the full description"));
   };
   auto it = jobs_.find(job);
   if (it == jobs_.end()) return refuse("the coordinator keeps no description of this job");
@@ -70,8 +70,8 @@ absl::StatusOr<std::shared_ptr<const pb::RankState>> DescriptionCache::Lookup(
     return refuse("the coordinator keeps no description of this rank");
   }
   if (entry->second.digest != digest) {
-    return refuse(absl::StrCat("the kept description's digest is ",
-                               ShortDigest(entry->second.digest)));
+    return refuse(
+        absl::StrCat("the kept description's digest is ", ShortDigest(entry->second.digest)));
   }
   ++stats_.hits;
   TouchLocked(it->second);

@@ -6,8 +6,8 @@
 // caller supplied, so a match proves (up to SHA-256 collisions) that the rank's description is
 // the kept one. Memory is bounded: a job's entries are dropped when it ends (the service drops
 // them when its last rank detaches) or is replaced (another world size), and the least
-// recently used jobs' when the bytes kept pass the bound. Thread-safe (its own lock, held only for map updates: digests are computed
-// and descriptions converted outside it).
+// recently used jobs' when the bytes kept pass the bound. Thread-safe (its own lock, held only for
+// map updates: digests are computed and descriptions converted outside it).
 #ifndef CKPT_COORDINATOR_DESCRIPTION_CACHE_H_
 #define CKPT_COORDINATOR_DESCRIPTION_CACHE_H_
 

@@ -1,9 +1,8 @@
 #include "proto/state_digest.h"
 
-#include <openssl/sha.h>
-
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <openssl/sha.h>
 
 #include "absl/strings/escaping.h"
 

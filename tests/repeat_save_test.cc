@@ -59,9 +59,9 @@ TEST(RepeatSaveTest, TheRepeatSaveSkipsTheGatherAndAChangedLayoutStillSaves) {
   const std::string first = cluster.dir() + "/first", second = cluster.dir() + "/second";
 
   // One session saves twice: the second join of each rank carries only its digest.
-  std::vector<Child*> ranks = RunRanks(cluster, "rep", kWorld, "save", first,
-                                       {"--elements", absl::StrCat(kElements), "--then_save",
-                                        second});
+  std::vector<Child*> ranks =
+      RunRanks(cluster, "rep", kWorld, "save", first,
+               {"--elements", absl::StrCat(kElements), "--then_save", second});
   ExpectSaved(ranks);
   for (Child* t : ranks) EXPECT_EQ(LineValue(t->Stdout(), "first_saved"), "0 ") << t->Stdout();
   const pb::OperationStatus gathered = OperationOf(cluster, first);
@@ -82,8 +82,8 @@ TEST(RepeatSaveTest, TheRepeatSaveSkipsTheGatherAndAChangedLayoutStillSaves) {
   // workers still know the digests and send them alone: refused, then sent in full, unseen by
   // the trainers.
   const std::string third = cluster.dir() + "/third";
-  ExpectSaved(RunRanks(cluster, "rep", kWorld, "save", third,
-                       {"--elements", absl::StrCat(kElements)}));
+  ExpectSaved(
+      RunRanks(cluster, "rep", kWorld, "save", third, {"--elements", absl::StrCat(kElements)}));
   EXPECT_EQ(OperationOf(cluster, third).ranks_described_by_digest(), 0);
   EXPECT_THAT(cluster.worker(0).Stderr(), HasSubstr("join_sends_full_state job=rep rank=0"));
   ASSERT_NO_FATAL_FAILURE(ExpectBitExact(third));

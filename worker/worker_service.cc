@@ -206,9 +206,9 @@ absl::Status WorkerService::JoinSendingDigest(pb::JoinOperationRequest& join,
                        CoordinatorCall("JoinOperation"));
   }
   if (s.ok() && joined->send_full_state()) {
-    return absl::InternalError(absl::StrCat("coordinator asked job ", join.job(), " rank ",
-                                            join.rank(), " for the full state it was sent: ",
-                                            joined->send_full_state_reason()));
+    return absl::InternalError(
+        absl::StrCat("coordinator asked job ", join.job(), " rank ", join.rank(),
+                     " for the full state it was sent: ", joined->send_full_state_reason()));
   }
   if (!s.ok()) return s;
   if (join.state_omitted()) join.mutable_state()->Swap(&state);  // for the caller's log

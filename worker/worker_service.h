@@ -145,8 +145,7 @@ class WorkerService final : public pb::Worker::Service {
   // JoinOperation with `join`'s full state, or only its digest when this worker joined the
   // same job and rank with the same description before; if the coordinator does not keep that
   // description (it restarted, the rank detached, ...) the full state follows transparently.
-  absl::Status JoinSendingDigest(pb::JoinOperationRequest& join,
-                                 pb::JoinOperationResponse* joined);
+  absl::Status JoinSendingDigest(pb::JoinOperationRequest& join, pb::JoinOperationResponse* joined);
 
   MemoryRegistry* registry_;
   CoordinatorLink* link_;
