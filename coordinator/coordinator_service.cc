@@ -573,8 +573,10 @@ const pb::RankState* CoordinatorService::JoinState(const pb::JoinOperationReques
                                                    std::string* digest) {
   if (!request.state_omitted()) {
     if (!request.state_digest().empty()) {
-      *digest =
-          descriptions_.Keep(request.job(), request.world_size(), request.rank(), request.state());
+      bool kept_now = false;
+      *digest = descriptions_.Keep(request.job(), request.world_size(), request.rank(),
+                                   request.state(), &kept_now);
+      response->set_state_kept(kept_now);
     }
     return &request.state();
   }

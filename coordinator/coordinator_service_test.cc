@@ -574,7 +574,9 @@ TEST_F(CoordinatorDigestTest, ARepeatJoinWithAnUnchangedDescriptionSendsOnlyItsD
   Watcher watch0(stub_.get(), w0), watch1(stub_.get(), w1);
   pb::JoinOperationResponse j;
   ASSERT_TRUE(JoinDescribed(w0, 0, Described(0, 2), false, &j).ok());
+  EXPECT_TRUE(j.state_kept());
   ASSERT_TRUE(JoinDescribed(w1, 1, Described(1, 3), false, &j).ok());
+  EXPECT_TRUE(j.state_kept());
   EXPECT_EQ(j.operation().ranks_described_by_digest(), 0);
   ASSERT_NO_FATAL_FAILURE(Finish(j.operation().id()));
   save_kind_.planned_shards = 0;

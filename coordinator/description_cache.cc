@@ -8,7 +8,8 @@
 namespace ckpt::coordinator {
 
 std::string DescriptionCache::Keep(const std::string& job, int world_size, int rank,
-                                   pb::RankState state) {
+                                   pb::RankState state, bool* kept) {
+  if (kept != nullptr) *kept = false;
   Entry entry;
   entry.digest = RankStateDigest(state);  // computed here, outside the lock
   entry.bytes = static_cast<int64_t>(state.ByteSizeLong());
@@ -47,6 +48,7 @@ std::string DescriptionCache::Keep(const std::string& job, int world_size, int r
   stats_.bytes += entry.bytes;
   ++stats_.entries;
   it->second.ranks[rank] = std::move(entry);
+  if (kept != nullptr) *kept = true;
   return digest;
 }
 

@@ -41,8 +41,9 @@ class DescriptionCache {
   // Keeps `state` as rank `rank`'s description in job `job` of `world_size` ranks, with the
   // digest computed here. Entries of the job at another world size are dropped first; the least
   // recently used other jobs are dropped while the bytes kept would pass the bound (a
-  // description that cannot fit alone is not kept). Returns the digest.
-  std::string Keep(const std::string& job, int world_size, int rank, pb::RankState state);
+  // description that cannot fit alone is not kept: `*kept` says which). Returns the digest.
+  std::string Keep(const std::string& job, int world_size, int rank, pb::RankState state,
+                   bool* kept = nullptr);
 
   // The kept description of `rank` when its digest equals `digest` and the job still has
   // `world_size` ranks; FailedPrecondition naming job, rank and why otherwise (the rank must

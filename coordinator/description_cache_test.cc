@@ -23,7 +23,9 @@ pb::RankState State(int rank, int pieces) {
 
 TEST(DescriptionCacheTest, KeepsTheDescriptionUnderItsOwnDigestAndReturnsItOnAMatch) {
   DescriptionCache cache;
-  const std::string digest = cache.Keep("j", 2, 1, State(1, 3));
+  bool stored = false;
+  const std::string digest = cache.Keep("j", 2, 1, State(1, 3), &stored);
+  EXPECT_TRUE(stored);
   EXPECT_EQ(digest, RankStateDigest(State(1, 3)));
   auto kept = cache.Lookup("j", 2, 1, digest);
   ASSERT_TRUE(kept.ok()) << kept.status();
@@ -97,7 +99,9 @@ TEST(DescriptionCacheTest, TheMemoryBoundEvictsTheLeastRecentlyUsedJob) {
   EXPECT_EQ(cache.Stats().evictions, 1);
   EXPECT_LE(cache.Stats().bytes, 2 * one);
   // A description larger than the bound is not kept (the rank keeps sending it in full).
-  const std::string huge = cache.Keep("d", 1, 0, State(0, 40));
+  bool kept = true;
+  const std::string huge = cache.Keep("d", 1, 0, State(0, 40), &kept);
+  EXPECT_FALSE(kept);
   EXPECT_FALSE(cache.Lookup("d", 1, 0, huge).ok());
   EXPECT_LE(cache.Stats().bytes, 2 * one);
 }

@@ -211,9 +211,14 @@ absl::Status WorkerService::JoinSendingDigest(pb::JoinOperationRequest& join,
                      " for the full state it was sent: ", joined->send_full_state_reason()));
   }
   if (!s.ok()) return s;
-  if (join.state_omitted()) join.mutable_state()->Swap(&state);  // for the caller's log
+  const bool omitted = join.state_omitted();
+  if (omitted) join.mutable_state()->Swap(&state);  // for the caller's log
   std::lock_guard<std::mutex> lock(digests_mu_);
-  joined_digests_[key] = join.state_digest();
+  if (omitted || joined->state_kept()) {
+    joined_digests_[key] = join.state_digest();
+  } else {
+    joined_digests_.erase(key);  // not kept (or an older coordinator): send it in full again
+  }
   return absl::OkStatus();
 }
 

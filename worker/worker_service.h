@@ -169,7 +169,7 @@ class WorkerService final : public pb::Worker::Service {
   std::deque<std::pair<std::string, std::shared_ptr<MemoryGate>>> gates_
       ABSL_GUARDED_BY(exec_mu_);  // by operation: the newest 1024, and every one a part holds
   std::mutex digests_mu_;
-  // (job, rank) -> digest of the description last joined with in full and accepted.
+  // (job, rank) -> digest of the description the coordinator said it kept (state_kept).
   std::map<std::pair<std::string, int>, std::string> joined_digests_ ABSL_GUARDED_BY(digests_mu_);
   std::mutex snapshot_mu_;
   std::condition_variable_any snapshot_cv_;

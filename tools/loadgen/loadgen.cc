@@ -470,7 +470,7 @@ bool Driver::JoinAnswered(const std::shared_ptr<OperationRun>& run, int64_t rank
   if (ok && !response.send_full_state()) {
     if (run->id.empty()) run->id = response.operation().id();
     if (omitted) ++run->report.joins_by_digest;
-    if (!digests_[rank].empty()) described_[rank] = true;
+    if (!omitted) described_[rank] = response.state_kept();
   } else if (run->report.join_errors++ == 0) {
     run->report.first_join_error = absl::StrCat(
         "rank ", rank, ": ",
