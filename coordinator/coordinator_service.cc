@@ -299,8 +299,9 @@ void CoordinatorService::Advance(const std::string& operation_id) {
   const Operation* op = jobs_.FindOperation(operation_id);
   if (op == nullptr) return;
   if (op->phase == Phase::kPlanning && busy_.insert(operation_id).second) {
-    spdlog::info("operation_gathered op={} job={} kind={} path={} ranks={}", op->id, op->job,
-                 std::string(OperationKindName(op->kind)), op->path, op->world_size);
+    spdlog::info("operation_gathered op={} job={} kind={} path={} ranks={} by_digest={}", op->id,
+                 op->job, std::string(OperationKindName(op->kind)), op->path, op->world_size,
+                 op->ranks_described_by_digest);
     OperationKindHandler* kind = KindOf(*op);
     if (kind == nullptr) {
       absl::Status missing = absl::UnimplementedError(absl::StrCat(
@@ -484,6 +485,8 @@ grpc::Status CoordinatorService::DoDetachRank(const grpc::ServerContextBase* con
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   jobs_.DetachRank(request->job(), request->rank(), request->worker_id());
+  const Job* job = jobs_.FindJob(request->job());
+  if (job == nullptr || job->ranks.empty()) descriptions_.DropJob(request->job());  // it ended
   spdlog::info("rank_detached job={} rank={} worker={}", request->job(), request->rank(),
                request->worker_id());
   Changed();
@@ -502,6 +505,10 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
       CheckpointPath(request->path(), absl::StrCat(OperationKindName(*kind), " path of job ",
                                                    request->job(), " rank ", request->rank()));
   if (!path.ok()) return ToGrpcStatus(path.status());
+  std::shared_ptr<const pb::RankState> kept;
+  std::string digest;
+  const pb::RankState* state = JoinState(*request, response, &kept, &digest);
+  if (state == nullptr) return grpc::Status::OK;  // the rank re-sends its full description
   // The request's pieces are converted before the lock is taken: the lock is for the state.
   JoinRequest join;
   join.job = request->job();
@@ -509,13 +516,14 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   join.rank = request->rank();
   join.kind = *kind;
   join.path = *path;
-  join.shards.assign(request->state().shards().begin(), request->state().shards().end());
-  for (int kind : request->state().memory_kinds()) {
+  join.shards.assign(state->shards().begin(), state->shards().end());
+  for (int kind : state->memory_kinds()) {
     join.memory_kinds.push_back(static_cast<pb::MemoryKind>(kind));
   }
-  join.layouts.assign(request->state().layouts().begin(), request->state().layouts().end());
-  join.mesh_shape.assign(request->state().mesh_shape().begin(),
-                         request->state().mesh_shape().end());
+  join.layouts.assign(state->layouts().begin(), state->layouts().end());
+  join.mesh_shape.assign(state->mesh_shape().begin(), state->mesh_shape().end());
+  join.described_by_digest = kept != nullptr;
+  join.description_digest = std::move(digest);
   join.operation_id = request->operation_id();
   join.metadata.insert(request->metadata().begin(), request->metadata().end());
   join.load_algorithm = request->load_algorithm();
@@ -543,8 +551,8 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   absl::StatusOr<const Operation*> op = jobs_.JoinOperation(std::move(join));
   if (!op.ok()) return ToGrpcStatus(op.status());
   std::string id = (*op)->id;
-  spdlog::info("rank_joined op={} job={} rank={} shards={} joined={}/{}", id, job, rank,
-               shard_count, (*op)->JoinedRanks(), (*op)->world_size);
+  spdlog::info("rank_joined op={} job={} rank={} shards={} joined={}/{} by_digest={}", id, job,
+               rank, shard_count, (*op)->JoinedRanks(), (*op)->world_size, kept != nullptr);
   if (NeedsAdvancer(id)) {
     *later = {id, response->mutable_operation(), /*pruned_is_not_found=*/true};
     return grpc::Status::OK;
@@ -557,6 +565,33 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   }
   ToProto(*after, response->mutable_operation());
   return grpc::Status::OK;
+}
+
+const pb::RankState* CoordinatorService::JoinState(const pb::JoinOperationRequest& request,
+                                                   pb::JoinOperationResponse* response,
+                                                   std::shared_ptr<const pb::RankState>* kept,
+                                                   std::string* digest) {
+  if (!request.state_omitted()) {
+    if (!request.state_digest().empty()) {
+      bool kept_now = false;
+      *digest = descriptions_.Keep(request.job(), request.world_size(), request.rank(),
+                                   request.state(), &kept_now);
+      response->set_state_kept(kept_now);
+    }
+    return &request.state();
+  }
+  absl::StatusOr<std::shared_ptr<const pb::RankState>> found = descriptions_.Lookup(
+      request.job(), request.world_size(), request.rank(), request.state_digest());
+  if (!found.ok()) {
+    spdlog::info("rank_join_needs_full_state job={} rank={} why=\"{}\"", request.job(),
+                 request.rank(), std::string(found.status().message()));
+    response->set_send_full_state(true);
+    response->set_send_full_state_reason(std::string(found.status().message()));
+    return nullptr;
+  }
+  *kept = *std::move(found);
+  *digest = request.state_digest();  // equal to the one computed when the description was kept
+  return kept->get();
 }
 
 grpc::Status CoordinatorService::DoReportProgress(const grpc::ServerContextBase* context,

@@ -39,6 +39,7 @@
 #include "common/checkpoint_roots.h"
 #include "common/grpc_auth.h"
 #include "coordinator/clock.h"
+#include "coordinator/description_cache.h"
 #include "coordinator/job_state.h"
 #include "coordinator/lease_book.h"
 #include "coordinator/memory_catalog.h"
@@ -240,6 +241,14 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `path` resolved under the checkpoint roots (see CheckpointRoots::Resolve).
   absl::StatusOr<std::string> CheckpointPath(absl::string_view path, absl::string_view what) const;
+  // The state description a join stands for: the request's own, or (when it sent only a
+  // digest) the kept one, held alive by `*kept`. Null when the digest does not match what the
+  // coordinator keeps: `response` then tells the rank to send its full description. A join
+  // carrying a full description and a digest has its description kept (digest computed here).
+  // `*digest`: the coordinator's digest of the description ("" when the rank sent none).
+  const pb::RankState* JoinState(const pb::JoinOperationRequest& request,
+                                 pb::JoinOperationResponse* response,
+                                 std::shared_ptr<const pb::RankState>* kept, std::string* digest);
   // The memory tier loses `worker_id`'s copies (its lease was lost or it deregistered).
   void DropMemoryCopies(const std::string& worker_id, const std::string& host);
 
@@ -254,6 +263,8 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   JobState jobs_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   LeaseBook leases_;  // its own lock: heartbeats of live workers do not take mu_
+  // Each rank's last state description (its own lock): repeat joins send only its digest.
+  DescriptionCache descriptions_;
   std::map<OperationKind, OperationKindHandler*> kinds_;
   KvStore* rendezvous_ = nullptr;
   MemoryCatalog* memory_catalog_ = nullptr;

@@ -17,6 +17,7 @@
 #include "coordinator/operation_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/state_digest.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -528,6 +529,118 @@ TEST(CoordinatorServiceConversionTest, StatusDetailRoundTrips) {
   EXPECT_EQ(FromDetail(weird).code(), absl::StatusCode::kUnknown);
   EXPECT_EQ(*FromProto(ToProto(OperationKind::kReshard)), OperationKind::kReshard);
   EXPECT_FALSE(FromProto(pb::OPERATION_KIND_UNSPECIFIED).ok());
+}
+
+// A rank's state description of `pieces` pieces (keys r<rank>.<i>).
+pb::RankState Described(int rank, int pieces) {
+  pb::RankState state;
+  state.set_rank(rank);
+  for (int i = 0; i < pieces; ++i) {
+    state.add_shards()->mutable_tensor()->set_key(absl::StrCat("r", rank, ".", i));
+  }
+  return state;
+}
+
+// Issue 16: a repeat save whose ranks send only their description's digest skips the gather.
+class CoordinatorDigestTest : public CoordinatorServiceTest {
+ protected:
+  // A join with `state` in full (and its digest), or only its digest when `omit_state`.
+  grpc::Status JoinDescribed(const std::string& worker, int rank, const pb::RankState& state,
+                             bool omit_state, pb::JoinOperationResponse* out,
+                             const std::string& digest_override = "") {
+    pb::JoinOperationRequest request;
+    request.set_job("gpt");
+    request.set_world_size(2);
+    request.set_rank(rank);
+    request.set_kind(pb::OPERATION_SAVE);
+    request.set_path(checkpoint_path_);
+    request.set_worker_id(worker);
+    request.set_state_digest(digest_override.empty() ? RankStateDigest(state) : digest_override);
+    request.set_state_omitted(omit_state);
+    if (!omit_state) *request.mutable_state() = state;
+    return stub_->JoinOperation(Ctx().get(), request, out);
+  }
+  // Reports both ranks done and waits for the commit.
+  void Finish(const std::string& op) {
+    ASSERT_TRUE(Report(op, 0, absl::OkStatus()).ok());
+    ASSERT_TRUE(Report(op, 1, absl::OkStatus()).ok());
+    ASSERT_EQ(Wait(op).phase(), pb::PHASE_DONE);
+  }
+};
+
+TEST_F(CoordinatorDigestTest, ARepeatJoinWithAnUnchangedDescriptionSendsOnlyItsDigest) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  Watcher watch0(stub_.get(), w0), watch1(stub_.get(), w1);
+  pb::JoinOperationResponse j;
+  ASSERT_TRUE(JoinDescribed(w0, 0, Described(0, 2), false, &j).ok());
+  EXPECT_TRUE(j.state_kept());
+  ASSERT_TRUE(JoinDescribed(w1, 1, Described(1, 3), false, &j).ok());
+  EXPECT_TRUE(j.state_kept());
+  EXPECT_EQ(j.operation().ranks_described_by_digest(), 0);
+  ASSERT_NO_FATAL_FAILURE(Finish(j.operation().id()));
+  save_kind_.planned_shards = 0;
+
+  ASSERT_TRUE(JoinDescribed(w0, 0, Described(0, 2), true, &j).ok());
+  EXPECT_FALSE(j.send_full_state());
+  ASSERT_TRUE(JoinDescribed(w1, 1, Described(1, 3), true, &j).ok());
+  EXPECT_FALSE(j.send_full_state());
+  EXPECT_EQ(j.operation().phase(), pb::PHASE_EXECUTING);
+  EXPECT_EQ(j.operation().ranks_described_by_digest(), 2);
+  EXPECT_EQ(save_kind_.planned_shards, 5);  // planned over the kept descriptions
+  ASSERT_NO_FATAL_FAILURE(Finish(j.operation().id()));
+}
+
+TEST_F(CoordinatorDigestTest, AMismatchedDigestIsRefusedWithTheSendFullStateAnswer) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  Watcher watch0(stub_.get(), w0), watch1(stub_.get(), w1);
+  pb::JoinOperationResponse j;
+  // Nothing kept yet: an unknown digest is refused too.
+  ASSERT_TRUE(JoinDescribed(w0, 0, Described(0, 2), true, &j).ok());
+  EXPECT_TRUE(j.send_full_state());
+  EXPECT_THAT(j.send_full_state_reason(), HasSubstr("job gpt rank 0"));
+  EXPECT_FALSE(j.has_operation());
+  ASSERT_TRUE(JoinDescribed(w0, 0, Described(0, 2), false, &j).ok());
+  ASSERT_TRUE(JoinDescribed(w1, 1, Described(1, 3), false, &j).ok());
+  ASSERT_NO_FATAL_FAILURE(Finish(j.operation().id()));
+
+  // A digest the coordinator did not compute for what it keeps (a rank claiming another
+  // description's digest) is refused: nothing is joined.
+  ASSERT_TRUE(JoinDescribed(w0, 0, Described(0, 2), true, &j, std::string(32, 'x')).ok());
+  EXPECT_TRUE(j.send_full_state());
+  EXPECT_THAT(j.send_full_state_reason(), HasSubstr("send the full description"));
+  ASSERT_TRUE(JoinDescribed(w1, 1, Described(1, 3), true, &j).ok());
+  EXPECT_FALSE(j.send_full_state());
+  EXPECT_EQ(j.operation().joined_ranks(), 1);  // rank 0's refused join did not count
+  EXPECT_EQ(j.operation().phase(), pb::PHASE_GATHERING);
+}
+
+TEST_F(CoordinatorDigestTest, ARankWithAChangedLayoutSendsItInFullAndThePlanIsRebuilt) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  Watcher watch0(stub_.get(), w0), watch1(stub_.get(), w1);
+  pb::JoinOperationResponse j;
+  ASSERT_TRUE(JoinDescribed(w0, 0, Described(0, 2), false, &j).ok());
+  ASSERT_TRUE(JoinDescribed(w1, 1, Described(1, 3), false, &j).ok());
+  ASSERT_NO_FATAL_FAILURE(Finish(j.operation().id()));
+
+  // Rank 1's layout changed: its digest no longer matches the kept one.
+  ASSERT_TRUE(JoinDescribed(w0, 0, Described(0, 2), true, &j).ok());
+  ASSERT_TRUE(JoinDescribed(w1, 1, Described(1, 7), true, &j).ok());
+  EXPECT_TRUE(j.send_full_state());
+  ASSERT_TRUE(JoinDescribed(w1, 1, Described(1, 7), false, &j).ok());
+  EXPECT_EQ(j.operation().phase(), pb::PHASE_EXECUTING);
+  EXPECT_EQ(j.operation().ranks_described_by_digest(), 1);
+  EXPECT_EQ(save_kind_.planned_shards, 9);  // replanned over the new description
+  ASSERT_NO_FATAL_FAILURE(Finish(j.operation().id()));
+
+  // The new description is the one kept from now on.
+  ASSERT_TRUE(JoinDescribed(w1, 1, Described(1, 7), true, &j).ok());
+  EXPECT_FALSE(j.send_full_state());
+  ASSERT_TRUE(JoinDescribed(w0, 0, Described(0, 2), true, &j).ok());
+  EXPECT_EQ(j.operation().ranks_described_by_digest(), 2);
+  EXPECT_EQ(save_kind_.planned_shards, 9);
 }
 
 }  // namespace

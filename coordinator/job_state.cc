@@ -260,6 +260,8 @@ absl::StatusOr<const Operation*> JobState::JoinOperation(JoinRequest request) {
   }
   entry.joined = true;
   ++op->totals.joined;
+  if (request.described_by_digest) ++op->ranks_described_by_digest;
+  entry.description_digest = std::move(request.description_digest);
   entry.location = request.location;
   entry.joined_at = clock_->Now();
   entry.shards = std::move(request.shards);

@@ -77,6 +77,9 @@ struct RankEntry {
   std::vector<pb::MemoryKind> memory_kinds;  // where each shard lives (parallel; may be empty)
   std::vector<pb::TensorLayout> layouts;     // how the rank described them (informational)
   std::vector<int64_t> mesh_shape;
+  // SHA-256 of the rank's description as the coordinator computed it ("" when its worker sent
+  // no digest): a repeat save whose digests all match reuses the job's save plan.
+  std::string description_digest;
   bool has_plan = false;
   std::string plan_part;    // opaque serialized plan part for this rank's worker
   int64_t bytes_total = 0;  // bytes this rank moves under the plan
@@ -127,6 +130,8 @@ struct Operation {
     int64_t bytes_total = 0;
     int64_t bytes_read = 0;
   } totals;
+  // Ranks that joined with only the digest of their unchanged description (gather skipped).
+  int ranks_described_by_digest = 0;
 
   int JoinedRanks() const;
   int ReportedRanks() const;
@@ -159,6 +164,10 @@ struct JoinRequest {
   // When set, the operation the rank means to join (e.g. one an operator requested and
   // the trainer learned of through Poll); joining anything else is an error.
   std::string operation_id;
+  // The rank sent only the digest of its unchanged description; shards, layouts and the rest
+  // come from the description the coordinator kept. Counted in ranks_described_by_digest.
+  bool described_by_digest = false;
+  std::string description_digest;  // see RankEntry::description_digest
 };
 
 // A rank's plan part, handed to SetPlan.

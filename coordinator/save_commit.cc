@@ -84,7 +84,12 @@ absl::StatusOr<std::vector<RankPlan>> SaveCommitter::Plan(const Operation& op) {
     std::lock_guard<std::mutex> lock(mu_);
     staging_[op.id] = *staging;
   }
-  return PlanSave(op, SavePlanOptions(), *staging);
+  if (std::optional<std::vector<RankPlan>> reused = plan_reuse_.Find(op, *staging)) {
+    return *std::move(reused);
+  }
+  absl::StatusOr<std::vector<RankPlan>> plans = PlanSave(op, SavePlanOptions(), *staging);
+  if (plans.ok()) plan_reuse_.Keep(op, *plans);
+  return plans;
 }
 
 absl::Status SaveCommitter::Commit(const Operation& op) {

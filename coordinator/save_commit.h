@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/job_state.h"
 #include "coordinator/operation_kind.h"
+#include "coordinator/save_plan_reuse.h"
 #include "coordinator/staging_journal.h"
 #include "proto/manifest.pb.h"
 #include "storage/checkpoint_writer.h"
@@ -48,6 +49,7 @@ class SaveCommitter final : public OperationKindHandler {
   std::string StagingDir(const std::string& operation_id);
 
   StagingJournal* journal_;
+  SavePlanReuse plan_reuse_;  // the job's last plan, for a repeat save of unchanged ranks
   std::mutex mu_;
   std::map<std::string, std::string> staging_ ABSL_GUARDED_BY(mu_);  // operation -> dir
 };

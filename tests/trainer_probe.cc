@@ -8,6 +8,7 @@
 //   snapshotted                    (save: Save returned; the trainer may change its tensors)
 //   mutated                        (save_mutate: the tensor was overwritten right after Save)
 //   result <absl code number> <message>   (save: after WaitDurable)
+//   first_saved <code> <message>   (save with --then_save P2: the first save, before P2's)
 //   polled <performed 0|1>
 //   poll_unavailable <message>     (poll: the coordinator was unreachable; polling goes on)
 //
@@ -22,7 +23,7 @@
 //                 [--layout rows|dtensor|cols|flat|tpdp] [--global_rows G] [--tp T]
 //                 [--algorithm A] [--budget BYTES] [--rpc_timeout_ms MS] [--check_file F]
 //                 [--replicas N]
-//                 [--start_file F]
+//                 [--start_file F] [--then_save P2]
 // The tensor "probe.weight" has shape (G, elements) (G defaults to the world size); "rows": rank
 // r holds row r; "dtensor": Shard(0) over a 1-d mesh of all ranks (torch.chunk rows);
 // "cols": Shard(1) over all ranks (column blocks); "flat": an even split of the flattened
@@ -75,7 +76,7 @@ int Run(int argc, char** argv) {
   std::string layout = "rows";
   int64_t tp = -1;
   int64_t rpc_timeout_ms = 10000;
-  std::string check_file, start_file;
+  std::string check_file, start_file, then_save;
   ckpt::client::LoadOptions load_options;
   ckpt::client::SaveOptions save_options;
   // The multi-process tests exercise the exchange unless they name an algorithm (the client's
@@ -115,6 +116,8 @@ int Run(int argc, char** argv) {
       check_file = value;
     } else if (flag == "--start_file") {
       start_file = value;
+    } else if (flag == "--then_save") {
+      then_save = value;
     } else {
       std::fprintf(stderr, "trainer_probe: unknown flag %s\n", flag.c_str());
       return 2;
@@ -208,6 +211,13 @@ int Run(int argc, char** argv) {
         Emit("mutated");
       }
       result = (*handle)->WaitDurable(absl::Minutes(5));
+    }
+    if (!then_save.empty()) {
+      // A repeat save of the same, unchanged state (the same session): a second checkpoint.
+      Emit("first_saved " + std::to_string(static_cast<int>(result.code())) + " " +
+           std::string(result.message()));
+      auto again = (*client)->Save(then_save, *state, save_options);
+      result = again.ok() ? (*again)->WaitDurable(absl::Minutes(5)) : again.status();
     }
   } else if (mode == "load") {
     result = (*client)->Load(path, *state, load_options);

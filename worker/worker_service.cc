@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "proto/state_digest.h"
 #include "proto/wire_names.h"
 #include "spdlog/spdlog.h"
 #include "worker/part_executors.h"
@@ -172,15 +173,53 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
     }
   }
   pb::JoinOperationResponse joined;
-  absl::Status s =
-      FromGrpcStatus(link_->stub()->JoinOperation(link_->Context().get(), join, &joined),
-                     CoordinatorCall("JoinOperation"));
+  absl::Status s = JoinSendingDigest(join, &joined);
   if (!s.ok()) return ToGrpcStatus(s);
-  spdlog::info("operation_joined op={} job={} rank={} kind={} path={} shards={}",
+  spdlog::info("operation_joined op={} job={} rank={} kind={} path={} shards={} by_digest={}",
                joined.operation().id(), join.job(), join.rank(), pb::OperationKind_Name(kind),
-               join.path(), state->shards_size());
+               join.path(), join.state().shards_size(), join.state_omitted());
   response->set_operation_id(joined.operation().id());
   return grpc::Status::OK;
+}
+
+absl::Status WorkerService::JoinSendingDigest(pb::JoinOperationRequest& join,
+                                              pb::JoinOperationResponse* joined) {
+  const std::pair<std::string, int> key(join.job(), join.rank());
+  join.set_state_digest(RankStateDigest(join.state()));
+  {
+    std::lock_guard<std::mutex> lock(digests_mu_);
+    auto it = joined_digests_.find(key);
+    join.set_state_omitted(it != joined_digests_.end() && it->second == join.state_digest());
+  }
+  pb::RankState state;
+  if (join.state_omitted()) state.Swap(join.mutable_state());
+  absl::Status s =
+      FromGrpcStatus(link_->stub()->JoinOperation(link_->Context().get(), join, joined),
+                     CoordinatorCall("JoinOperation"));
+  if (s.ok() && join.state_omitted() && joined->send_full_state()) {
+    spdlog::info("join_sends_full_state job={} rank={} why=\"{}\"", join.job(), join.rank(),
+                 joined->send_full_state_reason());
+    join.mutable_state()->Swap(&state);
+    join.set_state_omitted(false);
+    joined->Clear();
+    s = FromGrpcStatus(link_->stub()->JoinOperation(link_->Context().get(), join, joined),
+                       CoordinatorCall("JoinOperation"));
+  }
+  if (s.ok() && joined->send_full_state()) {
+    return absl::InternalError(
+        absl::StrCat("coordinator asked job ", join.job(), " rank ", join.rank(),
+                     " for the full state it was sent: ", joined->send_full_state_reason()));
+  }
+  if (!s.ok()) return s;
+  const bool omitted = join.state_omitted();
+  if (omitted) join.mutable_state()->Swap(&state);  // for the caller's log
+  std::lock_guard<std::mutex> lock(digests_mu_);
+  if (omitted || joined->state_kept()) {
+    joined_digests_[key] = join.state_digest();
+  } else {
+    joined_digests_.erase(key);  // not kept (or an older coordinator): send it in full again
+  }
+  return absl::OkStatus();
 }
 
 grpc::Status WorkerService::Save(grpc::ServerContext* context, const pb::TransferRequest* request,

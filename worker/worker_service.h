@@ -142,6 +142,10 @@ class WorkerService final : public pb::Worker::Service {
   // host: the coordinator has declared the worker dead and aborted the operation.
   absl::Status WaitAtCoordinator(const std::string& operation_id, absl::Duration wait,
                                  uint64_t epoch, pb::OperationStatus* op, bool* cut_off);
+  // JoinOperation with `join`'s full state, or only its digest when this worker joined the
+  // same job and rank with the same description before; if the coordinator does not keep that
+  // description (it restarted, the rank detached, ...) the full state follows transparently.
+  absl::Status JoinSendingDigest(pb::JoinOperationRequest& join, pb::JoinOperationResponse* joined);
 
   MemoryRegistry* registry_;
   CoordinatorLink* link_;
@@ -164,6 +168,9 @@ class WorkerService final : public pb::Worker::Service {
   std::deque<std::string> parts_order_ ABSL_GUARDED_BY(exec_mu_);
   std::deque<std::pair<std::string, std::shared_ptr<MemoryGate>>> gates_
       ABSL_GUARDED_BY(exec_mu_);  // by operation: the newest 1024, and every one a part holds
+  std::mutex digests_mu_;
+  // (job, rank) -> digest of the description the coordinator said it kept (state_kept).
+  std::map<std::pair<std::string, int>, std::string> joined_digests_ ABSL_GUARDED_BY(digests_mu_);
   std::mutex snapshot_mu_;
   std::condition_variable_any snapshot_cv_;
   // By "<op>/<rank>", recent: how each snapshot was taken.

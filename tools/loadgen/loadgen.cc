@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "proto/state_digest.h"
 #include "tools/loadgen/async_calls.h"
 #include "tools/loadgen/coordinator_log.h"
 #include "tools/loadgen/sparse_save.h"
@@ -85,6 +86,7 @@ struct SimWorker {
 
 // The operation in flight and what has been seen of it.
 struct OperationRun {
+  std::string path;  // the checkpoint of this operation
   std::mutex mu;
   std::condition_variable cv;
   OperationReport report;
@@ -110,8 +112,14 @@ class Driver {
   void ReadNext(SimWorker* w);
   void HeartbeatLoop();
   absl::Status AttachRanks();
-  OperationReport RunOperation(const std::string& kind);
-  void Join(const std::shared_ptr<OperationRun>& run, const std::string& kind, int64_t rank);
+  OperationReport RunOperation(const std::string& kind, const std::string& path);
+  // One rank's join; only the digest of its description once one was accepted in full, unless
+  // `full_state`. Answered send_full_state, it joins again in full (keeping its window slot).
+  void Join(const std::shared_ptr<OperationRun>& run, const std::string& kind, int64_t rank,
+            bool full_state = false);
+  // Records the answer of rank `rank`'s join; true when it must join again with its full state.
+  bool JoinAnswered(const std::shared_ptr<OperationRun>& run, int64_t rank, bool omitted,
+                    const grpc::Status& status, const grpc::ByteBuffer& buffer);
   void WaitRank(const std::shared_ptr<OperationRun>& run, int64_t rank);
   void Execute(pb::WorkItem item);
   // Waits (WaitOperation) until the operation is final; false on timeout or a dead coordinator.
@@ -128,7 +136,10 @@ class Driver {
 
   const LoadgenOptions& options_;
   const GptPipelineLayout& layout_;
-  std::vector<std::string> states_;  // serialized RankState by rank
+  std::vector<std::string> states_;   // serialized RankState by rank
+  std::vector<std::string> digests_;  // their digests (proto/state_digest.h)
+  // Per rank: the coordinator accepted its description in full (its digest will do).
+  std::unique_ptr<std::atomic<bool>[]> described_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<pb::Coordinator::Stub>> stubs_;
   std::vector<std::unique_ptr<grpc::GenericStub>> generic_;
@@ -155,6 +166,8 @@ class Driver {
 void Driver::Describe(LoadgenReport* report) {
   const absl::Time start = absl::Now();
   states_.assign(options_.ranks, std::string());
+  digests_.assign(options_.ranks, std::string());
+  described_ = std::make_unique<std::atomic<bool>[]>(options_.ranks);
   const int threads = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
   std::vector<int64_t> shards(threads, 0), max_shards(threads, 0), bytes(threads, 0);
   std::vector<std::string> errors(threads);
@@ -170,6 +183,7 @@ void Driver::Describe(LoadgenReport* report) {
         shards[t] += state->shards_size();
         max_shards[t] = std::max<int64_t>(max_shards[t], state->shards_size());
         states_[r] = state->SerializeAsString();
+        if (options_.state_digests) digests_[r] = RankStateDigest(*state);
         bytes[t] += static_cast<int64_t>(states_[r].size());
       }
     });
@@ -393,13 +407,14 @@ absl::Status Driver::AttachRanks() {
   return absl::OkStatus();
 }
 
-void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& kind, int64_t rank) {
+void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& kind, int64_t rank,
+                  bool full_state) {
   pb::JoinOperationRequest header;
   header.set_job(options_.job);
   header.set_world_size(static_cast<int32_t>(options_.ranks));
   header.set_rank(static_cast<int32_t>(rank));
   header.set_kind(kind == "save" ? pb::OPERATION_SAVE : pb::OPERATION_LOAD);
-  header.set_path(options_.checkpoint);
+  header.set_path(run->path);
   const int64_t worker = WorkerOf(rank);
   header.set_worker_id(workers_[worker]->id);
   if (kind == "save") {
@@ -409,6 +424,9 @@ void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& k
   } else {
     header.set_load_algorithm(options_.load_algorithm);
   }
+  header.set_state_digest(digests_[rank]);
+  const bool omitted = options_.state_digests && !full_state && described_[rank].load();
+  header.set_state_omitted(omitted);
   struct Call {
     grpc::ClientContext context;
     grpc::ByteBuffer response;
@@ -417,34 +435,50 @@ void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& k
   };
   auto* call = new Call;
   call->context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-  grpc::Slice slice(JoinRequestBytes(header, states_[rank]));
+  grpc::Slice slice(omitted ? header.SerializeAsString() : JoinRequestBytes(header, states_[rank]));
   grpc::ByteBuffer request(&slice, 1);
   call->reader = generic_[workers_[worker]->channel]->PrepareUnaryCall(&call->context, kJoinMethod,
                                                                        request, loop_->cq());
   call->reader->StartCall();
-  call->reader->Finish(
-      &call->response, &call->status, CompletionLoop::Tag([this, call, run, rank](bool) {
-        pb::JoinOperationResponse response;
-        const bool ok =
-            call->status.ok() && response.ParseFromString(BufferToString(call->response));
-        std::string id;
-        {
-          std::lock_guard<std::mutex> lock(run->mu);
-          ++run->joins_answered;
-          run->report.last_join_answered = absl::Now();
-          if (ok) {
-            if (run->id.empty()) run->id = response.operation().id();
-            id = run->id;
-          } else if (run->report.join_errors++ == 0) {
-            run->report.first_join_error = absl::StrCat(
-                "rank ", rank, ": ",
-                call->status.ok() ? "unreadable response" : call->status.error_message());
-          }
-        }
-        delete call;
-        window_.Release();
-        if (ok && options_.rank_waits) WaitRank(run, rank);
-      }));
+  call->reader->Finish(&call->response, &call->status,
+                       CompletionLoop::Tag([this, call, run, kind, rank, omitted](bool) {
+                         const bool again =
+                             JoinAnswered(run, rank, omitted, call->status, call->response);
+                         const bool ok = call->status.ok() && !again;
+                         delete call;
+                         if (again) {
+                           Join(run, kind, rank, /*full_state=*/true);  // keeps the window slot
+                           return;
+                         }
+                         window_.Release();
+                         if (ok && options_.rank_waits) WaitRank(run, rank);
+                       }));
+}
+
+bool Driver::JoinAnswered(const std::shared_ptr<OperationRun>& run, int64_t rank, bool omitted,
+                          const grpc::Status& status, const grpc::ByteBuffer& buffer) {
+  pb::JoinOperationResponse response;
+  const bool ok = status.ok() && response.ParseFromString(BufferToString(buffer));
+  std::lock_guard<std::mutex> lock(run->mu);
+  if (ok && response.send_full_state() && omitted) {
+    ++run->report.full_state_resends;
+    described_[rank] = false;
+    return true;
+  }
+  ++run->joins_answered;
+  run->report.last_join_answered = absl::Now();
+  if (ok && !response.send_full_state()) {
+    if (run->id.empty()) run->id = response.operation().id();
+    if (omitted) ++run->report.joins_by_digest;
+    if (!omitted) described_[rank] = response.state_kept();
+  } else if (run->report.join_errors++ == 0) {
+    run->report.first_join_error = absl::StrCat(
+        "rank ", rank, ": ",
+        !status.ok() ? status.error_message()
+        : ok         ? "send_full_state after the full state: " + response.send_full_state_reason()
+                     : "unreadable response");
+  }
+  return false;
 }
 
 void Driver::WaitRank(const std::shared_ptr<OperationRun>& run, int64_t rank) {
@@ -490,9 +524,11 @@ bool Driver::WaitFinal(const std::string& id, pb::OperationStatus* status) {
   return false;
 }
 
-OperationReport Driver::RunOperation(const std::string& kind) {
+OperationReport Driver::RunOperation(const std::string& kind, const std::string& path) {
   auto run = std::make_shared<OperationRun>();
+  run->path = path;
   run->report.kind = kind;
+  run->report.path = path;
   {
     std::lock_guard<std::mutex> lock(current_mu_);
     current_ = run;
@@ -600,8 +636,11 @@ absl::StatusOr<LoadgenReport> Driver::Run() {
   t = absl::Now();
   if (absl::Status s = AttachRanks(); !s.ok()) return s;
   report.attach_time = absl::Now() - t;
+  int saves = 0;
+  std::string last_saved = options_.checkpoint;
   for (const std::string& kind : options_.operations) {
-    report.operations.push_back(RunOperation(kind));
+    if (kind == "save") last_saved = SavePath(options_, saves++);
+    report.operations.push_back(RunOperation(kind, last_saved));
     const std::string& phase = report.operations.back().phase;
     if (phase != "done") break;  // later operations depend on this one
   }
@@ -641,6 +680,10 @@ absl::StatusOr<LoadgenReport> RunLoadgen(const LoadgenOptions& options,
   return driver.Run();
 }
 
+std::string SavePath(const LoadgenOptions& options, int n) {
+  return n == 0 ? options.checkpoint : absl::StrCat(options.checkpoint, "-", n + 1);
+}
+
 std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& report) {
   std::string out;
   const Parallelism& p = report.parallelism;
@@ -658,6 +701,8 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
   for (const OperationReport& op : report.operations) {
     absl::StrAppend(&out, absl::StrFormat("%s id %s phase %s%s\n", op.kind, op.id, op.phase,
                                           op.status.empty() ? "" : " status " + op.status));
+    absl::StrAppend(&out, absl::StrFormat("%s joins_by_digest %d full_state_resends %d\n", op.kind,
+                                          op.joins_by_digest, op.full_state_resends));
     if (op.join_errors > 0) {
       absl::StrAppend(&out, absl::StrFormat("%s join_errors %d first \"%s\"\n", op.kind,
                                             op.join_errors, op.first_join_error));

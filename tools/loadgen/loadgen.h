@@ -47,6 +47,9 @@ struct LoadgenOptions {
   int executor_threads = 2;
   bool rank_waits = true;  // every rank waits through its own WaitOperation, as trainers do
   bool fsync = false;      // fsync the sparse data files like a real worker
+  // Join as workers do: with each rank's description digest, and only the digest once the
+  // coordinator has accepted that description in full (a repeat operation skips the gather).
+  bool state_digests = true;
   absl::Duration rpc_timeout = absl::Seconds(120);
   absl::Duration wait_slice = absl::Seconds(10);  // WaitOperation timeout per call
   absl::Duration operation_timeout = absl::Minutes(30);
@@ -62,8 +65,11 @@ struct OperationReport {
   std::string id;
   std::string phase;   // final phase the coordinator reported ("done", "aborted", ...)
   std::string status;  // its status message when not OK
+  std::string path;    // the checkpoint saved or loaded
   int64_t join_errors = 0;
   std::string first_join_error;
+  int64_t joins_by_digest = 0;     // joins that sent only the description digest, accepted
+  int64_t full_state_resends = 0;  // digest-only joins the coordinator answered send_full_state
   absl::Time start = absl::InfinitePast();               // first join sent
   absl::Time last_join_answered = absl::InfinitePast();  // by the loadgen's clock
   absl::Time first_plan = absl::InfinitePast(), last_plan = absl::InfinitePast();
@@ -101,6 +107,10 @@ struct LoadgenReport {
   int64_t stream_errors = 0;  // work streams that ended before the run did
   int64_t report_errors = 0;  // ReportResult calls that failed
 };
+
+// The checkpoint path of the `n`-th save (0-based) of a run: the options' checkpoint, then
+// "<checkpoint>-<n+1>" (repeat saves write new checkpoints); a load reads the last saved one.
+std::string SavePath(const LoadgenOptions& options, int n);
 
 // Runs the operations. Errors are setup failures (bad options, the coordinator unreachable);
 // an operation that aborts is reported in its OperationReport.

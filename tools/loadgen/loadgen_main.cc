@@ -6,7 +6,8 @@
 //                (--spawn-coordinator PATH [--coordinator-flag F ...] |
 //                 --coordinator HOST:PORT --checkpoint-root DIR [--coordinator-pid P]
 //                 [--coordinator-log FILE])
-//                [--operations save,load] [--load-algorithm A] [--max-in-flight 256]
+//                [--operations save,load] [--repeat N] [--no-state-digest]
+//                [--load-algorithm A] [--max-in-flight 256]
 //                [--channels 64] [--executor-threads 2] [--no-rank-waits] [--fsync]
 //                [--max-coordinator-rss 12G] [--keep-checkpoint] [--operation-timeout-s 1800]
 //                [--rpc-timeout-s 120]
@@ -49,7 +50,8 @@ constexpr char kUsage[] =
     "                    (--spawn-coordinator PATH [--coordinator-flag F ...] |\n"
     "                     --coordinator HOST:PORT --checkpoint-root DIR [--coordinator-pid P]\n"
     "                     [--coordinator-log FILE])\n"
-    "                    [--operations save,load] [--load-algorithm A] [--max-in-flight 256]\n"
+    "                    [--operations save,load] [--repeat N] [--no-state-digest]\n"
+    "                    [--load-algorithm A] [--max-in-flight 256]\n"
     "                    [--channels 64] [--executor-threads 2] [--no-rank-waits] [--fsync]\n"
     "                    [--max-coordinator-rss 12G] [--keep-checkpoint]\n"
     "                    [--operation-timeout-s 1800] [--rpc-timeout-s 120]\n"
@@ -164,6 +166,7 @@ absl::Status ParseCommandLine(int argc, char** argv, Flags* flags,
                                              "coordinator-pid",
                                              "coordinator-log",
                                              "operations",
+                                             "repeat",
                                              "load-algorithm",
                                              "max-in-flight",
                                              "channels",
@@ -172,7 +175,8 @@ absl::Status ParseCommandLine(int argc, char** argv, Flags* flags,
                                              "operation-timeout-s",
                                              "coordinator-flag",
                                              "rpc-timeout-s"};
-  const std::set<std::string> bool_flags = {"no-rank-waits", "fsync", "keep-checkpoint", "help"};
+  const std::set<std::string> bool_flags = {"no-rank-waits", "fsync", "keep-checkpoint", "help",
+                                            "no-state-digest"};
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (!absl::ConsumePrefix(&arg, "--")) {
@@ -247,6 +251,16 @@ absl::Status ParseRunOptions(Flags& flags, ckpt::loadgen::LoadgenOptions* option
       }
     }
   }
+  int64_t repeat = 1;
+  if (flags.count("repeat") && (!absl::SimpleAtoi(flags["repeat"], &repeat) || repeat < 1)) {
+    return absl::InvalidArgumentError("bad --repeat (a positive count)");
+  }
+  // --repeat N: the operations N times (repeat saves write new checkpoints; see SavePath).
+  const std::vector<std::string> once = options->operations;
+  for (int64_t i = 1; i < repeat; ++i) {
+    options->operations.insert(options->operations.end(), once.begin(), once.end());
+  }
+  options->state_digests = !flags.count("no-state-digest");
   if (flags.count("max-coordinator-rss") && !ParseBytes(flags["max-coordinator-rss"], max_rss)) {
     return absl::InvalidArgumentError("bad --max-coordinator-rss");
   }
@@ -346,8 +360,12 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::string> root = CheckpointRoot(flags, spawn);
   if (!root.ok()) return Usage(std::string(root.status().message()));
   options.checkpoint = *root + "/loadgen-ckpt";
-  if (ckpt::PathExists(options.checkpoint)) {
-    return Usage(absl::StrCat(options.checkpoint, " exists already; remove it first"));
+  const int saves = static_cast<int>(
+      std::count(options.operations.begin(), options.operations.end(), std::string("save")));
+  for (int n = 0; n < std::max(saves, 1); ++n) {
+    const std::string path = ckpt::loadgen::SavePath(options, n);
+    if (ckpt::PathExists(path))
+      return Usage(absl::StrCat(path, " exists already; remove it first"));
   }
   SpawnedCoordinator spawned;
   std::atomic<bool> over_cap{false};
@@ -372,7 +390,9 @@ int main(int argc, char** argv) {
   }
   const bool all_done = PrintReport(options, *report, over_cap, max_rss);
   // The checkpoint goes; a scratch root stays for the coordinator's log (printed above).
-  if (!flags.count("keep-checkpoint")) (void)ckpt::RemoveTree(options.checkpoint);
+  for (int n = 0; n < std::max(saves, 1) && !flags.count("keep-checkpoint"); ++n) {
+    (void)ckpt::RemoveTree(ckpt::loadgen::SavePath(options, n));
+  }
   std::fflush(stdout);
   return all_done ? 0 : 1;
 }

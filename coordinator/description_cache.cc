@@ -1,0 +1,119 @@
+#include "coordinator/description_cache.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/state_digest.h"
+
+namespace ckpt::coordinator {
+
+std::string DescriptionCache::Keep(const std::string& job, int world_size, int rank,
+                                   pb::RankState state, bool* kept) {
+  if (kept != nullptr) *kept = false;
+  Entry entry;
+  entry.digest = RankStateDigest(state);  // computed here, outside the lock
+  entry.bytes = static_cast<int64_t>(state.ByteSizeLong());
+  entry.state = std::make_shared<const pb::RankState>(std::move(state));
+  std::string digest = entry.digest;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(job);
+  if (it != jobs_.end() && it->second.world_size != world_size) {
+    DropJobLocked(it);  // the job was replaced: another world size
+    it = jobs_.end();
+  }
+  if (it != jobs_.end()) {
+    auto old = it->second.ranks.find(rank);
+    if (old != it->second.ranks.end()) {
+      stats_.bytes -= old->second.bytes;
+      --stats_.entries;
+      it->second.ranks.erase(old);
+    }
+  }
+  // The bound: drop the least recently used other jobs first.
+  while (stats_.bytes + entry.bytes > max_bytes_ && !recency_.empty() &&
+         (it == jobs_.end() || recency_.back() != job)) {
+    auto victim = jobs_.find(recency_.back());
+    stats_.evictions += static_cast<int64_t>(victim->second.ranks.size());
+    DropJobLocked(victim);
+  }
+  if (stats_.bytes + entry.bytes > max_bytes_) {
+    ++stats_.evictions;  // cannot fit without dropping this job's other ranks: not kept
+    return digest;
+  }
+  if (it == jobs_.end()) {
+    recency_.push_front(job);
+    it = jobs_.emplace(job, JobEntries{world_size, {}, recency_.begin()}).first;
+  }
+  TouchLocked(it->second);
+  stats_.bytes += entry.bytes;
+  ++stats_.entries;
+  it->second.ranks[rank] = std::move(entry);
+  if (kept != nullptr) *kept = true;
+  return digest;
+}
+
+absl::StatusOr<std::shared_ptr<const pb::RankState>> DescriptionCache::Lookup(
+    const std::string& job, int world_size, int rank, const std::string& digest) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto refuse = [&](absl::string_view why) {
+    ++stats_.misses;
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job, " rank ", rank, " sent only the digest ", ShortDigest(digest),
+                     " of its state description, but ", why, ": send the full description"));
+  };
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return refuse("the coordinator keeps no description of this job");
+  if (it->second.world_size != world_size) {
+    return refuse(absl::StrCat("the kept descriptions are of world size ", it->second.world_size,
+                               ", not ", world_size));
+  }
+  auto entry = it->second.ranks.find(rank);
+  if (entry == it->second.ranks.end()) {
+    return refuse("the coordinator keeps no description of this rank");
+  }
+  if (entry->second.digest != digest) {
+    return refuse(
+        absl::StrCat("the kept description's digest is ", ShortDigest(entry->second.digest)));
+  }
+  ++stats_.hits;
+  TouchLocked(it->second);
+  return entry->second.state;
+}
+
+void DescriptionCache::DropRank(const std::string& job, int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return;
+  auto entry = it->second.ranks.find(rank);
+  if (entry == it->second.ranks.end()) return;
+  stats_.bytes -= entry->second.bytes;
+  --stats_.entries;
+  it->second.ranks.erase(entry);
+  if (it->second.ranks.empty()) DropJobLocked(it);
+}
+
+void DescriptionCache::DropJob(const std::string& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(job);
+  if (it != jobs_.end()) DropJobLocked(it);
+}
+
+DescriptionCacheStats DescriptionCache::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void DescriptionCache::DropJobLocked(std::map<std::string, JobEntries>::iterator it) {
+  for (const auto& [rank, entry] : it->second.ranks) {
+    stats_.bytes -= entry.bytes;
+    --stats_.entries;
+  }
+  recency_.erase(it->second.recency);
+  jobs_.erase(it);
+}
+
+void DescriptionCache::TouchLocked(JobEntries& entries) {
+  recency_.splice(recency_.begin(), recency_, entries.recency);
+}
+
+}  // namespace ckpt::coordinator

@@ -1,0 +1,84 @@
+// The last state description (pb::RankState) each rank of each job joined with, kept so that a
+// repeat operation with an unchanged layout skips the gather: the rank sends only the digest of
+// its description (proto/state_digest.h, SHA-256) and the coordinator uses the kept one.
+//
+// The digest kept is always the one computed here from the description kept, never one a
+// caller supplied, so a match proves (up to SHA-256 collisions) that the rank's description is
+// the kept one. Memory is bounded: a job's entries are dropped when it ends (the service drops
+// them when its last rank detaches) or is replaced (another world size), and the least
+// recently used jobs' when the bytes kept pass the bound. Thread-safe (its own lock, held only for
+// map updates: digests are computed and descriptions converted outside it).
+#ifndef CKPT_COORDINATOR_DESCRIPTION_CACHE_H_
+#define CKPT_COORDINATOR_DESCRIPTION_CACHE_H_
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/coordinator.pb.h"
+
+namespace ckpt::coordinator {
+
+// Counters of a DescriptionCache, for status and logs.
+struct DescriptionCacheStats {
+  int64_t entries = 0;
+  int64_t bytes = 0;      // serialized bytes of the descriptions kept
+  int64_t hits = 0;       // lookups answered with a kept description
+  int64_t misses = 0;     // lookups refused (nothing kept, another digest, another world size)
+  int64_t evictions = 0;  // entries dropped for the memory bound
+};
+
+// See the file comment.
+class DescriptionCache {
+ public:
+  explicit DescriptionCache(int64_t max_bytes = int64_t{2} << 30) : max_bytes_(max_bytes) {}
+
+  // Keeps `state` as rank `rank`'s description in job `job` of `world_size` ranks, with the
+  // digest computed here. Entries of the job at another world size are dropped first; the least
+  // recently used other jobs are dropped while the bytes kept would pass the bound (a
+  // description that cannot fit alone is not kept: `*kept` says which). Returns the digest.
+  std::string Keep(const std::string& job, int world_size, int rank, pb::RankState state,
+                   bool* kept = nullptr);
+
+  // The kept description of `rank` when its digest equals `digest` and the job still has
+  // `world_size` ranks; FailedPrecondition naming job, rank and why otherwise (the rank must
+  // send its full description).
+  absl::StatusOr<std::shared_ptr<const pb::RankState>> Lookup(const std::string& job,
+                                                              int world_size, int rank,
+                                                              const std::string& digest);
+
+  // Forgets one rank's description (it detached), or a whole job's.
+  void DropRank(const std::string& job, int rank);
+  void DropJob(const std::string& job);
+
+  DescriptionCacheStats Stats() const;
+
+ private:
+  struct Entry {
+    std::string digest;
+    std::shared_ptr<const pb::RankState> state;
+    int64_t bytes = 0;
+  };
+  struct JobEntries {
+    int world_size = 0;
+    std::map<int, Entry> ranks;
+    std::list<std::string>::iterator recency;  // position in recency_
+  };
+  void DropJobLocked(std::map<std::string, JobEntries>::iterator it);
+  void TouchLocked(JobEntries& entries);
+
+  const int64_t max_bytes_;
+  mutable std::mutex mu_;
+  std::map<std::string, JobEntries> jobs_;
+  std::list<std::string> recency_;  // job names, most recently used first
+  DescriptionCacheStats stats_;
+};
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_COORDINATOR_DESCRIPTION_CACHE_H_

@@ -1,0 +1,110 @@
+#include "coordinator/description_cache.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "proto/state_digest.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+pb::RankState State(int rank, int pieces) {
+  pb::RankState state;
+  state.set_rank(rank);
+  for (int i = 0; i < pieces; ++i) {
+    pb::PieceMeta* piece = state.add_shards();
+    piece->mutable_tensor()->set_key("layer." + std::to_string(i));
+    piece->mutable_tensor()->add_global_shape(64);
+    piece->mutable_region()->add_offsets(rank * 8);
+    piece->mutable_region()->add_lengths(8);
+  }
+  return state;
+}
+
+TEST(DescriptionCacheTest, KeepsTheDescriptionUnderItsOwnDigestAndReturnsItOnAMatch) {
+  DescriptionCache cache;
+  bool stored = false;
+  const std::string digest = cache.Keep("j", 2, 1, State(1, 3), &stored);
+  EXPECT_TRUE(stored);
+  EXPECT_EQ(digest, RankStateDigest(State(1, 3)));
+  auto kept = cache.Lookup("j", 2, 1, digest);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ((*kept)->SerializeAsString(), State(1, 3).SerializeAsString());
+  EXPECT_EQ(cache.Stats().hits, 1);
+  EXPECT_EQ(cache.Stats().entries, 1);
+}
+
+TEST(DescriptionCacheTest, RefusesAnotherDigestAnUnknownRankJobOrWorldSize) {
+  DescriptionCache cache;
+  const std::string digest = cache.Keep("j", 2, 1, State(1, 3));
+  const std::string other = RankStateDigest(State(1, 4));
+  auto refused = cache.Lookup("j", 2, 1, other);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("job j rank 1"), std::string::npos);
+  EXPECT_NE(refused.status().message().find("send the full description"), std::string::npos);
+  EXPECT_FALSE(cache.Lookup("j", 2, 0, digest).ok());  // another rank
+  EXPECT_FALSE(cache.Lookup("k", 2, 1, digest).ok());  // another job
+  EXPECT_FALSE(cache.Lookup("j", 4, 1, digest).ok());  // another world size
+  EXPECT_EQ(cache.Stats().misses, 4);
+  EXPECT_EQ(cache.Stats().hits, 0);
+}
+
+TEST(DescriptionCacheTest, AKeepReplacesTheRanksEarlierDescription) {
+  DescriptionCache cache;
+  const std::string first = cache.Keep("j", 2, 0, State(0, 3));
+  const std::string second = cache.Keep("j", 2, 0, State(0, 5));
+  EXPECT_NE(first, second);
+  EXPECT_FALSE(cache.Lookup("j", 2, 0, first).ok());
+  EXPECT_TRUE(cache.Lookup("j", 2, 0, second).ok());
+  EXPECT_EQ(cache.Stats().entries, 1);
+  EXPECT_EQ(cache.Stats().bytes, static_cast<int64_t>(State(0, 5).ByteSizeLong()));
+}
+
+TEST(DescriptionCacheTest, AJobAtAnotherWorldSizeReplacesTheOldEntries) {
+  DescriptionCache cache;
+  const std::string old = cache.Keep("j", 2, 0, State(0, 3));
+  cache.Keep("j", 2, 1, State(1, 3));
+  cache.Keep("j", 4, 0, State(0, 3));  // the job restarted with 4 ranks
+  EXPECT_EQ(cache.Stats().entries, 1);
+  EXPECT_FALSE(cache.Lookup("j", 2, 1, RankStateDigest(State(1, 3))).ok());
+  EXPECT_TRUE(cache.Lookup("j", 4, 0, old).ok());
+}
+
+TEST(DescriptionCacheTest, DropRankAndDropJobForgetAndFreeTheBytes) {
+  DescriptionCache cache;
+  const std::string d0 = cache.Keep("j", 2, 0, State(0, 3));
+  const std::string d1 = cache.Keep("j", 2, 1, State(1, 3));
+  cache.Keep("k", 1, 0, State(0, 2));
+  cache.DropRank("j", 0);
+  EXPECT_FALSE(cache.Lookup("j", 2, 0, d0).ok());
+  EXPECT_TRUE(cache.Lookup("j", 2, 1, d1).ok());
+  cache.DropJob("j");
+  EXPECT_FALSE(cache.Lookup("j", 2, 1, d1).ok());
+  EXPECT_EQ(cache.Stats().entries, 1);
+  EXPECT_EQ(cache.Stats().bytes, static_cast<int64_t>(State(0, 2).ByteSizeLong()));
+  cache.DropRank("k", 0);
+  EXPECT_EQ(cache.Stats().entries, 0);
+  EXPECT_EQ(cache.Stats().bytes, 0);
+}
+
+TEST(DescriptionCacheTest, TheMemoryBoundEvictsTheLeastRecentlyUsedJob) {
+  const int64_t one = static_cast<int64_t>(State(0, 4).ByteSizeLong());
+  DescriptionCache cache(/*max_bytes=*/2 * one);
+  const std::string a = cache.Keep("a", 1, 0, State(0, 4));
+  const std::string b = cache.Keep("b", 1, 0, State(0, 4));
+  ASSERT_TRUE(cache.Lookup("a", 1, 0, a).ok());  // "a" is now the most recently used
+  cache.Keep("c", 1, 0, State(0, 4));            // evicts "b"
+  EXPECT_TRUE(cache.Lookup("a", 1, 0, a).ok());
+  EXPECT_FALSE(cache.Lookup("b", 1, 0, b).ok());
+  EXPECT_EQ(cache.Stats().evictions, 1);
+  EXPECT_LE(cache.Stats().bytes, 2 * one);
+  // A description larger than the bound is not kept (the rank keeps sending it in full).
+  bool kept = true;
+  const std::string huge = cache.Keep("d", 1, 0, State(0, 40), &kept);
+  EXPECT_FALSE(kept);
+  EXPECT_FALSE(cache.Lookup("d", 1, 0, huge).ok());
+  EXPECT_LE(cache.Stats().bytes, 2 * one);
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

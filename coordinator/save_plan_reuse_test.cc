@@ -1,0 +1,79 @@
+#include "coordinator/save_plan_reuse.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "proto/coordinator.pb.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+Operation Save(const std::string& job, const std::vector<std::string>& digests) {
+  Operation op;
+  op.job = job;
+  op.world_size = static_cast<int>(digests.size());
+  op.ranks.resize(digests.size());
+  for (size_t r = 0; r < digests.size(); ++r) op.ranks[r].description_digest = digests[r];
+  return op;
+}
+
+std::vector<RankPlan> Plans(const std::string& staging) {
+  std::vector<RankPlan> plans;
+  for (int r = 0; r < 2; ++r) {
+    pb::SavePlanPart part;
+    part.set_rank(r);
+    part.set_total_bytes(100 * (r + 1));
+    part.set_staging_dir(staging);
+    part.add_files()->set_path("data/" + std::to_string(r));
+    plans.push_back({part.SerializeAsString(), part.total_bytes()});
+  }
+  return plans;
+}
+
+TEST(SavePlanReuseTest, ARepeatSaveOfUnchangedRanksGetsThePlanWithItsOwnStagingDir) {
+  SavePlanReuse reuse;
+  reuse.Keep(Save("j", {"a", "b"}), Plans("/ckpt/1.staging"));
+  auto again = reuse.Find(Save("j", {"a", "b"}), "/ckpt/2.staging");
+  ASSERT_TRUE(again.has_value());
+  ASSERT_EQ(again->size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    pb::SavePlanPart part;
+    ASSERT_TRUE(part.ParseFromString((*again)[r].part));
+    EXPECT_EQ(part.staging_dir(), "/ckpt/2.staging");
+    EXPECT_EQ(part.rank(), r);
+    EXPECT_EQ(part.files(0).path(), "data/" + std::to_string(r));
+    EXPECT_EQ((*again)[r].bytes, 100 * (r + 1));
+  }
+  EXPECT_EQ(reuse.reused(), 1);
+}
+
+TEST(SavePlanReuseTest, AnyChangedOrMissingDigestOrWorldSizeReplans) {
+  SavePlanReuse reuse;
+  reuse.Keep(Save("j", {"a", "b"}), Plans("/s"));
+  EXPECT_FALSE(reuse.Find(Save("j", {"a", "c"}), "/t").has_value());  // a changed rank
+  EXPECT_FALSE(reuse.Find(Save("j", {"a", ""}), "/t").has_value());   // no digest sent
+  EXPECT_FALSE(reuse.Find(Save("j", {"a", "b", "c"}), "/t").has_value());
+  EXPECT_FALSE(reuse.Find(Save("k", {"a", "b"}), "/t").has_value());  // another job
+  // A plan built for ranks without digests is not kept (and drops the job's older plan).
+  reuse.Keep(Save("j", {"a", ""}), Plans("/s"));
+  EXPECT_FALSE(reuse.Find(Save("j", {"a", "b"}), "/t").has_value());
+  EXPECT_EQ(reuse.reused(), 0);
+}
+
+TEST(SavePlanReuseTest, TheMemoryBoundDropsTheLeastRecentlyUsedJobsPlan) {
+  const std::vector<RankPlan> plans = Plans("/s");
+  int64_t one = 0;
+  for (const RankPlan& p : plans) one += static_cast<int64_t>(p.part.size()) + 32;
+  SavePlanReuse reuse(/*max_bytes=*/2 * one);
+  reuse.Keep(Save("a", {"x", "y"}), plans);
+  reuse.Keep(Save("b", {"x", "y"}), plans);
+  ASSERT_TRUE(reuse.Find(Save("a", {"x", "y"}), "/t").has_value());  // "a" used last
+  reuse.Keep(Save("c", {"x", "y"}), plans);                          // drops "b"
+  EXPECT_TRUE(reuse.Find(Save("a", {"x", "y"}), "/t").has_value());
+  EXPECT_FALSE(reuse.Find(Save("b", {"x", "y"}), "/t").has_value());
+  EXPECT_TRUE(reuse.Find(Save("c", {"x", "y"}), "/t").has_value());
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

@@ -1,0 +1,33 @@
+#include "proto/state_digest.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <openssl/sha.h>
+
+#include "absl/strings/escaping.h"
+
+namespace ckpt {
+
+std::string RankStateDigestOfBytes(const std::string& serialized_state) {
+  std::string digest(SHA256_DIGEST_LENGTH, '\0');
+  SHA256(reinterpret_cast<const unsigned char*>(serialized_state.data()), serialized_state.size(),
+         reinterpret_cast<unsigned char*>(digest.data()));
+  return digest;
+}
+
+std::string RankStateDigest(const pb::RankState& state) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    state.SerializeToCodedStream(&coded);
+  }
+  return RankStateDigestOfBytes(bytes);
+}
+
+std::string ShortDigest(const std::string& digest) {
+  return absl::BytesToHexString(digest.substr(0, 8));
+}
+
+}  // namespace ckpt
