@@ -107,8 +107,9 @@ bool CoordinatorService::NeedsAdvancer(const std::string& operation_id) const {
   return op != nullptr && (op->phase == Phase::kPlanning || op->phase == Phase::kCommitting);
 }
 
-grpc::ServerUnaryReactor* CoordinatorService::AnswerAfterAdvance(
-    grpc::CallbackServerContext* context, DeferredAnswer later) {
+grpc::ServerUnaryReactor* CoordinatorService::AnswerNowOrAfterAdvance(
+    grpc::CallbackServerContext* context, grpc::Status status, DeferredAnswer later) {
+  if (later.operation_id.empty()) return Answer(context, std::move(status));
   later.reactor = context->DefaultReactor();
   grpc::ServerUnaryReactor* reactor = later.reactor;
   std::lock_guard<std::mutex> lock(mu_);
@@ -825,8 +826,7 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinOperation(grpc::CallbackServer
                                                             pb::JoinOperationResponse* response) {
   DeferredAnswer later;
   grpc::Status status = DoJoinOperation(context, request, response, &later);
-  if (later.operation_id.empty()) return Answer(context, std::move(status));
-  return AnswerAfterAdvance(context, std::move(later));
+  return AnswerNowOrAfterAdvance(context, std::move(status), std::move(later));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportProgress(
@@ -840,8 +840,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportResult(grpc::CallbackServerC
                                                            pb::ReportResultResponse* response) {
   DeferredAnswer later;
   grpc::Status status = DoReportResult(context, request, response, &later);
-  if (later.operation_id.empty()) return Answer(context, std::move(status));
-  return AnswerAfterAdvance(context, std::move(later));
+  return AnswerNowOrAfterAdvance(context, std::move(status), std::move(later));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::RequestOperation(
@@ -867,8 +866,7 @@ grpc::ServerUnaryReactor* CoordinatorService::StartReshard(grpc::CallbackServerC
                                                            pb::StartReshardResponse* response) {
   DeferredAnswer later;
   grpc::Status status = DoStartReshard(context, request, response, &later);
-  if (later.operation_id.empty()) return Answer(context, std::move(status));
-  return AnswerAfterAdvance(context, std::move(later));
+  return AnswerNowOrAfterAdvance(context, std::move(status), std::move(later));
 }
 
 }  // namespace ckpt::coordinator

@@ -164,9 +164,10 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether Advance would run a planner or committer for the operation now.
   bool NeedsAdvancer(const std::string& operation_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues `later` for the advancer thread and returns its reactor.
-  grpc::ServerUnaryReactor* AnswerAfterAdvance(grpc::CallbackServerContext* context,
-                                               DeferredAnswer later);
+  // Answers `status` now when the call deferred nothing (`later` names no operation);
+  // otherwise queues `later` for the advancer thread and returns its reactor.
+  grpc::ServerUnaryReactor* AnswerNowOrAfterAdvance(grpc::CallbackServerContext* context,
+                                                    grpc::Status status, DeferredAnswer later);
   // Answers `later` with the operation's state. Requires mu_.
   void FinishDeferred(const DeferredAnswer& later) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The advancer thread's loop: Advance each queued operation, then answer its call.
