@@ -14,6 +14,22 @@
 #include "worker/save_executor.h"
 
 namespace ckpt::worker {
+namespace {
+
+// Where a part's Gloo communicator meets (the coordinator's rendezvous) and which address this
+// worker's data plane binds: the same for memory saves and exchange loads.
+template <typename Context>
+void FillDataPlaneEndpoint(const LoadEnvironment& env, Context* context) {
+  context->rendezvous_address = env.link->options().coordinator;
+  context->rendezvous_security = env.link->options().security;
+  context->hostname = env.link->options().info.data_plane_address();
+  if (context->hostname.empty()) context->hostname = env.host;
+  if (env.gloo_loop_thread_nice != nullptr) {
+    context->gloo_loop_thread_nice = *env.gloo_loop_thread_nice;
+  }
+}
+
+}  // namespace
 
 PartOutcome SavePartExecutor::Execute(const PartRun& run) {
   const absl::Time start = absl::Now();
@@ -73,13 +89,7 @@ MemorySaveContext SavePartExecutor::MemoryContext() const {
   MemorySaveContext context;
   context.tier = memory_.memory_tier == nullptr ? nullptr : *memory_.memory_tier;
   if (memory_.link == nullptr) return context;
-  context.rendezvous_address = memory_.link->options().coordinator;
-  context.rendezvous_security = memory_.link->options().security;
-  context.hostname = memory_.link->options().info.data_plane_address();
-  if (context.hostname.empty()) context.hostname = memory_.host;
-  if (memory_.gloo_loop_thread_nice != nullptr) {
-    context.gloo_loop_thread_nice = *memory_.gloo_loop_thread_nice;
-  }
+  FillDataPlaneEndpoint(memory_, &context);
   return context;
 }
 
@@ -106,13 +116,7 @@ PartOutcome LoadPartExecutor::Execute(const PartRun& run) {
 
 PartOutcome LoadPartExecutor::ExecuteExchange(const PartRun& run, const pb::LoadPlanPart& part) {
   ExchangeLoadContext context;
-  context.rendezvous_address = env_.link->options().coordinator;
-  context.rendezvous_security = env_.link->options().security;
-  context.hostname = env_.link->options().info.data_plane_address();
-  if (context.hostname.empty()) context.hostname = env_.host;
-  if (env_.gloo_loop_thread_nice != nullptr) {
-    context.gloo_loop_thread_nice = *env_.gloo_loop_thread_nice;
-  }
+  FillDataPlaneEndpoint(env_, &context);
   context.cuda_device = env_.link->options().info.gpu();
   if (env_.memory_tier != nullptr) context.memory_tier = *env_.memory_tier;
   ExchangeLoadStats stats;
