@@ -1,10 +1,9 @@
 #include "proto/state_digest.h"
 
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <openssl/sha.h>
 
 #include "absl/strings/escaping.h"
+#include "proto/deterministic.h"
 
 namespace ckpt {
 
@@ -16,14 +15,7 @@ std::string RankStateDigestOfBytes(const std::string& serialized_state) {
 }
 
 std::string RankStateDigest(const pb::RankState& state) {
-  std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream stream(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    state.SerializeToCodedStream(&coded);
-  }
-  return RankStateDigestOfBytes(bytes);
+  return RankStateDigestOfBytes(SerializeDeterministically(state));
 }
 
 std::string ShortDigest(const std::string& digest) {

@@ -14,8 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "proto/deterministic.h"
 #include "sharding/coverage.h"
 #include "storage/checksum.h"
 
@@ -268,14 +267,7 @@ absl::StatusOr<pb::Manifest> ParseManifest(absl::string_view bytes, absl::string
 }
 
 std::string SerializeManifest(const pb::Manifest& manifest) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    manifest.SerializeToCodedStream(&coded);
-  }
-  return out;
+  return SerializeDeterministically(manifest);
 }
 
 ManifestIndex::ManifestIndex(const pb::Manifest& manifest) : manifest_(manifest) {

@@ -1,0 +1,17 @@
+#ifndef CKPT_PROTO_DETERMINISTIC_H_
+#define CKPT_PROTO_DETERMINISTIC_H_
+
+#include <string>
+
+#include "google/protobuf/message_lite.h"
+
+namespace ckpt {
+
+// The deterministic protobuf serialization of `message` (map entries sorted by key), so the
+// same message gives the same bytes in every process of the same build: what is hashed or
+// checksummed (manifests, rank state digests) must be serialized this way.
+std::string SerializeDeterministically(const google::protobuf::MessageLite& message);
+
+}  // namespace ckpt
+
+#endif  // CKPT_PROTO_DETERMINISTIC_H_
