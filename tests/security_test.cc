@@ -2,6 +2,7 @@
 // certificates and roles, worker identities bound to their certificates, checkpoint roots,
 // rendezvous limits, and the worker's trainer socket (mode, SO_PEERCRED, what --listen may
 // remove). Certificates are made at test time with `ckptctl certs`.
+#include <dirent.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -21,6 +24,18 @@
 
 namespace ckpt::testing {
 namespace {
+
+// Names in /dev/shm that start with `prefix`.
+std::vector<std::string> ShmSegmentsStartingWith(const std::string& prefix) {
+  std::vector<std::string> names;
+  if (DIR* dir = opendir("/dev/shm")) {
+    while (struct dirent* entry = readdir(dir)) {
+      if (absl::StartsWith(entry->d_name, prefix)) names.push_back(entry->d_name);
+    }
+    closedir(dir);
+  }
+  return names;
+}
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -460,6 +475,11 @@ TEST(SecurityTest, ATrainerOfAnotherUidIsRefusedUnlessTheWorkerAllowsIt) {
   Child* allowed = run_as_nobody(1, "allowed");
   EXPECT_TRUE(WaitFor([&] { return Shared(*allowed) || Result(*allowed).first >= 0; }));
   EXPECT_TRUE(Shared(*allowed)) << allowed->Stdout() << allowed->Stderr();
+  // The other user's trainer dies: its worker releases its segments (they would otherwise
+  // stay in /dev/shm, owned by that user, after every run).
+  allowed->Kill();
+  EXPECT_TRUE(WaitFor([] { return ShmSegmentsStartingWith("ckpt.allowed.").empty(); }))
+      << absl::StrJoin(ShmSegmentsStartingWith("ckpt.allowed."), " ");
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -70,6 +71,7 @@ absl::Status ValidateSegmentName(const std::string& name, pid_t pid) {
 }
 
 std::vector<std::string> SweepOrphanSegments(const ProcessProbe& probe,
+                                             const std::vector<uid_t>& trainer_uids,
                                              const std::string& shm_dir) {
   std::vector<std::string> removed;
   DIR* dir = opendir(shm_dir.c_str());
@@ -87,7 +89,8 @@ std::vector<std::string> SweepOrphanSegments(const ProcessProbe& probe,
     if (!absl::SimpleAtoi(name.substr(marker + 2, last - marker - 2), &pid) || pid <= 0) continue;
     struct stat st;
     std::string path = absl::StrCat(shm_dir, "/", name);
-    if (stat(path.c_str(), &st) != 0 || st.st_uid != uid) continue;
+    if (stat(path.c_str(), &st) != 0) continue;
+    if (st.st_uid != uid && absl::c_find(trainer_uids, st.st_uid) == trainer_uids.end()) continue;
     if (probe.StartToken(pid) != 0) continue;
     std::string shm_name = absl::StrCat("/", name);
     if (shm_unlink(shm_name.c_str()) == 0) removed.push_back(shm_name);

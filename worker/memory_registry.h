@@ -111,10 +111,13 @@ class ProcfsProcessProbe final : public ProcessProbe {
 absl::Status ValidateSegmentName(const std::string& name, pid_t pid);
 
 // Unlinks shared-memory segments in `shm_dir` (normally /dev/shm) that the client library
-// created ("ckpt.<job>.r<rank>.p<pid>.<n>"), that this user owns, and whose process is gone
-// by `probe`: the leftovers of trainers that died while their worker was down too. Returns
-// the names removed (with a leading '/').
+// created ("ckpt.<job>.r<rank>.p<pid>.<n>"), that this user or one of `trainer_uids` (the
+// worker's --trainer_uids: other users whose trainers it serves) owns, and whose process is
+// gone by `probe`: the leftovers of trainers that died while their worker was down too.
+// Returns the names removed (with a leading '/'); a segment this process may not unlink
+// (another user's, without the right to) stays.
 std::vector<std::string> SweepOrphanSegments(const ProcessProbe& probe,
+                                             const std::vector<uid_t>& trainer_uids = {},
                                              const std::string& shm_dir = "/dev/shm");
 
 // Checks a device tensor's share before anything is opened: the worker serves a GPU

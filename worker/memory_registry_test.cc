@@ -359,6 +359,21 @@ TEST_F(MemoryRegistryTest, SweepRemovesOnlySegmentsOfDeadProcesses) {
   EXPECT_TRUE(SegmentExists(unrelated.name()));
 }
 
+TEST_F(MemoryRegistryTest, SweepRemovesOrphansOfAllowedTrainerUidsOnly) {
+  if (geteuid() != 0) GTEST_SKIP() << "giving a segment to another uid needs root";
+  constexpr uid_t kNobody = 65534;
+  const pid_t dead_pid = (1 << 22) + 11;  // above PID_MAX_LIMIT: no real process has it
+  Segment orphan(absl::StrCat("/ckpt.other-uid.r0.p", dead_pid, ".1"), 64);
+  ASSERT_EQ(chown(absl::StrCat("/dev/shm", orphan.name()).c_str(), kNobody, kNobody), 0)
+      << std::strerror(errno);
+  OnePidDeadProbe probe(dead_pid);
+  // Another user's segment is not this worker's business unless it serves that user's trainers.
+  EXPECT_THAT(SweepOrphanSegments(probe), ::testing::IsEmpty());
+  EXPECT_TRUE(SegmentExists(orphan.name()));
+  EXPECT_THAT(SweepOrphanSegments(probe, {kNobody}), ::testing::ElementsAre(orphan.name()));
+  EXPECT_FALSE(SegmentExists(orphan.name()));
+}
+
 TEST(ProcfsProcessProbeTest, TokenIsTheStartTimeAndStaysStableWhileTheProcessRuns) {
   ProcfsProcessProbe probe;
   uint64_t before = probe.StartToken(getpid());

@@ -246,13 +246,13 @@ void LogDevice(const DeviceServing& d) {
 // Until `stop`: releases the memory of trainers that died, and sweeps orphan segments of
 // trainers that died while no worker served them (at start, then every 10 s).
 void ReapUntilStopped(ckpt::worker::MemoryRegistry* registry, ckpt::worker::WorkerService* service,
-                      absl::Notification* stop) {
+                      std::vector<uid_t> trainer_uids, absl::Notification* stop) {
   const absl::Duration interval = absl::Milliseconds(absl::GetFlag(FLAGS_reap_interval_ms));
   ckpt::worker::ProcfsProcessProbe probe;
   absl::Time next_sweep = absl::InfinitePast();
   do {
     if (absl::Now() >= next_sweep) {
-      for (const std::string& name : ckpt::worker::SweepOrphanSegments(probe)) {
+      for (const std::string& name : ckpt::worker::SweepOrphanSegments(probe, trainer_uids)) {
         spdlog::warn("orphan_segment_removed name={}", name);
       }
       next_sweep = absl::Now() + absl::Seconds(10);
@@ -355,7 +355,7 @@ int Run() {
   link.Start();
 
   absl::Notification stop;
-  std::thread reaper(ReapUntilStopped, &registry, &service, &stop);
+  std::thread reaper(ReapUntilStopped, &registry, &service, settings->trainer_uids, &stop);
   grpc::Server* raw = server.get();
   ckpt::worker::TrainerSocket* trainer_socket = socket->get();
   ckpt::WatchShutdownSignals([raw, trainer_socket](int signal_number) {
