@@ -89,6 +89,10 @@ ABSL_FLAG(int, memory_replicas, 1,
 ABSL_FLAG(int, memory_keep, 2,
           "memory checkpoints kept: the catalog forgets, and the workers evict, older ones once "
           "a newer one is committed (at least 1)");
+ABSL_FLAG(int64_t, description_cache_bytes, int64_t{2} << 30,
+          "memory for the ranks' kept state descriptions, so that repeat operations with an "
+          "unchanged layout send only a digest (least recently used jobs are dropped past it; "
+          "0: keep none)");
 ABSL_FLAG(std::string, state_dir, "",
           "directory journaling the staging directories of saves/reshards in flight, so that a "
           "restarted coordinator removes what a crashed one left (one coordinator per directory)");
@@ -183,6 +187,10 @@ std::optional<int> ReadSettings(const std::vector<std::string>& checkpoint_roots
   options.checkpoint_roots = *roots;
   options.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   options.tick = absl::Milliseconds(absl::GetFlag(FLAGS_tick_ms));
+  if (absl::GetFlag(FLAGS_description_cache_bytes) < 0) {
+    return Fail("--description_cache_bytes must be >= 0");
+  }
+  options.description_cache_bytes = absl::GetFlag(FLAGS_description_cache_bytes);
   options.jobs.arrival_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_arrival_deadline_ms));
   options.jobs.execution_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_execution_deadline_ms));
   return std::nullopt;

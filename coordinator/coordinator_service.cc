@@ -46,7 +46,8 @@ CoordinatorService::CoordinatorService(const Clock* clock, CoordinatorOptions op
       incarnation_hex_(absl::StrFormat("%016x", incarnation_)),
       started_(clock->Now()),
       jobs_(clock, options.jobs, incarnation_hex_),
-      workers_(clock, options.lease, absl::Hours(1), incarnation_hex_) {}
+      workers_(clock, options.lease, absl::Hours(1), incarnation_hex_),
+      descriptions_(options.description_cache_bytes) {}
 
 CoordinatorService::~CoordinatorService() { Shutdown(); }
 

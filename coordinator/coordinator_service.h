@@ -61,6 +61,9 @@ struct CoordinatorOptions {
   // This process's incarnation, in every worker and operation id and every response a worker
   // relies on; 0: a random one (what the daemon uses, so a restart gets a new one).
   uint64_t incarnation = 0;
+  // Memory for the ranks' kept state descriptions (repeat operations send only digests);
+  // 0 keeps none, so every join carries its full description.
+  int64_t description_cache_bytes = int64_t{2} << 30;
 };
 
 // The service. Thread-safe; construct, wire planners, Start(), register with a grpc server.

@@ -97,9 +97,10 @@ class RecordingSaveKind final : public OperationKindHandler {
 
 class CoordinatorServiceTest : public ::testing::Test {
  protected:
-  void StartServer() {
+  void StartServer(int64_t description_cache_bytes = int64_t{2} << 30) {
     CoordinatorOptions options;
     options.lease = absl::Seconds(30);
+    options.description_cache_bytes = description_cache_bytes;
     const char* tmp = std::getenv("TEST_TMPDIR");
     auto roots = CheckpointRoots::Create({tmp != nullptr ? tmp : "/tmp"});
     ASSERT_TRUE(roots.ok()) << roots.status();
@@ -589,6 +590,21 @@ TEST_F(CoordinatorDigestTest, ARepeatJoinWithAnUnchangedDescriptionSendsOnlyItsD
   EXPECT_EQ(j.operation().ranks_described_by_digest(), 2);
   EXPECT_EQ(save_kind_.planned_shards, 5);  // planned over the kept descriptions
   ASSERT_NO_FATAL_FAILURE(Finish(j.operation().id()));
+}
+
+TEST_F(CoordinatorDigestTest, ACoordinatorKeepingNoDescriptionsHasEveryJoinSendItsFullState) {
+  ASSERT_NO_FATAL_FAILURE(StartServer(/*description_cache_bytes=*/0));
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  Watcher watch0(stub_.get(), w0), watch1(stub_.get(), w1);
+  pb::JoinOperationResponse j;
+  ASSERT_TRUE(JoinDescribed(w0, 0, Described(0, 2), false, &j).ok());
+  EXPECT_FALSE(j.state_kept());  // so the worker never omits it
+  ASSERT_TRUE(JoinDescribed(w1, 1, Described(1, 3), false, &j).ok());
+  EXPECT_FALSE(j.state_kept());
+  ASSERT_NO_FATAL_FAILURE(Finish(j.operation().id()));
+  // A worker that omits its state anyway is told to send it.
+  ASSERT_TRUE(JoinDescribed(w0, 0, Described(0, 2), true, &j).ok());
+  EXPECT_TRUE(j.send_full_state());
 }
 
 TEST_F(CoordinatorDigestTest, AMismatchedDigestIsRefusedWithTheSendFullStateAnswer) {

@@ -11,8 +11,8 @@ std::string DescriptionCache::Keep(const std::string& job, int world_size, int r
                                    pb::RankState state, bool* kept) {
   if (kept != nullptr) *kept = false;
   Entry entry;
-  entry.digest = RankStateDigest(state);  // computed here, outside the lock
-  entry.bytes = static_cast<int64_t>(state.ByteSizeLong());
+  entry.digest = RankStateDigest(state);                      // computed here, outside the lock
+  entry.bytes = static_cast<int64_t>(state.SpaceUsedLong());  // in memory, not on the wire
   entry.state = std::make_shared<const pb::RankState>(std::move(state));
   std::string digest = entry.digest;
   std::lock_guard<std::mutex> lock(mu_);

@@ -27,7 +27,7 @@ namespace ckpt::coordinator {
 // Counters of a DescriptionCache, for status and logs.
 struct DescriptionCacheStats {
   int64_t entries = 0;
-  int64_t bytes = 0;      // serialized bytes of the descriptions kept
+  int64_t bytes = 0;      // memory the kept descriptions take (protobuf SpaceUsedLong)
   int64_t hits = 0;       // lookups answered with a kept description
   int64_t misses = 0;     // lookups refused (nothing kept, another digest, another world size)
   int64_t evictions = 0;  // entries dropped for the memory bound
