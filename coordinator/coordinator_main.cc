@@ -93,6 +93,9 @@ ABSL_FLAG(int64_t, description_cache_bytes, int64_t{2} << 30,
           "memory for the ranks' kept state descriptions, so that repeat operations with an "
           "unchanged layout send only a digest (least recently used jobs are dropped past it; "
           "0: keep none)");
+ABSL_FLAG(int64_t, max_reshard_ranks_per_worker, 1024,
+          "a cluster reshard (ckptctl reshard --coordinator) places at most this many target "
+          "ranks on each live worker; a larger target layout is refused up front");
 ABSL_FLAG(std::string, state_dir, "",
           "directory journaling the staging directories of saves/reshards in flight, so that a "
           "restarted coordinator removes what a crashed one left (one coordinator per directory)");
@@ -191,6 +194,10 @@ std::optional<int> ReadSettings(const std::vector<std::string>& checkpoint_roots
     return Fail("--description_cache_bytes must be >= 0");
   }
   options.description_cache_bytes = absl::GetFlag(FLAGS_description_cache_bytes);
+  if (absl::GetFlag(FLAGS_max_reshard_ranks_per_worker) < 1) {
+    return Fail("--max_reshard_ranks_per_worker must be >= 1");
+  }
+  options.max_reshard_ranks_per_worker = absl::GetFlag(FLAGS_max_reshard_ranks_per_worker);
   options.jobs.arrival_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_arrival_deadline_ms));
   options.jobs.execution_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_execution_deadline_ms));
   return std::nullopt;

@@ -702,6 +702,14 @@ grpc::Status CoordinatorService::DoStartReshard(const grpc::ServerContextBase* c
         "no live worker is registered with this coordinator to execute the reshard; start "
         "ckpt_worker daemons (or reshard without --coordinator, in this process)"));
   }
+  if (layout->world_size() >
+      static_cast<int64_t>(live.size()) * options_.max_reshard_ranks_per_worker) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "target layout: ", layout->world_size(), " ranks over ", live.size(),
+        " live worker(s) is more than the limit of ", options_.max_reshard_ranks_per_worker,
+        " ranks per worker (--max_reshard_ranks_per_worker); start more workers or reshard "
+        "offline (ckptctl reshard without --coordinator)")));
+  }
   std::vector<RankLocation> locations;
   for (int64_t r = 0; r < layout->world_size(); ++r) {
     const WorkerRecord* w = live[r % live.size()];

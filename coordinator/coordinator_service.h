@@ -64,6 +64,9 @@ struct CoordinatorOptions {
   // Memory for the ranks' kept state descriptions (repeat operations send only digests);
   // 0 keeps none, so every join carries its full description.
   int64_t description_cache_bytes = int64_t{2} << 30;
+  // A cluster reshard places at most this many of its target ranks on each live worker it
+  // uses; a larger target layout is refused before anything is registered.
+  int64_t max_reshard_ranks_per_worker = 1024;
 };
 
 // The service. Thread-safe; construct, wire planners, Start(), register with a grpc server.

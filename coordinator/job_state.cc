@@ -568,6 +568,12 @@ void JobState::Finish(Operation& op, Phase final_phase) {
     std::string().swap(entry.plan_part);
   }
   op.finished = op.phase_since;
+  if (op.kind == OperationKind::kReshard) {
+    // A cluster reshard's ranks were placed on workers for this operation only: once it ended
+    // nothing runs them (a refused 10^6-rank reshard left 10^6 of them in every status answer).
+    if (auto job = jobs_.find(op.job); job != jobs_.end()) job->second.ranks.clear();
+    ++version_;
+  }
   auto it = in_flight_.find(op.job);
   if (it != in_flight_.end() && it->second == op.id) in_flight_.erase(it);
   PruneFinished(op.job);

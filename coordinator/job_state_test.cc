@@ -453,6 +453,15 @@ TEST_F(StartReshardTest, OneReshardPerDestinationAtATime) {
   EXPECT_TRUE(state_.StartReshard("/ckpt/dst", Spec(), {Loc(0), Loc(1)}).ok());
 }
 
+TEST_F(StartReshardTest, AnEndedReshardLeavesNoRanksBehind) {
+  auto id = state_.StartReshard("/ckpt/dst", Spec(), {Loc(0), Loc(1), Loc(0)});
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_EQ(state_.FindJob("reshard:/ckpt/dst")->ranks.size(), 3u);
+  ASSERT_TRUE(state_.Abort(*id, absl::InvalidArgumentError("planner refused")).ok());
+  EXPECT_TRUE(state_.FindJob("reshard:/ckpt/dst")->ranks.empty());
+  EXPECT_EQ(state_.FindOperation(*id)->ranks[1].location.worker_id, "w-1");  // still reported
+}
+
 TEST_F(StartReshardTest, RejectsEmptyRequests) {
   EXPECT_EQ(state_.StartReshard("", Spec(), {Loc(0)}).status().code(),
             absl::StatusCode::kInvalidArgument);
