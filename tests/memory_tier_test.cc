@@ -127,6 +127,27 @@ TEST(MemoryTierTest, SaveReplicatesAcrossHostsAndLoadsFromSurvivorsIntoAnotherLa
   }
 }
 
+TEST(MemoryTierTest, TwoReplicasSurviveALostWorkerOnEachHost) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  StartTwoHosts(cluster);
+  const std::vector<std::string> rows = {"--global_rows", "4",          "--elements",
+                                         "4096",          "--replicas", "2"};
+  for (Child* t : RunOn(cluster, {0, 1, 2, 3}, "train", "save", "mem://two", rows)) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+  }
+  // Each rank's file: its worker and both workers of the other host.
+  ASSERT_EQ(Replicas(cluster, "two"), 12) << ClusterLogs(cluster);
+  cluster.worker(0).Kill(SIGKILL);
+  cluster.worker(2).Kill(SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return Replicas(cluster, "two") == 6; })) << ClusterLogs(cluster);
+  for (Child* t : RunOn(cluster, {1, 3}, "serve", "load", "mem://two",
+                        {"--global_rows", "4", "--elements", "4096", "--layout", "cols"})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+    EXPECT_THAT(t->Stdout(), HasSubstr("verified")) << t->Stdout();
+  }
+}
+
 TEST(MemoryTierTest, ASaveOverTheMemoryBudgetFailsNamingWorkerAndBytes) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));

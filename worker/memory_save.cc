@@ -75,27 +75,21 @@ absl::Status Replicate(const pb::SavePlanPart& part, const std::string& operatio
   const std::vector<size_t> eight(world, sizeof(uint64_t));
   CKPT_RETURN_IF_ERROR(
       comm->AllToAllV(send_sizes.data(), eight, recv_sizes.data(), eight, deadline));
-  // One AllToAllV over contiguous buffers (the Gloo backend packs AllToAllVBuffers, which
-  // would copy every file twice more). With one replica `mine` is the send buffer itself.
-  std::vector<size_t> send_counts(world), recv_counts(world), recv_offsets(world);
-  int targets = 0;
-  size_t recv_total = 0;
+  // Every replica rank is sent `mine` itself, and each peer's files land in their own buffer:
+  // no copy per target.
+  std::vector<SendBuffer> sends(world);
+  std::vector<RecvBuffer> recvs(world);
+  std::vector<std::string> received(world);
   for (int r = 0; r < world; ++r) {
-    send_counts[r] = static_cast<size_t>(send_sizes[r]);
-    targets += send_sizes[r] > 0 ? 1 : 0;
-    recv_counts[r] = static_cast<size_t>(recv_sizes[r]);
-    recv_offsets[r] = recv_total;
-    recv_total += recv_counts[r];
+    if (send_sizes[r] > 0) sends[r] = SendBuffer{mine.data(), mine.size()};
+    if (r == part.rank()) continue;  // nothing to itself: send_sizes[rank] stays 0
+    received[r].resize(static_cast<size_t>(recv_sizes[r]));
+    recvs[r] = RecvBuffer{received[r].data(), received[r].size()};
   }
-  std::string repeated;  // `mine` once per target, in peer order (more than one replica)
-  for (int t = 1; t < targets; ++t) repeated.append(t == 1 ? mine + mine : mine);
-  const char* send = targets > 1 ? repeated.data() : mine.data();
-  std::string received(recv_total, '\0');
-  CKPT_RETURN_IF_ERROR(comm->AllToAllV(send, send_counts, received.data(), recv_counts, deadline));
+  CKPT_RETURN_IF_ERROR(comm->AllToAllVBuffers(sends, recvs, deadline));
   for (int r = 0; r < world; ++r) {
-    if (r == part.rank() || recv_counts[r] == 0) continue;
-    CKPT_ASSIGN_OR_RETURN(auto files,
-                          ParseFrames(received.data() + recv_offsets[r], recv_counts[r]));
+    if (received[r].empty()) continue;
+    CKPT_ASSIGN_OR_RETURN(auto files, ParseFrames(received[r].data(), received[r].size()));
     for (auto& [name, bytes] : files) {
       CKPT_RETURN_IF_ERROR(ValidateDataFileName(name));
       CKPT_RETURN_IF_ERROR(
