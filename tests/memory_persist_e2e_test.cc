@@ -12,7 +12,8 @@
 // - a load of a checkpoint that the workers evicted for their memory budget is refused at
 //   planning, naming it (the catalog learnt of the eviction by heartbeat);
 // - refusals naming what is wrong: a mem:// persist_to, a persist_to on a storage save,
-//   negative replicas, mem:// reshard sources and destinations.
+//   negative replicas, mem:// reshard sources and destinations (coordinator and ckptctl), and
+//   ckptctl's storage-only commands on a mem:// path.
 // Events are ordered by the workers' --persist_gate_file (a worker announces that a persist
 // item waits, and writes once the test creates the file), never by timing.
 #include <csignal>
@@ -299,6 +300,16 @@ TEST(MemoryPersistE2eTest, PersistToAndMemoryPathsAreRefusedWhereTheyDoNotBelong
     s = cluster.coordinator_stub()->StartReshard(&context, request, &response);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr(named));
+  }
+  // ckptctl's storage-only commands refuse a memory checkpoint before touching anything.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"verify", "mem://m"},
+        {"inspect", "mem://m"},
+        {"reshard", "mem://m", storage, "--layout", "{}"},
+        {"reshard", "--coordinator", cluster.address(), storage, "mem://n", "--layout", "{}"}}) {
+    std::string refused;
+    EXPECT_EQ(cluster.RunCkptctl(args, &refused), 2) << refused;
+    EXPECT_THAT(refused, HasSubstr("is a memory checkpoint")) << args[0];
   }
   // ckptctl's operator-requested save carries persist_to; the coordinator refuses a mem:// one.
   std::string out;

@@ -289,7 +289,8 @@ class Client:
         staged_at = time.perf_counter()
         meta = {str(k): str(v) for k, v in (metadata or {}).items()}
         if memory_replicas is not None and int(memory_replicas) < 0:
-            raise ValueError(f"save of {path}: negative memory_replicas {memory_replicas}")
+            raise _errors.InvalidArgument(
+                f"save of {path}: negative memory_replicas {memory_replicas}")
         native = self._native.save(os.fspath(path), state._native, meta, float(arrival_timeout),
                                    bool(lend), os.fspath(persist_to) if persist_to else "",
                                    bool(persist_overwrite),
