@@ -128,6 +128,51 @@ TEST(PersistDriverTest, ALostWritersFilesGoToAnotherHolder) {
   EXPECT_EQ(PersistOf(catalog), "persisted to " + path);
 }
 
+TEST(PersistDriverTest, AWorkerLostWhileTheStagingDirectoryIsMadeGetsNoWork) {
+  const std::string dir = TestDir("driver_lost_early");
+  MemoryCatalog catalog;
+  const std::string path = JoinPath(dir, "persisted");
+  const std::string source = MakeCommitted(dir, &catalog, path);
+  PersistDriver driver(&catalog, 0);
+  driver.Enqueue({"m", path, false});
+  // Lost before the flight began (the catalog here still lists it as a holder).
+  EXPECT_FALSE(driver.WorkerFailed("w0", absl::UnavailableError("lease expired")));
+  driver.RunSteps();
+  EXPECT_TRUE(driver.ItemsFor("w0", {}).empty());
+  std::set<std::string> sent1, sent2;
+  for (const auto& r : Execute(driver, "w1", source, &sent1)) driver.Report("w1", r);
+  std::vector<pb::PersistReportRequest> r2 = Execute(driver, "w2", source, &sent2);
+  ASSERT_EQ(r2.size(), 1u);
+  EXPECT_TRUE(driver.Report("w2", r2[0]));
+  driver.RunSteps();
+  EXPECT_EQ(PersistOf(catalog), "persisted to " + path);
+}
+
+TEST(PersistDriverTest, AFailedWriteMovesTheFileAndALateReportIsIgnored) {
+  const std::string dir = TestDir("driver_write_failed");
+  MemoryCatalog catalog;
+  const std::string path = JoinPath(dir, "persisted");
+  const std::string source = MakeCommitted(dir, &catalog, path);
+  PersistDriver driver(&catalog, 0);
+  driver.Enqueue({"m", path, false});
+  driver.RunSteps();
+  std::vector<PersistItem> w0 = driver.ItemsFor("w0", {});
+  ASSERT_EQ(w0.size(), 1u);
+  pb::PersistReportRequest failed;
+  failed.set_worker_id("w0");
+  failed.set_persist_id(w0[0].item.persist().persist_id());
+  failed.mutable_files()->CopyFrom(w0[0].item.persist().files());
+  failed.mutable_result()->set_code(static_cast<int>(absl::StatusCode::kDataLoss));
+  failed.mutable_result()->set_message("checksum mismatch");
+  EXPECT_TRUE(driver.Report("w0", failed));   // the file moves to w2
+  EXPECT_FALSE(driver.Report("w0", failed));  // again: nothing pending there any more
+  std::set<std::string> sent1, sent2;
+  for (const auto& r : Execute(driver, "w1", source, &sent1)) driver.Report("w1", r);
+  for (const auto& r : Execute(driver, "w2", source, &sent2)) driver.Report("w2", r);
+  driver.RunSteps();
+  EXPECT_EQ(PersistOf(catalog), "persisted to " + path);
+}
+
 TEST(PersistDriverTest, NoHolderLeftFailsNamingTheFileAndLeavesNothingAtThePath) {
   const std::string dir = TestDir("driver_orphan");
   MemoryCatalog catalog;
