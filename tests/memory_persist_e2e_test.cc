@@ -3,7 +3,8 @@
 // mem://<name> with persist_to through the client library.
 // - the persisted checkpoint equals a direct storage save of the same state: every data file
 //   byte for byte, and the manifest field for field except created_unix_micros (the commit
-//   time); `ckptctl verify` passes on it;
+//   time); `ckptctl verify` passes on it; an operator-requested save (`ckptctl save
+//   --persist-to`) persists the same way;
 // - the writing worker killed (SIGKILL) mid-persist: the replica's worker writes its file and
 //   the checkpoint commits; with no holder left the persistence fails naming the file, nothing
 //   partial is left, and the earlier checkpoint at the path is intact;
@@ -137,6 +138,28 @@ TEST(MemoryPersistE2eTest, PersistedCheckpointIsTheDirectSaveByteForByteAndVerif
     EXPECT_EQ(Result(*t).first, 0) << Result(*t).second;
     EXPECT_THAT(t->Stdout(), HasSubstr("verified"));
   }
+}
+
+TEST(MemoryPersistE2eTest, AnOperatorRequestedMemorySavePersistsWhereCkptctlSaid) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(
+      cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs), "--memory_replicas=0"}));
+  cluster.StartWorker(0);
+  Child* trainer = cluster.StartTrainer(0, "polled", 0, 1, "poll");
+  ASSERT_TRUE(WaitFor([&] { return cluster.Status().jobs_size() == 1; }))
+      << trainer->Stdout() << trainer->Stderr();
+  const std::string persisted = cluster.dir() + "/operator-persisted";
+  std::string out;
+  ASSERT_EQ(cluster.RunCkptctl({"save", "--coordinator", cluster.address(), "--job", "polled",
+                                "--timeout", "60s", "--persist-to", persisted, "mem://op1"},
+                               &out),
+            0)
+      << out << ClusterLogs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return PersistOf(cluster, "op1") == "persisted to " + persisted; }))
+      << PersistOf(cluster, "op1") << ClusterLogs(cluster);
+  EXPECT_EQ(cluster.RunCkptctl({"verify", persisted}, &out), 0) << out;
+  ASSERT_TRUE(WaitFor([&] { return Result(*trainer).first >= 0; }));
+  EXPECT_EQ(Result(*trainer).first, 0) << Result(*trainer).second;
 }
 
 TEST(MemoryPersistE2eTest, AWriterKilledMidPersistIsReplacedByTheReplicasWorker) {
