@@ -14,6 +14,32 @@
 #include "proto/worker.grpc.pb.h"
 
 namespace ckpt::client {
+namespace {
+
+// A save's memory-tier options checked before anything is sent: InvalidArgument naming the
+// value for a negative replica count (other than -1, the default), a mem:// persist_to, or a
+// persist_to on a storage save (it is durable already).
+absl::Status CheckMemorySaveOptions(const std::string& path, const SaveOptions& options) {
+  const bool memory = path.rfind("mem://", 0) == 0;
+  if (options.memory_replicas < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("save of ", path, ": negative memory_replicas ", options.memory_replicas));
+  }
+  if (options.persist_to.empty()) return absl::OkStatus();
+  if (options.persist_to.rfind("mem://", 0) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("save of ", path, ": persist_to '", options.persist_to,
+                     "' is a memory path; a memory checkpoint is persisted to storage"));
+  }
+  if (!memory) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "save of ", path, ": persist_to '", options.persist_to,
+        "' is only for memory saves (mem://<name>); a storage save is durable already"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 // A state dict of many tensors easily exceeds gRPC's 4 MB default message size.
 grpc::ChannelArguments LargeMessages() {
@@ -211,13 +237,12 @@ absl::Status Client::Register(const StateDict& state, Lending lending) {
       "RegisterTensors");
 }
 
-absl::StatusOr<std::string> Client::Transfer(bool save, const std::string& path,
-                                             const StateDict& state,
-                                             const std::map<std::string, std::string>& metadata,
-                                             const std::string& operation_id,
-                                             absl::Duration arrival_timeout, Lending lending,
-                                             pb::LoadAlgorithm load_algorithm,
-                                             int64_t memory_budget_bytes, int memory_replicas) {
+absl::StatusOr<std::string> Client::Transfer(
+    bool save, const std::string& path, const StateDict& state,
+    const std::map<std::string, std::string>& metadata, const std::string& operation_id,
+    absl::Duration arrival_timeout, Lending lending, pb::LoadAlgorithm load_algorithm,
+    int64_t memory_budget_bytes, int memory_replicas, const std::string& persist_to,
+    bool persist_overwrite) {
   if (absl::Status s = Register(state, lending); !s.ok()) return s;
   pb::TransferRequest request;
   request.set_session_id(session_id_);
@@ -233,6 +258,11 @@ absl::StatusOr<std::string> Client::Transfer(bool save, const std::string& path,
   request.set_timeout_ms(absl::ToInt64Milliseconds(arrival_timeout));
   request.set_load_algorithm(load_algorithm);
   if (memory_replicas >= 0) request.set_memory_replicas(memory_replicas);
+  if (!persist_to.empty()) {
+    std::filesystem::path persist_absolute = std::filesystem::absolute(persist_to, ec);
+    request.set_persist_to(ec ? persist_to : persist_absolute.string());
+    request.set_persist_overwrite(persist_overwrite);
+  }
   request.set_memory_budget_bytes(memory_budget_bytes);
   pb::TransferResponse response;
   auto context = connection_->Context();
@@ -246,9 +276,11 @@ absl::StatusOr<std::string> Client::Transfer(bool save, const std::string& path,
 absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path,
                                                          const StateDict& state,
                                                          const SaveOptions& options) {
+  if (absl::Status s = CheckMemorySaveOptions(path, options); !s.ok()) return s;
   absl::StatusOr<std::string> op =
       Transfer(true, path, state, options.metadata, "", options.arrival_timeout, options.lending,
-               pb::LOAD_ALGORITHM_UNSPECIFIED, 0, options.memory_replicas);
+               pb::LOAD_ALGORITHM_UNSPECIFIED, 0, options.memory_replicas, options.persist_to,
+               options.persist_overwrite);
   if (!op.ok()) return op.status();
   auto handle = std::make_unique<SaveHandle>(connection_, session_id_, *op);
   // Return once this rank's worker copied the state out of the trainer's memory (or the save

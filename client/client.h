@@ -44,6 +44,12 @@ struct SaveOptions {
   // Memory saves (path mem://<name>) only: extra copies of each data file, each on a worker
   // of another host (-1: the coordinator's --memory_replicas, default 1; 0: none).
   int memory_replicas = -1;
+  // Memory saves only: once durable in memory, the coordinator has the holders persist the
+  // checkpoint in the background to this storage path (under its checkpoint roots) as an
+  // ordinary committed checkpoint ("": never); `ckptctl status` shows how it stands. Save
+  // refuses with InvalidArgument a mem:// persist_to, or one on a storage save.
+  std::string persist_to;
+  bool persist_overwrite = false;  // persist_to may replace a committed checkpoint there
   // (No exchange algorithm or memory budget: a save moves no bytes between ranks, each stored
   // piece is written by one rank that holds it, and the worker snapshots its rank's whole part
   // before writing it.)
@@ -176,7 +182,8 @@ class Client {
       const std::map<std::string, std::string>& metadata, const std::string& operation_id,
       absl::Duration arrival_timeout, Lending lending,
       pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED,
-      int64_t memory_budget_bytes = 0, int memory_replicas = -1);
+      int64_t memory_budget_bytes = 0, int memory_replicas = -1, const std::string& persist_to = "",
+      bool persist_overwrite = false);
 
   // Share with what `lending` lends marked in the description.
   absl::Status Register(const StateDict& state, Lending lending);

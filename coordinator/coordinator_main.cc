@@ -42,6 +42,7 @@
 #include "coordinator/load_exchange.h"
 #include "coordinator/memory_catalog.h"
 #include "coordinator/memory_kinds.h"
+#include "coordinator/persist_driver.h"
 #include "coordinator/reshard_commit.h"
 #include "coordinator/save_commit.h"
 #include "coordinator/staging_journal.h"
@@ -278,6 +279,10 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kSave, &save_kinds);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kLoad, &load_kinds);
   coordinator.set_memory_catalog(&memory_catalog);
+  // Background persistence of memory saves that ask for it (persist_to).
+  ckpt::coordinator::PersistDriver persist(&memory_catalog,
+                                           std::max(1, absl::GetFlag(FLAGS_memory_keep)));
+  coordinator.set_persist_driver(&persist);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kReshard, &reshards);
   coordinator.set_rendezvous_store(&kv);
   ckpt::RendezvousService rendezvous(

@@ -41,6 +41,7 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
       CollectItems(scanned[worker_id_]);
     }
     first_ = false;
+    CollectPersistItems();
     WriteNext();
   }
 
@@ -110,6 +111,16 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
     }
   }
 
+  // Queues the background-persistence items for this worker not sent on this stream yet.
+  void CollectPersistItems() {
+    if (service_->persist_ == nullptr) return;
+    for (PersistItem& p : service_->persist_->ItemsFor(worker_id_, persist_sent_)) {
+      persist_sent_.insert(p.key);
+      p.item.set_incarnation(service_->incarnation_);
+      pending_.push_back(std::move(p.item));
+    }
+  }
+
   // Forgets the queued items, except the one being written (gRPC holds it until OnWriteDone).
   void DropQueued() {
     while (pending_.size() > (writing_ ? 1u : 0u)) pending_.pop_back();
@@ -145,6 +156,7 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
   bool first_ = true;
   std::set<std::pair<std::string, int>> plans_sent_;   // (operation, rank)
   std::set<std::pair<std::string, int>> aborts_sent_;  // (operation, rank)
+  std::set<std::string> persist_sent_;                 // PersistItem keys
   std::deque<pb::WorkItem> pending_;                   // front: in flight while writing_
   bool writing_ = false;
   bool finish_requested_ = false;

@@ -141,7 +141,12 @@ void CoordinatorService::RunAdvancer() {
   (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    advance_wake_.wait(lock, [this] { return shutting_down_ || !advance_queue_.empty(); });
+    advance_wake_.wait(
+        lock, [this] { return shutting_down_ || !advance_queue_.empty() || persist_due_; });
+    if (persist_due_ && !shutting_down_) {
+      RunPersistSteps();  // unlocks while touching storage
+      continue;
+    }
     if (advance_queue_.empty()) return;  // shutting down with nothing left
     DeferredAnswer later = std::move(advance_queue_.front());
     advance_queue_.pop_front();
@@ -264,6 +269,7 @@ void CoordinatorService::TickOnce() {
                  dead.description.host, dead.description.pid, dead.death_cause);
     LogAborted(jobs_.WorkerLost(dead.id, dead.death_cause));
     DropMemoryCopies(dead.id, dead.description.host);
+    PersistWorkerLost(dead.id, dead.death_cause);
   }
   LogAborted(jobs_.Tick());
   Changed();
@@ -349,6 +355,7 @@ void CoordinatorService::Advance(const std::string& operation_id) {
       mu_.lock();
     }
     const std::string committed_path = snapshot.path;
+    if (committed.ok()) QueuePersist(snapshot);  // a memory save with persist_to
     jobs_.ReturnLent(operation_id, std::move(snapshot));
     // Nothing else ends a committing operation, so this cannot fail; if it ever does, the
     // operation would wait for its deadline with nobody the wiser: say so loudly.
@@ -415,6 +422,7 @@ grpc::Status CoordinatorService::DoHeartbeat(const grpc::ServerContextBase* cont
   // A live worker's renewal is recorded without the service's lock (see LeaseBook).
   const std::string principal = peer->authenticated ? peer->Principal() : "";
   if (leases_.Renew(request->worker_id(), peer->authenticated ? &principal : nullptr)) {
+    DropEvictedCopies(request->worker_id(), *request);  // the catalog has its own lock
     return grpc::Status::OK;
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -422,6 +430,7 @@ grpc::Status CoordinatorService::DoHeartbeat(const grpc::ServerContextBase* cont
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   absl::Status s = workers_.Heartbeat(request->worker_id());
   if (!s.ok()) return ToGrpcStatus(s);
+  DropEvictedCopies(request->worker_id(), *request);
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
   response->set_incarnation(incarnation_);
   return grpc::Status::OK;
@@ -447,6 +456,7 @@ grpc::Status CoordinatorService::DoDeregisterWorker(const grpc::ServerContextBas
   std::string description = record->DebugString();
   LogAborted(jobs_.WorkerLost(request->worker_id(), "shut down"));
   DropMemoryCopies(request->worker_id(), record->description.host);
+  PersistWorkerLost(request->worker_id(), "shut down");
   (void)workers_.Deregister(request->worker_id());
   leases_.Remove(request->worker_id());
   worker_owners_.erase(request->worker_id());
@@ -507,6 +517,8 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
       CheckpointPath(request->path(), absl::StrCat(OperationKindName(*kind), " path of job ",
                                                    request->job(), " rank ", request->rank()));
   if (!path.ok()) return ToGrpcStatus(path.status());
+  absl::StatusOr<std::string> persist_to = JoinMemoryOptions(*kind, *path, *request);
+  if (!persist_to.ok()) return ToGrpcStatus(persist_to.status());
   std::shared_ptr<const pb::RankState> kept;
   std::string digest;
   const pb::RankState* state = JoinState(*request, response, &kept, &digest);
@@ -531,6 +543,8 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   join.load_algorithm = request->load_algorithm();
   join.load_memory_budget_bytes = request->load_memory_budget_bytes();
   join.memory_replicas = request->has_memory_replicas() ? request->memory_replicas() : -1;
+  join.persist_to = *persist_to;
+  join.persist_overwrite = request->persist_overwrite();
   if (request->arrival_deadline_ms() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("job ", request->job(), " rank ", request->rank(),
@@ -654,11 +668,20 @@ grpc::Status CoordinatorService::DoRequestOperation(const grpc::ServerContextBas
   absl::StatusOr<std::string> path = CheckpointPath(
       request->path(), absl::StrCat(OperationKindName(*kind), " path of job ", request->job()));
   if (!path.ok()) return ToGrpcStatus(path.status());
+  absl::StatusOr<std::string> persist_to = PersistTarget(
+      *kind, *path, request->persist_to(), absl::StrCat("request of job ", request->job()));
+  if (!persist_to.ok()) return ToGrpcStatus(persist_to.status());
   std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<std::string> id = jobs_.RequestOperation(
       request->job(), *kind, *path, absl::Milliseconds(request->arrival_deadline_ms()),
       request->load_algorithm(), request->load_memory_budget_bytes());
   if (!id.ok()) return ToGrpcStatus(id.status());
+  if (!persist_to->empty()) {
+    if (absl::Status s = jobs_.SetPersistTo(*id, *persist_to, request->persist_overwrite());
+        !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+  }
   spdlog::info("operation_requested op={} job={} kind={} path={} by=\"{}\"", *id, request->job(),
                std::string(OperationKindName(*kind)), *path, peer->Describe());
   response->set_operation_id(*id);
@@ -672,6 +695,16 @@ grpc::Status CoordinatorService::DoStartReshard(const grpc::ServerContextBase* c
                                                 DeferredAnswer* later) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kOperator}, "StartReshard");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
+  for (const auto& [what, named] :
+       {std::pair<const char*, const std::string*>{"source", &request->source()},
+        {"destination", &request->destination()}}) {
+    if (IsMemoryPath(*named)) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "reshard ", what, " '", *named,
+          "' is a memory checkpoint: a cluster reshard reads and writes storage checkpoints "
+          "(load a memory checkpoint into any layout with a load, or persist it first)")));
+    }
+  }
   absl::StatusOr<std::string> source = CheckpointPath(request->source(), "reshard source");
   if (!source.ok()) return ToGrpcStatus(source.status());
   absl::StatusOr<std::string> destination =

@@ -44,6 +44,7 @@
 #include "coordinator/lease_book.h"
 #include "coordinator/memory_catalog.h"
 #include "coordinator/operation_kind.h"
+#include "coordinator/persist_driver.h"
 #include "coordinator/worker_registry.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "rendezvous/kv_store.h"
@@ -84,6 +85,9 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // whose lease is lost loses its copies there, and GetStatus lists it. Optional (without
   // one, mem:// paths are refused); must outlive the service.
   void set_memory_catalog(MemoryCatalog* catalog) { memory_catalog_ = catalog; }
+  // The background persistence of memory checkpoints (persist_to): without one, a save asking
+  // for it is refused. Optional; must outlive the service (coordinator_persist.cc).
+  void set_persist_driver(PersistDriver* driver) { persist_ = driver; }
 
   // Starts the lease/deadline ticker thread and the advancer thread (planners, committers).
   void Start();
@@ -138,6 +142,11 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* StartReshard(grpc::CallbackServerContext* context,
                                          const pb::StartReshardRequest* request,
                                          pb::StartReshardResponse* response) override;
+  // A worker's report on a PersistWork item (answered at once; storage steps run on the
+  // advancer thread).
+  grpc::ServerUnaryReactor* ReportPersist(grpc::CallbackServerContext* context,
+                                          const pb::PersistReportRequest* request,
+                                          pb::PersistReportResponse* response) override;
 
   // One pass of lease and deadline checks (the ticker calls it; tests may too).
   void TickOnce();
@@ -259,6 +268,31 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // The memory tier loses `worker_id`'s copies (its lease was lost or it deregistered).
   void DropMemoryCopies(const std::string& worker_id, const std::string& host);
 
+  // Background persistence (coordinator_persist.cc).
+  // The storage path `persist_to` of a join or request resolved ("" when none), after checking
+  // it may be asked for: InvalidArgument naming it for a mem:// path or an operation that is
+  // not a memory save; FailedPrecondition without a persist driver.
+  absl::StatusOr<std::string> PersistTarget(OperationKind kind, const std::string& path,
+                                            const std::string& persist_to,
+                                            absl::string_view what) const;
+  // A join's memory-tier options checked (InvalidArgument naming the rank and the value for
+  // negative replicas, or as PersistTarget); returns its resolved persist_to.
+  absl::StatusOr<std::string> JoinMemoryOptions(OperationKind kind, const std::string& path,
+                                                const pb::JoinOperationRequest& request) const;
+  // Queues the persistence of memory save `op` that just committed, if it asked for one.
+  void QueuePersist(const Operation& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // On the advancer thread: runs the driver's storage steps unlocked, then wakes the streams.
+  void RunPersistSteps() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The driver changed (`changed`): wake the advancer and the work streams.
+  void PersistChanged(bool changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker lost or deregistered: its persistence work moves to other holders.
+  void PersistWorkerLost(const std::string& worker_id, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Memory checkpoints `worker_id` evicted (its heartbeat said so) lose its copies.
+  void DropEvictedCopies(const std::string& worker_id, const pb::HeartbeatRequest& request);
+  grpc::Status DoReportPersist(const grpc::ServerContextBase* context,
+                               const pb::PersistReportRequest* request);
+
   const Clock* clock_;
   CoordinatorOptions options_;
   const uint64_t incarnation_;
@@ -275,6 +309,8 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   std::map<OperationKind, OperationKindHandler*> kinds_;
   KvStore* rendezvous_ = nullptr;
   MemoryCatalog* memory_catalog_ = nullptr;
+  PersistDriver* persist_ = nullptr;
+  bool persist_due_ ABSL_GUARDED_BY(mu_) = false;  // the driver has storage steps queued
   std::set<std::string> finalized_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // Operations whose planner or committer is running (unlocked) right now.

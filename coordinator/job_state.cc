@@ -149,6 +149,19 @@ absl::StatusOr<std::string> JobState::RequestOperation(absl::string_view job_nam
   return op->id;
 }
 
+absl::Status JobState::SetPersistTo(absl::string_view operation_id, std::string path,
+                                    bool overwrite) {
+  Operation* op = MutableOperation(operation_id);
+  if (op == nullptr) return UnknownOperation(operation_id);
+  if (op->phase != Phase::kGathering) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot set where ", op->DebugString(), " persists to: it is past gathering"));
+  }
+  op->persist_to = std::move(path);
+  op->persist_overwrite = overwrite;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> JobState::StartReshard(absl::string_view destination, ReshardSpec spec,
                                                    const std::vector<RankLocation>& locations) {
   if (destination.empty()) return absl::InvalidArgumentError("reshard destination is empty");
@@ -203,6 +216,27 @@ const Operation* JobState::PendingForRank(absl::string_view job, int rank) const
   }
   return op;
 }
+
+namespace {
+
+// The operation's options from the first join that gives each (metadata, load options,
+// memory replicas, persistence).
+void TakeJoinOptions(JoinRequest& request, Operation* op) {
+  if (op->metadata.empty()) op->metadata = std::move(request.metadata);
+  if (op->load_algorithm == pb::LOAD_ALGORITHM_UNSPECIFIED) {
+    op->load_algorithm = request.load_algorithm;
+  }
+  if (op->load_memory_budget_bytes <= 0) {
+    op->load_memory_budget_bytes = request.load_memory_budget_bytes;
+  }
+  if (op->memory_replicas < 0) op->memory_replicas = request.memory_replicas;
+  if (op->persist_to.empty() && !request.persist_to.empty()) {
+    op->persist_to = std::move(request.persist_to);
+    op->persist_overwrite = request.persist_overwrite;
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<const Operation*> JobState::JoinOperation(JoinRequest request) {
   if (request.path.empty()) {
@@ -268,14 +302,7 @@ absl::StatusOr<const Operation*> JobState::JoinOperation(JoinRequest request) {
   entry.memory_kinds = std::move(request.memory_kinds);
   entry.layouts = std::move(request.layouts);
   entry.mesh_shape = std::move(request.mesh_shape);
-  if (op->metadata.empty()) op->metadata = std::move(request.metadata);
-  if (op->load_algorithm == pb::LOAD_ALGORITHM_UNSPECIFIED) {
-    op->load_algorithm = request.load_algorithm;
-  }
-  if (op->load_memory_budget_bytes <= 0) {
-    op->load_memory_budget_bytes = request.load_memory_budget_bytes;
-  }
-  if (op->memory_replicas < 0) op->memory_replicas = request.memory_replicas;
+  TakeJoinOptions(request, op);
   ++version_;
   if (op->JoinedRanks() == op->world_size) {
     EnterPhase(*op, Phase::kPlanning, clock_->Now() + options_.execution_deadline);

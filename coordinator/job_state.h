@@ -111,7 +111,10 @@ struct Operation {
   pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;
   int64_t load_memory_budget_bytes = 0;
   int memory_replicas = -1;  // memory saves: the trainers' replication factor (-1: default)
-  ReshardSpec reshard;       // kReshard only
+  // Memory saves: persist to this storage path once committed ("": never; first rank decides).
+  std::string persist_to;
+  bool persist_overwrite = false;
+  ReshardSpec reshard;  // kReshard only
   int world_size = 0;
   Phase phase = Phase::kGathering;
   absl::Time created;
@@ -158,6 +161,8 @@ struct JoinRequest {
   pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;  // load (0: default)
   int64_t load_memory_budget_bytes = 0;  // load: bytes in flight per rank (0 = default)
   int memory_replicas = -1;              // memory save: extra copies of each file (-1: default)
+  std::string persist_to;                // memory save: background persistence path ("": none)
+  bool persist_overwrite = false;
   // Arrival deadline of an operation this join creates, capped by the coordinator's (zero:
   // the coordinator's).
   absl::Duration arrival_deadline = absl::ZeroDuration();
@@ -217,6 +222,8 @@ class JobState {
       absl::Duration arrival_deadline,
       pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED,
       int64_t load_memory_budget_bytes = 0);
+  // Sets where the memory save `operation_id` (requested, not yet planned) persists to.
+  absl::Status SetPersistTo(absl::string_view operation_id, std::string path, bool overwrite);
 
   // An operator starts a reshard executed on the workers: a job "reshard:<destination>" of
   // `locations.size()` ranks (rank r served by locations[r]) whose operation skips gathering

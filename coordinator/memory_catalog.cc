@@ -8,7 +8,8 @@
 namespace ckpt::coordinator {
 
 std::string MemoryHolder::DebugString() const {
-  return absl::StrCat("worker ", worker_id, " on host ", host);
+  return absl::StrCat("worker ", worker_id, " on host ", host,
+                      evicted ? ", which evicted it from its memory tier" : "");
 }
 
 std::string PersistDescription(PersistState state, const std::string& path,
@@ -111,22 +112,42 @@ absl::StatusOr<std::vector<std::string>> MemoryCatalog::SetPersistState(const st
   return ForgetBeyondLocked(keep_newest);
 }
 
+bool MemoryCatalog::DropHolderLocked(MemoryCheckpoint& checkpoint, const std::string& worker_id,
+                                     bool evicted) {
+  bool lost_some = false;
+  for (auto& [file, holders] : checkpoint.holders) {
+    auto gone = std::stable_partition(holders.begin(), holders.end(), [&](const MemoryHolder& h) {
+      return h.worker_id != worker_id;
+    });
+    if (gone == holders.end()) continue;
+    std::vector<MemoryHolder>& lost = checkpoint.lost[file];
+    for (auto it = gone; it != holders.end(); ++it) {
+      lost.push_back(*it);
+      lost.back().evicted = evicted;
+    }
+    holders.erase(gone, holders.end());
+    lost_some = true;
+  }
+  return lost_some;
+}
+
 std::vector<std::string> MemoryCatalog::DropWorker(const std::string& worker_id) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> touched;
   for (auto& [name, checkpoint] : committed_) {
-    bool lost_some = false;
-    for (auto& [file, holders] : checkpoint.holders) {
-      auto gone = std::stable_partition(holders.begin(), holders.end(), [&](const MemoryHolder& h) {
-        return h.worker_id != worker_id;
-      });
-      if (gone == holders.end()) continue;
-      std::vector<MemoryHolder>& lost = checkpoint.lost[file];
-      lost.insert(lost.end(), gone, holders.end());
-      holders.erase(gone, holders.end());
-      lost_some = true;
-    }
-    if (lost_some) touched.push_back(name);
+    if (DropHolderLocked(checkpoint, worker_id, /*evicted=*/false)) touched.push_back(name);
+  }
+  return touched;
+}
+
+std::vector<std::string> MemoryCatalog::DropEvicted(const std::string& worker_id,
+                                                    const std::vector<std::string>& names) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> touched;
+  for (const std::string& name : names) {
+    auto it = committed_.find(name);
+    if (it == committed_.end()) continue;  // forgotten here already (keep-newest)
+    if (DropHolderLocked(it->second, worker_id, /*evicted=*/true)) touched.push_back(name);
   }
   return touched;
 }

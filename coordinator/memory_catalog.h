@@ -24,7 +24,8 @@ namespace ckpt::coordinator {
 struct MemoryHolder {
   std::string worker_id;
   std::string host;
-  // "worker w-2 on host b"
+  bool evicted = false;  // lost because the worker evicted it (its memory budget)
+  // "worker w-2 on host b" (", which evicted it" when evicted)
   std::string DebugString() const;
 };
 
@@ -80,6 +81,10 @@ class MemoryCatalog {
                                                            int keep_newest = 0);
   // Drops every copy `worker_id` held; returns the names of the checkpoints that lost some.
   std::vector<std::string> DropWorker(const std::string& worker_id);
+  // `worker_id` evicted `names` from its memory tier: its copies of them are lost (marked
+  // evicted). Returns the names of the checkpoints that lost some.
+  std::vector<std::string> DropEvicted(const std::string& worker_id,
+                                       const std::vector<std::string>& names);
   // The checkpoint, or NotFound naming it.
   absl::StatusOr<MemoryCheckpoint> Find(const std::string& name) const;
   // Every checkpoint, by name, for `ckptctl status`.
@@ -91,6 +96,9 @@ class MemoryCatalog {
   std::map<std::string, std::string> claims_;          // name -> operation; guarded by mu_
   // Forgets committed checkpoints beyond the newest `keep_newest`, never one being persisted.
   std::vector<std::string> ForgetBeyondLocked(int keep_newest);
+  // Moves `worker_id`'s copies of `checkpoint` to its lost ones; whether it held any.
+  static bool DropHolderLocked(MemoryCheckpoint& checkpoint, const std::string& worker_id,
+                               bool evicted);
 
   int64_t next_sequence_ = 0;  // commit order; guarded by mu_
 };

@@ -116,6 +116,7 @@ absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::Plan(const Operation& op) 
     if (replicas > 0) part.set_group(absl::StrCat("save/", op.id));  // no copies: no exchange
     part.set_world_size(op.world_size);
     part.set_keep_newest(keep_newest_);
+    part.set_persist_pending(!op.persist_to.empty());  // pinned until persisted or failed
     (*plans)[r].part = part.SerializeAsString();
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -154,6 +155,10 @@ absl::Status MemorySaveKind::Commit(const Operation& op) {
     checkpoint.bytes += file.size_bytes();
   }
   checkpoint.manifest = *std::move(manifest);
+  if (!op.persist_to.empty()) {  // never evicted before the persistence ended
+    checkpoint.persist_to = op.persist_to;
+    checkpoint.persist_state = PersistState::kPersisting;
+  }
   absl::StatusOr<std::vector<std::string>> forgotten =
       catalog_->Commit(op.id, std::move(checkpoint), keep_newest_);
   return forgotten.status();

@@ -76,6 +76,25 @@ TEST(MemoryCatalogTest, ClaimsCommitsAndLosesCopiesOfDeadWorkers) {
   EXPECT_TRUE(catalog.Claim("n", "op-5").ok());
 }
 
+TEST(MemoryCatalogTest, AWorkersEvictionLosesOnlyItsCopiesAndIsNamedAsAnEviction) {
+  MemoryCatalog catalog;
+  ASSERT_TRUE(catalog.Claim("m", "op-1").ok());
+  MemoryCheckpoint c;
+  c.name = "m";
+  c.holders["data/r0_0.safetensors"] = {{"w0", "a"}, {"w2", "b"}};
+  ASSERT_TRUE(catalog.Commit("op-1", c).ok());
+  // Names the catalog does not know (forgotten by keep-newest) change nothing.
+  EXPECT_EQ(catalog.DropEvicted("w2", {"m", "gone"}), std::vector<std::string>{"m"});
+  EXPECT_TRUE(catalog.DropEvicted("w2", {"m"}).empty());  // reported twice: nothing more
+  absl::StatusOr<MemoryCheckpoint> found = catalog.Find("m");
+  ASSERT_TRUE(found.ok());
+  ASSERT_EQ(found->holders["data/r0_0.safetensors"].size(), 1u);
+  ASSERT_EQ(found->lost["data/r0_0.safetensors"].size(), 1u);
+  const MemoryHolder& lost = found->lost["data/r0_0.safetensors"][0];
+  EXPECT_TRUE(lost.evicted);
+  EXPECT_EQ(lost.DebugString(), "worker w2 on host b, which evicted it from its memory tier");
+}
+
 TEST(MemoryCatalogTest, KeepsTheNewestCommittedCheckpoints) {
   MemoryCatalog catalog;
   std::vector<std::string> forgotten_all;

@@ -87,7 +87,9 @@ absl::StatusOr<PersistAssignment> MemoryPersist::Report(const std::string& worke
     mine.push_back(file);
     writer_of_.erase(it);
   }
-  if (result.ok() || mine.empty()) return PersistAssignment();
+  if (result.ok()) return PersistAssignment();
+  // A failed worker is never chosen again, even when nothing was pending on it (it may be the
+  // next holder of another worker's files).
   failed_.insert(worker);
   failures_[worker] = std::string(result.message());
   // Whatever else was pending on the failed worker moves too.

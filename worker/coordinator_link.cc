@@ -205,11 +205,16 @@ bool CoordinatorLink::Register(absl::Duration* backoff, bool* warned) {
 void CoordinatorLink::SendHeartbeat(const std::string& id, absl::Duration lease) {
   pb::HeartbeatRequest request;
   request.set_worker_id(id);
+  if (eviction_source_) {
+    for (std::string& name : eviction_source_()) unsent_evictions_.push_back(std::move(name));
+  }
+  for (const std::string& name : unsent_evictions_) request.add_evicted_memory_checkpoints(name);
   pb::HeartbeatResponse response;
   const absl::Time sent = absl::Now();
   grpc::Status s = stub_->Heartbeat(Context(std::min(options_.rpc_timeout, lease / 2)).get(),
                                     request, &response);
   if (s.ok()) {
+    unsent_evictions_.clear();  // the catalog has them
     uint64_t mine;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -55,6 +56,10 @@ class CoordinatorLink {
   void SetWorkHandler(WorkHandler handler) { work_handler_ = std::move(handler); }
   void SetRegisteredHandler(RegisteredHandler handler) { registered_handler_ = std::move(handler); }
   void SetLeaseLostHandler(LeaseLostHandler handler) { lease_lost_handler_ = std::move(handler); }
+  // Takes the names of memory checkpoints evicted since its last call; every heartbeat sends
+  // them (kept until a heartbeat is acknowledged). Set before Start().
+  using EvictionSource = std::function<std::vector<std::string>()>;
+  void SetEvictionSource(EvictionSource source) { eviction_source_ = std::move(source); }
 
   void Start();
   // Stops both threads; with `deregister`, tells the coordinator this worker is leaving.
@@ -104,6 +109,8 @@ class CoordinatorLink {
   WorkHandler work_handler_;
   RegisteredHandler registered_handler_;
   LeaseLostHandler lease_lost_handler_;
+  EvictionSource eviction_source_;
+  std::vector<std::string> unsent_evictions_;  // only the lease thread touches it
 
   mutable std::mutex mu_;
   mutable std::condition_variable_any cv_;

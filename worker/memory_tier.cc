@@ -69,6 +69,7 @@ bool MemoryTier::MakeRoomLocked(int64_t needed, const std::string& keep) {
   for (size_t i = 0; i < evict; ++i) {
     held_ -= entries_[complete[i].second].bytes;
     entries_.erase(complete[i].second);
+    NoteEvictedLocked(complete[i].second);
   }
   return true;
 }
@@ -145,7 +146,20 @@ void MemoryTier::KeepNewestLocked(int keep) {
     if (e.pinned) continue;  // awaiting persistence
     held_ -= e.bytes;
     entries_.erase(complete[i].second);
+    NoteEvictedLocked(complete[i].second);
   }
+}
+
+void MemoryTier::NoteEvictedLocked(const std::string& name) {
+  evicted_.push_back(name);
+  if (evicted_.size() > 1024) evicted_.erase(evicted_.begin());
+}
+
+std::vector<std::string> MemoryTier::TakeEvicted() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  out.swap(evicted_);
+  return out;
 }
 
 void MemoryTier::Pin(const std::string& name) {

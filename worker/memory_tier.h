@@ -79,6 +79,9 @@ class MemoryTier {
   absl::StatusOr<std::shared_ptr<const std::string>> Find(const std::string& name,
                                                           const std::string& file) const;
   std::vector<HeldCheckpoint> List() const;
+  // The names of the checkpoints evicted (budget or keep-newest) since the last call (the
+  // newest 1024), for the coordinator's catalog.
+  std::vector<std::string> TakeEvicted();
   int64_t held_bytes() const;
   const MemoryTierOptions& options() const { return options_; }
 
@@ -103,6 +106,9 @@ class MemoryTier {
   int64_t held_ = 0;                      // guarded by mu_
   int64_t next_sequence_ = 0;             // guarded by mu_
   int last_keep_ = 0;                     // keep-newest of the last Seal; guarded by mu_
+  std::vector<std::string> evicted_;      // since the last TakeEvicted; guarded by mu_
+  // Records an eviction of `name` for TakeEvicted. Requires mu_.
+  void NoteEvictedLocked(const std::string& name);
 };
 
 // Reads byte ranges of stored pieces of a memory checkpoint described by `manifest` from the

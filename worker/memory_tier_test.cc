@@ -59,6 +59,21 @@ TEST(MemoryTierTest, KeepsTheNewestKComplete) {
   EXPECT_TRUE(tier.Find("c", "f").ok());
 }
 
+TEST(MemoryTierTest, ReportsEachEvictionOnceForTheCoordinatorsCatalog) {
+  MemoryTier tier({100, 5, "w"});
+  for (const char* name : {"a", "b"}) {
+    ASSERT_TRUE(tier.Put(name, std::string("op-") + name, "f", Bytes(40)).ok());
+    tier.Seal(name);
+  }
+  EXPECT_TRUE(tier.TakeEvicted().empty());
+  ASSERT_TRUE(tier.Put("c", "op-c", "f", Bytes(40)).ok());  // the budget evicts a
+  tier.Seal("c", /*keep_newest=*/1);                        // keep-newest evicts b
+  EXPECT_EQ(tier.TakeEvicted(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(tier.TakeEvicted().empty());
+  tier.Drop("c");  // an aborted save's files: never in the catalog, not an eviction
+  EXPECT_TRUE(tier.TakeEvicted().empty());
+}
+
 TEST(MemoryTierTest, ASaveUnderAnotherOperationReplacesAnUncommittedLeftover) {
   MemoryTier tier({1000, 2, "w"});
   ASSERT_TRUE(tier.Put("a", "op-1", "f", Bytes(10, 'x')).ok());

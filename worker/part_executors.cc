@@ -78,6 +78,10 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
             : KeepSnapshotInMemory(part, item.operation_id(), *snapshot, MemoryContext(), gate);
     out.status = done.status();
     if (done.ok()) out.written = *std::move(done);
+    // Awaiting background persistence: never evicted until the coordinator's PersistEnded.
+    if (done.ok() && part.persist_pending() && MemoryContext().tier != nullptr) {
+      MemoryContext().tier->Pin(part.memory_checkpoint());
+    }
   }
   spdlog::info("save_part_written op={} rank={} bytes={} files={} seconds={:.3f} ok={}",
                item.operation_id(), item.rank(), part.total_bytes(), part.files_size(),

@@ -49,6 +49,7 @@
 #include "worker/coordinator_link.h"
 #include "worker/memory_registry.h"
 #include "worker/memory_tier.h"
+#include "worker/persist_executor.h"
 #include "worker/staging_pipeline.h"
 #include "worker/trainer_socket.h"
 #include "worker/worker_service.h"
@@ -96,6 +97,9 @@ ABSL_FLAG(int64_t, memory_tier_bytes, int64_t{1} << 30,
           "replicas it keeps for other hosts) this worker holds at most (0: no memory tier)");
 ABSL_FLAG(int, memory_tier_keep, 2,
           "complete memory checkpoints kept; older ones are evicted (at least 1)");
+ABSL_FLAG(std::string, persist_gate_file, "",
+          "tests only: before writing a background-persistence item, create FILE.waiting and "
+          "wait until FILE exists (orders a test's events against a persistence in progress)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 ABSL_FLAG(std::string, ready_file, "",
           "when set, \"<worker_id> <listen address>\" is written here after registering");
@@ -295,6 +299,21 @@ absl::StatusOr<Settings> ReadSettings() {
   return s;
 }
 
+// Background persistence of memory checkpoints (its executor, for `service`'s work items), and
+// the tier's evictions reported to the catalog by heartbeat. `tier` must outlive the executor.
+std::unique_ptr<ckpt::worker::PersistExecutor> StartPersistence(
+    ckpt::worker::MemoryTier* const* tier, ckpt::worker::CoordinatorLink& link,
+    ckpt::worker::WorkerService& service) {
+  auto persist = std::make_unique<ckpt::worker::PersistExecutor>(
+      tier, &link, absl::GetFlag(FLAGS_persist_gate_file));
+  service.set_persist_executor(persist.get());
+  if (*tier != nullptr) {
+    ckpt::worker::MemoryTier* held = *tier;
+    link.SetEvictionSource([held] { return held->TakeEvicted(); });
+  }
+  return persist;
+}
+
 int Run() {
   if (absl::Status s = ckpt::SetUpDaemonLogging("worker", absl::GetFlag(FLAGS_log_level));
       !s.ok()) {
@@ -330,6 +349,8 @@ int Run() {
   ckpt::worker::WorkerService service(&registry, &link, settings->host, device->staging.get());
   service.set_gloo_loop_thread_nice(absl::GetFlag(FLAGS_gloo_loop_nice));
   if (memory_tier != nullptr) service.set_memory_tier(memory_tier.get());
+  ckpt::worker::MemoryTier* const tier = memory_tier.get();
+  std::unique_ptr<ckpt::worker::PersistExecutor> persist = StartPersistence(&tier, link, service);
   const std::string ready_file = absl::GetFlag(FLAGS_ready_file);
   const std::string listen = settings->listen;
   link.SetRegisteredHandler([&service, ready_file, listen](const std::string& worker_id) {

@@ -161,6 +161,8 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   join.set_load_algorithm(request.load_algorithm());
   join.set_load_memory_budget_bytes(request.memory_budget_bytes());
   if (request.has_memory_replicas()) join.set_memory_replicas(request.memory_replicas());
+  join.set_persist_to(request.persist_to());
+  join.set_persist_overwrite(request.persist_overwrite());
   join.set_arrival_deadline_ms(std::max<int64_t>(request.timeout_ms(), 0));
   pb::RankState* state = join.mutable_state();
   state->set_rank(session->trainer.rank);
@@ -433,6 +435,11 @@ void WorkerService::OnRegistered(const std::string& worker_id) {
 }
 
 void WorkerService::OnWorkItem(const pb::WorkItem& item) {
+  if (item.item_case() == pb::WorkItem::kPersist ||
+      item.item_case() == pb::WorkItem::kPersistEnded) {
+    if (persist_executor_ != nullptr) persist_executor_->Handle(item);  // its own thread
+    return;
+  }
   if (item.item_case() == pb::WorkItem::kAbort) {
     spdlog::warn("operation_aborted op={} job={} rank={} code={} cause=\"{}\"", item.operation_id(),
                  item.job(), item.rank(), item.abort().code(), item.abort().message());

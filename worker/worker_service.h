@@ -36,6 +36,7 @@
 #include "worker/memory_registry.h"
 #include "worker/memory_tier.h"
 #include "worker/part_executor.h"
+#include "worker/persist_executor.h"
 #include "worker/staging_pipeline.h"
 #include "worker/trainer_socket.h"
 
@@ -59,6 +60,9 @@ class WorkerService final : public pb::Worker::Service {
   // The memory tier mem:// saves keep their files in and mem:// loads read from (null, the
   // default: such parts fail naming the checkpoint). Call before serving; must outlive it.
   void set_memory_tier(MemoryTier* tier) { memory_tier_ = tier; }
+  // Where PersistWork / PersistEnded items of the work stream go (null: ignored). Call
+  // before serving; must outlive the service.
+  void set_persist_executor(PersistExecutor* executor) { persist_executor_ = executor; }
   // The executor of plan parts of `kind`, replacing the default (the constructor registers
   // save, load and reshard). Call before serving.
   void RegisterPartExecutor(pb::OperationKind kind, std::unique_ptr<PartExecutor> executor);
@@ -152,6 +156,7 @@ class WorkerService final : public pb::Worker::Service {
   std::string host_;
   int gloo_loop_thread_nice_ = 10;
   MemoryTier* memory_tier_ = nullptr;  // read by the executors through &memory_tier_
+  PersistExecutor* persist_executor_ = nullptr;
   const TrainerSocket* trainer_socket_ = nullptr;
   // One per operation kind; filled before serving, read-only after.
   std::map<pb::OperationKind, std::unique_ptr<PartExecutor>> part_executors_;

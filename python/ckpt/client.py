@@ -264,7 +264,8 @@ class Client:
         layouts and memory early."""
         self._native.share(state._native)
 
-    def save(self, path, state, metadata=None, *, arrival_timeout=300.0, lend=False):
+    def save(self, path, state, metadata=None, *, arrival_timeout=300.0, lend=False,
+             persist_to=None, persist_overwrite=False, memory_replicas=None):
         """Collective: saves ``state`` to the checkpoint directory ``path`` (absolute, or
         relative to the working directory; under the coordinator's checkpoint roots). Returns a
         SaveHandle once this rank's state is snapshotted: the tensors may be modified at once.
@@ -275,13 +276,25 @@ class Client:
         copy), so the next save or load of ``state`` first waits for this one to end.
         ``lend=True`` also lends the ckpt.empty tensors: the caller promises not to change any
         tensor of ``state`` until ``handle.wait()`` returned (a blocking save); the worker then
-        copies nothing. Without it the worker copies ckpt.empty tensors before this returns."""
+        copies nothing. Without it the worker copies ckpt.empty tensors before this returns.
+
+        Memory saves (``path`` "mem://<name>") keep the checkpoint in the workers' memory with
+        ``memory_replicas`` extra copies on other hosts (None: the coordinator's default);
+        ``persist_to`` (a storage path) has the coordinator persist it there in the background
+        as an ordinary committed checkpoint once it is durable in memory
+        (``persist_overwrite``: it may replace a committed checkpoint there). A mem://
+        ``persist_to``, or one on a storage save, raises InvalidArgument."""
         start = time.perf_counter()
         staged = state._stage_in()
         staged_at = time.perf_counter()
         meta = {str(k): str(v) for k, v in (metadata or {}).items()}
+        if memory_replicas is not None and int(memory_replicas) < 0:
+            raise _errors.InvalidArgument(
+                f"save of {path}: negative memory_replicas {memory_replicas}")
         native = self._native.save(os.fspath(path), state._native, meta, float(arrival_timeout),
-                                   bool(lend))
+                                   bool(lend), os.fspath(persist_to) if persist_to else "",
+                                   bool(persist_overwrite),
+                                   -1 if memory_replicas is None else int(memory_replicas))
         handle = SaveHandle(native, staged, state.shared_bytes, state)
         state._lent_to = handle
         handle.stage_seconds = staged_at - start

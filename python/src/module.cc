@@ -304,9 +304,14 @@ class PyClient {
   }
   std::unique_ptr<PySaveHandle> Save(const std::string& path, PyStateDict& state,
                                      std::map<std::string, std::string> metadata,
-                                     double arrival_timeout_s, bool lend_all) {
+                                     double arrival_timeout_s, bool lend_all,
+                                     const std::string& persist_to, bool persist_overwrite,
+                                     int memory_replicas) {
     client::Client& c = get();
     client::SaveOptions options;
+    options.persist_to = persist_to;
+    options.persist_overwrite = persist_overwrite;
+    options.memory_replicas = memory_replicas;
     options.lending = lend_all ? client::Lending::kAllHostTensors : client::Lending::kMarkedTensors;
     options.metadata = std::move(metadata);
     options.arrival_timeout = absl::Seconds(arrival_timeout_s);
@@ -411,7 +416,8 @@ NB_MODULE(_ckpt, m) {
       .def("new_state_dict", &PyClient::NewStateDict)
       .def("share", &PyClient::Share)
       .def("save", &PyClient::Save, nb::arg("path"), nb::arg("state"), nb::arg("metadata"),
-           nb::arg("arrival_timeout_s"), nb::arg("lend_all") = false)
+           nb::arg("arrival_timeout_s"), nb::arg("lend_all") = false, nb::arg("persist_to") = "",
+           nb::arg("persist_overwrite") = false, nb::arg("memory_replicas") = -1)
       .def("load", &PyClient::Load, nb::arg("path"), nb::arg("state"), nb::arg("arrival_timeout_s"),
            nb::arg("deadline_s"), nb::arg("algorithm"), nb::arg("memory_budget_bytes"))
       .def("poll", &PyClient::Poll, nb::arg("state"), nb::arg("prepare"))

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -237,3 +238,32 @@ def test_up_command_starts_daemons_for_a_command_and_stops_them(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "ckpt up: coordinator 127.0.0.1:" in out.stdout and "saved via /tmp/" in out.stdout
     assert ckpt.read_manifest(tmp_path / "by-up")["tensors"]["x"] == ("F32", [3])
+
+
+def test_memory_save_persists_in_the_background_as_the_direct_save(cluster):
+    """A memory save with persist_to: committed at the path by the worker holding it, with the
+    values saved; a mem:// persist_to, one on a storage save, and negative replicas raise
+    InvalidArgument naming the value."""
+    persisted = os.path.join(cluster.root, "persisted")
+    values = torch.arange(4096, dtype=torch.float32)
+    with ckpt.Client(job="persist", rank=0, world_size=1, local_rank=0) as client:
+        state = client.state_dict()
+        state.add("w", values.clone())
+        client.save("mem://py-persist", state, memory_replicas=0, persist_to=persisted).wait(60)
+        manifest = os.path.join(persisted, "manifest.pb")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(manifest):  # the commit renames the finished directory in
+            assert time.monotonic() < deadline, "not persisted within 60 s"
+            time.sleep(0.02)
+        loaded = client.state_dict()
+        target = torch.zeros(4096, dtype=torch.float32)
+        loaded.add("w", target)
+        client.load(persisted, loaded)
+        assert torch.equal(target, values)
+        for kwargs, named in (({"persist_to": "mem://elsewhere"}, "mem://elsewhere"),
+                              ({"memory_replicas": -2}, "-2")):
+            with pytest.raises(ckpt.errors.InvalidArgument, match=named):
+                client.save("mem://py-refused", state, **kwargs)
+        with pytest.raises(ckpt.errors.InvalidArgument, match="only for memory saves"):
+            client.save(os.path.join(cluster.root, "plain"), state, persist_to=persisted + "2")
+

@@ -8,6 +8,11 @@
 #                     memory: every replica holds its copy and the catalog committed it)
 #   load_s            Load called -> Load returned (memory: read by the holders' workers,
 #                     exchanged over Gloo; storage: read from the files, exchanged the same way)
+# and, for a memory save with persist_to (mem://benchp -> DIR/persisted):
+#   persisted_s       the first rank's Save call -> the coordinator's persist_committed log line
+#                     (the holders wrote every file into the staging dir, fsynced; committed)
+# plus the disk's own limit in the same run: dd write (O_DIRECT, fsync) and read (O_DIRECT) of
+# a file the size of the state, under DIR.
 # Usage: bazel build -c opt //coordinator:ckpt_coordinator //worker:ckpt_worker
 #          //tests:trainer_probe && tools/bench/memory_tier_bench.sh [ELEMENTS] [DIR]
 set -euo pipefail
@@ -20,7 +25,7 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 
 "$BIN/coordinator/ckpt_coordinator" --listen=127.0.0.1:0 --address_file="$DIR/addr" \
-  --checkpoint_root="$DIR" --log_level=warn --load_algorithm=broadcast \
+  --checkpoint_root="$DIR" --log_level=info --load_algorithm=broadcast \
   >"$DIR/coordinator.out" 2>"$DIR/coordinator.err" &
 PIDS+=($!)
 while [ ! -s "$DIR/addr" ]; do sleep 0.05; done
@@ -29,7 +34,7 @@ for w in 0 1 2 3; do
   host=hostA; [ "$w" -ge 2 ] && host=hostB
   "$BIN/worker/ckpt_worker" --coordinator="$ADDR" --listen="unix:$DIR/w$w.sock" --local_rank="$w" \
     --host="$host" --data_plane_address=127.0.0.1 --ready_file="$DIR/w$w.ready" \
-    --memory_tier_bytes=$((ELEMENTS * 4 * 3)) --log_level=${WORKER_LOG_LEVEL:-warn} \
+    --memory_tier_bytes=$((ELEMENTS * 4 * 5)) --log_level=${WORKER_LOG_LEVEL:-warn} \
     >"$DIR/w$w.out" 2>"$DIR/w$w.err" &
   PIDS+=($!)
 done
@@ -39,10 +44,11 @@ for w in 0 1 2 3; do while [ ! -s "$DIR/w$w.ready" ]; do sleep 0.05; done; done
 # the seconds since the Save/Load call ("shared" marks it: the probe calls right after).
 run_ranks() {
   local job=$1 mode=$2 path=$3
+  shift 3
   local pids=()
   for r in 0 1 2 3; do
     ( "$BIN/tests/trainer_probe" --worker "unix:$DIR/w$r.sock" --job "$job" --rank "$r" \
-        --world_size 4 --mode "$mode" --path "$path" --elements "$ELEMENTS" --global_rows 4 \
+        --world_size 4 --mode "$mode" --path "$path" --elements "$ELEMENTS" --global_rows 4 "$@" \
         | while IFS= read -r line; do echo "$(date +%s.%N) $line"; done >"$DIR/$job.r$r" ) &
     pids+=($!)
   done
@@ -74,3 +80,32 @@ run_ranks storeload load "$DIR/ckpt"
 echo "storage load: load_s=$(slowest storeload result)"
 run_ranks memload load mem://bench
 echo "memory load:  load_s=$(slowest memload result)"
+
+# Background persistence: the earliest Save call -> the coordinator's persist_committed line.
+run_ranks memp save mem://benchp --persist_to "$DIR/persisted"
+echo "memory save with persist_to: blocking_s=$(slowest memp snapshotted)" \
+  "replicated_s=$(slowest memp result)"
+while ! grep -q "persist_committed checkpoint=mem://benchp" "$DIR/coordinator.err"; do
+  if grep -q "persist_failed checkpoint=mem://benchp" "$DIR/coordinator.err"; then
+    echo "persistence failed: $(grep persist_failed "$DIR/coordinator.err")" >&2
+    exit 1
+  fi
+  sleep 0.05
+done
+start=$(for r in 0 1 2 3; do awk '$2 == "shared" {print $1; exit}' "$DIR/memp.r$r"; done | sort -n | head -1)
+stamp=$(grep "persist_committed checkpoint=mem://benchp" "$DIR/coordinator.err" | head -1 | cut -d' ' -f1)
+committed=$(date -d "$stamp" +%s.%N)
+echo "memory persisted: persisted_s=$(echo "$start $committed" | awk '{printf "%.3f", $2 - $1}')" \
+  "(Save call -> committed at $DIR/persisted)"
+
+# The disk's limit in this run: a file the size of the state, O_DIRECT, fsynced.
+COUNT=$(( (MIB + 63) / 64 ))
+t0=$(date +%s.%N)
+dd if=/dev/zero of="$DIR/dd.bin" bs=64M count="$COUNT" oflag=direct conv=fsync status=none
+t1=$(date +%s.%N)
+dd if="$DIR/dd.bin" of=/dev/null bs=64M iflag=direct status=none
+t2=$(date +%s.%N)
+rm -f "$DIR/dd.bin"
+echo "disk (dd, ${COUNT}x64 MiB, O_DIRECT): write_GBps=$(echo "$t0 $t1 $COUNT" |
+  awk '{printf "%.2f", $3 * 67108864 / ($2 - $1) / 1e9}')" \
+  "read_GBps=$(echo "$t1 $t2 $COUNT" | awk '{printf "%.2f", $3 * 67108864 / ($2 - $1) / 1e9}')"

@@ -35,6 +35,8 @@ struct OperationArgs {
   absl::Duration arrival_deadline = absl::ZeroDuration();  // zero: the coordinator's
   pb::LoadAlgorithm algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;
   int64_t memory_budget = 0;  // zero: the coordinator's
+  std::string persist_to;     // memory saves: background persistence to storage ("": none)
+  bool persist_overwrite = false;
 };
 
 std::string Description(const char* verb) {
@@ -55,6 +57,13 @@ std::vector<FlagSpec> OperationFlags(pb::OperationKind kind) {
       {"arrival-deadline", "DURATION",
        "how long the trainers have to join (default: the coordinator's)", "arrival_deadline_s"},
   };
+  if (kind == pb::OPERATION_SAVE) {
+    flags.push_back({"persist-to", "PATH",
+                     "memory saves (mem://NAME): once durable in memory, persist it in the\n"
+                     "background to this storage path as an ordinary committed checkpoint\n"
+                     "(`ckptctl status` shows persisting / persisted / failed)"});
+    flags.push_back({"persist-overwrite", "", "--persist-to may replace a committed checkpoint"});
+  }
   if (kind == pb::OPERATION_LOAD) {
     flags.push_back({"algorithm", "NAME",
                      "how workers move what one of them read to the others: broadcast,\n"
@@ -89,6 +98,13 @@ std::optional<int> ParseOperation(const CommandSpec& spec, const std::vector<std
     return Usage(out->name, absl::StrCat("--algorithm: ", algorithm.status().message()));
   }
   out->algorithm = *algorithm;
+  out->persist_to = a.Get("persist-to");
+  out->persist_overwrite = a.Has("persist-overwrite");
+  if (!out->persist_to.empty() && out->persist_to.rfind("mem://", 0) != 0) {
+    std::error_code persist_ec;
+    std::filesystem::path persist = std::filesystem::absolute(out->persist_to, persist_ec);
+    if (!persist_ec) out->persist_to = persist.string();
+  }
   // The coordinator accepts only absolute paths (under its checkpoint roots): a relative one
   // means this shell's working directory.
   std::error_code ec;
@@ -109,6 +125,8 @@ absl::StatusOr<std::string> RequestOperation(pb::Coordinator::Stub* stub, const 
   request.set_arrival_deadline_ms(absl::ToInt64Milliseconds(op.arrival_deadline));
   request.set_load_algorithm(op.algorithm);
   request.set_load_memory_budget_bytes(op.memory_budget);
+  request.set_persist_to(op.persist_to);  // the coordinator refuses it unless a memory save
+  request.set_persist_overwrite(op.persist_overwrite);
   pb::RequestOperationResponse requested;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));

@@ -1,0 +1,198 @@
+#include "coordinator/persist_driver.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/durable_file.h"
+#include "gtest/gtest.h"
+#include "storage/checkpoint_reader.h"
+#include "storage/checkpoint_writer.h"
+#include "storage/file_util.h"
+#include "storage/test_dir.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+// A storage checkpoint of two data files at `dir`/source, and memory checkpoint "m" with the
+// same manifest committed in `catalog` (persisting to `path`): file i held by w<i> and w<i+2>.
+std::string MakeCommitted(const std::string& dir, MemoryCatalog* catalog, const std::string& path) {
+  CheckpointContents contents;
+  std::vector<float> a(300, 1.0f), b(400, 2.0f);
+  contents.tensors = {TensorMeta{"a", DType::kF32, {300}}, TensorMeta{"b", DType::kF32, {400}}};
+  for (int r = 0; r < 2; ++r) {
+    DataFilePlan plan;
+    plan.writer_rank = r;
+    std::vector<float>& v = r == 0 ? a : b;
+    plan.pieces.push_back(PieceData{r == 0 ? "a" : "b",
+                                    Region{{0}, {static_cast<int64_t>(v.size())}, {}}, v.data(),
+                                    static_cast<int64_t>(v.size() * 4)});
+    contents.files.push_back(plan);
+  }
+  const std::string source = JoinPath(dir, "source");
+  absl::StatusOr<pb::Manifest> manifest = WriteCheckpoint(source, contents, WriteOptions());
+  EXPECT_TRUE(manifest.ok()) << manifest.status();
+  MemoryCheckpoint checkpoint;
+  checkpoint.name = "m";
+  checkpoint.manifest = *manifest;
+  for (int i = 0; i < manifest->files_size(); ++i) {
+    checkpoint.holders[manifest->files(i).name()] = {
+        MemoryHolder{absl::StrCat("w", i), "hostA"},
+        MemoryHolder{absl::StrCat("w", i + 2), "hostB"}};
+  }
+  checkpoint.persist_to = path;
+  checkpoint.persist_state = PersistState::kPersisting;
+  EXPECT_TRUE(catalog->Claim("m", "op").ok());
+  EXPECT_TRUE(catalog->Commit("op", checkpoint).ok());
+  return source;
+}
+
+// What a worker does with its PersistWork items: copies its files (from the source checkpoint,
+// byte-identical to what it holds) into the staging directory and builds the report.
+std::vector<pb::PersistReportRequest> Execute(PersistDriver& driver, const std::string& worker,
+                                              const std::string& source,
+                                              std::set<std::string>* sent) {
+  std::vector<pb::PersistReportRequest> reports;
+  for (const PersistItem& item : driver.ItemsFor(worker, *sent)) {
+    sent->insert(item.key);
+    if (!item.item.has_persist()) continue;
+    const pb::PersistWork& work = item.item.persist();
+    for (const std::string& file : work.files()) {
+      absl::StatusOr<std::string> bytes = ReadWholeFile(JoinPath(source, file), 1 << 20);
+      EXPECT_TRUE(bytes.ok());
+      EXPECT_TRUE(WriteFileDurably(JoinPath(work.staging_dir(), file), *bytes).ok());
+    }
+    pb::PersistReportRequest report;
+    report.set_worker_id(worker);
+    report.set_persist_id(work.persist_id());
+    report.mutable_files()->CopyFrom(work.files());
+    reports.push_back(report);
+  }
+  return reports;
+}
+
+std::string PersistOf(const MemoryCatalog& catalog) {
+  google::protobuf::RepeatedPtrField<pb::MemoryCheckpointStatus> out;
+  catalog.ToProto(&out);
+  return out.empty() ? "" : out[0].persist();
+}
+
+TEST(PersistDriverTest, WorkersWriteTheirFilesAndTheCheckpointCommitsThenHoldersUnpin) {
+  const std::string dir = TestDir("driver_commit");
+  MemoryCatalog catalog;
+  const std::string path = JoinPath(dir, "persisted");
+  const std::string source = MakeCommitted(dir, &catalog, path);
+  PersistDriver driver(&catalog, 1);
+  driver.Enqueue({"m", path, false});
+  ASSERT_TRUE(driver.HasSteps());
+  driver.RunSteps();  // staging directory made, work assigned to the writers w0 and w1
+  std::set<std::string> sent0, sent1;
+  std::vector<pb::PersistReportRequest> r0 = Execute(driver, "w0", source, &sent0);
+  std::vector<pb::PersistReportRequest> r1 = Execute(driver, "w1", source, &sent1);
+  ASSERT_EQ(r0.size(), 1u);
+  ASSERT_EQ(r1.size(), 1u);
+  EXPECT_FALSE(driver.Report("w0", r0[0]));  // one file left: nothing to run yet
+  EXPECT_EQ(PersistOf(catalog), "persisting to " + path);
+  EXPECT_TRUE(driver.Report("w1", r1[0]));
+  driver.RunSteps();  // commits
+  EXPECT_EQ(PersistOf(catalog), "persisted to " + path);
+  EXPECT_TRUE(CheckpointReader::Open(path).ok());
+  EXPECT_EQ(driver.in_flight(), 0u);
+  // Every holder is told to unpin.
+  for (const std::string w : {"w0", "w1", "w2", "w3"}) {
+    std::vector<PersistItem> items = driver.ItemsFor(w, {});
+    ASSERT_EQ(items.size(), 1u) << w;
+    EXPECT_EQ(items[0].item.persist_ended().name(), "m");
+  }
+}
+
+TEST(PersistDriverTest, ALostWritersFilesGoToAnotherHolder) {
+  const std::string dir = TestDir("driver_failover");
+  MemoryCatalog catalog;
+  const std::string path = JoinPath(dir, "persisted");
+  const std::string source = MakeCommitted(dir, &catalog, path);
+  PersistDriver driver(&catalog, 0);
+  driver.Enqueue({"m", path, false});
+  driver.RunSteps();
+  std::set<std::string> sent1;
+  for (const auto& r : Execute(driver, "w1", source, &sent1)) driver.Report("w1", r);
+  // w0 dies before writing: its file moves to w2, the other holder.
+  EXPECT_TRUE(driver.WorkerFailed("w0", absl::UnavailableError("lease expired")));
+  EXPECT_TRUE(driver.ItemsFor("w0", {}).empty());
+  std::set<std::string> sent2;
+  std::vector<pb::PersistReportRequest> r2 = Execute(driver, "w2", source, &sent2);
+  ASSERT_EQ(r2.size(), 1u);
+  EXPECT_TRUE(driver.Report("w2", r2[0]));
+  driver.RunSteps();
+  EXPECT_EQ(PersistOf(catalog), "persisted to " + path);
+}
+
+TEST(PersistDriverTest, AWorkerLostWhileTheStagingDirectoryIsMadeGetsNoWork) {
+  const std::string dir = TestDir("driver_lost_early");
+  MemoryCatalog catalog;
+  const std::string path = JoinPath(dir, "persisted");
+  const std::string source = MakeCommitted(dir, &catalog, path);
+  PersistDriver driver(&catalog, 0);
+  driver.Enqueue({"m", path, false});
+  // Lost before the flight began (the catalog here still lists it as a holder).
+  EXPECT_FALSE(driver.WorkerFailed("w0", absl::UnavailableError("lease expired")));
+  driver.RunSteps();
+  EXPECT_TRUE(driver.ItemsFor("w0", {}).empty());
+  std::set<std::string> sent1, sent2;
+  for (const auto& r : Execute(driver, "w1", source, &sent1)) driver.Report("w1", r);
+  std::vector<pb::PersistReportRequest> r2 = Execute(driver, "w2", source, &sent2);
+  ASSERT_EQ(r2.size(), 1u);
+  EXPECT_TRUE(driver.Report("w2", r2[0]));
+  driver.RunSteps();
+  EXPECT_EQ(PersistOf(catalog), "persisted to " + path);
+}
+
+TEST(PersistDriverTest, AFailedWriteMovesTheFileAndALateReportIsIgnored) {
+  const std::string dir = TestDir("driver_write_failed");
+  MemoryCatalog catalog;
+  const std::string path = JoinPath(dir, "persisted");
+  const std::string source = MakeCommitted(dir, &catalog, path);
+  PersistDriver driver(&catalog, 0);
+  driver.Enqueue({"m", path, false});
+  driver.RunSteps();
+  std::vector<PersistItem> w0 = driver.ItemsFor("w0", {});
+  ASSERT_EQ(w0.size(), 1u);
+  pb::PersistReportRequest failed;
+  failed.set_worker_id("w0");
+  failed.set_persist_id(w0[0].item.persist().persist_id());
+  failed.mutable_files()->CopyFrom(w0[0].item.persist().files());
+  failed.mutable_result()->set_code(static_cast<int>(absl::StatusCode::kDataLoss));
+  failed.mutable_result()->set_message("checksum mismatch");
+  EXPECT_TRUE(driver.Report("w0", failed));   // the file moves to w2
+  EXPECT_FALSE(driver.Report("w0", failed));  // again: nothing pending there any more
+  std::set<std::string> sent1, sent2;
+  for (const auto& r : Execute(driver, "w1", source, &sent1)) driver.Report("w1", r);
+  for (const auto& r : Execute(driver, "w2", source, &sent2)) driver.Report("w2", r);
+  driver.RunSteps();
+  EXPECT_EQ(PersistOf(catalog), "persisted to " + path);
+}
+
+TEST(PersistDriverTest, NoHolderLeftFailsNamingTheFileAndLeavesNothingAtThePath) {
+  const std::string dir = TestDir("driver_orphan");
+  MemoryCatalog catalog;
+  const std::string path = JoinPath(dir, "persisted");
+  const std::string source = MakeCommitted(dir, &catalog, path);
+  PersistDriver driver(&catalog, 0);
+  driver.Enqueue({"m", path, false});
+  driver.RunSteps();
+  EXPECT_TRUE(driver.WorkerFailed("w0", absl::UnavailableError("lease expired")));
+  EXPECT_TRUE(driver.WorkerFailed("w2", absl::UnavailableError("lease expired")));
+  driver.RunSteps();  // discards the staging directory
+  const std::string persist = PersistOf(catalog);
+  EXPECT_EQ(persist.rfind("persist to " + path + " failed: ", 0), 0u) << persist;
+  EXPECT_NE(persist.find("data/r0_0.safetensors"), std::string::npos) << persist;
+  EXPECT_NE(persist.find("w2"), std::string::npos) << persist;
+  EXPECT_FALSE(PathExists(path));
+  absl::StatusOr<std::vector<std::string>> left = ListDir(dir);
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(*left, std::vector<std::string>{"source"});  // no staging directory remains
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator
