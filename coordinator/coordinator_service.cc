@@ -689,6 +689,37 @@ grpc::Status CoordinatorService::DoRequestOperation(const grpc::ServerContextBas
   return grpc::Status::OK;
 }
 
+absl::StatusOr<std::vector<RankLocation>> CoordinatorService::PlaceReshardRanks(
+    int64_t world_size, int max_workers, size_t* workers_used) const {
+  std::vector<const WorkerRecord*> live;
+  for (const WorkerRecord* w : workers_.All()) {
+    if (w->alive) live.push_back(w);
+  }
+  std::stable_sort(live.begin(), live.end(), [](const WorkerRecord* a, const WorkerRecord* b) {
+    return a->registered < b->registered;
+  });
+  if (max_workers > 0 && static_cast<int>(live.size()) > max_workers) live.resize(max_workers);
+  if (live.empty()) {
+    return absl::FailedPreconditionError(
+        "no live worker is registered with this coordinator to execute the reshard; start "
+        "ckpt_worker daemons (or reshard without --coordinator, in this process)");
+  }
+  if (world_size > static_cast<int64_t>(live.size()) * options_.max_reshard_ranks_per_worker) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target layout: ", world_size, " ranks over ", live.size(),
+        " live worker(s) is more than the limit of ", options_.max_reshard_ranks_per_worker,
+        " ranks per worker (--max_reshard_ranks_per_worker); start more workers or reshard "
+        "offline (ckptctl reshard without --coordinator)"));
+  }
+  std::vector<RankLocation> locations;
+  for (int64_t r = 0; r < world_size; ++r) {
+    const WorkerRecord* w = live[r % live.size()];
+    locations.push_back(RankLocation{w->id, w->description.host, w->description.pid});
+  }
+  *workers_used = live.size();
+  return locations;
+}
+
 grpc::Status CoordinatorService::DoStartReshard(const grpc::ServerContextBase* context,
                                                 const pb::StartReshardRequest* request,
                                                 pb::StartReshardResponse* response,
@@ -720,48 +751,24 @@ grpc::Status CoordinatorService::DoStartReshard(const grpc::ServerContextBase* c
         absl::InvalidArgumentError("memory budget and max workers must not be negative"));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<const WorkerRecord*> live;
-  for (const WorkerRecord* w : workers_.All()) {
-    if (w->alive) live.push_back(w);
-  }
-  std::stable_sort(live.begin(), live.end(), [](const WorkerRecord* a, const WorkerRecord* b) {
-    return a->registered < b->registered;
-  });
-  if (request->max_workers() > 0 && static_cast<int>(live.size()) > request->max_workers()) {
-    live.resize(request->max_workers());
-  }
-  if (live.empty()) {
-    return ToGrpcStatus(absl::FailedPreconditionError(
-        "no live worker is registered with this coordinator to execute the reshard; start "
-        "ckpt_worker daemons (or reshard without --coordinator, in this process)"));
-  }
-  if (layout->world_size() >
-      static_cast<int64_t>(live.size()) * options_.max_reshard_ranks_per_worker) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "target layout: ", layout->world_size(), " ranks over ", live.size(),
-        " live worker(s) is more than the limit of ", options_.max_reshard_ranks_per_worker,
-        " ranks per worker (--max_reshard_ranks_per_worker); start more workers or reshard "
-        "offline (ckptctl reshard without --coordinator)")));
-  }
-  std::vector<RankLocation> locations;
-  for (int64_t r = 0; r < layout->world_size(); ++r) {
-    const WorkerRecord* w = live[r % live.size()];
-    locations.push_back(RankLocation{w->id, w->description.host, w->description.pid});
-  }
+  size_t workers_used = 0;
+  absl::StatusOr<std::vector<RankLocation>> locations =
+      PlaceReshardRanks(layout->world_size(), request->max_workers(), &workers_used);
+  if (!locations.ok()) return ToGrpcStatus(locations.status());
   ReshardSpec spec;
   spec.source = *source;
   spec.layout_json = request->layout_json();
   spec.overwrite = request->overwrite();
   spec.memory_budget_bytes = request->memory_budget_bytes();
-  absl::StatusOr<std::string> id = jobs_.StartReshard(*destination, std::move(spec), locations);
+  absl::StatusOr<std::string> id = jobs_.StartReshard(*destination, std::move(spec), *locations);
   if (!id.ok()) return ToGrpcStatus(id.status());
   const Operation* op = jobs_.FindOperation(*id);
   spdlog::info("reshard_started op={} source={} destination={} ranks={} workers={} by=\"{}\"", *id,
-               *source, *destination, layout->world_size(), live.size(), peer->Describe());
+               *source, *destination, layout->world_size(), workers_used, peer->Describe());
   response->set_operation_id(*id);
   response->set_job(op->job);
   response->set_world_size(op->world_size);
-  response->set_workers(static_cast<int32_t>(live.size()));
+  response->set_workers(static_cast<int32_t>(workers_used));
   Changed();
   if (NeedsAdvancer(*id)) {
     later->operation_id = *id;

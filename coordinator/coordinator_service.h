@@ -255,6 +255,11 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // PermissionDenied when `peer` may not register `description` (another certificate's worker).
   absl::Status MayRegister(const Peer& peer, const WorkerDescription& description) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A cluster reshard's `world_size` ranks spread round-robin over the live workers (the first
+  // `max_workers` registered; 0: all), at most options_.max_reshard_ranks_per_worker each.
+  absl::StatusOr<std::vector<RankLocation>> PlaceReshardRanks(int64_t world_size, int max_workers,
+                                                              size_t* workers_used) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `path` resolved under the checkpoint roots (see CheckpointRoots::Resolve).
   absl::StatusOr<std::string> CheckpointPath(absl::string_view path, absl::string_view what) const;
   // The state description a join stands for: the request's own, or (when it sent only a
