@@ -44,6 +44,12 @@ struct SaveOptions {
   // Memory saves (path mem://<name>) only: extra copies of each data file, each on a worker
   // of another host (-1: the coordinator's --memory_replicas, default 1; 0: none).
   int memory_replicas = -1;
+  // Process groups the writes are distributed within, each as Megatron's parallelization group
+  // (planner/process_groups.h: "per-node", "read-groups:K", "model-replica:K",
+  // "data-parallel:K", or explicit lists "0,1;2,3"); "": one group of every rank. Every rank
+  // should pass the same; the first to join decides. Bad groups: InvalidArgument naming the
+  // rank or group.
+  std::string process_groups;
   // (No exchange algorithm or memory budget: a save moves no bytes between ranks, each stored
   // piece is written by one rank that holds it, and the worker snapshots its rank's whole part
   // before writing it.)
@@ -62,6 +68,11 @@ struct LoadOptions {
   std::string exchange_algorithm;
   // Bytes in flight per rank and wave (0: the coordinator's --load_memory_budget_bytes).
   int64_t memory_budget_bytes = 0;
+  // Process groups (as SaveOptions::process_groups): each group reads from storage every piece
+  // its ranks need (also those whose main replica is in another group: Megatron's
+  // ignore_groups) and exchanges only within itself, over one communicator per group. "": the
+  // coordinator decides (one group; per node across hosts with the auto algorithm).
+  std::string process_groups;
 };
 
 // How this rank's worker took a save's snapshot (known once snapshotted).
@@ -176,7 +187,8 @@ class Client {
       const std::map<std::string, std::string>& metadata, const std::string& operation_id,
       absl::Duration arrival_timeout, Lending lending,
       pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED,
-      int64_t memory_budget_bytes = 0, int memory_replicas = -1);
+      int64_t memory_budget_bytes = 0, int memory_replicas = -1,
+      const std::string& process_groups = "");
 
   // Share with what `lending` lends marked in the description.
   absl::Status Register(const StateDict& state, Lending lending);

@@ -111,7 +111,10 @@ struct Operation {
   pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;
   int64_t load_memory_budget_bytes = 0;
   int memory_replicas = -1;  // memory saves: the trainers' replication factor (-1: default)
-  ReshardSpec reshard;       // kReshard only
+  // Process groups (planner/process_groups.h spec text; "": one group of every rank): the
+  // operator's, else the first rank's to give any (coordinator/group_plan.h resolves them).
+  std::string process_groups;
+  ReshardSpec reshard;  // kReshard only
   int world_size = 0;
   Phase phase = Phase::kGathering;
   absl::Time created;
@@ -158,6 +161,7 @@ struct JoinRequest {
   pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;  // load (0: default)
   int64_t load_memory_budget_bytes = 0;  // load: bytes in flight per rank (0 = default)
   int memory_replicas = -1;              // memory save: extra copies of each file (-1: default)
+  std::string process_groups;            // spec text ("": one group of every rank)
   // Arrival deadline of an operation this join creates, capped by the coordinator's (zero:
   // the coordinator's).
   absl::Duration arrival_deadline = absl::ZeroDuration();
@@ -216,7 +220,7 @@ class JobState {
       absl::string_view job, OperationKind kind, absl::string_view path,
       absl::Duration arrival_deadline,
       pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED,
-      int64_t load_memory_budget_bytes = 0);
+      int64_t load_memory_budget_bytes = 0, const std::string& process_groups = "");
 
   // An operator starts a reshard executed on the workers: a job "reshard:<destination>" of
   // `locations.size()` ranks (rank r served by locations[r]) whose operation skips gathering

@@ -161,6 +161,7 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   join.set_load_algorithm(request.load_algorithm());
   join.set_load_memory_budget_bytes(request.memory_budget_bytes());
   if (request.has_memory_replicas()) join.set_memory_replicas(request.memory_replicas());
+  join.set_process_groups(request.process_groups());
   join.set_arrival_deadline_ms(std::max<int64_t>(request.timeout_ms(), 0));
   pb::RankState* state = join.mutable_state();
   state->set_rank(session->trainer.rank);

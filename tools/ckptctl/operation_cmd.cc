@@ -34,7 +34,8 @@ struct OperationArgs {
   absl::Duration timeout = absl::Hours(1);
   absl::Duration arrival_deadline = absl::ZeroDuration();  // zero: the coordinator's
   pb::LoadAlgorithm algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED;
-  int64_t memory_budget = 0;  // zero: the coordinator's
+  int64_t memory_budget = 0;   // zero: the coordinator's
+  std::string process_groups;  // "": the trainers' (planner/process_groups.h)
 };
 
 std::string Description(const char* verb) {
@@ -54,6 +55,9 @@ std::vector<FlagSpec> OperationFlags(pb::OperationKind kind) {
        "timeout_s"},
       {"arrival-deadline", "DURATION",
        "how long the trainers have to join (default: the coordinator's)", "arrival_deadline_s"},
+      {"process-groups", "SPEC",
+       "process groups to save/load within: per-node, read-groups:K, model-replica:K,\n"
+       "data-parallel:K or explicit lists 0,1;2,3 (default: the trainers')"},
   };
   if (kind == pb::OPERATION_LOAD) {
     flags.push_back({"algorithm", "NAME",
@@ -89,6 +93,7 @@ std::optional<int> ParseOperation(const CommandSpec& spec, const std::vector<std
     return Usage(out->name, absl::StrCat("--algorithm: ", algorithm.status().message()));
   }
   out->algorithm = *algorithm;
+  out->process_groups = a.Get("process-groups");
   // The coordinator accepts only absolute paths (under its checkpoint roots): a relative one
   // means this shell's working directory.
   std::error_code ec;
@@ -109,6 +114,7 @@ absl::StatusOr<std::string> RequestOperation(pb::Coordinator::Stub* stub, const 
   request.set_arrival_deadline_ms(absl::ToInt64Milliseconds(op.arrival_deadline));
   request.set_load_algorithm(op.algorithm);
   request.set_load_memory_budget_bytes(op.memory_budget);
+  request.set_process_groups(op.process_groups);
   pb::RequestOperationResponse requested;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
