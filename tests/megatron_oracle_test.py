@@ -45,10 +45,11 @@ def from_json_id(value):
     return (key, tuple(offsets), None if flat is None else tuple(flat))
 
 
-def run_ckptctl(mode, lines):
+def run_ckptctl(mode, lines, extra=()):
     """Runs `ckptctl plan <mode>` on JSON Lines; returns the parsed output lines."""
     text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
-    done = subprocess.run([CKPTCTL, "plan", mode] + MEGATRON_FLAGS[mode], input=text.encode(),
+    done = subprocess.run([CKPTCTL, "plan", mode] + MEGATRON_FLAGS[mode] + list(extra),
+                          input=text.encode(),
                           capture_output=True, timeout=600)
     assert done.returncode == 0, done.stderr.decode()
     return [json.loads(out) for out in done.stdout.decode().splitlines()]
@@ -337,3 +338,16 @@ def test_groups_that_do_not_partition_the_ranks_fail_naming_rank_and_group():
                               timeout=60)
         assert done.returncode != 0
         assert message in done.stderr.decode(), done.stderr.decode()
+
+
+def test_groups_flag_applies_to_every_line_as_megatron_core_per_group(monkeypatch):
+    rng = random.Random(16)
+    problems = [p for p in (random_main_replica_problem(rng) for _ in range(300))
+                if len(p) % 2 == 0]
+    outputs = run_ckptctl("main-replicas", [main_replica_line(p, False) for p in problems],
+                          extra=["--groups", "data-parallel:2"])
+    for index, (per_rank, output) in enumerate(zip(problems, outputs)):
+        groups = [list(range(i, len(per_rank), 2)) for i in range(2)]
+        assert [g["ranks"] for g in output["groups"]] == groups
+        writers = {from_json_id(s): r for s, r in output["writers"]}
+        assert writers == upstream_writers(per_rank, groups, monkeypatch), f"problem {index}"

@@ -271,7 +271,7 @@ absl::StatusOr<std::string> RunMainReplicasPerGroup(
   return Dump(out);
 }
 
-absl::StatusOr<std::string> RunMainReplicas(const Json& line) {
+absl::StatusOr<std::string> RunMainReplicas(const Json& line, const PlanOptions& options) {
   CKPT_ASSIGN_OR_RETURN(int64_t num_ranks, ParseNumRanks(line));
   bool ignore_groups = false;
   if (auto it = line.find("ignore_groups"); it != line.end()) {
@@ -301,6 +301,9 @@ absl::StatusOr<std::string> RunMainReplicas(const Json& line) {
   }
   if (auto it = line.find("groups"); it != line.end()) {
     return RunMainReplicasPerGroup(*it, per_rank, ignore_groups);
+  }
+  if (!options.groups.empty()) {
+    return RunMainReplicasPerGroup(Json(options.groups), per_rank, ignore_groups);
   }
   const auto start = std::chrono::steady_clock::now();
   auto distribution = DetermineMainReplicaDistribution(per_rank, num_ranks, ignore_groups);
@@ -364,7 +367,7 @@ absl::StatusOr<std::string> RunPlanLineViaDom(PlanMode mode, absl::string_view l
   try {
     if (mode == PlanMode::kMainReplicas) {
       CKPT_ASSIGN_OR_RETURN(Json parsed, ParseLineObject(line));
-      return RunMainReplicas(parsed);
+      return RunMainReplicas(parsed, options);
     }
     CKPT_ASSIGN_OR_RETURN(DistributionInput input, ParseDistributeLineViaDom(line, options));
     return DistributeAndFormat(input);
