@@ -237,16 +237,22 @@ absl::StatusOr<std::vector<std::pair<PieceId, int64_t>>> MainReplicaWritersPerGr
     const std::vector<std::vector<RankShardInfo>>& per_rank, const ProcessGroups& groups) {
   CKPT_ASSIGN_OR_RETURN(std::vector<GroupMainReplicas> per_group,
                         DetermineMainReplicasPerGroup(per_rank, groups, /*ignore_groups=*/false));
+  return WritersOfGroups(per_rank, per_group);
+}
+
+std::vector<std::pair<PieceId, int64_t>> WritersOfGroups(
+    const std::vector<std::vector<RankShardInfo>>& per_rank,
+    const std::vector<GroupMainReplicas>& per_group) {
   std::vector<std::pair<PieceId, int64_t>> writers;
-  for (GroupMainReplicas& g : per_group) {
+  for (const GroupMainReplicas& g : per_group) {
     if (!g.distribution) {  // one rank: it writes its own main replicas
       for (const RankShardInfo& info : per_rank[g.ranks.front()]) {
         if (info.is_main) writers.emplace_back(info.id, g.ranks.front());
       }
       continue;
     }
-    for (auto& [id, group_rank] : g.distribution->main_rank_for_shard) {
-      writers.emplace_back(std::move(id), g.ranks[group_rank]);
+    for (const auto& [id, group_rank] : g.distribution->main_rank_for_shard) {
+      writers.emplace_back(id, g.ranks[group_rank]);
     }
   }
   return writers;

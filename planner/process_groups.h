@@ -95,6 +95,12 @@ absl::StatusOr<std::vector<GroupMainReplicas>> DetermineMainReplicasPerGroup(
 absl::StatusOr<std::vector<std::pair<PieceId, int64_t>>> MainReplicaWritersPerGroup(
     const std::vector<std::vector<RankShardInfo>>& per_rank, const ProcessGroups& groups);
 
+// The same writers from save-mode distributions already computed (DetermineMainReplicasPerGroup
+// with ignore_groups = false over the same per_rank).
+std::vector<std::pair<PieceId, int64_t>> WritersOfGroups(
+    const std::vector<std::vector<RankShardInfo>>& per_rank,
+    const std::vector<GroupMainReplicas>& per_group);
+
 }  // namespace ckpt
 
 #endif  // CKPT_PLANNER_PROCESS_GROUPS_H_

@@ -259,10 +259,8 @@ absl::StatusOr<std::string> RunMainReplicasPerGroup(
   OrderedJson out;
   out["groups"] = std::move(out_groups);
   if (!ignore_groups) {
-    auto writers = MainReplicaWritersPerGroup(per_rank, groups);
-    if (!writers.ok()) return FieldError("per_rank", std::string(writers.status().message()));
     OrderedJson list = OrderedJson::array();
-    for (const auto& [id, rank] : *writers) {
+    for (const auto& [id, rank] : WritersOfGroups(per_rank, *per_group)) {
       list.push_back(OrderedJson::array({PieceIdJson(id), rank}));
     }
     out["writers"] = std::move(list);
