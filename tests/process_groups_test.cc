@@ -4,7 +4,7 @@
 // bit-exactly into other layouts with groups whose members hold no main replica (cross-group
 // pieces, which such a group reads from storage itself); the workers' logs show one
 // communicator per group, never one over the job; bad groups are refused naming the rank and
-// group, and nothing is written.
+// group, and nothing is written; an operator's `ckptctl load --process-groups` runs within them.
 #include <string>
 #include <vector>
 
@@ -117,6 +117,49 @@ TEST(ProcessGroupsTest, GroupsThatDoNotPartitionTheRanksAreRefusedNamingRankAndG
     EXPECT_THAT(Result(*t).second, HasSubstr("does not divide the job's 4 ranks"));
   }
   EXPECT_FALSE(Exists(path));
+}
+
+// An operator's load with --process-groups: a bad spec is refused naming the group before any
+// operation exists; a good one runs at the trainers' next Poll within the groups (each of the
+// two read groups reads the replicated tensor from storage once).
+TEST(ProcessGroupsTest, CkptctlLoadWithProcessGroupsRunsWithinThemAndRefusesBadOnes) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  for (int i = 0; i < 4; ++i) cluster.StartWorker(i);
+  const std::string path = cluster.dir() + "/replicated";
+  const std::vector<std::string> replicated = Shape({"--layout", "tpdp", "--tp", "1"});
+  for (Child* t : RunRanks(cluster, "job", 4, "save", path, replicated)) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second;
+  }
+  std::vector<Child*> trainers;
+  for (int r = 0; r < 4; ++r) {
+    trainers.push_back(cluster.StartTrainer(r, "job", r, 4, "poll", "", replicated));
+  }
+  ASSERT_TRUE(WaitFor([&] {
+    for (Child* t : trainers) {
+      if (!Shared(*t)) return false;
+    }
+    return true;
+  }));
+  std::string out;
+  EXPECT_EQ(cluster.RunCkptctl({"load", "--coordinator", cluster.address(), "--job", "job",
+                                "--process-groups", "0,1;2,9", path},
+                               &out),
+            1);
+  EXPECT_THAT(out, HasSubstr("job job: process group 1 names rank 9"));
+  ASSERT_EQ(
+      cluster.RunCkptctl({"load", "--coordinator", cluster.address(), "--job", "job", "--algorithm",
+                          "broadcast", "--process-groups", "read-groups:2", path},
+                         &out),
+      0)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat(2 * kTensorBytes, " bytes read from storage")));
+  for (Child* t : trainers) {
+    ASSERT_TRUE(WaitFor([&] { return Result(*t).first >= 0; }));
+    EXPECT_EQ(Result(*t).first, 0) << Result(*t).second;
+  }
+  EXPECT_EQ(FinishedOperation(cluster, "job", pb::OPERATION_LOAD).process_groups(),
+            "read-groups:2");
 }
 
 }  // namespace
