@@ -242,7 +242,7 @@ absl::StatusOr<std::string> Client::Transfer(
     const std::map<std::string, std::string>& metadata, const std::string& operation_id,
     absl::Duration arrival_timeout, Lending lending, pb::LoadAlgorithm load_algorithm,
     int64_t memory_budget_bytes, int memory_replicas, const std::string& persist_to,
-    bool persist_overwrite) {
+    bool persist_overwrite, const std::string& process_groups) {
   if (absl::Status s = Register(state, lending); !s.ok()) return s;
   pb::TransferRequest request;
   request.set_session_id(session_id_);
@@ -264,6 +264,7 @@ absl::StatusOr<std::string> Client::Transfer(
     request.set_persist_overwrite(persist_overwrite);
   }
   request.set_memory_budget_bytes(memory_budget_bytes);
+  request.set_process_groups(process_groups);
   pb::TransferResponse response;
   auto context = connection_->Context();
   grpc::Status s = save ? connection_->stub()->Save(context.get(), request, &response)
@@ -280,7 +281,7 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
   absl::StatusOr<std::string> op =
       Transfer(true, path, state, options.metadata, "", options.arrival_timeout, options.lending,
                pb::LOAD_ALGORITHM_UNSPECIFIED, 0, options.memory_replicas, options.persist_to,
-               options.persist_overwrite);
+               options.persist_overwrite, options.process_groups);
   if (!op.ok()) return op.status();
   auto handle = std::make_unique<SaveHandle>(connection_, session_id_, *op);
   // Return once this rank's worker copied the state out of the trainer's memory (or the save
@@ -301,7 +302,7 @@ absl::Status Client::Load(const std::string& path, StateDict& state, const LoadO
   }
   absl::StatusOr<std::string> op =
       Transfer(false, path, state, {}, "", options.arrival_timeout, Lending::kNone, *algorithm,
-               options.memory_budget_bytes);
+               options.memory_budget_bytes, -1, "", false, options.process_groups);
   if (!op.ok()) return op.status();
   absl::StatusOr<OperationProgress> p =
       connection_->WaitFinal(session_id_, *op, options.arrival_timeout + options.deadline);

@@ -50,6 +50,12 @@ struct SaveOptions {
   // refuses with InvalidArgument a mem:// persist_to, or one on a storage save.
   std::string persist_to;
   bool persist_overwrite = false;  // persist_to may replace a committed checkpoint there
+  // Process groups the writes are distributed within, each as Megatron's parallelization group
+  // (planner/process_groups.h: "per-node", "read-groups:K", "model-replica:K",
+  // "data-parallel:K", or explicit lists "0,1;2,3"); "": one group of every rank. Every rank
+  // should pass the same; the first to join decides. Bad groups: InvalidArgument naming the
+  // rank or group.
+  std::string process_groups;
   // (No exchange algorithm or memory budget: a save moves no bytes between ranks, each stored
   // piece is written by one rank that holds it, and the worker snapshots its rank's whole part
   // before writing it.)
@@ -68,6 +74,11 @@ struct LoadOptions {
   std::string exchange_algorithm;
   // Bytes in flight per rank and wave (0: the coordinator's --load_memory_budget_bytes).
   int64_t memory_budget_bytes = 0;
+  // Process groups (as SaveOptions::process_groups): each group reads from storage every piece
+  // its ranks need (also those whose main replica is in another group: Megatron's
+  // ignore_groups) and exchanges only within itself, over one communicator per group. "": the
+  // coordinator decides (one group; per node across hosts with the auto algorithm).
+  std::string process_groups;
 };
 
 // How this rank's worker took a save's snapshot (known once snapshotted).
@@ -183,7 +194,7 @@ class Client {
       absl::Duration arrival_timeout, Lending lending,
       pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED,
       int64_t memory_budget_bytes = 0, int memory_replicas = -1, const std::string& persist_to = "",
-      bool persist_overwrite = false);
+      bool persist_overwrite = false, const std::string& process_groups = "");
 
   // Share with what `lending` lends marked in the description.
   absl::Status Register(const StateDict& state, Lending lending);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "common/grpc_status.h"
 #include "common/memory_path.h"
+#include "coordinator/group_plan.h"
 #include "coordinator/operation_wire.h"
 #include "planner/layout_spec.h"
 #include "spdlog/spdlog.h"
@@ -545,6 +546,13 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   join.memory_replicas = request->has_memory_replicas() ? request->memory_replicas() : -1;
   join.persist_to = *persist_to;
   join.persist_overwrite = request->persist_overwrite();
+  join.process_groups = request->process_groups();
+  if (absl::Status s =
+          CheckProcessGroupSpec(join.process_groups, request->world_size(),
+                                absl::StrCat("job ", request->job(), " rank ", request->rank()));
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   if (request->arrival_deadline_ms() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("job ", request->job(), " rank ", request->rank(),
@@ -672,9 +680,14 @@ grpc::Status CoordinatorService::DoRequestOperation(const grpc::ServerContextBas
       *kind, *path, request->persist_to(), absl::StrCat("request of job ", request->job()));
   if (!persist_to.ok()) return ToGrpcStatus(persist_to.status());
   std::lock_guard<std::mutex> lock(mu_);
+  if (const Job* job = jobs_.FindJob(request->job()); job != nullptr) {
+    absl::Status s = CheckProcessGroupSpec(request->process_groups(), job->world_size,
+                                           absl::StrCat("job ", request->job()));
+    if (!s.ok()) return ToGrpcStatus(s);
+  }
   absl::StatusOr<std::string> id = jobs_.RequestOperation(
       request->job(), *kind, *path, absl::Milliseconds(request->arrival_deadline_ms()),
-      request->load_algorithm(), request->load_memory_budget_bytes());
+      request->load_algorithm(), request->load_memory_budget_bytes(), request->process_groups());
   if (!id.ok()) return ToGrpcStatus(id.status());
   if (!persist_to->empty()) {
     if (absl::Status s = jobs_.SetPersistTo(*id, *persist_to, request->persist_overwrite());

@@ -131,7 +131,8 @@ absl::StatusOr<std::string> JobState::RequestOperation(absl::string_view job_nam
                                                        OperationKind kind, absl::string_view path,
                                                        absl::Duration arrival_deadline,
                                                        pb::LoadAlgorithm load_algorithm,
-                                                       int64_t load_memory_budget_bytes) {
+                                                       int64_t load_memory_budget_bytes,
+                                                       const std::string& process_groups) {
   if (path.empty()) return absl::InvalidArgumentError("checkpoint path is empty");
   auto it = jobs_.find(job_name);
   if (it == jobs_.end()) {
@@ -146,6 +147,7 @@ absl::StatusOr<std::string> JobState::RequestOperation(absl::string_view job_nam
   Operation* op = CreateOperation(it->second, kind, path, "operator", arrival_deadline);
   op->load_algorithm = load_algorithm;
   op->load_memory_budget_bytes = load_memory_budget_bytes;
+  op->process_groups = process_groups;
   return op->id;
 }
 
@@ -234,6 +236,7 @@ void TakeJoinOptions(JoinRequest& request, Operation* op) {
     op->persist_to = std::move(request.persist_to);
     op->persist_overwrite = request.persist_overwrite;
   }
+  if (op->process_groups.empty()) op->process_groups = std::move(request.process_groups);
 }
 
 }  // namespace

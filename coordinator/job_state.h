@@ -114,6 +114,9 @@ struct Operation {
   // Memory saves: persist to this storage path once committed ("": never; first rank decides).
   std::string persist_to;
   bool persist_overwrite = false;
+  // Process groups (planner/process_groups.h spec text; "": one group of every rank): the
+  // operator's, else the first rank's to give any (coordinator/group_plan.h resolves them).
+  std::string process_groups;
   ReshardSpec reshard;  // kReshard only
   int world_size = 0;
   Phase phase = Phase::kGathering;
@@ -163,6 +166,7 @@ struct JoinRequest {
   int memory_replicas = -1;              // memory save: extra copies of each file (-1: default)
   std::string persist_to;                // memory save: background persistence path ("": none)
   bool persist_overwrite = false;
+  std::string process_groups;  // spec text ("": one group of every rank)
   // Arrival deadline of an operation this join creates, capped by the coordinator's (zero:
   // the coordinator's).
   absl::Duration arrival_deadline = absl::ZeroDuration();
@@ -221,7 +225,7 @@ class JobState {
       absl::string_view job, OperationKind kind, absl::string_view path,
       absl::Duration arrival_deadline,
       pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED,
-      int64_t load_memory_budget_bytes = 0);
+      int64_t load_memory_budget_bytes = 0, const std::string& process_groups = "");
   // Sets where the memory save `operation_id` (requested, not yet planned) persists to.
   absl::Status SetPersistTo(absl::string_view operation_id, std::string path, bool overwrite);
 

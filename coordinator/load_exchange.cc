@@ -1,5 +1,6 @@
 #include "coordinator/load_exchange.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/group_plan.h"
 #include "coordinator/load_direct.h"
 #include "planner/load_plan.h"
 #include "proto/convert.h"
@@ -79,23 +81,38 @@ absl::StatusOr<StoredCheckpoint> ReadStoredCheckpoint(const std::string& path,
   return stored;
 }
 
-// The planner's requests: every non-empty read of the direct plan's parts, each also recorded
-// in the part shared by all ranks.
-absl::StatusOr<std::vector<LoadRequest>> CollectRequests(const std::vector<pb::LoadPlanPart>& parts,
+// Whether rank `rank` of `op` holds the shard of `read` as its main replica.
+bool ReadsMainReplica(const Operation& op, int rank, const pb::LoadRead& read) {
+  const std::vector<pb::PieceMeta>& shards = op.ranks[rank].shards;
+  if (read.local_index() < 0 || read.local_index() >= static_cast<int>(shards.size())) return true;
+  for (int64_t v : shards[read.local_index()].replica_id()) {
+    if (v != 0) return false;
+  }
+  return true;
+}
+
+// The planner's requests of the ranks `members` (one group; rank i of the group is
+// members[i], its number in the requests): every non-empty read of their direct plan parts,
+// each also recorded in the part shared by the group's ranks.
+absl::StatusOr<std::vector<LoadRequest>> CollectRequests(const Operation& op,
+                                                         const std::vector<pb::LoadPlanPart>& parts,
+                                                         const std::vector<int64_t>& members,
                                                          pb::LoadPlanPart* shared) {
   std::vector<LoadRequest> requests;
-  for (int r = 0; r < static_cast<int>(parts.size()); ++r) {
+  for (int i = 0; i < static_cast<int>(members.size()); ++i) {
+    const int r = static_cast<int>(members[i]);
     for (const pb::LoadRead& read : parts[r].reads()) {
       if (read.size_bytes() == 0) continue;  // nothing to move
       LoadRequest q;
-      q.rank = r;
+      q.rank = i;
       q.key = read.key();
       absl::StatusOr<Region> region = RegionFromProto(read.region());
       if (!region.ok()) return region.status();
       q.region = *std::move(region);
+      q.main_replica = ReadsMainReplica(op, r, read);
       requests.push_back(std::move(q));
       pb::LoadRequestEntry* e = shared->add_requests();
-      e->set_rank(r);
+      e->set_rank(i);
       e->set_key(read.key());
       *e->mutable_region() = read.region();
       e->set_local_index(read.local_index());
@@ -122,6 +139,78 @@ void AddWaves(const LoadPlan& plan, pb::LoadPlanPart* shared) {
       e->set_dst_rank(static_cast<int32_t>(d.dst_rank));
     }
   }
+}
+
+// What planning one group of an exchange-based load needs.
+struct GroupLoadContext {
+  const Operation& op;
+  const LoadPlannerOptions& options;
+  ExchangeAlgorithm algorithm;
+  const StoredCheckpoint& stored;
+  const std::vector<pb::LoadPlanPart>& parts;  // the direct plan, by rank
+  const std::vector<std::vector<int64_t>>& readers_of_piece;
+  const ExchangeTransport& transport;
+  const LoadGroupChoice& groups;
+};
+
+// The ranks of `readers` (one list per piece, global ranks) within `members`, as group ranks;
+// empty stays empty (no restriction).
+std::vector<std::vector<int64_t>> ReadersInGroup(const std::vector<std::vector<int64_t>>& readers,
+                                                 const std::vector<int64_t>& members) {
+  std::vector<std::vector<int64_t>> out(readers.size());
+  for (size_t p = 0; p < readers.size(); ++p) {
+    for (int64_t r : readers[p]) {
+      auto it = std::lower_bound(members.begin(), members.end(), r);
+      if (it != members.end() && *it == r) out[p].push_back(it - members.begin());
+    }
+  }
+  return out;
+}
+
+// Plans group `g` of the load (Megatron's ignore_groups: the group reads from storage every
+// piece its ranks need, the pieces whose main replica is in another group last, and exchanges
+// only among its ranks) into the parts of its ranks in `out`.
+absl::Status PlanGroupLoad(const GroupLoadContext& c, size_t g, std::vector<RankPlan>* out) {
+  const std::vector<int64_t>& members = c.groups.groups[g];
+  const bool several = c.groups.groups.size() > 1;
+  pb::LoadPlanPart shared;
+  absl::StatusOr<std::vector<LoadRequest>> requests =
+      CollectRequests(c.op, c.parts, members, &shared);
+  if (!requests.ok()) return requests.status();
+  LoadPlanOptions plan_options;
+  plan_options.algorithm = c.algorithm;
+  plan_options.memory_budget_bytes = c.options.memory_budget_bytes;
+  plan_options.readers_of_piece = ReadersInGroup(c.readers_of_piece, members);
+  absl::StatusOr<LoadPlan> plan = BuildLoadPlan(c.stored.tensors, c.stored.pieces, *requests,
+                                                static_cast<int64_t>(members.size()), plan_options);
+  if (!plan.ok()) {
+    return absl::Status(plan.status().code(),
+                        absl::StrCat("planning the load of ", c.op.path,
+                                     several ? absl::StrCat(" in process group ", g) : "", ": ",
+                                     plan.status().message()));
+  }
+  AddWaves(*plan, &shared);
+  shared.set_algorithm(c.options.algorithm);
+  shared.set_memory_budget_bytes(c.options.memory_budget_bytes);
+  shared.set_world_size(static_cast<int32_t>(members.size()));
+  shared.set_group(several ? absl::StrCat("load/", c.op.id, "/g", g)
+                           : absl::StrCat("load/", c.op.id));
+  shared.set_device_exchange(c.transport.device);
+  shared.set_transport_reason(c.groups.reason.empty()
+                                  ? c.transport.reason
+                                  : absl::StrCat(c.transport.reason, "; ", c.groups.reason));
+  if (several) {
+    shared.set_group_index(static_cast<int32_t>(g));
+    for (int64_t r : members) shared.add_group_ranks(static_cast<int32_t>(r));
+  }
+  for (size_t i = 0; i < members.size(); ++i) {
+    pb::LoadPlanPart part = c.parts[members[i]];
+    part.MergeFrom(shared);
+    if (several) part.set_group_rank(static_cast<int32_t>(i));
+    (*out)[members[i]].bytes = part.total_bytes();
+    (*out)[members[i]].part = part.SerializeAsString();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -178,6 +267,7 @@ absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
   }
   LoadPlannerOptions resolved = options;
   resolved.algorithm = algorithm;
+  resolved.auto_chosen = options.algorithm == pb::LOAD_AUTO;
   return PlanExchangeLoadFrom(op, resolved, (*reader)->manifest(), {});
 }
 
@@ -199,32 +289,15 @@ absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoadFrom(
       return absl::InternalError("direct load plan part does not parse");
     }
   }
-  pb::LoadPlanPart shared;
-  absl::StatusOr<std::vector<LoadRequest>> requests = CollectRequests(parts, &shared);
-  if (!requests.ok()) return requests.status();
-  LoadPlanOptions plan_options;
-  plan_options.algorithm = *planner_algorithm;
-  plan_options.memory_budget_bytes = options.memory_budget_bytes;
-  plan_options.readers_of_piece = std::move(readers_of_piece);
-  absl::StatusOr<LoadPlan> plan =
-      BuildLoadPlan(stored->tensors, stored->pieces, *requests, op.world_size, plan_options);
-  if (!plan.ok()) {
-    return absl::Status(plan.status().code(), absl::StrCat("planning the load of ", op.path, ": ",
-                                                           plan.status().message()));
-  }
-  AddWaves(*plan, &shared);
-  shared.set_algorithm(algorithm);
-  shared.set_memory_budget_bytes(options.memory_budget_bytes);
-  shared.set_world_size(op.world_size);
-  shared.set_group(absl::StrCat("load/", op.id));
+  absl::StatusOr<LoadGroupChoice> groups = ChooseLoadGroups(op, options.auto_chosen);
+  if (!groups.ok()) return groups.status();
   const ExchangeTransport transport = ChooseExchangeTransport(op);
-  shared.set_device_exchange(transport.device);
-  shared.set_transport_reason(transport.reason);
   std::vector<RankPlan> out(op.world_size);
-  for (int r = 0; r < op.world_size; ++r) {
-    parts[r].MergeFrom(shared);
-    out[r].bytes = parts[r].total_bytes();
-    out[r].part = parts[r].SerializeAsString();
+  for (size_t g = 0; g < groups->groups.size(); ++g) {
+    GroupLoadContext context{op,    options,          *planner_algorithm, *stored,
+                             parts, readers_of_piece, transport,          *groups};
+    absl::Status planned = PlanGroupLoad(context, g, &out);
+    if (!planned.ok()) return planned;
   }
   return out;
 }

@@ -24,9 +24,13 @@ struct LoadPlannerOptions {
   pb::LoadAlgorithm algorithm = pb::LOAD_BROADCAST;
   // Bytes in flight per rank and wave (unit buffers + received bytes).
   int64_t memory_budget_bytes = int64_t{1} << 30;
+  // The algorithm came from LOAD_AUTO: without declared process groups, ranks on several hosts
+  // exchange within per-node groups (coordinator/group_plan.h ChooseLoadGroups).
+  bool auto_chosen = false;
 };
 
-// LOAD_AUTO: direct when every rank of the operation is served on one host, else broadcast.
+// LOAD_AUTO: direct when every rank of the operation is served on one host, else broadcast
+// within per-node groups (unless the job declares its own process groups).
 // On one host the ranks share one storage device and the exchange moves over loopback what
 // each could read itself: measured ~2x slower than direct reads (docs/BENCHMARKS.md, "Loads").
 // Across hosts, reading each shared byte once and exchanging it saves storage bandwidth.
@@ -48,6 +52,12 @@ ExchangeTransport ChooseExchangeTransport(const Operation& op);
 // the exchange-based load: one serialized pb::LoadPlanPart per rank carrying the whole plan
 // (every rank's requests, the waves of read units and deliveries), the algorithm, the budget
 // the rendezvous group "load/<operation id>" and the transport (ChooseExchangeTransport).
+// With several process groups (declared, or auto's per-node groups; coordinator/group_plan.h)
+// each group is planned on its own, as Megatron's ignore_groups load: a part carries its
+// group's plan only (ranks numbered within the group, LoadPlanPart.group_rank), the group
+// reads from storage every piece its ranks need (pieces whose main replica is in another group,
+// cross-group, chosen last), exchanges only among its ranks, and its rendezvous group is
+// "load/<operation id>/g<index>": one communicator per group, never one over the job.
 // InvalidArgument for an unknown algorithm.
 absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
                                                        const LoadPlannerOptions& options);

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/group_plan.h"
 #include "proto/convert.h"
 #include "proto/coordinator.pb.h"
 
@@ -45,7 +46,13 @@ absl::StatusOr<std::vector<RankPlan>> PlanSave(const Operation& op, const SavePl
   std::vector<int> local_index;
   absl::StatusOr<std::vector<TensorPiece>> pieces = GatheredPieces(op, &local_index);
   if (!pieces.ok()) return pieces.status();
-  absl::StatusOr<SavePlan> plan = BuildSavePlan(*pieces, op.world_size, options);
+  SavePlanOptions resolved = options;
+  if (resolved.groups.empty() && DeclaresProcessGroups(op)) {
+    absl::StatusOr<ProcessGroups> groups = OperationGroups(op);
+    if (!groups.ok()) return groups.status();
+    resolved.groups = *std::move(groups);
+  }
+  absl::StatusOr<SavePlan> plan = BuildSavePlan(*pieces, op.world_size, resolved);
   if (!plan.ok()) return plan.status();
   std::vector<pb::SavePlanPart> parts(op.world_size);
   for (int r = 0; r < op.world_size; ++r) {

@@ -87,6 +87,7 @@ void ToProto(const Operation& op, pb::OperationStatus* out) {
   out->set_bytes_total(op.BytesTotal());
   out->set_bytes_read(op.BytesRead());
   out->set_ranks_described_by_digest(op.ranks_described_by_digest);
+  out->set_process_groups(op.process_groups);
   *out->mutable_status() = ToDetail(op.status);
   out->set_created_unix_ms(UnixMs(op.created));
   out->set_deadline_unix_ms(UnixMs(op.deadline));

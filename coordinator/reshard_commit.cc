@@ -37,7 +37,9 @@ absl::StatusOr<std::vector<RankPlan>> PlanClusterReshard(const pb::Manifest& sou
   absl::StatusOr<std::vector<TensorPiece>> pieces =
       layout.AllPieces(src.tensors, /*drop_empty=*/true);
   if (!pieces.ok()) return WithContext(pieces.status(), "target layout: ");
-  absl::StatusOr<SavePlan> save_plan = BuildSavePlan(*pieces, layout.world_size());
+  SavePlanOptions save_options;
+  save_options.groups = layout.process_groups();  // writes distributed within the layout's groups
+  absl::StatusOr<SavePlan> save_plan = BuildSavePlan(*pieces, layout.world_size(), save_options);
   if (!save_plan.ok()) return WithContext(save_plan.status(), "target layout: ");
 
   // Each writer's pieces in shard-id order, cut into files that fit a wave of its budget.

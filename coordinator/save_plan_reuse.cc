@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "coordinator/group_plan.h"
+
 namespace ckpt::coordinator {
 namespace {
 
@@ -34,7 +36,10 @@ std::optional<std::vector<RankPlan>> SavePlanReuse::Find(const Operation& op,
   if (!EveryRankHasADigest(op)) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(op.job);
-  if (it == jobs_.end() || it->second.digests.size() != op.ranks.size()) return std::nullopt;
+  if (it == jobs_.end() || it->second.digests.size() != op.ranks.size() ||
+      it->second.groups != SaveGroupsKey(op)) {
+    return std::nullopt;
+  }
   for (size_t r = 0; r < op.ranks.size(); ++r) {
     if (it->second.digests[r] != op.ranks[r].description_digest) return std::nullopt;
   }
@@ -53,6 +58,7 @@ void SavePlanReuse::Keep(const Operation& op, const std::vector<RankPlan>& plans
   if (!EveryRankHasADigest(op) || plans.size() != op.ranks.size()) return;
   Kept kept;
   for (const RankEntry& rank : op.ranks) kept.digests.push_back(rank.description_digest);
+  kept.groups = SaveGroupsKey(op);
   kept.plans = plans;
   for (const RankPlan& plan : plans) kept.bytes += static_cast<int64_t>(plan.part.size()) + 32;
   while (bytes_ + kept.bytes > max_bytes_ && !recency_.empty()) {

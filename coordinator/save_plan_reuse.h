@@ -39,6 +39,7 @@ class SavePlanReuse {
  private:
   struct Kept {
     std::vector<std::string> digests;  // by rank
+    std::string groups;                // SaveGroupsKey (coordinator/group_plan.h)
     std::vector<RankPlan> plans;
     int64_t bytes = 0;
     std::list<std::string>::iterator recency;

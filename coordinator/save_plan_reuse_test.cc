@@ -61,6 +61,22 @@ TEST(SavePlanReuseTest, AnyChangedOrMissingDigestOrWorldSizeReplans) {
   EXPECT_EQ(reuse.reused(), 0);
 }
 
+TEST(SavePlanReuseTest, OtherProcessGroupsReplan) {
+  SavePlanReuse reuse;
+  Operation grouped = Save("j", {"a", "b"});
+  grouped.process_groups = "read-groups:1";
+  reuse.Keep(grouped, Plans("/s"));
+  EXPECT_FALSE(reuse.Find(Save("j", {"a", "b"}), "/t").has_value());  // one group now
+  EXPECT_TRUE(reuse.Find(grouped, "/t").has_value());
+  // Per-node groups follow the ranks' hosts: a rank on another host replans.
+  Operation per_node = Save("j", {"a", "b"});
+  per_node.process_groups = "per-node";
+  per_node.ranks[0].location.host = per_node.ranks[1].location.host = "h1";
+  reuse.Keep(per_node, Plans("/s"));
+  per_node.ranks[1].location.host = "h2";
+  EXPECT_FALSE(reuse.Find(per_node, "/t").has_value());
+}
+
 TEST(SavePlanReuseTest, TheMemoryBoundDropsTheLeastRecentlyUsedJobsPlan) {
   const std::vector<RankPlan> plans = Plans("/s");
   int64_t one = 0;

@@ -16,6 +16,7 @@
 #include "common/json_guard.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "planner/layout_groups.h"
 #include "re2/re2.h"
 #include "sharding/flat_sharding.h"
 
@@ -358,7 +359,7 @@ absl::StatusOr<LayoutSpec> LayoutSpec::Parse(absl::string_view json_text) {
   }
   const Json& root = *parsed;
   if (!root.is_object()) return PathError("(document)", "expected an object");
-  CKPT_RETURN_IF_ERROR(CheckKeys(root, "", {"world_size", "mesh", "rules"}));
+  CKPT_RETURN_IF_ERROR(CheckKeys(root, "", {"world_size", "mesh", "rules", "process_groups"}));
 
   std::vector<std::string> names;
   std::vector<int64_t> shape;
@@ -376,6 +377,10 @@ absl::StatusOr<LayoutSpec> LayoutSpec::Parse(absl::string_view json_text) {
   }
   LayoutSpec spec(*std::move(mesh));
   spec.dim_names_ = names;
+  if (root.contains("process_groups")) {
+    CKPT_ASSIGN_OR_RETURN(spec.process_groups_,
+                          ParseLayoutProcessGroups(root["process_groups"], spec.mesh_, names));
+  }
 
   if (!root.contains("rules")) return PathError("rules", "missing");
   const Json& rules = root["rules"];

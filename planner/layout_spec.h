@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "planner/process_groups.h"
 #include "proto/types.pb.h"
 #include "sharding/dtensor.h"
 #include "sharding/layout.h"
@@ -75,6 +76,8 @@ class LayoutSpec {
   const std::vector<std::string>& dim_names() const { return dim_names_; }
   int64_t world_size() const { return mesh_.size(); }
   const std::vector<LayoutRule>& rules() const { return rules_; }
+  // The layout's process groups (planner/layout_groups.h); empty: none declared (one group).
+  const ProcessGroups& process_groups() const { return process_groups_; }
 
   // The first rule matching `key`, or NotFound naming the key.
   absl::StatusOr<const LayoutRule*> RuleFor(absl::string_view key) const;
@@ -113,6 +116,7 @@ class LayoutSpec {
   DeviceMesh mesh_;
   std::vector<std::string> dim_names_;
   std::vector<LayoutRule> rules_;
+  ProcessGroups process_groups_;
 };
 
 // fnmatch-style glob over bytes: '*' any run of bytes (dots included), '?' one byte,

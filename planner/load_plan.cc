@@ -388,8 +388,11 @@ absl::StatusOr<ReaderChoice> ChooseReaders(const PlanInputs& in, const std::vect
       }
     }
     piece_of_shard.push_back(static_cast<int64_t>(i));
+    const bool cross_group =
+        std::none_of(needs_of_piece[i].begin(), needs_of_piece[i].end(),
+                     [&](int64_t n) { return requests[needs[n].request].main_replica; });
     input.AddShard(PieceId{pieces[i].key, pieces[i].region.offsets, pieces[i].region.flat},
-                   (hi - lo) * elem_size[i], std::move(ranks));
+                   (hi - lo) * elem_size[i], std::move(ranks), cross_group);
   }
   absl::StatusOr<std::vector<ShardAssignment>> assignment = DistributeShardsToRanks(input);
   if (!assignment.ok()) return Annotate(assignment.status(), "choosing readers");

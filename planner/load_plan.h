@@ -52,6 +52,11 @@ struct LoadRequest {
   int64_t rank = 0;
   std::string key;
   Region region;
+  // Whether the requesting rank holds this region as its main replica (replica id all zeros).
+  // A stored piece every one of whose needing requests is not a main replica is a cross-group
+  // load (Megatron's ignore_groups: needed by this group, main replica in another one) and is
+  // visited after the others when choosing readers.
+  bool main_replica = true;
 };
 
 enum class ExchangeAlgorithm { kOverlapAllToAll, kBroadcast, kGatherRounds, kGatherObject };

@@ -75,20 +75,18 @@ std::vector<std::vector<RankShardInfo>> ReservedPerRank(absl::Span<const TensorP
   return per_rank;
 }
 
-}  // namespace
-
-std::string DataFileName(int64_t rank, int64_t index) {
-  return absl::StrCat("data/r", rank, "_", index, ".safetensors");
-}
-
-absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int64_t num_ranks,
-                                       const SavePlanOptions& options) {
+// The plan's inputs: ranks, file target, groups and the layout itself.
+absl::Status ValidateSaveInput(absl::Span<const TensorPiece> pieces, int64_t num_ranks,
+                               const SavePlanOptions& options) {
   if (num_ranks <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("save plan needs at least one rank, got ", num_ranks));
   }
   if (options.target_file_bytes <= 0) {
     return absl::InvalidArgumentError("target_file_bytes must be positive");
+  }
+  if (!options.groups.empty()) {
+    CKPT_RETURN_IF_ERROR(ValidateProcessGroups(options.groups, num_ranks));
   }
   for (const TensorPiece& p : pieces) {
     if (p.rank < 0 || p.rank >= num_ranks) {
@@ -97,7 +95,18 @@ absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int
                                                      num_ranks, ")"));
     }
   }
-  CKPT_RETURN_IF_ERROR(ValidateLayout(pieces));
+  return ValidateLayout(pieces);
+}
+
+}  // namespace
+
+std::string DataFileName(int64_t rank, int64_t index) {
+  return absl::StrCat("data/r", rank, "_", index, ".safetensors");
+}
+
+absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int64_t num_ranks,
+                                       const SavePlanOptions& options) {
+  CKPT_RETURN_IF_ERROR(ValidateSaveInput(pieces, num_ranks, options));
 
   // Per-rank lists in input order, the piece index of each (id, rank), and one region per id.
   // Reserved up front so that the ids in per_rank stay put: first_piece_of_id points at them
@@ -126,17 +135,25 @@ absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int
 
   // Writer of every main replica: the distribution, or (one rank) the holder itself.
   std::vector<std::pair<int64_t, int64_t>> writes;  // (writer, piece index)
-  CKPT_ASSIGN_OR_RETURN(std::optional<MainReplicaDistribution> distribution,
-                        DetermineMainReplicaDistribution(per_rank, num_ranks,
-                                                         /*ignore_groups=*/false));
-  if (distribution) {
-    for (const auto& [id, rank] : distribution->main_rank_for_shard) {
+  if (!options.groups.empty()) {
+    CKPT_ASSIGN_OR_RETURN(auto writers, MainReplicaWritersPerGroup(per_rank, options.groups));
+    for (const auto& [id, rank] : writers) {
       writes.emplace_back(rank,
                           piece_of_id_rank.at(std::make_pair(first_piece_of_id.at(&id), rank)));
     }
   } else {
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      if (pieces[i].is_main_replica()) writes.emplace_back(pieces[i].rank, i);
+    CKPT_ASSIGN_OR_RETURN(std::optional<MainReplicaDistribution> distribution,
+                          DetermineMainReplicaDistribution(per_rank, num_ranks,
+                                                           /*ignore_groups=*/false));
+    if (distribution) {
+      for (const auto& [id, rank] : distribution->main_rank_for_shard) {
+        writes.emplace_back(rank,
+                            piece_of_id_rank.at(std::make_pair(first_piece_of_id.at(&id), rank)));
+      }
+    } else {
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        if (pieces[i].is_main_replica()) writes.emplace_back(pieces[i].rank, i);
+      }
     }
   }
 

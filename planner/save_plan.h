@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "planner/process_groups.h"
 #include "sharding/dtype.h"
 #include "sharding/layout.h"
 #include "sharding/region.h"
@@ -21,6 +22,9 @@ struct SavePlanOptions {
   // A writer opens another file only when each of its files would still hold at least this
   // much (so a writer with less than this writes exactly one file).
   int64_t target_file_bytes = int64_t{256} << 20;
+  // Process groups (planner/process_groups.h) the writes are distributed within, each as
+  // Megatron's parallelization group; empty: one group of every rank. Must partition the ranks.
+  ProcessGroups groups;
 };
 
 // One piece to write: a main replica, written by a rank that holds identical data.

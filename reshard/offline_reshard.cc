@@ -50,6 +50,7 @@ absl::StatusOr<SavePlan> PlanDestination(const LayoutSpec& layout,
                         absl::StrCat("target layout: ", layout_pieces.status().message()));
   }
   SavePlanOptions sp_options;  // its file packing is replaced by RepackForWaves below
+  sp_options.groups = layout.process_groups();  // writes distributed within the layout's groups
   absl::StatusOr<SavePlan> save_plan =
       BuildSavePlan(*layout_pieces, layout.world_size(), sp_options);
   if (!save_plan.ok()) {

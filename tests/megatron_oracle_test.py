@@ -45,10 +45,11 @@ def from_json_id(value):
     return (key, tuple(offsets), None if flat is None else tuple(flat))
 
 
-def run_ckptctl(mode, lines):
+def run_ckptctl(mode, lines, extra=()):
     """Runs `ckptctl plan <mode>` on JSON Lines; returns the parsed output lines."""
     text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
-    done = subprocess.run([CKPTCTL, "plan", mode] + MEGATRON_FLAGS[mode], input=text.encode(),
+    done = subprocess.run([CKPTCTL, "plan", mode] + MEGATRON_FLAGS[mode] + list(extra),
+                          input=text.encode(),
                           capture_output=True, timeout=600)
     assert done.returncode == 0, done.stderr.decode()
     return [json.loads(out) for out in done.stdout.decode().splitlines()]
@@ -242,3 +243,111 @@ def test_main_replicas_match_megatron_core_on_1000_random_problems(ignore_groups
                 set(expected.shards_in_this_group)), f"problem {index}"
         assert ({from_json_id(s): r for s, r in got["all_ranks_for_shard"]} ==
                 dict(expected.all_ranks_for_shard)), f"problem {index}"
+
+
+# Process groups: the same problems split into groups, each group's distribution computed by
+# megatron-core with that group as the parallelization group (its all_gather returning the
+# lists of the group's ranks, in ascending rank order as torch.distributed.new_group orders
+# them), against `ckptctl plan main-replicas` with "groups".
+
+def random_partition(rng, num_ranks):
+    shape = rng.choice(["explicit", "read", "dp", "replica"])
+    divisors = [k for k in range(1, num_ranks + 1) if num_ranks % k == 0]
+    if shape == "read":
+        k = rng.choice(divisors)
+        return f"read-groups:{k}", [list(range(i, i + k)) for i in range(0, num_ranks, k)]
+    if shape == "replica":
+        k = rng.choice(divisors)
+        return f"model-replica:{k}", [list(range(i, i + k)) for i in range(0, num_ranks, k)]
+    if shape == "dp":
+        k = rng.choice(divisors)
+        return f"data-parallel:{k}", [list(range(i, num_ranks, k)) for i in range(k)]
+    ranks = list(range(num_ranks))
+    rng.shuffle(ranks)
+    count = rng.randint(1, num_ranks)
+    groups = [[r] for r in ranks[:count]]
+    for r in ranks[count:]:
+        rng.choice(groups).append(r)
+    groups = sorted(sorted(g) for g in groups)
+    return [list(g) for g in groups], groups
+
+
+def upstream_writers(per_rank, groups, monkeypatch):
+    """FullyParallelSaveStrategyWrapper's outcome per group: the distribution's rank saves each
+    shard of shards_in_this_group; a group of one rank saves its main replicas itself."""
+    writers = {}
+    for group in groups:
+        d = upstream_main_replicas([per_rank[r] for r in group], False, monkeypatch)
+        if d is None:
+            for sh in per_rank[group[0]]:
+                if exchange_utils.is_main_replica(sh.replica_id):
+                    writers[(sh.key, tuple(sh.global_offset), None)] = group[0]
+            continue
+        for shard_id, rank in d.main_rank_for_shard.items():
+            writers[shard_id] = group[rank]
+    return writers
+
+
+@pytest.mark.parametrize("ignore_groups", [False, True])
+def test_main_replicas_per_group_match_megatron_core_on_500_random_problems(ignore_groups,
+                                                                             monkeypatch):
+    rng = random.Random(1600 + ignore_groups)
+    problems = []
+    for _ in range(500):
+        per_rank = random_main_replica_problem(rng)
+        spec, groups = random_partition(rng, len(per_rank))
+        problems.append((per_rank, spec, groups))
+    lines = []
+    for per_rank, spec, _ in problems:
+        line = main_replica_line(per_rank, ignore_groups)
+        line["groups"] = spec
+        lines.append(line)
+    outputs = run_ckptctl("main-replicas", lines)
+    checked = 0
+    for index, ((per_rank, spec, groups), output) in enumerate(zip(problems, outputs)):
+        assert [g["ranks"] for g in output["groups"]] == groups, f"problem {index}: {spec}"
+        for group, got in zip(groups, output["groups"]):
+            expected = upstream_main_replicas([per_rank[r] for r in group], ignore_groups,
+                                              monkeypatch)
+            if expected is None:
+                assert got["distribution"] is None, f"problem {index}"
+                continue
+            checked += 1
+            got = got["distribution"]
+            assert ([(from_json_id(s), r) for s, r in got["main_rank_for_shard"]] ==
+                    list(expected.main_rank_for_shard.items())), f"problem {index} {group}"
+            assert ({from_json_id(s) for s in got["shards_in_this_group"]} ==
+                    set(expected.shards_in_this_group)), f"problem {index}"
+            assert ({from_json_id(s): r for s, r in got["all_ranks_for_shard"]} ==
+                    dict(expected.all_ranks_for_shard)), f"problem {index}"
+        if not ignore_groups:
+            writers = {from_json_id(s): r for s, r in output["writers"]}
+            assert writers == upstream_writers(per_rank, groups, monkeypatch), f"problem {index}"
+    assert checked > 300  # most groups have more than one rank
+
+
+def test_groups_that_do_not_partition_the_ranks_fail_naming_rank_and_group():
+    per_rank = [[[["w", [0], None], 4, True]], [], [], []]
+    for groups, message in [([[0, 1], [2, 9]], "process group 1 names rank 9"),
+                            ([[0, 1], [1, 2, 3]], "rank 1 is in process groups 0 and 1"),
+                            ([[0, 1], [3]], "rank 2 is in no process group"),
+                            ("read-groups:3", "does not divide the job's 4 ranks")]:
+        line = {"num_ranks": 4, "per_rank": per_rank, "groups": groups}
+        done = subprocess.run([CKPTCTL, "plan", "main-replicas"],
+                              input=(json.dumps(line) + "\n").encode(), capture_output=True,
+                              timeout=60)
+        assert done.returncode != 0
+        assert message in done.stderr.decode(), done.stderr.decode()
+
+
+def test_groups_flag_applies_to_every_line_as_megatron_core_per_group(monkeypatch):
+    rng = random.Random(16)
+    problems = [p for p in (random_main_replica_problem(rng) for _ in range(300))
+                if len(p) % 2 == 0]
+    outputs = run_ckptctl("main-replicas", [main_replica_line(p, False) for p in problems],
+                          extra=["--groups", "data-parallel:2"])
+    for index, (per_rank, output) in enumerate(zip(problems, outputs)):
+        groups = [list(range(i, len(per_rank), 2)) for i in range(2)]
+        assert [g["ranks"] for g in output["groups"]] == groups
+        writers = {from_json_id(s): r for s, r in output["writers"]}
+        assert writers == upstream_writers(per_rank, groups, monkeypatch), f"problem {index}"

@@ -6,8 +6,9 @@
 // veth link. The checkpoint directory is on the shared file system.
 //
 // Saves, loads (direct, broadcast, overlap_all_to_all) and reshards across the hosts are
-// bit-exact; cutting hostC's link mid-load or mid-save gives every rank an error naming hostC
-// within the coordinator's lease and commits nothing.
+// bit-exact; the `auto` load exchanges within per-node process groups; cutting hostC's link
+// mid-load or mid-save gives every rank an error naming hostC within the coordinator's lease and
+// commits nothing.
 //
 // Needs root and network namespaces: skipped, with the reason, where it cannot make them.
 #include <dirent.h>
@@ -138,6 +139,40 @@ TEST_F(MultiHostTest, SaveAndLoadAcrossHostsAreBitExactWithEveryAlgorithm) {
     std::vector<std::string> extra = size;
     for (const char* a : {"--layout", "cols", "--algorithm", algorithm}) extra.push_back(a);
     ExpectAllOk(RunRanks("mh", kWorld, "load", path, extra), true);
+  }
+}
+
+// The coordinator's `auto` load across hosts exchanges within per-node process groups: every
+// rank needs the whole tensor; hostA's and hostB's ranks each form a group of one, hostC's two
+// ranks one group of two with its own communicator; each node reads the tensor from storage
+// once and nothing is exchanged between hosts. Bit-exact.
+TEST_F(MultiHostTest, AutoLoadAcrossHostsExchangesWithinPerNodeGroups) {
+  const std::string path = cluster_->dir() + "/ck";
+  const std::vector<std::string> size = {"--elements", "16384"};
+  ExpectAllOk(RunRanks("mh", kWorld, "save", path, size), false);
+  std::vector<std::string> extra = size;
+  for (const char* a : {"--layout", "tpdp", "--tp", "1", "--algorithm", "auto"}) {
+    extra.push_back(a);
+  }
+  ExpectAllOk(RunRanks("auto", kWorld, "load", path, extra), true);
+  pb::GetStatusResponse s = cluster_->Status();
+  std::string op;
+  int64_t bytes_read = 0;
+  for (const pb::OperationStatus& o : s.operations()) {
+    if (o.job() == "auto" && o.kind() == pb::OPERATION_LOAD)
+      op = o.id(), bytes_read = o.bytes_read();
+  }
+  ASSERT_FALSE(op.empty());
+  EXPECT_EQ(bytes_read, 3 * kWorld * 16384 * 4);  // the 4 x 16384 int32 tensor once per host
+  const std::string groups[kWorld] = {
+      "g0\" group_rank=0 group_world=1", "g1\" group_rank=0 group_world=1",
+      "g2\" group_rank=0 group_world=2", "g2\" group_rank=1 group_world=2"};
+  for (int w = 0; w < kWorld; ++w) {
+    const std::string log = cluster_->worker(w).Stderr();
+    EXPECT_THAT(
+        log, HasSubstr(absl::StrCat("op=", op, " rank=", w, " group=\"load/", op, "/", groups[w])))
+        << log;
+    EXPECT_THAT(log, HasSubstr("span 3 hosts")) << log;
   }
 }
 

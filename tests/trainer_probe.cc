@@ -22,7 +22,7 @@
 //                 --mode hold|save|save_mutate|load|poll [--path P] [--elements N]
 //                 [--layout rows|dtensor|cols|flat|tpdp] [--global_rows G] [--tp T]
 //                 [--algorithm A] [--budget BYTES] [--rpc_timeout_ms MS] [--check_file F]
-//                 [--replicas N] [--persist_to P] [--persist_overwrite 1]
+//                 [--replicas N] [--persist_to P] [--persist_overwrite 1] [--groups SPEC]
 //                 [--start_file F] [--then_save P2]
 // The tensor "probe.weight" has shape (G, elements) (G defaults to the world size); "rows": rank
 // r holds row r; "dtensor": Shard(0) over a 1-d mesh of all ranks (torch.chunk rows);
@@ -30,7 +30,8 @@
 // tensor; "tpdp": a (world/T, T) mesh, Shard(0) over the
 // T tensor-parallel ranks and replicated over the data-parallel ones (rank = dp * T + tp).
 // --algorithm and --budget are the load's exchange algorithm and memory budget; --replicas the
-// copies of a memory save (mem://) on other hosts; --persist_to its background persistence.
+// copies of a memory save (mem://) on other hosts; --persist_to its background persistence;
+// --groups the save's and load's process groups (planner/process_groups.h spec text).
 // --check_file: after a failed load, fill the tensor with a sentinel, say so, and once the test
 // created F report whether anything (a worker still running the aborted load) wrote into it.
 // --start_file: after "shared", wait until the test created F before the save or load (so a
@@ -106,6 +107,9 @@ int Run(int argc, char** argv) {
       absl::SimpleAtoi(value, &tp);
     } else if (flag == "--algorithm") {
       load_options.exchange_algorithm = value;
+    } else if (flag == "--groups") {
+      save_options.process_groups = value;
+      load_options.process_groups = value;
     } else if (flag == "--replicas") {
       absl::SimpleAtoi(value, &save_options.memory_replicas);
     } else if (flag == "--persist_to") {

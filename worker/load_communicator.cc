@@ -28,6 +28,10 @@ absl::StatusOr<CommunicatorOptions> LoadCommunicatorOptions(const pb::LoadPlanPa
   return options;
 }
 
+int CommunicatorRank(const pb::LoadPlanPart& part) {
+  return part.group_ranks_size() > 0 ? part.group_rank() : part.rank();
+}
+
 std::string LoadTransportName(const pb::LoadPlanPart& part) {
   return part.device_exchange() ? "nccl (device)" : "gloo (host staging)";
 }
@@ -37,8 +41,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> JoinLoadCommunicator(
     const std::string& who) {
   absl::StatusOr<CommunicatorOptions> options = LoadCommunicatorOptions(part, config, who);
   if (!options.ok()) return options.status();
-  absl::StatusOr<std::unique_ptr<Communicator>> comm = CreateCommunicator(
-      store, part.rank(), part.world_size(), *options, absl::Now() + config.rendezvous_timeout);
+  absl::StatusOr<std::unique_ptr<Communicator>> comm =
+      CreateCommunicator(store, CommunicatorRank(part), part.world_size(), *options,
+                         absl::Now() + config.rendezvous_timeout);
   if (!comm.ok()) {
     return absl::Status(
         comm.status().code(),

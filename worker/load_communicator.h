@@ -45,6 +45,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> JoinLoadCommunicator(
     const pb::LoadPlanPart& part, const LoadCommunicatorConfig& config, Store* store,
     const std::string& who);
 
+// This rank's number in `part`'s communicator: its group rank when the load runs in several
+// process groups (LoadPlanPart.group_ranks set), else its rank.
+int CommunicatorRank(const pb::LoadPlanPart& part);
+
 // "nccl (device)" or "gloo (host staging)", for logs.
 std::string LoadTransportName(const pb::LoadPlanPart& part);
 

@@ -138,9 +138,16 @@ absl::Status ValidatePart(const pb::LoadPlanPart& part, const SessionInfo& sessi
                                             " delivered for rank ", session.trainer.rank,
                                             " of job ", session.trainer.job));
   }
-  if (part.world_size() <= 0 || part.rank() >= part.world_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, ": load plan part names world size ", part.world_size()));
+  const int me = CommunicatorRank(part);
+  if (part.world_size() <= 0 || me < 0 || me >= part.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": load plan part names world size ",
+                                                   part.world_size(), " for group rank ", me));
+  }
+  if (part.group_ranks_size() > 0 &&
+      (part.group_ranks_size() != part.world_size() || part.group_ranks(me) != part.rank())) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": load plan part of process group ",
+                                                   part.group_index(), " does not place rank ",
+                                                   part.rank(), " at its group rank ", me));
   }
   return absl::OkStatus();
 }
@@ -301,8 +308,8 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const Session
   ExchangeLoadStats local_stats;
   if (stats == nullptr) stats = &local_stats;
   *stats = ExchangeLoadStats();
-  const int me = part.rank();
-  const std::string who = absl::StrCat("rank ", me, " of job ", session.trainer.job);
+  const int me = CommunicatorRank(part);
+  const std::string who = absl::StrCat("rank ", part.rank(), " of job ", session.trainer.job);
   CKPT_RETURN_IF_ERROR(ValidatePart(part, session, who));
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<LoadSource> source,
                         OpenLoadSource(part, context.memory_tier, who));

@@ -163,6 +163,7 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   if (request.has_memory_replicas()) join.set_memory_replicas(request.memory_replicas());
   join.set_persist_to(request.persist_to());
   join.set_persist_overwrite(request.persist_overwrite());
+  join.set_process_groups(request.process_groups());
   join.set_arrival_deadline_ms(std::max<int64_t>(request.timeout_ms(), 0));
   pb::RankState* state = join.mutable_state();
   state->set_rank(session->trainer.rank);

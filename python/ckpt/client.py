@@ -18,6 +18,16 @@ def _is_torch(tensor):
     return _dtypes.is_torch_dtype(getattr(tensor, "dtype", None))
 
 
+
+def _groups_text(groups):
+    """Process groups as the spec text the coordinator reads: a string as given, a list of
+    rank lists as "0,1;2,3", None as "" (one group of every rank)."""
+    if groups is None:
+        return ""
+    if isinstance(groups, str):
+        return groups
+    return ";".join(",".join(str(int(rank)) for rank in group) for group in groups)
+
 class _Entry:
     """One tensor of a state dict: the caller's tensor and, when staged, its shared copy."""
 
@@ -265,7 +275,7 @@ class Client:
         self._native.share(state._native)
 
     def save(self, path, state, metadata=None, *, arrival_timeout=300.0, lend=False,
-             persist_to=None, persist_overwrite=False, memory_replicas=None):
+             persist_to=None, persist_overwrite=False, memory_replicas=None, groups=None):
         """Collective: saves ``state`` to the checkpoint directory ``path`` (absolute, or
         relative to the working directory; under the coordinator's checkpoint roots). Returns a
         SaveHandle once this rank's state is snapshotted: the tensors may be modified at once.
@@ -283,7 +293,13 @@ class Client:
         ``persist_to`` (a storage path) has the coordinator persist it there in the background
         as an ordinary committed checkpoint once it is durable in memory
         (``persist_overwrite``: it may replace a committed checkpoint there). A mem://
-        ``persist_to``, or one on a storage save, raises InvalidArgument."""
+        ``persist_to``, or one on a storage save, raises InvalidArgument.
+
+        ``groups``: process groups the writes are distributed within, each as Megatron's
+        parallelization group: a spec string ("per-node", "read-groups:K", "model-replica:K",
+        "data-parallel:K") or a list of rank lists partitioning the ranks; None: one group of
+        every rank. Every rank passes the same; bad groups raise ckpt.InvalidArgument naming
+        the rank or group."""
         start = time.perf_counter()
         staged = state._stage_in()
         staged_at = time.perf_counter()
@@ -294,7 +310,8 @@ class Client:
         native = self._native.save(os.fspath(path), state._native, meta, float(arrival_timeout),
                                    bool(lend), os.fspath(persist_to) if persist_to else "",
                                    bool(persist_overwrite),
-                                   -1 if memory_replicas is None else int(memory_replicas))
+                                   -1 if memory_replicas is None else int(memory_replicas),
+                                   _groups_text(groups))
         handle = SaveHandle(native, staged, state.shared_bytes, state)
         state._lent_to = handle
         handle.stage_seconds = staged_at - start
@@ -302,13 +319,16 @@ class Client:
         return handle
 
     def load(self, path, state, *, arrival_timeout=300.0, deadline=3600.0, algorithm="",
-             memory_budget_bytes=0):
+             memory_budget_bytes=0, groups=None):
         """Collective: fills ``state``'s tensors in place from the checkpoint at ``path``,
         whatever layout it was saved from (checksums verified). ``algorithm``: "" (the
-        coordinator's choice), "direct", "broadcast", "overlap_all_to_all", ..."""
+        coordinator's choice), "direct", "broadcast", "overlap_all_to_all", ...
+        ``groups`` (as for save): each group reads from storage every piece its ranks need and
+        exchanges only within itself (Megatron's ignore_groups with cross-group pieces)."""
         state._await_lent()
         self._native.load(os.fspath(path), state._native, float(arrival_timeout),
-                          float(deadline), algorithm, int(memory_budget_bytes))
+                          float(deadline), algorithm, int(memory_budget_bytes),
+                          _groups_text(groups))
         state._stage_out()
 
     def poll(self, state):

@@ -316,7 +316,7 @@ def _refuse_planner(planner, what):
 
 
 def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group, metadata,
-              lend):
+              lend, groups=None):
     """Everything up to the snapshot: returns the SaveHandle. ``lend``: the caller waits for
     the commit before it touches any tensor (see ckpt.Client.save)."""
     path, items, error = None, [], None
@@ -346,7 +346,7 @@ def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group,
     state = _save_state(client, items, ids, "in_place" if lend else "staged")
     meta = dict(metadata or {})
     meta[_OBJECTS_KEY] = json.dumps(objects, sort_keys=True)
-    return client.save(path, state, meta, lend=lend)
+    return client.save(path, state, meta, lend=lend, groups=groups)
 
 
 class _SaveCache:
@@ -416,20 +416,21 @@ def _save_state(client, items, ids, kind="in_place"):
 
 
 def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
-         process_group=None, no_dist=False, metadata=None):
+         process_group=None, no_dist=False, metadata=None, groups=None):
     """Collective: saves ``state_dict`` to the directory ``checkpoint_id`` and returns once it
     is committed (durable). Returns the SaveHandle (``staged_bytes``: bytes copied into shared
     staging; ``lent_bytes``: bytes the worker wrote from shared memory without copying them
     again, here every byte: the call does not return before the commit, so all the memory is
-    lent to the save). ``metadata``: extra str -> str stored in the manifest."""
+    lent to the save). ``metadata``: extra str -> str stored in the manifest. ``groups``:
+    process groups the writes are distributed within (see ckpt.Client.save)."""
     handle = _snapshot(state_dict, checkpoint_id, storage_writer, planner,
-                       None if no_dist else process_group, metadata, lend=True)
+                       None if no_dist else process_group, metadata, lend=True, groups=groups)
     handle.wait()
     return handle
 
 
 def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
-               process_group=None, metadata=None, **unused_dcp_options):
+               process_group=None, metadata=None, groups=None, **unused_dcp_options):
     """Collective: returns once this rank's state is snapshotted (copied out of the trainer's
     tensors), so they may be modified at once; the returned concurrent.futures.Future completes
     (result: the SaveHandle) when the checkpoint is committed, or raises the abort diagnosis.
@@ -438,7 +439,7 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
     there; ckpt.empty tensors are copied by the worker before this returns. The staging stays
     busy until the save is durable: a following save or load of the same tensors waits for it."""
     handle = _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group,
-                       metadata, lend=False)
+                       metadata, lend=False, groups=groups)
     future = concurrent.futures.Future()
     future.set_running_or_notify_cancel()
 
@@ -481,13 +482,15 @@ def _check_against_manifest(items, manifest):
 
 
 def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
-         process_group=None, no_dist=False, strict=True, trust_pickles=False):
+         process_group=None, no_dist=False, strict=True, trust_pickles=False, groups=None):
     """Collective: fills ``state_dict`` in place from the checkpoint ``checkpoint_id``, saved
     from any world size and layout: tensors and DTensor local pieces are written in place,
     non-tensor values are replaced in their containers. Raises (on every rank) naming the key:
     ckpt.NotFound for a key the checkpoint lacks, ckpt.InvalidArgument for a shape or dtype
     mismatch, and with ``strict`` for a key of the checkpoint no rank's state dict holds.
-    Non-tensor values are unpickled as plain data only unless ``trust_pickles``."""
+    Non-tensor values are unpickled as plain data only unless ``trust_pickles``. ``groups``:
+    process groups each reading what its ranks need and exchanging within itself (see
+    ckpt.Client.load)."""
     pg = None if no_dist else process_group
     path, items, manifest, error = None, [], None, None
     try:
@@ -516,7 +519,7 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
     tensors = [i for i in items if i.kind != "object"]
     objects = [i for i in items if i.kind == "object"]
     if tensors or not objects:
-        client.load(path, _save_state(client, tensors, ids))
+        client.load(path, _save_state(client, tensors, ids), groups=groups)
     if objects:
         import numpy as np
 
@@ -525,7 +528,7 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
         for item in objects:
             buffers[item.key] = np.empty(item.global_shape, dtype=np.uint8)
             state.add(item.key, buffers[item.key], Replicated(1))
-        client.load(path, state)
+        client.load(path, state, groups=groups)
     for item in objects:
         value = _objects.decode(buffers[item.key].tobytes(), item.key, item.digest,
                                 trust_pickles)

@@ -306,12 +306,13 @@ class PyClient {
                                      std::map<std::string, std::string> metadata,
                                      double arrival_timeout_s, bool lend_all,
                                      const std::string& persist_to, bool persist_overwrite,
-                                     int memory_replicas) {
+                                     int memory_replicas, const std::string& process_groups) {
     client::Client& c = get();
     client::SaveOptions options;
     options.persist_to = persist_to;
     options.persist_overwrite = persist_overwrite;
     options.memory_replicas = memory_replicas;
+    options.process_groups = process_groups;
     options.lending = lend_all ? client::Lending::kAllHostTensors : client::Lending::kMarkedTensors;
     options.metadata = std::move(metadata);
     options.arrival_timeout = absl::Seconds(arrival_timeout_s);
@@ -323,9 +324,11 @@ class PyClient {
     return std::make_unique<PySaveHandle>(std::move(handle));
   }
   void Load(const std::string& path, PyStateDict& state, double arrival_timeout_s,
-            double deadline_s, const std::string& algorithm, int64_t memory_budget_bytes) {
+            double deadline_s, const std::string& algorithm, int64_t memory_budget_bytes,
+            const std::string& process_groups) {
     client::Client& c = get();
     client::LoadOptions options;
+    options.process_groups = process_groups;
     options.arrival_timeout = absl::Seconds(arrival_timeout_s);
     options.deadline = absl::Seconds(deadline_s);
     options.exchange_algorithm = algorithm;
@@ -417,9 +420,11 @@ NB_MODULE(_ckpt, m) {
       .def("share", &PyClient::Share)
       .def("save", &PyClient::Save, nb::arg("path"), nb::arg("state"), nb::arg("metadata"),
            nb::arg("arrival_timeout_s"), nb::arg("lend_all") = false, nb::arg("persist_to") = "",
-           nb::arg("persist_overwrite") = false, nb::arg("memory_replicas") = -1)
+           nb::arg("persist_overwrite") = false, nb::arg("memory_replicas") = -1,
+           nb::arg("process_groups") = "")
       .def("load", &PyClient::Load, nb::arg("path"), nb::arg("state"), nb::arg("arrival_timeout_s"),
-           nb::arg("deadline_s"), nb::arg("algorithm"), nb::arg("memory_budget_bytes"))
+           nb::arg("deadline_s"), nb::arg("algorithm"), nb::arg("memory_budget_bytes"),
+           nb::arg("process_groups") = "")
       .def("poll", &PyClient::Poll, nb::arg("state"), nb::arg("prepare"))
       .def("close", &PyClient::Close);
 }

@@ -267,3 +267,40 @@ def test_memory_save_persists_in_the_background_as_the_direct_save(cluster):
         with pytest.raises(ckpt.errors.InvalidArgument, match="only for memory saves"):
             client.save(os.path.join(cluster.root, "plain"), state, persist_to=persisted + "2")
 
+
+def test_groups_keyword_saves_and_loads_within_each_group(cluster):
+    path = os.path.join(cluster.root, "grouped")
+    full = torch.arange(4 * 6, dtype=torch.int32).view(4, 6)
+
+    def save(client):
+        # Both ranks replicate "w" (rank 0 the main replica) and each holds half of "v".
+        r = client.rank
+        state = client.state_dict()
+        state.add("w", full.clone(), ckpt.Replicated(replica_id=(r,)))
+        state.add("v", full[2 * r:2 * r + 2].clone(), ckpt.Box((4, 6), (2 * r, 0)))
+        client.save(path, state, groups=[[0], [1]]).wait(60)
+
+    ranks(2, save, "groups-save")
+
+    def load(client):
+        # Groups of one rank: rank 1's group holds no main replica of "w" (a cross-group
+        # piece) and reads it from storage itself; nothing is exchanged between the ranks.
+        state = client.state_dict()
+        out = {"w": torch.zeros(4, 6, dtype=torch.int32), "v": torch.zeros(4, 6, dtype=torch.int32)}
+        state.add("w", out["w"], ckpt.Replicated(replica_id=(client.rank,)))
+        state.add("v", out["v"], ckpt.Box((4, 6), (0, 0)))
+        client.load(path, state, algorithm="broadcast", groups="read-groups:1")
+        return out
+
+    for got in ranks(2, load, "groups-load"):
+        assert torch.equal(got["w"], full) and torch.equal(got["v"], full)
+
+
+def test_groups_that_do_not_partition_the_ranks_raise_invalid_argument(cluster):
+    def save(client):
+        state = client.state_dict()
+        state.add("w", torch.ones(2), ckpt.Box((4,), (2 * client.rank,)))
+        with pytest.raises(ckpt.InvalidArgument, match="process group 1 names rank 5"):
+            client.save(os.path.join(cluster.root, "bad-groups"), state, groups=[[0], [5]])
+
+    ranks(2, save, "groups-bad")

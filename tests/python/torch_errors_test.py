@@ -97,6 +97,16 @@ def test_save_creates_missing_parent_directories_as_dcp_does(cluster):
     assert ckpt.read_manifest(path)["tensors"]["x"] == ("F32", [2])
 
 
+def test_groups_pass_through_save_and_load_and_bad_ones_name_the_rank(cluster):
+    path = os.path.join(cluster.root, "grouped")
+    ckpt.torch.save({"x": torch.arange(4.0)}, checkpoint_id=path, groups="read-groups:1")
+    out = {"x": torch.zeros(4)}
+    ckpt.torch.load(out, checkpoint_id=path, groups=[[0]])
+    assert torch.equal(out["x"], torch.arange(4.0))
+    with pytest.raises(ckpt.InvalidArgument, match="process group 0 names rank 1"):
+        ckpt.torch.save({"x": torch.ones(2)}, checkpoint_id=path + "-bad", groups=[[0, 1]])
+
+
 def test_an_existing_checkpoint_is_not_overwritten(saved):
     with pytest.raises(ckpt.AlreadyExists):
         ckpt.torch.save({"x": torch.ones(1)}, checkpoint_id=saved)

@@ -37,6 +37,7 @@ struct OperationArgs {
   int64_t memory_budget = 0;  // zero: the coordinator's
   std::string persist_to;     // memory saves: background persistence to storage ("": none)
   bool persist_overwrite = false;
+  std::string process_groups;  // "": the trainers' (planner/process_groups.h)
 };
 
 std::string Description(const char* verb) {
@@ -56,6 +57,9 @@ std::vector<FlagSpec> OperationFlags(pb::OperationKind kind) {
        "timeout_s"},
       {"arrival-deadline", "DURATION",
        "how long the trainers have to join (default: the coordinator's)", "arrival_deadline_s"},
+      {"process-groups", "SPEC",
+       "process groups to save/load within: per-node, read-groups:K, model-replica:K,\n"
+       "data-parallel:K or explicit lists 0,1;2,3 (default: the trainers')"},
   };
   if (kind == pb::OPERATION_SAVE) {
     flags.push_back({"persist-to", "PATH",
@@ -105,6 +109,7 @@ std::optional<int> ParseOperation(const CommandSpec& spec, const std::vector<std
     std::filesystem::path persist = std::filesystem::absolute(out->persist_to, persist_ec);
     if (!persist_ec) out->persist_to = persist.string();
   }
+  out->process_groups = a.Get("process-groups");
   // The coordinator accepts only absolute paths (under its checkpoint roots): a relative one
   // means this shell's working directory.
   std::error_code ec;
@@ -127,6 +132,7 @@ absl::StatusOr<std::string> RequestOperation(pb::Coordinator::Stub* stub, const 
   request.set_load_memory_budget_bytes(op.memory_budget);
   request.set_persist_to(op.persist_to);  // the coordinator refuses it unless a memory save
   request.set_persist_overwrite(op.persist_overwrite);
+  request.set_process_groups(op.process_groups);
   pb::RequestOperationResponse requested;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));

@@ -27,7 +27,7 @@ namespace {
 
 constexpr char kSynopsis[] =
     "usage: ckptctl plan distribute    [--input F] [--output F] [--keep-out-of-range-ranks]\n"
-    "       ckptctl plan main-replicas [--input F] [--output F]\n"
+    "       ckptctl plan main-replicas [--input F] [--output F] [--groups SPEC]\n"
     "       ckptctl plan dtensor       [--input F] [--output F]";
 
 constexpr char kDescription[] =
@@ -51,6 +51,13 @@ constexpr char kDescription[] =
     "...]},\n"
     "      \"plan_seconds\": s}\n"
     "  ignore_groups may be omitted (false); per_rank must have N lists (also for N <= 1).\n"
+    "  With \"groups\" (or --groups for every line without one): a process-group spec "
+    "(\"read-groups:K\", \"model-replica:K\",\n"
+    "  \"data-parallel:K\", \"0,1;2,3\") or [[ranks...], ...] partitioning the N ranks:\n"
+    "  -> {\"groups\": [{\"ranks\": [...], \"distribution\": null | {...}}, ...],\n"
+    "      \"writers\": [[id, rank], ...], \"plan_seconds\": s}: each group's distribution\n"
+    "  with that group as the parallelization group (group ranks index \"ranks\"), and, when\n"
+    "  not ignore_groups, the save's writer of each main replica (global ranks).\n"
     "dtensor: {\"global_shape\": [..], \"mesh_shape\": [..],\n"
     "          \"placements\": [\"Shard(<dim>)\" | \"Replicate()\", ..], \"ranks\": [r, ..]}\n"
     "  -> {\"shards\": [[local_shape, global_offset, replica_id], ..]}  (one per listed rank,\n"
@@ -155,6 +162,10 @@ int RunPlan(const std::vector<std::string>& args) {
   if (options.keep_out_of_range_ranks && mode != "distribute") {
     return Usage("plan", "--keep-out-of-range-ranks applies only to plan distribute");
   }
+  options.groups = a.Get("groups");
+  if (a.Has("groups") && mode != "main-replicas") {
+    return Usage("plan", "--groups applies only to plan main-replicas");
+  }
 
   absl::StatusOr<std::string> text = ReadInput(input_path);
   if (!text.ok()) {
@@ -188,7 +199,10 @@ const CommandSpec& PlanSpec() {
        {"output", "FILE", "write the results to FILE, replaced atomically (default stdout)"},
        {"keep-out-of-range-ranks", "",
         "distribute: keep ranks outside [0, N) as Megatron does (counted in\n"
-        "len(holders), never chosen)"}}};
+        "len(holders), never chosen)"},
+       {"groups", "SPEC",
+        "main-replicas: process groups (read-groups:K, model-replica:K,\n"
+        "data-parallel:K, 0,1;2,3) for lines without a \"groups\" field"}}};
   return *spec;
 }
 

@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "planner/distribute.h"
 #include "planner/main_replica.h"
+#include "planner/process_groups.h"
 #include "sharding/dtensor.h"
 #include "tools/ckptctl/distribute_line_fast.h"
 
@@ -188,7 +189,87 @@ absl::StatusOr<std::string> DistributeAndFormat(const DistributionInput& input) 
   return FormatDistributeResult(input, *assignment, seconds);
 }
 
-absl::StatusOr<std::string> RunMainReplicas(const Json& line) {
+// A distribution as megatron-core's ShardDistribution fields (null for a trivial group).
+OrderedJson DistributionJson(const std::optional<MainReplicaDistribution>& distribution) {
+  if (!distribution) return nullptr;
+  const MainReplicaDistribution& d = *distribution;
+  OrderedJson main_rank = OrderedJson::array();
+  for (const auto& [id, rank] : d.main_rank_for_shard) {
+    main_rank.push_back(OrderedJson::array({PieceIdJson(id), rank}));
+  }
+  OrderedJson in_group = OrderedJson::array();
+  for (const PieceId& id : d.shards_in_this_group) in_group.push_back(PieceIdJson(id));
+  OrderedJson all_ranks = OrderedJson::array();
+  for (const auto& [id, ranks] : d.all_ranks_for_shard) {
+    all_ranks.push_back(OrderedJson::array({PieceIdJson(id), OrderedJson(ranks)}));
+  }
+  OrderedJson dist;
+  dist["main_rank_for_shard"] = std::move(main_rank);
+  dist["shards_in_this_group"] = std::move(in_group);
+  dist["all_ranks_for_shard"] = std::move(all_ranks);
+  return dist;
+}
+
+// The "groups" field: a process-group spec (planner/process_groups.h; not per-node) or a list
+// of rank lists, resolved against the line's ranks.
+absl::StatusOr<ProcessGroups> ParseGroupsField(const Json& field, int64_t num_ranks) {
+  ProcessGroupSpec spec;
+  if (field.is_string()) {
+    absl::StatusOr<ProcessGroupSpec> parsed = ParseProcessGroupSpec(field.get<std::string>());
+    if (!parsed.ok()) return FieldError("groups", std::string(parsed.status().message()));
+    spec = *std::move(parsed);
+  } else {
+    CKPT_RETURN_IF_ERROR(ExpectArray(field, "groups"));
+    spec.shape = ProcessGroupSpec::Shape::kExplicit;
+    for (size_t g = 0; g < field.size(); ++g) {
+      CKPT_RETURN_IF_ERROR(ExpectArray(field[g], absl::StrCat("groups[", g, "]")));
+      std::vector<int64_t> ranks;
+      for (size_t i = 0; i < field[g].size(); ++i) {
+        CKPT_ASSIGN_OR_RETURN(int64_t rank,
+                              ParseInt(field[g][i], absl::StrCat("groups[", g, "][", i, "]")));
+        ranks.push_back(rank);
+      }
+      spec.ranks.push_back(std::move(ranks));
+    }
+  }
+  absl::StatusOr<ProcessGroups> groups = ResolveProcessGroups(spec, num_ranks);
+  if (!groups.ok()) return FieldError("groups", std::string(groups.status().message()));
+  return groups;
+}
+
+// main-replicas with "groups": one distribution per group, each with the group as the
+// parallelization group (group ranks, as megatron-core returns them), and the save's writer
+// of every main replica in global ranks.
+absl::StatusOr<std::string> RunMainReplicasPerGroup(
+    const Json& field, const std::vector<std::vector<RankShardInfo>>& per_rank,
+    bool ignore_groups) {
+  CKPT_ASSIGN_OR_RETURN(ProcessGroups groups,
+                        ParseGroupsField(field, static_cast<int64_t>(per_rank.size())));
+  const auto start = std::chrono::steady_clock::now();
+  auto per_group = DetermineMainReplicasPerGroup(per_rank, groups, ignore_groups);
+  const double seconds = SecondsSince(start);
+  if (!per_group.ok()) return FieldError("per_rank", std::string(per_group.status().message()));
+  OrderedJson out_groups = OrderedJson::array();
+  for (const GroupMainReplicas& g : *per_group) {
+    OrderedJson entry;
+    entry["ranks"] = g.ranks;
+    entry["distribution"] = DistributionJson(g.distribution);
+    out_groups.push_back(std::move(entry));
+  }
+  OrderedJson out;
+  out["groups"] = std::move(out_groups);
+  if (!ignore_groups) {
+    OrderedJson list = OrderedJson::array();
+    for (const auto& [id, rank] : WritersOfGroups(per_rank, *per_group)) {
+      list.push_back(OrderedJson::array({PieceIdJson(id), rank}));
+    }
+    out["writers"] = std::move(list);
+  }
+  out["plan_seconds"] = seconds;
+  return Dump(out);
+}
+
+absl::StatusOr<std::string> RunMainReplicas(const Json& line, const PlanOptions& options) {
   CKPT_ASSIGN_OR_RETURN(int64_t num_ranks, ParseNumRanks(line));
   bool ignore_groups = false;
   if (auto it = line.find("ignore_groups"); it != line.end()) {
@@ -216,35 +297,21 @@ absl::StatusOr<std::string> RunMainReplicas(const Json& line) {
       per_rank[r].push_back(RankShardInfo{std::move(id), bytes, e[2].get<bool>()});
     }
   }
+  if (auto it = line.find("groups"); it != line.end()) {
+    return RunMainReplicasPerGroup(*it, per_rank, ignore_groups);
+  }
+  if (!options.groups.empty()) {
+    return RunMainReplicasPerGroup(Json(options.groups), per_rank, ignore_groups);
+  }
   const auto start = std::chrono::steady_clock::now();
   auto distribution = DetermineMainReplicaDistribution(per_rank, num_ranks, ignore_groups);
   const double seconds = SecondsSince(start);
   if (!distribution.ok()) {
     return FieldError("per_rank", std::string(distribution.status().message()));
   }
-
   OrderedJson out;
-  if (!distribution->has_value()) {
-    out["distribution"] = nullptr;
-    return Dump(out);
-  }
-  const MainReplicaDistribution& d = **distribution;
-  OrderedJson main_rank = OrderedJson::array();
-  for (const auto& [id, rank] : d.main_rank_for_shard) {
-    main_rank.push_back(OrderedJson::array({PieceIdJson(id), rank}));
-  }
-  OrderedJson in_group = OrderedJson::array();
-  for (const PieceId& id : d.shards_in_this_group) in_group.push_back(PieceIdJson(id));
-  OrderedJson all_ranks = OrderedJson::array();
-  for (const auto& [id, ranks] : d.all_ranks_for_shard) {
-    all_ranks.push_back(OrderedJson::array({PieceIdJson(id), OrderedJson(ranks)}));
-  }
-  OrderedJson dist;
-  dist["main_rank_for_shard"] = std::move(main_rank);
-  dist["shards_in_this_group"] = std::move(in_group);
-  dist["all_ranks_for_shard"] = std::move(all_ranks);
-  out["distribution"] = std::move(dist);
-  out["plan_seconds"] = seconds;
+  out["distribution"] = DistributionJson(*distribution);
+  if (distribution->has_value()) out["plan_seconds"] = seconds;
   return Dump(out);
 }
 
@@ -298,7 +365,7 @@ absl::StatusOr<std::string> RunPlanLineViaDom(PlanMode mode, absl::string_view l
   try {
     if (mode == PlanMode::kMainReplicas) {
       CKPT_ASSIGN_OR_RETURN(Json parsed, ParseLineObject(line));
-      return RunMainReplicas(parsed);
+      return RunMainReplicas(parsed, options);
     }
     CKPT_ASSIGN_OR_RETURN(DistributionInput input, ParseDistributeLineViaDom(line, options));
     return DistributeAndFormat(input);

@@ -21,6 +21,9 @@ struct PlanOptions {
   // len(holders) and are never chosen) instead of reporting them; for comparing with
   // megatron-core itself.
   bool keep_out_of_range_ranks = false;
+  // main-replicas: the process groups (planner/process_groups.h spec text) of every line that
+  // has no "groups" field of its own; "": none (one distribution over all ranks).
+  std::string groups;
 };
 
 // What one input line may hold before its DOM is built: nesting 16, 4 GiB, 2^28 values,
