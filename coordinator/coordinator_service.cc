@@ -506,6 +506,51 @@ grpc::Status CoordinatorService::DoDetachRank(const grpc::ServerContextBase* con
   return grpc::Status::OK;
 }
 
+namespace {
+
+// The join's request in the job state's terms (its options checked; `state`: the description
+// it stands for, the request's own or the kept one).
+absl::StatusOr<JoinRequest> ToJoinRequest(const pb::JoinOperationRequest& request,
+                                          OperationKind kind, const std::string& path,
+                                          const std::string& persist_to, const pb::RankState& state,
+                                          bool described_by_digest, std::string digest) {
+  JoinRequest join;
+  join.job = request.job();
+  join.world_size = request.world_size();
+  join.rank = request.rank();
+  join.kind = kind;
+  join.path = path;
+  join.shards.assign(state.shards().begin(), state.shards().end());
+  for (int memory_kind : state.memory_kinds()) {
+    join.memory_kinds.push_back(static_cast<pb::MemoryKind>(memory_kind));
+  }
+  join.layouts.assign(state.layouts().begin(), state.layouts().end());
+  join.mesh_shape.assign(state.mesh_shape().begin(), state.mesh_shape().end());
+  join.described_by_digest = described_by_digest;
+  join.description_digest = std::move(digest);
+  join.operation_id = request.operation_id();
+  join.metadata.insert(request.metadata().begin(), request.metadata().end());
+  join.load_algorithm = request.load_algorithm();
+  join.load_memory_budget_bytes = request.load_memory_budget_bytes();
+  join.memory_replicas = request.has_memory_replicas() ? request.memory_replicas() : -1;
+  join.persist_to = persist_to;
+  join.persist_overwrite = request.persist_overwrite();
+  join.process_groups = request.process_groups();
+  const std::string who = absl::StrCat("job ", request.job(), " rank ", request.rank());
+  if (absl::Status s = CheckProcessGroupSpec(join.process_groups, request.world_size(), who);
+      !s.ok()) {
+    return s;
+  }
+  if (request.arrival_deadline_ms() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": negative arrival_deadline_ms ", request.arrival_deadline_ms()));
+  }
+  join.arrival_deadline = absl::Milliseconds(request.arrival_deadline_ms());
+  return join;
+}
+
+}  // namespace
+
 grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* context,
                                                  const pb::JoinOperationRequest* request,
                                                  pb::JoinOperationResponse* response,
@@ -525,40 +570,10 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   const pb::RankState* state = JoinState(*request, response, &kept, &digest);
   if (state == nullptr) return grpc::Status::OK;  // the rank re-sends its full description
   // The request's pieces are converted before the lock is taken: the lock is for the state.
-  JoinRequest join;
-  join.job = request->job();
-  join.world_size = request->world_size();
-  join.rank = request->rank();
-  join.kind = *kind;
-  join.path = *path;
-  join.shards.assign(state->shards().begin(), state->shards().end());
-  for (int kind : state->memory_kinds()) {
-    join.memory_kinds.push_back(static_cast<pb::MemoryKind>(kind));
-  }
-  join.layouts.assign(state->layouts().begin(), state->layouts().end());
-  join.mesh_shape.assign(state->mesh_shape().begin(), state->mesh_shape().end());
-  join.described_by_digest = kept != nullptr;
-  join.description_digest = std::move(digest);
-  join.operation_id = request->operation_id();
-  join.metadata.insert(request->metadata().begin(), request->metadata().end());
-  join.load_algorithm = request->load_algorithm();
-  join.load_memory_budget_bytes = request->load_memory_budget_bytes();
-  join.memory_replicas = request->has_memory_replicas() ? request->memory_replicas() : -1;
-  join.persist_to = *persist_to;
-  join.persist_overwrite = request->persist_overwrite();
-  join.process_groups = request->process_groups();
-  if (absl::Status s =
-          CheckProcessGroupSpec(join.process_groups, request->world_size(),
-                                absl::StrCat("job ", request->job(), " rank ", request->rank()));
-      !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  if (request->arrival_deadline_ms() < 0) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("job ", request->job(), " rank ", request->rank(),
-                     ": negative arrival_deadline_ms ", request->arrival_deadline_ms())));
-  }
-  join.arrival_deadline = absl::Milliseconds(request->arrival_deadline_ms());
+  absl::StatusOr<JoinRequest> converted = ToJoinRequest(*request, *kind, *path, *persist_to, *state,
+                                                        kept != nullptr, std::move(digest));
+  if (!converted.ok()) return ToGrpcStatus(converted.status());
+  JoinRequest join = *std::move(converted);
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   const WorkerRecord* worker = workers_.Find(request->worker_id());
