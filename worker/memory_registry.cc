@@ -320,10 +320,10 @@ absl::Status MemoryRegistry::RegisterDeviceTensor(
   return absl::OkStatus();
 }
 
-void MemoryRegistry::Release(Session& session) {
+void MemoryRegistry::Release(Session& session, bool unlink) {
   // Unmapped when the last SessionInfo copy of a running plan part lets go of them.
   for (auto& [name, mapping] : session.segments) {
-    shm_unlink(name.c_str());  // ENOENT when the trainer already unlinked it: fine
+    if (unlink) shm_unlink(name.c_str());  // ENOENT when the trainer already unlinked it: fine
   }
   session.segments.clear();
   session.tensors.clear();
@@ -336,7 +336,7 @@ absl::Status MemoryRegistry::CloseSession(const std::string& session_id) {
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat("trainer session ", session_id, " is unknown"));
   }
-  Release(it->second);
+  Release(it->second, /*unlink=*/false);
   sessions_.erase(it);
   return absl::OkStatus();
 }
@@ -347,7 +347,7 @@ std::vector<SessionInfo> MemoryRegistry::ReapDeadTrainers() {
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (probe_->StartToken(it->second.trainer.pid) != it->second.start_token) {
       reaped.push_back(Summarize(it->first, it->second));
-      Release(it->second);
+      Release(it->second, /*unlink=*/true);
       it = sessions_.erase(it);
     } else {
       ++it;

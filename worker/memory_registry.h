@@ -157,8 +157,10 @@ class MemoryRegistry {
   absl::Status RegisterTensors(const std::string& session_id,
                                absl::Span<const pb::SharedTensor> tensors);
 
-  // Ends a session: unlinks its segments (unmapped once no SessionInfo pins them any more).
-  // NotFound for an unknown id.
+  // Ends a session the trainer closed (Goodbye): its segments are unmapped here once no
+  // SessionInfo pins them any more, and left to the trainer, which still owns them (a
+  // ckpt.empty tensor outlives its Client and may be registered by the next one). NotFound for
+  // an unknown id.
   absl::Status CloseSession(const std::string& session_id);
 
   // Closes the sessions of trainer processes that are gone and returns what they were.
@@ -181,7 +183,8 @@ class MemoryRegistry {
       std::map<std::string, std::shared_ptr<const OpenedDeviceAllocation>>& opened,
       RegisteredTensor& r) const;
   static SessionInfo Summarize(const std::string& id, const Session& session);
-  static void Release(Session& session);
+  // Drops the session's mappings; `unlink`: also removes its segments' names (a dead trainer's).
+  static void Release(Session& session, bool unlink);
   absl::StatusOr<std::shared_ptr<const MappedSegment>> MapSegment(const std::string& name) const;
 
   std::unique_ptr<ProcessProbe> probe_;

@@ -324,14 +324,28 @@ TEST_F(MemoryRegistryTest, ReusedPidCountsAsDead) {
   EXPECT_EQ(registry_.ReapDeadTrainers().size(), 1u);
 }
 
-TEST_F(MemoryRegistryTest, CloseSessionUnlinks) {
+TEST_F(MemoryRegistryTest, ClosingASessionLeavesItsSegmentsToTheTrainerForItsNextSession) {
   Segment seg(Name(1), 64);
   auto session = registry_.OpenSession(Trainer());
   ASSERT_TRUE(session.ok());
   ASSERT_TRUE(registry_.RegisterTensors(*session, {HostTensor("a", seg.name(), 0, 1, 1)}).ok());
   ASSERT_TRUE(registry_.CloseSession(*session).ok());
-  EXPECT_FALSE(SegmentExists(seg.name()));
+  EXPECT_TRUE(SegmentExists(seg.name()));
   EXPECT_EQ(registry_.CloseSession(*session).code(), absl::StatusCode::kNotFound);
+  // The same process's next session registers the same memory.
+  auto next = registry_.OpenSession(Trainer());
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE(registry_.RegisterTensors(*next, {HostTensor("a", seg.name(), 0, 1, 1)}).ok());
+}
+
+TEST_F(MemoryRegistryTest, ReapingADeadTrainerUnlinksItsSegments) {
+  Segment seg(Name(1), 64);
+  auto session = registry_.OpenSession(Trainer());
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(registry_.RegisterTensors(*session, {HostTensor("a", seg.name(), 0, 1, 1)}).ok());
+  table_[pid_] = 0;  // the trainer died
+  EXPECT_EQ(registry_.ReapDeadTrainers().size(), 1u);
+  EXPECT_FALSE(SegmentExists(seg.name()));
 }
 
 // Reports one pid dead and every other alive. The sweep reads the real /dev/shm, which other

@@ -304,3 +304,21 @@ def test_groups_that_do_not_partition_the_ranks_raise_invalid_argument(cluster):
             client.save(os.path.join(cluster.root, "bad-groups"), state, groups=[[0], [5]])
 
     ranks(2, save, "groups-bad")
+
+
+def test_a_shared_tensor_outlives_its_client_and_serves_the_next_one(cluster):
+    """A client's goodbye leaves ckpt.empty memory to the process: the next Client registers it
+    again (the worker used to unlink its name at the goodbye, so this failed with NotFound)."""
+    shared = ckpt.empty(1024, dtype=torch.float32)
+    for i in range(2):
+        shared.fill_(i)
+        with ckpt.Client(job=f"outlives-{i}", rank=0, world_size=1, local_rank=0) as client:
+            state = client.state_dict()
+            state.add("w", shared)
+            client.save(os.path.join(cluster.root, f"outlives-{i}"), state).wait(60)
+    with ckpt.Client(job="outlives-check", rank=0, world_size=1, local_rank=0) as client:
+        target = torch.full((1024,), -1.0)
+        state = client.state_dict()
+        state.add("w", target)
+        client.load(os.path.join(cluster.root, "outlives-1"), state)
+        assert torch.equal(target, torch.ones(1024))
