@@ -225,8 +225,8 @@ absl::StatusOr<std::string> Client::Transfer(bool save, const std::string& path,
   // means this process's working directory.
   std::error_code ec;
   std::filesystem::path absolute = std::filesystem::absolute(path, ec);
-  // A memory checkpoint's path (mem://<name>) is a name, not a directory.
-  const bool memory = path.rfind("mem://", 0) == 0;
+  // A memory checkpoint's path (mem://<name>) and a transfer's (xfer://<name>) are names.
+  const bool memory = path.rfind("mem://", 0) == 0 || path.rfind("xfer://", 0) == 0;
   request.set_path(path.empty() || ec || memory ? path : absolute.string());
   request.mutable_metadata()->insert(metadata.begin(), metadata.end());
   request.set_operation_id(operation_id);

@@ -45,6 +45,7 @@
 #include "coordinator/reshard_commit.h"
 #include "coordinator/save_commit.h"
 #include "coordinator/staging_journal.h"
+#include "coordinator/transfer_kinds.h"
 #include "proto/wire_names.h"
 #include "rendezvous/kv_store.h"
 #include "rendezvous/rendezvous_service.h"
@@ -89,6 +90,9 @@ ABSL_FLAG(int, memory_replicas, 1,
 ABSL_FLAG(int, memory_keep, 2,
           "memory checkpoints kept: the catalog forgets, and the workers evict, older ones once "
           "a newer one is committed (at least 1)");
+ABSL_FLAG(int, transfer_keep_versions, 2,
+          "live transfer: published versions of each name kept receivable (at least 1); the "
+          "source workers' --memory_tier_keep must keep as many memory checkpoints");
 ABSL_FLAG(std::string, state_dir, "",
           "directory journaling the staging directories of saves/reshards in flight, so that a "
           "restarted coordinator removes what a crashed one left (one coordinator per directory)");
@@ -259,10 +263,21 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   ckpt::coordinator::MemoryLoadKind memory_loads(&memory_catalog, settings.load_defaults);
   ckpt::coordinator::PathDispatchKind save_kinds(&saves, &memory_saves);
   ckpt::coordinator::PathDispatchKind load_kinds(&loads, &memory_loads);
+  // Live transfer (xfer://<name>): a publish is a memory save of the next version on the
+  // source's own workers; a receive adds those workers to its exchange as serving
+  // participants, with its plan kept per (source layout, destination layout) pair.
+  ckpt::coordinator::PublishedRegistry published(absl::GetFlag(FLAGS_transfer_keep_versions));
+  ckpt::coordinator::TransferPlanCache transfer_plans;
+  ckpt::coordinator::PublishKind publishes(&memory_catalog, &published);
+  ckpt::coordinator::ReceiveKind receives(&memory_catalog, &published, settings.load_defaults,
+                                          &transfer_plans);
+  ckpt::coordinator::TransferDispatchKind save_or_publish(&save_kinds, &publishes);
+  ckpt::coordinator::TransferDispatchKind load_or_receive(&load_kinds, &receives);
   ckpt::coordinator::CoordinatorService coordinator(&clock, settings.options);
-  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kSave, &save_kinds);
-  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kLoad, &load_kinds);
+  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kSave, &save_or_publish);
+  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kLoad, &load_or_receive);
   coordinator.set_memory_catalog(&memory_catalog);
+  coordinator.set_published_registry(&published);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kReshard, &reshards);
   coordinator.set_rendezvous_store(&kv);
   ckpt::RendezvousService rendezvous(

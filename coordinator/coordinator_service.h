@@ -44,6 +44,7 @@
 #include "coordinator/lease_book.h"
 #include "coordinator/memory_catalog.h"
 #include "coordinator/operation_kind.h"
+#include "coordinator/transfer_registry.h"
 #include "coordinator/worker_registry.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "rendezvous/kv_store.h"
@@ -78,6 +79,9 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // whose lease is lost loses its copies there, and GetStatus lists it. Optional (without
   // one, mem:// paths are refused); must outlive the service.
   void set_memory_catalog(MemoryCatalog* catalog) { memory_catalog_ = catalog; }
+  // Live transfer's published names and versions: xfer:// paths are accepted (with a memory
+  // catalog) and GetStatus lists them. Optional; must outlive the service.
+  void set_published_registry(PublishedRegistry* registry) { published_ = registry; }
 
   // Starts the lease/deadline ticker thread and the advancer thread (planners, committers).
   void Start();
@@ -269,6 +273,7 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   std::map<OperationKind, OperationKindHandler*> kinds_;
   KvStore* rendezvous_ = nullptr;
   MemoryCatalog* memory_catalog_ = nullptr;
+  PublishedRegistry* published_ = nullptr;
   std::set<std::string> finalized_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // Operations whose planner or committer is running (unlocked) right now.
