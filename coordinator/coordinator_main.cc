@@ -262,22 +262,18 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
                                                  std::max(1, absl::GetFlag(FLAGS_memory_keep)));
   ckpt::coordinator::MemoryLoadKind memory_loads(&memory_catalog, settings.load_defaults);
   ckpt::coordinator::PathDispatchKind save_kinds(&saves, &memory_saves);
-  ckpt::coordinator::PathDispatchKind load_kinds(&loads, &memory_loads);
-  // Live transfer (xfer://<name>): a publish is a memory save of the next version on the
-  // source's own workers; a receive adds those workers to its exchange as serving
-  // participants, with its plan kept per (source layout, destination layout) pair.
-  ckpt::coordinator::PublishedRegistry published(absl::GetFlag(FLAGS_transfer_keep_versions));
-  ckpt::coordinator::TransferPlanCache transfer_plans;
-  ckpt::coordinator::PublishKind publishes(&memory_catalog, &published);
-  ckpt::coordinator::ReceiveKind receives(&memory_catalog, &published, settings.load_defaults,
-                                          &transfer_plans);
-  ckpt::coordinator::TransferDispatchKind save_or_publish(&save_kinds, &publishes);
-  ckpt::coordinator::TransferDispatchKind load_or_receive(&load_kinds, &receives);
+  // Live transfer (xfer://<name>, coordinator/transfer_kinds.h): publishes, receives with
+  // serving participants, and memory loads served by holders outside their ranks.
+  ckpt::coordinator::TransferKinds transfer(&memory_catalog, &memory_loads, settings.load_defaults,
+                                            absl::GetFlag(FLAGS_transfer_keep_versions));
+  ckpt::coordinator::PathDispatchKind load_kinds(&loads, &transfer.served_memory_loads);
+  ckpt::coordinator::TransferDispatchKind save_or_publish(&save_kinds, &transfer.publishes);
+  ckpt::coordinator::TransferDispatchKind load_or_receive(&load_kinds, &transfer.receives);
   ckpt::coordinator::CoordinatorService coordinator(&clock, settings.options);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kSave, &save_or_publish);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kLoad, &load_or_receive);
   coordinator.set_memory_catalog(&memory_catalog);
-  coordinator.set_published_registry(&published);
+  coordinator.set_published_registry(&transfer.published);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kReshard, &reshards);
   coordinator.set_rendezvous_store(&kv);
   ckpt::RendezvousService rendezvous(

@@ -261,6 +261,51 @@ absl::StatusOr<std::vector<RankPlan>> ReceiveKind::Plan(const Operation& op) {
   return *std::move(plans);
 }
 
+absl::StatusOr<std::vector<RankPlan>> ServedMemoryLoadKind::Plan(const Operation& op) {
+  absl::StatusOr<std::string> name = MemoryCheckpointName(op.path);
+  if (!name.ok()) return memory_loads_->Plan(op);
+  absl::StatusOr<MemoryCheckpoint> checkpoint = catalog_->Find(*name);
+  if (!checkpoint.ok()) return memory_loads_->Plan(op);
+  std::set<std::string> load_workers;
+  for (int r = 0; r < op.world_size; ++r) load_workers.insert(op.ranks[r].location.worker_id);
+  bool outside = false;  // some file is held only by workers outside the load
+  for (const pb::DataFile& file : checkpoint->manifest.files()) {
+    auto holders = checkpoint->holders.find(file.name());
+    if (holders == checkpoint->holders.end() || holders->second.empty()) {
+      return memory_loads_->Plan(op);  // no copy left: its refusal names what is lost
+    }
+    bool inside = false;
+    for (const MemoryHolder& h : holders->second)
+      inside = inside || load_workers.count(h.worker_id);
+    outside = outside || !inside;
+  }
+  if (!outside) return memory_loads_->Plan(op);
+  const std::string what = absl::StrCat(kMemoryPathPrefix, *name);
+  absl::StatusOr<Serving> serving = ChooseServing(op, *checkpoint, what);
+  if (!serving.ok()) return serving.status();
+  LoadPlannerOptions options = defaults_;
+  if (op.load_memory_budget_bytes > 0) options.memory_budget_bytes = op.load_memory_budget_bytes;
+  options.algorithm = op.load_algorithm;
+  if (options.algorithm == pb::LOAD_DIRECT || options.algorithm == pb::LOAD_AUTO ||
+      options.algorithm == pb::LOAD_ALGORITHM_UNSPECIFIED) {
+    options.algorithm = pb::LOAD_BROADCAST;
+  }
+  absl::StatusOr<std::vector<RankPlan>> plans = PlanExchangeLoadFrom(
+      WithServingRanks(op, *serving, *name), options, checkpoint->manifest, serving->readers);
+  if (!plans.ok()) return plans.status();
+  PlanPatch patch;
+  patch.path = what;
+  patch.group = absl::StrCat("load/", op.id);
+  patch.manifest = checkpoint->manifest.SerializeAsString();
+  patch.destination_ranks = op.world_size;
+  patch.source = what;
+  for (int r = 0; r < op.world_size; ++r)
+    patch.rank_workers.push_back(op.ranks[r].location.worker_id);
+  for (const std::string& worker : serving->worker_ids) patch.rank_workers.push_back(worker);
+  if (absl::Status s = Patch(patch, *serving, &*plans); !s.ok()) return s;
+  return plans;
+}
+
 absl::Status ReceiveKind::Commit(const Operation& op) {
   return absl::FailedPreconditionError(
       absl::StrCat(op.DebugString(), ": a receive has nothing to commit"));

@@ -87,6 +87,26 @@ class ReceiveKind final : public OperationKindHandler {
   TransferPlanCache* cache_;
 };
 
+// Memory loads (mem://<name>) whose files are held only by workers outside the load's ranks:
+// those holders become serving participants exactly as for a receive (the files stay where
+// they are; no copy is made). Loads whose every file has a holder among the load's workers,
+// and files with no copy left, go to `memory_loads` unchanged (its plan and its refusals).
+class ServedMemoryLoadKind final : public OperationKindHandler {
+ public:
+  ServedMemoryLoadKind(const MemoryCatalog* catalog, OperationKindHandler* memory_loads,
+                       LoadPlannerOptions defaults)
+      : catalog_(catalog), memory_loads_(memory_loads), defaults_(defaults) {}
+
+  absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
+  absl::Status Commit(const Operation& op) override { return memory_loads_->Commit(op); }
+  absl::Status Finalize(const Operation& op) override { return memory_loads_->Finalize(op); }
+
+ private:
+  const MemoryCatalog* catalog_;
+  OperationKindHandler* memory_loads_;
+  LoadPlannerOptions defaults_;
+};
+
 // Routes operations on xfer:// paths to `transfer`, the others to `base`.
 class TransferDispatchKind final : public OperationKindHandler {
  public:
@@ -101,6 +121,23 @@ class TransferDispatchKind final : public OperationKindHandler {
   OperationKindHandler* For(const Operation& op) const;
   OperationKindHandler* base_;
   OperationKindHandler* transfer_;
+};
+
+// Everything live transfer adds to a coordinator, built together (the daemon keeps one).
+struct TransferKinds {
+  // `catalog` and `memory_loads` must outlive this; `keep_versions` per published name.
+  TransferKinds(MemoryCatalog* catalog, OperationKindHandler* memory_loads,
+                LoadPlannerOptions load_defaults, int keep_versions)
+      : published(keep_versions),
+        publishes(catalog, &published),
+        receives(catalog, &published, load_defaults, &plans),
+        served_memory_loads(catalog, memory_loads, load_defaults) {}
+
+  PublishedRegistry published;
+  TransferPlanCache plans;
+  PublishKind publishes;
+  ReceiveKind receives;
+  ServedMemoryLoadKind served_memory_loads;
 };
 
 }  // namespace ckpt::coordinator

@@ -8,6 +8,8 @@
 //   second receive reuses the plan of the first, and the published versions are listed;
 // - a source worker killed (SIGKILL) mid-transfer fails the receive naming that worker, and the
 //   destination's tensors still hold the previous version, whole;
+// - an ordinary memory load (mem://) whose files are held only by workers outside its ranks
+//   reads them through the same serving participants (it used to be refused);
 // - verify mode catches a byte corrupted in flight (a test hook of the serving worker flips
 //   one byte of each unit after its checksum was taken), as DataLoss naming the tensor, the
 //   version and the source worker; nothing reaches the destination's tensors.
@@ -233,6 +235,45 @@ TEST(TransferTest, VerifyModeCatchesAByteCorruptedInFlightNamingTensorVersionAnd
         << received;
     EXPECT_THAT(d->Stdout(), HasSubstr("holds 0\n")) << d->Stdout();
   }
+}
+
+TEST(TransferTest, AMemoryLoadReadsFilesHeldOnlyOutsideItsRanksThroughServingParticipants) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  for (int i = 0; i < 4; ++i) {
+    cluster.StartWorker(
+        i, {i < 2 ? "--host=hostA" : "--host=hostB", "--data_plane_address=127.0.0.1"});
+  }
+  auto run = [&](const std::vector<int>& workers, const std::string& job, const std::string& mode,
+                 const std::vector<std::string>& extra) {
+    std::vector<Child*> ranks;
+    for (int r = 0; r < static_cast<int>(workers.size()); ++r) {
+      ranks.push_back(cluster.StartTrainer(workers[r], job, r, static_cast<int>(workers.size()),
+                                           mode, "mem://outside", extra));
+    }
+    EXPECT_TRUE(WaitFor([&] {
+      for (Child* t : ranks) {
+        if (t->Running()) return false;
+      }
+      return true;
+    })) << ClusterLogs(cluster);
+    return ranks;
+  };
+  // Saved on workers 0 and 1 with no replicas: nothing of it is on workers 2 and 3.
+  for (Child* t : run({0, 1}, "train", "save", {"--elements", "4096", "--replicas", "0"})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+  }
+  for (Child* t : run({2, 3}, "serve", "load", {"--elements", "4096", "--layout", "cols"})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << t->Stdout() << ClusterLogs(cluster);
+    EXPECT_THAT(t->Stdout(), HasSubstr("verified")) << t->Stdout();
+  }
+  bool served = false;
+  const pb::GetStatusResponse status = cluster.Status();
+  for (const pb::OperationStatus& op : status.operations()) {
+    if (op.job() == "serve")
+      served = op.transfer_serving_ranks() == 2 && op.phase() == pb::PHASE_DONE;
+  }
+  EXPECT_TRUE(served) << ClusterLogs(cluster);
 }
 
 }  // namespace
