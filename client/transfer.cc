@@ -33,6 +33,23 @@ std::string TransferPath(const std::string& name, int64_t version, bool verify) 
   return path;
 }
 
+bool IsTransferPath(const std::string& path) { return path.rfind("xfer://", 0) == 0; }
+
+std::string TransferNameOf(const std::string& path) {
+  const std::string rest = IsTransferPath(path) ? path.substr(7) : path;
+  return rest.substr(0, rest.find_first_of("@?"));
+}
+
+void CopyTensors(const StateDict& from, StateDict& to) {
+  for (size_t i = 0; i < to.tensors().size() && i < from.tensors().size(); ++i) {
+    const StateTensor& source = *from.tensors()[i];
+    StateTensor& target = *to.tensors()[i];
+    if (target.nbytes > 0 && target.nbytes == source.nbytes) {
+      std::memcpy(target.data, source.data, static_cast<size_t>(target.nbytes));
+    }
+  }
+}
+
 PublishHandle::PublishHandle(std::unique_ptr<SaveHandle> save, std::string name, int64_t version)
     : save_(std::move(save)), name_(std::move(name)), version_(version) {}
 
@@ -105,11 +122,7 @@ absl::Status Client::Receive(const std::string& name, StateDict& state,
   absl::Status received = Load(TransferPath(name, options.version, options.verify), **shadow, load);
   if (!received.ok()) return received;  // `state` untouched: still the previous version
   // Every rank (and every serving worker) reported success: the version is whole. Copy it in.
-  for (size_t i = 0; i < state.tensors().size(); ++i) {
-    const StateTensor& from = *(*shadow)->tensors()[i];
-    StateTensor& to = *state.tensors()[i];
-    if (to.nbytes > 0) std::memcpy(to.data, from.data, static_cast<size_t>(to.nbytes));
-  }
+  CopyTensors(**shadow, state);
   return absl::OkStatus();
 }
 

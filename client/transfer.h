@@ -73,6 +73,14 @@ class PublishHandle {
 
 // "xfer://<name>" or "xfer://<name>@<version>", with "?verify" when asked.
 std::string TransferPath(const std::string& name, int64_t version, bool verify = false);
+// Whether `path` is a transfer path (xfer://...), and its name (up to '@' or '?').
+bool IsTransferPath(const std::string& path);
+std::string TransferNameOf(const std::string& path);
+
+class StateDict;
+// Copies every host tensor of `from` into the same tensor of `to` (same declarations, in order:
+// a receive's shadow into the caller's state).
+void CopyTensors(const StateDict& from, StateDict& to);
 
 }  // namespace ckpt::client
 

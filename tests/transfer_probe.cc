@@ -11,6 +11,9 @@
 //     newest version (or --version), says "received <k> <code> <message>" and then what its
 //     tensor holds: "holds <v>" (every element is version v; 0: never received) or
 //     "mixed <local index> <value>" (elements of different versions, or garbage).
+//   poll mode: fills version --fill_version (0: leaves zeros), then polls once per 20 ms until
+//     an operator-requested operation ran (ckptctl save|load --job J xfer://<name>), says
+//     "polled <kind> <code> <message>" and what its tensor holds.
 //   transfer_probe --worker unix:/path --job J --rank R --world_size N --mode publish|receive
 //                  --name NAME [--tp T] [--global_rows G] [--elements E] [--versions V]
 //                  [--receives K] [--version V] [--verify 1] [--budget BYTES] [--step_dir D]
@@ -119,6 +122,19 @@ int Run(int argc, char** argv) {
     return 1;
   }
   const std::string name = flags["--name"], dir = flags["--step_dir"];
+  if (flags["--mode"] == "poll") {
+    if (Flag(flags, "--fill_version", 0) > 0) Fill(**tensor, Flag(flags, "--fill_version", 0));
+    const absl::Time give_up = absl::Now() + absl::Minutes(5);
+    absl::StatusOr<ckpt::client::PollResult> polled = ckpt::client::PollResult{};
+    while (absl::Now() < give_up) {
+      polled = (*client)->Poll(*state);
+      if (!polled.ok() || polled->performed) break;
+      absl::SleepFor(absl::Milliseconds(20));  // stands for a training step; orders nothing
+    }
+    Emit(absl::StrCat("polled ", polled.ok() ? polled->kind : "-", " ", Said(polled.status())));
+    Emit(Holds(**tensor));
+    return 0;
+  }
   if (flags["--mode"] == "publish") {
     for (int64_t v = 1; v <= Flag(flags, "--versions", 1); ++v) {
       if (v > 1 && !WaitForFile(absl::StrCat(dir, "/publish.", v))) return 1;

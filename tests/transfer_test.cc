@@ -237,6 +237,52 @@ TEST(TransferTest, VerifyModeCatchesAByteCorruptedInFlightNamingTensorVersionAnd
   }
 }
 
+TEST(TransferTest, OperatorRequestedPublishAndReceiveRunAtTheJobsNextPoll) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  StartWorkers(cluster);
+  Jobs jobs;
+  for (int r = 0; r < 8; ++r) {
+    std::vector<std::string> extra = {"--mode", "poll", "--fill_version", "1"};
+    for (const std::string& s : Shape(4)) extra.push_back(s);
+    jobs.source.push_back(StartProbe(cluster, r / 2, "trainer", r, 8, extra));
+  }
+  for (int r = 0; r < 6; ++r) {
+    std::vector<std::string> extra = {"--mode", "poll"};
+    for (const std::string& s : Shape(2)) extra.push_back(s);
+    jobs.dest.push_back(StartProbe(cluster, kSourceWorkers + r / 2, "infer", r, 6, extra));
+  }
+  // Every rank of both jobs is attached before the operator asks.
+  ASSERT_TRUE(WaitFor([&] {
+    int attached = 0;
+    const pb::GetStatusResponse status = cluster.Status();
+    for (const pb::JobStatus& j : status.jobs()) attached += j.ranks_size();
+    return attached == 14;
+  })) << ClusterLogs(cluster);
+  std::string out;
+  ASSERT_EQ(
+      cluster.RunCkptctl(
+          {"save", "--coordinator", cluster.address(), "--job", "trainer", "xfer://ops"}, &out),
+      0)
+      << out << ClusterLogs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return AllSaid(jobs.source, "polled save 0 "); }))
+      << ClusterLogs(cluster);
+  ASSERT_EQ(cluster.RunCkptctl(
+                {"load", "--coordinator", cluster.address(), "--job", "infer", "xfer://ops"}, &out),
+            0)
+      << out << ClusterLogs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return AllSaid(jobs.dest, "holds "); })) << ClusterLogs(cluster);
+  for (Child* d : jobs.dest) {
+    EXPECT_THAT(d->Stdout(), HasSubstr("polled load 0 \n")) << d->Stdout();
+    EXPECT_THAT(d->Stdout(), HasSubstr("holds 1\n")) << d->Stdout();
+  }
+  ASSERT_EQ(cluster.RunCkptctl({"transfer", "ops", "--coordinator", cluster.address()}, &out), 0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("publish xfer://ops"));
+  EXPECT_THAT(out, HasSubstr("receive xfer://ops"));
+  EXPECT_THAT(out, HasSubstr("+ 2 serving"));
+}
+
 TEST(TransferTest, AMemoryLoadReadsFilesHeldOnlyOutsideItsRanksThroughServingParticipants) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
