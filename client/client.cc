@@ -250,8 +250,8 @@ absl::StatusOr<std::string> Client::Transfer(
   // means this process's working directory.
   std::error_code ec;
   std::filesystem::path absolute = std::filesystem::absolute(path, ec);
-  // A memory checkpoint's path (mem://<name>) is a name, not a directory.
-  const bool memory = path.rfind("mem://", 0) == 0;
+  // A memory checkpoint's path (mem://<name>) and a transfer's (xfer://<name>) are names.
+  const bool memory = path.rfind("mem://", 0) == 0 || path.rfind("xfer://", 0) == 0;
   request.set_path(path.empty() || ec || memory ? path : absolute.string());
   request.mutable_metadata()->insert(metadata.begin(), metadata.end());
   request.set_operation_id(operation_id);
@@ -331,8 +331,13 @@ absl::StatusOr<PollResult> Client::Poll(
   result.path = response.path();
   result.operation_id = response.operation_id();
   if (absl::Status s = prepare(result.kind, result.path); !s.ok()) return s;
-  absl::StatusOr<std::string> op =
-      Transfer(save, result.path, state, {}, result.operation_id, absl::Minutes(5), Lending::kNone);
+  // An operator-requested receive (xfer://) lands in the shadow first, as Receive does.
+  const bool receive = !save && IsTransferPath(result.path);
+  absl::StatusOr<StateDict*> target = &state;
+  if (receive) target = ShadowFor(TransferNameOf(result.path), state);
+  if (!target.ok()) return target.status();
+  absl::StatusOr<std::string> op = Transfer(save, result.path, **target, {}, result.operation_id,
+                                            absl::Minutes(5), Lending::kNone);
   if (!op.ok()) return op.status();
   // A save returns at the snapshot, like Save (the operator's ckptctl waits for the commit);
   // a load once the tensors hold the loaded values.
@@ -341,6 +346,7 @@ absl::StatusOr<PollResult> Client::Poll(
            : connection_->WaitFinal(session_id_, *op, absl::Minutes(5) + absl::Hours(1));
   if (!p.ok()) return p.status();
   if (!p->status.ok()) return p->status;
+  if (receive) CopyTensors(**target, state);
   return result;
 }
 

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "client/options.h"
 #include "client/state_dict.h"
+#include "client/transfer.h"
 
 namespace ckpt::client {
 
@@ -186,8 +187,24 @@ class Client {
       StateDict& state,
       const std::function<absl::Status(const std::string& kind, const std::string& path)>& prepare);
 
+  // Live transfer (client/transfer.h). Collective over this job's ranks: publishes `state` as
+  // a version of `name`; returns once the bytes left this rank's memory (snapshot semantics).
+  absl::StatusOr<std::unique_ptr<PublishHandle>> Publish(const std::string& name,
+                                                         const StateDict& state,
+                                                         const PublishOptions& options = {});
+  // Collective over this job's ranks: fills `state`'s host tensors with the newest (or the
+  // given) version of `name` published by another job, whatever its layout; all-or-nothing
+  // (on error `state` keeps its values). Device tensors are refused (FailedPrecondition).
+  absl::Status Receive(const std::string& name, StateDict& state,
+                       const ReceiveOptions& options = {});
+
  private:
   Client(ResolvedOptions options, std::shared_ptr<WorkerConnection> connection);
+  // The shadow of `state` Receive of `name` receives into (kept while its tensors match).
+  absl::StatusOr<StateDict*> ShadowFor(const std::string& name, const StateDict& state);
+  std::map<std::string, int64_t> published_versions_;          // name -> this client's last publish
+  std::map<std::string, std::unique_ptr<StateDict>> shadows_;  // name -> receive shadow
+  int64_t shadows_made_ = 0;
   absl::StatusOr<std::string> Transfer(
       bool save, const std::string& path, const StateDict& state,
       const std::map<std::string, std::string>& metadata, const std::string& operation_id,

@@ -46,6 +46,7 @@
 #include "coordinator/reshard_commit.h"
 #include "coordinator/save_commit.h"
 #include "coordinator/staging_journal.h"
+#include "coordinator/transfer_kinds.h"
 #include "proto/wire_names.h"
 #include "rendezvous/kv_store.h"
 #include "rendezvous/rendezvous_service.h"
@@ -97,6 +98,9 @@ ABSL_FLAG(int64_t, description_cache_bytes, int64_t{2} << 30,
 ABSL_FLAG(int64_t, max_reshard_ranks_per_worker, 1024,
           "a cluster reshard (ckptctl reshard --coordinator) places at most this many target "
           "ranks on each live worker; a larger target layout is refused up front");
+ABSL_FLAG(int, transfer_keep_versions, 2,
+          "live transfer: published versions of each name kept receivable (at least 1); the "
+          "source workers' --memory_tier_keep must keep as many memory checkpoints");
 ABSL_FLAG(std::string, state_dir, "",
           "directory journaling the staging directories of saves/reshards in flight, so that a "
           "restarted coordinator removes what a crashed one left (one coordinator per directory)");
@@ -274,15 +278,22 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
                                                  std::max(1, absl::GetFlag(FLAGS_memory_keep)));
   ckpt::coordinator::MemoryLoadKind memory_loads(&memory_catalog, settings.load_defaults);
   ckpt::coordinator::PathDispatchKind save_kinds(&saves, &memory_saves);
-  ckpt::coordinator::PathDispatchKind load_kinds(&loads, &memory_loads);
+  // Live transfer (xfer://<name>, coordinator/transfer_kinds.h): publishes, receives with
+  // serving participants, and memory loads served by holders outside their ranks.
+  ckpt::coordinator::TransferKinds transfer(&memory_catalog, &memory_loads, settings.load_defaults,
+                                            absl::GetFlag(FLAGS_transfer_keep_versions));
+  ckpt::coordinator::PathDispatchKind load_kinds(&loads, &transfer.served_memory_loads);
+  ckpt::coordinator::TransferDispatchKind save_or_publish(&save_kinds, &transfer.publishes);
+  ckpt::coordinator::TransferDispatchKind load_or_receive(&load_kinds, &transfer.receives);
   ckpt::coordinator::CoordinatorService coordinator(&clock, settings.options);
-  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kSave, &save_kinds);
-  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kLoad, &load_kinds);
+  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kSave, &save_or_publish);
+  coordinator.RegisterKind(ckpt::coordinator::OperationKind::kLoad, &load_or_receive);
   coordinator.set_memory_catalog(&memory_catalog);
   // Background persistence of memory saves that ask for it (persist_to).
   ckpt::coordinator::PersistDriver persist(&memory_catalog,
                                            std::max(1, absl::GetFlag(FLAGS_memory_keep)));
   coordinator.set_persist_driver(&persist);
+  coordinator.set_published_registry(&transfer.published);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kReshard, &reshards);
   coordinator.set_rendezvous_store(&kv);
   ckpt::RendezvousService rendezvous(

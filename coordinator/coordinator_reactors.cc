@@ -97,8 +97,9 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
       item.set_incarnation(service_->incarnation_);
       item.set_job(op->job);
       item.set_rank(r);
-      item.set_kind(ToProto(op->kind));
+      item.set_kind(e.serving ? pb::OPERATION_RECEIVE : ToProto(op->kind));
       item.set_path(op->path);
+      if (e.serving) item.set_serving_source(e.serving_source);
       if (op->phase == Phase::kExecuting && e.has_plan && !e.result.has_value() &&
           plans_sent_.insert({op->id, r}).second) {
         item.set_plan_part(e.plan_part);
@@ -301,7 +302,7 @@ CoordinatorService::RanksByWorker CoordinatorService::IndexRanks(
     const std::optional<std::string>& only) const {
   RanksByWorker index;
   for (const Operation* op : jobs_.Operations()) {
-    for (int r = 0; r < op->world_size; ++r) {
+    for (int r = 0; r < static_cast<int>(op->ranks.size()); ++r) {  // serving ranks too
       const RankEntry& e = op->ranks[r];
       if (!e.joined || (only.has_value() && e.location.worker_id != *only)) continue;
       index[e.location.worker_id].emplace_back(op, r);

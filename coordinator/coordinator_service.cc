@@ -17,6 +17,7 @@
 #include "common/memory_path.h"
 #include "coordinator/group_plan.h"
 #include "coordinator/operation_wire.h"
+#include "coordinator/transfer_kinds.h"
 #include "planner/layout_spec.h"
 #include "spdlog/spdlog.h"
 
@@ -215,6 +216,15 @@ absl::Status CoordinatorService::MayRegister(const Peer& peer,
 
 absl::StatusOr<std::string> CoordinatorService::CheckpointPath(absl::string_view path,
                                                                absl::string_view what) const {
+  if (IsTransferPath(path)) {
+    if (memory_catalog_ == nullptr || published_ == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, " '", path, "' refused: this coordinator has no live transfer"));
+    }
+    absl::StatusOr<ReceivePath> parsed = ParseReceivePath(path);
+    if (!parsed.ok()) return parsed.status();
+    return std::string(path);
+  }
   if (IsMemoryPath(path)) {
     if (memory_catalog_ == nullptr) {
       return absl::FailedPreconditionError(
@@ -334,8 +344,10 @@ void CoordinatorService::Advance(const std::string& operation_id) {
           AbortOrLog(operation_id,
                      absl::Status(s.code(), absl::StrCat("planning failed: ", s.message())));
         } else {
-          spdlog::info("operation_planned op={} bytes_total={}", operation_id,
-                       jobs_.FindOperation(operation_id)->BytesTotal());
+          const Operation* planned = jobs_.FindOperation(operation_id);
+          spdlog::info("operation_planned op={} bytes_total={} plan_reused={} serving_ranks={}",
+                       operation_id, planned->BytesTotal(), planned->plan_reused,
+                       planned->serving_ranks);
         }
       }
     }
@@ -865,6 +877,9 @@ grpc::Status CoordinatorService::DoGetStatus(const grpc::ServerContextBase* cont
     ToProto(*op, response->add_operations());
   }
   if (memory_catalog_ != nullptr) memory_catalog_->ToProto(response->mutable_memory_checkpoints());
+  if (published_ != nullptr) {
+    PublishedToProto(*published_, memory_catalog_, response->mutable_published());
+  }
   return grpc::Status::OK;
 }
 

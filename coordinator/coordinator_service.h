@@ -45,6 +45,7 @@
 #include "coordinator/memory_catalog.h"
 #include "coordinator/operation_kind.h"
 #include "coordinator/persist_driver.h"
+#include "coordinator/transfer_registry.h"
 #include "coordinator/worker_registry.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "rendezvous/kv_store.h"
@@ -88,6 +89,9 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // The background persistence of memory checkpoints (persist_to): without one, a save asking
   // for it is refused. Optional; must outlive the service (coordinator_persist.cc).
   void set_persist_driver(PersistDriver* driver) { persist_ = driver; }
+  // Live transfer's published names and versions: xfer:// paths are accepted (with a memory
+  // catalog) and GetStatus lists them. Optional; must outlive the service.
+  void set_published_registry(PublishedRegistry* registry) { published_ = registry; }
 
   // Starts the lease/deadline ticker thread and the advancer thread (planners, committers).
   void Start();
@@ -316,6 +320,7 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   MemoryCatalog* memory_catalog_ = nullptr;
   PersistDriver* persist_ = nullptr;
   bool persist_due_ ABSL_GUARDED_BY(mu_) = false;  // the driver has storage steps queued
+  PublishedRegistry* published_ = nullptr;
   std::set<std::string> finalized_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // Operations whose planner or committer is running (unlocked) right now.

@@ -320,18 +320,36 @@ absl::Status JobState::SetPlan(absl::string_view operation_id, std::vector<RankP
     return absl::FailedPreconditionError(absl::StrCat("cannot set the plan of ", op->DebugString(),
                                                       " in phase ", PhaseName(op->phase)));
   }
-  if (static_cast<int>(plans.size()) != op->world_size) {
+  if (static_cast<int>(plans.size()) < op->world_size) {
     return absl::InvalidArgumentError(absl::StrCat("plan of ", op->DebugString(), " has ",
                                                    plans.size(), " parts for world size ",
                                                    op->world_size));
   }
-  for (int r = 0; r < op->world_size; ++r) {
+  for (int r = 0; r < static_cast<int>(plans.size()); ++r) {
     if (plans[r].bytes < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("plan of ", op->DebugString(), ": rank ", r, " has negative bytes"));
     }
+    if ((r >= op->world_size) != plans[r].serving.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan of ", op->DebugString(), ": part ", r,
+                       r >= op->world_size ? " is past the world size without a serving worker"
+                                           : " of a job rank names a serving worker"));
+    }
   }
-  for (int r = 0; r < op->world_size; ++r) {
+  // Serving participants (receives): ranks past the world size, joined at once on their worker.
+  for (int r = op->world_size; r < static_cast<int>(plans.size()); ++r) {
+    RankEntry serving;
+    serving.joined = true;
+    serving.joined_at = clock_->Now();
+    serving.location = *plans[r].serving;
+    serving.serving = true;
+    serving.serving_source = plans[r].serving_source;
+    op->ranks.push_back(std::move(serving));
+  }
+  op->serving_ranks = static_cast<int>(plans.size()) - op->world_size;
+  for (int r = 0; r < static_cast<int>(plans.size()); ++r) {
+    op->plan_reused = op->plan_reused || plans[r].reused;
     op->ranks[r].has_plan = true;
     op->ranks[r].plan_part = std::move(plans[r].part);
     op->totals.bytes_total += plans[r].bytes - op->ranks[r].bytes_total;
@@ -345,7 +363,7 @@ absl::Status JobState::ReportProgress(absl::string_view operation_id, int rank,
                                       int64_t bytes_done) {
   Operation* op = MutableOperation(operation_id);
   if (op == nullptr) return UnknownOperation(operation_id);
-  if (rank < 0 || rank >= op->world_size) {
+  if (rank < 0 || rank >= static_cast<int>(op->ranks.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat(op->DebugString(), ": rank ", rank, " is outside the job"));
   }
@@ -369,7 +387,7 @@ absl::Status JobState::ReportResult(absl::string_view operation_id, int rank,
                                     int64_t bytes_read) {
   Operation* op = MutableOperation(operation_id);
   if (op == nullptr) return UnknownOperation(operation_id);
-  if (rank < 0 || rank >= op->world_size) {
+  if (rank < 0 || rank >= static_cast<int>(op->ranks.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat(op->DebugString(), ": rank ", rank, " is outside the job"));
   }
@@ -394,7 +412,7 @@ absl::Status JobState::ReportResult(absl::string_view operation_id, int rank,
   entry.written = std::move(written);
   op->totals.bytes_read += bytes_read - entry.bytes_read;
   entry.bytes_read = bytes_read;
-  if (op->ReportedRanks() == op->world_size) {
+  if (op->ReportedRanks() == static_cast<int>(op->ranks.size())) {
     if (op->kind == OperationKind::kLoad) {
       Finish(*op, Phase::kDone);
     } else {
@@ -443,7 +461,7 @@ std::vector<std::string> JobState::WorkerLost(absl::string_view worker_id,
     if (op == nullptr || IsFinal(op->phase) || op->phase == Phase::kCommitting) continue;
     std::vector<int> affected;
     const Job* job = FindJob(op->job);
-    for (int r = 0; r < op->world_size; ++r) {
+    for (int r = 0; r < static_cast<int>(op->ranks.size()); ++r) {
       const RankEntry& e = op->ranks[r];
       bool on_worker = e.joined ? e.location.worker_id == worker_id : false;
       if (!e.joined && job != nullptr) {
@@ -485,7 +503,7 @@ std::vector<std::string> JobState::Tick() {
     if (op == nullptr || IsFinal(op->phase) || op->phase == Phase::kCommitting) continue;
     if (now < op->deadline) continue;
     std::vector<int> late;
-    for (int r = 0; r < op->world_size; ++r) {
+    for (int r = 0; r < static_cast<int>(op->ranks.size()); ++r) {
       const RankEntry& e = op->ranks[r];
       bool is_late = op->phase == Phase::kGathering   ? !e.joined
                      : op->phase == Phase::kExecuting ? !e.result.has_value()
@@ -627,6 +645,10 @@ void JobState::PruneFinished(absl::string_view job) {
 
 std::string JobState::DescribeRank(const Operation& op, int rank) const {
   const RankEntry& e = op.ranks[rank];
+  if (e.serving) {
+    return absl::StrCat("serving rank ", rank, " (", e.location.DebugString(), ", serving ",
+                        e.serving_source, ")");
+  }
   if (e.joined) return absl::StrCat("rank ", rank, " (", e.location.DebugString(), ")");
   const Job* job = FindJob(op.job);
   if (job != nullptr) {

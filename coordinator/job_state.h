@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -87,6 +88,11 @@ struct RankEntry {
   std::optional<absl::Status> result;  // set once the rank reported
   std::string written;     // opaque record of what the rank wrote (save), kept for the commit
   int64_t bytes_read = 0;  // load: bytes the rank read from storage
+  // A receive's serving participant (coordinator/transfer_kinds.h): a rank past the job's
+  // world size, added by SetPlan, served by a source worker with no trainer; its work items
+  // have kind OPERATION_RECEIVE and name `serving_source`.
+  bool serving = false;
+  std::string serving_source;
 };
 
 // What a reshard executed on the workers reads and how (Operation::path is the destination).
@@ -138,6 +144,10 @@ struct Operation {
   } totals;
   // Ranks that joined with only the digest of their unchanged description (gather skipped).
   int ranks_described_by_digest = 0;
+  bool plan_reused = false;  // SetPlan was given a reused plan (RankPlan::reused)
+  // Receives: serving participants SetPlan added past world_size (ranks.size() = world_size +
+  // serving_ranks once planned).
+  int serving_ranks = 0;
 
   int JoinedRanks() const;
   int ReportedRanks() const;
@@ -181,8 +191,17 @@ struct JoinRequest {
 
 // A rank's plan part, handed to SetPlan.
 struct RankPlan {
+  RankPlan() = default;
+  RankPlan(std::string part_in, int64_t bytes_in) : part(std::move(part_in)), bytes(bytes_in) {}
+
   std::string part;
   int64_t bytes = 0;
+  // Plans past the world size only: the serving participant's worker (see RankEntry::serving)
+  // and what it serves, for messages.
+  std::optional<RankLocation> serving;
+  std::string serving_source;
+  // Set on any part: the plan was reused from an earlier operation (reported in the status).
+  bool reused = false;
 };
 
 // Deadlines and retention of the state machine.
@@ -247,7 +266,8 @@ class JobState {
   // operation that already ended -- then its own status.
   absl::StatusOr<const Operation*> JoinOperation(JoinRequest request);
 
-  // kPlanning -> kExecuting with one plan part per rank.
+  // kPlanning -> kExecuting with one plan part per rank; parts past the world size carry a
+  // serving location and add serving participants (ranks without a trainer) to the operation.
   absl::Status SetPlan(absl::string_view operation_id, std::vector<RankPlan> plans);
 
   // Progress of a rank in kExecuting (bytes done so far, monotone; capped at its total).

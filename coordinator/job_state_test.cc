@@ -200,6 +200,49 @@ TEST_F(JobStateTest, SetPlanNeedsOnePartPerRankInPlanning) {
   EXPECT_EQ(state_.SetPlan("op-77", {}).code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(JobStateTest, ServingParticipantsJoinWithThePlanAndMustAllReportOrDie) {
+  // A receive (live transfer): two destination ranks plus one serving participant on a worker
+  // of another job, added by the plan.
+  const std::string id = Gathered(OperationKind::kLoad);
+  std::vector<RankPlan> plans = {{"part0", 10}, {"part1", 10}, {"serve", 20}};
+  EXPECT_EQ(state_.SetPlan(id, plans).code(), absl::StatusCode::kInvalidArgument);  // no worker
+  RankLocation source;
+  source.worker_id = "w-src";
+  source.host = "hostA";
+  plans[2].serving = source;
+  plans[2].serving_source = "xfer://p@1";
+  plans[2].reused = true;
+  plans[0].serving = source;  // a job rank cannot be a serving one
+  EXPECT_EQ(state_.SetPlan(id, plans).code(), absl::StatusCode::kInvalidArgument);
+  plans[0].serving.reset();
+  ASSERT_TRUE(state_.SetPlan(id, plans).ok());
+  const Operation* op = state_.FindOperation(id);
+  ASSERT_EQ(op->ranks.size(), 3u);
+  EXPECT_EQ(op->world_size, 2);
+  EXPECT_EQ(op->serving_ranks, 1);
+  EXPECT_TRUE(op->plan_reused);
+  EXPECT_TRUE(op->ranks[2].serving && op->ranks[2].joined);
+  EXPECT_EQ(op->BytesTotal(), 40);
+  // The destination ranks alone do not end it: the serving rank must report too.
+  ASSERT_TRUE(state_.ReportResult(id, 0, absl::OkStatus()).ok());
+  ASSERT_TRUE(state_.ReportResult(id, 1, absl::OkStatus()).ok());
+  EXPECT_EQ(op->phase, Phase::kExecuting);
+  ASSERT_TRUE(state_.ReportProgress(id, 2, 5).ok());
+  ASSERT_TRUE(state_.ReportResult(id, 2, absl::OkStatus()).ok());
+  EXPECT_EQ(op->phase, Phase::kDone);
+
+  // The serving worker dies mid-way: the receive aborts naming the serving rank and worker.
+  const std::string again = Gathered(OperationKind::kLoad);
+  plans[2].reused = false;
+  ASSERT_TRUE(state_.SetPlan(again, plans).ok());
+  EXPECT_EQ(state_.WorkerLost("w-src", "missed its lease"), std::vector<std::string>{again});
+  const Operation* aborted = state_.FindOperation(again);
+  EXPECT_EQ(aborted->phase, Phase::kAborted);
+  EXPECT_THAT(aborted->status.message(), HasSubstr("serving rank 2"));
+  EXPECT_THAT(aborted->status.message(), HasSubstr("w-src"));
+  EXPECT_THAT(aborted->status.message(), HasSubstr("xfer://p@1"));
+}
+
 TEST_F(JobStateTest, SaveCommitsOnlyAfterEveryRankSucceeded) {
   std::string id = Executing();
   ASSERT_TRUE(state_.ReportResult(id, 0, absl::OkStatus()).ok());

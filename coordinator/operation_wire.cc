@@ -91,6 +91,8 @@ void ToProto(const Operation& op, pb::OperationStatus* out) {
   *out->mutable_status() = ToDetail(op.status);
   out->set_created_unix_ms(UnixMs(op.created));
   out->set_deadline_unix_ms(UnixMs(op.deadline));
+  out->set_transfer_plan_reused(op.plan_reused);
+  out->set_transfer_serving_ranks(op.serving_ranks);
 }
 
 }  // namespace ckpt::coordinator

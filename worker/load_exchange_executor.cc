@@ -24,6 +24,7 @@
 #include "worker/load_executor.h"
 #include "worker/load_wave_plan.h"
 #include "worker/memory_tier.h"
+#include "worker/transfer_verify.h"
 
 namespace ckpt::worker {
 namespace {
@@ -279,6 +280,12 @@ absl::Status RunWave(const WaveRunContext& run, int w) {
   absl::Time step_start = absl::Now();
   CKPT_RETURN_IF_ERROR(ReadUnits(run, wave, &loaded, where));
   run.stats->read_time += absl::Now() - step_start;
+  // Verify mode (receives): the readers' checksums of what they send (worker/transfer_verify.h).
+  std::vector<uint64_t> read_checksums;
+  if (run.part.transfer_verify()) {
+    CKPT_ASSIGN_OR_RETURN(read_checksums, ChecksumsOfReadUnits(wave.plan, run.me, loaded, where));
+    CorruptSentUnitsForTest(run.part, wave.plan, run.me, &loaded);
+  }
   step_start = absl::Now();
   ExchangeReport report;
   absl::StatusOr<ShardBuffers> received =
@@ -291,6 +298,10 @@ absl::Status RunWave(const WaveRunContext& run, int w) {
   run.stats->bytes_sent += report.bytes_sent();
   run.stats->bytes_received += report.bytes_received();
   loaded.clear();
+  if (run.part.transfer_verify()) {
+    CKPT_RETURN_IF_ERROR(VerifyReceivedUnits(run.part, wave.plan, run.me, read_checksums, *received,
+                                             run.comm, run.exchange_options.deadline, where));
+  }
   run.stats->exchange_time += absl::Now() - step_start;
   step_start = absl::Now();
   CKPT_RETURN_IF_ERROR(Scatter(run, wave, *received, where));

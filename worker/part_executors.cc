@@ -14,22 +14,6 @@
 #include "worker/save_executor.h"
 
 namespace ckpt::worker {
-namespace {
-
-// Where a part's Gloo communicator meets (the coordinator's rendezvous) and which address this
-// worker's data plane binds: the same for memory saves and exchange loads.
-template <typename Context>
-void FillDataPlaneEndpoint(const LoadEnvironment& env, Context* context) {
-  context->rendezvous_address = env.link->options().coordinator;
-  context->rendezvous_security = env.link->options().security;
-  context->hostname = env.link->options().info.data_plane_address();
-  if (context->hostname.empty()) context->hostname = env.host;
-  if (env.gloo_loop_thread_nice != nullptr) {
-    context->gloo_loop_thread_nice = *env.gloo_loop_thread_nice;
-  }
-}
-
-}  // namespace
 
 PartOutcome SavePartExecutor::Execute(const PartRun& run) {
   const absl::Time start = absl::Now();
@@ -128,7 +112,10 @@ PartOutcome LoadPartExecutor::ExecuteExchange(const PartRun& run, const pb::Load
   out.status = ExecuteExchangeLoadPart(part, *run.session, context, run.gate, &stats, run.progress,
                                        env_.device_staging);
   out.bytes_read = stats.bytes_read;
-  if (!out.status.ok() && !run.gate.closed()) AwaitAbort(run.gate);
+  // DataLoss (a verified receive caught corrupt bytes) is a root cause: reported at once.
+  if (!out.status.ok() && !run.gate.closed() && out.status.code() != absl::StatusCode::kDataLoss) {
+    AwaitAbort(run.gate);
+  }
   spdlog::info(
       "load_part_exchanged op={} rank={} group=\"{}\" group_rank={} group_world={} algorithm={} "
       "transport=\"{}\" transport_reason=\"{}\" "

@@ -29,6 +29,19 @@ struct LoadEnvironment {
   MemoryTier* const* memory_tier = nullptr;
 };
 
+// Where a part's Gloo communicator meets (the coordinator's rendezvous) and which address this
+// worker's data plane binds: the same for memory saves, exchange loads and transfer serving.
+template <typename Context>
+void FillDataPlaneEndpoint(const LoadEnvironment& env, Context* context) {
+  context->rendezvous_address = env.link->options().coordinator;
+  context->rendezvous_security = env.link->options().security;
+  context->hostname = env.link->options().info.data_plane_address();
+  if (context->hostname.empty()) context->hostname = env.host;
+  if (env.gloo_loop_thread_nice != nullptr) {
+    context->gloo_loop_thread_nice = *env.gloo_loop_thread_nice;
+  }
+}
+
 // Save parts: snapshots the rank's part out of the trainer's memory (device pieces through the
 // pinned staging pool), calls `on_snapshot` once the last byte has left the trainer's memory
 // (the trainer may change its tensors from then on), then writes the snapshot's files (a

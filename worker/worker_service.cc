@@ -16,6 +16,7 @@
 #include "proto/wire_names.h"
 #include "spdlog/spdlog.h"
 #include "worker/part_executors.h"
+#include "worker/transfer_serve.h"
 
 namespace ckpt::worker {
 namespace {
@@ -41,6 +42,11 @@ WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, st
                                                link_, host_, &gloo_loop_thread_nice_, &stopping_,
                                                device_staging, &memory_tier_}));
   RegisterPartExecutor(pb::OPERATION_RESHARD, std::make_unique<ReshardPartExecutor>());
+  // Live transfer: this worker's part as a serving participant of another job's receive.
+  RegisterPartExecutor(
+      pb::OPERATION_RECEIVE,
+      std::make_unique<TransferServeExecutor>(LoadEnvironment{link_, host_, &gloo_loop_thread_nice_,
+                                                              &stopping_, nullptr, &memory_tier_}));
 }
 
 std::string WorkerService::CoordinatorCall(absl::string_view call) const {

@@ -217,6 +217,25 @@ class SaveHandle:
                         self.snapshot_waited_for_writes, self.bytes_written_before_snapshot)
 
 
+class PublishHandle:
+    """A publish in flight (Client.publish): its version, and wait() until it is readable."""
+
+    def __init__(self, native):
+        self._native = native
+
+    @property
+    def version(self):
+        return self._native.version
+
+    @property
+    def operation_id(self):
+        return self._native.operation_id
+
+    def wait(self, timeout=None):
+        """Returns once receivers can read the version; raises the diagnosis otherwise."""
+        self._native.wait(3600.0 * 24 if timeout is None else float(timeout))
+
+
 @dataclass
 class PollResult:
     kind: str  # "save" or "load"
@@ -329,6 +348,30 @@ class Client:
         self._native.load(os.fspath(path), state._native, float(arrival_timeout),
                           float(deadline), algorithm, int(memory_budget_bytes),
                           _groups_text(groups))
+        state._stage_out()
+
+    def publish(self, name, state, *, version=0, metadata=None, arrival_timeout=300.0):
+        """Collective over this job's ranks (live transfer, the source side): publishes
+        ``state`` as a version of ``name`` (``version``: e.g. the step; it must grow; 0: one
+        more than this client's previous publish of the name). Returns a PublishHandle once
+        this rank's bytes left its memory (the tensors may change at once);
+        ``handle.wait()`` returns once receivers can read the version."""
+        state._stage_in()
+        meta = {str(k): str(v) for k, v in (metadata or {}).items()}
+        return PublishHandle(self._native.publish(str(name), state._native, int(version), meta,
+                                                  float(arrival_timeout)))
+
+    def receive(self, name, state, *, version=0, verify=False, arrival_timeout=300.0,
+                deadline=3600.0, memory_budget_bytes=0):
+        """Collective over this job's ranks (live transfer, the destination side): fills
+        ``state``'s tensors with the newest (or the given) ``version`` of ``name`` published by
+        another job, whatever its layout, world size and hosts. All or nothing: on error
+        (a source worker lost, a timeout, DataLoss in ``verify`` mode) the tensors keep the
+        version they held. ``verify`` checks every received byte against its reader's
+        checksum."""
+        state._await_lent()
+        self._native.receive(str(name), state._native, int(version), bool(verify),
+                             float(arrival_timeout), float(deadline), int(memory_budget_bytes))
         state._stage_out()
 
     def poll(self, state):

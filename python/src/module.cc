@@ -228,6 +228,22 @@ class PySaveHandle {
   std::unique_ptr<client::SaveHandle> handle_;
 };
 
+// A publish in flight (client::PublishHandle).
+class PyPublishHandle {
+ public:
+  explicit PyPublishHandle(std::unique_ptr<client::PublishHandle> handle)
+      : handle_(std::move(handle)) {}
+  int64_t Version() const { return handle_->version(); }
+  std::string OperationId() const { return handle_->operation_id(); }
+  void Wait(double timeout_s) {
+    nb::gil_scoped_release release;
+    ThrowIfError(handle_->WaitPublished(absl::Seconds(timeout_s)));
+  }
+
+ private:
+  std::unique_ptr<client::PublishHandle> handle_;
+};
+
 client::Options MakeOptions(std::optional<std::string> job, std::optional<int> rank,
                             std::optional<int> world_size, std::optional<int> local_rank,
                             std::optional<std::string> worker_address, double rpc_timeout_s) {
@@ -336,6 +352,34 @@ class PyClient {
     nb::gil_scoped_release release;
     ThrowIfError(c.Load(path, state.get(), options));
   }
+  std::unique_ptr<PyPublishHandle> Publish(const std::string& name, PyStateDict& state,
+                                           int64_t version,
+                                           std::map<std::string, std::string> metadata,
+                                           double arrival_timeout_s) {
+    client::Client& c = get();
+    client::PublishOptions options;
+    options.version = version;
+    options.metadata = std::move(metadata);
+    options.arrival_timeout = absl::Seconds(arrival_timeout_s);
+    std::unique_ptr<client::PublishHandle> handle;
+    {
+      nb::gil_scoped_release release;
+      handle = ValueOrThrow(c.Publish(name, state.get(), options));
+    }
+    return std::make_unique<PyPublishHandle>(std::move(handle));
+  }
+  void Receive(const std::string& name, PyStateDict& state, int64_t version, bool verify,
+               double arrival_timeout_s, double deadline_s, int64_t memory_budget_bytes) {
+    client::Client& c = get();
+    client::ReceiveOptions options;
+    options.version = version;
+    options.verify = verify;
+    options.arrival_timeout = absl::Seconds(arrival_timeout_s);
+    options.deadline = absl::Seconds(deadline_s);
+    options.memory_budget_bytes = memory_budget_bytes;
+    nb::gil_scoped_release release;
+    ThrowIfError(c.Receive(name, state.get(), options));
+  }
   std::optional<std::tuple<std::string, std::string, std::string>> Poll(PyStateDict& state,
                                                                         nb::callable prepare);
   void Close() {
@@ -410,6 +454,10 @@ NB_MODULE(_ckpt, m) {
       .def("wait", &PySaveHandle::Wait, nb::arg("timeout_s"))
       .def("snapshot", &PySaveHandle::Snapshot)
       .def("progress", &PySaveHandle::Progress);
+  nb::class_<PyPublishHandle>(m, "PublishHandle")
+      .def_prop_ro("version", &PyPublishHandle::Version)
+      .def_prop_ro("operation_id", &PyPublishHandle::OperationId)
+      .def("wait", &PyPublishHandle::Wait, nb::arg("timeout_s"));
   nb::class_<PyClient>(m, "Client")
       .def_static("connect", &PyClient::Connect, nb::arg("job") = nb::none(),
                   nb::arg("rank") = nb::none(), nb::arg("world_size") = nb::none(),
@@ -425,6 +473,11 @@ NB_MODULE(_ckpt, m) {
       .def("load", &PyClient::Load, nb::arg("path"), nb::arg("state"), nb::arg("arrival_timeout_s"),
            nb::arg("deadline_s"), nb::arg("algorithm"), nb::arg("memory_budget_bytes"),
            nb::arg("process_groups") = "")
+      .def("publish", &PyClient::Publish, nb::arg("name"), nb::arg("state"), nb::arg("version"),
+           nb::arg("metadata"), nb::arg("arrival_timeout_s"))
+      .def("receive", &PyClient::Receive, nb::arg("name"), nb::arg("state"), nb::arg("version"),
+           nb::arg("verify"), nb::arg("arrival_timeout_s"), nb::arg("deadline_s"),
+           nb::arg("memory_budget_bytes"))
       .def("poll", &PyClient::Poll, nb::arg("state"), nb::arg("prepare"))
       .def("close", &PyClient::Close);
 }

@@ -28,6 +28,8 @@ const std::vector<Command>& AllCommands() {
        RunCertsCommand, CertsSpec},
       {"gc", "remove the staging directories interrupted writes left (listed with sizes)",
        RunGcCommand, GcSpec},
+      {"transfer", "live transfer: published names and versions, publishes and receives",
+       RunTransferCommand, TransferSpec},
   };
   return *commands;
 }

@@ -49,6 +49,8 @@ int RunCertsCommand(const std::vector<std::string>& args);  // certs_cmd.cc
 const CommandSpec& CertsSpec();
 int RunGcCommand(const std::vector<std::string>& args);  // gc_cmd.cc
 const CommandSpec& GcSpec();
+int RunTransferCommand(const std::vector<std::string>& args);  // transfer_cmd.cc
+const CommandSpec& TransferSpec();
 
 }  // namespace ckpt::ckptctl
 

@@ -114,8 +114,10 @@ std::optional<int> ParseOperation(const CommandSpec& spec, const std::vector<std
   // means this shell's working directory.
   std::error_code ec;
   std::filesystem::path absolute = std::filesystem::absolute(out->path, ec);
-  // A memory checkpoint's path (mem://<name>) is a name, not a directory.
-  if (!ec && out->path.rfind("mem://", 0) != 0) out->path = absolute.string();
+  // A memory checkpoint's path (mem://<name>) and a transfer's (xfer://<name>) are names.
+  if (!ec && out->path.rfind("mem://", 0) != 0 && out->path.rfind("xfer://", 0) != 0) {
+    out->path = absolute.string();
+  }
   return std::nullopt;
 }
 

@@ -1,0 +1,129 @@
+// Client::Publish and Client::Receive (client/transfer.h), over Save and Load of xfer:// paths.
+#include "client/transfer.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+
+namespace ckpt::client {
+namespace {
+
+// Whether `shadow` has exactly `state`'s tensors (keys, dtypes, shapes, regions), in order.
+bool SameTensors(const StateDict& shadow, const StateDict& state) {
+  if (shadow.tensors().size() != state.tensors().size()) return false;
+  for (size_t i = 0; i < state.tensors().size(); ++i) {
+    const StateTensor& a = *shadow.tensors()[i];
+    const StateTensor& b = *state.tensors()[i];
+    if (a.key != b.key || a.dtype != b.dtype || a.global_shape != b.global_shape ||
+        a.region != b.region || a.nbytes != b.nbytes || a.replica_id != b.replica_id) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string TransferPath(const std::string& name, int64_t version, bool verify) {
+  std::string path = absl::StrCat("xfer://", name);
+  if (version > 0) absl::StrAppend(&path, "@", version);
+  if (verify) absl::StrAppend(&path, "?verify");
+  return path;
+}
+
+bool IsTransferPath(const std::string& path) { return path.rfind("xfer://", 0) == 0; }
+
+std::string TransferNameOf(const std::string& path) {
+  const std::string rest = IsTransferPath(path) ? path.substr(7) : path;
+  return rest.substr(0, rest.find_first_of("@?"));
+}
+
+void CopyTensors(const StateDict& from, StateDict& to) {
+  for (size_t i = 0; i < to.tensors().size() && i < from.tensors().size(); ++i) {
+    const StateTensor& source = *from.tensors()[i];
+    StateTensor& target = *to.tensors()[i];
+    if (target.nbytes > 0 && target.nbytes == source.nbytes) {
+      std::memcpy(target.data, source.data, static_cast<size_t>(target.nbytes));
+    }
+  }
+}
+
+PublishHandle::PublishHandle(std::unique_ptr<SaveHandle> save, std::string name, int64_t version)
+    : save_(std::move(save)), name_(std::move(name)), version_(version) {}
+
+PublishHandle::~PublishHandle() = default;
+
+const std::string& PublishHandle::operation_id() const { return save_->operation_id(); }
+
+absl::Status PublishHandle::WaitPublished(absl::Duration timeout) {
+  absl::Status s = save_->WaitDurable(timeout);
+  if (s.ok()) return s;
+  return absl::Status(
+      s.code(), absl::StrCat("publishing ", TransferPath(name_, version_), ": ", s.message()));
+}
+
+absl::StatusOr<std::unique_ptr<PublishHandle>> Client::Publish(const std::string& name,
+                                                               const StateDict& state,
+                                                               const PublishOptions& options) {
+  const int64_t version = options.version > 0 ? options.version : published_versions_[name] + 1;
+  SaveOptions save;
+  save.metadata = options.metadata;
+  save.arrival_timeout = options.arrival_timeout;
+  save.lending = Lending::kNone;  // snapshot: every byte is copied before Publish returns
+  save.memory_replicas = options.memory_replicas;
+  absl::StatusOr<std::unique_ptr<SaveHandle>> handle =
+      Save(TransferPath(name, version), state, save);
+  if (!handle.ok()) return handle.status();
+  published_versions_[name] = version;
+  return std::make_unique<PublishHandle>(*std::move(handle), name, version);
+}
+
+absl::StatusOr<StateDict*> Client::ShadowFor(const std::string& name, const StateDict& state) {
+  std::unique_ptr<StateDict>& shadow = shadows_[name];
+  if (shadow != nullptr && SameTensors(*shadow, state)) return shadow.get();
+  // Its own segment names ("/ckpt.<job>-rx<n>.r<rank>.p<pid>.<k>"): the state dicts of one
+  // process must not share a prefix.
+  shadow = std::make_unique<StateDict>(absl::StrCat(options_.job, "-rx", ++shadows_made_),
+                                       options_.rank);
+  for (const std::unique_ptr<StateTensor>& t : state.tensors()) {
+    if (t->memory != MemoryKind::kHost) {
+      shadows_.erase(name);
+      return absl::FailedPreconditionError(
+          absl::StrCat("receiving ", TransferPath(name, 0), ": tensor ", t->key,
+                       " is in device memory; live transfer fills host tensors only (for now)"));
+    }
+    TensorDeclaration spec;
+    spec.key = t->key;
+    spec.dtype = t->dtype;
+    spec.global_shape = t->global_shape;
+    spec.layout = t->region;
+    spec.replica_id = t->replica_id;
+    absl::StatusOr<StateTensor*> added = shadow->AddHost(spec);
+    if (!added.ok()) {
+      shadows_.erase(name);
+      return absl::Status(added.status().code(), absl::StrCat("receiving ", TransferPath(name, 0),
+                                                              ": allocating the shadow of ", t->key,
+                                                              ": ", added.status().message()));
+    }
+  }
+  return shadow.get();
+}
+
+absl::Status Client::Receive(const std::string& name, StateDict& state,
+                             const ReceiveOptions& options) {
+  absl::StatusOr<StateDict*> shadow = ShadowFor(name, state);
+  if (!shadow.ok()) return shadow.status();
+  LoadOptions load;
+  load.arrival_timeout = options.arrival_timeout;
+  load.deadline = options.deadline;
+  load.memory_budget_bytes = options.memory_budget_bytes;
+  absl::Status received = Load(TransferPath(name, options.version, options.verify), **shadow, load);
+  if (!received.ok()) return received;  // `state` untouched: still the previous version
+  // Every rank (and every serving worker) reported success: the version is whole. Copy it in.
+  CopyTensors(**shadow, state);
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt::client

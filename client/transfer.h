@@ -1,0 +1,87 @@
+// Live transfer between jobs (issue 17), the client side: a source job (a trainer) publishes
+// its state under a name and a version, and a destination job with another layout, world size
+// and host set receives it straight into its tensors.
+//
+//   // trainer, every K steps (collective over its ranks):
+//   auto published = client->Publish("policy", *state, {.version = step});
+//   ... training continues at once (snapshot semantics) ...
+//   // inference job, when it wants fresh weights (collective over its ranks):
+//   absl::Status s = client->Receive("policy", *state, {});   // the newest version
+//
+// Publish is a memory save to xfer://<name>@<version>: each source worker keeps its rank's
+// files in its memory tier (no replicas by default), and Publish returns once the bytes left
+// the trainer's memory. Receive reads them from those workers (serving participants of the
+// receive's exchange) over the data plane, in any layout. Receive is all-or-nothing: it
+// receives into shadow tensors in shared memory (one extra copy of this rank's state, kept
+// between receives of the same name) and copies them into `state` only once the whole transfer
+// ended OK on every rank; a failed receive leaves `state` on the version it held before.
+#ifndef CKPT_CLIENT_TRANSFER_H_
+#define CKPT_CLIENT_TRANSFER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace ckpt::client {
+
+class SaveHandle;
+
+// Options of Publish.
+struct PublishOptions {
+  // The version (e.g. the training step); it must be newer than every version of the name
+  // published so far (FailedPrecondition naming the newest otherwise). 0: one more than this
+  // client's previous publish of the name (1 at first; pass it explicitly after a restart).
+  int64_t version = 0;
+  std::map<std::string, std::string> metadata;
+  absl::Duration arrival_timeout = absl::Minutes(5);
+  // Extra copies of each file on workers of other hosts (0: the source's own workers only).
+  int memory_replicas = 0;
+};
+
+// Options of Receive.
+struct ReceiveOptions {
+  int64_t version = 0;  // 0: the newest published version
+  // Check every received byte against checksums its reader computed from verified stored
+  // bytes (DataLoss naming the tensor, version and source worker on a mismatch).
+  bool verify = false;
+  absl::Duration arrival_timeout = absl::Minutes(5);
+  absl::Duration deadline = absl::Hours(1);  // the whole receive must finish by then
+  int64_t memory_budget_bytes = 0;           // bytes in flight per rank and wave (0: default)
+};
+
+// A publish in flight: the version and, through WaitPublished, when receivers can read it.
+class PublishHandle {
+ public:
+  PublishHandle(std::unique_ptr<SaveHandle> save, std::string name, int64_t version);
+  ~PublishHandle();
+  const std::string& name() const { return name_; }
+  int64_t version() const { return version_; }
+  const std::string& operation_id() const;
+  // OK once the version is published (every source worker holds its files; receivers see it),
+  // else the abort diagnosis, or DeadlineExceeded after `timeout`.
+  absl::Status WaitPublished(absl::Duration timeout);
+
+ private:
+  std::unique_ptr<SaveHandle> save_;
+  std::string name_;
+  int64_t version_;
+};
+
+// "xfer://<name>" or "xfer://<name>@<version>", with "?verify" when asked.
+std::string TransferPath(const std::string& name, int64_t version, bool verify = false);
+// Whether `path` is a transfer path (xfer://...), and its name (up to '@' or '?').
+bool IsTransferPath(const std::string& path);
+std::string TransferNameOf(const std::string& path);
+
+class StateDict;
+// Copies every host tensor of `from` into the same tensor of `to` (same declarations, in order:
+// a receive's shadow into the caller's state).
+void CopyTensors(const StateDict& from, StateDict& to);
+
+}  // namespace ckpt::client
+
+#endif  // CKPT_CLIENT_TRANSFER_H_

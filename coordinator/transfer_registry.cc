@@ -1,0 +1,156 @@
+#include "coordinator/transfer_registry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+bool NameCharacter(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '-';
+}
+
+absl::Status BadPath(absl::string_view path, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("transfer path \"",
+                                                 absl::CHexEscape(path.substr(0, 200)), "\" ", why,
+                                                 " (expected xfer://<name> or "
+                                                 "xfer://<name>@<version>)"));
+}
+
+std::string VersionList(const std::vector<PublishedVersion>& versions) {
+  std::vector<std::string> out;
+  for (const PublishedVersion& v : versions) out.push_back(absl::StrCat(v.version));
+  return absl::StrJoin(out, ", ");
+}
+
+}  // namespace
+
+bool IsTransferPath(absl::string_view path) { return absl::StartsWith(path, kTransferPathPrefix); }
+
+absl::StatusOr<TransferPath> ParseTransferPath(absl::string_view path) {
+  if (!IsTransferPath(path)) return BadPath(path, "is not an xfer:// path");
+  absl::string_view rest = path.substr(kTransferPathPrefix.size());
+  TransferPath out;
+  const size_t at = rest.find('@');
+  absl::string_view name = rest.substr(0, at);
+  if (at != absl::string_view::npos) {
+    absl::string_view version = rest.substr(at + 1);
+    if (!absl::SimpleAtoi(version, &out.version) || out.version <= 0 ||
+        !std::all_of(version.begin(), version.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return BadPath(path, "has a version that is not a positive integer");
+    }
+  }
+  if (name.empty() || name.size() > kMaxTransferNameLength || name == "." || name == ".." ||
+      !std::all_of(name.begin(), name.end(), NameCharacter)) {
+    return BadPath(path, absl::StrCat("has a name that is not 1-", kMaxTransferNameLength,
+                                      " characters of letters, digits, '.', '_' and '-'"));
+  }
+  out.name = std::string(name);
+  return out;
+}
+
+std::string TransferPathString(const std::string& name, int64_t version) {
+  if (version <= 0) return absl::StrCat(kTransferPathPrefix, name);
+  return absl::StrCat(kTransferPathPrefix, name, "@", version);
+}
+
+std::string PublishedCheckpointName(const std::string& name, int64_t version) {
+  return absl::StrCat(name, ".v", version);
+}
+
+int64_t PublishedRegistry::NewestLocked(const std::string& name) const {
+  int64_t newest = 0;
+  if (auto it = published_.find(name); it != published_.end() && !it->second.empty()) {
+    newest = it->second.back().version;
+  }
+  for (const auto& [op, r] : reserved_) {
+    if (r.name == name) newest = std::max(newest, r.version);
+  }
+  return newest;
+}
+
+absl::StatusOr<int64_t> PublishedRegistry::Reserve(const std::string& name, int64_t requested,
+                                                   const std::string& operation_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = reserved_.find(operation_id); it != reserved_.end()) return it->second.version;
+  const int64_t newest = NewestLocked(name);
+  const int64_t version = requested > 0 ? requested : newest + 1;
+  if (version <= newest) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot publish ", TransferPathString(name, version), ": version ", version,
+                     " is not newer than version ", newest,
+                     " published (or being published) already; versions of a name only grow"));
+  }
+  reserved_[operation_id] = Reservation{name, version};
+  return version;
+}
+
+absl::StatusOr<std::vector<PublishedVersion>> PublishedRegistry::Commit(
+    const std::string& operation_id, absl::Time now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reserved_.find(operation_id);
+  if (it == reserved_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("publish ", operation_id, " reserved no version to commit"));
+  }
+  const Reservation r = it->second;
+  reserved_.erase(it);
+  std::vector<PublishedVersion>& versions = published_[r.name];
+  versions.push_back(PublishedVersion{r.version, PublishedCheckpointName(r.name, r.version), now});
+  std::sort(
+      versions.begin(), versions.end(),
+      [](const PublishedVersion& a, const PublishedVersion& b) { return a.version < b.version; });
+  std::vector<PublishedVersion> forgotten;
+  while (static_cast<int>(versions.size()) > keep_versions_) {
+    forgotten.push_back(versions.front());
+    versions.erase(versions.begin());
+  }
+  return forgotten;
+}
+
+void PublishedRegistry::Release(const std::string& operation_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reserved_.erase(operation_id);
+}
+
+absl::StatusOr<PublishedVersion> PublishedRegistry::Resolve(const std::string& name,
+                                                            int64_t requested) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = published_.find(name);
+  if (it == published_.end() || it->second.empty()) {
+    return absl::NotFoundError(absl::StrCat("nothing is published under ",
+                                            TransferPathString(name, 0),
+                                            " (a source must publish it first)"));
+  }
+  if (requested <= 0) return it->second.back();
+  for (const PublishedVersion& v : it->second) {
+    if (v.version == requested) return v;
+  }
+  return absl::NotFoundError(
+      absl::StrCat(TransferPathString(name, requested),
+                   " is not published (kept versions: ", VersionList(it->second), ")"));
+}
+
+std::map<std::string, std::vector<PublishedVersion>> PublishedRegistry::List() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return published_;
+}
+
+absl::StatusOr<std::pair<std::string, int64_t>> PublishedRegistry::Reserved(
+    const std::string& operation_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reserved_.find(operation_id);
+  if (it == reserved_.end()) {
+    return absl::NotFoundError(absl::StrCat("publish ", operation_id, " reserved no version"));
+  }
+  return std::make_pair(it->second.name, it->second.version);
+}
+
+}  // namespace ckpt::coordinator

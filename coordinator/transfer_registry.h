@@ -1,0 +1,96 @@
+// Live transfer's names and versions (issue 17): a source job publishes its state under
+// "xfer://<name>@<version>" and destination jobs receive "xfer://<name>" (the newest version)
+// or "xfer://<name>@<version>". Each published version is a memory checkpoint
+// (PublishedCheckpointName: "<name>.v<version>") held by the source's workers; this registry
+// records which versions of each name are published, reserves a version for a publish in
+// flight, and keeps only the newest K versions of each name listed. No gRPC or logging;
+// thread-safe.
+#ifndef CKPT_COORDINATOR_TRANSFER_REGISTRY_H_
+#define CKPT_COORDINATOR_TRANSFER_REGISTRY_H_
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace ckpt::coordinator {
+
+inline constexpr absl::string_view kTransferPathPrefix = "xfer://";
+// Names are memory checkpoint names with room for ".v<version>" (common/memory_path.h).
+inline constexpr size_t kMaxTransferNameLength = 100;
+
+// A parsed transfer path.
+struct TransferPath {
+  std::string name;
+  int64_t version = 0;  // 0: none given (publish: the next; receive: the newest)
+};
+
+// True when `path` starts with "xfer://" (whether or not the rest is valid).
+bool IsTransferPath(absl::string_view path);
+// "xfer://<name>" or "xfer://<name>@<version>" (version a positive decimal integer); the name
+// 1-100 characters of letters, digits, '.', '_' and '-'. InvalidArgument naming the path
+// (escaped, cut) otherwise.
+absl::StatusOr<TransferPath> ParseTransferPath(absl::string_view path);
+// "xfer://<name>@<version>" ("xfer://<name>" for version 0).
+std::string TransferPathString(const std::string& name, int64_t version);
+// The memory checkpoint a published version is kept as: "<name>.v<version>".
+std::string PublishedCheckpointName(const std::string& name, int64_t version);
+
+// One published version.
+struct PublishedVersion {
+  int64_t version = 0;
+  std::string memory_checkpoint;  // PublishedCheckpointName
+  absl::Time published;
+};
+
+// The registry. See the file comment.
+class PublishedRegistry {
+ public:
+  // `keep_versions`: versions of each name kept listed (older ones are forgotten at the next
+  // commit, so a receive in flight of the newest-but-K-1 keeps its version); at least 1.
+  explicit PublishedRegistry(int keep_versions = 2)
+      : keep_versions_(keep_versions < 1 ? 1 : keep_versions) {}
+
+  // Reserves the version a publish `operation_id` of `name` will commit: `requested`, or one
+  // more than the newest published or reserved version when 0. FailedPrecondition naming the
+  // name, the version and the newest one when `requested` is not newer than every published or
+  // reserved version (versions only grow); idempotent for the same operation.
+  absl::StatusOr<int64_t> Reserve(const std::string& name, int64_t requested,
+                                  const std::string& operation_id);
+  // Records the version reserved by `operation_id` as published (at `now`); returns the
+  // versions of its name forgotten because they fell beyond the newest K. NotFound when the
+  // operation reserved nothing.
+  absl::StatusOr<std::vector<PublishedVersion>> Commit(const std::string& operation_id,
+                                                       absl::Time now);
+  // Drops the reservation of `operation_id` (no-op once committed or unknown).
+  void Release(const std::string& operation_id);
+  // The version a receive of (name, requested) reads: `requested` when published, the newest
+  // when 0. NotFound naming the name and the versions published (or that none is).
+  absl::StatusOr<PublishedVersion> Resolve(const std::string& name, int64_t requested) const;
+  // Every name with its kept versions, oldest first.
+  std::map<std::string, std::vector<PublishedVersion>> List() const;
+  // The name and version reserved by `operation_id` (NotFound otherwise).
+  absl::StatusOr<std::pair<std::string, int64_t>> Reserved(const std::string& operation_id) const;
+
+ private:
+  struct Reservation {
+    std::string name;
+    int64_t version = 0;
+  };
+  // Newest published or reserved version of `name` (0: none). Requires mu_.
+  int64_t NewestLocked(const std::string& name) const;
+
+  const int keep_versions_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::vector<PublishedVersion>> published_;  // name -> oldest first
+  std::map<std::string, Reservation> reserved_;                     // operation id -> version
+};
+
+}  // namespace ckpt::coordinator
+
+#endif  // CKPT_COORDINATOR_TRANSFER_REGISTRY_H_

@@ -1,0 +1,63 @@
+#include "coordinator/transfer_registry.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+TEST(TransferPathTest, ParsesNamesAndVersionsAndRefusesHostileOnes) {
+  absl::StatusOr<TransferPath> newest = ParseTransferPath("xfer://policy");
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->name, "policy");
+  EXPECT_EQ(newest->version, 0);
+  absl::StatusOr<TransferPath> exact = ParseTransferPath("xfer://policy-7b.main@12");
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_EQ(exact->name, "policy-7b.main");
+  EXPECT_EQ(exact->version, 12);
+  for (const std::string& bad : std::vector<std::string>{
+           "xfer://", "xfer://a/b", "xfer://..", "xfer://a@", "xfer://a@0", "xfer://a@-3",
+           "xfer://a@1x", "xfer://a@+3", "mem://a", "xfer://" + std::string(101, 'n')}) {
+    absl::StatusOr<TransferPath> parsed = ParseTransferPath(bad);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(parsed.status().message().find("transfer path"), std::string::npos) << bad;
+  }
+  EXPECT_EQ(TransferPathString("p", 3), "xfer://p@3");
+  EXPECT_EQ(TransferPathString("p", 0), "xfer://p");
+  EXPECT_EQ(PublishedCheckpointName("p", 3), "p.v3");
+}
+
+TEST(PublishedRegistryTest, VersionsOnlyGrowAndTheNewestKAreKept) {
+  PublishedRegistry registry(/*keep_versions=*/2);
+  EXPECT_EQ(registry.Resolve("p", 0).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_EQ(*registry.Reserve("p", 0, "op-1"), 1);
+  EXPECT_EQ(*registry.Reserve("p", 0, "op-1"), 1);  // idempotent
+  // A second publish in flight gets the next version; an explicit older one is refused.
+  ASSERT_EQ(*registry.Reserve("p", 0, "op-2"), 2);
+  absl::StatusOr<int64_t> stale = registry.Reserve("p", 2, "op-3");
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(stale.status().message().find("xfer://p@2"), std::string::npos);
+  ASSERT_TRUE(registry.Commit("op-1", absl::Now()).ok());
+  registry.Release("op-2");  // that publish failed: its version is free again
+  EXPECT_EQ(registry.Resolve("p", 0)->version, 1);
+  ASSERT_EQ(*registry.Reserve("p", 10, "op-4"), 10);
+  ASSERT_TRUE(registry.Commit("op-4", absl::Now()).ok());
+  ASSERT_EQ(*registry.Reserve("p", 0, "op-5"), 11);
+  absl::StatusOr<std::vector<PublishedVersion>> forgotten = registry.Commit("op-5", absl::Now());
+  ASSERT_TRUE(forgotten.ok());
+  ASSERT_EQ(forgotten->size(), 1u);
+  EXPECT_EQ((*forgotten)[0].version, 1);
+  EXPECT_EQ(registry.Resolve("p", 0)->memory_checkpoint, "p.v11");
+  EXPECT_EQ(registry.Resolve("p", 10)->version, 10);
+  absl::StatusOr<PublishedVersion> gone = registry.Resolve("p", 1);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(gone.status().message().find("kept versions: 10, 11"), std::string::npos)
+      << gone.status();
+  EXPECT_EQ(registry.Commit("op-never", absl::Now()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.List().at("p").size(), 2u);
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

@@ -1,0 +1,88 @@
+"""Live transfer from Python (ckpt.Client.publish / receive) against real daemons started by
+ckpt.LocalCluster: a 2-rank source job (rows) publishes versions, a 3-rank destination job
+(column blocks) receives them; a receive of a version never published fails naming it and
+leaves the destination's tensors as they were. Ranks run as threads of this process."""
+
+import threading
+
+import pytest
+import torch
+
+import ckpt
+
+SHAPE = (4, 6)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    with ckpt.LocalCluster(num_workers=2, root=root) as c:
+        yield c
+    assert all(code == 0 for code in c.exit_codes.values()), c.exit_codes
+
+
+def ranks(world, body, job):
+    """Runs body(client) for ranks 0..world-1 in threads (rank r on worker r % 2)."""
+    results, errors = [None] * world, [None] * world
+
+    def run(rank):
+        try:
+            with ckpt.Client(job=job, rank=rank, world_size=world, local_rank=rank % 2) as client:
+                results[rank] = body(client)
+        except BaseException as e:  # handed to the test thread
+            errors[rank] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+def version(v):
+    return torch.arange(SHAPE[0] * SHAPE[1], dtype=torch.int32).view(SHAPE) + 1000 * v
+
+
+def test_publish_and_receive_successive_versions_into_another_layout(cluster):
+    def publish(v):
+        def body(client):
+            r = client.rank
+            state = client.state_dict()
+            rows = version(v)[2 * r:2 * r + 2].clone()
+            state.add("w", rows, ckpt.DTensor(SHAPE, (2,), [ckpt.Shard(0)], (r,)))
+            handle = client.publish("py-policy", state, version=v)
+            rows.zero_()  # training goes on: the published version keeps its values
+            handle.wait(60)
+            return handle.version
+        assert ranks(2, body, "py-src") == [v, v]
+
+    def receive(versions):
+        def body(client):
+            r = client.rank
+            layout = ckpt.DTensor(SHAPE, (3,), [ckpt.Shard(1)], (r,))
+            cols = torch.zeros(SHAPE[0], 2, dtype=torch.int32)
+            state = client.state_dict()
+            state.add("w", cols, layout)
+            seen = []
+            for want in versions:
+                try:
+                    client.receive("py-policy", state, version=want)
+                    seen.append(cols.clone())
+                except ckpt.NotFound as e:
+                    assert "xfer://py-policy@%d" % want in str(e), e
+                    seen.append(("refused", cols.clone()))
+            return seen
+        return ranks(3, body, "py-dst")
+
+    publish(1)
+    publish(2)
+    got = receive([1, 2, 7])
+    for r, seen in enumerate(got):
+        assert torch.equal(seen[0], version(1)[:, 2 * r:2 * r + 2]), r
+        assert torch.equal(seen[1], version(2)[:, 2 * r:2 * r + 2]), r
+        refused, after = seen[2]
+        assert refused == "refused" and torch.equal(after, version(2)[:, 2 * r:2 * r + 2]), r

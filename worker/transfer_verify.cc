@@ -1,0 +1,100 @@
+#include "worker/transfer_verify.h"
+
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "storage/checksum.h"
+
+namespace ckpt::worker {
+namespace {
+
+std::string WorkerOf(const pb::LoadPlanPart& part, int rank) {
+  if (rank < 0 || rank >= part.transfer_rank_workers_size()) return "an unknown worker";
+  return absl::StrCat("worker ", part.transfer_rank_workers(rank));
+}
+
+std::string Published(const pb::LoadPlanPart& part) {
+  return absl::StrCat("xfer://", part.transfer_name(), "@", part.transfer_version());
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint64_t>> ChecksumsOfReadUnits(const ExchangePlan& plan, int me,
+                                                           const ShardBuffers& loaded,
+                                                           const std::string& where) {
+  std::vector<uint64_t> out;
+  for (const DistributedPiece& d : plan.distribution) {
+    if (d.main_rank != me) continue;
+    auto it = loaded.find(d.spec.id);
+    if (it == loaded.end()) {
+      return absl::InternalError(
+          absl::StrCat(where, ": verify: unit ", d.spec.id.DebugString(), " was not read here"));
+    }
+    out.push_back(Xxh3(it->second.data(), it->second.size()));
+  }
+  return out;
+}
+
+absl::Status VerifyReceivedUnits(const pb::LoadPlanPart& part, const ExchangePlan& plan, int me,
+                                 const std::vector<uint64_t>& mine, const ShardBuffers& received,
+                                 Communicator& comm, absl::Time deadline,
+                                 const std::string& where) {
+  std::vector<size_t> counts(comm.size(), 0);
+  for (const DistributedPiece& d : plan.distribution) {
+    if (d.main_rank >= 0 && d.main_rank < comm.size()) counts[d.main_rank] += sizeof(uint64_t);
+  }
+  if (counts[me] != mine.size() * sizeof(uint64_t)) {
+    return absl::InternalError(absl::StrCat(where, ": verify: ", mine.size(), " checksums for ",
+                                            counts[me] / 8, " units read"));
+  }
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  std::vector<uint64_t> all(total / sizeof(uint64_t));
+  if (absl::Status s = comm.AllGatherV(mine.data(), counts, all.data(), deadline); !s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat(where, ": verify: gathering the readers' checksums: ", s.message()));
+  }
+  // Rank order of the all-gather; distribution order within each rank.
+  std::vector<size_t> next(comm.size(), 0);
+  for (int r = 1; r < comm.size(); ++r) next[r] = next[r - 1] + counts[r - 1] / sizeof(uint64_t);
+  std::map<PieceId, std::pair<uint64_t, int>, PieceIdLess> expected;
+  for (const DistributedPiece& d : plan.distribution) {
+    expected.emplace(d.spec.id, std::make_pair(all[next[d.main_rank]++], d.main_rank));
+  }
+  for (const PieceSpec& need : plan.needs[me]) {
+    auto want = expected.find(need.id);
+    auto got = received.find(need.id);
+    if (want == expected.end() || got == received.end()) {
+      return absl::InternalError(absl::StrCat(where, ": verify: ", need.id.DebugString(),
+                                              " is not a whole unit of the wave"));
+    }
+    if (want->second.second == me) continue;  // read here: nothing travelled
+    const uint64_t actual = Xxh3(got->second.data(), got->second.size());
+    if (actual != want->second.first) {
+      const int reader = want->second.second;
+      return absl::DataLossError(absl::StrFormat(
+          "%s: verify: tensor \"%s\" %s of %s received from rank %d (%s, the reader) does "
+          "not match the checksum the reader computed from its verified stored bytes (got "
+          "%016x, want %016x); the receive is refused",
+          where, need.id.key, need.region.DebugString(), Published(part), reader,
+          WorkerOf(part, reader), actual, want->second.first));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CorruptSentUnitsForTest(const pb::LoadPlanPart& part, const ExchangePlan& plan, int me,
+                             ShardBuffers* loaded) {
+  const char* flag = std::getenv("CKPT_TEST_CORRUPT_SENT_UNITS");
+  if (!part.transfer_verify() || flag == nullptr || std::string(flag) != "1") return;
+  for (const DistributedPiece& d : plan.distribution) {
+    if (d.main_rank != me) continue;
+    auto it = loaded->find(d.spec.id);
+    if (it != loaded->end() && !it->second.empty()) it->second[0] ^= 0x01;
+  }
+}
+
+}  // namespace ckpt::worker
