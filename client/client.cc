@@ -346,7 +346,9 @@ absl::StatusOr<PollResult> Client::Poll(
            : connection_->WaitFinal(session_id_, *op, absl::Minutes(5) + absl::Hours(1));
   if (!p.ok()) return p.status();
   if (!p->status.ok()) return p->status;
-  if (receive) CopyTensors(**target, state);
+  if (receive) {
+    if (absl::Status copied = CopyTensors(**target, state); !copied.ok()) return copied;
+  }
   return result;
 }
 

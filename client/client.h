@@ -202,8 +202,9 @@ class Client {
   Client(ResolvedOptions options, std::shared_ptr<WorkerConnection> connection);
   // The shadow of `state` Receive of `name` receives into (kept while its tensors match).
   absl::StatusOr<StateDict*> ShadowFor(const std::string& name, const StateDict& state);
-  std::map<std::string, int64_t> published_versions_;          // name -> this client's last publish
-  std::map<std::string, std::unique_ptr<StateDict>> shadows_;  // name -> receive shadow
+  std::map<std::string, int64_t> published_versions_;  // name -> this client's last publish
+  // name -> receive shadow; "publish:<name>" -> the host copy of a publish of device tensors
+  std::map<std::string, std::unique_ptr<StateDict>> shadows_;
   int64_t shadows_made_ = 0;
   absl::StatusOr<std::string> Transfer(
       bool save, const std::string& path, const StateDict& state,

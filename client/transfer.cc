@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "device/gpu.h"
 
 namespace ckpt::client {
 namespace {
@@ -40,15 +41,56 @@ std::string TransferNameOf(const std::string& path) {
   return rest.substr(0, rest.find_first_of("@?"));
 }
 
-void CopyTensors(const StateDict& from, StateDict& to) {
+absl::Status CopyTensors(const StateDict& from, StateDict& to) {
   for (size_t i = 0; i < to.tensors().size() && i < from.tensors().size(); ++i) {
     const StateTensor& source = *from.tensors()[i];
     StateTensor& target = *to.tensors()[i];
-    if (target.nbytes > 0 && target.nbytes == source.nbytes) {
+    if (target.nbytes <= 0 || target.nbytes != source.nbytes) continue;
+    if (target.memory == MemoryKind::kHost) {
       std::memcpy(target.data, source.data, static_cast<size_t>(target.nbytes));
+      continue;
+    }
+    // A device tensor: its host shadow goes to the GPU now that the version is whole.
+    if (absl::Status s = CopyHostToDevice(target.data, target.device, source.data,
+                                          static_cast<size_t>(target.nbytes));
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("tensor ", target.key, " (device ", target.device,
+                                                 "): ", s.message()));
     }
   }
+  return absl::OkStatus();
 }
+
+namespace {
+
+bool HasDeviceTensors(const StateDict& state) {
+  for (const std::unique_ptr<StateTensor>& t : state.tensors()) {
+    if (t->memory != MemoryKind::kHost) return true;
+  }
+  return false;
+}
+
+// Copies `from` (any memory) into its host shadow `to` (same declarations, in order).
+absl::Status CopyIntoShadow(const StateDict& from, StateDict& to) {
+  for (size_t i = 0; i < to.tensors().size() && i < from.tensors().size(); ++i) {
+    const StateTensor& source = *from.tensors()[i];
+    StateTensor& target = *to.tensors()[i];
+    if (target.nbytes <= 0 || target.nbytes != source.nbytes) continue;
+    if (source.memory == MemoryKind::kHost) {
+      std::memcpy(target.data, source.data, static_cast<size_t>(target.nbytes));
+      continue;
+    }
+    if (absl::Status s = CopyDeviceToHost(target.data, source.data, source.device,
+                                          static_cast<size_t>(target.nbytes));
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("tensor ", source.key, " (device ", source.device,
+                                                 "): ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 PublishHandle::PublishHandle(std::unique_ptr<SaveHandle> save, std::string name, int64_t version)
     : save_(std::move(save)), name_(std::move(name)), version_(version) {}
@@ -73,8 +115,20 @@ absl::StatusOr<std::unique_ptr<PublishHandle>> Client::Publish(const std::string
   save.arrival_timeout = options.arrival_timeout;
   save.lending = Lending::kNone;  // snapshot: every byte is copied before Publish returns
   save.memory_replicas = options.memory_replicas;
+  // A published version lives in the source workers' memory tiers, which hold host bytes: device
+  // tensors are copied into a host shadow here first (the snapshot: the trainer may go on).
+  const StateDict* source = &state;
+  if (HasDeviceTensors(state)) {
+    absl::StatusOr<StateDict*> shadow = ShadowFor(absl::StrCat("publish:", name), state);
+    if (!shadow.ok()) return shadow.status();
+    if (absl::Status s = CopyIntoShadow(state, **shadow); !s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("publishing ", TransferPath(name, version), ": ", s.message()));
+    }
+    source = *shadow;
+  }
   absl::StatusOr<std::unique_ptr<SaveHandle>> handle =
-      Save(TransferPath(name, version), state, save);
+      Save(TransferPath(name, version), *source, save);
   if (!handle.ok()) return handle.status();
   published_versions_[name] = version;
   return std::make_unique<PublishHandle>(*std::move(handle), name, version);
@@ -87,13 +141,9 @@ absl::StatusOr<StateDict*> Client::ShadowFor(const std::string& name, const Stat
   // process must not share a prefix.
   shadow = std::make_unique<StateDict>(absl::StrCat(options_.job, "-rx", ++shadows_made_),
                                        options_.rank);
+  // Device tensors get host shadows too: the version is received into host memory and copied
+  // to the GPU only once it is whole.
   for (const std::unique_ptr<StateTensor>& t : state.tensors()) {
-    if (t->memory != MemoryKind::kHost) {
-      shadows_.erase(name);
-      return absl::FailedPreconditionError(
-          absl::StrCat("receiving ", TransferPath(name, 0), ": tensor ", t->key,
-                       " is in device memory; live transfer fills host tensors only (for now)"));
-    }
     TensorDeclaration spec;
     spec.key = t->key;
     spec.dtype = t->dtype;
@@ -122,7 +172,11 @@ absl::Status Client::Receive(const std::string& name, StateDict& state,
   absl::Status received = Load(TransferPath(name, options.version, options.verify), **shadow, load);
   if (!received.ok()) return received;  // `state` untouched: still the previous version
   // Every rank (and every serving worker) reported success: the version is whole. Copy it in.
-  CopyTensors(**shadow, state);
+  if (absl::Status copied = CopyTensors(**shadow, state); !copied.ok()) {
+    return absl::Status(copied.code(),
+                        absl::StrCat("receiving ", TransferPath(name, 0),
+                                     ": the version arrived whole, but ", copied.message()));
+  }
   return absl::OkStatus();
 }
 

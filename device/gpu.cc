@@ -55,6 +55,20 @@ absl::Status CloseIpcHandle(void* device_ptr) {
   return CudaStatus(cudaIpcCloseMemHandle(device_ptr), "cudaIpcCloseMemHandle");
 }
 
+absl::Status CopyHostToDevice(void* device_ptr, int device, const void* host, size_t bytes) {
+  if (absl::StatusOr<int> count = CudaDeviceCount(); !count.ok()) return count.status();
+  if (absl::Status s = CudaStatus(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+  return CudaStatus(cudaMemcpy(device_ptr, host, bytes, cudaMemcpyHostToDevice),
+                    "cudaMemcpy host to device");
+}
+
+absl::Status CopyDeviceToHost(void* host, const void* device_ptr, int device, size_t bytes) {
+  if (absl::StatusOr<int> count = CudaDeviceCount(); !count.ok()) return count.status();
+  if (absl::Status s = CudaStatus(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+  return CudaStatus(cudaMemcpy(host, device_ptr, bytes, cudaMemcpyDeviceToHost),
+                    "cudaMemcpy device to host");
+}
+
 namespace {
 
 // A driver API function, reached through the runtime (so nothing links libcuda.so, which a

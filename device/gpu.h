@@ -30,6 +30,12 @@ absl::StatusOr<std::string> DeviceUuid(int device);
 absl::StatusOr<void*> OpenIpcHandle(const std::string& handle, int device);
 absl::Status CloseIpcHandle(void* device_ptr);
 
+// Copies `bytes` host bytes at `host` to `device_ptr` on `device` (synchronous: done on return).
+// FailedPrecondition without a GPU; the CUDA error otherwise.
+absl::Status CopyHostToDevice(void* device_ptr, int device, const void* host, size_t bytes);
+// Copies `bytes` from `device_ptr` on `device` to `host` (synchronous), errors as above.
+absl::Status CopyDeviceToHost(void* host, const void* device_ptr, int device, size_t bytes);
+
 // Bytes of a cudaIpcMemHandle_t.
 inline constexpr size_t kCudaIpcHandleBytes = 64;
 

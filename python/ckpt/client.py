@@ -50,20 +50,21 @@ class StateDict:
         """Adds ``tensor`` (a CPU torch.Tensor or a NumPy array) under ``key`` with ``layout``
         (default ``Replicated()``). Tensors from ``ckpt.empty`` are used in place (unless
         ``stage``); any other is copied into shared staging memory at each save and back after
-        each load. CUDA tensors are refused (device memory is not wired into the Python package
-        yet)."""
+        each load. A CUDA tensor (contiguous) is shared with the worker through its allocation's
+        CUDA IPC handle: the worker saves from and loads into device memory directly (its
+        worker must serve that GPU; docs/python.md). Other devices are refused."""
         if not isinstance(key, str) or not key:
             raise _errors.InvalidArgument(f"state-dict key {key!r} is not a non-empty string")
         layout = layout if layout is not None else Replicated()
         if _is_torch(tensor):
-            if tensor.device.type != "cpu":
+            if tensor.device.type not in ("cpu", "cuda"):
                 raise _errors.Unimplemented(
-                    f"tensor {key} is on {tensor.device}: ckpt's Python package saves and loads "
-                    "CPU tensors only for now (device memory goes through the CUDA IPC "
-                    "registration that is not wired yet); move it to the CPU or allocate it "
-                    "with ckpt.empty", key=key)
+                    f"tensor {key} is on {tensor.device}: ckpt saves and loads CPU and CUDA "
+                    "tensors only; move it to one of those", key=key)
             if tensor.requires_grad:
                 tensor = tensor.detach()  # same storage; loads write it in place
+            if tensor.device.type == "cuda":
+                return self._add_device(key, tensor, layout)
         elif not hasattr(tensor, "__array_interface__"):
             raise _errors.InvalidArgument(
                 f"tensor {key} is a {type(tensor).__name__}, not a torch.Tensor or NumPy array",
@@ -76,6 +77,21 @@ class StateDict:
                                0 if stage else ptr, nbytes)
         staging = None if raw is None else self._view(raw, tensor)
         self._entries[key] = _Entry(key, tensor, staging, nbytes)
+        return self
+
+    def _add_device(self, key, tensor, layout):
+        """A CUDA tensor, registered in place (never staged: the worker copies it off the device
+        before a save returns, through its pinned pool)."""
+        if not tensor.is_contiguous():
+            raise _errors.InvalidArgument(
+                f"tensor {key} on {tensor.device} is not contiguous: device tensors are shared "
+                "in place and must be (use .contiguous() and keep that tensor)", key=key)
+        shape = tuple(int(d) for d in tensor.shape)
+        dtype = _dtypes.name_of(tensor.dtype, key)
+        global_shape, native_layout, replica = layout._native(key, shape)
+        self._native.add_device(key, dtype, global_shape, native_layout, replica,
+                                tensor.data_ptr(), tensor.device.index or 0)
+        self._entries[key] = _Entry(key, tensor, None, tensor.numel() * tensor.element_size())
         return self
 
     @staticmethod

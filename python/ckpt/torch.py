@@ -172,7 +172,7 @@ def _dtensor_item(item, value):
         return None  # this rank is not in the DTensor's mesh: it holds nothing of it
     placements = [_placement_of(key, p) for p in value.placements]
     local = value.to_local()
-    if local.device.type != "cpu":
+    if local.device.type not in ("cpu", "cuda"):
         _refuse_device(key, local)
     item.kind = "dtensor"
     item.dtype = _dtypes.name_of(value.dtype, key)
@@ -192,9 +192,8 @@ def _dtensor_item(item, value):
 
 def _refuse_device(key, tensor):
     raise _errors.Unimplemented(
-        f"tensor {key} is on {tensor.device}: ckpt.torch saves and loads CPU tensors only for "
-        "now (device memory goes through the CUDA IPC registration that is not wired yet)",
-        key=key)
+        f"tensor {key} is on {tensor.device}: ckpt.torch saves and loads CPU and CUDA tensors "
+        "only", key=key)
 
 
 def _classify(leaves):
@@ -208,7 +207,7 @@ def _classify(leaves):
                 items.append(item)
             continue
         if isinstance(value, torch.Tensor):
-            if value.device.type != "cpu":
+            if value.device.type not in ("cpu", "cuda"):
                 _refuse_device(leaf.key, value)
             item.kind = "tensor"
             item.dtype = _dtypes.name_of(value.dtype, leaf.key)

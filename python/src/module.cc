@@ -170,6 +170,16 @@ class PyStateDict {
     return ArrayOver(*std::move(shared));
   }
 
+  // Adds `key` in CUDA memory at `data` on `device`: the worker opens the allocation's CUDA IPC
+  // handle and saves from / loads into it directly (client::StateDict::AddDevice).
+  void AddDevice(const std::string& key, const std::string& dtype,
+                 std::vector<int64_t> global_shape, const PyLayout& layout,
+                 std::vector<int64_t> replica_id, uintptr_t data, int device) {
+    TensorDeclaration spec =
+        MakeSpec(key, dtype, std::move(global_shape), layout, std::move(replica_id));
+    ValueOrThrow(state_->AddDevice(spec, reinterpret_cast<void*>(data), device));
+  }
+
   std::vector<std::string> Keys() const {
     std::vector<std::string> keys;
     for (const auto& t : state_->tensors()) keys.push_back(t->key);
@@ -448,6 +458,7 @@ NB_MODULE(_ckpt, m) {
 
   nb::class_<PyStateDict>(m, "StateDict")
       .def("add", &PyStateDict::Add)
+      .def("add_device", &PyStateDict::AddDevice)
       .def("keys", &PyStateDict::Keys);
   nb::class_<PySaveHandle>(m, "SaveHandle")
       .def_prop_ro("operation_id", &PySaveHandle::OperationId)
