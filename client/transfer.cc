@@ -41,27 +41,27 @@ std::string TransferNameOf(const std::string& path) {
   return rest.substr(0, rest.find_first_of("@?"));
 }
 
-absl::Status CopyTensors(const StateDict& from, StateDict& to) {
-  for (size_t i = 0; i < to.tensors().size() && i < from.tensors().size(); ++i) {
-    const StateTensor& source = *from.tensors()[i];
-    StateTensor& target = *to.tensors()[i];
-    if (target.nbytes <= 0 || target.nbytes != source.nbytes) continue;
-    if (target.memory == MemoryKind::kHost) {
-      std::memcpy(target.data, source.data, static_cast<size_t>(target.nbytes));
-      continue;
-    }
-    // A device tensor: its host shadow goes to the GPU now that the version is whole.
-    if (absl::Status s = CopyHostToDevice(target.data, target.device, source.data,
-                                          static_cast<size_t>(target.nbytes));
-        !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("tensor ", target.key, " (device ", target.device,
-                                                 "): ", s.message()));
-    }
-  }
-  return absl::OkStatus();
-}
-
 namespace {
+
+// Copies one tensor's bytes between host memory and host or device memory (a shadow is always
+// host memory). The CUDA error naming the tensor and device when a device copy fails.
+absl::Status CopyTensor(const StateTensor& source, StateTensor& target) {
+  const size_t bytes = static_cast<size_t>(target.nbytes);
+  absl::Status s;
+  const StateTensor* device = nullptr;
+  if (source.memory == MemoryKind::kHost && target.memory == MemoryKind::kHost) {
+    std::memcpy(target.data, source.data, bytes);
+  } else if (source.memory == MemoryKind::kHost) {
+    device = &target;
+    s = CopyHostToDevice(target.data, target.device, source.data, bytes);
+  } else {
+    device = &source;
+    s = CopyDeviceToHost(target.data, source.data, source.device, bytes);
+  }
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("tensor ", device->key, " (device ", device->device,
+                                             "): ", s.message()));
+}
 
 bool HasDeviceTensors(const StateDict& state) {
   for (const std::unique_ptr<StateTensor>& t : state.tensors()) {
@@ -70,27 +70,17 @@ bool HasDeviceTensors(const StateDict& state) {
   return false;
 }
 
-// Copies `from` (any memory) into its host shadow `to` (same declarations, in order).
-absl::Status CopyIntoShadow(const StateDict& from, StateDict& to) {
+}  // namespace
+
+absl::Status CopyTensors(const StateDict& from, StateDict& to) {
   for (size_t i = 0; i < to.tensors().size() && i < from.tensors().size(); ++i) {
     const StateTensor& source = *from.tensors()[i];
     StateTensor& target = *to.tensors()[i];
     if (target.nbytes <= 0 || target.nbytes != source.nbytes) continue;
-    if (source.memory == MemoryKind::kHost) {
-      std::memcpy(target.data, source.data, static_cast<size_t>(target.nbytes));
-      continue;
-    }
-    if (absl::Status s = CopyDeviceToHost(target.data, source.data, source.device,
-                                          static_cast<size_t>(target.nbytes));
-        !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("tensor ", source.key, " (device ", source.device,
-                                                 "): ", s.message()));
-    }
+    if (absl::Status s = CopyTensor(source, target); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 PublishHandle::PublishHandle(std::unique_ptr<SaveHandle> save, std::string name, int64_t version)
     : save_(std::move(save)), name_(std::move(name)), version_(version) {}
@@ -121,7 +111,7 @@ absl::StatusOr<std::unique_ptr<PublishHandle>> Client::Publish(const std::string
   if (HasDeviceTensors(state)) {
     absl::StatusOr<StateDict*> shadow = ShadowFor(absl::StrCat("publish:", name), state);
     if (!shadow.ok()) return shadow.status();
-    if (absl::Status s = CopyIntoShadow(state, **shadow); !s.ok()) {
+    if (absl::Status s = CopyTensors(state, **shadow); !s.ok()) {
       return absl::Status(
           s.code(), absl::StrCat("publishing ", TransferPath(name, version), ": ", s.message()));
     }

@@ -78,9 +78,10 @@ bool IsTransferPath(const std::string& path);
 std::string TransferNameOf(const std::string& path);
 
 class StateDict;
-// Copies every tensor of `from` (host memory) into the same tensor of `to` (same declarations,
-// in order: a receive's shadow into the caller's state); device tensors of `to` by a host-to-
-// device copy. The CUDA error naming the tensor when one fails.
+// Copies every tensor of `from` into the same tensor of `to` (same declarations, in order; one
+// side host memory: a receive's shadow into the caller's state, a publish's device tensors into
+// their host shadow), host <-> device by cudaMemcpy. The CUDA error naming the tensor when one
+// fails.
 absl::Status CopyTensors(const StateDict& from, StateDict& to);
 
 }  // namespace ckpt::client

@@ -5,7 +5,6 @@ with its own Client and worker session): the GIL is released while they wait for
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 import ckpt
+import rank_threads  # beside this file
 
 
 @pytest.fixture(scope="module")
@@ -24,25 +24,7 @@ def cluster(tmp_path_factory):
 
 
 def ranks(world, body, job):
-    """Runs body(client) for ranks 0..world-1 in threads; re-raises the first failure."""
-    results, errors = [None] * world, [None] * world
-
-    def run(rank):
-        try:
-            with ckpt.Client(job=job, rank=rank, world_size=world, local_rank=rank) as client:
-                results[rank] = body(client)
-        except BaseException as e:  # handed to the test thread
-            errors[rank] = e
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for e in errors:
-        if e is not None:
-            raise e
-    return results
+    return rank_threads.ranks(world, body, job)
 
 
 def test_zero_copy_staged_and_numpy_tensors_round_trip(cluster):

@@ -3,12 +3,12 @@ ckpt.LocalCluster: a 2-rank source job (rows) publishes versions, a 3-rank desti
 (column blocks) receives them; a receive of a version never published fails naming it and
 leaves the destination's tensors as they were. Ranks run as threads of this process."""
 
-import threading
 
 import pytest
 import torch
 
 import ckpt
+import rank_threads  # beside this file
 
 SHAPE = (4, 6)
 
@@ -22,25 +22,8 @@ def cluster(tmp_path_factory):
 
 
 def ranks(world, body, job):
-    """Runs body(client) for ranks 0..world-1 in threads (rank r on worker r % 2)."""
-    results, errors = [None] * world, [None] * world
-
-    def run(rank):
-        try:
-            with ckpt.Client(job=job, rank=rank, world_size=world, local_rank=rank % 2) as client:
-                results[rank] = body(client)
-        except BaseException as e:  # handed to the test thread
-            errors[rank] = e
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for e in errors:
-        if e is not None:
-            raise e
-    return results
+    """Rank r on worker r % 2."""
+    return rank_threads.ranks(world, body, job, workers=2)
 
 
 def version(v):
