@@ -61,16 +61,7 @@ bool Listed(Cluster& cluster, const std::string& name) { return Find(cluster, na
 std::vector<Child*> RunPair(Cluster& cluster, const std::string& job, const std::string& mode,
                             const std::string& path, std::vector<std::string> extra) {
   extra.insert(extra.end(), kShape.begin(), kShape.end());
-  std::vector<Child*> ranks;
-  for (int r = 0; r < 2; ++r)
-    ranks.push_back(cluster.StartTrainer(r, job, r, 2, mode, path, extra));
-  EXPECT_TRUE(WaitFor([&] {
-    for (Child* t : ranks) {
-      if (Result(*t).first < 0 || t->Running()) return false;
-    }
-    return true;
-  })) << ClusterLogs(cluster);
-  return ranks;
+  return RunRanks(cluster, job, 2, mode, path, extra);
 }
 
 void ExpectAllOk(const std::vector<Child*>& ranks, Cluster& cluster) {

@@ -51,18 +51,7 @@ void StartTwoHosts(Cluster& cluster, const std::vector<std::string>& extra = {})
 std::vector<Child*> RunOn(Cluster& cluster, const std::vector<int>& workers, const std::string& job,
                           const std::string& mode, const std::string& path,
                           const std::vector<std::string>& extra) {
-  std::vector<Child*> ranks;
-  const int world = static_cast<int>(workers.size());
-  for (int r = 0; r < world; ++r) {
-    ranks.push_back(cluster.StartTrainer(workers[r], job, r, world, mode, path, extra));
-  }
-  EXPECT_TRUE(WaitFor([&] {
-    for (Child* t : ranks) {
-      if (Result(*t).first < 0 || t->Running()) return false;
-    }
-    return true;
-  })) << ClusterLogs(cluster);
-  return ranks;
+  return RunRanksOn(cluster, workers, job, mode, path, extra);
 }
 
 TEST(MemoryTierTest, SaveReplicatesAcrossHostsAndLoadsFromSurvivorsIntoAnotherLayout) {

@@ -301,14 +301,23 @@ pb::WorkerStatusResponse WorkerStatus(Cluster& cluster, int i) {
   return response;
 }
 
-// Runs `world` trainers of `job` in `mode` on workers 0..world-1 and waits until each has
-// reported its result and exited.
 std::vector<Child*> RunRanks(Cluster& cluster, const std::string& job, int world,
                              const std::string& mode, const std::string& path,
                              const std::vector<std::string>& extra) {
+  std::vector<int> workers(world);
+  for (int r = 0; r < world; ++r) workers[r] = r;
+  return RunRanksOn(cluster, workers, job, mode, path, extra);
+}
+
+// Runs a trainer of `job` in `mode` per entry of `workers` and waits until each has reported its
+// result and exited.
+std::vector<Child*> RunRanksOn(Cluster& cluster, const std::vector<int>& workers,
+                               const std::string& job, const std::string& mode,
+                               const std::string& path, const std::vector<std::string>& extra) {
   std::vector<Child*> ranks;
+  const int world = static_cast<int>(workers.size());
   for (int r = 0; r < world; ++r) {
-    ranks.push_back(cluster.StartTrainer(r, job, r, world, mode, path, extra));
+    ranks.push_back(cluster.StartTrainer(workers[r], job, r, world, mode, path, extra));
   }
   // Wait for each trainer to exit, not just for its "result" line: a load's "verified" or
   // "mismatch" line comes after the result, once every element has been checked.

@@ -146,6 +146,10 @@ pb::WorkerStatusResponse WorkerStatus(Cluster& cluster, int i);
 std::vector<Child*> RunRanks(Cluster& cluster, const std::string& job, int world,
                              const std::string& mode, const std::string& path,
                              const std::vector<std::string>& extra);
+// As RunRanks, rank r on worker workers[r] (world = workers.size()).
+std::vector<Child*> RunRanksOn(Cluster& cluster, const std::vector<int>& workers,
+                               const std::string& job, const std::string& mode,
+                               const std::string& path, const std::vector<std::string>& extra);
 
 }  // namespace ckpt::testing
 

@@ -1,0 +1,37 @@
+#include "coordinator/two_row_checkpoint.h"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "storage/checkpoint_writer.h"
+
+namespace ckpt::coordinator {
+
+std::string TmpPath(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp ? tmp : "/tmp", "/", name, "-", getpid());
+}
+
+std::string WriteTwoRowCheckpoint(const std::string& name) {
+  static const int32_t rows[2][4] = {{0, 1, 2, 3}, {4, 5, 6, 7}};
+  CheckpointContents contents;
+  contents.tensors = {TensorMeta{"w", DType::kI32, {2, 4}}};
+  for (int r = 0; r < 2; ++r) {
+    DataFilePlan file;
+    file.writer_rank = r;
+    file.pieces.push_back(PieceData{"w", Region{{r, 0}, {1, 4}, std::nullopt}, rows[r], 16});
+    contents.files.push_back(file);
+  }
+  const std::string path = TmpPath(name);
+  WriteOptions options;
+  options.overwrite = true;
+  auto manifest = WriteCheckpoint(path, contents, options);
+  EXPECT_TRUE(manifest.ok()) << manifest.status();
+  return path;
+}
+
+}  // namespace ckpt::coordinator
