@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/grpc_auth.h"
+#include "common/grpc_status.h"
+#include "proto/coordinator.grpc.pb.h"
 
 namespace ckpt::ckptctl {
 
@@ -56,6 +58,27 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> DialCoordinator(const std::string
                  command.c_str(), address.c_str());
   }
   return MakeCoordinatorChannel(address, *security, std::move(args));
+}
+
+grpc::ChannelArguments StatusChannelArguments() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(1 << 30);
+  return args;
+}
+
+absl::StatusOr<pb::GetStatusResponse> FetchCoordinatorStatus(
+    const std::shared_ptr<grpc::Channel>& channel, const std::string& address,
+    const std::string& job, absl::Duration timeout) {
+  auto stub = pb::Coordinator::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  pb::GetStatusRequest request;
+  request.set_job(job);
+  pb::GetStatusResponse response;
+  absl::Status s = FromGrpcStatus(stub->GetStatus(&context, request, &response),
+                                  absl::StrCat("GetStatus at coordinator ", address));
+  if (!s.ok()) return s;
+  return response;
 }
 
 }  // namespace ckpt::ckptctl

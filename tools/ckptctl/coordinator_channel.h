@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/transport_security.h"
+#include "proto/coordinator.pb.h"
 #include "tools/ckptctl/cli_args.h"
 
 namespace ckpt::ckptctl {
@@ -35,6 +37,16 @@ TlsFlags TlsFromArgs(const ParsedArgs& args);
 absl::StatusOr<std::shared_ptr<grpc::Channel>> DialCoordinator(
     const std::string& address, const TlsFlags& flags, const std::string& command,
     grpc::ChannelArguments args = grpc::ChannelArguments());
+
+// Channel arguments for status answers: up to 1 GiB (many workers and operations exceed gRPC's
+// 4 MB default).
+grpc::ChannelArguments StatusChannelArguments();
+
+// GetStatus over `channel` to the coordinator at `address` (only `job`'s entries when not
+// empty) within `timeout`. Errors name the coordinator.
+absl::StatusOr<pb::GetStatusResponse> FetchCoordinatorStatus(
+    const std::shared_ptr<grpc::Channel>& channel, const std::string& address,
+    const std::string& job, absl::Duration timeout);
 
 }  // namespace ckpt::ckptctl
 

@@ -123,27 +123,19 @@ int RunStatus(const std::vector<std::string>& args) {
   if (absl::Status s = DurationFlag(a, "timeout", &timeout); !s.ok()) {
     return Usage("status", std::string(s.message()));
   }
-  grpc::ChannelArguments channel_args;  // many workers and operations exceed 4 MB
-  channel_args.SetMaxReceiveMessageSize(1 << 30);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      DialCoordinator(coordinator, tls, "status", channel_args);
+      DialCoordinator(coordinator, tls, "status", StatusChannelArguments());
   if (!channel.ok()) {
     std::fprintf(stderr, "%s\n", std::string(channel.status().message()).c_str());
     return 2;
   }
-  auto stub = pb::Coordinator::NewStub(*channel);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  pb::GetStatusRequest request;
-  request.set_job(job);
-  pb::GetStatusResponse response;
-  absl::Status s = FromGrpcStatus(stub->GetStatus(&context, request, &response),
-                                  absl::StrCat("GetStatus at coordinator ", coordinator));
-  if (!s.ok()) {
-    std::fprintf(stderr, "ckptctl status: %s\n", s.ToString().c_str());
+  absl::StatusOr<pb::GetStatusResponse> response =
+      FetchCoordinatorStatus(*channel, coordinator, job, timeout);
+  if (!response.ok()) {
+    std::fprintf(stderr, "ckptctl status: %s\n", response.status().ToString().c_str());
     return 1;
   }
-  Print(coordinator, response);
+  Print(coordinator, *response);
   return 0;
 }
 

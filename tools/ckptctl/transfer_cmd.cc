@@ -70,26 +70,19 @@ int RunTransfer(const std::vector<std::string>& args) {
   if (absl::Status s = DurationFlag(a, "timeout", &timeout); !s.ok()) {
     return Usage("transfer", std::string(s.message()));
   }
-  grpc::ChannelArguments channel_args;
-  channel_args.SetMaxReceiveMessageSize(1 << 30);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      DialCoordinator(coordinator, TlsFromArgs(a), "transfer", channel_args);
+      DialCoordinator(coordinator, TlsFromArgs(a), "transfer", StatusChannelArguments());
   if (!channel.ok()) {
     std::fprintf(stderr, "%s\n", std::string(channel.status().message()).c_str());
     return 2;
   }
-  auto stub = pb::Coordinator::NewStub(*channel);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  pb::GetStatusRequest request;
-  request.set_job(a.Get("job"));
-  pb::GetStatusResponse response;
-  absl::Status s = FromGrpcStatus(stub->GetStatus(&context, request, &response),
-                                  absl::StrCat("GetStatus at coordinator ", coordinator));
-  if (!s.ok()) {
-    std::fprintf(stderr, "ckptctl transfer: %s\n", s.ToString().c_str());
+  absl::StatusOr<pb::GetStatusResponse> status =
+      FetchCoordinatorStatus(*channel, coordinator, a.Get("job"), timeout);
+  if (!status.ok()) {
+    std::fprintf(stderr, "ckptctl transfer: %s\n", status.status().ToString().c_str());
     return 1;
   }
+  const pb::GetStatusResponse& response = *status;
   if (a.positional[0] == "list") {
     PrintPublished(response);
   } else {
