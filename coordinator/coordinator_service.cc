@@ -706,6 +706,13 @@ grpc::Status CoordinatorService::DoRequestOperation(const grpc::ServerContextBas
   absl::StatusOr<std::string> persist_to = PersistTarget(
       *kind, *path, request->persist_to(), absl::StrCat("request of job ", request->job()));
   if (!persist_to.ok()) return ToGrpcStatus(persist_to.status());
+  if (request->has_memory_replicas() &&
+      (request->memory_replicas() < 0 || *kind != OperationKind::kSave || !IsMemoryPath(*path))) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "request of job ", request->job(), ": memory_replicas ", request->memory_replicas(),
+        " is for memory saves (mem://<name>) and must be >= 0; ", OperationKindName(*kind), " of ",
+        *path)));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (const Job* job = jobs_.FindJob(request->job()); job != nullptr) {
     absl::Status s = CheckProcessGroupSpec(request->process_groups(), job->world_size,
@@ -719,6 +726,11 @@ grpc::Status CoordinatorService::DoRequestOperation(const grpc::ServerContextBas
   if (!persist_to->empty()) {
     if (absl::Status s = jobs_.SetPersistTo(*id, *persist_to, request->persist_overwrite());
         !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+  }
+  if (request->has_memory_replicas()) {
+    if (absl::Status s = jobs_.SetMemoryReplicas(*id, request->memory_replicas()); !s.ok()) {
       return ToGrpcStatus(s);
     }
   }

@@ -164,6 +164,17 @@ absl::Status JobState::SetPersistTo(absl::string_view operation_id, std::string 
   return absl::OkStatus();
 }
 
+absl::Status JobState::SetMemoryReplicas(absl::string_view operation_id, int replicas) {
+  Operation* op = MutableOperation(operation_id);
+  if (op == nullptr) return UnknownOperation(operation_id);
+  if (op->phase != Phase::kGathering) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot set the memory replicas of ",
+                                                      op->DebugString(), ": it is past gathering"));
+  }
+  op->memory_replicas = replicas;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> JobState::StartReshard(absl::string_view destination, ReshardSpec spec,
                                                    const std::vector<RankLocation>& locations) {
   if (destination.empty()) return absl::InvalidArgumentError("reshard destination is empty");

@@ -247,6 +247,8 @@ class JobState {
       int64_t load_memory_budget_bytes = 0, const std::string& process_groups = "");
   // Sets where the memory save `operation_id` (requested, not yet planned) persists to.
   absl::Status SetPersistTo(absl::string_view operation_id, std::string path, bool overwrite);
+  // Sets the extra copies of the memory save `operation_id` (requested, not yet planned).
+  absl::Status SetMemoryReplicas(absl::string_view operation_id, int replicas);
 
   // An operator starts a reshard executed on the workers: a job "reshard:<destination>" of
   // `locations.size()` ranks (rank r served by locations[r]) whose operation skips gathering

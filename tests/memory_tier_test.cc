@@ -137,6 +137,32 @@ TEST(MemoryTierTest, TwoReplicasSurviveALostWorkerOnEachHost) {
   }
 }
 
+TEST(MemoryTierTest, AnOperatorRequestedMemorySaveTakesItsReplicasFromCkptctl) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  cluster.StartWorker(0);  // one host: the default of one replica elsewhere cannot be placed
+  Child* trainer = cluster.StartTrainer(0, "polled", 0, 1, "poll");
+  ASSERT_TRUE(WaitFor([&] { return cluster.Status().jobs_size() == 1; }))
+      << trainer->Stdout() << trainer->Stderr();
+  std::string out;
+  const std::vector<std::string> save = {
+      "save", "--coordinator", cluster.address(), "--job", "polled", "--timeout", "60s"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = save;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  // Refused before anything is asked of the trainers.
+  EXPECT_EQ(cluster.RunCkptctl(with({"--replicas", "-1", "mem://neg"}), &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("--replicas must be a count >= 0, got '-1'"));
+  EXPECT_EQ(cluster.RunCkptctl(with({"--replicas", "0", cluster.dir() + "/on-disk"}), &out), 1)
+      << out;
+  EXPECT_THAT(out, HasSubstr("memory_replicas 0 is for memory saves"));
+  ASSERT_EQ(cluster.RunCkptctl(with({"--replicas", "0", "mem://alone"}), &out), 0)
+      << out << ClusterLogs(cluster);
+  EXPECT_EQ(Replicas(cluster, "alone"), 1);  // the writer's own copy only
+}
+
 TEST(MemoryTierTest, ASaveOverTheMemoryBudgetFailsNamingWorkerAndBytes) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));

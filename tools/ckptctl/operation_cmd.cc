@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -38,6 +39,7 @@ struct OperationArgs {
   std::string persist_to;     // memory saves: background persistence to storage ("": none)
   bool persist_overwrite = false;
   std::string process_groups;  // "": the trainers' (planner/process_groups.h)
+  int memory_replicas = -1;    // memory saves: extra copies (-1: the trainers' or the default)
 };
 
 std::string Description(const char* verb) {
@@ -67,6 +69,9 @@ std::vector<FlagSpec> OperationFlags(pb::OperationKind kind) {
                      "background to this storage path as an ordinary committed checkpoint\n"
                      "(`ckptctl status` shows persisting / persisted / failed)"});
     flags.push_back({"persist-overwrite", "", "--persist-to may replace a committed checkpoint"});
+    flags.push_back({"replicas", "N",
+                     "memory saves (mem://NAME): extra copies of each data file, each on a\n"
+                     "worker of another host (default: the trainers', else the coordinator's)"});
   }
   if (kind == pb::OPERATION_LOAD) {
     flags.push_back({"algorithm", "NAME",
@@ -104,6 +109,14 @@ std::optional<int> ParseOperation(const CommandSpec& spec, const std::vector<std
   out->algorithm = *algorithm;
   out->persist_to = a.Get("persist-to");
   out->persist_overwrite = a.Has("persist-overwrite");
+  if (a.Has("replicas")) {
+    int replicas = -1;
+    if (!absl::SimpleAtoi(a.Get("replicas"), &replicas) || replicas < 0) {
+      return Usage(out->name,
+                   absl::StrCat("--replicas must be a count >= 0, got '", a.Get("replicas"), "'"));
+    }
+    out->memory_replicas = replicas;
+  }
   if (!out->persist_to.empty() && out->persist_to.rfind("mem://", 0) != 0) {
     std::error_code persist_ec;
     std::filesystem::path persist = std::filesystem::absolute(out->persist_to, persist_ec);
@@ -135,6 +148,7 @@ absl::StatusOr<std::string> RequestOperation(pb::Coordinator::Stub* stub, const 
   request.set_persist_to(op.persist_to);  // the coordinator refuses it unless a memory save
   request.set_persist_overwrite(op.persist_overwrite);
   request.set_process_groups(op.process_groups);
+  if (op.memory_replicas >= 0) request.set_memory_replicas(op.memory_replicas);
   pb::RequestOperationResponse requested;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
