@@ -37,6 +37,7 @@
 #include "common/daemon.h"
 #include "common/durable_file.h"
 #include "common/grpc_auth.h"
+#include "common/memory_path.h"
 #include "common/transport_security.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/load_exchange.h"
@@ -47,6 +48,7 @@
 #include "coordinator/save_commit.h"
 #include "coordinator/staging_journal.h"
 #include "coordinator/transfer_kinds.h"
+#include "coordinator/transfer_registry.h"
 #include "proto/wire_names.h"
 #include "rendezvous/kv_store.h"
 #include "rendezvous/rendezvous_service.h"
@@ -244,6 +246,9 @@ void Announce(const Settings& settings, const std::string& address,
   }
 }
 
+using ckpt::coordinator::IsTransferPath;
+using ckpt::coordinator::PathDispatchKind;
+
 int Run(const std::vector<std::string>& checkpoint_roots) {
   if (absl::Status s = ckpt::SetUpDaemonLogging("coordinator", absl::GetFlag(FLAGS_log_level));
       !s.ok()) {
@@ -277,14 +282,14 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
                                                  std::max(0, absl::GetFlag(FLAGS_memory_replicas)),
                                                  std::max(1, absl::GetFlag(FLAGS_memory_keep)));
   ckpt::coordinator::MemoryLoadKind memory_loads(&memory_catalog, settings.load_defaults);
-  ckpt::coordinator::PathDispatchKind save_kinds(&saves, &memory_saves);
+  PathDispatchKind save_kinds(&ckpt::IsMemoryPath, &memory_saves, &saves);
   // Live transfer (xfer://<name>, coordinator/transfer_kinds.h): publishes, receives with
   // serving participants, and memory loads served by holders outside their ranks.
   ckpt::coordinator::TransferKinds transfer(&memory_catalog, &memory_loads, settings.load_defaults,
                                             absl::GetFlag(FLAGS_transfer_keep_versions));
-  ckpt::coordinator::PathDispatchKind load_kinds(&loads, &transfer.served_memory_loads);
-  ckpt::coordinator::TransferDispatchKind save_or_publish(&save_kinds, &transfer.publishes);
-  ckpt::coordinator::TransferDispatchKind load_or_receive(&load_kinds, &transfer.receives);
+  PathDispatchKind load_kinds(&ckpt::IsMemoryPath, &transfer.served_memory_loads, &loads);
+  PathDispatchKind save_or_publish(&IsTransferPath, &transfer.publishes, &save_kinds);
+  PathDispatchKind load_or_receive(&IsTransferPath, &transfer.receives, &load_kinds);
   ckpt::coordinator::CoordinatorService coordinator(&clock, settings.options);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kSave, &save_or_publish);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kLoad, &load_or_receive);

@@ -231,7 +231,7 @@ absl::Status MemoryLoadKind::Commit(const Operation& op) {
 }
 
 OperationKindHandler* PathDispatchKind::For(const Operation& op) const {
-  return IsMemoryPath(op.path) ? memory_ : storage_;
+  return matches_(op.path) ? matching_ : others_;
 }
 
 absl::StatusOr<std::vector<RankPlan>> PathDispatchKind::Plan(const Operation& op) {

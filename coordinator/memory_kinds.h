@@ -66,11 +66,13 @@ class MemoryLoadKind final : public OperationKindHandler {
   LoadPlannerOptions defaults_;
 };
 
-// Routes each operation to `memory` when its path is mem://..., else to `storage`.
+// Routes each operation to `matching` when `matches(op.path)` (e.g. IsMemoryPath: mem://...,
+// IsTransferPath: xfer://...), else to `others`.
 class PathDispatchKind final : public OperationKindHandler {
  public:
-  PathDispatchKind(OperationKindHandler* storage, OperationKindHandler* memory)
-      : storage_(storage), memory_(memory) {}
+  using PathTest = bool (*)(absl::string_view path);
+  PathDispatchKind(PathTest matches, OperationKindHandler* matching, OperationKindHandler* others)
+      : matches_(matches), matching_(matching), others_(others) {}
 
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
   absl::Status Commit(const Operation& op) override;
@@ -78,8 +80,9 @@ class PathDispatchKind final : public OperationKindHandler {
 
  private:
   OperationKindHandler* For(const Operation& op) const;
-  OperationKindHandler* storage_;
-  OperationKindHandler* memory_;
+  PathTest matches_;
+  OperationKindHandler* matching_;
+  OperationKindHandler* others_;
 };
 
 }  // namespace ckpt::coordinator

@@ -311,16 +311,4 @@ absl::Status ReceiveKind::Commit(const Operation& op) {
       absl::StrCat(op.DebugString(), ": a receive has nothing to commit"));
 }
 
-OperationKindHandler* TransferDispatchKind::For(const Operation& op) const {
-  return IsTransferPath(op.path) ? transfer_ : base_;
-}
-
-absl::StatusOr<std::vector<RankPlan>> TransferDispatchKind::Plan(const Operation& op) {
-  return For(op)->Plan(op);
-}
-
-absl::Status TransferDispatchKind::Commit(const Operation& op) { return For(op)->Commit(op); }
-
-absl::Status TransferDispatchKind::Finalize(const Operation& op) { return For(op)->Finalize(op); }
-
 }  // namespace ckpt::coordinator

@@ -16,7 +16,7 @@
 //   layout) pair (TransferPlanCache) and reused for later versions, patched with what changes.
 //   "?verify": every received byte is checked against checksums the readers computed from
 //   checksum-verified stored bytes (worker/load_exchange_executor.h).
-// - TransferDispatchKind routes xfer:// paths to these kinds and others to the kinds before.
+// - PathDispatchKind (memory_kinds.h) with IsTransferPath routes xfer:// paths to these kinds.
 // No gRPC, no logging.
 #ifndef CKPT_COORDINATOR_TRANSFER_KINDS_H_
 #define CKPT_COORDINATOR_TRANSFER_KINDS_H_
@@ -105,22 +105,6 @@ class ServedMemoryLoadKind final : public OperationKindHandler {
   const MemoryCatalog* catalog_;
   OperationKindHandler* memory_loads_;
   LoadPlannerOptions defaults_;
-};
-
-// Routes operations on xfer:// paths to `transfer`, the others to `base`.
-class TransferDispatchKind final : public OperationKindHandler {
- public:
-  TransferDispatchKind(OperationKindHandler* base, OperationKindHandler* transfer)
-      : base_(base), transfer_(transfer) {}
-
-  absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
-  absl::Status Commit(const Operation& op) override;
-  absl::Status Finalize(const Operation& op) override;
-
- private:
-  OperationKindHandler* For(const Operation& op) const;
-  OperationKindHandler* base_;
-  OperationKindHandler* transfer_;
 };
 
 // Everything live transfer adds to a coordinator, built together (the daemon keeps one).
