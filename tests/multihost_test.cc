@@ -8,13 +8,18 @@
 // Saves, loads (direct, broadcast, overlap_all_to_all) and reshards across the hosts are
 // bit-exact; the `auto` load exchanges within per-node process groups; cutting hostC's link
 // mid-load or mid-save gives every rank an error naming hostC within the coordinator's lease and
-// commits nothing.
+// commits nothing. The memory tier keeps each file's copies on two hosts and loads from the
+// survivors after a host is lost, and a live transfer between jobs on different hosts is
+// bit-exact.
 //
 // Needs root and network namespaces: skipped, with the reason, where it cannot make them.
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "tests/netns_hosts.h"
 #include "tests/services_cluster.h"
+#include "tests/test_util.h"
 
 namespace ckpt {
 namespace {
@@ -307,6 +313,113 @@ TEST_F(MultiHostTest, LinkCutMidSaveNamesTheHostCommitsNothingAndKeepsTheEarlier
     two.push_back(a);
   }
   ExpectAllOk(RunRanks("after", 2, "load", first, two), true);
+}
+
+// The memory tier across real hosts (issue 17): a memory save keeps each rank's file on its
+// worker and one copy on a worker of another host, as the coordinator places replicas away from
+// the source's host. hostC's link goes down, taking both of its workers and every copy they
+// held; once their leases are gone, two ranks on hostA and hostB load the checkpoint into column
+// blocks from the surviving copies, over the veth links, bit-exact.
+TEST_F(MultiHostTest, MemorySaveSurvivesLosingAHostAndLoadsFromTheOtherHostsCopies) {
+  const std::vector<std::string> shape = {"--global_rows", "4", "--elements", "16384"};
+  ExpectAllOk(RunRanks("mh", kWorld, "save", "mem://mh", shape), false);
+  pb::GetStatusResponse s = cluster_->Status();
+  ASSERT_EQ(s.memory_checkpoints_size(), 1) << s.DebugString();
+  std::map<std::string, std::set<std::string>> hosts_of_file;
+  for (const pb::MemoryReplicaStatus& r : s.memory_checkpoints(0).replicas()) {
+    hosts_of_file[r.file()].insert(r.host());
+  }
+  ASSERT_EQ(hosts_of_file.size(), static_cast<size_t>(kWorld)) << s.DebugString();
+  for (const auto& [file, hosts] : hosts_of_file) {
+    EXPECT_EQ(hosts.size(), 2u) << file << " is not held on two hosts";
+  }
+  ASSERT_TRUE(hosts_->CutLink(kCutHost).ok());
+  const std::string lost = hosts_->name(kCutHost);
+  ASSERT_TRUE(WaitFor([&] {
+    const pb::GetStatusResponse now = cluster_->Status();
+    for (const pb::MemoryCheckpointStatus& m : now.memory_checkpoints()) {
+      for (const pb::MemoryReplicaStatus& r : m.replicas()) {
+        if (r.host() == lost) return false;
+      }
+    }
+    return true;
+  })) << testing::ClusterLogs(*cluster_);
+  std::vector<std::string> cols = shape;
+  for (const char* a : {"--layout", "cols"}) cols.push_back(a);
+  ExpectAllOk(RunRanks("serve", 2, "load", "mem://mh", cols), true);
+}
+
+// Live transfer across real hosts (issue 17): a source job of 4 ranks (TP=2 x DP=2, on hostA's
+// and hostB's workers) publishes two versions; a destination job of 2 ranks with another layout
+// (whole tensor, 2 replicas) on hostC receives each straight into its tensors, every byte crossing
+// a veth link from the source's workers. Both versions arrive whole and bit-exact, and the second
+// receive reuses the first one's plan.
+TEST_F(MultiHostTest, TransferFromJobsOnTwoHostsIntoAJobOnTheThirdIsBitExact) {
+  const std::string dir = cluster_->dir() + "/steps";
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  auto start_probe = [&](int worker, const std::string& job, int rank, int world, int tp,
+                         std::vector<std::string> extra) {
+    std::vector<std::string> argv = {testing::Runfile("tests/transfer_probe"),
+                                     "--worker",
+                                     "unix:" + cluster_->worker_socket(worker),
+                                     "--job",
+                                     job,
+                                     "--rank",
+                                     absl::StrCat(rank),
+                                     "--world_size",
+                                     absl::StrCat(world),
+                                     "--tp",
+                                     absl::StrCat(tp),
+                                     "--global_rows",
+                                     "4",
+                                     "--elements",
+                                     "16384",
+                                     "--name",
+                                     "policy",
+                                     "--step_dir",
+                                     dir};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    cluster_->set_network_namespace(hosts_->netns(kHostOfWorker[worker]));
+    return cluster_->Start(argv, absl::StrCat("probe-", job, "-", rank));
+  };
+  std::vector<Child*> source, dest;
+  for (int r = 0; r < 4; ++r) {  // ranks 0, 1 on worker 0 (hostA); 2, 3 on worker 1 (hostB)
+    source.push_back(
+        start_probe(r / 2, "trainer", r, 4, 2, {"--mode", "publish", "--versions", "2"}));
+  }
+  for (int r = 0; r < 2; ++r) {  // workers 2 and 3, both on hostC
+    dest.push_back(start_probe(2 + r, "infer", r, 2, 1, {"--mode", "receive", "--receives", "2"}));
+  }
+  auto all_said = [](const std::vector<Child*>& children, const std::string& line) {
+    for (Child* c : children) {
+      if (!absl::StrContains(c->Stdout(), line)) return false;
+    }
+    return true;
+  };
+  for (int v = 1; v <= 2; ++v) {
+    SCOPED_TRACE(absl::StrCat("version ", v));
+    if (v > 1) testing::WriteFile(absl::StrCat(dir, "/publish.", v), "go\n");
+    ASSERT_TRUE(WaitFor([&] { return all_said(source, absl::StrCat("durable ", v, " ")); }))
+        << testing::ClusterLogs(*cluster_);
+    for (Child* c : source)
+      EXPECT_THAT(c->Stdout(), HasSubstr(absl::StrCat("durable ", v, " 0 \n")));
+    testing::WriteFile(absl::StrCat(dir, "/receive.", v), "go\n");
+    ASSERT_TRUE(WaitFor([&] { return all_said(dest, absl::StrCat("received ", v, " ")); }))
+        << testing::ClusterLogs(*cluster_);
+    for (Child* c : dest) {
+      EXPECT_THAT(c->Stdout(), HasSubstr(absl::StrCat("received ", v, " 0 \n")))
+          << c->Stdout() << testing::ClusterLogs(*cluster_);
+      EXPECT_THAT(c->Stdout(), HasSubstr(absl::StrCat("holds ", v, "\n"))) << c->Stdout();
+    }
+  }
+  std::vector<pb::OperationStatus> receives;
+  const pb::GetStatusResponse status = cluster_->Status();
+  for (const pb::OperationStatus& op : status.operations()) {
+    if (op.job() == "infer" && absl::StartsWith(op.path(), "xfer://")) receives.push_back(op);
+  }
+  ASSERT_EQ(receives.size(), 2u);
+  EXPECT_GT(receives[0].transfer_serving_ranks(), 0);
+  EXPECT_TRUE(receives[1].transfer_plan_reused());
 }
 
 }  // namespace
