@@ -17,10 +17,7 @@ import rank_threads  # beside this file
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    with ckpt.LocalCluster(num_workers=2, root=root) as c:
-        yield c
-    assert all(code == 0 for code in c.exit_codes.values()), c.exit_codes
+    yield from rank_threads.local_cluster(tmp_path_factory, 2)
 
 
 def ranks(world, body, job):

@@ -14,15 +14,14 @@ import torch
 
 import ckpt
 import ckpt.torch
+import rank_threads  # beside this file
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="requires a CUDA GPU")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    with ckpt.LocalCluster(num_workers=2, root=root) as c:
-        yield c
+    yield from rank_threads.local_cluster(tmp_path_factory, 2, check_exits=False)
 
 
 def test_cuda_tensors_save_and_load_in_place(cluster):

@@ -5,10 +5,10 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import ckpt
 import ckpt.torch
+import rank_threads  # beside this file
 
 
 class Opaque:
@@ -20,14 +20,7 @@ class Opaque:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    os.environ["CKPT_JOB"] = "torch-errors"
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    with ckpt.LocalCluster(num_workers=1, root=root) as c:
-        yield c
-        ckpt.torch.shutdown()
-    dist.destroy_process_group()
-    assert all(code == 0 for code in c.exit_codes.values()), c.exit_codes
+    yield from rank_threads.local_cluster(tmp_path_factory, 1, torch_job="torch-errors")
 
 
 def model_state():

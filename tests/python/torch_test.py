@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 
 import ckpt
 import ckpt.torch
+import rank_threads  # beside this file
 import torch_ranks  # noqa: E402 (beside this file)
 
 
@@ -32,10 +33,7 @@ def spawn(phase, world, workdir, job):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    with ckpt.LocalCluster(num_workers=4, root=root) as c:
-        yield c
-    assert all(code == 0 for code in c.exit_codes.values()), c.exit_codes
+    yield from rank_threads.local_cluster(tmp_path_factory, 4)
 
 
 @pytest.fixture(scope="module")
