@@ -342,26 +342,30 @@ std::optional<DistributionInput> ParseDistributeLineFast(absl::string_view line,
   return input;
 }
 
-std::string FormatDistributeResult(const DistributionInput& input,
+FormattedShardIds FormatShardIds(const DistributionInput& input) {
+  // Every id written once in shard order (sequential reads of the shards); the result line
+  // then copies them in visiting order: one random read per pair instead of three.
+  FormattedShardIds ids;
+  ids.text.reserve(input.shards.size() * 48);
+  ids.ends.assign(input.shards.size() + 1, 0);
+  for (size_t i = 0; i < input.shards.size(); ++i) {
+    AppendPieceId(&ids.text, input.shards[i].id);
+    ids.ends[i + 1] = ids.text.size();
+  }
+  return ids;
+}
+
+std::string FormatDistributeResult(const FormattedShardIds& ids,
                                    const std::vector<ShardAssignment>& assignment,
                                    double plan_seconds) {
-  // Every id written once in shard order (sequential reads of the shards), then copied in
-  // visiting order: one random read per pair instead of three (shard, key, offsets).
-  std::string ids;
-  ids.reserve(input.shards.size() * 48);
-  std::vector<size_t> id_end(input.shards.size() + 1, 0);
-  for (size_t i = 0; i < input.shards.size(); ++i) {
-    AppendPieceId(&ids, input.shards[i].id);
-    id_end[i + 1] = ids.size();
-  }
   std::string out;
-  out.reserve(ids.size() + assignment.size() * 16 + 64);
+  out.reserve(ids.text.size() + assignment.size() * 16 + 64);
   out.append("{\"assignment\":[");
   for (size_t i = 0; i < assignment.size(); ++i) {
     if (i > 0) out.push_back(',');
     out.push_back('[');
     const size_t shard = static_cast<size_t>(assignment[i].shard);
-    out.append(ids, id_end[shard], id_end[shard + 1] - id_end[shard]);
+    out.append(ids.text, ids.ends[shard], ids.ends[shard + 1] - ids.ends[shard]);
     out.push_back(',');
     AppendInt(&out, assignment[i].rank);
     out.push_back(']');
@@ -370,6 +374,12 @@ std::string FormatDistributeResult(const DistributionInput& input,
   out.append(nlohmann::json(plan_seconds).dump());
   out.push_back('}');
   return out;
+}
+
+std::string FormatDistributeResult(const DistributionInput& input,
+                                   const std::vector<ShardAssignment>& assignment,
+                                   double plan_seconds) {
+  return FormatDistributeResult(FormatShardIds(input), assignment, plan_seconds);
 }
 
 }  // namespace ckpt::ckptctl

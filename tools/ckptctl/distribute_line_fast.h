@@ -32,8 +32,23 @@ namespace ckpt::ckptctl {
 std::optional<DistributionInput> ParseDistributeLineFast(absl::string_view line,
                                                          bool keep_out_of_range_ranks);
 
+// Every shard's id as the output line writes it, in shard order: shard i is
+// text[ends[i], ends[i + 1]). Depends on the input alone, so it can be written while the
+// distribution runs.
+struct FormattedShardIds {
+  std::string text;
+  std::vector<size_t> ends;
+};
+FormattedShardIds FormatShardIds(const DistributionInput& input);
+
 // The output line {"assignment": [[id, rank], ...], "plan_seconds": s}, byte for byte what
-// nlohmann's dump() of the same object writes (no spaces; strings escaped as it escapes them).
+// nlohmann's dump() of the same object writes (no spaces; strings escaped as it escapes them),
+// from the ids FormatShardIds wrote for the same input.
+std::string FormatDistributeResult(const FormattedShardIds& ids,
+                                   const std::vector<ShardAssignment>& assignment,
+                                   double plan_seconds);
+
+// The same in one call.
 std::string FormatDistributeResult(const DistributionInput& input,
                                    const std::vector<ShardAssignment>& assignment,
                                    double plan_seconds);

@@ -5,18 +5,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/dtensor_lines.h"
@@ -71,8 +74,36 @@ constexpr char kDescription[] =
     "only when every line succeeded (an --output file is replaced atomically), so a failed\n"
     "run writes nothing.\n";
 
+// The whole input, in one buffer that is never zero-filled first (the bytes are read over it).
+class InputText {
+ public:
+  absl::string_view view() const { return absl::string_view(data_.get(), size_); }
+
+  // Appends up to `n` bytes from `fd` (one read(2)); its result.
+  ssize_t ReadFrom(int fd, size_t n) {
+    Reserve(size_ + n);
+    const ssize_t got = ::read(fd, data_.get() + size_, n);
+    if (got > 0) size_ += static_cast<size_t>(got);
+    return got;
+  }
+
+ private:
+  void Reserve(size_t capacity) {
+    if (capacity <= capacity_) return;
+    capacity = std::max(capacity, capacity_ * 2);
+    std::unique_ptr<char[]> grown(new char[capacity]);
+    if (size_ > 0) std::memcpy(grown.get(), data_.get(), size_);
+    data_ = std::move(grown);
+    capacity_ = capacity;
+  }
+
+  std::unique_ptr<char[]> data_;
+  size_t size_ = 0;
+  size_t capacity_ = 0;
+};
+
 // The whole input: the --input file (not a directory), else stdin.
-absl::StatusOr<std::string> ReadInput(const std::optional<std::string>& path) {
+absl::StatusOr<InputText> ReadInput(const std::optional<std::string>& path) {
   int fd = STDIN_FILENO;
   if (path) {
     fd = ::open(path->c_str(), O_RDONLY | O_CLOEXEC);
@@ -87,24 +118,16 @@ absl::StatusOr<std::string> ReadInput(const std::optional<std::string>& path) {
           absl::StrCat("input ", *path, " is a directory; give a JSON Lines file"));
     }
   }
-  std::string text;
+  InputText text;
   struct stat input_stat;
-  if (::fstat(fd, &input_stat) == 0 && S_ISREG(input_stat.st_mode)) {
-    // Read straight into one buffer of the file's size (no chunk copies, no regrowth); a
-    // file that grew meanwhile is read on by the loop below.
-    text.resize(static_cast<size_t>(input_stat.st_size));
-    size_t filled = 0;
-    while (filled < text.size()) {
-      const ssize_t n = ::read(fd, text.data() + filled, text.size() - filled);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;  // an error is reported by the loop below
-      filled += static_cast<size_t>(n);
-    }
-    text.resize(filled);
+  // A regular file is read in one call of its size (no chunk copies, no regrowth); a file that
+  // grew meanwhile, or a pipe, is read on in chunks.
+  size_t chunk = size_t{1} << 16;
+  if (::fstat(fd, &input_stat) == 0 && S_ISREG(input_stat.st_mode) && input_stat.st_size > 0) {
+    chunk = static_cast<size_t>(input_stat.st_size) + 1;
   }
-  char buffer[1 << 16];
   while (true) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    const ssize_t n = text.ReadFrom(fd, chunk);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int error = n < 0 ? errno : 0;
@@ -115,7 +138,7 @@ absl::StatusOr<std::string> ReadInput(const std::optional<std::string>& path) {
       }
       return text;
     }
-    text.append(buffer, static_cast<size_t>(n));
+    chunk = size_t{1} << 16;
   }
 }
 
@@ -126,14 +149,22 @@ absl::Status WriteOutput(const std::optional<std::string>& path, const std::stri
     return absl::OkStatus();
   }
   const std::string tmp = *path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
-    }
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
+  }
+  size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    written += static_cast<size_t>(n);
+  }
+  const int write_error = written == text.size() ? 0 : (errno != 0 ? errno : EIO);
+  if (::close(fd) != 0 || write_error != 0) {
+    std::remove(tmp.c_str());
+    return absl::UnavailableError(absl::StrCat(
+        "cannot write ", tmp, ": ", std::strerror(write_error != 0 ? write_error : errno)));
   }
   if (std::rename(tmp.c_str(), path->c_str()) != 0) {
     std::remove(tmp.c_str());
@@ -167,16 +198,16 @@ int RunPlan(const std::vector<std::string>& args) {
     return Usage("plan", "--groups applies only to plan main-replicas");
   }
 
-  absl::StatusOr<std::string> text = ReadInput(input_path);
+  absl::StatusOr<InputText> text = ReadInput(input_path);
   if (!text.ok()) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(text.status().message()).c_str());
     return 1;
   }
   absl::StatusOr<std::string> output =
       mode == "dtensor"
-          ? RunDTensorLines(*text)
+          ? RunDTensorLines(text->view())
           : RunPlanLines(mode == "distribute" ? PlanMode::kDistribute : PlanMode::kMainReplicas,
-                         *text, options);
+                         text->view(), options);
   if (!output.ok()) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(output.status().message()).c_str());
     return 1;

@@ -6,6 +6,8 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -178,15 +180,25 @@ absl::StatusOr<DistributionInput> ReadDistributeInput(const Json& line,
   return input;
 }
 
-// Distributes a checked input and writes its output line.
+// Distributes a checked input and writes its output line. The ids are written on a second
+// thread while the distribution runs (they depend on the input alone); where no thread can be
+// started, after it.
 absl::StatusOr<std::string> DistributeAndFormat(const DistributionInput& input) {
+  FormattedShardIds ids;
+  std::thread ids_writer;
+  try {
+    ids_writer = std::thread([&] { ids = FormatShardIds(input); });
+  } catch (const std::system_error&) {
+    ids = FormatShardIds(input);
+  }
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<ShardAssignment>> assignment = DistributeShardsToRanks(input);
   const double seconds = SecondsSince(start);
+  if (ids_writer.joinable()) ids_writer.join();
   if (!assignment.ok()) {
     return FieldError("shard_to_ranks", std::string(assignment.status().message()));
   }
-  return FormatDistributeResult(input, *assignment, seconds);
+  return FormatDistributeResult(ids, *assignment, seconds);
 }
 
 // A distribution as megatron-core's ShardDistribution fields (null for a trivial group).
