@@ -78,25 +78,36 @@ TEST(LoadExchangeTest, EveryStoredPieceIsReadOnceByARankThatNeedsIt) {
     EXPECT_EQ(parts[r].algorithm(), pb::LOAD_BROADCAST);
     EXPECT_EQ(parts[r].world_size(), 3);
     EXPECT_EQ(parts[r].group(), "load/op-9");
-    // Every rank gets the same plan, so every rank builds the same exchange.
+    // Every rank runs the same waves, but gets only its own share of them: its own requests
+    // and deliveries (coordinator/plan_parts.h).
     EXPECT_EQ(parts[r].waves_size(), parts[0].waves_size());
-    EXPECT_EQ(parts[r].requests_size(), 3);
+    EXPECT_TRUE(parts[r].own_share());
+    ASSERT_EQ(parts[r].requests_size(), 1);
+    EXPECT_EQ(parts[r].requests(0).rank(), r);
   }
   EXPECT_EQ((*plans)[0].bytes, 32);
   EXPECT_EQ((*plans)[2].bytes, 16);
-  EXPECT_THAT(ElementsReadPerPiece(parts[0]),
-              ::testing::UnorderedElementsAre(::testing::Pair(0, 4), ::testing::Pair(1, 4)));
-  for (const pb::LoadWaveEntry& w : parts[0].waves()) {
-    for (const pb::LoadUnitEntry& u : w.units()) {
-      // Row 0 is needed by ranks 0 and 1 only; row 1 by all three.
-      if (u.piece() == 0) {
-        EXPECT_LT(u.reader(), 2);
+  std::map<int, int64_t> read;  // elements per piece, summed over what each rank reads
+  for (int r = 0; r < 3; ++r) {
+    for (const pb::LoadWaveEntry& w : parts[r].waves()) {
+      for (const pb::LoadUnitEntry& u : w.units()) {
+        if (u.reader() == r) read[u.piece()] += u.num_elements();
+        // Row 0 is needed by ranks 0 and 1 only; row 1 by all three.
+        if (u.piece() == 0) {
+          EXPECT_LT(u.reader(), 2);
+        }
+      }
+      for (const pb::LoadDeliveryEntry& d : w.deliveries()) {
+        if (d.request() == -1) {
+          EXPECT_NE(d.dst_rank(), r);  // a witness that another rank receives the unit
+        } else {
+          EXPECT_EQ(d.dst_rank(), r);
+          EXPECT_EQ(parts[r].requests(d.request()).rank(), r);
+        }
       }
     }
-    for (const pb::LoadDeliveryEntry& d : w.deliveries()) {
-      EXPECT_EQ(parts[0].requests(d.request()).rank(), d.dst_rank());
-    }
   }
+  EXPECT_THAT(read, ::testing::UnorderedElementsAre(::testing::Pair(0, 4), ::testing::Pair(1, 4)));
 }
 
 TEST(LoadExchangeTest, ASmallBudgetSplitsPiecesIntoSeveralWavesStillReadingEachByteOnce) {

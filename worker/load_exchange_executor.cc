@@ -299,8 +299,9 @@ absl::Status RunWave(const WaveRunContext& run, int w) {
   run.stats->bytes_received += report.bytes_received();
   loaded.clear();
   if (run.part.transfer_verify()) {
-    CKPT_RETURN_IF_ERROR(VerifyReceivedUnits(run.part, wave.plan, run.me, read_checksums, *received,
-                                             run.comm, run.exchange_options.deadline, where));
+    CKPT_RETURN_IF_ERROR(VerifyReceivedUnits(run.part, entry, wave.plan, run.me, read_checksums,
+                                             *received, run.comm, run.exchange_options.deadline,
+                                             where));
   }
   run.stats->exchange_time += absl::Now() - step_start;
   step_start = absl::Now();
