@@ -39,20 +39,17 @@ class PlanSplitter {
   struct WaveIndex {
     std::vector<std::vector<int>> units_read_by;  // by rank: units it reads, ascending
     std::vector<std::vector<int>> deliveries_to;  // by rank: deliveries to it, ascending
-    std::vector<std::vector<int>> deliveries_of;  // by unit: its deliveries, ascending
     std::vector<int> witness;         // by unit: its first delivery to a rank not its reader
     std::vector<int> reader_ordinal;  // by unit: its position among its reader's units
     std::vector<int> exchanged;       // units with a witness, ascending
   };
 
-  // `me`'s share of wave `w` into `out`; `request_index` maps whole-plan requests to `out`'s
-  // (those missing are added, for overlap_all_to_all's senders).
+  // `me`'s share of wave `w` into `out`; `request_index` maps whole-plan requests to `out`'s.
   void AddWaveShare(int w, int me, absl::flat_hash_map<int, int>& request_index,
                     pb::LoadPlanPart& out) const;
 
   const pb::LoadPlanPart& whole_;
   bool split_ = false;
-  bool narrow_ = false;
   std::vector<std::vector<int>> requests_of_;  // by rank: its requests, ascending
   std::vector<WaveIndex> waves_;
 };
