@@ -55,8 +55,8 @@ ExchangeTransport ChooseExchangeTransport(const Operation& op);
 // Validates the operation against the checkpoint at op.path like PlanDirectLoad, then plans
 // the exchange-based load: one serialized pb::LoadPlanPart per rank carrying its own share of
 // the plan (its requests, the units it reads or receives plus the collective schedule its
-// algorithm needs, its deliveries: coordinator/plan_parts.h; overlap_all_to_all parts still
-// carry the whole plan), the algorithm, the budget, the rendezvous group
+// algorithm needs, its deliveries: coordinator/plan_parts.h), the algorithm, the budget, the
+// rendezvous group
 // "load/<operation id>" and the transport (ChooseExchangeTransport).
 // With several process groups (declared, or auto's per-node groups; coordinator/group_plan.h)
 // each group is planned on its own, as Megatron's ignore_groups load: a part carries its

@@ -57,11 +57,16 @@ std::vector<pb::LoadPlanPart> Parts(const std::vector<RankPlan>& plans) {
   return parts;
 }
 
-// Elements read per stored piece, over every wave's units.
-std::map<int, int64_t> ElementsReadPerPiece(const pb::LoadPlanPart& part) {
+// Elements read per stored piece, over every wave's units each rank reads itself (an own-share
+// part lists the units its rank reads; with gather_rounds and broadcast also others').
+std::map<int, int64_t> ElementsReadPerPiece(const std::vector<pb::LoadPlanPart>& parts) {
   std::map<int, int64_t> read;
-  for (const pb::LoadWaveEntry& w : part.waves()) {
-    for (const pb::LoadUnitEntry& u : w.units()) read[u.piece()] += u.num_elements();
+  for (int r = 0; r < static_cast<int>(parts.size()); ++r) {
+    for (const pb::LoadWaveEntry& w : parts[r].waves()) {
+      for (const pb::LoadUnitEntry& u : w.units()) {
+        if (u.reader() == r) read[u.piece()] += u.num_elements();
+      }
+    }
   }
   return read;
 }
@@ -87,11 +92,9 @@ TEST(LoadExchangeTest, EveryStoredPieceIsReadOnceByARankThatNeedsIt) {
   }
   EXPECT_EQ((*plans)[0].bytes, 32);
   EXPECT_EQ((*plans)[2].bytes, 16);
-  std::map<int, int64_t> read;  // elements per piece, summed over what each rank reads
   for (int r = 0; r < 3; ++r) {
     for (const pb::LoadWaveEntry& w : parts[r].waves()) {
       for (const pb::LoadUnitEntry& u : w.units()) {
-        if (u.reader() == r) read[u.piece()] += u.num_elements();
         // Row 0 is needed by ranks 0 and 1 only; row 1 by all three.
         if (u.piece() == 0) {
           EXPECT_LT(u.reader(), 2);
@@ -107,7 +110,8 @@ TEST(LoadExchangeTest, EveryStoredPieceIsReadOnceByARankThatNeedsIt) {
       }
     }
   }
-  EXPECT_THAT(read, ::testing::UnorderedElementsAre(::testing::Pair(0, 4), ::testing::Pair(1, 4)));
+  EXPECT_THAT(ElementsReadPerPiece(parts),
+              ::testing::UnorderedElementsAre(::testing::Pair(0, 4), ::testing::Pair(1, 4)));
 }
 
 TEST(LoadExchangeTest, ASmallBudgetSplitsPiecesIntoSeveralWavesStillReadingEachByteOnce) {
@@ -120,7 +124,7 @@ TEST(LoadExchangeTest, ASmallBudgetSplitsPiecesIntoSeveralWavesStillReadingEachB
   for (const pb::LoadWaveEntry& w : parts[0].waves()) {
     for (const pb::LoadUnitEntry& u : w.units()) EXPECT_LE(u.num_elements(), 2);
   }
-  EXPECT_THAT(ElementsReadPerPiece(parts[0]),
+  EXPECT_THAT(ElementsReadPerPiece(parts),
               ::testing::UnorderedElementsAre(::testing::Pair(0, 4), ::testing::Pair(1, 4)));
   EXPECT_EQ(parts[1].memory_budget_bytes(), 8);
 }

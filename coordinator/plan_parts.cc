@@ -21,11 +21,13 @@ void SortUnique(std::vector<int>& v) {
 
 bool SplitsIntoOwnShares(pb::LoadAlgorithm algorithm) {
   return algorithm == pb::LOAD_BROADCAST || algorithm == pb::LOAD_GATHER_ROUNDS ||
-         algorithm == pb::LOAD_GATHER_OBJECT;
+         algorithm == pb::LOAD_GATHER_OBJECT || algorithm == pb::LOAD_OVERLAP_ALL_TO_ALL;
 }
 
 PlanSplitter::PlanSplitter(const pb::LoadPlanPart& whole)
-    : whole_(whole), split_(SplitsIntoOwnShares(whole.algorithm())) {
+    : whole_(whole),
+      split_(SplitsIntoOwnShares(whole.algorithm())),
+      narrow_(whole.algorithm() == pb::LOAD_OVERLAP_ALL_TO_ALL) {
   if (!split_) return;
   const int world = std::max(whole.world_size(), 0);
   requests_of_.resize(world);
@@ -39,6 +41,7 @@ PlanSplitter::PlanSplitter(const pb::LoadPlanPart& whole)
     WaveIndex& index = waves_[w];
     index.units_read_by.resize(world);
     index.deliveries_to.resize(world);
+    index.deliveries_of.resize(wave.units_size());
     index.witness.assign(wave.units_size(), -1);
     index.reader_ordinal.assign(wave.units_size(), 0);
     for (int u = 0; u < wave.units_size(); ++u) {
@@ -51,6 +54,7 @@ PlanSplitter::PlanSplitter(const pb::LoadPlanPart& whole)
       const pb::LoadDeliveryEntry& e = wave.deliveries(d);
       if (e.unit() < 0 || e.unit() >= wave.units_size() || !InWorld(whole, e.dst_rank())) continue;
       index.deliveries_to[e.dst_rank()].push_back(d);
+      index.deliveries_of[e.unit()].push_back(d);
       if (index.witness[e.unit()] < 0 && e.dst_rank() != wave.units(e.unit()).reader()) {
         index.witness[e.unit()] = d;
         index.exchanged.push_back(e.unit());
@@ -96,11 +100,19 @@ void PlanSplitter::AddWaveShare(int w, int me, absl::flat_hash_map<int, int>& re
     }
     SortUnique(units);
   }
-  // Deliveries: to `me`, and witnesses that a unit is exchanged.
+  // Deliveries: to `me`; overlap_all_to_all: of the units it reads (it cuts what it sends by
+  // their requests); the others: witnesses that a unit is exchanged.
   std::vector<int> deliveries = index.deliveries_to[me];
   std::vector<int> witnesses;
   for (int u : units) {
     const int reader = wave.units(u).reader();
+    if (narrow_) {
+      if (reader == me) {
+        deliveries.insert(deliveries.end(), index.deliveries_of[u].begin(),
+                          index.deliveries_of[u].end());
+      }
+      continue;
+    }
     const int witness = index.witness[u];
     if (witness < 0 || wave.deliveries(witness).dst_rank() == me) continue;
     // Broadcast: every rank must know the unit is broadcast; the others only its reader (who

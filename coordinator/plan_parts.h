@@ -14,10 +14,8 @@
 
 namespace ckpt::coordinator {
 
-// Whether parts of `algorithm` can be cut into own shares. overlap_all_to_all cannot yet: its
-// exchange packs every rank's transfers into budgeted sub-waves greedily over the whole
-// group's transfers (exchange/exchange_overlap.cc PlanRemoteWaves), which needs every rank's
-// requests; its parts keep the whole plan.
+// Whether parts of `algorithm` are cut into own shares: every exchange algorithm (not direct,
+// whose parts are per rank already, nor auto or unset, resolved before).
 bool SplitsIntoOwnShares(pb::LoadAlgorithm algorithm);
 
 // Indexes one group's whole plan once (requests by rank; per wave units by reader, deliveries
@@ -39,17 +37,20 @@ class PlanSplitter {
   struct WaveIndex {
     std::vector<std::vector<int>> units_read_by;  // by rank: units it reads, ascending
     std::vector<std::vector<int>> deliveries_to;  // by rank: deliveries to it, ascending
+    std::vector<std::vector<int>> deliveries_of;  // by unit: its deliveries, ascending
     std::vector<int> witness;         // by unit: its first delivery to a rank not its reader
     std::vector<int> reader_ordinal;  // by unit: its position among its reader's units
     std::vector<int> exchanged;       // units with a witness, ascending
   };
 
-  // `me`'s share of wave `w` into `out`; `request_index` maps whole-plan requests to `out`'s.
+  // `me`'s share of wave `w` into `out`; `request_index` maps whole-plan requests to `out`'s
+  // (those missing are added: overlap_all_to_all's receivers' requests).
   void AddWaveShare(int w, int me, absl::flat_hash_map<int, int>& request_index,
                     pb::LoadPlanPart& out) const;
 
   const pb::LoadPlanPart& whole_;
   bool split_ = false;
+  bool narrow_ = false;  // overlap_all_to_all: senders cut by their receivers' requests
   std::vector<std::vector<int>> requests_of_;  // by rank: its requests, ascending
   std::vector<WaveIndex> waves_;
 };

@@ -107,11 +107,20 @@ TEST(PlanPartsTest, GatherObjectShareListsOnlyUnitsItReadsOrReceives) {
   EXPECT_EQ(Deliveries(two.waves(0)), (std::vector<Triple>{{0, 0, 2}, {1, 0, 2}}));
 }
 
-TEST(PlanPartsTest, OverlapAllToAllPartsKeepTheWholePlan) {
+TEST(PlanPartsTest, OverlapAllToAllShareCarriesTheRequestsOfTheRanksItSendsTo) {
   const pb::LoadPlanPart whole = WholePlan(pb::LOAD_OVERLAP_ALL_TO_ALL);
-  const pb::LoadPlanPart one = PlanSplitter(whole).ShareOf(1);
-  EXPECT_FALSE(one.own_share());
-  EXPECT_EQ(one.SerializeAsString(), whole.SerializeAsString());
+  const PlanSplitter splitter(whole);
+  const pb::LoadPlanPart zero = splitter.ShareOf(0);
+  EXPECT_TRUE(zero.own_share());
+  // It reads u0 for itself and rank 1: it cuts what it sends by rank 1's request "q1".
+  EXPECT_EQ(Keys(zero), (std::vector<std::string>{"q0", "q1"}));
+  EXPECT_EQ(Pieces(zero.waves(0)), (std::vector<int>{0}));
+  EXPECT_EQ(Deliveries(zero.waves(0)), (std::vector<Triple>{{0, 0, 0}, {0, 1, 1}}));
+  // Rank 2 reads u2 for itself and receives u1: no unit of anyone else, no witness.
+  const pb::LoadPlanPart two = splitter.ShareOf(2);
+  EXPECT_EQ(Keys(two), std::vector<std::string>{"q2"});
+  EXPECT_EQ(Pieces(two.waves(0)), (std::vector<int>{1, 2}));
+  EXPECT_EQ(Deliveries(two.waves(0)), (std::vector<Triple>{{0, 0, 2}, {1, 0, 2}}));
 }
 
 TEST(PlanPartsTest, SharesAreSmallerThanTheWholePlan) {

@@ -151,6 +151,7 @@ absl::Status RunWave(const pb::LoadPlanPart& part, int w, const pb::Manifest& ma
       worker::BuildWaveExchange(part.waves(w), manifest, tensors, requests, me, part.world_size(),
                                 narrow, absl::StrCat("wave ", w));
   if (!wave.ok()) return wave.status();
+  wave->plan.own_share = part.own_share();
   ShardBuffers loaded;
   for (const worker::UnitRead& u : wave->reads) {
     const pb::StoredPiece& piece = manifest.pieces(u.piece);
@@ -272,7 +273,7 @@ std::pair<size_t, size_t> CheckOwnSharesMatchTheWholePlan(const Problem& p) {
 }
 
 const pb::LoadAlgorithm kSplitting[] = {pb::LOAD_BROADCAST, pb::LOAD_GATHER_ROUNDS,
-                                        pb::LOAD_GATHER_OBJECT};
+                                        pb::LOAD_GATHER_OBJECT, pb::LOAD_OVERLAP_ALL_TO_ALL};
 
 TEST(PlanPartsPropertyTest, OwnSharesWriteWhatTheWholePlanWritesForEveryAlgorithm) {
   for (pb::LoadAlgorithm algorithm : kSplitting) {

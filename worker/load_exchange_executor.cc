@@ -276,6 +276,7 @@ absl::Status RunWave(const WaveRunContext& run, int w) {
   CKPT_ASSIGN_OR_RETURN(WaveExchange wave,
                         BuildWaveExchange(entry, run.source.manifest(), run.tensors, run.requests,
                                           run.me, run.part.world_size(), run.narrow, where));
+  wave.plan.own_share = run.part.own_share();  // overlap_all_to_all packs sub-waves by pairs
   ShardBuffers loaded;
   absl::Time step_start = absl::Now();
   CKPT_RETURN_IF_ERROR(ReadUnits(run, wave, &loaded, where));
