@@ -29,6 +29,10 @@ PlanSplitter::PlanSplitter(const pb::LoadPlanPart& whole)
       split_(SplitsIntoOwnShares(whole.algorithm())),
       narrow_(whole.algorithm() == pb::LOAD_OVERLAP_ALL_TO_ALL) {
   if (!split_) return;
+  header_.CopyFrom(whole);
+  header_.clear_requests();
+  header_.clear_waves();
+  header_.set_own_share(true);
   const int world = std::max(whole.world_size(), 0);
   requests_of_.resize(world);
   for (int q = 0; q < whole.requests_size(); ++q) {
@@ -66,11 +70,7 @@ PlanSplitter::PlanSplitter(const pb::LoadPlanPart& whole)
 
 pb::LoadPlanPart PlanSplitter::ShareOf(int me) const {
   if (!split_ || !InWorld(whole_, me)) return whole_;
-  pb::LoadPlanPart out;
-  out.CopyFrom(whole_);
-  out.clear_requests();
-  out.clear_waves();
-  out.set_own_share(true);
+  pb::LoadPlanPart out = header_;  // not a copy of the whole plan per rank
   absl::flat_hash_map<int, int> request_index;
   for (int q : requests_of_[me]) {
     request_index.emplace(q, out.requests_size());

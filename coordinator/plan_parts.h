@@ -49,6 +49,7 @@ class PlanSplitter {
                     pb::LoadPlanPart& out) const;
 
   const pb::LoadPlanPart& whole_;
+  pb::LoadPlanPart header_;  // whole_ without requests and waves: what every share copies
   bool split_ = false;
   bool narrow_ = false;  // overlap_all_to_all: senders cut by their receivers' requests
   std::vector<std::vector<int>> requests_of_;  // by rank: its requests, ascending
