@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/group_plan.h"
 #include "coordinator/load_direct.h"
+#include "coordinator/plan_parts.h"
 #include "planner/load_plan.h"
 #include "proto/convert.h"
 #include "proto/coordinator.pb.h"
@@ -203,9 +204,11 @@ absl::Status PlanGroupLoad(const GroupLoadContext& c, size_t g, std::vector<Rank
     shared.set_group_index(static_cast<int32_t>(g));
     for (int64_t r : members) shared.add_group_ranks(static_cast<int32_t>(r));
   }
+  // Each rank gets only its own share of the group's plan (coordinator/plan_parts.h).
+  const PlanSplitter splitter(shared);
   for (size_t i = 0; i < members.size(); ++i) {
     pb::LoadPlanPart part = c.parts[members[i]];
-    part.MergeFrom(shared);
+    part.MergeFrom(c.options.own_shares ? splitter.ShareOf(static_cast<int>(i)) : shared);
     if (several) part.set_group_rank(static_cast<int32_t>(i));
     (*out)[members[i]].bytes = part.total_bytes();
     (*out)[members[i]].part = part.SerializeAsString();

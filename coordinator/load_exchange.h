@@ -27,6 +27,10 @@ struct LoadPlannerOptions {
   // The algorithm came from LOAD_AUTO: without declared process groups, ranks on several hosts
   // exchange within per-node groups (coordinator/group_plan.h ChooseLoadGroups).
   bool auto_chosen = false;
+  // true: each part carries only its rank's share of its group's plan (coordinator/
+  // plan_parts.h); false: every part carries its group's whole plan (the twin the
+  // own-share property test compares with, tests/plan_parts_property_test.cc).
+  bool own_shares = true;
 };
 
 // LOAD_AUTO: direct when every rank of the operation is served on one host, else broadcast
@@ -49,9 +53,11 @@ struct ExchangeTransport {
 ExchangeTransport ChooseExchangeTransport(const Operation& op);
 
 // Validates the operation against the checkpoint at op.path like PlanDirectLoad, then plans
-// the exchange-based load: one serialized pb::LoadPlanPart per rank carrying the whole plan
-// (every rank's requests, the waves of read units and deliveries), the algorithm, the budget
-// the rendezvous group "load/<operation id>" and the transport (ChooseExchangeTransport).
+// the exchange-based load: one serialized pb::LoadPlanPart per rank carrying its own share of
+// the plan (its requests, the units it reads or receives plus the collective schedule its
+// algorithm needs, its deliveries: coordinator/plan_parts.h), the algorithm, the budget, the
+// rendezvous group
+// "load/<operation id>" and the transport (ChooseExchangeTransport).
 // With several process groups (declared, or auto's per-node groups; coordinator/group_plan.h)
 // each group is planned on its own, as Megatron's ignore_groups load: a part carries its
 // group's plan only (ranks numbered within the group, LoadPlanPart.group_rank), the group

@@ -57,11 +57,16 @@ std::vector<pb::LoadPlanPart> Parts(const std::vector<RankPlan>& plans) {
   return parts;
 }
 
-// Elements read per stored piece, over every wave's units.
-std::map<int, int64_t> ElementsReadPerPiece(const pb::LoadPlanPart& part) {
+// Elements read per stored piece, over every wave's units each rank reads itself (an own-share
+// part lists the units its rank reads; with gather_rounds and broadcast also others').
+std::map<int, int64_t> ElementsReadPerPiece(const std::vector<pb::LoadPlanPart>& parts) {
   std::map<int, int64_t> read;
-  for (const pb::LoadWaveEntry& w : part.waves()) {
-    for (const pb::LoadUnitEntry& u : w.units()) read[u.piece()] += u.num_elements();
+  for (int r = 0; r < static_cast<int>(parts.size()); ++r) {
+    for (const pb::LoadWaveEntry& w : parts[r].waves()) {
+      for (const pb::LoadUnitEntry& u : w.units()) {
+        if (u.reader() == r) read[u.piece()] += u.num_elements();
+      }
+    }
   }
   return read;
 }
@@ -78,25 +83,35 @@ TEST(LoadExchangeTest, EveryStoredPieceIsReadOnceByARankThatNeedsIt) {
     EXPECT_EQ(parts[r].algorithm(), pb::LOAD_BROADCAST);
     EXPECT_EQ(parts[r].world_size(), 3);
     EXPECT_EQ(parts[r].group(), "load/op-9");
-    // Every rank gets the same plan, so every rank builds the same exchange.
+    // Every rank runs the same waves, but gets only its own share of them: its own requests
+    // and deliveries (coordinator/plan_parts.h).
     EXPECT_EQ(parts[r].waves_size(), parts[0].waves_size());
-    EXPECT_EQ(parts[r].requests_size(), 3);
+    EXPECT_TRUE(parts[r].own_share());
+    ASSERT_EQ(parts[r].requests_size(), 1);
+    EXPECT_EQ(parts[r].requests(0).rank(), r);
   }
   EXPECT_EQ((*plans)[0].bytes, 32);
   EXPECT_EQ((*plans)[2].bytes, 16);
-  EXPECT_THAT(ElementsReadPerPiece(parts[0]),
-              ::testing::UnorderedElementsAre(::testing::Pair(0, 4), ::testing::Pair(1, 4)));
-  for (const pb::LoadWaveEntry& w : parts[0].waves()) {
-    for (const pb::LoadUnitEntry& u : w.units()) {
-      // Row 0 is needed by ranks 0 and 1 only; row 1 by all three.
-      if (u.piece() == 0) {
-        EXPECT_LT(u.reader(), 2);
+  for (int r = 0; r < 3; ++r) {
+    for (const pb::LoadWaveEntry& w : parts[r].waves()) {
+      for (const pb::LoadUnitEntry& u : w.units()) {
+        // Row 0 is needed by ranks 0 and 1 only; row 1 by all three.
+        if (u.piece() == 0) {
+          EXPECT_LT(u.reader(), 2);
+        }
+      }
+      for (const pb::LoadDeliveryEntry& d : w.deliveries()) {
+        if (d.request() == -1) {
+          EXPECT_NE(d.dst_rank(), r);  // a witness that another rank receives the unit
+        } else {
+          EXPECT_EQ(d.dst_rank(), r);
+          EXPECT_EQ(parts[r].requests(d.request()).rank(), r);
+        }
       }
     }
-    for (const pb::LoadDeliveryEntry& d : w.deliveries()) {
-      EXPECT_EQ(parts[0].requests(d.request()).rank(), d.dst_rank());
-    }
   }
+  EXPECT_THAT(ElementsReadPerPiece(parts),
+              ::testing::UnorderedElementsAre(::testing::Pair(0, 4), ::testing::Pair(1, 4)));
 }
 
 TEST(LoadExchangeTest, ASmallBudgetSplitsPiecesIntoSeveralWavesStillReadingEachByteOnce) {
@@ -109,7 +124,7 @@ TEST(LoadExchangeTest, ASmallBudgetSplitsPiecesIntoSeveralWavesStillReadingEachB
   for (const pb::LoadWaveEntry& w : parts[0].waves()) {
     for (const pb::LoadUnitEntry& u : w.units()) EXPECT_LE(u.num_elements(), 2);
   }
-  EXPECT_THAT(ElementsReadPerPiece(parts[0]),
+  EXPECT_THAT(ElementsReadPerPiece(parts),
               ::testing::UnorderedElementsAre(::testing::Pair(0, 4), ::testing::Pair(1, 4)));
   EXPECT_EQ(parts[1].memory_budget_bytes(), 8);
 }

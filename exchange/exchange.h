@@ -58,13 +58,21 @@ struct DistributedPiece {
   int main_rank = 0;
 };
 
-// The part of the load plan the exchange needs; identical on every rank.
+// The part of the load plan the exchange needs; identical on every rank, unless own_share.
 struct ExchangePlan {
   int num_ranks = 0;
   // Stored shards in distribution order.
   std::vector<DistributedPiece> distribution;
   // needs[r]: what rank r must end up with.
   std::vector<std::vector<PieceSpec>> needs;
+  // overlap_all_to_all only: this rank's own share of the plan, not the whole: the stored
+  // shards it loaded or needs, and other ranks' needs only those fed by shards it loaded, each
+  // covered by one of them (each list a subsequence of the whole plan's, in its order; the
+  // worker's plans are: worker/load_wave_plan.h). The remote transfers are then packed
+  // into sub-waves pair by pair (each pair within budget / the larger of its two ranks' peer
+  // counts, which one all-gather tells) instead of greedily over every rank's transfers, and a
+  // second all-gather agrees on their number.
+  bool own_share = false;
 };
 
 // Shard bytes keyed by shard id.

@@ -87,6 +87,7 @@ absl::StatusOr<std::vector<Transfer>> FindTransfers(const ExchangePlan& plan, in
           }
           if (tr.elements == 0) continue;
           covered += tr.elements;
+          if (plan.own_share && !involved) continue;  // between two other ranks: not ours
           transfers.push_back(std::move(tr));
         }
       }
@@ -160,6 +161,62 @@ absl::StatusOr<std::vector<std::vector<Piece>>> PlanRemoteWaves(
   return waves_plan;
 }
 
+// Step 3 for an own-share plan (ExchangePlan::own_share), which lists only the transfers this
+// rank takes part in: per peer, in transfer order (the same on both ranks of a pair), greedily
+// into sub-waves of at most budget / max(peer count of either rank) bytes of the pair's
+// transfers (a transfer larger than that is cut into element windows, at least one element
+// each), so no rank's sub-wave exceeds the budget. One all-gather tells every rank its peers'
+// peer counts, a second the number of sub-waves (the largest any pair needs).
+absl::StatusOr<std::vector<std::vector<Piece>>> PlanPairWaves(
+    const ExchangePlan& plan, const std::vector<Transfer>& transfers, Communicator& comm,
+    int64_t budget, absl::Time deadline) {
+  const int n = comm.size();
+  const int me = comm.rank();
+  std::vector<std::vector<int>> by_peer(n);
+  for (int k = 0; k < static_cast<int>(transfers.size()); ++k) {
+    const Transfer& tr = transfers[k];
+    if (tr.src == tr.dst) continue;
+    if (tr.elem_size > budget) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("overlap exchange: memory budget of ", budget,
+                       " bytes per wave is smaller than one element (", tr.elem_size,
+                       " bytes) of '", plan.needs[tr.dst][tr.need].id.key, "'"));
+    }
+    by_peer[tr.src == me ? tr.dst : tr.src].push_back(k);
+  }
+  int64_t peers = 0;
+  for (const std::vector<int>& k : by_peer) peers += k.empty() ? 0 : 1;
+  std::vector<int64_t> peer_counts(n, 0);
+  CKPT_RETURN_IF_ERROR(comm.AllGather(&peers, sizeof(int64_t), peer_counts.data(), deadline));
+  std::vector<std::vector<Piece>> waves_plan;
+  for (int p = 0; p < n; ++p) {
+    if (by_peer[p].empty()) continue;
+    const int64_t cap = std::max<int64_t>(1, budget / std::max(peers, peer_counts[p]));
+    size_t wave = 0;
+    int64_t load = 0;
+    for (int k : by_peer[p]) {
+      const Transfer& tr = transfers[k];
+      const int64_t window = std::max<int64_t>(1, cap / tr.elem_size);
+      for (int64_t begin = 0; begin < tr.elements; begin += window) {
+        const int64_t end = std::min(tr.elements, begin + window);
+        const int64_t bytes = (end - begin) * tr.elem_size;
+        if (load > 0 && load + bytes > cap) {
+          ++wave;
+          load = 0;
+        }
+        load += bytes;
+        if (waves_plan.size() <= wave) waves_plan.resize(wave + 1);
+        waves_plan[wave].push_back({k, begin, end});
+      }
+    }
+  }
+  const int64_t mine = static_cast<int64_t>(waves_plan.size());
+  std::vector<int64_t> counts(n, 0);
+  CKPT_RETURN_IF_ERROR(comm.AllGather(&mine, sizeof(int64_t), counts.data(), deadline));
+  waves_plan.resize(*std::max_element(counts.begin(), counts.end()));
+  return waves_plan;
+}
+
 // The most bytes this rank sends and receives in one wave.
 size_t MaxWaveBytes(const std::vector<std::vector<Piece>>& waves_plan,
                     const std::vector<Transfer>& transfers, int me) {
@@ -192,7 +249,9 @@ absl::Status ExchangeOverlapAllToAllInto(Communicator& comm, const ExchangePlan&
   CKPT_RETURN_IF_ERROR(CopyLocalTransfers(plan, me, transfers, loaded, targets));
   const int64_t budget = options.memory_budget_bytes;
   CKPT_ASSIGN_OR_RETURN(std::vector<std::vector<Piece>> waves_plan,
-                        PlanRemoteWaves(plan, transfers, n, budget));
+                        plan.own_share
+                            ? PlanPairWaves(plan, transfers, comm, budget, options.deadline)
+                            : PlanRemoteWaves(plan, transfers, n, budget));
 
   // Step 4: run the waves: per peer, the runs this rank sends and receives, in wave order.
   WaveRunOptions run;

@@ -276,6 +276,7 @@ absl::Status RunWave(const WaveRunContext& run, int w) {
   CKPT_ASSIGN_OR_RETURN(WaveExchange wave,
                         BuildWaveExchange(entry, run.source.manifest(), run.tensors, run.requests,
                                           run.me, run.part.world_size(), run.narrow, where));
+  wave.plan.own_share = run.part.own_share();  // overlap_all_to_all packs sub-waves by pairs
   ShardBuffers loaded;
   absl::Time step_start = absl::Now();
   CKPT_RETURN_IF_ERROR(ReadUnits(run, wave, &loaded, where));
@@ -299,8 +300,9 @@ absl::Status RunWave(const WaveRunContext& run, int w) {
   run.stats->bytes_received += report.bytes_received();
   loaded.clear();
   if (run.part.transfer_verify()) {
-    CKPT_RETURN_IF_ERROR(VerifyReceivedUnits(run.part, wave.plan, run.me, read_checksums, *received,
-                                             run.comm, run.exchange_options.deadline, where));
+    CKPT_RETURN_IF_ERROR(VerifyReceivedUnits(run.part, entry, wave.plan, run.me, read_checksums,
+                                             *received, run.comm, run.exchange_options.deadline,
+                                             where));
   }
   run.stats->exchange_time += absl::Now() - step_start;
   step_start = absl::Now();

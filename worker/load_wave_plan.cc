@@ -61,14 +61,18 @@ absl::Status AddDeliveredNeeds(const pb::LoadWaveEntry& wave,
                                WaveExchange* out) {
   ExchangePlan& plan = out->plan;
   for (const pb::LoadDeliveryEntry& e : wave.deliveries()) {
-    if (e.unit() < 0 || e.unit() >= static_cast<int>(plan.distribution.size()) || e.request() < 0 ||
-        e.request() >= static_cast<int>(requests.size()) ||
-        requests[e.request()].rank != e.dst_rank()) {
+    // Request -1 (own-share parts): a request of another rank this part does not carry; it
+    // receives the whole unit, which only an algorithm that is not narrow sends.
+    const bool elsewhere = e.request() == -1 && !narrow && e.dst_rank() != me &&
+                           e.dst_rank() >= 0 && e.dst_rank() < plan.num_ranks;
+    if (e.unit() < 0 || e.unit() >= static_cast<int>(plan.distribution.size()) ||
+        (!elsewhere && (e.request() < 0 || e.request() >= static_cast<int>(requests.size()) ||
+                        requests[e.request()].rank != e.dst_rank()))) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": inconsistent delivery"));
     }
     const PieceSpec& unit = plan.distribution[e.unit()].spec;
     const int r = e.dst_rank();
-    PieceSpec need = NeededPart(unit, requests[e.request()], narrow);
+    PieceSpec need = elsewhere ? unit : NeededPart(unit, requests[e.request()], narrow);
     auto it = need_index[r].find(need.id);
     if (it != need_index[r].end() && plan.needs[r][it->second].region != need.region) {
       need = unit;  // two different parts with one id: receive the whole unit instead

@@ -72,8 +72,11 @@ struct WaveExchange {
   std::vector<std::vector<int>> my_targets;
 };
 
-// The exchange plan of `wave` for rank `me` of `world`. InvalidArgument naming `where` for a
-// unit or delivery that does not match the manifest or the requests.
+// The exchange plan of `wave` for rank `me` of `world`, from a whole plan's wave or an own-share
+// part's (LoadPlanPart.own_share: a delivery with request -1 goes to another rank's request
+// that the part does not carry; the whole unit, so never with `narrow`); the caller sets
+// plan.own_share from the part. InvalidArgument naming `where` for a unit or delivery that does
+// not match the manifest or the requests.
 absl::StatusOr<WaveExchange> BuildWaveExchange(const pb::LoadWaveEntry& wave,
                                                const pb::Manifest& manifest,
                                                const TensorLookup& tensors,

@@ -38,14 +38,45 @@ absl::StatusOr<std::vector<uint64_t>> ChecksumsOfReadUnits(const ExchangePlan& p
   return out;
 }
 
-absl::Status VerifyReceivedUnits(const pb::LoadPlanPart& part, const ExchangePlan& plan, int me,
-                                 const std::vector<uint64_t>& mine, const ShardBuffers& received,
-                                 Communicator& comm, absl::Time deadline,
-                                 const std::string& where) {
+namespace {
+
+// Bytes of checksums each rank contributes to the all-gather: counted from the plan's units
+// when the part carries the whole plan; gathered from every rank for an own-share part.
+absl::StatusOr<std::vector<size_t>> ChecksumCounts(const pb::LoadPlanPart& part,
+                                                   const ExchangePlan& plan, size_t mine,
+                                                   Communicator& comm, absl::Time deadline,
+                                                   const std::string& where) {
   std::vector<size_t> counts(comm.size(), 0);
+  if (part.own_share()) {
+    std::vector<uint64_t> gathered(comm.size(), 0);
+    const uint64_t my_count = mine;
+    if (absl::Status s = comm.AllGather(&my_count, sizeof(uint64_t), gathered.data(), deadline);
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(where,
+                                                 ": verify: gathering the readers' unit "
+                                                 "counts: ",
+                                                 s.message()));
+    }
+    for (int r = 0; r < comm.size(); ++r) counts[r] = gathered[r] * sizeof(uint64_t);
+    return counts;
+  }
   for (const DistributedPiece& d : plan.distribution) {
     if (d.main_rank >= 0 && d.main_rank < comm.size()) counts[d.main_rank] += sizeof(uint64_t);
   }
+  return counts;
+}
+
+}  // namespace
+
+absl::Status VerifyReceivedUnits(const pb::LoadPlanPart& part, const pb::LoadWaveEntry& wave,
+                                 const ExchangePlan& plan, int me,
+                                 const std::vector<uint64_t>& mine, const ShardBuffers& received,
+                                 Communicator& comm, absl::Time deadline,
+                                 const std::string& where) {
+  absl::StatusOr<std::vector<size_t>> gathered_counts =
+      ChecksumCounts(part, plan, mine.size(), comm, deadline, where);
+  if (!gathered_counts.ok()) return gathered_counts.status();
+  const std::vector<size_t>& counts = *gathered_counts;
   if (counts[me] != mine.size() * sizeof(uint64_t)) {
     return absl::InternalError(absl::StrCat(where, ": verify: ", mine.size(), " checksums for ",
                                             counts[me] / 8, " units read"));
@@ -57,12 +88,25 @@ absl::Status VerifyReceivedUnits(const pb::LoadPlanPart& part, const ExchangePla
     return absl::Status(
         s.code(), absl::StrCat(where, ": verify: gathering the readers' checksums: ", s.message()));
   }
-  // Rank order of the all-gather; distribution order within each rank.
-  std::vector<size_t> next(comm.size(), 0);
-  for (int r = 1; r < comm.size(); ++r) next[r] = next[r - 1] + counts[r - 1] / sizeof(uint64_t);
+  // Rank order of the all-gather; within each rank its units in the whole plan's order.
+  std::vector<size_t> first(comm.size(), 0);
+  for (int r = 1; r < comm.size(); ++r) first[r] = first[r - 1] + counts[r - 1] / sizeof(uint64_t);
+  std::vector<size_t> next = first;
   std::map<PieceId, std::pair<uint64_t, int>, PieceIdLess> expected;
-  for (const DistributedPiece& d : plan.distribution) {
-    expected.emplace(d.spec.id, std::make_pair(all[next[d.main_rank]++], d.main_rank));
+  for (size_t i = 0; i < plan.distribution.size(); ++i) {
+    const DistributedPiece& d = plan.distribution[i];
+    size_t at = next[d.main_rank]++;
+    if (part.own_share() && static_cast<int>(i) < wave.units_size()) {
+      at = first[d.main_rank] + wave.units(static_cast<int>(i)).reader_ordinal();
+    }
+    const size_t end = first[d.main_rank] + counts[d.main_rank] / sizeof(uint64_t);
+    if (at >= end) {
+      return absl::InternalError(absl::StrCat(where, ": verify: reader ", d.main_rank,
+                                              " sent no "
+                                              "checksum for ",
+                                              d.spec.id.DebugString()));
+    }
+    expected.emplace(d.spec.id, std::make_pair(all[at], d.main_rank));
   }
   for (const PieceSpec& need : plan.needs[me]) {
     auto want = expected.find(need.id);

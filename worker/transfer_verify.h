@@ -27,9 +27,13 @@ absl::StatusOr<std::vector<uint64_t>> ChecksumsOfReadUnits(const ExchangePlan& p
                                                            const std::string& where);
 
 // All-gathers every rank's ChecksumsOfReadUnits and checks each unit `me` received from
-// another rank (plan.needs[me]) against its reader's checksum. DataLoss as in the file comment;
-// the communicator's error when the all-gather fails.
-absl::Status VerifyReceivedUnits(const pb::LoadPlanPart& part, const ExchangePlan& plan, int me,
+// another rank (plan.needs[me]) against its reader's checksum. `wave` is the part's wave the
+// plan was built from (its units are plan.distribution): an own-share part lists only some of
+// the other readers' units, so the readers' counts are gathered first and each unit's checksum
+// found by its reader_ordinal. DataLoss as in the file comment; the communicator's error when
+// an all-gather fails.
+absl::Status VerifyReceivedUnits(const pb::LoadPlanPart& part, const pb::LoadWaveEntry& wave,
+                                 const ExchangePlan& plan, int me,
                                  const std::vector<uint64_t>& mine, const ShardBuffers& received,
                                  Communicator& comm, absl::Time deadline, const std::string& where);
 
