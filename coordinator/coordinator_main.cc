@@ -296,7 +296,8 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   coordinator.set_memory_catalog(&memory_catalog);
   // Background persistence of memory saves that ask for it (persist_to).
   ckpt::coordinator::PersistDriver persist(&memory_catalog,
-                                           std::max(1, absl::GetFlag(FLAGS_memory_keep)));
+                                           std::max(1, absl::GetFlag(FLAGS_memory_keep)),
+                                           coordinator.incarnation_hex());
   coordinator.set_persist_driver(&persist);
   coordinator.set_published_registry(&transfer.published);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kReshard, &reshards);

@@ -50,7 +50,11 @@ std::string WhyUnreadable(const MemoryCheckpoint& checkpoint, const std::string&
   std::string why = absl::StrCat(file, " holding ", ShortList(tensors));
   if (elsewhere.empty()) {
     absl::StrAppend(&why, ": no copy left (lost with ",
-                    lost.empty() ? "no recorded holder" : ShortList(lost), ")");
+                    lost.empty() ? "no recorded holder" : ShortList(lost),
+                    checkpoint.rebuilt ? "; no worker holding it registered with the restarted "
+                                         "coordinator"
+                                       : "",
+                    ")");
   } else {
     absl::StrAppend(&why, ": held only by ", ShortList(elsewhere),
                     ", which serves no rank of this load",
@@ -124,7 +128,10 @@ absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::Plan(const Operation& op) 
   return plans;
 }
 
-absl::Status MemorySaveKind::Commit(const Operation& op) {
+absl::Status MemorySaveKind::Commit(const Operation& op) { return CommitPublished(op, "", 0); }
+
+absl::Status MemorySaveKind::CommitPublished(const Operation& op, const std::string& published_name,
+                                             int64_t published_version) {
   absl::StatusOr<std::string> name = MemoryCheckpointName(op.path);
   if (!name.ok()) return name.status();
   std::vector<std::vector<int>> placement;
@@ -155,8 +162,11 @@ absl::Status MemorySaveKind::Commit(const Operation& op) {
     checkpoint.bytes += file.size_bytes();
   }
   checkpoint.manifest = *std::move(manifest);
+  checkpoint.published_name = published_name;
+  checkpoint.published_version = published_version;
   if (!op.persist_to.empty()) {  // never evicted before the persistence ended
     checkpoint.persist_to = op.persist_to;
+    checkpoint.persist_overwrite = op.persist_overwrite;
     checkpoint.persist_state = PersistState::kPersisting;
   }
   absl::StatusOr<std::vector<std::string>> forgotten =

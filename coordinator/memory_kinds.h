@@ -41,6 +41,10 @@ class MemorySaveKind final : public OperationKindHandler {
 
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
   absl::Status Commit(const Operation& op) override;
+  // Commit of a publish: the checkpoint is recorded as version `published_version` of
+  // transfer name `published_name` (kept in the holders' records, see MemoryCheckpoint).
+  absl::Status CommitPublished(const Operation& op, const std::string& published_name,
+                               int64_t published_version);
   absl::Status Finalize(const Operation& op) override;
 
  private:

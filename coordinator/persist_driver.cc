@@ -17,7 +17,9 @@ std::string FlightOf(const std::string& key) { return key.substr(0, key.rfind('/
 
 void PersistDriver::Enqueue(PersistRequest request) {
   std::lock_guard<std::mutex> lock(mu_);
-  const std::string id = absl::StrCat("persist-", next_flight_++);
+  const std::string id = incarnation_.empty()
+                             ? absl::StrCat("persist-", next_flight_++)
+                             : absl::StrCat("persist-", incarnation_, "-", next_flight_++);
   Flight& flight = flights_[id];
   flight.id = id;
   flight.request = std::move(request);
@@ -69,6 +71,16 @@ std::string PersistDriver::RunBegin(const std::string& id) {
   }
   // Storage I/O (the staging directory) happens here, unlocked.
   absl::StatusOr<MemoryCheckpoint> checkpoint = catalog_->Find(request.name);
+  if (checkpoint.ok() && request.recovered && IsPersistedAt(*checkpoint, request.path)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Flight& flight = flights_.at(id);
+    for (const auto& [file, holders] : checkpoint->holders) {
+      for (const MemoryHolder& h : holders) flight.holders.insert(h.worker_id);
+    }
+    FinishLocked(flight, PersistState::kPersisted, "");
+    return absl::StrCat("persist_committed checkpoint=mem://", request.name, " path=", request.path,
+                        " (committed before the coordinator restarted)");
+  }
   absl::StatusOr<std::unique_ptr<MemoryPersist>> persist =
       checkpoint.ok() ? MemoryPersist::Begin(*checkpoint, request.path, request.overwrite)
                       : absl::StatusOr<std::unique_ptr<MemoryPersist>>(checkpoint.status());

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -35,6 +36,9 @@ struct PersistRequest {
   std::string name;  // the memory checkpoint (without mem://)
   std::string path;  // resolved storage path
   bool overwrite = false;
+  // Started again after a coordinator restart: a checkpoint the previous process committed at
+  // `path` already (IsPersistedAt) counts as persisted instead of being written again.
+  bool recovered = false;
 };
 
 // One work item for a worker, with the key its stream remembers it by (sent once per stream).
@@ -49,8 +53,11 @@ class PersistDriver {
  public:
   // `catalog` must outlive the driver; `keep_newest` is the memory saves' keep-newest (the
   // catalog forgets checkpoints beyond it once their persistence ended).
-  PersistDriver(MemoryCatalog* catalog, int keep_newest)
-      : catalog_(catalog), keep_newest_(keep_newest) {}
+  // `incarnation` (the coordinator process's, hex) goes into every persistence id, so that a
+  // late report of an item a previous coordinator process sent is never taken for one of this
+  // process's items (whose ids would otherwise restart at the same numbers).
+  PersistDriver(MemoryCatalog* catalog, int keep_newest, std::string incarnation = "")
+      : catalog_(catalog), keep_newest_(keep_newest), incarnation_(std::move(incarnation)) {}
 
   // Queues the persistence of a committed memory checkpoint (its catalog state is persisting).
   void Enqueue(PersistRequest request);
@@ -99,6 +106,7 @@ class PersistDriver {
 
   MemoryCatalog* const catalog_;
   const int keep_newest_;
+  const std::string incarnation_;
   mutable std::mutex mu_;
   std::map<std::string, Flight> flights_;  // by id; guarded by mu_
   std::set<std::string> dead_;             // workers lost; guarded by mu_

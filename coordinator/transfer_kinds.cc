@@ -194,7 +194,12 @@ absl::StatusOr<std::vector<RankPlan>> PublishKind::Plan(const Operation& op) {
 absl::Status PublishKind::Commit(const Operation& op) {
   absl::StatusOr<Operation> save = AsMemorySave(op);
   if (!save.ok()) return save.status();
-  if (absl::Status committed = memory_.Commit(*save); !committed.ok()) return committed;
+  absl::StatusOr<std::pair<std::string, int64_t>> reserved = registry_->Reserved(op.id);
+  if (!reserved.ok()) return reserved.status();
+  if (absl::Status committed = memory_.CommitPublished(*save, reserved->first, reserved->second);
+      !committed.ok()) {
+    return committed;
+  }
   return registry_->Commit(op.id, absl::Now()).status();
 }
 

@@ -115,6 +115,24 @@ absl::StatusOr<std::vector<PublishedVersion>> PublishedRegistry::Commit(
   return forgotten;
 }
 
+bool PublishedRegistry::Adopt(const std::string& name, int64_t version, absl::Time published) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<PublishedVersion>& versions = published_[name];
+  for (const PublishedVersion& v : versions) {
+    if (v.version == version) return false;
+  }
+  versions.push_back(PublishedVersion{version, PublishedCheckpointName(name, version), published});
+  std::sort(
+      versions.begin(), versions.end(),
+      [](const PublishedVersion& a, const PublishedVersion& b) { return a.version < b.version; });
+  bool kept = true;
+  while (static_cast<int>(versions.size()) > keep_versions_) {
+    if (versions.front().version == version) kept = false;
+    versions.erase(versions.begin());
+  }
+  return kept;
+}
+
 void PublishedRegistry::Release(const std::string& operation_id) {
   std::lock_guard<std::mutex> lock(mu_);
   reserved_.erase(operation_id);

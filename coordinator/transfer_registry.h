@@ -67,6 +67,10 @@ class PublishedRegistry {
   // operation reserved nothing.
   absl::StatusOr<std::vector<PublishedVersion>> Commit(const std::string& operation_id,
                                                        absl::Time now);
+  // Lists a version a worker reported holding (a coordinator restart rebuilds the registry
+  // from the workers): kept in version order, then the newest K as in Commit. Returns whether
+  // it is listed now (false: known already, or older than the newest K).
+  bool Adopt(const std::string& name, int64_t version, absl::Time published);
   // Drops the reservation of `operation_id` (no-op once committed or unknown).
   void Release(const std::string& operation_id);
   // The version a receive of (name, requested) reads: `requested` when published, the newest

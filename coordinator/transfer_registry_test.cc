@@ -60,4 +60,18 @@ TEST(PublishedRegistryTest, VersionsOnlyGrowAndTheNewestKAreKept) {
 }
 
 }  // namespace
+TEST(PublishedRegistryTest, AdoptedVersionsAreListedInOrderAndTheNewestKKept) {
+  PublishedRegistry registry(/*keep_versions=*/2);  // a restarted coordinator's
+  EXPECT_TRUE(registry.Adopt("p", 7, absl::FromUnixMillis(7)));
+  EXPECT_FALSE(registry.Adopt("p", 7, absl::FromUnixMillis(7)));  // a second holder's report
+  EXPECT_TRUE(registry.Adopt("p", 5, absl::FromUnixMillis(5)));
+  EXPECT_FALSE(registry.Adopt("p", 3, absl::FromUnixMillis(3)));  // older than the newest 2
+  EXPECT_EQ(registry.Resolve("p", 0)->memory_checkpoint, "p.v7");
+  EXPECT_EQ(registry.Resolve("p", 5)->version, 5);
+  // Versions still only grow past what the workers brought back.
+  EXPECT_EQ(registry.Reserve("p", 6, "op-1").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*registry.Reserve("p", 0, "op-1"), 8);
+}
+
 }  // namespace ckpt::coordinator

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -201,6 +202,38 @@ TEST(MemoryPersistE2eTest, NoHolderLeftFailsNamingTheFileAndKeepsTheEarlierCheck
   EXPECT_EQ(ReadFile(target + "/manifest.pb"), before);
   std::string out;
   EXPECT_EQ(cluster.RunCkptctl({"verify", target}, &out), 0) << out;
+}
+
+TEST(MemoryPersistE2eTest, APersistenceInFlightWhenTheCoordinatorIsKilledCompletesAfterItsRestart) {
+  Cluster cluster;
+  const std::string gate = cluster.dir() + "/gate";  // both workers wait for it
+  ASSERT_NO_FATAL_FAILURE(StartCluster(cluster, {gate, gate}));
+  const std::string persisted = cluster.dir() + "/persisted";
+  ExpectAllOk(RunPair(cluster, "train", "save", "mem://step1", {"--persist_to", persisted}),
+              cluster);
+  // The persistence is in flight (a worker's item waits at the gate) and both workers kept the
+  // coordinator's record of the commit.
+  ASSERT_TRUE(WaitFor([&] { return Exists(gate + ".waiting"); })) << ClusterLogs(cluster);
+  const std::string kept = "memory_record checkpoint=mem://step1 kept=true";
+  ASSERT_TRUE(WaitFor([&] {
+    return absl::StrContains(cluster.worker(0).Stderr(), kept) &&
+           absl::StrContains(cluster.worker(1).Stderr(), kept);
+  })) << ClusterLogs(cluster);
+  ASSERT_NO_FATAL_FAILURE(cluster.RestartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  // The workers report the pinned checkpoint; the new coordinator persists it again.
+  ASSERT_TRUE(WaitFor([&] {
+    return absl::StrContains(cluster.coordinator().Stderr(),
+                             "persist_started checkpoint=mem://step1");
+  })) << ClusterLogs(cluster);
+  EXPECT_EQ(PersistOf(cluster, "step1"), "persisting to " + persisted);
+  WriteFile(gate, "go\n");
+  ASSERT_TRUE(WaitFor([&] { return PersistOf(cluster, "step1") == "persisted to " + persisted; }))
+      << PersistOf(cluster, "step1") << ClusterLogs(cluster);
+  const std::string direct = cluster.dir() + "/direct";
+  ExpectAllOk(RunPair(cluster, "train", "save", direct, {}), cluster);
+  ExpectSameCheckpoint(persisted, direct);
+  std::string out;
+  EXPECT_EQ(cluster.RunCkptctl({"verify", persisted}, &out), 0) << out;
 }
 
 TEST(MemoryPersistE2eTest, EvictionWaitsUntilTheCheckpointIsPersisted) {

@@ -169,12 +169,21 @@ void MemoryTier::Pin(const std::string& name) {
   it->second.pinned = true;
 }
 
-void MemoryTier::Unpin(const std::string& name) {
+void MemoryTier::Unpin(const std::string& name, const std::string& outcome) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) return;
   it->second.pinned = false;
+  it->second.persist_outcome = outcome;
   if (last_keep_ > 0) KeepNewestLocked(last_keep_);
+}
+
+bool MemoryTier::Record(const std::string& name, std::string record) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(name);
+  if (it == entries_.end() || !it->second.complete) return false;
+  it->second.record = std::move(record);
+  return true;
 }
 
 void MemoryTier::Drop(const std::string& name) {
@@ -212,6 +221,8 @@ std::vector<HeldCheckpoint> MemoryTier::List() const {
     h.pinned = e.pinned;
     h.bytes = e.bytes;
     for (const auto& [file, bytes] : e.files) h.files.push_back(file);
+    h.record = e.record;
+    h.persist_outcome = e.persist_outcome;
     out.push_back(std::move(h));
   }
   return out;

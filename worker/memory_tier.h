@@ -49,6 +49,10 @@ struct HeldCheckpoint {
   bool pinned = false;       // awaiting persistence to storage: never evicted (Pin)
   int64_t bytes = 0;
   std::vector<std::string> files;
+  // The coordinator's record of the committed checkpoint (serialized
+  // pb::MemoryCheckpointRecord; "" until its commit was recorded here, see Record).
+  std::string record;
+  std::string persist_outcome;  // how its persistence ended ("" while pinned or never asked)
 };
 
 // The store. Checkpoints are ordered by when their first file arrived.
@@ -72,9 +76,13 @@ class MemoryTier {
   // Pins `name` (kept even when it does not exist yet): a checkpoint awaiting persistence to
   // storage is never evicted, neither for the budget nor by keep-newest, until Unpin.
   void Pin(const std::string& name);
-  // Ends the pin of `name` (persisted, or its persistence failed) and applies keep-newest
-  // (the count of the last Seal) again.
-  void Unpin(const std::string& name);
+  // Ends the pin of `name` (persisted, or its persistence failed: `outcome` says which) and
+  // applies keep-newest (the count of the last Seal) again.
+  void Unpin(const std::string& name, const std::string& outcome = "");
+  // Keeps the coordinator's `record` (opaque here) of committed checkpoint `name`, so that a
+  // restarted coordinator can be told what it committed; false (nothing kept) when `name` is
+  // not held complete here.
+  bool Record(const std::string& name, std::string record);
   // The bytes of `file` of `name`; NotFound naming the worker, checkpoint and file.
   absl::StatusOr<std::shared_ptr<const std::string>> Find(const std::string& name,
                                                           const std::string& file) const;
@@ -93,6 +101,8 @@ class MemoryTier {
     bool pinned = false;
     int64_t bytes = 0;
     std::map<std::string, std::shared_ptr<const std::string>> files;
+    std::string record;           // see HeldCheckpoint
+    std::string persist_outcome;  // see HeldCheckpoint
   };
   // Evicts complete checkpoints (oldest first, never the newest complete one, never `keep`)
   // until `needed` more bytes fit; false (nothing evicted) when they cannot.

@@ -183,4 +183,21 @@ TEST(MemoryTierTest, EncodedFileEqualsTheStorageWritersFile) {
 }
 
 }  // namespace
+TEST(MemoryTierTest, KeepsTheCoordinatorsRecordAndPersistOutcomeOfCompleteCheckpoints) {
+  MemoryTier tier({100, 2, "w"});
+  ASSERT_TRUE(tier.Put("a", "op-1", "f", Bytes(10)).ok());
+  EXPECT_FALSE(tier.Record("a", "rec"));  // not complete yet: its commit cannot have happened
+  EXPECT_FALSE(tier.Record("never", "rec"));
+  tier.Pin("a");
+  tier.Seal("a");
+  EXPECT_TRUE(tier.Record("a", "rec"));
+  tier.Unpin("a", "persisted to /p");
+  std::vector<HeldCheckpoint> held = tier.List();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].record, "rec");
+  EXPECT_EQ(held[0].persist_outcome, "persisted to /p");
+  EXPECT_FALSE(held[0].pinned);
+  EXPECT_EQ(held[0].files, std::vector<std::string>{"f"});
+}
+
 }  // namespace ckpt::worker

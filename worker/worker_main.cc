@@ -310,6 +310,7 @@ std::unique_ptr<ckpt::worker::PersistExecutor> StartPersistence(
   if (*tier != nullptr) {
     ckpt::worker::MemoryTier* held = *tier;
     link.SetEvictionSource([held] { return held->TakeEvicted(); });
+    link.SetHeldMemorySource([held] { return ckpt::worker::DescribeHeld(*held); });
   }
   return persist;
 }

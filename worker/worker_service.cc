@@ -443,7 +443,8 @@ void WorkerService::OnRegistered(const std::string& worker_id) {
 
 void WorkerService::OnWorkItem(const pb::WorkItem& item) {
   if (item.item_case() == pb::WorkItem::kPersist ||
-      item.item_case() == pb::WorkItem::kPersistEnded) {
+      item.item_case() == pb::WorkItem::kPersistEnded ||
+      item.item_case() == pb::WorkItem::kMemoryRecord) {
     if (persist_executor_ != nullptr) persist_executor_->Handle(item);  // its own thread
     return;
   }
