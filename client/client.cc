@@ -142,6 +142,7 @@ class WorkerConnection {
     p.finished = response.phase() == pb::PHASE_DONE || response.phase() == pb::PHASE_ABORTED;
     p.bytes_done = response.bytes_done();
     p.bytes_total = response.bytes_total();
+    p.received_version = response.received_version();
     p.snapshotted = response.snapshotted();
     const pb::SaveSnapshotReport& r = response.snapshot();
     p.snapshot = SnapshotInfo{r.copied_bytes(),
@@ -295,6 +296,13 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
 }
 
 absl::Status Client::Load(const std::string& path, StateDict& state, const LoadOptions& options) {
+  absl::StatusOr<OperationProgress> p = LoadToEnd(path, state, options);
+  if (!p.ok()) return p.status();
+  return p->status;
+}
+
+absl::StatusOr<OperationProgress> Client::LoadToEnd(const std::string& path, StateDict& state,
+                                                    const LoadOptions& options) {
   absl::StatusOr<pb::LoadAlgorithm> algorithm = ParseLoadAlgorithm(options.exchange_algorithm);
   if (!algorithm.ok()) {
     return absl::InvalidArgumentError(
@@ -304,10 +312,7 @@ absl::Status Client::Load(const std::string& path, StateDict& state, const LoadO
       Transfer(false, path, state, {}, "", options.arrival_timeout, Lending::kNone, *algorithm,
                options.memory_budget_bytes, -1, "", false, options.process_groups);
   if (!op.ok()) return op.status();
-  absl::StatusOr<OperationProgress> p =
-      connection_->WaitFinal(session_id_, *op, options.arrival_timeout + options.deadline);
-  if (!p.ok()) return p.status();
-  return p->status;
+  return connection_->WaitFinal(session_id_, *op, options.arrival_timeout + options.deadline);
 }
 
 absl::StatusOr<PollResult> Client::Poll(StateDict& state) {

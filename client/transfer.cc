@@ -151,23 +151,25 @@ absl::StatusOr<StateDict*> Client::ShadowFor(const std::string& name, const Stat
   return shadow.get();
 }
 
-absl::Status Client::Receive(const std::string& name, StateDict& state,
-                             const ReceiveOptions& options) {
+absl::StatusOr<ReceivedVersion> Client::Receive(const std::string& name, StateDict& state,
+                                                const ReceiveOptions& options) {
   absl::StatusOr<StateDict*> shadow = ShadowFor(name, state);
   if (!shadow.ok()) return shadow.status();
   LoadOptions load;
   load.arrival_timeout = options.arrival_timeout;
   load.deadline = options.deadline;
   load.memory_budget_bytes = options.memory_budget_bytes;
-  absl::Status received = Load(TransferPath(name, options.version, options.verify), **shadow, load);
-  if (!received.ok()) return received;  // `state` untouched: still the previous version
+  absl::StatusOr<OperationProgress> received =
+      LoadToEnd(TransferPath(name, options.version, options.verify), **shadow, load);
+  if (!received.ok()) return received.status();  // `state` untouched: the previous version
+  if (!received->status.ok()) return received->status;
   // Every rank (and every serving worker) reported success: the version is whole. Copy it in.
   if (absl::Status copied = CopyTensors(**shadow, state); !copied.ok()) {
     return absl::Status(copied.code(),
                         absl::StrCat("receiving ", TransferPath(name, 0),
                                      ": the version arrived whole, but ", copied.message()));
   }
-  return absl::OkStatus();
+  return ReceivedVersion{name, received->received_version};
 }
 
 }  // namespace ckpt::client

@@ -6,7 +6,7 @@
 //   auto published = client->Publish("policy", *state, {.version = step});
 //   ... training continues at once (snapshot semantics) ...
 //   // inference job, when it wants fresh weights (collective over its ranks):
-//   absl::Status s = client->Receive("policy", *state, {});   // the newest version
+//   absl::StatusOr<ReceivedVersion> got = client->Receive("policy", *state, {});  // newest
 //
 // Publish is a memory save to xfer://<name>@<version>: each source worker keeps its rank's
 // files in its memory tier (no replicas by default), and Publish returns once the bytes left
@@ -51,6 +51,13 @@ struct ReceiveOptions {
   absl::Duration arrival_timeout = absl::Minutes(5);
   absl::Duration deadline = absl::Hours(1);  // the whole receive must finish by then
   int64_t memory_budget_bytes = 0;           // bytes in flight per rank and wave (0: default)
+};
+
+// What a Receive delivered: the name and the published version (the newest when the caller
+// asked for none).
+struct ReceivedVersion {
+  std::string name;
+  int64_t version = 0;
 };
 
 // A publish in flight: the version and, through WaitPublished, when receivers can read it.

@@ -263,6 +263,7 @@ absl::StatusOr<std::vector<RankPlan>> ReceiveKind::Plan(const Operation& op) {
     patch.rank_workers.push_back(op.ranks[r].location.worker_id);
   for (const std::string& worker : serving->worker_ids) patch.rank_workers.push_back(worker);
   if (absl::Status s = Patch(patch, *serving, &*plans); !s.ok()) return s;
+  for (RankPlan& plan : *plans) plan.received_version = version->version;
   return *std::move(plans);
 }
 

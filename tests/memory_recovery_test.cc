@@ -28,7 +28,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int kLeaseMs = 600;
+// Long enough that a busy machine does not cost a worker its lease mid-save (the restart is
+// noticed through the broken work stream, not the lease).
+constexpr int kLeaseMs = 2000;
 const std::vector<std::string> kRows = {"--global_rows", "4", "--elements", "4096"};
 
 // Workers 0..n-1: the first half on hostA, the rest on hostB.

@@ -130,6 +130,7 @@ TEST(TransferTest, TwoVersionsFromTp4Dp2IntoTp2ThreeReplicasAreBitExactReusingTh
   ASSERT_TRUE(WaitFor([&] { return AllSaid(jobs.dest, "received 1 "); })) << ClusterLogs(cluster);
   for (Child* d : jobs.dest) {
     EXPECT_THAT(d->Stdout(), HasSubstr("received 1 0 \n")) << d->Stdout() << ClusterLogs(cluster);
+    EXPECT_THAT(d->Stdout(), HasSubstr("version policy 1\n")) << d->Stdout();  // as reported
     EXPECT_THAT(d->Stdout(), HasSubstr("holds 1\n")) << d->Stdout();
   }
   Touch(dir + "/publish.2");
@@ -139,6 +140,7 @@ TEST(TransferTest, TwoVersionsFromTp4Dp2IntoTp2ThreeReplicasAreBitExactReusingTh
   ASSERT_TRUE(WaitFor([&] { return AllSaid(jobs.dest, "received 2 "); })) << ClusterLogs(cluster);
   for (Child* d : jobs.dest) {
     EXPECT_THAT(d->Stdout(), HasSubstr("received 2 0 \n")) << d->Stdout() << ClusterLogs(cluster);
+    EXPECT_THAT(d->Stdout(), HasSubstr("version policy 2\n")) << d->Stdout();
     EXPECT_THAT(d->Stdout(), HasSubstr("holds 2\n")) << d->Stdout();
   }
   // Served by the two workers holding the main replica's files (DP rank 0: workers 0 and 1),
@@ -150,6 +152,8 @@ TEST(TransferTest, TwoVersionsFromTp4Dp2IntoTp2ThreeReplicasAreBitExactReusingTh
   EXPECT_EQ(receives[1].transfer_serving_ranks(), 2);
   EXPECT_TRUE(receives[1].transfer_plan_reused());
   EXPECT_EQ(receives[1].phase(), pb::PHASE_DONE);
+  EXPECT_EQ(receives[0].received_version(), 1);
+  EXPECT_EQ(receives[1].received_version(), 2);
   pb::GetStatusResponse status = cluster.Status();
   ASSERT_EQ(status.published_size(), 1);
   EXPECT_EQ(status.published(0).name(), "policy");

@@ -380,6 +380,7 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
       response->set_message(op.status().message());
       response->set_bytes_done(op.bytes_done());
       response->set_bytes_total(op.bytes_total());
+      response->set_received_version(op.received_version());
       response->set_snapshotted(snapshotted);
       if (snapshotted) *response->mutable_snapshot() = report;
       return grpc::Status::OK;

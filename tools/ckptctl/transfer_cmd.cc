@@ -49,6 +49,8 @@ void PrintTransferOperations(const pb::GetStatusResponse& status) {
         "  ", op.id(), "  ", receive ? "receive" : "publish", " ", op.path(), "  job=", op.job(),
         "  ", OperationPhaseName(op.phase()), "  ", op.world_size(), " ranks");
     if (receive) {
+      if (op.received_version() > 0)
+        absl::StrAppend(&line, " (version ", op.received_version(), ")");
       absl::StrAppend(&line, " + ", op.transfer_serving_ranks(), " serving  plan ",
                       op.transfer_plan_reused() ? "reused" : "planned");
     }
