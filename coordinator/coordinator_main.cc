@@ -101,8 +101,8 @@ ABSL_FLAG(int64_t, max_reshard_ranks_per_worker, 1024,
           "a cluster reshard (ckptctl reshard --coordinator) places at most this many target "
           "ranks on each live worker; a larger target layout is refused up front");
 ABSL_FLAG(int, transfer_keep_versions, 2,
-          "live transfer: published versions of each name kept receivable (at least 1); the "
-          "source workers' --memory_tier_keep must keep as many memory checkpoints");
+          "live transfer: published versions of each name kept receivable (at least 1), by "
+          "the catalog and by the source workers (per name, apart from --memory_keep)");
 ABSL_FLAG(std::string, state_dir, "",
           "directory journaling the staging directories of saves/reshards in flight, so that a "
           "restarted coordinator removes what a crashed one left (one coordinator per directory)");

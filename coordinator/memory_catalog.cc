@@ -40,13 +40,24 @@ pb::MemoryCheckpointRecord RecordOf(const MemoryCheckpoint& checkpoint) {
   return record;
 }
 
+std::string RetentionGroupOfPublished(const std::string& published_name) {
+  return published_name.empty() ? "" : absl::StrCat("xfer:", published_name);
+}
+
+std::string RetentionGroup(const MemoryCheckpoint& checkpoint) {
+  return RetentionGroupOfPublished(checkpoint.published_name);
+}
+
 namespace {
 
-// Oldest first: by commit time, then commit order (adopted checkpoints arrive in any order).
+// The checkpoints of retention `group`, oldest first: by commit time, then commit order
+// (adopted checkpoints arrive in any order).
 std::vector<std::pair<std::pair<absl::Time, int64_t>, std::string>> ByAge(
-    const std::map<std::string, MemoryCheckpoint>& committed) {
+    const std::map<std::string, MemoryCheckpoint>& committed, const std::string& group) {
   std::vector<std::pair<std::pair<absl::Time, int64_t>, std::string>> by_age;
-  for (const auto& [n, c] : committed) by_age.push_back({{c.committed, c.sequence}, n});
+  for (const auto& [n, c] : committed) {
+    if (RetentionGroup(c) == group) by_age.push_back({{c.committed, c.sequence}, n});
+  }
   std::sort(by_age.begin(), by_age.end());
   return by_age;
 }
@@ -111,6 +122,7 @@ absl::StatusOr<std::vector<std::string>> MemoryCatalog::Commit(const std::string
   }
   claims_.erase(claim);
   std::string name = checkpoint.name;
+  const std::string group = RetentionGroup(checkpoint);
   checkpoint.sequence = next_sequence_++;
   for (const auto& [file, holders] : checkpoint.holders) {
     for (const MemoryHolder& h : holders) {
@@ -118,13 +130,14 @@ absl::StatusOr<std::vector<std::string>> MemoryCatalog::Commit(const std::string
     }
   }
   committed_[name] = std::move(checkpoint);
-  return ForgetBeyondLocked(keep_newest);
+  return ForgetBeyondLocked(keep_newest, group);
 }
 
-std::vector<std::string> MemoryCatalog::ForgetBeyondLocked(int keep_newest) {
+std::vector<std::string> MemoryCatalog::ForgetBeyondLocked(int keep_newest,
+                                                           const std::string& group) {
   std::vector<std::string> forgotten;
-  if (keep_newest <= 0 || static_cast<int>(committed_.size()) <= keep_newest) return forgotten;
-  const auto by_age = ByAge(committed_);
+  if (keep_newest <= 0) return forgotten;
+  const auto by_age = ByAge(committed_, group);
   for (size_t i = 0; i + keep_newest < by_age.size(); ++i) {
     if (committed_[by_age[i].second].persist_state == PersistState::kPersisting) continue;
     committed_.erase(by_age[i].second);
@@ -134,12 +147,10 @@ std::vector<std::string> MemoryCatalog::ForgetBeyondLocked(int keep_newest) {
   return forgotten;
 }
 
-absl::Status MemoryCatalog::CheckRoomForOneMore(int keep_newest) const {
+absl::Status MemoryCatalog::CheckRoomForOneMore(int keep_newest, const std::string& group) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (keep_newest <= 0 || static_cast<int>(committed_.size()) < keep_newest) {
-    return absl::OkStatus();
-  }
-  const auto by_age = ByAge(committed_);
+  if (keep_newest <= 0) return absl::OkStatus();
+  const auto by_age = ByAge(committed_, group);
   // The ones the next commit forgets: all but the newest keep_newest - 1.
   for (size_t i = 0; i + keep_newest <= by_age.size(); ++i) {
     const MemoryCheckpoint& old = committed_.at(by_age[i].second);
@@ -164,7 +175,7 @@ absl::StatusOr<std::vector<std::string>> MemoryCatalog::SetPersistState(const st
   it->second.persist_state = state;
   it->second.persist_detail = detail;
   if (state == PersistState::kPersisting) return std::vector<std::string>();
-  return ForgetBeyondLocked(keep_newest);
+  return ForgetBeyondLocked(keep_newest, RetentionGroup(it->second));
 }
 
 bool MemoryCatalog::DropHolderLocked(MemoryCheckpoint& checkpoint, const std::string& worker_id,

@@ -66,6 +66,11 @@ struct MemoryCheckpoint {
   bool rebuilt = false;
 };
 
+// The retention group `checkpoint` is counted in by keep-newest: "xfer:<name>" for the published
+// versions of transfer name <name>, "" for plain memory checkpoints (SavePlanPart.retention_group).
+std::string RetentionGroup(const MemoryCheckpoint& checkpoint);
+std::string RetentionGroupOfPublished(const std::string& published_name);
+
 // What the workers holding `checkpoint` keep of it (WorkItem.memory_record).
 pb::MemoryCheckpointRecord RecordOf(const MemoryCheckpoint& checkpoint);
 
@@ -84,14 +89,16 @@ class MemoryCatalog {
   // Gives up the claim of a save that did not commit (no-op for another operation's claim).
   void Release(const std::string& name, const std::string& operation_id);
   // Records the committed checkpoint (the claim of `operation_id` ends), then forgets the
-  // committed checkpoints older than the newest `keep_newest` (the workers evict them when
-  // this one is complete on them; 0: keep all). Returns the names forgotten.
+  // committed checkpoints of its retention group older than the group's newest `keep_newest`
+  // (the workers evict them when this one is complete on them; 0: keep all). Returns the names
+  // forgotten.
   absl::StatusOr<std::vector<std::string>> Commit(const std::string& operation_id,
                                                   MemoryCheckpoint checkpoint, int keep_newest = 0);
-  // Before a save that keeps the newest `keep_newest` (0: all) is planned: ResourceExhausted
-  // naming the checkpoint and its storage path when committing one more would have to forget
-  // a checkpoint still being persisted (it is evicted only once persisted).
-  absl::Status CheckRoomForOneMore(int keep_newest) const;
+  // Before a save into retention `group` that keeps the newest `keep_newest` (0: all) is
+  // planned: ResourceExhausted naming the checkpoint and its storage path when committing one
+  // more would have to forget a checkpoint of the group still being persisted (it is evicted
+  // only once persisted).
+  absl::Status CheckRoomForOneMore(int keep_newest, const std::string& group = "") const;
   // Records how the persistence of `name` stands; NotFound for an unknown name. Once it ended
   // (persisted or failed), checkpoints beyond the newest `keep_newest` are forgotten as in
   // Commit; returns their names.
@@ -137,8 +144,9 @@ class MemoryCatalog {
   // Adopts one reported copy; returns its log line. Requires mu_.
   std::string AdoptLocked(const std::string& worker_id, const std::string& host,
                           const pb::HeldMemoryCheckpoint& held);
-  // Forgets committed checkpoints beyond the newest `keep_newest`, never one being persisted.
-  std::vector<std::string> ForgetBeyondLocked(int keep_newest);
+  // Forgets committed checkpoints of `group` beyond its newest `keep_newest`, never one being
+  // persisted.
+  std::vector<std::string> ForgetBeyondLocked(int keep_newest, const std::string& group);
   // Moves `worker_id`'s copies of `checkpoint` to its lost ones; whether it held any.
   static bool DropHolderLocked(MemoryCheckpoint& checkpoint, const std::string& worker_id,
                                bool evicted);

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -129,4 +130,34 @@ TEST(MemoryCatalogTest, AWorkerDeclaredDeadThatRegistersAgainGetsItsCopiesBack) 
 }
 
 }  // namespace
+TEST(MemoryCatalogTest, KeepNewestCountsEachRetentionGroupApart) {
+  MemoryCatalog catalog;
+  int op = 0;
+  auto commit = [&](const std::string& name, const std::string& published) {
+    const std::string id = absl::StrCat("op-", ++op);
+    MemoryCheckpoint c = TwoFiles(name);
+    c.committed = absl::FromUnixMillis(op);
+    c.published_name = published;
+    EXPECT_TRUE(catalog.Claim(name, id).ok());
+    return *catalog.Commit(id, c, /*keep_newest=*/2);
+  };
+  EXPECT_TRUE(commit("a1", "").empty());
+  EXPECT_TRUE(commit("p.v1", "p").empty());
+  EXPECT_TRUE(commit("a2", "").empty());
+  EXPECT_TRUE(commit("p.v2", "p").empty());
+  EXPECT_EQ(commit("p.v3", "p"), std::vector<std::string>{"p.v1"});  // not a1
+  EXPECT_EQ(commit("a3", ""), std::vector<std::string>{"a1"});       // not p.v2
+  EXPECT_TRUE(catalog.Find("p.v2").ok());
+  EXPECT_EQ(RetentionGroup(*catalog.Find("p.v2")), "xfer:p");
+  // A checkpoint of one group being persisted does not block a save of another group.
+  MemoryCheckpoint persisting = TwoFiles("a4");
+  persisting.committed = absl::FromUnixMillis(100);
+  persisting.persist_state = PersistState::kPersisting;
+  persisting.persist_to = "/p";
+  ASSERT_TRUE(catalog.Claim("a4", "op-x").ok());
+  ASSERT_TRUE(catalog.Commit("op-x", persisting, 1).ok());
+  EXPECT_EQ(catalog.CheckRoomForOneMore(1, "").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(catalog.CheckRoomForOneMore(1, "xfer:p").ok());
+}
+
 }  // namespace ckpt::coordinator

@@ -96,10 +96,17 @@ absl::StatusOr<std::vector<std::vector<int>>> PlaceReplicas(const Operation& op,
 }
 
 absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::Plan(const Operation& op) {
+  return PlanInGroup(op, "");
+}
+
+absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::PlanInGroup(const Operation& op,
+                                                                  const std::string& group) {
   absl::StatusOr<std::string> name = MemoryCheckpointName(op.path);
   if (!name.ok()) return name.status();
   // Keep-newest would evict a checkpoint still being persisted: refused, naming what it waits for.
-  if (absl::Status room = catalog_->CheckRoomForOneMore(keep_newest_); !room.ok()) return room;
+  if (absl::Status room = catalog_->CheckRoomForOneMore(keep_newest_, group); !room.ok()) {
+    return room;
+  }
   const int replicas = op.memory_replicas >= 0 ? op.memory_replicas : replicas_;
   absl::StatusOr<std::vector<std::vector<int>>> placement = PlaceReplicas(op, replicas);
   if (!placement.ok()) return placement.status();
@@ -120,6 +127,7 @@ absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::Plan(const Operation& op) 
     if (replicas > 0) part.set_group(absl::StrCat("save/", op.id));  // no copies: no exchange
     part.set_world_size(op.world_size);
     part.set_keep_newest(keep_newest_);
+    part.set_retention_group(group);
     part.set_persist_pending(!op.persist_to.empty());  // pinned until persisted or failed
     (*plans)[r].part = part.SerializeAsString();
   }

@@ -181,7 +181,8 @@ absl::StatusOr<std::vector<RankPlan>> PublishKind::Plan(const Operation& op) {
   if (!version.ok()) return version.status();
   absl::StatusOr<Operation> save = AsMemorySave(op);
   absl::StatusOr<std::vector<RankPlan>> plans =
-      save.ok() ? memory_.Plan(*save) : absl::StatusOr<std::vector<RankPlan>>(save.status());
+      save.ok() ? memory_.PlanInGroup(*save, RetentionGroupOfPublished(path->name))
+                : absl::StatusOr<std::vector<RankPlan>>(save.status());
   if (!plans.ok()) {
     registry_->Release(op.id);
     return absl::Status(plans.status().code(),

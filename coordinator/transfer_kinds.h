@@ -53,8 +53,10 @@ void PublishedToProto(const PublishedRegistry& registry, const MemoryCatalog* ca
 class PublishKind final : public OperationKindHandler {
  public:
   // `catalog` and `registry` must outlive this.
+  // The source workers keep the registry's newest K versions of each name (retention group
+  // "xfer:<name>"), besides whatever else their memory tiers hold.
   PublishKind(MemoryCatalog* catalog, PublishedRegistry* registry)
-      : registry_(registry), memory_(catalog, /*replicas=*/0) {}
+      : registry_(registry), memory_(catalog, /*replicas=*/0, registry->keep_versions()) {}
 
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
   absl::Status Commit(const Operation& op) override;

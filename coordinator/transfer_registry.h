@@ -56,6 +56,8 @@ class PublishedRegistry {
   explicit PublishedRegistry(int keep_versions = 2)
       : keep_versions_(keep_versions < 1 ? 1 : keep_versions) {}
 
+  int keep_versions() const { return keep_versions_; }
+
   // Reserves the version a publish `operation_id` of `name` will commit: `requested`, or one
   // more than the newest published or reserved version when 0. FailedPrecondition naming the
   // name, the version and the newest one when `requested` is not newer than every published or

@@ -327,4 +327,40 @@ TEST(TransferTest, AMemoryLoadReadsFilesHeldOnlyOutsideItsRanksThroughServingPar
 }
 
 }  // namespace
+TEST(TransferTest, PublishingManyVersionsKeepsTheNewestKPerNameAndNeverEvictsAMemoryCheckpoint) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(
+      cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs), "--memory_replicas=0",
+                                "--memory_keep=1", "--transfer_keep_versions=2"}));
+  cluster.StartWorker(0, {"--memory_tier_keep=1"});
+  const std::vector<std::string> row = {"--global_rows", "1", "--elements", "4096"};
+  for (Child* t : RunRanksOn(cluster, {0}, "train", "save", "mem://ckpt", row)) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+  }
+  // Three versions of "policy" from the same worker (the step files exist: no waiting).
+  const std::string dir = FreshDir("steps");
+  Touch(dir + "/publish.2");
+  Touch(dir + "/publish.3");
+  Child* source =
+      StartProbe(cluster, 0, "trainer", 0, 1,
+                 {"--mode", "publish", "--name", "policy", "--versions", "3", "--step_dir", dir,
+                  "--tp", "1", "--global_rows", "1", "--elements", "4096"});
+  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(source->Stdout(), "durable 3 "); }))
+      << source->Stdout() << ClusterLogs(cluster);
+  EXPECT_THAT(source->Stdout(), HasSubstr("durable 3 0 "));
+  // The catalog keeps the newest two versions and the memory checkpoint.
+  std::vector<std::string> names;
+  const pb::GetStatusResponse status = cluster.Status();
+  for (const pb::MemoryCheckpointStatus& m : status.memory_checkpoints()) {
+    names.push_back(m.name());
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"ckpt", "policy.v2", "policy.v3"}));
+  // The worker evicted only policy.v1 (its name's oldest): the memory checkpoint still loads.
+  for (Child* t : RunRanksOn(cluster, {0}, "serve", "load", "mem://ckpt", row)) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+    EXPECT_THAT(t->Stdout(), HasSubstr("verified")) << t->Stdout();
+  }
+  EXPECT_THAT(cluster.worker(0).Stderr(), ::testing::Not(HasSubstr("evicted=mem://ckpt")));
+}
+
 }  // namespace ckpt::testing
