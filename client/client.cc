@@ -279,8 +279,17 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
                                                          const StateDict& state,
                                                          const SaveOptions& options) {
   if (absl::Status s = CheckMemorySaveOptions(path, options); !s.ok()) return s;
+  // A memory save keeps host bytes: device tensors go through a host shadow (never lent: the
+  // next save refills it).
+  Lending lending = options.lending;
+  absl::StatusOr<const StateDict*> source = &state;
+  if (path.rfind("mem://", 0) == 0) {
+    source = StagedOnHost("memory-save", absl::StrCat("saving ", path), state);
+    if (!source.ok()) return source.status();
+    if (*source != &state) lending = Lending::kNone;
+  }
   absl::StatusOr<std::string> op =
-      Transfer(true, path, state, options.metadata, "", options.arrival_timeout, options.lending,
+      Transfer(true, path, **source, options.metadata, "", options.arrival_timeout, lending,
                pb::LOAD_ALGORITHM_UNSPECIFIED, 0, options.memory_replicas, options.persist_to,
                options.persist_overwrite, options.process_groups);
   if (!op.ok()) return op.status();

@@ -203,6 +203,11 @@ class Client {
   Client(ResolvedOptions options, std::shared_ptr<WorkerConnection> connection);
   // The shadow of `state` Receive of `name` receives into (kept while its tensors match).
   absl::StatusOr<StateDict*> ShadowFor(const std::string& name, const StateDict& state);
+  // `state` itself when it has no device tensors; otherwise the host shadow kept under `key`,
+  // filled with `state`'s bytes now (device tensors copied with CopyDeviceToHost): what a memory
+  // save or publish hands the worker, whose memory tier holds host bytes (client/transfer.cc).
+  absl::StatusOr<const StateDict*> StagedOnHost(const std::string& key, const std::string& what,
+                                                const StateDict& state);
   // Load up to its end: the final progress (its status says how the load ended).
   absl::StatusOr<OperationProgress> LoadToEnd(const std::string& path, StateDict& state,
                                               const LoadOptions& options);

@@ -1,4 +1,5 @@
-// Client::Publish and Client::Receive (client/transfer.h), over Save and Load of xfer:// paths.
+// Client::Publish and Client::Receive (client/transfer.h), over Save and Load of xfer:// paths,
+// and the host shadows that stage device tensors for them and for memory saves (mem://).
 #include "client/transfer.h"
 
 #include <cstring>
@@ -107,21 +108,27 @@ absl::StatusOr<std::unique_ptr<PublishHandle>> Client::Publish(const std::string
   save.memory_replicas = options.memory_replicas;
   // A published version lives in the source workers' memory tiers, which hold host bytes: device
   // tensors are copied into a host shadow here first (the snapshot: the trainer may go on).
-  const StateDict* source = &state;
-  if (HasDeviceTensors(state)) {
-    absl::StatusOr<StateDict*> shadow = ShadowFor(absl::StrCat("publish:", name), state);
-    if (!shadow.ok()) return shadow.status();
-    if (absl::Status s = CopyTensors(state, **shadow); !s.ok()) {
-      return absl::Status(
-          s.code(), absl::StrCat("publishing ", TransferPath(name, version), ": ", s.message()));
-    }
-    source = *shadow;
-  }
+  absl::StatusOr<const StateDict*> source =
+      StagedOnHost(absl::StrCat("publish:", name),
+                   absl::StrCat("publishing ", TransferPath(name, version)), state);
+  if (!source.ok()) return source.status();
   absl::StatusOr<std::unique_ptr<SaveHandle>> handle =
-      Save(TransferPath(name, version), *source, save);
+      Save(TransferPath(name, version), **source, save);
   if (!handle.ok()) return handle.status();
   published_versions_[name] = version;
   return std::make_unique<PublishHandle>(*std::move(handle), name, version);
+}
+
+absl::StatusOr<const StateDict*> Client::StagedOnHost(const std::string& key,
+                                                      const std::string& what,
+                                                      const StateDict& state) {
+  if (!HasDeviceTensors(state)) return &state;
+  absl::StatusOr<StateDict*> shadow = ShadowFor(key, state);
+  if (!shadow.ok()) return shadow.status();
+  if (absl::Status s = CopyTensors(state, **shadow); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  }
+  return *shadow;
 }
 
 absl::StatusOr<StateDict*> Client::ShadowFor(const std::string& name, const StateDict& state) {
@@ -143,9 +150,9 @@ absl::StatusOr<StateDict*> Client::ShadowFor(const std::string& name, const Stat
     absl::StatusOr<StateTensor*> added = shadow->AddHost(spec);
     if (!added.ok()) {
       shadows_.erase(name);
-      return absl::Status(added.status().code(), absl::StrCat("receiving ", TransferPath(name, 0),
-                                                              ": allocating the shadow of ", t->key,
-                                                              ": ", added.status().message()));
+      return absl::Status(added.status().code(),
+                          absl::StrCat("allocating the host shadow (", name, ") of ", t->key, ": ",
+                                       added.status().message()));
     }
   }
   return shadow.get();
