@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/memory_path.h"
+#include "common/transfer_path.h"
 #include "proto/wire_names.h"
 #include "proto/worker.grpc.pb.h"
 
@@ -20,13 +22,13 @@ namespace {
 // value for a negative replica count (other than -1, the default), a mem:// persist_to, or a
 // persist_to on a storage save (it is durable already).
 absl::Status CheckMemorySaveOptions(const std::string& path, const SaveOptions& options) {
-  const bool memory = path.rfind("mem://", 0) == 0;
+  const bool memory = IsMemoryPath(path);
   if (options.memory_replicas < -1) {
     return absl::InvalidArgumentError(
         absl::StrCat("save of ", path, ": negative memory_replicas ", options.memory_replicas));
   }
   if (options.persist_to.empty()) return absl::OkStatus();
-  if (options.persist_to.rfind("mem://", 0) == 0) {
+  if (IsMemoryPath(options.persist_to)) {
     return absl::InvalidArgumentError(
         absl::StrCat("save of ", path, ": persist_to '", options.persist_to,
                      "' is a memory path; a memory checkpoint is persisted to storage"));
@@ -252,7 +254,7 @@ absl::StatusOr<std::string> Client::Transfer(
   std::error_code ec;
   std::filesystem::path absolute = std::filesystem::absolute(path, ec);
   // A memory checkpoint's path (mem://<name>) and a transfer's (xfer://<name>) are names.
-  const bool memory = path.rfind("mem://", 0) == 0 || path.rfind("xfer://", 0) == 0;
+  const bool memory = IsMemoryPath(path) || IsTransferPath(path);
   request.set_path(path.empty() || ec || memory ? path : absolute.string());
   request.mutable_metadata()->insert(metadata.begin(), metadata.end());
   request.set_operation_id(operation_id);
@@ -283,7 +285,7 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
   // next save refills it).
   Lending lending = options.lending;
   absl::StatusOr<const StateDict*> source = &state;
-  if (path.rfind("mem://", 0) == 0) {
+  if (IsMemoryPath(path)) {
     source = StagedOnHost("memory-save", absl::StrCat("saving ", path), state);
     if (!source.ok()) return source.status();
     if (*source != &state) lending = Lending::kNone;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "common/transfer_path.h"
 #include "device/gpu.h"
 
 namespace ckpt::client {
@@ -27,20 +28,6 @@ bool SameTensors(const StateDict& shadow, const StateDict& state) {
 }
 
 }  // namespace
-
-std::string TransferPath(const std::string& name, int64_t version, bool verify) {
-  std::string path = absl::StrCat("xfer://", name);
-  if (version > 0) absl::StrAppend(&path, "@", version);
-  if (verify) absl::StrAppend(&path, "?verify");
-  return path;
-}
-
-bool IsTransferPath(const std::string& path) { return path.rfind("xfer://", 0) == 0; }
-
-std::string TransferNameOf(const std::string& path) {
-  const std::string rest = IsTransferPath(path) ? path.substr(7) : path;
-  return rest.substr(0, rest.find_first_of("@?"));
-}
 
 namespace {
 
@@ -93,8 +80,8 @@ const std::string& PublishHandle::operation_id() const { return save_->operation
 absl::Status PublishHandle::WaitPublished(absl::Duration timeout) {
   absl::Status s = save_->WaitDurable(timeout);
   if (s.ok()) return s;
-  return absl::Status(
-      s.code(), absl::StrCat("publishing ", TransferPath(name_, version_), ": ", s.message()));
+  return absl::Status(s.code(), absl::StrCat("publishing ", TransferPathString(name_, version_),
+                                             ": ", s.message()));
 }
 
 absl::StatusOr<std::unique_ptr<PublishHandle>> Client::Publish(const std::string& name,
@@ -110,10 +97,10 @@ absl::StatusOr<std::unique_ptr<PublishHandle>> Client::Publish(const std::string
   // tensors are copied into a host shadow here first (the snapshot: the trainer may go on).
   absl::StatusOr<const StateDict*> source =
       StagedOnHost(absl::StrCat("publish:", name),
-                   absl::StrCat("publishing ", TransferPath(name, version)), state);
+                   absl::StrCat("publishing ", TransferPathString(name, version)), state);
   if (!source.ok()) return source.status();
   absl::StatusOr<std::unique_ptr<SaveHandle>> handle =
-      Save(TransferPath(name, version), **source, save);
+      Save(TransferPathString(name, version), **source, save);
   if (!handle.ok()) return handle.status();
   published_versions_[name] = version;
   return std::make_unique<PublishHandle>(*std::move(handle), name, version);
@@ -167,13 +154,13 @@ absl::StatusOr<ReceivedVersion> Client::Receive(const std::string& name, StateDi
   load.deadline = options.deadline;
   load.memory_budget_bytes = options.memory_budget_bytes;
   absl::StatusOr<OperationProgress> received =
-      LoadToEnd(TransferPath(name, options.version, options.verify), **shadow, load);
+      LoadToEnd(TransferPathString(name, options.version, options.verify), **shadow, load);
   if (!received.ok()) return received.status();  // `state` untouched: the previous version
   if (!received->status.ok()) return received->status;
   // Every rank (and every serving worker) reported success: the version is whole. Copy it in.
   if (absl::Status copied = CopyTensors(**shadow, state); !copied.ok()) {
     return absl::Status(copied.code(),
-                        absl::StrCat("receiving ", TransferPath(name, 0),
+                        absl::StrCat("receiving ", TransferPathString(name, 0),
                                      ": the version arrived whole, but ", copied.message()));
   }
   return ReceivedVersion{name, received->received_version};

@@ -78,11 +78,7 @@ class PublishHandle {
   int64_t version_;
 };
 
-// "xfer://<name>" or "xfer://<name>@<version>", with "?verify" when asked.
-std::string TransferPath(const std::string& name, int64_t version, bool verify = false);
-// Whether `path` is a transfer path (xfer://...), and its name (up to '@' or '?').
-bool IsTransferPath(const std::string& path);
-std::string TransferNameOf(const std::string& path);
+// The transfer path vocabulary (xfer://<name>@<version>[?verify]) is common/transfer_path.h.
 
 class StateDict;
 // Copies every tensor of `from` into the same tensor of `to` (same declarations, in order; one

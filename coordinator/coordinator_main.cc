@@ -246,7 +246,7 @@ void Announce(const Settings& settings, const std::string& address,
   }
 }
 
-using ckpt::coordinator::IsTransferPath;
+using ckpt::IsTransferPath;
 using ckpt::coordinator::PathDispatchKind;
 
 int Run(const std::vector<std::string>& checkpoint_roots) {

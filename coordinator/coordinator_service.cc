@@ -221,7 +221,7 @@ absl::StatusOr<std::string> CoordinatorService::CheckpointPath(absl::string_view
       return absl::FailedPreconditionError(
           absl::StrCat(what, " '", path, "' refused: this coordinator has no live transfer"));
     }
-    absl::StatusOr<ReceivePath> parsed = ParseReceivePath(path);
+    absl::StatusOr<TransferPath> parsed = ParseTransferPath(path);
     if (!parsed.ok()) return parsed.status();
     return std::string(path);
   }

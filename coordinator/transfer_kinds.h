@@ -36,14 +36,6 @@
 
 namespace ckpt::coordinator {
 
-// The options of a receive path: "xfer://<name>[@<version>][?verify]".
-struct ReceivePath {
-  TransferPath path;
-  bool verify = false;
-};
-// InvalidArgument naming the path for anything but the forms above.
-absl::StatusOr<ReceivePath> ParseReceivePath(absl::string_view path);
-
 // The registry's names and versions with their bytes and holders from `catalog` (may be null),
 // for GetStatus / `ckptctl transfer list`.
 void PublishedToProto(const PublishedRegistry& registry, const MemoryCatalog* catalog,

@@ -17,27 +17,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/transfer_path.h"
 
 namespace ckpt::coordinator {
 
-inline constexpr absl::string_view kTransferPathPrefix = "xfer://";
-// Names are memory checkpoint names with room for ".v<version>" (common/memory_path.h).
-inline constexpr size_t kMaxTransferNameLength = 100;
+// The transfer path vocabulary (xfer://<name>@<version>) is common/transfer_path.h.
 
-// A parsed transfer path.
-struct TransferPath {
-  std::string name;
-  int64_t version = 0;  // 0: none given (publish: the next; receive: the newest)
-};
-
-// True when `path` starts with "xfer://" (whether or not the rest is valid).
-bool IsTransferPath(absl::string_view path);
-// "xfer://<name>" or "xfer://<name>@<version>" (version a positive decimal integer); the name
-// 1-100 characters of letters, digits, '.', '_' and '-'. InvalidArgument naming the path
-// (escaped, cut) otherwise.
-absl::StatusOr<TransferPath> ParseTransferPath(absl::string_view path);
-// "xfer://<name>@<version>" ("xfer://<name>" for version 0).
-std::string TransferPathString(const std::string& name, int64_t version);
 // The memory checkpoint a published version is kept as: "<name>.v<version>".
 std::string PublishedCheckpointName(const std::string& name, int64_t version);
 

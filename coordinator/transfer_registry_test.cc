@@ -8,24 +8,7 @@
 namespace ckpt::coordinator {
 namespace {
 
-TEST(TransferPathTest, ParsesNamesAndVersionsAndRefusesHostileOnes) {
-  absl::StatusOr<TransferPath> newest = ParseTransferPath("xfer://policy");
-  ASSERT_TRUE(newest.ok()) << newest.status();
-  EXPECT_EQ(newest->name, "policy");
-  EXPECT_EQ(newest->version, 0);
-  absl::StatusOr<TransferPath> exact = ParseTransferPath("xfer://policy-7b.main@12");
-  ASSERT_TRUE(exact.ok()) << exact.status();
-  EXPECT_EQ(exact->name, "policy-7b.main");
-  EXPECT_EQ(exact->version, 12);
-  for (const std::string& bad : std::vector<std::string>{
-           "xfer://", "xfer://a/b", "xfer://..", "xfer://a@", "xfer://a@0", "xfer://a@-3",
-           "xfer://a@1x", "xfer://a@+3", "mem://a", "xfer://" + std::string(101, 'n')}) {
-    absl::StatusOr<TransferPath> parsed = ParseTransferPath(bad);
-    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(parsed.status().message().find("transfer path"), std::string::npos) << bad;
-  }
-  EXPECT_EQ(TransferPathString("p", 3), "xfer://p@3");
-  EXPECT_EQ(TransferPathString("p", 0), "xfer://p");
+TEST(PublishedRegistryTest, PublishedVersionsAreKeptAsMemoryCheckpointsNamedByVersion) {
   EXPECT_EQ(PublishedCheckpointName("p", 3), "p.v3");
 }
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/transfer_path.h"
 #include "storage/checksum.h"
 
 namespace ckpt::worker {
@@ -17,7 +18,7 @@ std::string WorkerOf(const pb::LoadPlanPart& part, int rank) {
 }
 
 std::string Published(const pb::LoadPlanPart& part) {
-  return absl::StrCat("xfer://", part.transfer_name(), "@", part.transfer_version());
+  return TransferPathString(part.transfer_name(), part.transfer_version());
 }
 
 }  // namespace
