@@ -16,7 +16,8 @@
 //   negative replicas, mem:// reshard sources and destinations (coordinator and ckptctl), and
 //   ckptctl's storage-only commands on a mem:// path.
 // Events are ordered by the workers' --persist_gate_file (a worker announces that a persist
-// item waits, and writes once the test creates the file), never by timing.
+// item waits, and writes once the test creates the file), never by timing: a hook of the
+// testonly daemon //worker:ckpt_worker_testing (worker/test_hooks_on.cc).
 #include <csignal>
 #include <optional>
 #include <string>
@@ -78,6 +79,7 @@ void StartCluster(Cluster& cluster, const std::vector<std::string>& gates,
   std::vector<std::string> flags = {absl::StrCat("--lease_ms=", kLeaseMs)};
   flags.insert(flags.end(), coordinator_flags.begin(), coordinator_flags.end());
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator(flags));
+  cluster.set_worker_binary("worker/ckpt_worker_testing");  // --persist_gate_file
   for (int i = 0; i < 2; ++i) {
     std::vector<std::string> w = {i == 0 ? "--host=hostA" : "--host=hostB",
                                   "--data_plane_address=127.0.0.1"};

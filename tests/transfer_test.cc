@@ -62,7 +62,10 @@ Child* StartProbe(Cluster& cluster, int worker, const std::string& job, int rank
   return cluster.Start(argv, absl::StrCat("probe-", job, "-", rank));
 }
 
+// The workers run the testonly daemon: its hooks (CKPT_TEST_SERVE_HOLD_DIR,
+// CKPT_TEST_CORRUPT_SENT_UNITS, worker/test_hooks_on.cc) stall or corrupt a serving worker.
 void StartWorkers(Cluster& cluster) {
+  cluster.set_worker_binary("worker/ckpt_worker_testing");
   for (int i = 0; i < kSourceWorkers + kDestWorkers; ++i) {
     cluster.StartWorker(i, {i < kSourceWorkers ? "--host=hostA" : "--host=hostB",
                             "--data_plane_address=127.0.0.1"});
@@ -213,6 +216,7 @@ TEST(TransferTest, ASourceWorkerKilledMidTransferLeavesTheDestinationOnThePrevio
 TEST(TransferTest, VerifyModeCatchesAByteCorruptedInFlightNamingTensorVersionAndWorker) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  cluster.set_worker_binary("worker/ckpt_worker_testing");  // has the corruption hook
   setenv("CKPT_TEST_CORRUPT_SENT_UNITS", "1", 1);  // the source workers only
   for (int i = 0; i < kSourceWorkers; ++i) {
     cluster.StartWorker(i, {"--host=hostA", "--data_plane_address=127.0.0.1"});

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <utility>
@@ -35,6 +36,17 @@ void PersistExecutor::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+}
+
+namespace {
+std::atomic<PersistGateSource> persist_gate_source{nullptr};
+}  // namespace
+
+void SetPersistGateSourceForTest(PersistGateSource source) { persist_gate_source = source; }
+
+std::string PersistGateFileForTest() {
+  PersistGateSource source = persist_gate_source.load();
+  return source == nullptr ? std::string() : source();
 }
 
 std::vector<pb::HeldMemoryCheckpoint> DescribeHeld(const MemoryTier& tier) {

@@ -23,6 +23,13 @@
 
 namespace ckpt::worker {
 
+// The gate file the testonly daemon's --persist_gate_file names (see PersistExecutor), through
+// the source installed with SetPersistGateSourceForTest; "" in the release daemon, which
+// installs none (worker/test_hooks_on.cc).
+std::string PersistGateFileForTest();
+using PersistGateSource = std::string (*)();
+void SetPersistGateSourceForTest(PersistGateSource source);
+
 // What `tier` holds, with the coordinator's records, for RegisterWorkerRequest.memory_held.
 std::vector<pb::HeldMemoryCheckpoint> DescribeHeld(const MemoryTier& tier);
 

@@ -1,6 +1,6 @@
 #include "worker/transfer_verify.h"
 
-#include <cstdlib>
+#include <atomic>
 #include <map>
 #include <string>
 
@@ -87,14 +87,16 @@ absl::Status VerifyReceivedUnits(const pb::LoadPlanPart& part, const ExchangePla
   return absl::OkStatus();
 }
 
+namespace {
+std::atomic<CorruptSentUnitsHook> corrupt_sent_units_hook{nullptr};
+}  // namespace
+
+void SetCorruptSentUnitsHookForTest(CorruptSentUnitsHook hook) { corrupt_sent_units_hook = hook; }
+
 void CorruptSentUnitsForTest(const pb::LoadPlanPart& part, const ExchangePlan& plan, int me,
                              ShardBuffers* loaded) {
-  const char* flag = std::getenv("CKPT_TEST_CORRUPT_SENT_UNITS");
-  if (!part.transfer_verify() || flag == nullptr || std::string(flag) != "1") return;
-  for (const DistributedPiece& d : plan.distribution) {
-    if (d.main_rank != me) continue;
-    auto it = loaded->find(d.spec.id);
-    if (it != loaded->end() && !it->second.empty()) it->second[0] ^= 0x01;
+  if (CorruptSentUnitsHook hook = corrupt_sent_units_hook.load(); hook != nullptr) {
+    hook(part, plan, me, loaded);
   }
 }
 
