@@ -217,7 +217,7 @@ TEST(TransferTest, VerifyModeCatchesAByteCorruptedInFlightNamingTensorVersionAnd
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
   cluster.set_worker_binary("worker/ckpt_worker_testing");  // has the corruption hook
-  setenv("CKPT_TEST_CORRUPT_SENT_UNITS", "1", 1);  // the source workers only
+  setenv("CKPT_TEST_CORRUPT_SENT_UNITS", "1", 1);           // the source workers only
   for (int i = 0; i < kSourceWorkers; ++i) {
     cluster.StartWorker(i, {"--host=hostA", "--data_plane_address=127.0.0.1"});
   }
