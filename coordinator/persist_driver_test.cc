@@ -195,4 +195,72 @@ TEST(PersistDriverTest, NoHolderLeftFailsNamingTheFileAndLeavesNothingAtThePath)
 }
 
 }  // namespace
+TEST(PersistDriverTest, ARecoveredPersistenceTheLastProcessCommittedIsNotWrittenAgain) {
+  const std::string dir = TestDir("driver_recovered");
+  MemoryCatalog catalog;
+  // The previous coordinator process committed "m" at `source` before it was killed.
+  const std::string source = MakeCommitted(dir, &catalog, JoinPath(dir, "source"));
+  const std::string before = *ReadWholeFile(JoinPath(source, "manifest.pb"), 1 << 20);
+  PersistDriver driver(&catalog, 2, "00000000000000ab");
+  driver.Enqueue({"m", source, /*overwrite=*/false, /*recovered=*/true});
+  std::vector<std::string> lines = driver.RunSteps();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("committed before the coordinator restarted"), std::string::npos)
+      << lines[0];
+  EXPECT_EQ(PersistOf(catalog), "persisted to " + source);
+  EXPECT_EQ(driver.in_flight(), 0u);
+  // Every holder is told to unpin; nobody is asked to write.
+  for (const char* worker : {"w0", "w1", "w2", "w3"}) {
+    std::vector<PersistItem> items = driver.ItemsFor(worker, {});
+    ASSERT_EQ(items.size(), 1u) << worker;
+    EXPECT_TRUE(items[0].item.has_persist_ended()) << worker;
+  }
+  EXPECT_EQ(*ReadWholeFile(JoinPath(source, "manifest.pb"), 1 << 20), before);
+}
+
+TEST(PersistDriverTest, ARecoveredPersistenceOntoAnotherCheckpointFailsAndLeavesItIntact) {
+  const std::string dir = TestDir("driver_recovered_other");
+  MemoryCatalog catalog;
+  const std::string source = MakeCommitted(dir, &catalog, JoinPath(dir, "target"));
+  // Something else is committed at the target: an earlier checkpoint (here: "m"'s data, but
+  // another manifest), which a persistence without overwrite must leave alone.
+  const std::string target = JoinPath(dir, "target");
+  CheckpointContents other;
+  std::vector<float> c(10, 3.0f);
+  other.tensors = {TensorMeta{"c", DType::kF32, {10}}};
+  DataFilePlan plan;
+  plan.pieces.push_back(PieceData{"c", Region{{0}, {10}, {}}, c.data(), 40});
+  other.files.push_back(plan);
+  ASSERT_TRUE(WriteCheckpoint(target, other, WriteOptions()).ok());
+  const std::string before = *ReadWholeFile(JoinPath(target, "manifest.pb"), 1 << 20);
+  PersistDriver driver(&catalog, 2, "00000000000000ab");
+  driver.Enqueue({"m", target, /*overwrite=*/false, /*recovered=*/true});
+  std::vector<std::string> lines = driver.RunSteps();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind("persist_failed", 0), 0u) << lines[0];
+  EXPECT_EQ(PersistOf(catalog).rfind("persist to " + target + " failed", 0), 0u)
+      << PersistOf(catalog);
+  EXPECT_EQ(*ReadWholeFile(JoinPath(target, "manifest.pb"), 1 << 20), before);
+  (void)source;
+}
+
+TEST(PersistDriverTest, PersistenceIdsCarryTheCoordinatorsIncarnation) {
+  const std::string dir = TestDir("driver_ids");
+  MemoryCatalog catalog;
+  MakeCommitted(dir, &catalog, JoinPath(dir, "persisted"));
+  PersistDriver driver(&catalog, 2, "00000000000000ab");
+  driver.Enqueue({"m", JoinPath(dir, "persisted"), false});
+  driver.RunSteps();
+  std::vector<PersistItem> items = driver.ItemsFor("w0", {});
+  ASSERT_FALSE(items.empty());
+  EXPECT_EQ(items[0].item.persist().persist_id().rfind("persist-00000000000000ab-", 0), 0u)
+      << items[0].item.persist().persist_id();
+  // A report of the previous process's item with the same number is not taken for this one's.
+  pb::PersistReportRequest stale;
+  stale.set_worker_id("w0");
+  stale.set_persist_id("persist-0/0");
+  stale.add_files(items[0].item.persist().files(0));
+  EXPECT_FALSE(driver.Report("w0", stale));
+}
+
 }  // namespace ckpt::coordinator
