@@ -104,7 +104,8 @@ ABSL_FLAG(int, transfer_keep_versions, 2,
           "live transfer: published versions of each name kept receivable (at least 1), by "
           "the catalog and by the source workers (per name, apart from --memory_keep)");
 ABSL_FLAG(std::string, state_dir, "",
-          "directory journaling the staging directories of saves/reshards in flight, so that a "
+          "directory journaling the staging directories of saves, reshards and background "
+          "persistences in flight, so that a "
           "restarted coordinator removes what a crashed one left (one coordinator per directory)");
 
 namespace {
@@ -298,6 +299,7 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   ckpt::coordinator::PersistDriver persist(&memory_catalog,
                                            std::max(1, absl::GetFlag(FLAGS_memory_keep)),
                                            coordinator.incarnation_hex());
+  persist.set_journal(journal);  // a restarted coordinator removes what a persistence left
   coordinator.set_persist_driver(&persist);
   coordinator.set_published_registry(&transfer.published);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kReshard, &reshards);

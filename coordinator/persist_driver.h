@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "coordinator/memory_catalog.h"
 #include "coordinator/memory_persist.h"
+#include "coordinator/staging_journal.h"
 #include "proto/coordinator.pb.h"
 
 namespace ckpt::coordinator {
@@ -58,6 +59,11 @@ class PersistDriver {
   // process's items (whose ids would otherwise restart at the same numbers).
   PersistDriver(MemoryCatalog* catalog, int keep_newest, std::string incarnation = "")
       : catalog_(catalog), keep_newest_(keep_newest), incarnation_(std::move(incarnation)) {}
+
+  // Records every staging directory in `journal` (may be null; must outlive the driver) from
+  // before it is made until it is committed or discarded, so that a coordinator restarted on the
+  // same --state_dir removes what a persistence in flight left behind (StagingJournal::Recover).
+  void set_journal(StagingJournal* journal) { journal_ = journal; }
 
   // Queues the persistence of a committed memory checkpoint (its catalog state is persisting).
   void Enqueue(PersistRequest request);
@@ -98,6 +104,10 @@ class PersistDriver {
   // a failure to `flight`; true when something changed. Requires mu_.
   bool Apply(Flight& flight, const std::string& failed_worker,
              const absl::StatusOr<PersistAssignment>& next);
+  // The staging directory of flight `id` made (and journaled), unlocked.
+  absl::StatusOr<std::unique_ptr<MemoryPersist>> BeginStaging(
+      const std::string& id, const absl::StatusOr<MemoryCheckpoint>& checkpoint,
+      const PersistRequest& request);
   // Begin/commit/abort of one flight, unlocked; returns the log line.
   std::string RunBegin(const std::string& id);
   std::string RunEnd(const std::string& id, Step step);
@@ -107,6 +117,7 @@ class PersistDriver {
   MemoryCatalog* const catalog_;
   const int keep_newest_;
   const std::string incarnation_;
+  StagingJournal* journal_ = nullptr;
   mutable std::mutex mu_;
   std::map<std::string, Flight> flights_;  // by id; guarded by mu_
   std::set<std::string> dead_;             // workers lost; guarded by mu_

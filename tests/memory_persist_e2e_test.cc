@@ -236,6 +236,15 @@ TEST(MemoryPersistE2eTest, APersistenceInFlightWhenTheCoordinatorIsKilledComplet
   ExpectSameCheckpoint(persisted, direct);
   std::string out;
   EXPECT_EQ(cluster.RunCkptctl({"verify", persisted}, &out), 0) << out;
+  // The first process's staging directory was journaled: the restarted coordinator removed it.
+  EXPECT_THAT(cluster.coordinator().Stderr(), HasSubstr("staging_removed path="));
+  absl::StatusOr<std::vector<std::string>> entries = ListDir(cluster.dir());
+  ASSERT_TRUE(entries.ok());
+  for (const std::string& e : *entries) {
+    if (e != "persisted") {
+      EXPECT_EQ(e.find("persisted"), std::string::npos) << "left behind: " << e;
+    }
+  }
 }
 
 TEST(MemoryPersistE2eTest, EvictionWaitsUntilTheCheckpointIsPersisted) {
