@@ -129,7 +129,6 @@ TEST(MemoryCatalogTest, AWorkerDeclaredDeadThatRegistersAgainGetsItsCopiesBack) 
   EXPECT_FALSE(s->rebuilt);
 }
 
-}  // namespace
 TEST(MemoryCatalogTest, KeepNewestCountsEachRetentionGroupApart) {
   MemoryCatalog catalog;
   int op = 0;
@@ -160,4 +159,5 @@ TEST(MemoryCatalogTest, KeepNewestCountsEachRetentionGroupApart) {
   EXPECT_TRUE(catalog.CheckRoomForOneMore(1, "xfer:p").ok());
 }
 
+}  // namespace
 }  // namespace ckpt::coordinator

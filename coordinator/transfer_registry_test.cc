@@ -42,7 +42,6 @@ TEST(PublishedRegistryTest, VersionsOnlyGrowAndTheNewestKAreKept) {
   EXPECT_EQ(registry.List().at("p").size(), 2u);
 }
 
-}  // namespace
 TEST(PublishedRegistryTest, AdoptedVersionsAreListedInOrderAndTheNewestKKept) {
   PublishedRegistry registry(/*keep_versions=*/2);  // a restarted coordinator's
   EXPECT_TRUE(registry.Adopt("p", 7, absl::FromUnixMillis(7)));
@@ -57,4 +56,5 @@ TEST(PublishedRegistryTest, AdoptedVersionsAreListedInOrderAndTheNewestKKept) {
   EXPECT_EQ(*registry.Reserve("p", 0, "op-1"), 8);
 }
 
+}  // namespace
 }  // namespace ckpt::coordinator

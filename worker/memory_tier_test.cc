@@ -183,7 +183,6 @@ TEST(MemoryTierTest, EncodedFileEqualsTheStorageWritersFile) {
             absl::StatusCode::kNotFound);
 }
 
-}  // namespace
 TEST(MemoryTierTest, KeepsTheCoordinatorsRecordAndPersistOutcomeOfCompleteCheckpoints) {
   MemoryTier tier({100, 2, "w"});
   ASSERT_TRUE(tier.Put("a", "op-1", "f", Bytes(10)).ok());
@@ -255,4 +254,5 @@ TEST(MemoryTierTest, TheBudgetNeverEvictsTheNewestCheckpointOfAnyGroup) {
   EXPECT_EQ(Names(tier), (std::vector<std::string>{"a2", "p.v2", "q.v1"}));
 }
 
+}  // namespace
 }  // namespace ckpt::worker
