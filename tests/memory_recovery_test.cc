@@ -12,12 +12,14 @@
 // Events are ordered by the workers' logs (each says when it kept the record of a commit) and
 // the coordinator's status, never by timing.
 #include <csignal>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/services_cluster.h"
@@ -77,9 +79,12 @@ TEST(MemoryRecoveryTest, AMemoryCheckpointLoadsIntoOtherLayoutsAfterTheCoordinat
     return true;
   })) << ClusterLogs(cluster);
 
+  const absl::Time killed = absl::Now();
   ASSERT_NO_FATAL_FAILURE(RestartAndWaitForWorkers(cluster, 4));
   // Every worker reported its copies when it registered: the catalog is whole again.
   ASSERT_TRUE(WaitFor([&] { return Replicas(cluster, "step1") == 8; })) << ClusterLogs(cluster);
+  std::printf("catalog whole again %s after the kill (restart included)\n",
+              absl::FormatDuration(absl::Now() - killed).c_str());
   EXPECT_THAT(cluster.coordinator().Stderr(), HasSubstr("memory_copy_adopted checkpoint=mem://"));
   std::string out;
   ASSERT_EQ(cluster.RunCkptctl({"status", "--coordinator", cluster.address()}, &out), 0) << out;
