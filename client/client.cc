@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/memory_path.h"
+#include "common/transfer_path.h"
 #include "proto/wire_names.h"
 #include "proto/worker.grpc.pb.h"
 
@@ -20,13 +22,13 @@ namespace {
 // value for a negative replica count (other than -1, the default), a mem:// persist_to, or a
 // persist_to on a storage save (it is durable already).
 absl::Status CheckMemorySaveOptions(const std::string& path, const SaveOptions& options) {
-  const bool memory = path.rfind("mem://", 0) == 0;
+  const bool memory = IsMemoryPath(path);
   if (options.memory_replicas < -1) {
     return absl::InvalidArgumentError(
         absl::StrCat("save of ", path, ": negative memory_replicas ", options.memory_replicas));
   }
   if (options.persist_to.empty()) return absl::OkStatus();
-  if (options.persist_to.rfind("mem://", 0) == 0) {
+  if (IsMemoryPath(options.persist_to)) {
     return absl::InvalidArgumentError(
         absl::StrCat("save of ", path, ": persist_to '", options.persist_to,
                      "' is a memory path; a memory checkpoint is persisted to storage"));
@@ -142,6 +144,7 @@ class WorkerConnection {
     p.finished = response.phase() == pb::PHASE_DONE || response.phase() == pb::PHASE_ABORTED;
     p.bytes_done = response.bytes_done();
     p.bytes_total = response.bytes_total();
+    p.received_version = response.received_version();
     p.snapshotted = response.snapshotted();
     const pb::SaveSnapshotReport& r = response.snapshot();
     p.snapshot = SnapshotInfo{r.copied_bytes(),
@@ -251,7 +254,7 @@ absl::StatusOr<std::string> Client::Transfer(
   std::error_code ec;
   std::filesystem::path absolute = std::filesystem::absolute(path, ec);
   // A memory checkpoint's path (mem://<name>) and a transfer's (xfer://<name>) are names.
-  const bool memory = path.rfind("mem://", 0) == 0 || path.rfind("xfer://", 0) == 0;
+  const bool memory = IsMemoryPath(path) || IsTransferPath(path);
   request.set_path(path.empty() || ec || memory ? path : absolute.string());
   request.mutable_metadata()->insert(metadata.begin(), metadata.end());
   request.set_operation_id(operation_id);
@@ -278,8 +281,17 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
                                                          const StateDict& state,
                                                          const SaveOptions& options) {
   if (absl::Status s = CheckMemorySaveOptions(path, options); !s.ok()) return s;
+  // A memory save keeps host bytes: device tensors go through a host shadow (never lent: the
+  // next save refills it).
+  Lending lending = options.lending;
+  absl::StatusOr<const StateDict*> source = &state;
+  if (IsMemoryPath(path)) {
+    source = StagedOnHost("memory-save", absl::StrCat("saving ", path), state);
+    if (!source.ok()) return source.status();
+    if (*source != &state) lending = Lending::kNone;
+  }
   absl::StatusOr<std::string> op =
-      Transfer(true, path, state, options.metadata, "", options.arrival_timeout, options.lending,
+      Transfer(true, path, **source, options.metadata, "", options.arrival_timeout, lending,
                pb::LOAD_ALGORITHM_UNSPECIFIED, 0, options.memory_replicas, options.persist_to,
                options.persist_overwrite, options.process_groups);
   if (!op.ok()) return op.status();
@@ -295,6 +307,13 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
 }
 
 absl::Status Client::Load(const std::string& path, StateDict& state, const LoadOptions& options) {
+  absl::StatusOr<OperationProgress> p = LoadToEnd(path, state, options);
+  if (!p.ok()) return p.status();
+  return p->status;
+}
+
+absl::StatusOr<OperationProgress> Client::LoadToEnd(const std::string& path, StateDict& state,
+                                                    const LoadOptions& options) {
   absl::StatusOr<pb::LoadAlgorithm> algorithm = ParseLoadAlgorithm(options.exchange_algorithm);
   if (!algorithm.ok()) {
     return absl::InvalidArgumentError(
@@ -304,10 +323,7 @@ absl::Status Client::Load(const std::string& path, StateDict& state, const LoadO
       Transfer(false, path, state, {}, "", options.arrival_timeout, Lending::kNone, *algorithm,
                options.memory_budget_bytes, -1, "", false, options.process_groups);
   if (!op.ok()) return op.status();
-  absl::StatusOr<OperationProgress> p =
-      connection_->WaitFinal(session_id_, *op, options.arrival_timeout + options.deadline);
-  if (!p.ok()) return p.status();
-  return p->status;
+  return connection_->WaitFinal(session_id_, *op, options.arrival_timeout + options.deadline);
 }
 
 absl::StatusOr<PollResult> Client::Poll(StateDict& state) {

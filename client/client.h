@@ -103,9 +103,10 @@ struct OperationProgress {
   bool finished = false;  // done or aborted
   int64_t bytes_done = 0;
   int64_t bytes_total = 0;
-  absl::Status status;       // the diagnosis when aborted
-  bool snapshotted = false;  // save: this rank's state is copied into worker memory
-  SnapshotInfo snapshot;     // save, once snapshotted: how
+  absl::Status status;           // the diagnosis when aborted
+  bool snapshotted = false;      // save: this rank's state is copied into worker memory
+  SnapshotInfo snapshot;         // save, once snapshotted: how
+  int64_t received_version = 0;  // receive (xfer://): the published version it delivers
 };
 
 // A save in flight.
@@ -192,16 +193,24 @@ class Client {
   absl::StatusOr<std::unique_ptr<PublishHandle>> Publish(const std::string& name,
                                                          const StateDict& state,
                                                          const PublishOptions& options = {});
-  // Collective over this job's ranks: fills `state`'s host tensors with the newest (or the
-  // given) version of `name` published by another job, whatever its layout; all-or-nothing
-  // (on error `state` keeps its values). Device tensors are refused (FailedPrecondition).
-  absl::Status Receive(const std::string& name, StateDict& state,
-                       const ReceiveOptions& options = {});
+  // Collective over this job's ranks: fills `state`'s tensors with the newest (or the given)
+  // version of `name` published by another job, whatever its layout; all-or-nothing (on error
+  // `state` keeps its values). Returns the name and the version received.
+  absl::StatusOr<ReceivedVersion> Receive(const std::string& name, StateDict& state,
+                                          const ReceiveOptions& options = {});
 
  private:
   Client(ResolvedOptions options, std::shared_ptr<WorkerConnection> connection);
   // The shadow of `state` Receive of `name` receives into (kept while its tensors match).
   absl::StatusOr<StateDict*> ShadowFor(const std::string& name, const StateDict& state);
+  // `state` itself when it has no device tensors; otherwise the host shadow kept under `key`,
+  // filled with `state`'s bytes now (device tensors copied with CopyDeviceToHost): what a memory
+  // save or publish hands the worker, whose memory tier holds host bytes (client/transfer.cc).
+  absl::StatusOr<const StateDict*> StagedOnHost(const std::string& key, const std::string& what,
+                                                const StateDict& state);
+  // Load up to its end: the final progress (its status says how the load ended).
+  absl::StatusOr<OperationProgress> LoadToEnd(const std::string& path, StateDict& state,
+                                              const LoadOptions& options);
   std::map<std::string, int64_t> published_versions_;  // name -> this client's last publish
   // name -> receive shadow; "publish:<name>" -> the host copy of a publish of device tensors
   std::map<std::string, std::unique_ptr<StateDict>> shadows_;

@@ -1,4 +1,5 @@
-// Client::Publish and Client::Receive (client/transfer.h), over Save and Load of xfer:// paths.
+// Client::Publish and Client::Receive (client/transfer.h), over Save and Load of xfer:// paths,
+// and the host shadows that stage device tensors for them and for memory saves (mem://).
 #include "client/transfer.h"
 
 #include <cstring>
@@ -6,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "common/transfer_path.h"
 #include "device/gpu.h"
 
 namespace ckpt::client {
@@ -26,20 +28,6 @@ bool SameTensors(const StateDict& shadow, const StateDict& state) {
 }
 
 }  // namespace
-
-std::string TransferPath(const std::string& name, int64_t version, bool verify) {
-  std::string path = absl::StrCat("xfer://", name);
-  if (version > 0) absl::StrAppend(&path, "@", version);
-  if (verify) absl::StrAppend(&path, "?verify");
-  return path;
-}
-
-bool IsTransferPath(const std::string& path) { return path.rfind("xfer://", 0) == 0; }
-
-std::string TransferNameOf(const std::string& path) {
-  const std::string rest = IsTransferPath(path) ? path.substr(7) : path;
-  return rest.substr(0, rest.find_first_of("@?"));
-}
 
 namespace {
 
@@ -92,8 +80,8 @@ const std::string& PublishHandle::operation_id() const { return save_->operation
 absl::Status PublishHandle::WaitPublished(absl::Duration timeout) {
   absl::Status s = save_->WaitDurable(timeout);
   if (s.ok()) return s;
-  return absl::Status(
-      s.code(), absl::StrCat("publishing ", TransferPath(name_, version_), ": ", s.message()));
+  return absl::Status(s.code(), absl::StrCat("publishing ", TransferPathString(name_, version_),
+                                             ": ", s.message()));
 }
 
 absl::StatusOr<std::unique_ptr<PublishHandle>> Client::Publish(const std::string& name,
@@ -107,21 +95,27 @@ absl::StatusOr<std::unique_ptr<PublishHandle>> Client::Publish(const std::string
   save.memory_replicas = options.memory_replicas;
   // A published version lives in the source workers' memory tiers, which hold host bytes: device
   // tensors are copied into a host shadow here first (the snapshot: the trainer may go on).
-  const StateDict* source = &state;
-  if (HasDeviceTensors(state)) {
-    absl::StatusOr<StateDict*> shadow = ShadowFor(absl::StrCat("publish:", name), state);
-    if (!shadow.ok()) return shadow.status();
-    if (absl::Status s = CopyTensors(state, **shadow); !s.ok()) {
-      return absl::Status(
-          s.code(), absl::StrCat("publishing ", TransferPath(name, version), ": ", s.message()));
-    }
-    source = *shadow;
-  }
+  absl::StatusOr<const StateDict*> source =
+      StagedOnHost(absl::StrCat("publish:", name),
+                   absl::StrCat("publishing ", TransferPathString(name, version)), state);
+  if (!source.ok()) return source.status();
   absl::StatusOr<std::unique_ptr<SaveHandle>> handle =
-      Save(TransferPath(name, version), *source, save);
+      Save(TransferPathString(name, version), **source, save);
   if (!handle.ok()) return handle.status();
   published_versions_[name] = version;
   return std::make_unique<PublishHandle>(*std::move(handle), name, version);
+}
+
+absl::StatusOr<const StateDict*> Client::StagedOnHost(const std::string& key,
+                                                      const std::string& what,
+                                                      const StateDict& state) {
+  if (!HasDeviceTensors(state)) return &state;
+  absl::StatusOr<StateDict*> shadow = ShadowFor(key, state);
+  if (!shadow.ok()) return shadow.status();
+  if (absl::Status s = CopyTensors(state, **shadow); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  }
+  return *shadow;
 }
 
 absl::StatusOr<StateDict*> Client::ShadowFor(const std::string& name, const StateDict& state) {
@@ -143,31 +137,33 @@ absl::StatusOr<StateDict*> Client::ShadowFor(const std::string& name, const Stat
     absl::StatusOr<StateTensor*> added = shadow->AddHost(spec);
     if (!added.ok()) {
       shadows_.erase(name);
-      return absl::Status(added.status().code(), absl::StrCat("receiving ", TransferPath(name, 0),
-                                                              ": allocating the shadow of ", t->key,
-                                                              ": ", added.status().message()));
+      return absl::Status(added.status().code(),
+                          absl::StrCat("allocating the host shadow (", name, ") of ", t->key, ": ",
+                                       added.status().message()));
     }
   }
   return shadow.get();
 }
 
-absl::Status Client::Receive(const std::string& name, StateDict& state,
-                             const ReceiveOptions& options) {
+absl::StatusOr<ReceivedVersion> Client::Receive(const std::string& name, StateDict& state,
+                                                const ReceiveOptions& options) {
   absl::StatusOr<StateDict*> shadow = ShadowFor(name, state);
   if (!shadow.ok()) return shadow.status();
   LoadOptions load;
   load.arrival_timeout = options.arrival_timeout;
   load.deadline = options.deadline;
   load.memory_budget_bytes = options.memory_budget_bytes;
-  absl::Status received = Load(TransferPath(name, options.version, options.verify), **shadow, load);
-  if (!received.ok()) return received;  // `state` untouched: still the previous version
+  absl::StatusOr<OperationProgress> received =
+      LoadToEnd(TransferPathString(name, options.version, options.verify), **shadow, load);
+  if (!received.ok()) return received.status();  // `state` untouched: the previous version
+  if (!received->status.ok()) return received->status;
   // Every rank (and every serving worker) reported success: the version is whole. Copy it in.
   if (absl::Status copied = CopyTensors(**shadow, state); !copied.ok()) {
     return absl::Status(copied.code(),
-                        absl::StrCat("receiving ", TransferPath(name, 0),
+                        absl::StrCat("receiving ", TransferPathString(name, 0),
                                      ": the version arrived whole, but ", copied.message()));
   }
-  return absl::OkStatus();
+  return ReceivedVersion{name, received->received_version};
 }
 
 }  // namespace ckpt::client

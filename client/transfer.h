@@ -6,7 +6,7 @@
 //   auto published = client->Publish("policy", *state, {.version = step});
 //   ... training continues at once (snapshot semantics) ...
 //   // inference job, when it wants fresh weights (collective over its ranks):
-//   absl::Status s = client->Receive("policy", *state, {});   // the newest version
+//   absl::StatusOr<ReceivedVersion> got = client->Receive("policy", *state, {});  // newest
 //
 // Publish is a memory save to xfer://<name>@<version>: each source worker keeps its rank's
 // files in its memory tier (no replicas by default), and Publish returns once the bytes left
@@ -53,6 +53,13 @@ struct ReceiveOptions {
   int64_t memory_budget_bytes = 0;           // bytes in flight per rank and wave (0: default)
 };
 
+// What a Receive delivered: the name and the published version (the newest when the caller
+// asked for none).
+struct ReceivedVersion {
+  std::string name;
+  int64_t version = 0;
+};
+
 // A publish in flight: the version and, through WaitPublished, when receivers can read it.
 class PublishHandle {
  public:
@@ -71,11 +78,7 @@ class PublishHandle {
   int64_t version_;
 };
 
-// "xfer://<name>" or "xfer://<name>@<version>", with "?verify" when asked.
-std::string TransferPath(const std::string& name, int64_t version, bool verify = false);
-// Whether `path` is a transfer path (xfer://...), and its name (up to '@' or '?').
-bool IsTransferPath(const std::string& path);
-std::string TransferNameOf(const std::string& path);
+// The transfer path vocabulary (xfer://<name>@<version>[?verify]) is common/transfer_path.h.
 
 class StateDict;
 // Copies every tensor of `from` into the same tensor of `to` (same declarations, in order; one

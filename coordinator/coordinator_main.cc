@@ -104,10 +104,11 @@ ABSL_FLAG(int64_t, max_reshard_ranks_per_worker, 1024,
           "a cluster reshard (ckptctl reshard --coordinator) places at most this many target "
           "ranks on each live worker; a larger target layout is refused up front");
 ABSL_FLAG(int, transfer_keep_versions, 2,
-          "live transfer: published versions of each name kept receivable (at least 1); the "
-          "source workers' --memory_tier_keep must keep as many memory checkpoints");
+          "live transfer: published versions of each name kept receivable (at least 1), by "
+          "the catalog and by the source workers (per name, apart from --memory_keep)");
 ABSL_FLAG(std::string, state_dir, "",
-          "directory journaling the staging directories of saves/reshards in flight, so that a "
+          "directory journaling the staging directories of saves, reshards and background "
+          "persistences in flight, so that a "
           "restarted coordinator removes what a crashed one left (one coordinator per directory)");
 
 namespace {
@@ -250,7 +251,7 @@ void Announce(const Settings& settings, const std::string& address,
   }
 }
 
-using ckpt::coordinator::IsTransferPath;
+using ckpt::IsTransferPath;
 using ckpt::coordinator::PathDispatchKind;
 
 int Run(const std::vector<std::string>& checkpoint_roots) {
@@ -300,7 +301,9 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
   coordinator.set_memory_catalog(&memory_catalog);
   // Background persistence of memory saves that ask for it (persist_to).
   ckpt::coordinator::PersistDriver persist(&memory_catalog,
-                                           std::max(1, absl::GetFlag(FLAGS_memory_keep)));
+                                           std::max(1, absl::GetFlag(FLAGS_memory_keep)),
+                                           coordinator.incarnation_hex());
+  persist.set_journal(journal);  // a restarted coordinator removes what a persistence left
   coordinator.set_persist_driver(&persist);
   coordinator.set_published_registry(&transfer.published);
   coordinator.RegisterKind(ckpt::coordinator::OperationKind::kReshard, &reshards);

@@ -42,6 +42,7 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
     }
     first_ = false;
     CollectPersistItems();
+    CollectMemoryRecords();
     WriteNext();
   }
 
@@ -122,6 +123,20 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
     }
   }
 
+  // Queues the records of committed memory checkpoints this worker holds files of.
+  void CollectMemoryRecords() {
+    if (service_->memory_catalog_ == nullptr) return;
+    for (RecordItem& r : service_->memory_catalog_->RecordsFor(worker_id_, records_sent_)) {
+      records_sent_.insert(r.key);
+      pb::WorkItem item;
+      item.set_incarnation(service_->incarnation_);
+      item.set_rank(-1);
+      item.set_path(absl::StrCat("mem://", r.record.name()));
+      *item.mutable_memory_record() = std::move(r.record);
+      pending_.push_back(std::move(item));
+    }
+  }
+
   // Forgets the queued items, except the one being written (gRPC holds it until OnWriteDone).
   void DropQueued() {
     while (pending_.size() > (writing_ ? 1u : 0u)) pending_.pop_back();
@@ -158,6 +173,7 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
   std::set<std::pair<std::string, int>> plans_sent_;   // (operation, rank)
   std::set<std::pair<std::string, int>> aborts_sent_;  // (operation, rank)
   std::set<std::string> persist_sent_;                 // PersistItem keys
+  std::set<std::string> records_sent_;                 // RecordItem keys
   std::deque<pb::WorkItem> pending_;                   // front: in flight while writing_
   bool writing_ = false;
   bool finish_requested_ = false;

@@ -221,7 +221,7 @@ absl::StatusOr<std::string> CoordinatorService::CheckpointPath(absl::string_view
       return absl::FailedPreconditionError(
           absl::StrCat(what, " '", path, "' refused: this coordinator has no live transfer"));
     }
-    absl::StatusOr<ReceivePath> parsed = ParseReceivePath(path);
+    absl::StatusOr<TransferPath> parsed = ParseTransferPath(path);
     if (!parsed.ok()) return parsed.status();
     return std::string(path);
   }
@@ -283,6 +283,7 @@ void CoordinatorService::TickOnce() {
     PersistWorkerLost(dead.id, dead.death_cause);
   }
   LogAborted(jobs_.Tick());
+  StartRecoveredPersists(clock_->Now() >= started_ + 2 * options_.lease);
   Changed();
   WakeWaiters(/*all=*/true);  // deadlines, and watchers of lost workers
 }
@@ -418,6 +419,7 @@ grpc::Status CoordinatorService::DoRegisterWorker(const grpc::ServerContextBase*
   leases_.Add(record->id, peer->authenticated ? peer->Principal() : "");
   spdlog::info("worker_registered worker={} host={} pid={} data_plane={} local_rank={} gpu={}",
                record->id, d.host, d.pid, d.data_plane_address, d.local_rank, d.gpu);
+  AdoptMemory(record->id, d.host, *request);
   response->set_worker_id(record->id);
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
   response->set_incarnation(incarnation_);

@@ -301,6 +301,13 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   void DropEvictedCopies(const std::string& worker_id, const pb::HeartbeatRequest& request);
   grpc::Status DoReportPersist(const grpc::ServerContextBase* context,
                                const pb::PersistReportRequest* request);
+  // Memory catalog recovery (coordinator_recovery.cc): a registering worker's report of its
+  // memory tier rebuilds the catalog and the published versions, and restarts persistences
+  // that were in flight once every file has a holder again (or the wait for the workers to
+  // re-register, two leases after this process started, is over: `even_uncovered`).
+  void AdoptMemory(const std::string& worker_id, const std::string& host,
+                   const pb::RegisterWorkerRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartRecoveredPersists(bool even_uncovered) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock* clock_;
   CoordinatorOptions options_;

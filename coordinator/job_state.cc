@@ -361,6 +361,7 @@ absl::Status JobState::SetPlan(absl::string_view operation_id, std::vector<RankP
   op->serving_ranks = static_cast<int>(plans.size()) - op->world_size;
   for (int r = 0; r < static_cast<int>(plans.size()); ++r) {
     op->plan_reused = op->plan_reused || plans[r].reused;
+    op->received_version = std::max(op->received_version, plans[r].received_version);
     op->ranks[r].has_plan = true;
     op->ranks[r].plan_part = std::move(plans[r].part);
     op->totals.bytes_total += plans[r].bytes - op->ranks[r].bytes_total;

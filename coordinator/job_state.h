@@ -148,6 +148,7 @@ struct Operation {
   // Receives: serving participants SetPlan added past world_size (ranks.size() = world_size +
   // serving_ranks once planned).
   int serving_ranks = 0;
+  int64_t received_version = 0;  // receives: the version resolved at planning (RankPlan)
 
   int JoinedRanks() const;
   int ReportedRanks() const;
@@ -202,6 +203,8 @@ struct RankPlan {
   std::string serving_source;
   // Set on any part: the plan was reused from an earlier operation (reported in the status).
   bool reused = false;
+  // Set on any part of a receive: the published version it delivers (reported in the status).
+  int64_t received_version = 0;
 };
 
 // Deadlines and retention of the state machine.

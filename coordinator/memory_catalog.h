@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,8 @@ namespace ckpt::coordinator {
 struct MemoryHolder {
   std::string worker_id;
   std::string host;
-  bool evicted = false;  // lost because the worker evicted it (its memory budget)
+  bool evicted = false;   // lost because the worker evicted it (its memory budget)
+  bool recorded = false;  // the worker keeps the checkpoint's record (RecordsFor skips it)
   // "worker w-2 on host b" (", which evicted it" when evicted)
   std::string DebugString() const;
 };
@@ -51,8 +53,31 @@ struct MemoryCheckpoint {
   int64_t bytes = 0;       // one copy of every data file
   int64_t sequence = 0;    // commit order (set by the catalog)
   std::string persist_to;  // storage path of the asked-for persistence ("" when not asked)
+  bool persist_overwrite = false;
   PersistState persist_state = PersistState::kNotAsked;
   std::string persist_detail;  // why it failed
+  // A published transfer version (coordinator/transfer_registry.h): its name and version.
+  std::string published_name;
+  int64_t published_version = 0;
+  // Rebuilt after a coordinator restart while its persistence was in flight: it is started
+  // again (TakeRecoveredPersists) once every data file has a holder again.
+  bool persist_recovery = false;
+  // Rebuilt from the workers' reports after a coordinator restart (its lost copies are unknown).
+  bool rebuilt = false;
+};
+
+// The retention group `checkpoint` is counted in by keep-newest: "xfer:<name>" for the published
+// versions of transfer name <name>, "" for plain memory checkpoints (SavePlanPart.retention_group).
+std::string RetentionGroup(const MemoryCheckpoint& checkpoint);
+std::string RetentionGroupOfPublished(const std::string& published_name);
+
+// What the workers holding `checkpoint` keep of it (WorkItem.memory_record).
+pb::MemoryCheckpointRecord RecordOf(const MemoryCheckpoint& checkpoint);
+
+// A record to deliver to a holder, with the key its work stream remembers it by.
+struct RecordItem {
+  std::string key;
+  pb::MemoryCheckpointRecord record;
 };
 
 // The catalog.
@@ -64,14 +89,16 @@ class MemoryCatalog {
   // Gives up the claim of a save that did not commit (no-op for another operation's claim).
   void Release(const std::string& name, const std::string& operation_id);
   // Records the committed checkpoint (the claim of `operation_id` ends), then forgets the
-  // committed checkpoints older than the newest `keep_newest` (the workers evict them when
-  // this one is complete on them; 0: keep all). Returns the names forgotten.
+  // committed checkpoints of its retention group older than the group's newest `keep_newest`
+  // (the workers evict them when this one is complete on them; 0: keep all). Returns the names
+  // forgotten.
   absl::StatusOr<std::vector<std::string>> Commit(const std::string& operation_id,
                                                   MemoryCheckpoint checkpoint, int keep_newest = 0);
-  // Before a save that keeps the newest `keep_newest` (0: all) is planned: ResourceExhausted
-  // naming the checkpoint and its storage path when committing one more would have to forget
-  // a checkpoint still being persisted (it is evicted only once persisted).
-  absl::Status CheckRoomForOneMore(int keep_newest) const;
+  // Before a save into retention `group` that keeps the newest `keep_newest` (0: all) is
+  // planned: ResourceExhausted naming the checkpoint and its storage path when committing one
+  // more would have to forget a checkpoint of the group still being persisted (it is evicted
+  // only once persisted).
+  absl::Status CheckRoomForOneMore(int keep_newest, const std::string& group = "") const;
   // Records how the persistence of `name` stands; NotFound for an unknown name. Once it ended
   // (persisted or failed), checkpoints beyond the newest `keep_newest` are forgotten as in
   // Commit; returns their names.
@@ -85,6 +112,24 @@ class MemoryCatalog {
   // evicted). Returns the names of the checkpoints that lost some.
   std::vector<std::string> DropEvicted(const std::string& worker_id,
                                        const std::vector<std::string>& names);
+  // The records of the committed checkpoints `worker_id` holds files of and has no record of
+  // yet, whose keys are not in `sent` (each work stream sends each key once).
+  std::vector<RecordItem> RecordsFor(const std::string& worker_id,
+                                     const std::set<std::string>& sent) const;
+  // Rebuilds the catalog from what a (re-)registering worker reports it holds: each complete
+  // copy with a record is counted as a copy of its checkpoint (recreated from the record when
+  // the catalog does not know it: after a coordinator restart the workers are the source of
+  // truth). A copy is refused (and logged) when it has no record (its commit was never
+  // recorded there), its manifest differs from the catalog's, or a save in flight claims the
+  // name. A checkpoint that was being persisted is marked for recovery. Returns one log line
+  // per checkpoint reported.
+  std::vector<std::string> Adopt(
+      const std::string& worker_id, const std::string& host,
+      const google::protobuf::RepeatedPtrField<pb::HeldMemoryCheckpoint>& held);
+  // The checkpoints marked for persistence recovery whose every data file has a holder again
+  // (all of them when `even_uncovered`: the wait for their holders is over); their mark is
+  // cleared.
+  std::vector<std::string> TakeRecoveredPersists(bool even_uncovered);
   // The checkpoint, or NotFound naming it.
   absl::StatusOr<MemoryCheckpoint> Find(const std::string& name) const;
   // Every checkpoint, by name, for `ckptctl status`.
@@ -94,8 +139,14 @@ class MemoryCatalog {
   mutable std::mutex mu_;
   std::map<std::string, MemoryCheckpoint> committed_;  // guarded by mu_
   std::map<std::string, std::string> claims_;          // name -> operation; guarded by mu_
-  // Forgets committed checkpoints beyond the newest `keep_newest`, never one being persisted.
-  std::vector<std::string> ForgetBeyondLocked(int keep_newest);
+  // Worker -> committed checkpoints it holds files of without their record; guarded by mu_.
+  std::map<std::string, std::set<std::string>> unrecorded_;
+  // Adopts one reported copy; returns its log line. Requires mu_.
+  std::string AdoptLocked(const std::string& worker_id, const std::string& host,
+                          const pb::HeldMemoryCheckpoint& held);
+  // Forgets committed checkpoints of `group` beyond its newest `keep_newest`, never one being
+  // persisted.
+  std::vector<std::string> ForgetBeyondLocked(int keep_newest, const std::string& group);
   // Moves `worker_id`'s copies of `checkpoint` to its lost ones; whether it held any.
   static bool DropHolderLocked(MemoryCheckpoint& checkpoint, const std::string& worker_id,
                                bool evicted);

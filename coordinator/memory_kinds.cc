@@ -50,7 +50,11 @@ std::string WhyUnreadable(const MemoryCheckpoint& checkpoint, const std::string&
   std::string why = absl::StrCat(file, " holding ", ShortList(tensors));
   if (elsewhere.empty()) {
     absl::StrAppend(&why, ": no copy left (lost with ",
-                    lost.empty() ? "no recorded holder" : ShortList(lost), ")");
+                    lost.empty() ? "no recorded holder" : ShortList(lost),
+                    checkpoint.rebuilt ? "; no worker holding it registered with the restarted "
+                                         "coordinator"
+                                       : "",
+                    ")");
   } else {
     absl::StrAppend(&why, ": held only by ", ShortList(elsewhere),
                     ", which serves no rank of this load",
@@ -92,10 +96,17 @@ absl::StatusOr<std::vector<std::vector<int>>> PlaceReplicas(const Operation& op,
 }
 
 absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::Plan(const Operation& op) {
+  return PlanInGroup(op, "");
+}
+
+absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::PlanInGroup(const Operation& op,
+                                                                  const std::string& group) {
   absl::StatusOr<std::string> name = MemoryCheckpointName(op.path);
   if (!name.ok()) return name.status();
   // Keep-newest would evict a checkpoint still being persisted: refused, naming what it waits for.
-  if (absl::Status room = catalog_->CheckRoomForOneMore(keep_newest_); !room.ok()) return room;
+  if (absl::Status room = catalog_->CheckRoomForOneMore(keep_newest_, group); !room.ok()) {
+    return room;
+  }
   const int replicas = op.memory_replicas >= 0 ? op.memory_replicas : replicas_;
   absl::StatusOr<std::vector<std::vector<int>>> placement = PlaceReplicas(op, replicas);
   if (!placement.ok()) return placement.status();
@@ -116,6 +127,7 @@ absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::Plan(const Operation& op) 
     if (replicas > 0) part.set_group(absl::StrCat("save/", op.id));  // no copies: no exchange
     part.set_world_size(op.world_size);
     part.set_keep_newest(keep_newest_);
+    part.set_retention_group(group);
     part.set_persist_pending(!op.persist_to.empty());  // pinned until persisted or failed
     (*plans)[r].part = part.SerializeAsString();
   }
@@ -124,7 +136,10 @@ absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::Plan(const Operation& op) 
   return plans;
 }
 
-absl::Status MemorySaveKind::Commit(const Operation& op) {
+absl::Status MemorySaveKind::Commit(const Operation& op) { return CommitPublished(op, "", 0); }
+
+absl::Status MemorySaveKind::CommitPublished(const Operation& op, const std::string& published_name,
+                                             int64_t published_version) {
   absl::StatusOr<std::string> name = MemoryCheckpointName(op.path);
   if (!name.ok()) return name.status();
   std::vector<std::vector<int>> placement;
@@ -155,8 +170,11 @@ absl::Status MemorySaveKind::Commit(const Operation& op) {
     checkpoint.bytes += file.size_bytes();
   }
   checkpoint.manifest = *std::move(manifest);
+  checkpoint.published_name = published_name;
+  checkpoint.published_version = published_version;
   if (!op.persist_to.empty()) {  // never evicted before the persistence ended
     checkpoint.persist_to = op.persist_to;
+    checkpoint.persist_overwrite = op.persist_overwrite;
     checkpoint.persist_state = PersistState::kPersisting;
   }
   absl::StatusOr<std::vector<std::string>> forgotten =

@@ -40,7 +40,14 @@ class MemorySaveKind final : public OperationKindHandler {
       : catalog_(catalog), replicas_(replicas), keep_newest_(keep_newest) {}
 
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
+  // Plan of a save whose checkpoint counts in retention `group` (memory_catalog.h
+  // RetentionGroup): keep-newest evicts only the group's older checkpoints.
+  absl::StatusOr<std::vector<RankPlan>> PlanInGroup(const Operation& op, const std::string& group);
   absl::Status Commit(const Operation& op) override;
+  // Commit of a publish: the checkpoint is recorded as version `published_version` of
+  // transfer name `published_name` (kept in the holders' records, see MemoryCheckpoint).
+  absl::Status CommitPublished(const Operation& op, const std::string& published_name,
+                               int64_t published_version);
   absl::Status Finalize(const Operation& op) override;
 
  private:

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "storage/checkpoint_reader.h"
 #include "storage/checkpoint_writer.h"
 
 namespace ckpt::coordinator {
@@ -43,6 +44,23 @@ absl::StatusOr<PersistAssignment> AssignPersistWriters(const MemoryCheckpoint& c
                                                       absl::StrJoin(orphans, "; ")));
   }
   return out;
+}
+
+bool IsPersistedAt(const MemoryCheckpoint& checkpoint, const std::string& path) {
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(path);
+  if (!reader.ok()) return false;
+  const pb::Manifest& there = (*reader)->manifest();
+  const pb::Manifest& mine = checkpoint.manifest;
+  if (there.files_size() != mine.files_size() || there.pieces_size() != mine.pieces_size()) {
+    return false;
+  }
+  for (int i = 0; i < mine.files_size(); ++i) {
+    if (there.files(i).SerializeAsString() != mine.files(i).SerializeAsString()) return false;
+  }
+  for (int i = 0; i < mine.pieces_size(); ++i) {
+    if (there.pieces(i).SerializeAsString() != mine.pieces(i).SerializeAsString()) return false;
+  }
+  return true;
 }
 
 absl::StatusOr<std::unique_ptr<MemoryPersist>> MemoryPersist::Begin(MemoryCheckpoint checkpoint,

@@ -32,6 +32,11 @@ absl::StatusOr<PersistAssignment> AssignPersistWriters(const MemoryCheckpoint& c
                                                        const std::vector<std::string>& files,
                                                        const std::set<std::string>& excluded);
 
+// Whether `path` holds a committed checkpoint with exactly `checkpoint`'s data files and
+// pieces (checksums included): a persistence the previous coordinator process committed before
+// it stopped, whose end the holders never heard of.
+bool IsPersistedAt(const MemoryCheckpoint& checkpoint, const std::string& path);
+
 // One persistence in flight. Thread-compatible (the caller serializes).
 class MemoryPersist {
  public:

@@ -93,6 +93,7 @@ void ToProto(const Operation& op, pb::OperationStatus* out) {
   out->set_deadline_unix_ms(UnixMs(op.deadline));
   out->set_transfer_plan_reused(op.plan_reused);
   out->set_transfer_serving_ranks(op.serving_ranks);
+  out->set_received_version(op.received_version);
 }
 
 }  // namespace ckpt::coordinator

@@ -17,7 +17,9 @@ std::string FlightOf(const std::string& key) { return key.substr(0, key.rfind('/
 
 void PersistDriver::Enqueue(PersistRequest request) {
   std::lock_guard<std::mutex> lock(mu_);
-  const std::string id = absl::StrCat("persist-", next_flight_++);
+  const std::string id = incarnation_.empty()
+                             ? absl::StrCat("persist-", next_flight_++)
+                             : absl::StrCat("persist-", incarnation_, "-", next_flight_++);
   Flight& flight = flights_[id];
   flight.id = id;
   flight.request = std::move(request);
@@ -69,9 +71,17 @@ std::string PersistDriver::RunBegin(const std::string& id) {
   }
   // Storage I/O (the staging directory) happens here, unlocked.
   absl::StatusOr<MemoryCheckpoint> checkpoint = catalog_->Find(request.name);
-  absl::StatusOr<std::unique_ptr<MemoryPersist>> persist =
-      checkpoint.ok() ? MemoryPersist::Begin(*checkpoint, request.path, request.overwrite)
-                      : absl::StatusOr<std::unique_ptr<MemoryPersist>>(checkpoint.status());
+  if (checkpoint.ok() && request.recovered && IsPersistedAt(*checkpoint, request.path)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Flight& flight = flights_.at(id);
+    for (const auto& [file, holders] : checkpoint->holders) {
+      for (const MemoryHolder& h : holders) flight.holders.insert(h.worker_id);
+    }
+    FinishLocked(flight, PersistState::kPersisted, "");
+    return absl::StrCat("persist_committed checkpoint=mem://", request.name, " path=", request.path,
+                        " (committed before the coordinator restarted)");
+  }
+  absl::StatusOr<std::unique_ptr<MemoryPersist>> persist = BeginStaging(id, checkpoint, request);
   std::lock_guard<std::mutex> lock(mu_);
   Flight& flight = flights_.at(id);
   if (!persist.ok()) {
@@ -97,6 +107,22 @@ std::string PersistDriver::RunBegin(const std::string& id) {
                       " staging=", flight.persist->staging_dir(), " id=", id);
 }
 
+absl::StatusOr<std::unique_ptr<MemoryPersist>> PersistDriver::BeginStaging(
+    const std::string& id, const absl::StatusOr<MemoryCheckpoint>& checkpoint,
+    const PersistRequest& request) {
+  if (!checkpoint.ok()) return checkpoint.status();
+  if (journal_ != nullptr) {
+    if (absl::Status s = journal_->Begin(id, request.path); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("recording the staging directory of ",
+                                                 request.path, " in the journal: ", s.message()));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<MemoryPersist>> persist =
+      MemoryPersist::Begin(*checkpoint, request.path, request.overwrite);
+  if (!persist.ok() && journal_ != nullptr) (void)journal_->End(id);  // nothing staged
+  return persist;
+}
+
 std::string PersistDriver::RunEnd(const std::string& id, Step step) {
   MemoryPersist* persist;
   absl::Status failure;
@@ -110,17 +136,20 @@ std::string PersistDriver::RunEnd(const std::string& id, Step step) {
   }
   absl::Status outcome = step == Step::kCommit ? persist->Commit() : persist->Abort();
   if (step == Step::kAbort && outcome.ok()) outcome = failure;
-  std::lock_guard<std::mutex> lock(mu_);
-  Flight& flight = flights_.at(id);
-  if (outcome.ok()) {
-    FinishLocked(flight, PersistState::kPersisted, "");
-    return absl::StrCat("persist_committed checkpoint=mem://", request.name,
-                        " path=", request.path);
+  std::string line;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Flight& flight = flights_.at(id);
+    const std::string why(outcome.message());
+    // The flight (and with it an uncommitted staging directory) goes here.
+    FinishLocked(flight, outcome.ok() ? PersistState::kPersisted : PersistState::kFailed, why);
+    line = outcome.ok() ? absl::StrCat("persist_committed checkpoint=mem://", request.name,
+                                       " path=", request.path)
+                        : absl::StrCat("persist_failed checkpoint=mem://", request.name,
+                                       " path=", request.path, " error=\"", why, "\"");
   }
-  const std::string why(outcome.message());
-  FinishLocked(flight, PersistState::kFailed, why);
-  return absl::StrCat("persist_failed checkpoint=mem://", request.name, " path=", request.path,
-                      " error=\"", why, "\"");
+  if (journal_ != nullptr) (void)journal_->End(id);  // committed or discarded: nothing to find
+  return line;
 }
 
 void PersistDriver::FinishLocked(Flight& flight, PersistState state, const std::string& detail) {

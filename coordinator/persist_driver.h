@@ -21,11 +21,13 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "coordinator/memory_catalog.h"
 #include "coordinator/memory_persist.h"
+#include "coordinator/staging_journal.h"
 #include "proto/coordinator.pb.h"
 
 namespace ckpt::coordinator {
@@ -35,6 +37,9 @@ struct PersistRequest {
   std::string name;  // the memory checkpoint (without mem://)
   std::string path;  // resolved storage path
   bool overwrite = false;
+  // Started again after a coordinator restart: a checkpoint the previous process committed at
+  // `path` already (IsPersistedAt) counts as persisted instead of being written again.
+  bool recovered = false;
 };
 
 // One work item for a worker, with the key its stream remembers it by (sent once per stream).
@@ -49,8 +54,16 @@ class PersistDriver {
  public:
   // `catalog` must outlive the driver; `keep_newest` is the memory saves' keep-newest (the
   // catalog forgets checkpoints beyond it once their persistence ended).
-  PersistDriver(MemoryCatalog* catalog, int keep_newest)
-      : catalog_(catalog), keep_newest_(keep_newest) {}
+  // `incarnation` (the coordinator process's, hex) goes into every persistence id, so that a
+  // late report of an item a previous coordinator process sent is never taken for one of this
+  // process's items (whose ids would otherwise restart at the same numbers).
+  PersistDriver(MemoryCatalog* catalog, int keep_newest, std::string incarnation = "")
+      : catalog_(catalog), keep_newest_(keep_newest), incarnation_(std::move(incarnation)) {}
+
+  // Records every staging directory in `journal` (may be null; must outlive the driver) from
+  // before it is made until it is committed or discarded, so that a coordinator restarted on the
+  // same --state_dir removes what a persistence in flight left behind (StagingJournal::Recover).
+  void set_journal(StagingJournal* journal) { journal_ = journal; }
 
   // Queues the persistence of a committed memory checkpoint (its catalog state is persisting).
   void Enqueue(PersistRequest request);
@@ -91,6 +104,10 @@ class PersistDriver {
   // a failure to `flight`; true when something changed. Requires mu_.
   bool Apply(Flight& flight, const std::string& failed_worker,
              const absl::StatusOr<PersistAssignment>& next);
+  // The staging directory of flight `id` made (and journaled), unlocked.
+  absl::StatusOr<std::unique_ptr<MemoryPersist>> BeginStaging(
+      const std::string& id, const absl::StatusOr<MemoryCheckpoint>& checkpoint,
+      const PersistRequest& request);
   // Begin/commit/abort of one flight, unlocked; returns the log line.
   std::string RunBegin(const std::string& id);
   std::string RunEnd(const std::string& id, Step step);
@@ -99,6 +116,8 @@ class PersistDriver {
 
   MemoryCatalog* const catalog_;
   const int keep_newest_;
+  const std::string incarnation_;
+  StagingJournal* journal_ = nullptr;
   mutable std::mutex mu_;
   std::map<std::string, Flight> flights_;  // by id; guarded by mu_
   std::set<std::string> dead_;             // workers lost; guarded by mu_

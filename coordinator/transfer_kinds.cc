@@ -14,8 +14,6 @@
 namespace ckpt::coordinator {
 namespace {
 
-constexpr absl::string_view kVerifySuffix = "?verify";
-
 // The serving participants of a receive and who may read each stored piece.
 struct Serving {
   std::vector<RankLocation> locations;  // serving rank world_size + i is served by locations[i]
@@ -129,18 +127,6 @@ absl::Status Patch(const PlanPatch& patch, const Serving& serving, std::vector<R
 
 }  // namespace
 
-absl::StatusOr<ReceivePath> ParseReceivePath(absl::string_view path) {
-  ReceivePath out;
-  if (absl::EndsWith(path, kVerifySuffix)) {
-    out.verify = true;
-    path.remove_suffix(kVerifySuffix.size());
-  }
-  absl::StatusOr<TransferPath> parsed = ParseTransferPath(path);
-  if (!parsed.ok()) return parsed.status();
-  out.path = *std::move(parsed);
-  return out;
-}
-
 void PublishedToProto(const PublishedRegistry& registry, const MemoryCatalog* catalog,
                       google::protobuf::RepeatedPtrField<pb::PublishedStatus>* out) {
   for (const auto& [name, versions] : registry.List()) {
@@ -177,11 +163,16 @@ absl::StatusOr<Operation> PublishKind::AsMemorySave(const Operation& op) const {
 absl::StatusOr<std::vector<RankPlan>> PublishKind::Plan(const Operation& op) {
   absl::StatusOr<TransferPath> path = ParseTransferPath(op.path);
   if (!path.ok()) return path.status();
+  if (path->verify) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "publishing ", op.path, ": ?verify is for receives (a publish keeps checksummed bytes)"));
+  }
   absl::StatusOr<int64_t> version = registry_->Reserve(path->name, path->version, op.id);
   if (!version.ok()) return version.status();
   absl::StatusOr<Operation> save = AsMemorySave(op);
   absl::StatusOr<std::vector<RankPlan>> plans =
-      save.ok() ? memory_.Plan(*save) : absl::StatusOr<std::vector<RankPlan>>(save.status());
+      save.ok() ? memory_.PlanInGroup(*save, RetentionGroupOfPublished(path->name))
+                : absl::StatusOr<std::vector<RankPlan>>(save.status());
   if (!plans.ok()) {
     registry_->Release(op.id);
     return absl::Status(plans.status().code(),
@@ -194,7 +185,12 @@ absl::StatusOr<std::vector<RankPlan>> PublishKind::Plan(const Operation& op) {
 absl::Status PublishKind::Commit(const Operation& op) {
   absl::StatusOr<Operation> save = AsMemorySave(op);
   if (!save.ok()) return save.status();
-  if (absl::Status committed = memory_.Commit(*save); !committed.ok()) return committed;
+  absl::StatusOr<std::pair<std::string, int64_t>> reserved = registry_->Reserved(op.id);
+  if (!reserved.ok()) return reserved.status();
+  if (absl::Status committed = memory_.CommitPublished(*save, reserved->first, reserved->second);
+      !committed.ok()) {
+    return committed;
+  }
   return registry_->Commit(op.id, absl::Now()).status();
 }
 
@@ -206,12 +202,11 @@ absl::Status PublishKind::Finalize(const Operation& op) {
 }
 
 absl::StatusOr<std::vector<RankPlan>> ReceiveKind::Plan(const Operation& op) {
-  absl::StatusOr<ReceivePath> path = ParseReceivePath(op.path);
+  absl::StatusOr<TransferPath> path = ParseTransferPath(op.path);
   if (!path.ok()) return path.status();
-  absl::StatusOr<PublishedVersion> version =
-      registry_->Resolve(path->path.name, path->path.version);
+  absl::StatusOr<PublishedVersion> version = registry_->Resolve(path->name, path->version);
   if (!version.ok()) return version.status();
-  const std::string what = TransferPathString(path->path.name, version->version);
+  const std::string what = TransferPathString(path->name, version->version);
   absl::StatusOr<MemoryCheckpoint> checkpoint = catalog_->Find(version->memory_checkpoint);
   if (!checkpoint.ok()) {
     return absl::NotFoundError(absl::StrCat("cannot receive ", what, ": its memory checkpoint ",
@@ -249,7 +244,7 @@ absl::StatusOr<std::vector<RankPlan>> ReceiveKind::Plan(const Operation& op) {
   patch.path = absl::StrCat(kMemoryPathPrefix, version->memory_checkpoint);
   patch.group = absl::StrCat("load/", op.id);
   patch.manifest = checkpoint->manifest.SerializeAsString();
-  patch.name = path->path.name;
+  patch.name = path->name;
   patch.version = version->version;
   patch.destination_ranks = op.world_size;
   patch.verify = path->verify;
@@ -258,6 +253,7 @@ absl::StatusOr<std::vector<RankPlan>> ReceiveKind::Plan(const Operation& op) {
     patch.rank_workers.push_back(op.ranks[r].location.worker_id);
   for (const std::string& worker : serving->worker_ids) patch.rank_workers.push_back(worker);
   if (absl::Status s = Patch(patch, *serving, &*plans); !s.ok()) return s;
+  for (RankPlan& plan : *plans) plan.received_version = version->version;
   return *std::move(plans);
 }
 

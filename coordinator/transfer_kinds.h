@@ -36,14 +36,6 @@
 
 namespace ckpt::coordinator {
 
-// The options of a receive path: "xfer://<name>[@<version>][?verify]".
-struct ReceivePath {
-  TransferPath path;
-  bool verify = false;
-};
-// InvalidArgument naming the path for anything but the forms above.
-absl::StatusOr<ReceivePath> ParseReceivePath(absl::string_view path);
-
 // The registry's names and versions with their bytes and holders from `catalog` (may be null),
 // for GetStatus / `ckptctl transfer list`.
 void PublishedToProto(const PublishedRegistry& registry, const MemoryCatalog* catalog,
@@ -53,8 +45,10 @@ void PublishedToProto(const PublishedRegistry& registry, const MemoryCatalog* ca
 class PublishKind final : public OperationKindHandler {
  public:
   // `catalog` and `registry` must outlive this.
+  // The source workers keep the registry's newest K versions of each name (retention group
+  // "xfer:<name>"), besides whatever else their memory tiers hold.
   PublishKind(MemoryCatalog* catalog, PublishedRegistry* registry)
-      : registry_(registry), memory_(catalog, /*replicas=*/0) {}
+      : registry_(registry), memory_(catalog, /*replicas=*/0, registry->keep_versions()) {}
 
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
   absl::Status Commit(const Operation& op) override;

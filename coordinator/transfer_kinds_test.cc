@@ -7,18 +7,6 @@
 namespace ckpt::coordinator {
 namespace {
 
-TEST(ReceivePathTest, VerifyIsASuffixOfReceivePathsOnly) {
-  absl::StatusOr<ReceivePath> plain = ParseReceivePath("xfer://p@3");
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_FALSE(plain->verify);
-  EXPECT_EQ(plain->path.version, 3);
-  absl::StatusOr<ReceivePath> verified = ParseReceivePath("xfer://p?verify");
-  ASSERT_TRUE(verified.ok()) << verified.status();
-  EXPECT_TRUE(verified->verify);
-  EXPECT_EQ(verified->path.name, "p");
-  EXPECT_EQ(ParseReceivePath("xfer://p?check").status().code(), absl::StatusCode::kInvalidArgument);
-}
-
 TEST(ReceiveKindTest, RefusesUnpublishedNamesAndVersionsNamingThem) {
   MemoryCatalog catalog;
   PublishedRegistry registry;

@@ -3,26 +3,11 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace ckpt::coordinator {
 namespace {
-
-bool NameCharacter(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-         c == '_' || c == '-';
-}
-
-absl::Status BadPath(absl::string_view path, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("transfer path \"",
-                                                 absl::CHexEscape(path.substr(0, 200)), "\" ", why,
-                                                 " (expected xfer://<name> or "
-                                                 "xfer://<name>@<version>)"));
-}
 
 std::string VersionList(const std::vector<PublishedVersion>& versions) {
   std::vector<std::string> out;
@@ -31,35 +16,6 @@ std::string VersionList(const std::vector<PublishedVersion>& versions) {
 }
 
 }  // namespace
-
-bool IsTransferPath(absl::string_view path) { return absl::StartsWith(path, kTransferPathPrefix); }
-
-absl::StatusOr<TransferPath> ParseTransferPath(absl::string_view path) {
-  if (!IsTransferPath(path)) return BadPath(path, "is not an xfer:// path");
-  absl::string_view rest = path.substr(kTransferPathPrefix.size());
-  TransferPath out;
-  const size_t at = rest.find('@');
-  absl::string_view name = rest.substr(0, at);
-  if (at != absl::string_view::npos) {
-    absl::string_view version = rest.substr(at + 1);
-    if (!absl::SimpleAtoi(version, &out.version) || out.version <= 0 ||
-        !std::all_of(version.begin(), version.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      return BadPath(path, "has a version that is not a positive integer");
-    }
-  }
-  if (name.empty() || name.size() > kMaxTransferNameLength || name == "." || name == ".." ||
-      !std::all_of(name.begin(), name.end(), NameCharacter)) {
-    return BadPath(path, absl::StrCat("has a name that is not 1-", kMaxTransferNameLength,
-                                      " characters of letters, digits, '.', '_' and '-'"));
-  }
-  out.name = std::string(name);
-  return out;
-}
-
-std::string TransferPathString(const std::string& name, int64_t version) {
-  if (version <= 0) return absl::StrCat(kTransferPathPrefix, name);
-  return absl::StrCat(kTransferPathPrefix, name, "@", version);
-}
 
 std::string PublishedCheckpointName(const std::string& name, int64_t version) {
   return absl::StrCat(name, ".v", version);
@@ -113,6 +69,24 @@ absl::StatusOr<std::vector<PublishedVersion>> PublishedRegistry::Commit(
     versions.erase(versions.begin());
   }
   return forgotten;
+}
+
+bool PublishedRegistry::Adopt(const std::string& name, int64_t version, absl::Time published) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<PublishedVersion>& versions = published_[name];
+  for (const PublishedVersion& v : versions) {
+    if (v.version == version) return false;
+  }
+  versions.push_back(PublishedVersion{version, PublishedCheckpointName(name, version), published});
+  std::sort(
+      versions.begin(), versions.end(),
+      [](const PublishedVersion& a, const PublishedVersion& b) { return a.version < b.version; });
+  bool kept = true;
+  while (static_cast<int>(versions.size()) > keep_versions_) {
+    if (versions.front().version == version) kept = false;
+    versions.erase(versions.begin());
+  }
+  return kept;
 }
 
 void PublishedRegistry::Release(const std::string& operation_id) {

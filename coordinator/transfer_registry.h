@@ -17,27 +17,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/transfer_path.h"
 
 namespace ckpt::coordinator {
 
-inline constexpr absl::string_view kTransferPathPrefix = "xfer://";
-// Names are memory checkpoint names with room for ".v<version>" (common/memory_path.h).
-inline constexpr size_t kMaxTransferNameLength = 100;
+// The transfer path vocabulary (xfer://<name>@<version>) is common/transfer_path.h.
 
-// A parsed transfer path.
-struct TransferPath {
-  std::string name;
-  int64_t version = 0;  // 0: none given (publish: the next; receive: the newest)
-};
-
-// True when `path` starts with "xfer://" (whether or not the rest is valid).
-bool IsTransferPath(absl::string_view path);
-// "xfer://<name>" or "xfer://<name>@<version>" (version a positive decimal integer); the name
-// 1-100 characters of letters, digits, '.', '_' and '-'. InvalidArgument naming the path
-// (escaped, cut) otherwise.
-absl::StatusOr<TransferPath> ParseTransferPath(absl::string_view path);
-// "xfer://<name>@<version>" ("xfer://<name>" for version 0).
-std::string TransferPathString(const std::string& name, int64_t version);
 // The memory checkpoint a published version is kept as: "<name>.v<version>".
 std::string PublishedCheckpointName(const std::string& name, int64_t version);
 
@@ -56,6 +41,8 @@ class PublishedRegistry {
   explicit PublishedRegistry(int keep_versions = 2)
       : keep_versions_(keep_versions < 1 ? 1 : keep_versions) {}
 
+  int keep_versions() const { return keep_versions_; }
+
   // Reserves the version a publish `operation_id` of `name` will commit: `requested`, or one
   // more than the newest published or reserved version when 0. FailedPrecondition naming the
   // name, the version and the newest one when `requested` is not newer than every published or
@@ -67,6 +54,10 @@ class PublishedRegistry {
   // operation reserved nothing.
   absl::StatusOr<std::vector<PublishedVersion>> Commit(const std::string& operation_id,
                                                        absl::Time now);
+  // Lists a version a worker reported holding (a coordinator restart rebuilds the registry
+  // from the workers): kept in version order, then the newest K as in Commit. Returns whether
+  // it is listed now (false: known already, or older than the newest K).
+  bool Adopt(const std::string& name, int64_t version, absl::Time published);
   // Drops the reservation of `operation_id` (no-op once committed or unknown).
   void Release(const std::string& operation_id);
   // The version a receive of (name, requested) reads: `requested` when published, the newest

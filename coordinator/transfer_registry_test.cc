@@ -8,24 +8,7 @@
 namespace ckpt::coordinator {
 namespace {
 
-TEST(TransferPathTest, ParsesNamesAndVersionsAndRefusesHostileOnes) {
-  absl::StatusOr<TransferPath> newest = ParseTransferPath("xfer://policy");
-  ASSERT_TRUE(newest.ok()) << newest.status();
-  EXPECT_EQ(newest->name, "policy");
-  EXPECT_EQ(newest->version, 0);
-  absl::StatusOr<TransferPath> exact = ParseTransferPath("xfer://policy-7b.main@12");
-  ASSERT_TRUE(exact.ok()) << exact.status();
-  EXPECT_EQ(exact->name, "policy-7b.main");
-  EXPECT_EQ(exact->version, 12);
-  for (const std::string& bad : std::vector<std::string>{
-           "xfer://", "xfer://a/b", "xfer://..", "xfer://a@", "xfer://a@0", "xfer://a@-3",
-           "xfer://a@1x", "xfer://a@+3", "mem://a", "xfer://" + std::string(101, 'n')}) {
-    absl::StatusOr<TransferPath> parsed = ParseTransferPath(bad);
-    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(parsed.status().message().find("transfer path"), std::string::npos) << bad;
-  }
-  EXPECT_EQ(TransferPathString("p", 3), "xfer://p@3");
-  EXPECT_EQ(TransferPathString("p", 0), "xfer://p");
+TEST(PublishedRegistryTest, PublishedVersionsAreKeptAsMemoryCheckpointsNamedByVersion) {
   EXPECT_EQ(PublishedCheckpointName("p", 3), "p.v3");
 }
 
@@ -57,6 +40,20 @@ TEST(PublishedRegistryTest, VersionsOnlyGrowAndTheNewestKAreKept) {
       << gone.status();
   EXPECT_EQ(registry.Commit("op-never", absl::Now()).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(registry.List().at("p").size(), 2u);
+}
+
+TEST(PublishedRegistryTest, AdoptedVersionsAreListedInOrderAndTheNewestKKept) {
+  PublishedRegistry registry(/*keep_versions=*/2);  // a restarted coordinator's
+  EXPECT_TRUE(registry.Adopt("p", 7, absl::FromUnixMillis(7)));
+  EXPECT_FALSE(registry.Adopt("p", 7, absl::FromUnixMillis(7)));  // a second holder's report
+  EXPECT_TRUE(registry.Adopt("p", 5, absl::FromUnixMillis(5)));
+  EXPECT_FALSE(registry.Adopt("p", 3, absl::FromUnixMillis(3)));  // older than the newest 2
+  EXPECT_EQ(registry.Resolve("p", 0)->memory_checkpoint, "p.v7");
+  EXPECT_EQ(registry.Resolve("p", 5)->version, 5);
+  // Versions still only grow past what the workers brought back.
+  EXPECT_EQ(registry.Reserve("p", 6, "op-1").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*registry.Reserve("p", 0, "op-1"), 8);
 }
 
 }  // namespace

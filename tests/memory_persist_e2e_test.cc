@@ -16,7 +16,8 @@
 //   negative replicas, mem:// reshard sources and destinations (coordinator and ckptctl), and
 //   ckptctl's storage-only commands on a mem:// path.
 // Events are ordered by the workers' --persist_gate_file (a worker announces that a persist
-// item waits, and writes once the test creates the file), never by timing.
+// item waits, and writes once the test creates the file), never by timing: a hook of the
+// testonly daemon //worker:ckpt_worker_testing (worker/test_hooks_on.cc).
 #include <csignal>
 #include <optional>
 #include <string>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -77,6 +79,7 @@ void StartCluster(Cluster& cluster, const std::vector<std::string>& gates,
   std::vector<std::string> flags = {absl::StrCat("--lease_ms=", kLeaseMs)};
   flags.insert(flags.end(), coordinator_flags.begin(), coordinator_flags.end());
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator(flags));
+  cluster.set_worker_binary("worker/ckpt_worker_testing");  // --persist_gate_file
   for (int i = 0; i < 2; ++i) {
     std::vector<std::string> w = {i == 0 ? "--host=hostA" : "--host=hostB",
                                   "--data_plane_address=127.0.0.1"};
@@ -201,6 +204,47 @@ TEST(MemoryPersistE2eTest, NoHolderLeftFailsNamingTheFileAndKeepsTheEarlierCheck
   EXPECT_EQ(ReadFile(target + "/manifest.pb"), before);
   std::string out;
   EXPECT_EQ(cluster.RunCkptctl({"verify", target}, &out), 0) << out;
+}
+
+TEST(MemoryPersistE2eTest, APersistenceInFlightWhenTheCoordinatorIsKilledCompletesAfterItsRestart) {
+  Cluster cluster;
+  const std::string gate = cluster.dir() + "/gate";  // both workers wait for it
+  ASSERT_NO_FATAL_FAILURE(StartCluster(cluster, {gate, gate}));
+  const std::string persisted = cluster.dir() + "/persisted";
+  ExpectAllOk(RunPair(cluster, "train", "save", "mem://step1", {"--persist_to", persisted}),
+              cluster);
+  // The persistence is in flight (a worker's item waits at the gate) and both workers kept the
+  // coordinator's record of the commit.
+  ASSERT_TRUE(WaitFor([&] { return Exists(gate + ".waiting"); })) << ClusterLogs(cluster);
+  const std::string kept = "memory_record checkpoint=mem://step1 kept=true";
+  ASSERT_TRUE(WaitFor([&] {
+    return absl::StrContains(cluster.worker(0).Stderr(), kept) &&
+           absl::StrContains(cluster.worker(1).Stderr(), kept);
+  })) << ClusterLogs(cluster);
+  ASSERT_NO_FATAL_FAILURE(cluster.RestartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  // The workers report the pinned checkpoint; the new coordinator persists it again.
+  ASSERT_TRUE(WaitFor([&] {
+    return absl::StrContains(cluster.coordinator().Stderr(),
+                             "persist_started checkpoint=mem://step1");
+  })) << ClusterLogs(cluster);
+  EXPECT_EQ(PersistOf(cluster, "step1"), "persisting to " + persisted);
+  WriteFile(gate, "go\n");
+  ASSERT_TRUE(WaitFor([&] { return PersistOf(cluster, "step1") == "persisted to " + persisted; }))
+      << PersistOf(cluster, "step1") << ClusterLogs(cluster);
+  const std::string direct = cluster.dir() + "/direct";
+  ExpectAllOk(RunPair(cluster, "train", "save", direct, {}), cluster);
+  ExpectSameCheckpoint(persisted, direct);
+  std::string out;
+  EXPECT_EQ(cluster.RunCkptctl({"verify", persisted}, &out), 0) << out;
+  // The first process's staging directory was journaled: the restarted coordinator removed it.
+  EXPECT_THAT(cluster.coordinator().Stderr(), HasSubstr("staging_removed path="));
+  absl::StatusOr<std::vector<std::string>> entries = ListDir(cluster.dir());
+  ASSERT_TRUE(entries.ok());
+  for (const std::string& e : *entries) {
+    if (e != "persisted") {
+      EXPECT_EQ(e.find("persisted"), std::string::npos) << "left behind: " << e;
+    }
+  }
 }
 
 TEST(MemoryPersistE2eTest, EvictionWaitsUntilTheCheckpointIsPersisted) {

@@ -200,7 +200,7 @@ int Cluster::StartWorker(int local_rank, const std::vector<std::string>& flags) 
   entry.socket = absl::StrCat(dir_, "/w", index, ".sock");
   std::string ready = absl::StrCat(dir_, "/w", index, ".ready");
   std::vector<std::string> argv = {
-      Runfile("worker/ckpt_worker"),   "--coordinator=" + address_,
+      Runfile(worker_binary_),         "--coordinator=" + address_,
       "--listen=unix:" + entry.socket, absl::StrCat("--local_rank=", local_rank),
       "--ready_file=" + ready,         "--log_level=debug",
       "--reap_interval_ms=50"};

@@ -70,6 +70,10 @@ class Cluster {
   void StartCoordinator(const std::vector<std::string>& flags);
   // Kills the coordinator with SIGKILL and starts a new one on the same address.
   void RestartCoordinator(const std::vector<std::string>& flags);
+  // Workers started from now on run this daemon (a runfile path): "worker/ckpt_worker" (the
+  // default, the release daemon) or "worker/ckpt_worker_testing" (with the test hooks of
+  // worker/test_hooks_on.cc; list it in the test's data).
+  void set_worker_binary(const std::string& runfile) { worker_binary_ = runfile; }
   // Starts worker `local_rank` (socket /tmp/ckpt-t<pid>-w<n>.sock) with extra flags and waits
   // until registered. Returns its index in workers().
   int StartWorker(int local_rank, const std::vector<std::string>& flags = {});
@@ -110,6 +114,7 @@ class Cluster {
   TlsFiles coordinator_tls_, worker_tls_, operator_tls_;  // empty without UseTls()
   std::string address_;
   std::string network_namespace_;  // where Spawn's children run ("": here)
+  std::string worker_binary_ = "worker/ckpt_worker";
   int coordinator_child_ = -1;
   struct WorkerEntry {
     int child = -1;

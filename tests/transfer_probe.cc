@@ -8,9 +8,10 @@
 //     must not change), waits until the version is published ("durable <v> <code> <message>"),
 //     then, before the next version, waits for the file <--step_dir>/publish.<v+1>.
 //   receive mode: for k in 1..--receives: waits for <--step_dir>/receive.<k>, receives the
-//     newest version (or --version), says "received <k> <code> <message>" and then what its
-//     tensor holds: "holds <v>" (every element is version v; 0: never received) or
-//     "mixed <local index> <value>" (elements of different versions, or garbage).
+//     newest version (or --version), says "received <k> <code> <message>", when it succeeded
+//     "version <name> <v>" (the version Receive reported), and then what its tensor holds: "holds
+//     <v>" (every element is version v; 0: never received) or "mixed <local index> <value>"
+//     (elements of different versions, or garbage).
 //   poll mode: fills version --fill_version (0: leaves zeros), then polls once per 20 ms until
 //     an operator-requested operation ran (ckptctl save|load --job J xfer://<name>), says
 //     "polled <kind> <code> <message>" and what its tensor holds.
@@ -159,8 +160,9 @@ int Run(int argc, char** argv) {
     receive.verify = Flag(flags, "--verify", 0) != 0;
     receive.memory_budget_bytes = Flag(flags, "--budget", 0);
     receive.arrival_timeout = absl::Minutes(2);
-    absl::Status s = (*client)->Receive(name, *state, receive);
-    Emit(absl::StrCat("received ", k, " ", Said(s)));
+    absl::StatusOr<ckpt::client::ReceivedVersion> got = (*client)->Receive(name, *state, receive);
+    Emit(absl::StrCat("received ", k, " ", Said(got.status())));
+    if (got.ok()) Emit(absl::StrCat("version ", got->name, " ", got->version));
     Emit(Holds(**tensor));
   }
   return 0;

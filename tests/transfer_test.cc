@@ -62,7 +62,10 @@ Child* StartProbe(Cluster& cluster, int worker, const std::string& job, int rank
   return cluster.Start(argv, absl::StrCat("probe-", job, "-", rank));
 }
 
+// The workers run the testonly daemon: its hooks (CKPT_TEST_SERVE_HOLD_DIR,
+// CKPT_TEST_CORRUPT_SENT_UNITS, worker/test_hooks_on.cc) stall or corrupt a serving worker.
 void StartWorkers(Cluster& cluster) {
+  cluster.set_worker_binary("worker/ckpt_worker_testing");
   for (int i = 0; i < kSourceWorkers + kDestWorkers; ++i) {
     cluster.StartWorker(i, {i < kSourceWorkers ? "--host=hostA" : "--host=hostB",
                             "--data_plane_address=127.0.0.1"});
@@ -130,6 +133,7 @@ TEST(TransferTest, TwoVersionsFromTp4Dp2IntoTp2ThreeReplicasAreBitExactReusingTh
   ASSERT_TRUE(WaitFor([&] { return AllSaid(jobs.dest, "received 1 "); })) << ClusterLogs(cluster);
   for (Child* d : jobs.dest) {
     EXPECT_THAT(d->Stdout(), HasSubstr("received 1 0 \n")) << d->Stdout() << ClusterLogs(cluster);
+    EXPECT_THAT(d->Stdout(), HasSubstr("version policy 1\n")) << d->Stdout();  // as reported
     EXPECT_THAT(d->Stdout(), HasSubstr("holds 1\n")) << d->Stdout();
   }
   Touch(dir + "/publish.2");
@@ -139,6 +143,7 @@ TEST(TransferTest, TwoVersionsFromTp4Dp2IntoTp2ThreeReplicasAreBitExactReusingTh
   ASSERT_TRUE(WaitFor([&] { return AllSaid(jobs.dest, "received 2 "); })) << ClusterLogs(cluster);
   for (Child* d : jobs.dest) {
     EXPECT_THAT(d->Stdout(), HasSubstr("received 2 0 \n")) << d->Stdout() << ClusterLogs(cluster);
+    EXPECT_THAT(d->Stdout(), HasSubstr("version policy 2\n")) << d->Stdout();
     EXPECT_THAT(d->Stdout(), HasSubstr("holds 2\n")) << d->Stdout();
   }
   // Served by the two workers holding the main replica's files (DP rank 0: workers 0 and 1),
@@ -150,6 +155,8 @@ TEST(TransferTest, TwoVersionsFromTp4Dp2IntoTp2ThreeReplicasAreBitExactReusingTh
   EXPECT_EQ(receives[1].transfer_serving_ranks(), 2);
   EXPECT_TRUE(receives[1].transfer_plan_reused());
   EXPECT_EQ(receives[1].phase(), pb::PHASE_DONE);
+  EXPECT_EQ(receives[0].received_version(), 1);
+  EXPECT_EQ(receives[1].received_version(), 2);
   pb::GetStatusResponse status = cluster.Status();
   ASSERT_EQ(status.published_size(), 1);
   EXPECT_EQ(status.published(0).name(), "policy");
@@ -209,7 +216,8 @@ TEST(TransferTest, ASourceWorkerKilledMidTransferLeavesTheDestinationOnThePrevio
 TEST(TransferTest, VerifyModeCatchesAByteCorruptedInFlightNamingTensorVersionAndWorker) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
-  setenv("CKPT_TEST_CORRUPT_SENT_UNITS", "1", 1);  // the source workers only
+  cluster.set_worker_binary("worker/ckpt_worker_testing");  // has the corruption hook
+  setenv("CKPT_TEST_CORRUPT_SENT_UNITS", "1", 1);           // the source workers only
   for (int i = 0; i < kSourceWorkers; ++i) {
     cluster.StartWorker(i, {"--host=hostA", "--data_plane_address=127.0.0.1"});
   }
@@ -323,4 +331,40 @@ TEST(TransferTest, AMemoryLoadReadsFilesHeldOnlyOutsideItsRanksThroughServingPar
 }
 
 }  // namespace
+TEST(TransferTest, PublishingManyVersionsKeepsTheNewestKPerNameAndNeverEvictsAMemoryCheckpoint) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(
+      cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs), "--memory_replicas=0",
+                                "--memory_keep=1", "--transfer_keep_versions=2"}));
+  cluster.StartWorker(0, {"--memory_tier_keep=1"});
+  const std::vector<std::string> row = {"--global_rows", "1", "--elements", "4096"};
+  for (Child* t : RunRanksOn(cluster, {0}, "train", "save", "mem://ckpt", row)) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+  }
+  // Three versions of "policy" from the same worker (the step files exist: no waiting).
+  const std::string dir = FreshDir("steps");
+  Touch(dir + "/publish.2");
+  Touch(dir + "/publish.3");
+  Child* source =
+      StartProbe(cluster, 0, "trainer", 0, 1,
+                 {"--mode", "publish", "--name", "policy", "--versions", "3", "--step_dir", dir,
+                  "--tp", "1", "--global_rows", "1", "--elements", "4096"});
+  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(source->Stdout(), "durable 3 "); }))
+      << source->Stdout() << ClusterLogs(cluster);
+  EXPECT_THAT(source->Stdout(), HasSubstr("durable 3 0 "));
+  // The catalog keeps the newest two versions and the memory checkpoint.
+  std::vector<std::string> names;
+  const pb::GetStatusResponse status = cluster.Status();
+  for (const pb::MemoryCheckpointStatus& m : status.memory_checkpoints()) {
+    names.push_back(m.name());
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"ckpt", "policy.v2", "policy.v3"}));
+  // The worker evicted only policy.v1 (its name's oldest): the memory checkpoint still loads.
+  for (Child* t : RunRanksOn(cluster, {0}, "serve", "load", "mem://ckpt", row)) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+    EXPECT_THAT(t->Stdout(), HasSubstr("verified")) << t->Stdout();
+  }
+  EXPECT_THAT(cluster.worker(0).Stderr(), ::testing::Not(HasSubstr("evicted=mem://ckpt")));
+}
+
 }  // namespace ckpt::testing

@@ -161,6 +161,11 @@ bool CoordinatorLink::SleepWhileRegisteredAs(const std::string& id, absl::Durati
 bool CoordinatorLink::Register(absl::Duration* backoff, bool* warned) {
   pb::RegisterWorkerRequest request;
   *request.mutable_info() = options_.info;
+  if (held_source_) {
+    for (pb::HeldMemoryCheckpoint& held : held_source_()) {
+      *request.add_memory_held() = std::move(held);
+    }
+  }
   pb::RegisterWorkerResponse response;
   const absl::Time sent = absl::Now();
   grpc::Status s = stub_->RegisterWorker(Context().get(), request, &response);

@@ -60,6 +60,10 @@ class CoordinatorLink {
   // them (kept until a heartbeat is acknowledged). Set before Start().
   using EvictionSource = std::function<std::vector<std::string>()>;
   void SetEvictionSource(EvictionSource source) { eviction_source_ = std::move(source); }
+  // Describes what the memory tier holds; every registration sends it, so that a restarted
+  // coordinator rebuilds its memory catalog from the workers. Set before Start().
+  using HeldMemorySource = std::function<std::vector<pb::HeldMemoryCheckpoint>()>;
+  void SetHeldMemorySource(HeldMemorySource source) { held_source_ = std::move(source); }
 
   void Start();
   // Stops both threads; with `deregister`, tells the coordinator this worker is leaving.
@@ -110,6 +114,7 @@ class CoordinatorLink {
   RegisteredHandler registered_handler_;
   LeaseLostHandler lease_lost_handler_;
   EvictionSource eviction_source_;
+  HeldMemorySource held_source_;
   std::vector<std::string> unsent_evictions_;  // only the lease thread touches it
 
   mutable std::mutex mu_;

@@ -144,7 +144,7 @@ absl::StatusOr<std::string> KeepSnapshotInMemory(const pb::SavePlanPart& part,
     return absl::Status(written.status().code(),
                         absl::StrCat(who, ": ", written.status().message()));
   }
-  context.tier->Seal(part.memory_checkpoint(), part.keep_newest());
+  context.tier->Seal(part.memory_checkpoint(), part.keep_newest(), part.retention_group());
   return written;
 }
 

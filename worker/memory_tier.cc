@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -50,13 +51,22 @@ absl::StatusOr<EncodedFile> EncodeDataFile(const std::vector<TensorMeta>& tensor
 
 bool MemoryTier::MakeRoomLocked(int64_t needed, const std::string& keep) {
   if (held_ + needed <= options_.budget_bytes) return true;
-  // Candidates: complete checkpoints other than `keep` and the newest complete one.
+  // Candidates: complete checkpoints other than `keep` and the newest complete one of each
+  // retention group (the last copy of that name's state stays).
+  std::map<std::string, std::pair<int64_t, std::string>> newest_of_group;
+  for (const auto& [name, e] : entries_) {
+    if (!e.complete) continue;
+    auto [it, fresh] = newest_of_group.try_emplace(e.group, e.sequence, name);
+    if (!fresh && it->second.first < e.sequence) it->second = {e.sequence, name};
+  }
+  std::set<std::string> newest;
+  for (const auto& [group, n] : newest_of_group) newest.insert(n.second);
   std::vector<std::pair<int64_t, std::string>> complete;  // (sequence, name)
   for (const auto& [name, e] : entries_) {
-    if (e.complete && name != keep) complete.emplace_back(e.sequence, name);
+    if (e.complete && name != keep && newest.count(name) == 0)
+      complete.emplace_back(e.sequence, name);
   }
   std::sort(complete.begin(), complete.end());
-  if (!complete.empty()) complete.pop_back();  // the newest complete one stays
   complete.erase(std::remove_if(complete.begin(), complete.end(),
                                 [&](const auto& c) { return entries_[c.second].pinned; }),
                  complete.end());  // awaiting persistence
@@ -120,7 +130,7 @@ absl::Status MemoryTier::Put(const std::string& name, const std::string& operati
   return absl::OkStatus();
 }
 
-void MemoryTier::Seal(const std::string& name, int keep_newest) {
+void MemoryTier::Seal(const std::string& name, int keep_newest, const std::string& group) {
   const int keep = std::max(keep_newest > 0 ? keep_newest : options_.keep_newest, 1);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
@@ -131,14 +141,15 @@ void MemoryTier::Seal(const std::string& name, int keep_newest) {
     it = entries_.find(name);
   }
   it->second.complete = true;
-  last_keep_ = keep;
-  KeepNewestLocked(keep);
+  it->second.group = group;
+  keep_of_group_[group] = keep;
+  KeepNewestLocked(keep, group);
 }
 
-void MemoryTier::KeepNewestLocked(int keep) {
+void MemoryTier::KeepNewestLocked(int keep, const std::string& group) {
   std::vector<std::pair<int64_t, std::string>> complete;
   for (const auto& [n, e] : entries_) {
-    if (e.complete) complete.emplace_back(e.sequence, n);
+    if (e.complete && e.group == group) complete.emplace_back(e.sequence, n);
   }
   std::sort(complete.rbegin(), complete.rend());
   for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < complete.size(); ++i) {
@@ -169,12 +180,24 @@ void MemoryTier::Pin(const std::string& name) {
   it->second.pinned = true;
 }
 
-void MemoryTier::Unpin(const std::string& name) {
+void MemoryTier::Unpin(const std::string& name, const std::string& outcome) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) return;
   it->second.pinned = false;
-  if (last_keep_ > 0) KeepNewestLocked(last_keep_);
+  it->second.persist_outcome = outcome;
+  const std::string group = it->second.group;  // `it` may be evicted below
+  if (auto keep = keep_of_group_.find(group); keep != keep_of_group_.end()) {
+    KeepNewestLocked(keep->second, group);
+  }
+}
+
+bool MemoryTier::Record(const std::string& name, std::string record) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(name);
+  if (it == entries_.end() || !it->second.complete) return false;
+  it->second.record = std::move(record);
+  return true;
 }
 
 void MemoryTier::Drop(const std::string& name) {
@@ -212,6 +235,9 @@ std::vector<HeldCheckpoint> MemoryTier::List() const {
     h.pinned = e.pinned;
     h.bytes = e.bytes;
     for (const auto& [file, bytes] : e.files) h.files.push_back(file);
+    h.record = e.record;
+    h.group = e.group;
+    h.persist_outcome = e.persist_outcome;
     out.push_back(std::move(h));
   }
   return out;

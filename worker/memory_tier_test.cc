@@ -1,5 +1,6 @@
 #include "worker/memory_tier.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -180,6 +181,77 @@ TEST(MemoryTierTest, EncodedFileEqualsTheStorageWritersFile) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_EQ(ReadHeldPieces(tier, "gone", manifest, {PieceRead{0, 0, 4, out.data()}}).code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST(MemoryTierTest, KeepsTheCoordinatorsRecordAndPersistOutcomeOfCompleteCheckpoints) {
+  MemoryTier tier({100, 2, "w"});
+  ASSERT_TRUE(tier.Put("a", "op-1", "f", Bytes(10)).ok());
+  EXPECT_FALSE(tier.Record("a", "rec"));  // not complete yet: its commit cannot have happened
+  EXPECT_FALSE(tier.Record("never", "rec"));
+  tier.Pin("a");
+  tier.Seal("a");
+  EXPECT_TRUE(tier.Record("a", "rec"));
+  tier.Unpin("a", "persisted to /p");
+  std::vector<HeldCheckpoint> held = tier.List();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].record, "rec");
+  EXPECT_EQ(held[0].persist_outcome, "persisted to /p");
+  EXPECT_FALSE(held[0].pinned);
+  EXPECT_EQ(held[0].files, std::vector<std::string>{"f"});
+}
+
+// The names held, sorted.
+std::vector<std::string> Names(const MemoryTier& tier) {
+  std::vector<std::string> names;
+  for (const HeldCheckpoint& h : tier.List()) names.push_back(h.name);
+  return names;
+}
+
+TEST(MemoryTierTest, KeepsTheNewestKPerRetentionGroup) {
+  MemoryTier tier({1000, 2, "w"});
+  // Interleaved: memory checkpoints (group "") and versions of two published names.
+  for (const char* name : {"a1", "p.v1", "a2", "p.v2", "q.v1", "a3", "p.v3"}) {
+    const std::string n = name;
+    const std::string group = n[0] == 'a' ? "" : n[0] == 'p' ? "xfer:p" : "xfer:q";
+    ASSERT_TRUE(tier.Put(n, "op-" + n, "f", Bytes(10)).ok());
+    tier.Seal(n, /*keep_newest=*/2, group);
+  }
+  // Each group keeps its own newest two; a publish never evicts a memory checkpoint.
+  EXPECT_EQ(Names(tier), (std::vector<std::string>{"a2", "a3", "p.v2", "p.v3", "q.v1"}));
+  std::vector<std::string> evicted = tier.TakeEvicted();
+  std::sort(evicted.begin(), evicted.end());
+  EXPECT_EQ(evicted, (std::vector<std::string>{"a1", "p.v1"}));
+}
+
+TEST(MemoryTierTest, APinnedCheckpointOutlivesItsGroupsKeepNewestUntilUnpinned) {
+  MemoryTier tier({1000, 1, "w"});
+  ASSERT_TRUE(tier.Put("a1", "op-1", "f", Bytes(10)).ok());
+  tier.Pin("a1");  // awaiting persistence
+  tier.Seal("a1", 1);
+  ASSERT_TRUE(tier.Put("a2", "op-2", "f", Bytes(10)).ok());
+  tier.Seal("a2", 1);
+  ASSERT_TRUE(tier.Put("p.v1", "op-3", "f", Bytes(10)).ok());
+  tier.Seal("p.v1", 1, "xfer:p");
+  EXPECT_EQ(Names(tier), (std::vector<std::string>{"a1", "a2", "p.v1"}));
+  tier.Unpin("a1", "persisted to /x");  // now keep-newest of its group applies
+  EXPECT_EQ(Names(tier), (std::vector<std::string>{"a2", "p.v1"}));
+}
+
+TEST(MemoryTierTest, TheBudgetNeverEvictsTheNewestCheckpointOfAnyGroup) {
+  MemoryTier tier({100, 5, "w"});
+  ASSERT_TRUE(tier.Put("a1", "op-1", "f", Bytes(30)).ok());
+  tier.Seal("a1");
+  ASSERT_TRUE(tier.Put("p.v1", "op-2", "f", Bytes(30)).ok());
+  tier.Seal("p.v1", 0, "xfer:p");
+  ASSERT_TRUE(tier.Put("a2", "op-3", "f", Bytes(30)).ok());
+  tier.Seal("a2");
+  // 90 held; 30 more: only a1 may go (p.v1 is its name's only version).
+  ASSERT_TRUE(tier.Put("p.v2", "op-4", "f", Bytes(30)).ok());
+  EXPECT_EQ(Names(tier), (std::vector<std::string>{"a2", "p.v1", "p.v2"}));
+  tier.Seal("p.v2", 0, "xfer:p");
+  // Now p.v1 is not its group's newest: it goes for the next file.
+  ASSERT_TRUE(tier.Put("q.v1", "op-5", "f", Bytes(30)).ok());
+  EXPECT_EQ(Names(tier), (std::vector<std::string>{"a2", "p.v2", "q.v1"}));
 }
 
 }  // namespace

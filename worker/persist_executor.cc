@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <utility>
@@ -37,9 +38,46 @@ void PersistExecutor::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+namespace {
+std::atomic<PersistGateSource> persist_gate_source{nullptr};
+}  // namespace
+
+void SetPersistGateSourceForTest(PersistGateSource source) { persist_gate_source = source; }
+
+std::string PersistGateFileForTest() {
+  PersistGateSource source = persist_gate_source.load();
+  return source == nullptr ? std::string() : source();
+}
+
+std::vector<pb::HeldMemoryCheckpoint> DescribeHeld(const MemoryTier& tier) {
+  std::vector<pb::HeldMemoryCheckpoint> out;
+  for (const HeldCheckpoint& held : tier.List()) {
+    pb::HeldMemoryCheckpoint h;
+    h.set_name(held.name);
+    for (const std::string& file : held.files) h.add_files(file);
+    h.set_complete(held.complete);
+    h.set_pinned(held.pinned);
+    h.set_persist_outcome(held.persist_outcome);
+    if (!held.record.empty() && !h.mutable_record()->ParseFromString(held.record)) {
+      h.clear_record();  // unreadable: reported as unrecorded
+    }
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
 void PersistExecutor::Handle(const pb::WorkItem& item) {
+  if (item.item_case() == pb::WorkItem::kMemoryRecord) {
+    const std::string& name = item.memory_record().name();
+    const bool kept =
+        *tier_ != nullptr && (*tier_)->Record(name, item.memory_record().SerializeAsString());
+    spdlog::info("memory_record checkpoint=mem://{} kept={}", name, kept);
+    return;
+  }
   if (item.item_case() == pb::WorkItem::kPersistEnded) {
-    if (*tier_ != nullptr) (*tier_)->Unpin(item.persist_ended().name());
+    if (*tier_ != nullptr) {
+      (*tier_)->Unpin(item.persist_ended().name(), item.persist_ended().outcome());
+    }
     spdlog::info("persist_ended checkpoint=mem://{} outcome=\"{}\"", item.persist_ended().name(),
                  item.persist_ended().outcome());
     return;

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "proto/coordinator.pb.h"
@@ -21,6 +22,16 @@
 #include "worker/memory_tier.h"
 
 namespace ckpt::worker {
+
+// The gate file the testonly daemon's --persist_gate_file names (see PersistExecutor), through
+// the source installed with SetPersistGateSourceForTest; "" in the release daemon, which
+// installs none (worker/test_hooks_on.cc).
+std::string PersistGateFileForTest();
+using PersistGateSource = std::string (*)();
+void SetPersistGateSourceForTest(PersistGateSource source);
+
+// What `tier` holds, with the coordinator's records, for RegisterWorkerRequest.memory_held.
+std::vector<pb::HeldMemoryCheckpoint> DescribeHeld(const MemoryTier& tier);
 
 // The executor. Thread-safe; Stop() (or the destructor) joins its thread.
 class PersistExecutor {
@@ -32,7 +43,8 @@ class PersistExecutor {
   PersistExecutor(MemoryTier* const* tier, CoordinatorLink* link, std::string gate_file = "");
   ~PersistExecutor();
 
-  // Handles a PersistWork (queued for the executor thread) or a PersistEnded (unpins now).
+  // Handles a PersistWork (queued for the executor thread), a PersistEnded (unpins now) or a
+  // MemoryCheckpointRecord (kept in the tier now).
   void Handle(const pb::WorkItem& item);
   void Stop();
 

@@ -1,10 +1,6 @@
 #include "worker/transfer_serve.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <fstream>
+#include <atomic>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -14,14 +10,14 @@
 
 namespace ckpt::worker {
 
+namespace {
+std::atomic<HoldServingHook> hold_serving_hook{nullptr};
+}  // namespace
+
+void SetHoldServingHookForTest(HoldServingHook hook) { hold_serving_hook = hook; }
+
 void HoldServingForTest(const MemoryGate& gate, const absl::Notification* stopping) {
-  const char* dir = std::getenv("CKPT_TEST_SERVE_HOLD_DIR");
-  struct stat st;
-  if (dir == nullptr || stat(absl::StrCat(dir, "/hold").c_str(), &st) != 0) return;
-  std::ofstream(absl::StrCat(dir, "/held.", getpid())) << "held\n";
-  while (!gate.closed() && (stopping == nullptr || !stopping->HasBeenNotified())) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  if (HoldServingHook hook = hold_serving_hook.load(); hook != nullptr) hook(gate, stopping);
 }
 
 PartOutcome TransferServeExecutor::Execute(const PartRun& run) {

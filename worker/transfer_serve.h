@@ -24,12 +24,13 @@ class TransferServeExecutor final : public PartExecutor {
   LoadEnvironment env_;
 };
 
-// Test hook (tests/transfer_test.cc): when the environment variable CKPT_TEST_SERVE_HOLD_DIR
-// names a directory holding a file "hold", a serving part that finished a wave writes
-// "<dir>/held.<pid>" and then waits, sending nothing more, until its operation is aborted or the
-// worker stops: a source worker stalled mid-transfer, for a test to kill. Never set outside
-// tests.
+// Test hook, called by a serving part after its first wave: runs the hook installed with
+// SetHoldServingHookForTest, if any. Only the testonly daemon //worker:ckpt_worker_testing
+// installs one (worker/test_hooks_on.cc: a source worker stalled mid-transfer, for a test to
+// kill); the release daemon has none.
 void HoldServingForTest(const MemoryGate& gate, const absl::Notification* stopping);
+using HoldServingHook = void (*)(const MemoryGate& gate, const absl::Notification* stopping);
+void SetHoldServingHookForTest(HoldServingHook hook);
 
 }  // namespace ckpt::worker
 

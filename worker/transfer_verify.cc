@@ -1,11 +1,12 @@
 #include "worker/transfer_verify.h"
 
-#include <cstdlib>
+#include <atomic>
 #include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/transfer_path.h"
 #include "storage/checksum.h"
 
 namespace ckpt::worker {
@@ -17,7 +18,7 @@ std::string WorkerOf(const pb::LoadPlanPart& part, int rank) {
 }
 
 std::string Published(const pb::LoadPlanPart& part) {
-  return absl::StrCat("xfer://", part.transfer_name(), "@", part.transfer_version());
+  return TransferPathString(part.transfer_name(), part.transfer_version());
 }
 
 }  // namespace
@@ -130,14 +131,16 @@ absl::Status VerifyReceivedUnits(const pb::LoadPlanPart& part, const pb::LoadWav
   return absl::OkStatus();
 }
 
+namespace {
+std::atomic<CorruptSentUnitsHook> corrupt_sent_units_hook{nullptr};
+}  // namespace
+
+void SetCorruptSentUnitsHookForTest(CorruptSentUnitsHook hook) { corrupt_sent_units_hook = hook; }
+
 void CorruptSentUnitsForTest(const pb::LoadPlanPart& part, const ExchangePlan& plan, int me,
                              ShardBuffers* loaded) {
-  const char* flag = std::getenv("CKPT_TEST_CORRUPT_SENT_UNITS");
-  if (!part.transfer_verify() || flag == nullptr || std::string(flag) != "1") return;
-  for (const DistributedPiece& d : plan.distribution) {
-    if (d.main_rank != me) continue;
-    auto it = loaded->find(d.spec.id);
-    if (it != loaded->end() && !it->second.empty()) it->second[0] ^= 0x01;
+  if (CorruptSentUnitsHook hook = corrupt_sent_units_hook.load(); hook != nullptr) {
+    hook(part, plan, me, loaded);
   }
 }
 

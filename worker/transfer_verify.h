@@ -37,12 +37,15 @@ absl::Status VerifyReceivedUnits(const pb::LoadPlanPart& part, const pb::LoadWav
                                  const std::vector<uint64_t>& mine, const ShardBuffers& received,
                                  Communicator& comm, absl::Time deadline, const std::string& where);
 
-// Test hook (tests/transfer_test.cc): when the environment variable
-// CKPT_TEST_CORRUPT_SENT_UNITS is "1" in this worker's process, flips one byte of every unit it
-// read for a verified receive, after their checksums were taken: the corruption a faulty link
-// or NIC would cause in flight. Never set outside tests.
+// Test hook, called on the units a rank read for a verified receive after their checksums were
+// taken: runs the hook installed with SetCorruptSentUnitsHookForTest, if any. Only the testonly
+// daemon //worker:ckpt_worker_testing installs one (worker/test_hooks_on.cc: it flips a byte
+// per unit, the corruption a faulty link would cause in flight); the release daemon has none.
 void CorruptSentUnitsForTest(const pb::LoadPlanPart& part, const ExchangePlan& plan, int me,
                              ShardBuffers* loaded);
+using CorruptSentUnitsHook = void (*)(const pb::LoadPlanPart& part, const ExchangePlan& plan,
+                                      int me, ShardBuffers* loaded);
+void SetCorruptSentUnitsHookForTest(CorruptSentUnitsHook hook);
 
 }  // namespace ckpt::worker
 

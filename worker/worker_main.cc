@@ -97,9 +97,6 @@ ABSL_FLAG(int64_t, memory_tier_bytes, int64_t{1} << 30,
           "replicas it keeps for other hosts) this worker holds at most (0: no memory tier)");
 ABSL_FLAG(int, memory_tier_keep, 2,
           "complete memory checkpoints kept; older ones are evicted (at least 1)");
-ABSL_FLAG(std::string, persist_gate_file, "",
-          "tests only: before writing a background-persistence item, create FILE.waiting and "
-          "wait until FILE exists (orders a test's events against a persistence in progress)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 ABSL_FLAG(std::string, ready_file, "",
           "when set, \"<worker_id> <listen address>\" is written here after registering");
@@ -305,11 +302,12 @@ std::unique_ptr<ckpt::worker::PersistExecutor> StartPersistence(
     ckpt::worker::MemoryTier* const* tier, ckpt::worker::CoordinatorLink& link,
     ckpt::worker::WorkerService& service) {
   auto persist = std::make_unique<ckpt::worker::PersistExecutor>(
-      tier, &link, absl::GetFlag(FLAGS_persist_gate_file));
+      tier, &link, ckpt::worker::PersistGateFileForTest());
   service.set_persist_executor(persist.get());
   if (*tier != nullptr) {
     ckpt::worker::MemoryTier* held = *tier;
     link.SetEvictionSource([held] { return held->TakeEvicted(); });
+    link.SetHeldMemorySource([held] { return ckpt::worker::DescribeHeld(*held); });
   }
   return persist;
 }

@@ -380,6 +380,7 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
       response->set_message(op.status().message());
       response->set_bytes_done(op.bytes_done());
       response->set_bytes_total(op.bytes_total());
+      response->set_received_version(op.received_version());
       response->set_snapshotted(snapshotted);
       if (snapshotted) *response->mutable_snapshot() = report;
       return grpc::Status::OK;
@@ -443,7 +444,8 @@ void WorkerService::OnRegistered(const std::string& worker_id) {
 
 void WorkerService::OnWorkItem(const pb::WorkItem& item) {
   if (item.item_case() == pb::WorkItem::kPersist ||
-      item.item_case() == pb::WorkItem::kPersistEnded) {
+      item.item_case() == pb::WorkItem::kPersistEnded ||
+      item.item_case() == pb::WorkItem::kMemoryRecord) {
     if (persist_executor_ != nullptr) persist_executor_->Handle(item);  // its own thread
     return;
   }

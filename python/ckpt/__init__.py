@@ -29,7 +29,7 @@ from ckpt.errors import Error  # noqa: E402,F401
 from ckpt.layouts import Box, DTensor, Flat, Replicated, Replicate, Shard, resolve  # noqa: E402,F401
 from ckpt.memory import empty, empty_like, is_shared  # noqa: E402,F401
 from ckpt.client import (  # noqa: E402,F401
-    Client, Progress, PublishHandle, SaveHandle, StateDict, read_manifest)
+    Client, Progress, PublishHandle, Received, SaveHandle, StateDict, read_manifest)
 from ckpt.cluster import LocalCluster  # noqa: E402,F401
 
 __version__ = "0.1.0"

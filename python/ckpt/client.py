@@ -253,6 +253,13 @@ class PublishHandle:
 
 
 @dataclass
+class Received:
+    """What ``Client.receive`` delivered: the published ``name`` and its ``version``."""
+    name: str
+    version: int
+
+
+@dataclass
 class PollResult:
     kind: str  # "save" or "load"
     path: str
@@ -384,11 +391,14 @@ class Client:
         another job, whatever its layout, world size and hosts. All or nothing: on error
         (a source worker lost, a timeout, DataLoss in ``verify`` mode) the tensors keep the
         version they held. ``verify`` checks every received byte against its reader's
-        checksum."""
+        checksum. Returns a ``Received`` (``name``, ``version``): the version that arrived (the
+        newest published when ``version`` was 0)."""
         state._await_lent()
-        self._native.receive(str(name), state._native, int(version), bool(verify),
-                             float(arrival_timeout), float(deadline), int(memory_budget_bytes))
+        got = self._native.receive(str(name), state._native, int(version), bool(verify),
+                                   float(arrival_timeout), float(deadline),
+                                   int(memory_budget_bytes))
         state._stage_out()
+        return Received(str(name), int(got))
 
     def poll(self, state):
         """Call once per step: runs a save or load an operator requested (``ckptctl save|load

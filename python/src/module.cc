@@ -378,8 +378,9 @@ class PyClient {
     }
     return std::make_unique<PyPublishHandle>(std::move(handle));
   }
-  void Receive(const std::string& name, PyStateDict& state, int64_t version, bool verify,
-               double arrival_timeout_s, double deadline_s, int64_t memory_budget_bytes) {
+  // Returns the version received.
+  int64_t Receive(const std::string& name, PyStateDict& state, int64_t version, bool verify,
+                  double arrival_timeout_s, double deadline_s, int64_t memory_budget_bytes) {
     client::Client& c = get();
     client::ReceiveOptions options;
     options.version = version;
@@ -388,7 +389,7 @@ class PyClient {
     options.deadline = absl::Seconds(deadline_s);
     options.memory_budget_bytes = memory_budget_bytes;
     nb::gil_scoped_release release;
-    ThrowIfError(c.Receive(name, state.get(), options));
+    return ValueOrThrow(c.Receive(name, state.get(), options)).version;
   }
   std::optional<std::tuple<std::string, std::string, std::string>> Poll(PyStateDict& state,
                                                                         nb::callable prepare);

@@ -4,7 +4,8 @@ The worker shares each CUDA tensor through its allocation's CUDA IPC handle (sav
 the device through the worker's pinned pool; loads land in it); ckpt.torch passes DTensor and
 plain CUDA tensors the same way; live transfer publishes CUDA tensors from a host copy and
 receives into CUDA tensors through a host shadow (copied to the device once the version is
-whole). Never run on a GPU so far: the machines this was written on have none."""
+whole); memory saves (mem://) stage CUDA tensors through a host shadow the same way and load
+back into CUDA tensors. Never run on a GPU so far: the machines this was written on have none."""
 
 import os
 import threading
@@ -36,6 +37,22 @@ def test_cuda_tensors_save_and_load_in_place(cluster):
         loaded.add("w", target)
         client.load(path, loaded)
     assert torch.equal(target, saved)
+
+
+def test_cuda_tensors_saved_to_memory_load_back_into_cuda(cluster):
+    saved = torch.arange(4096, dtype=torch.float32, device="cuda")
+    with ckpt.Client(job="cuda-mem", rank=0, world_size=1, local_rank=0) as client:
+        state = client.state_dict()
+        state.add("w", saved)
+        handle = client.save("mem://cuda-mem", state, memory_replicas=0)
+        expected = saved.clone()
+        saved.fill_(-2.0)  # training goes on: the memory checkpoint keeps the values at save
+        handle.wait(120)
+        target = torch.full_like(expected, -1.0)
+        loaded = client.state_dict()
+        loaded.add("w", target)
+        client.load("mem://cuda-mem", loaded)
+    assert torch.equal(target, expected)
 
 
 def test_a_non_contiguous_cuda_tensor_is_refused_naming_it(cluster):

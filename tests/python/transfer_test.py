@@ -50,7 +50,9 @@ def test_publish_and_receive_successive_versions_into_another_layout(cluster):
             seen = []
             for want in versions:
                 try:
-                    client.receive("py-policy", state, version=want)
+                    got = client.receive("py-policy", state, version=want)
+                    # Receive reports what arrived; 0 asked for the newest, version 2.
+                    assert got == ckpt.Received("py-policy", want or 2), got
                     seen.append(cols.clone())
                 except ckpt.NotFound as e:
                     assert "xfer://py-policy@%d" % want in str(e), e
@@ -60,9 +62,10 @@ def test_publish_and_receive_successive_versions_into_another_layout(cluster):
 
     publish(1)
     publish(2)
-    got = receive([1, 2, 7])
+    got = receive([1, 2, 7, 0])
     for r, seen in enumerate(got):
         assert torch.equal(seen[0], version(1)[:, 2 * r:2 * r + 2]), r
         assert torch.equal(seen[1], version(2)[:, 2 * r:2 * r + 2]), r
         refused, after = seen[2]
         assert refused == "refused" and torch.equal(after, version(2)[:, 2 * r:2 * r + 2]), r
+        assert torch.equal(seen[3], version(2)[:, 2 * r:2 * r + 2]), r

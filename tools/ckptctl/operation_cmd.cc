@@ -15,7 +15,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
+#include "common/memory_path.h"
 #include "common/status_macros.h"
+#include "common/transfer_path.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/wire_names.h"
 #include "tools/ckptctl/cli_args.h"
@@ -128,7 +130,7 @@ std::optional<int> ParseOperation(const CommandSpec& spec, const std::vector<std
   std::error_code ec;
   std::filesystem::path absolute = std::filesystem::absolute(out->path, ec);
   // A memory checkpoint's path (mem://<name>) and a transfer's (xfer://<name>) are names.
-  if (!ec && out->path.rfind("mem://", 0) != 0 && out->path.rfind("xfer://", 0) != 0) {
+  if (!ec && !IsMemoryPath(out->path) && !IsTransferPath(out->path)) {
     out->path = absolute.string();
   }
   return std::nullopt;

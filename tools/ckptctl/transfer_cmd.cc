@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/transfer_path.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/wire_names.h"
 #include "tools/ckptctl/cli_args.h"
@@ -43,12 +43,14 @@ void PrintPublished(const pb::GetStatusResponse& status) {
 
 void PrintTransferOperations(const pb::GetStatusResponse& status) {
   for (const pb::OperationStatus& op : status.operations()) {
-    if (!absl::StartsWith(op.path(), "xfer://")) continue;
+    if (!IsTransferPath(op.path())) continue;
     const bool receive = op.kind() == pb::OPERATION_LOAD;
     std::string line = absl::StrCat(
         "  ", op.id(), "  ", receive ? "receive" : "publish", " ", op.path(), "  job=", op.job(),
         "  ", OperationPhaseName(op.phase()), "  ", op.world_size(), " ranks");
     if (receive) {
+      if (op.received_version() > 0)
+        absl::StrAppend(&line, " (version ", op.received_version(), ")");
       absl::StrAppend(&line, " + ", op.transfer_serving_ranks(), " serving  plan ",
                       op.transfer_plan_reused() ? "reused" : "planned");
     }

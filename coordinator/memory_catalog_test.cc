@@ -1,0 +1,163 @@
+#include "coordinator/memory_catalog.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ckpt::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A committed checkpoint of two files, r0 held by w-1 and w-2, r1 by w-2.
+MemoryCheckpoint TwoFiles(const std::string& name) {
+  MemoryCheckpoint c;
+  c.name = name;
+  c.committed = absl::FromUnixMillis(1000);
+  for (const char* file : {"data/r0_0.safetensors", "data/r1_0.safetensors"}) {
+    pb::DataFile* f = c.manifest.add_files();
+    f->set_name(file);
+    f->set_size_bytes(64);
+  }
+  c.holders["data/r0_0.safetensors"] = {{"w-1", "a"}, {"w-2", "b"}};
+  c.holders["data/r1_0.safetensors"] = {{"w-2", "b"}};
+  c.bytes = 128;
+  return c;
+}
+
+// What a worker reports holding of `checkpoint` (its record, as RecordsFor delivered it).
+pb::HeldMemoryCheckpoint Held(const MemoryCheckpoint& checkpoint,
+                              const std::vector<std::string>& files, bool pinned = false) {
+  pb::HeldMemoryCheckpoint h;
+  h.set_name(checkpoint.name);
+  for (const std::string& f : files) h.add_files(f);
+  h.set_complete(true);
+  h.set_pinned(pinned);
+  *h.mutable_record() = RecordOf(checkpoint);
+  return h;
+}
+
+google::protobuf::RepeatedPtrField<pb::HeldMemoryCheckpoint> Reports(
+    std::vector<pb::HeldMemoryCheckpoint> held) {
+  google::protobuf::RepeatedPtrField<pb::HeldMemoryCheckpoint> out;
+  for (pb::HeldMemoryCheckpoint& h : held) *out.Add() = std::move(h);
+  return out;
+}
+
+TEST(MemoryCatalogTest, EveryHolderIsSentTheRecordOnceAndNoneAfterItReportedIt) {
+  MemoryCatalog catalog;
+  ASSERT_TRUE(catalog.Claim("s", "op-1").ok());
+  ASSERT_TRUE(catalog.Commit("op-1", TwoFiles("s")).ok());
+  std::vector<RecordItem> for_w1 = catalog.RecordsFor("w-1", {});
+  ASSERT_EQ(for_w1.size(), 1u);
+  EXPECT_EQ(for_w1[0].record.name(), "s");
+  EXPECT_TRUE(catalog.RecordsFor("w-1", {for_w1[0].key}).empty());  // sent on this stream
+  EXPECT_EQ(catalog.RecordsFor("w-2", {}).size(), 1u);
+  EXPECT_TRUE(catalog.RecordsFor("w-3", {}).empty());  // holds nothing
+  // w-2 registers again reporting its copies with the record: nothing more to send it.
+  catalog.Adopt("w-2", "b",
+                Reports({Held(TwoFiles("s"), {"data/r0_0.safetensors", "data/r1_0.safetensors"})}));
+  EXPECT_TRUE(catalog.RecordsFor("w-2", {}).empty());
+}
+
+TEST(MemoryCatalogTest, ARestartedCoordinatorRebuildsCheckpointsFromTheWorkersReports) {
+  MemoryCheckpoint before = TwoFiles("s");
+  before.published_name = "policy";
+  before.published_version = 3;
+  before.persist_to = "/p";
+  before.persist_overwrite = true;
+  MemoryCatalog catalog;  // the new process: empty
+  std::vector<std::string> lines =
+      catalog.Adopt("w-9", "b", Reports({Held(before, {"data/r0_0.safetensors"}, true)}));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_THAT(lines[0], HasSubstr("memory_copy_adopted checkpoint=mem://s"));
+  absl::StatusOr<MemoryCheckpoint> s = catalog.Find("s");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->rebuilt);
+  EXPECT_EQ(s->bytes, 128);
+  EXPECT_EQ(s->published_name, "policy");
+  EXPECT_EQ(s->published_version, 3);
+  EXPECT_EQ(s->persist_state, PersistState::kPersisting);
+  EXPECT_TRUE(s->persist_overwrite);
+  ASSERT_EQ(s->holders.at("data/r0_0.safetensors").size(), 1u);
+  EXPECT_EQ(s->holders.at("data/r0_0.safetensors")[0].worker_id, "w-9");
+  // r1 has no holder yet: the persistence waits for one (or for the end of the wait).
+  EXPECT_TRUE(catalog.TakeRecoveredPersists(false).empty());
+  catalog.Adopt("w-8", "a", Reports({Held(before, {"data/r1_0.safetensors"}, true)}));
+  EXPECT_EQ(catalog.TakeRecoveredPersists(false), std::vector<std::string>{"s"});
+  EXPECT_TRUE(catalog.TakeRecoveredPersists(true).empty());  // taken once
+}
+
+TEST(MemoryCatalogTest, CopiesWithoutARecordOrWithAnotherManifestAreNotAdopted) {
+  MemoryCatalog catalog;
+  ASSERT_TRUE(catalog.Claim("s", "op-1").ok());
+  ASSERT_TRUE(catalog.Commit("op-1", TwoFiles("s")).ok());
+  pb::HeldMemoryCheckpoint unrecorded = Held(TwoFiles("t"), {"data/r0_0.safetensors"});
+  unrecorded.clear_record();
+  pb::HeldMemoryCheckpoint incomplete = Held(TwoFiles("u"), {"data/r0_0.safetensors"});
+  incomplete.set_complete(false);
+  MemoryCheckpoint other = TwoFiles("s");
+  other.manifest.mutable_files(0)->set_size_bytes(65);
+  pb::HeldMemoryCheckpoint differs = Held(other, {"data/r0_0.safetensors"});
+  pb::HeldMemoryCheckpoint garbage = Held(TwoFiles("v"), {"data/r0_0.safetensors"});
+  garbage.mutable_record()->set_manifest("\xff\xff not a manifest");
+  std::vector<std::string> lines =
+      catalog.Adopt("w-3", "c", Reports({unrecorded, incomplete, differs, garbage}));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_THAT(lines[0], HasSubstr("never recorded"));
+  EXPECT_THAT(lines[1], HasSubstr("incomplete"));
+  EXPECT_THAT(lines[2], HasSubstr("differs"));
+  EXPECT_THAT(lines[3], HasSubstr("does not parse"));
+  for (const char* name : {"t", "u", "v"}) EXPECT_FALSE(catalog.Find(name).ok()) << name;
+  EXPECT_EQ(catalog.Find("s")->holders.at("data/r0_0.safetensors").size(), 2u);  // no w-3
+}
+
+TEST(MemoryCatalogTest, AWorkerDeclaredDeadThatRegistersAgainGetsItsCopiesBack) {
+  MemoryCatalog catalog;
+  ASSERT_TRUE(catalog.Claim("s", "op-1").ok());
+  ASSERT_TRUE(catalog.Commit("op-1", TwoFiles("s")).ok());
+  catalog.DropWorker("w-2");
+  EXPECT_TRUE(catalog.Find("s")->holders.at("data/r1_0.safetensors").empty());
+  catalog.Adopt("w-2", "b", Reports({Held(TwoFiles("s"), {"data/r1_0.safetensors"})}));
+  absl::StatusOr<MemoryCheckpoint> s = catalog.Find("s");
+  EXPECT_EQ(s->holders.at("data/r1_0.safetensors").size(), 1u);
+  EXPECT_TRUE(s->lost.at("data/r1_0.safetensors").empty());
+  EXPECT_FALSE(s->rebuilt);
+}
+
+TEST(MemoryCatalogTest, KeepNewestCountsEachRetentionGroupApart) {
+  MemoryCatalog catalog;
+  int op = 0;
+  auto commit = [&](const std::string& name, const std::string& published) {
+    const std::string id = absl::StrCat("op-", ++op);
+    MemoryCheckpoint c = TwoFiles(name);
+    c.committed = absl::FromUnixMillis(op);
+    c.published_name = published;
+    EXPECT_TRUE(catalog.Claim(name, id).ok());
+    return *catalog.Commit(id, c, /*keep_newest=*/2);
+  };
+  EXPECT_TRUE(commit("a1", "").empty());
+  EXPECT_TRUE(commit("p.v1", "p").empty());
+  EXPECT_TRUE(commit("a2", "").empty());
+  EXPECT_TRUE(commit("p.v2", "p").empty());
+  EXPECT_EQ(commit("p.v3", "p"), std::vector<std::string>{"p.v1"});  // not a1
+  EXPECT_EQ(commit("a3", ""), std::vector<std::string>{"a1"});       // not p.v2
+  EXPECT_TRUE(catalog.Find("p.v2").ok());
+  EXPECT_EQ(RetentionGroup(*catalog.Find("p.v2")), "xfer:p");
+  // A checkpoint of one group being persisted does not block a save of another group.
+  MemoryCheckpoint persisting = TwoFiles("a4");
+  persisting.committed = absl::FromUnixMillis(100);
+  persisting.persist_state = PersistState::kPersisting;
+  persisting.persist_to = "/p";
+  ASSERT_TRUE(catalog.Claim("a4", "op-x").ok());
+  ASSERT_TRUE(catalog.Commit("op-x", persisting, 1).ok());
+  EXPECT_EQ(catalog.CheckRoomForOneMore(1, "").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(catalog.CheckRoomForOneMore(1, "xfer:p").ok());
+}
+
+}  // namespace
+}  // namespace ckpt::coordinator

@@ -1,0 +1,65 @@
+// The test hooks of the testonly worker daemon //worker:ckpt_worker_testing, which the
+// multi-process tests run; the release daemon //worker:ckpt_worker links none of this (its
+// hook points call nothing, and it refuses --persist_gate_file as an unknown flag). Installed at
+// static initialization (alwayslink):
+// - --persist_gate_file=FILE: before writing a background-persistence item, create
+//   FILE.waiting and wait until FILE exists (orders a test's events against a persistence in
+//   progress; tests/memory_persist_e2e_test.cc);
+// - CKPT_TEST_SERVE_HOLD_DIR=DIR with DIR/hold present: a serving part that finished a wave
+//   writes DIR/held.<pid> and then waits, sending nothing more, until its operation is aborted
+//   or the worker stops (a source worker stalled mid-transfer, for a test to kill);
+// - CKPT_TEST_CORRUPT_SENT_UNITS=1: flips one byte of every unit read for a verified receive,
+//   after its checksum was taken (the corruption a faulty link would cause in flight).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "worker/persist_executor.h"
+#include "worker/transfer_serve.h"
+#include "worker/transfer_verify.h"
+
+ABSL_FLAG(std::string, persist_gate_file, "",
+          "tests only (testonly daemon): before writing a background-persistence item, create "
+          "FILE.waiting and wait until FILE exists");
+
+namespace ckpt::worker {
+namespace {
+
+void CorruptSentUnits(const pb::LoadPlanPart& part, const ExchangePlan& plan, int me,
+                      ShardBuffers* loaded) {
+  const char* flag = std::getenv("CKPT_TEST_CORRUPT_SENT_UNITS");
+  if (!part.transfer_verify() || flag == nullptr || std::string(flag) != "1") return;
+  for (const DistributedPiece& d : plan.distribution) {
+    if (d.main_rank != me) continue;
+    auto it = loaded->find(d.spec.id);
+    if (it != loaded->end() && !it->second.empty()) it->second[0] ^= 0x01;
+  }
+}
+
+void HoldServing(const MemoryGate& gate, const absl::Notification* stopping) {
+  const char* dir = std::getenv("CKPT_TEST_SERVE_HOLD_DIR");
+  struct stat st;
+  if (dir == nullptr || stat(absl::StrCat(dir, "/hold").c_str(), &st) != 0) return;
+  std::ofstream(absl::StrCat(dir, "/held.", getpid())) << "held\n";
+  while (!gate.closed() && (stopping == nullptr || !stopping->HasBeenNotified())) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+std::string PersistGateFile() { return absl::GetFlag(FLAGS_persist_gate_file); }
+
+const bool installed = [] {
+  SetCorruptSentUnitsHookForTest(&CorruptSentUnits);
+  SetHoldServingHookForTest(&HoldServing);
+  SetPersistGateSourceForTest(&PersistGateFile);
+  return true;
+}();
+
+}  // namespace
+}  // namespace ckpt::worker
