@@ -161,9 +161,9 @@ absl::StatusOr<PiecesById> ChainPiecesById(absl::Span<const TensorPiece> pieces)
     } else {
       const TensorPiece& q = pieces[it->first];
       if (q.region != p.region) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor '", p.key, "': pieces ", q.DebugString(), " and ", p.DebugString(),
-            " share the shard id ", IdOf(p).DebugString(), " but differ in region"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", p.key, "': pieces ", q.DebugString(), " and ", p.DebugString(),
+                         " share the shard id ", IdOf(p).DebugString(), " but differ in region"));
       }
       out.next_same[last_of_shard[it->second]] = index;
       last_of_shard[it->second] = index;
