@@ -289,13 +289,7 @@ void CoordinatorService::WakeWaiters(bool all) {
       waiter->FinishIfOver(/*cancelled=*/false);
     }
   }
-  if (all) {
-    // Waits past their deadline, earliest first (each leaves wait_deadlines_ as it finishes).
-    const absl::Time now = clock_->Now();
-    while (!wait_deadlines_.empty() && wait_deadlines_.begin()->first <= now) {
-      if (!wait_deadlines_.begin()->second->FinishIfOver(/*cancelled=*/false)) break;
-    }
-  }
+  if (all) ExpireWaits();
   const bool scan = jobs_.phase_version() != watchers_version_;
   watchers_version_ = jobs_.phase_version();
   if ((!all && !scan) || watchers_.empty()) return;
@@ -304,6 +298,14 @@ void CoordinatorService::WakeWaiters(bool all) {
   RanksByWorker index;
   if (scan) index = IndexRanks();
   for (WorkWatcher* watcher : watchers_) watcher->Refresh(scan ? &index : nullptr);
+}
+
+void CoordinatorService::ExpireWaits() {
+  // Earliest first; each finished wait leaves wait_deadlines_.
+  const absl::Time now = clock_->Now();
+  while (!wait_deadlines_.empty() && wait_deadlines_.begin()->first <= now) {
+    if (!wait_deadlines_.begin()->second->FinishIfOver(/*cancelled=*/false)) break;
+  }
 }
 
 CoordinatorService::RanksByWorker CoordinatorService::IndexRanks(

@@ -100,7 +100,7 @@ void CoordinatorService::RunTicker() {
       lock.lock();
       next_tick = absl::Now() + options_.tick;
     } else {
-      WakeWaiters(/*all=*/true);  // a wait's deadline
+      ExpireWaits();  // a wait's deadline
     }
   }
 }

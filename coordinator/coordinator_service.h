@@ -234,6 +234,9 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // Ends the waits that are over (their operation ended, or `all`: also deadlines and
   // shutdown) and lets the watchers stream what changed (`all`: also re-check their worker).
   void WakeWaiters(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the waits whose deadline has passed (and nothing else: a wait's deadline must not
+  // refresh every watcher, which at 20k ranks woke thousands of streams per wait).
+  void ExpireWaits() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The earliest deadline of a waiting WaitOperation (InfiniteFuture when none).
   absl::Time EarliestWaitDeadline() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the planner (or aborts) for an operation that just entered planning, and the
