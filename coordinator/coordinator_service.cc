@@ -300,6 +300,8 @@ void CoordinatorService::ApplyRenewals() {
 }
 
 void CoordinatorService::TickOnce() {
+  // What operations that ended no longer keep is destroyed at the end, without the lock.
+  std::vector<std::vector<RankEntry>> released;
   std::lock_guard<std::mutex> lock(mu_);
   ApplyRenewals();
   for (const WorkerRecord& dead : workers_.Tick()) {
@@ -313,6 +315,7 @@ void CoordinatorService::TickOnce() {
   LogAborted(jobs_.Tick());
   Changed();
   WakeWaiters(/*all=*/true);  // deadlines, and watchers of lost workers
+  released = jobs_.TakeReleased();
 }
 
 void CoordinatorService::DropMemoryCopies(const std::string& worker_id, const std::string& host) {
