@@ -218,9 +218,11 @@ class CoordinatorService::OperationWaiter final : public grpc::ServerUnaryReacto
     return false;
   }
 
-  // Remembers where this waiter is registered. Requires the service's mutex.
-  void set_registration(std::multimap<std::string, OperationWaiter*>::iterator it) {
-    registration_ = it;
+  // Registers this waiter in the service's lists (by operation and by deadline). Requires the
+  // service's mutex.
+  void Register() {
+    registration_ = service_->waiters_.emplace(operation_id_, this);
+    deadline_registration_ = service_->wait_deadlines_.emplace(deadline_, this);
     registered_ = true;
   }
 
@@ -240,12 +242,14 @@ class CoordinatorService::OperationWaiter final : public grpc::ServerUnaryReacto
   void Unregister() {
     if (!registered_) return;
     service_->waiters_.erase(registration_);
+    service_->wait_deadlines_.erase(deadline_registration_);
     registered_ = false;
   }
 
   // Guarded by service_->mu_.
   bool registered_ = false;
   std::multimap<std::string, OperationWaiter*>::iterator registration_;
+  std::multimap<absl::Time, OperationWaiter*>::iterator deadline_registration_;
 };
 
 grpc::ServerWriteReactor<pb::WorkItem>* CoordinatorService::WatchWork(
@@ -277,33 +281,31 @@ grpc::ServerUnaryReactor* CoordinatorService::WaitOperation(grpc::CallbackServer
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (waiter->FinishIfOver(/*cancelled=*/false)) return waiter;
-  waiter->set_registration(waiters_.emplace(request->operation_id(), waiter));
+  waiter->Register();
   // The ticker ends the wait at its deadline; wake it if it would sleep past that.
   if (deadline < ticker_sleeps_until_) ticker_wake_.notify_all();
   return waiter;
 }
 
 void CoordinatorService::WakeWaiters(bool all) {
-  // One lookup per operation, not per waiter: every tick walks the waits, and at 20k ranks
-  // looking each waiter's operation up (and reading the clock) was a quarter of the
-  // coordinator's CPU, under the lock.
-  const absl::Time now = clock_->Now();
+  // One lookup per operation, not per waiter, and the waits of an ongoing operation are
+  // skipped as a group: every tick (and every wait's deadline) comes here, and walking every
+  // wait made the ticker O(waits) per wake and O(waits^2) per operation, under the lock.
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     const Operation* op = jobs_.FindOperation(it->first);
     const auto group_end = waiters_.upper_bound(it->first);
     const bool ongoing = op != nullptr && !IsFinal(op->phase) && !shutting_down_;
-    if (!all && ongoing) {
-      it = group_end;  // nothing to tell this operation's waiters yet
+    if (ongoing) {
+      it = group_end;  // nothing to tell this operation's waiters yet (deadlines: below)
       continue;
     }
     while (it != group_end) {
       OperationWaiter* waiter = it->second;
       ++it;  // before the waiter may erase itself
-      // A waiter of an ongoing operation is over only at its deadline (FinishIfOver's rule).
-      if (ongoing && now < waiter->deadline()) continue;
       waiter->FinishIfOver(/*cancelled=*/false);
     }
   }
+  if (all) ExpireWaits();
   const bool scan = jobs_.phase_version() != watchers_version_;
   watchers_version_ = jobs_.phase_version();
   if ((!all && !scan) || watchers_.empty()) return;
@@ -312,6 +314,14 @@ void CoordinatorService::WakeWaiters(bool all) {
   RanksByWorker index;
   if (scan) index = IndexRanks();
   for (WorkWatcher* watcher : watchers_) watcher->Refresh(scan ? &index : nullptr);
+}
+
+void CoordinatorService::ExpireWaits() {
+  // Earliest first; each finished wait leaves wait_deadlines_.
+  const absl::Time now = clock_->Now();
+  while (!wait_deadlines_.empty() && wait_deadlines_.begin()->first <= now) {
+    if (!wait_deadlines_.begin()->second->FinishIfOver(/*cancelled=*/false)) break;
+  }
 }
 
 CoordinatorService::RanksByWorker CoordinatorService::IndexRanks(
@@ -328,9 +338,7 @@ CoordinatorService::RanksByWorker CoordinatorService::IndexRanks(
 }
 
 absl::Time CoordinatorService::EarliestWaitDeadline() const {
-  absl::Time earliest = absl::InfiniteFuture();
-  for (const auto& [id, waiter] : waiters_) earliest = std::min(earliest, waiter->deadline());
-  return earliest;
+  return wait_deadlines_.empty() ? absl::InfiniteFuture() : wait_deadlines_.begin()->first;
 }
 
 size_t CoordinatorService::open_watchers() {

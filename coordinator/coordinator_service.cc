@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <random>
 #include <set>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -100,7 +103,7 @@ void CoordinatorService::RunTicker() {
       lock.lock();
       next_tick = absl::Now() + options_.tick;
     } else {
-      WakeWaiters(/*all=*/true);  // a wait's deadline
+      ExpireWaits();  // a wait's deadline
     }
   }
 }
@@ -136,11 +139,36 @@ void CoordinatorService::FinishDeferred(const DeferredAnswer& later) {
   later.reactor->Finish(grpc::Status::OK);
 }
 
+namespace {
+
+// Runs `work` (a planner or committer, called without the service's lock) on a short-lived
+// thread at nice 10 and returns its result. They are CPU-bound for seconds at scale, while the
+// callback threads that answer heartbeats need little CPU but need it within the lease; on
+// Linux a thread's nice value is its own. Only this thread yields: the advancer, which takes
+// the service's lock around the work, keeps its priority (when it ran at nice 10 itself, a
+// 20k-rank save on a loaded machine held the lock for 10 s while storing the plan, and every
+// worker lost its lease). Runs `work` inline if no thread can be started.
+template <typename Work>
+auto RunYielding(Work work) -> decltype(work()) {
+  std::optional<decltype(work())> result;
+  try {
+    std::thread yielding([&] {
+      (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+      result.emplace(work());
+    });
+    yielding.join();
+  } catch (const std::system_error&) {
+    if (!result.has_value()) result.emplace(work());
+  }
+  return *std::move(result);
+}
+
+}  // namespace
+
 void CoordinatorService::RunAdvancer() {
-  // Planners and committers are CPU-bound for seconds at scale; the callback threads that
-  // answer heartbeats need little CPU but need it within the lease. On Linux a thread's nice
-  // value is its own: this thread yields to them.
-  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+  // This thread keeps the default priority: it holds the service's lock between planning and
+  // committing (storing plans, building work items), and a lock held by a starved thread
+  // starves everyone (RunYielding below).
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     advance_wake_.wait(
@@ -272,6 +300,8 @@ void CoordinatorService::ApplyRenewals() {
 }
 
 void CoordinatorService::TickOnce() {
+  // What operations that ended no longer keep is destroyed at the end, without the lock.
+  std::vector<std::vector<RankEntry>> released;
   std::lock_guard<std::mutex> lock(mu_);
   ApplyRenewals();
   for (const WorkerRecord& dead : workers_.Tick()) {
@@ -286,6 +316,7 @@ void CoordinatorService::TickOnce() {
   StartRecoveredPersists(clock_->Now() >= started_ + 2 * options_.lease);
   Changed();
   WakeWaiters(/*all=*/true);  // deadlines, and watchers of lost workers
+  released = jobs_.TakeReleased();
 }
 
 void CoordinatorService::DropMemoryCopies(const std::string& worker_id, const std::string& host) {
@@ -334,7 +365,8 @@ void CoordinatorService::Advance(const std::string& operation_id) {
       // The gathered pieces are lent (moved), not copied: the lock is held O(ranks) moves.
       Operation snapshot = *jobs_.LendGathered(operation_id);
       mu_.unlock();
-      absl::StatusOr<std::vector<RankPlan>> plans = kind->Plan(snapshot);
+      absl::StatusOr<std::vector<RankPlan>> plans =
+          RunYielding([&] { return kind->Plan(snapshot); });
       mu_.lock();
       jobs_.ReturnLent(operation_id, std::move(snapshot));
       op = jobs_.FindOperation(operation_id);
@@ -365,7 +397,7 @@ void CoordinatorService::Advance(const std::string& operation_id) {
                      " kind registered to commit it; the checkpoint was not committed"));
     if (kind != nullptr) {
       mu_.unlock();
-      committed = kind->Commit(snapshot);
+      committed = RunYielding([&] { return kind->Commit(snapshot); });
       mu_.lock();
     }
     const std::string committed_path = snapshot.path;

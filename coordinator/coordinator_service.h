@@ -234,6 +234,9 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // Ends the waits that are over (their operation ended, or `all`: also deadlines and
   // shutdown) and lets the watchers stream what changed (`all`: also re-check their worker).
   void WakeWaiters(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the waits whose deadline has passed (and nothing else: a wait's deadline must not
+  // refresh every watcher, which at 20k ranks woke thousands of streams per wait).
+  void ExpireWaits() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The earliest deadline of a waiting WaitOperation (InfiniteFuture when none).
   absl::Time EarliestWaitDeadline() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the planner (or aborts) for an operation that just entered planning, and the
@@ -338,6 +341,9 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   uint64_t watchers_version_ ABSL_GUARDED_BY(mu_) = 0;  // phase_version they last saw
   // Operation id -> its waiting WaitOperation calls.
   std::multimap<std::string, OperationWaiter*> waiters_ ABSL_GUARDED_BY(mu_);
+  // The same waits by deadline: the ticker finds the earliest and the expired ones without
+  // walking every wait (at 10k waiting ranks, each wait's deadline woke a walk of all of them).
+  std::multimap<absl::Time, OperationWaiter*> wait_deadlines_ ABSL_GUARDED_BY(mu_);
   std::thread ticker_;
   std::deque<DeferredAnswer> advance_queue_ ABSL_GUARDED_BY(mu_);
   std::condition_variable_any advance_wake_;

@@ -8,12 +8,14 @@
 namespace ckpt::coordinator {
 
 std::string DescriptionCache::Keep(const std::string& job, int world_size, int rank,
-                                   pb::RankState state, bool* kept) {
+                                   const pb::RankState& state, bool* kept) {
   if (kept != nullptr) *kept = false;
   Entry entry;
-  entry.digest = RankStateDigest(state);                      // computed here, outside the lock
-  entry.bytes = static_cast<int64_t>(state.SpaceUsedLong());  // in memory, not on the wire
-  entry.state = std::make_shared<const pb::RankState>(std::move(state));
+  entry.digest = RankStateDigest(state);  // computed here, outside the lock
+  // Kept serialized: the wire form is ~7x smaller than the parsed proto (at 10k GPT ranks,
+  // 214 MiB against ~1.5 GiB), and only a repeat join parses it again.
+  entry.wire = std::make_shared<const std::string>(state.SerializeAsString());
+  entry.bytes = static_cast<int64_t>(entry.wire->size());
   std::string digest = entry.digest;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(job);
@@ -54,7 +56,7 @@ std::string DescriptionCache::Keep(const std::string& job, int world_size, int r
 
 absl::StatusOr<std::shared_ptr<const pb::RankState>> DescriptionCache::Lookup(
     const std::string& job, int world_size, int rank, const std::string& digest) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto refuse = [&](absl::string_view why) {
     ++stats_.misses;
     return absl::FailedPreconditionError(
@@ -77,7 +79,14 @@ absl::StatusOr<std::shared_ptr<const pb::RankState>> DescriptionCache::Lookup(
   }
   ++stats_.hits;
   TouchLocked(it->second);
-  return entry->second.state;
+  std::shared_ptr<const std::string> wire = entry->second.wire;
+  lock.unlock();  // parsed outside the lock
+  auto state = std::make_shared<pb::RankState>();
+  if (!state->ParseFromString(*wire)) {
+    return absl::InternalError(
+        absl::StrCat("job ", job, " rank ", rank, ": the kept description no longer parses"));
+  }
+  return std::shared_ptr<const pb::RankState>(std::move(state));
 }
 
 void DescriptionCache::DropRank(const std::string& job, int rank) {

@@ -27,7 +27,7 @@ namespace ckpt::coordinator {
 // Counters of a DescriptionCache, for status and logs.
 struct DescriptionCacheStats {
   int64_t entries = 0;
-  int64_t bytes = 0;      // memory the kept descriptions take (protobuf SpaceUsedLong)
+  int64_t bytes = 0;      // memory the kept descriptions take (kept serialized)
   int64_t hits = 0;       // lookups answered with a kept description
   int64_t misses = 0;     // lookups refused (nothing kept, another digest, another world size)
   int64_t evictions = 0;  // entries dropped for the memory bound
@@ -42,12 +42,12 @@ class DescriptionCache {
   // digest computed here. Entries of the job at another world size are dropped first; the least
   // recently used other jobs are dropped while the bytes kept would pass the bound (a
   // description that cannot fit alone is not kept: `*kept` says which). Returns the digest.
-  std::string Keep(const std::string& job, int world_size, int rank, pb::RankState state,
+  std::string Keep(const std::string& job, int world_size, int rank, const pb::RankState& state,
                    bool* kept = nullptr);
 
   // The kept description of `rank` when its digest equals `digest` and the job still has
-  // `world_size` ranks; FailedPrecondition naming job, rank and why otherwise (the rank must
-  // send its full description).
+  // `world_size` ranks, parsed again from its kept wire form; FailedPrecondition naming job,
+  // rank and why otherwise (the rank must send its full description).
   absl::StatusOr<std::shared_ptr<const pb::RankState>> Lookup(const std::string& job,
                                                               int world_size, int rank,
                                                               const std::string& digest);
@@ -61,7 +61,7 @@ class DescriptionCache {
  private:
   struct Entry {
     std::string digest;
-    std::shared_ptr<const pb::RankState> state;
+    std::shared_ptr<const std::string> wire;  // the serialized pb::RankState
     int64_t bytes = 0;
   };
   struct JobEntries {

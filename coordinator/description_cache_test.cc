@@ -57,7 +57,7 @@ TEST(DescriptionCacheTest, AKeepReplacesTheRanksEarlierDescription) {
   EXPECT_FALSE(cache.Lookup("j", 2, 0, first).ok());
   EXPECT_TRUE(cache.Lookup("j", 2, 0, second).ok());
   EXPECT_EQ(cache.Stats().entries, 1);
-  EXPECT_EQ(cache.Stats().bytes, static_cast<int64_t>(State(0, 5).SpaceUsedLong()));
+  EXPECT_EQ(cache.Stats().bytes, static_cast<int64_t>(State(0, 5).ByteSizeLong()));
 }
 
 TEST(DescriptionCacheTest, AJobAtAnotherWorldSizeReplacesTheOldEntries) {
@@ -81,14 +81,14 @@ TEST(DescriptionCacheTest, DropRankAndDropJobForgetAndFreeTheBytes) {
   cache.DropJob("j");
   EXPECT_FALSE(cache.Lookup("j", 2, 1, d1).ok());
   EXPECT_EQ(cache.Stats().entries, 1);
-  EXPECT_EQ(cache.Stats().bytes, static_cast<int64_t>(State(0, 2).SpaceUsedLong()));
+  EXPECT_EQ(cache.Stats().bytes, static_cast<int64_t>(State(0, 2).ByteSizeLong()));
   cache.DropRank("k", 0);
   EXPECT_EQ(cache.Stats().entries, 0);
   EXPECT_EQ(cache.Stats().bytes, 0);
 }
 
 TEST(DescriptionCacheTest, TheMemoryBoundEvictsTheLeastRecentlyUsedJob) {
-  const int64_t one = static_cast<int64_t>(State(0, 4).SpaceUsedLong());
+  const int64_t one = static_cast<int64_t>(State(0, 4).ByteSizeLong());
   DescriptionCache cache(/*max_bytes=*/2 * one);
   const std::string a = cache.Keep("a", 1, 0, State(0, 4));
   const std::string b = cache.Keep("b", 1, 0, State(0, 4));

@@ -24,7 +24,11 @@ absl::Status CheckProcessGroupSpec(const std::string& spec, int world_size,
                                    const std::string& who) {
   absl::StatusOr<ProcessGroupSpec> parsed = ParseProcessGroupSpec(spec);
   if (!parsed.ok()) return Prefixed(parsed.status(), who);
-  if (parsed->shape == ProcessGroupSpec::Shape::kPerNode) return absl::OkStatus();
+  // One group of every rank is valid for any job; resolving it per join cost O(world size)
+  // per join, so O(ranks^2) per gather (4% of a 10k-rank save's coordinator CPU).
+  if (parsed->IsJob() || parsed->shape == ProcessGroupSpec::Shape::kPerNode) {
+    return absl::OkStatus();
+  }
   absl::StatusOr<ProcessGroups> groups = ResolveProcessGroups(*parsed, world_size);
   return groups.ok() ? absl::OkStatus() : Prefixed(groups.status(), who);
 }

@@ -16,7 +16,8 @@
 namespace ckpt::coordinator {
 
 // Checks a spec as a join or request carries it: it parses, and every shape but per-node
-// (whose hosts are known only once every rank joined) resolves for `world_size` ranks.
+// (whose hosts are known only once every rank joined) and the job's one group (valid for any
+// size, and checked in O(1): every join checks it) resolves for `world_size` ranks.
 // InvalidArgument prefixed with `who` (e.g. "job gpt rank 3") naming the rank or group.
 absl::Status CheckProcessGroupSpec(const std::string& spec, int world_size, const std::string& who);
 

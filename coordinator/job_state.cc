@@ -565,6 +565,10 @@ absl::StatusOr<Operation> JobState::LendGathered(absl::string_view operation_id)
   return lent;
 }
 
+std::vector<std::vector<RankEntry>> JobState::TakeReleased() {
+  return std::exchange(released_, {});
+}
+
 void JobState::ReturnLent(absl::string_view operation_id, Operation lent) {
   Operation* op = MutableOperation(operation_id);
   // An operation that ended meanwhile keeps nothing (see Finish).
@@ -622,10 +626,14 @@ void JobState::Finish(Operation& op, Phase final_phase) {
   // Nothing reads an ended operation's pieces, records or plan parts (status answers use
   // the totals): free them now, not when the operation is pruned 32 operations later (at
   // 10k ranks each kept save held ~2 GiB of gathered pieces).
-  for (RankEntry& entry : op.ranks) {
-    RankEntry released;
-    MoveGathered(entry, released);
-    std::string().swap(entry.plan_part);
+  // Moved aside here (O(ranks) moves) and destroyed by whoever calls TakeReleased, without the
+  // service's lock: destroying 6M pieces under it took 17 s at 20k ranks on a loaded machine.
+  std::vector<RankEntry>& released = released_.emplace_back(op.ranks.size());
+  for (size_t r = 0; r < op.ranks.size(); ++r) {
+    MoveGathered(op.ranks[r], released[r]);
+    released[r].plan_part = std::move(op.ranks[r].plan_part);
+    op.ranks[r].plan_part.clear();
+    op.ranks[r].plan_part.shrink_to_fit();
   }
   op.finished = op.phase_since;
   if (op.kind == OperationKind::kReshard) {

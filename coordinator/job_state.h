@@ -308,6 +308,10 @@ class JobState {
   // Moves the data of LendGathered's copy back into the operation (dropped when it was
   // pruned meanwhile).
   void ReturnLent(absl::string_view operation_id, Operation lent);
+  // The bulky per-rank data (pieces, records, plan parts) of operations that ended since the
+  // last call, which they no longer keep: the caller destroys it, e.g. after releasing its
+  // lock (millions of pieces at scale).
+  std::vector<std::vector<RankEntry>> TakeReleased();
 
   // Lookups. Pointers stay valid until the next mutating call. An id of another incarnation
   // is unknown.
@@ -345,6 +349,7 @@ class JobState {
   // Every remembered operation by numeric id (creation order).
   std::map<uint64_t, std::unique_ptr<Operation>> operations_;
   std::map<std::string, std::string, std::less<>> in_flight_;  // job -> operation id
+  std::vector<std::vector<RankEntry>> released_;               // see TakeReleased
   uint64_t next_operation_ = 1;
   uint64_t version_ = 0;
   uint64_t phase_version_ = 0;

@@ -635,6 +635,14 @@ TEST_F(JobStateTest, AnEndedOperationKeepsNoPiecesRecordsOrPlanPartsButKeepsItsT
   EXPECT_EQ(op->JoinedRanks(), 2);
   EXPECT_EQ(op->BytesTotal(), 400);
   EXPECT_EQ(op->BytesDone(), 400);
+  // What it no longer keeps is handed over once, for its caller to destroy without its lock.
+  std::vector<std::vector<RankEntry>> released = state_.TakeReleased();
+  ASSERT_EQ(released.size(), 1u);
+  ASSERT_EQ(released[0].size(), 2u);
+  EXPECT_EQ(released[0][1].written, "record1");
+  EXPECT_FALSE(released[0][0].shards.empty());
+  EXPECT_FALSE(released[0][0].plan_part.empty());
+  EXPECT_TRUE(state_.TakeReleased().empty());
 }
 
 TEST_F(JobStateTest, PiecesLentToAPlannerAreDroppedWhenTheOperationEndedMeanwhile) {

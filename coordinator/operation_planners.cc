@@ -41,6 +41,42 @@ absl::StatusOr<std::vector<TensorPiece>> GatheredPieces(const Operation& op,
   return pieces;
 }
 
+namespace {
+
+// One writer's plan part (its files, each piece pointing at the writer's own copy).
+absl::StatusOr<pb::SavePlanPart> WriterPart(const WriterPlan& writer,
+                                            const std::vector<TensorPiece>& pieces,
+                                            const std::vector<int>& local_index,
+                                            const std::string& staging_dir) {
+  pb::SavePlanPart part;
+  part.set_rank(writer.rank);
+  part.set_staging_dir(staging_dir);
+  part.set_total_bytes(writer.total_bytes);
+  for (const PlannedFile& file : writer.files) {
+    pb::PlanFile* f = part.add_files();
+    f->set_path(file.path);
+    f->set_total_bytes(file.total_bytes);
+    for (const PlannedPiece& piece : file.pieces) {
+      if (piece.source_index < 0 || piece.source_index >= static_cast<int64_t>(pieces.size()) ||
+          pieces[piece.source_index].rank != writer.rank) {
+        return absl::InternalError(absl::StrCat("save plan: piece of ", piece.key,
+                                                " is not the writer's own copy (rank ", writer.rank,
+                                                ")"));
+      }
+      pb::PlanPiece* p = f->add_pieces();
+      p->set_key(piece.key);
+      p->set_dtype(DTypeToProto(piece.dtype));
+      for (int64_t d : piece.global_shape) p->add_global_shape(d);
+      *p->mutable_region() = RegionToProto(piece.region);
+      p->set_size_bytes(piece.size_bytes);
+      p->set_local_index(local_index[piece.source_index]);
+    }
+  }
+  return part;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<RankPlan>> PlanSave(const Operation& op, const SavePlanOptions& options,
                                                const std::string& staging_dir) {
   std::vector<int> local_index;
@@ -54,43 +90,28 @@ absl::StatusOr<std::vector<RankPlan>> PlanSave(const Operation& op, const SavePl
   }
   absl::StatusOr<SavePlan> plan = BuildSavePlan(*pieces, op.world_size, resolved);
   if (!plan.ok()) return plan.status();
-  std::vector<pb::SavePlanPart> parts(op.world_size);
-  for (int r = 0; r < op.world_size; ++r) {
-    parts[r].set_rank(r);
-    parts[r].set_staging_dir(staging_dir);
-  }
-  for (const WriterPlan& writer : plan->writers) {
+  std::vector<RankPlan> out(op.world_size);
+  std::vector<bool> writes(op.world_size, false);
+  // Each writer's part is serialized and its plan freed as soon as it is built, so that the
+  // parts are never all held as protos at once (at 10k ranks, ~3M plan pieces).
+  for (WriterPlan& writer : plan->writers) {
     if (writer.rank < 0 || writer.rank >= op.world_size) {
       return absl::InternalError(absl::StrCat("save plan names writer rank ", writer.rank,
                                               " outside world size ", op.world_size));
     }
-    pb::SavePlanPart& part = parts[writer.rank];
-    part.set_total_bytes(writer.total_bytes);
-    for (const PlannedFile& file : writer.files) {
-      pb::PlanFile* f = part.add_files();
-      f->set_path(file.path);
-      f->set_total_bytes(file.total_bytes);
-      for (const PlannedPiece& piece : file.pieces) {
-        if (piece.source_index < 0 || piece.source_index >= static_cast<int64_t>(pieces->size()) ||
-            (*pieces)[piece.source_index].rank != writer.rank) {
-          return absl::InternalError(absl::StrCat("save plan: piece of ", piece.key,
-                                                  " is not the writer's own copy (rank ",
-                                                  writer.rank, ")"));
-        }
-        pb::PlanPiece* p = f->add_pieces();
-        p->set_key(piece.key);
-        p->set_dtype(DTypeToProto(piece.dtype));
-        for (int64_t d : piece.global_shape) p->add_global_shape(d);
-        *p->mutable_region() = RegionToProto(piece.region);
-        p->set_size_bytes(piece.size_bytes);
-        p->set_local_index(local_index[piece.source_index]);
-      }
-    }
+    absl::StatusOr<pb::SavePlanPart> part = WriterPart(writer, *pieces, local_index, staging_dir);
+    if (!part.ok()) return part.status();
+    out[writer.rank].bytes = part->total_bytes();
+    out[writer.rank].part = part->SerializeAsString();
+    writes[writer.rank] = true;
+    std::vector<PlannedFile>().swap(writer.files);
   }
-  std::vector<RankPlan> out(op.world_size);
   for (int r = 0; r < op.world_size; ++r) {
-    out[r].bytes = parts[r].total_bytes();
-    out[r].part = parts[r].SerializeAsString();
+    if (writes[r]) continue;
+    pb::SavePlanPart empty;
+    empty.set_rank(r);
+    empty.set_staging_dir(staging_dir);
+    out[r].part = empty.SerializeAsString();
   }
   return out;
 }

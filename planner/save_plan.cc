@@ -9,13 +9,49 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "planner/distribute.h"
 #include "planner/main_replica.h"
+#include "sharding/dtensor.h"
 #include "sharding/piece_id.h"
 
 namespace ckpt {
 namespace {
 
 PieceId IdOf(const TensorPiece& p) { return PieceId{p.key, p.region.offsets, p.region.flat}; }
+
+// PieceIdLess of two pieces' ids, read in place (no PieceId built per comparison).
+bool IdLessInPlace(const std::string& a_key, const Region& a, const std::string& b_key,
+                   const Region& b) {
+  if (int c = a_key.compare(b_key); c != 0) return c < 0;
+  if (a.offsets != b.offsets) {
+    return std::lexicographical_compare(a.offsets.begin(), a.offsets.end(), b.offsets.begin(),
+                                        b.offsets.end());
+  }
+  if (a.flat.has_value() != b.flat.has_value()) return !a.flat.has_value();
+  if (!a.flat) return false;
+  if (a.flat->start != b.flat->start) return a.flat->start < b.flat->start;
+  return a.flat->stop < b.flat->stop;
+}
+
+// A piece's shard id (key, offsets, flat range) hashed and compared in place, for maps of
+// piece indices into the planner's input.
+struct PieceIdAtHash {
+  absl::Span<const TensorPiece> pieces;
+  size_t operator()(int64_t i) const {
+    const TensorPiece& p = pieces[i];
+    const std::optional<FlatRange>& flat = p.region.flat;
+    return absl::HashOf(p.key, absl::MakeConstSpan(p.region.offsets), flat.has_value(),
+                        flat ? flat->start : 0, flat ? flat->stop : 0);
+  }
+};
+struct PieceIdAtEq {
+  absl::Span<const TensorPiece> pieces;
+  bool operator()(int64_t i, int64_t j) const {
+    const TensorPiece& a = pieces[i];
+    const TensorPiece& b = pieces[j];
+    return a.key == b.key && a.region.offsets == b.region.offsets && a.region.flat == b.region.flat;
+  }
+};
 
 absl::StatusOr<int64_t> PieceBytes(const TensorPiece& p) {
   const int64_t elements = p.region.NumElements();
@@ -37,8 +73,7 @@ std::vector<PlannedFile> PackFiles(int64_t rank, std::vector<PlannedPiece> piece
                                          [](const PlannedPiece& p) { return p.size_bytes > 0; });
   num_files = std::min<int64_t>(num_files, std::max<int64_t>(1, nonempty));
   auto id_less = [](const PlannedPiece& a, const PlannedPiece& b) {
-    return PieceIdLess()(PieceId{a.key, a.region.offsets, a.region.flat},
-                         PieceId{b.key, b.region.offsets, b.region.flat});
+    return IdLessInPlace(a.key, a.region, b.key, b.region);
   };
   std::stable_sort(pieces.begin(), pieces.end(), [&](const PlannedPiece& a, const PlannedPiece& b) {
     if (a.size_bytes != b.size_bytes) return a.size_bytes > b.size_bytes;
@@ -98,65 +133,126 @@ absl::Status ValidateSaveInput(absl::Span<const TensorPiece> pieces, int64_t num
   return ValidateLayout(pieces);
 }
 
-}  // namespace
+// Every piece's size and its shard id's chain: the pieces that share an id, in input order.
+struct PiecesById {
+  std::vector<int64_t> size_of;         // per piece
+  std::vector<int64_t> next_same;       // per piece: the next piece with its id (-1: none)
+  std::vector<int64_t> first_of_shard;  // per distinct id, in order of first occurrence
+};
 
-std::string DataFileName(int64_t rank, int64_t index) {
-  return absl::StrCat("data/r", rank, "_", index, ".safetensors");
-}
-
-absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int64_t num_ranks,
-                                       const SavePlanOptions& options) {
-  CKPT_RETURN_IF_ERROR(ValidateSaveInput(pieces, num_ranks, options));
-
-  // Per-rank lists in input order, the piece index of each (id, rank), and one region per id.
-  // Reserved up front so that the ids in per_rank stay put: first_piece_of_id points at them
-  // instead of holding a second copy of every piece's id.
-  std::vector<std::vector<RankShardInfo>> per_rank = ReservedPerRank(pieces, num_ranks);
-  absl::flat_hash_map<const PieceId*, int64_t, PieceIdPtrHash, PieceIdPtrEq> first_piece_of_id;
-  first_piece_of_id.reserve(pieces.size());
-  // (first piece index of the id, rank) -> the rank's own piece with that id.
-  absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> piece_of_id_rank;
-  std::vector<int64_t> size_of(pieces.size());
+// One pass over the pieces with an index of ids read in place (no id copied per piece).
+// Refuses two pieces that share an id but not a region, naming both.
+absl::StatusOr<PiecesById> ChainPiecesById(absl::Span<const TensorPiece> pieces) {
+  PiecesById out;
+  out.size_of.resize(pieces.size());
+  out.next_same.assign(pieces.size(), -1);
+  // First piece of an id -> (its shard, the id's last piece so far).
+  absl::flat_hash_map<int64_t, int64_t, PieceIdAtHash, PieceIdAtEq> shard_of_first(
+      pieces.size() / 4 + 1, PieceIdAtHash{pieces}, PieceIdAtEq{pieces});
+  std::vector<int64_t> last_of_shard;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const TensorPiece& p = pieces[i];
-    per_rank[p.rank].push_back(RankShardInfo{IdOf(p), 0, p.is_main_replica()});
-    const PieceId& id = per_rank[p.rank].back().id;
-    auto [first, inserted] = first_piece_of_id.try_emplace(&id, static_cast<int64_t>(i));
-    if (!inserted && pieces[first->second].region != p.region) {
-      const TensorPiece& q = pieces[first->second];
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", p.key, "': pieces ", q.DebugString(), " and ", p.DebugString(),
-                       " share the shard id ", id.DebugString(), " but differ in region"));
-    }
-    CKPT_ASSIGN_OR_RETURN(size_of[i], PieceBytes(p));
-    per_rank[p.rank].back().size_bytes = size_of[i];
-    piece_of_id_rank.try_emplace(std::make_pair(first->second, p.rank), static_cast<int64_t>(i));
-  }
-
-  // Writer of every main replica: the distribution, or (one rank) the holder itself.
-  std::vector<std::pair<int64_t, int64_t>> writes;  // (writer, piece index)
-  if (!options.groups.empty()) {
-    CKPT_ASSIGN_OR_RETURN(auto writers, MainReplicaWritersPerGroup(per_rank, options.groups));
-    for (const auto& [id, rank] : writers) {
-      writes.emplace_back(rank,
-                          piece_of_id_rank.at(std::make_pair(first_piece_of_id.at(&id), rank)));
-    }
-  } else {
-    CKPT_ASSIGN_OR_RETURN(std::optional<MainReplicaDistribution> distribution,
-                          DetermineMainReplicaDistribution(per_rank, num_ranks,
-                                                           /*ignore_groups=*/false));
-    if (distribution) {
-      for (const auto& [id, rank] : distribution->main_rank_for_shard) {
-        writes.emplace_back(rank,
-                            piece_of_id_rank.at(std::make_pair(first_piece_of_id.at(&id), rank)));
-      }
+    const int64_t index = static_cast<int64_t>(i);
+    auto [it, inserted] =
+        shard_of_first.try_emplace(index, static_cast<int64_t>(out.first_of_shard.size()));
+    if (inserted) {
+      out.first_of_shard.push_back(index);
+      last_of_shard.push_back(index);
     } else {
-      for (size_t i = 0; i < pieces.size(); ++i) {
-        if (pieces[i].is_main_replica()) writes.emplace_back(pieces[i].rank, i);
+      const TensorPiece& q = pieces[it->first];
+      if (q.region != p.region) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", p.key, "': pieces ", q.DebugString(), " and ", p.DebugString(),
+                         " share the shard id ", IdOf(p).DebugString(), " but differ in region"));
       }
+      out.next_same[last_of_shard[it->second]] = index;
+      last_of_shard[it->second] = index;
     }
+    CKPT_ASSIGN_OR_RETURN(out.size_of[i], PieceBytes(p));
   }
+  return out;
+}
 
+// The piece `rank` holds along the chain starting at `first` (its first in input order).
+int64_t PieceOfRank(absl::Span<const TensorPiece> pieces, const PiecesById& by_id, int64_t first,
+                    int64_t rank) {
+  for (int64_t i = first; i >= 0; i = by_id.next_same[i]) {
+    if (pieces[i].rank == rank) return i;
+  }
+  return -1;
+}
+
+// Every main replica written by its own holder (one rank: nothing to distribute).
+std::vector<std::pair<int64_t, int64_t>> WritesByHolder(absl::Span<const TensorPiece> pieces) {
+  std::vector<std::pair<int64_t, int64_t>> writes;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (pieces[i].is_main_replica()) writes.emplace_back(pieces[i].rank, i);
+  }
+  return writes;
+}
+
+// Megatron's save distribution over one group of all `num_ranks` ranks
+// (DetermineMainReplicaDistribution in save mode), built from the chains: each id with a main
+// replica is one shard whose holders are the ranks of its pieces (repeats kept; their order
+// does not matter to the distribution, which compares (load, rank)). Returns (writer, the
+// writer's own piece) per shard.
+absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> WritesOverAllRanks(
+    absl::Span<const TensorPiece> pieces, const PiecesById& by_id, int64_t num_ranks) {
+  if (num_ranks <= 1) return WritesByHolder(pieces);
+  if (num_ranks > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group of ", num_ranks, " ranks is more than the limit of ", kMaxWorldSize, " ranks"));
+  }
+  DistributionInput input;
+  input.num_ranks = num_ranks;
+  std::vector<int64_t> first_of_input;  // per distributed shard: its first piece
+  for (int64_t first : by_id.first_of_shard) {
+    std::vector<int64_t> holders;
+    bool has_main = false;
+    for (int64_t i = first; i >= 0; i = by_id.next_same[i]) {
+      holders.push_back(pieces[i].rank);
+      has_main = has_main || pieces[i].is_main_replica();
+    }
+    if (!has_main) continue;
+    input.AddShard(IdOf(pieces[first]), by_id.size_of[first], std::move(holders));
+    first_of_input.push_back(first);
+  }
+  CKPT_ASSIGN_OR_RETURN(std::vector<ShardAssignment> assignment, DistributeShardsToRanks(input));
+  std::vector<std::pair<int64_t, int64_t>> writes;
+  writes.reserve(assignment.size());
+  for (const ShardAssignment& a : assignment) {
+    writes.emplace_back(a.rank, PieceOfRank(pieces, by_id, first_of_input[a.shard], a.rank));
+  }
+  return writes;
+}
+
+// Megatron's distribution within each process group (MainReplicaWritersPerGroup).
+absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> WritesPerGroup(
+    absl::Span<const TensorPiece> pieces, const PiecesById& by_id, int64_t num_ranks,
+    const ProcessGroups& groups) {
+  // Per-rank lists in input order, reserved up front so that the ids stay put: the index of
+  // first pieces points at them.
+  std::vector<std::vector<RankShardInfo>> per_rank = ReservedPerRank(pieces, num_ranks);
+  absl::flat_hash_map<const PieceId*, int64_t, PieceIdPtrHash, PieceIdPtrEq> first_piece_of_id;
+  first_piece_of_id.reserve(by_id.first_of_shard.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const TensorPiece& p = pieces[i];
+    per_rank[p.rank].push_back(RankShardInfo{IdOf(p), by_id.size_of[i], p.is_main_replica()});
+    first_piece_of_id.try_emplace(&per_rank[p.rank].back().id, static_cast<int64_t>(i));
+  }
+  CKPT_ASSIGN_OR_RETURN(auto writers, MainReplicaWritersPerGroup(per_rank, groups));
+  std::vector<std::pair<int64_t, int64_t>> writes;
+  writes.reserve(writers.size());
+  for (const auto& [id, rank] : writers) {
+    writes.emplace_back(rank, PieceOfRank(pieces, by_id, first_piece_of_id.at(&id), rank));
+  }
+  return writes;
+}
+
+// Each writer's pieces packed into files (PackFiles), writers in ascending rank order.
+SavePlan PackWriters(absl::Span<const TensorPiece> pieces, const std::vector<int64_t>& size_of,
+                     const std::vector<std::pair<int64_t, int64_t>>& writes, int64_t num_ranks,
+                     int64_t target_file_bytes) {
   std::vector<std::vector<PlannedPiece>> by_writer(num_ranks);
   std::vector<int64_t> bytes_of_writer(num_ranks, 0);
   for (const auto& [writer, index] : writes) {
@@ -172,10 +268,29 @@ absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int
     WriterPlan w;
     w.rank = rank;
     w.total_bytes = bytes_of_writer[rank];
-    w.files = PackFiles(rank, std::move(by_writer[rank]), w.total_bytes, options.target_file_bytes);
+    w.files = PackFiles(rank, std::move(by_writer[rank]), w.total_bytes, target_file_bytes);
     plan.writers.push_back(std::move(w));
   }
   return plan;
+}
+
+}  // namespace
+
+std::string DataFileName(int64_t rank, int64_t index) {
+  return absl::StrCat("data/r", rank, "_", index, ".safetensors");
+}
+
+absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int64_t num_ranks,
+                                       const SavePlanOptions& options) {
+  CKPT_RETURN_IF_ERROR(ValidateSaveInput(pieces, num_ranks, options));
+  CKPT_ASSIGN_OR_RETURN(PiecesById by_id, ChainPiecesById(pieces));
+  std::vector<std::pair<int64_t, int64_t>> writes;  // (writer, piece index)
+  if (!options.groups.empty()) {
+    CKPT_ASSIGN_OR_RETURN(writes, WritesPerGroup(pieces, by_id, num_ranks, options.groups));
+  } else {
+    CKPT_ASSIGN_OR_RETURN(writes, WritesOverAllRanks(pieces, by_id, num_ranks));
+  }
+  return PackWriters(pieces, by_id.size_of, writes, num_ranks, options.target_file_bytes);
 }
 
 }  // namespace ckpt

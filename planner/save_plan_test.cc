@@ -1,8 +1,10 @@
 #include "planner/save_plan.h"
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -209,44 +211,89 @@ TEST(SavePlanTest, SameMetadataGivesTheSamePlan) {
   }
 }
 
-// Random TP x DP layouts: each tensor split on a random dim over TP (uneven, possibly empty
-// pieces), replicated over DP with the main replica on a random DP rank, or flat-sharded over
-// all ranks; random file targets.
+// A random TP x DP layout over `*num_ranks` ranks: each tensor split on a random dim over TP
+// (uneven, possibly empty pieces), replicated over DP with the main replica on a random DP
+// rank, or flat-sharded over all ranks.
+std::vector<TensorPiece> RandomLayout(std::mt19937_64& rng, int64_t* num_ranks) {
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  const int64_t tp = pick(1, 4), dp = pick(1, 3), n = tp * dp;
+  *num_ranks = n;
+  std::vector<TensorPiece> pieces;
+  for (int t = 0, k = static_cast<int>(pick(1, 6)); t < k; ++t) {
+    const std::string key = "t" + std::to_string(t);
+    std::vector<int64_t> shape = {pick(1, 7), pick(1, 5)};
+    if (pick(0, 3) == 0) {  // flat-sharded over all ranks
+      std::vector<int64_t> cuts = {0, shape[0] * shape[1]};
+      for (int64_t r = 1; r < n; ++r) cuts.push_back(pick(0, shape[0] * shape[1]));
+      std::sort(cuts.begin(), cuts.end());
+      for (int64_t r = 0; r < n; ++r) {
+        pieces.push_back(
+            Piece(key, r, shape, Region{{0, 0}, shape, FlatRange{cuts[r], cuts[r + 1]}}));
+      }
+      continue;
+    }
+    const int dim = static_cast<int>(pick(0, 1));
+    const int64_t chunk = (shape[dim] + tp - 1) / tp;  // torch.chunk
+    const int64_t main_dp = pick(0, dp - 1);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t t_rank = r % tp, d_rank = r / tp;
+      const int64_t lo = std::min(shape[dim], t_rank * chunk);
+      const int64_t hi = std::min(shape[dim], lo + chunk);
+      Region region{{0, 0}, shape, {}};
+      region.offsets[dim] = lo;
+      region.lengths[dim] = hi - lo;
+      if (hi == lo) continue;  // empty pieces are not reported
+      pieces.push_back(Piece(key, r, shape, region, {0, d_rank == main_dp ? 0 : d_rank + 1}));
+    }
+  }
+  return pieces;
+}
+
+// (writer, file path, source piece) of every planned piece, in plan order.
+std::vector<std::tuple<int64_t, std::string, int64_t>> Placements(const SavePlan& plan) {
+  std::vector<std::tuple<int64_t, std::string, int64_t>> out;
+  for (const WriterPlan& w : plan.writers) {
+    for (const PlannedFile& f : w.files) {
+      for (const PlannedPiece& p : f.pieces) out.emplace_back(w.rank, f.path, p.source_index);
+    }
+  }
+  return out;
+}
+
+// The plan without groups is computed from chains of pieces by id; one group of every rank
+// goes through Megatron's DetermineMainReplicaDistribution (checked against megatron-core by
+// //tests:megatron_oracle_test). Both must place every piece alike, whatever the input order.
+TEST(SavePlanPropertyTest, WithoutGroupsPlansAsOneGroupOfEveryRank) {
+  std::mt19937_64 rng(23);
+  for (int iter = 0; iter < 200; ++iter) {
+    SCOPED_TRACE("iteration " + std::to_string(iter));
+    int64_t n = 0;
+    std::vector<TensorPiece> pieces = RandomLayout(rng, &n);
+    std::shuffle(pieces.begin(), pieces.end(), rng);
+    SavePlanOptions options;
+    options.target_file_bytes = std::uniform_int_distribution<int64_t>(1, 200)(rng);
+    auto plain = BuildSavePlan(pieces, n, options);
+    std::vector<int64_t> everyone;
+    for (int64_t r = 0; r < n; ++r) everyone.push_back(r);
+    options.groups = {everyone};
+    auto grouped = BuildSavePlan(pieces, n, options);
+    ASSERT_TRUE(plain.ok() && grouped.ok()) << plain.status() << " / " << grouped.status();
+    EXPECT_EQ(Placements(*plain), Placements(*grouped));
+    ExpectPlanWritesEveryElementOnce(pieces, *plain);
+  }
+}
+
+// Random layouts (RandomLayout) with random file targets.
 TEST(SavePlanPropertyTest, RandomLayoutsWriteEveryElementOnce) {
   std::mt19937_64 rng(11);
   auto pick = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
   for (int iter = 0; iter < 60; ++iter) {
-    const int64_t tp = pick(1, 4), dp = pick(1, 3), n = tp * dp;
-    std::vector<TensorPiece> pieces;
-    for (int t = 0, k = static_cast<int>(pick(1, 6)); t < k; ++t) {
-      const std::string key = "t" + std::to_string(t);
-      std::vector<int64_t> shape = {pick(1, 7), pick(1, 5)};
-      if (pick(0, 3) == 0) {  // flat-sharded over all ranks
-        std::vector<int64_t> cuts = {0, shape[0] * shape[1]};
-        for (int64_t r = 1; r < n; ++r) cuts.push_back(pick(0, shape[0] * shape[1]));
-        std::sort(cuts.begin(), cuts.end());
-        for (int64_t r = 0; r < n; ++r) {
-          pieces.push_back(
-              Piece(key, r, shape, Region{{0, 0}, shape, FlatRange{cuts[r], cuts[r + 1]}}));
-        }
-        continue;
-      }
-      const int dim = static_cast<int>(pick(0, 1));
-      const int64_t chunk = (shape[dim] + tp - 1) / tp;  // torch.chunk
-      const int64_t main_dp = pick(0, dp - 1);
-      for (int64_t r = 0; r < n; ++r) {
-        const int64_t t_rank = r % tp, d_rank = r / tp;
-        const int64_t lo = std::min(shape[dim], t_rank * chunk);
-        const int64_t hi = std::min(shape[dim], lo + chunk);
-        Region region{{0, 0}, shape, {}};
-        region.offsets[dim] = lo;
-        region.lengths[dim] = hi - lo;
-        if (hi == lo) continue;  // empty pieces are not reported
-        pieces.push_back(Piece(key, r, shape, region, {0, d_rank == main_dp ? 0 : d_rank + 1}));
-      }
-    }
+    int64_t n = 0;
+    std::vector<TensorPiece> pieces = RandomLayout(rng, &n);
     SavePlanOptions options;
     options.target_file_bytes = pick(1, 200);
     auto plan = BuildSavePlan(pieces, n, options);

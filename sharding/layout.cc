@@ -189,13 +189,16 @@ std::vector<LayoutIssue> CheckTensorLayout(absl::Span<const TensorPiece* const> 
 }
 
 absl::Status ValidateLayout(absl::Span<const TensorPiece> pieces, int max_issues) {
-  std::map<std::string, std::vector<TensorPiece>> by_key;
-  for (const TensorPiece& p : pieces) by_key[p.key].push_back(p);
+  // Grouped by key through pointers: copying every piece (key, shape, region) here was a
+  // fifth of a 10k-rank save plan's allocations.
+  std::map<absl::string_view, std::vector<const TensorPiece*>> by_key;
+  for (const TensorPiece& p : pieces) by_key[p.key].push_back(&p);
   std::vector<std::string> messages;
   for (const auto& [key, group] : by_key) {
     const int left = max_issues - static_cast<int>(messages.size());
     if (left <= 0) break;
-    for (LayoutIssue& issue : CheckTensorLayout(group, left)) {
+    for (LayoutIssue& issue :
+         CheckTensorLayout(absl::Span<const TensorPiece* const>(group), left)) {
       messages.push_back(std::move(issue.message));
     }
   }

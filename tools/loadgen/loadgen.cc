@@ -569,6 +569,7 @@ OperationReport Driver::RunOperation(const std::string& kind, const std::string&
   if (sampler_) {
     run->report.coordinator_after = sampler_->SampleNow();
     run->report.coordinator_peak_threads = sampler_->Peak().threads;
+    run->report.coordinator_cpu = sampler_->CpuTimeline();
   }
   std::lock_guard<std::mutex> lock(run->mu);
   run->report.id = id;
@@ -662,6 +663,20 @@ std::string Seconds(absl::Time from, absl::Time to) {
   return absl::StrFormat("%.3f", absl::ToDoubleSeconds(to - from));
 }
 
+// "<kind> coordinator_cpu_s gather G plan P dispatch D execute E commit C": the coordinator's
+// CPU seconds over the same phases as the "seconds" line ("-" where unknown).
+std::string PhaseCpuLine(const OperationReport& op) {
+  auto cpu = [&](absl::Time from, absl::Time to) -> std::string {
+    const double c = CpuBetween(op.coordinator_cpu, from, to);
+    return c < 0 ? "-" : absl::StrFormat("%.2f", c);
+  };
+  return absl::StrFormat(
+      "%s coordinator_cpu_s gather %s plan %s dispatch %s execute %s commit %s\n", op.kind,
+      cpu(op.start, op.log_gathered), cpu(op.log_gathered, op.log_planned),
+      cpu(op.log_planned, op.last_plan), cpu(op.last_plan, op.last_result_sent),
+      op.kind == "save" ? cpu(op.last_result_sent, op.log_committed) : "-");
+}
+
 std::string MiB(int64_t bytes) {
   return absl::StrFormat("%.1f", static_cast<double>(bytes) / (1 << 20));
 }
@@ -724,6 +739,7 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
             Seconds(op.log_done, op.all_ranks_told),
             Seconds(op.start, op.all_ranks_told != absl::InfinitePast() ? op.all_ranks_told
                                                                         : op.final_seen)));
+    absl::StrAppend(&out, PhaseCpuLine(op));
     absl::StrAppend(
         &out, absl::StrFormat("%s joins_answered_s %s first_plan_s %s plan_parts %d "
                               "plan_mib %s max_part_mib %s files %d\n",

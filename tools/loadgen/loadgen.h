@@ -85,6 +85,9 @@ struct OperationReport {
              log_committed = absl::InfinitePast(), log_done = absl::InfinitePast();
   ProcStats coordinator_before, coordinator_after;  // readings around the operation
   int64_t coordinator_peak_threads = 0;             // during the operation
+  // The coordinator's CPU readings (every 100 ms) during the operation, for its CPU seconds per
+  // phase: on a shared machine, phase seconds depend on the load, CPU seconds much less.
+  std::vector<CpuReading> coordinator_cpu;
   double loadgen_cpu_seconds = 0;
 };
 

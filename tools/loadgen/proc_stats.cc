@@ -123,6 +123,7 @@ ProcSampler::~ProcSampler() {
 void ProcSampler::Record(const ProcStats& s) {
   std::lock_guard<std::mutex> lock(mu_);
   last_ = s;
+  timeline_.push_back(CpuReading{absl::Now(), s.cpu_seconds});
   peak_.rss_bytes = std::max(peak_.rss_bytes, s.rss_bytes);
   peak_.peak_rss_bytes = std::max(peak_.peak_rss_bytes, s.peak_rss_bytes);
   peak_.threads = std::max(peak_.threads, s.threads);
@@ -148,6 +149,35 @@ void ProcSampler::ResetPeaks() {
   std::lock_guard<std::mutex> lock(mu_);
   peak_.rss_bytes = last_.rss_bytes;
   peak_.threads = last_.threads;
+}
+
+std::vector<CpuReading> ProcSampler::CpuTimeline() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return timeline_;
+}
+
+namespace {
+
+// CPU seconds at `t`, interpolated between the readings around it.
+double CpuAt(const std::vector<CpuReading>& readings, absl::Time t) {
+  auto after = std::lower_bound(readings.begin(), readings.end(), t,
+                                [](const CpuReading& r, absl::Time x) { return r.at < x; });
+  if (after == readings.begin()) return readings.front().cpu_seconds;
+  if (after == readings.end()) return readings.back().cpu_seconds;
+  const CpuReading& before = *(after - 1);
+  const double span = absl::ToDoubleSeconds(after->at - before.at);
+  if (span <= 0) return after->cpu_seconds;
+  const double f = absl::ToDoubleSeconds(t - before.at) / span;
+  return before.cpu_seconds + f * (after->cpu_seconds - before.cpu_seconds);
+}
+
+}  // namespace
+
+double CpuBetween(const std::vector<CpuReading>& readings, absl::Time from, absl::Time to) {
+  if (readings.empty() || from == absl::InfinitePast() || to == absl::InfinitePast() || to < from) {
+    return -1;
+  }
+  return CpuAt(readings, to) - CpuAt(readings, from);
 }
 
 ProcStats ProcSampler::AllTimePeak() const {

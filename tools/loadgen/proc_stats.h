@@ -11,6 +11,8 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -40,6 +42,17 @@ double ReadLoadAverage();
 // Reads /proc/<pid>/{status,stat}. NotFound when the process is gone.
 absl::StatusOr<ProcStats> ReadProcStats(pid_t pid);
 
+// CPU seconds of a process at one time.
+struct CpuReading {
+  absl::Time at;
+  double cpu_seconds = 0;
+};
+
+// CPU seconds the process spent between `from` and `to`, from readings in time order: each end
+// is interpolated linearly between the readings around it (clamped to the first and last).
+// -1 when either end is InfinitePast, `to` precedes `from`, or there are no readings.
+double CpuBetween(const std::vector<CpuReading>& readings, absl::Time from, absl::Time to);
+
 // Samples a process every `period` on its own thread; keeps the largest values seen. An
 // optional `on_sample` sees every reading (e.g. to stop a run that grows past a memory cap).
 class ProcSampler {
@@ -58,6 +71,8 @@ class ProcSampler {
   ProcStats SampleNow();
   // Starts new peaks of RSS and threads from the latest reading (VmHWM stays the kernel's).
   void ResetPeaks();
+  // Every reading's time and CPU seconds so far, in time order (for CpuBetween).
+  std::vector<CpuReading> CpuTimeline() const;
 
  private:
   void Record(const ProcStats& s);
@@ -71,6 +86,7 @@ class ProcSampler {
   ProcStats peak_;
   ProcStats all_time_peak_;
   ProcStats last_;
+  std::vector<CpuReading> timeline_;
   std::thread thread_;
 };
 

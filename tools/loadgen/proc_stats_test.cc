@@ -34,12 +34,26 @@ TEST(ProcStatsTest, ParsesTheOneMinuteLoadAverageAndRefusesText) {
   EXPECT_GE(ReadLoadAverage(), 0);  // this machine's /proc/loadavg
 }
 
+TEST(ProcStatsTest, CpuBetweenInterpolatesReadingsAndRefusesUnknownEnds) {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  const std::vector<CpuReading> readings = {
+      {t0, 10.0}, {t0 + absl::Seconds(1), 11.0}, {t0 + absl::Seconds(3), 15.0}};
+  // 0.5 s -> 10.5; 2 s -> 13.0 (halfway from 11 to 15).
+  EXPECT_DOUBLE_EQ(CpuBetween(readings, t0 + absl::Milliseconds(500), t0 + absl::Seconds(2)), 2.5);
+  // Clamped at both ends.
+  EXPECT_DOUBLE_EQ(CpuBetween(readings, t0 - absl::Seconds(5), t0 + absl::Seconds(9)), 5.0);
+  EXPECT_EQ(CpuBetween(readings, absl::InfinitePast(), t0), -1);
+  EXPECT_EQ(CpuBetween(readings, t0 + absl::Seconds(2), t0), -1);
+  EXPECT_EQ(CpuBetween({}, t0, t0 + absl::Seconds(1)), -1);
+}
+
 TEST(ProcStatsTest, SamplerSeesThisProcess) {
   ProcSampler sampler(getpid(), absl::Milliseconds(5));
   ProcStats now = sampler.SampleNow();
   EXPECT_GT(now.rss_bytes, 0);
   EXPECT_GE(sampler.Peak().threads, 2);  // this thread and the sampler's
   EXPECT_GE(sampler.AllTimePeak().peak_rss_bytes, now.rss_bytes);
+  EXPECT_GE(sampler.CpuTimeline().size(), 2u);  // at construction and SampleNow
   EXPECT_FALSE(ReadProcStats(-5).ok());
 }
 
