@@ -410,6 +410,7 @@ TEST_F(MultiHostTest, TransferFromJobsOnTwoHostsIntoAJobOnTheThirdIsBitExact) {
       EXPECT_THAT(c->Stdout(), HasSubstr(absl::StrCat("received ", v, " 0 \n")))
           << c->Stdout() << testing::ClusterLogs(*cluster_);
       EXPECT_THAT(c->Stdout(), HasSubstr(absl::StrCat("holds ", v, "\n"))) << c->Stdout();
+      EXPECT_THAT(c->Stdout(), HasSubstr(absl::StrCat("version policy ", v, "\n"))) << c->Stdout();
     }
   }
   std::vector<pb::OperationStatus> receives;
