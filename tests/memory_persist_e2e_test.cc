@@ -119,6 +119,9 @@ TEST(MemoryPersistE2eTest, PersistedCheckpointIsTheDirectSaveByteForByteAndVerif
               cluster);
   ASSERT_TRUE(WaitFor([&] { return PersistOf(cluster, "step1") == "persisted to " + persisted; }))
       << PersistOf(cluster, "step1") << ClusterLogs(cluster);
+  // The persistence needs only one holder: wait until both workers are registered again, or a
+  // rank attaching through the other one is refused.
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster.Status()) == 2; })) << ClusterLogs(cluster);
   const std::string direct = cluster.dir() + "/direct";
   ExpectAllOk(RunPair(cluster, "train", "save", direct, {}), cluster);
   ExpectSameCheckpoint(persisted, direct);
@@ -231,6 +234,9 @@ TEST(MemoryPersistE2eTest, APersistenceInFlightWhenTheCoordinatorIsKilledComplet
   WriteFile(gate, "go\n");
   ASSERT_TRUE(WaitFor([&] { return PersistOf(cluster, "step1") == "persisted to " + persisted; }))
       << PersistOf(cluster, "step1") << ClusterLogs(cluster);
+  // The persistence needs only one holder: wait until both workers are registered again, or a
+  // rank attaching through the other one is refused.
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster.Status()) == 2; })) << ClusterLogs(cluster);
   const std::string direct = cluster.dir() + "/direct";
   ExpectAllOk(RunPair(cluster, "train", "save", direct, {}), cluster);
   ExpectSameCheckpoint(persisted, direct);
