@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -160,6 +161,50 @@ TEST(CoordinatorRestartTest, ACrashMidSaveLeavesNoStagingAndTheNextSaveCommits) 
   std::string out;
   EXPECT_EQ(cluster.RunCkptctl({"verify", path}, &out), 0) << out;
   EXPECT_TRUE(EntriesStartingWith(cluster, ".big.").empty());
+}
+
+// Connections waiting in the accept queue of the listening unix socket `path` (ss's Recv-Q of a
+// listening socket); -1 when ss cannot tell.
+int PendingConnections(const std::string& path) {
+  FILE* ss = popen(("ss -xlH src " + path + " 2>/dev/null").c_str(), "r");
+  if (ss == nullptr) return -1;
+  char line[512];
+  int pending = -1;
+  if (std::fgets(line, sizeof(line), ss) != nullptr) {
+    char netid[16], state[16];
+    if (std::sscanf(line, "%15s %15s %d", netid, state, &pending) != 3) pending = -1;
+  }
+  pclose(ss);
+  return pending;
+}
+
+// A trainer says Hello to its worker after the coordinator restarted but before the worker
+// noticed (the worker is frozen with SIGSTOP across the restart and thawed once the trainer's
+// connection waits in its accept queue). Before, the worker attached the rank under its old
+// id, the new coordinator refused it ("not registered"), and the trainer failed; now the worker
+// asks the coordinator, registers again and attaches under its new id, and the save commits.
+TEST(CoordinatorRestartTest, ATrainerArrivingBeforeItsWorkerNoticedARestartIsAttached) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({"--lease_ms=3000"}));
+  cluster.StartWorker(0);
+  for (Child* t : RunRanks(cluster, "early", 1, "save", cluster.dir() + "/first", {})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+  }
+  kill(cluster.worker(0).pid, SIGSTOP);  // Child::Kill would wait for it to exit
+  ASSERT_NO_FATAL_FAILURE(cluster.RestartCoordinator({"--lease_ms=3000"}));
+  const std::string path = cluster.dir() + "/late";
+  Child* late = cluster.StartTrainer(0, "late", 0, 1, "save", path, {});
+  const bool queued =
+      WaitFor([&] { return PendingConnections(cluster.worker_socket(0)) > 0; }, absl::Seconds(30));
+  kill(cluster.worker(0).pid, SIGCONT);
+  ASSERT_TRUE(queued) << "the trainer never connected to the frozen worker";
+  ASSERT_TRUE(WaitFor([&] { return Result(*late).first >= 0; })) << ClusterLogs(cluster);
+  EXPECT_EQ(Result(*late).first, 0) << Result(*late).second << ClusterLogs(cluster);
+  EXPECT_TRUE(PathExists(path));
+  std::printf("the worker %s\n",
+              absl::StrContains(cluster.worker(0).Stderr(), "trainer_hello_registers_again")
+                  ? "registered again while attaching the trainer"
+                  : "had registered again before the trainer's Hello");
 }
 
 // A coordinator that stalls (SIGSTOP, shorter than the lease) while the workers finish their

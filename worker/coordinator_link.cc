@@ -140,6 +140,26 @@ void CoordinatorLink::ForgetRegistration(const std::string& worker_id, const abs
   if (lease_lost_handler_) lease_lost_handler_(why);
 }
 
+bool CoordinatorLink::ConfirmRegistration(const std::string& worker_id) {
+  if (worker_id.empty()) return false;
+  pb::HeartbeatRequest request;  // no evictions: those are the lease loop's to send
+  request.set_worker_id(worker_id);
+  pb::HeartbeatResponse response;
+  grpc::Status s = stub_->Heartbeat(Context().get(), request, &response);
+  if (RefusesRegistration(s)) {
+    ForgetRegistration(worker_id, FromGrpcStatus(s, "Heartbeat"));
+    return false;
+  }
+  if (s.ok() && response.incarnation() != incarnation()) {
+    ForgetRegistration(
+        worker_id, absl::UnavailableError(absl::StrCat("the coordinator answered as incarnation ",
+                                                       Hex(response.incarnation()),
+                                                       ", registered with ", Hex(incarnation()))));
+    return false;
+  }
+  return true;
+}
+
 bool CoordinatorLink::SleepUnlessStopped(absl::Duration d) {
   std::lock_guard<std::mutex> lock(mu_);
   absl::Time deadline = absl::Now() + d;

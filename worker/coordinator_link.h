@@ -85,6 +85,11 @@ class CoordinatorLink {
   // Forgets the registration `worker_id` (if still current) because the coordinator refused
   // it or answered under another incarnation; registers again at once.
   void ForgetRegistration(const std::string& worker_id, const absl::Status& why);
+  // Asks the coordinator now (one Heartbeat, within rpc_timeout) whether it still knows the
+  // registration `worker_id`; forgets it (and registers again at once) when it does not, e.g.
+  // after the coordinator restarted and before this link noticed. True: still registered as
+  // `worker_id`, or the coordinator could not be asked.
+  bool ConfirmRegistration(const std::string& worker_id);
 
   pb::Coordinator::Stub* stub() { return stub_.get(); }
   const LinkOptions& options() const { return options_; }

@@ -114,6 +114,17 @@ grpc::Status WorkerService::Hello(grpc::ServerContext* context, const pb::Traine
   absl::StatusOr<SessionInfo> info = registry_->Find(*session);
   std::string worker_id = link_->worker_id();
   absl::Status attached = info.ok() ? Attach(*info, worker_id) : info.status();
+  if (!attached.ok() && info.ok() && !link_->ConfirmRegistration(worker_id)) {
+    // The coordinator no longer knows this worker (it restarted, or declared the worker dead,
+    // before the link noticed): register again and attach under the new id.
+    spdlog::info("trainer_hello_registers_again job={} rank={} why=\"{}\"", trainer.job,
+                 trainer.rank, std::string(attached.message()));
+    attached = link_->WaitRegistered(kRegistrationWait);
+    if (attached.ok()) {
+      worker_id = link_->worker_id();
+      attached = Attach(*info, worker_id);
+    }
+  }
   if (!attached.ok()) {
     (void)registry_->CloseSession(*session);
     return ToGrpcStatus(attached);
