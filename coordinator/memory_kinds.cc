@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/memory_path.h"
+#include "coordinator/manifest_share.h"
 #include "coordinator/operation_planners.h"
 #include "coordinator/save_commit.h"
 #include "proto/coordinator.pb.h"
@@ -232,12 +233,11 @@ absl::StatusOr<std::vector<RankPlan>> MemoryLoadKind::Plan(const Operation& op) 
         absl::StrCat("cannot load memory checkpoint ", op.path, ": ", absl::StrJoin(why, "; ")));
   }
   if (!plans.ok()) return plans.status();
-  const std::string manifest_bytes = manifest.SerializeAsString();
   for (RankPlan& plan : *plans) {
     pb::LoadPlanPart part;
     if (!part.ParseFromString(plan.part))
       return absl::InternalError("load plan part does not parse");
-    part.set_memory_manifest(manifest_bytes);
+    part.set_memory_manifest(ManifestShareFor(manifest, part).SerializeAsString());
     plan.part = part.SerializeAsString();
   }
   return plans;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/memory_path.h"
+#include "coordinator/manifest_share.h"
 #include "proto/coordinator.pb.h"
 
 namespace ckpt::coordinator {
@@ -86,7 +87,7 @@ Operation WithServingRanks(const Operation& op, const Serving& serving,
 struct PlanPatch {
   std::string path;  // mem://<checkpoint>
   std::string group;
-  std::string manifest;  // serialized
+  const pb::Manifest* manifest = nullptr;  // each part gets its share (ManifestShareFor)
   std::string name;
   int64_t version = 0;
   int destination_ranks = 0;
@@ -105,7 +106,7 @@ absl::Status Patch(const PlanPatch& patch, const Serving& serving, std::vector<R
     }
     part.set_path(patch.path);
     part.set_group(patch.group);
-    part.set_memory_manifest(patch.manifest);
+    part.set_memory_manifest(ManifestShareFor(*patch.manifest, part).SerializeAsString());
     part.set_transfer_name(patch.name);
     part.set_transfer_version(patch.version);
     part.set_transfer_destination_ranks(patch.destination_ranks);
@@ -243,7 +244,7 @@ absl::StatusOr<std::vector<RankPlan>> ReceiveKind::Plan(const Operation& op) {
   }
   patch.path = absl::StrCat(kMemoryPathPrefix, version->memory_checkpoint);
   patch.group = absl::StrCat("load/", op.id);
-  patch.manifest = checkpoint->manifest.SerializeAsString();
+  patch.manifest = &checkpoint->manifest;
   patch.name = path->name;
   patch.version = version->version;
   patch.destination_ranks = op.world_size;
@@ -292,7 +293,7 @@ absl::StatusOr<std::vector<RankPlan>> ServedMemoryLoadKind::Plan(const Operation
   PlanPatch patch;
   patch.path = what;
   patch.group = absl::StrCat("load/", op.id);
-  patch.manifest = checkpoint->manifest.SerializeAsString();
+  patch.manifest = &checkpoint->manifest;
   patch.destination_ranks = op.world_size;
   patch.source = what;
   for (int r = 0; r < op.world_size; ++r)
