@@ -153,6 +153,7 @@ absl::StatusOr<ReceivedVersion> Client::Receive(const std::string& name, StateDi
   load.arrival_timeout = options.arrival_timeout;
   load.deadline = options.deadline;
   load.memory_budget_bytes = options.memory_budget_bytes;
+  load.exchange_algorithm = options.exchange_algorithm;
   absl::StatusOr<OperationProgress> received =
       LoadToEnd(TransferPathString(name, options.version, options.verify), **shadow, load);
   if (!received.ok()) return received.status();  // `state` untouched: the previous version

@@ -51,6 +51,11 @@ struct ReceiveOptions {
   absl::Duration arrival_timeout = absl::Minutes(5);
   absl::Duration deadline = absl::Hours(1);  // the whole receive must finish by then
   int64_t memory_budget_bytes = 0;           // bytes in flight per rank and wave (0: default)
+  // How the source's workers exchange with the destination's: "broadcast" (also when empty,
+  // and always with verify, which checks whole units as they were read), "overlap_all_to_all"
+  // (each byte is sent only to the ranks that need it), "gather_rounds" or "gather_object"
+  // (LoadOptions::exchange_algorithm). InvalidArgument names an unknown one.
+  std::string exchange_algorithm;
 };
 
 // What a Receive delivered: the name and the published version (the newest when the caller

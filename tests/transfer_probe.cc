@@ -18,6 +18,7 @@
 //   transfer_probe --worker unix:/path --job J --rank R --world_size N --mode publish|receive
 //                  --name NAME [--tp T] [--global_rows G] [--elements E] [--versions V]
 //                  [--receives K] [--version V] [--verify 1] [--budget BYTES] [--step_dir D]
+//                  [--algorithm A]
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -159,6 +160,7 @@ int Run(int argc, char** argv) {
     receive.version = Flag(flags, "--version", 0);
     receive.verify = Flag(flags, "--verify", 0) != 0;
     receive.memory_budget_bytes = Flag(flags, "--budget", 0);
+    receive.exchange_algorithm = flags["--algorithm"];
     receive.arrival_timeout = absl::Minutes(2);
     absl::StatusOr<ckpt::client::ReceivedVersion> got = (*client)->Receive(name, *state, receive);
     Emit(absl::StrCat("received ", k, " ", Said(got.status())));

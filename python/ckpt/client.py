@@ -385,18 +385,20 @@ class Client:
                                                   float(arrival_timeout)))
 
     def receive(self, name, state, *, version=0, verify=False, arrival_timeout=300.0,
-                deadline=3600.0, memory_budget_bytes=0):
+                deadline=3600.0, memory_budget_bytes=0, algorithm=None):
         """Collective over this job's ranks (live transfer, the destination side): fills
         ``state``'s tensors with the newest (or the given) ``version`` of ``name`` published by
         another job, whatever its layout, world size and hosts. All or nothing: on error
         (a source worker lost, a timeout, DataLoss in ``verify`` mode) the tensors keep the
         version they held. ``verify`` checks every received byte against its reader's
-        checksum. Returns a ``Received`` (``name``, ``version``): the version that arrived (the
+        checksum. ``algorithm``: how the source's workers send ("broadcast", the default and
+        always with ``verify``; "overlap_all_to_all" sends each byte only to the ranks that
+        need it). Returns a ``Received`` (``name``, ``version``): the version that arrived (the
         newest published when ``version`` was 0)."""
         state._await_lent()
         got = self._native.receive(str(name), state._native, int(version), bool(verify),
                                    float(arrival_timeout), float(deadline),
-                                   int(memory_budget_bytes))
+                                   int(memory_budget_bytes), str(algorithm or ""))
         state._stage_out()
         return Received(str(name), int(got))
 

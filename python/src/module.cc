@@ -380,9 +380,11 @@ class PyClient {
   }
   // Returns the version received.
   int64_t Receive(const std::string& name, PyStateDict& state, int64_t version, bool verify,
-                  double arrival_timeout_s, double deadline_s, int64_t memory_budget_bytes) {
+                  double arrival_timeout_s, double deadline_s, int64_t memory_budget_bytes,
+                  const std::string& algorithm) {
     client::Client& c = get();
     client::ReceiveOptions options;
+    options.exchange_algorithm = algorithm;
     options.version = version;
     options.verify = verify;
     options.arrival_timeout = absl::Seconds(arrival_timeout_s);
@@ -489,7 +491,7 @@ NB_MODULE(_ckpt, m) {
            nb::arg("metadata"), nb::arg("arrival_timeout_s"))
       .def("receive", &PyClient::Receive, nb::arg("name"), nb::arg("state"), nb::arg("version"),
            nb::arg("verify"), nb::arg("arrival_timeout_s"), nb::arg("deadline_s"),
-           nb::arg("memory_budget_bytes"))
+           nb::arg("memory_budget_bytes"), nb::arg("algorithm"))
       .def("poll", &PyClient::Poll, nb::arg("state"), nb::arg("prepare"))
       .def("close", &PyClient::Close);
 }

@@ -69,3 +69,30 @@ def test_publish_and_receive_successive_versions_into_another_layout(cluster):
         refused, after = seen[2]
         assert refused == "refused" and torch.equal(after, version(2)[:, 2 * r:2 * r + 2]), r
         assert torch.equal(seen[3], version(2)[:, 2 * r:2 * r + 2]), r
+
+
+def test_a_receive_by_all_to_all_is_bit_exact_and_an_unknown_algorithm_is_refused(cluster):
+    def publish(client):
+        r = client.rank
+        state = client.state_dict()
+        rows = version(5)[2 * r:2 * r + 2].clone()
+        state.add("w", rows, ckpt.DTensor(SHAPE, (2,), [ckpt.Shard(0)], (r,)))
+        handle = client.publish("py-a2a", state, version=5)
+        handle.wait(60)
+        return handle.version
+    assert ranks(2, publish, "py-a2a-src") == [5, 5]
+
+    def receive(client):
+        r = client.rank
+        cols = torch.full((SHAPE[0], 2), -1, dtype=torch.int32)
+        state = client.state_dict()
+        state.add("w", cols, ckpt.DTensor(SHAPE, (3,), [ckpt.Shard(1)], (r,)))
+        with pytest.raises(ckpt.InvalidArgument, match="no_such_algorithm"):
+            client.receive("py-a2a", state, algorithm="no_such_algorithm")
+        untouched = cols.clone()
+        got = client.receive("py-a2a", state, algorithm="overlap_all_to_all")
+        return untouched, got, cols.clone()
+    for r, (untouched, got, cols) in enumerate(ranks(3, receive, "py-a2a-dst")):
+        assert torch.equal(untouched, torch.full((SHAPE[0], 2), -1, dtype=torch.int32)), r
+        assert got == ckpt.Received("py-a2a", 5), got
+        assert torch.equal(cols, version(5)[:, 2 * r:2 * r + 2]), r

@@ -103,6 +103,8 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--budget", type=int, default=0, help="bytes in flight per rank (0: default)")
     parser.add_argument("--verify", action="store_true")
+    parser.add_argument("--algorithm", default="",
+                        help="exchange algorithm of the receives (default: broadcast)")
     args = parser.parse_args()
     binary = os.environ.get("BIN", "bazel-out/k8-opt/bin")
     work = tempfile.mkdtemp(prefix="ckpt-transfer-bench.")
@@ -140,6 +142,8 @@ def main():
                                  + shape, "src%d" % r))
         for r in range(6):
             extra = ["--budget", str(args.budget)] + (["--verify", "1"] if args.verify else [])
+            if args.algorithm:
+                extra += ["--algorithm", args.algorithm]
             dests.append(spawn([probe, "--worker", "unix:%s/w%d.sock" % (work, 4 + r // 2),
                                 "--job", "infer", "--rank", str(r), "--world_size", "6",
                                 "--mode", "receive", "--tp", "2", "--receives", str(args.reps)]
