@@ -135,6 +135,9 @@ void SetStoredChecksums(uint64_t xxh3, const std::vector<uint64_t>& blocks,
 // A manifest for `tensors` and the written data (format version, time, writer version filled).
 pb::Manifest BuildManifest(const std::vector<TensorMeta>& tensors, const WrittenData& data,
                            const CheckpointContents& info, int64_t checksum_block_bytes);
+// The same manifest, with `data`'s pieces and files moved into it instead of copied.
+pb::Manifest BuildManifest(const std::vector<TensorMeta>& tensors, WrittenData&& data,
+                           const CheckpointContents& info, int64_t checksum_block_bytes);
 
 // Steps 2 (directory fsyncs) to 4 of the protocol for a staging dir whose data files are
 // written and synced. Validates the manifest first. When overwriting, what is at the final
