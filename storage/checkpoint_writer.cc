@@ -389,7 +389,7 @@ absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string&
                               const pb::Manifest& manifest, const WriteOptions& options) {
   const std::string final_path = WithoutTrailingSlashes(path);
   CKPT_RETURN_IF_ERROR(CheckCheckpointName(final_path));
-  CKPT_RETURN_IF_ERROR(ValidateManifest(manifest));
+  if (!options.manifest_validated) CKPT_RETURN_IF_ERROR(ValidateManifest(manifest));
   CKPT_RETURN_IF_ERROR(FsyncDir(JoinPath(staging_dir, "data")));
   CKPT_RETURN_IF_ERROR(FsyncDir(staging_dir));
   Step(options, CommitStep::kStagingDirSynced);
