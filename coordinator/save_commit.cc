@@ -1,12 +1,14 @@
 #include "coordinator/save_commit.h"
 
-#include <set>
+#include <memory>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "coordinator/operation_planners.h"
+#include "google/protobuf/arena.h"
 #include "proto/convert.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
@@ -27,10 +29,12 @@ absl::StatusOr<WrittenData> MergeWrittenRecords(const Operation& op) {
   return data;
 }
 
-absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op) {
-  // Tensors: every key gathered, with the dtype and shape the lowest rank reported.
+namespace {
+
+// Every key gathered, with the dtype and shape the lowest rank reported.
+absl::StatusOr<std::vector<TensorMeta>> GatheredTensors(const Operation& op) {
   std::vector<TensorMeta> tensors;
-  std::set<std::string> seen;
+  absl::flat_hash_set<absl::string_view> seen;  // keys point into op's shards
   for (int r = 0; r < op.world_size; ++r) {
     for (const pb::PieceMeta& s : op.ranks[r].shards) {
       if (!seen.insert(s.tensor().key()).second) continue;
@@ -44,12 +48,15 @@ absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op) {
                                                         s.tensor().global_shape().end())});
     }
   }
-  absl::StatusOr<WrittenData> data = MergeWrittenRecords(op);
-  if (!data.ok()) return data.status();
+  return tensors;
+}
+
+// The saved layout (how the lowest rank that described each key described it,
+// informational), the user metadata and the step.
+absl::StatusOr<CheckpointContents> SavedContents(const Operation& op) {
   CheckpointContents info;
   info.saved_layout.set_world_size(op.world_size);
-  // How the tensors were described (lowest rank that described each key), informational.
-  std::set<std::string> described;
+  absl::flat_hash_set<absl::string_view> described;
   for (int r = 0; r < op.world_size; ++r) {
     const RankEntry& e = op.ranks[r];
     if (info.saved_layout.mesh_shape_size() == 0 && !e.mesh_shape.empty()) {
@@ -67,7 +74,60 @@ absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op) {
           absl::StrCat("metadata step=\"", step->second, "\" is not an integer"));
     }
   }
-  return BuildManifest(tensors, *data, info, kDefaultChecksumBlockBytes);
+  return info;
+}
+
+// Moves every element of `from` to the end of `to` (both on the same arena, or both on none)
+// without copying: ownership of the element objects passes from one field to the other.
+template <typename T>
+void MoveElements(google::protobuf::RepeatedPtrField<T>* from,
+                  google::protobuf::RepeatedPtrField<T>* to) {
+  std::vector<T*> moved(from->size());
+  from->UnsafeArenaExtractSubrange(0, from->size(), moved.data());
+  to->Reserve(to->size() + static_cast<int>(moved.size()));
+  for (T* element : moved) to->UnsafeArenaAddAllocated(element);
+}
+
+// Appends the pieces and files of every rank's `written` record to `m`, in rank order, parsing
+// each record on m's arena and moving its elements (no copy). DataLoss names the rank.
+absl::Status AppendWrittenRecords(const Operation& op, pb::Manifest* m) {
+  google::protobuf::Arena* arena = m->GetArena();
+  for (int r = 0; r < op.world_size; ++r) {
+    std::unique_ptr<pb::Manifest> owned;
+    pb::Manifest* written = arena != nullptr
+                                ? google::protobuf::Arena::CreateMessage<pb::Manifest>(arena)
+                                : (owned = std::make_unique<pb::Manifest>()).get();
+    if (!written->ParseFromString(op.ranks[r].written)) {
+      return absl::DataLossError(
+          absl::StrCat("rank ", r, " reported an unreadable record of the files it wrote"));
+    }
+    MoveElements(written->mutable_pieces(), m->mutable_pieces());
+    MoveElements(written->mutable_files(), m->mutable_files());
+  }
+  return absl::OkStatus();
+}
+
+// MergeManifest, building the manifest on `arena` (null: on the heap, owned by the caller).
+absl::StatusOr<pb::Manifest*> MergeManifestOn(const Operation& op, google::protobuf::Arena* arena) {
+  CKPT_ASSIGN_OR_RETURN(std::vector<TensorMeta> tensors, GatheredTensors(op));
+  std::unique_ptr<pb::Manifest> owned;
+  pb::Manifest* m = arena != nullptr ? google::protobuf::Arena::CreateMessage<pb::Manifest>(arena)
+                                     : (owned = std::make_unique<pb::Manifest>()).get();
+  CKPT_RETURN_IF_ERROR(AppendWrittenRecords(op, m));
+  CKPT_ASSIGN_OR_RETURN(CheckpointContents info, SavedContents(op));
+  // Everything but the pieces and files, as BuildManifest makes it; merged in, it sets the
+  // same fields (the pieces and files are already there, in the same order).
+  m->MergeFrom(BuildManifest(tensors, WrittenData(), info, kDefaultChecksumBlockBytes));
+  owned.release();
+  return m;
+}
+
+}  // namespace
+
+absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op) {
+  CKPT_ASSIGN_OR_RETURN(pb::Manifest * merged, MergeManifestOn(op, nullptr));
+  std::unique_ptr<pb::Manifest> owned(merged);
+  return std::move(*owned);
 }
 
 std::string SaveCommitter::StagingDir(const std::string& operation_id) {
@@ -97,14 +157,37 @@ absl::Status SaveCommitter::Commit(const Operation& op) {
   if (staging.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(op.DebugString(), " has no staging dir"));
   }
-  absl::StatusOr<pb::Manifest> manifest = MergeManifest(op);
+  // Built on an arena: millions of pieces are allocated in blocks and freed at once.
+  google::protobuf::Arena arena;
+  absl::StatusOr<pb::Manifest*> manifest = MergeManifestOn(op, &arena);
   if (!manifest.ok()) return manifest.status();
-  absl::Status committed = CommitCheckpoint(staging, op.path, *manifest, WriteOptions());
+  // A repeat save of an unchanged layout commits a manifest of the same shape as the job's
+  // last one, which passed ValidateManifest: only the pieces' own checksums are new.
+  const ManifestShape shape = ManifestShapeOf(**manifest);
+  WriteOptions options;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto last = committed_shapes_.find(op.job);
+    options.manifest_validated = last != committed_shapes_.end() && last->second == shape;
+  }
+  if (options.manifest_validated) {
+    for (int i = 0; i < (*manifest)->pieces_size(); ++i) {
+      CKPT_RETURN_IF_ERROR(CheckPieceChecksums(**manifest, i));
+    }
+  }
+  absl::Status committed = CommitCheckpoint(staging, op.path, **manifest, options);
   if (committed.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     staging_.erase(op.id);
+    committed_shapes_[op.job] = shape;
+    if (options.manifest_validated) ++validations_reused_;
   }
   return committed;
+}
+
+int SaveCommitter::validations_reused() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return validations_reused_;
 }
 
 absl::Status SaveCommitter::Finalize(const Operation& op) {

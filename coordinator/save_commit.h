@@ -19,6 +19,7 @@
 #include "coordinator/staging_journal.h"
 #include "proto/manifest.pb.h"
 #include "storage/checkpoint_writer.h"
+#include "storage/manifest_codec.h"
 
 namespace ckpt::coordinator {
 
@@ -45,13 +46,20 @@ class SaveCommitter final : public OperationKindHandler {
   // Removes the staging directory of a save that did not commit; ends its journal entry.
   absl::Status Finalize(const Operation& op) override;
 
+  // How many commits skipped the manifest's full validation because its shape
+  // (ManifestShapeOf) was that of the job's last committed manifest.
+  int validations_reused() const;
+
  private:
   std::string StagingDir(const std::string& operation_id);
 
   StagingJournal* journal_;
   SavePlanReuse plan_reuse_;  // the job's last plan, for a repeat save of unchanged ranks
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<std::string, std::string> staging_ ABSL_GUARDED_BY(mu_);  // operation -> dir
+  // job -> the shape of the last manifest it committed (which passed ValidateManifest).
+  std::map<std::string, ManifestShape> committed_shapes_ ABSL_GUARDED_BY(mu_);
+  int validations_reused_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ckpt::coordinator

@@ -1,6 +1,7 @@
 #include "coordinator/save_commit.h"
 
 #include <cstdlib>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -9,6 +10,7 @@
 #include "storage/checkpoint_reader.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
+#include "storage/manifest_codec.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -93,6 +95,113 @@ TEST(SaveCommitterTest, StagesPlansAndCommitsAReadableCheckpoint) {
   ASSERT_TRUE((*reader)->ReadRegion("w", WholeRegion({2, 4}), all).ok());
   for (int i = 0; i < 8; ++i) EXPECT_EQ(all[i], i + 1);
   (void)RemoveTree(path);
+}
+
+// The manifest the committer builds on an arena, moving each rank's pieces, is byte for byte
+// the one BuildManifest makes from copies of the merged records (its time aside).
+TEST(SaveCommitterTest, CommittedManifestEqualsOneBuiltFromCopiedRecords) {
+  const std::string path = TmpPath("commit-same");
+  (void)RemoveTree(path);
+  Operation op = TwoRankSave(path);
+  op.ranks[0].mesh_shape = {2};
+  SaveCommitter saves;
+  auto plans = saves.Plan(op);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  const int32_t rows[2][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
+  ASSERT_NO_FATAL_FAILURE(WriteParts(op, *plans, rows));
+  auto records = MergeWrittenRecords(op);
+  ASSERT_TRUE(records.ok()) << records.status();
+  ASSERT_EQ(records->pieces.size(), 2u);
+  CheckpointContents info;
+  info.saved_layout.set_world_size(2);
+  info.saved_layout.add_mesh_shape(2);
+  info.user_metadata = op.metadata;
+  info.step = 42;
+  pb::Manifest want = BuildManifest({TensorMeta{"w", DType::kI32, {2, 4}}}, *records, info,
+                                    kDefaultChecksumBlockBytes);
+  ASSERT_TRUE(saves.Commit(op).ok());
+  auto reader = CheckpointReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  pb::Manifest got = (*reader)->manifest();
+  auto merged = MergeManifest(op);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  for (pb::Manifest* m : {&want, &got, &*merged}) m->clear_created_unix_micros();
+  EXPECT_EQ(SerializeManifest(got), SerializeManifest(want));
+  EXPECT_EQ(SerializeManifest(*merged), SerializeManifest(want));
+  (void)RemoveTree(path);
+}
+
+// Plans and writes a two-rank save of `job` to `path`; `tamper` may edit each rank's record
+// (as the worker reported it) before the commit, whose status is returned.
+absl::Status SaveOnce(SaveCommitter& saves, const std::string& job, const std::string& path,
+                      const int32_t (&rows)[2][4],
+                      const std::function<void(int, pb::Manifest*)>& tamper = nullptr) {
+  Operation op = TwoRankSave(path);
+  op.job = job;
+  op.id = absl::StrCat("op-", path);
+  auto plans = saves.Plan(op);
+  if (!plans.ok()) return plans.status();
+  WriteParts(op, *plans, rows);
+  for (int r = 0; tamper != nullptr && r < 2; ++r) {
+    pb::Manifest written;
+    written.ParseFromString(op.ranks[r].written);
+    tamper(r, &written);
+    op.ranks[r].written = written.SerializeAsString();
+  }
+  absl::Status committed = saves.Commit(op);
+  op.phase = committed.ok() ? Phase::kDone : Phase::kAborted;
+  (void)saves.Finalize(op);
+  return committed;
+}
+
+// A repeat save of the same layout commits without validating the manifest again, and what it
+// commits is what a fully validated commit writes; another job's save does not reuse it.
+TEST(SaveCommitterTest, RepeatSaveOfUnchangedLayoutReusesTheValidation) {
+  const std::string first = TmpPath("reuse-1"), second = TmpPath("reuse-2");
+  const std::string other = TmpPath("reuse-3");
+  for (const std::string& p : {first, second, other}) (void)RemoveTree(p);
+  SaveCommitter saves;
+  const int32_t a[2][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
+  const int32_t b[2][4] = {{9, 10, 11, 12}, {13, 14, 15, 16}};
+  ASSERT_TRUE(SaveOnce(saves, "j", first, a).ok());
+  EXPECT_EQ(saves.validations_reused(), 0);
+  ASSERT_TRUE(SaveOnce(saves, "j", second, b).ok());
+  EXPECT_EQ(saves.validations_reused(), 1);
+  ASSERT_TRUE(SaveOnce(saves, "k", other, b).ok());
+  EXPECT_EQ(saves.validations_reused(), 1);
+  auto reused = CheckpointReader::Open(second);  // validates the manifest it reads
+  auto validated = CheckpointReader::Open(other);
+  ASSERT_TRUE(reused.ok()) << reused.status();
+  ASSERT_TRUE(validated.ok()) << validated.status();
+  int32_t all[8] = {0};
+  ASSERT_TRUE((*reused)->ReadRegion("w", WholeRegion({2, 4}), all).ok());
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(all[i], i + 9);
+  pb::Manifest got = (*reused)->manifest(), want = (*validated)->manifest();
+  got.clear_created_unix_micros();
+  want.clear_created_unix_micros();
+  EXPECT_EQ(SerializeManifest(got), SerializeManifest(want));
+  for (const std::string& p : {first, second, other}) (void)RemoveTree(p);
+}
+
+// A repeat save whose pieces lie elsewhere (here rank 1 claims rank 0's row, so row 1 is
+// stored by nobody) is a changed layout: it is validated in full and refused.
+TEST(SaveCommitterTest, ChangedLayoutIsValidatedInFull) {
+  const std::string first = TmpPath("changed-1"), second = TmpPath("changed-2");
+  for (const std::string& p : {first, second}) (void)RemoveTree(p);
+  SaveCommitter saves;
+  const int32_t a[2][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
+  ASSERT_TRUE(SaveOnce(saves, "j", first, a).ok());
+  absl::Status refused = SaveOnce(saves, "j", second, a, [](int rank, pb::Manifest* written) {
+    if (rank != 1) return;
+    pb::StoredPiece* p = written->mutable_pieces(0);
+    p->mutable_region()->set_offsets(0, 0);
+    p->set_entry_name(EncodeEntryName("w", Region{{0, 0}, {1, 4}, std::nullopt}));
+  });
+  EXPECT_EQ(refused.code(), absl::StatusCode::kDataLoss) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("tensor \"w\""));
+  EXPECT_EQ(saves.validations_reused(), 0);
+  EXPECT_FALSE(PathExists(second));
+  for (const std::string& p : {first, second}) (void)RemoveTree(p);
 }
 
 TEST(SaveCommitterTest, AbortedSaveLosesItsStagingDirectoryAndNeverAppears) {

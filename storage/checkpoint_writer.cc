@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <set>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -356,6 +357,11 @@ void SetStoredChecksums(uint64_t xxh3, const std::vector<uint64_t>& blocks,
 
 pb::Manifest BuildManifest(const std::vector<TensorMeta>& tensors, const WrittenData& data,
                            const CheckpointContents& info, int64_t checksum_block_bytes) {
+  return BuildManifest(tensors, WrittenData(data), info, checksum_block_bytes);
+}
+
+pb::Manifest BuildManifest(const std::vector<TensorMeta>& tensors, WrittenData&& data,
+                           const CheckpointContents& info, int64_t checksum_block_bytes) {
   pb::Manifest m;
   m.set_format_version(kManifestFormatVersion);
   for (const TensorMeta& t : tensors) {
@@ -364,8 +370,10 @@ pb::Manifest BuildManifest(const std::vector<TensorMeta>& tensors, const Written
     meta->set_dtype(DTypeToProto(t.dtype));
     for (int64_t d : t.global_shape) meta->add_global_shape(d);
   }
-  for (const pb::StoredPiece& p : data.pieces) *m.add_pieces() = p;
-  for (const pb::DataFile& f : data.files) *m.add_files() = f;
+  m.mutable_pieces()->Reserve(static_cast<int>(data.pieces.size()));
+  for (pb::StoredPiece& p : data.pieces) m.mutable_pieces()->Add(std::move(p));
+  m.mutable_files()->Reserve(static_cast<int>(data.files.size()));
+  for (pb::DataFile& f : data.files) m.mutable_files()->Add(std::move(f));
   *m.mutable_saved_layout() = info.saved_layout;
   m.set_step(info.step);
   for (const auto& [k, v] : info.user_metadata) (*m.mutable_user_metadata())[k] = v;
@@ -381,7 +389,7 @@ absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string&
                               const pb::Manifest& manifest, const WriteOptions& options) {
   const std::string final_path = WithoutTrailingSlashes(path);
   CKPT_RETURN_IF_ERROR(CheckCheckpointName(final_path));
-  CKPT_RETURN_IF_ERROR(ValidateManifest(manifest));
+  if (!options.manifest_validated) CKPT_RETURN_IF_ERROR(ValidateManifest(manifest));
   CKPT_RETURN_IF_ERROR(FsyncDir(JoinPath(staging_dir, "data")));
   CKPT_RETURN_IF_ERROR(FsyncDir(staging_dir));
   Step(options, CommitStep::kStagingDirSynced);

@@ -76,6 +76,9 @@ struct WriteOptions {
   // FailedPrecondition and nothing is written or removed.
   bool overwrite = false;
   int64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
+  // CommitCheckpoint skips ValidateManifest: the caller checked the manifest as it would
+  // (e.g. the same ManifestShapeOf as a manifest that passed it, and CheckPieceChecksums).
+  bool manifest_validated = false;
   // Test-only: called after each commit step (e.g. to kill the process there).
   std::function<void(CommitStep)> after_step;
 };
@@ -135,11 +138,15 @@ void SetStoredChecksums(uint64_t xxh3, const std::vector<uint64_t>& blocks,
 // A manifest for `tensors` and the written data (format version, time, writer version filled).
 pb::Manifest BuildManifest(const std::vector<TensorMeta>& tensors, const WrittenData& data,
                            const CheckpointContents& info, int64_t checksum_block_bytes);
+// The same manifest, with `data`'s pieces and files moved into it instead of copied.
+pb::Manifest BuildManifest(const std::vector<TensorMeta>& tensors, WrittenData&& data,
+                           const CheckpointContents& info, int64_t checksum_block_bytes);
 
 // Steps 2 (directory fsyncs) to 4 of the protocol for a staging dir whose data files are
-// written and synced. Validates the manifest first. When overwriting, what is at the final
-// path is checked again right before the swap (CheckReplaceable), and after the swap the
-// directory swapped out must be the one checked, or it is swapped back and nothing removed.
+// written and synced. Validates the manifest first (unless options.manifest_validated). When
+// overwriting, what is at the final path is checked again right before the swap (CheckReplaceable),
+// and after the swap the directory swapped out must be the one checked, or it is swapped back and
+// nothing removed.
 absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string& final_path,
                               const pb::Manifest& manifest, const WriteOptions& options);
 

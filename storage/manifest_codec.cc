@@ -155,10 +155,7 @@ absl::Status CheckPiece(const pb::Manifest& m, int i, const TensorTable& tensors
   const int64_t block = m.checksum_block_bytes();
   const int64_t want_blocks =
       (block > 0 && p.byte_length() > block) ? (p.byte_length() + block - 1) / block : 0;
-  if (p.block_xxh3_size() > 0 &&
-      p.xxh3_64() != CombineBlockHashes({p.block_xxh3().begin(), p.block_xxh3().end()})) {
-    return err("its checksum does not match its block checksums");
-  }
+  CKPT_RETURN_IF_ERROR(CheckPieceChecksums(m, i));
   if (p.block_xxh3_size() != want_blocks) {
     return err(
         absl::StrCat("has ", p.block_xxh3_size(), " block checksums, expected ", want_blocks));
@@ -251,6 +248,72 @@ absl::Status ValidateManifest(const pb::Manifest& m) {
   }
   CKPT_RETURN_IF_ERROR(CheckByteRangesDisjoint(m, std::move(ranges)));
   return CheckCoverageOfEachTensor(m, tensor_of, std::move(regions));
+}
+
+absl::Status CheckPieceChecksums(const pb::Manifest& m, int i) {
+  const pb::StoredPiece& p = m.pieces(i);
+  if (p.block_xxh3_size() > 0 &&
+      p.xxh3_64() != CombineBlockHashes({p.block_xxh3().begin(), p.block_xxh3().end()})) {
+    return ManifestError(absl::StrCat("piece ", i, " (", DescribePiece(p),
+                                      "): its checksum does not match its block checksums"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Feeds values to a streaming XXH3-128, each string length-prefixed so fields cannot run into
+// each other.
+class ShapeHasher {
+ public:
+  ShapeHasher() : state_(XXH3_createState()) { XXH3_128bits_reset(state_); }
+  ~ShapeHasher() { XXH3_freeState(state_); }
+  ShapeHasher(const ShapeHasher&) = delete;
+  ShapeHasher& operator=(const ShapeHasher&) = delete;
+
+  void Int(int64_t v) { XXH3_128bits_update(state_, &v, sizeof(v)); }
+  void Bytes(absl::string_view s) {
+    Int(static_cast<int64_t>(s.size()));
+    XXH3_128bits_update(state_, s.data(), s.size());
+  }
+  // A sub-message, serialized (no maps below it, so the bytes are deterministic).
+  void Message(const google::protobuf::MessageLite& message) {
+    buffer_.clear();
+    message.AppendToString(&buffer_);
+    Bytes(buffer_);
+  }
+  ManifestShape Digest() {
+    const XXH128_hash_t h = XXH3_128bits_digest(state_);
+    return ManifestShape{h.low64, h.high64};
+  }
+
+ private:
+  XXH3_state_t* state_;
+  std::string buffer_;
+};
+
+}  // namespace
+
+ManifestShape ManifestShapeOf(const pb::Manifest& m) {
+  ShapeHasher h;
+  h.Int(m.format_version());
+  h.Int(m.checksum_block_bytes());
+  h.Int(m.tensors_size());
+  for (const pb::TensorMeta& t : m.tensors()) h.Message(t);
+  h.Int(m.files_size());
+  for (const pb::DataFile& f : m.files()) h.Message(f);
+  h.Int(m.pieces_size());
+  for (const pb::StoredPiece& p : m.pieces()) {
+    h.Bytes(p.key());
+    h.Message(p.region());
+    h.Bytes(p.file());
+    h.Bytes(p.entry_name());
+    h.Int(p.byte_offset());
+    h.Int(p.byte_length());
+    h.Int(p.writer_rank());
+    h.Int(p.block_xxh3_size());
+  }
+  return h.Digest();
 }
 
 absl::StatusOr<pb::Manifest> ParseManifest(absl::string_view bytes, absl::string_view path) {

@@ -49,6 +49,25 @@ absl::Status ValidateDataFileName(absl::string_view name);
 // missing), so every reader of a validated manifest can rely on exact coverage.
 absl::Status ValidateManifest(const pb::Manifest& manifest);
 
+// 128 bits of XXH3 over everything ValidateManifest checks except each piece's own checksum
+// values: the format version, the checksum block size, the tensors and data files, and each
+// piece's key, region, file, byte range, entry name, writer and number of block checksums, in
+// manifest order (not the step, time, metadata or saved layout). Two manifests with the same
+// shape whose pieces each pass CheckPieceChecksums are valid or invalid together, so a writer
+// that validated one may skip ValidateManifest for the next (e.g. a repeat save of an
+// unchanged layout). Any field ValidateManifest reads must be hashed here.
+struct ManifestShape {
+  uint64_t low = 0;
+  uint64_t high = 0;
+  bool operator==(const ManifestShape& o) const { return low == o.low && high == o.high; }
+  bool operator!=(const ManifestShape& o) const { return !(*this == o); }
+};
+ManifestShape ManifestShapeOf(const pb::Manifest& manifest);
+
+// What ValidateManifest checks of piece i that ManifestShapeOf leaves out: its block
+// checksums, when it has any, combine to its checksum. DataLoss naming the piece.
+absl::Status CheckPieceChecksums(const pb::Manifest& manifest, int i);
+
 // Parses (then validates) manifest bytes read from `path` (named in errors).
 absl::StatusOr<pb::Manifest> ParseManifest(absl::string_view bytes, absl::string_view path);
 

@@ -60,6 +60,53 @@ TEST(ManifestCodecTest, ValidManifestRoundTripsThroughBytes) {
   EXPECT_EQ(SerializeManifest(*parsed), SerializeManifest(m));
 }
 
+// The shape ignores what a repeat save changes (checksums, time, step, metadata, layout) and
+// changes with anything else ValidateManifest reads.
+TEST(ManifestCodecTest, ShapeIgnoresChecksumsAndTimeButNotWhereBytesLie) {
+  const pb::Manifest base = ValidManifest();
+  const ManifestShape shape = ManifestShapeOf(base);
+  pb::Manifest same = base;
+  same.mutable_pieces(0)->set_xxh3_64(12345);
+  same.set_created_unix_micros(99);
+  same.set_step(7);
+  (*same.mutable_user_metadata())["run"] = "b";
+  same.mutable_saved_layout()->set_world_size(2);
+  EXPECT_EQ(ManifestShapeOf(same), shape);
+  const std::vector<std::function<void(pb::Manifest*)>> changes = {
+      [](pb::Manifest* m) { m->set_checksum_block_bytes(8192); },
+      [](pb::Manifest* m) { m->mutable_tensors(0)->set_global_shape(0, 5); },
+      [](pb::Manifest* m) { m->mutable_tensors(1)->set_dtype(pb::DTYPE_F64); },
+      [](pb::Manifest* m) { m->mutable_files(0)->set_size_bytes(64 + 100); },
+      [](pb::Manifest* m) { m->mutable_files(1)->set_name("data/r1_1.safetensors"); },
+      [](pb::Manifest* m) { m->mutable_pieces(0)->set_key("s"); },
+      [](pb::Manifest* m) { m->mutable_pieces(0)->mutable_region()->set_offsets(0, 1); },
+      [](pb::Manifest* m) { m->mutable_pieces(1)->set_file("data/r1_0.safetensors"); },
+      [](pb::Manifest* m) { m->mutable_pieces(1)->set_entry_name("x"); },
+      [](pb::Manifest* m) { m->mutable_pieces(1)->set_byte_offset(64); },
+      [](pb::Manifest* m) { m->mutable_pieces(2)->set_byte_length(4); },
+      [](pb::Manifest* m) { m->mutable_pieces(2)->add_block_xxh3(1); },
+      [](pb::Manifest* m) { m->mutable_pieces()->SwapElements(0, 1); },
+      [](pb::Manifest* m) { m->mutable_pieces()->RemoveLast(); },
+  };
+  for (size_t c = 0; c < changes.size(); ++c) {
+    pb::Manifest changed = base;
+    changes[c](&changed);
+    EXPECT_NE(ManifestShapeOf(changed), shape) << "change " << c;
+  }
+}
+
+TEST(ManifestCodecTest, PieceChecksumsMustCombineToThePieceChecksum) {
+  pb::Manifest m = ValidManifest();
+  pb::StoredPiece* p = m.mutable_pieces(0);
+  p->add_block_xxh3(1);
+  p->add_block_xxh3(2);
+  p->set_xxh3_64(CombineBlockHashes({1, 2}));
+  EXPECT_TRUE(CheckPieceChecksums(m, 0).ok());
+  p->set_xxh3_64(CombineBlockHashes({1, 3}));
+  EXPECT_THAT(CheckPieceChecksums(m, 0).message(), HasSubstr("piece 0 (tensor \"w\" region"));
+  EXPECT_EQ(CheckPieceChecksums(m, 0).code(), absl::StatusCode::kDataLoss);
+}
+
 TEST(ManifestCodecTest, PieceRegionOfValidatedPieces) {
   pb::Manifest m = ValidManifest();
   EXPECT_EQ(PieceRegion(m.pieces(1)), (Region{{2, 0}, {2, 6}, std::nullopt}));
