@@ -126,6 +126,14 @@ absl::Status CopyLocalTransfers(const ExchangePlan& plan, int me,
   return absl::OkStatus();
 }
 
+// The error for a transfer whose single element does not fit the per-wave budget.
+absl::Status BudgetBelowOneElement(const ExchangePlan& plan, const Transfer& tr, int64_t budget) {
+  return absl::InvalidArgumentError(absl::StrCat("overlap exchange: memory budget of ", budget,
+                                                 " bytes per wave is smaller than one element (",
+                                                 tr.elem_size, " bytes) of '",
+                                                 plan.needs[tr.dst][tr.need].id.key, "'"));
+}
+
 // Step 3: remote overlaps in waves: greedily, in transfer order, while every rank's send +
 // receive staging stays within the budget; a transfer larger than the budget is cut into
 // element windows. Identical on every rank.
@@ -140,12 +148,7 @@ absl::StatusOr<std::vector<std::vector<Piece>>> PlanRemoteWaves(
   for (int k = 0; k < static_cast<int>(transfers.size()); ++k) {
     const Transfer& tr = transfers[k];
     if (tr.src == tr.dst) continue;
-    if (tr.elem_size > budget) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("overlap exchange: memory budget of ", budget,
-                       " bytes per wave is smaller than one element (", tr.elem_size,
-                       " bytes) of '", plan.needs[tr.dst][tr.need].id.key, "'"));
-    }
+    if (tr.elem_size > budget) return BudgetBelowOneElement(plan, tr, budget);
     const int64_t window = budget / tr.elem_size;
     for (int64_t begin = 0; begin < tr.elements; begin += window) {
       const int64_t end = std::min(tr.elements, begin + window);
@@ -176,12 +179,7 @@ absl::StatusOr<std::vector<std::vector<Piece>>> PlanPairWaves(
   for (int k = 0; k < static_cast<int>(transfers.size()); ++k) {
     const Transfer& tr = transfers[k];
     if (tr.src == tr.dst) continue;
-    if (tr.elem_size > budget) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("overlap exchange: memory budget of ", budget,
-                       " bytes per wave is smaller than one element (", tr.elem_size,
-                       " bytes) of '", plan.needs[tr.dst][tr.need].id.key, "'"));
-    }
+    if (tr.elem_size > budget) return BudgetBelowOneElement(plan, tr, budget);
     by_peer[tr.src == me ? tr.dst : tr.src].push_back(k);
   }
   int64_t peers = 0;

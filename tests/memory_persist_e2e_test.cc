@@ -111,22 +111,29 @@ void ExpectSameCheckpoint(const std::string& persisted, const std::string& direc
   EXPECT_TRUE(differ.Compare(ma, mb)) << diff;
 }
 
-TEST(MemoryPersistE2eTest, PersistedCheckpointIsTheDirectSaveByteForByteAndVerifies) {
-  Cluster cluster;
-  ASSERT_NO_FATAL_FAILURE(StartCluster(cluster, {"", ""}));
-  const std::string persisted = cluster.dir() + "/persisted";
-  ExpectAllOk(RunPair(cluster, "train", "save", "mem://step1", {"--persist_to", persisted}),
-              cluster);
-  ASSERT_TRUE(WaitFor([&] { return PersistOf(cluster, "step1") == "persisted to " + persisted; }))
-      << PersistOf(cluster, "step1") << ClusterLogs(cluster);
-  // The persistence needs only one holder: wait until both workers are registered again, or a
-  // rank attaching through the other one is refused.
+// Waits until memory checkpoint `name` is persisted to `persisted`, then saves the same state
+// directly (once both workers are registered: after a coordinator restart the persistence
+// needs only one holder, and a rank attaching through the other would be refused) and checks
+// that the two are the same checkpoint and that `persisted` verifies.
+void ExpectPersistedAsADirectSave(Cluster& cluster, const std::string& name,
+                                  const std::string& persisted) {
+  ASSERT_TRUE(WaitFor([&] { return PersistOf(cluster, name) == "persisted to " + persisted; }))
+      << PersistOf(cluster, name) << ClusterLogs(cluster);
   ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster.Status()) == 2; })) << ClusterLogs(cluster);
   const std::string direct = cluster.dir() + "/direct";
   ExpectAllOk(RunPair(cluster, "train", "save", direct, {}), cluster);
   ExpectSameCheckpoint(persisted, direct);
   std::string out;
   EXPECT_EQ(cluster.RunCkptctl({"verify", persisted}, &out), 0) << out;
+}
+
+TEST(MemoryPersistE2eTest, PersistedCheckpointIsTheDirectSaveByteForByteAndVerifies) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(cluster, {"", ""}));
+  const std::string persisted = cluster.dir() + "/persisted";
+  ExpectAllOk(RunPair(cluster, "train", "save", "mem://step1", {"--persist_to", persisted}),
+              cluster);
+  ASSERT_NO_FATAL_FAILURE(ExpectPersistedAsADirectSave(cluster, "step1", persisted));
   std::string status;
   ASSERT_EQ(cluster.RunCkptctl({"status", "--coordinator", cluster.address()}, &status), 0);
   EXPECT_THAT(status, HasSubstr("persisted to " + persisted));
@@ -232,16 +239,7 @@ TEST(MemoryPersistE2eTest, APersistenceInFlightWhenTheCoordinatorIsKilledComplet
   })) << ClusterLogs(cluster);
   EXPECT_EQ(PersistOf(cluster, "step1"), "persisting to " + persisted);
   WriteFile(gate, "go\n");
-  ASSERT_TRUE(WaitFor([&] { return PersistOf(cluster, "step1") == "persisted to " + persisted; }))
-      << PersistOf(cluster, "step1") << ClusterLogs(cluster);
-  // The persistence needs only one holder: wait until both workers are registered again, or a
-  // rank attaching through the other one is refused.
-  ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster.Status()) == 2; })) << ClusterLogs(cluster);
-  const std::string direct = cluster.dir() + "/direct";
-  ExpectAllOk(RunPair(cluster, "train", "save", direct, {}), cluster);
-  ExpectSameCheckpoint(persisted, direct);
-  std::string out;
-  EXPECT_EQ(cluster.RunCkptctl({"verify", persisted}, &out), 0) << out;
+  ASSERT_NO_FATAL_FAILURE(ExpectPersistedAsADirectSave(cluster, "step1", persisted));
   // The first process's staging directory was journaled: the restarted coordinator removed it.
   EXPECT_THAT(cluster.coordinator().Stderr(), HasSubstr("staging_removed path="));
   absl::StatusOr<std::vector<std::string>> entries = ListDir(cluster.dir());

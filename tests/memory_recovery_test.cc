@@ -134,22 +134,6 @@ TEST(MemoryRecoveryTest, AFileWhoseOnlyHolderDidNotComeBackIsRefusedNamingIt) {
   EXPECT_THAT(message, HasSubstr("restarted coordinator"));
 }
 
-// Transfer probes (tests/transfer_probe): rank `rank` of `world` of `job` on worker `worker`.
-Child* StartProbe(Cluster& cluster, int worker, const std::string& job, int rank, int world,
-                  const std::vector<std::string>& extra) {
-  std::vector<std::string> argv = {Runfile("tests/transfer_probe"),
-                                   "--worker",
-                                   "unix:" + cluster.worker_socket(worker),
-                                   "--job",
-                                   job,
-                                   "--rank",
-                                   absl::StrCat(rank),
-                                   "--world_size",
-                                   absl::StrCat(world)};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return cluster.Start(argv, absl::StrCat("probe-", job, "-", rank));
-}
-
 TEST(MemoryRecoveryTest, AVersionPublishedBeforeTheCoordinatorWasKilledIsReceivedAfterIt) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
@@ -159,7 +143,7 @@ TEST(MemoryRecoveryTest, AVersionPublishedBeforeTheCoordinatorWasKilledIsReceive
   std::vector<std::string> publish = {"--mode", "publish",    "--name", "policy", "--versions",
                                       "1",      "--step_dir", dir,      "--tp",   "1"};
   publish.insert(publish.end(), shape.begin(), shape.end());
-  Child* source = StartProbe(cluster, 0, "trainer", 0, 1, publish);
+  Child* source = StartTransferProbe(cluster, 0, "trainer", 0, 1, publish);
   ASSERT_TRUE(WaitFor([&] { return absl::StrContains(source->Stdout(), "durable 1 0 "); }))
       << source->Stdout() << ClusterLogs(cluster);
   ASSERT_TRUE(WaitFor([&] { return KeptRecord(cluster, 0, "policy.v1"); })) << ClusterLogs(cluster);
@@ -179,7 +163,7 @@ TEST(MemoryRecoveryTest, AVersionPublishedBeforeTheCoordinatorWasKilledIsReceive
     std::vector<std::string> receive = {"--mode", "receive",    "--name", "policy", "--receives",
                                         "1",      "--step_dir", dir,      "--tp",   "2"};
     receive.insert(receive.end(), shape.begin(), shape.end());
-    dest.push_back(StartProbe(cluster, 1 + r, "infer", r, 2, receive));
+    dest.push_back(StartTransferProbe(cluster, 1 + r, "infer", r, 2, receive));
   }
   WriteFile(dir + "/receive.1", "go\n");
   for (Child* d : dest) {

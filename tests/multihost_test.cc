@@ -359,28 +359,14 @@ TEST_F(MultiHostTest, TransferFromJobsOnTwoHostsIntoAJobOnTheThirdIsBitExact) {
   ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
   auto start_probe = [&](int worker, const std::string& job, int rank, int world, int tp,
                          std::vector<std::string> extra) {
-    std::vector<std::string> argv = {testing::Runfile("tests/transfer_probe"),
-                                     "--worker",
-                                     "unix:" + cluster_->worker_socket(worker),
-                                     "--job",
-                                     job,
-                                     "--rank",
-                                     absl::StrCat(rank),
-                                     "--world_size",
-                                     absl::StrCat(world),
-                                     "--tp",
-                                     absl::StrCat(tp),
-                                     "--global_rows",
-                                     "4",
-                                     "--elements",
-                                     "16384",
-                                     "--name",
-                                     "policy",
-                                     "--step_dir",
-                                     dir};
-    argv.insert(argv.end(), extra.begin(), extra.end());
+    for (const std::string& flag :
+         {std::string("--tp"), absl::StrCat(tp), std::string("--global_rows"), std::string("4"),
+          std::string("--elements"), std::string("16384"), std::string("--name"),
+          std::string("policy"), std::string("--step_dir"), dir}) {
+      extra.push_back(flag);
+    }
     cluster_->set_network_namespace(hosts_->netns(kHostOfWorker[worker]));
-    return cluster_->Start(argv, absl::StrCat("probe-", job, "-", rank));
+    return testing::StartTransferProbe(*cluster_, worker, job, rank, world, extra);
   };
   std::vector<Child*> source, dest;
   for (int r = 0; r < 4; ++r) {  // ranks 0, 1 on worker 0 (hostA); 2, 3 on worker 1 (hostB)

@@ -338,4 +338,19 @@ std::vector<Child*> RunRanksOn(Cluster& cluster, const std::vector<int>& workers
   return ranks;
 }
 
+Child* StartTransferProbe(Cluster& cluster, int worker, const std::string& job, int rank, int world,
+                          const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {Runfile("tests/transfer_probe"),
+                                   "--worker",
+                                   "unix:" + cluster.worker_socket(worker),
+                                   "--job",
+                                   job,
+                                   "--rank",
+                                   absl::StrCat(rank),
+                                   "--world_size",
+                                   absl::StrCat(world)};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return cluster.Start(argv, absl::StrCat("probe-", job, "-", rank));
+}
+
 }  // namespace ckpt::testing

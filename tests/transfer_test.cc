@@ -47,21 +47,6 @@ std::vector<std::string> Shape(int tp) {
   return {"--tp", absl::StrCat(tp), "--global_rows", "4", "--elements", "8192"};
 }
 
-Child* StartProbe(Cluster& cluster, int worker, const std::string& job, int rank, int world,
-                  const std::vector<std::string>& extra) {
-  std::vector<std::string> argv = {Runfile("tests/transfer_probe"),
-                                   "--worker",
-                                   "unix:" + cluster.worker_socket(worker),
-                                   "--job",
-                                   job,
-                                   "--rank",
-                                   absl::StrCat(rank),
-                                   "--world_size",
-                                   absl::StrCat(world)};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return cluster.Start(argv, absl::StrCat("probe-", job, "-", rank));
-}
-
 // The workers run the testonly daemon: its hooks (CKPT_TEST_SERVE_HOLD_DIR,
 // CKPT_TEST_CORRUPT_SENT_UNITS, worker/test_hooks_on.cc) stall or corrupt a serving worker.
 void StartWorkers(Cluster& cluster) {
@@ -81,7 +66,7 @@ Jobs StartJobs(Cluster& cluster, const std::string& name, const std::string& dir
                                       name,         "--versions", absl::StrCat(versions),
                                       "--step_dir", dir};
     for (const std::string& s : Shape(4)) extra.push_back(s);
-    jobs.source.push_back(StartProbe(cluster, r / 2, "trainer", r, 8, extra));
+    jobs.source.push_back(StartTransferProbe(cluster, r / 2, "trainer", r, 8, extra));
   }
   for (int r = 0; r < 6; ++r) {
     std::vector<std::string> extra = {
@@ -89,7 +74,7 @@ Jobs StartJobs(Cluster& cluster, const std::string& name, const std::string& dir
         "--step_dir", dir,       "--budget", "16384"};
     for (const std::string& s : Shape(2)) extra.push_back(s);
     extra.insert(extra.end(), receive_extra.begin(), receive_extra.end());
-    jobs.dest.push_back(StartProbe(cluster, kSourceWorkers + r / 2, "infer", r, 6, extra));
+    jobs.dest.push_back(StartTransferProbe(cluster, kSourceWorkers + r / 2, "infer", r, 6, extra));
   }
   return jobs;
 }
@@ -253,12 +238,12 @@ TEST(TransferTest, OperatorRequestedPublishAndReceiveRunAtTheJobsNextPoll) {
   for (int r = 0; r < 8; ++r) {
     std::vector<std::string> extra = {"--mode", "poll", "--fill_version", "1"};
     for (const std::string& s : Shape(4)) extra.push_back(s);
-    jobs.source.push_back(StartProbe(cluster, r / 2, "trainer", r, 8, extra));
+    jobs.source.push_back(StartTransferProbe(cluster, r / 2, "trainer", r, 8, extra));
   }
   for (int r = 0; r < 6; ++r) {
     std::vector<std::string> extra = {"--mode", "poll"};
     for (const std::string& s : Shape(2)) extra.push_back(s);
-    jobs.dest.push_back(StartProbe(cluster, kSourceWorkers + r / 2, "infer", r, 6, extra));
+    jobs.dest.push_back(StartTransferProbe(cluster, kSourceWorkers + r / 2, "infer", r, 6, extra));
   }
   // Every rank of both jobs is attached before the operator asks.
   ASSERT_TRUE(WaitFor([&] {
@@ -346,9 +331,9 @@ TEST(TransferTest, PublishingManyVersionsKeepsTheNewestKPerNameAndNeverEvictsAMe
   Touch(dir + "/publish.2");
   Touch(dir + "/publish.3");
   Child* source =
-      StartProbe(cluster, 0, "trainer", 0, 1,
-                 {"--mode", "publish", "--name", "policy", "--versions", "3", "--step_dir", dir,
-                  "--tp", "1", "--global_rows", "1", "--elements", "4096"});
+      StartTransferProbe(cluster, 0, "trainer", 0, 1,
+                         {"--mode", "publish", "--name", "policy", "--versions", "3", "--step_dir",
+                          dir, "--tp", "1", "--global_rows", "1", "--elements", "4096"});
   ASSERT_TRUE(WaitFor([&] { return absl::StrContains(source->Stdout(), "durable 3 "); }))
       << source->Stdout() << ClusterLogs(cluster);
   EXPECT_THAT(source->Stdout(), HasSubstr("durable 3 0 "));
