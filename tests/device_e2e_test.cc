@@ -30,19 +30,11 @@ constexpr int kLeaseMs = 1500;
 Child* StartDeviceTrainer(Cluster& cluster, int worker, const std::string& job, int rank, int world,
                           const std::string& mode, const std::string& path,
                           const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> argv = {Runfile("tests/device_trainer"),
-                                   "--worker",
-                                   "unix:" + cluster.worker_socket(worker),
-                                   "--job",
-                                   job,
-                                   "--rank",
-                                   std::to_string(rank),
-                                   "--world_size",
-                                   std::to_string(world),
-                                   "--mode",
-                                   mode,
-                                   "--path",
-                                   path};
+  std::vector<std::string> argv =
+      RankProgramArgs(cluster, "tests/device_trainer", worker, job, rank, world);
+  for (const std::string& a : {std::string("--mode"), mode, std::string("--path"), path}) {
+    argv.push_back(a);
+  }
   argv.insert(argv.end(), extra.begin(), extra.end());
   return cluster.Start(argv, absl::StrCat(job, "-r", rank));
 }

@@ -219,19 +219,12 @@ int Cluster::StartWorker(int local_rank, const std::vector<std::string>& flags) 
 Child* Cluster::StartTrainer(int worker_index, const std::string& job, int rank, int world_size,
                              const std::string& mode, const std::string& path,
                              const std::vector<std::string>& extra_args) {
-  std::vector<std::string> argv = {Runfile("tests/trainer_probe"),
-                                   "--worker",
-                                   "unix:" + worker_socket(worker_index),
-                                   "--job",
-                                   job,
-                                   "--rank",
-                                   absl::StrCat(rank),
-                                   "--world_size",
-                                   absl::StrCat(world_size),
-                                   "--mode",
-                                   mode,
-                                   "--path",
-                                   path.empty() ? dir_ + "/probe" : path};
+  std::vector<std::string> argv =
+      RankProgramArgs(*this, "tests/trainer_probe", worker_index, job, rank, world_size);
+  for (const std::string& a : {std::string("--mode"), mode, std::string("--path"),
+                               path.empty() ? dir_ + "/probe" : path}) {
+    argv.push_back(a);
+  }
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   return Spawn(argv, absl::StrCat("trainer-", job, "-", rank, "-", children_.size()));
 }
@@ -338,17 +331,23 @@ std::vector<Child*> RunRanksOn(Cluster& cluster, const std::vector<int>& workers
   return ranks;
 }
 
+std::vector<std::string> RankProgramArgs(const Cluster& cluster, const std::string& program,
+                                         int worker, const std::string& job, int rank, int world) {
+  return {Runfile(program),
+          "--worker",
+          "unix:" + cluster.worker_socket(worker),
+          "--job",
+          job,
+          "--rank",
+          absl::StrCat(rank),
+          "--world_size",
+          absl::StrCat(world)};
+}
+
 Child* StartTransferProbe(Cluster& cluster, int worker, const std::string& job, int rank, int world,
                           const std::vector<std::string>& extra) {
-  std::vector<std::string> argv = {Runfile("tests/transfer_probe"),
-                                   "--worker",
-                                   "unix:" + cluster.worker_socket(worker),
-                                   "--job",
-                                   job,
-                                   "--rank",
-                                   absl::StrCat(rank),
-                                   "--world_size",
-                                   absl::StrCat(world)};
+  std::vector<std::string> argv =
+      RankProgramArgs(cluster, "tests/transfer_probe", worker, job, rank, world);
   argv.insert(argv.end(), extra.begin(), extra.end());
   return cluster.Start(argv, absl::StrCat("probe-", job, "-", rank));
 }

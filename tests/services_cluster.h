@@ -155,6 +155,10 @@ std::vector<Child*> RunRanks(Cluster& cluster, const std::string& job, int world
 std::vector<Child*> RunRanksOn(Cluster& cluster, const std::vector<int>& workers,
                                const std::string& job, const std::string& mode,
                                const std::string& path, const std::vector<std::string>& extra);
+// The arguments every client program of the tests starts with: the program's runfile and
+// --worker (worker `worker`'s socket), --job, --rank, --world_size.
+std::vector<std::string> RankProgramArgs(const Cluster& cluster, const std::string& program,
+                                         int worker, const std::string& job, int rank, int world);
 // Starts a transfer probe (tests/transfer_probe; list it in the test's data): rank `rank` of
 // `world` of `job` on worker `worker`, with `extra` flags. Returns without waiting.
 Child* StartTransferProbe(Cluster& cluster, int worker, const std::string& job, int rank, int world,
