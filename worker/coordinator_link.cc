@@ -28,6 +28,20 @@ bool RefusesRegistration(const grpc::Status& s) {
          s.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
 }
 
+// Why the coordinator's answer to a Heartbeat ends a registration made under `incarnation`:
+// it refused the worker id, or it answered as another incarnation (it restarted). OK: the
+// registration holds (or the coordinator could not be asked).
+absl::Status HeartbeatEndsRegistration(const grpc::Status& s, const pb::HeartbeatResponse& response,
+                                       uint64_t incarnation) {
+  if (RefusesRegistration(s)) return FromGrpcStatus(s, "Heartbeat");
+  if (s.ok() && response.incarnation() != incarnation) {
+    return absl::UnavailableError(absl::StrCat("the coordinator answered as incarnation ",
+                                               Hex(response.incarnation()), ", registered with ",
+                                               Hex(incarnation)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 CoordinatorLink::CoordinatorLink(LinkOptions options) : options_(std::move(options)) {
@@ -146,18 +160,10 @@ bool CoordinatorLink::ConfirmRegistration(const std::string& worker_id) {
   request.set_worker_id(worker_id);
   pb::HeartbeatResponse response;
   grpc::Status s = stub_->Heartbeat(Context().get(), request, &response);
-  if (RefusesRegistration(s)) {
-    ForgetRegistration(worker_id, FromGrpcStatus(s, "Heartbeat"));
-    return false;
-  }
-  if (s.ok() && response.incarnation() != incarnation()) {
-    ForgetRegistration(
-        worker_id, absl::UnavailableError(absl::StrCat("the coordinator answered as incarnation ",
-                                                       Hex(response.incarnation()),
-                                                       ", registered with ", Hex(incarnation()))));
-    return false;
-  }
-  return true;
+  absl::Status ended = HeartbeatEndsRegistration(s, response, incarnation());
+  if (ended.ok()) return true;
+  ForgetRegistration(worker_id, ended);
+  return false;
 }
 
 bool CoordinatorLink::SleepUnlessStopped(absl::Duration d) {
@@ -238,25 +244,18 @@ void CoordinatorLink::SendHeartbeat(const std::string& id, absl::Duration lease)
   const absl::Time sent = absl::Now();
   grpc::Status s = stub_->Heartbeat(Context(std::min(options_.rpc_timeout, lease / 2)).get(),
                                     request, &response);
-  if (s.ok()) {
-    unsent_evictions_.clear();  // the catalog has them
-    uint64_t mine;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      mine = incarnation_;
-      if (worker_id_ == id && response.incarnation() == mine) renewed_ = sent;
-    }
-    if (response.incarnation() != mine) {
-      ForgetRegistration(id, absl::UnavailableError(absl::StrCat(
-                                 "the coordinator answered as incarnation ",
-                                 Hex(response.incarnation()), ", registered with ", Hex(mine))));
-    }
+  uint64_t mine;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    mine = incarnation_;
+    if (s.ok() && worker_id_ == id && response.incarnation() == mine) renewed_ = sent;
+  }
+  if (s.ok()) unsent_evictions_.clear();  // the catalog has them
+  if (absl::Status ended = HeartbeatEndsRegistration(s, response, mine); !ended.ok()) {
+    ForgetRegistration(id, ended);
     return;
   }
-  if (RefusesRegistration(s)) {
-    ForgetRegistration(id, FromGrpcStatus(s, "Heartbeat"));
-    return;
-  }
+  if (s.ok()) return;
   spdlog::warn("heartbeat_failed worker={} error=\"{}\"", id, s.error_message());
   std::lock_guard<std::mutex> lock(mu_);
   last_error_ = FromGrpcStatus(s, "Heartbeat").ToString();
