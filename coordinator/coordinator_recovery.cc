@@ -7,6 +7,7 @@
 // holder again. A file no worker reports stays without a holder: loads of it are refused
 // naming it, and a persistence of it fails naming it.
 #include "absl/strings/str_cat.h"
+#include "common/memory_path.h"
 #include "coordinator/coordinator_service.h"
 #include "spdlog/spdlog.h"
 
@@ -40,8 +41,18 @@ void CoordinatorService::StartRecoveredPersists(bool even_uncovered) {
   for (const std::string& name : memory_catalog_->TakeRecoveredPersists(even_uncovered)) {
     absl::StatusOr<MemoryCheckpoint> checkpoint = memory_catalog_->Find(name);
     if (!checkpoint.ok()) continue;
-    if (persist_ == nullptr) {
-      const std::string why = "the restarted coordinator does not persist";
+    // The target comes from a worker's report: it passes the checks a saving rank's
+    // persist_to passes (a directory under the checkpoint roots, resolved the same way).
+    absl::StatusOr<std::string> target = PersistTarget(
+        OperationKind::kSave, absl::StrCat(kMemoryPathPrefix, name), checkpoint->persist_to,
+        absl::StrCat("recovered persistence of mem://", name));
+    if (target.ok() && *target != checkpoint->persist_to) {
+      target = absl::InvalidArgumentError(absl::StrCat(
+          "recovered persistence of mem://", name, ": persist_to '", checkpoint->persist_to,
+          "' is not the resolved path '", *target, "' a save would have recorded"));
+    }
+    if (!target.ok()) {
+      const std::string why(target.status().message());
       (void)memory_catalog_->SetPersistState(name, PersistState::kFailed, why);
       spdlog::error("persist_failed checkpoint=mem://{} path={} error=\"{}\"", name,
                     checkpoint->persist_to, why);

@@ -4,10 +4,12 @@
 #include "coordinator/coordinator_service.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 
 #include <condition_variable>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -97,7 +99,9 @@ class RecordingSaveKind final : public OperationKindHandler {
 
 class CoordinatorServiceTest : public ::testing::Test {
  protected:
-  void StartServer(int64_t description_cache_bytes = int64_t{2} << 30) {
+  // `configure` runs on the service before it starts (e.g. to give it a memory catalog).
+  void StartServer(int64_t description_cache_bytes = int64_t{2} << 30,
+                   const std::function<void(CoordinatorService&)>& configure = nullptr) {
     CoordinatorOptions options;
     options.lease = absl::Seconds(30);
     options.description_cache_bytes = description_cache_bytes;
@@ -108,6 +112,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     checkpoint_path_ = roots->roots()[0] + "/ckpt/1";
     service_ = std::make_unique<CoordinatorService>(&clock_, options);
     service_->RegisterKind(OperationKind::kSave, &save_kind_);
+    if (configure) configure(*service_);
     service_->Start();
     grpc::ServerBuilder builder;
     int port = 0;
@@ -657,6 +662,45 @@ TEST_F(CoordinatorDigestTest, ARankWithAChangedLayoutSendsItInFullAndThePlanIsRe
   ASSERT_TRUE(JoinDescribed(w0, 0, Described(0, 2), true, &j).ok());
   EXPECT_EQ(j.operation().ranks_described_by_digest(), 2);
   EXPECT_EQ(save_kind_.planned_shards, 9);
+}
+
+// A restarted coordinator takes a persistence in flight from a worker's report; the target in
+// that report passes the checks a saving rank's persist_to passes. A report naming a directory
+// outside the checkpoint roots fails the persistence, naming it, and nothing is written there.
+TEST_F(CoordinatorServiceTest, ARecoveredPersistenceOutsideTheCheckpointRootsFailsNamingIt) {
+  MemoryCatalog catalog;
+  PersistDriver driver(&catalog, 2);
+  ASSERT_NO_FATAL_FAILURE(StartServer(int64_t{2} << 30, [&](CoordinatorService& service) {
+    service.set_memory_catalog(&catalog);
+    service.set_persist_driver(&driver);
+  }));
+  const std::string outside = "/var/tmp/ckpt-hostile-persist-target";
+  MemoryCheckpoint reported;
+  reported.name = "s";
+  reported.committed = absl::FromUnixMillis(1000);
+  reported.manifest.add_files()->set_name("data/r0_0.safetensors");
+  reported.persist_to = outside;
+  reported.persist_overwrite = true;
+  pb::RegisterWorkerRequest request;
+  request.mutable_info()->set_host("a");
+  request.mutable_info()->set_pid(7);
+  pb::HeldMemoryCheckpoint* held = request.add_memory_held();
+  held->set_name("s");
+  held->add_files("data/r0_0.safetensors");
+  held->set_complete(true);
+  held->set_pinned(true);
+  *held->mutable_record() = RecordOf(reported);
+  pb::RegisterWorkerResponse response;
+  ASSERT_TRUE(stub_->RegisterWorker(Ctx().get(), request, &response).ok());
+  pb::GetStatusResponse status;
+  ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
+  ASSERT_EQ(status.memory_checkpoints_size(), 1) << status.DebugString();
+  const std::string& persist = status.memory_checkpoints(0).persist();
+  EXPECT_THAT(persist, HasSubstr("failed")) << persist;
+  EXPECT_THAT(persist, HasSubstr(outside)) << persist;
+  EXPECT_THAT(persist, HasSubstr("checkpoint root")) << persist;
+  struct stat st;
+  EXPECT_NE(stat(outside.c_str(), &st), 0) << outside << " was created";
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/memory_path.h"
 
 namespace ckpt::coordinator {
 
@@ -251,6 +252,9 @@ std::string MemoryCatalog::AdoptLocked(const std::string& worker_id, const std::
     return absl::StrCat("memory_copy_not_adopted checkpoint=mem://", name, " worker=", worker_id,
                         " reason=\"", why, "\"");
   };
+  if (!MemoryCheckpointName(absl::StrCat(kMemoryPathPrefix, name)).ok()) {
+    return refuse("its name is not a valid memory checkpoint name");
+  }
   if (!held.complete()) return refuse("incomplete: its save never finished on this worker");
   if (!held.has_record()) {
     return refuse(

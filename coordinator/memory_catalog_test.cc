@@ -116,6 +116,21 @@ TEST(MemoryCatalogTest, CopiesWithoutARecordOrWithAnotherManifestAreNotAdopted) 
   EXPECT_EQ(catalog.Find("s")->holders.at("data/r0_0.safetensors").size(), 2u);  // no w-3
 }
 
+TEST(MemoryCatalogTest, ReportedCopiesUnderHostileNamesAreNotAdopted) {
+  MemoryCatalog catalog;  // a restarted coordinator: a worker's report is all it has
+  std::vector<pb::HeldMemoryCheckpoint> held;
+  for (const char* name : {"", "../../etc", "a/b", "x\ny", "mem://nested"}) {
+    held.push_back(Held(TwoFiles(name), {"data/r0_0.safetensors"}));
+  }
+  held.push_back(Held(TwoFiles(std::string(100000, 'n')), {"data/r0_0.safetensors"}));
+  std::vector<std::string> lines = catalog.Adopt("w-3", "c", Reports(held));
+  ASSERT_EQ(lines.size(), held.size());
+  for (size_t i = 0; i < held.size(); ++i) {
+    EXPECT_THAT(lines[i], HasSubstr("not a valid memory checkpoint name")) << i;
+    EXPECT_FALSE(catalog.Find(held[i].name()).ok()) << i;
+  }
+}
+
 TEST(MemoryCatalogTest, AWorkerDeclaredDeadThatRegistersAgainGetsItsCopiesBack) {
   MemoryCatalog catalog;
   ASSERT_TRUE(catalog.Claim("s", "op-1").ok());
