@@ -8,6 +8,7 @@
 // naming it, and a persistence of it fails naming it.
 #include "absl/strings/str_cat.h"
 #include "common/memory_path.h"
+#include "common/transfer_path.h"
 #include "coordinator/coordinator_service.h"
 #include "spdlog/spdlog.h"
 
@@ -22,6 +23,15 @@ void CoordinatorService::AdoptMemory(const std::string& worker_id, const std::st
   for (const pb::HeldMemoryCheckpoint& held : request.memory_held()) {
     const pb::MemoryCheckpointRecord& record = held.record();
     if (published_ == nullptr || record.published_version() <= 0) continue;
+    // A published name is what a receive's path names: one that path cannot carry is not taken.
+    absl::StatusOr<TransferPath> path =
+        ParseTransferPath(TransferPathString(record.published_name(), record.published_version()));
+    if (!path.ok() || path->name != record.published_name()) {
+      spdlog::warn("published_version_not_adopted name={} worker={} reason=\"{}\"",
+                   record.published_name(), worker_id,
+                   path.ok() ? "not a transfer name" : std::string(path.status().message()));
+      continue;
+    }
     absl::StatusOr<MemoryCheckpoint> checkpoint = memory_catalog_->Find(held.name());
     if (!checkpoint.ok() || checkpoint->published_name != record.published_name() ||
         checkpoint->published_version != record.published_version()) {

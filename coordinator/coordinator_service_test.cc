@@ -703,5 +703,40 @@ TEST_F(CoordinatorServiceTest, ARecoveredPersistenceOutsideTheCheckpointRootsFai
   EXPECT_NE(stat(outside.c_str(), &st), 0) << outside << " was created";
 }
 
+// A published version rebuilt from a worker's report carries a name a receive's path can name,
+// or it is not listed: "a@b" and "x/y" would stand for other paths or none.
+TEST_F(CoordinatorServiceTest, ReportedPublishedVersionsUnderHostileNamesAreNotListed) {
+  MemoryCatalog catalog;
+  PublishedRegistry published;
+  ASSERT_NO_FATAL_FAILURE(StartServer(int64_t{2} << 30, [&](CoordinatorService& service) {
+    service.set_memory_catalog(&catalog);
+    service.set_published_registry(&published);
+  }));
+  pb::RegisterWorkerRequest request;
+  request.mutable_info()->set_host("a");
+  request.mutable_info()->set_pid(7);
+  int n = 0;
+  for (const std::string& name :
+       std::vector<std::string>{"policy", "a@b", "x/y", std::string(100000, 'p')}) {
+    MemoryCheckpoint reported;
+    reported.name = absl::StrCat("held", n++);
+    reported.committed = absl::FromUnixMillis(1000);
+    reported.manifest.add_files()->set_name("data/r0_0.safetensors");
+    reported.published_name = name;
+    reported.published_version = 1;
+    pb::HeldMemoryCheckpoint* held = request.add_memory_held();
+    held->set_name(reported.name);
+    held->add_files("data/r0_0.safetensors");
+    held->set_complete(true);
+    *held->mutable_record() = RecordOf(reported);
+  }
+  pb::RegisterWorkerResponse response;
+  ASSERT_TRUE(stub_->RegisterWorker(Ctx().get(), request, &response).ok());
+  pb::GetStatusResponse status;
+  ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
+  ASSERT_EQ(status.published_size(), 1) << status.DebugString();
+  EXPECT_EQ(status.published(0).name(), "policy");
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator
