@@ -1,6 +1,6 @@
 """Per-rank bodies of the multi-process ckpt.torch tests (python/tests/torch_test.py): each
 runs in a process torch.multiprocessing spawned, over gloo on the CPU, the way torchrun would
-start it (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the environment)."""
+start it (RANK, WORLD_SIZE, LOCAL_RANK in the environment), meeting through a file rendezvous."""
 
 import os
 import traceback
@@ -27,10 +27,9 @@ class TinyModel(torch.nn.Module):
         return self.out(self.norm(torch.relu(self.hidden(self.embed(tokens)))))
 
 
-def setup(rank, world, port, job):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), CKPT_JOB=job)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def setup(rank, world, rendezvous, job):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), CKPT_JOB=job)
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)
     torch.manual_seed(0)
     model = TinyModel()
     mesh = init_device_mesh("cpu", (world,))
@@ -80,10 +79,10 @@ def fresh_state(model, optim):
     return sd
 
 
-def run(rank, world, port, job, phase, workdir):
+def run(rank, world, rendezvous, job, phase, workdir):
     """Runs `phase` on this rank; writes <workdir>/<phase>.r<rank>.err on failure."""
     try:
-        PHASES[phase](rank, world, port, job, workdir)
+        PHASES[phase](rank, world, rendezvous, job, workdir)
     except BaseException:
         with open(os.path.join(workdir, f"{phase}.r{rank}.err"), "w") as f:
             f.write(traceback.format_exc())
@@ -96,12 +95,12 @@ def run(rank, world, port, job, phase, workdir):
             dist.destroy_process_group()
 
 
-def phase_save(rank, world, port, job, workdir):
+def phase_save(rank, world, rendezvous, job, workdir):
     """Trains 3 steps on 4 ranks; saves with ckpt and with DCP; records the full values; then
     async_save and overwrite every tensor at once (the checkpoint must hold the old values)."""
     import ckpt.torch
 
-    model, optim = setup(rank, world, port, job)
+    model, optim = setup(rank, world, rendezvous, job)
     for step in range(3):
         train_step(model, optim, step)
     sd = state(model, optim, 3)
@@ -144,14 +143,14 @@ def _comparable(full_state):
     return full_state
 
 
-def phase_resume(rank, world, port, job, workdir):
+def phase_resume(rank, world, rendezvous, job, workdir):
     """Loads the 4-rank checkpoint on `world` ranks: every parameter and optimizer state,
     gathered, is bit-identical to the saved one; the async checkpoint holds the pre-overwrite
     values; DCP's checkpoint of the same state loads into the same values; training goes on."""
     import ckpt.torch
 
     reference = torch.load(os.path.join(workdir, "reference.pt"), weights_only=False)
-    model, optim = setup(rank, world, port, job)
+    model, optim = setup(rank, world, rendezvous, job)
     sd = fresh_state(model, optim)
     ckpt.torch.load(sd, checkpoint_id=os.path.join(workdir, "ckpt-step3"))
     _assert_same(full(sd), reference, "ckpt")

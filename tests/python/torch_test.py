@@ -4,7 +4,7 @@ checkpoint of the same state loads into the same values; async_save snapshots; b
 refused naming the key."""
 
 import os
-import socket
+import uuid
 
 import pytest
 import torch.multiprocessing as mp
@@ -15,15 +15,15 @@ import rank_threads  # beside this file
 import torch_ranks  # noqa: E402 (beside this file)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def fresh_rendezvous(workdir, phase):
+    """A file rendezvous no other spawn uses: a TCP port picked by binding port 0 can be taken
+    by a concurrent test before rank 0 listens on it (EADDRINUSE)."""
+    return f"file://{workdir}/{phase}.{uuid.uuid4().hex}.rendezvous"
 
 
 def spawn(phase, world, workdir, job):
     try:
-        mp.spawn(torch_ranks.run, args=(world, free_port(), job, phase, workdir), nprocs=world)
+        mp.spawn(torch_ranks.run, args=(world, fresh_rendezvous(workdir, phase), job, phase, workdir), nprocs=world)
     except Exception:
         errors = sorted(f for f in os.listdir(workdir) if f.startswith(phase) and
                         f.endswith(".err"))
