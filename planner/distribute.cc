@@ -1,7 +1,9 @@
 #include "planner/distribute.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -92,6 +94,83 @@ absl::Status ValidateDistributionInput(const DistributionInput& input) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The compact form's own structure: every range inside its array (built by code, not read
+// from users, but checked so that no input can make the planner read out of bounds).
+absl::Status CheckCompactStructure(const CompactDistributionInput& input) {
+  const auto& starts = input.list_start;
+  if (starts.empty() || starts.front() != 0 ||
+      starts.back() > static_cast<int64_t>(input.holders.size()) ||
+      !std::is_sorted(starts.begin(), starts.end())) {
+    return absl::InvalidArgumentError("malformed compact input: holder list ranges");
+  }
+  const int64_t num_lists = static_cast<int64_t>(starts.size()) - 1;
+  const int64_t num_offsets = static_cast<int64_t>(input.offsets.size());
+  for (size_t i = 0; i < input.shards.size(); ++i) {
+    const CompactDistributionInput::Shard& s = input.shards[i];
+    if (s.key < 0 || static_cast<size_t>(s.key) >= input.keys.size() || s.num_offsets < 0 ||
+        s.offsets_start < 0 || s.offsets_start > num_offsets - s.num_offsets || s.flat < -1 ||
+        (s.flat >= 0 && static_cast<size_t>(s.flat) >= input.flats.size()) || s.holder_list < 0 ||
+        s.holder_list >= num_lists) {
+      return absl::InvalidArgumentError(absl::StrCat("malformed compact input: shard ", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateDistributionInput(const CompactDistributionInput& input) {
+  if (input.num_ranks < 0 || input.num_ranks > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("num_ranks ", input.num_ranks,
+                                                   " is outside [0, ", kMaxWorldSize,
+                                                   "] (the limit on ranks)"));
+  }
+  if (input.shards.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return absl::InvalidArgumentError("too many shards (at most 2^31 - 1)");
+  }
+  CKPT_RETURN_IF_ERROR(CheckCompactStructure(input));
+  // Per list: 0 not looked at yet, 1 has a holder in [0, num_ranks), 2 has none.
+  std::vector<uint8_t> list_state(input.list_start.size() - 1, 0);
+  int64_t total_bytes = 0;
+  for (size_t i = 0; i < input.shards.size(); ++i) {
+    const CompactDistributionInput::Shard& s = input.shards[i];
+    const auto id = [&] { return input.IdOf(static_cast<int32_t>(i)).DebugString(); };
+    if (s.size_bytes == CompactDistributionInput::kNoSize) {
+      return absl::InvalidArgumentError(absl::StrCat("shard ", id(), " has no size"));
+    }
+    if (s.size_bytes < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard ", id(), " has negative size ", s.size_bytes));
+    }
+    if (s.size_bytes > std::numeric_limits<int64_t>::max() - total_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard ", id(), " of ", s.size_bytes,
+                       " bytes brings the total of all shard sizes past 2^63 - 1 bytes"));
+    }
+    total_bytes += s.size_bytes;
+    const int64_t begin = input.list_start[s.holder_list];
+    const int64_t count = input.list_start[s.holder_list + 1] - begin;
+    if (count >= (int64_t{1} << 31)) {
+      return absl::InvalidArgumentError(absl::StrCat("shard ", id(), " has too many holders"));
+    }
+    uint8_t& state = list_state[s.holder_list];
+    if (state == 0) {
+      const int32_t* h = input.holders.data() + begin;
+      state = std::any_of(h, h + count, [&](int32_t r) { return r >= 0 && r < input.num_ranks; })
+                  ? 1
+                  : 2;
+    }
+    if (state == 2) {
+      return absl::InvalidArgumentError(absl::StrCat("shard ", id(), " has no holder in [0, ",
+                                                     input.num_ranks, ") (holders given: ", count,
+                                                     ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckDistinctIds(const DistributionInput& input) {
   absl::flat_hash_set<const PieceId*, PieceIdPtrHash, PieceIdPtrEq> seen;
   seen.reserve(input.shards.size());
@@ -110,182 +189,205 @@ namespace {
 constexpr size_t kScanThreshold = 24;
 constexpr int64_t kMinShardsForHeap = 4;
 
-// Sort key of one shard: Python's key with the shard id replaced by its rank in id order.
-struct VisitKey {
-  uint64_t num_holders;
-  int64_t neg_size;
-  int32_t id_rank;
-  int32_t shard;
-  int32_t key_ordinal;
-  int32_t holder_list;
-  uint8_t cross;
+using Shard = CompactDistributionInput::Shard;
+
+// Shard ids of the compact form, compared as Python compares them.
+class CompactIds {
+ public:
+  explicit CompactIds(const CompactDistributionInput& input) : input_(input) {}
+
+  absl::Span<const int64_t> Offsets(const Shard& s) const {
+    return absl::Span<const int64_t>(input_.offsets.data() + s.offsets_start,
+                                     static_cast<size_t>(s.num_offsets));
+  }
+
+  // Python's order of ids that share a key: offsets (shorter prefix first), then None before
+  // any range, then (start, stop). Ties broken by index so repeated ids end up adjacent.
+  bool SameKeyLess(int32_t a, int32_t b) const {
+    const Shard& x = input_.shards[a];
+    const Shard& y = input_.shards[b];
+    const absl::Span<const int64_t> xo = Offsets(x), yo = Offsets(y);
+    const size_t n = std::min(xo.size(), yo.size());
+    for (size_t i = 0; i < n; ++i) {
+      if (xo[i] != yo[i]) return xo[i] < yo[i];
+    }
+    if (xo.size() != yo.size()) return xo.size() < yo.size();
+    if ((x.flat >= 0) != (y.flat >= 0)) return x.flat < 0;
+    if (x.flat >= 0) {
+      const FlatRange& fx = input_.flats[x.flat];
+      const FlatRange& fy = input_.flats[y.flat];
+      if (fx.start != fy.start) return fx.start < fy.start;
+      if (fx.stop != fy.stop) return fx.stop < fy.stop;
+    }
+    return a < b;
+  }
+
+  // Equal ids, given equal keys.
+  bool SameKeyEqual(int32_t a, int32_t b) const {
+    const Shard& x = input_.shards[a];
+    const Shard& y = input_.shards[b];
+    if ((x.flat >= 0) != (y.flat >= 0) || Offsets(x) != Offsets(y)) return false;
+    return x.flat < 0 || input_.flats[x.flat] == input_.flats[y.flat];
+  }
+
+  // Python's TypeError, given equal keys: equal offsets, and a range against None.
+  bool SameKeyIncomparable(int32_t a, int32_t b) const {
+    const Shard& x = input_.shards[a];
+    const Shard& y = input_.shards[b];
+    return (x.flat >= 0) != (y.flat >= 0) && Offsets(x) == Offsets(y);
+  }
+
+ private:
+  const CompactDistributionInput& input_;
 };
 
-// Python's order of ids that share a key: offsets (shorter prefix first), then None before
-// any range, then (start, stop). Ties broken by index so duplicates end up adjacent.
-bool SameKeyIdLess(const PieceId& x, int32_t xi, const PieceId& y, int32_t yi) {
-  const size_t n = std::min(x.offsets.size(), y.offsets.size());
-  for (size_t i = 0; i < n; ++i) {
-    if (x.offsets[i] != y.offsets[i]) return x.offsets[i] < y.offsets[i];
-  }
-  if (x.offsets.size() != y.offsets.size()) return x.offsets.size() < y.offsets.size();
-  if (x.flat.has_value() != y.flat.has_value()) return !x.flat.has_value();
-  if (x.flat && x.flat->start != y.flat->start) return x.flat->start < y.flat->start;
-  if (x.flat && x.flat->stop != y.flat->stop) return x.flat->stop < y.flat->stop;
-  return xi < yi;
-}
-
-// Sorts 128-bit keys: LSD radix over the 16-bit digits that differ between keys (usually 4-6
-// of 8), falling back to std::sort for small inputs.
-void SortPacked(std::vector<unsigned __int128>& keys) {
-  using Packed = unsigned __int128;
-  if (keys.size() < 4096) {
-    std::sort(keys.begin(), keys.end());
-    return;
-  }
-  Packed any = 0, all = ~Packed{0};
-  for (const Packed& k : keys) {
-    any |= k;
-    all &= k;
-  }
-  const Packed varying = any ^ all;
-  std::vector<Packed> scratch(keys.size());
-  std::vector<uint32_t> start(1 << 16);
-  for (int shift = 0; shift < 128; shift += 16) {
-    if (((varying >> shift) & 0xFFFF) == 0) continue;
-    std::fill(start.begin(), start.end(), 0);
-    for (const Packed& k : keys) ++start[static_cast<uint32_t>(k >> shift) & 0xFFFF];
-    uint32_t sum = 0;
-    for (uint32_t& c : start) sum += std::exchange(c, sum);
-    for (const Packed& k : keys) scratch[start[static_cast<uint32_t>(k >> shift) & 0xFFFF]++] = k;
-    keys.swap(scratch);
-  }
-}
-
-// Each shard's key as an integer: key_of_shard[i] indexes the distinct keys in first-seen order
-// and ordinal[k] is key k's position in sorted order, so the sorts compare integers instead of
-// strings.
-struct KeyRanks {
-  std::vector<int32_t> key_of_shard;
-  std::vector<int32_t> ordinal;
-};
-
-KeyRanks RankKeys(const std::vector<DistributablePiece>& shards) {
-  const int32_t num_shards = static_cast<int32_t>(shards.size());
-  KeyRanks ranks;
-  absl::flat_hash_map<std::string_view, int32_t> key_index;
-  std::vector<std::string_view> keys;
-  ranks.key_of_shard.resize(num_shards);
-  for (int32_t i = 0; i < num_shards; ++i) {
-    auto [it, inserted] =
-        key_index.try_emplace(shards[i].id.key, static_cast<int32_t>(keys.size()));
-    if (inserted) keys.push_back(shards[i].id.key);
-    ranks.key_of_shard[i] = it->second;
-  }
-  key_index.clear();
+// ordinal[k]: the position of keys[k] among the distinct key strings in byte order (equal
+// strings get equal ordinals), so the sorts compare integers instead of strings.
+std::vector<int32_t> KeyOrdinals(const std::vector<std::string_view>& keys) {
   const int32_t num_keys = static_cast<int32_t>(keys.size());
   std::vector<int32_t> by_key(num_keys);
   for (int32_t i = 0; i < num_keys; ++i) by_key[i] = i;
   // std::string_view compares as unsigned char: UTF-8 byte order = code point order.
   std::sort(by_key.begin(), by_key.end(), [&](int32_t a, int32_t b) { return keys[a] < keys[b]; });
-  ranks.ordinal.resize(num_keys);
-  for (int32_t i = 0; i < num_keys; ++i) ranks.ordinal[by_key[i]] = i;
-  return ranks;
+  std::vector<int32_t> ordinal(num_keys);
+  int32_t next = -1;
+  for (int32_t i = 0; i < num_keys; ++i) {
+    if (i == 0 || keys[by_key[i]] != keys[by_key[i - 1]]) ++next;
+    ordinal[by_key[i]] = next;
+  }
+  return ordinal;
 }
 
-// The shards in id order: bucketed by key ordinal (counting sort), then each bucket sorted.
-// Fails on the lowest-index shard whose id occurred at a lower index.
-absl::StatusOr<std::vector<int32_t>> IdOrder(const std::vector<DistributablePiece>& shards,
-                                             const KeyRanks& ranks) {
+// The shards in id order: bucketed by key ordinal (counting sort), then each bucket sorted
+// unless it already is (ids usually come in order within a key). Fails on the lowest-index
+// shard whose id occurred at a lower index.
+absl::StatusOr<std::vector<int32_t>> IdOrder(const CompactDistributionInput& input,
+                                             const std::vector<int32_t>& ordinal) {
+  const auto& shards = input.shards;
   const int32_t num_shards = static_cast<int32_t>(shards.size());
-  const int32_t num_keys = static_cast<int32_t>(ranks.ordinal.size());
-  std::vector<int32_t> bucket_start(num_keys + 1, 0);
-  for (int32_t i = 0; i < num_shards; ++i) ++bucket_start[ranks.ordinal[ranks.key_of_shard[i]] + 1];
-  for (int32_t k = 0; k < num_keys; ++k) bucket_start[k + 1] += bucket_start[k];
+  const int32_t num_buckets = static_cast<int32_t>(ordinal.size());
+  std::vector<int32_t> bucket_start(num_buckets + 1, 0);
+  for (const Shard& s : shards) ++bucket_start[ordinal[s.key] + 1];
+  for (int32_t k = 0; k < num_buckets; ++k) bucket_start[k + 1] += bucket_start[k];
   std::vector<int32_t> by_id(num_shards);
   {
     std::vector<int32_t> next(bucket_start.begin(), bucket_start.end() - 1);
-    for (int32_t i = 0; i < num_shards; ++i)
-      by_id[next[ranks.ordinal[ranks.key_of_shard[i]]]++] = i;
+    for (int32_t i = 0; i < num_shards; ++i) by_id[next[ordinal[shards[i].key]]++] = i;
   }
+  const CompactIds ids(input);
+  const auto less = [&](int32_t a, int32_t b) { return ids.SameKeyLess(a, b); };
   int32_t repeated = -1;  // lowest index whose id occurred at a lower index
-  for (int32_t k = 0; k < num_keys; ++k) {
+  for (int32_t k = 0; k < num_buckets; ++k) {
     auto begin = by_id.begin() + bucket_start[k], end = by_id.begin() + bucket_start[k + 1];
-    if (end - begin > 1) {
-      std::sort(begin, end, [&](int32_t a, int32_t b) {
-        return SameKeyIdLess(shards[a].id, a, shards[b].id, b);
-      });
-      for (auto it = begin + 1; it != end; ++it) {
-        if (shards[*(it - 1)].id == shards[*it].id && (repeated < 0 || *it < repeated)) {
-          repeated = *it;
-        }
-      }
+    if (end - begin < 2) continue;
+    if (!std::is_sorted(begin, end, less)) std::sort(begin, end, less);
+    for (auto it = begin + 1; it != end; ++it) {
+      if (ids.SameKeyEqual(*(it - 1), *it) && (repeated < 0 || *it < repeated)) repeated = *it;
     }
   }
-  if (repeated >= 0) return internal::RepeatedShardError(shards[repeated].id);
+  if (repeated >= 0) return internal::RepeatedShardError(input.IdOf(repeated));
   return by_id;
 }
 
-// The visiting order: (cross, len(holders), -size, id rank) packed into one 128-bit integer so
-// the big sort moves and compares 16-byte keys: [cross:1][holders:31][size key:64][id rank:32],
-// where the size key INT64_MAX - size grows as the size shrinks.
-std::vector<VisitKey> SortByVisit(const DistributionInput& input, const std::vector<int32_t>& by_id,
-                                  const KeyRanks& ranks) {
-  const auto& shards = input.shards;
-  const int32_t num_shards = static_cast<int32_t>(shards.size());
-  using Packed = unsigned __int128;
-  std::vector<Packed> packed(num_shards);
-  for (int32_t r = 0; r < num_shards; ++r) {
-    const DistributablePiece& s = shards[by_id[r]];
-    const uint64_t hi = (uint64_t{s.cross_group} << 63) |
-                        (uint64_t{input.holder_lists[s.holder_list].size()} << 32);
-    const uint64_t size_key =
-        static_cast<uint64_t>(std::numeric_limits<int64_t>::max() - *s.size_bytes);
-    packed[r] = (Packed{hi} << 64 | Packed{size_key} << 32) + static_cast<uint32_t>(r);
-  }
-  SortPacked(packed);
-  std::vector<VisitKey> order(num_shards);
-  for (int32_t v = 0; v < num_shards; ++v) {
-    const int32_t i = by_id[static_cast<uint32_t>(packed[v])];
-    const DistributablePiece& s = shards[i];
-    order[v] = VisitKey{input.holder_lists[s.holder_list].size(),
-                        -*s.size_bytes,
-                        static_cast<int32_t>(static_cast<uint32_t>(packed[v])),
-                        i,
-                        ranks.ordinal[ranks.key_of_shard[i]],
-                        s.holder_list,
-                        static_cast<uint8_t>(s.cross_group ? 1 : 0)};
-  }
-  return order;
+// One shard's place in the visiting order: (cross, len(holders)) as `group` and the size as
+// INT64_MAX - size (which grows as the size shrinks); ties keep id order.
+struct VisitItem {
+  uint64_t size_key;
+  uint32_t group;
+  int32_t shard;
+};
+
+// One stable counting-sort pass of `items` into `scratch` by an 11-bit digit.
+template <typename Digit>
+void RadixPass(std::vector<VisitItem>& items, std::vector<VisitItem>& scratch, Digit digit) {
+  constexpr uint32_t kBuckets = 1 << 11;
+  uint32_t start[kBuckets] = {};
+  for (const VisitItem& item : items) ++start[digit(item)];
+  uint32_t sum = 0;
+  for (uint32_t& c : start) sum += std::exchange(c, sum);
+  for (const VisitItem& item : items) scratch[start[digit(item)]++] = item;
+  items.swap(scratch);
 }
 
-// Python's TypeError: a None/range pair tying on the earlier fields ends up adjacent (None
-// sorts first) and cannot be compared.
-absl::Status CheckComparable(const std::vector<DistributablePiece>& shards,
-                             const std::vector<VisitKey>& order) {
-  for (size_t i = 1; i < order.size(); ++i) {
-    const VisitKey& a = order[i - 1];
-    const VisitKey& b = order[i];
-    if (a.key_ordinal == b.key_ordinal && a.cross == b.cross && a.num_holders == b.num_holders &&
-        a.neg_size == b.neg_size) {
-      bool incomparable = false;
-      ComparePieceIds(shards[a.shard].id, shards[b.shard].id, &incomparable);
-      if (incomparable) {
-        return internal::IncomparableShardsError(shards[a.shard].id, shards[b.shard].id);
-      }
-    }
+// Stable LSD radix sort by (group, size_key), over the 11-bit digits in which keys differ
+// (usually 2-4 passes); std::stable_sort for small inputs.
+void SortVisitItems(std::vector<VisitItem>& items) {
+  if (items.size() < 2048) {
+    std::stable_sort(items.begin(), items.end(), [](const VisitItem& a, const VisitItem& b) {
+      return a.group != b.group ? a.group < b.group : a.size_key < b.size_key;
+    });
+    return;
   }
-  return absl::OkStatus();
+  uint64_t any_size = 0, all_size = ~uint64_t{0};
+  uint32_t any_group = 0, all_group = ~uint32_t{0};
+  for (const VisitItem& item : items) {
+    any_size |= item.size_key;
+    all_size &= item.size_key;
+    any_group |= item.group;
+    all_group &= item.group;
+  }
+  std::vector<VisitItem> scratch(items.size());
+  constexpr uint64_t kMask = (1 << 11) - 1;
+  for (uint64_t varying = any_size ^ all_size; varying != 0;) {
+    const int shift = __builtin_ctzll(varying);
+    RadixPass(items, scratch,
+              [shift](const VisitItem& v) { return (v.size_key >> shift) & kMask; });
+    varying = shift + 11 >= 64 ? 0 : varying & ~((uint64_t{1} << (shift + 11)) - 1);
+  }
+  for (uint64_t varying = any_group ^ all_group; varying != 0;) {
+    const int shift = __builtin_ctzll(varying);
+    RadixPass(items, scratch, [shift](const VisitItem& v) { return (v.group >> shift) & kMask; });
+    varying = shift + 11 >= 64 ? 0 : varying & ~((uint64_t{1} << (shift + 11)) - 1);
+  }
 }
 
-// Visiting order with duplicate-id and Python TypeError detection. Returns the sort keys in
-// visiting order.
-absl::StatusOr<std::vector<VisitKey>> VisitingOrder(const DistributionInput& input) {
-  const KeyRanks ranks = RankKeys(input.shards);
-  CKPT_ASSIGN_OR_RETURN(std::vector<int32_t> by_id, IdOrder(input.shards, ranks));
-  std::vector<VisitKey> order = SortByVisit(input, by_id, ranks);
-  CKPT_RETURN_IF_ERROR(CheckComparable(input.shards, order));
-  return order;
+// The holder lists of the compact form.
+class FlatHolderLists {
+ public:
+  explicit FlatHolderLists(const CompactDistributionInput& input) : input_(input) {}
+  size_t size() const { return input_.list_start.size() - 1; }
+  absl::Span<const int32_t> operator[](int32_t l) const {
+    const int64_t begin = input_.list_start[l];
+    return absl::Span<const int32_t>(input_.holders.data() + begin,
+                                     static_cast<size_t>(input_.list_start[l + 1] - begin));
+  }
+
+ private:
+  const CompactDistributionInput& input_;
+};
+
+// The holder lists of a DistributionInput, read where they are (large per-shard lists are
+// not copied).
+class VectorHolderLists {
+ public:
+  explicit VectorHolderLists(const std::vector<std::vector<int64_t>>& lists) : lists_(lists) {}
+  size_t size() const { return lists_.size(); }
+  absl::Span<const int64_t> operator[](int32_t l) const { return lists_[l]; }
+
+ private:
+  const std::vector<std::vector<int64_t>>& lists_;
+};
+
+// The visiting order: (cross, len(holders), -size, id), sorted stably from id order.
+template <typename Lists>
+std::vector<VisitItem> VisitOrder(const CompactDistributionInput& input, const Lists& lists,
+                                  const std::vector<int32_t>& by_id) {
+  // group = cross above the bits that len(holders) needs (validated < 2^31).
+  int64_t max_holders = 0;
+  for (const Shard& s : input.shards) {
+    max_holders = std::max(max_holders, static_cast<int64_t>(lists[s.holder_list].size()));
+  }
+  const int cross_shift = 64 - __builtin_clzll(static_cast<uint64_t>(max_holders) | 1);
+  std::vector<VisitItem> items(by_id.size());
+  for (size_t r = 0; r < by_id.size(); ++r) {
+    const Shard& s = input.shards[by_id[r]];
+    const uint32_t group = (uint32_t{s.cross_group} << cross_shift) |
+                           static_cast<uint32_t>(lists[s.holder_list].size());
+    items[r] = VisitItem{static_cast<uint64_t>(std::numeric_limits<int64_t>::max() - s.size_bytes),
+                         group, by_id[r]};
+  }
+  SortVisitItems(items);
+  return items;
 }
 
 // Loads of all ranks plus lazily-invalidated min-heaps of (load, rank), one per large holder
@@ -295,15 +397,15 @@ class LoadTracker {
  public:
   explicit LoadTracker(int64_t num_ranks) : load_(num_ranks, 0) {}
 
-  int64_t load(int32_t rank) const { return load_[rank]; }
   void Add(int32_t rank, int64_t bytes) { load_[rank] += bytes; }
 
   // Smallest (load, rank) among the valid ranks of `holders` by scanning.
-  int32_t ScanMin(absl::Span<const int64_t> holders) const {
+  template <typename Rank>
+  int32_t ScanMin(absl::Span<const Rank> holders) const {
     int32_t best = -1;
-    const int64_t n = static_cast<int64_t>(load_.size());
-    for (int64_t r : holders) {
-      if (r < 0 || r >= n) continue;
+    const uint64_t n = load_.size();
+    for (const Rank r : holders) {
+      if (static_cast<uint64_t>(r) >= n) continue;  // also negative ranks
       const int32_t rank = static_cast<int32_t>(r);
       if (best < 0 || load_[rank] < load_[best] || (load_[rank] == load_[best] && rank < best)) {
         best = rank;
@@ -342,80 +444,181 @@ struct VectorHash {
   }
 };
 
-}  // namespace
+// Large holder lists grouped by their canonical set (sorted distinct valid ranks): the
+// minimum of (load, rank) depends on nothing else. set_of_list[l] is kScan for lists scanned
+// per shard (small, or whose set too few shards share).
+struct HolderSets {
+  static constexpr int32_t kScan = -1;
+  std::vector<int32_t> set_of_list;
+  std::vector<std::vector<int32_t>> members;
+  std::vector<int64_t> uses;  // shards left to visit per set
+};
 
-absl::StatusOr<std::vector<ShardAssignment>> DistributeShardsToRanks(
-    const DistributionInput& input) {
-  CKPT_RETURN_IF_ERROR(internal::ValidateDistributionInput(input));
-  CKPT_ASSIGN_OR_RETURN(std::vector<VisitKey> order, VisitingOrder(input));
-
-  // Group large holder lists by their canonical set (sorted distinct valid ranks): the minimum
-  // of (load, rank) depends on nothing else.
-  constexpr int32_t kScan = -1;
-  std::vector<int32_t> set_of_list(input.holder_lists.size(), kScan);
-  std::vector<int64_t> uses_of_list(input.holder_lists.size(), 0);
-  for (const DistributablePiece& s : input.shards) ++uses_of_list[s.holder_list];
-  std::vector<std::vector<int32_t>> set_members;
-  std::vector<int64_t> set_uses;
+template <typename Lists>
+HolderSets GroupHolderSets(const CompactDistributionInput& input, const Lists& lists) {
+  const size_t num_lists = lists.size();
+  HolderSets sets;
+  sets.set_of_list.assign(num_lists, HolderSets::kScan);
+  std::vector<int64_t> uses_of_list(num_lists, 0);
+  for (const Shard& s : input.shards) {
+    if (lists[s.holder_list].size() > kScanThreshold) ++uses_of_list[s.holder_list];
+  }
   absl::flat_hash_map<std::vector<int32_t>, int32_t, VectorHash> set_index;
-  for (size_t l = 0; l < input.holder_lists.size(); ++l) {
-    const auto& holders = input.holder_lists[l];
-    if (uses_of_list[l] == 0 || holders.size() <= kScanThreshold) continue;
+  for (size_t l = 0; l < num_lists; ++l) {
+    if (uses_of_list[l] == 0) continue;
     std::vector<int32_t> members;
-    members.reserve(holders.size());
-    for (int64_t r : holders) {
+    members.reserve(lists[static_cast<int32_t>(l)].size());
+    for (const auto r : lists[static_cast<int32_t>(l)]) {
       if (r >= 0 && r < input.num_ranks) members.push_back(static_cast<int32_t>(r));
     }
     // Lists gathered in rank order are already sorted; only sort the others.
     if (!std::is_sorted(members.begin(), members.end())) std::sort(members.begin(), members.end());
     members.erase(std::unique(members.begin(), members.end()), members.end());
     if (members.size() <= kScanThreshold) continue;
-    auto [it, inserted] = set_index.try_emplace(members, static_cast<int32_t>(set_members.size()));
+    auto [it, inserted] = set_index.try_emplace(members, static_cast<int32_t>(sets.members.size()));
     if (inserted) {
-      set_members.push_back(std::move(members));
-      set_uses.push_back(0);
+      sets.members.push_back(std::move(members));
+      sets.uses.push_back(0);
     }
-    set_of_list[l] = it->second;
-    set_uses[it->second] += uses_of_list[l];
+    sets.set_of_list[l] = it->second;
+    sets.uses[it->second] += uses_of_list[l];
   }
-  set_index.clear();
-  for (size_t l = 0; l < set_of_list.size(); ++l) {
+  for (int32_t& set : sets.set_of_list) {
     // A heap pays off only when several shards share the set; otherwise scan the list.
-    if (set_of_list[l] != kScan && set_uses[set_of_list[l]] < kMinShardsForHeap) {
-      set_of_list[l] = kScan;
-    }
+    if (set != HolderSets::kScan && sets.uses[set] < kMinShardsForHeap) set = HolderSets::kScan;
   }
+  return sets;
+}
 
+// Megatron's greedy pass over the visiting order. Also reports Python's TypeError: a
+// None/range pair tying on the earlier fields ends up adjacent (None sorts first).
+template <typename Lists>
+absl::StatusOr<std::vector<ShardAssignment>> AssignInOrder(const CompactDistributionInput& input,
+                                                           const Lists& lists,
+                                                           const std::vector<VisitItem>& order,
+                                                           const std::vector<int32_t>& ordinal) {
+  HolderSets sets = GroupHolderSets(input, lists);
   LoadTracker loads(input.num_ranks);
-  std::vector<std::vector<LoadTracker::Entry>> heaps(set_members.size());
-  std::vector<ShardAssignment> result;
-  result.reserve(order.size());
+  std::vector<std::vector<LoadTracker::Entry>> heaps(sets.members.size());
+  const CompactIds ids(input);
+  std::vector<ShardAssignment> result(order.size());
   const size_t n = order.size();
   constexpr size_t kPrefetch = 8;
   for (size_t i = 0; i < n; ++i) {
-    // Visiting order jumps around memory: fetch holder lists ahead of use.
-    if (i + 2 * kPrefetch < n)
-      __builtin_prefetch(&input.holder_lists[order[i + 2 * kPrefetch].holder_list]);
-    if (i + kPrefetch < n)
-      __builtin_prefetch(input.holder_lists[order[i + kPrefetch].holder_list].data());
-    const VisitKey& v = order[i];
-    const int32_t set = set_of_list[v.holder_list];
-    int32_t rank;
-    if (set == kScan) {
-      rank = loads.ScanMin(input.holder_lists[v.holder_list]);
-    } else {
-      auto& heap = heaps[set];
-      if (heap.empty()) heap = LoadTracker::MakeHeap(set_members[set], loads);
-      rank = loads.HeapMin(heap);
-      if (--set_uses[set] == 0) {  // last shard of this set: free its heap
-        std::vector<LoadTracker::Entry>().swap(heap);
-        std::vector<int32_t>().swap(set_members[set]);
+    // Visiting order jumps around memory: fetch shards and holder lists ahead of use.
+    if (i + 2 * kPrefetch < n) __builtin_prefetch(&input.shards[order[i + 2 * kPrefetch].shard]);
+    if (i + kPrefetch < n) {
+      const Shard& ahead = input.shards[order[i + kPrefetch].shard];
+      __builtin_prefetch(lists[ahead.holder_list].data());
+    }
+    const VisitItem& v = order[i];
+    const Shard& s = input.shards[v.shard];
+    if (i > 0 && order[i - 1].group == v.group && order[i - 1].size_key == v.size_key) {
+      const int32_t prev = order[i - 1].shard;
+      if (ordinal[input.shards[prev].key] == ordinal[s.key] &&
+          ids.SameKeyIncomparable(prev, v.shard)) {
+        return internal::IncomparableShardsError(input.IdOf(prev), input.IdOf(v.shard));
       }
     }
-    loads.Add(rank, -v.neg_size);
-    result.push_back(ShardAssignment{v.shard, rank});
+    const int32_t set = sets.set_of_list[s.holder_list];
+    int32_t rank;
+    if (set == HolderSets::kScan) {
+      rank = loads.ScanMin(lists[s.holder_list]);
+    } else {
+      auto& heap = heaps[set];
+      if (heap.empty()) heap = LoadTracker::MakeHeap(sets.members[set], loads);
+      rank = loads.HeapMin(heap);
+      if (--sets.uses[set] == 0) {  // last shard of this set: free its heap
+        std::vector<LoadTracker::Entry>().swap(heap);
+        std::vector<int32_t>().swap(sets.members[set]);
+      }
+    }
+    loads.Add(rank, s.size_bytes);
+    result[i] = ShardAssignment{v.shard, rank};
   }
   return result;
+}
+
+// The distribution of a validated input: `input`'s shards over `lists`.
+template <typename Lists>
+absl::StatusOr<std::vector<ShardAssignment>> DistributeValidated(
+    const CompactDistributionInput& input, const Lists& lists) {
+  const std::vector<int32_t> ordinal = KeyOrdinals(input.keys);
+  CKPT_ASSIGN_OR_RETURN(std::vector<int32_t> by_id, IdOrder(input, ordinal));
+  const std::vector<VisitItem> order = VisitOrder(input, lists, by_id);
+  std::vector<int32_t>().swap(by_id);
+  return AssignInOrder(input, lists, order, ordinal);
+}
+
+// `input`'s shards in the compact form, without the holder lists (holders and list_start
+// are left empty: the caller reads input.holder_lists in place).
+CompactDistributionInput CompactShardsOf(const DistributionInput& input) {
+  CompactDistributionInput out;
+  out.num_ranks = input.num_ranks;
+  absl::flat_hash_map<std::string_view, int32_t> key_index;
+  out.shards.reserve(input.shards.size());
+  for (const DistributablePiece& piece : input.shards) {
+    CompactDistributionInput::Shard s;
+    s.size_bytes = piece.size_bytes.value_or(CompactDistributionInput::kNoSize);
+    s.offsets_start = static_cast<int64_t>(out.offsets.size());
+    s.num_offsets = static_cast<int32_t>(piece.id.offsets.size());
+    out.offsets.insert(out.offsets.end(), piece.id.offsets.begin(), piece.id.offsets.end());
+    const std::string_view key = piece.id.key;
+    if (!out.shards.empty() && out.keys[out.shards.back().key] == key) {
+      s.key = out.shards.back().key;  // consecutive shards usually share a key
+    } else {
+      auto [it, inserted] = key_index.try_emplace(key, static_cast<int32_t>(out.keys.size()));
+      if (inserted) out.keys.push_back(key);
+      s.key = it->second;
+    }
+    s.holder_list = piece.holder_list;
+    if (piece.id.flat) {
+      s.flat = static_cast<int32_t>(out.flats.size());
+      out.flats.push_back(*piece.id.flat);
+    }
+    s.cross_group = piece.cross_group;
+    out.shards.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace
+
+CompactDistributionInput ToCompactDistributionInput(const DistributionInput& input) {
+  CompactDistributionInput out = CompactShardsOf(input);
+  size_t total_holders = 0;
+  for (const auto& holders : input.holder_lists) total_holders += holders.size();
+  out.holders.reserve(total_holders);
+  out.list_start.reserve(input.holder_lists.size() + 1);
+  for (const auto& holders : input.holder_lists) {
+    for (int64_t r : holders) {
+      out.holders.push_back(r >= 0 && r < input.num_ranks ? static_cast<int32_t>(r) : -1);
+    }
+    out.list_start.push_back(static_cast<int64_t>(out.holders.size()));
+  }
+  return out;
+}
+
+PieceId CompactDistributionInput::IdOf(int32_t shard) const {
+  const Shard& s = shards[shard];
+  PieceId id;
+  id.key = std::string(keys[s.key]);
+  id.offsets.assign(offsets.begin() + s.offsets_start,
+                    offsets.begin() + s.offsets_start + s.num_offsets);
+  if (s.flat >= 0) id.flat = flats[s.flat];
+  return id;
+}
+
+absl::StatusOr<std::vector<ShardAssignment>> DistributeShardsToRanks(
+    const DistributionInput& input) {
+  CKPT_RETURN_IF_ERROR(internal::ValidateDistributionInput(input));
+  return DistributeValidated(CompactShardsOf(input), VectorHolderLists(input.holder_lists));
+}
+
+absl::StatusOr<std::vector<ShardAssignment>> DistributeShardsToRanks(
+    const CompactDistributionInput& input) {
+  CKPT_RETURN_IF_ERROR(internal::ValidateDistributionInput(input));
+  return DistributeValidated(input, FlatHolderLists(input));
 }
 
 absl::StatusOr<std::vector<ShardAssignment>> DistributeShardsToRanksReference(

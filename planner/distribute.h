@@ -18,7 +18,9 @@
 #define CKPT_PLANNER_DISTRIBUTE_H_
 
 #include <cstdint>
+#include <limits>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -47,6 +49,41 @@ struct DistributionInput {
                    bool cross_group = false);
 };
 
+// The same problem in flat arrays, for very large inputs (e.g. `ckptctl plan distribute`'s
+// 200,000 shards): keys interned, each shard's offsets and holder list as ranges of shared
+// arrays, so nothing is allocated per shard. DistributeShardsToRanks runs on this form.
+struct CompactDistributionInput {
+  static constexpr int64_t kNoSize = std::numeric_limits<int64_t>::min();
+
+  struct Shard {
+    int64_t size_bytes = kNoSize;  // kNoSize: "no size" (an error)
+    int64_t offsets_start = 0;     // its offsets are offsets[offsets_start, + num_offsets)
+    int32_t num_offsets = 0;
+    int32_t key = 0;          // index into keys
+    int32_t holder_list = 0;  // its holders are holders[list_start[l], list_start[l + 1])
+    int32_t flat = -1;        // index into flats; -1: None
+    bool cross_group = false;
+  };
+
+  int64_t num_ranks = 0;
+  // Keys by index; views of bytes the caller keeps alive. Equal strings may repeat.
+  std::vector<std::string_view> keys;
+  std::vector<int64_t> offsets;
+  std::vector<FlatRange> flats;
+  // Holder lists, kept as given (order and duplicates); a holder outside [0, num_ranks) is
+  // stored as -1: it counts in len(holders) and is never chosen.
+  std::vector<int32_t> holders;
+  std::vector<int64_t> list_start = {0};  // one more than the number of lists
+  std::vector<Shard> shards;
+
+  // Shard `shard`'s id as a PieceId (for error messages and tests).
+  PieceId IdOf(int32_t shard) const;
+};
+
+// `input` in flat arrays (keys viewing input's strings; out-of-range holders as -1). `input`
+// must have passed internal::ValidateDistributionInput.
+CompactDistributionInput ToCompactDistributionInput(const DistributionInput& input);
+
 // One decision: shards[shard] is handled by `rank`.
 struct ShardAssignment {
   int32_t shard = 0;
@@ -63,6 +100,11 @@ struct ShardAssignment {
 absl::StatusOr<std::vector<ShardAssignment>> DistributeShardsToRanks(
     const DistributionInput& input);
 
+// The same on the compact form: same results and the same errors as on the equivalent
+// DistributionInput.
+absl::StatusOr<std::vector<ShardAssignment>> DistributeShardsToRanks(
+    const CompactDistributionInput& input);
+
 // The straightforward twin (full tuple sort, then a scan of every holder per shard) used by
 // property tests to check the fast path; same results and errors.
 absl::StatusOr<std::vector<ShardAssignment>> DistributeShardsToRanksReference(
@@ -72,6 +114,8 @@ namespace internal {
 
 // Checks num_ranks, sizes and holders; shared by both implementations.
 absl::Status ValidateDistributionInput(const DistributionInput& input);
+// The same checks, with the same messages, on the compact form.
+absl::Status ValidateDistributionInput(const CompactDistributionInput& input);
 
 // Hash-based repeated-id check (the reference's; the fast path finds repeats while sorting).
 absl::Status CheckDistinctIds(const DistributionInput& input);

@@ -107,16 +107,31 @@ std::string Mutate(std::mt19937_64& rng, std::string line) {
   }
 }
 
-void ExpectSameInput(const DistributionInput& fast, const DistributionInput& dom,
+// The fast path's compact input and ids against the DOM path's DistributionInput: same
+// shards, ids, sizes, cross flags and holder lists (a rank outside [0, N), kept as Megatron
+// keeps it, is -1 in the compact form), and each id written as the DOM path writes it.
+void ExpectSameInput(const FastDistributeLine& fast, const DistributionInput& dom,
                      const std::string& line) {
-  ASSERT_EQ(fast.num_ranks, dom.num_ranks) << line;
-  ASSERT_EQ(fast.holder_lists, dom.holder_lists) << line;
-  ASSERT_EQ(fast.shards.size(), dom.shards.size()) << line;
-  for (size_t i = 0; i < fast.shards.size(); ++i) {
-    EXPECT_EQ(fast.shards[i].id, dom.shards[i].id) << line;
-    EXPECT_EQ(fast.shards[i].size_bytes, dom.shards[i].size_bytes) << line;
-    EXPECT_EQ(fast.shards[i].holder_list, dom.shards[i].holder_list) << line;
-    EXPECT_EQ(fast.shards[i].cross_group, dom.shards[i].cross_group) << line;
+  const CompactDistributionInput& in = fast.input;
+  ASSERT_EQ(in.num_ranks, dom.num_ranks) << line;
+  ASSERT_EQ(in.shards.size(), dom.shards.size()) << line;
+  ASSERT_EQ(fast.ids.ends.size(), dom.shards.size() + 1) << line;
+  const FormattedShardIds dom_ids = FormatShardIds(dom);
+  EXPECT_EQ(fast.ids.text(), dom_ids.text()) << line;
+  EXPECT_EQ(fast.ids.ends, dom_ids.ends) << line;
+  for (size_t i = 0; i < in.shards.size(); ++i) {
+    const CompactDistributionInput::Shard& s = in.shards[i];
+    EXPECT_EQ(in.IdOf(static_cast<int32_t>(i)), dom.shards[i].id) << line;
+    const std::optional<int64_t> size = s.size_bytes == CompactDistributionInput::kNoSize
+                                            ? std::nullopt
+                                            : std::optional<int64_t>(s.size_bytes);
+    EXPECT_EQ(size, dom.shards[i].size_bytes) << line;
+    EXPECT_EQ(s.cross_group, dom.shards[i].cross_group) << line;
+    std::vector<int64_t> holders(in.holders.begin() + in.list_start[s.holder_list],
+                                 in.holders.begin() + in.list_start[s.holder_list + 1]);
+    std::vector<int64_t> expected = dom.holder_lists[dom.shards[i].holder_list];
+    for (int64_t& r : expected) r = r >= 0 && r < dom.num_ranks ? r : -1;
+    EXPECT_EQ(holders, expected) << line;
   }
 }
 
@@ -124,14 +139,14 @@ void ExpectSameInput(const DistributionInput& fast, const DistributionInput& dom
 bool CheckTwin(const std::string& line, bool keep_out_of_range) {
   PlanOptions options;
   options.keep_out_of_range_ranks = keep_out_of_range;
-  std::optional<DistributionInput> fast = ParseDistributeLineFast(line, keep_out_of_range);
+  std::optional<FastDistributeLine> fast = ParseDistributeLineFast(line, keep_out_of_range);
   absl::StatusOr<DistributionInput> dom = ParseDistributeLineViaDom(line, options);
   if (!fast) return false;
   if (dom.ok()) {
     ExpectSameInput(*fast, *dom, line);
   } else {
     // The one check left to the planner: a shard repeated in shard_to_ranks.
-    EXPECT_FALSE(DistributeShardsToRanks(*fast).ok())
+    EXPECT_FALSE(DistributeShardsToRanks(fast->input).ok())
         << "fast path accepted a line the DOM path refuses (" << dom.status() << "): " << line;
   }
   return true;

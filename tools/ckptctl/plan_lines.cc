@@ -6,8 +6,6 @@
 #include <exception>
 #include <optional>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -180,25 +178,24 @@ absl::StatusOr<DistributionInput> ReadDistributeInput(const Json& line,
   return input;
 }
 
-// Distributes a checked input and writes its output line. The ids are written on a second
-// thread while the distribution runs (they depend on the input alone); where no thread can be
-// started, after it.
+// Distributes a checked input and writes its output line.
 absl::StatusOr<std::string> DistributeAndFormat(const DistributionInput& input) {
-  FormattedShardIds ids;
-  std::thread ids_writer;
-  try {
-    ids_writer = std::thread([&] { ids = FormatShardIds(input); });
-  } catch (const std::system_error&) {
-    ids = FormatShardIds(input);
-  }
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<ShardAssignment>> assignment = DistributeShardsToRanks(input);
   const double seconds = SecondsSince(start);
-  if (ids_writer.joinable()) ids_writer.join();
   if (!assignment.ok()) {
     return FieldError("shard_to_ranks", std::string(assignment.status().message()));
   }
-  return FormatDistributeResult(ids, *assignment, seconds);
+  return FormatDistributeResult(input, *assignment, seconds);
+}
+
+// The fast path's line, distributed; on any error (the DOM path words it) nullopt.
+std::optional<std::string> DistributeFastLine(const FastDistributeLine& line) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<ShardAssignment>> assignment = DistributeShardsToRanks(line.input);
+  const double seconds = SecondsSince(start);
+  if (!assignment.ok()) return std::nullopt;
+  return FormatDistributeResult(line.ids, *assignment, seconds);
 }
 
 // A distribution as megatron-core's ShardDistribution fields (null for a trivial group).
@@ -358,11 +355,11 @@ absl::StatusOr<std::string> RunPlanLine(PlanMode mode, absl::string_view line,
                                         const PlanOptions& options) {
   try {
     if (mode == PlanMode::kDistribute) {
-      std::optional<DistributionInput> input =
+      std::optional<FastDistributeLine> fast =
           ParseDistributeLineFast(line, options.keep_out_of_range_ranks);
-      if (input) {
-        absl::StatusOr<std::string> result = DistributeAndFormat(*input);
-        if (result.ok()) return result;
+      if (fast) {
+        std::optional<std::string> result = DistributeFastLine(*fast);
+        if (result) return *std::move(result);
         // E.g. a shard repeated in shard_to_ranks: the DOM path words the error with its field.
       }
     }
