@@ -1,19 +1,10 @@
 // `ckptctl plan distribute` and `ckptctl plan main-replicas`: the planner's Megatron-exact
 // distributions (and DTensor local shards) over JSON Lines, for operators debugging a plan and
 // for tests.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <exception>
-#include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,6 +14,7 @@
 #include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/dtensor_lines.h"
+#include "tools/ckptctl/plan_io.h"
 #include "tools/ckptctl/plan_lines.h"
 
 namespace ckpt::ckptctl {
@@ -74,105 +66,6 @@ constexpr char kDescription[] =
     "only when every line succeeded (an --output file is replaced atomically), so a failed\n"
     "run writes nothing.\n";
 
-// The whole input, in one buffer that is never zero-filled first (the bytes are read over it).
-class InputText {
- public:
-  absl::string_view view() const { return absl::string_view(data_.get(), size_); }
-
-  // Appends up to `n` bytes from `fd` (one read(2)); its result.
-  ssize_t ReadFrom(int fd, size_t n) {
-    Reserve(size_ + n);
-    const ssize_t got = ::read(fd, data_.get() + size_, n);
-    if (got > 0) size_ += static_cast<size_t>(got);
-    return got;
-  }
-
- private:
-  void Reserve(size_t capacity) {
-    if (capacity <= capacity_) return;
-    capacity = std::max(capacity, capacity_ * 2);
-    std::unique_ptr<char[]> grown(new char[capacity]);
-    if (size_ > 0) std::memcpy(grown.get(), data_.get(), size_);
-    data_ = std::move(grown);
-    capacity_ = capacity;
-  }
-
-  std::unique_ptr<char[]> data_;
-  size_t size_ = 0;
-  size_t capacity_ = 0;
-};
-
-// The whole input: the --input file (not a directory), else stdin.
-absl::StatusOr<InputText> ReadInput(const std::optional<std::string>& path) {
-  int fd = STDIN_FILENO;
-  if (path) {
-    fd = ::open(path->c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      return absl::NotFoundError(
-          absl::StrCat("cannot open input file ", *path, ": ", std::strerror(errno)));
-    }
-    struct stat st;
-    if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-      ::close(fd);
-      return absl::InvalidArgumentError(
-          absl::StrCat("input ", *path, " is a directory; give a JSON Lines file"));
-    }
-  }
-  InputText text;
-  struct stat input_stat;
-  // A regular file is read in one call of its size (no chunk copies, no regrowth); a file that
-  // grew meanwhile, or a pipe, is read on in chunks.
-  size_t chunk = size_t{1} << 16;
-  if (::fstat(fd, &input_stat) == 0 && S_ISREG(input_stat.st_mode) && input_stat.st_size > 0) {
-    chunk = static_cast<size_t>(input_stat.st_size) + 1;
-  }
-  while (true) {
-    const ssize_t n = text.ReadFrom(fd, chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = n < 0 ? errno : 0;
-      if (path) ::close(fd);
-      if (error != 0) {
-        return absl::UnavailableError(
-            absl::StrCat("cannot read ", path ? *path : "stdin", ": ", std::strerror(error)));
-      }
-      return text;
-    }
-    chunk = size_t{1} << 16;
-  }
-}
-
-absl::Status WriteOutput(const std::optional<std::string>& path, const std::string& text) {
-  if (!path) {
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    if (std::fflush(stdout) != 0) return absl::UnavailableError("cannot write to stdout");
-    return absl::OkStatus();
-  }
-  const std::string tmp = *path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
-  }
-  size_t written = 0;
-  while (written < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    written += static_cast<size_t>(n);
-  }
-  const int write_error = written == text.size() ? 0 : (errno != 0 ? errno : EIO);
-  if (::close(fd) != 0 || write_error != 0) {
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(absl::StrCat(
-        "cannot write ", tmp, ": ", std::strerror(write_error != 0 ? write_error : errno)));
-  }
-  if (std::rename(tmp.c_str(), path->c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", *path));
-  }
-  return absl::OkStatus();
-}
-
 int RunPlan(const std::vector<std::string>& args) {
   const std::string prog = "ckptctl plan";
   ParsedArgs a;
@@ -198,7 +91,7 @@ int RunPlan(const std::vector<std::string>& args) {
     return Usage("plan", "--groups applies only to plan main-replicas");
   }
 
-  absl::StatusOr<InputText> text = ReadInput(input_path);
+  absl::StatusOr<PlanInput> text = ReadPlanInput(input_path);
   if (!text.ok()) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(text.status().message()).c_str());
     return 1;
@@ -212,7 +105,7 @@ int RunPlan(const std::vector<std::string>& args) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(output.status().message()).c_str());
     return 1;
   }
-  if (absl::Status s = WriteOutput(output_path, *output); !s.ok()) {
+  if (absl::Status s = WritePlanOutput(output_path, *output); !s.ok()) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(s.message()).c_str());
     return 1;
   }
