@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -289,58 +291,6 @@ absl::StatusOr<std::vector<int32_t>> IdOrder(const CompactDistributionInput& inp
   return by_id;
 }
 
-// One shard's place in the visiting order: (cross, len(holders)) as `group` and the size as
-// INT64_MAX - size (which grows as the size shrinks); ties keep id order.
-struct VisitItem {
-  uint64_t size_key;
-  uint32_t group;
-  int32_t shard;
-};
-
-// One stable counting-sort pass of `items` into `scratch` by an 11-bit digit.
-template <typename Digit>
-void RadixPass(std::vector<VisitItem>& items, std::vector<VisitItem>& scratch, Digit digit) {
-  constexpr uint32_t kBuckets = 1 << 11;
-  uint32_t start[kBuckets] = {};
-  for (const VisitItem& item : items) ++start[digit(item)];
-  uint32_t sum = 0;
-  for (uint32_t& c : start) sum += std::exchange(c, sum);
-  for (const VisitItem& item : items) scratch[start[digit(item)]++] = item;
-  items.swap(scratch);
-}
-
-// Stable LSD radix sort by (group, size_key), over the 11-bit digits in which keys differ
-// (usually 2-4 passes); std::stable_sort for small inputs.
-void SortVisitItems(std::vector<VisitItem>& items) {
-  if (items.size() < 2048) {
-    std::stable_sort(items.begin(), items.end(), [](const VisitItem& a, const VisitItem& b) {
-      return a.group != b.group ? a.group < b.group : a.size_key < b.size_key;
-    });
-    return;
-  }
-  uint64_t any_size = 0, all_size = ~uint64_t{0};
-  uint32_t any_group = 0, all_group = ~uint32_t{0};
-  for (const VisitItem& item : items) {
-    any_size |= item.size_key;
-    all_size &= item.size_key;
-    any_group |= item.group;
-    all_group &= item.group;
-  }
-  std::vector<VisitItem> scratch(items.size());
-  constexpr uint64_t kMask = (1 << 11) - 1;
-  for (uint64_t varying = any_size ^ all_size; varying != 0;) {
-    const int shift = __builtin_ctzll(varying);
-    RadixPass(items, scratch,
-              [shift](const VisitItem& v) { return (v.size_key >> shift) & kMask; });
-    varying = shift + 11 >= 64 ? 0 : varying & ~((uint64_t{1} << (shift + 11)) - 1);
-  }
-  for (uint64_t varying = any_group ^ all_group; varying != 0;) {
-    const int shift = __builtin_ctzll(varying);
-    RadixPass(items, scratch, [shift](const VisitItem& v) { return (v.group >> shift) & kMask; });
-    varying = shift + 11 >= 64 ? 0 : varying & ~((uint64_t{1} << (shift + 11)) - 1);
-  }
-}
-
 // The holder lists of the compact form.
 class FlatHolderLists {
  public:
@@ -368,26 +318,107 @@ class VectorHolderLists {
   const std::vector<std::vector<int64_t>>& lists_;
 };
 
+// One shard's place in the visiting order: (cross, len(holders)) as `group` and the size as
+// INT64_MAX - size (which grows as the size shrinks); ties keep id order. It carries where
+// its holders are, so that the greedy pass reads nothing else per shard but them.
+template <typename Rank>
+struct VisitItem {
+  uint64_t size_key;
+  const Rank* holders;
+  uint32_t group;
+  int32_t shard;
+};
+
+// An array of `n` trivially constructible values, not zero-filled first.
+template <typename T>
+std::unique_ptr<T[]> UninitializedArray(size_t n) {
+  return std::unique_ptr<T[]>(new T[n]);
+}
+
+// One stable counting-sort pass of items[0, n) into `scratch` by an 11-bit digit; swaps them.
+template <typename Item, typename Digit>
+void RadixPass(std::unique_ptr<Item[]>& items, std::unique_ptr<Item[]>& scratch, size_t n,
+               Digit digit) {
+  constexpr uint32_t kBuckets = 1 << 11;
+  uint32_t start[kBuckets] = {};
+  for (size_t i = 0; i < n; ++i) ++start[digit(items[i])];
+  uint32_t sum = 0;
+  for (uint32_t& c : start) sum += std::exchange(c, sum);
+  for (size_t i = 0; i < n; ++i) scratch[start[digit(items[i])]++] = items[i];
+  items.swap(scratch);
+}
+
+// Stable LSD radix sort of items[0, n) by (group, size_key), over the 11-bit digits in which
+// keys differ (usually 2-4 passes); std::stable_sort for small inputs.
+template <typename Item>
+void SortVisitItems(std::unique_ptr<Item[]>& items, size_t n) {
+  if (n < 2048) {
+    std::stable_sort(items.get(), items.get() + n, [](const Item& a, const Item& b) {
+      return a.group != b.group ? a.group < b.group : a.size_key < b.size_key;
+    });
+    return;
+  }
+  uint64_t any_size = 0, all_size = ~uint64_t{0};
+  uint32_t any_group = 0, all_group = ~uint32_t{0};
+  for (size_t i = 0; i < n; ++i) {
+    any_size |= items[i].size_key;
+    all_size &= items[i].size_key;
+    any_group |= items[i].group;
+    all_group &= items[i].group;
+  }
+  std::unique_ptr<Item[]> scratch = UninitializedArray<Item>(n);
+  constexpr uint64_t kMask = (1 << 11) - 1;
+  for (uint64_t varying = any_size ^ all_size; varying != 0;) {
+    const int shift = __builtin_ctzll(varying);
+    RadixPass(items, scratch, n, [shift](const Item& v) { return (v.size_key >> shift) & kMask; });
+    varying = shift + 11 >= 64 ? 0 : varying & ~((uint64_t{1} << (shift + 11)) - 1);
+  }
+  for (uint64_t varying = any_group ^ all_group; varying != 0;) {
+    const int shift = __builtin_ctzll(varying);
+    RadixPass(items, scratch, n, [shift](const Item& v) { return (v.group >> shift) & kMask; });
+    varying = shift + 11 >= 64 ? 0 : varying & ~((uint64_t{1} << (shift + 11)) - 1);
+  }
+}
+
+// The shards in visiting order, and what the greedy pass needs to know about all of them.
+template <typename Rank>
+struct Visits {
+  std::unique_ptr<VisitItem<Rank>[]> items;
+  size_t size = 0;
+  uint32_t count_mask = 0;   // group & count_mask = len(holders)
+  bool mixed_flats = false;  // some ids have a flat range and some have None
+};
+
 // The visiting order: (cross, len(holders), -size, id), sorted stably from id order.
 template <typename Lists>
-std::vector<VisitItem> VisitOrder(const CompactDistributionInput& input, const Lists& lists,
-                                  const std::vector<int32_t>& by_id) {
+auto VisitOrder(const CompactDistributionInput& input, const Lists& lists,
+                const std::vector<int32_t>& by_id) {
+  using Rank =
+      typename std::remove_const_t<typename std::remove_pointer_t<decltype(lists[0].data())>>;
   // group = cross above the bits that len(holders) needs (validated < 2^31).
   int64_t max_holders = 0;
+  bool any_flat = false, any_none = false;
   for (const Shard& s : input.shards) {
     max_holders = std::max(max_holders, static_cast<int64_t>(lists[s.holder_list].size()));
+    (s.flat >= 0 ? any_flat : any_none) = true;
   }
   const int cross_shift = 64 - __builtin_clzll(static_cast<uint64_t>(max_holders) | 1);
-  std::vector<VisitItem> items(by_id.size());
+  Visits<Rank> visits;
+  visits.size = by_id.size();
+  visits.count_mask = (uint32_t{1} << cross_shift) - 1;
+  visits.mixed_flats = any_flat && any_none;
+  visits.items = UninitializedArray<VisitItem<Rank>>(visits.size);
   for (size_t r = 0; r < by_id.size(); ++r) {
     const Shard& s = input.shards[by_id[r]];
-    const uint32_t group = (uint32_t{s.cross_group} << cross_shift) |
-                           static_cast<uint32_t>(lists[s.holder_list].size());
-    items[r] = VisitItem{static_cast<uint64_t>(std::numeric_limits<int64_t>::max() - s.size_bytes),
-                         group, by_id[r]};
+    const auto holders = lists[s.holder_list];
+    const uint32_t group =
+        (uint32_t{s.cross_group} << cross_shift) | static_cast<uint32_t>(holders.size());
+    visits.items[r] =
+        VisitItem<Rank>{static_cast<uint64_t>(std::numeric_limits<int64_t>::max() - s.size_bytes),
+                        holders.data(), group, by_id[r]};
   }
-  SortVisitItems(items);
-  return items;
+  SortVisitItems(visits.items, visits.size);
+  return visits;
 }
 
 // Loads of all ranks plus lazily-invalidated min-heaps of (load, rank), one per large holder
@@ -490,40 +521,56 @@ HolderSets GroupHolderSets(const CompactDistributionInput& input, const Lists& l
   return sets;
 }
 
-// Megatron's greedy pass over the visiting order. Also reports Python's TypeError: a
-// None/range pair tying on the earlier fields ends up adjacent (None sorts first).
-template <typename Lists>
-absl::StatusOr<std::vector<ShardAssignment>> AssignInOrder(const CompactDistributionInput& input,
-                                                           const Lists& lists,
-                                                           const std::vector<VisitItem>& order,
-                                                           const std::vector<int32_t>& ordinal) {
+// Python's TypeError: a None/range pair tying on the earlier fields ends up adjacent in the
+// visiting order (None sorts first) and cannot be compared. Only inputs with both kinds of
+// ids can have one.
+template <typename Rank>
+absl::Status CheckComparable(const CompactDistributionInput& input, const Visits<Rank>& visits,
+                             const std::vector<int32_t>& ordinal) {
+  if (!visits.mixed_flats) return absl::OkStatus();
+  const CompactIds ids(input);
+  for (size_t i = 1; i < visits.size; ++i) {
+    const VisitItem<Rank>& a = visits.items[i - 1];
+    const VisitItem<Rank>& b = visits.items[i];
+    if (a.group == b.group && a.size_key == b.size_key &&
+        ordinal[input.shards[a.shard].key] == ordinal[input.shards[b.shard].key] &&
+        ids.SameKeyIncomparable(a.shard, b.shard)) {
+      return internal::IncomparableShardsError(input.IdOf(a.shard), input.IdOf(b.shard));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Megatron's greedy pass over the visiting order: each shard to the holder with the least
+// (bytes so far, rank).
+template <typename Lists, typename Rank>
+std::vector<ShardAssignment> AssignInOrder(const CompactDistributionInput& input,
+                                           const Lists& lists, const Visits<Rank>& visits) {
   HolderSets sets = GroupHolderSets(input, lists);
   LoadTracker loads(input.num_ranks);
   std::vector<std::vector<LoadTracker::Entry>> heaps(sets.members.size());
-  const CompactIds ids(input);
-  std::vector<ShardAssignment> result(order.size());
-  const size_t n = order.size();
+  std::vector<ShardAssignment> result(visits.size);
+  const size_t n = visits.size;
   constexpr size_t kPrefetch = 8;
   for (size_t i = 0; i < n; ++i) {
-    // Visiting order jumps around memory: fetch shards and holder lists ahead of use.
-    if (i + 2 * kPrefetch < n) __builtin_prefetch(&input.shards[order[i + 2 * kPrefetch].shard]);
+    // Visiting order jumps around memory: fetch holder lists (or a large list's shard, for
+    // its set) ahead of use.
     if (i + kPrefetch < n) {
-      const Shard& ahead = input.shards[order[i + kPrefetch].shard];
-      __builtin_prefetch(lists[ahead.holder_list].data());
-    }
-    const VisitItem& v = order[i];
-    const Shard& s = input.shards[v.shard];
-    if (i > 0 && order[i - 1].group == v.group && order[i - 1].size_key == v.size_key) {
-      const int32_t prev = order[i - 1].shard;
-      if (ordinal[input.shards[prev].key] == ordinal[s.key] &&
-          ids.SameKeyIncomparable(prev, v.shard)) {
-        return internal::IncomparableShardsError(input.IdOf(prev), input.IdOf(v.shard));
+      const VisitItem<Rank>& ahead = visits.items[i + kPrefetch];
+      if ((ahead.group & visits.count_mask) <= kScanThreshold) {
+        __builtin_prefetch(ahead.holders);
+      } else {
+        __builtin_prefetch(&input.shards[ahead.shard]);
       }
     }
-    const int32_t set = sets.set_of_list[s.holder_list];
+    const VisitItem<Rank>& v = visits.items[i];
+    const size_t count = v.group & visits.count_mask;
+    const int32_t set = count <= kScanThreshold
+                            ? HolderSets::kScan
+                            : sets.set_of_list[input.shards[v.shard].holder_list];
     int32_t rank;
     if (set == HolderSets::kScan) {
-      rank = loads.ScanMin(lists[s.holder_list]);
+      rank = loads.ScanMin(absl::Span<const Rank>(v.holders, count));
     } else {
       auto& heap = heaps[set];
       if (heap.empty()) heap = LoadTracker::MakeHeap(sets.members[set], loads);
@@ -533,7 +580,7 @@ absl::StatusOr<std::vector<ShardAssignment>> AssignInOrder(const CompactDistribu
         std::vector<int32_t>().swap(sets.members[set]);
       }
     }
-    loads.Add(rank, s.size_bytes);
+    loads.Add(rank, std::numeric_limits<int64_t>::max() - static_cast<int64_t>(v.size_key));
     result[i] = ShardAssignment{v.shard, rank};
   }
   return result;
@@ -545,9 +592,10 @@ absl::StatusOr<std::vector<ShardAssignment>> DistributeValidated(
     const CompactDistributionInput& input, const Lists& lists) {
   const std::vector<int32_t> ordinal = KeyOrdinals(input.keys);
   CKPT_ASSIGN_OR_RETURN(std::vector<int32_t> by_id, IdOrder(input, ordinal));
-  const std::vector<VisitItem> order = VisitOrder(input, lists, by_id);
+  const auto visits = VisitOrder(input, lists, by_id);
   std::vector<int32_t>().swap(by_id);
-  return AssignInOrder(input, lists, order, ordinal);
+  CKPT_RETURN_IF_ERROR(CheckComparable(input, visits, ordinal));
+  return AssignInOrder(input, lists, visits);
 }
 
 // `input`'s shards in the compact form, without the holder lists (holders and list_start
