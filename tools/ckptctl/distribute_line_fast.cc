@@ -23,115 +23,68 @@ constexpr size_t kMaxFastLineBytes = size_t{1} << 28;
 // PlanLineLimits().max_string_bytes.
 constexpr size_t kMaxStringBytes = size_t{1} << 20;
 
-// A cursor over one line. Every method answers false for anything outside the subset this
-// parser handles; the line is then given to the DOM path.
-class Reader {
- public:
-  explicit Reader(std::string_view text) : p_(text.data()), end_(text.data() + text.size()) {}
+// The scanning helpers work on a cursor `p` that the calling function keeps in a local
+// variable (so in a register: the id text written through a char pointer could alias
+// anything in memory). Each answers false for anything outside the subset this parser
+// handles; the line is then given to the DOM path.
 
-  const char* pos() const { return p_; }
-  size_t remaining() const { return static_cast<size_t>(end_ - p_); }
-  void Skip(size_t n) { p_ += n; }
+[[gnu::always_inline]] inline void SkipSpace(const char*& p, const char* end) {
+  while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) ++p;
+}
 
-  void SkipSpace() {
-    while (p_ < end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\n' || *p_ == '\r')) ++p_;
-  }
-  bool Consume(char c) {
-    SkipSpace();
-    if (p_ == end_ || *p_ != c) return false;
-    ++p_;
-    return true;
-  }
-  bool AtEnd() {
-    SkipSpace();
-    return p_ == end_;
-  }
-  bool Null() {
-    SkipSpace();
-    if (end_ - p_ < 4 || std::memcmp(p_, "null", 4) != 0) return false;
-    p_ += 4;
-    return true;
-  }
-  // A string of printable ASCII without escapes (written back unchanged by nlohmann's dump).
-  bool String(std::string_view* out) {
-    if (!Consume('"')) return false;
-    const char* start = p_;
-    while (p_ < end_) {
-      const unsigned char c = static_cast<unsigned char>(*p_);
-      if (c == '"') {
-        *out = std::string_view(start, static_cast<size_t>(p_ - start));
-        ++p_;
-        return out->size() <= kMaxStringBytes;
-      }
-      if (c < 0x20 || c >= 0x7f || c == '\\') return false;
-      ++p_;
-    }
-    return false;
-  }
-  // -?(0|[1-9][0-9]{0,17}) not followed by a digit, '.', 'e' or 'E' (floats go to the DOM);
-  // `*text` is the number as written.
-  bool Int(int64_t* out, std::string_view* text = nullptr) {
-    SkipSpace();
-    const char* start = p_;
-    const bool negative = p_ < end_ && *p_ == '-';
-    if (negative) ++p_;
-    if (p_ == end_ || *p_ < '0' || *p_ > '9') return false;
-    int64_t value = 0;
-    if (*p_ == '0') {
-      ++p_;
-    } else {
-      for (int digits = 0; p_ < end_ && *p_ >= '0' && *p_ <= '9'; ++digits, ++p_) {
-        if (digits == 18) return false;
-        value = value * 10 + (*p_ - '0');
-      }
-    }
-    if (p_ < end_ && ((*p_ >= '0' && *p_ <= '9') || *p_ == '.' || *p_ == 'e' || *p_ == 'E')) {
-      return false;
-    }
-    *out = negative ? -value : value;
-    if (text != nullptr) *text = std::string_view(start, static_cast<size_t>(p_ - start));
-    return true;
-  }
-  // [each(), each(), ...] (possibly empty).
-  template <typename Each>
-  bool List(Each each) {
-    if (!Consume('[')) return false;
-    if (Consume(']')) return true;
-    do {
-      if (!each()) return false;
-    } while (Consume(','));
-    return Consume(']');
-  }
+[[gnu::always_inline]] inline bool Consume(const char*& p, const char* end, char c) {
+  SkipSpace(p, end);
+  if (p == end || *p != c) return false;
+  ++p;
+  return true;
+}
 
- private:
-  const char* p_;
-  const char* end_;
-};
+inline bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
-// Writes an id's text as the output line writes it (nlohmann's dump: no whitespace) at an
-// unchecked cursor. Each token written is at most as long as the token read (whitespace is
-// dropped, "-0" becomes "0", everything else is copied), so a buffer as long as the line
-// always has room.
-class IdWriter {
- public:
-  explicit IdWriter(char* at) : w_(at) {}
-  char* pos() const { return w_; }
-  void Put(char c) { *w_++ = c; }
-  void Put(std::string_view s) {
-    std::memcpy(w_, s.data(), s.size());
-    w_ += s.size();
-  }
-  void PutInt(std::string_view text) {
-    if (text == "-0") {
-      Put('0');
-    } else {
-      Put(text);
+// -?(0|[1-9][0-9]{0,17}) not followed by a digit, '.', 'e' or 'E' (floats go to the DOM).
+// With `w`, the number is also written there as nlohmann writes it: as read, but "-0" as "0".
+[[gnu::always_inline]] inline bool ParseInt(const char*& p, const char* end, int64_t* out,
+                                            char** w = nullptr) {
+  SkipSpace(p, end);
+  const bool negative = p < end && *p == '-';
+  if (negative) ++p;
+  if (p == end || !IsDigit(*p)) return false;
+  const char* digits = p;
+  int64_t value = 0;
+  if (*p == '0') {
+    ++p;
+  } else {
+    for (int n = 0; p < end && IsDigit(*p); ++n, ++p) {
+      if (n == 18) return false;
+      value = value * 10 + (*p - '0');
     }
   }
+  if (p < end && (IsDigit(*p) || *p == '.' || *p == 'e' || *p == 'E')) return false;
+  *out = negative ? -value : value;
+  if (w != nullptr) {
+    if (negative && value != 0) *(*w)++ = '-';
+    for (const char* d = digits; d < p; ++d) *(*w)++ = *d;
+  }
+  return true;
+}
 
- private:
-  char* w_;
-};
+// A string of printable ASCII without escapes (written back unchanged by nlohmann's dump).
+[[gnu::always_inline]] inline bool ParseString(const char*& p, const char* end,
+                                               std::string_view* out) {
+  if (!Consume(p, end, '"')) return false;
+  const char* start = p;
+  while (p < end) {
+    const unsigned char c = static_cast<unsigned char>(*p);
+    if (c == '"') {
+      *out = std::string_view(start, static_cast<size_t>(p - start));
+      ++p;
+      return out->size() <= kMaxStringBytes;
+    }
+    if (c < 0x20 || c >= 0x7f || c == '\\') return false;
+    ++p;
+  }
+  return false;
+}
 
 // An id's parts other than its offsets (appended to a vector by ReadId).
 struct IdParts {
@@ -140,55 +93,85 @@ struct IdParts {
   int32_t flat = -1;  // -1: None; else index into the flats vector given to ReadId
 };
 
-// [key, [offsets...], null | [start, stop]] at `r`, written as the output writes it by `w`.
-// Offsets are appended to `offsets` and a flat range to `flats` unless they are null.
-bool ReadId(Reader& r, IdWriter& w, std::vector<int64_t>* offsets, std::vector<FlatRange>* flats,
-            IdParts* parts) {
-  if (!r.Consume('[') || !r.String(&parts->key) || !r.Consume(',') || !r.Consume('[')) {
-    return false;
+// Where ReadId goes on reading (p; nullptr: not in the subset) and writing (w).
+struct IdCursor {
+  const char* p;
+  char* w;
+};
+
+// [key, [offsets...], null | [start, stop]] at c.p, written at c.w as the output line writes
+// it (nlohmann's dump: no whitespace, "-0" as "0"). Every byte written stands for a byte
+// read, so a buffer as long as the line always has room. Offsets are appended to `offsets`
+// and a flat range to `flats` unless they are null.
+IdCursor ReadId(IdCursor c, const char* end, std::vector<int64_t>* offsets,
+                std::vector<FlatRange>* flats, IdParts* parts) {
+  const IdCursor kFailed{nullptr, c.w};
+  const char* p = c.p;
+  char* w = c.w;
+  if (!Consume(p, end, '[') || !ParseString(p, end, &parts->key) || !Consume(p, end, ',') ||
+      !Consume(p, end, '[')) {
+    return kFailed;
   }
-  w.Put('[');
-  w.Put('"');
-  w.Put(parts->key);
-  w.Put("\",[");
+  *w++ = '[';
+  *w++ = '"';
+  std::memcpy(w, parts->key.data(), parts->key.size());
+  w += parts->key.size();
+  std::memcpy(w, "\",[", 3);
+  w += 3;
   parts->num_offsets = 0;
-  if (!r.Consume(']')) {
+  if (!Consume(p, end, ']')) {
     do {
+      if (parts->num_offsets > 0) *w++ = ',';
       int64_t value = 0;
-      std::string_view text;
-      if (!r.Int(&value, &text)) return false;
-      if (parts->num_offsets > 0) w.Put(',');
-      w.PutInt(text);
+      if (!ParseInt(p, end, &value, &w)) return kFailed;
       if (offsets != nullptr) offsets->push_back(value);
       ++parts->num_offsets;
-    } while (r.Consume(','));
-    if (!r.Consume(']')) return false;
+    } while (Consume(p, end, ','));
+    if (!Consume(p, end, ']')) return kFailed;
   }
-  if (!r.Consume(',')) return false;
-  w.Put("],");
+  if (!Consume(p, end, ',')) return kFailed;
+  *w++ = ']';
+  *w++ = ',';
   parts->flat = -1;
-  if (r.Null()) {
-    w.Put("null");
+  SkipSpace(p, end);
+  if (end - p >= 4 && std::memcmp(p, "null", 4) == 0) {
+    p += 4;
+    std::memcpy(w, "null", 4);
+    w += 4;
   } else {
     int64_t start = 0, stop = 0;
-    std::string_view start_text, stop_text;
-    if (!r.Consume('[') || !r.Int(&start, &start_text) || !r.Consume(',') ||
-        !r.Int(&stop, &stop_text) || !r.Consume(']')) {
-      return false;
-    }
-    w.Put('[');
-    w.PutInt(start_text);
-    w.Put(',');
-    w.PutInt(stop_text);
-    w.Put(']');
+    if (!Consume(p, end, '[')) return kFailed;
+    *w++ = '[';
+    if (!ParseInt(p, end, &start, &w) || !Consume(p, end, ',')) return kFailed;
+    *w++ = ',';
+    if (!ParseInt(p, end, &stop, &w) || !Consume(p, end, ']')) return kFailed;
+    *w++ = ']';
     if (flats != nullptr) {
       parts->flat = static_cast<int32_t>(flats->size());
       flats->push_back(FlatRange{start, stop});
     }
   }
-  if (!r.Consume(']')) return false;
-  w.Put(']');
-  return true;
+  if (!Consume(p, end, ']')) return kFailed;
+  *w++ = ']';
+  return IdCursor{p, w};
+}
+
+// [rank, ...] at p appended to `holders`; the position after it, or nullptr. A rank outside
+// [0, limit) is kept as -1 when `keep_out_of_range`, else refused.
+const char* ReadHolders(const char* p, const char* end, int64_t limit, bool keep_out_of_range,
+                        std::vector<int32_t>* holders) {
+  if (!Consume(p, end, '[')) return nullptr;
+  if (Consume(p, end, ']')) return p;
+  do {
+    int64_t rank = 0;
+    if (!ParseInt(p, end, &rank)) return nullptr;
+    if (rank < 0 || rank >= limit) {
+      if (!keep_out_of_range) return nullptr;
+      rank = -1;
+    }
+    holders->push_back(static_cast<int32_t>(rank));
+  } while (Consume(p, end, ','));
+  return Consume(p, end, ']') ? p : nullptr;
 }
 
 // One field of the top-level object, each at most once.
@@ -196,21 +179,34 @@ struct Fields {
   bool num_ranks = false, shard_to_ranks = false, shard_to_size = false, cross_group = false;
 };
 
+// Where a shard's id is in the line, as shard_to_ranks writes it.
+struct RawId {
+  uint32_t begin;
+  uint32_t size;
+};
+
 // The streaming reader of one line (see ParseDistributeLineFast).
 class LineParser {
  public:
   LineParser(std::string_view line, bool keep_out_of_range_ranks)
-      : line_(line), r_(line), keep_out_of_range_ranks_(keep_out_of_range_ranks) {}
+      : line_(line),
+        p_(line.data()),
+        end_(line.data() + line.size()),
+        keep_out_of_range_ranks_(keep_out_of_range_ranks) {}
 
   std::optional<FastDistributeLine> Run() {
     if (line_.size() > kMaxFastLineBytes) return std::nullopt;
     Reserve();
-    if (!r_.Consume('{')) return std::nullopt;
+    if (!Consume(p_, end_, '{')) return std::nullopt;
     do {
       std::string_view name;
-      if (!r_.String(&name) || !r_.Consume(':') || !ReadField(name)) return std::nullopt;
-    } while (r_.Consume(','));
-    if (!r_.Consume('}') || !r_.AtEnd()) return std::nullopt;
+      if (!ParseString(p_, end_, &name) || !Consume(p_, end_, ':') || !ReadField(name)) {
+        return std::nullopt;
+      }
+    } while (Consume(p_, end_, ','));
+    if (!Consume(p_, end_, '}')) return std::nullopt;
+    SkipSpace(p_, end_);
+    if (p_ != end_) return std::nullopt;
     if (!seen_.num_ranks || !seen_.shard_to_ranks || !seen_.shard_to_size) return std::nullopt;
     if (!Valid()) return std::nullopt;
     out_.ids.size = static_cast<size_t>(ids_end_ - out_.ids.buffer.get());
@@ -233,136 +229,143 @@ class LineParser {
     in.offsets.reserve(shards * 2);
     in.holders.reserve(shards * 4);
     out_.ids.ends.reserve(shards + 1);
-    raw_begin_.reserve(shards);
-    raw_len_.reserve(shards);
+    raw_.reserve(shards);
     out_.ids.buffer.reset(new char[line_.size() + 1]);
     ids_end_ = out_.ids.buffer.get();
+  }
+
+  // [each(p), each(p), ...] at p_ (possibly empty), where each(p) reads one element at p
+  // and returns the position after it, or nullptr.
+  template <typename Each>
+  bool ReadList(Each each) {
+    const char* p = p_;
+    if (!Consume(p, end_, '[')) return false;
+    if (!Consume(p, end_, ']')) {
+      do {
+        p = each(p);
+        if (p == nullptr) return false;
+      } while (Consume(p, end_, ','));
+      if (!Consume(p, end_, ']')) return false;
+    }
+    p_ = p;
+    return true;
   }
 
   bool ReadField(std::string_view name) {
     if (name == "num_ranks" && !seen_.num_ranks) {
       seen_.num_ranks = true;
-      return r_.Int(&out_.input.num_ranks);
+      return ParseInt(p_, end_, &out_.input.num_ranks);
     }
     if (name == "shard_to_ranks" && !seen_.shard_to_ranks && !seen_.shard_to_size &&
         !seen_.cross_group) {
       seen_.shard_to_ranks = true;
       ranks_before_num_ranks_ = !seen_.num_ranks;
-      return r_.List([&] { return ReadShardToRanksEntry(); });
+      return ReadList([this](const char* p) { return ReadShardToRanksEntry(p); });
     }
     if (name == "shard_to_size" && seen_.shard_to_ranks && !seen_.shard_to_size) {
       seen_.shard_to_size = true;
       next_ = 0;
-      return r_.List([&] { return ReadShardToSizeEntry(); });
+      return ReadList([this](const char* p) { return ReadShardToSizeEntry(p); });
     }
     if (name == "cross_group" && seen_.shard_to_ranks && !seen_.cross_group) {
       seen_.cross_group = true;
       next_ = 0;
-      return r_.List([&] { return ReadCrossGroupEntry(); });
+      return ReadList([this](const char* p) { return ReadCrossGroupEntry(p); });
     }
     return false;  // unknown, repeated, or out of the order this parser takes
   }
 
-  // [id, [ranks...]]: a new shard with its own holder list.
-  bool ReadShardToRanksEntry() {
+  // [id, [ranks...]] at p: a new shard with its own holder list. A rank outside [0, N) is
+  // kept as -1 with keep_out_of_range_ranks and refused otherwise (N = kMaxWorldSize until
+  // num_ranks is read; Valid() checks such lists again).
+  const char* ReadShardToRanksEntry(const char* p) {
     CompactDistributionInput& in = out_.input;
-    if (!r_.Consume('[')) return false;
-    r_.SkipSpace();
-    const char* raw = r_.pos();
-    IdWriter w(ids_end_);
-    CompactDistributionInput::Shard shard;
-    shard.offsets_start = static_cast<int64_t>(in.offsets.size());
+    if (!Consume(p, end_, '[')) return nullptr;
+    SkipSpace(p, end_);
+    const int64_t offsets_start = static_cast<int64_t>(in.offsets.size());
     IdParts parts;
-    if (!ReadId(r_, w, &in.offsets, &in.flats, &parts)) return false;
-    raw_begin_.push_back(static_cast<uint32_t>(raw - line_.data()));
-    raw_len_.push_back(static_cast<uint32_t>(r_.pos() - raw));
-    ids_end_ = w.pos();
+    const IdCursor id = ReadId(IdCursor{p, ids_end_}, end_, &in.offsets, &in.flats, &parts);
+    if (id.p == nullptr) return nullptr;
+    raw_.push_back(RawId{static_cast<uint32_t>(p - line_.data()), static_cast<uint32_t>(id.p - p)});
+    ids_end_ = id.w;
     out_.ids.ends.push_back(static_cast<size_t>(ids_end_ - out_.ids.buffer.get()));
-    shard.num_offsets = parts.num_offsets;
-    shard.flat = parts.flat;
-    shard.key = InternKey(parts.key);
-    shard.holder_list = static_cast<int32_t>(in.shards.size());
-    if (!r_.Consume(',') || !ReadHolders() || !r_.Consume(']')) return false;
-    in.shards.push_back(shard);
-    return true;
-  }
-
-  // [rank, ...] appended as one holder list. A rank outside [0, N) is kept as -1 with
-  // keep_out_of_range_ranks and refused otherwise (N = kMaxWorldSize until num_ranks is read;
-  // Valid() checks such lists again).
-  bool ReadHolders() {
-    CompactDistributionInput& in = out_.input;
+    const int32_t key = InternKey(parts.key);
+    p = id.p;
+    if (!Consume(p, end_, ',')) return nullptr;
     const int64_t limit = seen_.num_ranks ? std::min(in.num_ranks, kMaxWorldSize) : kMaxWorldSize;
-    const bool read = r_.List([&] {
-      int64_t rank = 0;
-      if (!r_.Int(&rank)) return false;
-      if (rank < 0 || rank >= limit) {
-        if (!keep_out_of_range_ranks_) return false;
-        rank = -1;
-      }
-      in.holders.push_back(static_cast<int32_t>(rank));
-      return true;
-    });
+    p = ReadHolders(p, end_, limit, keep_out_of_range_ranks_, &in.holders);
+    if (p == nullptr || !Consume(p, end_, ']')) return nullptr;
     in.list_start.push_back(static_cast<int64_t>(in.holders.size()));
-    return read;
+    // Filled in place (a Shard built aside is copied with a slow string instruction).
+    CompactDistributionInput::Shard& shard = in.shards.emplace_back();
+    shard.offsets_start = offsets_start;
+    shard.num_offsets = parts.num_offsets;
+    shard.key = key;
+    shard.holder_list = static_cast<int32_t>(in.shards.size() - 1);
+    shard.flat = parts.flat;
+    return p;
   }
 
   int32_t InternKey(std::string_view key) {
     CompactDistributionInput& in = out_.input;
     // Consecutive shards usually share a key.
-    if (!in.shards.empty() && in.keys[in.shards.back().key] == key) return in.shards.back().key;
+    if (last_key_ >= 0 && in.keys[last_key_] == key) return last_key_;
     auto [it, inserted] = key_index_.try_emplace(key, static_cast<int32_t>(in.keys.size()));
     if (inserted) in.keys.push_back(key);
-    return it->second;
+    last_key_ = it->second;
+    return last_key_;
   }
 
-  // [id, bytes]. Sizes of shards not in shard_to_ranks are unused, but a shard listed twice
-  // is refused (by the DOM path, with its field).
-  bool ReadShardToSizeEntry() {
+  // [id, bytes] at p. Sizes of shards not in shard_to_ranks are unused, but a shard listed
+  // twice is refused (by the DOM path, with its field).
+  const char* ReadShardToSizeEntry(const char* p) {
     std::string_view canonical;
     int64_t bytes = 0;
-    if (!r_.Consume('[')) return false;
-    const int64_t shard = FindShard(&canonical);
-    if (shard == kFail || !r_.Consume(',') || !r_.Int(&bytes) || !r_.Consume(']')) return false;
-    if (shard == kNotListed) return unlisted_sized_.emplace(canonical).second;
+    if (!Consume(p, end_, '[')) return nullptr;
+    const int64_t shard = FindShard(p, &canonical);
+    if (shard == kFail || !Consume(p, end_, ',') || !ParseInt(p, end_, &bytes) ||
+        !Consume(p, end_, ']')) {
+      return nullptr;
+    }
+    if (shard == kNotListed) return unlisted_sized_.emplace(canonical).second ? p : nullptr;
     int64_t& size = out_.input.shards[static_cast<size_t>(shard)].size_bytes;
-    if (size != CompactDistributionInput::kNoSize) return false;
+    if (size != CompactDistributionInput::kNoSize) return nullptr;
     size = bytes;
-    return true;
+    return p;
   }
 
-  // id; ids not in shard_to_ranks are ignored, repeats allowed.
-  bool ReadCrossGroupEntry() {
+  // id at p; ids not in shard_to_ranks are ignored, repeats allowed.
+  const char* ReadCrossGroupEntry(const char* p) {
     std::string_view canonical;
-    const int64_t shard = FindShard(&canonical);
-    if (shard == kFail) return false;
+    const int64_t shard = FindShard(p, &canonical);
+    if (shard == kFail) return nullptr;
     if (shard >= 0) out_.input.shards[static_cast<size_t>(shard)].cross_group = true;
-    return true;
+    return p;
   }
 
-  // The shard whose id is at the reader (which moves past it), or kNotListed (`*canonical`:
-  // the id as the output writes it), or kFail. Ids are usually listed in shard_to_ranks'
-  // order, and one written the same way is the same id (a JSON array ends where its
-  // brackets balance): so it first compares the text with the ids of the shards after the
-  // last one found, and parses the id and looks it up in an index of all ids only when that
-  // fails.
-  int64_t FindShard(std::string_view* canonical) {
-    r_.SkipSpace();
-    const size_t num_shards = raw_len_.size();
-    const size_t stop = std::min(num_shards, next_ + (index_built_ ? 1 : kScan));
+  // The shard whose id is at p (which moves past it), or kNotListed (`*canonical`: the id
+  // as the output writes it), or kFail. Ids are usually listed in shard_to_ranks' order, and
+  // one written the same way is the same id (a JSON array ends where its brackets balance):
+  // so it first compares the text with the ids of the shards after the last one found, and
+  // parses the id and looks it up in an index of all ids only when that fails.
+  int64_t FindShard(const char*& p, std::string_view* canonical) {
+    SkipSpace(p, end_);
+    const size_t remaining = static_cast<size_t>(end_ - p);
+    const size_t stop = std::min(raw_.size(), next_ + (index_built_ ? 1 : kScan));
     for (size_t k = next_; k < stop; ++k) {
-      const size_t len = raw_len_[k];
-      if (len <= r_.remaining() && std::memcmp(r_.pos(), line_.data() + raw_begin_[k], len) == 0) {
-        r_.Skip(len);
+      const RawId raw = raw_[k];
+      if (raw.size <= remaining && std::memcmp(p, line_.data() + raw.begin, raw.size) == 0) {
+        p += raw.size;
         next_ = k + 1;
         return static_cast<int64_t>(k);
       }
     }
-    // Written past the ids, which this id's text can never reach (see IdWriter).
-    IdWriter w(ids_end_);
+    // Written past the ids, which this id's text can never reach (see ReadId).
     IdParts parts;
-    if (!ReadId(r_, w, nullptr, nullptr, &parts)) return kFail;
-    *canonical = std::string_view(ids_end_, static_cast<size_t>(w.pos() - ids_end_));
+    const IdCursor id = ReadId(IdCursor{p, ids_end_}, end_, nullptr, nullptr, &parts);
+    if (id.p == nullptr) return kFail;
+    p = id.p;
+    *canonical = std::string_view(ids_end_, static_cast<size_t>(id.w - ids_end_));
     if (!index_built_ && !BuildIndex()) return kFail;
     auto it = index_.find(*canonical);
     if (it == index_.end()) return kNotListed;
@@ -404,15 +407,17 @@ class LineParser {
   }
 
   std::string_view line_;
-  Reader r_;
+  const char* p_;  // where the line is read on
+  const char* end_;
   bool keep_out_of_range_ranks_;
   Fields seen_;
   bool ranks_before_num_ranks_ = false;
   FastDistributeLine out_;
-  char* ids_end_ = nullptr;                    // end of the ids written so far
-  std::vector<uint32_t> raw_begin_, raw_len_;  // each shard's id as the line has it
+  char* ids_end_ = nullptr;  // end of the ids written so far
+  std::vector<RawId> raw_;   // each shard's id as the line has it
   absl::flat_hash_map<std::string_view, int32_t> key_index_;
-  size_t next_ = 0;  // the shard after the last one FindShard found
+  int32_t last_key_ = -1;  // the key of the last shard read
+  size_t next_ = 0;        // the shard after the last one FindShard found
   bool index_built_ = false;
   absl::flat_hash_map<std::string_view, int32_t> index_;  // id as the output writes it
   absl::flat_hash_set<std::string> unlisted_sized_;
@@ -509,7 +514,12 @@ std::string FormatDistributeResult(const FormattedShardIds& ids,
   };
   put(kHead);
   const char* text = ids.buffer.get();
-  for (size_t i = 0; i < assignment.size(); ++i) {
+  const size_t n = assignment.size();
+  constexpr size_t kPrefetch = 8;
+  for (size_t i = 0; i < n; ++i) {
+    // The ids are read in visiting order, all over the buffer: fetch them ahead of use.
+    if (i + 2 * kPrefetch < n) __builtin_prefetch(&ids.ends[assignment[i + 2 * kPrefetch].shard]);
+    if (i + kPrefetch < n) __builtin_prefetch(text + ids.ends[assignment[i + kPrefetch].shard]);
     if (i > 0) *w++ = ',';
     *w++ = '[';
     const size_t shard = static_cast<size_t>(assignment[i].shard);

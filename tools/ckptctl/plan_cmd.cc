@@ -96,6 +96,7 @@ int RunPlan(const std::vector<std::string>& args) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(text.status().message()).c_str());
     return 1;
   }
+  UseHugePagesForLargeArrays(text->view().size());
   absl::StatusOr<std::string> output =
       mode == "dtensor"
           ? RunDTensorLines(text->view())

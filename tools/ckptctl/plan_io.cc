@@ -1,6 +1,7 @@
 #include "tools/ckptctl/plan_io.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -37,6 +38,24 @@ void CatchTruncation() {
 }
 
 }  // namespace
+
+void UseHugePagesForLargeArrays(size_t input_bytes) {
+  constexpr size_t kHugePage = size_t{2} << 20;
+  const size_t region = std::min<size_t>(3 * input_bytes + 32 * kHugePage, size_t{1} << 30);
+  // Chunks up to 32 MiB (glibc's largest threshold) from the heap rather than each its own
+  // mmap outside the region; the heap grows by the whole region at once (untouched pages
+  // cost nothing) and is kept when chunks are freed.
+  if (mallopt(M_MMAP_THRESHOLD, 32 << 20) == 0 || mallopt(M_TRIM_THRESHOLD, -1) == 0 ||
+      mallopt(M_TOP_PAD, static_cast<int>(region)) == 0) {
+    return;
+  }
+  void* block = std::malloc(kHugePage);  // more than the heap has left: it grows now
+  if (block == nullptr) return;
+  const uintptr_t start = (reinterpret_cast<uintptr_t>(block) + kHugePage - 1) & ~(kHugePage - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(::sbrk(0)) & ~(kHugePage - 1);
+  if (end > start) ::madvise(reinterpret_cast<void*>(start), end - start, MADV_HUGEPAGE);
+  std::free(block);
+}
 
 PlanInput::PlanInput(PlanInput&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
