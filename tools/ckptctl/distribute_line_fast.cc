@@ -86,6 +86,21 @@ inline bool IsDigit(char c) { return c >= '0' && c <= '9'; }
   return false;
 }
 
+// Whether a[0, n) == b[0, n), compared inline 8 bytes at a time (ids and keys are short: a
+// call to memcmp costs more than the comparison).
+[[gnu::always_inline]] inline bool SameBytes(const char* a, const char* b, size_t n) {
+  for (; n >= 8; n -= 8, a += 8, b += 8) {
+    uint64_t x, y;
+    std::memcpy(&x, a, 8);
+    std::memcpy(&y, b, 8);
+    if (x != y) return false;
+  }
+  for (; n > 0; --n, ++a, ++b) {
+    if (*a != *b) return false;
+  }
+  return true;
+}
+
 // An id's parts other than its offsets (appended to a vector by ReadId).
 struct IdParts {
   std::string_view key;
@@ -108,14 +123,18 @@ IdCursor ReadId(IdCursor c, const char* end, std::vector<int64_t>* offsets,
   const IdCursor kFailed{nullptr, c.w};
   const char* p = c.p;
   char* w = c.w;
-  if (!Consume(p, end, '[') || !ParseString(p, end, &parts->key) || !Consume(p, end, ',') ||
-      !Consume(p, end, '[')) {
-    return kFailed;
-  }
+  if (!Consume(p, end, '[') || !Consume(p, end, '"')) return kFailed;
   *w++ = '[';
   *w++ = '"';
-  std::memcpy(w, parts->key.data(), parts->key.size());
-  w += parts->key.size();
+  // The key, copied as it is scanned: printable ASCII without escapes (see ParseString).
+  const char* key = p;
+  while (p < end && static_cast<unsigned char>(*p) - 0x20u < 0x5fu && *p != '"' && *p != '\\') {
+    *w++ = *p++;
+  }
+  if (p == end || *p != '"' || static_cast<size_t>(p - key) > kMaxStringBytes) return kFailed;
+  parts->key = std::string_view(key, static_cast<size_t>(p - key));
+  ++p;
+  if (!Consume(p, end, ',') || !Consume(p, end, '[')) return kFailed;
   std::memcpy(w, "\",[", 3);
   w += 3;
   parts->num_offsets = 0;
@@ -309,7 +328,10 @@ class LineParser {
   int32_t InternKey(std::string_view key) {
     CompactDistributionInput& in = out_.input;
     // Consecutive shards usually share a key.
-    if (last_key_ >= 0 && in.keys[last_key_] == key) return last_key_;
+    if (last_key_ >= 0 && in.keys[last_key_].size() == key.size() &&
+        SameBytes(in.keys[last_key_].data(), key.data(), key.size())) {
+      return last_key_;
+    }
     auto [it, inserted] = key_index_.try_emplace(key, static_cast<int32_t>(in.keys.size()));
     if (inserted) in.keys.push_back(key);
     last_key_ = it->second;
@@ -354,7 +376,7 @@ class LineParser {
     const size_t stop = std::min(raw_.size(), next_ + (index_built_ ? 1 : kScan));
     for (size_t k = next_; k < stop; ++k) {
       const RawId raw = raw_[k];
-      if (raw.size <= remaining && std::memcmp(p, line_.data() + raw.begin, raw.size) == 0) {
+      if (raw.size <= remaining && SameBytes(p, line_.data() + raw.begin, raw.size)) {
         p += raw.size;
         next_ = k + 1;
         return static_cast<int64_t>(k);
