@@ -70,8 +70,8 @@ struct CompactDistributionInput {
   std::vector<std::string_view> keys;
   std::vector<int64_t> offsets;
   std::vector<FlatRange> flats;
-  // Holder lists, kept as given (order and duplicates); a holder outside [0, num_ranks) is
-  // stored as -1: it counts in len(holders) and is never chosen.
+  // Holder lists, kept as given (order and duplicates); a holder outside [0, num_ranks)
+  // (stored as -1 by ToCompactDistributionInput) counts in len(holders), is never chosen.
   std::vector<int32_t> holders;
   std::vector<int64_t> list_start = {0};  // one more than the number of lists
   std::vector<Shard> shards;

@@ -347,6 +347,47 @@ TEST(DistributePropertyTest, FastPathMatchesStraightforwardImplementation) {
   EXPECT_GT(errors, 10);
 }
 
+// The compact form gives what the DistributionInput it was made from gives: same
+// assignments, same errors (ToCompactDistributionInput needs a validated input).
+TEST(DistributePropertyTest, CompactFormMatchesItsDistributionInput) {
+  std::mt19937_64 rng(4242);
+  int compared = 0;
+  for (int iter = 0; iter < 600; ++iter) {
+    DistributionInput in = RandomInput(rng);
+    if (!internal::ValidateDistributionInput(in).ok()) continue;
+    auto classic = DistributeShardsToRanks(in);
+    auto compact = DistributeShardsToRanks(ToCompactDistributionInput(in));
+    ASSERT_EQ(compact.status(), classic.status()) << "iteration " << iter;
+    if (classic.ok()) {
+      ASSERT_EQ(*compact, *classic) << "iteration " << iter;
+    }
+    ++compared;
+  }
+  EXPECT_GT(compared, 300);
+}
+
+// A compact input whose ranges point outside its arrays is refused, never read.
+TEST(DistributeTest, MalformedCompactInputIsAnErrorNotACrash) {
+  DistributionInput in;
+  in.num_ranks = 4;
+  in.AddShard(Id("a"), 8, {1, 2});
+  in.AddShard(Id("b", {0, 1}, FlatRange{0, 4}), 8, {3});
+  const CompactDistributionInput good = ToCompactDistributionInput(in);
+  ASSERT_TRUE(DistributeShardsToRanks(good).ok());
+  std::vector<CompactDistributionInput> bad(6, good);
+  bad[0].shards[1].holder_list = 2;
+  bad[1].shards[0].key = 5;
+  bad[2].shards[1].flat = 1;
+  bad[3].shards[1].num_offsets = 3;
+  bad[4].list_start.back() = 99;
+  bad[5].list_start = {};
+  for (const CompactDistributionInput& input : bad) {
+    absl::StatusOr<std::vector<ShardAssignment>> result = DistributeShardsToRanks(input);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(result.status().message(), HasSubstr("malformed compact input"));
+  }
+}
+
 // Inputs large enough for the radix sort of visiting keys and the per-set heaps.
 TEST(DistributePropertyTest, LargeInputsMatchStraightforwardImplementation) {
   std::mt19937_64 rng(777);
