@@ -6,8 +6,9 @@ target for that command is 93 ms end to end). These flags, in the binary's own l
 the Debian -dev packages' archives (installed by tools/install_deps.sh) ahead of the -l flags
 that third_party/system.BUILD gives every target, and --as-needed then drops the shared
 libraries nothing is left to resolve from; glibc, libstdc++, libxxhash (whose .a lacks the
-x86 dispatch functions) and liburing stay shared. An archive missing from this list only means
-its shared library is loaded as before.
+x86 dispatch functions) and liburing stay shared. Every archive listed must exist: the -dev
+packages install_deps.sh installs (libgrpc++-dev, libssl-dev, libabsl-dev, libre2-dev and their
+dependencies libc-ares-dev, zlib1g-dev) provide them on Debian x86_64; a missing one fails the link.
 """
 
 _LIB_DIR = "/usr/lib/x86_64-linux-gnu/"
