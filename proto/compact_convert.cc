@@ -1,6 +1,7 @@
 #include "proto/compact_convert.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,7 @@ pb::TensorLayout LayoutOf(const pb::CompactTensor& tensor) {
   layout.set_key(tensor.tensor().key());
   if (tensor.has_dtensor()) {
     *layout.mutable_placements() = tensor.dtensor().placements();
+    layout.set_flat_sharded(tensor.dtensor().has_flat_over());
   } else {
     layout.set_flat_sharded(true);
   }
@@ -100,9 +102,11 @@ absl::StatusOr<pb::PieceMeta> ExpandCompactTensor(
     absl::StatusOr<std::vector<Placement>> placements =
         PlacementsFromProto(tensor.dtensor(), key, rank);
     if (!placements.ok()) return placements.status();
-    piece = ExpandDTensorPiece(subject, Ints(tensor.tensor().global_shape()),
-                               Ints(meshes[mesh].shape()), Ints(meshes[mesh].coordinate()),
-                               *placements, Ints(tensor.replica_id()));
+    piece = ExpandDTensorPiece(
+        subject, Ints(tensor.tensor().global_shape()), Ints(meshes[mesh].shape()),
+        Ints(meshes[mesh].coordinate()), *placements, Ints(tensor.replica_id()),
+        tensor.dtensor().has_flat_over() ? std::optional<int64_t>(tensor.dtensor().flat_over())
+                                         : std::nullopt);
   } else if (tensor.has_flat()) {
     piece = ExpandFlatPiece(subject, Ints(tensor.tensor().global_shape()), tensor.flat().parts(),
                             tensor.flat().part(), Ints(tensor.replica_id()));
@@ -155,6 +159,16 @@ absl::StatusOr<const pb::RankState*> ExpandCompactTensors(const pb::RankState& s
 RankStateWriter::RankStateWriter(pb::RankState* state, bool with_kinds_and_layouts)
     : state_(state), with_kinds_and_layouts_(with_kinds_and_layouts) {}
 
+void RankStateWriter::Add(const pb::PieceMeta& piece, pb::MemoryKind kind,
+                          const pb::TensorLayout& layout, absl::Span<const int64_t> mesh_shape,
+                          absl::Span<const int64_t> coordinate) {
+  if (layout.placements_size() > 0 && !coordinate.empty()) {
+    AddDTensor(piece, kind, layout, mesh_shape, coordinate);
+  } else {
+    AddPiece(piece, kind, layout);
+  }
+}
+
 void RankStateWriter::AddPiece(const pb::PieceMeta& piece, pb::MemoryKind kind,
                                const pb::TensorLayout& layout) {
   *state_->add_shards() = piece;
@@ -180,11 +194,12 @@ int RankStateWriter::MeshIndex(absl::Span<const int64_t> shape,
 bool RankStateWriter::AddDTensor(const pb::PieceMeta& piece, pb::MemoryKind kind,
                                  const pb::TensorLayout& layout,
                                  absl::Span<const int64_t> mesh_shape,
-                                 absl::Span<const int64_t> coordinate) {
+                                 absl::Span<const int64_t> coordinate,
+                                 std::optional<int64_t> flat_over) {
   const int meshes_before = state_->compact_meshes_size();
-  // The mesh's own replica id is the coordinates along the Replicate() dims; what follows
-  // them in the piece's id is the description's own.
-  int64_t mesh_ids = 0;
+  // The mesh's own replica id is the coordinates along the Replicate() dims (but flat_over);
+  // what follows them in the piece's id is the description's own.
+  int64_t mesh_ids = flat_over ? -1 : 0;
   for (const pb::Placement& p : layout.placements()) mesh_ids += p.has_replicate() ? 1 : 0;
   if (mesh_ids > piece.replica_id_size()) {
     AddPiece(piece, kind, layout);
@@ -195,6 +210,7 @@ bool RankStateWriter::AddDTensor(const pb::PieceMeta& piece, pb::MemoryKind kind
   t->set_index(pieces_);
   t->mutable_dtensor()->set_mesh(MeshIndex(mesh_shape, coordinate));
   *t->mutable_dtensor()->mutable_placements() = layout.placements();
+  if (flat_over) t->mutable_dtensor()->set_flat_over(static_cast<int32_t>(*flat_over));
   t->mutable_replica_id()->Add(piece.replica_id().begin() + mesh_ids, piece.replica_id().end());
   t->set_memory_kind(kind);
   if (KeepIfExact(piece, kind, layout)) return true;

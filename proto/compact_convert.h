@@ -6,6 +6,7 @@
 #define CKPT_PROTO_COMPACT_CONVERT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -44,12 +45,18 @@ class RankStateWriter {
   // worker sends them); otherwise neither is written (as ckpt_loadgen describes ranks).
   RankStateWriter(pb::RankState* state, bool with_kinds_and_layouts);
 
+  // The worker's rule for a tensor as the trainer registered it: a DTensor (placements and a
+  // mesh coordinate given) goes through AddDTensor, anything else is listed.
+  void Add(const pb::PieceMeta& piece, pb::MemoryKind kind, const pb::TensorLayout& layout,
+           absl::Span<const int64_t> mesh_shape, absl::Span<const int64_t> coordinate);
   // Lists `piece`.
   void AddPiece(const pb::PieceMeta& piece, pb::MemoryKind kind, const pb::TensorLayout& layout);
-  // Describes `piece` as a DTensor with `placements` over `mesh_shape` at `coordinate` when
-  // that expands to exactly `piece`; otherwise lists it. Returns whether it went compact.
+  // Describes `piece` as a DTensor with the layout's placements over `mesh_shape` at
+  // `coordinate` (flat over mesh dim `flat_over` if given) when that expands to exactly
+  // `piece`; otherwise lists it. Returns whether it went compact.
   bool AddDTensor(const pb::PieceMeta& piece, pb::MemoryKind kind, const pb::TensorLayout& layout,
-                  absl::Span<const int64_t> mesh_shape, absl::Span<const int64_t> coordinate);
+                  absl::Span<const int64_t> mesh_shape, absl::Span<const int64_t> coordinate,
+                  std::optional<int64_t> flat_over = std::nullopt);
   // Describes `piece` as part `part` of an even flat split into `parts` when that expands to
   // exactly `piece`; otherwise lists it. Returns whether it went compact.
   bool AddFlat(const pb::PieceMeta& piece, pb::MemoryKind kind, const pb::TensorLayout& layout,

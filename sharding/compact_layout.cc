@@ -42,7 +42,8 @@ absl::StatusOr<ExpandedPiece> ExpandDTensorPiece(const CompactSubject& subject,
                                                  absl::Span<const int64_t> mesh_shape,
                                                  absl::Span<const int64_t> coordinate,
                                                  absl::Span<const Placement> placements,
-                                                 absl::Span<const int64_t> replica_suffix) {
+                                                 absl::Span<const int64_t> replica_suffix,
+                                                 std::optional<int64_t> flat_over) {
   if (absl::Status s = CheckCounts(subject, global_shape, mesh_shape.size(), replica_suffix);
       !s.ok()) {
     return s;
@@ -58,8 +59,23 @@ absl::StatusOr<ExpandedPiece> ExpandDTensorPiece(const CompactSubject& subject,
   if (!mesh_rank.ok()) return Refuse(subject, mesh_rank.status());
   absl::StatusOr<LocalShard> local = ComputeLocalShard(global_shape, *mesh, placements, *mesh_rank);
   if (!local.ok()) return Refuse(subject, local.status());
-  ExpandedPiece piece{local->region(), std::move(local->replica_id)};
+  if (flat_over &&
+      (*flat_over < 0 || *flat_over >= mesh->ndim() || placements[*flat_over].is_shard())) {
+    return Refuse(subject,
+                  absl::StrCat("is flat over mesh dim ", *flat_over,
+                               ", which is not a Replicate() dim of ", mesh->DebugString()));
+  }
+  ExpandedPiece piece{local->region(), {}};
+  for (int d = 0; d < mesh->ndim(); ++d) {
+    if (!placements[d].is_shard() && d != flat_over) piece.replica_id.push_back(coordinate[d]);
+  }
   piece.replica_id.insert(piece.replica_id.end(), replica_suffix.begin(), replica_suffix.end());
+  if (flat_over) {
+    absl::StatusOr<FlatRange> range =
+        EvenFlatRange(piece.region.BoxElements(), mesh_shape[*flat_over], coordinate[*flat_over]);
+    if (!range.ok()) return Refuse(subject, range.status());
+    piece.region.flat = *range;
+  }
   return piece;
 }
 

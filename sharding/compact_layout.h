@@ -15,6 +15,7 @@
 #define CKPT_SHARDING_COMPACT_LAYOUT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,13 +46,17 @@ struct CompactSubject {
 };
 
 // A DTensor laid out with `placements` over a mesh of `mesh_shape`, seen from the rank at
-// `coordinate`; `replica_suffix` is appended to the mesh's replica id.
+// `coordinate`; `replica_suffix` is appended to the mesh's replica id. With `flat_over` (a
+// Replicate() mesh dim), the box is then split into even flat ranges over that mesh dim, as a
+// layout JSON's "flat": {"over": dim} does (planner/layout_spec: ZeRO-1 optimizer state), and
+// that dim's coordinate leaves the replica id.
 absl::StatusOr<ExpandedPiece> ExpandDTensorPiece(const CompactSubject& subject,
                                                  absl::Span<const int64_t> global_shape,
                                                  absl::Span<const int64_t> mesh_shape,
                                                  absl::Span<const int64_t> coordinate,
                                                  absl::Span<const Placement> placements,
-                                                 absl::Span<const int64_t> replica_suffix);
+                                                 absl::Span<const int64_t> replica_suffix,
+                                                 std::optional<int64_t> flat_over = std::nullopt);
 
 // Part `part` of the even flat split of the tensor into `parts` parts (1 <= parts <=
 // kMaxWorldSize, 0 <= part < parts).
