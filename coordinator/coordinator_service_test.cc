@@ -287,11 +287,12 @@ TEST_F(CoordinatorServiceTest, CompactTensorsAreExpandedAndHostileOnesRefusedNam
     request.set_worker_id(w0);
     request.mutable_state()->set_rank(rank);
     request.mutable_state()->add_shards()->mutable_tensor()->set_key(absl::StrCat("w", rank));
-    pb::CompactTensor* flat = request.mutable_state()->add_compact_tensors();
-    flat->mutable_tensor()->set_key("embedding");
-    flat->mutable_tensor()->set_dtype(pb::DTYPE_F32);
-    flat->mutable_tensor()->add_global_shape(10);
-    flat->set_index(0);
+    pb::CompactTensors* flat = request.mutable_state()->add_compact_tensors();
+    pb::TensorMeta* tensor = flat->add_tensors();
+    tensor->set_key("embedding");
+    tensor->set_dtype(pb::DTYPE_F32);
+    tensor->add_global_shape(10);
+    flat->add_index(0);
     flat->mutable_flat()->set_parts(2);
     flat->mutable_flat()->set_part(part);
     return stub_->JoinOperation(Ctx().get(), request, out);

@@ -43,12 +43,12 @@ absl::StatusOr<std::vector<Placement>> PlacementsFromProto(const pb::CompactDTen
   return out;
 }
 
-pb::TensorLayout LayoutOf(const pb::CompactTensor& tensor) {
+pb::TensorLayout LayoutOf(const pb::CompactTensors& run, int i) {
   pb::TensorLayout layout;
-  layout.set_key(tensor.tensor().key());
-  if (tensor.has_dtensor()) {
-    *layout.mutable_placements() = tensor.dtensor().placements();
-    layout.set_flat_sharded(tensor.dtensor().has_flat_over());
+  layout.set_key(run.tensors(i).key());
+  if (run.has_dtensor()) {
+    *layout.mutable_placements() = run.dtensor().placements();
+    layout.set_flat_sharded(run.dtensor().has_flat_over());
   } else {
     layout.set_flat_sharded(true);
   }
@@ -62,24 +62,35 @@ bool SamePiece(const pb::PieceMeta& a, const pb::PieceMeta& b) {
                     b.replica_id().end());
 }
 
-// For every piece position, the compact tensor placed there (-1: the next listed shard).
-absl::StatusOr<std::vector<int>> CompactSlots(const pb::RankState& state, absl::string_view who,
-                                              int64_t max_pieces) {
-  const int64_t total = int64_t{state.shards_size()} + state.compact_tensors_size();
+// For every piece position, the run and its tensor placed there ({-1, -1}: the next listed
+// shard).
+absl::StatusOr<std::vector<std::pair<int, int>>> CompactSlots(const pb::RankState& state,
+                                                              absl::string_view who,
+                                                              int64_t max_pieces) {
+  int64_t total = state.shards_size();
+  for (const pb::CompactTensors& run : state.compact_tensors()) total += run.tensors_size();
   if (total > max_pieces) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, " describes ", total, " pieces; at most ", max_pieces));
   }
-  std::vector<int> slots(total, -1);
-  for (int i = 0; i < state.compact_tensors_size(); ++i) {
-    const pb::CompactTensor& t = state.compact_tensors(i);
-    if (t.index() < 0 || t.index() >= total || slots[t.index()] != -1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, ": compact tensor ", t.tensor().key(), " has index ", t.index(),
-                       t.index() >= 0 && t.index() < total ? ", already taken by another" : "",
-                       " among its ", total, " pieces"));
+  std::vector<std::pair<int, int>> slots(total, {-1, -1});
+  for (int r = 0; r < state.compact_tensors_size(); ++r) {
+    const pb::CompactTensors& run = state.compact_tensors(r);
+    if (run.index_size() != run.tensors_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": a compact run of ", run.tensors_size(), " tensors (the first: tensor ",
+          run.tensors_size() > 0 ? run.tensors(0).key() : "none", ") gives ", run.index_size(),
+          " indices"));
     }
-    slots[t.index()] = i;
+    for (int i = 0; i < run.tensors_size(); ++i) {
+      const int64_t at = run.index(i);
+      if (at < 0 || at >= total || slots[at].first != -1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who, ": compact tensor ", run.tensors(i).key(), " would be piece ", at,
+            at >= 0 && at < total ? ", already taken by another," : "", " of its ", total));
+      }
+      slots[at] = {r, i};
+    }
   }
   return slots;
 }
@@ -87,35 +98,35 @@ absl::StatusOr<std::vector<int>> CompactSlots(const pb::RankState& state, absl::
 }  // namespace
 
 absl::StatusOr<pb::PieceMeta> ExpandCompactTensor(
-    const pb::CompactTensor& tensor,
+    const pb::CompactTensors& run, int i,
     const google::protobuf::RepeatedPtrField<pb::CompactMesh>& meshes, int64_t rank) {
-  const std::string& key = tensor.tensor().key();
-  const CompactSubject subject{key, rank};
+  const pb::TensorMeta& tensor = run.tensors(i);
+  const CompactSubject subject{tensor.key(), rank};
   absl::StatusOr<ExpandedPiece> piece;
-  if (tensor.has_dtensor()) {
-    const int mesh = tensor.dtensor().mesh();
+  if (run.has_dtensor()) {
+    const int mesh = run.dtensor().mesh();
     if (mesh < 0 || mesh >= meshes.size()) {
-      return Refuse(key, rank,
+      return Refuse(tensor.key(), rank,
                     absl::StrCat("mesh ", mesh, " is not among the rank's ", meshes.size(),
                                  " compact meshes"));
     }
     absl::StatusOr<std::vector<Placement>> placements =
-        PlacementsFromProto(tensor.dtensor(), key, rank);
+        PlacementsFromProto(run.dtensor(), tensor.key(), rank);
     if (!placements.ok()) return placements.status();
-    piece = ExpandDTensorPiece(
-        subject, Ints(tensor.tensor().global_shape()), Ints(meshes[mesh].shape()),
-        Ints(meshes[mesh].coordinate()), *placements, Ints(tensor.replica_id()),
-        tensor.dtensor().has_flat_over() ? std::optional<int64_t>(tensor.dtensor().flat_over())
-                                         : std::nullopt);
-  } else if (tensor.has_flat()) {
-    piece = ExpandFlatPiece(subject, Ints(tensor.tensor().global_shape()), tensor.flat().parts(),
-                            tensor.flat().part(), Ints(tensor.replica_id()));
+    piece = ExpandDTensorPiece(subject, Ints(tensor.global_shape()), Ints(meshes[mesh].shape()),
+                               Ints(meshes[mesh].coordinate()), *placements, Ints(run.replica_id()),
+                               run.dtensor().has_flat_over()
+                                   ? std::optional<int64_t>(run.dtensor().flat_over())
+                                   : std::nullopt);
+  } else if (run.has_flat()) {
+    piece = ExpandFlatPiece(subject, Ints(tensor.global_shape()), run.flat().parts(),
+                            run.flat().part(), Ints(run.replica_id()));
   } else {
-    return Refuse(key, rank, "compact tensor without a DTensor or flat layout");
+    return Refuse(tensor.key(), rank, "compact tensor without a DTensor or flat layout");
   }
   if (!piece.ok()) return piece.status();
   pb::PieceMeta out;
-  *out.mutable_tensor() = tensor.tensor();
+  *out.mutable_tensor() = tensor;
   *out.mutable_region() = RegionToProto(piece->region);
   out.mutable_replica_id()->Add(piece->replica_id.begin(), piece->replica_id.end());
   return out;
@@ -126,32 +137,36 @@ absl::StatusOr<const pb::RankState*> ExpandCompactTensors(const pb::RankState& s
                                                           absl::string_view who,
                                                           int64_t max_pieces) {
   if (state.compact_tensors_size() == 0) return &state;
-  absl::StatusOr<std::vector<int>> slots = CompactSlots(state, who, max_pieces);
+  absl::StatusOr<std::vector<std::pair<int, int>>> slots = CompactSlots(state, who, max_pieces);
   if (!slots.ok()) return slots.status();
-  const bool kinds = state.memory_kinds_size() == state.shards_size();
-  const bool layouts = state.layouts_size() == state.shards_size();
+  // A rank that describes memory kinds and layouts gives them for listed pieces and a memory
+  // kind for each run; runs of MEMORY_KIND_UNSPECIFIED come from one that describes neither.
+  const bool described = state.shards_size() > 0 ||
+                         state.compact_tensors(0).memory_kind() != pb::MEMORY_KIND_UNSPECIFIED;
+  const bool kinds = described && state.memory_kinds_size() == state.shards_size();
+  const bool layouts = described && state.layouts_size() == state.shards_size();
   expanded->Clear();
   expanded->set_rank(state.rank());
   *expanded->mutable_mesh_shape() = state.mesh_shape();
   if (!kinds) *expanded->mutable_memory_kinds() = state.memory_kinds();
   if (!layouts) *expanded->mutable_layouts() = state.layouts();
   int listed = 0;
-  for (int slot : *slots) {
-    if (slot < 0) {
+  for (const auto& [r, i] : *slots) {
+    if (r < 0) {
       if (kinds) expanded->add_memory_kinds(state.memory_kinds(listed));
       if (layouts) *expanded->add_layouts() = state.layouts(listed);
       *expanded->add_shards() = state.shards(listed++);
       continue;
     }
-    const pb::CompactTensor& t = state.compact_tensors(slot);
+    const pb::CompactTensors& run = state.compact_tensors(r);
     absl::StatusOr<pb::PieceMeta> piece =
-        ExpandCompactTensor(t, state.compact_meshes(), state.rank());
+        ExpandCompactTensor(run, i, state.compact_meshes(), state.rank());
     if (!piece.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(who, ": ", piece.status().message()));
     }
     *expanded->add_shards() = *std::move(piece);
-    if (kinds) expanded->add_memory_kinds(t.memory_kind());
-    if (layouts) *expanded->add_layouts() = LayoutOf(t);
+    if (kinds) expanded->add_memory_kinds(run.memory_kind());
+    if (layouts) *expanded->add_layouts() = LayoutOf(run, i);
   }
   return expanded;
 }
@@ -196,52 +211,60 @@ bool RankStateWriter::AddDTensor(const pb::PieceMeta& piece, pb::MemoryKind kind
                                  absl::Span<const int64_t> mesh_shape,
                                  absl::Span<const int64_t> coordinate,
                                  std::optional<int64_t> flat_over) {
-  const int meshes_before = state_->compact_meshes_size();
   // The mesh's own replica id is the coordinates along the Replicate() dims (but flat_over);
   // what follows them in the piece's id is the description's own.
   int64_t mesh_ids = flat_over ? -1 : 0;
   for (const pb::Placement& p : layout.placements()) mesh_ids += p.has_replicate() ? 1 : 0;
-  if (mesh_ids > piece.replica_id_size()) {
+  if (mesh_ids < 0 || mesh_ids > piece.replica_id_size()) {
     AddPiece(piece, kind, layout);
     return false;
   }
-  pb::CompactTensor* t = state_->add_compact_tensors();
-  *t->mutable_tensor() = piece.tensor();
-  t->set_index(pieces_);
-  t->mutable_dtensor()->set_mesh(MeshIndex(mesh_shape, coordinate));
-  *t->mutable_dtensor()->mutable_placements() = layout.placements();
-  if (flat_over) t->mutable_dtensor()->set_flat_over(static_cast<int32_t>(*flat_over));
-  t->mutable_replica_id()->Add(piece.replica_id().begin() + mesh_ids, piece.replica_id().end());
-  t->set_memory_kind(kind);
-  if (KeepIfExact(piece, kind, layout)) return true;
-  while (state_->compact_meshes_size() > meshes_before)
+  const int meshes_before = state_->compact_meshes_size();
+  pb::CompactTensors run;
+  run.mutable_dtensor()->set_mesh(MeshIndex(mesh_shape, coordinate));
+  *run.mutable_dtensor()->mutable_placements() = layout.placements();
+  if (flat_over) run.mutable_dtensor()->set_flat_over(static_cast<int32_t>(*flat_over));
+  run.mutable_replica_id()->Add(piece.replica_id().begin() + mesh_ids, piece.replica_id().end());
+  run.set_memory_kind(with_kinds_and_layouts_ ? kind : pb::MEMORY_KIND_UNSPECIFIED);
+  if (AddToRun(run, piece, kind, layout)) return true;
+  while (state_->compact_meshes_size() > meshes_before) {
     state_->mutable_compact_meshes()->RemoveLast();
+  }
   return false;
 }
 
 bool RankStateWriter::AddFlat(const pb::PieceMeta& piece, pb::MemoryKind kind,
                               const pb::TensorLayout& layout, int64_t parts, int64_t part) {
-  pb::CompactTensor* t = state_->add_compact_tensors();
-  *t->mutable_tensor() = piece.tensor();
-  t->set_index(pieces_);
-  t->mutable_flat()->set_parts(parts);
-  t->mutable_flat()->set_part(part);
-  *t->mutable_replica_id() = piece.replica_id();
-  t->set_memory_kind(kind);
-  return KeepIfExact(piece, kind, layout);
+  pb::CompactTensors run;
+  run.mutable_flat()->set_parts(parts);
+  run.mutable_flat()->set_part(part);
+  *run.mutable_replica_id() = piece.replica_id();
+  run.set_memory_kind(with_kinds_and_layouts_ ? kind : pb::MEMORY_KIND_UNSPECIFIED);
+  return AddToRun(run, piece, kind, layout);
 }
 
-bool RankStateWriter::KeepIfExact(const pb::PieceMeta& piece, pb::MemoryKind kind,
-                                  const pb::TensorLayout& layout) {
-  const pb::CompactTensor& compact = state_->compact_tensors(state_->compact_tensors_size() - 1);
+bool RankStateWriter::AddToRun(const pb::CompactTensors& run, const pb::PieceMeta& piece,
+                               pb::MemoryKind kind, const pb::TensorLayout& layout) {
+  auto* runs = state_->mutable_compact_tensors();
+  auto [found, added] = run_of_layout_.try_emplace(run.SerializeAsString(), runs->size());
+  if (added) *runs->Add() = run;
+  pb::CompactTensors& into = (*runs)[found->second];
+  *into.add_tensors() = piece.tensor();
+  into.add_index(pieces_);
+  const int i = into.tensors_size() - 1;
   absl::StatusOr<pb::PieceMeta> expanded =
-      ExpandCompactTensor(compact, state_->compact_meshes(), state_->rank());
+      ExpandCompactTensor(into, i, state_->compact_meshes(), state_->rank());
   // The expansion must also give back the layout the coordinator keeps for the manifest.
   const bool exact = expanded.ok() && SamePiece(*expanded, piece) &&
                      (!with_kinds_and_layouts_ ||
-                      LayoutOf(compact).SerializeAsString() == layout.SerializeAsString());
+                      LayoutOf(into, i).SerializeAsString() == layout.SerializeAsString());
   if (!exact) {
-    state_->mutable_compact_tensors()->RemoveLast();
+    into.mutable_tensors()->RemoveLast();
+    into.mutable_index()->RemoveLast();
+    if (added) {
+      runs->RemoveLast();
+      run_of_layout_.erase(found);
+    }
     AddPiece(piece, kind, layout);
     return false;
   }

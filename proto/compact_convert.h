@@ -1,7 +1,8 @@
-// Compact rank descriptions on the wire (RankState.compact_tensors, issue 16): the coordinator
-// expands them to the pieces they stand for, and emitters (the worker, ckpt_loadgen) write a
-// piece compactly only where the expansion gives back exactly that piece. The layout math is
-// sharding/compact_layout's; this file converts between it and the protos.
+// Compact rank descriptions on the wire (RankState.compact_tensors, issue 16): runs of tensors
+// sharing one layout. The coordinator expands them to the pieces they stand for, and emitters
+// (the worker, ckpt_loadgen) write a piece compactly only where the expansion gives back
+// exactly that piece. The layout math is sharding/compact_layout's; this file converts between
+// it and the protos.
 #ifndef CKPT_PROTO_COMPACT_CONVERT_H_
 #define CKPT_PROTO_COMPACT_CONVERT_H_
 
@@ -9,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -17,32 +19,34 @@
 
 namespace ckpt {
 
-// The piece `tensor` stands for, for rank `rank` (errors name the tensor and rank): its
-// TensorMeta, the region its layout gives and its replica id. InvalidArgument for a mesh
-// index outside `meshes`, a placement that is neither Shard nor Replicate, no layout, and
+// The piece tensor `i` of `run` stands for, for rank `rank` (errors name the tensor and rank):
+// its TensorMeta, the region the run's layout gives and its replica id. InvalidArgument for a
+// mesh index outside `meshes`, a placement that is neither Shard nor Replicate, no layout, and
 // everything sharding/compact_layout refuses.
 absl::StatusOr<pb::PieceMeta> ExpandCompactTensor(
-    const pb::CompactTensor& tensor,
+    const pb::CompactTensors& run, int i,
     const google::protobuf::RepeatedPtrField<pb::CompactMesh>& meshes, int64_t rank);
 
-// `state` with every compact tensor expanded and inserted at its index among `shards` (and
-// into `memory_kinds` and `layouts` where those are parallel to `shards`; a compact DTensor's
-// layout is its placements, a flat one's flat_sharded). Without compact tensors returns &state
-// and leaves `expanded` alone (no copy); otherwise fills `expanded` and returns it.
-// InvalidArgument naming `who` (e.g. "job j rank 3") and the tensor for more than
-// `max_pieces` pieces (listed and compact), an index outside the pieces or taken twice, and any
-// tensor ExpandCompactTensor refuses.
+// `state` with every run expanded and inserted at its index among `shards` (and into
+// `memory_kinds` and `layouts` where those are parallel to `shards`; a compact DTensor's
+// layout is its placements, flat_sharded with flat_over; a flat one's flat_sharded). Without
+// runs returns &state and leaves `expanded` alone (no copy); otherwise fills `expanded` and
+// returns it. InvalidArgument naming `who` (e.g. "job j rank 3") and the tensor for more than
+// `max_pieces` pieces (listed and compact), a run outside the pieces or overlapping another,
+// and any tensor ExpandCompactTensor refuses.
 absl::StatusOr<const pb::RankState*> ExpandCompactTensors(const pb::RankState& state,
                                                           pb::RankState* expanded,
                                                           absl::string_view who,
                                                           int64_t max_pieces = kMaxRankPieces);
 
 // Appends a rank's pieces to a RankState in order, each either listed (`shards`) or, where
-// asked and exact, compactly (`compact_tensors`, meshes shared in `compact_meshes`).
+// asked and exact, compactly (`compact_tensors`: a piece joins the run laid out as it is;
+// meshes shared in `compact_meshes`).
 class RankStateWriter {
  public:
   // `with_kinds_and_layouts`: keep `memory_kinds` and `layouts` parallel to the pieces (as the
-  // worker sends them); otherwise neither is written (as ckpt_loadgen describes ranks).
+  // worker sends them; runs carry their memory kind); otherwise neither is written and runs
+  // have MEMORY_KIND_UNSPECIFIED (as ckpt_loadgen describes ranks).
   RankStateWriter(pb::RankState* state, bool with_kinds_and_layouts);
 
   // The worker's rule for a tensor as the trainer registered it: a DTensor (placements and a
@@ -64,12 +68,18 @@ class RankStateWriter {
 
  private:
   int MeshIndex(absl::Span<const int64_t> shape, absl::Span<const int64_t> coordinate);
-  // Keeps `compact` (already in state_) when it expands to `piece`, else drops it.
-  bool KeepIfExact(const pb::PieceMeta& piece, pb::MemoryKind kind, const pb::TensorLayout& layout);
+  // Appends `piece` to the run laid out as `run` (layout, replica id and memory kind; a new
+  // one if none is); keeps it when its expansion gives back `piece` (and `layout`), else takes
+  // it back and lists the piece.
+  bool AddToRun(const pb::CompactTensors& run, const pb::PieceMeta& piece, pb::MemoryKind kind,
+                const pb::TensorLayout& layout);
 
   pb::RankState* state_;
   bool with_kinds_and_layouts_;
   int32_t pieces_ = 0;
+  // Each run's index in state_->compact_tensors by its serialized layout (a run without
+  // tensors or indices).
+  absl::flat_hash_map<std::string, int> run_of_layout_;
 };
 
 }  // namespace ckpt

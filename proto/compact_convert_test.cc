@@ -105,6 +105,30 @@ TEST(CompactConvertTest, ExpansionGivesBackExactlyTheListedDescription) {
       << mix.full.DebugString();
 }
 
+TEST(CompactConvertTest, ConsecutiveTensorsLaidOutAlikeShareOneRun) {
+  pb::RankState compact, full;
+  compact.set_rank(5);
+  full.set_rank(5);
+  RankStateWriter writer(&compact, true), listed(&full, true);
+  const std::vector<int64_t> mesh = {2, 4}, coordinate = {1, 1};
+  for (const char* key : {"x", "y", "z"}) {
+    Described d = DescribeDTensor(key, {13, 7}, mesh, 5, {Replicate(), Shard(1)}, 0);
+    EXPECT_TRUE(writer.AddDTensor(d.piece, pb::MEMORY_HOST, d.layout, mesh, coordinate));
+    listed.AddPiece(d.piece, pb::MEMORY_HOST, d.layout);
+  }
+  Described other = DescribeDTensor("other", {13, 7}, mesh, 5, {Replicate(), Shard(0)}, 0);
+  EXPECT_TRUE(writer.AddDTensor(other.piece, pb::MEMORY_HOST, other.layout, mesh, coordinate));
+  listed.AddPiece(other.piece, pb::MEMORY_HOST, other.layout);
+  ASSERT_EQ(compact.compact_tensors_size(), 2);
+  EXPECT_EQ(compact.compact_tensors(0).tensors_size(), 3);
+  EXPECT_EQ(compact.compact_tensors(1).index(0), 3);
+  pb::RankState expanded;
+  absl::StatusOr<const pb::RankState*> got = ExpandCompactTensors(compact, &expanded, "r");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(expanded.SerializeAsString(), full.SerializeAsString());
+  EXPECT_LT(compact.ByteSizeLong() * 10, full.ByteSizeLong() * 7);
+}
+
 TEST(CompactConvertTest, AStateWithoutCompactTensorsIsUsedAsIs) {
   Mix mix = MixedRank();
   pb::RankState untouched;
@@ -131,13 +155,16 @@ void ExpectRefused(const pb::RankState& state, const std::string& what) {
 TEST(CompactConvertTest, HostileCompactTensorsAreRefusedNamingRankAndTensor) {
   const Mix mix = MixedRank();
   pb::RankState s = mix.compact;
-  s.mutable_compact_tensors(1)->set_index(s.compact_tensors(0).index());
+  s.mutable_compact_tensors(1)->set_index(0, s.compact_tensors(0).index(0));
   ExpectRefused(s, "index taken twice");
   s = mix.compact;
-  s.mutable_compact_tensors(0)->set_index(5);
+  s.mutable_compact_tensors(0)->set_index(0, 5);
   ExpectRefused(s, "index past the pieces");
-  s.mutable_compact_tensors(0)->set_index(-1);
+  s.mutable_compact_tensors(0)->set_index(0, -1);
   ExpectRefused(s, "negative index");
+  s = mix.compact;
+  s.mutable_compact_tensors(0)->add_index(4);
+  ExpectRefused(s, "more indices than tensors");
   s = mix.compact;
   s.mutable_compact_tensors(0)->mutable_dtensor()->set_mesh(1);
   ExpectRefused(s, "unknown mesh");
@@ -151,7 +178,7 @@ TEST(CompactConvertTest, HostileCompactTensorsAreRefusedNamingRankAndTensor) {
   s.mutable_compact_meshes(0)->set_coordinate(0, 2);
   ExpectRefused(s, "coordinate outside the mesh");
   s = mix.compact;
-  s.mutable_compact_tensors(0)->mutable_tensor()->set_global_shape(0, -13);
+  s.mutable_compact_tensors(0)->mutable_tensors(0)->set_global_shape(0, -13);
   ExpectRefused(s, "negative size");
   s = mix.compact;
   s.mutable_compact_tensors(2)->mutable_flat()->set_part(4);

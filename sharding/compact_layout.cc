@@ -37,15 +37,13 @@ absl::Status CheckCounts(const CompactSubject& subject, absl::Span<const int64_t
 
 }  // namespace
 
-absl::StatusOr<ExpandedPiece> ExpandDTensorPiece(const CompactSubject& subject,
-                                                 absl::Span<const int64_t> global_shape,
-                                                 absl::Span<const int64_t> mesh_shape,
-                                                 absl::Span<const int64_t> coordinate,
-                                                 absl::Span<const Placement> placements,
-                                                 absl::Span<const int64_t> replica_suffix,
-                                                 std::optional<int64_t> flat_over) {
-  if (absl::Status s = CheckCounts(subject, global_shape, mesh_shape.size(), replica_suffix);
-      !s.ok()) {
+absl::StatusOr<DTensorExpander> DTensorExpander::Create(const CompactSubject& subject,
+                                                        absl::Span<const int64_t> mesh_shape,
+                                                        absl::Span<const int64_t> coordinate,
+                                                        absl::Span<const Placement> placements,
+                                                        absl::Span<const int64_t> replica_suffix,
+                                                        std::optional<int64_t> flat_over) {
+  if (absl::Status s = CheckCounts(subject, {}, mesh_shape.size(), replica_suffix); !s.ok()) {
     return s;
   }
   absl::StatusOr<DeviceMesh> mesh =
@@ -57,26 +55,56 @@ absl::StatusOr<ExpandedPiece> ExpandDTensorPiece(const CompactSubject& subject,
   }
   absl::StatusOr<int64_t> mesh_rank = mesh->Rank(coordinate);
   if (!mesh_rank.ok()) return Refuse(subject, mesh_rank.status());
-  absl::StatusOr<LocalShard> local = ComputeLocalShard(global_shape, *mesh, placements, *mesh_rank);
-  if (!local.ok()) return Refuse(subject, local.status());
+  if (placements.size() != mesh_shape.size()) {
+    return Refuse(subject, absl::StrCat("has placements ", PlacementsString(placements), " for ",
+                                        mesh->DebugString()));
+  }
   if (flat_over &&
       (*flat_over < 0 || *flat_over >= mesh->ndim() || placements[*flat_over].is_shard())) {
     return Refuse(subject,
                   absl::StrCat("is flat over mesh dim ", *flat_over,
                                ", which is not a Replicate() dim of ", mesh->DebugString()));
   }
-  ExpandedPiece piece{local->region(), {}};
-  for (int d = 0; d < mesh->ndim(); ++d) {
-    if (!placements[d].is_shard() && d != flat_over) piece.replica_id.push_back(coordinate[d]);
+  DTensorExpander out(*std::move(mesh), *mesh_rank);
+  out.coordinate_.assign(coordinate.begin(), coordinate.end());
+  out.placements_.assign(placements.begin(), placements.end());
+  for (size_t d = 0; d < placements.size(); ++d) {
+    if (!placements[d].is_shard() && static_cast<int64_t>(d) != flat_over) {
+      out.replica_id_.push_back(coordinate[d]);
+    }
   }
-  piece.replica_id.insert(piece.replica_id.end(), replica_suffix.begin(), replica_suffix.end());
-  if (flat_over) {
-    absl::StatusOr<FlatRange> range =
-        EvenFlatRange(piece.region.BoxElements(), mesh_shape[*flat_over], coordinate[*flat_over]);
+  out.replica_id_.insert(out.replica_id_.end(), replica_suffix.begin(), replica_suffix.end());
+  out.flat_over_ = flat_over;
+  return out;
+}
+
+absl::StatusOr<ExpandedPiece> DTensorExpander::Expand(
+    const CompactSubject& subject, absl::Span<const int64_t> global_shape) const {
+  if (absl::Status s = CheckCounts(subject, global_shape, 0, {}); !s.ok()) return s;
+  absl::StatusOr<LocalShard> local =
+      ComputeLocalShard(global_shape, mesh_, placements_, mesh_rank_);
+  if (!local.ok()) return Refuse(subject, local.status());
+  ExpandedPiece piece{local->region(), replica_id_};
+  if (flat_over_) {
+    absl::StatusOr<FlatRange> range = EvenFlatRange(
+        piece.region.BoxElements(), mesh_.shape()[*flat_over_], coordinate_[*flat_over_]);
     if (!range.ok()) return Refuse(subject, range.status());
     piece.region.flat = *range;
   }
   return piece;
+}
+
+absl::StatusOr<ExpandedPiece> ExpandDTensorPiece(const CompactSubject& subject,
+                                                 absl::Span<const int64_t> global_shape,
+                                                 absl::Span<const int64_t> mesh_shape,
+                                                 absl::Span<const int64_t> coordinate,
+                                                 absl::Span<const Placement> placements,
+                                                 absl::Span<const int64_t> replica_suffix,
+                                                 std::optional<int64_t> flat_over) {
+  absl::StatusOr<DTensorExpander> expander = DTensorExpander::Create(
+      subject, mesh_shape, coordinate, placements, replica_suffix, flat_over);
+  if (!expander.ok()) return expander.status();
+  return expander->Expand(subject, global_shape);
 }
 
 absl::StatusOr<ExpandedPiece> ExpandFlatPiece(const CompactSubject& subject,

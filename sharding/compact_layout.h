@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -57,6 +58,33 @@ absl::StatusOr<ExpandedPiece> ExpandDTensorPiece(const CompactSubject& subject,
                                                  absl::Span<const Placement> placements,
                                                  absl::Span<const int64_t> replica_suffix,
                                                  std::optional<int64_t> flat_over = std::nullopt);
+
+// A DTensor layout (mesh, coordinate, placements, replica suffix, flat_over as for
+// ExpandDTensorPiece) checked once and expanded for many tensors: a run of a compact
+// description. Expand(subject, shape) == ExpandDTensorPiece(subject, shape, <the layout>).
+class DTensorExpander {
+ public:
+  // Errors name `subject` (the run's first tensor) and are those of ExpandDTensorPiece that
+  // do not depend on the tensor.
+  static absl::StatusOr<DTensorExpander> Create(const CompactSubject& subject,
+                                                absl::Span<const int64_t> mesh_shape,
+                                                absl::Span<const int64_t> coordinate,
+                                                absl::Span<const Placement> placements,
+                                                absl::Span<const int64_t> replica_suffix,
+                                                std::optional<int64_t> flat_over);
+  absl::StatusOr<ExpandedPiece> Expand(const CompactSubject& subject,
+                                       absl::Span<const int64_t> global_shape) const;
+
+ private:
+  DTensorExpander(DeviceMesh mesh, int64_t mesh_rank)
+      : mesh_(std::move(mesh)), mesh_rank_(mesh_rank) {}
+  DeviceMesh mesh_;
+  int64_t mesh_rank_;
+  std::vector<int64_t> coordinate_;
+  std::vector<Placement> placements_;
+  std::vector<int64_t> replica_id_;  // the expanded pieces' (the same for every tensor)
+  std::optional<int64_t> flat_over_;
+};
 
 // Part `part` of the even flat split of the tensor into `parts` parts (1 <= parts <=
 // kMaxWorldSize, 0 <= part < parts).

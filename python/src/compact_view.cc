@@ -25,7 +25,7 @@ using PieceTuple = std::tuple<Ints, Ints, std::optional<std::tuple<int64_t, int6
 
 PieceTuple Expand(const pb::RankState& state) {
   pb::PieceMeta piece = ValueOrThrow(
-      ExpandCompactTensor(state.compact_tensors(0), state.compact_meshes(), state.rank()));
+      ExpandCompactTensor(state.compact_tensors(0), 0, state.compact_meshes(), state.rank()));
   std::optional<std::tuple<int64_t, int64_t>> flat;
   if (piece.region().has_flat()) {
     flat = std::make_tuple(piece.region().flat().start(), piece.region().flat().stop());
@@ -35,12 +35,13 @@ PieceTuple Expand(const pb::RankState& state) {
           Ints(piece.replica_id().begin(), piece.replica_id().end())};
 }
 
-pb::CompactTensor* OneTensor(pb::RankState* state, const std::string& key, int64_t rank,
-                             const Ints& global_shape, const Ints& replica_id) {
+pb::CompactTensors* OneTensor(pb::RankState* state, const std::string& key, int64_t rank,
+                              const Ints& global_shape, const Ints& replica_id) {
   state->set_rank(static_cast<int32_t>(rank));
-  pb::CompactTensor* t = state->add_compact_tensors();
-  t->mutable_tensor()->set_key(key);
-  t->mutable_tensor()->mutable_global_shape()->Add(global_shape.begin(), global_shape.end());
+  pb::CompactTensors* t = state->add_compact_tensors();
+  pb::TensorMeta* tensor = t->add_tensors();
+  tensor->set_key(key);
+  tensor->mutable_global_shape()->Add(global_shape.begin(), global_shape.end());
   t->mutable_replica_id()->Add(replica_id.begin(), replica_id.end());
   return t;
 }
@@ -50,7 +51,7 @@ PieceTuple ExpandDTensor(const std::string& key, const Ints& global_shape, const
                          const Ints& coordinate, const std::vector<std::optional<int>>& placements,
                          const Ints& replica_suffix, int64_t rank) {
   pb::RankState state;
-  pb::CompactTensor* t = OneTensor(&state, key, rank, global_shape, replica_suffix);
+  pb::CompactTensors* t = OneTensor(&state, key, rank, global_shape, replica_suffix);
   t->mutable_dtensor()->set_mesh(0);
   for (const std::optional<int>& p : placements) {
     pb::Placement* out = t->mutable_dtensor()->add_placements();
@@ -69,7 +70,7 @@ PieceTuple ExpandDTensor(const std::string& key, const Ints& global_shape, const
 PieceTuple ExpandFlat(const std::string& key, const Ints& global_shape, int64_t parts, int64_t part,
                       const Ints& replica_id, int64_t rank) {
   pb::RankState state;
-  pb::CompactTensor* t = OneTensor(&state, key, rank, global_shape, replica_id);
+  pb::CompactTensors* t = OneTensor(&state, key, rank, global_shape, replica_id);
   t->mutable_flat()->set_parts(parts);
   t->mutable_flat()->set_part(part);
   return Expand(state);
