@@ -97,39 +97,66 @@ absl::StatusOr<std::vector<std::pair<int, int>>> CompactSlots(const pb::RankStat
 
 }  // namespace
 
+namespace {
+
+// Expands the tensors of one run, its DTensor layout checked and converted once (at the first
+// tensor expanded, whose name its errors carry).
+class RunExpansion {
+ public:
+  RunExpansion(const pb::CompactTensors& run,
+               const google::protobuf::RepeatedPtrField<pb::CompactMesh>& meshes, int64_t rank)
+      : run_(&run), meshes_(&meshes), rank_(rank) {}
+
+  absl::StatusOr<pb::PieceMeta> Piece(int i) {
+    const pb::TensorMeta& tensor = run_->tensors(i);
+    const CompactSubject subject{tensor.key(), rank_};
+    absl::StatusOr<ExpandedPiece> piece;
+    if (run_->has_dtensor()) {
+      if (!dtensor_.has_value()) dtensor_ = DTensorOf(subject);
+      if (!dtensor_->ok()) return dtensor_->status();
+      piece = (*dtensor_)->Expand(subject, Ints(tensor.global_shape()));
+    } else if (run_->has_flat()) {
+      piece = ExpandFlatPiece(subject, Ints(tensor.global_shape()), run_->flat().parts(),
+                              run_->flat().part(), Ints(run_->replica_id()));
+    } else {
+      return Refuse(tensor.key(), rank_, "compact tensor without a DTensor or flat layout");
+    }
+    if (!piece.ok()) return piece.status();
+    pb::PieceMeta out;
+    *out.mutable_tensor() = tensor;
+    *out.mutable_region() = RegionToProto(piece->region);
+    out.mutable_replica_id()->Add(piece->replica_id.begin(), piece->replica_id.end());
+    return out;
+  }
+
+ private:
+  absl::StatusOr<DTensorExpander> DTensorOf(const CompactSubject& subject) const {
+    const pb::CompactDTensor& d = run_->dtensor();
+    if (d.mesh() < 0 || d.mesh() >= meshes_->size()) {
+      return Refuse(subject.key, rank_,
+                    absl::StrCat("mesh ", d.mesh(), " is not among the rank's ", meshes_->size(),
+                                 " compact meshes"));
+    }
+    absl::StatusOr<std::vector<Placement>> placements = PlacementsFromProto(d, subject.key, rank_);
+    if (!placements.ok()) return placements.status();
+    const pb::CompactMesh& mesh = (*meshes_)[d.mesh()];
+    return DTensorExpander::Create(
+        subject, Ints(mesh.shape()), Ints(mesh.coordinate()), *placements, Ints(run_->replica_id()),
+        d.has_flat_over() ? std::optional<int64_t>(d.flat_over()) : std::nullopt);
+  }
+
+  const pb::CompactTensors* run_;
+  const google::protobuf::RepeatedPtrField<pb::CompactMesh>* meshes_;
+  int64_t rank_;
+  std::optional<absl::StatusOr<DTensorExpander>> dtensor_;
+};
+
+}  // namespace
+
 absl::StatusOr<pb::PieceMeta> ExpandCompactTensor(
     const pb::CompactTensors& run, int i,
     const google::protobuf::RepeatedPtrField<pb::CompactMesh>& meshes, int64_t rank) {
-  const pb::TensorMeta& tensor = run.tensors(i);
-  const CompactSubject subject{tensor.key(), rank};
-  absl::StatusOr<ExpandedPiece> piece;
-  if (run.has_dtensor()) {
-    const int mesh = run.dtensor().mesh();
-    if (mesh < 0 || mesh >= meshes.size()) {
-      return Refuse(tensor.key(), rank,
-                    absl::StrCat("mesh ", mesh, " is not among the rank's ", meshes.size(),
-                                 " compact meshes"));
-    }
-    absl::StatusOr<std::vector<Placement>> placements =
-        PlacementsFromProto(run.dtensor(), tensor.key(), rank);
-    if (!placements.ok()) return placements.status();
-    piece = ExpandDTensorPiece(subject, Ints(tensor.global_shape()), Ints(meshes[mesh].shape()),
-                               Ints(meshes[mesh].coordinate()), *placements, Ints(run.replica_id()),
-                               run.dtensor().has_flat_over()
-                                   ? std::optional<int64_t>(run.dtensor().flat_over())
-                                   : std::nullopt);
-  } else if (run.has_flat()) {
-    piece = ExpandFlatPiece(subject, Ints(tensor.global_shape()), run.flat().parts(),
-                            run.flat().part(), Ints(run.replica_id()));
-  } else {
-    return Refuse(tensor.key(), rank, "compact tensor without a DTensor or flat layout");
-  }
-  if (!piece.ok()) return piece.status();
-  pb::PieceMeta out;
-  *out.mutable_tensor() = tensor;
-  *out.mutable_region() = RegionToProto(piece->region);
-  out.mutable_replica_id()->Add(piece->replica_id.begin(), piece->replica_id.end());
-  return out;
+  return RunExpansion(run, meshes, rank).Piece(i);
 }
 
 absl::StatusOr<const pb::RankState*> ExpandCompactTensors(const pb::RankState& state,
@@ -150,6 +177,12 @@ absl::StatusOr<const pb::RankState*> ExpandCompactTensors(const pb::RankState& s
   *expanded->mutable_mesh_shape() = state.mesh_shape();
   if (!kinds) *expanded->mutable_memory_kinds() = state.memory_kinds();
   if (!layouts) *expanded->mutable_layouts() = state.layouts();
+  expanded->mutable_shards()->Reserve(static_cast<int>(slots->size()));
+  std::vector<RunExpansion> runs;
+  runs.reserve(state.compact_tensors_size());
+  for (const pb::CompactTensors& run : state.compact_tensors()) {
+    runs.emplace_back(run, state.compact_meshes(), state.rank());
+  }
   int listed = 0;
   for (const auto& [r, i] : *slots) {
     if (r < 0) {
@@ -159,8 +192,7 @@ absl::StatusOr<const pb::RankState*> ExpandCompactTensors(const pb::RankState& s
       continue;
     }
     const pb::CompactTensors& run = state.compact_tensors(r);
-    absl::StatusOr<pb::PieceMeta> piece =
-        ExpandCompactTensor(run, i, state.compact_meshes(), state.rank());
+    absl::StatusOr<pb::PieceMeta> piece = runs[r].Piece(i);
     if (!piece.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(who, ": ", piece.status().message()));
     }
