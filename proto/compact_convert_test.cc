@@ -1,5 +1,6 @@
 #include "proto/compact_convert.h"
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -193,6 +194,31 @@ TEST(CompactConvertTest, MorePiecesThanTheBoundAreRefusedBeforeExpanding) {
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(got.status().message(), HasSubstr("job j rank 5 describes 5 pieces; at most 4"));
   EXPECT_TRUE(ExpandCompactTensors(mix.compact, &expanded, "job j rank 5", 5).ok());
+}
+
+// Random byte flips of a valid compact description: whatever still parses expands or is
+// InvalidArgument, never a crash or another code (run under ASan in CI: tag "asan").
+TEST(CompactConvertTest, CorruptedDescriptionsExpandOrAreRefusedNeverCrash) {
+  const std::string valid = MixedRank().compact.SerializeAsString();
+  std::mt19937 rng(80);
+  int parsed = 0, refused = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string bytes = valid;
+    for (int flips = 1 + static_cast<int>(rng() % 4); flips > 0; --flips) {
+      bytes[rng() % bytes.size()] = static_cast<char>(rng());
+    }
+    pb::RankState state;
+    if (!state.ParseFromString(bytes)) continue;
+    ++parsed;
+    pb::RankState expanded;
+    absl::StatusOr<const pb::RankState*> got = ExpandCompactTensors(state, &expanded, "r");
+    if (!got.ok()) {
+      ++refused;
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+    }
+  }
+  EXPECT_GT(parsed, 100);
+  EXPECT_GT(refused, 10);
 }
 
 }  // namespace
