@@ -101,6 +101,13 @@ absl::StatusOr<std::unique_ptr<StateTensor>> StateDict::Resolve(
   if (const DTensorLayout* d = std::get_if<DTensorLayout>(&spec.layout)) {
     t->mesh_shape = d->mesh_shape;
     t->placements = d->placements;
+    // ResolveLayout checked the mesh and the rank in it. The coordinate lets the worker
+    // describe the tensor to the coordinator compactly (issue 16).
+    absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(d->mesh_shape);
+    absl::StatusOr<std::vector<int64_t>> coordinate =
+        mesh.ok() ? mesh->Coordinate(d->mesh_rank >= 0 ? d->mesh_rank : rank_) : mesh.status();
+    if (!coordinate.ok()) return coordinate.status();
+    t->mesh_coordinate = *std::move(coordinate);
   }
   t->flat_sharded = std::holds_alternative<FlatRange>(spec.layout);
   return t;
@@ -232,6 +239,7 @@ std::vector<pb::SharedTensor> StateDict::Describe(Lending lending) const {
     }
     s.mutable_layout()->set_flat_sharded(t->flat_sharded);
     for (int64_t d : t->mesh_shape) s.add_mesh_shape(d);
+    s.mutable_mesh_coordinate()->Add(t->mesh_coordinate.begin(), t->mesh_coordinate.end());
     s.set_nbytes(t->nbytes);
     if (t->memory == MemoryKind::kHost) {
       s.set_memory_kind(pb::MEMORY_HOST);

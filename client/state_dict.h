@@ -84,6 +84,7 @@ struct StateTensor {
   std::string device_uuid;  // device tensors: the GPU's UUID (the worker matches by it)
   // How the piece was described (informational, for the manifest's saved layout).
   std::vector<int64_t> mesh_shape;
+  std::vector<int64_t> mesh_coordinate;  // DTensors: this rank's coordinate in mesh_shape
   std::vector<Placement> placements;
   bool flat_sharded = false;
   // Device tensors: the CUDA IPC handle of the allocation containing the tensor, the tensor's

@@ -22,6 +22,7 @@
 #include "coordinator/operation_wire.h"
 #include "coordinator/transfer_kinds.h"
 #include "planner/layout_spec.h"
+#include "proto/compact_convert.h"
 #include "spdlog/spdlog.h"
 
 namespace ckpt::coordinator {
@@ -558,8 +559,13 @@ namespace {
 // it stands for, the request's own or the kept one).
 absl::StatusOr<JoinRequest> ToJoinRequest(const pb::JoinOperationRequest& request,
                                           OperationKind kind, const std::string& path,
-                                          const std::string& persist_to, const pb::RankState& state,
+                                          const std::string& persist_to, const pb::RankState& sent,
                                           bool described_by_digest, std::string digest) {
+  pb::RankState expanded;  // `sent` with its compact tensors expanded (issue 16)
+  absl::StatusOr<const pb::RankState*> full = ExpandCompactTensors(
+      sent, &expanded, absl::StrCat("job ", request.job(), " rank ", request.rank()));
+  if (!full.ok()) return full.status();
+  const pb::RankState& state = **full;
   JoinRequest join;
   join.job = request.job();
   join.world_size = request.world_size();

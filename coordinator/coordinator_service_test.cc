@@ -272,6 +272,43 @@ TEST_F(CoordinatorServiceTest, ANegativeArrivalDeadlineIsRefusedNamingTheRankAnd
   EXPECT_EQ(j.operation().phase(), pb::PHASE_GATHERING);
 }
 
+// A rank's compact tensor (issue 16) is expanded into its pieces before planning; one the
+// sharding rules refuse is InvalidArgument to that rank naming it and the tensor.
+TEST_F(CoordinatorServiceTest, CompactTensorsAreExpandedAndHostileOnesRefusedNamingRankAndTensor) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10);
+  auto join = [&](int rank, int64_t part, pb::JoinOperationResponse* out) {
+    pb::JoinOperationRequest request;
+    request.set_job("gpt");
+    request.set_world_size(2);
+    request.set_rank(rank);
+    request.set_kind(pb::OPERATION_SAVE);
+    request.set_path(checkpoint_path_);
+    request.set_worker_id(w0);
+    request.mutable_state()->set_rank(rank);
+    request.mutable_state()->add_shards()->mutable_tensor()->set_key(absl::StrCat("w", rank));
+    pb::CompactTensors* flat = request.mutable_state()->add_compact_tensors();
+    pb::TensorMeta* tensor = flat->add_tensors();
+    tensor->set_key("embedding");
+    tensor->set_dtype(pb::DTYPE_F32);
+    tensor->add_global_shape(10);
+    flat->add_index(0);
+    flat->mutable_flat()->set_parts(2);
+    flat->mutable_flat()->set_part(part);
+    return stub_->JoinOperation(Ctx().get(), request, out);
+  };
+  pb::JoinOperationResponse j;
+  grpc::Status refused = join(1, /*part=*/7, &j);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("job gpt rank 1: tensor embedding of rank 1"));
+  EXPECT_THAT(refused.error_message(), HasSubstr("flat part 7 of 2"));
+  ASSERT_TRUE(join(0, 0, &j).ok());
+  EXPECT_EQ(j.operation().phase(), pb::PHASE_GATHERING);  // the refused join started nothing
+  ASSERT_TRUE(join(1, 1, &j).ok());
+  EXPECT_EQ(j.operation().phase(), pb::PHASE_EXECUTING);
+  EXPECT_EQ(save_kind_.planned_shards, 4);  // each rank's listed piece and its expanded one
+}
+
 TEST_F(CoordinatorServiceTest, UnregisteredWorkersCannotJoinOrWatch) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   pb::JoinOperationResponse j;

@@ -28,32 +28,40 @@ std::string ValueOf(const std::vector<std::string>& words, const std::string& na
   return "";
 }
 
-TEST(LoadgenTest, TwoThousandRanksSaveAndLoadThroughARealCoordinator) {
+// Runs the CI-size save and load (with `extra` flags) and checks their outcome; returns the
+// loadgen's report.
+std::string SaveAndLoad(const std::vector<std::string>& extra) {
   Cluster cluster;  // for its scratch directory, process reaping and ckptctl
-  Child* loadgen = cluster.Start(
-      {Runfile("tools/loadgen/ckpt_loadgen"), "--ranks=2048", "--workers=16", "--hosts=1",
-       "--layout=tp8pp16", "--model=small",
-       "--spawn-coordinator=" + Runfile("coordinator/ckpt_coordinator"),
-       "--checkpoint-root=" + cluster.dir(), "--keep-checkpoint", "--operation-timeout-s=240"},
-      "loadgen");
-  ASSERT_EQ(waitpid(loadgen->pid, &loadgen->status, 0), loadgen->pid);
+  std::vector<std::string> argv = {Runfile("tools/loadgen/ckpt_loadgen"),
+                                   "--ranks=2048",
+                                   "--workers=16",
+                                   "--hosts=1",
+                                   "--layout=tp8pp16",
+                                   "--model=small",
+                                   "--spawn-coordinator=" + Runfile("coordinator/ckpt_coordinator"),
+                                   "--checkpoint-root=" + cluster.dir(),
+                                   "--keep-checkpoint",
+                                   "--operation-timeout-s=240"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  Child* loadgen = cluster.Start(argv, "loadgen");
+  EXPECT_EQ(waitpid(loadgen->pid, &loadgen->status, 0), loadgen->pid);
   loadgen->reaped = true;
   const std::string out = loadgen->Stdout();
   std::cout << out << std::flush;
-  ASSERT_TRUE(WIFEXITED(loadgen->status) && WEXITSTATUS(loadgen->status) == 0) << out << "\n"
+  EXPECT_TRUE(WIFEXITED(loadgen->status) && WEXITSTATUS(loadgen->status) == 0) << out << "\n"
                                                                                << loadgen->Stderr();
   EXPECT_EQ(LineValue(out, "result"), "ok");
 
   for (const std::string kind : {"save", "load"}) {
     std::vector<std::string> outcome = Words(out, kind + " id");
-    ASSERT_GE(outcome.size(), 3u) << out;
+    EXPECT_GE(outcome.size(), 3u) << out;
     EXPECT_EQ(ValueOf(outcome, "phase"), "done") << out;
     // Every rank got its plan part over its worker's stream.
     std::vector<std::string> plan = Words(out, kind + " joins_answered_s");
     EXPECT_EQ(ValueOf(plan, "plan_parts"), "2048") << out;
   }
   int files = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(ValueOf(Words(out, "save joins_answered_s"), "files"), &files));
+  EXPECT_TRUE(absl::SimpleAtoi(ValueOf(Words(out, "save joins_answered_s"), "files"), &files));
   EXPECT_GT(files, 0);
   EXPECT_EQ(ValueOf(Words(out, "errors"), "report_result"), "0");
 
@@ -61,6 +69,20 @@ TEST(LoadgenTest, TwoThousandRanksSaveAndLoadThroughARealCoordinator) {
   std::string verify;
   EXPECT_EQ(cluster.RunCkptctl({"verify", cluster.dir() + "/loadgen-ckpt"}, &verify), 0) << verify;
   std::cout << verify << std::flush;
+  return out;
+}
+
+TEST(LoadgenTest, TwoThousandRanksSaveAndLoadThroughARealCoordinator) {
+  const std::string out = SaveAndLoad({});
+  EXPECT_EQ(ValueOf(Words(out, "shards_per_rank_max"), "compact"), "0");
+}
+
+// The same with every rank described compactly (issue 16): the coordinator expands the
+// descriptions into the same pieces, so the checkpoint verifies just the same.
+TEST(LoadgenTest, CompactDescriptionsAreExpandedIntoACheckpointThatVerifies) {
+  const std::string out = SaveAndLoad({"--compact"});
+  const std::vector<std::string> described = Words(out, "shards_per_rank_max");
+  EXPECT_EQ(ValueOf(described, "compact"), ValueOf(described, "shards_total")) << out;
 }
 
 }  // namespace

@@ -245,6 +245,7 @@ absl::Status MemoryRegistry::RegisterTensors(const std::string& session_id,
     r.nbytes = t.nbytes();
     r.layout = t.layout();
     r.mesh_shape.assign(t.mesh_shape().begin(), t.mesh_shape().end());
+    r.mesh_coordinate.assign(t.mesh_coordinate().begin(), t.mesh_coordinate().end());
     if (t.memory_kind() == pb::MEMORY_DEVICE) {
       if (absl::Status s = RegisterDeviceTensor(t, who, session, opened, r); !s.ok()) return s;
       registered.push_back(std::move(r));

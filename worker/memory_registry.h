@@ -78,6 +78,7 @@ struct RegisteredTensor {
   std::shared_ptr<const OpenedDeviceAllocation> device_allocation;
   pb::TensorLayout layout;  // as the trainer described it (informational)
   std::vector<int64_t> mesh_shape;
+  std::vector<int64_t> mesh_coordinate;  // DTensors: the trainer's coordinate in mesh_shape
   // Host: lent to the save it is registered for until that save ends (see
   // pb::SharedTensor.lent_until_durable): the save writes from `data` without a snapshot copy.
   bool lent_until_durable = false;

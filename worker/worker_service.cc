@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "proto/compact_convert.h"
 #include "proto/state_digest.h"
 #include "proto/wire_names.h"
 #include "spdlog/spdlog.h"
@@ -184,10 +185,10 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   join.set_arrival_deadline_ms(std::max<int64_t>(request.timeout_ms(), 0));
   pb::RankState* state = join.mutable_state();
   state->set_rank(session->trainer.rank);
+  // DTensors go compactly where their layout reproduces their piece (issue 16).
+  RankStateWriter writer(state, /*with_kinds_and_layouts=*/true);
   for (const RegisteredTensor& t : session->tensors) {
-    *state->add_shards() = t.shard;
-    state->add_memory_kinds(t.memory_kind);
-    *state->add_layouts() = t.layout;
+    writer.Add(t.shard, t.memory_kind, t.layout, t.mesh_shape, t.mesh_coordinate);
     if (state->mesh_shape_size() == 0 && !t.mesh_shape.empty()) {
       state->mutable_mesh_shape()->Add(t.mesh_shape.begin(), t.mesh_shape.end());
     }
@@ -195,9 +196,10 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   pb::JoinOperationResponse joined;
   absl::Status s = JoinSendingDigest(join, &joined);
   if (!s.ok()) return ToGrpcStatus(s);
-  spdlog::info("operation_joined op={} job={} rank={} kind={} path={} shards={} by_digest={}",
-               joined.operation().id(), join.job(), join.rank(), pb::OperationKind_Name(kind),
-               join.path(), join.state().shards_size(), join.state_omitted());
+  spdlog::info(
+      "operation_joined op={} job={} rank={} kind={} path={} shards={} compact={} by_digest={}",
+      joined.operation().id(), join.job(), join.rank(), pb::OperationKind_Name(kind), join.path(),
+      join.state().shards_size(), join.state().compact_tensors_size(), join.state_omitted());
   response->set_operation_id(joined.operation().id());
   return grpc::Status::OK;
 }

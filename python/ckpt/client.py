@@ -113,6 +113,14 @@ class StateDict:
     def keys(self):
         return list(self._entries)
 
+    def description_bytes(self):
+        """How large the description of these tensors is that this rank's worker sends the
+        coordinator at each save or load: ``{"compact_bytes", "full_bytes", "compact_tensors",
+        "pieces"}``. DTensor layouts travel compactly (placements over the mesh and this rank's
+        coordinate; the coordinator expands them); ``full_bytes`` is the size listing every
+        piece instead."""
+        return dict(self._native.description_bytes())
+
     def __getitem__(self, key):
         return self._entries[key].tensor
 

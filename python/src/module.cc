@@ -24,6 +24,7 @@
 #include "client/options.h"
 #include "client/shared_memory.h"
 #include "client/state_dict.h"
+#include "python/src/compact_view.h"
 #include "python/src/errors.h"
 #include "python/src/manifest_view.h"
 #include "sharding/dtype.h"
@@ -458,11 +459,13 @@ NB_MODULE(_ckpt, m) {
         nb::arg("rank") = nb::none(), nb::arg("world_size") = nb::none(),
         nb::arg("local_rank") = nb::none(), nb::arg("worker_address") = nb::none());
   m.def("read_manifest", &ReadManifestDict, nb::arg("path"));
+  RegisterCompactView(m);
 
   nb::class_<PyStateDict>(m, "StateDict")
       .def("add", &PyStateDict::Add)
       .def("add_device", &PyStateDict::AddDevice)
-      .def("keys", &PyStateDict::Keys);
+      .def("keys", &PyStateDict::Keys)
+      .def("description_bytes", [](PyStateDict& state) { return DescriptionBytes(state.get()); });
   nb::class_<PySaveHandle>(m, "SaveHandle")
       .def_prop_ro("operation_id", &PySaveHandle::OperationId)
       .def("wait", &PySaveHandle::Wait, nb::arg("timeout_s"))

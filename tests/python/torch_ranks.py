@@ -2,6 +2,7 @@
 runs in a process torch.multiprocessing spawned, over gloo on the CPU, the way torchrun would
 start it (RANK, WORLD_SIZE, LOCAL_RANK in the environment), meeting through a file rendezvous."""
 
+import json
 import os
 import traceback
 
@@ -105,6 +106,10 @@ def phase_save(rank, world, rendezvous, job, workdir):
         train_step(model, optim, step)
     sd = state(model, optim, 3)
     ckpt.torch.save(sd, checkpoint_id=os.path.join(workdir, "ckpt-step3"))
+    # The description this rank's worker sent with the save: compact DTensors (issue 16).
+    sizes = ckpt.torch._SaveCache.slots["in_place"][2].description_bytes()
+    with open(os.path.join(workdir, f"description-bytes.{rank}.json"), "w") as f:
+        json.dump(sizes, f)
     dcp.save(sd, checkpoint_id=os.path.join(workdir, "dcp-step3"))
     reference = full(sd)
     if rank == 0:

@@ -1,10 +1,12 @@
 #include "tools/loadgen/gpt_pipeline_layout.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "proto/compact_convert.h"
 #include "proto/convert.h"
 
 namespace ckpt::loadgen {
@@ -98,24 +100,47 @@ absl::StatusOr<GptPipelineLayout> GptPipelineLayout::Create(const GptConfig& mod
   return out;
 }
 
-absl::StatusOr<pb::RankState> GptPipelineLayout::RankState(int64_t rank) const {
+absl::StatusOr<pb::RankState> GptPipelineLayout::RankState(int64_t rank, bool compact) const {
   if (rank < 0 || rank >= world_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " is outside a world of ", world_size()));
   }
   const int64_t stage = StageOf(rank);
   const int64_t in_stage = rank % (parallel_.tp * parallel_.dp);
+  const LayoutSpec& spec = stage_layouts_[stage];
   absl::StatusOr<std::vector<TensorPiece>> pieces =
-      stage_layouts_[stage].RankPieces(stage_tensors_[stage], in_stage);
+      spec.RankPieces(stage_tensors_[stage], in_stage);
   if (!pieces.ok()) return pieces.status();
+  absl::StatusOr<std::vector<int64_t>> coordinate = spec.mesh().Coordinate(in_stage);
+  if (!coordinate.ok()) return coordinate.status();
   pb::RankState state;
   state.set_rank(static_cast<int32_t>(rank));
+  RankStateWriter writer(&state, /*with_kinds_and_layouts=*/false);
   for (TensorPiece& piece : *pieces) {
-    pb::PieceMeta* shard = state.add_shards();
-    *shard->mutable_tensor() =
+    pb::PieceMeta shard;
+    *shard.mutable_tensor() =
         TensorMetaToProto(TensorMeta{std::move(piece.key), piece.dtype, piece.global_shape});
-    *shard->mutable_region() = RegionToProto(piece.region);
-    for (int64_t r : piece.replica_id) shard->add_replica_id(r);
+    *shard.mutable_region() = RegionToProto(piece.region);
+    for (int64_t r : piece.replica_id) shard.add_replica_id(r);
+    if (!compact) {
+      writer.AddPiece(shard, pb::MEMORY_HOST, pb::TensorLayout());
+      continue;
+    }
+    // Compact: the stage rule's placements over the {"dp", "tp"} mesh at this rank's
+    // coordinate, flat over dp for the ZeRO-1 optimizer state (listed if not exact).
+    absl::StatusOr<const LayoutRule*> rule = spec.RuleFor(shard.tensor().key());
+    if (!rule.ok()) return rule.status();
+    pb::TensorLayout layout;
+    for (const Placement& p : (*rule)->placements) {
+      if (p.is_shard()) {
+        layout.add_placements()->set_shard_dim(p.dim);
+      } else {
+        layout.add_placements()->set_replicate(true);
+      }
+    }
+    std::optional<int64_t> flat_over;
+    if ((*rule)->flat_dim) flat_over = *(*rule)->flat_dim;
+    writer.AddDTensor(shard, pb::MEMORY_HOST, layout, spec.mesh().shape(), *coordinate, flat_over);
   }
   return state;
 }

@@ -56,8 +56,10 @@ class GptPipelineLayout {
   int64_t StageOf(int64_t rank) const { return rank / (parallel_.tp * parallel_.dp); }
 
   // The shards `rank` holds (its stage's tensors in model order; empty flat pieces included,
-  // as the reference trainer declares them), as a RankState for JoinOperation.
-  absl::StatusOr<pb::RankState> RankState(int64_t rank) const;
+  // as the reference trainer declares them), as a RankState for JoinOperation. With
+  // `compact`, each tensor is described by its stage rule's placements over the rank's mesh
+  // coordinate (RankState.compact_tensors, issue 16) instead of its piece.
+  absl::StatusOr<pb::RankState> RankState(int64_t rank, bool compact = false) const;
 
  private:
   GptPipelineLayout() = default;

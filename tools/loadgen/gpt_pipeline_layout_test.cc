@@ -4,6 +4,7 @@
 #include <set>
 
 #include "gtest/gtest.h"
+#include "proto/compact_convert.h"
 #include "proto/convert.h"
 #include "sharding/coverage.h"
 
@@ -90,6 +91,36 @@ TEST(GptPipelineLayoutTest, RanksAreNumberedTpFastestThenDpThenPp) {
     EXPECT_EQ(s.replica_id(0), 1);
   }
   EXPECT_TRUE(found);
+}
+
+TEST(GptPipelineLayoutTest, CompactRanksExpandToExactlyTheListedPiecesAndAreSmaller) {
+  GptConfig model;
+  model.layers = 4;
+  model.hidden = 16;
+  model.vocab = 40;
+  absl::StatusOr<GptPipelineLayout> layout = GptPipelineLayout::Create(model, {2, 2, 3});
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  for (int64_t r = 0; r < layout->world_size(); ++r) {
+    absl::StatusOr<pb::RankState> full = layout->RankState(r);
+    absl::StatusOr<pb::RankState> compact = layout->RankState(r, /*compact=*/true);
+    ASSERT_TRUE(full.ok() && compact.ok());
+    // Every tensor, the flat-sharded optimizer state included, goes compact.
+    EXPECT_EQ(compact->shards_size(), 0)
+        << "rank " << r << ": " << (compact->shards_size() ? compact->shards(0).DebugString() : "");
+    int described = 0;
+    for (const pb::CompactTensors& run : compact->compact_tensors())
+      described += run.tensors_size();
+    EXPECT_EQ(described, full->shards_size());
+    EXPECT_LE(compact->compact_tensors_size(), 6);  // one run per (placements, flat) in use
+    EXPECT_EQ(compact->compact_meshes_size(), 1);
+    EXPECT_LT(compact->ByteSizeLong(), full->ByteSizeLong());
+    pb::RankState expanded;
+    absl::StatusOr<const pb::RankState*> got =
+        ExpandCompactTensors(*compact, &expanded, absl::StrCat("rank ", r));
+    ASSERT_TRUE(got.ok()) << got.status();
+    // Neither form has memory kinds or layouts.
+    EXPECT_EQ(expanded.SerializeAsString(), full->SerializeAsString()) << "rank " << r;
+  }
 }
 
 TEST(GptPipelineLayoutTest, RefusesLayersThatDoNotSplitOverStages) {

@@ -169,19 +169,25 @@ void Driver::Describe(LoadgenReport* report) {
   digests_.assign(options_.ranks, std::string());
   described_ = std::make_unique<std::atomic<bool>[]>(options_.ranks);
   const int threads = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
-  std::vector<int64_t> shards(threads, 0), max_shards(threads, 0), bytes(threads, 0);
+  std::vector<int64_t> shards(threads, 0), max_shards(threads, 0), bytes(threads, 0),
+      compact(threads, 0);
   std::vector<std::string> errors(threads);
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       for (int64_t r = t; r < options_.ranks; r += threads) {
-        absl::StatusOr<pb::RankState> state = layout_.RankState(r);
+        absl::StatusOr<pb::RankState> state = layout_.RankState(r, options_.compact);
         if (!state.ok()) {
           errors[t] = state.status().ToString();
           return;
         }
-        shards[t] += state->shards_size();
-        max_shards[t] = std::max<int64_t>(max_shards[t], state->shards_size());
+        int64_t pieces = state->shards_size();
+        for (const pb::CompactTensors& run : state->compact_tensors()) {
+          pieces += run.tensors_size();
+          compact[t] += run.tensors_size();
+        }
+        shards[t] += pieces;
+        max_shards[t] = std::max<int64_t>(max_shards[t], pieces);
         states_[r] = state->SerializeAsString();
         if (options_.state_digests) digests_[r] = RankStateDigest(*state);
         bytes[t] += static_cast<int64_t>(states_[r].size());
@@ -191,6 +197,7 @@ void Driver::Describe(LoadgenReport* report) {
   for (std::thread& t : pool) t.join();
   for (int t = 0; t < threads; ++t) {
     report->shards_total += shards[t];
+    report->compact_total += compact[t];
     report->shards_per_rank_max = std::max(report->shards_per_rank_max, max_shards[t]);
     report->state_bytes_total += bytes[t];
   }
@@ -706,9 +713,10 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
       &out, absl::StrFormat("ranks %d workers %d hosts %d tp %d pp %d dp %d\n", options.ranks,
                             options.workers, options.hosts > 0 ? options.hosts : options.workers,
                             p.tp, p.pp, p.dp));
-  absl::StrAppend(&out, absl::StrFormat("shards_per_rank_max %d shards_total %d state_mib %s\n",
-                                        report.shards_per_rank_max, report.shards_total,
-                                        MiB(report.state_bytes_total)));
+  absl::StrAppend(
+      &out, absl::StrFormat("shards_per_rank_max %d shards_total %d compact %d state_mib %s\n",
+                            report.shards_per_rank_max, report.shards_total, report.compact_total,
+                            MiB(report.state_bytes_total)));
   absl::StrAppend(&out, absl::StrFormat("setup_s describe %.3f register %.3f attach %.3f\n",
                                         absl::ToDoubleSeconds(report.describe_time),
                                         absl::ToDoubleSeconds(report.register_time),

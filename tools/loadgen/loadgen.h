@@ -50,6 +50,8 @@ struct LoadgenOptions {
   // Join as workers do: with each rank's description digest, and only the digest once the
   // coordinator has accepted that description in full (a repeat operation skips the gather).
   bool state_digests = true;
+  // Describe each rank compactly (GptPipelineLayout::RankState(rank, compact = true)).
+  bool compact = false;
   absl::Duration rpc_timeout = absl::Seconds(120);
   absl::Duration wait_slice = absl::Seconds(10);  // WaitOperation timeout per call
   absl::Duration operation_timeout = absl::Minutes(30);
@@ -95,7 +97,8 @@ struct OperationReport {
 struct LoadgenReport {
   Parallelism parallelism;
   int64_t shards_per_rank_max = 0;
-  int64_t shards_total = 0;
+  int64_t shards_total = 0;       // pieces described (listed and compact)
+  int64_t compact_total = 0;      // of them, described compactly
   int64_t state_bytes_total = 0;  // serialized RankState bytes of all ranks
   absl::Duration describe_time;   // building every rank's RankState (before the clock)
   absl::Duration register_time;   // registering M workers and opening their streams

@@ -50,14 +50,16 @@ constexpr char kUsage[] =
     "                    (--spawn-coordinator PATH [--coordinator-flag F ...] |\n"
     "                     --coordinator HOST:PORT --checkpoint-root DIR [--coordinator-pid P]\n"
     "                     [--coordinator-log FILE])\n"
-    "                    [--operations save,load] [--repeat N] [--no-state-digest]\n"
+    "                    [--operations save,load] [--repeat N] [--no-state-digest] [--compact]\n"
     "                    [--load-algorithm A] [--max-in-flight 256]\n"
     "                    [--channels 64] [--executor-threads 2] [--no-rank-waits] [--fsync]\n"
     "                    [--max-coordinator-rss 12G] [--keep-checkpoint]\n"
     "                    [--operation-timeout-s 1800] [--rpc-timeout-s 120]\n"
     "Simulates N trainer ranks (a GPT at TP x PP x DP) over M workers against a real\n"
     "ckpt_coordinator over gRPC; saves write sparse (all-zero) data files, loads read nothing.\n"
-    "Prints gather/plan/dispatch/commit seconds and the coordinator's peak RSS, threads, CPU.\n";
+    "Prints gather/plan/dispatch/commit seconds and the coordinator's peak RSS, threads, CPU.\n"
+    "--compact: ranks describe each tensor by its layout rule's placements over their mesh\n"
+    "coordinate (RankState.compact_tensors), which the coordinator expands.\n";
 
 int Usage(const std::string& error) {
   std::fprintf(stderr, "ckpt_loadgen: %s\n%s", error.c_str(), kUsage);
@@ -175,8 +177,8 @@ absl::Status ParseCommandLine(int argc, char** argv, Flags* flags,
                                              "operation-timeout-s",
                                              "coordinator-flag",
                                              "rpc-timeout-s"};
-  const std::set<std::string> bool_flags = {"no-rank-waits", "fsync", "keep-checkpoint", "help",
-                                            "no-state-digest"};
+  const std::set<std::string> bool_flags = {"no-rank-waits", "fsync",           "keep-checkpoint",
+                                            "help",          "no-state-digest", "compact"};
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (!absl::ConsumePrefix(&arg, "--")) {
@@ -261,6 +263,7 @@ absl::Status ParseRunOptions(Flags& flags, ckpt::loadgen::LoadgenOptions* option
     options->operations.insert(options->operations.end(), once.begin(), once.end());
   }
   options->state_digests = !flags.count("no-state-digest");
+  options->compact = flags.count("compact") > 0;
   if (flags.count("max-coordinator-rss") && !ParseBytes(flags["max-coordinator-rss"], max_rss)) {
     return absl::InvalidArgumentError("bad --max-coordinator-rss");
   }
