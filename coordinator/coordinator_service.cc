@@ -620,6 +620,9 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
                                                         kept != nullptr, std::move(digest));
   if (!converted.ok()) return ToGrpcStatus(converted.status());
   JoinRequest join = *std::move(converted);
+  // Layout classes (planner/rank_pieces.h) split off outside the lock; JobState interns them.
+  join.pieces = RankPieces(join.shards);
+  std::vector<pb::PieceMeta>().swap(join.shards);
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   const WorkerRecord* worker = workers_.Find(request->worker_id());
@@ -630,7 +633,7 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   }
   join.location = RankLocation{worker->id, worker->description.host, worker->description.pid,
                                worker->description.gpu, worker->description.nccl};
-  const size_t shard_count = join.shards.size();
+  const int shard_count = join.pieces.size();
   const std::string job = join.job;
   const int rank = join.rank;
   absl::StatusOr<const Operation*> op = jobs_.JoinOperation(std::move(join));

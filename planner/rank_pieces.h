@@ -47,7 +47,8 @@ class RankPieces {
 
   // Piece i as the rank described it (shared list + the rank's replica id and flat range).
   pb::PieceMeta Piece(int i) const;
-  pb::PieceMeta operator[](int i) const { return Piece(i); }
+  // Read-only (a const copy: assigning to it would change nothing).
+  const pb::PieceMeta operator[](int i) const { return Piece(i); }
   // Every piece, materialized (tests, small operations).
   std::vector<pb::PieceMeta> Pieces() const;
   // Piece i without replica id, its flat range zeroed (see has_flat / flat_*).
