@@ -621,8 +621,8 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   if (!converted.ok()) return ToGrpcStatus(converted.status());
   JoinRequest join = *std::move(converted);
   // Layout classes (planner/rank_pieces.h) split off outside the lock; JobState interns them.
-  join.pieces = RankPieces(join.shards);
-  std::vector<pb::PieceMeta>().swap(join.shards);
+  join.pieces = RankPieces(std::move(join.shards));
+  join.shards.clear();
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   const WorkerRecord* worker = workers_.Find(request->worker_id());

@@ -8,6 +8,11 @@
 // them when its last rank detaches) or is replaced (another world size), and the least
 // recently used jobs' when the bytes kept pass the bound. Thread-safe (its own lock, held only for
 // map updates: digests are computed and descriptions converted outside it).
+//
+// A description is kept as layout classes (planner/rank_pieces.h): its pieces as a shared piece
+// list, interned here so that ranks of different data-parallel replicas keep one copy, plus the
+// rank's own replica ids and flat ranges; the rest of it (layouts, memory kinds, ...) serialized.
+// The bytes counted are each rank's own part (the shared lists, one per layout class, are not).
 #ifndef CKPT_COORDINATOR_DESCRIPTION_CACHE_H_
 #define CKPT_COORDINATOR_DESCRIPTION_CACHE_H_
 
@@ -20,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "planner/rank_pieces.h"
 #include "proto/coordinator.pb.h"
 
 namespace ckpt::coordinator {
@@ -46,7 +52,7 @@ class DescriptionCache {
                    bool* kept = nullptr);
 
   // The kept description of `rank` when its digest equals `digest` and the job still has
-  // `world_size` ranks, parsed again from its kept wire form; FailedPrecondition naming job,
+  // `world_size` ranks, rebuilt from its kept form; FailedPrecondition naming job,
   // rank and why otherwise (the rank must send its full description).
   absl::StatusOr<std::shared_ptr<const pb::RankState>> Lookup(const std::string& job,
                                                               int world_size, int rank,
@@ -61,7 +67,8 @@ class DescriptionCache {
  private:
   struct Entry {
     std::string digest;
-    std::shared_ptr<const std::string> wire;  // the serialized pb::RankState
+    std::shared_ptr<const std::string> rest;   // the serialized pb::RankState without shards
+    std::shared_ptr<const RankPieces> pieces;  // its shards (list interned in pieces_)
     int64_t bytes = 0;
   };
   struct JobEntries {
@@ -77,6 +84,7 @@ class DescriptionCache {
   std::map<std::string, JobEntries> jobs_;
   std::list<std::string> recency_;  // job names, most recently used first
   DescriptionCacheStats stats_;
+  PieceListInterner pieces_;  // the kept descriptions' shared piece lists
 };
 
 }  // namespace ckpt::coordinator

@@ -1,46 +1,67 @@
 #include "planner/rank_pieces.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/container/flat_hash_map.h"
 
 namespace ckpt {
 
-RankPieces::RankPieces(absl::Span<const pb::PieceMeta> pieces) {
+RankPieces::RankPieces(std::vector<pb::PieceMeta>&& pieces) {
   if (pieces.empty()) return;
   auto list = std::make_shared<SharedPieceList>();
-  list->pieces.reserve(pieces.size());
   list->flat_slot.reserve(pieces.size());
   replica_.reserve(pieces.size());
+  size_t bytes = 0;
   absl::flat_hash_map<std::vector<int64_t>, int32_t> replica_index;
-  for (const pb::PieceMeta& piece : pieces) {
-    pb::PieceMeta& shared = list->pieces.emplace_back(piece);
-    std::vector<int64_t> replica(piece.replica_id().begin(), piece.replica_id().end());
-    shared.clear_replica_id();
-    auto [it, inserted] =
-        replica_index.try_emplace(replica, static_cast<int32_t>(replica_ids_.size()));
-    if (inserted) {
-      main_.push_back(
-          std::all_of(replica.begin(), replica.end(), [](int64_t c) { return c == 0; }));
-      replica_ids_.push_back(std::move(replica));
-    }
-    replica_.push_back(it->second);
+  for (pb::PieceMeta& piece : pieces) {
+    replica_.push_back(ReplicaIndex(piece.replica_id(), &replica_index));
+    piece.clear_replica_id();
     if (piece.region().has_flat()) {
       list->flat_slot.push_back(list->flat_pieces++);
       flats_.emplace_back(piece.region().flat().start(), piece.region().flat().stop());
-      shared.mutable_region()->mutable_flat()->Clear();
+      piece.mutable_region()->mutable_flat()->Clear();
     } else {
       list->flat_slot.push_back(-1);
     }
+    bytes += piece.ByteSizeLong() + sizeof(int64_t);
   }
-  for (const pb::PieceMeta& shared : list->pieces) shared.AppendToString(&content_);
-  // Piece boundaries are part of the key (two lists never serialize to one string by chance).
-  content_.append(reinterpret_cast<const char*>(&list->flat_pieces), sizeof(int32_t));
-  for (const pb::PieceMeta& shared : list->pieces) {
-    const int64_t n = static_cast<int64_t>(shared.ByteSizeLong());
-    content_.append(reinterpret_cast<const char*>(&n), sizeof(n));
+  // The interning key: each piece's wire form after its length (so that two lists never
+  // serialize to one string by chance).
+  content_.resize(bytes);
+  uint8_t* at = reinterpret_cast<uint8_t*>(content_.data());
+  for (const pb::PieceMeta& piece : pieces) {
+    const int64_t n = piece.GetCachedSize();
+    std::memcpy(at, &n, sizeof(n));
+    at = piece.SerializeWithCachedSizesToArray(at + sizeof(n));
   }
+  list->pieces = std::move(pieces);
   list_ = std::move(list);
+}
+
+int32_t RankPieces::ReplicaIndex(const google::protobuf::RepeatedField<int64_t>& replica,
+                                 absl::flat_hash_map<std::vector<int64_t>, int32_t>* index) {
+  constexpr int32_t kScanned = 8;  // a rank's pieces have a few distinct replica ids
+  auto same = [&](int32_t k) {
+    return std::equal(replica.begin(), replica.end(), replica_ids_[k].begin(),
+                      replica_ids_[k].end());
+  };
+  if (!replica_.empty() && same(replica_.back())) return replica_.back();
+  const int32_t distinct = static_cast<int32_t>(replica_ids_.size());
+  for (int32_t k = 0; k < std::min(distinct, kScanned); ++k) {
+    if (same(k)) return k;
+  }
+  std::vector<int64_t> id(replica.begin(), replica.end());
+  if (distinct >= kScanned) {
+    if (index->empty()) {
+      for (int32_t k = 0; k < distinct; ++k) index->emplace(replica_ids_[k], k);
+    }
+    auto [it, inserted] = index->try_emplace(id, distinct);
+    if (!inserted) return it->second;
+  }
+  main_.push_back(std::all_of(id.begin(), id.end(), [](int64_t c) { return c == 0; }));
+  replica_ids_.push_back(std::move(id));
+  return distinct;
 }
 
 pb::PieceMeta RankPieces::Piece(int i) const {

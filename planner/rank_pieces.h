@@ -36,7 +36,10 @@ class RankPieces {
  public:
   RankPieces() = default;
   // Splits `pieces` (not interned: the list is the rank's own until PieceListInterner::Intern).
-  explicit RankPieces(absl::Span<const pb::PieceMeta> pieces);
+  explicit RankPieces(absl::Span<const pb::PieceMeta> pieces)
+      : RankPieces(std::vector<pb::PieceMeta>(pieces.begin(), pieces.end())) {}
+  // The same, stripping the pieces in place (no copy).
+  explicit RankPieces(std::vector<pb::PieceMeta>&& pieces);
   // For tests and hand-built operations: `op.ranks[r].shards = {piece, ...}`.
   RankPieces(std::initializer_list<pb::PieceMeta> pieces)  // NOLINT(runtime/explicit)
       : RankPieces(absl::MakeConstSpan(pieces.begin(), pieces.size())) {}
@@ -75,6 +78,11 @@ class RankPieces {
   std::vector<bool> main_;                          // per distinct replica id: all zeros
   std::vector<std::pair<int64_t, int64_t>> flats_;  // per flat slot: (start, stop)
   std::string content_;  // serialized shared list until interned (the interning key)
+
+  // The index in replica_ids_ of `replica` (added when new); `index` is used once there are
+  // more than a few distinct ids.
+  int32_t ReplicaIndex(const google::protobuf::RepeatedField<int64_t>& replica,
+                       absl::flat_hash_map<std::vector<int64_t>, int32_t>* index);
 };
 
 // Interns shared lists by content: ranks whose lists are equal get one copy. Entries whose
