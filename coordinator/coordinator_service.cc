@@ -613,15 +613,17 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   if (!persist_to.ok()) return ToGrpcStatus(persist_to.status());
   std::shared_ptr<const pb::RankState> kept;
   std::string digest;
-  const pb::RankState* state = JoinState(*request, response, &kept, &digest);
+  std::shared_ptr<const RankPieces> pieces;
+  const pb::RankState* state = JoinState(*request, response, &kept, &digest, &pieces);
   if (state == nullptr) return grpc::Status::OK;  // the rank re-sends its full description
   // The request's pieces are converted before the lock is taken: the lock is for the state.
   absl::StatusOr<JoinRequest> converted = ToJoinRequest(*request, *kind, *path, *persist_to, *state,
                                                         kept != nullptr, std::move(digest));
   if (!converted.ok()) return ToGrpcStatus(converted.status());
   JoinRequest join = *std::move(converted);
-  // Layout classes (planner/rank_pieces.h) split off outside the lock; JobState interns them.
-  join.pieces = RankPieces(std::move(join.shards));
+  // Layout classes (planner/rank_pieces.h), split outside the lock (by the description cache
+  // when it keeps the description); JobState interns them.
+  join.pieces = pieces != nullptr ? *pieces : RankPieces(std::move(join.shards));
   join.shards.clear();
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
@@ -658,18 +660,19 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
 const pb::RankState* CoordinatorService::JoinState(const pb::JoinOperationRequest& request,
                                                    pb::JoinOperationResponse* response,
                                                    std::shared_ptr<const pb::RankState>* kept,
-                                                   std::string* digest) {
+                                                   std::string* digest,
+                                                   std::shared_ptr<const RankPieces>* pieces) {
   if (!request.state_omitted()) {
     if (!request.state_digest().empty()) {
       bool kept_now = false;
       *digest = descriptions_.Keep(request.job(), request.world_size(), request.rank(),
-                                   request.state(), &kept_now);
+                                   request.state(), &kept_now, pieces);
       response->set_state_kept(kept_now);
     }
     return &request.state();
   }
   absl::StatusOr<std::shared_ptr<const pb::RankState>> found = descriptions_.Lookup(
-      request.job(), request.world_size(), request.rank(), request.state_digest());
+      request.job(), request.world_size(), request.rank(), request.state_digest(), pieces);
   if (!found.ok()) {
     spdlog::info("rank_join_needs_full_state job={} rank={} why=\"{}\"", request.job(),
                  request.rank(), std::string(found.status().message()));

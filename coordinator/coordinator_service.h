@@ -274,9 +274,12 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // coordinator keeps: `response` then tells the rank to send its full description. A join
   // carrying a full description and a digest has its description kept (digest computed here).
   // `*digest`: the coordinator's digest of the description ("" when the rank sent none).
+  // `*pieces`: its shards as layout classes when the description cache split them (a kept
+  // description then comes back without its shards); null otherwise.
   const pb::RankState* JoinState(const pb::JoinOperationRequest& request,
                                  pb::JoinOperationResponse* response,
-                                 std::shared_ptr<const pb::RankState>* kept, std::string* digest);
+                                 std::shared_ptr<const pb::RankState>* kept, std::string* digest,
+                                 std::shared_ptr<const RankPieces>* pieces);
   // The memory tier loses `worker_id`'s copies (its lease was lost or it deregistered).
   void DropMemoryCopies(const std::string& worker_id, const std::string& host);
 

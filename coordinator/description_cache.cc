@@ -34,7 +34,8 @@ std::string WireWithoutShards(const pb::RankState& state) {
 }  // namespace
 
 std::string DescriptionCache::Keep(const std::string& job, int world_size, int rank,
-                                   const pb::RankState& state, bool* kept) {
+                                   const pb::RankState& state, bool* kept,
+                                   std::shared_ptr<const RankPieces>* pieces_out) {
   if (kept != nullptr) *kept = false;
   Entry entry;
   entry.digest = RankStateDigest(state);  // computed here, outside the lock
@@ -47,6 +48,7 @@ std::string DescriptionCache::Keep(const std::string& job, int world_size, int r
   std::string digest = entry.digest;
   std::lock_guard<std::mutex> lock(mu_);
   pieces_.Intern(pieces.get());
+  if (pieces_out != nullptr) *pieces_out = pieces;
   entry.pieces = std::move(pieces);
   auto it = jobs_.find(job);
   if (it != jobs_.end() && it->second.world_size != world_size) {
@@ -85,7 +87,8 @@ std::string DescriptionCache::Keep(const std::string& job, int world_size, int r
 }
 
 absl::StatusOr<std::shared_ptr<const pb::RankState>> DescriptionCache::Lookup(
-    const std::string& job, int world_size, int rank, const std::string& digest) {
+    const std::string& job, int world_size, int rank, const std::string& digest,
+    std::shared_ptr<const RankPieces>* pieces_out) {
   std::unique_lock<std::mutex> lock(mu_);
   auto refuse = [&](absl::string_view why) {
     ++stats_.misses;
@@ -116,6 +119,10 @@ absl::StatusOr<std::shared_ptr<const pb::RankState>> DescriptionCache::Lookup(
   if (!state->ParseFromString(*rest)) {
     return absl::InternalError(
         absl::StrCat("job ", job, " rank ", rank, ": the kept description no longer parses"));
+  }
+  if (pieces_out != nullptr) {
+    *pieces_out = std::move(pieces);
+    return std::shared_ptr<const pb::RankState>(std::move(state));
   }
   state->mutable_shards()->Reserve(pieces->size());
   for (int i = 0; i < pieces->size(); ++i) *state->add_shards() = pieces->Piece(i);

@@ -48,15 +48,19 @@ class DescriptionCache {
   // digest computed here. Entries of the job at another world size are dropped first; the least
   // recently used other jobs are dropped while the bytes kept would pass the bound (a
   // description that cannot fit alone is not kept: `*kept` says which). Returns the digest.
+  // `pieces`, when given, receives the description's shards as layout classes (the list
+  // interned here), kept or not.
   std::string Keep(const std::string& job, int world_size, int rank, const pb::RankState& state,
-                   bool* kept = nullptr);
+                   bool* kept = nullptr, std::shared_ptr<const RankPieces>* pieces = nullptr);
 
   // The kept description of `rank` when its digest equals `digest` and the job still has
   // `world_size` ranks, rebuilt from its kept form; FailedPrecondition naming job,
-  // rank and why otherwise (the rank must send its full description).
-  absl::StatusOr<std::shared_ptr<const pb::RankState>> Lookup(const std::string& job,
-                                                              int world_size, int rank,
-                                                              const std::string& digest);
+  // rank and why otherwise (the rank must send its full description). With `pieces` given, the
+  // description comes back without its shards and `*pieces` holds them as layout classes (no
+  // piece is rebuilt).
+  absl::StatusOr<std::shared_ptr<const pb::RankState>> Lookup(
+      const std::string& job, int world_size, int rank, const std::string& digest,
+      std::shared_ptr<const RankPieces>* pieces = nullptr);
 
   // Forgets one rank's description (it detached), or a whole job's.
   void DropRank(const std::string& job, int rank);

@@ -65,6 +65,24 @@ TEST(DescriptionCacheTest, RanksWithTheSamePiecesShareOneKeptListAndGetTheirOwnB
     EXPECT_EQ(RankStateDigest(**kept), digests[r]);
   }
   EXPECT_LT(cache.Stats().bytes, described / 3);  // each rank's own part, not 8 lists
+  // Asked for layout classes, the cache hands out the kept ones and no rebuilt pieces.
+  std::shared_ptr<const RankPieces> pieces;
+  auto rest = cache.Lookup("j", 8, 5, digests[5], &pieces);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  ASSERT_NE(pieces, nullptr);
+  EXPECT_EQ((*rest)->shards_size(), 0);
+  EXPECT_EQ((*rest)->memory_kinds_size(), 50);
+  std::shared_ptr<const RankPieces> other;
+  ASSERT_TRUE(cache.Lookup("j", 8, 2, digests[2], &other).ok());
+  EXPECT_EQ(pieces->list(), other->list());
+  pb::RankState whole = **rest;
+  for (const pb::PieceMeta& piece : pieces->Pieces()) *whole.add_shards() = piece;
+  EXPECT_EQ(RankStateDigest(whole), digests[5]);
+  std::shared_ptr<const RankPieces> split;
+  cache.Keep("j", 8, 6, ReplicaState(6, 50), nullptr, &split);
+  ASSERT_NE(split, nullptr);
+  EXPECT_EQ(split->list(), pieces->list());
+  EXPECT_EQ(split->Piece(3).SerializeAsString(), ReplicaState(6, 50).shards(3).SerializeAsString());
 }
 
 TEST(DescriptionCacheTest, KeepsTheDescriptionUnderItsOwnDigestAndReturnsItOnAMatch) {
