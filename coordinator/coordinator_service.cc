@@ -559,14 +559,20 @@ namespace {
 absl::StatusOr<JoinRequest> ToJoinRequest(const pb::JoinOperationRequest& request,
                                           OperationKind kind, const std::string& path,
                                           const std::string& persist_to, const pb::RankState& state,
-                                          bool described_by_digest, std::string digest) {
+                                          bool described_by_digest, std::string digest,
+                                          const RankPieces* pieces) {
   JoinRequest join;
   join.job = request.job();
   join.world_size = request.world_size();
   join.rank = request.rank();
   join.kind = kind;
   join.path = path;
-  join.shards.assign(state.shards().begin(), state.shards().end());
+  // Layout classes (planner/rank_pieces.h): the description cache's split, else split here;
+  // JobState interns them.
+  join.pieces =
+      pieces != nullptr
+          ? *pieces
+          : RankPieces(std::vector<pb::PieceMeta>(state.shards().begin(), state.shards().end()));
   for (int memory_kind : state.memory_kinds()) {
     join.memory_kinds.push_back(static_cast<pb::MemoryKind>(memory_kind));
   }
@@ -617,14 +623,11 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   const pb::RankState* state = JoinState(*request, response, &kept, &digest, &pieces);
   if (state == nullptr) return grpc::Status::OK;  // the rank re-sends its full description
   // The request's pieces are converted before the lock is taken: the lock is for the state.
-  absl::StatusOr<JoinRequest> converted = ToJoinRequest(*request, *kind, *path, *persist_to, *state,
-                                                        kept != nullptr, std::move(digest));
+  absl::StatusOr<JoinRequest> converted =
+      ToJoinRequest(*request, *kind, *path, *persist_to, *state, kept != nullptr, std::move(digest),
+                    pieces.get());
   if (!converted.ok()) return ToGrpcStatus(converted.status());
   JoinRequest join = *std::move(converted);
-  // Layout classes (planner/rank_pieces.h), split outside the lock (by the description cache
-  // when it keeps the description); JobState interns them.
-  join.pieces = pieces != nullptr ? *pieces : RankPieces(std::move(join.shards));
-  join.shards.clear();
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   const WorkerRecord* worker = workers_.Find(request->worker_id());

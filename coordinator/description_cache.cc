@@ -41,13 +41,13 @@ std::string DescriptionCache::Keep(const std::string& job, int world_size, int r
   entry.digest = RankStateDigest(state);  // computed here, outside the lock
   // The pieces as layout classes (at 10k GPT ranks ~45 MiB of own columns where the serialized
   // descriptions took 214 MiB and the parsed ones ~1.5 GiB); the rest serialized.
-  auto pieces = std::make_shared<RankPieces>(
-      std::vector<pb::PieceMeta>(state.shards().begin(), state.shards().end()));
+  // Only the first description of each layout class has its pieces copied (under the lock).
+  auto pieces = std::make_shared<RankPieces>(RankPieces::Describe(state.shards()));
   entry.rest = std::make_shared<const std::string>(WireWithoutShards(state));
   entry.bytes = static_cast<int64_t>(entry.rest->size()) + pieces->OwnBytes();
   std::string digest = entry.digest;
   std::lock_guard<std::mutex> lock(mu_);
-  pieces_.Intern(pieces.get());
+  pieces_.Intern(pieces.get(), state.shards());
   if (pieces_out != nullptr) *pieces_out = pieces;
   entry.pieces = std::move(pieces);
   auto it = jobs_.find(job);

@@ -40,11 +40,17 @@ class RankPieces {
       : RankPieces(std::vector<pb::PieceMeta>(pieces.begin(), pieces.end())) {}
   // The same, stripping the pieces in place (no copy).
   explicit RankPieces(std::vector<pb::PieceMeta>&& pieces);
+  // The rank's own column and the interning key of `pieces`, without a list: the shared list is
+  // only built (copied) by PieceListInterner::Intern(rank, pieces) when no equal list is
+  // interned, so ranks of a known layout class never copy a piece. Empty until interned.
+  static RankPieces Describe(const google::protobuf::RepeatedPtrField<pb::PieceMeta>& pieces);
   // For tests and hand-built operations: `op.ranks[r].shards = {piece, ...}`.
   RankPieces(std::initializer_list<pb::PieceMeta> pieces)  // NOLINT(runtime/explicit)
       : RankPieces(absl::MakeConstSpan(pieces.begin(), pieces.size())) {}
 
   int size() const { return list_ == nullptr ? 0 : static_cast<int>(list_->pieces.size()); }
+  // Pieces described, also before the list is built (Describe).
+  int described_size() const { return list_ == nullptr ? described_size_ : size(); }
   bool empty() const { return size() == 0; }
   void clear() { *this = RankPieces(); }
 
@@ -77,7 +83,8 @@ class RankPieces {
   std::vector<std::vector<int64_t>> replica_ids_;   // the rank's distinct replica ids
   std::vector<bool> main_;                          // per distinct replica id: all zeros
   std::vector<std::pair<int64_t, int64_t>> flats_;  // per flat slot: (start, stop)
-  std::string content_;  // serialized shared list until interned (the interning key)
+  std::string content_;         // serialized shared list until interned (the interning key)
+  int32_t described_size_ = 0;  // Describe: pieces until the list is built
 
   // The index in replica_ids_ of `replica` (added when new); `index` is used once there are
   // more than a few distinct ids.
@@ -91,10 +98,17 @@ class PieceListInterner {
  public:
   // Replaces `pieces`' own list by the interned copy of an equal one (or interns its own).
   void Intern(RankPieces* pieces);
+  // Gives `rank` (from RankPieces::Describe(source)) the interned list equal to `source`
+  // stripped, building and interning it when there is none.
+  void Intern(RankPieces* rank, const google::protobuf::RepeatedPtrField<pb::PieceMeta>& source);
   // Lists currently interned and alive.
   int64_t LiveLists() const;
 
  private:
+  // The interned list for `content` (null when none is alive).
+  std::shared_ptr<const SharedPieceList> Find(const std::string& content) const;
+  void Add(std::string content, const std::shared_ptr<const SharedPieceList>& list);
+
   absl::flat_hash_map<std::string, std::weak_ptr<const SharedPieceList>> lists_;
   size_t sweep_at_ = 64;
 };

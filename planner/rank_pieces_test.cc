@@ -62,6 +62,30 @@ TEST(RankPiecesTest, RanksDifferingInReplicaIdsAndFlatRangesShareOneList) {
   EXPECT_EQ(interner.LiveLists(), 1);  // a list no rank holds is not kept alive
 }
 
+TEST(RankPiecesTest, DescribedRanksCopyNoPieceOnceTheirListIsInterned) {
+  PieceListInterner interner;
+  google::protobuf::RepeatedPtrField<pb::PieceMeta> first, second;
+  for (auto* list : {&first, &second}) {
+    const int64_t dp = list == &first ? 0 : 1;
+    *list->Add() = Meta("w", {0}, {8}, {dp});
+    *list->Add() = Meta("opt", {0}, {8}, {}, std::make_pair(4 * dp, 4 * dp + 4));
+  }
+  RankPieces a = RankPieces::Describe(first);
+  EXPECT_EQ(a.described_size(), 2);
+  EXPECT_EQ(a.list(), nullptr);  // no list until interned
+  interner.Intern(&a, first);
+  RankPieces b = RankPieces::Describe(second);
+  interner.Intern(&b, second);
+  RankPieces c(std::vector<pb::PieceMeta>(second.begin(), second.end()));  // split by copy
+  interner.Intern(&c);
+  EXPECT_EQ(b.list(), a.list());
+  EXPECT_EQ(c.list(), a.list());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(a.Piece(i).SerializeAsString(), first[i].SerializeAsString());
+    EXPECT_EQ(b.Piece(i).SerializeAsString(), second[i].SerializeAsString());
+  }
+}
+
 TEST(RankPiecesTest, ListsDifferingInAnyFieldAreNotShared) {
   PieceListInterner interner;
   RankPieces a({Meta("w", {0}, {8}, {0})});
