@@ -559,20 +559,21 @@ namespace {
 // it stands for, the request's own or the kept one).
 absl::StatusOr<JoinRequest> ToJoinRequest(const pb::JoinOperationRequest& request,
                                           OperationKind kind, const std::string& path,
-                                          const std::string& persist_to, const pb::RankState& sent,
-                                          bool described_by_digest, std::string digest) {
-  pb::RankState expanded;  // `sent` with its compact tensors expanded (issue 16)
-  absl::StatusOr<const pb::RankState*> full = ExpandCompactTensors(
-      sent, &expanded, absl::StrCat("job ", request.job(), " rank ", request.rank()));
-  if (!full.ok()) return full.status();
-  const pb::RankState& state = **full;
+                                          const std::string& persist_to, const pb::RankState& state,
+                                          bool described_by_digest, std::string digest,
+                                          const RankPieces* pieces) {
   JoinRequest join;
   join.job = request.job();
   join.world_size = request.world_size();
   join.rank = request.rank();
   join.kind = kind;
   join.path = path;
-  join.shards.assign(state.shards().begin(), state.shards().end());
+  // Layout classes (planner/rank_pieces.h): the description cache's split, else split here;
+  // JobState interns them.
+  join.pieces =
+      pieces != nullptr
+          ? *pieces
+          : RankPieces(std::vector<pb::PieceMeta>(state.shards().begin(), state.shards().end()));
   for (int memory_kind : state.memory_kinds()) {
     join.memory_kinds.push_back(static_cast<pb::MemoryKind>(memory_kind));
   }
@@ -619,11 +620,16 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   if (!persist_to.ok()) return ToGrpcStatus(persist_to.status());
   std::shared_ptr<const pb::RankState> kept;
   std::string digest;
-  const pb::RankState* state = JoinState(*request, response, &kept, &digest);
-  if (state == nullptr) return grpc::Status::OK;  // the rank re-sends its full description
+  std::shared_ptr<const RankPieces> pieces;
+  pb::RankState expanded;  // the sent description with its compact tensors expanded (issue 16)
+  absl::StatusOr<const pb::RankState*> state =
+      JoinState(*request, response, &kept, &digest, &pieces, &expanded);
+  if (!state.ok()) return ToGrpcStatus(state.status());
+  if (*state == nullptr) return grpc::Status::OK;  // the rank re-sends its full description
   // The request's pieces are converted before the lock is taken: the lock is for the state.
-  absl::StatusOr<JoinRequest> converted = ToJoinRequest(*request, *kind, *path, *persist_to, *state,
-                                                        kept != nullptr, std::move(digest));
+  absl::StatusOr<JoinRequest> converted =
+      ToJoinRequest(*request, *kind, *path, *persist_to, **state, kept != nullptr,
+                    std::move(digest), pieces.get());
   if (!converted.ok()) return ToGrpcStatus(converted.status());
   JoinRequest join = *std::move(converted);
   std::lock_guard<std::mutex> lock(mu_);
@@ -636,7 +642,7 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   }
   join.location = RankLocation{worker->id, worker->description.host, worker->description.pid,
                                worker->description.gpu, worker->description.nccl};
-  const size_t shard_count = join.shards.size();
+  const int shard_count = join.pieces.size();
   const std::string job = join.job;
   const int rank = join.rank;
   absl::StatusOr<const Operation*> op = jobs_.JoinOperation(std::move(join));
@@ -658,27 +664,32 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   return grpc::Status::OK;
 }
 
-const pb::RankState* CoordinatorService::JoinState(const pb::JoinOperationRequest& request,
-                                                   pb::JoinOperationResponse* response,
-                                                   std::shared_ptr<const pb::RankState>* kept,
-                                                   std::string* digest) {
+absl::StatusOr<const pb::RankState*> CoordinatorService::JoinState(
+    const pb::JoinOperationRequest& request, pb::JoinOperationResponse* response,
+    std::shared_ptr<const pb::RankState>* kept, std::string* digest,
+    std::shared_ptr<const RankPieces>* pieces, pb::RankState* expanded) {
   if (!request.state_omitted()) {
+    // Compact tensors are expanded once, here: the description kept is the expanded one (a
+    // digest-only join never expands again), its digest the one of what the rank sent.
+    absl::StatusOr<const pb::RankState*> full = ExpandCompactTensors(
+        request.state(), expanded, absl::StrCat("job ", request.job(), " rank ", request.rank()));
+    if (!full.ok()) return full.status();
     if (!request.state_digest().empty()) {
       bool kept_now = false;
-      *digest = descriptions_.Keep(request.job(), request.world_size(), request.rank(),
-                                   request.state(), &kept_now);
+      *digest = descriptions_.Keep(request.job(), request.world_size(), request.rank(), **full,
+                                   &kept_now, pieces, &request.state());
       response->set_state_kept(kept_now);
     }
-    return &request.state();
+    return *full;
   }
   absl::StatusOr<std::shared_ptr<const pb::RankState>> found = descriptions_.Lookup(
-      request.job(), request.world_size(), request.rank(), request.state_digest());
+      request.job(), request.world_size(), request.rank(), request.state_digest(), pieces);
   if (!found.ok()) {
     spdlog::info("rank_join_needs_full_state job={} rank={} why=\"{}\"", request.job(),
                  request.rank(), std::string(found.status().message()));
     response->set_send_full_state(true);
     response->set_send_full_state_reason(std::string(found.status().message()));
-    return nullptr;
+    return static_cast<const pb::RankState*>(nullptr);
   }
   *kept = *std::move(found);
   *digest = request.state_digest();  // equal to the one computed when the description was kept

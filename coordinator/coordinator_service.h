@@ -269,14 +269,21 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `path` resolved under the checkpoint roots (see CheckpointRoots::Resolve).
   absl::StatusOr<std::string> CheckpointPath(absl::string_view path, absl::string_view what) const;
-  // The state description a join stands for: the request's own, or (when it sent only a
-  // digest) the kept one, held alive by `*kept`. Null when the digest does not match what the
-  // coordinator keeps: `response` then tells the rank to send its full description. A join
-  // carrying a full description and a digest has its description kept (digest computed here).
+  // The state description a join stands for: the request's own with its compact tensors
+  // expanded (into `*expanded` when it has any), or (when it sent only a digest) the kept one,
+  // held alive by `*kept`. Null when the digest does not match what the coordinator keeps:
+  // `response` then tells the rank to send its full description. A join carrying a full
+  // description and a digest has its expansion kept, under the digest of what it sent (computed
+  // here). InvalidArgument naming job, rank and tensor for a compact tensor that cannot expand.
   // `*digest`: the coordinator's digest of the description ("" when the rank sent none).
-  const pb::RankState* JoinState(const pb::JoinOperationRequest& request,
-                                 pb::JoinOperationResponse* response,
-                                 std::shared_ptr<const pb::RankState>* kept, std::string* digest);
+  // `*pieces`: its shards as layout classes when the description cache split them (a kept
+  // description then comes back without its shards); null otherwise.
+  absl::StatusOr<const pb::RankState*> JoinState(const pb::JoinOperationRequest& request,
+                                                 pb::JoinOperationResponse* response,
+                                                 std::shared_ptr<const pb::RankState>* kept,
+                                                 std::string* digest,
+                                                 std::shared_ptr<const RankPieces>* pieces,
+                                                 pb::RankState* expanded);
   // The memory tier loses `worker_id`'s copies (its lease was lost or it deregistered).
   void DropMemoryCopies(const std::string& worker_id, const std::string& host);
 

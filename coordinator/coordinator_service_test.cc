@@ -634,6 +634,41 @@ TEST_F(CoordinatorDigestTest, ARepeatJoinWithAnUnchangedDescriptionSendsOnlyItsD
   ASSERT_NO_FATAL_FAILURE(Finish(j.operation().id()));
 }
 
+// A compact description (issue 16) is kept expanded under the digest of what the rank sent:
+// the digest-only repeat join plans the expanded pieces without the rank sending them again.
+TEST_F(CoordinatorDigestTest, ACompactDescriptionIsKeptExpandedUnderTheDigestOfWhatWasSent) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  Watcher watch0(stub_.get(), w0), watch1(stub_.get(), w1);
+  auto compact = [](int rank) {
+    pb::RankState state = Described(rank, 1);
+    pb::CompactTensors* flat = state.add_compact_tensors();
+    pb::TensorMeta* tensor = flat->add_tensors();
+    tensor->set_key("embedding");
+    tensor->set_dtype(pb::DTYPE_F32);
+    tensor->add_global_shape(10);
+    flat->add_index(1);
+    flat->mutable_flat()->set_parts(2);
+    flat->mutable_flat()->set_part(rank);
+    return state;
+  };
+  pb::JoinOperationResponse j;
+  ASSERT_TRUE(JoinDescribed(w0, 0, compact(0), false, &j).ok());
+  EXPECT_TRUE(j.state_kept());
+  ASSERT_TRUE(JoinDescribed(w1, 1, compact(1), false, &j).ok());
+  EXPECT_EQ(save_kind_.planned_shards, 4);  // each rank's listed piece and its expanded one
+  ASSERT_NO_FATAL_FAILURE(Finish(j.operation().id()));
+  save_kind_.planned_shards = 0;
+
+  ASSERT_TRUE(JoinDescribed(w0, 0, compact(0), true, &j).ok());
+  EXPECT_FALSE(j.send_full_state()) << j.send_full_state_reason();
+  ASSERT_TRUE(JoinDescribed(w1, 1, compact(1), true, &j).ok());
+  EXPECT_FALSE(j.send_full_state()) << j.send_full_state_reason();
+  EXPECT_EQ(j.operation().ranks_described_by_digest(), 2);
+  EXPECT_EQ(save_kind_.planned_shards, 4);  // the kept expansion, not the compact form
+  ASSERT_NO_FATAL_FAILURE(Finish(j.operation().id()));
+}
+
 TEST_F(CoordinatorDigestTest, ACoordinatorKeepingNoDescriptionsHasEveryJoinSendItsFullState) {
   ASSERT_NO_FATAL_FAILURE(StartServer(/*description_cache_bytes=*/0));
   std::string w0 = Register("node0", 10), w1 = Register("node1", 11);

@@ -2,12 +2,17 @@
 // repeat operation with an unchanged layout skips the gather: the rank sends only the digest of
 // its description (proto/state_digest.h, SHA-256) and the coordinator uses the kept one.
 //
-// The digest kept is always the one computed here from the description kept, never one a
-// caller supplied, so a match proves (up to SHA-256 collisions) that the rank's description is
-// the kept one. Memory is bounded: a job's entries are dropped when it ends (the service drops
-// them when its last rank detaches) or is replaced (another world size), and the least
-// recently used jobs' when the bytes kept pass the bound. Thread-safe (its own lock, held only for
-// map updates: digests are computed and descriptions converted outside it).
+// The digest kept is always the one computed here from the description the rank sent, never
+// one a caller supplied, so a match proves (up to SHA-256 collisions) that the rank's
+// description is the one whose expansion is kept. Memory is bounded: a job's entries are dropped
+// when it ends (the service drops them when its last rank detaches) or is replaced (another world
+// size), and the least recently used jobs' when the bytes kept pass the bound. Thread-safe (its own
+// lock, held only for map updates: digests are computed and descriptions converted outside it).
+//
+// A description is kept as layout classes (planner/rank_pieces.h): its pieces as a shared piece
+// list, interned here so that ranks of different data-parallel replicas keep one copy, plus the
+// rank's own replica ids and flat ranges; the rest of it (layouts, memory kinds, ...) serialized.
+// The bytes counted are each rank's own part (the shared lists, one per layout class, are not).
 #ifndef CKPT_COORDINATOR_DESCRIPTION_CACHE_H_
 #define CKPT_COORDINATOR_DESCRIPTION_CACHE_H_
 
@@ -20,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "planner/rank_pieces.h"
 #include "proto/coordinator.pb.h"
 
 namespace ckpt::coordinator {
@@ -42,15 +48,22 @@ class DescriptionCache {
   // digest computed here. Entries of the job at another world size are dropped first; the least
   // recently used other jobs are dropped while the bytes kept would pass the bound (a
   // description that cannot fit alone is not kept: `*kept` says which). Returns the digest.
+  // `pieces`, when given, receives the description's shards as layout classes (the list
+  // interned here), kept or not. `sent`, when given, is the description as the rank sent it
+  // and `state` its expansion (compact tensors, proto/compact_convert.h): the expansion is
+  // kept, and the digest is computed from `sent`, which is what the rank digests.
   std::string Keep(const std::string& job, int world_size, int rank, const pb::RankState& state,
-                   bool* kept = nullptr);
+                   bool* kept = nullptr, std::shared_ptr<const RankPieces>* pieces = nullptr,
+                   const pb::RankState* sent = nullptr);
 
   // The kept description of `rank` when its digest equals `digest` and the job still has
-  // `world_size` ranks, parsed again from its kept wire form; FailedPrecondition naming job,
-  // rank and why otherwise (the rank must send its full description).
-  absl::StatusOr<std::shared_ptr<const pb::RankState>> Lookup(const std::string& job,
-                                                              int world_size, int rank,
-                                                              const std::string& digest);
+  // `world_size` ranks, rebuilt from its kept form; FailedPrecondition naming job,
+  // rank and why otherwise (the rank must send its full description). With `pieces` given, the
+  // description comes back without its shards and `*pieces` holds them as layout classes (no
+  // piece is rebuilt).
+  absl::StatusOr<std::shared_ptr<const pb::RankState>> Lookup(
+      const std::string& job, int world_size, int rank, const std::string& digest,
+      std::shared_ptr<const RankPieces>* pieces = nullptr);
 
   // Forgets one rank's description (it detached), or a whole job's.
   void DropRank(const std::string& job, int rank);
@@ -61,7 +74,8 @@ class DescriptionCache {
  private:
   struct Entry {
     std::string digest;
-    std::shared_ptr<const std::string> wire;  // the serialized pb::RankState
+    std::shared_ptr<const std::string> rest;   // the serialized pb::RankState without shards
+    std::shared_ptr<const RankPieces> pieces;  // its shards (list interned in pieces_)
     int64_t bytes = 0;
   };
   struct JobEntries {
@@ -77,6 +91,7 @@ class DescriptionCache {
   std::map<std::string, JobEntries> jobs_;
   std::list<std::string> recency_;  // job names, most recently used first
   DescriptionCacheStats stats_;
+  PieceListInterner pieces_;  // the kept descriptions' shared piece lists
 };
 
 }  // namespace ckpt::coordinator

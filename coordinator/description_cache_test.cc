@@ -1,6 +1,7 @@
 #include "coordinator/description_cache.h"
 
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "proto/state_digest.h"
@@ -13,12 +14,75 @@ pb::RankState State(int rank, int pieces) {
   state.set_rank(rank);
   for (int i = 0; i < pieces; ++i) {
     pb::PieceMeta* piece = state.add_shards();
-    piece->mutable_tensor()->set_key("layer." + std::to_string(i));
+    piece->mutable_tensor()->set_key("decoder.layers." + std::to_string(i) +
+                                     ".self_attention.linear_qkv.weight");
     piece->mutable_tensor()->add_global_shape(64);
     piece->mutable_region()->add_offsets(rank * 8);
     piece->mutable_region()->add_lengths(8);
   }
   return state;
+}
+
+// The bytes a cache counts for keeping `state` alone.
+int64_t KeptBytes(const pb::RankState& state) {
+  DescriptionCache cache;
+  cache.Keep("j", 1, 0, state);
+  return cache.Stats().bytes;
+}
+
+// Rank `rank` of a data-parallel job: the same tensors on every rank, its own replica ids and
+// flat ranges, plus layouts and memory kinds.
+pb::RankState ReplicaState(int rank, int pieces) {
+  pb::RankState state = State(0, pieces);
+  state.set_rank(rank);
+  for (int i = 0; i < pieces; ++i) {
+    pb::PieceMeta* piece = state.mutable_shards(i);
+    piece->add_replica_id(0);
+    piece->add_replica_id(rank);
+    if (i % 2 == 1) {
+      piece->mutable_region()->mutable_flat()->set_start(rank);
+      piece->mutable_region()->mutable_flat()->set_stop(rank + 1);
+    }
+    state.add_memory_kinds(pb::MEMORY_HOST);
+  }
+  state.add_layouts()->set_key("decoder.layers.0.self_attention.linear_qkv.weight");
+  state.add_mesh_shape(4);
+  return state;
+}
+
+TEST(DescriptionCacheTest, RanksWithTheSamePiecesShareOneKeptListAndGetTheirOwnBack) {
+  DescriptionCache cache;
+  std::vector<std::string> digests;
+  int64_t described = 0;
+  for (int r = 0; r < 8; ++r) {
+    digests.push_back(cache.Keep("j", 8, r, ReplicaState(r, 50)));
+    described += static_cast<int64_t>(ReplicaState(r, 50).ByteSizeLong());
+  }
+  for (int r = 0; r < 8; ++r) {
+    auto kept = cache.Lookup("j", 8, r, digests[r]);
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    EXPECT_EQ((*kept)->SerializeAsString(), ReplicaState(r, 50).SerializeAsString()) << r;
+    EXPECT_EQ(RankStateDigest(**kept), digests[r]);
+  }
+  EXPECT_LT(cache.Stats().bytes, described / 3);  // each rank's own part, not 8 lists
+  // Asked for layout classes, the cache hands out the kept ones and no rebuilt pieces.
+  std::shared_ptr<const RankPieces> pieces;
+  auto rest = cache.Lookup("j", 8, 5, digests[5], &pieces);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  ASSERT_NE(pieces, nullptr);
+  EXPECT_EQ((*rest)->shards_size(), 0);
+  EXPECT_EQ((*rest)->memory_kinds_size(), 50);
+  std::shared_ptr<const RankPieces> other;
+  ASSERT_TRUE(cache.Lookup("j", 8, 2, digests[2], &other).ok());
+  EXPECT_EQ(pieces->list(), other->list());
+  pb::RankState whole = **rest;
+  for (const pb::PieceMeta& piece : pieces->Pieces()) *whole.add_shards() = piece;
+  EXPECT_EQ(RankStateDigest(whole), digests[5]);
+  std::shared_ptr<const RankPieces> split;
+  cache.Keep("j", 8, 6, ReplicaState(6, 50), nullptr, &split);
+  ASSERT_NE(split, nullptr);
+  EXPECT_EQ(split->list(), pieces->list());
+  EXPECT_EQ(split->Piece(3).SerializeAsString(), ReplicaState(6, 50).shards(3).SerializeAsString());
 }
 
 TEST(DescriptionCacheTest, KeepsTheDescriptionUnderItsOwnDigestAndReturnsItOnAMatch) {
@@ -57,7 +121,7 @@ TEST(DescriptionCacheTest, AKeepReplacesTheRanksEarlierDescription) {
   EXPECT_FALSE(cache.Lookup("j", 2, 0, first).ok());
   EXPECT_TRUE(cache.Lookup("j", 2, 0, second).ok());
   EXPECT_EQ(cache.Stats().entries, 1);
-  EXPECT_EQ(cache.Stats().bytes, static_cast<int64_t>(State(0, 5).ByteSizeLong()));
+  EXPECT_EQ(cache.Stats().bytes, KeptBytes(State(0, 5)));
 }
 
 TEST(DescriptionCacheTest, AJobAtAnotherWorldSizeReplacesTheOldEntries) {
@@ -81,14 +145,14 @@ TEST(DescriptionCacheTest, DropRankAndDropJobForgetAndFreeTheBytes) {
   cache.DropJob("j");
   EXPECT_FALSE(cache.Lookup("j", 2, 1, d1).ok());
   EXPECT_EQ(cache.Stats().entries, 1);
-  EXPECT_EQ(cache.Stats().bytes, static_cast<int64_t>(State(0, 2).ByteSizeLong()));
+  EXPECT_EQ(cache.Stats().bytes, KeptBytes(State(0, 2)));
   cache.DropRank("k", 0);
   EXPECT_EQ(cache.Stats().entries, 0);
   EXPECT_EQ(cache.Stats().bytes, 0);
 }
 
 TEST(DescriptionCacheTest, TheMemoryBoundEvictsTheLeastRecentlyUsedJob) {
-  const int64_t one = static_cast<int64_t>(State(0, 4).ByteSizeLong());
+  const int64_t one = KeptBytes(State(0, 4));
   DescriptionCache cache(/*max_bytes=*/2 * one);
   const std::string a = cache.Keep("a", 1, 0, State(0, 4));
   const std::string b = cache.Keep("b", 1, 0, State(0, 4));

@@ -312,7 +312,10 @@ absl::StatusOr<const Operation*> JobState::JoinOperation(JoinRequest request) {
   entry.description_digest = std::move(request.description_digest);
   entry.location = request.location;
   entry.joined_at = clock_->Now();
-  entry.shards = std::move(request.shards);
+  entry.shards = request.pieces.empty() && !request.shards.empty()
+                     ? RankPieces(std::move(request.shards))
+                     : std::move(request.pieces);
+  piece_lists_.Intern(&entry.shards);
   entry.memory_kinds = std::move(request.memory_kinds);
   entry.layouts = std::move(request.layouts);
   entry.mesh_shape = std::move(request.mesh_shape);

@@ -31,6 +31,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
+#include "planner/rank_pieces.h"
 #include "proto/types.pb.h"
 
 namespace ckpt::coordinator {
@@ -74,7 +75,10 @@ struct RankEntry {
   bool joined = false;
   RankLocation location;
   absl::Time joined_at;
-  std::vector<pb::PieceMeta> shards;         // the rank's shard metadata, as gathered
+  // The rank's shard metadata, as gathered: a piece list shared with every rank that described
+  // the same pieces (replica ids and flat ranges aside; interned by JobState) plus the rank's
+  // own replica ids and flat ranges (planner/rank_pieces.h). shards.Piece(i) is piece i.
+  RankPieces shards;
   std::vector<pb::MemoryKind> memory_kinds;  // where each shard lives (parallel; may be empty)
   std::vector<pb::TensorLayout> layouts;     // how the rank described them (informational)
   std::vector<int64_t> mesh_shape;
@@ -168,6 +172,9 @@ struct JoinRequest {
   std::string path;
   RankLocation location;
   std::vector<pb::PieceMeta> shards;
+  // `shards` already split into layout classes (ToJoinRequest does it outside the service
+  // lock); when it is empty, Join splits `shards`. Join interns its list either way.
+  RankPieces pieces;
   std::vector<pb::MemoryKind> memory_kinds;  // parallel to shards (empty: not said)
   std::vector<pb::TensorLayout> layouts;     // informational, for the manifest's saved layout
   std::vector<int64_t> mesh_shape;
@@ -350,6 +357,7 @@ class JobState {
   std::map<uint64_t, std::unique_ptr<Operation>> operations_;
   std::map<std::string, std::string, std::less<>> in_flight_;  // job -> operation id
   std::vector<std::vector<RankEntry>> released_;               // see TakeReleased
+  PieceListInterner piece_lists_;  // the ranks' shared piece lists (RankEntry::shards)
   uint64_t next_operation_ = 1;
   uint64_t version_ = 0;
   uint64_t phase_version_ = 0;

@@ -69,7 +69,7 @@ void BM_PlanSaveParts(benchmark::State& state) {
   Operation op;
   op.world_size = world;
   op.ranks.resize(world);
-  for (int r = 0; r < world; ++r) op.ranks[r].shards = RankShards(r, world, shards);
+  for (int r = 0; r < world; ++r) op.ranks[r].shards = RankPieces(RankShards(r, world, shards));
   for (auto _ : state) {
     auto plans = PlanSave(op);
     if (!plans.ok()) state.SkipWithError(std::string(plans.status().message()).c_str());

@@ -538,17 +538,41 @@ namespace {
 
 TEST_F(JobStateTest, LendGatheredMovesThePiecesOutWithoutCopyingAndReturnLentPutsThemBack) {
   const std::string id = Gathered();
-  const pb::PieceMeta* gathered = state_.FindOperation(id)->ranks[1].shards.data();
+  const SharedPieceList* gathered = state_.FindOperation(id)->ranks[1].shards.list();
   absl::StatusOr<Operation> lent = state_.LendGathered(id);
   ASSERT_TRUE(lent.ok()) << lent.status();
-  EXPECT_EQ(lent->ranks[1].shards.data(), gathered);  // the same pieces, moved
+  EXPECT_EQ(lent->ranks[1].shards.list(), gathered);  // the same pieces, moved
   EXPECT_EQ(lent->ranks[1].shards[0].tensor().key(), "w1");
   EXPECT_EQ(lent->phase, Phase::kPlanning);
   EXPECT_TRUE(state_.FindOperation(id)->ranks[1].shards.empty());
   EXPECT_TRUE(state_.FindOperation(id)->ranks[1].joined);  // only the bulky data left
   state_.ReturnLent(id, *std::move(lent));
-  EXPECT_EQ(state_.FindOperation(id)->ranks[1].shards.data(), gathered);
+  EXPECT_EQ(state_.FindOperation(id)->ranks[1].shards.list(), gathered);
   EXPECT_EQ(state_.LendGathered("op-999").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobStateTest, RanksDescribingTheSamePiecesShareOneListAndKeepTheirOwnReplicaIds) {
+  auto join = [&](int rank, int64_t replica) {
+    JoinRequest r = Join(rank, 4);
+    r.shards[0].mutable_tensor()->set_key("w");      // every rank: the same piece ...
+    r.shards[0].add_replica_id(replica);             // ... as its own replica
+    if (rank == 3) r.pieces = RankPieces(r.shards);  // split by the caller, interned by Join
+    return state_.JoinOperation(std::move(r));
+  };
+  std::string id;
+  for (int rank = 0; rank < 4; ++rank) {
+    absl::StatusOr<const Operation*> joined = join(rank, rank);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    id = (*joined)->id;
+  }
+  const Operation* op = state_.FindOperation(id);
+  ASSERT_NE(op, nullptr);
+  for (int rank = 1; rank < 4; ++rank) {
+    EXPECT_EQ(op->ranks[rank].shards.list(), op->ranks[0].shards.list()) << rank;
+    EXPECT_EQ(op->ranks[rank].shards.Piece(0).replica_id(0), rank);
+  }
+  EXPECT_TRUE(op->ranks[0].shards.is_main_replica(0));
+  EXPECT_FALSE(op->ranks[2].shards.is_main_replica(0));
 }
 
 TEST_F(JobStateTest, LendingKeepsThePlanPartsWithTheOperation) {
@@ -557,9 +581,9 @@ TEST_F(JobStateTest, LendingKeepsThePlanPartsWithTheOperation) {
   ASSERT_TRUE(lent.ok());
   EXPECT_TRUE(lent->ranks[0].plan_part.empty());
   EXPECT_EQ(state_.FindOperation(id)->ranks[0].plan_part, "part0");
-  EXPECT_EQ(lent->ranks[0].shards.size(), 1u);
+  EXPECT_EQ(lent->ranks[0].shards.size(), 1);
   state_.ReturnLent(id, *std::move(lent));
-  EXPECT_EQ(state_.FindOperation(id)->ranks[0].shards.size(), 1u);
+  EXPECT_EQ(state_.FindOperation(id)->ranks[0].shards.size(), 1);
 }
 
 }  // namespace

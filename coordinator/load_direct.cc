@@ -30,9 +30,9 @@ absl::StatusOr<std::vector<RankPlan>> PlanDirectLoadFrom(const Operation& op,
     pb::LoadPlanPart part;
     part.set_rank(r);
     part.set_path(op.path);
-    const std::vector<pb::PieceMeta>& shards = op.ranks[r].shards;
-    for (int i = 0; i < static_cast<int>(shards.size()); ++i) {
-      const pb::PieceMeta& s = shards[i];
+    const RankPieces& shards = op.ranks[r].shards;
+    for (int i = 0; i < shards.size(); ++i) {
+      const pb::PieceMeta s = shards.Piece(i);
       const std::string& key = s.tensor().key();
       auto found = by_key.find(key);
       const pb::TensorMeta* stored = found == by_key.end() ? nullptr : found->second;

@@ -84,12 +84,9 @@ absl::StatusOr<StoredCheckpoint> ReadStoredCheckpoint(const std::string& path,
 
 // Whether rank `rank` of `op` holds the shard of `read` as its main replica.
 bool ReadsMainReplica(const Operation& op, int rank, const pb::LoadRead& read) {
-  const std::vector<pb::PieceMeta>& shards = op.ranks[rank].shards;
-  if (read.local_index() < 0 || read.local_index() >= static_cast<int>(shards.size())) return true;
-  for (int64_t v : shards[read.local_index()].replica_id()) {
-    if (v != 0) return false;
-  }
-  return true;
+  const RankPieces& shards = op.ranks[rank].shards;
+  if (read.local_index() < 0 || read.local_index() >= shards.size()) return true;
+  return shards.is_main_replica(read.local_index());
 }
 
 // The planner's requests of the ranks `members` (one group; rank i of the group is
@@ -223,14 +220,14 @@ ExchangeTransport ChooseExchangeTransport(const Operation& op) {
   int64_t device_shards = 0;
   for (int r = 0; r < static_cast<int>(op.ranks.size()); ++r) {
     const RankEntry& e = op.ranks[r];
-    if (e.memory_kinds.size() != e.shards.size()) {
+    if (e.memory_kinds.size() != static_cast<size_t>(e.shards.size())) {
       return {false, absl::StrCat("rank ", r, " did not say where its tensors live")};
     }
-    for (size_t i = 0; i < e.shards.size(); ++i) {
+    for (int i = 0; i < e.shards.size(); ++i) {
       if (e.memory_kinds[i] != pb::MEMORY_DEVICE) {
         return {false,
                 absl::StrCat("rank ", r, " has tensors in ", MemoryKindName(e.memory_kinds[i]),
-                             " memory (", e.shards[i].tensor().key(), ")")};
+                             " memory (", e.shards.tensor(i).key(), ")")};
       }
     }
     device_shards += static_cast<int64_t>(e.shards.size());

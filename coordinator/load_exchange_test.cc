@@ -168,7 +168,9 @@ TEST(LoadExchangeTest, AnAlgorithmThisBuildDoesNotKnowIsRefusedNamingTheValidOne
 TEST(LoadExchangeTest, ATensorTheCheckpointLacksIsRefusedNamingRankAndKey) {
   const std::string path = WriteTwoRowCheckpoint("missing");
   Operation op = ThreeRankLoad(path);
-  op.ranks[2].shards[0].mutable_tensor()->set_key("v");
+  std::vector<pb::PieceMeta> pieces = op.ranks[2].shards.Pieces();
+  pieces[0].mutable_tensor()->set_key("v");
+  op.ranks[2].shards = RankPieces(pieces);
   auto plans = PlanExchangeLoad(op, LoadPlannerOptions{});
   ASSERT_FALSE(plans.ok());
   EXPECT_THAT(plans.status().message(), HasSubstr("rank 2 asks for tensor v"));
@@ -254,7 +256,7 @@ bool DeviceExchangeTwin(const Operation& op) {
   std::set<std::pair<std::string, int>> gpus;
   int64_t shards = 0;
   for (const RankEntry& e : op.ranks) {
-    if (e.memory_kinds.size() != e.shards.size()) return false;
+    if (e.memory_kinds.size() != static_cast<size_t>(e.shards.size())) return false;
     if (std::count(e.memory_kinds.begin(), e.memory_kinds.end(), pb::MEMORY_DEVICE) !=
         static_cast<int64_t>(e.memory_kinds.size())) {
       return false;
@@ -276,7 +278,7 @@ TEST(ChooseExchangeTransportTest, AgreesWithTheRuleOnRandomOperations) {
     op.ranks.resize(op.world_size);
     for (RankEntry& e : op.ranks) {
       const int shards = pick(3);
-      for (int i = 0; i < shards; ++i) e.shards.push_back(Rows(0, 1));
+      e.shards = RankPieces(std::vector<pb::PieceMeta>(shards, Rows(0, 1)));
       // Mostly device memory, so that the device case is common.
       for (int i = 0; i < shards; ++i) {
         e.memory_kinds.push_back(pick(8) == 0 ? pb::MEMORY_HOST : pb::MEMORY_DEVICE);

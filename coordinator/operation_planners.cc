@@ -9,44 +9,11 @@
 
 namespace ckpt::coordinator {
 
-absl::StatusOr<std::vector<TensorPiece>> GatheredPieces(const Operation& op,
-                                                        std::vector<int>* local_index) {
-  std::vector<TensorPiece> pieces;
-  local_index->clear();
-  for (int r = 0; r < op.world_size; ++r) {
-    const std::vector<pb::PieceMeta>& shards = op.ranks[r].shards;
-    for (int i = 0; i < static_cast<int>(shards.size()); ++i) {
-      const pb::PieceMeta& s = shards[i];
-      TensorPiece p;
-      p.key = s.tensor().key();
-      p.rank = r;
-      absl::StatusOr<DType> dtype = DTypeFromProto(s.tensor().dtype());
-      if (!dtype.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("rank ", r, " tensor ", p.key, ": ", dtype.status().message()));
-      }
-      p.dtype = *dtype;
-      p.global_shape.assign(s.tensor().global_shape().begin(), s.tensor().global_shape().end());
-      absl::StatusOr<Region> region = RegionFromProto(s.region());
-      if (!region.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("rank ", r, " tensor ", p.key, ": ", region.status().message()));
-      }
-      p.region = *std::move(region);
-      p.replica_id.assign(s.replica_id().begin(), s.replica_id().end());
-      pieces.push_back(std::move(p));
-      local_index->push_back(i);
-    }
-  }
-  return pieces;
-}
-
 namespace {
 
-// One writer's plan part (its files, each piece pointing at the writer's own copy).
-absl::StatusOr<pb::SavePlanPart> WriterPart(const WriterPlan& writer,
-                                            const std::vector<TensorPiece>& pieces,
-                                            const std::vector<int>& local_index,
+// One writer's plan part (its files, each piece pointing at the writer's own copy: the plan's
+// source indexes are indexes into the writer's own shards).
+absl::StatusOr<pb::SavePlanPart> WriterPart(const WriterPlan& writer, const RankPieces& own,
                                             const std::string& staging_dir) {
   pb::SavePlanPart part;
   part.set_rank(writer.rank);
@@ -57,8 +24,8 @@ absl::StatusOr<pb::SavePlanPart> WriterPart(const WriterPlan& writer,
     f->set_path(file.path);
     f->set_total_bytes(file.total_bytes);
     for (const PlannedPiece& piece : file.pieces) {
-      if (piece.source_index < 0 || piece.source_index >= static_cast<int64_t>(pieces.size()) ||
-          pieces[piece.source_index].rank != writer.rank) {
+      if (piece.source_index < 0 || piece.source_index >= own.size() ||
+          own.tensor(static_cast<int>(piece.source_index)).key() != piece.key) {
         return absl::InternalError(absl::StrCat("save plan: piece of ", piece.key,
                                                 " is not the writer's own copy (rank ", writer.rank,
                                                 ")"));
@@ -69,7 +36,7 @@ absl::StatusOr<pb::SavePlanPart> WriterPart(const WriterPlan& writer,
       for (int64_t d : piece.global_shape) p->add_global_shape(d);
       *p->mutable_region() = RegionToProto(piece.region);
       p->set_size_bytes(piece.size_bytes);
-      p->set_local_index(local_index[piece.source_index]);
+      p->set_local_index(static_cast<int32_t>(piece.source_index));
     }
   }
   return part;
@@ -79,16 +46,15 @@ absl::StatusOr<pb::SavePlanPart> WriterPart(const WriterPlan& writer,
 
 absl::StatusOr<std::vector<RankPlan>> PlanSave(const Operation& op, const SavePlanOptions& options,
                                                const std::string& staging_dir) {
-  std::vector<int> local_index;
-  absl::StatusOr<std::vector<TensorPiece>> pieces = GatheredPieces(op, &local_index);
-  if (!pieces.ok()) return pieces.status();
+  std::vector<const RankPieces*> ranks(op.world_size);
+  for (int r = 0; r < op.world_size; ++r) ranks[r] = &op.ranks[r].shards;
   SavePlanOptions resolved = options;
   if (resolved.groups.empty() && DeclaresProcessGroups(op)) {
     absl::StatusOr<ProcessGroups> groups = OperationGroups(op);
     if (!groups.ok()) return groups.status();
     resolved.groups = *std::move(groups);
   }
-  absl::StatusOr<SavePlan> plan = BuildSavePlan(*pieces, op.world_size, resolved);
+  absl::StatusOr<SavePlan> plan = BuildSavePlanFromClasses(ranks, op.world_size, resolved);
   if (!plan.ok()) return plan.status();
   std::vector<RankPlan> out(op.world_size);
   std::vector<bool> writes(op.world_size, false);
@@ -99,7 +65,8 @@ absl::StatusOr<std::vector<RankPlan>> PlanSave(const Operation& op, const SavePl
       return absl::InternalError(absl::StrCat("save plan names writer rank ", writer.rank,
                                               " outside world size ", op.world_size));
     }
-    absl::StatusOr<pb::SavePlanPart> part = WriterPart(writer, *pieces, local_index, staging_dir);
+    absl::StatusOr<pb::SavePlanPart> part =
+        WriterPart(writer, op.ranks[writer.rank].shards, staging_dir);
     if (!part.ok()) return part.status();
     out[writer.rank].bytes = part->total_bytes();
     out[writer.rank].part = part->SerializeAsString();

@@ -10,18 +10,15 @@
 #include "absl/status/statusor.h"
 #include "coordinator/job_state.h"
 #include "planner/save_plan.h"
+#include "planner/save_plan_classes.h"
 #include "sharding/layout.h"
 
 namespace ckpt::coordinator {
 
-// Every rank's gathered shards as TensorPieces, in (rank, local index) order; `local_index`
-// receives each piece's index within its rank's shards. InvalidArgument naming the rank and
-// key for an unknown dtype.
-absl::StatusOr<std::vector<TensorPiece>> GatheredPieces(const Operation& op,
-                                                        std::vector<int>* local_index);
-
-// The save plan of a gathering-complete operation (BuildSavePlan over every rank's pieces):
-// one pb::SavePlanPart per rank, serialized, with the bytes that rank writes. Layout errors
+// The save plan of a gathering-complete operation (BuildSavePlanFromClasses over every rank's
+// shards, the plan BuildSavePlan makes of them flattened, without flattening them): one
+// pb::SavePlanPart per rank, serialized, with the bytes that rank writes. InvalidArgument
+// naming the rank and key for a piece whose dtype or region cannot be read. Layout errors
 // (overlapping or missing main replicas, disagreeing dtypes/shapes) come back as
 // InvalidArgument naming the tensor, ranks and regions.
 // `staging_dir` is where the workers write their data files (SavePlanPart.staging_dir).

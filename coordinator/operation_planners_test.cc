@@ -63,7 +63,9 @@ TEST(PlanSaveTest, EveryMainReplicaIsWrittenOnceByARankHoldingIt) {
 
 TEST(PlanSaveTest, OverlappingMainReplicasAreALayoutErrorNamingTheTensor) {
   Operation op = TwoRankOperation();
-  op.ranks[1].shards[0] = Shard("w", {4, 8}, {1, 0}, {3, 8});  // overlaps rank 0's rows
+  std::vector<pb::PieceMeta> pieces = op.ranks[1].shards.Pieces();
+  pieces[0] = Shard("w", {4, 8}, {1, 0}, {3, 8});  // overlaps rank 0's rows
+  op.ranks[1].shards = RankPieces(pieces);
   absl::StatusOr<std::vector<RankPlan>> plans = PlanSave(op);
   ASSERT_FALSE(plans.ok());
   EXPECT_EQ(plans.status().code(), absl::StatusCode::kInvalidArgument);
@@ -72,7 +74,9 @@ TEST(PlanSaveTest, OverlappingMainReplicasAreALayoutErrorNamingTheTensor) {
 
 TEST(PlanSaveTest, UnspecifiedDTypeNamesRankAndKey) {
   Operation op = TwoRankOperation();
-  op.ranks[1].shards[1].mutable_tensor()->set_dtype(pb::DTYPE_UNSPECIFIED);
+  std::vector<pb::PieceMeta> pieces = op.ranks[1].shards.Pieces();
+  pieces[1].mutable_tensor()->set_dtype(pb::DTYPE_UNSPECIFIED);
+  op.ranks[1].shards = RankPieces(pieces);
   absl::StatusOr<std::vector<RankPlan>> plans = PlanSave(op);
   EXPECT_EQ(plans.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(plans.status().message(), HasSubstr("rank 1 tensor norm"));

@@ -34,18 +34,22 @@ namespace {
 // Every key gathered, with the dtype and shape the lowest rank reported.
 absl::StatusOr<std::vector<TensorMeta>> GatheredTensors(const Operation& op) {
   std::vector<TensorMeta> tensors;
-  absl::flat_hash_set<absl::string_view> seen;  // keys point into op's shards
+  absl::flat_hash_set<absl::string_view> seen;  // keys point into op's shared piece lists
+  // Ranks sharing a piece list describe the same tensors: each list is read once.
+  absl::flat_hash_set<const SharedPieceList*> lists_read;
   for (int r = 0; r < op.world_size; ++r) {
-    for (const pb::PieceMeta& s : op.ranks[r].shards) {
-      if (!seen.insert(s.tensor().key()).second) continue;
-      absl::StatusOr<DType> dtype = DTypeFromProto(s.tensor().dtype());
+    const RankPieces& shards = op.ranks[r].shards;
+    if (!lists_read.insert(shards.list()).second) continue;
+    for (int i = 0; i < shards.size(); ++i) {
+      const pb::TensorMeta& t = shards.tensor(i);
+      if (!seen.insert(t.key()).second) continue;
+      absl::StatusOr<DType> dtype = DTypeFromProto(t.dtype());
       if (!dtype.ok()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("rank ", r, " tensor ", s.tensor().key(), ": ", dtype.status().message()));
+            absl::StrCat("rank ", r, " tensor ", t.key(), ": ", dtype.status().message()));
       }
-      tensors.push_back(TensorMeta{s.tensor().key(), *dtype,
-                                   std::vector<int64_t>(s.tensor().global_shape().begin(),
-                                                        s.tensor().global_shape().end())});
+      tensors.push_back(TensorMeta{
+          t.key(), *dtype, std::vector<int64_t>(t.global_shape().begin(), t.global_shape().end())});
     }
   }
   return tensors;

@@ -280,6 +280,11 @@ std::string DataFileName(int64_t rank, int64_t index) {
   return absl::StrCat("data/r", rank, "_", index, ".safetensors");
 }
 
+std::vector<PlannedFile> PackWriterFiles(int64_t rank, std::vector<PlannedPiece> pieces,
+                                         int64_t total_bytes, int64_t target_file_bytes) {
+  return PackFiles(rank, std::move(pieces), total_bytes, target_file_bytes);
+}
+
 absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int64_t num_ranks,
                                        const SavePlanOptions& options) {
   CKPT_RETURN_IF_ERROR(ValidateSaveInput(pieces, num_ranks, options));

@@ -102,6 +102,7 @@ Problem MakeProblem(uint64_t seed, pb::LoadAlgorithm algorithm, int ranks, int s
   p.op.process_groups = groups;
   p.op.ranks.resize(ranks + serving);
   for (int r = 0; r < ranks; ++r) {
+    std::vector<pb::PieceMeta> pieces;
     for (const pb::TensorMeta& t : p.manifest.tensors()) {
       if (rng() % 5 == 0) continue;
       const int64_t rows = t.global_shape(0);
@@ -110,8 +111,9 @@ Problem MakeProblem(uint64_t seed, pb::LoadAlgorithm algorithm, int ranks, int s
       *s.mutable_tensor() = t;
       *s.mutable_region() = RegionToProto(Region{{first, 0}, {n, t.global_shape(1)}, std::nullopt});
       s.add_replica_id(rng() % 3 == 0 ? 1 : 0);
-      p.op.ranks[r].shards.push_back(std::move(s));
+      pieces.push_back(std::move(s));
     }
+    p.op.ranks[r].shards = RankPieces(pieces);
   }
   for (int s = 0; s < serving; ++s) p.op.ranks[ranks + s].serving = true;
   p.op.world_size = ranks + serving;
@@ -262,8 +264,8 @@ std::pair<size_t, size_t> CheckOwnSharesMatchTheWholePlan(const Problem& p) {
     EXPECT_EQ(own[r].request_bytes, twin[r].request_bytes);
     EXPECT_EQ(own[r].sent, twin[r].sent);
     EXPECT_EQ(own[r].received, twin[r].received);
-    for (const pb::PieceMeta& s : p.op.ranks[r].shards) {  // and the bytes are the right ones
-      const int index = static_cast<int>(&s - p.op.ranks[r].shards.data());
+    for (int index = 0; index < p.op.ranks[r].shards.size(); ++index) {  // and the right bytes
+      const pb::PieceMeta s = p.op.ranks[r].shards.Piece(index);
       const std::string want =
           ReferenceRegionBytes(SpecOf(p.manifest, s.tensor().key(), *RegionFromProto(s.region())));
       EXPECT_EQ(own[r].request_bytes.at(index), want) << s.tensor().key();

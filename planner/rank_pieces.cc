@@ -1,0 +1,168 @@
+#include "planner/rank_pieces.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace ckpt {
+
+namespace {
+
+// `piece` without replica id, its flat range (if any) zeroed.
+void Strip(pb::PieceMeta* piece) {
+  piece->clear_replica_id();
+  if (piece->region().has_flat()) piece->mutable_region()->mutable_flat()->Clear();
+}
+
+// Appends the interning key's record of a stripped piece: its size, then its wire form.
+void AppendKey(const pb::PieceMeta& stripped, std::string* content) {
+  const int64_t n = static_cast<int64_t>(stripped.ByteSizeLong());
+  const size_t at = content->size();
+  content->resize(at + sizeof(n) + static_cast<size_t>(n));
+  uint8_t* out = reinterpret_cast<uint8_t*>(content->data() + at);
+  std::memcpy(out, &n, sizeof(n));
+  stripped.SerializeWithCachedSizesToArray(out + sizeof(n));
+}
+
+}  // namespace
+
+RankPieces::RankPieces(std::vector<pb::PieceMeta>&& pieces) {
+  if (pieces.empty()) return;
+  auto list = std::make_shared<SharedPieceList>();
+  list->flat_slot.reserve(pieces.size());
+  replica_.reserve(pieces.size());
+  absl::flat_hash_map<std::vector<int64_t>, int32_t> replica_index;
+  for (pb::PieceMeta& piece : pieces) {
+    replica_.push_back(ReplicaIndex(piece.replica_id(), &replica_index));
+    if (piece.region().has_flat()) {
+      list->flat_slot.push_back(list->flat_pieces++);
+      flats_.emplace_back(piece.region().flat().start(), piece.region().flat().stop());
+    } else {
+      list->flat_slot.push_back(-1);
+    }
+    Strip(&piece);
+    AppendKey(piece, &content_);
+  }
+  list->pieces = std::move(pieces);
+  list_ = std::move(list);
+}
+
+int32_t RankPieces::ReplicaIndex(const google::protobuf::RepeatedField<int64_t>& replica,
+                                 absl::flat_hash_map<std::vector<int64_t>, int32_t>* index) {
+  constexpr int32_t kScanned = 8;  // a rank's pieces have a few distinct replica ids
+  auto same = [&](int32_t k) {
+    return std::equal(replica.begin(), replica.end(), replica_ids_[k].begin(),
+                      replica_ids_[k].end());
+  };
+  if (!replica_.empty() && same(replica_.back())) return replica_.back();
+  const int32_t distinct = static_cast<int32_t>(replica_ids_.size());
+  for (int32_t k = 0; k < std::min(distinct, kScanned); ++k) {
+    if (same(k)) return k;
+  }
+  std::vector<int64_t> id(replica.begin(), replica.end());
+  if (distinct >= kScanned) {
+    if (index->empty()) {
+      for (int32_t k = 0; k < distinct; ++k) index->emplace(replica_ids_[k], k);
+    }
+    auto [it, inserted] = index->try_emplace(id, distinct);
+    if (!inserted) return it->second;
+  }
+  main_.push_back(std::all_of(id.begin(), id.end(), [](int64_t c) { return c == 0; }));
+  replica_ids_.push_back(std::move(id));
+  return distinct;
+}
+
+RankPieces RankPieces::Describe(const google::protobuf::RepeatedPtrField<pb::PieceMeta>& pieces) {
+  RankPieces out;
+  out.described_size_ = pieces.size();
+  out.replica_.reserve(pieces.size());
+  absl::flat_hash_map<std::vector<int64_t>, int32_t> replica_index;
+  pb::PieceMeta scratch;  // one stripped copy at a time, its memory reused
+  for (const pb::PieceMeta& piece : pieces) {
+    out.replica_.push_back(out.ReplicaIndex(piece.replica_id(), &replica_index));
+    if (piece.region().has_flat()) {
+      out.flats_.emplace_back(piece.region().flat().start(), piece.region().flat().stop());
+    }
+    scratch = piece;
+    Strip(&scratch);
+    AppendKey(scratch, &out.content_);
+  }
+  return out;
+}
+
+pb::PieceMeta RankPieces::Piece(int i) const {
+  pb::PieceMeta piece = list_->pieces[i];
+  for (int64_t c : replica_id(i)) piece.add_replica_id(c);
+  if (has_flat(i)) {
+    pb::FlatRange* flat = piece.mutable_region()->mutable_flat();
+    flat->set_start(flat_start(i));
+    flat->set_stop(flat_stop(i));
+  }
+  return piece;
+}
+
+std::vector<pb::PieceMeta> RankPieces::Pieces() const {
+  std::vector<pb::PieceMeta> out;
+  out.reserve(size());
+  for (int i = 0; i < size(); ++i) out.push_back(Piece(i));
+  return out;
+}
+
+int64_t RankPieces::OwnBytes() const {
+  int64_t bytes = static_cast<int64_t>(replica_.capacity() * sizeof(int32_t) +
+                                       flats_.capacity() * sizeof(flats_[0]) + main_.size() / 8);
+  for (const std::vector<int64_t>& r : replica_ids_) bytes += r.capacity() * sizeof(int64_t) + 24;
+  return bytes;
+}
+
+void PieceListInterner::Intern(RankPieces* rank,
+                               const google::protobuf::RepeatedPtrField<pb::PieceMeta>& source) {
+  if (rank->list_ != nullptr || source.empty()) return;
+  std::shared_ptr<const SharedPieceList> list = Find(rank->content_);
+  if (list == nullptr) {
+    auto built = std::make_shared<SharedPieceList>();
+    built->pieces.assign(source.begin(), source.end());
+    built->flat_slot.reserve(source.size());
+    for (pb::PieceMeta& piece : built->pieces) {
+      built->flat_slot.push_back(piece.region().has_flat() ? built->flat_pieces++ : -1);
+      Strip(&piece);
+    }
+    list = std::move(built);
+    Add(std::move(rank->content_), list);
+  }
+  rank->content_ = std::string();
+  rank->list_ = std::move(list);
+}
+
+std::shared_ptr<const SharedPieceList> PieceListInterner::Find(const std::string& content) const {
+  auto it = lists_.find(content);
+  return it == lists_.end() ? nullptr : it->second.lock();
+}
+
+void PieceListInterner::Add(std::string content,
+                            const std::shared_ptr<const SharedPieceList>& list) {
+  auto [it, inserted] = lists_.insert_or_assign(std::move(content), list);
+  if (inserted && lists_.size() >= sweep_at_) {
+    absl::erase_if(lists_, [](const auto& entry) { return entry.second.expired(); });
+    sweep_at_ = std::max<size_t>(64, 2 * lists_.size());
+  }
+}
+
+void PieceListInterner::Intern(RankPieces* pieces) {
+  if (pieces->list_ == nullptr || pieces->content_.empty()) return;
+  if (std::shared_ptr<const SharedPieceList> kept = Find(pieces->content_)) {
+    pieces->list_ = std::move(kept);
+  } else {
+    Add(std::move(pieces->content_), pieces->list_);
+  }
+  pieces->content_ = std::string();
+}
+
+int64_t PieceListInterner::LiveLists() const {
+  int64_t live = 0;
+  for (const auto& [content, list] : lists_) live += list.expired() ? 0 : 1;
+  return live;
+}
+
+}  // namespace ckpt

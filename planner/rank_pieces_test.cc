@@ -1,0 +1,103 @@
+#include "planner/rank_pieces.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ckpt {
+namespace {
+
+pb::PieceMeta Meta(const std::string& key, std::vector<int64_t> offsets,
+                   std::vector<int64_t> lengths, std::vector<int64_t> replica,
+                   std::optional<std::pair<int64_t, int64_t>> flat = std::nullopt) {
+  pb::PieceMeta m;
+  m.mutable_tensor()->set_key(key);
+  m.mutable_tensor()->set_dtype(pb::DTYPE_F32);
+  for (int64_t d : lengths) m.mutable_tensor()->add_global_shape(d * 4);
+  for (int64_t o : offsets) m.mutable_region()->add_offsets(o);
+  for (int64_t l : lengths) m.mutable_region()->add_lengths(l);
+  if (flat) {
+    m.mutable_region()->mutable_flat()->set_start(flat->first);
+    m.mutable_region()->mutable_flat()->set_stop(flat->second);
+  }
+  for (int64_t c : replica) m.add_replica_id(c);
+  return m;
+}
+
+TEST(RankPiecesTest, EveryPieceReadsBackAsDescribed) {
+  std::vector<pb::PieceMeta> metas = {
+      Meta("a", {0, 4}, {4, 4}, {0, 1}), Meta("b", {0}, {8}, {}, std::make_pair(0, 0)),
+      Meta("c", {4}, {4}, {2}, std::make_pair(1, 3)), Meta("d", {0}, {4}, {0, 1})};
+  RankPieces pieces(metas);
+  ASSERT_EQ(pieces.size(), 4);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(pieces.Piece(i).SerializeAsString(), metas[i].SerializeAsString()) << i;
+    EXPECT_EQ(pieces.shared(i).replica_id_size(), 0);
+  }
+  EXPECT_FALSE(pieces.is_main_replica(0));
+  EXPECT_TRUE(pieces.is_main_replica(1));
+  EXPECT_TRUE(pieces.has_flat(1));  // an empty flat range is still a flat range
+  EXPECT_EQ(pieces.flat_start(2), 1);
+  EXPECT_EQ(pieces.flat_stop(2), 3);
+  EXPECT_FALSE(pieces.has_flat(3));
+}
+
+TEST(RankPiecesTest, RanksDifferingInReplicaIdsAndFlatRangesShareOneList) {
+  PieceListInterner interner;
+  std::vector<RankPieces> ranks;
+  for (int dp = 0; dp < 4; ++dp) {
+    RankPieces pieces(
+        {Meta("w", {0}, {8}, {dp}), Meta("opt", {0}, {8}, {}, std::make_pair(2 * dp, 2 * dp + 2))});
+    interner.Intern(&pieces);
+    ranks.push_back(std::move(pieces));
+  }
+  RankPieces other({Meta("w", {8}, {8}, {0})});
+  interner.Intern(&other);
+  for (int dp = 1; dp < 4; ++dp) EXPECT_EQ(ranks[dp].list(), ranks[0].list());
+  EXPECT_NE(other.list(), ranks[0].list());
+  EXPECT_EQ(ranks[3].Piece(0).replica_id(0), 3);
+  EXPECT_EQ(ranks[3].Piece(1).region().flat().start(), 6);
+  EXPECT_EQ(interner.LiveLists(), 2);
+  ranks.clear();
+  EXPECT_EQ(interner.LiveLists(), 1);  // a list no rank holds is not kept alive
+}
+
+TEST(RankPiecesTest, DescribedRanksCopyNoPieceOnceTheirListIsInterned) {
+  PieceListInterner interner;
+  google::protobuf::RepeatedPtrField<pb::PieceMeta> first, second;
+  for (auto* list : {&first, &second}) {
+    const int64_t dp = list == &first ? 0 : 1;
+    *list->Add() = Meta("w", {0}, {8}, {dp});
+    *list->Add() = Meta("opt", {0}, {8}, {}, std::make_pair(4 * dp, 4 * dp + 4));
+  }
+  RankPieces a = RankPieces::Describe(first);
+  EXPECT_EQ(a.described_size(), 2);
+  EXPECT_EQ(a.list(), nullptr);  // no list until interned
+  interner.Intern(&a, first);
+  RankPieces b = RankPieces::Describe(second);
+  interner.Intern(&b, second);
+  RankPieces c(std::vector<pb::PieceMeta>(second.begin(), second.end()));  // split by copy
+  interner.Intern(&c);
+  EXPECT_EQ(b.list(), a.list());
+  EXPECT_EQ(c.list(), a.list());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(a.Piece(i).SerializeAsString(), first[i].SerializeAsString());
+    EXPECT_EQ(b.Piece(i).SerializeAsString(), second[i].SerializeAsString());
+  }
+}
+
+TEST(RankPiecesTest, ListsDifferingInAnyFieldAreNotShared) {
+  PieceListInterner interner;
+  RankPieces a({Meta("w", {0}, {8}, {0})});
+  RankPieces b({Meta("w", {0}, {8}, {0}, std::make_pair(0, 8))});  // a flat range
+  RankPieces c({Meta("w", {0}, {7}, {0})});
+  RankPieces d({Meta("w", {0}, {8}, {0}), Meta("w", {0}, {8}, {0})});
+  for (RankPieces* p : {&a, &b, &c, &d}) interner.Intern(p);
+  EXPECT_NE(a.list(), b.list());
+  EXPECT_NE(a.list(), c.list());
+  EXPECT_NE(a.list(), d.list());
+  EXPECT_EQ(interner.LiveLists(), 4);
+}
+
+}  // namespace
+}  // namespace ckpt

@@ -1,0 +1,487 @@
+#include "planner/save_plan_classes.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+#include "planner/distribute.h"
+#include "planner/main_replica.h"
+#include "proto/convert.h"
+#include "sharding/dtensor.h"
+#include "sharding/layout.h"
+#include "sharding/piece_id.h"
+
+namespace ckpt {
+namespace {
+
+// A shard id without its flat range: (key, offsets, whether it has one), read in place.
+struct CanonKey {
+  absl::string_view key;
+  absl::Span<const int64_t> offsets;
+  bool has_flat = false;
+  template <typename H>
+  friend H AbslHashValue(H h, const CanonKey& k) {
+    return H::combine(std::move(h), k.key, k.offsets, k.has_flat);
+  }
+  friend bool operator==(const CanonKey& a, const CanonKey& b) {
+    return a.key == b.key && a.has_flat == b.has_flat &&
+           std::equal(a.offsets.begin(), a.offsets.end(), b.offsets.begin(), b.offsets.end());
+  }
+};
+
+// One distinct shared list, converted once: each piece as a TensorPiece template (no rank,
+// replica id or flat range), its canonical id and key, and the ranks holding the list.
+struct ListInfo {
+  const RankPieces* first_holder = nullptr;  // a rank's pieces with this list (for conversion)
+  std::vector<TensorPiece> pieces;
+  std::vector<int32_t> canon;    // per piece: CanonKey index
+  std::vector<int32_t> key_of;   // per piece: key index
+  int bad = -1;                  // first piece whose dtype or box does not convert (-1: none)
+  std::vector<int64_t> holders;  // ranks with this list, ascending
+};
+
+// Every rank's list converted, plus the indexes the passes below share.
+struct Classes {
+  std::vector<ListInfo> lists;
+  std::vector<int32_t> list_of_rank;  // -1: the rank holds nothing
+  std::vector<int64_t> ref_begin;     // per rank: its first reference (prefix sums), + total
+  std::vector<const RankPieces*> ranks;
+  absl::flat_hash_map<CanonKey, int32_t> canon;
+  absl::flat_hash_map<absl::string_view, int32_t> key_index;
+  std::vector<absl::string_view> keys;
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> key_pieces;  // per key: (list, piece)
+};
+
+// Rank r's piece i, built from its list's template (valid templates only).
+void FillPiece(const Classes& c, int64_t r, int i, TensorPiece* out) {
+  const ListInfo& list = c.lists[c.list_of_rank[r]];
+  const RankPieces& own = *c.ranks[r];
+  const TensorPiece& t = list.pieces[i];
+  out->key = t.key;
+  out->rank = r;
+  out->dtype = t.dtype;
+  out->global_shape = t.global_shape;
+  out->region.offsets = t.region.offsets;
+  out->region.lengths = t.region.lengths;
+  out->region.flat.reset();
+  if (own.has_flat(i)) out->region.flat = FlatRange{own.flat_start(i), own.flat_stop(i)};
+  absl::Span<const int64_t> replica = own.replica_id(i);
+  out->replica_id.assign(replica.begin(), replica.end());
+}
+
+// Converts `list` (first held by `pieces`) into templates and indexes its pieces.
+void ConvertList(const RankPieces& pieces, Classes* c, ListInfo* list) {
+  list->first_holder = &pieces;
+  const int n = pieces.size();
+  list->pieces.resize(n);
+  list->canon.assign(n, -1);
+  list->key_of.assign(n, -1);
+  const int32_t list_index = static_cast<int32_t>(c->lists.size()) - 1;
+  for (int i = 0; i < n; ++i) {
+    const pb::PieceMeta& s = pieces.shared(i);
+    absl::StatusOr<DType> dtype = DTypeFromProto(s.tensor().dtype());
+    absl::StatusOr<Region> region = RegionFromProto(s.region());
+    if (!dtype.ok() || !region.ok()) {
+      list->bad = i;
+      return;
+    }
+    TensorPiece& t = list->pieces[i];
+    t.key = s.tensor().key();
+    t.dtype = *dtype;
+    t.global_shape.assign(s.tensor().global_shape().begin(), s.tensor().global_shape().end());
+    t.region = *std::move(region);
+    t.region.flat.reset();
+  }
+  for (int i = 0; i < n; ++i) {
+    const TensorPiece& t = list->pieces[i];
+    const int32_t next_canon = static_cast<int32_t>(c->canon.size());
+    list->canon[i] =
+        c->canon.try_emplace(CanonKey{t.key, t.region.offsets, pieces.has_flat(i)}, next_canon)
+            .first->second;
+    auto [it, inserted] = c->key_index.try_emplace(t.key, static_cast<int32_t>(c->keys.size()));
+    if (inserted) {
+      c->keys.push_back(t.key);
+      c->key_pieces.emplace_back();
+    }
+    list->key_of[i] = it->second;
+    c->key_pieces[it->second].emplace_back(list_index, i);
+  }
+}
+
+// The first piece of `pieces` (rank r) that does not convert, as GatheredPieces reported it.
+absl::Status FirstConversionError(const RankPieces& pieces, int64_t r, int bad) {
+  const int end = bad >= 0 ? bad + 1 : pieces.size();
+  for (int i = 0; i < end; ++i) {
+    if (i != bad && (!pieces.has_flat(i) ||
+                     (pieces.flat_start(i) >= 0 && pieces.flat_start(i) <= pieces.flat_stop(i)))) {
+      continue;
+    }
+    absl::StatusOr<TensorPiece> p = TensorPieceOf(pieces, r, i);
+    if (!p.ok()) return p.status();
+  }
+  return absl::OkStatus();
+}
+
+// Groups the ranks by list, converting each list once. Conversion errors as GatheredPieces'.
+absl::StatusOr<Classes> ClassesOf(absl::Span<const RankPieces* const> ranks) {
+  Classes c;
+  c.ranks.assign(ranks.begin(), ranks.end());
+  c.list_of_rank.assign(ranks.size(), -1);
+  c.ref_begin.assign(ranks.size() + 1, 0);
+  absl::flat_hash_map<const SharedPieceList*, int32_t> index;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    c.ref_begin[r + 1] = c.ref_begin[r];
+    if (ranks[r] == nullptr || ranks[r]->empty()) continue;
+    c.ref_begin[r + 1] += ranks[r]->size();
+    auto [it, inserted] = index.try_emplace(ranks[r]->list(), static_cast<int32_t>(c.lists.size()));
+    if (inserted) {
+      c.lists.emplace_back();
+      ConvertList(*ranks[r], &c, &c.lists.back());
+    }
+    ListInfo& list = c.lists[it->second];
+    CKPT_RETURN_IF_ERROR(FirstConversionError(*ranks[r], static_cast<int64_t>(r), list.bad));
+    c.list_of_rank[r] = it->second;
+    list.holders.push_back(static_cast<int64_t>(r));
+  }
+  return c;
+}
+
+// ValidateLayout over every reference, one tensor at a time (the same checks, order and
+// messages; a tensor's pieces are built for its check and reused for the next).
+absl::Status ValidateClasses(const Classes& c, int max_issues = 16) {
+  std::vector<int32_t> order(c.keys.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int32_t>(k);
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return c.keys[a] < c.keys[b]; });
+  std::vector<std::string> messages;
+  std::vector<std::pair<int64_t, int32_t>> refs;  // (rank, piece), in input order
+  std::vector<TensorPiece> pieces;
+  for (int32_t k : order) {
+    const int left = max_issues - static_cast<int>(messages.size());
+    if (left <= 0) break;
+    refs.clear();
+    for (const auto& [list, i] : c.key_pieces[k]) {
+      for (int64_t r : c.lists[list].holders) refs.emplace_back(r, i);
+    }
+    std::sort(refs.begin(), refs.end());
+    if (pieces.size() < refs.size()) pieces.resize(refs.size());
+    for (size_t j = 0; j < refs.size(); ++j)
+      FillPiece(c, refs[j].first, refs[j].second, &pieces[j]);
+    for (LayoutIssue& issue :
+         CheckTensorLayout(absl::MakeConstSpan(pieces.data(), refs.size()), left)) {
+      messages.push_back(std::move(issue.message));
+    }
+  }
+  if (messages.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("invalid layout (", messages.size(),
+                   static_cast<int64_t>(messages.size()) >= max_issues ? "+" : "",
+                   " issues): ", absl::StrJoin(messages, "; ")));
+}
+
+// One distinct shard id: its first reference, size, whether any holder has it as the main
+// replica, and its holders (rank, piece) in input order (holder_begin indexes Chains::holders).
+struct ShardInfo {
+  int64_t first_rank = 0;
+  int32_t first_piece = 0;
+  bool has_main = false;
+  int64_t size = 0;
+  int64_t holder_begin = 0;
+  int64_t holder_count = 0;
+};
+
+// The references chained by shard id (ChainPiecesById over the references).
+struct Chains {
+  std::vector<ShardInfo> shards;                     // in order of first occurrence
+  std::vector<int32_t> shard_of_ref;                 // per reference
+  std::vector<std::pair<int32_t, int32_t>> holders;  // (rank, piece) per reference, by shard
+};
+
+absl::StatusOr<int64_t> PieceSize(const TensorPiece& p) {
+  const int64_t elements = p.region.NumElements();
+  const int64_t elem = DTypeSize(p.dtype);
+  if (elements > std::numeric_limits<int64_t>::max() / elem) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", p.key, "': piece ", p.DebugString(), " is too large"));
+  }
+  return elements * elem;
+}
+
+// The error of two references with one shard id but different regions.
+absl::Status RegionConflict(const Classes& c, const ShardInfo& shard, int64_t r, int i) {
+  TensorPiece q, p;
+  FillPiece(c, shard.first_rank, shard.first_piece, &q);
+  FillPiece(c, r, i, &p);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tensor '", p.key, "': pieces ", q.DebugString(), " and ", p.DebugString(),
+      " share the shard id ", PieceId{p.key, p.region.offsets, p.region.flat}.DebugString(),
+      " but differ in region"));
+}
+
+// Finds (or adds) the shard of rank r's piece i.
+absl::StatusOr<int32_t> ShardOf(
+    const Classes& c, int64_t r, int i, std::vector<int32_t>* by_canon,
+    absl::flat_hash_map<std::tuple<int32_t, int64_t, int64_t>, int32_t>* by_flat, Chains* out) {
+  const ListInfo& list = c.lists[c.list_of_rank[r]];
+  const RankPieces& own = *c.ranks[r];
+  const int32_t canon = list.canon[i];
+  const int32_t next = static_cast<int32_t>(out->shards.size());
+  int32_t* slot;
+  if (own.has_flat(i)) {
+    slot = &by_flat->try_emplace({canon, own.flat_start(i), own.flat_stop(i)}, -1).first->second;
+  } else {
+    slot = &(*by_canon)[canon];
+  }
+  if (*slot < 0) {
+    *slot = next;
+    TensorPiece p;
+    FillPiece(c, r, i, &p);
+    CKPT_ASSIGN_OR_RETURN(int64_t size, PieceSize(p));
+    out->shards.push_back(ShardInfo{r, i, false, size, 0, 0});
+  } else {
+    const ShardInfo& shard = out->shards[*slot];
+    const ListInfo& first = c.lists[c.list_of_rank[shard.first_rank]];
+    if (first.pieces[shard.first_piece].region.lengths != list.pieces[i].region.lengths) {
+      return RegionConflict(c, shard, r, i);
+    }
+  }
+  return *slot;
+}
+
+// Chains every reference by shard id, in (rank, piece) order.
+absl::StatusOr<Chains> ChainReferences(const Classes& c) {
+  Chains out;
+  std::vector<int32_t> by_canon(c.canon.size(), -1);
+  absl::flat_hash_map<std::tuple<int32_t, int64_t, int64_t>, int32_t> by_flat;
+  out.shard_of_ref.reserve(c.ref_begin.back());
+  for (size_t r = 0; r < c.ranks.size(); ++r) {
+    if (c.list_of_rank[r] < 0) continue;
+    const RankPieces& own = *c.ranks[r];
+    for (int i = 0; i < own.size(); ++i) {
+      CKPT_ASSIGN_OR_RETURN(int32_t s,
+                            ShardOf(c, static_cast<int64_t>(r), i, &by_canon, &by_flat, &out));
+      out.shard_of_ref.push_back(s);
+      ShardInfo& shard = out.shards[s];
+      shard.has_main = shard.has_main || own.is_main_replica(i);
+      ++shard.holder_count;
+    }
+  }
+  int64_t at = 0;
+  for (ShardInfo& shard : out.shards) {
+    shard.holder_begin = at;
+    at += shard.holder_count;
+    shard.holder_count = 0;
+  }
+  out.holders.resize(at);
+  for (size_t r = 0; r < c.ranks.size(); ++r) {
+    for (int64_t ref = c.ref_begin[r]; ref < c.ref_begin[r + 1]; ++ref) {
+      ShardInfo& shard = out.shards[out.shard_of_ref[ref]];
+      out.holders[shard.holder_begin + shard.holder_count++] = {
+          static_cast<int32_t>(r), static_cast<int32_t>(ref - c.ref_begin[r])};
+    }
+  }
+  return out;
+}
+
+// The piece of `rank` along shard s's holders (its first in input order; -1: none).
+int32_t PieceOfRank(const Chains& chains, int32_t s, int64_t rank) {
+  const ShardInfo& shard = chains.shards[s];
+  for (int64_t h = shard.holder_begin; h < shard.holder_begin + shard.holder_count; ++h) {
+    if (chains.holders[h].first == rank) return chains.holders[h].second;
+  }
+  return -1;
+}
+
+PieceId IdOfShard(const Classes& c, const ShardInfo& shard) {
+  TensorPiece p;
+  FillPiece(c, shard.first_rank, shard.first_piece, &p);
+  return PieceId{std::move(p.key), std::move(p.region.offsets), p.region.flat};
+}
+
+using Writes = std::vector<std::pair<int64_t, int32_t>>;  // (writer, the writer's own piece)
+
+// Megatron's save distribution over all ranks (BuildSavePlan's WritesOverAllRanks): shards
+// with a main replica in order of first occurrence, holders in input order; holder lists
+// equal between shards are given once.
+absl::StatusOr<Writes> WritesOverAllRanks(const Classes& c, const Chains& chains,
+                                          int64_t num_ranks) {
+  Writes writes;
+  if (num_ranks <= 1) {
+    for (size_t r = 0; r < c.ranks.size(); ++r) {
+      if (c.list_of_rank[r] < 0) continue;
+      for (int i = 0; i < c.ranks[r]->size(); ++i) {
+        if (c.ranks[r]->is_main_replica(i)) writes.emplace_back(static_cast<int64_t>(r), i);
+      }
+    }
+    return writes;
+  }
+  if (num_ranks > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group of ", num_ranks, " ranks is more than the limit of ", kMaxWorldSize, " ranks"));
+  }
+  DistributionInput input;
+  input.num_ranks = num_ranks;
+  absl::flat_hash_map<std::vector<int64_t>, int32_t> list_of_holders;
+  std::vector<int32_t> shard_of_input;
+  std::vector<int64_t> holders;
+  for (size_t s = 0; s < chains.shards.size(); ++s) {
+    const ShardInfo& shard = chains.shards[s];
+    if (!shard.has_main) continue;
+    holders.clear();
+    for (int64_t h = 0; h < shard.holder_count; ++h) {
+      holders.push_back(chains.holders[shard.holder_begin + h].first);
+    }
+    auto [it, inserted] =
+        list_of_holders.try_emplace(holders, static_cast<int32_t>(input.holder_lists.size()));
+    if (inserted) input.holder_lists.push_back(holders);
+    input.shards.push_back(DistributablePiece{IdOfShard(c, shard), shard.size, it->second});
+    shard_of_input.push_back(static_cast<int32_t>(s));
+  }
+  CKPT_ASSIGN_OR_RETURN(std::vector<ShardAssignment> assignment, DistributeShardsToRanks(input));
+  writes.reserve(assignment.size());
+  for (const ShardAssignment& a : assignment) {
+    writes.emplace_back(a.rank, PieceOfRank(chains, shard_of_input[a.shard], a.rank));
+  }
+  return writes;
+}
+
+// One process group's writes (MainReplicaWritersPerGroup for that group).
+absl::Status WritesOfGroup(const Classes& c, const Chains& chains, std::vector<int64_t> ranks,
+                           Writes* writes) {
+  std::sort(ranks.begin(), ranks.end());
+  std::vector<std::vector<RankShardInfo>> lists(ranks.size());
+  absl::flat_hash_map<const PieceId*, int32_t, PieceIdPtrHash, PieceIdPtrEq> shard_of_id;
+  for (size_t g = 0; g < ranks.size(); ++g) {
+    const int64_t r = ranks[g];
+    if (r >= static_cast<int64_t>(c.ranks.size()) || c.list_of_rank[r] < 0) continue;
+    lists[g].reserve(c.ranks[r]->size());
+    for (int i = 0; i < c.ranks[r]->size(); ++i) {
+      const int32_t s = chains.shard_of_ref[c.ref_begin[r] + i];
+      lists[g].push_back(RankShardInfo{IdOfShard(c, chains.shards[s]), chains.shards[s].size,
+                                       c.ranks[r]->is_main_replica(i)});
+    }
+    for (size_t i = 0; i < lists[g].size(); ++i) {
+      shard_of_id.try_emplace(&lists[g][i].id, chains.shard_of_ref[c.ref_begin[r] + i]);
+    }
+  }
+  absl::StatusOr<std::optional<MainReplicaDistribution>> d =
+      DetermineMainReplicaDistribution(lists, static_cast<int64_t>(ranks.size()), false);
+  if (!d.ok()) {
+    return absl::Status(d.status().code(),
+                        absl::StrCat("process group of ranks [", absl::StrJoin(ranks, ","),
+                                     "]: ", d.status().message()));
+  }
+  if (!d->has_value()) {  // one rank: it writes its own main replicas
+    for (size_t i = 0; i < lists[0].size(); ++i) {
+      if (!lists[0][i].is_main) continue;
+      writes->emplace_back(ranks[0],
+                           PieceOfRank(chains, shard_of_id.at(&lists[0][i].id), ranks[0]));
+    }
+    return absl::OkStatus();
+  }
+  for (const auto& [id, group_rank] : (*d)->main_rank_for_shard) {
+    const int64_t writer = ranks[group_rank];
+    writes->emplace_back(writer, PieceOfRank(chains, shard_of_id.at(&id), writer));
+  }
+  return absl::OkStatus();
+}
+
+// Each writer's pieces packed into files (BuildSavePlan's PackWriters).
+SavePlan PackWriters(const Classes& c, const Chains& chains, const Writes& writes,
+                     int64_t num_ranks, int64_t target_file_bytes) {
+  std::vector<std::vector<PlannedPiece>> by_writer(num_ranks);
+  std::vector<int64_t> bytes_of_writer(num_ranks, 0);
+  TensorPiece p;
+  for (const auto& [writer, i] : writes) {
+    FillPiece(c, writer, i, &p);
+    const int64_t size = chains.shards[chains.shard_of_ref[c.ref_begin[writer] + i]].size;
+    by_writer[writer].push_back(PlannedPiece{p.key, p.dtype, p.global_shape, p.region, size, i});
+    bytes_of_writer[writer] += size;
+  }
+  SavePlan plan;
+  plan.num_ranks = num_ranks;
+  for (int64_t rank = 0; rank < num_ranks; ++rank) {
+    if (by_writer[rank].empty()) continue;
+    WriterPlan w;
+    w.rank = rank;
+    w.total_bytes = bytes_of_writer[rank];
+    w.files = PackWriterFiles(rank, std::move(by_writer[rank]), w.total_bytes, target_file_bytes);
+    plan.writers.push_back(std::move(w));
+  }
+  return plan;
+}
+
+// BuildSavePlan's ValidateSaveInput, on the classes.
+absl::Status ValidateInput(const Classes& c, int64_t num_ranks, const SavePlanOptions& options) {
+  if (num_ranks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("save plan needs at least one rank, got ", num_ranks));
+  }
+  if (options.target_file_bytes <= 0) {
+    return absl::InvalidArgumentError("target_file_bytes must be positive");
+  }
+  if (!options.groups.empty()) {
+    CKPT_RETURN_IF_ERROR(ValidateProcessGroups(options.groups, num_ranks));
+  }
+  for (int64_t r = num_ranks; r < static_cast<int64_t>(c.ranks.size()); ++r) {
+    if (c.list_of_rank[r] < 0) continue;
+    TensorPiece p;
+    FillPiece(c, r, 0, &p);
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", p.key, "': piece ", p.DebugString(),
+                                                   " names a rank outside [0, ", num_ranks, ")"));
+  }
+  return ValidateClasses(c);
+}
+
+}  // namespace
+
+absl::StatusOr<TensorPiece> TensorPieceOf(const RankPieces& pieces, int64_t rank, int i) {
+  const pb::PieceMeta s = pieces.Piece(i);
+  TensorPiece p;
+  p.key = s.tensor().key();
+  p.rank = rank;
+  absl::StatusOr<DType> dtype = DTypeFromProto(s.tensor().dtype());
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " tensor ", p.key, ": ", dtype.status().message()));
+  }
+  p.dtype = *dtype;
+  p.global_shape.assign(s.tensor().global_shape().begin(), s.tensor().global_shape().end());
+  absl::StatusOr<Region> region = RegionFromProto(s.region());
+  if (!region.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " tensor ", p.key, ": ", region.status().message()));
+  }
+  p.region = *std::move(region);
+  p.replica_id.assign(s.replica_id().begin(), s.replica_id().end());
+  return p;
+}
+
+absl::StatusOr<SavePlan> BuildSavePlanFromClasses(absl::Span<const RankPieces* const> ranks,
+                                                  int64_t num_ranks,
+                                                  const SavePlanOptions& options) {
+  CKPT_ASSIGN_OR_RETURN(Classes classes, ClassesOf(ranks));
+  CKPT_RETURN_IF_ERROR(ValidateInput(classes, num_ranks, options));
+  CKPT_ASSIGN_OR_RETURN(Chains chains, ChainReferences(classes));
+  Writes writes;
+  if (!options.groups.empty()) {
+    for (const std::vector<int64_t>& group : options.groups) {
+      CKPT_RETURN_IF_ERROR(WritesOfGroup(classes, chains, group, &writes));
+    }
+  } else {
+    CKPT_ASSIGN_OR_RETURN(writes, WritesOverAllRanks(classes, chains, num_ranks));
+  }
+  return PackWriters(classes, chains, writes, num_ranks, options.target_file_bytes);
+}
+
+}  // namespace ckpt
