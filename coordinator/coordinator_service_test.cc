@@ -272,6 +272,19 @@ TEST_F(CoordinatorServiceTest, ANegativeArrivalDeadlineIsRefusedNamingTheRankAnd
   EXPECT_EQ(j.operation().phase(), pb::PHASE_GATHERING);
 }
 
+// Adds to `state`, at piece `index`, a compact f32 "embedding" of 10 elements split flat in
+// 2 parts, of which the rank holds `part` (7: a part that does not exist).
+void AddCompactEmbedding(pb::RankState* state, int index, int64_t part) {
+  pb::CompactTensors* flat = state->add_compact_tensors();
+  pb::TensorMeta* tensor = flat->add_tensors();
+  tensor->set_key("embedding");
+  tensor->set_dtype(pb::DTYPE_F32);
+  tensor->add_global_shape(10);
+  flat->add_index(index);
+  flat->mutable_flat()->set_parts(2);
+  flat->mutable_flat()->set_part(part);
+}
+
 // A rank's compact tensor (issue 16) is expanded into its pieces before planning; one the
 // sharding rules refuse is InvalidArgument to that rank naming it and the tensor.
 TEST_F(CoordinatorServiceTest, CompactTensorsAreExpandedAndHostileOnesRefusedNamingRankAndTensor) {
@@ -287,14 +300,7 @@ TEST_F(CoordinatorServiceTest, CompactTensorsAreExpandedAndHostileOnesRefusedNam
     request.set_worker_id(w0);
     request.mutable_state()->set_rank(rank);
     request.mutable_state()->add_shards()->mutable_tensor()->set_key(absl::StrCat("w", rank));
-    pb::CompactTensors* flat = request.mutable_state()->add_compact_tensors();
-    pb::TensorMeta* tensor = flat->add_tensors();
-    tensor->set_key("embedding");
-    tensor->set_dtype(pb::DTYPE_F32);
-    tensor->add_global_shape(10);
-    flat->add_index(0);
-    flat->mutable_flat()->set_parts(2);
-    flat->mutable_flat()->set_part(part);
+    AddCompactEmbedding(request.mutable_state(), /*index=*/0, part);
     return stub_->JoinOperation(Ctx().get(), request, out);
   };
   pb::JoinOperationResponse j;
@@ -642,14 +648,7 @@ TEST_F(CoordinatorDigestTest, ACompactDescriptionIsKeptExpandedUnderTheDigestOfW
   Watcher watch0(stub_.get(), w0), watch1(stub_.get(), w1);
   auto compact = [](int rank) {
     pb::RankState state = Described(rank, 1);
-    pb::CompactTensors* flat = state.add_compact_tensors();
-    pb::TensorMeta* tensor = flat->add_tensors();
-    tensor->set_key("embedding");
-    tensor->set_dtype(pb::DTYPE_F32);
-    tensor->add_global_shape(10);
-    flat->add_index(1);
-    flat->mutable_flat()->set_parts(2);
-    flat->mutable_flat()->set_part(rank);
+    AddCompactEmbedding(&state, /*index=*/1, /*part=*/rank);
     return state;
   };
   pb::JoinOperationResponse j;

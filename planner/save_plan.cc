@@ -249,29 +249,17 @@ absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> WritesPerGroup(
   return writes;
 }
 
-// Each writer's pieces packed into files (PackFiles), writers in ascending rank order.
-SavePlan PackWriters(absl::Span<const TensorPiece> pieces, const std::vector<int64_t>& size_of,
-                     const std::vector<std::pair<int64_t, int64_t>>& writes, int64_t num_ranks,
-                     int64_t target_file_bytes) {
+// Each writer's pieces, in the order of `writes` ((writer, piece index) pairs).
+std::vector<std::vector<PlannedPiece>> PiecesByWriter(
+    absl::Span<const TensorPiece> pieces, const std::vector<int64_t>& size_of,
+    const std::vector<std::pair<int64_t, int64_t>>& writes, int64_t num_ranks) {
   std::vector<std::vector<PlannedPiece>> by_writer(num_ranks);
-  std::vector<int64_t> bytes_of_writer(num_ranks, 0);
   for (const auto& [writer, index] : writes) {
     const TensorPiece& p = pieces[index];
     by_writer[writer].push_back(
         PlannedPiece{p.key, p.dtype, p.global_shape, p.region, size_of[index], index});
-    bytes_of_writer[writer] += size_of[index];
   }
-  SavePlan plan;
-  plan.num_ranks = num_ranks;
-  for (int64_t rank = 0; rank < num_ranks; ++rank) {
-    if (by_writer[rank].empty()) continue;
-    WriterPlan w;
-    w.rank = rank;
-    w.total_bytes = bytes_of_writer[rank];
-    w.files = PackFiles(rank, std::move(by_writer[rank]), w.total_bytes, target_file_bytes);
-    plan.writers.push_back(std::move(w));
-  }
-  return plan;
+  return by_writer;
 }
 
 }  // namespace
@@ -280,9 +268,19 @@ std::string DataFileName(int64_t rank, int64_t index) {
   return absl::StrCat("data/r", rank, "_", index, ".safetensors");
 }
 
-std::vector<PlannedFile> PackWriterFiles(int64_t rank, std::vector<PlannedPiece> pieces,
-                                         int64_t total_bytes, int64_t target_file_bytes) {
-  return PackFiles(rank, std::move(pieces), total_bytes, target_file_bytes);
+SavePlan PackWriters(std::vector<std::vector<PlannedPiece>> by_writer, int64_t num_ranks,
+                     int64_t target_file_bytes) {
+  SavePlan plan;
+  plan.num_ranks = num_ranks;
+  for (int64_t rank = 0; rank < num_ranks; ++rank) {
+    if (by_writer[rank].empty()) continue;
+    WriterPlan w;
+    w.rank = rank;
+    for (const PlannedPiece& piece : by_writer[rank]) w.total_bytes += piece.size_bytes;
+    w.files = PackFiles(rank, std::move(by_writer[rank]), w.total_bytes, target_file_bytes);
+    plan.writers.push_back(std::move(w));
+  }
+  return plan;
 }
 
 absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int64_t num_ranks,
@@ -295,7 +293,8 @@ absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int
   } else {
     CKPT_ASSIGN_OR_RETURN(writes, WritesOverAllRanks(pieces, by_id, num_ranks));
   }
-  return PackWriters(pieces, by_id.size_of, writes, num_ranks, options.target_file_bytes);
+  return PackWriters(PiecesByWriter(pieces, by_id.size_of, writes, num_ranks), num_ranks,
+                     options.target_file_bytes);
 }
 
 }  // namespace ckpt

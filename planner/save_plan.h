@@ -71,10 +71,11 @@ absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int
 // "data/r<rank>_<index>.safetensors".
 std::string DataFileName(int64_t rank, int64_t index);
 
-// One writer's pieces packed into files as BuildSavePlan packs them (see there); used by the
-// planner over layout classes (planner/save_plan_classes.h).
-std::vector<PlannedFile> PackWriterFiles(int64_t rank, std::vector<PlannedPiece> pieces,
-                                         int64_t total_bytes, int64_t target_file_bytes);
+// The plan of writers whose pieces are `by_writer[rank]` (`num_ranks` entries), each writer's
+// pieces packed into files as BuildSavePlan packs them (see there), writers in ascending rank
+// order; used by the planner over layout classes too (planner/save_plan_classes.h).
+SavePlan PackWriters(std::vector<std::vector<PlannedPiece>> by_writer, int64_t num_ranks,
+                     int64_t target_file_bytes);
 
 }  // namespace ckpt
 

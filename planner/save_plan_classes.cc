@@ -182,11 +182,7 @@ absl::Status ValidateClasses(const Classes& c, int max_issues = 16) {
       messages.push_back(std::move(issue.message));
     }
   }
-  if (messages.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("invalid layout (", messages.size(),
-                   static_cast<int64_t>(messages.size()) >= max_issues ? "+" : "",
-                   " issues): ", absl::StrJoin(messages, "; ")));
+  return LayoutIssuesStatus(messages, max_issues);
 }
 
 // One distinct shard id: its first reference, size, whether any holder has it as the main
@@ -396,29 +392,17 @@ absl::Status WritesOfGroup(const Classes& c, const Chains& chains, std::vector<i
   return absl::OkStatus();
 }
 
-// Each writer's pieces packed into files (BuildSavePlan's PackWriters).
-SavePlan PackWriters(const Classes& c, const Chains& chains, const Writes& writes,
-                     int64_t num_ranks, int64_t target_file_bytes) {
+// Each writer's pieces, in the order of `writes` (BuildSavePlan's PiecesByWriter).
+std::vector<std::vector<PlannedPiece>> PiecesByWriter(const Classes& c, const Chains& chains,
+                                                      const Writes& writes, int64_t num_ranks) {
   std::vector<std::vector<PlannedPiece>> by_writer(num_ranks);
-  std::vector<int64_t> bytes_of_writer(num_ranks, 0);
   TensorPiece p;
   for (const auto& [writer, i] : writes) {
     FillPiece(c, writer, i, &p);
     const int64_t size = chains.shards[chains.shard_of_ref[c.ref_begin[writer] + i]].size;
     by_writer[writer].push_back(PlannedPiece{p.key, p.dtype, p.global_shape, p.region, size, i});
-    bytes_of_writer[writer] += size;
   }
-  SavePlan plan;
-  plan.num_ranks = num_ranks;
-  for (int64_t rank = 0; rank < num_ranks; ++rank) {
-    if (by_writer[rank].empty()) continue;
-    WriterPlan w;
-    w.rank = rank;
-    w.total_bytes = bytes_of_writer[rank];
-    w.files = PackWriterFiles(rank, std::move(by_writer[rank]), w.total_bytes, target_file_bytes);
-    plan.writers.push_back(std::move(w));
-  }
-  return plan;
+  return by_writer;
 }
 
 // BuildSavePlan's ValidateSaveInput, on the classes.
@@ -481,7 +465,8 @@ absl::StatusOr<SavePlan> BuildSavePlanFromClasses(absl::Span<const RankPieces* c
   } else {
     CKPT_ASSIGN_OR_RETURN(writes, WritesOverAllRanks(classes, chains, num_ranks));
   }
-  return PackWriters(classes, chains, writes, num_ranks, options.target_file_bytes);
+  return PackWriters(PiecesByWriter(classes, chains, writes, num_ranks), num_ranks,
+                     options.target_file_bytes);
 }
 
 }  // namespace ckpt

@@ -188,6 +188,14 @@ std::vector<LayoutIssue> CheckTensorLayout(absl::Span<const TensorPiece* const> 
   return issues.issues;
 }
 
+absl::Status LayoutIssuesStatus(absl::Span<const std::string> messages, int max_issues) {
+  if (messages.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("invalid layout (", messages.size(),
+                   static_cast<int64_t>(messages.size()) >= max_issues ? "+" : "",
+                   " issues): ", absl::StrJoin(messages, "; ")));
+}
+
 absl::Status ValidateLayout(absl::Span<const TensorPiece> pieces, int max_issues) {
   // Grouped by key through pointers: copying every piece (key, shape, region) here was a
   // fifth of a 10k-rank save plan's allocations.
@@ -202,11 +210,7 @@ absl::Status ValidateLayout(absl::Span<const TensorPiece> pieces, int max_issues
       messages.push_back(std::move(issue.message));
     }
   }
-  if (messages.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("invalid layout (", messages.size(),
-                   static_cast<int64_t>(messages.size()) >= max_issues ? "+" : "",
-                   " issues): ", absl::StrJoin(messages, "; ")));
+  return LayoutIssuesStatus(messages, max_issues);
 }
 
 }  // namespace ckpt

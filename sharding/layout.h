@@ -48,6 +48,10 @@ std::vector<LayoutIssue> CheckTensorLayout(absl::Span<const TensorPiece> pieces,
 std::vector<LayoutIssue> CheckTensorLayout(absl::Span<const TensorPiece* const> pieces,
                                            int max_issues = 16);
 
+// OK when `messages` (the issues found, at most `max_issues`) is empty, else InvalidArgument
+// "invalid layout (N[+] issues): ..." listing them ("+": the search stopped at `max_issues`).
+absl::Status LayoutIssuesStatus(absl::Span<const std::string> messages, int max_issues);
+
 // OK, or InvalidArgument listing the issues of every tensor (pieces are grouped by key).
 absl::Status ValidateLayout(absl::Span<const TensorPiece> pieces, int max_issues = 16);
 
