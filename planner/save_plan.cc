@@ -113,16 +113,7 @@ std::vector<std::vector<RankShardInfo>> ReservedPerRank(absl::Span<const TensorP
 // The plan's inputs: ranks, file target, groups and the layout itself.
 absl::Status ValidateSaveInput(absl::Span<const TensorPiece> pieces, int64_t num_ranks,
                                const SavePlanOptions& options) {
-  if (num_ranks <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("save plan needs at least one rank, got ", num_ranks));
-  }
-  if (options.target_file_bytes <= 0) {
-    return absl::InvalidArgumentError("target_file_bytes must be positive");
-  }
-  if (!options.groups.empty()) {
-    CKPT_RETURN_IF_ERROR(ValidateProcessGroups(options.groups, num_ranks));
-  }
+  CKPT_RETURN_IF_ERROR(ValidateSaveOptions(num_ranks, options));
   for (const TensorPiece& p : pieces) {
     if (p.rank < 0 || p.rank >= num_ranks) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", p.key, "': piece ",
@@ -263,6 +254,20 @@ std::vector<std::vector<PlannedPiece>> PiecesByWriter(
 }
 
 }  // namespace
+
+absl::Status ValidateSaveOptions(int64_t num_ranks, const SavePlanOptions& options) {
+  if (num_ranks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("save plan needs at least one rank, got ", num_ranks));
+  }
+  if (options.target_file_bytes <= 0) {
+    return absl::InvalidArgumentError("target_file_bytes must be positive");
+  }
+  if (!options.groups.empty()) {
+    CKPT_RETURN_IF_ERROR(ValidateProcessGroups(options.groups, num_ranks));
+  }
+  return absl::OkStatus();
+}
 
 std::string DataFileName(int64_t rank, int64_t index) {
   return absl::StrCat("data/r", rank, "_", index, ".safetensors");

@@ -68,6 +68,10 @@ struct SavePlan {
 absl::StatusOr<SavePlan> BuildSavePlan(absl::Span<const TensorPiece> pieces, int64_t num_ranks,
                                        const SavePlanOptions& options = {});
 
+// OK, or InvalidArgument for a save plan's options that no layout can satisfy: `num_ranks` not
+// positive, `target_file_bytes` not positive, or process groups that do not partition the ranks.
+absl::Status ValidateSaveOptions(int64_t num_ranks, const SavePlanOptions& options);
+
 // "data/r<rank>_<index>.safetensors".
 std::string DataFileName(int64_t rank, int64_t index);
 

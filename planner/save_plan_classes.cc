@@ -407,16 +407,7 @@ std::vector<std::vector<PlannedPiece>> PiecesByWriter(const Classes& c, const Ch
 
 // BuildSavePlan's ValidateSaveInput, on the classes.
 absl::Status ValidateInput(const Classes& c, int64_t num_ranks, const SavePlanOptions& options) {
-  if (num_ranks <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("save plan needs at least one rank, got ", num_ranks));
-  }
-  if (options.target_file_bytes <= 0) {
-    return absl::InvalidArgumentError("target_file_bytes must be positive");
-  }
-  if (!options.groups.empty()) {
-    CKPT_RETURN_IF_ERROR(ValidateProcessGroups(options.groups, num_ranks));
-  }
+  CKPT_RETURN_IF_ERROR(ValidateSaveOptions(num_ranks, options));
   for (int64_t r = num_ranks; r < static_cast<int64_t>(c.ranks.size()); ++r) {
     if (c.list_of_rank[r] < 0) continue;
     TensorPiece p;
