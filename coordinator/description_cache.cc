@@ -46,10 +46,10 @@ std::string DescriptionCache::Keep(const std::string& job, int world_size, int r
   // Only the first description of each layout class has its pieces copied (under the lock).
   auto pieces = std::make_shared<RankPieces>(RankPieces::Describe(state.shards()));
   entry.rest = std::make_shared<const std::string>(WireWithoutShards(state));
-  entry.bytes = static_cast<int64_t>(entry.rest->size()) + pieces->OwnBytes();
   std::string digest = entry.digest;
   std::lock_guard<std::mutex> lock(mu_);
   pieces_.Intern(pieces.get(), state.shards());
+  entry.bytes = static_cast<int64_t>(entry.rest->size()) + pieces->OwnBytes();  // key freed
   if (pieces_out != nullptr) *pieces_out = pieces;
   entry.pieces = std::move(pieces);
   auto it = jobs_.find(job);

@@ -111,7 +111,8 @@ std::vector<pb::PieceMeta> RankPieces::Pieces() const {
 
 int64_t RankPieces::OwnBytes() const {
   int64_t bytes = static_cast<int64_t>(replica_.capacity() * sizeof(int32_t) +
-                                       flats_.capacity() * sizeof(flats_[0]) + main_.size() / 8);
+                                       flats_.capacity() * sizeof(flats_[0]) + main_.size() / 8 +
+                                       content_.capacity());
   for (const std::vector<int64_t>& r : replica_ids_) bytes += r.capacity() * sizeof(int64_t) + 24;
   return bytes;
 }
@@ -131,7 +132,8 @@ void PieceListInterner::Intern(RankPieces* rank,
     list = std::move(built);
     Add(std::move(rank->content_), list);
   }
-  rank->content_ = std::string();
+  // Frees the key's buffer: assigning an empty string would keep its capacity (libstdc++).
+  std::string().swap(rank->content_);
   rank->list_ = std::move(list);
 }
 
@@ -156,7 +158,7 @@ void PieceListInterner::Intern(RankPieces* pieces) {
   } else {
     Add(std::move(pieces->content_), pieces->list_);
   }
-  pieces->content_ = std::string();
+  std::string().swap(pieces->content_);
 }
 
 int64_t PieceListInterner::LiveLists() const {

@@ -72,7 +72,8 @@ class RankPieces {
 
   // The shared list (its identity groups ranks into layout classes; null when empty).
   const SharedPieceList* list() const { return list_.get(); }
-  // Bytes of the rank's own part (the column), for accounting.
+  // Bytes of the rank's own part (the column, and the interning key until interned), for
+  // accounting.
   int64_t OwnBytes() const;
 
  private:

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace ckpt {
@@ -84,6 +85,22 @@ TEST(RankPiecesTest, DescribedRanksCopyNoPieceOnceTheirListIsInterned) {
     EXPECT_EQ(a.Piece(i).SerializeAsString(), first[i].SerializeAsString());
     EXPECT_EQ(b.Piece(i).SerializeAsString(), second[i].SerializeAsString());
   }
+}
+
+TEST(RankPiecesTest, AnInternedRankKeepsNoBufferOfItsInterningKey) {
+  // The key (the serialized stripped list) is as large as the list: a rank that kept its buffer
+  // after interning held ~30 KiB at the loadgen's GPT layout, 3 GiB at 100k ranks.
+  google::protobuf::RepeatedPtrField<pb::PieceMeta> list;
+  for (int i = 0; i < 200; ++i) *list.Add() = Meta(absl::StrCat("tensor.", i), {0}, {8}, {0});
+  PieceListInterner interner;
+  RankPieces first = RankPieces::Describe(list);
+  RankPieces second = RankPieces::Describe(list);
+  const int64_t described = second.OwnBytes();
+  interner.Intern(&first, list);   // builds the list
+  interner.Intern(&second, list);  // finds it
+  EXPECT_EQ(second.list(), first.list());
+  EXPECT_LT(second.OwnBytes(), described / 4) << described;
+  EXPECT_LT(first.OwnBytes(), described / 4) << described;
 }
 
 TEST(RankPiecesTest, ListsDifferingInAnyFieldAreNotShared) {
