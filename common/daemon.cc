@@ -10,10 +10,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace ckpt {
+
+void TurnOffMutexDeadlockDetection() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+}
 
 absl::Status SetUpDaemonLogging(absl::string_view name, absl::string_view level) {
   static constexpr absl::string_view kLevels[] = {"trace", "debug",    "info", "warn",

@@ -345,5 +345,6 @@ int main(int argc, char** argv) {
   std::vector<std::string> roots = ckpt::RepeatedFlagValues(argc, argv, "checkpoint_root");
   absl::ParseCommandLine(argc, argv);
   ckpt::BlockShutdownSignals();
+  ckpt::TurnOffMutexDeadlockDetection();
   return Run(roots);
 }

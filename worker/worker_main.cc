@@ -400,5 +400,6 @@ int main(int argc, char** argv) {
       "usage: ckpt_worker --coordinator HOST:PORT [flags]");
   absl::ParseCommandLine(argc, argv);
   ckpt::BlockShutdownSignals();
+  ckpt::TurnOffMutexDeadlockDetection();
   return Run();
 }

@@ -38,6 +38,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/daemon.h"
 #include "proto/wire_names.h"
 #include "storage/file_util.h"
 #include "tools/loadgen/loadgen.h"
@@ -338,6 +339,7 @@ bool PrintReport(const ckpt::loadgen::LoadgenOptions& options,
 }  // namespace
 
 int main(int argc, char** argv) {
+  ckpt::TurnOffMutexDeadlockDetection();  // the simulated ranks' gRPC calls lock absl mutexes
   Flags flags;
   std::vector<std::string> coordinator_flags;
   if (absl::Status s = ParseCommandLine(argc, argv, &flags, &coordinator_flags); !s.ok()) {
