@@ -33,6 +33,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/allocator.h"
 #include "common/checkpoint_roots.h"
 #include "common/daemon.h"
 #include "common/durable_file.h"
@@ -239,10 +240,11 @@ void Announce(const Settings& settings, const std::string& address,
   std::fflush(stdout);
   spdlog::info(
       "serving address={} incarnation={} tls={} checkpoint_roots=\"{}\" lease_ms={} "
-      "arrival_deadline_ms={} execution_deadline_ms={}",
+      "arrival_deadline_ms={} execution_deadline_ms={} allocator=\"{}\"",
       address, coordinator.incarnation_hex(), settings.security.tls,
       settings.options.checkpoint_roots->Describe(), absl::GetFlag(FLAGS_lease_ms),
-      absl::GetFlag(FLAGS_arrival_deadline_ms), absl::GetFlag(FLAGS_execution_deadline_ms));
+      absl::GetFlag(FLAGS_arrival_deadline_ms), absl::GetFlag(FLAGS_execution_deadline_ms),
+      ckpt::AllocatorName());
   const std::string address_file = absl::GetFlag(FLAGS_address_file);
   if (!address_file.empty()) {
     if (absl::Status s = ckpt::WriteFileAtomically(address_file, address + "\n"); !s.ok()) {
