@@ -300,12 +300,33 @@ void CoordinatorService::ApplyRenewals() {
   for (const std::string& id : leases_.TakeRenewals()) (void)workers_.Heartbeat(id);
 }
 
+void CoordinatorService::NoteHeartbeatLag(const grpc::ServerContextBase& context,
+                                          const pb::HeartbeatRequest& request) {
+  if (request.timeout_ms() <= 0) return;
+  // The server fixed the call's deadline when it received it (the timeout the worker sent,
+  // from then): what is gone of the timeout now is how long the call waited for its handler.
+  const absl::Duration timeout = absl::Milliseconds(request.timeout_ms());
+  const absl::Duration left = absl::FromChrono(context.deadline()) - absl::Now();
+  const absl::Duration lag = std::clamp(timeout - left, absl::ZeroDuration(), timeout);
+  leases_.NoteLag(lag, clock_->Now(), options_.lease);
+}
+
+absl::Duration CoordinatorService::HeartbeatLag() {
+  return leases_.RecentLag(clock_->Now(), options_.lease, options_.lease);
+}
+
 void CoordinatorService::TickOnce() {
   // What operations that ended no longer keep is destroyed at the end, without the lock.
   std::vector<std::vector<RankEntry>> released;
+  const absl::Duration lag = HeartbeatLag();
   std::lock_guard<std::mutex> lock(mu_);
   ApplyRenewals();
-  for (const WorkerRecord& dead : workers_.Tick()) {
+  if ((lag >= absl::Seconds(1)) != heartbeats_lagging_) {
+    heartbeats_lagging_ = !heartbeats_lagging_;
+    spdlog::warn("heartbeat_lag lag_ms={} lagging={} (leases are extended by the lag)",
+                 absl::ToInt64Milliseconds(lag), heartbeats_lagging_);
+  }
+  for (const WorkerRecord& dead : workers_.Tick(lag)) {
     leases_.Remove(dead.id);
     spdlog::warn("worker_lost worker={} host={} pid={} cause=\"{}\"", dead.id,
                  dead.description.host, dead.description.pid, dead.death_cause);
@@ -467,9 +488,11 @@ grpc::Status CoordinatorService::DoHeartbeat(const grpc::ServerContextBase* cont
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   response->set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
   response->set_incarnation(incarnation_);
-  // A live worker's renewal is recorded without the service's lock (see LeaseBook).
+  // A live worker's renewal is recorded without the service's lock (see LeaseBook); only
+  // renewals of live workers count towards the coordinator's heartbeat lag.
   const std::string principal = peer->authenticated ? peer->Principal() : "";
   if (leases_.Renew(request->worker_id(), peer->authenticated ? &principal : nullptr)) {
+    NoteHeartbeatLag(*context, *request);
     DropEvictedCopies(request->worker_id(), *request);  // the catalog has its own lock
     return grpc::Status::OK;
   }
@@ -908,6 +931,7 @@ grpc::Status CoordinatorService::DoGetStatus(const grpc::ServerContextBase* cont
   response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
   response->set_incarnation(incarnation_);
   response->set_started_unix_ms(absl::ToUnixMillis(started_));
+  response->set_heartbeat_lag_ms(absl::ToInt64Milliseconds(HeartbeatLag()));
   for (const WorkerRecord* w : workers_.All()) {
     pb::WorkerStatus* out = response->add_workers();
     out->set_worker_id(w->id);

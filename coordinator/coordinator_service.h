@@ -249,6 +249,12 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Folds the renewals the lease book recorded into the registry (before leases are read).
   void ApplyRenewals() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records in the lease book how long `request` waited for its handler (its stated timeout
+  // against the time left of the call's deadline); nothing when it stated none.
+  void NoteHeartbeatLag(const grpc::ServerContextBase& context,
+                        const pb::HeartbeatRequest& request);
+  // The coordinator's recent heartbeat lag (at most one lease): what leases are extended by.
+  absl::Duration HeartbeatLag();
   // The handler registered for op's kind; nullptr when none is.
   OperationKindHandler* KindOf(const Operation& op) const;
   // Once per ended operation: its kind's Finalize, then its rendezvous keys are erased.
@@ -330,6 +336,7 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   JobState jobs_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   LeaseBook leases_;  // its own lock: heartbeats of live workers do not take mu_
+  bool heartbeats_lagging_ ABSL_GUARDED_BY(mu_) = false;  // lag >= 1 s at the last tick (logged)
   // Each rank's last state description (its own lock): repeat joins send only its digest.
   DescriptionCache descriptions_;
   std::map<OperationKind, OperationKindHandler*> kinds_;

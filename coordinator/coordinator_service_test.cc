@@ -537,6 +537,35 @@ TEST_F(CoordinatorServiceTest, WaitEndsAtItsDeadlineWithTheCurrentPhase) {
   EXPECT_THAT(unknown.error_message(), HasSubstr("op-unknown is unknown to this coordinator"));
 }
 
+// A heartbeat states the timeout it was sent with; what is gone of it when the handler runs is
+// the coordinator's own queueing delay, by which leases are extended (at most one lease).
+TEST_F(CoordinatorServiceTest, AHeartbeatThatWaitedForItsHandlerExtendsLeasesByTheLag) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const std::string worker = Register("node0", 10);
+  pb::HeartbeatRequest beat;
+  beat.set_worker_id(worker);
+  pb::HeartbeatResponse response;
+  beat.set_timeout_ms(10000);  // what Ctx() sets: answered at once, no lag
+  ASSERT_TRUE(stub_->Heartbeat(Ctx().get(), beat, &response).ok());
+  pb::GetStatusResponse status;
+  ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
+  EXPECT_LT(status.heartbeat_lag_ms(), 1000);
+  // A call that arrives with 10 s left of a stated 25 s waited ~15 s before its handler.
+  beat.set_timeout_ms(25000);
+  ASSERT_TRUE(stub_->Heartbeat(Ctx().get(), beat, &response).ok());
+  ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
+  EXPECT_GE(status.heartbeat_lag_ms(), 14000);
+  EXPECT_LE(status.heartbeat_lag_ms(), 15000);
+  // A stated lag beyond the lease (30 s here) extends leases by one lease at most.
+  beat.set_timeout_ms(3600 * 1000);
+  ASSERT_TRUE(stub_->Heartbeat(Ctx().get(), beat, &response).ok());
+  ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
+  EXPECT_EQ(status.heartbeat_lag_ms(), 30000);
+  // An unknown worker's heartbeat counts for nothing.
+  beat.set_worker_id("w-nobody-1");
+  EXPECT_FALSE(stub_->Heartbeat(Ctx().get(), beat, &response).ok());
+}
+
 TEST_F(CoordinatorServiceTest, ShutdownEndsOpenStreamsAndWaitsAtOnce) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   std::string w0 = Register("node0", 10);

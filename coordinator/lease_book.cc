@@ -41,4 +41,34 @@ std::vector<std::string> LeaseBook::TakeRenewals() {
   return std::exchange(renewed_, {});
 }
 
+namespace {
+
+int64_t WindowIndex(absl::Time now, absl::Duration window) {
+  absl::Duration remainder;  // IDivDuration writes it (null is not allowed)
+  return absl::IDivDuration(now - absl::UnixEpoch(), std::max(window, absl::Milliseconds(1)),
+                            &remainder);
+}
+
+}  // namespace
+
+void LeaseBook::NoteLag(absl::Duration lag, absl::Time now, absl::Duration window) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t index = WindowIndex(now, window);
+  if (index != lag_window_) {
+    previous_lag_ = index == lag_window_ + 1 ? lag_ : absl::ZeroDuration();
+    lag_ = absl::ZeroDuration();
+    lag_window_ = index;
+  }
+  lag_ = std::max(lag_, lag);
+}
+
+absl::Duration LeaseBook::RecentLag(absl::Time now, absl::Duration window, absl::Duration cap) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t index = WindowIndex(now, window);
+  absl::Duration recent = absl::ZeroDuration();
+  if (index == lag_window_) recent = std::max(lag_, previous_lag_);
+  if (index == lag_window_ + 1) recent = lag_;
+  return std::min(recent, cap);
+}
+
 }  // namespace ckpt::coordinator

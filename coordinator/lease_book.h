@@ -4,6 +4,11 @@
 // finalizers); the service folds the renewals into its WorkerRegistry before it checks leases.
 // Workers the book does not know (unknown, dead, another certificate's) are answered by the
 // service under its lock, with the registry's own errors.
+//
+// The book also keeps the coordinator's heartbeat lag: how long heartbeats waited in the
+// coordinator's own queues before their handler ran (HeartbeatRequest.timeout_ms). When the
+// coordinator is overloaded (40k simulated ranks on 2 cores answered heartbeats more than 5 s
+// late), a lease counted without it would declare live workers lost for the coordinator's delay.
 #ifndef CKPT_COORDINATOR_LEASE_BOOK_H_
 #define CKPT_COORDINATOR_LEASE_BOOK_H_
 
@@ -14,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace ckpt::coordinator {
 
@@ -32,6 +38,13 @@ class LeaseBook {
   // The workers renewed since the last call, each once.
   std::vector<std::string> TakeRenewals();
 
+  // Notes that a heartbeat handled at `now` had waited `lag` before its handler ran. Lags are
+  // kept per window of `window` (the lease): the current window's largest and the last one's.
+  void NoteLag(absl::Duration lag, absl::Time now, absl::Duration window);
+  // The largest lag noted in the window holding `now` and the one before it (zero when none),
+  // at most `cap`.
+  absl::Duration RecentLag(absl::Time now, absl::Duration window, absl::Duration cap);
+
  private:
   struct Entry {
     std::string principal;
@@ -40,6 +53,9 @@ class LeaseBook {
   std::mutex mu_;
   absl::flat_hash_map<std::string, Entry> live_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> renewed_ ABSL_GUARDED_BY(mu_);
+  int64_t lag_window_ ABSL_GUARDED_BY(mu_) = 0;       // index of the current window (now / window)
+  absl::Duration lag_ ABSL_GUARDED_BY(mu_);           // largest lag of the current window
+  absl::Duration previous_lag_ ABSL_GUARDED_BY(mu_);  // ... of the window before it
 };
 
 }  // namespace ckpt::coordinator

@@ -40,5 +40,24 @@ TEST(LeaseBookTest, UnknownRemovedOrOtherCertificatesWorkersAreLeftToTheRegistry
   EXPECT_THAT(book.TakeRenewals(), ElementsAre("w-1"));
 }
 
+TEST(LeaseBookTest, TheLagIsKeptForItsWindowAndTheNextThenForgotten) {
+  LeaseBook book;
+  const absl::Duration lease = absl::Seconds(10);
+  const absl::Time start = absl::FromUnixSeconds(1000);  // the start of a window
+  EXPECT_EQ(book.RecentLag(start, lease, lease), absl::ZeroDuration());
+  book.NoteLag(absl::Seconds(3), start + absl::Seconds(1), lease);
+  book.NoteLag(absl::Seconds(1), start + absl::Seconds(2), lease);  // the largest is kept
+  EXPECT_EQ(book.RecentLag(start + absl::Seconds(5), lease, lease), absl::Seconds(3));
+  // The next window still counts the last one's lag, also once it noted a smaller one.
+  book.NoteLag(absl::Seconds(2), start + absl::Seconds(12), lease);
+  EXPECT_EQ(book.RecentLag(start + absl::Seconds(15), lease, lease), absl::Seconds(3));
+  // Two windows on, only the newer one counts; with no lag noted for two windows, none.
+  EXPECT_EQ(book.RecentLag(start + absl::Seconds(25), lease, lease), absl::Seconds(2));
+  EXPECT_EQ(book.RecentLag(start + absl::Seconds(35), lease, lease), absl::ZeroDuration());
+  // At most the cap.
+  book.NoteLag(absl::Minutes(5), start + absl::Seconds(40), lease);
+  EXPECT_EQ(book.RecentLag(start + absl::Seconds(41), lease, lease), lease);
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

@@ -88,17 +88,22 @@ absl::Status WorkerRegistry::Deregister(absl::string_view worker_id) {
   return absl::OkStatus();
 }
 
-std::vector<WorkerRecord> WorkerRegistry::Tick() {
+std::vector<WorkerRecord> WorkerRegistry::Tick(absl::Duration grace) {
   absl::Time now = clock_->Now();
   std::vector<WorkerRecord> expired;
   for (auto it = workers_.begin(); it != workers_.end();) {
     WorkerRecord& record = it->second;
-    if (record.alive && now >= record.lease_expiry) {
+    if (record.alive && now >= record.lease_expiry + grace) {
       record.alive = false;
       record.death_cause = absl::StrCat(
           "missed its lease of ", absl::FormatDuration(lease_), " (last heartbeat ",
           absl::FormatDuration(absl::Trunc(now - record.last_heartbeat, absl::Milliseconds(1))),
-          " ago)");
+          " ago",
+          grace > absl::ZeroDuration()
+              ? absl::StrCat(", after ", absl::FormatDuration(grace),
+                             " more for the coordinator's own heartbeat lag")
+              : "",
+          ")");
       expired.push_back(record);
     }
     if (!record.alive && now - record.lease_expiry >= dead_retention_) {

@@ -70,9 +70,10 @@ class WorkerRegistry {
   // A worker that shuts down cleanly leaves the registry at once.
   absl::Status Deregister(absl::string_view worker_id);
 
-  // Declares dead every live worker whose lease expired at the clock's current time and
-  // returns them (each reported once); forgets workers dead for longer than dead_retention.
-  std::vector<WorkerRecord> Tick();
+  // Declares dead every live worker whose lease expired at the clock's current time, `grace`
+  // (the coordinator's own heartbeat lag, coordinator/lease_book.h) allowed for, and returns
+  // them (each reported once); forgets workers dead for longer than dead_retention.
+  std::vector<WorkerRecord> Tick(absl::Duration grace = absl::ZeroDuration());
 
   // nullptr for an unknown id (or one of another incarnation).
   const WorkerRecord* Find(absl::string_view worker_id) const;

@@ -87,6 +87,20 @@ TEST(WorkerRegistryTest, MissedLeaseIsReportedOnceNamingHostAndPid) {
   EXPECT_EQ(registry.LiveCount(), 1);
 }
 
+TEST(WorkerRegistryTest, AWorkerPastItsLeaseIsKeptForTheCoordinatorsOwnLag) {
+  FakeClock clock;
+  WorkerRegistry registry(&clock, absl::Seconds(10));
+  auto w = registry.Register(Worker("node7", 4242));
+  ASSERT_TRUE(w.ok());
+  clock.Advance(absl::Seconds(12));
+  EXPECT_TRUE(registry.Tick(absl::Seconds(5)).empty());  // 12 s < 10 s lease + 5 s lag
+  clock.Advance(absl::Seconds(3));
+  auto expired = registry.Tick(absl::Seconds(5));
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_THAT(expired[0].death_cause, HasSubstr("last heartbeat 15s ago, after 5s more for the "
+                                                "coordinator's own heartbeat lag"));
+}
+
 TEST(WorkerRegistryTest, HeartbeatAfterDeathMustReRegister) {
   FakeClock clock;
   WorkerRegistry registry(&clock, absl::Seconds(5));

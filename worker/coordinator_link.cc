@@ -242,8 +242,9 @@ void CoordinatorLink::SendHeartbeat(const std::string& id, absl::Duration lease)
   for (const std::string& name : unsent_evictions_) request.add_evicted_memory_checkpoints(name);
   pb::HeartbeatResponse response;
   const absl::Time sent = absl::Now();
-  grpc::Status s = stub_->Heartbeat(Context(std::min(options_.rpc_timeout, lease / 2)).get(),
-                                    request, &response);
+  const absl::Duration timeout = std::min(options_.rpc_timeout, lease / 2);
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));  // the coordinator reads its lag
+  grpc::Status s = stub_->Heartbeat(Context(timeout).get(), request, &response);
   uint64_t mine;
   {
     std::lock_guard<std::mutex> lock(mu_);

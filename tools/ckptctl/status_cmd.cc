@@ -67,8 +67,9 @@ void PrintMemoryCheckpoints(const pb::GetStatusResponse& status) {
 void Print(const std::string& coordinator, const pb::GetStatusResponse& status) {
   int live = 0;
   for (const auto& w : status.workers()) live += w.alive() ? 1 : 0;
-  std::printf("coordinator %s (worker lease %lld ms)\n", coordinator.c_str(),
-              static_cast<long long>(status.lease_ms()));
+  std::printf("coordinator %s (worker lease %lld ms, heartbeat lag %lld ms)\n", coordinator.c_str(),
+              static_cast<long long>(status.lease_ms()),
+              static_cast<long long>(status.heartbeat_lag_ms()));
   std::printf("workers: %d live, %d dead\n", live, status.workers_size() - live);
   for (const auto& w : status.workers()) {
     const pb::WorkerInfo& i = w.info();

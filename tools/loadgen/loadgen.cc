@@ -260,12 +260,14 @@ void Driver::HeartbeatLoop() {
     // Three renewals per lease, as the real worker's link sends them.
     heartbeat_cv_.wait_for(lock, absl::ToChronoNanoseconds(lease_ / 3));
     if (stopping_) break;
+    const absl::Duration timeout = std::min(options_.rpc_timeout, lease_ / 2);
     for (auto& w : workers_) {
       pb::HeartbeatRequest request;
       request.set_worker_id(w->id);
+      request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
       SimWorker* worker = w.get();
       AsyncUnary<pb::HeartbeatResponse>(
-          *loop_, std::min(options_.rpc_timeout, lease_ / 2),
+          *loop_, timeout,
           [this, request, worker](grpc::ClientContext* c, grpc::CompletionQueue* cq) {
             return stubs_[worker->channel]->PrepareAsyncHeartbeat(c, request, cq);
           },
