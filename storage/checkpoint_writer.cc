@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "sharding/coverage.h"
 #include "storage/file_util.h"
+#include "storage/manifest_file.h"
 #include "storage/overwrite_guard.h"
 #include "storage/safetensors.h"
 
@@ -395,7 +396,8 @@ absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string&
   Step(options, CommitStep::kStagingDirSynced);
 
   const std::string tmp = JoinPath(staging_dir, kManifestTempName);
-  CKPT_RETURN_IF_ERROR(WriteFileDurably(tmp, SerializeManifest(manifest)));
+  // Streamed into the file: a manifest of millions of pieces is never one string in memory.
+  CKPT_RETURN_IF_ERROR(WriteManifestDurably(tmp, manifest));
   Step(options, CommitStep::kManifestTempWritten);
   const std::string final_manifest = JoinPath(staging_dir, kManifestName);
   if (::rename(tmp.c_str(), final_manifest.c_str()) != 0) {

@@ -1,0 +1,21 @@
+// Writing a checkpoint manifest into its file without holding its bytes: the deterministic
+// serialization (SerializeManifest's bytes, exactly) is streamed through a small buffer into
+// the file, which is then fsynced. A manifest of millions of pieces is never one string.
+#ifndef CKPT_STORAGE_MANIFEST_FILE_H_
+#define CKPT_STORAGE_MANIFEST_FILE_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "proto/manifest.pb.h"
+
+namespace ckpt {
+
+// Creates (or truncates) `path`, writes SerializeManifest(manifest) into it through a bounded
+// buffer, fsyncs and closes it. Errors name the path; on error the file may be partial (the
+// caller writes a temporary name and renames it only after success).
+absl::Status WriteManifestDurably(const std::string& path, const pb::Manifest& manifest);
+
+}  // namespace ckpt
+
+#endif  // CKPT_STORAGE_MANIFEST_FILE_H_
