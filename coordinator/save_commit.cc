@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -92,32 +93,33 @@ void MoveElements(google::protobuf::RepeatedPtrField<T>* from,
   for (T* element : moved) to->UnsafeArenaAddAllocated(element);
 }
 
-// Appends the pieces and files of every rank's `written` record to `m`, in rank order, parsing
-// each record on m's arena and moving its elements (no copy). DataLoss names the rank.
-absl::Status AppendWrittenRecords(const Operation& op, pb::Manifest* m) {
+// Parses rank `rank`'s `record` on m's arena and moves its pieces and files to the end of `m`
+// (no copy). DataLoss names the rank.
+absl::Status AppendWrittenRecord(int rank, const std::string& record, pb::Manifest* m) {
   google::protobuf::Arena* arena = m->GetArena();
-  for (int r = 0; r < op.world_size; ++r) {
-    std::unique_ptr<pb::Manifest> owned;
-    pb::Manifest* written = arena != nullptr
-                                ? google::protobuf::Arena::CreateMessage<pb::Manifest>(arena)
-                                : (owned = std::make_unique<pb::Manifest>()).get();
-    if (!written->ParseFromString(op.ranks[r].written)) {
-      return absl::DataLossError(
-          absl::StrCat("rank ", r, " reported an unreadable record of the files it wrote"));
-    }
-    MoveElements(written->mutable_pieces(), m->mutable_pieces());
-    MoveElements(written->mutable_files(), m->mutable_files());
+  std::unique_ptr<pb::Manifest> owned;
+  pb::Manifest* written = arena != nullptr
+                              ? google::protobuf::Arena::CreateMessage<pb::Manifest>(arena)
+                              : (owned = std::make_unique<pb::Manifest>()).get();
+  if (!written->ParseFromString(record)) {
+    return absl::DataLossError(
+        absl::StrCat("rank ", rank, " reported an unreadable record of the files it wrote"));
   }
+  MoveElements(written->mutable_pieces(), m->mutable_pieces());
+  MoveElements(written->mutable_files(), m->mutable_files());
   return absl::OkStatus();
 }
 
-// MergeManifest, building the manifest on `arena` (null: on the heap, owned by the caller).
-absl::StatusOr<pb::Manifest*> MergeManifestOn(const Operation& op, google::protobuf::Arena* arena) {
+// MergeManifest, building the manifest on `arena` (null: on the heap, owned by the caller);
+// `append_records` appends the ranks' written records, in rank order (AppendWrittenRecord).
+absl::StatusOr<pb::Manifest*> MergeManifestOn(
+    const Operation& op, google::protobuf::Arena* arena,
+    absl::FunctionRef<absl::Status(pb::Manifest*)> append_records) {
   CKPT_ASSIGN_OR_RETURN(std::vector<TensorMeta> tensors, GatheredTensors(op));
   std::unique_ptr<pb::Manifest> owned;
   pb::Manifest* m = arena != nullptr ? google::protobuf::Arena::CreateMessage<pb::Manifest>(arena)
                                      : (owned = std::make_unique<pb::Manifest>()).get();
-  CKPT_RETURN_IF_ERROR(AppendWrittenRecords(op, m));
+  CKPT_RETURN_IF_ERROR(append_records(m));
   CKPT_ASSIGN_OR_RETURN(CheckpointContents info, SavedContents(op));
   // Everything but the pieces and files, as BuildManifest makes it; merged in, it sets the
   // same fields (the pieces and files are already there, in the same order).
@@ -126,10 +128,28 @@ absl::StatusOr<pb::Manifest*> MergeManifestOn(const Operation& op, google::proto
   return m;
 }
 
+// The manifest of `op` on `arena`, each rank's written record freed as soon as it is merged:
+// the records and the manifest built from them are never all in memory at once.
+absl::StatusOr<pb::Manifest*> MergeManifestConsumingRecords(Operation& op,
+                                                            google::protobuf::Arena* arena) {
+  return MergeManifestOn(op, arena, [&](pb::Manifest* m) {
+    for (int r = 0; r < op.world_size; ++r) {
+      CKPT_RETURN_IF_ERROR(AppendWrittenRecord(r, op.ranks[r].written, m));
+      std::string().swap(op.ranks[r].written);  // frees the buffer (clear() would keep it)
+    }
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace
 
 absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op) {
-  CKPT_ASSIGN_OR_RETURN(pb::Manifest * merged, MergeManifestOn(op, nullptr));
+  CKPT_ASSIGN_OR_RETURN(pb::Manifest * merged, MergeManifestOn(op, nullptr, [&](pb::Manifest* m) {
+                          for (int r = 0; r < op.world_size; ++r) {
+                            CKPT_RETURN_IF_ERROR(AppendWrittenRecord(r, op.ranks[r].written, m));
+                          }
+                          return absl::OkStatus();
+                        }));
   std::unique_ptr<pb::Manifest> owned(merged);
   return std::move(*owned);
 }
@@ -156,14 +176,14 @@ absl::StatusOr<std::vector<RankPlan>> SaveCommitter::Plan(const Operation& op) {
   return plans;
 }
 
-absl::Status SaveCommitter::Commit(const Operation& op) {
+absl::Status SaveCommitter::Commit(Operation& op) {
   std::string staging = StagingDir(op.id);
   if (staging.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(op.DebugString(), " has no staging dir"));
   }
   // Built on an arena: millions of pieces are allocated in blocks and freed at once.
   google::protobuf::Arena arena;
-  absl::StatusOr<pb::Manifest*> manifest = MergeManifestOn(op, &arena);
+  absl::StatusOr<pb::Manifest*> manifest = MergeManifestConsumingRecords(op, &arena);
   if (!manifest.ok()) return manifest.status();
   // A repeat save of an unchanged layout commits a manifest of the same shape as the job's
   // last one, which passed ValidateManifest: only the pieces' own checksums are new.

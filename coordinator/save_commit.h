@@ -41,8 +41,9 @@ class SaveCommitter final : public OperationKindHandler {
   // Journals op.path, creates the staging directory next to it (AlreadyExists when a
   // checkpoint is there) and plans with PlanSave.
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
-  // Merges the manifest and commits the staging directory to op.path.
-  absl::Status Commit(const Operation& op) override;
+  // Merges the manifest and commits the staging directory to op.path. Consumes the ranks'
+  // written records (op.ranks[r].written is empty afterwards): each is freed once merged.
+  absl::Status Commit(Operation& op) override;
   // Removes the staging directory of a save that did not commit; ends its journal entry.
   absl::Status Finalize(const Operation& op) override;
 

@@ -119,16 +119,56 @@ TEST(SaveCommitterTest, CommittedManifestEqualsOneBuiltFromCopiedRecords) {
   info.step = 42;
   pb::Manifest want = BuildManifest({TensorMeta{"w", DType::kI32, {2, 4}}}, *records, info,
                                     kDefaultChecksumBlockBytes);
+  auto merged = MergeManifest(op);  // before the commit, which consumes the records
+  ASSERT_TRUE(merged.ok()) << merged.status();
   ASSERT_TRUE(saves.Commit(op).ok());
   auto reader = CheckpointReader::Open(path);
   ASSERT_TRUE(reader.ok()) << reader.status();
   pb::Manifest got = (*reader)->manifest();
-  auto merged = MergeManifest(op);
-  ASSERT_TRUE(merged.ok()) << merged.status();
   for (pb::Manifest* m : {&want, &got, &*merged}) m->clear_created_unix_micros();
   EXPECT_EQ(SerializeManifest(got), SerializeManifest(want));
   EXPECT_EQ(SerializeManifest(*merged), SerializeManifest(want));
   (void)RemoveTree(path);
+}
+
+// The commit frees each rank's written record once it is merged (their buffers, not only
+// their contents): the records and the manifest are never all in memory at once.
+TEST(SaveCommitterTest, CommitFreesEveryRanksWrittenRecord) {
+  const std::string path = TmpPath("commit-frees");
+  (void)RemoveTree(path);
+  Operation op = TwoRankSave(path);
+  SaveCommitter saves;
+  auto plans = saves.Plan(op);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  const int32_t rows[2][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
+  ASSERT_NO_FATAL_FAILURE(WriteParts(op, *plans, rows));
+  ASSERT_GT(op.ranks[0].written.size(), std::string().capacity());
+  ASSERT_TRUE(saves.Commit(op).ok());
+  for (const RankEntry& rank : op.ranks) {
+    EXPECT_EQ(rank.written.capacity(), std::string().capacity());
+  }
+  EXPECT_TRUE(CheckpointReader::Open(path).ok());
+  (void)RemoveTree(path);
+}
+
+// A rank whose record cannot be read fails the commit with DataLoss naming it, and nothing
+// appears at the checkpoint's path.
+TEST(SaveCommitterTest, UnreadableRecordFailsTheCommitNamingTheRank) {
+  const std::string path = TmpPath("commit-unreadable");
+  (void)RemoveTree(path);
+  Operation op = TwoRankSave(path);
+  SaveCommitter saves;
+  auto plans = saves.Plan(op);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  const int32_t rows[2][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
+  ASSERT_NO_FATAL_FAILURE(WriteParts(op, *plans, rows));
+  op.ranks[1].written = "\xff\xff garbage";
+  absl::Status committed = saves.Commit(op);
+  EXPECT_EQ(committed.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(committed.message(), HasSubstr("rank 1 reported an unreadable"));
+  op.phase = Phase::kAborted;
+  EXPECT_TRUE(saves.Finalize(op).ok());
+  EXPECT_FALSE(PathExists(path));
 }
 
 // Plans and writes a two-rank save of `job` to `path`; `tamper` may edit each rank's record
