@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "coordinator/operation_planners.h"
 #include "google/protobuf/arena.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "proto/convert.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
@@ -128,17 +129,86 @@ absl::StatusOr<pb::Manifest*> MergeManifestOn(
   return m;
 }
 
-// The manifest of `op` on `arena`, each rank's written record freed as soon as it is merged:
-// the records and the manifest built from them are never all in memory at once.
-absl::StatusOr<pb::Manifest*> MergeManifestConsumingRecords(Operation& op,
-                                                            google::protobuf::Arena* arena) {
-  return MergeManifestOn(op, arena, [&](pb::Manifest* m) {
-    for (int r = 0; r < op.world_size; ++r) {
-      CKPT_RETURN_IF_ERROR(AppendWrittenRecord(r, op.ranks[r].written, m));
-      std::string().swap(op.ranks[r].written);  // frees the buffer (clear() would keep it)
-    }
-    return absl::OkStatus();
-  });
+// The records are merged as the manifest is streamed into its file, never into one message:
+// a first pass over the ranks' records collects their data files (the manifest's head is
+// everything but its pieces) and hashes their pieces (its shape); a second pass parses each
+// record again, checks its pieces, writes them and frees the record.
+
+// Parses rank `rank`'s written record onto `arena`. DataLoss names the rank.
+absl::StatusOr<pb::Manifest*> ParseWrittenRecord(int rank, const std::string& record,
+                                                 google::protobuf::Arena* arena) {
+  pb::Manifest* written = google::protobuf::Arena::CreateMessage<pb::Manifest>(arena);
+  if (!written->ParseFromString(record)) {
+    return absl::DataLossError(
+        absl::StrCat("rank ", rank, " reported an unreadable record of the files it wrote"));
+  }
+  return written;
+}
+
+// The manifest of `op` without its pieces (the data files of every rank's record in rank
+// order included), as MergeManifest makes it; `pieces` hashes the records' pieces in order and
+// `*num_pieces` counts them.
+absl::StatusOr<pb::Manifest> ManifestHead(const Operation& op, PieceShapeHasher* pieces,
+                                          int* num_pieces) {
+  CKPT_ASSIGN_OR_RETURN(std::vector<TensorMeta> tensors, GatheredTensors(op));
+  google::protobuf::RepeatedPtrField<pb::DataFile> files;
+  *num_pieces = 0;
+  google::protobuf::Arena arena;  // one record at a time
+  for (int r = 0; r < op.world_size; ++r) {
+    CKPT_ASSIGN_OR_RETURN(pb::Manifest * written,
+                          ParseWrittenRecord(r, op.ranks[r].written, &arena));
+    for (const pb::StoredPiece& p : written->pieces()) pieces->Add(p);
+    *num_pieces += written->pieces_size();
+    for (const pb::DataFile& f : written->files()) *files.Add() = f;
+    arena.Reset();
+  }
+  CKPT_ASSIGN_OR_RETURN(CheckpointContents info, SavedContents(op));
+  pb::Manifest head = BuildManifest(tensors, WrittenData(), info, kDefaultChecksumBlockBytes);
+  head.mutable_files()->Swap(&files);
+  return head;
+}
+
+// Serializes `part` (a manifest holding some of the fields) into `out`.
+absl::Status SerializePart(const pb::Manifest& part, google::protobuf::io::CodedOutputStream* out) {
+  if (!part.SerializeToCodedStream(out) || out->ByteCount() > kMaxManifestBytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the manifest is larger than the ", kMaxManifestBytes,
+                     " bytes a reader accepts; the checkpoint was not committed"));
+  }
+  return absl::OkStatus();
+}
+
+// Writes the manifest whose head is `head` into `out`, its bytes those of the whole message:
+// the fields before the pieces, each rank's pieces (its record parsed again, each piece passed
+// to `check` first; the record freed once written), then the fields after them.
+absl::Status SerializeStreamed(Operation& op, const pb::Manifest& head,
+                               absl::FunctionRef<absl::Status(const pb::StoredPiece&)> check,
+                               google::protobuf::io::CodedOutputStream* out) {
+  pb::Manifest before;  // fields 1-2
+  before.set_format_version(head.format_version());
+  *before.mutable_tensors() = head.tensors();
+  CKPT_RETURN_IF_ERROR(SerializePart(before, out));
+  google::protobuf::Arena arena;  // one record at a time
+  for (int r = 0; r < op.world_size; ++r) {
+    CKPT_ASSIGN_OR_RETURN(pb::Manifest * written,
+                          ParseWrittenRecord(r, op.ranks[r].written, &arena));
+    pb::Manifest* pieces = google::protobuf::Arena::CreateMessage<pb::Manifest>(&arena);
+    pieces->mutable_pieces()->Swap(written->mutable_pieces());  // field 3
+    for (const pb::StoredPiece& p : pieces->pieces()) CKPT_RETURN_IF_ERROR(check(p));
+    CKPT_RETURN_IF_ERROR(SerializePart(*pieces, out));
+    std::string().swap(op.ranks[r].written);  // frees the buffer (clear() would keep it)
+    arena.Reset();
+  }
+  pb::Manifest after = head;  // fields 4-8
+  after.clear_format_version();
+  after.clear_tensors();
+  after.clear_files();
+  after.clear_checksum_block_bytes();
+  CKPT_RETURN_IF_ERROR(SerializePart(after, out));
+  pb::Manifest last;  // fields 9-10
+  *last.mutable_files() = head.files();
+  last.set_checksum_block_bytes(head.checksum_block_bytes());
+  return SerializePart(last, out);
 }
 
 }  // namespace
@@ -176,35 +246,45 @@ absl::StatusOr<std::vector<RankPlan>> SaveCommitter::Plan(const Operation& op) {
   return plans;
 }
 
+bool SaveCommitter::ShapeValidatedBefore(const std::string& job, const ManifestShape& shape) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto last = committed_shapes_.find(job);
+  return last != committed_shapes_.end() && last->second == shape;
+}
+
 absl::Status SaveCommitter::Commit(Operation& op) {
   std::string staging = StagingDir(op.id);
   if (staging.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(op.DebugString(), " has no staging dir"));
   }
-  // Built on an arena: millions of pieces are allocated in blocks and freed at once.
-  google::protobuf::Arena arena;
-  absl::StatusOr<pb::Manifest*> manifest = MergeManifestConsumingRecords(op, &arena);
-  if (!manifest.ok()) return manifest.status();
+  PieceShapeHasher hasher;
+  int num_pieces = 0;
+  CKPT_ASSIGN_OR_RETURN(const pb::Manifest head, ManifestHead(op, &hasher, &num_pieces));
   // A repeat save of an unchanged layout commits a manifest of the same shape as the job's
   // last one, which passed ValidateManifest: only the pieces' own checksums are new.
-  const ManifestShape shape = ManifestShapeOf(**manifest);
-  WriteOptions options;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto last = committed_shapes_.find(op.job);
-    options.manifest_validated = last != committed_shapes_.end() && last->second == shape;
+  const ManifestShape shape = hasher.Of(head);
+  const bool validated = ShapeValidatedBefore(op.job, shape);
+  ManifestValidator validator;
+  if (!validated) {
+    CKPT_RETURN_IF_ERROR(validator.Start(head));
+    validator.Reserve(num_pieces);
   }
-  if (options.manifest_validated) {
-    for (int i = 0; i < (*manifest)->pieces_size(); ++i) {
-      CKPT_RETURN_IF_ERROR(CheckPieceChecksums(**manifest, i));
-    }
-  }
-  absl::Status committed = CommitCheckpoint(staging, op.path, **manifest, options);
+  int piece = 0;
+  auto check = [&](const pb::StoredPiece& p) {
+    return validated ? CheckStoredPieceChecksums(piece++, p) : validator.AddPiece(p);
+  };
+  absl::Status committed = CommitStreamedCheckpoint(
+      staging, op.path,
+      [&](google::protobuf::io::CodedOutputStream* out) {
+        CKPT_RETURN_IF_ERROR(SerializeStreamed(op, head, check, out));
+        return validated ? absl::OkStatus() : validator.Finish();
+      },
+      WriteOptions());
   if (committed.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     staging_.erase(op.id);
     committed_shapes_[op.job] = shape;
-    if (options.manifest_validated) ++validations_reused_;
+    if (validated) ++validations_reused_;
   }
   return committed;
 }

@@ -41,8 +41,9 @@ class SaveCommitter final : public OperationKindHandler {
   // Journals op.path, creates the staging directory next to it (AlreadyExists when a
   // checkpoint is there) and plans with PlanSave.
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
-  // Merges the manifest and commits the staging directory to op.path. Consumes the ranks'
-  // written records (op.ranks[r].written is empty afterwards): each is freed once merged.
+  // Commits the staging directory to op.path with the manifest merged from the ranks' written
+  // records, streamed into its file and validated as it goes (never one message in memory).
+  // Consumes the records (op.ranks[r].written is empty afterwards): each is freed once written.
   absl::Status Commit(Operation& op) override;
   // Removes the staging directory of a save that did not commit; ends its journal entry.
   absl::Status Finalize(const Operation& op) override;
@@ -53,6 +54,8 @@ class SaveCommitter final : public OperationKindHandler {
 
  private:
   std::string StagingDir(const std::string& operation_id);
+  // Whether `shape` is that of the last manifest `job` committed (which passed validation).
+  bool ShapeValidatedBefore(const std::string& job, const ManifestShape& shape);
 
   StagingJournal* journal_;
   SavePlanReuse plan_reuse_;  // the job's last plan, for a repeat save of unchanged ranks

@@ -6,7 +6,9 @@
 
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "proto/manifest.pb.h"
 
 namespace ckpt {
@@ -15,6 +17,16 @@ namespace ckpt {
 // buffer, fsyncs and closes it. Errors name the path; on error the file may be partial (the
 // caller writes a temporary name and renames it only after success).
 absl::Status WriteManifestDurably(const std::string& path, const pb::Manifest& manifest);
+
+// Writes a manifest's bytes, in parts, into a coded stream set to serialize deterministically
+// (e.g. the fields before the pieces, the pieces a few at a time, the fields after them: a
+// message's bytes are its fields' bytes in field-number order). An error ends the write.
+using ManifestSerializer =
+    absl::FunctionRef<absl::Status(google::protobuf::io::CodedOutputStream* out)>;
+
+// WriteManifestDurably with the bytes `serialize` writes; its error is returned (the file is
+// then partial).
+absl::Status WriteManifestDurably(const std::string& path, ManifestSerializer serialize);
 
 }  // namespace ckpt
 
