@@ -168,11 +168,13 @@ absl::StatusOr<pb::Manifest> ManifestHead(const Operation& op, PieceShapeHasher*
   return head;
 }
 
-// Serializes `part` (a manifest holding some of the fields) into `out`.
-absl::Status SerializePart(const pb::Manifest& part, google::protobuf::io::CodedOutputStream* out) {
-  if (!part.SerializeToCodedStream(out) || out->ByteCount() > kMaxManifestBytes) {
+// Serializes `part` (a manifest holding some of the fields) into `out`, which must then hold
+// at most `max_bytes`.
+absl::Status SerializePart(const pb::Manifest& part, int64_t max_bytes,
+                           google::protobuf::io::CodedOutputStream* out) {
+  if (!part.SerializeToCodedStream(out) || out->ByteCount() > max_bytes) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("the manifest is larger than the ", kMaxManifestBytes,
+        absl::StrCat("the manifest is larger than the ", max_bytes,
                      " bytes a reader accepts; the checkpoint was not committed"));
   }
   return absl::OkStatus();
@@ -183,11 +185,11 @@ absl::Status SerializePart(const pb::Manifest& part, google::protobuf::io::Coded
 // to `check` first; the record freed once written), then the fields after them.
 absl::Status SerializeStreamed(Operation& op, const pb::Manifest& head,
                                absl::FunctionRef<absl::Status(const pb::StoredPiece&)> check,
-                               google::protobuf::io::CodedOutputStream* out) {
+                               int64_t max_bytes, google::protobuf::io::CodedOutputStream* out) {
   pb::Manifest before;  // fields 1-2
   before.set_format_version(head.format_version());
   *before.mutable_tensors() = head.tensors();
-  CKPT_RETURN_IF_ERROR(SerializePart(before, out));
+  CKPT_RETURN_IF_ERROR(SerializePart(before, max_bytes, out));
   google::protobuf::Arena arena;  // one record at a time
   for (int r = 0; r < op.world_size; ++r) {
     CKPT_ASSIGN_OR_RETURN(pb::Manifest * written,
@@ -195,7 +197,7 @@ absl::Status SerializeStreamed(Operation& op, const pb::Manifest& head,
     pb::Manifest* pieces = google::protobuf::Arena::CreateMessage<pb::Manifest>(&arena);
     pieces->mutable_pieces()->Swap(written->mutable_pieces());  // field 3
     for (const pb::StoredPiece& p : pieces->pieces()) CKPT_RETURN_IF_ERROR(check(p));
-    CKPT_RETURN_IF_ERROR(SerializePart(*pieces, out));
+    CKPT_RETURN_IF_ERROR(SerializePart(*pieces, max_bytes, out));
     std::string().swap(op.ranks[r].written);  // frees the buffer (clear() would keep it)
     arena.Reset();
   }
@@ -204,11 +206,11 @@ absl::Status SerializeStreamed(Operation& op, const pb::Manifest& head,
   after.clear_tensors();
   after.clear_files();
   after.clear_checksum_block_bytes();
-  CKPT_RETURN_IF_ERROR(SerializePart(after, out));
+  CKPT_RETURN_IF_ERROR(SerializePart(after, max_bytes, out));
   pb::Manifest last;  // fields 9-10
   *last.mutable_files() = head.files();
   last.set_checksum_block_bytes(head.checksum_block_bytes());
-  return SerializePart(last, out);
+  return SerializePart(last, max_bytes, out);
 }
 
 }  // namespace
@@ -276,7 +278,7 @@ absl::Status SaveCommitter::Commit(Operation& op) {
   absl::Status committed = CommitStreamedCheckpoint(
       staging, op.path,
       [&](google::protobuf::io::CodedOutputStream* out) {
-        CKPT_RETURN_IF_ERROR(SerializeStreamed(op, head, check, out));
+        CKPT_RETURN_IF_ERROR(SerializeStreamed(op, head, check, max_manifest_bytes_, out));
         return validated ? absl::OkStatus() : validator.Finish();
       },
       WriteOptions());

@@ -35,8 +35,11 @@ absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op);
 class SaveCommitter final : public OperationKindHandler {
  public:
   // `journal` (may be null; must outlive this) records each save's final path before its
-  // staging directory is created, so a restarted coordinator can clean up after it.
-  explicit SaveCommitter(StagingJournal* journal = nullptr) : journal_(journal) {}
+  // staging directory is created, so a restarted coordinator can clean up after it. A manifest
+  // over `max_manifest_bytes` (what a reader accepts; smaller in tests) is not committed.
+  explicit SaveCommitter(StagingJournal* journal = nullptr,
+                         int64_t max_manifest_bytes = kMaxManifestBytes)
+      : journal_(journal), max_manifest_bytes_(max_manifest_bytes) {}
 
   // Journals op.path, creates the staging directory next to it (AlreadyExists when a
   // checkpoint is there) and plans with PlanSave.
@@ -58,6 +61,7 @@ class SaveCommitter final : public OperationKindHandler {
   bool ShapeValidatedBefore(const std::string& job, const ManifestShape& shape);
 
   StagingJournal* journal_;
+  const int64_t max_manifest_bytes_;
   SavePlanReuse plan_reuse_;  // the job's last plan, for a repeat save of unchanged ranks
   mutable std::mutex mu_;
   std::map<std::string, std::string> staging_ ABSL_GUARDED_BY(mu_);  // operation -> dir

@@ -187,6 +187,13 @@ Operation ManyRankSave(const std::string& path, int ranks) {
   return op;
 }
 
+// The staging directory a rank's plan part names.
+std::string StagingOf(const RankPlan& plan) {
+  pb::SavePlanPart part;
+  EXPECT_TRUE(part.ParseFromString(plan.part));
+  return part.staging_dir();
+}
+
 std::string ReadFileBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream bytes;
@@ -215,6 +222,28 @@ TEST(SaveCommitterTest, StreamedManifestFileIsByteIdenticalToTheMergedManifest) 
   EXPECT_TRUE(bytes == SerializeManifest(*merged)) << "the streamed bytes differ";
   EXPECT_TRUE(ParseManifest(bytes, "manifest.pb").ok());  // valid as a reader sees it
   (void)RemoveTree(path);
+}
+
+// A manifest larger than a reader accepts (here a limit of 2 KiB; 2 GiB in a daemon) is
+// refused with ResourceExhausted while it streams: no manifest.pb, nothing at the path.
+TEST(SaveCommitterTest, ManifestLargerThanAReaderAcceptsIsNotCommitted) {
+  const std::string path = TmpPath("commit-too-large");
+  (void)RemoveTree(path);
+  Operation op = ManyRankSave(path, 37);
+  SaveCommitter saves(/*journal=*/nullptr, /*max_manifest_bytes=*/2048);
+  auto plans = saves.Plan(op);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  const std::string staging = StagingOf((*plans)[0]);
+  ASSERT_TRUE(PathExists(staging));
+  absl::Status committed = saves.Commit(op);
+  EXPECT_EQ(committed.code(), absl::StatusCode::kResourceExhausted) << committed;
+  EXPECT_THAT(committed.message(), HasSubstr("2048 bytes a reader accepts"));
+  EXPECT_FALSE(PathExists(path));
+  EXPECT_FALSE(PathExists(staging + "/manifest.pb.tmp"));
+  EXPECT_FALSE(PathExists(staging + "/manifest.pb"));
+  op.phase = Phase::kAborted;
+  EXPECT_TRUE(saves.Finalize(op).ok());
+  EXPECT_FALSE(PathExists(staging));
 }
 
 // The commit frees each rank's written record once it is merged (their buffers, not only
