@@ -34,7 +34,7 @@ class BlockingSaveKind final : public OperationKindHandler {
     release.WaitForNotificationWithTimeout(absl::Seconds(30));
     return std::vector<RankPlan>(op.world_size, RankPlan{"part", 1});
   }
-  absl::Status Commit(const Operation& op) override {
+  absl::Status Commit(Operation& op) override {
     committed_shards = CountShards(op);
     return absl::OkStatus();
   }

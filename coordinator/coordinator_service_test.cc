@@ -82,7 +82,7 @@ class RecordingSaveKind final : public OperationKindHandler {
     }
     return plans;
   }
-  absl::Status Commit(const Operation& op) override {
+  absl::Status Commit(Operation& op) override {
     committed_path = op.path;
     return commit_result;
   }

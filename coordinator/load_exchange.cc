@@ -313,7 +313,7 @@ absl::StatusOr<std::vector<RankPlan>> ExchangeLoadKind::Plan(const Operation& op
   return PlanExchangeLoad(op, OptionsFor(op));
 }
 
-absl::Status ExchangeLoadKind::Commit(const Operation& op) {
+absl::Status ExchangeLoadKind::Commit(Operation& op) {
   return absl::FailedPreconditionError(
       absl::StrCat(op.DebugString(), ": a load has nothing to commit"));
 }

@@ -85,7 +85,7 @@ class ExchangeLoadKind final : public OperationKindHandler {
 
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
   // Loads never reach the committing phase; FailedPrecondition if asked.
-  absl::Status Commit(const Operation& op) override;
+  absl::Status Commit(Operation& op) override;
   absl::Status Finalize(const Operation&) override { return absl::OkStatus(); }
 
   // The options a load of `op` is planned with: defaults_, overridden by op's own.

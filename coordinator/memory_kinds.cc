@@ -137,7 +137,7 @@ absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::PlanInGroup(const Operatio
   return plans;
 }
 
-absl::Status MemorySaveKind::Commit(const Operation& op) { return CommitPublished(op, "", 0); }
+absl::Status MemorySaveKind::Commit(Operation& op) { return CommitPublished(op, "", 0); }
 
 absl::Status MemorySaveKind::CommitPublished(const Operation& op, const std::string& published_name,
                                              int64_t published_version) {
@@ -243,7 +243,7 @@ absl::StatusOr<std::vector<RankPlan>> MemoryLoadKind::Plan(const Operation& op) 
   return plans;
 }
 
-absl::Status MemoryLoadKind::Commit(const Operation& op) {
+absl::Status MemoryLoadKind::Commit(Operation& op) {
   return absl::FailedPreconditionError(
       absl::StrCat(op.DebugString(), ": a load has nothing to commit"));
 }
@@ -256,7 +256,7 @@ absl::StatusOr<std::vector<RankPlan>> PathDispatchKind::Plan(const Operation& op
   return For(op)->Plan(op);
 }
 
-absl::Status PathDispatchKind::Commit(const Operation& op) { return For(op)->Commit(op); }
+absl::Status PathDispatchKind::Commit(Operation& op) { return For(op)->Commit(op); }
 
 absl::Status PathDispatchKind::Finalize(const Operation& op) { return For(op)->Finalize(op); }
 

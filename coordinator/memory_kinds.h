@@ -43,7 +43,7 @@ class MemorySaveKind final : public OperationKindHandler {
   // Plan of a save whose checkpoint counts in retention `group` (memory_catalog.h
   // RetentionGroup): keep-newest evicts only the group's older checkpoints.
   absl::StatusOr<std::vector<RankPlan>> PlanInGroup(const Operation& op, const std::string& group);
-  absl::Status Commit(const Operation& op) override;
+  absl::Status Commit(Operation& op) override;
   // Commit of a publish: the checkpoint is recorded as version `published_version` of
   // transfer name `published_name` (kept in the holders' records, see MemoryCheckpoint).
   absl::Status CommitPublished(const Operation& op, const std::string& published_name,
@@ -65,7 +65,7 @@ class MemoryLoadKind final : public OperationKindHandler {
       : catalog_(catalog), defaults_(defaults) {}
 
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
-  absl::Status Commit(const Operation& op) override;
+  absl::Status Commit(Operation& op) override;
   absl::Status Finalize(const Operation&) override { return absl::OkStatus(); }
 
  private:
@@ -82,7 +82,7 @@ class PathDispatchKind final : public OperationKindHandler {
       : matches_(matches), matching_(matching), others_(others) {}
 
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
-  absl::Status Commit(const Operation& op) override;
+  absl::Status Commit(Operation& op) override;
   absl::Status Finalize(const Operation& op) override;
 
  private:

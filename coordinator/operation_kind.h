@@ -23,8 +23,10 @@ class OperationKindHandler {
   // is in op.ranks[r].shards). Errors abort the operation for every rank.
   virtual absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) = 0;
   // Makes the result durable once every rank reported success (saves and reshards write the
-  // manifest); an error aborts the operation with it.
-  virtual absl::Status Commit(const Operation& op) = 0;
+  // manifest); an error aborts the operation with it. `op` is the service's lent copy
+  // (JobState::LendGathered): a kind may consume its bulky per-rank data (e.g. free each
+  // rank's written record once merged); nothing reads that data after the commit.
+  virtual absl::Status Commit(Operation& op) = 0;
   // Called once when the operation reached done or aborted, under the service's lock (keep it
   // short): removes what an aborted operation left behind. Errors are logged by the caller.
   virtual absl::Status Finalize(const Operation& op) = 0;

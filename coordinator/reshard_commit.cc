@@ -142,7 +142,7 @@ absl::StatusOr<std::vector<RankPlan>> ReshardCommitter::PlanJournaled(const Oper
   return plans;
 }
 
-absl::Status ReshardCommitter::Commit(const Operation& op) {
+absl::Status ReshardCommitter::Commit(Operation& op) {
   Pending pending;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -57,7 +57,7 @@ class ReshardCommitter final : public OperationKindHandler {
   // PlanClusterReshard. Errors name the source, destination or tensor.
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
   // Manifest from every rank's record, then the commit protocol to op.path.
-  absl::Status Commit(const Operation& op) override;
+  absl::Status Commit(Operation& op) override;
   // Removes the staging directory of a reshard that did not commit; ends its journal entry.
   absl::Status Finalize(const Operation& op) override;
 

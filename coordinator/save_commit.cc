@@ -4,11 +4,13 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "coordinator/operation_planners.h"
 #include "google/protobuf/arena.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "proto/convert.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
@@ -92,32 +94,33 @@ void MoveElements(google::protobuf::RepeatedPtrField<T>* from,
   for (T* element : moved) to->UnsafeArenaAddAllocated(element);
 }
 
-// Appends the pieces and files of every rank's `written` record to `m`, in rank order, parsing
-// each record on m's arena and moving its elements (no copy). DataLoss names the rank.
-absl::Status AppendWrittenRecords(const Operation& op, pb::Manifest* m) {
+// Parses rank `rank`'s `record` on m's arena and moves its pieces and files to the end of `m`
+// (no copy). DataLoss names the rank.
+absl::Status AppendWrittenRecord(int rank, const std::string& record, pb::Manifest* m) {
   google::protobuf::Arena* arena = m->GetArena();
-  for (int r = 0; r < op.world_size; ++r) {
-    std::unique_ptr<pb::Manifest> owned;
-    pb::Manifest* written = arena != nullptr
-                                ? google::protobuf::Arena::CreateMessage<pb::Manifest>(arena)
-                                : (owned = std::make_unique<pb::Manifest>()).get();
-    if (!written->ParseFromString(op.ranks[r].written)) {
-      return absl::DataLossError(
-          absl::StrCat("rank ", r, " reported an unreadable record of the files it wrote"));
-    }
-    MoveElements(written->mutable_pieces(), m->mutable_pieces());
-    MoveElements(written->mutable_files(), m->mutable_files());
+  std::unique_ptr<pb::Manifest> owned;
+  pb::Manifest* written = arena != nullptr
+                              ? google::protobuf::Arena::CreateMessage<pb::Manifest>(arena)
+                              : (owned = std::make_unique<pb::Manifest>()).get();
+  if (!written->ParseFromString(record)) {
+    return absl::DataLossError(
+        absl::StrCat("rank ", rank, " reported an unreadable record of the files it wrote"));
   }
+  MoveElements(written->mutable_pieces(), m->mutable_pieces());
+  MoveElements(written->mutable_files(), m->mutable_files());
   return absl::OkStatus();
 }
 
-// MergeManifest, building the manifest on `arena` (null: on the heap, owned by the caller).
-absl::StatusOr<pb::Manifest*> MergeManifestOn(const Operation& op, google::protobuf::Arena* arena) {
+// MergeManifest, building the manifest on `arena` (null: on the heap, owned by the caller);
+// `append_records` appends the ranks' written records, in rank order (AppendWrittenRecord).
+absl::StatusOr<pb::Manifest*> MergeManifestOn(
+    const Operation& op, google::protobuf::Arena* arena,
+    absl::FunctionRef<absl::Status(pb::Manifest*)> append_records) {
   CKPT_ASSIGN_OR_RETURN(std::vector<TensorMeta> tensors, GatheredTensors(op));
   std::unique_ptr<pb::Manifest> owned;
   pb::Manifest* m = arena != nullptr ? google::protobuf::Arena::CreateMessage<pb::Manifest>(arena)
                                      : (owned = std::make_unique<pb::Manifest>()).get();
-  CKPT_RETURN_IF_ERROR(AppendWrittenRecords(op, m));
+  CKPT_RETURN_IF_ERROR(append_records(m));
   CKPT_ASSIGN_OR_RETURN(CheckpointContents info, SavedContents(op));
   // Everything but the pieces and files, as BuildManifest makes it; merged in, it sets the
   // same fields (the pieces and files are already there, in the same order).
@@ -126,10 +129,99 @@ absl::StatusOr<pb::Manifest*> MergeManifestOn(const Operation& op, google::proto
   return m;
 }
 
+// The records are merged as the manifest is streamed into its file, never into one message:
+// a first pass over the ranks' records collects their data files (the manifest's head is
+// everything but its pieces) and hashes their pieces (its shape); a second pass parses each
+// record again, checks its pieces, writes them and frees the record.
+
+// Parses rank `rank`'s written record onto `arena`. DataLoss names the rank.
+absl::StatusOr<pb::Manifest*> ParseWrittenRecord(int rank, const std::string& record,
+                                                 google::protobuf::Arena* arena) {
+  pb::Manifest* written = google::protobuf::Arena::CreateMessage<pb::Manifest>(arena);
+  if (!written->ParseFromString(record)) {
+    return absl::DataLossError(
+        absl::StrCat("rank ", rank, " reported an unreadable record of the files it wrote"));
+  }
+  return written;
+}
+
+// The manifest of `op` without its pieces (the data files of every rank's record in rank
+// order included), as MergeManifest makes it; `pieces` hashes the records' pieces in order and
+// `*num_pieces` counts them.
+absl::StatusOr<pb::Manifest> ManifestHead(const Operation& op, PieceShapeHasher* pieces,
+                                          int* num_pieces) {
+  CKPT_ASSIGN_OR_RETURN(std::vector<TensorMeta> tensors, GatheredTensors(op));
+  google::protobuf::RepeatedPtrField<pb::DataFile> files;
+  *num_pieces = 0;
+  google::protobuf::Arena arena;  // one record at a time
+  for (int r = 0; r < op.world_size; ++r) {
+    CKPT_ASSIGN_OR_RETURN(pb::Manifest * written,
+                          ParseWrittenRecord(r, op.ranks[r].written, &arena));
+    for (const pb::StoredPiece& p : written->pieces()) pieces->Add(p);
+    *num_pieces += written->pieces_size();
+    for (const pb::DataFile& f : written->files()) *files.Add() = f;
+    arena.Reset();
+  }
+  CKPT_ASSIGN_OR_RETURN(CheckpointContents info, SavedContents(op));
+  pb::Manifest head = BuildManifest(tensors, WrittenData(), info, kDefaultChecksumBlockBytes);
+  head.mutable_files()->Swap(&files);
+  return head;
+}
+
+// Serializes `part` (a manifest holding some of the fields) into `out`, which must then hold
+// at most `max_bytes`.
+absl::Status SerializePart(const pb::Manifest& part, int64_t max_bytes,
+                           google::protobuf::io::CodedOutputStream* out) {
+  if (!part.SerializeToCodedStream(out) || out->ByteCount() > max_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the manifest is larger than the ", max_bytes,
+                     " bytes a reader accepts; the checkpoint was not committed"));
+  }
+  return absl::OkStatus();
+}
+
+// Writes the manifest whose head is `head` into `out`, its bytes those of the whole message:
+// the fields before the pieces, each rank's pieces (its record parsed again, each piece passed
+// to `check` first; the record freed once written), then the fields after them.
+absl::Status SerializeStreamed(Operation& op, const pb::Manifest& head,
+                               absl::FunctionRef<absl::Status(const pb::StoredPiece&)> check,
+                               int64_t max_bytes, google::protobuf::io::CodedOutputStream* out) {
+  pb::Manifest before;  // fields 1-2
+  before.set_format_version(head.format_version());
+  *before.mutable_tensors() = head.tensors();
+  CKPT_RETURN_IF_ERROR(SerializePart(before, max_bytes, out));
+  google::protobuf::Arena arena;  // one record at a time
+  for (int r = 0; r < op.world_size; ++r) {
+    CKPT_ASSIGN_OR_RETURN(pb::Manifest * written,
+                          ParseWrittenRecord(r, op.ranks[r].written, &arena));
+    pb::Manifest* pieces = google::protobuf::Arena::CreateMessage<pb::Manifest>(&arena);
+    pieces->mutable_pieces()->Swap(written->mutable_pieces());  // field 3
+    for (const pb::StoredPiece& p : pieces->pieces()) CKPT_RETURN_IF_ERROR(check(p));
+    CKPT_RETURN_IF_ERROR(SerializePart(*pieces, max_bytes, out));
+    std::string().swap(op.ranks[r].written);  // frees the buffer (clear() would keep it)
+    arena.Reset();
+  }
+  pb::Manifest after = head;  // fields 4-8
+  after.clear_format_version();
+  after.clear_tensors();
+  after.clear_files();
+  after.clear_checksum_block_bytes();
+  CKPT_RETURN_IF_ERROR(SerializePart(after, max_bytes, out));
+  pb::Manifest last;  // fields 9-10
+  *last.mutable_files() = head.files();
+  last.set_checksum_block_bytes(head.checksum_block_bytes());
+  return SerializePart(last, max_bytes, out);
+}
+
 }  // namespace
 
 absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op) {
-  CKPT_ASSIGN_OR_RETURN(pb::Manifest * merged, MergeManifestOn(op, nullptr));
+  CKPT_ASSIGN_OR_RETURN(pb::Manifest * merged, MergeManifestOn(op, nullptr, [&](pb::Manifest* m) {
+                          for (int r = 0; r < op.world_size; ++r) {
+                            CKPT_RETURN_IF_ERROR(AppendWrittenRecord(r, op.ranks[r].written, m));
+                          }
+                          return absl::OkStatus();
+                        }));
   std::unique_ptr<pb::Manifest> owned(merged);
   return std::move(*owned);
 }
@@ -156,35 +248,45 @@ absl::StatusOr<std::vector<RankPlan>> SaveCommitter::Plan(const Operation& op) {
   return plans;
 }
 
-absl::Status SaveCommitter::Commit(const Operation& op) {
+bool SaveCommitter::ShapeValidatedBefore(const std::string& job, const ManifestShape& shape) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto last = committed_shapes_.find(job);
+  return last != committed_shapes_.end() && last->second == shape;
+}
+
+absl::Status SaveCommitter::Commit(Operation& op) {
   std::string staging = StagingDir(op.id);
   if (staging.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(op.DebugString(), " has no staging dir"));
   }
-  // Built on an arena: millions of pieces are allocated in blocks and freed at once.
-  google::protobuf::Arena arena;
-  absl::StatusOr<pb::Manifest*> manifest = MergeManifestOn(op, &arena);
-  if (!manifest.ok()) return manifest.status();
+  PieceShapeHasher hasher;
+  int num_pieces = 0;
+  CKPT_ASSIGN_OR_RETURN(const pb::Manifest head, ManifestHead(op, &hasher, &num_pieces));
   // A repeat save of an unchanged layout commits a manifest of the same shape as the job's
   // last one, which passed ValidateManifest: only the pieces' own checksums are new.
-  const ManifestShape shape = ManifestShapeOf(**manifest);
-  WriteOptions options;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto last = committed_shapes_.find(op.job);
-    options.manifest_validated = last != committed_shapes_.end() && last->second == shape;
+  const ManifestShape shape = hasher.Of(head);
+  const bool validated = ShapeValidatedBefore(op.job, shape);
+  ManifestValidator validator;
+  if (!validated) {
+    CKPT_RETURN_IF_ERROR(validator.Start(head));
+    validator.Reserve(num_pieces);
   }
-  if (options.manifest_validated) {
-    for (int i = 0; i < (*manifest)->pieces_size(); ++i) {
-      CKPT_RETURN_IF_ERROR(CheckPieceChecksums(**manifest, i));
-    }
-  }
-  absl::Status committed = CommitCheckpoint(staging, op.path, **manifest, options);
+  int piece = 0;
+  auto check = [&](const pb::StoredPiece& p) {
+    return validated ? CheckStoredPieceChecksums(piece++, p) : validator.AddPiece(p);
+  };
+  absl::Status committed = CommitStreamedCheckpoint(
+      staging, op.path,
+      [&](google::protobuf::io::CodedOutputStream* out) {
+        CKPT_RETURN_IF_ERROR(SerializeStreamed(op, head, check, max_manifest_bytes_, out));
+        return validated ? absl::OkStatus() : validator.Finish();
+      },
+      WriteOptions());
   if (committed.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     staging_.erase(op.id);
     committed_shapes_[op.job] = shape;
-    if (options.manifest_validated) ++validations_reused_;
+    if (validated) ++validations_reused_;
   }
   return committed;
 }

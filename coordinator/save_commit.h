@@ -35,14 +35,19 @@ absl::StatusOr<pb::Manifest> MergeManifest(const Operation& op);
 class SaveCommitter final : public OperationKindHandler {
  public:
   // `journal` (may be null; must outlive this) records each save's final path before its
-  // staging directory is created, so a restarted coordinator can clean up after it.
-  explicit SaveCommitter(StagingJournal* journal = nullptr) : journal_(journal) {}
+  // staging directory is created, so a restarted coordinator can clean up after it. A manifest
+  // over `max_manifest_bytes` (what a reader accepts; smaller in tests) is not committed.
+  explicit SaveCommitter(StagingJournal* journal = nullptr,
+                         int64_t max_manifest_bytes = kMaxManifestBytes)
+      : journal_(journal), max_manifest_bytes_(max_manifest_bytes) {}
 
   // Journals op.path, creates the staging directory next to it (AlreadyExists when a
   // checkpoint is there) and plans with PlanSave.
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
-  // Merges the manifest and commits the staging directory to op.path.
-  absl::Status Commit(const Operation& op) override;
+  // Commits the staging directory to op.path with the manifest merged from the ranks' written
+  // records, streamed into its file and validated as it goes (never one message in memory).
+  // Consumes the records (op.ranks[r].written is empty afterwards): each is freed once written.
+  absl::Status Commit(Operation& op) override;
   // Removes the staging directory of a save that did not commit; ends its journal entry.
   absl::Status Finalize(const Operation& op) override;
 
@@ -52,8 +57,11 @@ class SaveCommitter final : public OperationKindHandler {
 
  private:
   std::string StagingDir(const std::string& operation_id);
+  // Whether `shape` is that of the last manifest `job` committed (which passed validation).
+  bool ShapeValidatedBefore(const std::string& job, const ManifestShape& shape);
 
   StagingJournal* journal_;
+  const int64_t max_manifest_bytes_;
   SavePlanReuse plan_reuse_;  // the job's last plan, for a repeat save of unchanged ranks
   mutable std::mutex mu_;
   std::map<std::string, std::string> staging_ ABSL_GUARDED_BY(mu_);  // operation -> dir

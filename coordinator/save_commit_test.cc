@@ -1,7 +1,9 @@
 #include "coordinator/save_commit.h"
 
 #include <cstdlib>
+#include <fstream>
 #include <functional>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -119,16 +121,169 @@ TEST(SaveCommitterTest, CommittedManifestEqualsOneBuiltFromCopiedRecords) {
   info.step = 42;
   pb::Manifest want = BuildManifest({TensorMeta{"w", DType::kI32, {2, 4}}}, *records, info,
                                     kDefaultChecksumBlockBytes);
+  auto merged = MergeManifest(op);  // before the commit, which consumes the records
+  ASSERT_TRUE(merged.ok()) << merged.status();
   ASSERT_TRUE(saves.Commit(op).ok());
   auto reader = CheckpointReader::Open(path);
   ASSERT_TRUE(reader.ok()) << reader.status();
   pb::Manifest got = (*reader)->manifest();
-  auto merged = MergeManifest(op);
-  ASSERT_TRUE(merged.ok()) << merged.status();
   for (pb::Manifest* m : {&want, &got, &*merged}) m->clear_created_unix_micros();
   EXPECT_EQ(SerializeManifest(got), SerializeManifest(want));
   EXPECT_EQ(SerializeManifest(*merged), SerializeManifest(want));
   (void)RemoveTree(path);
+}
+
+// Row `rank` of tensor `key` (`ranks` x 8 int32 elements).
+pb::PieceMeta RowOf(const std::string& key, int rank, int ranks) {
+  pb::PieceMeta s;
+  s.mutable_tensor()->set_key(key);
+  s.mutable_tensor()->set_dtype(pb::DTYPE_I32);
+  s.mutable_tensor()->add_global_shape(ranks);
+  s.mutable_tensor()->add_global_shape(8);
+  s.mutable_region()->add_offsets(rank);
+  s.mutable_region()->add_offsets(0);
+  s.mutable_region()->add_lengths(1);
+  s.mutable_region()->add_lengths(8);
+  return s;
+}
+
+// A save of `ranks` ranks, each holding its row of three tensors, with the record of what
+// each wrote (one data file of its three rows; the bytes are not read by the commit).
+Operation ManyRankSave(const std::string& path, int ranks) {
+  Operation op;
+  op.id = "op-9";
+  op.job = "many";
+  op.kind = OperationKind::kSave;
+  op.path = path;
+  op.world_size = ranks;
+  op.ranks.resize(ranks);
+  op.metadata = {{"step", "7"}, {"run", "b"}, {"zeta", "1"}, {"alpha", "2"}, {"mid", "3"}};
+  const std::vector<std::string> keys = {"layers.0.w", "layers.1.w", "embedding.w"};
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<pb::PieceMeta> rows;
+    for (const std::string& key : keys) rows.push_back(RowOf(key, r, ranks));
+    op.ranks[r].shards = RankPieces(std::move(rows));
+    op.ranks[r].mesh_shape = {ranks};
+    pb::Manifest written;
+    pb::DataFile* file = written.add_files();
+    file->set_name(DataFileName(r, 0));
+    file->set_writer_rank(r);
+    file->set_data_start(4096);
+    file->set_size_bytes(4096 + 32 * static_cast<int64_t>(keys.size()));
+    for (size_t k = 0; k < keys.size(); ++k) {
+      const Region region{{r, 0}, {1, 8}, std::nullopt};
+      pb::StoredPiece* p = written.add_pieces();
+      p->set_key(keys[k]);
+      *p->mutable_region() = RegionToProto(region);
+      p->set_file(file->name());
+      p->set_entry_name(EncodeEntryName(keys[k], region));
+      p->set_byte_offset(4096 + 32 * static_cast<int64_t>(k));
+      p->set_byte_length(32);
+      p->set_xxh3_64(0x9E3779B97F4A7C15ull * (r * 3 + k + 1));
+      p->set_writer_rank(r);
+    }
+    op.ranks[r].written = written.SerializeAsString();
+  }
+  return op;
+}
+
+// The staging directory a rank's plan part names.
+std::string StagingOf(const RankPlan& plan) {
+  pb::SavePlanPart part;
+  EXPECT_TRUE(part.ParseFromString(plan.part));
+  return part.staging_dir();
+}
+
+std::string ReadFileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+// The streamed manifest.pb holds exactly the bytes of SerializeManifest(MergeManifest(op)),
+// the whole merged message (with the commit's creation time), for many ranks.
+TEST(SaveCommitterTest, StreamedManifestFileIsByteIdenticalToTheMergedManifest) {
+  const std::string path = TmpPath("commit-bytes");
+  (void)RemoveTree(path);
+  Operation op = ManyRankSave(path, 37);
+  SaveCommitter saves;
+  ASSERT_TRUE(saves.Plan(op).ok());
+  auto merged = MergeManifest(op);  // before the commit, which consumes the records
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  ASSERT_TRUE(ValidateManifest(*merged).ok()) << ValidateManifest(*merged);
+  absl::Status committed = saves.Commit(op);
+  ASSERT_TRUE(committed.ok()) << committed;
+  const std::string bytes = ReadFileBytes(path + "/manifest.pb");
+  pb::Manifest got;
+  ASSERT_TRUE(got.ParseFromString(bytes));
+  merged->set_created_unix_micros(got.created_unix_micros());
+  EXPECT_EQ(got.pieces_size(), 37 * 3);
+  EXPECT_TRUE(bytes == SerializeManifest(*merged)) << "the streamed bytes differ";
+  EXPECT_TRUE(ParseManifest(bytes, "manifest.pb").ok());  // valid as a reader sees it
+  (void)RemoveTree(path);
+}
+
+// A manifest larger than a reader accepts (here a limit of 2 KiB; 2 GiB in a daemon) is
+// refused with ResourceExhausted while it streams: no manifest.pb, nothing at the path.
+TEST(SaveCommitterTest, ManifestLargerThanAReaderAcceptsIsNotCommitted) {
+  const std::string path = TmpPath("commit-too-large");
+  (void)RemoveTree(path);
+  Operation op = ManyRankSave(path, 37);
+  SaveCommitter saves(/*journal=*/nullptr, /*max_manifest_bytes=*/2048);
+  auto plans = saves.Plan(op);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  const std::string staging = StagingOf((*plans)[0]);
+  ASSERT_TRUE(PathExists(staging));
+  absl::Status committed = saves.Commit(op);
+  EXPECT_EQ(committed.code(), absl::StatusCode::kResourceExhausted) << committed;
+  EXPECT_THAT(committed.message(), HasSubstr("2048 bytes a reader accepts"));
+  EXPECT_FALSE(PathExists(path));
+  EXPECT_FALSE(PathExists(staging + "/manifest.pb.tmp"));
+  EXPECT_FALSE(PathExists(staging + "/manifest.pb"));
+  op.phase = Phase::kAborted;
+  EXPECT_TRUE(saves.Finalize(op).ok());
+  EXPECT_FALSE(PathExists(staging));
+}
+
+// The commit frees each rank's written record once it is merged (their buffers, not only
+// their contents): the records and the manifest are never all in memory at once.
+TEST(SaveCommitterTest, CommitFreesEveryRanksWrittenRecord) {
+  const std::string path = TmpPath("commit-frees");
+  (void)RemoveTree(path);
+  Operation op = TwoRankSave(path);
+  SaveCommitter saves;
+  auto plans = saves.Plan(op);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  const int32_t rows[2][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
+  ASSERT_NO_FATAL_FAILURE(WriteParts(op, *plans, rows));
+  ASSERT_GT(op.ranks[0].written.size(), std::string().capacity());
+  ASSERT_TRUE(saves.Commit(op).ok());
+  for (const RankEntry& rank : op.ranks) {
+    EXPECT_EQ(rank.written.capacity(), std::string().capacity());
+  }
+  EXPECT_TRUE(CheckpointReader::Open(path).ok());
+  (void)RemoveTree(path);
+}
+
+// A rank whose record cannot be read fails the commit with DataLoss naming it, and nothing
+// appears at the checkpoint's path.
+TEST(SaveCommitterTest, UnreadableRecordFailsTheCommitNamingTheRank) {
+  const std::string path = TmpPath("commit-unreadable");
+  (void)RemoveTree(path);
+  Operation op = TwoRankSave(path);
+  SaveCommitter saves;
+  auto plans = saves.Plan(op);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  const int32_t rows[2][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
+  ASSERT_NO_FATAL_FAILURE(WriteParts(op, *plans, rows));
+  op.ranks[1].written = "\xff\xff garbage";
+  absl::Status committed = saves.Commit(op);
+  EXPECT_EQ(committed.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(committed.message(), HasSubstr("rank 1 reported an unreadable"));
+  op.phase = Phase::kAborted;
+  EXPECT_TRUE(saves.Finalize(op).ok());
+  EXPECT_FALSE(PathExists(path));
 }
 
 // Plans and writes a two-rank save of `job` to `path`; `tamper` may edit each rank's record

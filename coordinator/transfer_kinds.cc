@@ -183,7 +183,7 @@ absl::StatusOr<std::vector<RankPlan>> PublishKind::Plan(const Operation& op) {
   return plans;
 }
 
-absl::Status PublishKind::Commit(const Operation& op) {
+absl::Status PublishKind::Commit(Operation& op) {
   absl::StatusOr<Operation> save = AsMemorySave(op);
   if (!save.ok()) return save.status();
   absl::StatusOr<std::pair<std::string, int64_t>> reserved = registry_->Reserved(op.id);
@@ -303,7 +303,7 @@ absl::StatusOr<std::vector<RankPlan>> ServedMemoryLoadKind::Plan(const Operation
   return plans;
 }
 
-absl::Status ReceiveKind::Commit(const Operation& op) {
+absl::Status ReceiveKind::Commit(Operation& op) {
   return absl::FailedPreconditionError(
       absl::StrCat(op.DebugString(), ": a receive has nothing to commit"));
 }

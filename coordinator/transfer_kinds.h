@@ -51,7 +51,7 @@ class PublishKind final : public OperationKindHandler {
       : registry_(registry), memory_(catalog, /*replicas=*/0, registry->keep_versions()) {}
 
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
-  absl::Status Commit(const Operation& op) override;
+  absl::Status Commit(Operation& op) override;
   absl::Status Finalize(const Operation& op) override;
 
  private:
@@ -71,7 +71,7 @@ class ReceiveKind final : public OperationKindHandler {
 
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
   // A receive never reaches committing (it ends done once every rank reported).
-  absl::Status Commit(const Operation& op) override;
+  absl::Status Commit(Operation& op) override;
   absl::Status Finalize(const Operation&) override { return absl::OkStatus(); }
 
  private:
@@ -92,7 +92,7 @@ class ServedMemoryLoadKind final : public OperationKindHandler {
       : catalog_(catalog), memory_loads_(memory_loads), defaults_(defaults) {}
 
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
-  absl::Status Commit(const Operation& op) override { return memory_loads_->Commit(op); }
+  absl::Status Commit(Operation& op) override { return memory_loads_->Commit(op); }
   absl::Status Finalize(const Operation& op) override { return memory_loads_->Finalize(op); }
 
  private:

@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "sharding/coverage.h"
 #include "storage/file_util.h"
+#include "storage/manifest_file.h"
 #include "storage/overwrite_guard.h"
 #include "storage/safetensors.h"
 
@@ -387,15 +388,34 @@ pb::Manifest BuildManifest(const std::vector<TensorMeta>& tensors, WrittenData&&
 
 absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string& path,
                               const pb::Manifest& manifest, const WriteOptions& options) {
+  CKPT_RETURN_IF_ERROR(CheckCheckpointName(WithoutTrailingSlashes(path)));
+  if (!options.manifest_validated) CKPT_RETURN_IF_ERROR(ValidateManifest(manifest));
+  return CommitStreamedCheckpoint(
+      staging_dir, path,
+      [&](google::protobuf::io::CodedOutputStream* out) {
+        if (!manifest.SerializeToCodedStream(out)) {
+          return absl::InvalidArgumentError(absl::StrCat("cannot serialize the manifest of ", path,
+                                                         " (larger than protobuf's 2 GiB?)"));
+        }
+        return absl::OkStatus();
+      },
+      options);
+}
+
+absl::Status CommitStreamedCheckpoint(const std::string& staging_dir, const std::string& path,
+                                      ManifestSerializer serialize, const WriteOptions& options) {
   const std::string final_path = WithoutTrailingSlashes(path);
   CKPT_RETURN_IF_ERROR(CheckCheckpointName(final_path));
-  if (!options.manifest_validated) CKPT_RETURN_IF_ERROR(ValidateManifest(manifest));
   CKPT_RETURN_IF_ERROR(FsyncDir(JoinPath(staging_dir, "data")));
   CKPT_RETURN_IF_ERROR(FsyncDir(staging_dir));
   Step(options, CommitStep::kStagingDirSynced);
 
   const std::string tmp = JoinPath(staging_dir, kManifestTempName);
-  CKPT_RETURN_IF_ERROR(WriteFileDurably(tmp, SerializeManifest(manifest)));
+  // Streamed into the file: a manifest of millions of pieces is never one string in memory.
+  if (absl::Status written = WriteManifestDurably(tmp, serialize); !written.ok()) {
+    ::unlink(tmp.c_str());
+    return written;
+  }
   Step(options, CommitStep::kManifestTempWritten);
   const std::string final_manifest = JoinPath(staging_dir, kManifestName);
   if (::rename(tmp.c_str(), final_manifest.c_str()) != 0) {

@@ -22,6 +22,7 @@
 #include "sharding/tensor_meta.h"
 #include "storage/io_engine.h"
 #include "storage/manifest_codec.h"
+#include "storage/manifest_file.h"
 
 namespace ckpt {
 
@@ -149,6 +150,13 @@ pb::Manifest BuildManifest(const std::vector<TensorMeta>& tensors, WrittenData&&
 // nothing removed.
 absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string& final_path,
                               const pb::Manifest& manifest, const WriteOptions& options);
+
+// CommitCheckpoint for a manifest that is never whole in memory: `serialize` streams its bytes
+// into manifest.pb.tmp (storage/manifest_file.h) and checks it as it goes (e.g. with
+// ManifestValidator: the commit itself validates nothing). Its error ends the commit before
+// the manifest is renamed into place; the partial temporary file is removed.
+absl::Status CommitStreamedCheckpoint(const std::string& staging_dir, const std::string& final_path,
+                                      ManifestSerializer serialize, const WriteOptions& options);
 
 // Splits pieces into `num_files` data files of roughly equal bytes (largest first, each to the
 // lightest file), all written by `writer_rank`. Empty files are dropped.

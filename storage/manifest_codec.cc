@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -64,125 +65,33 @@ std::string DescribePiece(const pb::StoredPiece& piece) {
 
 namespace {
 
-// The tensors of a manifest being validated: key -> index into the manifest's tensors, with
-// each tensor's dtype.
-struct TensorTable {
-  absl::flat_hash_map<absl::string_view, int> index;
-  std::vector<DType> dtype;
-};
-// Data file name -> index into the manifest's files.
-using FileTable = absl::flat_hash_map<absl::string_view, int>;
-
 absl::Span<const int64_t> ShapeOf(const pb::TensorMeta& t) {
   return absl::MakeConstSpan(t.global_shape().data(), t.global_shape_size());
 }
 
-absl::Status CollectTensors(const pb::Manifest& m, TensorTable* tensors) {
-  tensors->index.reserve(m.tensors_size());
-  for (int i = 0; i < m.tensors_size(); ++i) {
-    const pb::TensorMeta& t = m.tensors(i);
-    if (t.key().empty()) return ManifestError("a tensor has an empty key");
-    auto dtype = DTypeFromProto(t.dtype());
-    if (!dtype.ok()) {
-      return ManifestError(absl::StrCat("tensor \"", t.key(), "\": ", dtype.status().message()));
-    }
-    auto n = CheckedNumElements(ShapeOf(t));
-    if (!n.ok()) {
-      return ManifestError(absl::StrCat("tensor \"", t.key(), "\": ", n.status().message()));
-    }
-    if (!tensors->index.try_emplace(t.key(), i).second) {
-      return ManifestError(absl::StrCat("tensor \"", t.key(), "\" is listed twice"));
-    }
-    tensors->dtype.push_back(*dtype);
+// "piece i (tensor ... in file): what".
+absl::Status PieceError(int i, const pb::StoredPiece& p, absl::string_view what) {
+  return ManifestError(absl::StrCat("piece ", i, " (", DescribePiece(p), "): ", what));
+}
+
+}  // namespace
+
+absl::Status CheckStoredPieceChecksums(int i, const pb::StoredPiece& p) {
+  if (p.block_xxh3_size() > 0 &&
+      p.xxh3_64() != CombineBlockHashes({p.block_xxh3().begin(), p.block_xxh3().end()})) {
+    return PieceError(i, p, "its checksum does not match its block checksums");
   }
   return absl::OkStatus();
 }
 
-absl::Status CollectFiles(const pb::Manifest& m, FileTable* files) {
-  files->reserve(m.files_size());
-  for (int i = 0; i < m.files_size(); ++i) {
-    const pb::DataFile& f = m.files(i);
-    CKPT_RETURN_IF_ERROR(ValidateDataFileName(f.name()));
-    if (f.data_start() < 8 || f.data_start() % kSafetensorsDataAlignment != 0 ||
-        f.size_bytes() < f.data_start()) {
-      return ManifestError(absl::StrCat("data file ", f.name(), " has data start ", f.data_start(),
-                                        " and size ", f.size_bytes()));
-    }
-    if (!files->try_emplace(f.name(), i).second) {
-      return ManifestError(absl::StrCat("data file ", f.name(), " is listed twice"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Piece i on its own: known tensor and file, valid region, byte length and range, entry name,
-// block checksums. Returns its tensor's index, its region and its file's index.
-absl::Status CheckPiece(const pb::Manifest& m, int i, const TensorTable& tensors,
-                        const FileTable& files, int* tensor, Region* region, int* file_index) {
-  const pb::StoredPiece& p = m.pieces(i);
-  auto err = [&](absl::string_view what) {
-    return ManifestError(absl::StrCat("piece ", i, " (", DescribePiece(p), "): ", what));
-  };
-  auto t = tensors.index.find(p.key());
-  if (t == tensors.index.end()) return err("its tensor is not listed");
-  *tensor = t->second;
-  absl::StatusOr<Region> converted = RegionFromProto(p.region());
-  if (!converted.ok()) return err(converted.status().message());
-  *region = *std::move(converted);
-  absl::Status valid = ValidateRegion(*region, ShapeOf(m.tensors(t->second)));
-  if (!valid.ok()) return err(valid.message());
-  const DType dtype = tensors.dtype[t->second];
-  const int64_t elem = DTypeSize(dtype);
-  const int64_t n = region->NumElements();
-  if (n > std::numeric_limits<int64_t>::max() / elem || p.byte_length() != n * elem) {
-    return err(absl::StrCat("byte length ", p.byte_length(), " is not ", n, " elements of ",
-                            DTypeName(dtype)));
-  }
-  auto f = files.find(p.file());
-  if (f == files.end()) return err("its data file is not listed");
-  *file_index = f->second;
-  const pb::DataFile& file = m.files(f->second);
-  if (p.byte_offset() < file.data_start() || p.byte_offset() > file.size_bytes() ||
-      p.byte_length() > file.size_bytes() - p.byte_offset()) {
-    return err(absl::StrCat("bytes [", p.byte_offset(), ", +", p.byte_length(),
-                            ") lie outside the data section [", file.data_start(), ", ",
-                            file.size_bytes(), ")"));
-  }
-  const std::string want_name = EncodeEntryName(p.key(), *region);
-  if (p.entry_name() != want_name) {
-    return err(absl::StrCat("entry name \"", p.entry_name(), "\" should be \"", want_name, "\""));
-  }
-  const int64_t block = m.checksum_block_bytes();
-  const int64_t want_blocks =
-      (block > 0 && p.byte_length() > block) ? (p.byte_length() + block - 1) / block : 0;
-  CKPT_RETURN_IF_ERROR(CheckPieceChecksums(m, i));
-  if (p.block_xxh3_size() != want_blocks) {
-    return err(
-        absl::StrCat("has ", p.block_xxh3_size(), " block checksums, expected ", want_blocks));
-  }
-  return absl::OkStatus();
-}
-
-// No two pieces share bytes of a data file: ranges are (file index, begin, end, piece index).
-absl::Status CheckByteRangesDisjoint(const pb::Manifest& m,
-                                     std::vector<std::tuple<int, int64_t, int64_t, int>> ranges) {
-  std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    const auto& [file, begin, end, index] = ranges[i];
-    const auto& [pfile, pbegin, pend, pindex] = ranges[i - 1];
-    if (file == pfile && begin < pend) {
-      return ManifestError(absl::StrCat("pieces ", pindex, " (", DescribePiece(m.pieces(pindex)),
-                                        ") and ", index, " (", DescribePiece(m.pieces(index)),
-                                        ") overlap in bytes"));
-    }
-  }
-  return absl::OkStatus();
-}
+namespace {
 
 // Every tensor's pieces tile it exactly (sharding/coverage.h), in manifest order.
-// `tensor_of[i]` and `regions[i]` are piece i's tensor index and region.
-absl::Status CheckCoverageOfEachTensor(const pb::Manifest& m, const std::vector<int>& tensor_of,
-                                       std::vector<Region> regions) {
+// `tensor_of[i]` and `regions[i]` are piece i's tensor index and region; `describe(i, region)`
+// names piece i in errors.
+absl::Status CheckCoverageOfEachTensor(
+    const pb::Manifest& m, const std::vector<int>& tensor_of, std::vector<Region> regions,
+    const std::function<std::string(int, const Region&)>& describe) {
   // Pieces grouped by tensor (a counting sort), each group's regions contiguous.
   const int num_tensors = m.tensors_size();
   std::vector<int> start(num_tensors + 1, 0);
@@ -207,7 +116,7 @@ absl::Status CheckCoverageOfEachTensor(const pb::Manifest& m, const std::vector<
     }
     if (fault->has_value()) {
       return ManifestError(DescribeCoverageFault(meta.key(), ShapeOf(meta), **fault, [&](int p) {
-        return DescribePiece(m.pieces(order[start[t] + p]));
+        return describe(order[start[t] + p], grouped[start[t] + p]);
       }));
     }
   }
@@ -216,48 +125,168 @@ absl::Status CheckCoverageOfEachTensor(const pb::Manifest& m, const std::vector<
 
 }  // namespace
 
-absl::Status ValidateManifest(const pb::Manifest& m) {
-  if (m.format_version() != kManifestFormatVersion) {
+absl::Status ManifestValidator::Start(const pb::Manifest& head) {
+  head_ = &head;
+  if (head.format_version() != kManifestFormatVersion) {
     return absl::UnimplementedError(
-        absl::StrCat("unknown manifest format version ", m.format_version(),
+        absl::StrCat("unknown manifest format version ", head.format_version(),
                      " (this reader supports version ", kManifestFormatVersion, ")"));
   }
-  TensorTable tensors;
-  CKPT_RETURN_IF_ERROR(CollectTensors(m, &tensors));
-  FileTable files;
-  CKPT_RETURN_IF_ERROR(CollectFiles(m, &files));
-  const int64_t block = m.checksum_block_bytes();
+  CKPT_RETURN_IF_ERROR(CollectTensors());
+  CKPT_RETURN_IF_ERROR(CollectFiles());
+  const int64_t block = head.checksum_block_bytes();
   if (block < 0 || (block > 0 && block < 4096)) {
     return ManifestError(absl::StrCat("checksum block size ", block, " is below 4096"));
   }
-  std::vector<std::tuple<int, int64_t, int64_t, int>> ranges;
-  ranges.reserve(m.pieces_size());
-  std::vector<int> tensor_of(m.pieces_size());
-  std::vector<Region> regions(m.pieces_size());
-  // Each (key, region) once: two pieces with elements in common fail the coverage check
-  // below, which names both; pieces without elements are checked here.
-  absl::flat_hash_set<absl::string_view> empty_pieces;
-  for (int i = 0; i < m.pieces_size(); ++i) {
-    const pb::StoredPiece& p = m.pieces(i);
-    int file = 0;
-    CKPT_RETURN_IF_ERROR(CheckPiece(m, i, tensors, files, &tensor_of[i], &regions[i], &file));
-    if (p.byte_length() == 0 && !empty_pieces.insert(p.entry_name()).second) {
-      return ManifestError(absl::StrCat("piece ", i, " (", DescribePiece(p), "): is stored twice"));
+  return absl::OkStatus();
+}
+
+absl::Status ManifestValidator::CollectTensors() {
+  tensor_index_.reserve(head_->tensors_size());
+  for (int i = 0; i < head_->tensors_size(); ++i) {
+    const pb::TensorMeta& t = head_->tensors(i);
+    if (t.key().empty()) return ManifestError("a tensor has an empty key");
+    auto dtype = DTypeFromProto(t.dtype());
+    if (!dtype.ok()) {
+      return ManifestError(absl::StrCat("tensor \"", t.key(), "\": ", dtype.status().message()));
     }
-    ranges.emplace_back(file, p.byte_offset(), p.byte_offset() + p.byte_length(), i);
+    auto n = CheckedNumElements(ShapeOf(t));
+    if (!n.ok()) {
+      return ManifestError(absl::StrCat("tensor \"", t.key(), "\": ", n.status().message()));
+    }
+    if (!tensor_index_.try_emplace(t.key(), i).second) {
+      return ManifestError(absl::StrCat("tensor \"", t.key(), "\" is listed twice"));
+    }
+    dtypes_.push_back(*dtype);
   }
-  CKPT_RETURN_IF_ERROR(CheckByteRangesDisjoint(m, std::move(ranges)));
-  return CheckCoverageOfEachTensor(m, tensor_of, std::move(regions));
+  return absl::OkStatus();
+}
+
+absl::Status ManifestValidator::CollectFiles() {
+  file_index_.reserve(head_->files_size());
+  for (int i = 0; i < head_->files_size(); ++i) {
+    const pb::DataFile& f = head_->files(i);
+    CKPT_RETURN_IF_ERROR(ValidateDataFileName(f.name()));
+    if (f.data_start() < 8 || f.data_start() % kSafetensorsDataAlignment != 0 ||
+        f.size_bytes() < f.data_start()) {
+      return ManifestError(absl::StrCat("data file ", f.name(), " has data start ", f.data_start(),
+                                        " and size ", f.size_bytes()));
+    }
+    if (!file_index_.try_emplace(f.name(), i).second) {
+      return ManifestError(absl::StrCat("data file ", f.name(), " is listed twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ManifestValidator::CheckPiece(int i, const pb::StoredPiece& p, int* tensor,
+                                           Region* region, int* file_index) const {
+  auto t = tensor_index_.find(p.key());
+  if (t == tensor_index_.end()) return PieceError(i, p, "its tensor is not listed");
+  *tensor = t->second;
+  absl::StatusOr<Region> converted = RegionFromProto(p.region());
+  if (!converted.ok()) return PieceError(i, p, converted.status().message());
+  *region = *std::move(converted);
+  absl::Status valid = ValidateRegion(*region, ShapeOf(head_->tensors(t->second)));
+  if (!valid.ok()) return PieceError(i, p, valid.message());
+  const DType dtype = dtypes_[t->second];
+  const int64_t elem = DTypeSize(dtype);
+  const int64_t n = region->NumElements();
+  if (n > std::numeric_limits<int64_t>::max() / elem || p.byte_length() != n * elem) {
+    return PieceError(i, p,
+                      absl::StrCat("byte length ", p.byte_length(), " is not ", n, " elements of ",
+                                   DTypeName(dtype)));
+  }
+  auto f = file_index_.find(p.file());
+  if (f == file_index_.end()) return PieceError(i, p, "its data file is not listed");
+  *file_index = f->second;
+  const pb::DataFile& file = head_->files(f->second);
+  if (p.byte_offset() < file.data_start() || p.byte_offset() > file.size_bytes() ||
+      p.byte_length() > file.size_bytes() - p.byte_offset()) {
+    return PieceError(i, p,
+                      absl::StrCat("bytes [", p.byte_offset(), ", +", p.byte_length(),
+                                   ") lie outside the data section [", file.data_start(), ", ",
+                                   file.size_bytes(), ")"));
+  }
+  const std::string want_name = EncodeEntryName(p.key(), *region);
+  if (p.entry_name() != want_name) {
+    return PieceError(
+        i, p, absl::StrCat("entry name \"", p.entry_name(), "\" should be \"", want_name, "\""));
+  }
+  const int64_t block = head_->checksum_block_bytes();
+  const int64_t want_blocks =
+      (block > 0 && p.byte_length() > block) ? (p.byte_length() + block - 1) / block : 0;
+  CKPT_RETURN_IF_ERROR(CheckStoredPieceChecksums(i, p));
+  if (p.block_xxh3_size() != want_blocks) {
+    return PieceError(
+        i, p,
+        absl::StrCat("has ", p.block_xxh3_size(), " block checksums, expected ", want_blocks));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ManifestValidator::AddPiece(const pb::StoredPiece& p) {
+  const int i = static_cast<int>(tensor_of_.size());
+  int tensor = 0, file = 0;
+  Region region;
+  CKPT_RETURN_IF_ERROR(CheckPiece(i, p, &tensor, &region, &file));
+  // Each (key, region) once: two pieces with elements in common fail the coverage check,
+  // which names both; pieces without elements are checked here.
+  if (p.byte_length() == 0 && !empty_pieces_.insert(p.entry_name()).second) {
+    return PieceError(i, p, "is stored twice");
+  }
+  tensor_of_.push_back(tensor);
+  file_of_.push_back(file);
+  regions_.push_back(std::move(region));
+  ranges_.emplace_back(file, p.byte_offset(), p.byte_offset() + p.byte_length(), i);
+  return absl::OkStatus();
+}
+
+// "tensor "key" region R in file" of piece i, as DescribePiece says it.
+std::string ManifestValidator::Describe(int i, const Region& region) const {
+  return absl::StrCat("tensor \"", head_->tensors(tensor_of_[i]).key(), "\" region ",
+                      region.DebugString(), " in ", head_->files(file_of_[i]).name());
+}
+
+absl::Status ManifestValidator::CheckByteRangesDisjoint() {
+  std::sort(ranges_.begin(), ranges_.end());
+  for (size_t i = 1; i < ranges_.size(); ++i) {
+    const auto& [file, begin, end, index] = ranges_[i];
+    const auto& [pfile, pbegin, pend, pindex] = ranges_[i - 1];
+    if (file == pfile && begin < pend) {
+      return ManifestError(absl::StrCat("pieces ", pindex, " (", Describe(pindex, regions_[pindex]),
+                                        ") and ", index, " (", Describe(index, regions_[index]),
+                                        ") overlap in bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ManifestValidator::Finish() {
+  CKPT_RETURN_IF_ERROR(CheckByteRangesDisjoint());
+  std::vector<std::tuple<int, int64_t, int64_t, int>>().swap(ranges_);
+  return CheckCoverageOfEachTensor(
+      *head_, tensor_of_, std::move(regions_),
+      [&](int i, const Region& region) { return Describe(i, region); });
+}
+
+absl::Status ValidateManifest(const pb::Manifest& m) {
+  ManifestValidator validator;
+  CKPT_RETURN_IF_ERROR(validator.Start(m));
+  validator.Reserve(m.pieces_size());
+  for (const pb::StoredPiece& p : m.pieces()) CKPT_RETURN_IF_ERROR(validator.AddPiece(p));
+  return validator.Finish();
+}
+
+void ManifestValidator::Reserve(int num_pieces) {
+  tensor_of_.reserve(num_pieces);
+  file_of_.reserve(num_pieces);
+  regions_.reserve(num_pieces);
+  ranges_.reserve(num_pieces);
 }
 
 absl::Status CheckPieceChecksums(const pb::Manifest& m, int i) {
-  const pb::StoredPiece& p = m.pieces(i);
-  if (p.block_xxh3_size() > 0 &&
-      p.xxh3_64() != CombineBlockHashes({p.block_xxh3().begin(), p.block_xxh3().end()})) {
-    return ManifestError(absl::StrCat("piece ", i, " (", DescribePiece(p),
-                                      "): its checksum does not match its block checksums"));
-  }
-  return absl::OkStatus();
+  return CheckStoredPieceChecksums(i, m.pieces(i));
 }
 
 namespace {
@@ -294,26 +323,45 @@ class ShapeHasher {
 
 }  // namespace
 
-ManifestShape ManifestShapeOf(const pb::Manifest& m) {
+struct PieceShapeHasher::State {
+  ShapeHasher hasher;
+};
+
+PieceShapeHasher::PieceShapeHasher() : state_(std::make_unique<State>()) {}
+PieceShapeHasher::~PieceShapeHasher() = default;
+
+void PieceShapeHasher::Add(const pb::StoredPiece& p) {
+  ShapeHasher& h = state_->hasher;
+  h.Bytes(p.key());
+  h.Message(p.region());
+  h.Bytes(p.file());
+  h.Bytes(p.entry_name());
+  h.Int(p.byte_offset());
+  h.Int(p.byte_length());
+  h.Int(p.writer_rank());
+  h.Int(p.block_xxh3_size());
+  ++count_;
+}
+
+ManifestShape PieceShapeHasher::Of(const pb::Manifest& head) {
+  const ManifestShape pieces = state_->hasher.Digest();
   ShapeHasher h;
-  h.Int(m.format_version());
-  h.Int(m.checksum_block_bytes());
-  h.Int(m.tensors_size());
-  for (const pb::TensorMeta& t : m.tensors()) h.Message(t);
-  h.Int(m.files_size());
-  for (const pb::DataFile& f : m.files()) h.Message(f);
-  h.Int(m.pieces_size());
-  for (const pb::StoredPiece& p : m.pieces()) {
-    h.Bytes(p.key());
-    h.Message(p.region());
-    h.Bytes(p.file());
-    h.Bytes(p.entry_name());
-    h.Int(p.byte_offset());
-    h.Int(p.byte_length());
-    h.Int(p.writer_rank());
-    h.Int(p.block_xxh3_size());
-  }
+  h.Int(head.format_version());
+  h.Int(head.checksum_block_bytes());
+  h.Int(head.tensors_size());
+  for (const pb::TensorMeta& t : head.tensors()) h.Message(t);
+  h.Int(head.files_size());
+  for (const pb::DataFile& f : head.files()) h.Message(f);
+  h.Int(count_);
+  h.Int(static_cast<int64_t>(pieces.low));
+  h.Int(static_cast<int64_t>(pieces.high));
   return h.Digest();
+}
+
+ManifestShape ManifestShapeOf(const pb::Manifest& m) {
+  PieceShapeHasher pieces;
+  for (const pb::StoredPiece& p : m.pieces()) pieces.Add(p);
+  return pieces.Of(m);
 }
 
 absl::StatusOr<pb::Manifest> ParseManifest(absl::string_view bytes, absl::string_view path) {

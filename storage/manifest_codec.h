@@ -4,10 +4,13 @@
 #define CKPT_STORAGE_MANIFEST_CODEC_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -49,13 +52,50 @@ absl::Status ValidateDataFileName(absl::string_view name);
 // missing), so every reader of a validated manifest can rely on exact coverage.
 absl::Status ValidateManifest(const pb::Manifest& manifest);
 
+// ValidateManifest in parts, for a manifest whose pieces are never all in memory at once (a
+// commit streaming them into the file): Start with the manifest's head (its format version,
+// checksum block size, tensors and data files; its pieces are ignored), AddPiece for each
+// piece in manifest order, then Finish for the checks across pieces (no shared bytes, exact
+// coverage of each tensor). ValidateManifest is exactly this over a whole manifest: the same
+// checks, in the same order, with the same messages. Keeps per piece only its tensor, file,
+// byte range and region. `head` must outlive the validator; call each step once per piece,
+// and none after an error.
+class ManifestValidator {
+ public:
+  absl::Status Start(const pb::Manifest& head);
+  // Room for `num_pieces` pieces (an optimization).
+  void Reserve(int num_pieces);
+  absl::Status AddPiece(const pb::StoredPiece& piece);
+  absl::Status Finish();
+
+ private:
+  absl::Status CollectTensors();
+  absl::Status CollectFiles();
+  absl::Status CheckPiece(int i, const pb::StoredPiece& p, int* tensor, Region* region,
+                          int* file_index) const;
+  absl::Status CheckByteRangesDisjoint();
+  std::string Describe(int i, const Region& region) const;
+
+  const pb::Manifest* head_ = nullptr;
+  absl::flat_hash_map<absl::string_view, int> tensor_index_;  // key -> index in head's tensors
+  std::vector<DType> dtypes_;                                 // by tensor index
+  absl::flat_hash_map<absl::string_view, int> file_index_;    // name -> index in head's files
+  // Per piece added: its tensor, file and region, and (file, begin, end, piece) of its bytes.
+  std::vector<int> tensor_of_;
+  std::vector<int> file_of_;
+  std::vector<Region> regions_;
+  std::vector<std::tuple<int, int64_t, int64_t, int>> ranges_;
+  absl::flat_hash_set<std::string> empty_pieces_;  // entry names of pieces without elements
+};
+
 // 128 bits of XXH3 over everything ValidateManifest checks except each piece's own checksum
 // values: the format version, the checksum block size, the tensors and data files, and each
 // piece's key, region, file, byte range, entry name, writer and number of block checksums, in
 // manifest order (not the step, time, metadata or saved layout). Two manifests with the same
 // shape whose pieces each pass CheckPieceChecksums are valid or invalid together, so a writer
 // that validated one may skip ValidateManifest for the next (e.g. a repeat save of an
-// unchanged layout). Any field ValidateManifest reads must be hashed here.
+// unchanged layout). Any field ValidateManifest reads must be hashed here. A digest compared
+// within one process, never stored.
 struct ManifestShape {
   uint64_t low = 0;
   uint64_t high = 0;
@@ -64,9 +104,30 @@ struct ManifestShape {
 };
 ManifestShape ManifestShapeOf(const pb::Manifest& manifest);
 
+// ManifestShapeOf in parts, for pieces streamed one at a time: Add each piece in manifest
+// order, then Of(head) gives the shape of `head` (its pieces ignored) with these pieces.
+class PieceShapeHasher {
+ public:
+  PieceShapeHasher();
+  ~PieceShapeHasher();
+  PieceShapeHasher(const PieceShapeHasher&) = delete;
+  PieceShapeHasher& operator=(const PieceShapeHasher&) = delete;
+
+  void Add(const pb::StoredPiece& piece);
+  // Call once, after the last Add.
+  ManifestShape Of(const pb::Manifest& head);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  int64_t count_ = 0;
+};
+
 // What ValidateManifest checks of piece i that ManifestShapeOf leaves out: its block
 // checksums, when it has any, combine to its checksum. DataLoss naming the piece.
 absl::Status CheckPieceChecksums(const pb::Manifest& manifest, int i);
+// The same for a piece streamed on its own, `i` its index in the manifest (for the message).
+absl::Status CheckStoredPieceChecksums(int i, const pb::StoredPiece& piece);
 
 // Parses (then validates) manifest bytes read from `path` (named in errors).
 absl::StatusOr<pb::Manifest> ParseManifest(absl::string_view bytes, absl::string_view path);
