@@ -37,8 +37,14 @@ absl::StatusOr<pb::SavePlanPart*> WriterPart(const WriterPlan& writer, const Ran
       pb::PlanPiece* p = f->add_pieces();
       p->set_key(piece.key);
       p->set_dtype(DTypeToProto(piece.dtype));
-      for (int64_t d : piece.global_shape) p->add_global_shape(d);
-      *p->mutable_region() = RegionToProto(piece.region);
+      p->mutable_global_shape()->Add(piece.global_shape.begin(), piece.global_shape.end());
+      pb::Region* region = p->mutable_region();  // in place (on the arena), not copied
+      region->mutable_offsets()->Add(piece.region.offsets.begin(), piece.region.offsets.end());
+      region->mutable_lengths()->Add(piece.region.lengths.begin(), piece.region.lengths.end());
+      if (piece.region.flat) {
+        region->mutable_flat()->set_start(piece.region.flat->start);
+        region->mutable_flat()->set_stop(piece.region.flat->stop);
+      }
       p->set_size_bytes(piece.size_bytes);
       p->set_local_index(static_cast<int32_t>(piece.source_index));
     }

@@ -349,6 +349,11 @@ absl::StatusOr<Chains> ChainReferences(const Classes& c) {
   Chains out;
   std::vector<int32_t> by_canon(c.canon.size(), -1);
   absl::flat_hash_map<std::tuple<int32_t, int64_t, int64_t>, int32_t> by_flat;
+  int64_t flat_refs = 0;  // the index's size, nearly (growing it rehashed ~2x its entries)
+  for (size_t r = 0; r < c.ranks.size(); ++r) {
+    if (c.list_of_rank[r] >= 0) flat_refs += c.ranks[r]->list()->flat_pieces;
+  }
+  by_flat.reserve(flat_refs);
   out.shard_of_ref.reserve(c.ref_begin.back());
   for (size_t r = 0; r < c.ranks.size(); ++r) {
     if (c.list_of_rank[r] < 0) continue;
@@ -396,9 +401,32 @@ PieceId IdOfShard(const Classes& c, const ShardInfo& shard) {
 
 using Writes = std::vector<std::pair<int64_t, int32_t>>;  // (writer, the writer's own piece)
 
+// Appends shard `shard` (with holder list `holder_list`) to `input`, its key and offsets read
+// from its first reference's template in place.
+void AddCompactShard(const Classes& c, const ShardInfo& shard, int32_t holder_list,
+                     CompactDistributionInput* input) {
+  const ListInfo& list = c.lists[c.list_of_rank[shard.first_rank]];
+  const std::vector<int64_t>& offsets = list.pieces[shard.first_piece].region.offsets;
+  CompactDistributionInput::Shard out;
+  out.size_bytes = shard.size;
+  out.offsets_start = static_cast<int64_t>(input->offsets.size());
+  out.num_offsets = static_cast<int32_t>(offsets.size());
+  input->offsets.insert(input->offsets.end(), offsets.begin(), offsets.end());
+  out.key = list.key_of[shard.first_piece];
+  out.holder_list = holder_list;
+  const RankPieces& own = *c.ranks[shard.first_rank];
+  if (own.has_flat(shard.first_piece)) {
+    out.flat = static_cast<int32_t>(input->flats.size());
+    input->flats.push_back(
+        FlatRange{own.flat_start(shard.first_piece), own.flat_stop(shard.first_piece)});
+  }
+  input->shards.push_back(out);
+}
+
 // Megatron's save distribution over all ranks (BuildSavePlan's WritesOverAllRanks): shards
 // with a main replica in order of first occurrence, holders in input order; holder lists
-// equal between shards are given once.
+// equal between shards are given once. Built in the distributor's compact form (keys interned,
+// offsets, flat ranges and holders in shared arrays): nothing is allocated per shard.
 absl::StatusOr<Writes> WritesOverAllRanks(const Classes& c, const Chains& chains,
                                           int64_t num_ranks) {
   Writes writes;
@@ -415,11 +443,13 @@ absl::StatusOr<Writes> WritesOverAllRanks(const Classes& c, const Chains& chains
     return absl::InvalidArgumentError(absl::StrCat(
         "group of ", num_ranks, " ranks is more than the limit of ", kMaxWorldSize, " ranks"));
   }
-  DistributionInput input;
+  CompactDistributionInput input;
   input.num_ranks = num_ranks;
-  absl::flat_hash_map<std::vector<int64_t>, int32_t> list_of_holders;
+  for (absl::string_view key : c.keys) input.keys.emplace_back(key.data(), key.size());
+  input.shards.reserve(chains.shards.size());
+  absl::flat_hash_map<std::vector<int32_t>, int32_t> list_of_holders;
   std::vector<int32_t> shard_of_input;
-  std::vector<int64_t> holders;
+  std::vector<int32_t> holders;
   for (size_t s = 0; s < chains.shards.size(); ++s) {
     const ShardInfo& shard = chains.shards[s];
     if (!shard.has_main) continue;
@@ -427,10 +457,13 @@ absl::StatusOr<Writes> WritesOverAllRanks(const Classes& c, const Chains& chains
     for (int64_t h = 0; h < shard.holder_count; ++h) {
       holders.push_back(chains.holders[shard.holder_begin + h].first);
     }
-    auto [it, inserted] =
-        list_of_holders.try_emplace(holders, static_cast<int32_t>(input.holder_lists.size()));
-    if (inserted) input.holder_lists.push_back(holders);
-    input.shards.push_back(DistributablePiece{IdOfShard(c, shard), shard.size, it->second});
+    const int32_t lists = static_cast<int32_t>(input.list_start.size()) - 1;
+    auto [it, inserted] = list_of_holders.try_emplace(holders, lists);
+    if (inserted) {
+      input.holders.insert(input.holders.end(), holders.begin(), holders.end());
+      input.list_start.push_back(static_cast<int64_t>(input.holders.size()));
+    }
+    AddCompactShard(c, shard, it->second, &input);
     shard_of_input.push_back(static_cast<int32_t>(s));
   }
   CKPT_ASSIGN_OR_RETURN(std::vector<ShardAssignment> assignment, DistributeShardsToRanks(input));
