@@ -103,12 +103,11 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
       if (e.serving) item.set_serving_source(e.serving_source);
       if (op->phase == Phase::kExecuting && e.has_plan && !e.result.has_value() &&
           plans_sent_.insert({op->id, r}).second) {
-        item.set_plan_part(e.plan_part);
-        pending_.push_back(std::move(item));
+        pending_.push_back(Queued{std::move(item), e.plan_part});
       } else if (op->phase == Phase::kAborted && op->finished >= started_ &&
                  aborts_sent_.insert({op->id, r}).second) {
         *item.mutable_abort() = ToDetail(op->status);
-        pending_.push_back(std::move(item));
+        pending_.push_back(Queued{std::move(item), {}});
       }
     }
   }
@@ -119,7 +118,7 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
     for (PersistItem& p : service_->persist_->ItemsFor(worker_id_, persist_sent_)) {
       persist_sent_.insert(p.key);
       p.item.set_incarnation(service_->incarnation_);
-      pending_.push_back(std::move(p.item));
+      pending_.push_back(Queued{std::move(p.item), {}});
     }
   }
 
@@ -133,7 +132,7 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
       item.set_rank(-1);
       item.set_path(absl::StrCat("mem://", r.record.name()));
       *item.mutable_memory_record() = std::move(r.record);
-      pending_.push_back(std::move(item));
+      pending_.push_back(Queued{std::move(item), {}});
     }
   }
 
@@ -148,7 +147,12 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
     if (writing_ || finished_) return;
     if (!pending_.empty()) {
       writing_ = true;
-      StartWrite(&pending_.front());
+      Queued& next = pending_.front();
+      // The part's bytes are copied into the item only now: queuing every rank's part at once
+      // (all workers' streams when a plan is set) held a whole copy of the plan.
+      if (!next.part.empty()) next.item.set_plan_part(next.part.Bytes());
+      next.part = PlanPartBytes();
+      StartWrite(&next.item);
     } else if (finish_requested_) {
       finished_ = true;
       Finish(final_status_);
@@ -165,6 +169,12 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
     WriteNext();
   }
 
+  // An item to write, and the plan part it carries (shared with the operation until written).
+  struct Queued {
+    pb::WorkItem item;
+    PlanPartBytes part;
+  };
+
   CoordinatorService* const service_;
   const std::string worker_id_;
   const absl::Time started_;
@@ -174,7 +184,7 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
   std::set<std::pair<std::string, int>> aborts_sent_;  // (operation, rank)
   std::set<std::string> persist_sent_;                 // PersistItem keys
   std::set<std::string> records_sent_;                 // RecordItem keys
-  std::deque<pb::WorkItem> pending_;                   // front: in flight while writing_
+  std::deque<Queued> pending_;                         // front: in flight while writing_
   bool writing_ = false;
   bool finish_requested_ = false;
   bool finished_ = false;

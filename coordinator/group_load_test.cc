@@ -59,7 +59,8 @@ std::vector<pb::LoadPlanPart> Plan(const Operation& op, pb::LoadAlgorithm algori
   absl::StatusOr<std::vector<RankPlan>> plans = PlanExchangeLoad(op, options);
   EXPECT_TRUE(plans.ok()) << plans.status();
   std::vector<pb::LoadPlanPart> parts(plans.ok() ? plans->size() : 0);
-  for (size_t r = 0; r < parts.size(); ++r) EXPECT_TRUE(parts[r].ParseFromString((*plans)[r].part));
+  for (size_t r = 0; r < parts.size(); ++r)
+    EXPECT_TRUE(parts[r].ParseFromString((*plans)[r].part.Bytes()));
   return parts;
 }
 

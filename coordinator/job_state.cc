@@ -555,15 +555,15 @@ absl::StatusOr<Operation> JobState::LendGathered(absl::string_view operation_id)
   Operation* op = MutableOperation(operation_id);
   if (op == nullptr) return UnknownOperation(operation_id);
   std::vector<RankEntry> bulky(op->ranks.size());
-  std::vector<std::string> parts(op->ranks.size());
+  std::vector<PlanPartBytes> parts(op->ranks.size());
   for (size_t r = 0; r < op->ranks.size(); ++r) {
     MoveGathered(op->ranks[r], bulky[r]);
-    parts[r].swap(op->ranks[r].plan_part);
+    std::swap(parts[r], op->ranks[r].plan_part);
   }
   Operation lent = *op;  // small now: no pieces, no plan parts
   for (size_t r = 0; r < op->ranks.size(); ++r) {
     MoveGathered(bulky[r], lent.ranks[r]);
-    parts[r].swap(op->ranks[r].plan_part);
+    std::swap(parts[r], op->ranks[r].plan_part);
   }
   return lent;
 }
@@ -634,9 +634,7 @@ void JobState::Finish(Operation& op, Phase final_phase) {
   std::vector<RankEntry>& released = released_.emplace_back(op.ranks.size());
   for (size_t r = 0; r < op.ranks.size(); ++r) {
     MoveGathered(op.ranks[r], released[r]);
-    released[r].plan_part = std::move(op.ranks[r].plan_part);
-    op.ranks[r].plan_part.clear();
-    op.ranks[r].plan_part.shrink_to_fit();
+    released[r].plan_part = std::exchange(op.ranks[r].plan_part, PlanPartBytes());
   }
   op.finished = op.phase_since;
   if (op.kind == OperationKind::kReshard) {

@@ -31,6 +31,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
+#include "coordinator/plan_part_bytes.h"
 #include "planner/rank_pieces.h"
 #include "proto/types.pb.h"
 
@@ -86,7 +87,7 @@ struct RankEntry {
   // no digest): a repeat save whose digests all match reuses the job's save plan.
   std::string description_digest;
   bool has_plan = false;
-  std::string plan_part;    // opaque serialized plan part for this rank's worker
+  PlanPartBytes plan_part;  // opaque serialized plan part for this rank's worker (shared)
   int64_t bytes_total = 0;  // bytes this rank moves under the plan
   int64_t bytes_done = 0;
   std::optional<absl::Status> result;  // set once the rank reported
@@ -202,7 +203,8 @@ struct RankPlan {
   RankPlan() = default;
   RankPlan(std::string part_in, int64_t bytes_in) : part(std::move(part_in)), bytes(bytes_in) {}
 
-  std::string part;
+  // The serialized part, shared with whoever else holds it (e.g. the job's kept save plan).
+  PlanPartBytes part;
   int64_t bytes = 0;
   // Plans past the world size only: the serving participant's worker (see RankEntry::serving)
   // and what it serves, for messages.

@@ -285,7 +285,7 @@ absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoadFrom(
   if (!stored.ok()) return stored.status();
   std::vector<pb::LoadPlanPart> parts(op.world_size);
   for (int r = 0; r < op.world_size; ++r) {
-    if (!parts[r].ParseFromString((*direct)[r].part)) {
+    if (!parts[r].ParseFromString((*direct)[r].part.Bytes())) {
       return absl::InternalError("direct load plan part does not parse");
     }
   }

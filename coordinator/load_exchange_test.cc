@@ -52,7 +52,7 @@ Operation ThreeRankLoad(const std::string& path) {
 std::vector<pb::LoadPlanPart> Parts(const std::vector<RankPlan>& plans) {
   std::vector<pb::LoadPlanPart> parts(plans.size());
   for (size_t r = 0; r < plans.size(); ++r) {
-    EXPECT_TRUE(parts[r].ParseFromString(plans[r].part));
+    EXPECT_TRUE(parts[r].ParseFromString(plans[r].part.Bytes()));
   }
   return parts;
 }

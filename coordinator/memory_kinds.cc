@@ -119,7 +119,7 @@ absl::StatusOr<std::vector<RankPlan>> MemorySaveKind::PlanInGroup(const Operatio
   }
   for (int r = 0; r < op.world_size; ++r) {
     pb::SavePlanPart part;
-    if (!part.ParseFromString((*plans)[r].part)) {
+    if (!part.ParseFromString((*plans)[r].part.Bytes())) {
       catalog_->Release(*name, op.id);
       return absl::InternalError("save plan part does not parse");
     }
@@ -235,7 +235,7 @@ absl::StatusOr<std::vector<RankPlan>> MemoryLoadKind::Plan(const Operation& op) 
   if (!plans.ok()) return plans.status();
   for (RankPlan& plan : *plans) {
     pb::LoadPlanPart part;
-    if (!part.ParseFromString(plan.part))
+    if (!part.ParseFromString(plan.part.Bytes()))
       return absl::InternalError("load plan part does not parse");
     part.set_memory_manifest(ManifestShareFor(manifest, part).SerializeAsString());
     plan.part = part.SerializeAsString();

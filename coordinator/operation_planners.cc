@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/group_plan.h"
+#include "google/protobuf/arena.h"
 #include "proto/convert.h"
 #include "proto/coordinator.pb.h"
 
@@ -13,14 +14,17 @@ namespace {
 
 // One writer's plan part (its files, each piece pointing at the writer's own copy: the plan's
 // source indexes are indexes into the writer's own shards).
-absl::StatusOr<pb::SavePlanPart> WriterPart(const WriterPlan& writer, const RankPieces& own,
-                                            const std::string& staging_dir) {
-  pb::SavePlanPart part;
-  part.set_rank(writer.rank);
-  part.set_staging_dir(staging_dir);
-  part.set_total_bytes(writer.total_bytes);
+// Built on `arena` (the caller's, one per writer): its ~6 allocations per planned piece were a
+// tenth of planning's CPU at 20k ranks, with their frees.
+absl::StatusOr<pb::SavePlanPart*> WriterPart(const WriterPlan& writer, const RankPieces& own,
+                                             const std::string& staging_dir,
+                                             google::protobuf::Arena* arena) {
+  auto* part = google::protobuf::Arena::CreateMessage<pb::SavePlanPart>(arena);
+  part->set_rank(writer.rank);
+  part->set_staging_dir(staging_dir);
+  part->set_total_bytes(writer.total_bytes);
   for (const PlannedFile& file : writer.files) {
-    pb::PlanFile* f = part.add_files();
+    pb::PlanFile* f = part->add_files();
     f->set_path(file.path);
     f->set_total_bytes(file.total_bytes);
     for (const PlannedPiece& piece : file.pieces) {
@@ -33,8 +37,14 @@ absl::StatusOr<pb::SavePlanPart> WriterPart(const WriterPlan& writer, const Rank
       pb::PlanPiece* p = f->add_pieces();
       p->set_key(piece.key);
       p->set_dtype(DTypeToProto(piece.dtype));
-      for (int64_t d : piece.global_shape) p->add_global_shape(d);
-      *p->mutable_region() = RegionToProto(piece.region);
+      p->mutable_global_shape()->Add(piece.global_shape.begin(), piece.global_shape.end());
+      pb::Region* region = p->mutable_region();  // in place (on the arena), not copied
+      region->mutable_offsets()->Add(piece.region.offsets.begin(), piece.region.offsets.end());
+      region->mutable_lengths()->Add(piece.region.lengths.begin(), piece.region.lengths.end());
+      if (piece.region.flat) {
+        region->mutable_flat()->set_start(piece.region.flat->start);
+        region->mutable_flat()->set_stop(piece.region.flat->stop);
+      }
       p->set_size_bytes(piece.size_bytes);
       p->set_local_index(static_cast<int32_t>(piece.source_index));
     }
@@ -65,11 +75,12 @@ absl::StatusOr<std::vector<RankPlan>> PlanSave(const Operation& op, const SavePl
       return absl::InternalError(absl::StrCat("save plan names writer rank ", writer.rank,
                                               " outside world size ", op.world_size));
     }
-    absl::StatusOr<pb::SavePlanPart> part =
-        WriterPart(writer, op.ranks[writer.rank].shards, staging_dir);
+    google::protobuf::Arena arena;
+    absl::StatusOr<pb::SavePlanPart*> part =
+        WriterPart(writer, op.ranks[writer.rank].shards, staging_dir, &arena);
     if (!part.ok()) return part.status();
-    out[writer.rank].bytes = part->total_bytes();
-    out[writer.rank].part = part->SerializeAsString();
+    out[writer.rank].bytes = (*part)->total_bytes();
+    out[writer.rank].part = (*part)->SerializeAsString();
     writes[writer.rank] = true;
     std::vector<PlannedFile>().swap(writer.files);
   }

@@ -42,7 +42,7 @@ TEST(PlanSaveTest, EveryMainReplicaIsWrittenOnceByARankHoldingIt) {
   std::map<std::string, int> writes;
   for (int r = 0; r < 2; ++r) {
     pb::SavePlanPart part;
-    ASSERT_TRUE(part.ParseFromString((*plans)[r].part));
+    ASSERT_TRUE(part.ParseFromString((*plans)[r].part.Bytes()));
     EXPECT_EQ(part.rank(), r);
     EXPECT_EQ(part.total_bytes(), (*plans)[r].bytes);
     total += part.total_bytes();
@@ -90,7 +90,7 @@ TEST(PlanSaveTest, RankWithNothingToWriteGetsAnEmptyPart) {
   absl::StatusOr<std::vector<RankPlan>> plans = PlanSave(op);
   ASSERT_TRUE(plans.ok()) << plans.status();
   pb::SavePlanPart part;
-  ASSERT_TRUE(part.ParseFromString((*plans)[1].part));
+  ASSERT_TRUE(part.ParseFromString((*plans)[1].part.Bytes()));
   EXPECT_EQ(part.rank(), 1);
   EXPECT_EQ(part.files_size(), 0);
   EXPECT_EQ((*plans)[1].bytes, 0);

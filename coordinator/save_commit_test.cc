@@ -54,7 +54,7 @@ Operation TwoRankSave(const std::string& path) {
 void WriteParts(Operation& op, const std::vector<RankPlan>& plans, const int32_t (&rows)[2][4]) {
   for (int r = 0; r < 2; ++r) {
     pb::SavePlanPart part;
-    ASSERT_TRUE(part.ParseFromString(plans[r].part));
+    ASSERT_TRUE(part.ParseFromString(plans[r].part.Bytes()));
     std::vector<DataFilePlan> files;
     for (const pb::PlanFile& f : part.files()) {
       DataFilePlan plan;
@@ -367,7 +367,7 @@ TEST(SaveCommitterTest, AbortedSaveLosesItsStagingDirectoryAndNeverAppears) {
   auto plans = saves.Plan(op);
   ASSERT_TRUE(plans.ok()) << plans.status();
   pb::SavePlanPart part;
-  ASSERT_TRUE(part.ParseFromString((*plans)[0].part));
+  ASSERT_TRUE(part.ParseFromString((*plans)[0].part.Bytes()));
   ASSERT_TRUE(PathExists(part.staging_dir()));
   op.phase = Phase::kAborted;
   EXPECT_TRUE(saves.Finalize(op).ok());

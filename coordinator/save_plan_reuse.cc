@@ -44,9 +44,15 @@ std::optional<std::vector<RankPlan>> SavePlanReuse::Find(const Operation& op,
     if (it->second.digests[r] != op.ranks[r].description_digest) return std::nullopt;
   }
   recency_.splice(recency_.begin(), recency_, it->second.recency);
-  const std::string staging = StringField(kStagingDirField, staging_dir);
-  std::vector<RankPlan> plans = it->second.plans;
-  for (RankPlan& plan : plans) plan.part += staging;
+  const auto staging =
+      std::make_shared<const std::string>(StringField(kStagingDirField, staging_dir));
+  const Kept& kept = it->second;
+  std::vector<RankPlan> plans(kept.parts.size());
+  for (size_t r = 0; r < plans.size(); ++r) {
+    plans[r].part = kept.parts[r].WithTail(staging);
+    plans[r].bytes = kept.part_bytes[r];
+    plans[r].reused = true;
+  }
   ++reused_;
   return plans;
 }
@@ -59,8 +65,13 @@ void SavePlanReuse::Keep(const Operation& op, const std::vector<RankPlan>& plans
   Kept kept;
   for (const RankEntry& rank : op.ranks) kept.digests.push_back(rank.description_digest);
   kept.groups = SaveGroupsKey(op);
-  kept.plans = plans;
-  for (const RankPlan& plan : plans) kept.bytes += static_cast<int64_t>(plan.part.size()) + 32;
+  kept.parts.reserve(plans.size());
+  kept.part_bytes.reserve(plans.size());
+  for (const RankPlan& plan : plans) {
+    kept.parts.push_back(plan.part);
+    kept.part_bytes.push_back(plan.bytes);
+    kept.bytes += static_cast<int64_t>(plan.part.size()) + 32;
+  }
   while (bytes_ + kept.bytes > max_bytes_ && !recency_.empty()) {
     DropLocked(jobs_.find(recency_.back()));
   }

@@ -7,6 +7,10 @@
 // the key is the world size and every rank's description digest (RankEntry::description_digest,
 // SHA-256 computed by the coordinator); a rank without one (its worker sent no digest) means no
 // reuse. Memory is bounded: one plan per job, least recently used jobs dropped past the bound.
+// The kept parts share their bytes with the operation that dispatches them (PlanPartBytes):
+// keeping a plan copies none, and a reused plan's parts are the kept bodies plus one shared
+// tail naming the new staging directory, so a job's plan is held once however often it is
+// reused.
 #ifndef CKPT_COORDINATOR_SAVE_PLAN_REUSE_H_
 #define CKPT_COORDINATOR_SAVE_PLAN_REUSE_H_
 
@@ -28,10 +32,12 @@ class SavePlanReuse {
  public:
   explicit SavePlanReuse(int64_t max_bytes = int64_t{2} << 30) : max_bytes_(max_bytes) {}
 
-  // The job's kept plan with every part's staging directory set to `staging_dir`, when `op`'s
-  // world size and every rank's description digest equal those it was planned for.
+  // The job's kept plan with every part's staging directory set to `staging_dir` and marked
+  // RankPlan::reused, when `op`'s world size, process groups and every rank's description
+  // digest equal those it was planned for.
   std::optional<std::vector<RankPlan>> Find(const Operation& op, const std::string& staging_dir);
-  // Keeps `plans` (just built for `op`) as the job's plan, unless a rank has no digest.
+  // Keeps `plans` (just built for `op`) as the job's plan, unless a rank has no digest
+  // (sharing the parts' bytes; nothing is copied).
   void Keep(const Operation& op, const std::vector<RankPlan>& plans);
 
   int64_t reused() const;
@@ -40,7 +46,8 @@ class SavePlanReuse {
   struct Kept {
     std::vector<std::string> digests;  // by rank
     std::string groups;                // SaveGroupsKey (coordinator/group_plan.h)
-    std::vector<RankPlan> plans;
+    std::vector<PlanPartBytes> parts;  // by rank
+    std::vector<int64_t> part_bytes;   // by rank: RankPlan::bytes
     int64_t bytes = 0;
     std::list<std::string>::iterator recency;
   };

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/clock.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator.pb.h"
 
@@ -39,13 +40,57 @@ TEST(SavePlanReuseTest, ARepeatSaveOfUnchangedRanksGetsThePlanWithItsOwnStagingD
   ASSERT_EQ(again->size(), 2u);
   for (int r = 0; r < 2; ++r) {
     pb::SavePlanPart part;
-    ASSERT_TRUE(part.ParseFromString((*again)[r].part));
+    ASSERT_TRUE(part.ParseFromString((*again)[r].part.Bytes()));
     EXPECT_EQ(part.staging_dir(), "/ckpt/2.staging");
     EXPECT_EQ(part.rank(), r);
     EXPECT_EQ(part.files(0).path(), "data/" + std::to_string(r));
     EXPECT_EQ((*again)[r].bytes, 100 * (r + 1));
   }
   EXPECT_EQ(reuse.reused(), 1);
+}
+
+TEST(SavePlanReuseTest, AReusedPlanIsMarkedReusedSoTheOperationReportsIt) {
+  SavePlanReuse reuse;
+  const std::vector<RankPlan> first = Plans("/ckpt/1.staging");
+  for (const RankPlan& plan : first) EXPECT_FALSE(plan.reused);
+  reuse.Keep(Save("j", {"a", "b"}), first);
+  auto again = reuse.Find(Save("j", {"a", "b"}), "/ckpt/2.staging");
+  ASSERT_TRUE(again.has_value());
+  for (const RankPlan& plan : *again) EXPECT_TRUE(plan.reused);
+  // The state machine reports it in the operation (and so in its status and the log).
+  FakeClock clock;
+  JobState jobs(&clock, JobStateOptions());
+  absl::StatusOr<const Operation*> op;
+  for (int r = 0; r < 2; ++r) {
+    JoinRequest join;
+    join.job = "j";
+    join.world_size = 2;
+    join.rank = r;
+    join.path = "/ckpt/2";
+    join.location.worker_id = "w";
+    op = jobs.JoinOperation(join);
+    ASSERT_TRUE(op.ok()) << op.status();
+  }
+  const std::string id = (*op)->id;
+  ASSERT_TRUE(jobs.SetPlan(id, *std::move(again)).ok());
+  EXPECT_TRUE(jobs.FindOperation(id)->plan_reused);
+}
+
+TEST(SavePlanReuseTest, KeepingAndReusingAPlanCopiesNoPartBytes) {
+  SavePlanReuse reuse;
+  const std::vector<RankPlan> first = Plans("/ckpt/1.staging");
+  reuse.Keep(Save("j", {"a", "b"}), first);
+  auto again = reuse.Find(Save("j", {"a", "b"}), "/ckpt/2.staging");
+  ASSERT_TRUE(again.has_value());
+  auto third = reuse.Find(Save("j", {"a", "b"}), "/ckpt/3.staging");
+  ASSERT_TRUE(third.has_value());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE((*again)[r].part.SharesBodyWith(first[r].part)) << "rank " << r;
+    EXPECT_TRUE((*third)[r].part.SharesBodyWith(first[r].part)) << "rank " << r;
+    pb::SavePlanPart part;
+    ASSERT_TRUE(part.ParseFromString((*third)[r].part.Bytes()));
+    EXPECT_EQ(part.staging_dir(), "/ckpt/3.staging");
+  }
 }
 
 TEST(SavePlanReuseTest, AnyChangedOrMissingDigestOrWorldSizeReplans) {

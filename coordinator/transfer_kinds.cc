@@ -101,7 +101,7 @@ absl::Status Patch(const PlanPatch& patch, const Serving& serving, std::vector<R
   for (size_t r = 0; r < plans->size(); ++r) {
     RankPlan& plan = (*plans)[r];
     pb::LoadPlanPart part;
-    if (!part.ParseFromString(plan.part)) {
+    if (!part.ParseFromString(plan.part.Bytes())) {
       return absl::InternalError("receive plan part does not parse");
     }
     part.set_path(patch.path);

@@ -72,28 +72,38 @@ std::vector<PlannedFile> PackFiles(int64_t rank, std::vector<PlannedPiece> piece
   const int64_t nonempty = std::count_if(pieces.begin(), pieces.end(),
                                          [](const PlannedPiece& p) { return p.size_bytes > 0; });
   num_files = std::min<int64_t>(num_files, std::max<int64_t>(1, nonempty));
-  auto id_less = [](const PlannedPiece& a, const PlannedPiece& b) {
-    return IdLessInPlace(a.key, a.region, b.key, b.region);
+  auto id_less = [&](int32_t a, int32_t b) {
+    return IdLessInPlace(pieces[a].key, pieces[a].region, pieces[b].key, pieces[b].region);
   };
-  std::stable_sort(pieces.begin(), pieces.end(), [&](const PlannedPiece& a, const PlannedPiece& b) {
-    if (a.size_bytes != b.size_bytes) return a.size_bytes > b.size_bytes;
+  // Indexes are sorted, not the pieces: moving a piece moves a key, a shape and a region.
+  std::vector<int32_t> order(pieces.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    if (pieces[a].size_bytes != pieces[b].size_bytes) {
+      return pieces[a].size_bytes > pieces[b].size_bytes;
+    }
     return id_less(a, b);
   });
   std::vector<PlannedFile> files(num_files);
+  std::vector<std::vector<int32_t>> in_file(num_files);
   using Slot = std::pair<int64_t, int64_t>;  // (bytes, file index), min-heap
   std::priority_queue<Slot, std::vector<Slot>, std::greater<Slot>> emptiest;
   for (int64_t f = 0; f < num_files; ++f) emptiest.emplace(0, f);
-  for (PlannedPiece& p : pieces) {
+  for (int32_t p : order) {
     auto [bytes, f] = emptiest.top();
     emptiest.pop();
-    files[f].total_bytes += p.size_bytes;
-    files[f].pieces.push_back(std::move(p));
-    emptiest.emplace(bytes + files[f].pieces.back().size_bytes, f);
+    files[f].total_bytes += pieces[p].size_bytes;
+    in_file[f].push_back(p);
+    emptiest.emplace(bytes + pieces[p].size_bytes, f);
+  }
+  for (int64_t f = 0; f < num_files; ++f) {
+    std::sort(in_file[f].begin(), in_file[f].end(), id_less);
+    files[f].pieces.reserve(in_file[f].size());
+    for (int32_t p : in_file[f]) files[f].pieces.push_back(std::move(pieces[p]));
   }
   std::vector<PlannedFile> result;
   for (PlannedFile& file : files) {
     if (file.pieces.empty()) continue;
-    std::sort(file.pieces.begin(), file.pieces.end(), id_less);
     file.path = DataFileName(rank, static_cast<int64_t>(result.size()));
     result.push_back(std::move(file));
   }

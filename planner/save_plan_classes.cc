@@ -17,6 +17,7 @@
 #include "planner/distribute.h"
 #include "planner/main_replica.h"
 #include "proto/convert.h"
+#include "sharding/box_index.h"
 #include "sharding/dtensor.h"
 #include "sharding/layout.h"
 #include "sharding/piece_id.h"
@@ -156,6 +157,94 @@ absl::StatusOr<Classes> ClassesOf(absl::Span<const RankPieces* const> ranks) {
   return c;
 }
 
+// The main boxes of one tensor as TensorIsPlainlyValid collects them: each distinct box once
+// (a box whose flat pieces tile it exactly counts as the whole box).
+struct PlainMainBoxes {
+  std::vector<Region> boxes;
+  int64_t elements = 0;
+  struct FlatBox {
+    const Region* box = nullptr;                     // its first template's (flat reset)
+    std::vector<std::pair<int64_t, int64_t>> mains;  // the main flat ranges in it
+  };
+  absl::flat_hash_map<int32_t, FlatBox> flat_by_canon;
+};
+
+// Whether every template of tensor `k` agrees with `ref` in dtype and shape and has a valid
+// box; collects the main boxes of its non-flat pieces (each list piece main on at most one of
+// its holders) and the main flat ranges by box. False on anything else.
+bool PlainTemplatesAndMains(const Classes& c, int32_t k, const TensorPiece& ref,
+                            PlainMainBoxes* out) {
+  for (const auto& [l, i] : c.key_pieces[k]) {
+    const ListInfo& list = c.lists[l];
+    const TensorPiece& t = list.pieces[i];
+    if (t.dtype != ref.dtype || t.global_shape != ref.global_shape ||
+        !ValidateRegion(t.region, ref.global_shape).ok()) {
+      return false;
+    }
+    const int64_t box = t.region.BoxElements();
+    PlainMainBoxes::FlatBox* flat = nullptr;
+    if (c.ranks[list.holders[0]]->has_flat(i)) {
+      flat = &out->flat_by_canon[list.canon[i]];
+      if (flat->box == nullptr) flat->box = &t.region;
+      if (flat->box->lengths != t.region.lengths) return false;  // one id, two boxes
+    }
+    int mains = 0;
+    for (int64_t r : list.holders) {
+      const RankPieces& own = *c.ranks[r];
+      if (flat != nullptr) {
+        if (own.flat_start(i) < 0 || own.flat_start(i) > own.flat_stop(i) ||
+            own.flat_stop(i) > box) {
+          return false;
+        }
+        if (own.is_main_replica(i) && own.flat_start(i) < own.flat_stop(i)) {
+          flat->mains.emplace_back(own.flat_start(i), own.flat_stop(i));
+        }
+      } else if (own.is_main_replica(i)) {
+        ++mains;
+      }
+    }
+    if (mains > 1) return false;
+    if (mains == 1 && box > 0) {
+      out->boxes.push_back(t.region);
+      out->elements += box;
+    }
+  }
+  return true;
+}
+
+// A fast path of CheckTensorLayout for tensor `k` over the classes: true when the tensor is
+// certainly valid (every template agrees in dtype and shape and has a valid region, every flat
+// range is inside its box, and the main replicas tile the tensor exactly: each box's main flat
+// ranges tile the box, and the distinct main boxes are disjoint and add up to the tensor), with
+// work per reference but a TensorPiece and box per distinct box only. False sends the tensor
+// to the exact check, which words whatever is wrong (or finds it valid after all).
+bool TensorIsPlainlyValid(const Classes& c, int32_t k) {
+  const auto& [first_list, first_piece] = c.key_pieces[k][0];
+  const TensorPiece& ref = c.lists[first_list].pieces[first_piece];
+  PlainMainBoxes main;
+  if (!PlainTemplatesAndMains(c, k, ref, &main)) return false;
+  for (auto& [canon, flat] : main.flat_by_canon) {
+    if (flat.mains.empty()) continue;
+    std::sort(flat.mains.begin(), flat.mains.end());
+    int64_t at = 0;
+    for (const auto& [start, stop] : flat.mains) {
+      if (start != at) return false;  // a hole or an overlap in the box
+      at = stop;
+    }
+    if (at != flat.box->BoxElements()) return false;
+    main.boxes.push_back(*flat.box);
+    main.elements += at;
+  }
+  absl::StatusOr<int64_t> total = CheckedNumElements(ref.global_shape);
+  if (!total.ok() || main.elements != *total) return false;
+  bool overlap = false;
+  ForEachSelfIntersectingPair(main.boxes, [&](int64_t, int64_t) {
+    overlap = true;
+    return false;
+  });
+  return !overlap;
+}
+
 // ValidateLayout over every reference, one tensor at a time (the same checks, order and
 // messages; a tensor's pieces are built for its check and reused for the next).
 absl::Status ValidateClasses(const Classes& c, int max_issues = 16) {
@@ -169,6 +258,7 @@ absl::Status ValidateClasses(const Classes& c, int max_issues = 16) {
   for (int32_t k : order) {
     const int left = max_issues - static_cast<int>(messages.size());
     if (left <= 0) break;
+    if (TensorIsPlainlyValid(c, k)) continue;
     refs.clear();
     for (const auto& [list, i] : c.key_pieces[k]) {
       for (int64_t r : c.lists[list].holders) refs.emplace_back(r, i);
@@ -259,6 +349,11 @@ absl::StatusOr<Chains> ChainReferences(const Classes& c) {
   Chains out;
   std::vector<int32_t> by_canon(c.canon.size(), -1);
   absl::flat_hash_map<std::tuple<int32_t, int64_t, int64_t>, int32_t> by_flat;
+  int64_t flat_refs = 0;  // the index's size, nearly (growing it rehashed ~2x its entries)
+  for (size_t r = 0; r < c.ranks.size(); ++r) {
+    if (c.list_of_rank[r] >= 0) flat_refs += c.ranks[r]->list()->flat_pieces;
+  }
+  by_flat.reserve(flat_refs);
   out.shard_of_ref.reserve(c.ref_begin.back());
   for (size_t r = 0; r < c.ranks.size(); ++r) {
     if (c.list_of_rank[r] < 0) continue;
@@ -306,9 +401,32 @@ PieceId IdOfShard(const Classes& c, const ShardInfo& shard) {
 
 using Writes = std::vector<std::pair<int64_t, int32_t>>;  // (writer, the writer's own piece)
 
+// Appends shard `shard` (with holder list `holder_list`) to `input`, its key and offsets read
+// from its first reference's template in place.
+void AddCompactShard(const Classes& c, const ShardInfo& shard, int32_t holder_list,
+                     CompactDistributionInput* input) {
+  const ListInfo& list = c.lists[c.list_of_rank[shard.first_rank]];
+  const std::vector<int64_t>& offsets = list.pieces[shard.first_piece].region.offsets;
+  CompactDistributionInput::Shard out;
+  out.size_bytes = shard.size;
+  out.offsets_start = static_cast<int64_t>(input->offsets.size());
+  out.num_offsets = static_cast<int32_t>(offsets.size());
+  input->offsets.insert(input->offsets.end(), offsets.begin(), offsets.end());
+  out.key = list.key_of[shard.first_piece];
+  out.holder_list = holder_list;
+  const RankPieces& own = *c.ranks[shard.first_rank];
+  if (own.has_flat(shard.first_piece)) {
+    out.flat = static_cast<int32_t>(input->flats.size());
+    input->flats.push_back(
+        FlatRange{own.flat_start(shard.first_piece), own.flat_stop(shard.first_piece)});
+  }
+  input->shards.push_back(out);
+}
+
 // Megatron's save distribution over all ranks (BuildSavePlan's WritesOverAllRanks): shards
 // with a main replica in order of first occurrence, holders in input order; holder lists
-// equal between shards are given once.
+// equal between shards are given once. Built in the distributor's compact form (keys interned,
+// offsets, flat ranges and holders in shared arrays): nothing is allocated per shard.
 absl::StatusOr<Writes> WritesOverAllRanks(const Classes& c, const Chains& chains,
                                           int64_t num_ranks) {
   Writes writes;
@@ -325,11 +443,13 @@ absl::StatusOr<Writes> WritesOverAllRanks(const Classes& c, const Chains& chains
     return absl::InvalidArgumentError(absl::StrCat(
         "group of ", num_ranks, " ranks is more than the limit of ", kMaxWorldSize, " ranks"));
   }
-  DistributionInput input;
+  CompactDistributionInput input;
   input.num_ranks = num_ranks;
-  absl::flat_hash_map<std::vector<int64_t>, int32_t> list_of_holders;
+  for (absl::string_view key : c.keys) input.keys.emplace_back(key.data(), key.size());
+  input.shards.reserve(chains.shards.size());
+  absl::flat_hash_map<std::vector<int32_t>, int32_t> list_of_holders;
   std::vector<int32_t> shard_of_input;
-  std::vector<int64_t> holders;
+  std::vector<int32_t> holders;
   for (size_t s = 0; s < chains.shards.size(); ++s) {
     const ShardInfo& shard = chains.shards[s];
     if (!shard.has_main) continue;
@@ -337,10 +457,13 @@ absl::StatusOr<Writes> WritesOverAllRanks(const Classes& c, const Chains& chains
     for (int64_t h = 0; h < shard.holder_count; ++h) {
       holders.push_back(chains.holders[shard.holder_begin + h].first);
     }
-    auto [it, inserted] =
-        list_of_holders.try_emplace(holders, static_cast<int32_t>(input.holder_lists.size()));
-    if (inserted) input.holder_lists.push_back(holders);
-    input.shards.push_back(DistributablePiece{IdOfShard(c, shard), shard.size, it->second});
+    const int32_t lists = static_cast<int32_t>(input.list_start.size()) - 1;
+    auto [it, inserted] = list_of_holders.try_emplace(holders, lists);
+    if (inserted) {
+      input.holders.insert(input.holders.end(), holders.begin(), holders.end());
+      input.list_start.push_back(static_cast<int64_t>(input.holders.size()));
+    }
+    AddCompactShard(c, shard, it->second, &input);
     shard_of_input.push_back(static_cast<int32_t>(s));
   }
   CKPT_ASSIGN_OR_RETURN(std::vector<ShardAssignment> assignment, DistributeShardsToRanks(input));

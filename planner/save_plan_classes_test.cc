@@ -120,7 +120,7 @@ void Inject(std::mt19937_64& rng, Problem* p) {
   pb::PieceMeta& m = p->ranks[r][i];
   bool main = true;
   for (int64_t c : m.replica_id()) main = main && c == 0;
-  switch (rng() % 9) {
+  switch (rng() % 11) {
     case 0:  // a second main replica (overlap) where it was a copy
       p->what = "overlap";
       m.clear_replica_id();
@@ -154,6 +154,18 @@ void Inject(std::mt19937_64& rng, Problem* p) {
     case 7:  // one id, two regions (a copy that is one row shorter)
       p->what = "region conflict";
       if (!main && m.region().lengths(0) > 1) {
+        m.mutable_region()->set_lengths(0, m.region().lengths(0) - 1);
+      }
+      break;
+    case 8:  // a flat range one element longer: overlaps the next range of its box, or leaves it
+      p->what = "flat range grown";
+      if (m.region().has_flat()) {
+        m.mutable_region()->mutable_flat()->set_stop(m.region().flat().stop() + 1);
+      }
+      break;
+    case 9:  // a flat piece's box one row shorter: one id, two boxes
+      p->what = "flat box shrunk";
+      if (m.region().has_flat() && m.region().lengths(0) > 1) {
         m.mutable_region()->set_lengths(0, m.region().lengths(0) - 1);
       }
       break;

@@ -95,7 +95,7 @@ class LoadExchangeExecutorTest : public ::testing::Test {
     EXPECT_TRUE(plans.ok()) << plans.status();
     std::vector<pb::LoadPlanPart> parts(kRanks);
     for (int r = 0; plans.ok() && r < kRanks; ++r) {
-      EXPECT_TRUE(parts[r].ParseFromString((*plans)[r].part));
+      EXPECT_TRUE(parts[r].ParseFromString((*plans)[r].part.Bytes()));
     }
     return parts;
   }

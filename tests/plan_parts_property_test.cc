@@ -138,7 +138,7 @@ absl::StatusOr<std::vector<pb::LoadPlanPart>> Plan(const Problem& p, bool own_sh
   if (!plans.ok()) return plans.status();
   std::vector<pb::LoadPlanPart> parts(plans->size());
   for (size_t r = 0; r < parts.size(); ++r) {
-    if (!parts[r].ParseFromString((*plans)[r].part)) return absl::InternalError("parse");
+    if (!parts[r].ParseFromString((*plans)[r].part.Bytes())) return absl::InternalError("parse");
   }
   return parts;
 }

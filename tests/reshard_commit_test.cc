@@ -66,7 +66,7 @@ TEST_F(ReshardCommitTest, EveryElementWrittenOnceInFilesThatFitTheBudget) {
   std::set<std::string> pieces;
   for (size_t r = 0; r < plans->size(); ++r) {
     pb::ReshardPlanPart part;
-    ASSERT_TRUE(part.ParseFromString((*plans)[r].part));
+    ASSERT_TRUE(part.ParseFromString((*plans)[r].part.Bytes()));
     EXPECT_EQ(part.rank(), static_cast<int>(r));
     EXPECT_EQ(part.source(), src_);
     EXPECT_EQ(part.staging_dir(), "/staging");
@@ -140,7 +140,7 @@ TEST_F(ReshardCommitTest, AbortedReshardLeavesNoStagingBehind) {
   auto plans = committer.Plan(op);
   ASSERT_TRUE(plans.ok()) << plans.status();
   pb::ReshardPlanPart part;
-  ASSERT_TRUE(part.ParseFromString((*plans)[0].part));
+  ASSERT_TRUE(part.ParseFromString((*plans)[0].part.Bytes()));
   EXPECT_TRUE(PathExists(part.staging_dir()));
   op.phase = Phase::kAborted;
   EXPECT_TRUE(committer.Finalize(op).ok());
