@@ -190,7 +190,7 @@ Operation ManyRankSave(const std::string& path, int ranks) {
 // The staging directory a rank's plan part names.
 std::string StagingOf(const RankPlan& plan) {
   pb::SavePlanPart part;
-  EXPECT_TRUE(part.ParseFromString(plan.part));
+  EXPECT_TRUE(part.ParseFromString(plan.part.Bytes()));
   return part.staging_dir();
 }
 
