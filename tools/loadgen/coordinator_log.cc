@@ -27,6 +27,7 @@ std::map<std::string, OperationLogTimes> ParseCoordinatorLog(absl::string_view t
       times.gathered = at;
     } else if (event == "operation_planned") {
       times.planned = at;
+      times.plan_reused = absl::StrContains(line, " plan_reused=true");
     } else if (event == "operation_committed") {
       times.committed = at;
     } else if (event == "operation_done") {

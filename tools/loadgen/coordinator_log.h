@@ -19,7 +19,8 @@ struct OperationLogTimes {
   absl::Time committed = absl::InfinitePast();
   absl::Time done = absl::InfinitePast();
   absl::Time aborted = absl::InfinitePast();
-  std::string abort_line;  // the whole operation_aborted line, when there is one
+  std::string abort_line;    // the whole operation_aborted line, when there is one
+  bool plan_reused = false;  // the operation_planned line says plan_reused=true
 };
 
 // Phase events by operation id. Lines that are not such events are skipped.

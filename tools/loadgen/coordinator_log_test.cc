@@ -9,7 +9,8 @@ TEST(CoordinatorLogTest, ReadsPhaseEventsByOperation) {
   const char* log =
       "2026-01-02T03:04:05.100000Z info coordinator rank_joined op=op-a-1 job=j rank=0\n"
       "2026-01-02T03:04:05.250000Z info coordinator operation_gathered op=op-a-1 job=j\n"
-      "2026-01-02T03:04:06.500000Z info coordinator operation_planned op=op-a-1 bytes_total=9\n"
+      "2026-01-02T03:04:06.500000Z info coordinator operation_planned op=op-a-1 bytes_total=9 "
+      "plan_reused=true serving_ranks=0\n"
       "garbage line\n"
       "2026-01-02T03:04:07.000000Z info coordinator operation_committed op=op-a-1 path=/x\n"
       "2026-01-02T03:04:07.001000Z info coordinator operation_done op=op-a-1 job=j\n"
@@ -20,6 +21,8 @@ TEST(CoordinatorLogTest, ReadsPhaseEventsByOperation) {
   EXPECT_EQ(a.planned - a.gathered, absl::Milliseconds(1250));
   EXPECT_EQ(a.done - a.committed, absl::Milliseconds(1));
   EXPECT_EQ(a.aborted, absl::InfinitePast());
+  EXPECT_TRUE(a.plan_reused);
+  EXPECT_FALSE(times["op-a-2"].plan_reused);
   EXPECT_NE(times["op-a-2"].abort_line.find("cause=\"x\""), std::string::npos);
 }
 

@@ -592,6 +592,7 @@ OperationReport Driver::RunOperation(const std::string& kind, const std::string&
       run->report.log_planned = it->second.planned;
       run->report.log_committed = it->second.committed;
       run->report.log_done = it->second.done;
+      run->report.plan_reused = it->second.plan_reused;
       if (run->report.status.empty() && !it->second.abort_line.empty()) {
         run->report.status = it->second.abort_line;
       }
@@ -726,8 +727,10 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
   for (const OperationReport& op : report.operations) {
     absl::StrAppend(&out, absl::StrFormat("%s id %s phase %s%s\n", op.kind, op.id, op.phase,
                                           op.status.empty() ? "" : " status " + op.status));
-    absl::StrAppend(&out, absl::StrFormat("%s joins_by_digest %d full_state_resends %d\n", op.kind,
-                                          op.joins_by_digest, op.full_state_resends));
+    absl::StrAppend(&out, absl::StrFormat("%s joins_by_digest %d full_state_resends %d "
+                                          "plan_reused %d\n",
+                                          op.kind, op.joins_by_digest, op.full_state_resends,
+                                          op.plan_reused ? 1 : 0));
     if (op.join_errors > 0) {
       absl::StrAppend(&out, absl::StrFormat("%s join_errors %d first \"%s\"\n", op.kind,
                                             op.join_errors, op.first_join_error));

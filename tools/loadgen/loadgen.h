@@ -85,6 +85,7 @@ struct OperationReport {
   // The coordinator's log (when given): gathered, planned, committed, done.
   absl::Time log_gathered = absl::InfinitePast(), log_planned = absl::InfinitePast(),
              log_committed = absl::InfinitePast(), log_done = absl::InfinitePast();
+  bool plan_reused = false;  // the coordinator logged that it reused the layout's plan
   ProcStats coordinator_before, coordinator_after;  // readings around the operation
   int64_t coordinator_peak_threads = 0;             // during the operation
   // The coordinator's CPU readings (every 100 ms) during the operation, for its CPU seconds per
