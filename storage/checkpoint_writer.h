@@ -1,7 +1,8 @@
 // Writes a checkpoint directory with the atomic commit protocol:
 //   1. create a temporary sibling directory <parent>/.<name>.tmp-<pid>-<n> with data/;
 //   2. write every data file (safetensors) and fsync it; fsync data/ and the directory;
-//   3. write manifest.pb.tmp, fsync it, rename it to manifest.pb, fsync the directory;
+//   3. write the manifest's piece files if it needs them (fsync each, then the directory), then
+//      manifest.pb.tmp, fsync it, rename it to manifest.pb, fsync the directory;
 //   4. rename the directory to its final name (atomically exchanging it with an existing
 //      checkpoint when overwriting is allowed), fsync the parent, then remove the old one.
 // A crash at any point leaves the previous checkpoint or the complete new one under the final
