@@ -248,6 +248,7 @@ absl::Status AppendPieceFile(const std::string& dir, const pb::ManifestPieceFile
   if (size != record.size_bytes()) {
     return bad(absl::StrCat("is ", size, " bytes; manifest.pb says ", record.size_bytes()));
   }
+  if (size > kMaxManifestBytes - 1) return bad("is larger than protobuf parses");
   pb::ManifestPieces pieces;
   {
     CKPT_ASSIGN_OR_RETURN(const std::string bytes, ReadFileRange(path, 0, size));
