@@ -10,7 +10,6 @@
 #include "common/status_macros.h"
 #include "coordinator/operation_planners.h"
 #include "google/protobuf/arena.h"
-#include "google/protobuf/io/coded_stream.h"
 #include "proto/convert.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
@@ -146,18 +145,22 @@ absl::StatusOr<pb::Manifest*> ParseWrittenRecord(int rank, const std::string& re
 }
 
 // The manifest of `op` without its pieces (the data files of every rank's record in rank
-// order included), as MergeManifest makes it; `pieces` hashes the records' pieces in order and
-// `*num_pieces` counts them.
+// order included), as MergeManifest makes it; `pieces` hashes the records' pieces in order,
+// `*num_pieces` counts them and `*pieces_bytes` adds up their PieceRecordBytes.
 absl::StatusOr<pb::Manifest> ManifestHead(const Operation& op, PieceShapeHasher* pieces,
-                                          int* num_pieces) {
+                                          int* num_pieces, int64_t* pieces_bytes) {
   CKPT_ASSIGN_OR_RETURN(std::vector<TensorMeta> tensors, GatheredTensors(op));
   google::protobuf::RepeatedPtrField<pb::DataFile> files;
   *num_pieces = 0;
+  *pieces_bytes = 0;
   google::protobuf::Arena arena;  // one record at a time
   for (int r = 0; r < op.world_size; ++r) {
     CKPT_ASSIGN_OR_RETURN(pb::Manifest * written,
                           ParseWrittenRecord(r, op.ranks[r].written, &arena));
-    for (const pb::StoredPiece& p : written->pieces()) pieces->Add(p);
+    for (const pb::StoredPiece& p : written->pieces()) {
+      pieces->Add(p);
+      *pieces_bytes += PieceRecordBytes(p);
+    }
     *num_pieces += written->pieces_size();
     for (const pb::DataFile& f : written->files()) *files.Add() = f;
     arena.Reset();
@@ -168,49 +171,23 @@ absl::StatusOr<pb::Manifest> ManifestHead(const Operation& op, PieceShapeHasher*
   return head;
 }
 
-// Serializes `part` (a manifest holding some of the fields) into `out`, which must then hold
-// at most `max_bytes`.
-absl::Status SerializePart(const pb::Manifest& part, int64_t max_bytes,
-                           google::protobuf::io::CodedOutputStream* out) {
-  if (!part.SerializeToCodedStream(out) || out->ByteCount() > max_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the manifest is larger than the ", max_bytes,
-                     " bytes a reader accepts; the checkpoint was not committed"));
-  }
-  return absl::OkStatus();
-}
-
-// Writes the manifest whose head is `head` into `out`, its bytes those of the whole message:
-// the fields before the pieces, each rank's pieces (its record parsed again, each piece passed
-// to `check` first; the record freed once written), then the fields after them.
-absl::Status SerializeStreamed(Operation& op, const pb::Manifest& head,
-                               absl::FunctionRef<absl::Status(const pb::StoredPiece&)> check,
-                               int64_t max_bytes, google::protobuf::io::CodedOutputStream* out) {
-  pb::Manifest before;  // fields 1-2
-  before.set_format_version(head.format_version());
-  *before.mutable_tensors() = head.tensors();
-  CKPT_RETURN_IF_ERROR(SerializePart(before, max_bytes, out));
+// Hands each rank's pieces, in rank order, to `sink` (the record parsed again, each piece
+// passed to `check` first; the record freed once its pieces are handed over).
+absl::Status StreamPieces(Operation& op,
+                          absl::FunctionRef<absl::Status(const pb::StoredPiece&)> check,
+                          ManifestPieceSink sink) {
   google::protobuf::Arena arena;  // one record at a time
   for (int r = 0; r < op.world_size; ++r) {
     CKPT_ASSIGN_OR_RETURN(pb::Manifest * written,
                           ParseWrittenRecord(r, op.ranks[r].written, &arena));
-    pb::Manifest* pieces = google::protobuf::Arena::CreateMessage<pb::Manifest>(&arena);
-    pieces->mutable_pieces()->Swap(written->mutable_pieces());  // field 3
-    for (const pb::StoredPiece& p : pieces->pieces()) CKPT_RETURN_IF_ERROR(check(p));
-    CKPT_RETURN_IF_ERROR(SerializePart(*pieces, max_bytes, out));
+    for (const pb::StoredPiece& p : written->pieces()) {
+      CKPT_RETURN_IF_ERROR(check(p));
+      CKPT_RETURN_IF_ERROR(sink(p));
+    }
     std::string().swap(op.ranks[r].written);  // frees the buffer (clear() would keep it)
     arena.Reset();
   }
-  pb::Manifest after = head;  // fields 4-8
-  after.clear_format_version();
-  after.clear_tensors();
-  after.clear_files();
-  after.clear_checksum_block_bytes();
-  CKPT_RETURN_IF_ERROR(SerializePart(after, max_bytes, out));
-  pb::Manifest last;  // fields 9-10
-  *last.mutable_files() = head.files();
-  last.set_checksum_block_bytes(head.checksum_block_bytes());
-  return SerializePart(last, max_bytes, out);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -261,9 +238,13 @@ absl::Status SaveCommitter::Commit(Operation& op) {
   }
   PieceShapeHasher hasher;
   int num_pieces = 0;
-  CKPT_ASSIGN_OR_RETURN(const pb::Manifest head, ManifestHead(op, &hasher, &num_pieces));
+  int64_t pieces_bytes = 0;
+  CKPT_ASSIGN_OR_RETURN(const pb::Manifest head,
+                        ManifestHead(op, &hasher, &num_pieces, &pieces_bytes));
   // A repeat save of an unchanged layout commits a manifest of the same shape as the job's
-  // last one, which passed ValidateManifest: only the pieces' own checksums are new.
+  // last one, which passed ValidateManifest: only the pieces' own checksums are new. The shape
+  // is of the merged manifest (format 1, whether or not it is then stored in piece files: the
+  // split is the writer's and changes nothing ValidateManifest checks).
   const ManifestShape shape = hasher.Of(head);
   const bool validated = ShapeValidatedBefore(op.job, shape);
   ManifestValidator validator;
@@ -275,13 +256,15 @@ absl::Status SaveCommitter::Commit(Operation& op) {
   auto check = [&](const pb::StoredPiece& p) {
     return validated ? CheckStoredPieceChecksums(piece++, p) : validator.AddPiece(p);
   };
+  WriteOptions options;
+  options.manifest_files = manifest_files_;
   absl::Status committed = CommitStreamedCheckpoint(
-      staging, op.path,
-      [&](google::protobuf::io::CodedOutputStream* out) {
-        CKPT_RETURN_IF_ERROR(SerializeStreamed(op, head, check, max_manifest_bytes_, out));
+      staging, op.path, head, pieces_bytes,
+      [&](ManifestPieceSink sink) {
+        CKPT_RETURN_IF_ERROR(StreamPieces(op, check, sink));
         return validated ? absl::OkStatus() : validator.Finish();
       },
-      WriteOptions());
+      options);
   if (committed.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     staging_.erase(op.id);

@@ -20,6 +20,7 @@
 #include "proto/manifest.pb.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/manifest_codec.h"
+#include "storage/manifest_file.h"
 
 namespace ckpt::coordinator {
 
@@ -36,16 +37,18 @@ class SaveCommitter final : public OperationKindHandler {
  public:
   // `journal` (may be null; must outlive this) records each save's final path before its
   // staging directory is created, so a restarted coordinator can clean up after it. A manifest
-  // over `max_manifest_bytes` (what a reader accepts; smaller in tests) is not committed.
+  // too large for one file is committed in piece files as `manifest_files` says
+  // (storage/manifest_file.h; small budgets in tests).
   explicit SaveCommitter(StagingJournal* journal = nullptr,
-                         int64_t max_manifest_bytes = kMaxManifestBytes)
-      : journal_(journal), max_manifest_bytes_(max_manifest_bytes) {}
+                         ManifestFileOptions manifest_files = ManifestFileOptions())
+      : journal_(journal), manifest_files_(manifest_files) {}
 
   // Journals op.path, creates the staging directory next to it (AlreadyExists when a
   // checkpoint is there) and plans with PlanSave.
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
   // Commits the staging directory to op.path with the manifest merged from the ranks' written
-  // records, streamed into its file and validated as it goes (never one message in memory).
+  // records, streamed into its file (or piece files) and validated as it goes (never one
+  // message in memory).
   // Consumes the records (op.ranks[r].written is empty afterwards): each is freed once written.
   absl::Status Commit(Operation& op) override;
   // Removes the staging directory of a save that did not commit; ends its journal entry.
@@ -61,7 +64,7 @@ class SaveCommitter final : public OperationKindHandler {
   bool ShapeValidatedBefore(const std::string& job, const ManifestShape& shape);
 
   StagingJournal* journal_;
-  const int64_t max_manifest_bytes_;
+  const ManifestFileOptions manifest_files_;
   SavePlanReuse plan_reuse_;  // the job's last plan, for a repeat save of unchanged ranks
   mutable std::mutex mu_;
   std::map<std::string, std::string> staging_ ABSL_GUARDED_BY(mu_);  // operation -> dir

@@ -66,7 +66,8 @@ std::string CheckContents(const std::string& path, int64_t* bytes, bool* has_man
       }
       continue;
     }
-    if ((name == kManifestName || name == kManifestTempName) && S_ISREG(st.st_mode)) {
+    if ((name == kManifestName || name == kManifestTempName || IsManifestPieceFileName(name)) &&
+        S_ISREG(st.st_mode)) {
       *bytes += st.st_size;
       if (name == kManifestName) *has_manifest = true;
       continue;

@@ -97,6 +97,23 @@ TEST_F(StagingJournalTest, InspectTellsIncompleteFromCompleteFromForeignDirector
   }
 }
 
+// A commit interrupted after writing manifest piece files (format 2) but before manifest.pb
+// leaves an incomplete staging directory; a piece-file-like name of another form is foreign.
+TEST_F(StagingJournalTest, ManifestPieceFilesBelongToAStagingDirectory) {
+  const std::string interrupted = Staging(".a.tmp-11-0", 1, 100);
+  WriteFile(JoinPath(interrupted, "manifest-pieces-00000.pb"), std::string(30, 'p'));
+  WriteFile(JoinPath(interrupted, "manifest-pieces-00001.pb"), std::string(20, 'p'));
+  WriteFile(JoinPath(interrupted, "manifest.pb.tmp"), "t");
+  StagingLeftover leftover = InspectStagingDir(interrupted);
+  EXPECT_EQ(leftover.kind, LeftoverKind::kIncomplete) << leftover.detail;
+  EXPECT_EQ(leftover.bytes, 151);
+  const std::string odd = Staging(".b.tmp-11-0", 1, 100);
+  WriteFile(JoinPath(odd, "manifest-pieces-1.pb"), "p");
+  EXPECT_EQ(InspectStagingDir(odd).kind, LeftoverKind::kNotStaging);
+  EXPECT_TRUE(RemoveStagingLeftover(leftover).ok());
+  EXPECT_FALSE(PathExists(interrupted));
+}
+
 TEST_F(StagingJournalTest, ANewCoordinatorRemovesTheStagingItsCrashedPredecessorRecorded) {
   const std::string state = JoinPath(root_, "state");
   const std::string final_path = JoinPath(root_, "ckpt");

@@ -11,6 +11,7 @@
 #include "sharding/overlap.h"
 #include "storage/file_util.h"
 #include "storage/manifest_codec.h"
+#include "storage/manifest_file.h"
 #include "storage/safetensors.h"
 
 namespace ckpt {
@@ -98,9 +99,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   std::unique_ptr<CheckpointReader> r(new CheckpointReader());
   r->path_ = path;
   r->options_ = options;
-  const std::string manifest_path = JoinPath(path, kManifestName);
-  CKPT_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(manifest_path, kMaxManifestBytes));
-  CKPT_ASSIGN_OR_RETURN(r->manifest_, ParseManifest(bytes, manifest_path));
+  CKPT_ASSIGN_OR_RETURN(r->manifest_, ReadManifestFile(path));
   const ManifestIndex index(r->manifest_);
   for (const pb::DataFile& f : r->manifest_.files()) {
     CKPT_RETURN_IF_ERROR(CheckDataFile(path, index, f));

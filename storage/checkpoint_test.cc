@@ -3,6 +3,7 @@
 #include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -127,6 +128,61 @@ TEST(CheckpointTest, RoundTripsEveryDTypeAndOddShapes) {
   std::string out(want.NumElements() * 4, '\0');
   ASSERT_TRUE((*reader)->ReadRegion(f32.spec.key, want, out.data()).ok());
   EXPECT_TRUE(out == f32.Extract(want));
+}
+
+// Three tensors of `rows` x 7, each stored as one piece per row, spread over four files.
+CheckpointContents RowPieces(Pieces& pieces, std::vector<TestTensor>& tensors, int rows) {
+  CheckpointContents c;
+  c.step = 5;
+  std::vector<PieceData> all;
+  for (int k = 0; k < 3; ++k) {
+    tensors.emplace_back(absl::StrCat("layers.", k, ".w"), k == 1 ? DType::kBF16 : DType::kF32,
+                         std::vector<int64_t>{rows, 7}, 40 + k);
+  }
+  for (const TestTensor& t : tensors) {
+    c.tensors.push_back(t.spec);
+    for (int r = 0; r < rows; ++r) all.push_back(pieces.Make(t, Box({r, 0}, {1, 7})));
+  }
+  c.files = BalanceIntoFiles(all, 4, 0);
+  return c;
+}
+
+// A manifest forced into several piece files commits a checkpoint that loads bit-exact, with
+// the pieces, in order, of the single-file manifest of the same contents.
+TEST(CheckpointTest, ManifestInPieceFilesLoadsLikeTheSingleFileOne) {
+  const std::string dir = TestDir("piece-files");
+  std::vector<TestTensor> tensors;
+  Pieces pieces;
+  const CheckpointContents c = RowPieces(pieces, tensors, 30);
+  const std::string single = JoinPath(dir, "single"), split = JoinPath(dir, "split");
+  ASSERT_TRUE(WriteCheckpoint(single, c, WriteOptions{}).ok());
+  WriteOptions options;
+  options.manifest_files.max_single_file_bytes = 4096;
+  options.manifest_files.piece_file_bytes = 1000;
+  ASSERT_TRUE(WriteCheckpoint(split, c, options).ok());
+  const std::vector<std::string> names = *ListDir(split);
+  ASSERT_GE(names.size(), 4u);
+  EXPECT_EQ(names.front(), "data");
+  EXPECT_EQ(names[1], "manifest-pieces-00000.pb");
+  EXPECT_EQ(names.back(), "manifest.pb");
+
+  auto one = CheckpointReader::Open(single);
+  auto many = CheckpointReader::Open(split);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_EQ((*one)->manifest().format_version(), kManifestFormatVersion);
+  EXPECT_EQ((*many)->manifest().format_version(), kManifestPieceFilesFormatVersion);
+  EXPECT_EQ((*many)->manifest().piece_files_size(), static_cast<int>(names.size()) - 2);
+  pb::Manifest want, got;  // the pieces sections
+  *want.mutable_pieces() = (*one)->manifest().pieces();
+  *got.mutable_pieces() = (*many)->manifest().pieces();
+  EXPECT_EQ(got.pieces_size(), 90);
+  EXPECT_TRUE(SerializeManifest(got) == SerializeManifest(want)) << "the pieces differ";
+  for (const TestTensor& t : tensors) {
+    std::string out(t.bytes.size(), '\x55');
+    ASSERT_TRUE((*many)->ReadRegion(t.spec.key, WholeRegion(t.spec.global_shape), out.data()).ok());
+    EXPECT_TRUE(out == t.bytes) << t.spec.key;
+  }
 }
 
 // A safetensors reader written here from the format description, sharing no code with

@@ -390,20 +390,20 @@ absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string&
                               const pb::Manifest& manifest, const WriteOptions& options) {
   CKPT_RETURN_IF_ERROR(CheckCheckpointName(WithoutTrailingSlashes(path)));
   if (!options.manifest_validated) CKPT_RETURN_IF_ERROR(ValidateManifest(manifest));
+  int64_t pieces_bytes = 0;
+  for (const pb::StoredPiece& p : manifest.pieces()) pieces_bytes += PieceRecordBytes(p);
   return CommitStreamedCheckpoint(
-      staging_dir, path,
-      [&](google::protobuf::io::CodedOutputStream* out) {
-        if (!manifest.SerializeToCodedStream(out)) {
-          return absl::InvalidArgumentError(absl::StrCat("cannot serialize the manifest of ", path,
-                                                         " (larger than protobuf's 2 GiB?)"));
-        }
+      staging_dir, path, manifest, pieces_bytes,
+      [&](ManifestPieceSink sink) {
+        for (const pb::StoredPiece& p : manifest.pieces()) CKPT_RETURN_IF_ERROR(sink(p));
         return absl::OkStatus();
       },
       options);
 }
 
 absl::Status CommitStreamedCheckpoint(const std::string& staging_dir, const std::string& path,
-                                      ManifestSerializer serialize, const WriteOptions& options) {
+                                      const pb::Manifest& head, int64_t pieces_bytes,
+                                      ManifestPieceSource source, const WriteOptions& options) {
   const std::string final_path = WithoutTrailingSlashes(path);
   CKPT_RETURN_IF_ERROR(CheckCheckpointName(final_path));
   CKPT_RETURN_IF_ERROR(FsyncDir(JoinPath(staging_dir, "data")));
@@ -411,8 +411,11 @@ absl::Status CommitStreamedCheckpoint(const std::string& staging_dir, const std:
   Step(options, CommitStep::kStagingDirSynced);
 
   const std::string tmp = JoinPath(staging_dir, kManifestTempName);
-  // Streamed into the file: a manifest of millions of pieces is never one string in memory.
-  if (absl::Status written = WriteManifestDurably(tmp, serialize); !written.ok()) {
+  // Streamed into the file(s): a manifest of millions of pieces is never one string in memory.
+  // Piece files, when it needs them, are written and synced before manifest.pb.tmp.
+  if (absl::Status written = WriteManifestFiles(staging_dir, kManifestTempName, head, pieces_bytes,
+                                                source, options.manifest_files);
+      !written.ok()) {
     ::unlink(tmp.c_str());
     return written;
   }

@@ -1,7 +1,8 @@
 // Writes a checkpoint directory with the atomic commit protocol:
 //   1. create a temporary sibling directory <parent>/.<name>.tmp-<pid>-<n> with data/;
 //   2. write every data file (safetensors) and fsync it; fsync data/ and the directory;
-//   3. write manifest.pb.tmp, fsync it, rename it to manifest.pb, fsync the directory;
+//   3. write the manifest's piece files if it needs them (fsync each, then the directory), then
+//      manifest.pb.tmp, fsync it, rename it to manifest.pb, fsync the directory;
 //   4. rename the directory to its final name (atomically exchanging it with an existing
 //      checkpoint when overwriting is allowed), fsync the parent, then remove the old one.
 // A crash at any point leaves the previous checkpoint or the complete new one under the final
@@ -80,6 +81,8 @@ struct WriteOptions {
   // CommitCheckpoint skips ValidateManifest: the caller checked the manifest as it would
   // (e.g. the same ManifestShapeOf as a manifest that passed it, and CheckPieceChecksums).
   bool manifest_validated = false;
+  // When the manifest is split into piece files, and their size (storage/manifest_file.h).
+  ManifestFileOptions manifest_files;
   // Test-only: called after each commit step (e.g. to kill the process there).
   std::function<void(CommitStep)> after_step;
 };
@@ -151,12 +154,15 @@ pb::Manifest BuildManifest(const std::vector<TensorMeta>& tensors, WrittenData&&
 absl::Status CommitCheckpoint(const std::string& staging_dir, const std::string& final_path,
                               const pb::Manifest& manifest, const WriteOptions& options);
 
-// CommitCheckpoint for a manifest that is never whole in memory: `serialize` streams its bytes
-// into manifest.pb.tmp (storage/manifest_file.h) and checks it as it goes (e.g. with
-// ManifestValidator: the commit itself validates nothing). Its error ends the commit before
-// the manifest is renamed into place; the partial temporary file is removed.
+// CommitCheckpoint for a manifest that is never whole in memory: `head` (the manifest without
+// its pieces) and the pieces `source` hands over, `pieces_bytes` in all (PieceRecordBytes
+// each), are streamed into manifest.pb.tmp, or into piece files and then manifest.pb.tmp
+// (WriteManifestFiles with options.manifest_files). The source checks the pieces as it goes
+// (e.g. with ManifestValidator: the commit itself validates nothing). Its error ends the commit
+// before the manifest is renamed into place; the partial files are removed.
 absl::Status CommitStreamedCheckpoint(const std::string& staging_dir, const std::string& final_path,
-                                      ManifestSerializer serialize, const WriteOptions& options);
+                                      const pb::Manifest& head, int64_t pieces_bytes,
+                                      ManifestPieceSource source, const WriteOptions& options);
 
 // Splits pieces into `num_files` data files of roughly equal bytes (largest first, each to the
 // lightest file), all written by `writer_rank`. Empty files are dropped.

@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "proto/deterministic.h"
 #include "sharding/coverage.h"
@@ -56,6 +57,60 @@ absl::Status ValidateDataFileName(absl::string_view name) {
   }
   return absl::OkStatus();
 }
+
+std::string ManifestPieceFileName(int index) {
+  return absl::StrFormat("manifest-pieces-%05d.pb", index);
+}
+
+bool IsManifestPieceFileName(absl::string_view name) {
+  constexpr absl::string_view kPrefix = "manifest-pieces-", kSuffix = ".pb";
+  if (name.size() != kPrefix.size() + 5 + kSuffix.size() || !absl::StartsWith(name, kPrefix) ||
+      !absl::EndsWith(name, kSuffix)) {
+    return false;
+  }
+  int index = 0;
+  for (char c : name.substr(kPrefix.size(), 5)) {
+    if (c < '0' || c > '9') return false;
+    index = index * 10 + (c - '0');
+  }
+  return index < kMaxManifestPieceFiles;
+}
+
+namespace {
+
+// The format version and the piece-file records of `m` (see ValidateManifest); its pieces are
+// not looked at.
+absl::Status CheckFormat(const pb::Manifest& m) {
+  const uint32_t version = m.format_version();
+  if (version != kManifestFormatVersion && version != kManifestPieceFilesFormatVersion) {
+    return absl::UnimplementedError(absl::StrCat(
+        "unknown manifest format version ", version, " (this reader supports versions ",
+        kManifestFormatVersion, " and ", kManifestPieceFilesFormatVersion, ")"));
+  }
+  const int n = m.piece_files_size();
+  if (version == kManifestFormatVersion) {
+    if (n == 0) return absl::OkStatus();
+    return ManifestError(absl::StrCat("format version 1 lists ", n, " piece files"));
+  }
+  if (n == 0 || n > kMaxManifestPieceFiles) {
+    return ManifestError(absl::StrCat("format version 2 lists ", n, " piece files (1 to ",
+                                      kMaxManifestPieceFiles, " allowed)"));
+  }
+  for (int i = 0; i < n; ++i) {
+    const pb::ManifestPieceFile& f = m.piece_files(i);
+    if (f.name() != ManifestPieceFileName(i)) {
+      return ManifestError(absl::StrCat("piece file ", i, " is named \"", f.name(), "\", not \"",
+                                        ManifestPieceFileName(i), "\""));
+    }
+    if (f.size_bytes() < 0 || f.piece_count() < 1 || f.piece_count() > f.size_bytes()) {
+      return ManifestError(absl::StrCat("piece file ", f.name(), " has ", f.piece_count(),
+                                        " pieces in ", f.size_bytes(), " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 std::string DescribePiece(const pb::StoredPiece& piece) {
   absl::StatusOr<Region> r = RegionFromProto(piece.region());
@@ -127,11 +182,7 @@ absl::Status CheckCoverageOfEachTensor(
 
 absl::Status ManifestValidator::Start(const pb::Manifest& head) {
   head_ = &head;
-  if (head.format_version() != kManifestFormatVersion) {
-    return absl::UnimplementedError(
-        absl::StrCat("unknown manifest format version ", head.format_version(),
-                     " (this reader supports version ", kManifestFormatVersion, ")"));
-  }
+  CKPT_RETURN_IF_ERROR(CheckFormat(head));
   CKPT_RETURN_IF_ERROR(CollectTensors());
   CKPT_RETURN_IF_ERROR(CollectFiles());
   const int64_t block = head.checksum_block_bytes();
@@ -262,7 +313,18 @@ absl::Status ManifestValidator::CheckByteRangesDisjoint() {
   return absl::OkStatus();
 }
 
+// A format-2 manifest's piece files hold all of its pieces.
+absl::Status ManifestValidator::CheckPieceCounts() const {
+  if (head_->piece_files_size() == 0) return absl::OkStatus();
+  int64_t listed = 0;
+  for (const pb::ManifestPieceFile& f : head_->piece_files()) listed += f.piece_count();
+  if (listed == static_cast<int64_t>(tensor_of_.size())) return absl::OkStatus();
+  return ManifestError(absl::StrCat("its piece files hold ", listed, " pieces, the manifest has ",
+                                    tensor_of_.size()));
+}
+
 absl::Status ManifestValidator::Finish() {
+  CKPT_RETURN_IF_ERROR(CheckPieceCounts());
   CKPT_RETURN_IF_ERROR(CheckByteRangesDisjoint());
   std::vector<std::tuple<int, int64_t, int64_t, int>>().swap(ranges_);
   return CheckCoverageOfEachTensor(
@@ -352,6 +414,12 @@ ManifestShape PieceShapeHasher::Of(const pb::Manifest& head) {
   for (const pb::TensorMeta& t : head.tensors()) h.Message(t);
   h.Int(head.files_size());
   for (const pb::DataFile& f : head.files()) h.Message(f);
+  h.Int(head.piece_files_size());  // names and counts (sizes and checksums: the reader's)
+  for (const pb::ManifestPieceFile& f : head.piece_files()) {
+    h.Bytes(f.name());
+    h.Int(f.piece_count());
+    h.Int(f.size_bytes());
+  }
   h.Int(count_);
   h.Int(static_cast<int64_t>(pieces.low));
   h.Int(static_cast<int64_t>(pieces.high));
@@ -364,13 +432,31 @@ ManifestShape ManifestShapeOf(const pb::Manifest& m) {
   return pieces.Of(m);
 }
 
-absl::StatusOr<pb::Manifest> ParseManifest(absl::string_view bytes, absl::string_view path) {
+absl::StatusOr<pb::Manifest> ParseManifestHead(absl::string_view bytes, absl::string_view path) {
   if (static_cast<int64_t>(bytes.size()) > kMaxManifestBytes) {
     return absl::DataLossError(absl::StrCat("manifest ", path, " is larger than 2 GiB"));
   }
   pb::Manifest m;
   if (!m.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     return absl::DataLossError(absl::StrCat("manifest ", path, " is not a valid protobuf"));
+  }
+  absl::Status s = CheckFormat(m);
+  if (s.ok() && m.format_version() == kManifestPieceFilesFormatVersion && m.pieces_size() > 0) {
+    s =
+        ManifestError(absl::StrCat("format version 2 keeps its pieces in piece files but it "
+                                   "also holds ",
+                                   m.pieces_size(), " pieces itself"));
+  }
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  return m;
+}
+
+absl::StatusOr<pb::Manifest> ParseManifest(absl::string_view bytes, absl::string_view path) {
+  CKPT_ASSIGN_OR_RETURN(pb::Manifest m, ParseManifestHead(bytes, path));
+  if (m.format_version() == kManifestPieceFilesFormatVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " keeps its pieces in ", m.piece_files_size(),
+                     " piece files beside it: read it with ReadManifestFile"));
   }
   absl::Status s = ValidateManifest(m);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));

@@ -22,8 +22,13 @@
 
 namespace ckpt {
 
-// The manifest format this code writes and the only one it reads.
+// The manifest format of a manifest that fits in manifest.pb (every manifest but a huge one).
 inline constexpr uint32_t kManifestFormatVersion = 1;
+// The format of a manifest whose pieces are stored in piece files beside manifest.pb (its
+// piece_files, in order; its own pieces empty). Readers accept both formats.
+inline constexpr uint32_t kManifestPieceFilesFormatVersion = 2;
+// Most piece files a manifest may list (ManifestPieceFileName has 5 digits).
+inline constexpr int kMaxManifestPieceFiles = 10000;
 // Written into Manifest.writer_version.
 inline constexpr char kWriterVersion[] = "ckpt-storage 1.0";
 // Largest manifest file we read (a guard against garbage, not a design limit).
@@ -43,11 +48,21 @@ std::string DataFileName(int writer_rank, int index);
 // Accepts only "data/<name>.safetensors" with <name> of [A-Za-z0-9._-], not starting with '.'.
 absl::Status ValidateDataFileName(absl::string_view name);
 
-// Full structural validation: known format version; unique, non-empty tensor keys with valid
-// dtypes and shapes; valid, unique data file names; every piece refers to a known tensor and
-// file, has a region valid for its tensor, a byte length equal to elements * dtype size, an
-// entry name equal to EncodeEntryName(key, region), lies inside its file's data section, has
-// the right number of block checksums; no duplicate pieces; no overlapping byte ranges; and
+// "manifest-pieces-<index, 5 digits>.pb": the name of a manifest's index-th piece file,
+// relative to the checkpoint directory (never from user input).
+std::string ManifestPieceFileName(int index);
+
+// Whether `name` is ManifestPieceFileName(i) for some i in [0, kMaxManifestPieceFiles).
+bool IsManifestPieceFileName(absl::string_view name);
+
+// Full structural validation: known format version (1 without piece files; 2 with 1 to
+// kMaxManifestPieceFiles piece files named ManifestPieceFileName(0, 1, ...) in order, each of
+// at least one piece, whose counts add up to the manifest's pieces: a format-2 manifest is
+// validated once its piece files' pieces are appended, see ReadManifestFile); unique, non-empty
+// tensor keys with valid dtypes and shapes; valid, unique data file names; every piece refers to a
+// known tensor and file, has a region valid for its tensor, a byte length equal to elements * dtype
+// size, an entry name equal to EncodeEntryName(key, region), lies inside its file's data section,
+// has the right number of block checksums; no duplicate pieces; no overlapping byte ranges; and
 // every tensor's pieces tile it exactly (sharding/coverage.h: no element stored twice, none
 // missing), so every reader of a validated manifest can rely on exact coverage.
 absl::Status ValidateManifest(const pb::Manifest& manifest);
@@ -71,6 +86,7 @@ class ManifestValidator {
  private:
   absl::Status CollectTensors();
   absl::Status CollectFiles();
+  absl::Status CheckPieceCounts() const;
   absl::Status CheckPiece(int i, const pb::StoredPiece& p, int* tensor, Region* region,
                           int* file_index) const;
   absl::Status CheckByteRangesDisjoint();
@@ -129,7 +145,15 @@ absl::Status CheckPieceChecksums(const pb::Manifest& manifest, int i);
 // The same for a piece streamed on its own, `i` its index in the manifest (for the message).
 absl::Status CheckStoredPieceChecksums(int i, const pb::StoredPiece& piece);
 
-// Parses (then validates) manifest bytes read from `path` (named in errors).
+// Parses manifest.pb bytes read from `path` (named in errors) and checks only its format: a
+// known version; format 1 lists no piece files; format 2 lists valid piece-file records (as
+// ValidateManifest checks them) and holds no pieces itself. DataLoss (Unimplemented for an
+// unknown version) naming the path. The rest is for ValidateManifest once the pieces are in.
+absl::StatusOr<pb::Manifest> ParseManifestHead(absl::string_view bytes, absl::string_view path);
+
+// Parses (then validates) the bytes of a self-contained (format 1) manifest read from `path`
+// (named in errors). A format-2 manifest needs its piece files: FailedPrecondition (read it
+// with ReadManifestFile, storage/manifest_file.h).
 absl::StatusOr<pb::Manifest> ParseManifest(absl::string_view bytes, absl::string_view path);
 
 // Deterministic serialization.

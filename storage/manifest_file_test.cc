@@ -1,12 +1,17 @@
 #include "storage/manifest_file.h"
 
+#include <unistd.h>
+
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/checksum.h"
+#include "storage/file_util.h"
 #include "storage/manifest_codec.h"
 #include "storage/test_dir.h"
 
@@ -97,6 +102,256 @@ TEST(ManifestFileTest, UncreatableFileIsNamedInTheError) {
   absl::Status s = WriteManifestDurably(path, pb::Manifest());
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(s.message(), HasSubstr(path));
+}
+
+// A valid manifest: tensor "w" (int32, rows x 4), one piece per row in one data file.
+pb::Manifest ValidManifest(int rows) {
+  pb::Manifest m;
+  m.set_format_version(kManifestFormatVersion);
+  m.set_checksum_block_bytes(4096);
+  m.set_step(3);
+  m.set_writer_version(kWriterVersion);
+  (*m.mutable_user_metadata())["run"] = "piece-files";
+  pb::TensorMeta* t = m.add_tensors();
+  t->set_key("w");
+  t->set_dtype(pb::DTYPE_I32);
+  t->add_global_shape(rows);
+  t->add_global_shape(4);
+  pb::DataFile* file = m.add_files();
+  file->set_name(DataFileName(0, 0));
+  file->set_data_start(64);
+  file->set_size_bytes(64 + 16 * static_cast<int64_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    const Region region{{r, 0}, {1, 4}, std::nullopt};
+    pb::StoredPiece* p = m.add_pieces();
+    p->set_key("w");
+    *p->mutable_region() = RegionToProto(region);
+    p->set_file(file->name());
+    p->set_entry_name(EncodeEntryName("w", region));
+    p->set_byte_offset(64 + 16 * static_cast<int64_t>(r));
+    p->set_byte_length(16);
+    p->set_xxh3_64(0x9E3779B97F4A7C15ull * (r + 1));
+  }
+  return m;
+}
+
+// Options that split any manifest over `max_single` bytes into piece files of `budget` bytes.
+ManifestFileOptions Split(int64_t max_single, int64_t budget) {
+  ManifestFileOptions options;
+  options.max_single_file_bytes = max_single;
+  options.piece_file_bytes = budget;
+  return options;
+}
+
+// The bytes of m's pieces section: what its piece files hold, concatenated.
+std::string PiecesSection(const pb::Manifest& m) {
+  pb::Manifest pieces;
+  *pieces.mutable_pieces() = m.pieces();
+  return SerializeManifest(pieces);
+}
+
+// Writes `m` into a fresh directory `name` with `options`; returns the directory.
+std::string WriteInto(const std::string& name, const pb::Manifest& m,
+                      const ManifestFileOptions& options) {
+  const std::string dir = TestDir(name);
+  absl::Status s = WriteManifestFiles(dir, kManifestFileName, m, options);
+  EXPECT_TRUE(s.ok()) << s;
+  return dir;
+}
+
+// A manifest that fits is one format-1 file: exactly SerializeManifest's bytes, as before
+// piece files existed, every field included.
+TEST(ManifestFileTest, ManifestThatFitsIsOneFormat1FileOfTheSerializedBytes) {
+  std::mt19937_64 rng(11);
+  for (int num_pieces : {0, 1, 300, 20000}) {
+    const pb::Manifest m = RandomManifest(rng, num_pieces);
+    const std::string dir = WriteInto("manifest-fits", m, ManifestFileOptions());
+    EXPECT_EQ(*ListDir(dir), std::vector<std::string>{"manifest.pb"});
+    EXPECT_TRUE(ReadAll(dir + "/manifest.pb") == SerializeManifest(m)) << num_pieces;
+  }
+}
+
+// The writer copies the manifest's fields one by one (never its pieces): a new field must be
+// added there (FieldsAfter in manifest_file.cc) and then here.
+TEST(ManifestFileTest, WriterKnowsEveryManifestField) {
+  EXPECT_EQ(pb::Manifest::descriptor()->field_count(), 11);
+}
+
+// Over the limit, the pieces go into piece files of at most the budget (one piece alone when
+// it is larger), in order: their bytes concatenated are the pieces section a single file
+// would hold, and the manifest read back is the one written.
+TEST(ManifestFileTest, ManifestOverTheLimitRoundTripsThroughPieceFiles) {
+  const pb::Manifest m = ValidManifest(200);
+  ASSERT_TRUE(ValidateManifest(m).ok()) << ValidateManifest(m);
+  for (int64_t budget : {1, 64, 500, 4096, 1 << 20}) {
+    const std::string dir = WriteInto("manifest-split", m, Split(1024, budget));
+    pb::Manifest top;
+    ASSERT_TRUE(top.ParseFromString(ReadAll(dir + "/manifest.pb")));
+    EXPECT_EQ(top.format_version(), kManifestPieceFilesFormatVersion);
+    EXPECT_EQ(top.pieces_size(), 0);
+    std::string concatenated;
+    for (const pb::ManifestPieceFile& f : top.piece_files()) {
+      const std::string bytes = ReadAll(JoinPath(dir, f.name()));
+      EXPECT_EQ(static_cast<int64_t>(bytes.size()), f.size_bytes());
+      EXPECT_TRUE(bytes.size() <= static_cast<size_t>(budget) || f.piece_count() == 1) << budget;
+      EXPECT_EQ(Xxh3(bytes.data(), bytes.size()), f.xxh3_64());
+      concatenated += bytes;
+    }
+    EXPECT_EQ(top.piece_files_size() == 1, budget == 1 << 20) << budget;
+    EXPECT_TRUE(concatenated == PiecesSection(m)) << budget;
+    absl::StatusOr<pb::Manifest> got = ReadManifestFile(dir);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->piece_files_size(), top.piece_files_size());
+    got->set_format_version(kManifestFormatVersion);
+    got->clear_piece_files();
+    EXPECT_TRUE(SerializeManifest(*got) == SerializeManifest(m)) << budget;
+  }
+}
+
+// A format-1 manifest reads back through the same function.
+TEST(ManifestFileTest, Format1ManifestReadsBack) {
+  const pb::Manifest m = ValidManifest(5);
+  const std::string dir = WriteInto("manifest-read-v1", m, ManifestFileOptions());
+  absl::StatusOr<pb::Manifest> got = ReadManifestFile(dir);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(SerializeManifest(*got) == SerializeManifest(m));
+}
+
+// A split manifest directory: 20 pieces in piece files of about 2 pieces each.
+std::string SplitManifestDir(const std::string& name) {
+  return WriteInto(name, ValidManifest(20), Split(64, 100));
+}
+
+void ExpectReadFails(const std::string& dir, absl::StatusCode code, const std::string& what) {
+  absl::StatusOr<pb::Manifest> got = ReadManifestFile(dir);
+  EXPECT_EQ(got.status().code(), code) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr(what));
+}
+
+TEST(ManifestFileTest, MissingPieceFileIsNotFoundNamingIt) {
+  const std::string dir = SplitManifestDir("manifest-missing-piece-file");
+  const std::string victim = JoinPath(dir, ManifestPieceFileName(1));
+  ASSERT_EQ(::unlink(victim.c_str()), 0);
+  ExpectReadFails(dir, absl::StatusCode::kNotFound, victim);
+}
+
+TEST(ManifestFileTest, TruncatedPieceFileIsDataLossNamingIt) {
+  const std::string dir = SplitManifestDir("manifest-truncated-piece-file");
+  const std::string victim = JoinPath(dir, ManifestPieceFileName(2));
+  const std::string bytes = ReadAll(victim);
+  ASSERT_TRUE(WriteFileDurably(victim, bytes.substr(0, bytes.size() - 1)).ok());
+  ExpectReadFails(dir, absl::StatusCode::kDataLoss, victim);
+}
+
+// Every single-bit flip of a piece file is caught by its checksum.
+TEST(ManifestFileTest, BitFlippedPieceFileIsDataLossNamingIt) {
+  const std::string dir = SplitManifestDir("manifest-flipped-piece-file");
+  const std::string victim = JoinPath(dir, ManifestPieceFileName(0));
+  const std::string bytes = ReadAll(victim);
+  for (size_t bit = 0; bit < bytes.size() * 8; bit += 5) {
+    std::string flipped = bytes;
+    flipped[bit / 8] = static_cast<char>(flipped[bit / 8] ^ (1 << (bit % 8)));
+    ASSERT_TRUE(WriteFileDurably(victim, flipped).ok());
+    ExpectReadFails(dir, absl::StatusCode::kDataLoss, victim + " does not match its checksum");
+  }
+}
+
+// Rewrites dir's manifest.pb after `edit`.
+void EditManifest(const std::string& dir, const std::function<void(pb::Manifest*)>& edit) {
+  pb::Manifest top;
+  ASSERT_TRUE(top.ParseFromString(ReadAll(dir + "/manifest.pb")));
+  edit(&top);
+  ASSERT_TRUE(WriteFileDurably(dir + "/manifest.pb", SerializeManifest(top)).ok());
+}
+
+TEST(ManifestFileTest, PieceFileWithAnotherPieceCountIsDataLossNamingIt) {
+  const std::string dir = SplitManifestDir("manifest-piece-count");
+  EditManifest(dir, [](pb::Manifest* m) {
+    m->mutable_piece_files(0)->set_piece_count(m->piece_files(0).piece_count() + 1);
+  });
+  ExpectReadFails(dir, absl::StatusCode::kDataLoss,
+                  JoinPath(dir, ManifestPieceFileName(0)) + " holds");
+}
+
+TEST(ManifestFileTest, PieceFileThatIsNotAProtobufIsDataLossNamingIt) {
+  const std::string dir = SplitManifestDir("manifest-piece-garbage");
+  const std::string victim = JoinPath(dir, ManifestPieceFileName(0));
+  const std::string garbage = "\xff\xff\xff\xff";
+  ASSERT_TRUE(WriteFileDurably(victim, garbage).ok());
+  EditManifest(dir, [&](pb::Manifest* m) {
+    m->mutable_piece_files(0)->set_size_bytes(4);
+    m->mutable_piece_files(0)->set_piece_count(1);
+    m->mutable_piece_files(0)->set_xxh3_64(Xxh3(garbage.data(), garbage.size()));
+  });
+  ExpectReadFails(dir, absl::StatusCode::kDataLoss, victim + " is not a valid protobuf");
+}
+
+// Piece-file names come from the writer, never from the manifest's reader: anything but
+// ManifestPieceFileName(i) for the i-th file is refused before any file is opened, even when
+// the named file exists and matches its record.
+TEST(ManifestFileTest, PieceFileNamesOutsideTheExpectedFormAreRefused) {
+  const std::string dir = SplitManifestDir("manifest-hostile-names");
+  const std::string first = ReadAll(JoinPath(dir, ManifestPieceFileName(0)));
+  ASSERT_TRUE(WriteFileDurably(JoinPath(ParentDir(dir), "outside.pb"), first).ok());
+  for (const std::string& name :
+       {std::string("../outside.pb"), JoinPath(ParentDir(dir), "outside.pb"),
+        std::string("./manifest-pieces-00000.pb"), std::string("manifest-pieces-0000.pb"),
+        std::string("manifest-pieces-00001.pb"), std::string("data/manifest-pieces-00000.pb"),
+        std::string("manifest-pieces-../00.pb"), std::string("")}) {
+    const std::string case_dir = SplitManifestDir("manifest-hostile-name");
+    EditManifest(case_dir, [&](pb::Manifest* m) { m->mutable_piece_files(0)->set_name(name); });
+    ExpectReadFails(case_dir, absl::StatusCode::kDataLoss, "piece file 0 is named");
+  }
+}
+
+TEST(ManifestFileTest, FormatsAndPieceFilesMustAgree) {
+  {  // format 2 with pieces of its own
+    const std::string dir = SplitManifestDir("manifest-v2-inline");
+    EditManifest(dir, [](pb::Manifest* m) { *m->add_pieces() = ValidManifest(1).pieces(0); });
+    ExpectReadFails(dir, absl::StatusCode::kDataLoss, "also holds 1 pieces itself");
+  }
+  {  // format 2 without piece files
+    const std::string dir = SplitManifestDir("manifest-v2-none");
+    EditManifest(dir, [](pb::Manifest* m) { m->clear_piece_files(); });
+    ExpectReadFails(dir, absl::StatusCode::kDataLoss, "format version 2 lists 0 piece files");
+  }
+  {  // format 1 with piece files
+    const std::string dir = SplitManifestDir("manifest-v1-listing");
+    EditManifest(dir, [](pb::Manifest* m) { m->set_format_version(kManifestFormatVersion); });
+    ExpectReadFails(dir, absl::StatusCode::kDataLoss, "format version 1 lists");
+  }
+  {  // an unknown format
+    const std::string dir = SplitManifestDir("manifest-v3");
+    EditManifest(dir, [](pb::Manifest* m) { m->set_format_version(3); });
+    ExpectReadFails(dir, absl::StatusCode::kUnimplemented, "unknown manifest format version 3");
+  }
+}
+
+// ParseManifest takes only a self-contained manifest: a format-2 manifest.pb needs its files.
+TEST(ManifestFileTest, ParseManifestSendsAFormat2ManifestToReadManifestFile) {
+  const std::string dir = SplitManifestDir("manifest-parse-v2");
+  absl::StatusOr<pb::Manifest> m = ParseManifest(ReadAll(dir + "/manifest.pb"), "x/manifest.pb");
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition) << m.status();
+  EXPECT_THAT(m.status().message(), HasSubstr("ReadManifestFile"));
+}
+
+// A piece-file write that fails leaves no piece file behind.
+TEST(ManifestFileTest, FailedSplitWriteRemovesItsPieceFiles) {
+  const std::string dir = TestDir("manifest-split-fails");
+  const pb::Manifest m = ValidManifest(20);
+  int handed = 0;
+  absl::Status s = WriteManifestFiles(
+      dir, kManifestFileName, m, /*pieces_bytes=*/1000,
+      [&](ManifestPieceSink sink) {
+        for (const pb::StoredPiece& p : m.pieces()) {
+          if (++handed == 15) return absl::CancelledError("source stops");
+          if (absl::Status added = sink(p); !added.ok()) return added;
+        }
+        return absl::OkStatus();
+      },
+      Split(64, 100));
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_EQ(*ListDir(dir), std::vector<std::string>{});
 }
 
 }  // namespace

@@ -1,10 +1,13 @@
-// Fuzz target: manifest.pb bytes through ParseManifest (protobuf parse + ValidateManifest).
-// Anything may be rejected; an accepted manifest must be internally consistent, which is
-// checked independently here: it serializes and parses back to the same bytes; every piece's
-// tensor and file are listed; each data file's pieces found by ManifestIndex add up to all
-// pieces; and for tensors of at most 4096 elements, marking every element of every piece
-// stores each element exactly once (the brute-force twin of the coverage check). Any
-// violation aborts (a finding).
+// Fuzz target: manifest.pb bytes through ParseManifestHead (protobuf parse + format checks:
+// version 1 without piece files, version 2 with well-named piece files and no pieces of its
+// own) and ParseManifest (+ ValidateManifest). A head accepted in format 2 must list only
+// ManifestPieceFileName(i) names and hold no pieces, and ParseManifest must send it to the
+// piece files instead of accepting it. Anything may be rejected; an accepted manifest must be
+// internally consistent, which is checked independently here: it serializes and parses back to the
+// same bytes; every piece's tensor and file are listed; each data file's pieces found by
+// ManifestIndex add up to all pieces; and for tensors of at most 4096 elements, marking every
+// element of every piece stores each element exactly once (the brute-force twin of the coverage
+// check). Any violation aborts (a finding).
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/stubs/logging.h"
 #include "sharding/region.h"
@@ -57,10 +61,36 @@ bool TiledByBruteForce(const std::vector<int64_t>& shape, int64_t n,
   return true;
 }();
 
+// The format checks of ParseManifestHead, checked independently.
+void CheckHead(absl::string_view bytes) {
+  auto head = ckpt::ParseManifestHead(bytes, "fuzz/manifest.pb");
+  if (!head.ok()) {
+    Check(!head.status().message().empty(), "a head error without a message");
+    return;
+  }
+  if (head->format_version() == ckpt::kManifestFormatVersion) {
+    Check(head->piece_files_size() == 0, "format 1 accepted with piece files");
+    return;
+  }
+  Check(head->format_version() == ckpt::kManifestPieceFilesFormatVersion,
+        "an unknown format accepted");
+  Check(head->pieces_size() == 0, "format 2 accepted with pieces of its own");
+  Check(head->piece_files_size() > 0, "format 2 accepted without piece files");
+  for (int i = 0; i < head->piece_files_size(); ++i) {
+    const std::string& name = head->piece_files(i).name();
+    Check(name == ckpt::ManifestPieceFileName(i) && ckpt::IsManifestPieceFileName(name) &&
+              name.find('/') == std::string::npos,
+          "a piece file name outside the expected form accepted");
+  }
+  Check(absl::IsFailedPrecondition(ckpt::ParseManifest(bytes, "fuzz/manifest.pb").status()),
+        "ParseManifest took a format-2 manifest without its piece files");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view bytes(reinterpret_cast<const char*>(data), size);
+  CheckHead(bytes);
   auto m = ckpt::ParseManifest(bytes, "fuzz/manifest.pb");
   if (!m.ok()) {
     Check(!m.status().message().empty(), "an error without a message");

@@ -20,6 +20,7 @@
 #include "storage/file_util.h"
 #include "storage/interop.h"
 #include "storage/manifest_codec.h"
+#include "storage/manifest_file.h"
 #include "storage/safetensors.h"
 #include "storage/verify.h"
 
@@ -101,15 +102,14 @@ void Run(const Config& c) {
   const std::string ckpt = JoinPath(c.dir, "ckpt");
   Row("import",
       Seconds([&] { Die(ImportSafetensors(source, ckpt, WriteOptions{}).status(), "import"); }));
-  const std::string manifest_path = JoinPath(ckpt, "manifest.pb");
-  const std::string manifest_bytes = *ReadWholeFile(manifest_path, kMaxManifestBytes);
+  const int64_t manifest_bytes = *FileSize(JoinPath(ckpt, kManifestFileName));
   pb::Manifest manifest;
-  Row("parse + validate manifest", Seconds([&] {
-        auto m = ParseManifest(manifest_bytes, manifest_path);
+  Row("read + parse + validate manifest", Seconds([&] {
+        auto m = ReadManifestFile(ckpt);
         Die(m.status(), "manifest");
         manifest = *std::move(m);
       }),
-      absl::StrCat(manifest_bytes.size(), " manifest bytes"));
+      absl::StrCat(manifest_bytes, " manifest bytes"));
   Row("validate manifest", Seconds([&] { Die(ValidateManifest(manifest), "validate"); }));
   Row("reader open", Seconds([&] { Die(CheckpointReader::Open(ckpt).status(), "open"); }));
   Row("verify", Seconds([&] {

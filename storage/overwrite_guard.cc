@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "storage/file_util.h"
 #include "storage/manifest_codec.h"
+#include "storage/manifest_file.h"
 
 namespace ckpt {
 namespace {
@@ -67,23 +68,35 @@ absl::StatusOr<pb::Manifest> ManifestOf(const std::string& path,
   if (!S_ISREG(st.st_mode)) {
     return Refuse(path, "a directory whose manifest.pb is not a regular file");
   }
-  absl::StatusOr<std::string> bytes = ReadWholeFile(manifest_path, kMaxManifestBytes);
-  if (!bytes.ok()) return Refuse(path, absl::StrCat("unreadable: ", bytes.status().message()));
-  absl::StatusOr<pb::Manifest> manifest = ParseManifest(*bytes, manifest_path);
-  if (!manifest.ok()) {
-    return Refuse(path, absl::StrCat("an invalid checkpoint: ", manifest.status().message()));
+  absl::StatusOr<pb::Manifest> manifest = ReadManifestFile(path);
+  if (manifest.ok()) return manifest;
+  // manifest.pb is there: a piece file missing (NotFound) makes the checkpoint invalid too.
+  const absl::StatusCode code = manifest.status().code();
+  if (code != absl::StatusCode::kDataLoss && code != absl::StatusCode::kUnimplemented &&
+      code != absl::StatusCode::kNotFound) {
+    return Refuse(path, absl::StrCat("unreadable: ", manifest.status().message()));
   }
-  return manifest;
+  return Refuse(path, absl::StrCat("an invalid checkpoint: ", manifest.status().message()));
 }
 
-// Everything in the checkpoint directory must belong to the checkpoint: manifest.pb and data/
-// at the top, and in data/ only regular files the manifest lists.
+// Whether `path` is a regular file (not a link to one).
+bool IsRegularFile(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// Everything in the checkpoint directory must belong to the checkpoint: manifest.pb, data/
+// and the manifest's piece files (regular files) at the top, and in data/ only regular files
+// the manifest lists.
 absl::Status CheckOnlyCheckpointFiles(const std::string& path,
                                       const std::vector<std::string>& names,
                                       const pb::Manifest& manifest) {
+  std::set<std::string> piece_files;
+  for (const pb::ManifestPieceFile& f : manifest.piece_files()) piece_files.insert(f.name());
   std::vector<std::string> foreign;
   for (const std::string& n : names) {
-    if (n != kManifestName && n != kDataDirName) foreign.push_back(n);
+    if (n == kManifestName || n == kDataDirName) continue;
+    if (piece_files.count(n) == 0 || !IsRegularFile(JoinPath(path, n))) foreign.push_back(n);
   }
   std::set<std::string> listed;
   for (const pb::DataFile& f : manifest.files()) listed.insert(f.name());
@@ -96,9 +109,7 @@ absl::Status CheckOnlyCheckpointFiles(const std::string& path,
       CKPT_ASSIGN_OR_RETURN(std::vector<std::string> files, ListDir(data));
       for (const std::string& f : files) {
         const std::string name = absl::StrCat(kDataDirName, "/", f);
-        struct stat fst;
-        const bool regular = ::lstat(JoinPath(data, f).c_str(), &fst) == 0 && S_ISREG(fst.st_mode);
-        if (!regular || listed.count(name) == 0) foreign.push_back(name);
+        if (!IsRegularFile(JoinPath(data, f)) || listed.count(name) == 0) foreign.push_back(name);
       }
     }
   } else if (!listed.empty()) {

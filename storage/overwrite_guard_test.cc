@@ -149,6 +149,65 @@ TEST(OverwriteGuardTest, OverwriteRefusesACheckpointThatAlsoHoldsOtherFiles) {
   EXPECT_EQ(Read(JoinPath(path, "data/r9_9.safetensors")), "a stranger");
 }
 
+// Write options that put the manifest's pieces into piece files (format 2).
+WriteOptions InPieceFiles(bool overwrite) {
+  WriteOptions o;
+  o.overwrite = overwrite;
+  o.manifest_files.max_single_file_bytes = 1;
+  o.manifest_files.piece_file_bytes = 1;
+  return o;
+}
+
+TEST(OverwriteGuardTest, OverwriteReplacesACheckpointWithPieceFiles) {
+  const std::string dir = TestDir("replaces-piece-files");
+  const std::string path = JoinPath(dir, "ckpt");
+  Contents c;
+  ASSERT_TRUE(WriteCheckpoint(path, c.Make(1), InPieceFiles(false)).ok());
+  const std::vector<std::string> v2 = {"data", "manifest-pieces-00000.pb", "manifest.pb"};
+  EXPECT_EQ(*ListDir(path), v2);
+  ASSERT_TRUE(CheckReplaceable(path).ok()) << CheckReplaceable(path).status();
+  ASSERT_TRUE(WriteCheckpoint(path, c.Make(2), InPieceFiles(true)).ok());
+  EXPECT_EQ(FirstValue(path), 2.0f);
+  EXPECT_EQ(*ListDir(path), v2);
+  ASSERT_TRUE(WriteCheckpoint(path, c.Make(3), Overwrite()).ok());  // back to one file
+  EXPECT_EQ(FirstValue(path), 3.0f);
+  EXPECT_EQ(*ListDir(path), (std::vector<std::string>{"data", "manifest.pb"}));
+  EXPECT_EQ(*ListDir(dir), std::vector<std::string>{"ckpt"});
+}
+
+TEST(OverwriteGuardTest, OverwriteRefusesAPieceFileCheckpointThatAlsoHoldsOtherFiles) {
+  const std::string dir = TestDir("extra-piece-files");
+  const std::string path = JoinPath(dir, "ckpt");
+  Contents c;
+  ASSERT_TRUE(WriteCheckpoint(path, c.Make(1), InPieceFiles(false)).ok());
+  const std::string listed = JoinPath(path, "manifest-pieces-00000.pb");
+  const std::string bytes = Read(listed);
+  Put(path, "manifest-pieces-00001.pb", bytes);  // well-formed name, not listed
+  ExpectRefused(path, "also holds manifest-pieces-00001.pb");
+  EXPECT_EQ(Read(JoinPath(path, "manifest-pieces-00001.pb")), bytes);
+  EXPECT_EQ(FirstValue(path), 1.0f);
+  ASSERT_EQ(::unlink(JoinPath(path, "manifest-pieces-00001.pb").c_str()), 0);
+  // A listed piece file that is a link (to an identical file) is not part of the checkpoint.
+  Put(dir, "elsewhere.pb", bytes);
+  ASSERT_EQ(::unlink(listed.c_str()), 0);
+  ASSERT_EQ(::symlink(JoinPath(dir, "elsewhere.pb").c_str(), listed.c_str()), 0);
+  ExpectRefused(path, "also holds manifest-pieces-00000.pb");
+  EXPECT_EQ(Read(JoinPath(dir, "elsewhere.pb")), bytes);
+}
+
+TEST(OverwriteGuardTest, OverwriteRefusesAPieceFileCheckpointMissingAPieceFile) {
+  const std::string dir = TestDir("missing-piece-file");
+  const std::string path = JoinPath(dir, "ckpt");
+  Contents c;
+  ASSERT_TRUE(WriteCheckpoint(path, c.Make(1), InPieceFiles(false)).ok());
+  const std::string manifest = Read(JoinPath(path, "manifest.pb"));
+  ASSERT_EQ(::unlink(JoinPath(path, "manifest-pieces-00000.pb").c_str()), 0);
+  ExpectRefused(path, "an invalid checkpoint: ");
+  ExpectRefused(path, "manifest-pieces-00000.pb");
+  EXPECT_EQ(Read(JoinPath(path, "manifest.pb")), manifest);
+  EXPECT_EQ(*ListDir(path), (std::vector<std::string>{"data", "manifest.pb"}));
+}
+
 TEST(OverwriteGuardTest, OverwriteNeverFollowsOrReplacesASymbolicLink) {
   const std::string dir = TestDir("symlink");
   const std::string real = JoinPath(dir, "real");

@@ -59,6 +59,7 @@ absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& path, const IoO
   report.tensors = m.tensors_size();
   report.pieces = m.pieces_size();
   report.files = m.files_size();
+  report.manifest_piece_files = m.piece_files_size();
   // Files in data/ that the manifest does not know (e.g. from another writer) are reported.
   std::set<std::string> listed;
   for (const pb::DataFile& f : m.files()) listed.insert(f.name());

@@ -18,6 +18,7 @@ struct VerifyReport {
   int64_t tensors = 0;
   int64_t pieces = 0;
   int64_t files = 0;
+  int64_t manifest_piece_files = 0;  // 0 for a manifest in manifest.pb alone (format 1)
   int64_t bytes_checked = 0;
   std::vector<std::string> problems;
 };

@@ -23,7 +23,9 @@ namespace {
 // tensors, and the coordinator validates the whole manifest again before any load).
 constexpr std::streamoff kMaxManifestBytes = std::streamoff{1} << 31;
 
-// The parsed manifest.pb of `path` (not validated beyond parsing: see the header).
+// The parsed manifest.pb of `path` (not validated beyond parsing: see the header). Its tensors,
+// metadata and step are in manifest.pb in both manifest formats (format 2 keeps only its
+// pieces in piece files beside it), so the piece files are never read here.
 absl::StatusOr<pb::Manifest> ReadManifest(const std::string& path) {
   const std::string file = absl::StrCat(path, "/manifest.pb");
   std::ifstream in(file, std::ios::binary | std::ios::ate);

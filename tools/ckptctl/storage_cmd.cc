@@ -21,6 +21,7 @@
 #include "storage/file_util.h"
 #include "storage/interop.h"
 #include "storage/manifest_codec.h"
+#include "storage/manifest_file.h"
 #include "storage/verify.h"
 #include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
@@ -97,6 +98,7 @@ Json ManifestJson(const std::string& path, const pb::Manifest& m) {
           {"user_metadata", user},
           {"saved_layout", saved_layout},
           {"checksum_block_bytes", m.checksum_block_bytes()},
+          {"manifest_piece_files", m.piece_files_size()},
           {"total_file_bytes", total},
           {"files", files},
           {"tensors", tensors}};
@@ -120,6 +122,9 @@ void PrintManifestText(const std::string& path, const pb::Manifest& m) {
   std::printf("%d data files, %s; %d tensors, %d pieces\n", m.files_size(),
               HumanBytes(j["total_file_bytes"].get<int64_t>()).c_str(), m.tensors_size(),
               m.pieces_size());
+  if (m.piece_files_size() > 0) {
+    std::printf("manifest pieces in %d piece files beside manifest.pb\n", m.piece_files_size());
+  }
   for (const Json& t : j["tensors"]) {
     std::printf("%s  %s %s  %s in %zu piece(s)\n", t["key"].get<std::string>().c_str(),
                 t["dtype"].get<std::string>().c_str(),
@@ -160,9 +165,7 @@ int RunInspect(const std::vector<std::string>& args) {
     }
     return Fail(cmd, absl::FailedPreconditionError(what));
   }
-  auto bytes = ReadWholeFile(JoinPath(path, "manifest.pb"), kMaxManifestBytes);
-  if (!bytes.ok()) return Fail(cmd, bytes.status());
-  auto m = ParseManifest(*bytes, JoinPath(path, "manifest.pb"));
+  auto m = ReadManifestFile(path);
   if (!m.ok()) return Fail(cmd, m.status());
   if (json) {
     Json j = ManifestJson(path, *m);
@@ -192,10 +195,14 @@ int RunVerify(const std::vector<std::string>& args) {
                  report->problems.size());
     return 1;
   }
+  const std::string piece_files =
+      report->manifest_piece_files > 0
+          ? absl::StrCat(", manifest in ", report->manifest_piece_files, " piece files")
+          : "";
   std::printf("%s: OK (%" PRId64 " tensors, %" PRId64 " pieces, %" PRId64
-              " files, %s checksummed, coverage exact)\n",
+              " files, %s checksummed, coverage exact%s)\n",
               a.positional[0].c_str(), report->tensors, report->pieces, report->files,
-              HumanBytes(report->bytes_checked).c_str());
+              HumanBytes(report->bytes_checked).c_str(), piece_files.c_str());
   return 0;
 }
 
