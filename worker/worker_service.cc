@@ -298,6 +298,22 @@ const pb::SaveSnapshotReport* WorkerService::Snapshotted(const std::string& oper
   return nullptr;
 }
 
+absl::StatusOr<pb::OperationStatus> WorkerService::CallWaitOperation(
+    const std::string& operation_id, absl::Duration wait) {
+  pb::WaitOperationRequest request;
+  request.set_operation_id(operation_id);
+  request.set_timeout_ms(absl::ToInt64Milliseconds(std::max(absl::ZeroDuration(), wait)));
+  pb::OperationStatus op;
+  absl::Status s = FromGrpcStatus(
+      link_->stub()->WaitOperation(
+          link_->Context(absl::Milliseconds(request.timeout_ms()) + link_->options().rpc_timeout)
+              .get(),
+          request, &op),
+      CoordinatorCall("WaitOperation"));
+  if (!s.ok()) return s;
+  return op;
+}
+
 absl::Status WorkerService::WaitAtCoordinator(const std::string& operation_id, absl::Duration wait,
                                               uint64_t epoch, pb::OperationStatus* op,
                                               bool* cut_off) {
@@ -312,15 +328,18 @@ absl::Status WorkerService::WaitAtCoordinator(const std::string& operation_id, a
   const absl::Duration lease = link_->lease();
   if (!lease_before.ok()) wait = absl::ZeroDuration();
   if (lease > absl::ZeroDuration()) wait = std::min(wait, lease);
-  pb::WaitOperationRequest request;
-  request.set_operation_id(operation_id);
-  request.set_timeout_ms(absl::ToInt64Milliseconds(std::max(absl::ZeroDuration(), wait)));
-  absl::Status s = FromGrpcStatus(
-      link_->stub()->WaitOperation(
-          link_->Context(absl::Milliseconds(request.timeout_ms()) + link_->options().rpc_timeout)
-              .get(),
-          request, op),
-      CoordinatorCall("WaitOperation"));
+  std::optional<absl::StatusOr<pb::OperationStatus>> result;
+  if (wait > absl::ZeroDuration()) {
+    // Only waits under a live lease share a call, so a shared call's silence never shows a host
+    // cut off (none of its waiters would have concluded that from its own call either); zero
+    // waits (lease run out, until_snapshot polls) make their own call. A waiter whose own wait
+    // ends before the shared call returns asks once more with zero wait, for a current answer.
+    result = coordinator_waits_.Wait(absl::StrCat(epoch, "/", operation_id), absl::Now() + wait,
+                                     [&] { return CallWaitOperation(operation_id, wait); });
+  }
+  if (!result.has_value()) result = CallWaitOperation(operation_id, absl::ZeroDuration());
+  absl::Status s = result->status();
+  if (s.ok()) *op = **result;
   // A refused connection is a coordinator restarting (its successor answers for the
   // operation); silence past the lease is a host cut off or a coordinator frozen past every
   // lease: either way the coordinator aborts the operation.

@@ -32,6 +32,7 @@
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/coordinator_link.h"
+#include "worker/coordinator_waits.h"
 #include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
 #include "worker/memory_tier.h"
@@ -140,10 +141,15 @@ class WorkerService final : public pb::Worker::Service {
   // "<call> from host <host> to coordinator <address>": what a trainer's error says when
   // the coordinator cannot be reached from this host (a cut link names the host it cut off).
   std::string CoordinatorCall(absl::string_view call) const;
-  // One WaitOperation call for `operation_id` (waiting up to `wait`, at most a lease) into
-  // `op`. When this worker's lease (registration `epoch`) had run out before the call and the
-  // coordinator does not answer it either, sets `cut_off` and returns Unavailable naming this
-  // host: the coordinator has declared the worker dead and aborted the operation.
+  // One WaitOperation call for `operation_id` waiting up to `wait` (no deadline beyond it).
+  absl::StatusOr<pb::OperationStatus> CallWaitOperation(const std::string& operation_id,
+                                                        absl::Duration wait);
+  // The operation's status after waiting up to `wait` (at most a lease) at the coordinator,
+  // into `op`. Waits of several trainers on one operation share one WaitOperation call
+  // (coordinator_waits_). When this worker's lease (registration `epoch`) had run out before
+  // the call and the coordinator does not answer it either, sets `cut_off` and returns
+  // Unavailable naming this host: the coordinator has declared the worker dead and aborted
+  // the operation.
   absl::Status WaitAtCoordinator(const std::string& operation_id, absl::Duration wait,
                                  uint64_t epoch, pb::OperationStatus* op, bool* cut_off);
   // JoinOperation with `join`'s full state, or only its digest when this worker joined the
@@ -166,6 +172,9 @@ class WorkerService final : public pb::Worker::Service {
     std::shared_ptr<std::atomic<bool>> done;
   };
   absl::Notification stopping_;
+  // By "<registration epoch>/<operation>": the WaitOperation call in flight for the trainers
+  // waiting on that operation.
+  CoordinatorWaits coordinator_waits_;
   std::mutex exec_mu_;
   std::list<Executor> executors_ ABSL_GUARDED_BY(exec_mu_);
   // By "<operation>/<rank>": the plan parts started here (the newest 4096), oldest first.
