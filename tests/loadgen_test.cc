@@ -4,6 +4,7 @@
 // figures (timings are benchmarks, never asserted here).
 #include <sys/wait.h>
 
+#include <cstdint>
 #include <iostream>
 #include <string>
 
@@ -59,6 +60,8 @@ std::string SaveAndLoad(const std::vector<std::string>& extra) {
     // Every rank got its plan part over its worker's stream.
     std::vector<std::string> plan = Words(out, kind + " joins_answered_s");
     EXPECT_EQ(ValueOf(plan, "plan_parts"), "2048") << out;
+    // Every rank was told the operation's end.
+    EXPECT_EQ(ValueOf(Words(out, kind + " waits"), "ranks_told"), "2048") << out;
   }
   int files = 0;
   EXPECT_TRUE(absl::SimpleAtoi(ValueOf(Words(out, "save joins_answered_s"), "files"), &files));
@@ -72,9 +75,31 @@ std::string SaveAndLoad(const std::vector<std::string>& extra) {
   return out;
 }
 
+// The number after `name` on the line starting with `key` (-1 when absent).
+int64_t NumberOf(const std::string& out, const std::string& key, const std::string& name) {
+  int64_t n = -1;
+  if (!absl::SimpleAtoi(ValueOf(Words(out, key), name), &n)) return -1;
+  return n;
+}
+
 TEST(LoadgenTest, TwoThousandRanksSaveAndLoadThroughARealCoordinator) {
   const std::string out = SaveAndLoad({});
   EXPECT_EQ(ValueOf(Words(out, "shards_per_rank_max"), "compact"), "0");
+  // By default each worker waits once for its 128 ranks, as the worker daemon coalesces its
+  // trainers' waits: far fewer WaitOperation calls than ranks.
+  for (const std::string kind : {"save", "load"}) {
+    const int64_t calls = NumberOf(out, kind + " waits", "wait_calls");
+    EXPECT_GE(calls, 16) << out;
+    EXPECT_LT(calls, 2048) << out;
+  }
+}
+
+// --rank-waits=per-rank: every rank waits through its own WaitOperation calls.
+TEST(LoadgenTest, PerRankWaitsMakeAtLeastOneWaitCallPerRank) {
+  const std::string out = SaveAndLoad({"--rank-waits=per-rank"});
+  for (const std::string kind : {"save", "load"}) {
+    EXPECT_GE(NumberOf(out, kind + " waits", "wait_calls"), 2048) << out;
+  }
 }
 
 // The same with every rank described compactly (issue 16): the coordinator expands the

@@ -92,7 +92,14 @@ struct OperationRun {
   OperationReport report;
   std::string id;
   int64_t joins_answered = 0;
-  int64_t ranks_told = 0;
+  // RankWaits::kPerWorker, by worker: whether its WaitOperation loop started and ended, and
+  // its ranks waiting on it.
+  struct WorkerWait {
+    bool started = false;
+    bool ended = false;
+    int64_t waiting = 0;
+  };
+  std::vector<WorkerWait> worker_waits;
 };
 
 class Driver {
@@ -120,7 +127,14 @@ class Driver {
   // Records the answer of rank `rank`'s join; true when it must join again with its full state.
   bool JoinAnswered(const std::shared_ptr<OperationRun>& run, int64_t rank, bool omitted,
                     const grpc::Status& status, const grpc::ByteBuffer& buffer);
+  // Rank `rank` (its join accepted) waits for the operation's end as options_.rank_waits says.
+  void StartRankWait(const std::shared_ptr<OperationRun>& run, int64_t rank);
+  // One rank's WaitOperation loop (RankWaits::kPerRank).
   void WaitRank(const std::shared_ptr<OperationRun>& run, int64_t rank);
+  // One worker's WaitOperation loop for all its ranks (RankWaits::kPerWorker).
+  void WaitWorker(const std::shared_ptr<OperationRun>& run, int64_t worker);
+  // Records that `n` more ranks' waits ended. Requires run->mu.
+  void TellRanksLocked(OperationRun& run, int64_t n);
   void Execute(pb::WorkItem item);
   // Waits (WaitOperation) until the operation is final; false on timeout or a dead coordinator.
   bool WaitFinal(const std::string& id, pb::OperationStatus* status);
@@ -460,7 +474,7 @@ void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& k
                            return;
                          }
                          window_.Release();
-                         if (ok && options_.rank_waits) WaitRank(run, rank);
+                         if (ok) StartRankWait(run, rank);
                        }));
 }
 
@@ -490,11 +504,65 @@ bool Driver::JoinAnswered(const std::shared_ptr<OperationRun>& run, int64_t rank
   return false;
 }
 
+void Driver::TellRanksLocked(OperationRun& run, int64_t n) {
+  run.report.ranks_told += n;
+  if (run.report.ranks_told == options_.ranks) run.report.all_ranks_told = absl::Now();
+  run.cv.notify_all();
+}
+
+void Driver::StartRankWait(const std::shared_ptr<OperationRun>& run, int64_t rank) {
+  if (options_.rank_waits == RankWaits::kNone) return;
+  if (options_.rank_waits == RankWaits::kPerRank) {
+    WaitRank(run, rank);
+    return;
+  }
+  const int64_t worker = WorkerOf(rank);
+  {
+    std::lock_guard<std::mutex> lock(run->mu);
+    OperationRun::WorkerWait& wait = run->worker_waits[worker];
+    if (wait.ended) {  // the worker already knows the end: the rank is told at once
+      TellRanksLocked(*run, 1);
+      return;
+    }
+    ++wait.waiting;
+    if (wait.started) return;
+    wait.started = true;
+  }
+  WaitWorker(run, worker);
+}
+
+void Driver::WaitWorker(const std::shared_ptr<OperationRun>& run, int64_t worker) {
+  pb::WaitOperationRequest request;
+  {
+    std::lock_guard<std::mutex> lock(run->mu);
+    request.set_operation_id(run->id);
+    ++run->report.wait_calls;
+  }
+  request.set_timeout_ms(absl::ToInt64Milliseconds(options_.wait_slice));
+  AsyncUnary<pb::OperationStatus>(
+      *loop_, options_.wait_slice + options_.rpc_timeout,
+      [this, request, worker](grpc::ClientContext* c, grpc::CompletionQueue* cq) {
+        return StubOf(worker)->PrepareAsyncWaitOperation(c, request, cq);
+      },
+      [this, run, worker](const grpc::Status& s, pb::OperationStatus& status) {
+        if (s.ok() && !IsFinal(status.phase()) && !stopping_) {
+          WaitWorker(run, worker);
+          return;
+        }
+        std::lock_guard<std::mutex> lock(run->mu);
+        OperationRun::WorkerWait& wait = run->worker_waits[worker];
+        wait.ended = true;
+        TellRanksLocked(*run, wait.waiting);
+        wait.waiting = 0;
+      });
+}
+
 void Driver::WaitRank(const std::shared_ptr<OperationRun>& run, int64_t rank) {
   pb::WaitOperationRequest request;
   {
     std::lock_guard<std::mutex> lock(run->mu);
     request.set_operation_id(run->id);
+    ++run->report.wait_calls;
   }
   request.set_timeout_ms(absl::ToInt64Milliseconds(options_.wait_slice));
   const int64_t worker = WorkerOf(rank);
@@ -509,9 +577,7 @@ void Driver::WaitRank(const std::shared_ptr<OperationRun>& run, int64_t rank) {
           return;
         }
         std::lock_guard<std::mutex> lock(run->mu);
-        ++run->ranks_told;
-        if (run->ranks_told == options_.ranks) run->report.all_ranks_told = absl::Now();
-        run->cv.notify_all();
+        TellRanksLocked(*run, 1);
       });
 }
 
@@ -538,6 +604,7 @@ OperationReport Driver::RunOperation(const std::string& kind, const std::string&
   run->path = path;
   run->report.kind = kind;
   run->report.path = path;
+  run->worker_waits.resize(options_.workers);
   {
     std::lock_guard<std::mutex> lock(current_mu_);
     current_ = run;
@@ -568,10 +635,11 @@ OperationReport Driver::RunOperation(const std::string& kind, const std::string&
     run->report.final_seen = absl::Now();
     run->report.phase = PhaseName(status.phase());
     if (status.status().code() != 0) run->report.status = status.status().message();
-    if (options_.rank_waits) {
+    if (options_.rank_waits != RankWaits::kNone) {
       std::unique_lock<std::mutex> lock(run->mu);
-      run->cv.wait_for(lock, absl::ToChronoNanoseconds(options_.rpc_timeout + options_.wait_slice),
-                       [&] { return run->ranks_told + run->report.join_errors >= options_.ranks; });
+      run->cv.wait_for(
+          lock, absl::ToChronoNanoseconds(options_.rpc_timeout + options_.wait_slice),
+          [&] { return run->report.ranks_told + run->report.join_errors >= options_.ranks; });
     }
   }
   run->report.loadgen_cpu_seconds = CpuSecondsOfSelf() - cpu_before;
@@ -693,6 +761,14 @@ std::string MiB(int64_t bytes) {
 
 }  // namespace
 
+absl::StatusOr<RankWaits> ParseRankWaits(const std::string& text) {
+  if (text == "per-worker") return RankWaits::kPerWorker;
+  if (text == "per-rank") return RankWaits::kPerRank;
+  if (text == "none") return RankWaits::kNone;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--rank-waits: \"", text, "\" is none of per-worker, per-rank, none"));
+}
+
 absl::StatusOr<LoadgenReport> RunLoadgen(const LoadgenOptions& options,
                                          const GptPipelineLayout& layout) {
   if (options.ranks != layout.world_size() || options.workers < 1 ||
@@ -753,6 +829,8 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
             Seconds(op.start, op.all_ranks_told != absl::InfinitePast() ? op.all_ranks_told
                                                                         : op.final_seen)));
     absl::StrAppend(&out, PhaseCpuLine(op));
+    absl::StrAppend(&out, absl::StrFormat("%s waits ranks_told %d wait_calls %d\n", op.kind,
+                                          op.ranks_told, op.wait_calls));
     absl::StrAppend(
         &out, absl::StrFormat("%s joins_answered_s %s first_plan_s %s plan_parts %d "
                               "plan_mib %s max_part_mib %s files %d\n",

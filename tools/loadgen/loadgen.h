@@ -3,7 +3,9 @@
 // and load operations. What a worker does with the coordinator is done as the worker does it:
 // register (one WorkerInfo per simulated worker), renew leases, pull work over one WatchWork
 // stream per worker, attach ranks, join operations with each rank's shard metadata (a
-// GptPipelineLayout), wait per rank (WaitOperation), execute plan parts and report results.
+// GptPipelineLayout), wait for the operation's end (WaitOperation: by default one call at a time
+// per worker and operation, told to all its ranks, as the worker coalesces its trainers' waits;
+// --rank-waits per-rank makes one per rank), execute plan parts and report results.
 // Executing moves no tensor bytes: a save part's files are written as headers + holes
 // (sparse_save.h), so the coordinator's real commit runs on a valid all-zero checkpoint; a load
 // part is acknowledged without reading (each rank reports 0 bytes read) and the plan part's
@@ -30,6 +32,16 @@
 
 namespace ckpt::loadgen {
 
+// How the simulated ranks wait for an operation's end at the coordinator.
+enum class RankWaits {
+  kPerWorker,  // one WaitOperation loop per worker, its ranks told when it returns (the product)
+  kPerRank,    // one WaitOperation loop per rank (workers before they coalesced waits)
+  kNone,       // ranks do not wait
+};
+
+// "per-worker", "per-rank" or "none"; InvalidArgument naming the text otherwise.
+absl::StatusOr<RankWaits> ParseRankWaits(const std::string& text);
+
 // What to run.
 struct LoadgenOptions {
   std::string coordinator;  // host:port (plaintext loopback)
@@ -45,8 +57,8 @@ struct LoadgenOptions {
   int channels = 64;        // gRPC channels (connections) the workers share
   int cq_threads = 2;
   int executor_threads = 2;
-  bool rank_waits = true;  // every rank waits through its own WaitOperation, as trainers do
-  bool fsync = false;      // fsync the sparse data files like a real worker
+  RankWaits rank_waits = RankWaits::kPerWorker;
+  bool fsync = false;  // fsync the sparse data files like a real worker
   // Join as workers do: with each rank's description digest, and only the digest once the
   // coordinator has accepted that description in full (a repeat operation skips the gather).
   bool state_digests = true;
@@ -70,6 +82,8 @@ struct OperationReport {
   std::string path;    // the checkpoint saved or loaded
   int64_t join_errors = 0;
   std::string first_join_error;
+  int64_t ranks_told = 0;          // ranks whose wait ended (final or an error)
+  int64_t wait_calls = 0;          // WaitOperation calls made for the ranks' waits
   int64_t joins_by_digest = 0;     // joins that sent only the description digest, accepted
   int64_t full_state_resends = 0;  // digest-only joins the coordinator answered send_full_state
   absl::Time start = absl::InfinitePast();               // first join sent
@@ -81,7 +95,7 @@ struct OperationReport {
   int64_t files_written = 0;  // save: sparse data files
   absl::Time last_result_sent = absl::InfinitePast();
   absl::Time final_seen = absl::InfinitePast();      // the operation was final (our WaitOperation)
-  absl::Time all_ranks_told = absl::InfinitePast();  // every rank's wait returned final
+  absl::Time all_ranks_told = absl::InfinitePast();  // every rank's wait ended
   // The coordinator's log (when given): gathered, planned, committed, done.
   absl::Time log_gathered = absl::InfinitePast(), log_planned = absl::InfinitePast(),
              log_committed = absl::InfinitePast(), log_done = absl::InfinitePast();

@@ -8,7 +8,8 @@
 //                 [--coordinator-log FILE])
 //                [--operations save,load] [--repeat N] [--no-state-digest]
 //                [--load-algorithm A] [--max-in-flight 256]
-//                [--channels 64] [--executor-threads 2] [--no-rank-waits] [--fsync]
+//                [--channels 64] [--executor-threads 2]
+//                [--rank-waits per-worker|per-rank|none] [--no-rank-waits] [--fsync]
 //                [--max-coordinator-rss 12G] [--keep-checkpoint] [--operation-timeout-s 1800]
 //                [--rpc-timeout-s 120]
 //
@@ -53,14 +54,18 @@ constexpr char kUsage[] =
     "                     [--coordinator-log FILE])\n"
     "                    [--operations save,load] [--repeat N] [--no-state-digest] [--compact]\n"
     "                    [--load-algorithm A] [--max-in-flight 256]\n"
-    "                    [--channels 64] [--executor-threads 2] [--no-rank-waits] [--fsync]\n"
+    "                    [--channels 64] [--executor-threads 2]\n"
+    "                    [--rank-waits per-worker|per-rank|none] [--no-rank-waits] [--fsync]\n"
     "                    [--max-coordinator-rss 12G] [--keep-checkpoint]\n"
     "                    [--operation-timeout-s 1800] [--rpc-timeout-s 120]\n"
     "Simulates N trainer ranks (a GPT at TP x PP x DP) over M workers against a real\n"
     "ckpt_coordinator over gRPC; saves write sparse (all-zero) data files, loads read nothing.\n"
     "Prints gather/plan/dispatch/commit seconds and the coordinator's peak RSS, threads, CPU.\n"
     "--compact: ranks describe each tensor by its layout rule's placements over their mesh\n"
-    "coordinate (RankState.compact_tensors), which the coordinator expands.\n";
+    "coordinate (RankState.compact_tensors), which the coordinator expands.\n"
+    "--rank-waits: how ranks wait for an operation's end: per-worker (default, as workers do:\n"
+    "one WaitOperation at a time per worker, told to its ranks), per-rank (one per rank), none\n"
+    "(--no-rank-waits is none).\n";
 
 int Usage(const std::string& error) {
   std::fprintf(stderr, "ckpt_loadgen: %s\n%s", error.c_str(), kUsage);
@@ -177,7 +182,8 @@ absl::Status ParseCommandLine(int argc, char** argv, Flags* flags,
                                              "max-coordinator-rss",
                                              "operation-timeout-s",
                                              "coordinator-flag",
-                                             "rpc-timeout-s"};
+                                             "rpc-timeout-s",
+                                             "rank-waits"};
   const std::set<std::string> bool_flags = {"no-rank-waits", "fsync",           "keep-checkpoint",
                                             "help",          "no-state-digest", "compact"};
   for (int i = 1; i < argc; ++i) {
@@ -238,7 +244,14 @@ absl::Status ParseRunOptions(Flags& flags, ckpt::loadgen::LoadgenOptions* option
   options->executor_threads = static_cast<int>(executors);
   options->operation_timeout = absl::Seconds(timeout_s);
   options->rpc_timeout = absl::Seconds(rpc_timeout_s);
-  options->rank_waits = !flags.count("no-rank-waits");
+  if (flags.count("no-rank-waits")) {
+    options->rank_waits = ckpt::loadgen::RankWaits::kNone;
+  } else if (flags.count("rank-waits")) {
+    absl::StatusOr<ckpt::loadgen::RankWaits> waits =
+        ckpt::loadgen::ParseRankWaits(flags["rank-waits"]);
+    if (!waits.ok()) return waits.status();
+    options->rank_waits = *waits;
+  }
   options->fsync = flags.count("fsync") > 0;
   if (!flags["load-algorithm"].empty()) {
     absl::StatusOr<ckpt::pb::LoadAlgorithm> algorithm =
