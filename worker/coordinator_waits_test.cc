@@ -1,16 +1,16 @@
 #include "worker/coordinator_waits.h"
 
+#include <atomic>
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace ckpt::worker {
 namespace {
 
-constexpr absl::Duration kLong = absl::Seconds(30);  // bounds every wait of these tests
+constexpr absl::Duration kLong = absl::Seconds(10);  // bounds every wait of these tests
 
 pb::OperationStatus Phase(pb::OperationPhase phase) {
   pb::OperationStatus op;
@@ -30,6 +30,16 @@ struct BlockingCall {
   absl::Notification started, release;
 };
 
+// Notified once `n` waits joined a call in flight (the helper's join observer).
+struct Joins {
+  explicit Joins(int n) : left(n) {}
+  void Joined() {
+    if (left.fetch_sub(1) == 1) all.Notify();
+  }
+  std::atomic<int> left;
+  absl::Notification all;
+};
+
 CoordinatorWaits::Call Unexpected() {
   return [] {
     ADD_FAILURE() << "a follower made its own call";
@@ -39,8 +49,8 @@ CoordinatorWaits::Call Unexpected() {
 
 TEST(CoordinatorWaitsTest, ThreadsWaitingOnOneKeyMakeOneCallAndAllGetItsResult) {
   constexpr int kFollowers = 7;
-  absl::BlockingCounter joined(kFollowers);
-  CoordinatorWaits waits([&](const std::string&) { joined.DecrementCount(); });
+  Joins joins(kFollowers);
+  CoordinatorWaits waits([&](const std::string&) { joins.Joined(); });
   BlockingCall call(Phase(pb::PHASE_DONE));
   std::vector<std::optional<CoordinatorWaits::Result>> got(kFollowers + 1);
   std::vector<std::thread> threads;
@@ -50,7 +60,7 @@ TEST(CoordinatorWaitsTest, ThreadsWaitingOnOneKeyMakeOneCallAndAllGetItsResult) 
     threads.emplace_back(
         [&, i] { got[i] = waits.Wait("op/1", absl::Now() + kLong, Unexpected()); });
   }
-  joined.Wait();
+  EXPECT_TRUE(joins.all.WaitForNotificationWithTimeout(kLong));
   call.release.Notify();
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(waits.calls(), 1);
@@ -99,8 +109,8 @@ TEST(CoordinatorWaitsTest, FollowerWithShortDeadlineReturnsAtItsDeadline) {
 
 TEST(CoordinatorWaitsTest, AnErrorOfTheSharedCallReachesEveryWaiter) {
   constexpr int kFollowers = 3;
-  absl::BlockingCounter joined(kFollowers);
-  CoordinatorWaits waits([&](const std::string&) { joined.DecrementCount(); });
+  Joins joins(kFollowers);
+  CoordinatorWaits waits([&](const std::string&) { joins.Joined(); });
   BlockingCall call(absl::UnavailableError("coordinator restarting"));
   std::vector<std::optional<CoordinatorWaits::Result>> got(kFollowers + 1);
   std::vector<std::thread> threads;
@@ -110,7 +120,7 @@ TEST(CoordinatorWaitsTest, AnErrorOfTheSharedCallReachesEveryWaiter) {
     threads.emplace_back(
         [&, i] { got[i] = waits.Wait("op/1", absl::Now() + kLong, Unexpected()); });
   }
-  joined.Wait();
+  EXPECT_TRUE(joins.all.WaitForNotificationWithTimeout(kLong));
   call.release.Notify();
   for (std::thread& t : threads) t.join();
   for (const auto& r : got) {
