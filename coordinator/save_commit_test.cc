@@ -78,15 +78,20 @@ void WriteParts(Operation& op, const std::vector<RankPlan>& plans, const int32_t
   }
 }
 
+// Plans `op` with `saves` and plays both workers: rank 0 writes 1..4, rank 1 writes 5..8.
+void PlanAndWrite(SaveCommitter& saves, Operation& op) {
+  auto plans = saves.Plan(op);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  const int32_t rows[2][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
+  ASSERT_NO_FATAL_FAILURE(WriteParts(op, *plans, rows));
+}
+
 TEST(SaveCommitterTest, StagesPlansAndCommitsAReadableCheckpoint) {
   const std::string path = TmpPath("commit-ok");
   (void)RemoveTree(path);
   Operation op = TwoRankSave(path);
   SaveCommitter saves;
-  auto plans = saves.Plan(op);
-  ASSERT_TRUE(plans.ok()) << plans.status();
-  const int32_t rows[2][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
-  ASSERT_NO_FATAL_FAILURE(WriteParts(op, *plans, rows));
+  ASSERT_NO_FATAL_FAILURE(PlanAndWrite(saves, op));
   ASSERT_TRUE(saves.Commit(op).ok());
   op.phase = Phase::kDone;
   EXPECT_TRUE(saves.Finalize(op).ok());
@@ -108,10 +113,7 @@ TEST(SaveCommitterTest, CommittedManifestEqualsOneBuiltFromCopiedRecords) {
   Operation op = TwoRankSave(path);
   op.ranks[0].mesh_shape = {2};
   SaveCommitter saves;
-  auto plans = saves.Plan(op);
-  ASSERT_TRUE(plans.ok()) << plans.status();
-  const int32_t rows[2][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
-  ASSERT_NO_FATAL_FAILURE(WriteParts(op, *plans, rows));
+  ASSERT_NO_FATAL_FAILURE(PlanAndWrite(saves, op));
   auto records = MergeWrittenRecords(op);
   ASSERT_TRUE(records.ok()) << records.status();
   ASSERT_EQ(records->pieces.size(), 2u);
@@ -283,10 +285,7 @@ TEST(SaveCommitterTest, PieceFileCheckpointLoadsBitExact) {
   ManifestFileOptions options = TinyManifestFiles(/*piece_file_bytes=*/1);
   options.max_single_file_bytes = 1;
   SaveCommitter saves(/*journal=*/nullptr, options);
-  auto plans = saves.Plan(op);
-  ASSERT_TRUE(plans.ok()) << plans.status();
-  const int32_t rows[2][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
-  ASSERT_NO_FATAL_FAILURE(WriteParts(op, *plans, rows));
+  ASSERT_NO_FATAL_FAILURE(PlanAndWrite(saves, op));
   ASSERT_TRUE(saves.Commit(op).ok());
   auto reader = CheckpointReader::Open(path);
   ASSERT_TRUE(reader.ok()) << reader.status();
@@ -304,10 +303,7 @@ TEST(SaveCommitterTest, CommitFreesEveryRanksWrittenRecord) {
   (void)RemoveTree(path);
   Operation op = TwoRankSave(path);
   SaveCommitter saves;
-  auto plans = saves.Plan(op);
-  ASSERT_TRUE(plans.ok()) << plans.status();
-  const int32_t rows[2][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
-  ASSERT_NO_FATAL_FAILURE(WriteParts(op, *plans, rows));
+  ASSERT_NO_FATAL_FAILURE(PlanAndWrite(saves, op));
   ASSERT_GT(op.ranks[0].written.size(), std::string().capacity());
   ASSERT_TRUE(saves.Commit(op).ok());
   for (const RankEntry& rank : op.ranks) {
@@ -324,10 +320,7 @@ TEST(SaveCommitterTest, UnreadableRecordFailsTheCommitNamingTheRank) {
   (void)RemoveTree(path);
   Operation op = TwoRankSave(path);
   SaveCommitter saves;
-  auto plans = saves.Plan(op);
-  ASSERT_TRUE(plans.ok()) << plans.status();
-  const int32_t rows[2][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
-  ASSERT_NO_FATAL_FAILURE(WriteParts(op, *plans, rows));
+  ASSERT_NO_FATAL_FAILURE(PlanAndWrite(saves, op));
   op.ranks[1].written = "\xff\xff garbage";
   absl::Status committed = saves.Commit(op);
   EXPECT_EQ(committed.code(), absl::StatusCode::kDataLoss);

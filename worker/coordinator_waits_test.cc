@@ -1,6 +1,8 @@
 #include "worker/coordinator_waits.h"
 
 #include <atomic>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -47,16 +49,17 @@ CoordinatorWaits::Call Unexpected() {
   };
 }
 
-TEST(CoordinatorWaitsTest, ThreadsWaitingOnOneKeyMakeOneCallAndAllGetItsResult) {
-  constexpr int kFollowers = 7;
-  Joins joins(kFollowers);
+// One leader making `call` on "op/1" and `followers` waits that join it; returns every
+// waiter's result (the leader's first) once `call` is released.
+std::vector<std::optional<CoordinatorWaits::Result>> LeaderAndFollowers(BlockingCall& call,
+                                                                        int followers) {
+  Joins joins(followers);
   CoordinatorWaits waits([&](const std::string&) { joins.Joined(); });
-  BlockingCall call(Phase(pb::PHASE_DONE));
-  std::vector<std::optional<CoordinatorWaits::Result>> got(kFollowers + 1);
+  std::vector<std::optional<CoordinatorWaits::Result>> got(followers + 1);
   std::vector<std::thread> threads;
   threads.emplace_back([&] { got[0] = waits.Wait("op/1", absl::Now() + kLong, std::ref(call)); });
-  ASSERT_TRUE(call.started.WaitForNotificationWithTimeout(kLong));
-  for (int i = 1; i <= kFollowers; ++i) {
+  EXPECT_TRUE(call.started.WaitForNotificationWithTimeout(kLong));
+  for (int i = 1; i <= followers; ++i) {
     threads.emplace_back(
         [&, i] { got[i] = waits.Wait("op/1", absl::Now() + kLong, Unexpected()); });
   }
@@ -64,8 +67,13 @@ TEST(CoordinatorWaitsTest, ThreadsWaitingOnOneKeyMakeOneCallAndAllGetItsResult) 
   call.release.Notify();
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(waits.calls(), 1);
-  EXPECT_EQ(waits.joins(), kFollowers);
-  for (const auto& r : got) {
+  EXPECT_EQ(waits.joins(), followers);
+  return got;
+}
+
+TEST(CoordinatorWaitsTest, ThreadsWaitingOnOneKeyMakeOneCallAndAllGetItsResult) {
+  BlockingCall call(Phase(pb::PHASE_DONE));
+  for (const auto& r : LeaderAndFollowers(call, /*followers=*/7)) {
     ASSERT_TRUE(r.has_value());
     ASSERT_TRUE(r->ok());
     EXPECT_EQ((*r)->phase(), pb::PHASE_DONE);
@@ -108,22 +116,8 @@ TEST(CoordinatorWaitsTest, FollowerWithShortDeadlineReturnsAtItsDeadline) {
 }
 
 TEST(CoordinatorWaitsTest, AnErrorOfTheSharedCallReachesEveryWaiter) {
-  constexpr int kFollowers = 3;
-  Joins joins(kFollowers);
-  CoordinatorWaits waits([&](const std::string&) { joins.Joined(); });
   BlockingCall call(absl::UnavailableError("coordinator restarting"));
-  std::vector<std::optional<CoordinatorWaits::Result>> got(kFollowers + 1);
-  std::vector<std::thread> threads;
-  threads.emplace_back([&] { got[0] = waits.Wait("op/1", absl::Now() + kLong, std::ref(call)); });
-  ASSERT_TRUE(call.started.WaitForNotificationWithTimeout(kLong));
-  for (int i = 1; i <= kFollowers; ++i) {
-    threads.emplace_back(
-        [&, i] { got[i] = waits.Wait("op/1", absl::Now() + kLong, Unexpected()); });
-  }
-  EXPECT_TRUE(joins.all.WaitForNotificationWithTimeout(kLong));
-  call.release.Notify();
-  for (std::thread& t : threads) t.join();
-  for (const auto& r : got) {
+  for (const auto& r : LeaderAndFollowers(call, /*followers=*/3)) {
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->status().code(), absl::StatusCode::kUnavailable);
     EXPECT_EQ(r->status().message(), "coordinator restarting");
