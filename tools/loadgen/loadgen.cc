@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -133,6 +134,10 @@ class Driver {
   void WaitRank(const std::shared_ptr<OperationRun>& run, int64_t rank);
   // One worker's WaitOperation loop for all its ranks (RankWaits::kPerWorker).
   void WaitWorker(const std::shared_ptr<OperationRun>& run, int64_t worker);
+  // Asks the coordinator, as `worker`, for run's operation one wait slice at a time (each call
+  // counted in wait_calls) until it is final or a call fails, then runs `ended`.
+  void WaitUntilFinal(const std::shared_ptr<OperationRun>& run, int64_t worker,
+                      std::function<void()> ended);
   // Records that `n` more ranks' waits ended. Requires run->mu.
   void TellRanksLocked(OperationRun& run, int64_t n);
   void Execute(pb::WorkItem item);
@@ -532,32 +537,24 @@ void Driver::StartRankWait(const std::shared_ptr<OperationRun>& run, int64_t ran
 }
 
 void Driver::WaitWorker(const std::shared_ptr<OperationRun>& run, int64_t worker) {
-  pb::WaitOperationRequest request;
-  {
+  WaitUntilFinal(run, worker, [this, run, worker] {
     std::lock_guard<std::mutex> lock(run->mu);
-    request.set_operation_id(run->id);
-    ++run->report.wait_calls;
-  }
-  request.set_timeout_ms(absl::ToInt64Milliseconds(options_.wait_slice));
-  AsyncUnary<pb::OperationStatus>(
-      *loop_, options_.wait_slice + options_.rpc_timeout,
-      [this, request, worker](grpc::ClientContext* c, grpc::CompletionQueue* cq) {
-        return StubOf(worker)->PrepareAsyncWaitOperation(c, request, cq);
-      },
-      [this, run, worker](const grpc::Status& s, pb::OperationStatus& status) {
-        if (s.ok() && !IsFinal(status.phase()) && !stopping_) {
-          WaitWorker(run, worker);
-          return;
-        }
-        std::lock_guard<std::mutex> lock(run->mu);
-        OperationRun::WorkerWait& wait = run->worker_waits[worker];
-        wait.ended = true;
-        TellRanksLocked(*run, wait.waiting);
-        wait.waiting = 0;
-      });
+    OperationRun::WorkerWait& wait = run->worker_waits[worker];
+    wait.ended = true;
+    TellRanksLocked(*run, wait.waiting);
+    wait.waiting = 0;
+  });
 }
 
 void Driver::WaitRank(const std::shared_ptr<OperationRun>& run, int64_t rank) {
+  WaitUntilFinal(run, WorkerOf(rank), [this, run] {
+    std::lock_guard<std::mutex> lock(run->mu);
+    TellRanksLocked(*run, 1);
+  });
+}
+
+void Driver::WaitUntilFinal(const std::shared_ptr<OperationRun>& run, int64_t worker,
+                            std::function<void()> ended) {
   pb::WaitOperationRequest request;
   {
     std::lock_guard<std::mutex> lock(run->mu);
@@ -565,19 +562,18 @@ void Driver::WaitRank(const std::shared_ptr<OperationRun>& run, int64_t rank) {
     ++run->report.wait_calls;
   }
   request.set_timeout_ms(absl::ToInt64Milliseconds(options_.wait_slice));
-  const int64_t worker = WorkerOf(rank);
   AsyncUnary<pb::OperationStatus>(
       *loop_, options_.wait_slice + options_.rpc_timeout,
       [this, request, worker](grpc::ClientContext* c, grpc::CompletionQueue* cq) {
         return StubOf(worker)->PrepareAsyncWaitOperation(c, request, cq);
       },
-      [this, run, rank](const grpc::Status& s, pb::OperationStatus& status) {
+      [this, run, worker, ended = std::move(ended)](const grpc::Status& s,
+                                                    pb::OperationStatus& status) mutable {
         if (s.ok() && !IsFinal(status.phase()) && !stopping_) {
-          WaitRank(run, rank);
+          WaitUntilFinal(run, worker, std::move(ended));
           return;
         }
-        std::lock_guard<std::mutex> lock(run->mu);
-        TellRanksLocked(*run, 1);
+        ended();
       });
 }
 
