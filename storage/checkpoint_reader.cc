@@ -19,8 +19,10 @@ namespace {
 
 constexpr char kManifestName[] = "manifest.pb";
 
+// Checks data file `file` of the checkpoint in `dir` against the manifest `index` covers (a
+// share's when `share`: only its pieces' entries).
 absl::Status CheckDataFile(const std::string& dir, const ManifestIndex& index,
-                           const pb::DataFile& file) {
+                           const pb::DataFile& file, bool share) {
   const std::string path = JoinPath(dir, file.name());
   CKPT_ASSIGN_OR_RETURN(int64_t size, FileSize(path));
   if (size != file.size_bytes()) {
@@ -32,7 +34,24 @@ absl::Status CheckDataFile(const std::string& dir, const ManifestIndex& index,
   CKPT_ASSIGN_OR_RETURN(uint64_t header_len, ParseSafetensorsPrefix(prefix, size, path));
   CKPT_ASSIGN_OR_RETURN(std::string json, ReadFileRange(path, 8, static_cast<int64_t>(header_len)));
   CKPT_ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(json, size, path));
-  return CheckHeaderAgainstManifest(index, file, header);
+  return share ? CheckHeaderAgainstShare(index, file, header)
+               : CheckHeaderAgainstManifest(index, file, header);
+}
+
+// OK when `path` is a complete checkpoint directory (manifest.pb present); Open's error else.
+absl::Status CheckCompleteCheckpoint(const std::string& path) {
+  switch (ProbeCheckpoint(path).state) {
+    case CheckpointState::kMissing:
+      return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
+    case CheckpointState::kNotADirectory:
+      return absl::FailedPreconditionError(absl::StrCat(path, " is not a checkpoint directory"));
+    case CheckpointState::kIncomplete:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "incomplete checkpoint at ", path, " (no manifest.pb: its write never committed)"));
+    case CheckpointState::kComplete:
+      break;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -84,25 +103,32 @@ CheckpointProbe ProbeCheckpoint(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const std::string& path, const ReaderOptions& options) {
-  CheckpointProbe probe = ProbeCheckpoint(path);
-  switch (probe.state) {
-    case CheckpointState::kMissing:
-      return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
-    case CheckpointState::kNotADirectory:
-      return absl::FailedPreconditionError(absl::StrCat(path, " is not a checkpoint directory"));
-    case CheckpointState::kIncomplete:
-      return absl::FailedPreconditionError(absl::StrCat(
-          "incomplete checkpoint at ", path, " (no manifest.pb: its write never committed)"));
-    case CheckpointState::kComplete:
-      break;
-  }
+  CKPT_RETURN_IF_ERROR(CheckCompleteCheckpoint(path));
   std::unique_ptr<CheckpointReader> r(new CheckpointReader());
   r->path_ = path;
   r->options_ = options;
   CKPT_ASSIGN_OR_RETURN(r->manifest_, ReadManifestFile(path));
   const ManifestIndex index(r->manifest_);
   for (const pb::DataFile& f : r->manifest_.files()) {
-    CKPT_RETURN_IF_ERROR(CheckDataFile(path, index, f));
+    CKPT_RETURN_IF_ERROR(CheckDataFile(path, index, f, /*share=*/false));
+  }
+  r->IndexPieces(index);
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenShare(
+    const std::string& path, pb::Manifest share, const ReaderOptions& options) {
+  CKPT_RETURN_IF_ERROR(CheckCompleteCheckpoint(path));
+  if (absl::Status s = ValidateManifestShare(share); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("manifest share of ", path, ": ", s.message()));
+  }
+  std::unique_ptr<CheckpointReader> r(new CheckpointReader());
+  r->path_ = path;
+  r->options_ = options;
+  r->manifest_ = std::move(share);
+  const ManifestIndex index(r->manifest_);
+  for (const pb::DataFile& f : r->manifest_.files()) {
+    CKPT_RETURN_IF_ERROR(CheckDataFile(path, index, f, /*share=*/true));
   }
   r->IndexPieces(index);
   return r;

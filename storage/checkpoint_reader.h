@@ -53,10 +53,28 @@ struct PieceRead {
 // An opened, validated checkpoint. Thread-compatible; reads may run concurrently.
 class CheckpointReader {
  public:
+  // Opens the checkpoint at `path`: its whole manifest (ReadManifestFile), validated, and every
+  // data file's size and safetensors header against it.
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
                                                                 const ReaderOptions& options = {});
 
+  // Opens a part of the checkpoint at `path`: `share` is a manifest holding only some of its
+  // pieces (those one load needs, as the coordinator sent them) with their tensors and data files
+  // (coordinator/manifest_share.h's sense, but pieces are NOT at their original indices: only the
+  // needed ones, in any order). Validates the share's format, each piece on its own (known tensor
+  // and file, region valid for the tensor, byte length, entry name, inside its file's data
+  // section, block checksum count), no two pieces sharing bytes (ValidateManifestShare), and each
+  // data file the share lists against its safetensors header (size; each share piece's entry
+  // present at its offsets: CheckHeaderAgainstShare); NOT that the pieces tile each tensor
+  // (ReadRegion already refuses a region element stored by no piece, NotFound, or by two,
+  // DataLoss). `path` must be a complete checkpoint directory, as for Open (same errors);
+  // manifest.pb itself is not read. manifest() is then the share, piece indices the share's.
+  // Errors name the piece (by its index in the share) or the data file.
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenShare(
+      const std::string& path, pb::Manifest share, const ReaderOptions& options = {});
+
   const std::string& path() const { return path_; }
+  // The manifest (of a share: the share).
   const pb::Manifest& manifest() const { return manifest_; }
   // The tensor's metadata, or nullptr.
   const pb::TensorMeta* FindTensor(const std::string& key) const;
