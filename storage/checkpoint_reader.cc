@@ -23,6 +23,15 @@ constexpr char kManifestName[] = "manifest.pb";
 // share's when `share`: only its pieces' entries).
 absl::Status CheckDataFile(const std::string& dir, const ManifestIndex& index,
                            const pb::DataFile& file, bool share) {
+  CKPT_ASSIGN_OR_RETURN(const SafetensorsHeader header, ReadDataFileHeader(dir, file));
+  return share ? CheckHeaderAgainstShare(index, file, header)
+               : CheckHeaderAgainstManifest(index, file, header);
+}
+
+}  // namespace
+
+absl::StatusOr<SafetensorsHeader> ReadDataFileHeader(const std::string& dir,
+                                                     const pb::DataFile& file) {
   const std::string path = JoinPath(dir, file.name());
   CKPT_ASSIGN_OR_RETURN(int64_t size, FileSize(path));
   if (size != file.size_bytes()) {
@@ -33,13 +42,10 @@ absl::Status CheckDataFile(const std::string& dir, const ManifestIndex& index,
   CKPT_ASSIGN_OR_RETURN(std::string prefix, ReadFileRange(path, 0, 8));
   CKPT_ASSIGN_OR_RETURN(uint64_t header_len, ParseSafetensorsPrefix(prefix, size, path));
   CKPT_ASSIGN_OR_RETURN(std::string json, ReadFileRange(path, 8, static_cast<int64_t>(header_len)));
-  CKPT_ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(json, size, path));
-  return share ? CheckHeaderAgainstShare(index, file, header)
-               : CheckHeaderAgainstManifest(index, file, header);
+  return ParseSafetensorsHeader(json, size, path);
 }
 
-// OK when `path` is a complete checkpoint directory (manifest.pb present); Open's error else.
-absl::Status CheckCompleteCheckpoint(const std::string& path) {
+absl::Status CheckCheckpointComplete(const std::string& path) {
   switch (ProbeCheckpoint(path).state) {
     case CheckpointState::kMissing:
       return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
@@ -53,8 +59,6 @@ absl::Status CheckCompleteCheckpoint(const std::string& path) {
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 const char* CheckpointStateName(CheckpointState state) {
   switch (state) {
@@ -103,7 +107,7 @@ CheckpointProbe ProbeCheckpoint(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const std::string& path, const ReaderOptions& options) {
-  CKPT_RETURN_IF_ERROR(CheckCompleteCheckpoint(path));
+  CKPT_RETURN_IF_ERROR(CheckCheckpointComplete(path));
   std::unique_ptr<CheckpointReader> r(new CheckpointReader());
   r->path_ = path;
   r->options_ = options;
@@ -118,7 +122,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenShare(
     const std::string& path, pb::Manifest share, const ReaderOptions& options) {
-  CKPT_RETURN_IF_ERROR(CheckCompleteCheckpoint(path));
+  CKPT_RETURN_IF_ERROR(CheckCheckpointComplete(path));
   if (absl::Status s = ValidateManifestShare(share); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("manifest share of ", path, ": ", s.message()));
   }

@@ -17,6 +17,7 @@
 #include "sharding/region.h"
 #include "storage/io_engine.h"
 #include "storage/manifest_codec.h"
+#include "storage/safetensors.h"
 
 namespace ckpt {
 
@@ -35,6 +36,17 @@ struct CheckpointProbe {
 };
 CheckpointProbe ProbeCheckpoint(const std::string& path);
 const char* CheckpointStateName(CheckpointState state);
+
+// OK when `path` is a complete checkpoint directory (ProbeCheckpoint: kComplete); otherwise
+// Open's error: NotFound when nothing is there, FailedPrecondition for an incomplete checkpoint
+// or a path that is not a directory.
+absl::Status CheckCheckpointComplete(const std::string& path);
+
+// The safetensors header of data file `file` of the checkpoint in `dir`, parsed once the file's
+// size is checked against the manifest's (DataLoss naming the file, "truncated" when shorter).
+// Not checked against the manifest's pieces (CheckHeaderAgainstManifest does that).
+absl::StatusOr<SafetensorsHeader> ReadDataFileHeader(const std::string& dir,
+                                                     const pb::DataFile& file);
 
 struct ReaderOptions {
   IoOptions io;
