@@ -537,6 +537,14 @@ TEST(StreamManifestFileTest, HostileFormat1BytesAgreeWithAWholeParse) {
       valid.substr(valid.find('\x1a')) + valid.substr(0, valid.find('\x1a')),  // reordered
       std::string("\x1a\x00", 2) + valid,  // an empty piece first
   };
+  // Unknown groups (field 15) nested around the recursion limit, at the top and in a piece.
+  for (int depth : {98, 99, 100, 101, 102}) {
+    const std::string nested = std::string(depth, '\x7b') + std::string(depth, '\x7c');
+    cases.push_back(nested + valid);
+    std::string piece = "\x0a\x01w" + nested;
+    cases.push_back(valid + "\x1a" + static_cast<char>(0x80 | (piece.size() & 0x7f)) +
+                    static_cast<char>(piece.size() >> 7) + piece);
+  }
   for (int i = 0; i < 200; ++i) {
     std::string garbage(rng() % 64, '\0');
     for (char& c : garbage) c = static_cast<char>(rng());
