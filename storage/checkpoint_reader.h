@@ -51,6 +51,10 @@ absl::StatusOr<SafetensorsHeader> ReadDataFileHeader(const std::string& dir,
 struct ReaderOptions {
   IoOptions io;
   bool verify_checksums = true;
+  // OpenShare only: skip validating the share and checking its data files' headers, because
+  // the caller did (VerifyCheckpoint validates the manifest as it streams and checks each
+  // header once for many batches). Never for a share from elsewhere.
+  bool share_checked_by_caller = false;
 };
 
 // A byte range [begin, end) of stored piece `piece` (index into manifest().pieces()) to copy

@@ -113,6 +113,7 @@ class BatchVerifier {
       : path_(path), head_(head), max_batch_bytes_(max_batch_bytes), report_(report) {
     options_.io = io;
     options_.verify_checksums = true;
+    options_.share_checked_by_caller = true;  // validated by the stream, headers checked here
     for (int i = 0; i < head.tensors_size(); ++i) tensors_.emplace(head.tensors(i).key(), i);
     for (int i = 0; i < head.files_size(); ++i) files_.emplace(head.files(i).name(), i);
     pieces_in_file_.assign(head.files_size(), 0);
@@ -134,7 +135,7 @@ class BatchVerifier {
   // Verifies the batch.
   absl::Status Flush();
   // Once every piece is in and flushed: each data file's size, data start and entry count.
-  absl::Status Finish() const;
+  absl::Status Finish();
 
  private:
   const std::string& path_;
@@ -145,6 +146,9 @@ class BatchVerifier {
   absl::flat_hash_map<absl::string_view, int> tensors_;  // key -> index in head_
   absl::flat_hash_map<absl::string_view, int> files_;    // name -> index in head_
   std::vector<int64_t> pieces_in_file_;
+  // The parsed headers of the data files of the last batch (by index in head_): the next
+  // batch's pieces are mostly in the same files, which are parsed once.
+  absl::flat_hash_map<int, SafetensorsHeader> headers_;
   pb::Manifest batch_;
   int64_t batch_bytes_ = 0;
 };
@@ -164,18 +168,36 @@ absl::Status BatchVerifier::Flush() {
   share.mutable_pieces()->Swap(batch_.mutable_pieces());
   batch_.Clear();
   batch_bytes_ = 0;
+  absl::flat_hash_map<int, SafetensorsHeader> headers;
+  const ManifestIndex index(share);
+  for (int f : files) {
+    auto cached = headers_.find(f);
+    if (cached != headers_.end()) {
+      headers.emplace(f, std::move(cached->second));
+    } else {
+      CKPT_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadDataFileHeader(path_, head_.files(f)));
+      headers.emplace(f, std::move(header));
+    }
+    CKPT_RETURN_IF_ERROR(CheckHeaderAgainstShare(index, head_.files(f), headers.at(f)));
+  }
+  headers_ = std::move(headers);
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
                         CheckpointReader::OpenShare(path_, std::move(share), options_));
   VerifyPieceBytes(*reader, max_batch_bytes_, report_);
   return absl::OkStatus();
 }
 
-absl::Status BatchVerifier::Finish() const {
+absl::Status BatchVerifier::Finish() {
   const pb::Manifest no_pieces;
   const ManifestIndex none(no_pieces);
   for (int i = 0; i < head_.files_size(); ++i) {
     const pb::DataFile& file = head_.files(i);
-    CKPT_ASSIGN_OR_RETURN(const SafetensorsHeader header, ReadDataFileHeader(path_, file));
+    auto cached = headers_.find(i);
+    SafetensorsHeader read;
+    if (cached == headers_.end()) {
+      CKPT_ASSIGN_OR_RETURN(read, ReadDataFileHeader(path_, file));
+    }
+    const SafetensorsHeader& header = cached == headers_.end() ? read : cached->second;
     CKPT_RETURN_IF_ERROR(CheckHeaderAgainstShare(none, file, header));  // data start and size
     const int64_t entries = static_cast<int64_t>(header.entries.size());
     if (entries != pieces_in_file_[i]) {
