@@ -123,8 +123,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenShare(
     const std::string& path, pb::Manifest share, const ReaderOptions& options) {
   CKPT_RETURN_IF_ERROR(CheckCheckpointComplete(path));
-  const bool check = !options.share_checked_by_caller;
-  if (absl::Status s = check ? ValidateManifestShare(share) : absl::OkStatus(); !s.ok()) {
+  if (absl::Status s = ValidateManifestShare(share); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("manifest share of ", path, ": ", s.message()));
   }
   std::unique_ptr<CheckpointReader> r(new CheckpointReader());
@@ -133,7 +132,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenShare(
   r->manifest_ = std::move(share);
   const ManifestIndex index(r->manifest_);
   for (const pb::DataFile& f : r->manifest_.files()) {
-    if (check) CKPT_RETURN_IF_ERROR(CheckDataFile(path, index, f, /*share=*/true));
+    CKPT_RETURN_IF_ERROR(CheckDataFile(path, index, f, /*share=*/true));
   }
   r->IndexPieces(index);
   return r;
@@ -170,7 +169,9 @@ absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads) c
   return ReadPieces(reads, options_.verify_checksums);
 }
 
-absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, bool verify) const {
+absl::Status ReadStoredPieces(const std::string& dir, int64_t checksum_block_bytes,
+                              absl::Span<const StoredPieceRead> reads, bool verify,
+                              const IoOptions& io) {
   // Partial reads that do not line up with checksum blocks go through a staging buffer that
   // covers whole blocks, then the requested bytes are copied out.
   struct Staged {
@@ -181,12 +182,9 @@ absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, b
   };
   std::vector<Staged> staged;
   std::vector<RangeRead> ranges;
-  const int64_t block = manifest_.checksum_block_bytes();
-  for (const PieceRead& pr : reads) {
-    if (pr.piece < 0 || pr.piece >= manifest_.pieces_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("no stored piece ", pr.piece));
-    }
-    const pb::StoredPiece& p = manifest_.pieces(pr.piece);
+  const int64_t block = checksum_block_bytes;
+  for (const StoredPieceRead& pr : reads) {
+    const pb::StoredPiece& p = *pr.piece;
     const int64_t len = p.byte_length();
     if (pr.begin < 0 || pr.begin > pr.end || pr.end > len) {
       return absl::InvalidArgumentError(absl::StrCat("byte range [", pr.begin, ", ", pr.end,
@@ -194,7 +192,7 @@ absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, b
                                                      " bytes"));
     }
     RangeRead rr;
-    rr.path = JoinPath(path_, p.file());
+    rr.path = JoinPath(dir, p.file());
     // The entry name says the key and region (formatting DescribePiece per read would cost
     // more than a small read).
     rr.label = absl::StrCat("tensor \"", p.key(), "\", entry \"", p.entry_name(), "\"");
@@ -235,11 +233,23 @@ absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, b
     }
     ranges.push_back(std::move(rr));
   }
-  CKPT_RETURN_IF_ERROR(ReadRanges(ranges, options_.io));
+  CKPT_RETURN_IF_ERROR(ReadRanges(ranges, io));
   for (const Staged& s : staged) {
     if (s.n > 0) std::memcpy(s.dest, s.buf.get() + s.skip, s.n);
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, bool verify) const {
+  std::vector<StoredPieceRead> stored;
+  stored.reserve(reads.size());
+  for (const PieceRead& pr : reads) {
+    if (pr.piece < 0 || pr.piece >= manifest_.pieces_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("no stored piece ", pr.piece));
+    }
+    stored.push_back({&manifest_.pieces(pr.piece), pr.begin, pr.end, pr.dest});
+  }
+  return ReadStoredPieces(path_, manifest_.checksum_block_bytes(), stored, verify, options_.io);
 }
 
 absl::Status CheckpointReader::ReadRegion(const std::string& key, const Region& region,

@@ -51,10 +51,6 @@ absl::StatusOr<SafetensorsHeader> ReadDataFileHeader(const std::string& dir,
 struct ReaderOptions {
   IoOptions io;
   bool verify_checksums = true;
-  // OpenShare only: skip validating the share and checking its data files' headers, because
-  // the caller did (VerifyCheckpoint validates the manifest as it streams and checks each
-  // header once for many batches). Never for a share from elsewhere.
-  bool share_checked_by_caller = false;
 };
 
 // A byte range [begin, end) of stored piece `piece` (index into manifest().pieces()) to copy
@@ -65,6 +61,24 @@ struct PieceRead {
   int64_t end = 0;
   void* dest = nullptr;
 };
+
+// A byte range [begin, end) of stored piece `*piece` (of a validated manifest) to copy to
+// `dest`.
+struct StoredPieceRead {
+  const pb::StoredPiece* piece = nullptr;
+  int64_t begin = 0;
+  int64_t end = 0;
+  void* dest = nullptr;
+};
+
+// CheckpointReader::ReadPieces for pieces no reader holds (e.g. streamed from the manifest):
+// reads the ranges of pieces of the checkpoint in `dir`, whose manifest's checksum block size is
+// `checksum_block_bytes`, in parallel; with `verify`, checks the covering checksum blocks of each
+// range (the whole piece when it has no block checksums). InvalidArgument for a range outside
+// its piece; DataLoss naming the tensor and entry for a checksum mismatch.
+absl::Status ReadStoredPieces(const std::string& dir, int64_t checksum_block_bytes,
+                              absl::Span<const StoredPieceRead> reads, bool verify,
+                              const IoOptions& io);
 
 // An opened, validated checkpoint. Thread-compatible; reads may run concurrently.
 class CheckpointReader {

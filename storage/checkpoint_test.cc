@@ -322,12 +322,6 @@ TEST(CheckpointShareTest, ShareThatDisagreesWithItselfOrTheDataFilesIsRefused) {
     EXPECT_THAT(std::string(reader.status().message()), HasSubstr(c.message))
         << c.what << ": " << reader.status();
   }
-  // A caller that checked the share itself (VerifyCheckpoint) skips the checks.
-  pb::Manifest unchecked = good;
-  unchecked.mutable_pieces(0)->set_byte_length(24);
-  ReaderOptions trusted;
-  trusted.share_checked_by_caller = true;
-  EXPECT_TRUE(CheckpointReader::OpenShare(path, unchecked, trusted).ok());
 }
 
 // A share of a missing, incomplete or non-directory checkpoint gets Open's errors.

@@ -537,13 +537,9 @@ absl::Span<const int> ManifestIndex::PiecesInFile(absl::string_view name) const 
   return it == pieces_by_file_.end() ? absl::Span<const int>() : absl::MakeConstSpan(it->second);
 }
 
-namespace {
-
-// CheckHeaderAgainstManifest; with `all_entries_known` false (a share), entries that no piece
-// of the index names are allowed.
-absl::Status CheckHeader(const ManifestIndex& index, const pb::DataFile& file,
-                         const SafetensorsHeader& header, bool all_entries_known) {
-  const pb::Manifest& manifest = index.manifest();
+absl::Status CheckHeaderAgainstPieces(const pb::DataFile& file, const SafetensorsHeader& header,
+                                      absl::Span<const pb::StoredPiece* const> pieces,
+                                      absl::Span<const DType> dtypes, bool all_entries_known) {
   auto err = [&](absl::string_view entry, absl::string_view what) {
     return absl::DataLossError(absl::StrCat("data file ", file.name(),
                                             entry.empty() ? "" : ", entry \"", entry,
@@ -558,14 +554,13 @@ absl::Status CheckHeader(const ManifestIndex& index, const pb::DataFile& file,
   absl::flat_hash_map<absl::string_view, const SafetensorsEntry*> entries;
   entries.reserve(header.entries.size());
   for (const SafetensorsEntry& e : header.entries) entries.emplace(e.name, &e);
-  const absl::Span<const int> pieces = index.PiecesInFile(file.name());
-  for (int i : pieces) {
-    const pb::StoredPiece& p = manifest.pieces(i);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const pb::StoredPiece& p = *pieces[i];
     auto it = entries.find(p.entry_name());
     if (it == entries.end()) return err(p.entry_name(), "listed in the manifest but missing");
     const SafetensorsEntry& e = *it->second;
     const Region region = PieceRegion(p);
-    const DType dtype = index.DTypeOfPiece(i);
+    const DType dtype = dtypes[i];
     if (e.dtype != dtype || e.shape != EntryShape(region) ||
         header.data_start + e.begin != p.byte_offset() || e.end - e.begin != p.byte_length()) {
       return err(
@@ -579,12 +574,29 @@ absl::Status CheckHeader(const ManifestIndex& index, const pb::DataFile& file,
   }
   if (all_entries_known && pieces.size() != header.entries.size()) {
     absl::flat_hash_set<absl::string_view> listed;
-    for (int i : pieces) listed.insert(manifest.pieces(i).entry_name());
+    for (const pb::StoredPiece* p : pieces) listed.insert(p->entry_name());
     for (const SafetensorsEntry& e : header.entries) {
       if (!listed.contains(e.name)) return err(e.name, "not listed in the manifest");
     }
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// CheckHeaderAgainstPieces with the pieces `index` puts in `file`.
+absl::Status CheckHeader(const ManifestIndex& index, const pb::DataFile& file,
+                         const SafetensorsHeader& header, bool all_entries_known) {
+  const absl::Span<const int> in_file = index.PiecesInFile(file.name());
+  std::vector<const pb::StoredPiece*> pieces;
+  std::vector<DType> dtypes;
+  pieces.reserve(in_file.size());
+  dtypes.reserve(in_file.size());
+  for (int i : in_file) {
+    pieces.push_back(&index.manifest().pieces(i));
+    dtypes.push_back(index.DTypeOfPiece(i));
+  }
+  return CheckHeaderAgainstPieces(file, header, pieces, dtypes, all_entries_known);
 }
 
 }  // namespace

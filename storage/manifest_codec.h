@@ -218,6 +218,13 @@ absl::Status CheckHeaderAgainstManifest(const pb::Manifest& manifest, const pb::
 absl::Status CheckHeaderAgainstShare(const ManifestIndex& index, const pb::DataFile& file,
                                      const SafetensorsHeader& header);
 
+// The check behind both: data file `file`'s parsed header against `pieces`, the (validated)
+// pieces stored in it, `dtypes[i]` the dtype of pieces[i]'s tensor; with `all_entries_known`,
+// the header may hold no other entry. For pieces no ManifestIndex covers (streamed ones).
+absl::Status CheckHeaderAgainstPieces(const pb::DataFile& file, const SafetensorsHeader& header,
+                                      absl::Span<const pb::StoredPiece* const> pieces,
+                                      absl::Span<const DType> dtypes, bool all_entries_known);
+
 // "key [0:4, 8:16] in data/r0_0.safetensors" for error messages.
 std::string DescribePiece(const pb::StoredPiece& piece);
 

@@ -6,11 +6,15 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "google/protobuf/repeated_ptr_field.h"
 #include "sharding/coverage.h"
+#include "sharding/dtype.h"
 #include "sharding/overlap.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
@@ -53,80 +57,37 @@ absl::StatusOr<std::vector<std::string>> CheckCoverage(const pb::Manifest& manif
 
 namespace {
 
-// Most pieces verified in one batch (the batch's manifest share is held in memory).
+// Most pieces verified in one batch.
 constexpr int kMaxBatchPieces = 1 << 16;
 
-// Reads every stored byte of the pieces `reader` holds, verifying checksums, holding at most
-// about `max_batch_bytes` at once; a chunk that fails is a problem in `report`.
-void VerifyPieceBytes(const CheckpointReader& reader, int64_t max_batch_bytes,
-                      VerifyReport* report) {
-  const pb::Manifest& m = reader.manifest();
-  // Chunks of pieces aligned to checksum blocks, so every chunk is verifiable on its own.
-  const int64_t block = std::max<int64_t>(1, m.checksum_block_bytes());
-  const int64_t chunk = std::max(block, (int64_t{64} << 20) / block * block);
-  std::vector<PieceRead> batch;
-  std::vector<std::unique_ptr<char[]>> buffers;
-  int64_t batch_bytes = 0;
-  auto flush = [&]() {
-    if (batch.empty()) return;
-    absl::Status s = reader.ReadPieces(batch);
-    if (!s.ok()) {
-      // Find every bad chunk, not just the first (and count the good ones).
-      for (const PieceRead& r : batch) {
-        absl::Status one = reader.ReadPieces({r});
-        if (!one.ok()) {
-          report->problems.push_back(std::string(one.message()));
-        } else {
-          report->bytes_checked += r.end - r.begin;
-        }
-      }
-    } else {
-      for (const PieceRead& r : batch) report->bytes_checked += r.end - r.begin;
-    }
-    batch.clear();
-    buffers.clear();
-    batch_bytes = 0;
-  };
-  for (int i = 0; i < m.pieces_size(); ++i) {
-    const int64_t len = m.pieces(i).byte_length();
-    const int64_t step = m.pieces(i).block_xxh3_size() > 0 ? chunk : std::max<int64_t>(len, 1);
-    for (int64_t b = 0; b < len || (len == 0 && b == 0); b += step) {
-      const int64_t e = std::min(len, b + step);
-      if (batch_bytes + (e - b) > max_batch_bytes) flush();
-      buffers.emplace_back(new char[std::max<int64_t>(1, e - b)]);
-      batch.push_back({i, b, e, buffers.back().get()});
-      batch_bytes += e - b;
-      if (len == 0) break;
-    }
-  }
-  flush();
-}
-
 // The pieces of a checkpoint's manifest as they stream, verified a bounded batch at a time:
-// each batch is opened as a share (CheckpointReader::OpenShare: its pieces' entries checked in
-// their data files' headers) and its bytes read. Counts the pieces of each data file, so that
-// Finish can tell a header that holds entries no piece names.
+// each piece's entry checked in its data file's header (parsed once for consecutive batches),
+// then every stored byte read verifying checksums (ReadStoredPieces). The batch's piece objects
+// are reused from batch to batch (millions of pieces allocated and freed in batches fragment the
+// heap badly). Counts the pieces of each data file, so that Finish can tell a header that holds
+// entries no piece names.
 class BatchVerifier {
  public:
   BatchVerifier(const std::string& path, const pb::Manifest& head, const IoOptions& io,
                 int64_t max_batch_bytes, VerifyReport* report)
-      : path_(path), head_(head), max_batch_bytes_(max_batch_bytes), report_(report) {
-    options_.io = io;
-    options_.verify_checksums = true;
-    options_.share_checked_by_caller = true;  // validated by the stream, headers checked here
-    for (int i = 0; i < head.tensors_size(); ++i) tensors_.emplace(head.tensors(i).key(), i);
+      : path_(path), head_(head), io_(io), max_batch_bytes_(max_batch_bytes), report_(report) {
+    for (const pb::TensorMeta& t : head.tensors()) {
+      absl::StatusOr<DType> dtype = DTypeFromProto(t.dtype());
+      dtypes_.emplace(t.key(), dtype.ok() ? *dtype : DType::kU8);  // validated by the stream
+    }
     for (int i = 0; i < head.files_size(); ++i) files_.emplace(head.files(i).name(), i);
     pieces_in_file_.assign(head.files_size(), 0);
+    entries_in_file_.assign(head.files_size(), -1);
   }
 
-  // Takes `piece` (validated on its own by the stream) into the batch.
-  absl::Status Add(pb::StoredPiece& piece) {
+  // Copies `piece` (validated on its own by the stream) into the batch.
+  absl::Status Add(const pb::StoredPiece& piece) {
     ++report_->pieces;
     auto file = files_.find(piece.file());
     if (file != files_.end()) ++pieces_in_file_[file->second];
     batch_bytes_ += piece.byte_length();
-    *batch_.add_pieces() = std::move(piece);
-    if (batch_bytes_ < max_batch_bytes_ && batch_.pieces_size() < kMaxBatchPieces) {
+    *batch_.Add() = piece;  // into a cleared piece of an earlier batch: no allocation
+    if (batch_bytes_ < max_batch_bytes_ && batch_.size() < kMaxBatchPieces) {
       return absl::OkStatus();
     }
     return Flush();
@@ -134,76 +95,129 @@ class BatchVerifier {
 
   // Verifies the batch.
   absl::Status Flush();
-  // Once every piece is in and flushed: each data file's size, data start and entry count.
+  // Once every piece is in and flushed: each data file's entry count (and the size and data
+  // start of a file no piece is in).
   absl::Status Finish();
 
  private:
+  absl::Status CheckHeaders();
+  void ReadBytes();
+
   const std::string& path_;
   const pb::Manifest& head_;
+  const IoOptions io_;
   const int64_t max_batch_bytes_;
   VerifyReport* const report_;
-  ReaderOptions options_;
-  absl::flat_hash_map<absl::string_view, int> tensors_;  // key -> index in head_
-  absl::flat_hash_map<absl::string_view, int> files_;    // name -> index in head_
+  absl::flat_hash_map<absl::string_view, DType> dtypes_;  // by tensor key
+  absl::flat_hash_map<absl::string_view, int> files_;     // name -> index in head_
   std::vector<int64_t> pieces_in_file_;
+  std::vector<int64_t> entries_in_file_;  // in each header checked so far, -1 for the others
   // The parsed headers of the data files of the last batch (by index in head_): the next
   // batch's pieces are mostly in the same files, which are parsed once.
   absl::flat_hash_map<int, SafetensorsHeader> headers_;
-  pb::Manifest batch_;
+  google::protobuf::RepeatedPtrField<pb::StoredPiece> batch_;
   int64_t batch_bytes_ = 0;
+  std::unique_ptr<char[]> buffer_;  // the bytes read, kept for the next batch
+  int64_t buffer_bytes_ = 0;
 };
 
 absl::Status BatchVerifier::Flush() {
-  if (batch_.pieces_size() == 0) return absl::OkStatus();
-  pb::Manifest share;
-  share.set_format_version(head_.format_version());
-  share.set_checksum_block_bytes(head_.checksum_block_bytes());
-  std::set<int> tensors, files;
-  for (const pb::StoredPiece& p : batch_.pieces()) {
-    if (auto t = tensors_.find(p.key()); t != tensors_.end()) tensors.insert(t->second);
-    if (auto f = files_.find(p.file()); f != files_.end()) files.insert(f->second);
-  }
-  for (int t : tensors) *share.add_tensors() = head_.tensors(t);
-  for (int f : files) *share.add_files() = head_.files(f);
-  share.mutable_pieces()->Swap(batch_.mutable_pieces());
-  batch_.Clear();
+  if (batch_.empty()) return absl::OkStatus();
+  CKPT_RETURN_IF_ERROR(CheckHeaders());
+  ReadBytes();
+  batch_.Clear();  // keeps the pieces for the next batch
   batch_bytes_ = 0;
+  return absl::OkStatus();
+}
+
+// Each piece of the batch an entry of its data file's header at its offsets.
+absl::Status BatchVerifier::CheckHeaders() {
+  std::map<int, std::pair<std::vector<const pb::StoredPiece*>, std::vector<DType>>> by_file;
+  for (const pb::StoredPiece& p : batch_) {
+    auto file = files_.find(p.file());
+    auto dtype = dtypes_.find(p.key());
+    if (file == files_.end() || dtype == dtypes_.end()) {  // the stream's head is not head_
+      return absl::AbortedError(absl::StrCat("the manifest of ", path_, " changed while verified"));
+    }
+    auto& [pieces, dtypes] = by_file[file->second];
+    pieces.push_back(&p);
+    dtypes.push_back(dtype->second);
+  }
   absl::flat_hash_map<int, SafetensorsHeader> headers;
-  const ManifestIndex index(share);
-  for (int f : files) {
+  for (const auto& [f, in_file] : by_file) {
     auto cached = headers_.find(f);
     if (cached != headers_.end()) {
       headers.emplace(f, std::move(cached->second));
     } else {
       CKPT_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadDataFileHeader(path_, head_.files(f)));
+      entries_in_file_[f] = static_cast<int64_t>(header.entries.size());
       headers.emplace(f, std::move(header));
     }
-    CKPT_RETURN_IF_ERROR(CheckHeaderAgainstShare(index, head_.files(f), headers.at(f)));
+    CKPT_RETURN_IF_ERROR(CheckHeaderAgainstPieces(head_.files(f), headers.at(f), in_file.first,
+                                                  in_file.second, /*all_entries_known=*/false));
   }
   headers_ = std::move(headers);
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                        CheckpointReader::OpenShare(path_, std::move(share), options_));
-  VerifyPieceBytes(*reader, max_batch_bytes_, report_);
   return absl::OkStatus();
 }
 
+// Reads every stored byte of the batch's pieces, verifying checksums, holding at most about
+// max_batch_bytes_ at once (in one buffer kept for the next batch); a chunk that fails is a
+// problem in the report.
+void BatchVerifier::ReadBytes() {
+  // Chunks of pieces aligned to checksum blocks, so every chunk is verifiable on its own.
+  const int64_t block_bytes = head_.checksum_block_bytes();
+  const int64_t block = std::max<int64_t>(1, block_bytes);
+  const int64_t chunk = std::max(block, (int64_t{64} << 20) / block * block);
+  std::vector<StoredPieceRead> reads;
+  int64_t bytes = 0;
+  auto flush = [&]() {
+    if (reads.empty()) return;
+    if (bytes > buffer_bytes_) {
+      buffer_.reset(new char[bytes]);
+      buffer_bytes_ = bytes;
+    }
+    char* at = buffer_.get();
+    for (StoredPieceRead& r : reads) {
+      r.dest = at;
+      at += r.end - r.begin;
+    }
+    absl::Status s = ReadStoredPieces(path_, block_bytes, reads, /*verify=*/true, io_);
+    for (const StoredPieceRead& r : reads) {
+      // Find every bad chunk, not just the first (and count the good ones).
+      absl::Status one = s.ok() ? s : ReadStoredPieces(path_, block_bytes, {r}, true, io_);
+      if (one.ok()) report_->bytes_checked += r.end - r.begin;
+      if (!one.ok()) report_->problems.push_back(std::string(one.message()));
+    }
+    reads.clear();
+    bytes = 0;
+  };
+  for (const pb::StoredPiece& p : batch_) {
+    const int64_t len = p.byte_length();
+    const int64_t step = p.block_xxh3_size() > 0 ? chunk : std::max<int64_t>(len, 1);
+    for (int64_t b = 0; b < len || (len == 0 && b == 0); b += step) {
+      const int64_t e = std::min(len, b + step);
+      if (bytes + (e - b) > max_batch_bytes_) flush();
+      reads.push_back({&p, b, e, nullptr});
+      bytes += e - b;
+      if (len == 0) break;
+    }
+  }
+  flush();
+}
+
 absl::Status BatchVerifier::Finish() {
-  const pb::Manifest no_pieces;
-  const ManifestIndex none(no_pieces);
   for (int i = 0; i < head_.files_size(); ++i) {
     const pb::DataFile& file = head_.files(i);
-    auto cached = headers_.find(i);
-    SafetensorsHeader read;
-    if (cached == headers_.end()) {
-      CKPT_ASSIGN_OR_RETURN(read, ReadDataFileHeader(path_, file));
+    if (entries_in_file_[i] < 0) {  // no piece in it: its header's data start and size
+      CKPT_ASSIGN_OR_RETURN(const SafetensorsHeader header, ReadDataFileHeader(path_, file));
+      CKPT_RETURN_IF_ERROR(CheckHeaderAgainstPieces(file, header, {}, {}, false));
+      entries_in_file_[i] = static_cast<int64_t>(header.entries.size());
     }
-    const SafetensorsHeader& header = cached == headers_.end() ? read : cached->second;
-    CKPT_RETURN_IF_ERROR(CheckHeaderAgainstShare(none, file, header));  // data start and size
-    const int64_t entries = static_cast<int64_t>(header.entries.size());
-    if (entries != pieces_in_file_[i]) {
-      return absl::DataLossError(absl::StrCat(
-          "data file ", file.name(), ": its header has ", entries, " entries; the manifest lists ",
-          pieces_in_file_[i], " pieces in it (entries not listed in the manifest)"));
+    if (entries_in_file_[i] != pieces_in_file_[i]) {
+      return absl::DataLossError(
+          absl::StrCat("data file ", file.name(), ": its header has ", entries_in_file_[i],
+                       " entries; the manifest lists ", pieces_in_file_[i],
+                       " pieces in it (entries not listed in the manifest)"));
     }
   }
   return absl::OkStatus();
