@@ -19,8 +19,19 @@ namespace {
 
 constexpr char kManifestName[] = "manifest.pb";
 
+// Checks data file `file` of the checkpoint in `dir` against the manifest `index` covers (a
+// share's when `share`: only its pieces' entries).
 absl::Status CheckDataFile(const std::string& dir, const ManifestIndex& index,
-                           const pb::DataFile& file) {
+                           const pb::DataFile& file, bool share) {
+  CKPT_ASSIGN_OR_RETURN(const SafetensorsHeader header, ReadDataFileHeader(dir, file));
+  return share ? CheckHeaderAgainstShare(index, file, header)
+               : CheckHeaderAgainstManifest(index, file, header);
+}
+
+}  // namespace
+
+absl::StatusOr<SafetensorsHeader> ReadDataFileHeader(const std::string& dir,
+                                                     const pb::DataFile& file) {
   const std::string path = JoinPath(dir, file.name());
   CKPT_ASSIGN_OR_RETURN(int64_t size, FileSize(path));
   if (size != file.size_bytes()) {
@@ -31,11 +42,23 @@ absl::Status CheckDataFile(const std::string& dir, const ManifestIndex& index,
   CKPT_ASSIGN_OR_RETURN(std::string prefix, ReadFileRange(path, 0, 8));
   CKPT_ASSIGN_OR_RETURN(uint64_t header_len, ParseSafetensorsPrefix(prefix, size, path));
   CKPT_ASSIGN_OR_RETURN(std::string json, ReadFileRange(path, 8, static_cast<int64_t>(header_len)));
-  CKPT_ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(json, size, path));
-  return CheckHeaderAgainstManifest(index, file, header);
+  return ParseSafetensorsHeader(json, size, path);
 }
 
-}  // namespace
+absl::Status CheckCheckpointComplete(const std::string& path) {
+  switch (ProbeCheckpoint(path).state) {
+    case CheckpointState::kMissing:
+      return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
+    case CheckpointState::kNotADirectory:
+      return absl::FailedPreconditionError(absl::StrCat(path, " is not a checkpoint directory"));
+    case CheckpointState::kIncomplete:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "incomplete checkpoint at ", path, " (no manifest.pb: its write never committed)"));
+    case CheckpointState::kComplete:
+      break;
+  }
+  return absl::OkStatus();
+}
 
 const char* CheckpointStateName(CheckpointState state) {
   switch (state) {
@@ -84,25 +107,32 @@ CheckpointProbe ProbeCheckpoint(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const std::string& path, const ReaderOptions& options) {
-  CheckpointProbe probe = ProbeCheckpoint(path);
-  switch (probe.state) {
-    case CheckpointState::kMissing:
-      return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
-    case CheckpointState::kNotADirectory:
-      return absl::FailedPreconditionError(absl::StrCat(path, " is not a checkpoint directory"));
-    case CheckpointState::kIncomplete:
-      return absl::FailedPreconditionError(absl::StrCat(
-          "incomplete checkpoint at ", path, " (no manifest.pb: its write never committed)"));
-    case CheckpointState::kComplete:
-      break;
-  }
+  CKPT_RETURN_IF_ERROR(CheckCheckpointComplete(path));
   std::unique_ptr<CheckpointReader> r(new CheckpointReader());
   r->path_ = path;
   r->options_ = options;
   CKPT_ASSIGN_OR_RETURN(r->manifest_, ReadManifestFile(path));
   const ManifestIndex index(r->manifest_);
   for (const pb::DataFile& f : r->manifest_.files()) {
-    CKPT_RETURN_IF_ERROR(CheckDataFile(path, index, f));
+    CKPT_RETURN_IF_ERROR(CheckDataFile(path, index, f, /*share=*/false));
+  }
+  r->IndexPieces(index);
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenShare(
+    const std::string& path, pb::Manifest share, const ReaderOptions& options) {
+  CKPT_RETURN_IF_ERROR(CheckCheckpointComplete(path));
+  if (absl::Status s = ValidateManifestShare(share); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("manifest share of ", path, ": ", s.message()));
+  }
+  std::unique_ptr<CheckpointReader> r(new CheckpointReader());
+  r->path_ = path;
+  r->options_ = options;
+  r->manifest_ = std::move(share);
+  const ManifestIndex index(r->manifest_);
+  for (const pb::DataFile& f : r->manifest_.files()) {
+    CKPT_RETURN_IF_ERROR(CheckDataFile(path, index, f, /*share=*/true));
   }
   r->IndexPieces(index);
   return r;
@@ -139,7 +169,9 @@ absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads) c
   return ReadPieces(reads, options_.verify_checksums);
 }
 
-absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, bool verify) const {
+absl::Status ReadStoredPieces(const std::string& dir, int64_t checksum_block_bytes,
+                              absl::Span<const StoredPieceRead> reads, bool verify,
+                              const IoOptions& io) {
   // Partial reads that do not line up with checksum blocks go through a staging buffer that
   // covers whole blocks, then the requested bytes are copied out.
   struct Staged {
@@ -150,12 +182,9 @@ absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, b
   };
   std::vector<Staged> staged;
   std::vector<RangeRead> ranges;
-  const int64_t block = manifest_.checksum_block_bytes();
-  for (const PieceRead& pr : reads) {
-    if (pr.piece < 0 || pr.piece >= manifest_.pieces_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("no stored piece ", pr.piece));
-    }
-    const pb::StoredPiece& p = manifest_.pieces(pr.piece);
+  const int64_t block = checksum_block_bytes;
+  for (const StoredPieceRead& pr : reads) {
+    const pb::StoredPiece& p = *pr.piece;
     const int64_t len = p.byte_length();
     if (pr.begin < 0 || pr.begin > pr.end || pr.end > len) {
       return absl::InvalidArgumentError(absl::StrCat("byte range [", pr.begin, ", ", pr.end,
@@ -163,7 +192,7 @@ absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, b
                                                      " bytes"));
     }
     RangeRead rr;
-    rr.path = JoinPath(path_, p.file());
+    rr.path = JoinPath(dir, p.file());
     // The entry name says the key and region (formatting DescribePiece per read would cost
     // more than a small read).
     rr.label = absl::StrCat("tensor \"", p.key(), "\", entry \"", p.entry_name(), "\"");
@@ -204,11 +233,23 @@ absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, b
     }
     ranges.push_back(std::move(rr));
   }
-  CKPT_RETURN_IF_ERROR(ReadRanges(ranges, options_.io));
+  CKPT_RETURN_IF_ERROR(ReadRanges(ranges, io));
   for (const Staged& s : staged) {
     if (s.n > 0) std::memcpy(s.dest, s.buf.get() + s.skip, s.n);
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, bool verify) const {
+  std::vector<StoredPieceRead> stored;
+  stored.reserve(reads.size());
+  for (const PieceRead& pr : reads) {
+    if (pr.piece < 0 || pr.piece >= manifest_.pieces_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("no stored piece ", pr.piece));
+    }
+    stored.push_back({&manifest_.pieces(pr.piece), pr.begin, pr.end, pr.dest});
+  }
+  return ReadStoredPieces(path_, manifest_.checksum_block_bytes(), stored, verify, options_.io);
 }
 
 absl::Status CheckpointReader::ReadRegion(const std::string& key, const Region& region,

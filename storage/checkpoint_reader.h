@@ -17,6 +17,7 @@
 #include "sharding/region.h"
 #include "storage/io_engine.h"
 #include "storage/manifest_codec.h"
+#include "storage/safetensors.h"
 
 namespace ckpt {
 
@@ -36,6 +37,17 @@ struct CheckpointProbe {
 CheckpointProbe ProbeCheckpoint(const std::string& path);
 const char* CheckpointStateName(CheckpointState state);
 
+// OK when `path` is a complete checkpoint directory (ProbeCheckpoint: kComplete); otherwise
+// Open's error: NotFound when nothing is there, FailedPrecondition for an incomplete checkpoint
+// or a path that is not a directory.
+absl::Status CheckCheckpointComplete(const std::string& path);
+
+// The safetensors header of data file `file` of the checkpoint in `dir`, parsed once the file's
+// size is checked against the manifest's (DataLoss naming the file, "truncated" when shorter).
+// Not checked against the manifest's pieces (CheckHeaderAgainstManifest does that).
+absl::StatusOr<SafetensorsHeader> ReadDataFileHeader(const std::string& dir,
+                                                     const pb::DataFile& file);
+
 struct ReaderOptions {
   IoOptions io;
   bool verify_checksums = true;
@@ -50,13 +62,49 @@ struct PieceRead {
   void* dest = nullptr;
 };
 
+// A byte range [begin, end) of stored piece `*piece` (of a validated manifest) to copy to
+// `dest`.
+struct StoredPieceRead {
+  const pb::StoredPiece* piece = nullptr;
+  int64_t begin = 0;
+  int64_t end = 0;
+  void* dest = nullptr;
+};
+
+// CheckpointReader::ReadPieces for pieces no reader holds (e.g. streamed from the manifest):
+// reads the ranges of pieces of the checkpoint in `dir`, whose manifest's checksum block size is
+// `checksum_block_bytes`, in parallel; with `verify`, checks the covering checksum blocks of each
+// range (the whole piece when it has no block checksums). InvalidArgument for a range outside
+// its piece; DataLoss naming the tensor and entry for a checksum mismatch.
+absl::Status ReadStoredPieces(const std::string& dir, int64_t checksum_block_bytes,
+                              absl::Span<const StoredPieceRead> reads, bool verify,
+                              const IoOptions& io);
+
 // An opened, validated checkpoint. Thread-compatible; reads may run concurrently.
 class CheckpointReader {
  public:
+  // Opens the checkpoint at `path`: its whole manifest (ReadManifestFile), validated, and every
+  // data file's size and safetensors header against it.
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
                                                                 const ReaderOptions& options = {});
 
+  // Opens a part of the checkpoint at `path`: `share` is a manifest holding only some of its
+  // pieces (those one load needs, as the coordinator sent them) with their tensors and data files
+  // (coordinator/manifest_share.h's sense, but pieces are NOT at their original indices: only the
+  // needed ones, in any order). Validates the share's format, each piece on its own (known tensor
+  // and file, region valid for the tensor, byte length, entry name, inside its file's data
+  // section, block checksum count), no two pieces sharing bytes (ValidateManifestShare), and each
+  // data file the share lists against its safetensors header (size; each share piece's entry
+  // present at its offsets: CheckHeaderAgainstShare); NOT that the pieces tile each tensor
+  // (ReadRegion already refuses a region element stored by no piece, NotFound, or by two,
+  // DataLoss). `path` must be a complete checkpoint directory, as for Open (same errors);
+  // manifest.pb itself is not read. manifest() is then the share, piece indices the share's.
+  // Errors name the piece (by its index in the share) or the data file.
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenShare(
+      const std::string& path, pb::Manifest share, const ReaderOptions& options = {});
+
   const std::string& path() const { return path_; }
+  // The manifest (of a share: the share).
   const pb::Manifest& manifest() const { return manifest_; }
   // The tensor's metadata, or nullptr.
   const pb::TensorMeta* FindTensor(const std::string& key) const;

@@ -1,6 +1,8 @@
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -182,6 +184,157 @@ TEST(CheckpointTest, ManifestInPieceFilesLoadsLikeTheSingleFileOne) {
     std::string out(t.bytes.size(), '\x55');
     ASSERT_TRUE((*many)->ReadRegion(t.spec.key, WholeRegion(t.spec.global_shape), out.data()).ok());
     EXPECT_TRUE(out == t.bytes) << t.spec.key;
+  }
+}
+
+// The share of manifest `m` holding pieces `pieces` (in that order) with their tensors and
+// data files, as a coordinator cuts one for a load.
+pb::Manifest ShareOf(const pb::Manifest& m, const std::vector<int>& pieces) {
+  pb::Manifest share;
+  share.set_format_version(m.format_version());
+  share.set_checksum_block_bytes(m.checksum_block_bytes());
+  std::set<std::string> keys, files;
+  for (int i : pieces) {
+    *share.add_pieces() = m.pieces(i);
+    keys.insert(m.pieces(i).key());
+    files.insert(m.pieces(i).file());
+  }
+  for (const pb::TensorMeta& t : m.tensors()) {
+    if (keys.count(t.key()) > 0) *share.add_tensors() = t;
+  }
+  for (const pb::DataFile& f : m.files()) {
+    if (files.count(f.name()) > 0) *share.add_files() = f;
+  }
+  return share;
+}
+
+// Indices in `m` of the pieces of `key` rows [begin, end) (one piece per row), last row first.
+std::vector<int> RowsOf(const pb::Manifest& m, const std::string& key, int begin, int end) {
+  std::vector<int> out;
+  for (int i = m.pieces_size() - 1; i >= 0; --i) {
+    const Region r = PieceRegion(m.pieces(i));
+    if (m.pieces(i).key() == key && r.offsets[0] >= begin && r.offsets[0] < end) out.push_back(i);
+  }
+  return out;
+}
+
+// A share of a few pieces, out of manifest order, opens without the rest of the manifest (in
+// format 1 and in piece files) and reads its regions bit-exact; a region that needs a piece
+// outside the share is NotFound, as is a tensor it does not hold.
+TEST(CheckpointShareTest, ShareOfAFewPiecesReadsThoseRegionsBitExact) {
+  const std::string dir = TestDir("share");
+  std::vector<TestTensor> tensors;
+  Pieces pieces;
+  const CheckpointContents c = RowPieces(pieces, tensors, 12);
+  WriteOptions split;
+  split.manifest_files.max_single_file_bytes = 4096;
+  split.manifest_files.piece_file_bytes = 1000;
+  for (const WriteOptions& options : {WriteOptions{}, split}) {
+    const std::string path = JoinPath(dir, "ckpt");
+    ASSERT_TRUE(RemoveTree(path).ok());
+    auto m = WriteCheckpoint(path, c, options);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const TestTensor& t = tensors[1];
+    pb::Manifest share = ShareOf(*m, RowsOf(*m, t.spec.key, 3, 8));
+    ASSERT_EQ(share.pieces_size(), 5);
+    auto reader = CheckpointReader::OpenShare(path, share);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    EXPECT_EQ((*reader)->manifest().pieces_size(), 5);
+    const Region rows = Box({3, 0}, {5, 7});
+    std::string out(rows.NumElements() * t.es(), '\x55');
+    ASSERT_TRUE((*reader)->ReadRegion(t.spec.key, rows, out.data()).ok());
+    EXPECT_TRUE(out == t.Extract(rows));
+    const Region inner{{4, 0}, {3, 7}, FlatRange{2, 17}};
+    std::string part(inner.NumElements() * t.es(), '\0');
+    ASSERT_TRUE((*reader)->ReadRegion(t.spec.key, inner, part.data()).ok());
+    EXPECT_TRUE(part == t.Extract(inner));
+
+    absl::Status outside = (*reader)->ReadRegion(t.spec.key, Box({2, 0}, {2, 7}), out.data());
+    EXPECT_EQ(outside.code(), absl::StatusCode::kNotFound) << outside;
+    EXPECT_THAT(std::string(outside.message()), HasSubstr(t.spec.key));
+    EXPECT_EQ((*reader)->ReadRegion(tensors[0].spec.key, Box({0, 0}, {1, 7}), out.data()).code(),
+              absl::StatusCode::kNotFound);
+  }
+}
+
+// A share that does not agree with itself or with the data files is refused, naming the piece
+// (its index in the share) or the file; the data files' bytes are not read.
+TEST(CheckpointShareTest, ShareThatDisagreesWithItselfOrTheDataFilesIsRefused) {
+  const std::string dir = TestDir("share-bad");
+  std::vector<TestTensor> tensors;
+  Pieces pieces;
+  const std::string path = JoinPath(dir, "ckpt");
+  auto m = WriteCheckpoint(path, RowPieces(pieces, tensors, 12), WriteOptions{});
+  ASSERT_TRUE(m.ok()) << m.status();
+  const pb::Manifest good = ShareOf(*m, RowsOf(*m, "layers.0.w", 0, 3));
+  ASSERT_TRUE(CheckpointReader::OpenShare(path, good).ok());
+  // Another piece of the same file, not in the share: where the share's piece 1 claims to be.
+  int other = -1;
+  for (int i = 0; i < m->pieces_size(); ++i) {
+    if (m->pieces(i).file() == good.pieces(1).file() && m->pieces(i).key() == "layers.2.w") {
+      other = i;
+    }
+  }
+  ASSERT_GE(other, 0);
+  struct Case {
+    std::string what;
+    std::function<void(pb::Manifest*)> edit;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"past its file's data",
+       [](pb::Manifest* s) {
+         s->mutable_pieces(1)->set_byte_offset(s->files(0).size_bytes() + 4096);
+       },
+       absl::StatusCode::kDataLoss, "piece 1 (tensor \"layers.0.w\" region [1:2, 0:7]"},
+      {"unknown file",
+       [](pb::Manifest* s) { s->mutable_pieces(2)->set_file("data/r7_9.safetensors"); },
+       absl::StatusCode::kDataLoss, "piece 2 (tensor \"layers.0.w\""},
+      {"unknown tensor", [](pb::Manifest* s) { s->mutable_pieces(0)->set_key("layers.9.w"); },
+       absl::StatusCode::kDataLoss, "piece 0 (tensor \"layers.9.w\""},
+      {"byte length", [](pb::Manifest* s) { s->mutable_pieces(0)->set_byte_length(24); },
+       absl::StatusCode::kDataLoss, "byte length 24 is not 7 elements of F32"},
+      {"shared bytes",
+       [](pb::Manifest* s) {
+         s->mutable_pieces(1)->set_file(s->pieces(0).file());
+         s->mutable_pieces(1)->set_byte_offset(s->pieces(0).byte_offset() + 4);
+       },
+       absl::StatusCode::kDataLoss, "overlap in bytes"},
+      {"header offsets",
+       [&](pb::Manifest* s) {
+         s->mutable_pieces(1)->set_byte_offset(m->pieces(other).byte_offset());
+       },
+       absl::StatusCode::kDataLoss,
+       absl::StrCat("data file ", good.pieces(1).file(), ", entry \"layers.0.w|1:2,0:7\"")},
+      {"file size",
+       [](pb::Manifest* s) { s->mutable_files(0)->set_size_bytes(s->files(0).size_bytes() + 8); },
+       absl::StatusCode::kDataLoss, " bytes; the manifest says "},
+      {"piece files",
+       [](pb::Manifest* s) { s->add_piece_files()->set_name(ManifestPieceFileName(0)); },
+       absl::StatusCode::kDataLoss, "a share lists 1 piece files"},
+  };
+  for (const Case& c : cases) {
+    pb::Manifest share = good;
+    c.edit(&share);
+    auto reader = CheckpointReader::OpenShare(path, share);
+    EXPECT_EQ(reader.status().code(), c.code) << c.what << ": " << reader.status();
+    EXPECT_THAT(std::string(reader.status().message()), HasSubstr(c.message))
+        << c.what << ": " << reader.status();
+  }
+}
+
+// A share of a missing, incomplete or non-directory checkpoint gets Open's errors.
+TEST(CheckpointShareTest, ShareOfAMissingOrIncompleteCheckpointFailsAsOpenDoes) {
+  const std::string dir = TestDir("share-missing");
+  const std::string incomplete = JoinPath(dir, "incomplete");
+  ASSERT_TRUE(MakeDir(incomplete).ok());
+  ASSERT_TRUE(WriteFileDurably(JoinPath(dir, "file"), "x").ok());
+  for (const std::string& path : {JoinPath(dir, "none"), incomplete, JoinPath(dir, "file")}) {
+    const absl::Status open = CheckpointReader::Open(path).status();
+    const absl::Status share = CheckpointReader::OpenShare(path, pb::Manifest()).status();
+    EXPECT_FALSE(share.ok()) << path;
+    EXPECT_EQ(share, open) << path;
   }
 }
 

@@ -183,9 +183,27 @@ absl::Status CheckCoverageOfEachTensor(
 absl::Status ManifestValidator::Start(const pb::Manifest& head) {
   head_ = &head;
   CKPT_RETURN_IF_ERROR(CheckFormat(head));
+  return CollectHead();
+}
+
+absl::Status ManifestValidator::StartShare(const pb::Manifest& share) {
+  head_ = &share;
+  if (share.piece_files_size() > 0) {
+    return ManifestError(absl::StrCat("a share lists ", share.piece_files_size(),
+                                      " piece files (it holds its pieces itself)"));
+  }
+  // Format 2 lists piece files in a checkpoint's manifest.pb, never in a share.
+  if (share.format_version() != kManifestPieceFilesFormatVersion) {
+    CKPT_RETURN_IF_ERROR(CheckFormat(share));
+  }
+  return CollectHead();
+}
+
+// The tensors, the data files and the checksum block size of head_.
+absl::Status ManifestValidator::CollectHead() {
   CKPT_RETURN_IF_ERROR(CollectTensors());
   CKPT_RETURN_IF_ERROR(CollectFiles());
-  const int64_t block = head.checksum_block_bytes();
+  const int64_t block = head_->checksum_block_bytes();
   if (block < 0 || (block > 0 && block < 4096)) {
     return ManifestError(absl::StrCat("checksum block size ", block, " is below 4096"));
   }
@@ -332,6 +350,20 @@ absl::Status ManifestValidator::Finish() {
       [&](int i, const Region& region) { return Describe(i, region); });
 }
 
+absl::Status ManifestValidator::FinishWithoutCoverage() {
+  CKPT_RETURN_IF_ERROR(CheckByteRangesDisjoint());
+  std::vector<std::tuple<int, int64_t, int64_t, int>>().swap(ranges_);
+  return absl::OkStatus();
+}
+
+absl::Status ValidateManifestShare(const pb::Manifest& share) {
+  ManifestValidator validator;
+  CKPT_RETURN_IF_ERROR(validator.StartShare(share));
+  validator.Reserve(share.pieces_size());
+  for (const pb::StoredPiece& p : share.pieces()) CKPT_RETURN_IF_ERROR(validator.AddPiece(p));
+  return validator.FinishWithoutCoverage();
+}
+
 absl::Status ValidateManifest(const pb::Manifest& m) {
   ManifestValidator validator;
   CKPT_RETURN_IF_ERROR(validator.Start(m));
@@ -440,15 +472,21 @@ absl::StatusOr<pb::Manifest> ParseManifestHead(absl::string_view bytes, absl::st
   if (!m.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     return absl::DataLossError(absl::StrCat("manifest ", path, " is not a valid protobuf"));
   }
-  absl::Status s = CheckFormat(m);
-  if (s.ok() && m.format_version() == kManifestPieceFilesFormatVersion && m.pieces_size() > 0) {
+  CKPT_RETURN_IF_ERROR(CheckManifestHead(m, m.pieces_size(), path));
+  return m;
+}
+
+absl::Status CheckManifestHead(const pb::Manifest& head, int64_t own_pieces,
+                               absl::string_view path) {
+  absl::Status s = CheckFormat(head);
+  if (s.ok() && head.format_version() == kManifestPieceFilesFormatVersion && own_pieces > 0) {
     s =
         ManifestError(absl::StrCat("format version 2 keeps its pieces in piece files but it "
                                    "also holds ",
-                                   m.pieces_size(), " pieces itself"));
+                                   own_pieces, " pieces itself"));
   }
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
-  return m;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<pb::Manifest> ParseManifest(absl::string_view bytes, absl::string_view path) {
@@ -499,9 +537,9 @@ absl::Span<const int> ManifestIndex::PiecesInFile(absl::string_view name) const 
   return it == pieces_by_file_.end() ? absl::Span<const int>() : absl::MakeConstSpan(it->second);
 }
 
-absl::Status CheckHeaderAgainstManifest(const ManifestIndex& index, const pb::DataFile& file,
-                                        const SafetensorsHeader& header) {
-  const pb::Manifest& manifest = index.manifest();
+absl::Status CheckHeaderAgainstPieces(const pb::DataFile& file, const SafetensorsHeader& header,
+                                      absl::Span<const pb::StoredPiece* const> pieces,
+                                      absl::Span<const DType> dtypes, bool all_entries_known) {
   auto err = [&](absl::string_view entry, absl::string_view what) {
     return absl::DataLossError(absl::StrCat("data file ", file.name(),
                                             entry.empty() ? "" : ", entry \"", entry,
@@ -516,14 +554,13 @@ absl::Status CheckHeaderAgainstManifest(const ManifestIndex& index, const pb::Da
   absl::flat_hash_map<absl::string_view, const SafetensorsEntry*> entries;
   entries.reserve(header.entries.size());
   for (const SafetensorsEntry& e : header.entries) entries.emplace(e.name, &e);
-  const absl::Span<const int> pieces = index.PiecesInFile(file.name());
-  for (int i : pieces) {
-    const pb::StoredPiece& p = manifest.pieces(i);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const pb::StoredPiece& p = *pieces[i];
     auto it = entries.find(p.entry_name());
     if (it == entries.end()) return err(p.entry_name(), "listed in the manifest but missing");
     const SafetensorsEntry& e = *it->second;
     const Region region = PieceRegion(p);
-    const DType dtype = index.DTypeOfPiece(i);
+    const DType dtype = dtypes[i];
     if (e.dtype != dtype || e.shape != EntryShape(region) ||
         header.data_start + e.begin != p.byte_offset() || e.end - e.begin != p.byte_length()) {
       return err(
@@ -535,14 +572,43 @@ absl::Status CheckHeaderAgainstManifest(const ManifestIndex& index, const pb::Da
                        p.byte_offset() + p.byte_length(), ")"));
     }
   }
-  if (pieces.size() != header.entries.size()) {
+  if (all_entries_known && pieces.size() != header.entries.size()) {
     absl::flat_hash_set<absl::string_view> listed;
-    for (int i : pieces) listed.insert(manifest.pieces(i).entry_name());
+    for (const pb::StoredPiece* p : pieces) listed.insert(p->entry_name());
     for (const SafetensorsEntry& e : header.entries) {
       if (!listed.contains(e.name)) return err(e.name, "not listed in the manifest");
     }
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// CheckHeaderAgainstPieces with the pieces `index` puts in `file`.
+absl::Status CheckHeader(const ManifestIndex& index, const pb::DataFile& file,
+                         const SafetensorsHeader& header, bool all_entries_known) {
+  const absl::Span<const int> in_file = index.PiecesInFile(file.name());
+  std::vector<const pb::StoredPiece*> pieces;
+  std::vector<DType> dtypes;
+  pieces.reserve(in_file.size());
+  dtypes.reserve(in_file.size());
+  for (int i : in_file) {
+    pieces.push_back(&index.manifest().pieces(i));
+    dtypes.push_back(index.DTypeOfPiece(i));
+  }
+  return CheckHeaderAgainstPieces(file, header, pieces, dtypes, all_entries_known);
+}
+
+}  // namespace
+
+absl::Status CheckHeaderAgainstManifest(const ManifestIndex& index, const pb::DataFile& file,
+                                        const SafetensorsHeader& header) {
+  return CheckHeader(index, file, header, /*all_entries_known=*/true);
+}
+
+absl::Status CheckHeaderAgainstShare(const ManifestIndex& index, const pb::DataFile& file,
+                                     const SafetensorsHeader& header) {
+  return CheckHeader(index, file, header, /*all_entries_known=*/false);
 }
 
 absl::Status CheckHeaderAgainstManifest(const pb::Manifest& manifest, const pb::DataFile& file,

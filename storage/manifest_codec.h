@@ -78,12 +78,19 @@ absl::Status ValidateManifest(const pb::Manifest& manifest);
 class ManifestValidator {
  public:
   absl::Status Start(const pb::Manifest& head);
+  // Start for a share of a manifest (ValidateManifestShare): its pieces are in it, whatever
+  // its format version (1 or 2, the checkpoint's), and it lists no piece files.
+  absl::Status StartShare(const pb::Manifest& share);
   // Room for `num_pieces` pieces (an optimization).
   void Reserve(int num_pieces);
   absl::Status AddPiece(const pb::StoredPiece& piece);
   absl::Status Finish();
+  // Finish for a share: no two pieces share bytes, but the pieces need not tile any tensor
+  // (nor add up to piece files' counts: a share lists none).
+  absl::Status FinishWithoutCoverage();
 
  private:
+  absl::Status CollectHead();
   absl::Status CollectTensors();
   absl::Status CollectFiles();
   absl::Status CheckPieceCounts() const;
@@ -103,6 +110,15 @@ class ManifestValidator {
   std::vector<std::tuple<int, int64_t, int64_t, int>> ranges_;
   absl::flat_hash_set<std::string> empty_pieces_;  // entry names of pieces without elements
 };
+
+// Validates a share of a manifest: a manifest holding only some of a checkpoint's pieces (those
+// one load needs, in any order, not at their indices in the checkpoint's manifest) with their
+// tensors and data files. ValidateManifest's checks of the head and of each piece on its own,
+// and no two pieces sharing bytes (ManifestValidator: StartShare, AddPiece each piece,
+// FinishWithoutCoverage); not that the pieces tile each tensor. The format version is 1 or 2
+// and no piece files are listed (a share carries its pieces). DataLoss naming the piece (by its
+// index in the share) or Unimplemented for an unknown format version.
+absl::Status ValidateManifestShare(const pb::Manifest& share);
 
 // 128 bits of XXH3 over everything ValidateManifest checks except each piece's own checksum
 // values: the format version, the checksum block size, the tensors and data files, and each
@@ -144,6 +160,12 @@ class PieceShapeHasher {
 absl::Status CheckPieceChecksums(const pb::Manifest& manifest, int i);
 // The same for a piece streamed on its own, `i` its index in the manifest (for the message).
 absl::Status CheckStoredPieceChecksums(int i, const pb::StoredPiece& piece);
+
+// The format checks of ParseManifestHead on an already parsed `head` that held `own_pieces`
+// pieces itself (a streaming reader parses the head without its pieces and counts them).
+// DataLoss (Unimplemented for an unknown version) naming `path`.
+absl::Status CheckManifestHead(const pb::Manifest& head, int64_t own_pieces,
+                               absl::string_view path);
 
 // Parses manifest.pb bytes read from `path` (named in errors) and checks only its format: a
 // known version; format 1 lists no piece files; format 2 lists valid piece-file records (as
@@ -190,6 +212,18 @@ absl::Status CheckHeaderAgainstManifest(const ManifestIndex& index, const pb::Da
 // The same for a single file (builds the index: linear in the whole manifest).
 absl::Status CheckHeaderAgainstManifest(const pb::Manifest& manifest, const pb::DataFile& file,
                                         const SafetensorsHeader& header);
+// CheckHeaderAgainstManifest for a data file of a share (ValidateManifestShare), which knows
+// only some of the file's entries: same data start and size, and each of the share's pieces in
+// that file an entry with matching name, dtype, shape and offsets; other entries are allowed.
+absl::Status CheckHeaderAgainstShare(const ManifestIndex& index, const pb::DataFile& file,
+                                     const SafetensorsHeader& header);
+
+// The check behind both: data file `file`'s parsed header against `pieces`, the (validated)
+// pieces stored in it, `dtypes[i]` the dtype of pieces[i]'s tensor; with `all_entries_known`,
+// the header may hold no other entry. For pieces no ManifestIndex covers (streamed ones).
+absl::Status CheckHeaderAgainstPieces(const pb::DataFile& file, const SafetensorsHeader& header,
+                                      absl::Span<const pb::StoredPiece* const> pieces,
+                                      absl::Span<const DType> dtypes, bool all_entries_known);
 
 // "key [0:4, 8:16] in data/r0_0.safetensors" for error messages.
 std::string DescribePiece(const pb::StoredPiece& piece);

@@ -131,8 +131,9 @@ struct Mutation {
   const char* message;
 };
 
-TEST(ManifestCodecTest, ValidationRejectsEachKindOfInconsistency) {
-  const std::vector<Mutation> cases = {
+// Each kind of inconsistency ValidateManifest finds in ValidManifest(), with its message.
+std::vector<Mutation> Inconsistencies() {
+  return {
       {"version", [](pb::Manifest* m) { m->set_format_version(2); }, "format version 2"},
       {"dup tensor", [](pb::Manifest* m) { *m->add_tensors() = m->tensors(0); }, "twice"},
       {"empty key", [](pb::Manifest* m) { m->mutable_tensors(1)->set_key(""); }, "empty key"},
@@ -194,7 +195,10 @@ TEST(ManifestCodecTest, ValidationRejectsEachKindOfInconsistency) {
        "does not match its block checksums"},
       {"data start", [](pb::Manifest* m) { m->mutable_files(1)->set_data_start(3); }, "data start"},
   };
-  for (const Mutation& c : cases) {
+}
+
+TEST(ManifestCodecTest, ValidationRejectsEachKindOfInconsistency) {
+  for (const Mutation& c : Inconsistencies()) {
     pb::Manifest m = ValidManifest();
     c.apply(&m);
     absl::Status s = ValidateManifest(m);
@@ -226,6 +230,67 @@ TEST(ManifestCodecTest, HeaderMustAgreeWithManifest) {
   missing.data_bytes = 8;
   EXPECT_THAT(std::string(CheckHeaderAgainstManifest(m, m.files(1), missing).message()),
               HasSubstr("missing"));
+}
+
+// A share (some of a manifest's pieces, in any order) passes without tiling its tensors, in
+// format 1 or 2 (without piece files); everything else ValidateManifest checks of the head and
+// of each piece, and bytes shared by two pieces, are refused with ValidateManifest's message.
+TEST(ManifestCodecTest, ShareValidationChecksEachPieceButNotCoverage) {
+  pb::Manifest share = ValidManifest();
+  share.mutable_pieces()->SwapElements(0, 2);
+  share.mutable_pieces()->DeleteSubrange(1, 1);  // rows 2:4 of "w": a hole
+  EXPECT_FALSE(ValidateManifest(share).ok());
+  EXPECT_TRUE(ValidateManifestShare(share).ok()) << ValidateManifestShare(share);
+  share.set_format_version(kManifestPieceFilesFormatVersion);
+  EXPECT_TRUE(ValidateManifestShare(share).ok()) << ValidateManifestShare(share);
+  share.clear_pieces();
+  EXPECT_TRUE(ValidateManifestShare(share).ok()) << ValidateManifestShare(share);
+
+  for (const Mutation& c : Inconsistencies()) {
+    const std::string what = c.what;
+    if (what == "version" || what == "duplicate piece") continue;  // a share may
+    pb::Manifest m = ValidManifest();
+    c.apply(&m);
+    absl::Status s = ValidateManifestShare(m);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << c.what << ": " << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.what << ": " << s;
+  }
+  pb::Manifest listed = ValidManifest();
+  listed.add_piece_files()->set_name(ManifestPieceFileName(0));
+  EXPECT_THAT(std::string(ValidateManifestShare(listed).message()),
+              HasSubstr("a share lists 1 piece files"));
+  pb::Manifest future = ValidManifest();
+  future.set_format_version(3);
+  EXPECT_EQ(ValidateManifestShare(future).code(), absl::StatusCode::kUnimplemented);
+}
+
+// A share's data file may hold entries the share does not know; the share's own must be there
+// at their offsets, and the file of its size.
+TEST(ManifestCodecTest, ShareHeaderNeedsOnlyTheSharesEntries) {
+  pb::Manifest share = ValidManifest();
+  share.mutable_pieces()->DeleteSubrange(1, 2);  // only w rows 0:2, in file 0
+  const ManifestIndex index(share);
+  SafetensorsHeader h;
+  h.data_start = 64;
+  h.data_bytes = 96;
+  h.entries.push_back({"w|0:2,0:6", DType::kF32, {2, 6}, 0, 48});
+  h.entries.push_back({"w|2:4,0:6", DType::kF32, {2, 6}, 48, 96});
+  EXPECT_TRUE(CheckHeaderAgainstShare(index, share.files(0), h).ok());
+  EXPECT_THAT(std::string(CheckHeaderAgainstManifest(index, share.files(0), h).message()),
+              HasSubstr("not listed in the manifest"));
+  SafetensorsHeader moved = h;
+  std::swap(moved.entries[0].begin, moved.entries[1].begin);
+  std::swap(moved.entries[0].end, moved.entries[1].end);
+  EXPECT_THAT(std::string(CheckHeaderAgainstShare(index, share.files(0), moved).message()),
+              HasSubstr("entry \"w|0:2,0:6\": header has dtype F32 shape (2, 6) at [112, 160)"));
+  SafetensorsHeader missing = h;
+  missing.entries.erase(missing.entries.begin());
+  EXPECT_THAT(std::string(CheckHeaderAgainstShare(index, share.files(0), missing).message()),
+              HasSubstr("entry \"w|0:2,0:6\": listed in the manifest but missing"));
+  SafetensorsHeader longer = h;
+  longer.data_bytes = 100;
+  EXPECT_THAT(std::string(CheckHeaderAgainstShare(index, share.files(0), longer).message()),
+              HasSubstr("data file data/r0_0.safetensors: header says data starts at 64 with 100"));
 }
 
 // Random byte flips and truncations of a serialized manifest: errors or a manifest that

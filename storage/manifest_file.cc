@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <limits>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,9 @@
 #include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/repeated_ptr_field.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "storage/checksum.h"
 #include "storage/file_util.h"
 
@@ -237,37 +242,334 @@ absl::Status WritePieceFiles(const std::string& dir, const std::string& path,
   return s;
 }
 
-// Moves the pieces of piece file `record` of the checkpoint in `dir` to the end of `m`.
-absl::Status AppendPieceFile(const std::string& dir, const pb::ManifestPieceFile& record,
-                             pb::Manifest* m) {
-  const std::string path = JoinPath(dir, record.name());
-  auto bad = [&](absl::string_view what) {
-    return absl::DataLossError(absl::StrCat("manifest piece file ", path, " ", what));
-  };
-  CKPT_ASSIGN_OR_RETURN(const int64_t size, FileSize(path));
-  if (size != record.size_bytes()) {
-    return bad(absl::StrCat("is ", size, " bytes; manifest.pb says ", record.size_bytes()));
-  }
-  if (size > kMaxManifestBytes - 1) return bad("is larger than protobuf parses");
-  pb::ManifestPieces pieces;
-  {
-    CKPT_ASSIGN_OR_RETURN(const std::string bytes, ReadFileRange(path, 0, size));
-    if (Xxh3(bytes.data(), bytes.size()) != record.xxh3_64()) {
-      return bad("does not match its checksum in manifest.pb");
+namespace io = google::protobuf::io;
+using google::protobuf::internal::WireFormatLite;
+
+// Bytes read from a manifest file at a time.
+constexpr int kReadBufferBytes = 1 << 20;
+// A coded stream counts its bytes in an int: a fresh one takes over past this many (far below
+// INT_MAX, so a test of a few tens of MiB goes through the hand-over).
+constexpr int kCodedStreamRenewBytes = 64 << 20;
+
+// Reads a file from its start through pread(2), hashing each byte once as it is read (when
+// given a hash).
+class HashingFileStream : public io::CopyingInputStream {
+ public:
+  HashingFileStream(int fd, StreamingChecksum* hash) : fd_(fd), hash_(hash) {}
+
+  int Read(void* buffer, int size) override {
+    for (;;) {
+      const ssize_t n = ::pread(fd_, buffer, static_cast<size_t>(size), bytes_);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        errno_ = errno;
+        return -1;
+      }
+      if (hash_ != nullptr) hash_->Update(buffer, static_cast<size_t>(n));
+      bytes_ += n;
+      return static_cast<int>(n);
     }
-    if (!pieces.ParseFromString(bytes)) return bad("is not a valid protobuf");
   }
-  if (pieces.pieces_size() != record.piece_count()) {
-    return bad(absl::StrCat("holds ", pieces.pieces_size(), " pieces; manifest.pb says ",
-                            record.piece_count()));
+  // Reads (and hashes) the rest of the file.
+  void Drain() {
+    std::string buffer(kReadBufferBytes, '\0');
+    while (Read(buffer.data(), kReadBufferBytes) > 0) {
+    }
   }
-  if (record.piece_count() > std::numeric_limits<int>::max() - m->pieces_size()) {
-    return bad("takes the manifest past the most pieces a manifest holds");
+  int64_t bytes() const { return bytes_; }
+  // errno of a failed read, or 0.
+  int error() const { return errno_; }
+
+ private:
+  const int fd_;
+  StreamingChecksum* const hash_;
+  int64_t bytes_ = 0;
+  int errno_ = 0;
+};
+
+// Receives one top-level field of a message being walked, positioned after its tag `tag`; it
+// consumes the field. False ends the walk.
+using FieldVisitor = absl::FunctionRef<bool(io::CodedInputStream& in, uint32_t tag)>;
+
+// Walks the top-level fields of the message in `input`, in order, until its end. False when a
+// field visitor returns false or the bytes are not a message (a truncated or overlong varint, a
+// wire type that does not parse, a length past the end, an end-group at the top).
+bool WalkFields(io::ZeroCopyInputStream* input, FieldVisitor field) {
+  std::optional<io::CodedInputStream> in;
+  for (;;) {
+    if (!in.has_value() || in->CurrentPosition() > kCodedStreamRenewBytes) {
+      in.reset();  // hands its unread bytes back to `input`
+      in.emplace(input);
+      in->SetTotalBytesLimit(std::numeric_limits<int>::max());
+    }
+    const uint32_t tag = in->ReadTag();
+    if (tag == 0) return in->ConsumedEntireMessage();
+    if (!field(*in, tag)) return false;
   }
-  std::vector<pb::StoredPiece*> moved(pieces.pieces_size());
-  pieces.mutable_pieces()->ExtractSubrange(0, pieces.pieces_size(), moved.data());
-  for (pb::StoredPiece* p : moved) m->mutable_pieces()->AddAllocated(p);
+}
+
+// Reads one pieces record (positioned after its tag) into `piece`.
+bool ReadPieceRecord(io::CodedInputStream& in, pb::StoredPiece& piece) {
+  piece.Clear();
+  return WireFormatLite::ReadMessage(&in, &piece);
+}
+
+// manifest.pb's bytes, read from their start once per pass.
+class ManifestSource {
+ public:
+  virtual ~ManifestSource() = default;
+  // A stream over the bytes from their start (the previous one is no longer used).
+  virtual io::ZeroCopyInputStream* Rewind() = 0;
+  // The error reading the bytes, if any (not a fault of the bytes).
+  virtual absl::Status ReadError() const = 0;
+};
+
+// manifest.pb open for reading (closed with this).
+class FileSource : public ManifestSource {
+ public:
+  FileSource(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~FileSource() override {
+    adaptor_.reset();
+    ::close(fd_);
+  }
+  FileSource(const FileSource&) = delete;
+  FileSource& operator=(const FileSource&) = delete;
+
+  io::ZeroCopyInputStream* Rewind() override {
+    adaptor_.reset();
+    file_.emplace(fd_, nullptr);
+    adaptor_.emplace(&*file_, kReadBufferBytes);
+    return &*adaptor_;
+  }
+  absl::Status ReadError() const override {
+    if (!file_.has_value() || file_->error() == 0) return absl::OkStatus();
+    return ErrnoStatus(file_->error(), absl::StrCat("read ", path_));
+  }
+
+ private:
+  const int fd_;
+  const std::string path_;
+  std::optional<HashingFileStream> file_;
+  std::optional<io::CopyingInputStreamAdaptor> adaptor_;
+};
+
+// Opens manifest.pb at `path`: at most kMaxManifestBytes, as a whole read takes.
+absl::StatusOr<std::unique_ptr<FileSource>> OpenManifestSource(const std::string& path) {
+  CKPT_ASSIGN_OR_RETURN(const int64_t size, FileSize(path));
+  if (size > kMaxManifestBytes) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is ", size, " bytes, more than the limit of ", kMaxManifestBytes));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
+  return std::make_unique<FileSource>(fd, path);
+}
+
+class BytesSource : public ManifestSource {
+ public:
+  explicit BytesSource(absl::string_view bytes) : bytes_(bytes) {}
+  io::ZeroCopyInputStream* Rewind() override {
+    stream_.emplace(bytes_.data(), static_cast<int>(bytes_.size()), kReadBufferBytes);
+    return &*stream_;
+  }
+  absl::Status ReadError() const override { return absl::OkStatus(); }
+
+ private:
+  const absl::string_view bytes_;
+  std::optional<io::ArrayInputStream> stream_;
+};
+
+absl::Status NotAProtobuf(absl::string_view path) {
+  return absl::DataLossError(absl::StrCat("manifest ", path, " is not a valid protobuf"));
+}
+
+// manifest.pb's head (every field but its pieces) and how many pieces it holds itself.
+struct ScannedHead {
+  pb::Manifest head;
+  int64_t own_pieces = 0;
+};
+
+// Pass 1 over manifest.pb: every field but the pieces copied, in order, and parsed as the head
+// (as a whole-message parse would merge them); the pieces counted, not parsed. Then its format
+// (CheckManifestHead).
+absl::StatusOr<ScannedHead> ScanHead(ManifestSource& source, absl::string_view path) {
+  std::string bytes;
+  ScannedHead scanned;
+  bool valid = false;
+  {
+    io::StringOutputStream sink(&bytes);
+    io::CodedOutputStream out(&sink);
+    valid = WalkFields(source.Rewind(), [&](io::CodedInputStream& in, uint32_t tag) {
+      if (tag != kPiecesTag) return WireFormatLite::SkipField(&in, tag, &out);
+      ++scanned.own_pieces;
+      return WireFormatLite::SkipField(&in, tag);
+    });
+  }  // `out` flushes into `bytes` here
+  CKPT_RETURN_IF_ERROR(source.ReadError());
+  if (!valid || !scanned.head.ParseFromString(bytes)) return NotAProtobuf(path);
+  absl::Status format = CheckManifestHead(scanned.head, scanned.own_pieces, path);
+  if (format.ok()) return scanned;
+  // As a whole-message parse does, a piece that does not parse makes the bytes no protobuf
+  // before their format is looked at (a pass over the pieces only on this error path).
+  pb::StoredPiece piece;
+  valid = WalkFields(source.Rewind(), [&](io::CodedInputStream& in, uint32_t tag) {
+    return tag == kPiecesTag ? ReadPieceRecord(in, piece) : WireFormatLite::SkipField(&in, tag);
+  });
+  CKPT_RETURN_IF_ERROR(source.ReadError());
+  return valid ? format : NotAProtobuf(path);
+}
+
+// Hands a manifest's pieces, as they are read, to a ManifestValidator and then to a visitor,
+// with their indices; validation errors name manifest.pb (`path`), as ReadManifestFile's.
+class PieceFeed {
+ public:
+  PieceFeed(absl::string_view path, ManifestPieceVisitor visit) : path_(path), visit_(visit) {}
+
+  absl::Status Start(const pb::Manifest& head, int64_t num_pieces) {
+    validator_.Reserve(static_cast<int>(std::min<int64_t>(num_pieces, kMaxReserve)));
+    return Named(validator_.Start(head));
+  }
+  absl::Status Validate(const pb::StoredPiece& piece) { return Named(validator_.AddPiece(piece)); }
+  absl::Status Visit(pb::StoredPiece& piece) { return visit_(next_++, piece); }
+  absl::Status Finish() { return Named(validator_.Finish()); }
+
+ private:
+  // Reserved at most (a hostile count reserves no more; the vectors grow past it).
+  static constexpr int64_t kMaxReserve = int64_t{1} << 26;
+
+  absl::Status Named(const absl::Status& s) const {
+    if (s.ok()) return s;
+    return absl::Status(s.code(), absl::StrCat(path_, ": ", s.message()));
+  }
+
+  const std::string path_;
+  ManifestPieceVisitor visit_;
+  ManifestValidator validator_;
+  int64_t next_ = 0;
+};
+
+// Pass 2 over a format-1 manifest.pb: each of its own pieces, in order, into `feed`.
+absl::Status StreamOwnPieces(ManifestSource& source, absl::string_view path, PieceFeed& feed) {
+  pb::StoredPiece piece;
+  absl::Status fault;
+  const bool valid = WalkFields(source.Rewind(), [&](io::CodedInputStream& in, uint32_t tag) {
+    if (tag != kPiecesTag) return WireFormatLite::SkipField(&in, tag);
+    if (!ReadPieceRecord(in, piece)) return false;
+    fault = feed.Validate(piece);
+    if (fault.ok()) fault = feed.Visit(piece);
+    return fault.ok();
+  });
+  if (!fault.ok()) return fault;
+  CKPT_RETURN_IF_ERROR(source.ReadError());
+  if (!valid) return NotAProtobuf(path);
   return absl::OkStatus();
+}
+
+// The pieces of a self-contained (format 1) manifest whose head `scanned` holds, streamed from
+// `source` into `visit`, validated; returns the head.
+absl::StatusOr<pb::Manifest> StreamSingleFile(ManifestSource& source, absl::string_view path,
+                                              ScannedHead scanned, ManifestPieceVisitor visit) {
+  const pb::Manifest& head = scanned.head;
+  PieceFeed feed(path, visit);
+  CKPT_RETURN_IF_ERROR(feed.Start(head, scanned.own_pieces));
+  CKPT_RETURN_IF_ERROR(StreamOwnPieces(source, path, feed));
+  CKPT_RETURN_IF_ERROR(feed.Finish());
+  return std::move(scanned.head);
+}
+
+absl::Status PieceFileError(const std::string& path, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("manifest piece file ", path, " ", what));
+}
+
+// Before any piece file is read, as a whole read finds them: each present with its recorded
+// size, and their pieces few enough for one manifest. Returns the pieces they hold.
+absl::StatusOr<int64_t> CheckPieceFilesPresent(const std::string& dir, const pb::Manifest& head) {
+  int64_t pieces = 0;
+  for (const pb::ManifestPieceFile& record : head.piece_files()) {
+    const std::string path = JoinPath(dir, record.name());
+    CKPT_ASSIGN_OR_RETURN(const int64_t size, FileSize(path));
+    if (size != record.size_bytes()) {
+      return PieceFileError(
+          path, absl::StrCat("is ", size, " bytes; manifest.pb says ", record.size_bytes()));
+    }
+    if (size > kMaxManifestBytes - 1) return PieceFileError(path, "is larger than protobuf parses");
+    if (record.piece_count() > std::numeric_limits<int>::max() - pieces) {
+      return PieceFileError(path, "takes the manifest past the most pieces a manifest holds");
+    }
+    pieces += record.piece_count();
+  }
+  return pieces;
+}
+
+// What streaming one piece file found.
+struct PieceFileRead {
+  bool parsed = false;   // its bytes were a ManifestPieces message
+  int64_t pieces = 0;    // records in it
+  absl::Status fault;    // a piece that did not validate
+  absl::Status visitor;  // the visitor's error
+};
+
+// Streams the pieces records of the piece file open as `file` into `feed`; records past the
+// `expected` are counted, not handed on.
+PieceFileRead WalkPieceFile(HashingFileStream& file, int64_t expected, PieceFeed& feed) {
+  PieceFileRead read;
+  pb::StoredPiece piece;
+  io::CopyingInputStreamAdaptor input(&file, kReadBufferBytes);
+  read.parsed = WalkFields(&input, [&](io::CodedInputStream& in, uint32_t tag) {
+    if (tag != kPiecesTag) return WireFormatLite::SkipField(&in, tag);
+    if (!ReadPieceRecord(in, piece)) return false;
+    if (++read.pieces > expected) return true;
+    read.fault = feed.Validate(piece);
+    if (read.fault.ok()) read.visitor = feed.Visit(piece);
+    return read.fault.ok() && read.visitor.ok();
+  });
+  return read;
+}
+
+// Streams piece file `record` of the checkpoint in `dir` into `feed`, hashing it as it is read;
+// then checks its size, checksum and piece count against the record. A file that does not
+// parse or holds a piece that does not validate is read to its end first: a checksum mismatch
+// is reported before what the corruption looked like.
+absl::Status StreamPieceFile(const std::string& dir, const pb::ManifestPieceFile& record,
+                             PieceFeed& feed) {
+  const std::string path = JoinPath(dir, record.name());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
+  FdCloser closer(fd);
+  StreamingChecksum hash;
+  HashingFileStream file(fd, &hash);
+  const PieceFileRead read = WalkPieceFile(file, record.piece_count(), feed);
+  if (!read.visitor.ok()) return read.visitor;
+  if (!read.parsed || !read.fault.ok()) file.Drain();
+  if (file.error() != 0) return ErrnoStatus(file.error(), absl::StrCat("read ", path));
+  if (file.bytes() != record.size_bytes()) {
+    return PieceFileError(
+        path, absl::StrCat("is ", file.bytes(), " bytes; manifest.pb says ", record.size_bytes()));
+  }
+  if (hash.Whole() != record.xxh3_64()) {
+    return PieceFileError(path, "does not match its checksum in manifest.pb");
+  }
+  if (!read.fault.ok()) return read.fault;  // (what stopped the walk)
+  if (!read.parsed) return PieceFileError(path, "is not a valid protobuf");
+  if (read.pieces != record.piece_count()) {
+    return PieceFileError(path, absl::StrCat("holds ", read.pieces, " pieces; manifest.pb says ",
+                                             record.piece_count()));
+  }
+  return absl::OkStatus();
+}
+
+// The pieces of a format-2 manifest whose head `head` lists, streamed from its piece files in
+// `dir` into `visit`, validated; returns the head.
+absl::StatusOr<pb::Manifest> StreamPieceFiles(const std::string& dir, absl::string_view path,
+                                              pb::Manifest head, ManifestPieceVisitor visit) {
+  CKPT_ASSIGN_OR_RETURN(const int64_t pieces, CheckPieceFilesPresent(dir, head));
+  PieceFeed feed(path, visit);
+  CKPT_RETURN_IF_ERROR(feed.Start(head, pieces));
+  for (const pb::ManifestPieceFile& record : head.piece_files()) {
+    CKPT_RETURN_IF_ERROR(StreamPieceFile(dir, record, feed));
+  }
+  CKPT_RETURN_IF_ERROR(feed.Finish());
+  return head;
 }
 
 }  // namespace
@@ -305,22 +607,47 @@ absl::Status WriteManifestFiles(const std::string& dir, const std::string& manif
       options);
 }
 
+absl::StatusOr<pb::Manifest> StreamManifestFile(const std::string& checkpoint_dir,
+                                                ManifestPieceVisitor visit) {
+  const std::string path = JoinPath(checkpoint_dir, kManifestFileName);
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<FileSource> source, OpenManifestSource(path));
+  CKPT_ASSIGN_OR_RETURN(ScannedHead scanned, ScanHead(*source, path));
+  if (scanned.head.format_version() == kManifestPieceFilesFormatVersion) {
+    return StreamPieceFiles(checkpoint_dir, path, std::move(scanned.head), visit);
+  }
+  return StreamSingleFile(*source, path, std::move(scanned), visit);
+}
+
+absl::StatusOr<pb::Manifest> StreamManifestBytes(absl::string_view bytes, absl::string_view path,
+                                                 ManifestPieceVisitor visit) {
+  if (static_cast<int64_t>(bytes.size()) > kMaxManifestBytes) {
+    return absl::DataLossError(absl::StrCat("manifest ", path, " is larger than 2 GiB"));
+  }
+  BytesSource source(bytes);
+  CKPT_ASSIGN_OR_RETURN(ScannedHead scanned, ScanHead(source, path));
+  if (scanned.head.format_version() == kManifestPieceFilesFormatVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " keeps its pieces in ", scanned.head.piece_files_size(),
+                     " piece files beside it: read it with ReadManifestFile"));
+  }
+  return StreamSingleFile(source, path, std::move(scanned), visit);
+}
+
 absl::StatusOr<pb::Manifest> ReadManifestHead(const std::string& checkpoint_dir) {
   const std::string path = JoinPath(checkpoint_dir, kManifestFileName);
-  CKPT_ASSIGN_OR_RETURN(const std::string bytes, ReadWholeFile(path, kMaxManifestBytes));
-  return ParseManifestHead(bytes, path);
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<FileSource> source, OpenManifestSource(path));
+  CKPT_ASSIGN_OR_RETURN(ScannedHead scanned, ScanHead(*source, path));
+  return std::move(scanned.head);
 }
 
 absl::StatusOr<pb::Manifest> ReadManifestFile(const std::string& checkpoint_dir) {
-  CKPT_ASSIGN_OR_RETURN(pb::Manifest m, ReadManifestHead(checkpoint_dir));
-  for (const pb::ManifestPieceFile& record : m.piece_files()) {
-    CKPT_RETURN_IF_ERROR(AppendPieceFile(checkpoint_dir, record, &m));
-  }
-  absl::Status s = ValidateManifest(m);
-  if (!s.ok()) {
-    return absl::Status(
-        s.code(), absl::StrCat(JoinPath(checkpoint_dir, kManifestFileName), ": ", s.message()));
-  }
+  google::protobuf::RepeatedPtrField<pb::StoredPiece> pieces;
+  CKPT_ASSIGN_OR_RETURN(pb::Manifest m,
+                        StreamManifestFile(checkpoint_dir, [&](int64_t, pb::StoredPiece& piece) {
+                          *pieces.Add() = std::move(piece);
+                          return absl::OkStatus();
+                        }));
+  m.mutable_pieces()->Swap(&pieces);
   return m;
 }
 

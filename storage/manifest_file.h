@@ -17,6 +17,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "proto/manifest.pb.h"
 #include "storage/manifest_codec.h"
@@ -66,17 +67,44 @@ absl::Status WriteManifestFiles(const std::string& dir, const std::string& manif
 absl::Status WriteManifestFiles(const std::string& dir, const std::string& manifest_name,
                                 const pb::Manifest& manifest, const ManifestFileOptions& options);
 
-// Reads the manifest of the checkpoint in `checkpoint_dir`: manifest.pb (ParseManifestHead)
-// and, for format 2, each piece file it lists, checked against its record (size, XXH3-64,
-// piece count) and its pieces appended in order; then ValidateManifest on the whole. A format-2
+// Receives one piece of a manifest being read, with its index in manifest order; it may move
+// from the piece. An error ends the read.
+using ManifestPieceVisitor = absl::FunctionRef<absl::Status(int64_t index, pb::StoredPiece& piece)>;
+
+// Reads the manifest of the checkpoint in `checkpoint_dir` in bounded memory: hands every piece,
+// in manifest order, to `visit` (streamed from manifest.pb for format 1, from its piece files for
+// format 2, a bounded buffer at a time: never the whole file in memory), validating exactly what
+// ReadManifestFile validates (ManifestValidator: Start with the head, AddPiece as each piece comes,
+// Finish at the end; each piece file's size, XXH3-64 and piece count against its record), and
+// returns the head (the manifest without pieces: tensors, files, metadata, piece-file records).
+// Errors are ReadManifestFile's, with the same codes and naming the same files. The visitor may
+// have seen pieces of a manifest that then fails: on error the caller discards what it built.
+// Format 1 is read in two passes (the head, whose data files serialize after the pieces, then
+// the pieces). A piece file that does not parse or whose pieces do not validate is first
+// checked against its checksum (read to its end), so corruption is reported as such. Of a
+// manifest with several faults, the one reported may differ from a whole-file read's (pieces
+// are validated as they come, before later piece files are read).
+absl::StatusOr<pb::Manifest> StreamManifestFile(const std::string& checkpoint_dir,
+                                                ManifestPieceVisitor visit);
+
+// StreamManifestFile's reading of a self-contained (format 1) manifest from `bytes` in memory,
+// `path` naming them in errors: the same two passes and checks, with ParseManifest's errors
+// (DataLoss larger than 2 GiB; FailedPrecondition for a format-2 manifest, which needs its
+// piece files). For tests and the manifest fuzz target.
+absl::StatusOr<pb::Manifest> StreamManifestBytes(absl::string_view bytes, absl::string_view path,
+                                                 ManifestPieceVisitor visit);
+
+// Reads the manifest of the checkpoint in `checkpoint_dir` with all its pieces in memory:
+// StreamManifestFile appending each piece, in order, to the head it returns. A format-2
 // manifest keeps its version and piece-file records (with its pieces now in memory). NotFound
 // naming a missing file; DataLoss naming a file whose bytes do not match its record or do not
-// parse, or a manifest that does not validate.
+// parse, or a manifest that does not validate (ValidateManifest).
 absl::StatusOr<pb::Manifest> ReadManifestFile(const std::string& checkpoint_dir);
 
-// Reads and checks manifest.pb of `checkpoint_dir` only (ParseManifestHead): its tensors,
-// metadata and piece-file records, not its pieces when it keeps them in piece files, and not
-// validated beyond its format. For views that list tensors.
+// Reads and checks manifest.pb of `checkpoint_dir` only, in bounded memory: its tensors,
+// metadata and piece-file records, never its pieces (a format-1 manifest's are skipped
+// unparsed), checked only for its format (CheckManifestHead; DataLoss when its bytes are not a
+// valid protobuf message). For views that list tensors.
 absl::StatusOr<pb::Manifest> ReadManifestHead(const std::string& checkpoint_dir);
 
 // Creates (or truncates) `path`, writes SerializeManifest(manifest) into it through a bounded

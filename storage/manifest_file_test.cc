@@ -222,10 +222,19 @@ std::string SplitManifestDir(const std::string& name) {
   return WriteInto(name, ValidManifest(20), Split(64, 100));
 }
 
+// StreamManifestFile with a visitor that keeps nothing.
+absl::StatusOr<pb::Manifest> StreamIgnoringPieces(const std::string& dir) {
+  return StreamManifestFile(dir, [](int64_t, pb::StoredPiece&) { return absl::OkStatus(); });
+}
+
+// Both readers fail with `code` and a message holding `what`.
 void ExpectReadFails(const std::string& dir, absl::StatusCode code, const std::string& what) {
   absl::StatusOr<pb::Manifest> got = ReadManifestFile(dir);
   EXPECT_EQ(got.status().code(), code) << got.status();
   EXPECT_THAT(got.status().message(), HasSubstr(what));
+  absl::StatusOr<pb::Manifest> streamed = StreamIgnoringPieces(dir);
+  EXPECT_EQ(streamed.status().code(), code) << streamed.status();
+  EXPECT_THAT(streamed.status().message(), HasSubstr(what));
 }
 
 TEST(ManifestFileTest, MissingPieceFileIsNotFoundNamingIt) {
@@ -352,6 +361,235 @@ TEST(ManifestFileTest, FailedSplitWriteRemovesItsPieceFiles) {
       Split(64, 100));
   EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
   EXPECT_EQ(*ListDir(dir), std::vector<std::string>{});
+}
+
+// What StreamManifestFile handed out: each piece's bytes, in order, after checking the indices
+// count up from 0.
+struct Visited {
+  std::vector<std::string> pieces;
+  absl::Status Visit(int64_t index, pb::StoredPiece& piece) {
+    EXPECT_EQ(index, static_cast<int64_t>(pieces.size()));
+    pieces.push_back(piece.SerializeAsString());
+    return absl::OkStatus();
+  }
+};
+
+std::vector<std::string> PieceBytes(const pb::Manifest& m) {
+  std::vector<std::string> out;
+  for (const pb::StoredPiece& p : m.pieces()) out.push_back(p.SerializeAsString());
+  return out;
+}
+
+// The manifest without its pieces, serialized.
+std::string HeadBytes(pb::Manifest m) {
+  m.clear_pieces();
+  return SerializeManifest(m);
+}
+
+// StreamManifestFile hands out exactly ReadManifestFile's pieces, in order, with their indices,
+// and returns the head without pieces (its format version and piece-file records kept), for a
+// format-1 manifest and for piece files of every budget.
+TEST(StreamManifestFileTest, VisitsExactlyReadManifestFilesPiecesInOrder) {
+  const pb::Manifest m = ValidManifest(200);
+  std::vector<ManifestFileOptions> layouts = {ManifestFileOptions()};
+  for (int64_t budget : {1, 64, 500, 4096, 1 << 20}) layouts.push_back(Split(1024, budget));
+  for (const ManifestFileOptions& options : layouts) {
+    const std::string dir = WriteInto("stream-visits", m, options);
+    absl::StatusOr<pb::Manifest> whole = ReadManifestFile(dir);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    Visited visited;
+    absl::StatusOr<pb::Manifest> head =
+        StreamManifestFile(dir, [&](int64_t i, pb::StoredPiece& p) { return visited.Visit(i, p); });
+    ASSERT_TRUE(head.ok()) << head.status();
+    EXPECT_EQ(head->pieces_size(), 0);
+    EXPECT_EQ(head->piece_files_size(), whole->piece_files_size());
+    EXPECT_EQ(head->piece_files_size() > 0, options.max_single_file_bytes == 1024);
+    EXPECT_TRUE(SerializeManifest(*head) == HeadBytes(*whole));
+    EXPECT_TRUE(visited.pieces == PieceBytes(*whole)) << options.piece_file_bytes;
+    EXPECT_TRUE(PieceBytes(*whole) == PieceBytes(m));
+  }
+}
+
+// A visitor may move from the piece it is handed (the reader reuses its own).
+TEST(StreamManifestFileTest, VisitorMayMoveFromThePiece) {
+  const pb::Manifest m = ValidManifest(30);
+  for (const ManifestFileOptions& options : {ManifestFileOptions(), Split(64, 100)}) {
+    const std::string dir = WriteInto("stream-moves", m, options);
+    std::vector<pb::StoredPiece> kept;
+    ASSERT_TRUE(StreamManifestFile(dir, [&](int64_t, pb::StoredPiece& p) {
+                  kept.push_back(std::move(p));
+                  return absl::OkStatus();
+                }).ok());
+    pb::Manifest got;
+    for (pb::StoredPiece& p : kept) *got.add_pieces() = p;
+    EXPECT_TRUE(PieceBytes(got) == PieceBytes(m));
+  }
+}
+
+// The visitor's error ends the read at once and is what the read returns.
+TEST(StreamManifestFileTest, VisitorErrorStopsTheReadAndIsReturned) {
+  const pb::Manifest m = ValidManifest(40);
+  for (const ManifestFileOptions& options : {ManifestFileOptions(), Split(64, 100)}) {
+    const std::string dir = WriteInto("stream-visitor-error", m, options);
+    int calls = 0;
+    absl::StatusOr<pb::Manifest> got = StreamManifestFile(dir, [&](int64_t i, pb::StoredPiece&) {
+      ++calls;
+      return i == 7 ? absl::CancelledError("enough") : absl::OkStatus();
+    });
+    EXPECT_EQ(got.status(), absl::CancelledError("enough"));
+    EXPECT_EQ(calls, 8);
+  }
+}
+
+// A manifest whose pieces leave a hole is refused by the stream, after its pieces were handed
+// out, naming manifest.pb, as by ReadManifestFile; the same for a piece that does not validate.
+TEST(StreamManifestFileTest, InvalidManifestIsDataLossNamingManifestPb) {
+  pb::Manifest holed = ValidManifest(20);
+  holed.mutable_pieces()->DeleteSubrange(7, 1);
+  pb::Manifest unknown_tensor = ValidManifest(20);
+  unknown_tensor.mutable_pieces(9)->set_key("nobody");
+  for (const ManifestFileOptions& options : {ManifestFileOptions(), Split(64, 100)}) {
+    const std::string dir = WriteInto("stream-holed", holed, options);
+    ExpectReadFails(dir, absl::StatusCode::kDataLoss,
+                    JoinPath(dir, "manifest.pb") + ": invalid manifest: tensor \"w\"");
+    const std::string bad = WriteInto("stream-unknown-tensor", unknown_tensor, options);
+    ExpectReadFails(bad, absl::StatusCode::kDataLoss,
+                    JoinPath(bad, "manifest.pb") + ": invalid manifest: piece 9");
+  }
+}
+
+TEST(StreamManifestFileTest, MissingManifestIsNotFoundNamingIt) {
+  const std::string dir = TestDir("stream-no-manifest");
+  ExpectReadFails(dir, absl::StatusCode::kNotFound, JoinPath(dir, "manifest.pb"));
+}
+
+// Writes `bytes` as dir's manifest.pb (no fsync: a test file).
+void PutManifest(const std::string& dir, const std::string& bytes) {
+  std::ofstream out(dir + "/manifest.pb", std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Hostile manifest.pb bytes get the verdict of a whole-message parse (ParseManifest): refused
+// with the same code, or accepted with the same head and pieces. Never a crash.
+void ExpectStreamAgreesWithParse(const std::string& bytes, const std::string& what,
+                                 const std::string& dir = "") {
+  absl::StatusOr<pb::Manifest> parsed = ParseManifest(bytes, "m/manifest.pb");
+  Visited visited;
+  auto visit = [&](int64_t i, pb::StoredPiece& p) { return visited.Visit(i, p); };
+  absl::StatusOr<pb::Manifest> streamed = StreamManifestBytes(bytes, "m/manifest.pb", visit);
+  if (!dir.empty()) {
+    PutManifest(dir, bytes);
+    visited.pieces.clear();
+    streamed = StreamManifestFile(dir, visit);
+  }
+  ASSERT_EQ(streamed.status().code(), parsed.status().code())
+      << what << ": " << streamed.status() << " vs " << parsed.status();
+  if (!parsed.ok()) {
+    EXPECT_THAT(streamed.status().message(), HasSubstr("manifest.pb")) << what;
+    return;
+  }
+  EXPECT_TRUE(SerializeManifest(*streamed) == HeadBytes(*parsed)) << what;
+  EXPECT_TRUE(visited.pieces == PieceBytes(*parsed)) << what;
+}
+
+TEST(StreamManifestFileTest, TruncatedFormat1ManifestAgreesWithAWholeParse) {
+  const std::string bytes = SerializeManifest(ValidManifest(12));
+  const std::string dir = TestDir("stream-truncated");
+  for (size_t n = 0; n <= bytes.size(); ++n) {
+    ExpectStreamAgreesWithParse(bytes.substr(0, n), absl::StrCat("first ", n, " bytes"),
+                                n % 17 == 0 ? dir : "");
+  }
+  ExpectStreamAgreesWithParse(bytes.substr(0, bytes.size() - 1), "one byte short", dir);
+}
+
+TEST(StreamManifestFileTest, BitFlippedFormat1ManifestAgreesWithAWholeParse) {
+  const std::string bytes = SerializeManifest(ValidManifest(6));
+  for (size_t bit = 0; bit < bytes.size() * 8; ++bit) {
+    std::string flipped = bytes;
+    flipped[bit / 8] = static_cast<char>(flipped[bit / 8] ^ (1 << (bit % 8)));
+    ExpectStreamAgreesWithParse(flipped, absl::StrCat("bit ", bit));
+  }
+}
+
+// Garbage, and hand-made records: overlong and truncated varints, lengths past the end,
+// pieces (field 3) with other wire types, groups, field 0, unknown fields between pieces,
+// fields out of order.
+TEST(StreamManifestFileTest, HostileFormat1BytesAgreeWithAWholeParse) {
+  const std::string valid = SerializeManifest(ValidManifest(3));
+  const std::string dir = TestDir("stream-hostile");
+  std::mt19937_64 rng(3);
+  std::vector<std::string> cases = {
+      std::string("\x1a\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11),  // overlong length
+      std::string("\x1a\xff\xff", 3),                                   // truncated varint
+      std::string("\x1a\x7f\x0a\x01w", 5),                              // length past the end
+      std::string("\x1a\xff\xff\xff\xff\x07", 6) + valid,               // 2 GiB length
+      std::string("\x18\x05", 2) + valid,                               // field 3 as a varint
+      std::string("\x1d\x01\x02\x03\x04", 5) + valid,                   // field 3 as fixed32
+      std::string("\x1b\x1c", 2) + valid,                               // field 3 as a group
+      std::string("\x1c", 1) + valid,                                   // an end-group at the top
+      std::string("\x00\x01", 2) + valid,                               // field 0
+      std::string("\xf8\xff\xff\xff\x7f\x00", 6) + valid,               // the largest field number
+      valid +
+          std::string("\xa2\x06\x03"
+                      "abc",
+                      6) +
+          valid,  // unknown field, twice over
+      valid.substr(valid.find('\x1a')) + valid.substr(0, valid.find('\x1a')),  // reordered
+      std::string("\x1a\x00", 2) + valid,  // an empty piece first
+  };
+  // Unknown groups (field 15) nested around the recursion limit, at the top and in a piece.
+  for (int depth : {98, 99, 100, 101, 102}) {
+    const std::string nested = std::string(depth, '\x7b') + std::string(depth, '\x7c');
+    cases.push_back(nested + valid);
+    std::string piece = "\x0a\x01w" + nested;
+    cases.push_back(valid + "\x1a" + static_cast<char>(0x80 | (piece.size() & 0x7f)) +
+                    static_cast<char>(piece.size() >> 7) + piece);
+  }
+  for (int i = 0; i < 200; ++i) {
+    std::string garbage(rng() % 64, '\0');
+    for (char& c : garbage) c = static_cast<char>(rng());
+    cases.push_back(garbage);
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ExpectStreamAgreesWithParse(cases[i], absl::StrCat("case ", i), i < 13 ? dir : "");
+  }
+}
+
+// Bytes of an unknown field (number 99, length-delimited) of `n` bytes.
+std::string UnknownField(int64_t n) {
+  std::string out = "\x9a\x06";  // (99 << 3) | 2
+  uint8_t varint[10];
+  const uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(n, varint);
+  out.append(reinterpret_cast<const char*>(varint), end - varint);
+  out.append(static_cast<size_t>(n), 'u');
+  return out;
+}
+
+// Pieces past 64 MiB into a file (protobuf's old default limit, and where the reader hands
+// over to a fresh coded stream) are read, in manifest.pb and in a piece file.
+TEST(StreamManifestFileTest, ReadsPiecesPastSixtyFourMebibytes) {
+  const pb::Manifest m = ValidManifest(10);
+  const std::string padding = UnknownField(int64_t{70} << 20);
+  const std::string dir = TestDir("stream-large");
+  PutManifest(dir, padding + SerializeManifest(m));
+  Visited visited;
+  auto visit = [&](int64_t i, pb::StoredPiece& p) { return visited.Visit(i, p); };
+  absl::StatusOr<pb::Manifest> got = StreamManifestFile(dir, visit);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(visited.pieces == PieceBytes(m));
+
+  const std::string split = WriteInto("stream-large-split", m, Split(64, 100));
+  const std::string victim = JoinPath(split, ManifestPieceFileName(1));
+  const std::string bytes = padding + ReadAll(victim);
+  ASSERT_TRUE(WriteFileDurably(victim, bytes).ok());
+  EditManifest(split, [&](pb::Manifest* top) {
+    top->mutable_piece_files(1)->set_size_bytes(static_cast<int64_t>(bytes.size()));
+    top->mutable_piece_files(1)->set_xxh3_64(Xxh3(bytes.data(), bytes.size()));
+  });
+  visited.pieces.clear();
+  got = StreamManifestFile(split, visit);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(visited.pieces == PieceBytes(m));
 }
 
 }  // namespace

@@ -1,13 +1,15 @@
 // Fuzz target: manifest.pb bytes through ParseManifestHead (protobuf parse + format checks:
 // version 1 without piece files, version 2 with well-named piece files and no pieces of its
-// own) and ParseManifest (+ ValidateManifest). A head accepted in format 2 must list only
-// ManifestPieceFileName(i) names and hold no pieces, and ParseManifest must send it to the
-// piece files instead of accepting it. Anything may be rejected; an accepted manifest must be
-// internally consistent, which is checked independently here: it serializes and parses back to the
-// same bytes; every piece's tensor and file are listed; each data file's pieces found by
-// ManifestIndex add up to all pieces; and for tensors of at most 4096 elements, marking every
-// element of every piece stores each element exactly once (the brute-force twin of the coverage
-// check). Any violation aborts (a finding).
+// own) and ParseManifest (+ ValidateManifest), and through the streaming reader
+// (StreamManifestBytes: a head pass, then the pieces parsed one record at a time), which must
+// give ParseManifest's verdict: the same error code, or the same head and pieces. A head accepted
+// in format 2 must list only ManifestPieceFileName(i) names and hold no pieces, and ParseManifest
+// must send it to the piece files instead of accepting it. Anything may be rejected; an accepted
+// manifest must be internally consistent, which is checked independently here: it serializes and
+// parses back to the same bytes; every piece's tensor and file are listed; each data file's pieces
+// found by ManifestIndex add up to all pieces; and for tensors of at most 4096 elements, marking
+// every element of every piece stores each element exactly once (the brute-force twin of the
+// coverage check). Any violation aborts (a finding).
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -21,6 +23,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "sharding/region.h"
 #include "storage/manifest_codec.h"
+#include "storage/manifest_file.h"
 
 namespace {
 
@@ -86,12 +89,32 @@ void CheckHead(absl::string_view bytes) {
         "ParseManifest took a format-2 manifest without its piece files");
 }
 
+// The streaming reader agrees with the whole-message parse `whole` of the same bytes.
+void CheckStream(absl::string_view bytes, const absl::StatusOr<ckpt::pb::Manifest>& whole) {
+  ckpt::pb::Manifest streamed;
+  int64_t next = 0;
+  auto head = ckpt::StreamManifestBytes(bytes, "fuzz/manifest.pb",
+                                        [&](int64_t index, ckpt::pb::StoredPiece& piece) {
+                                          Check(index == next++, "pieces streamed out of order");
+                                          *streamed.add_pieces() = std::move(piece);
+                                          return absl::OkStatus();
+                                        });
+  Check(head.status().code() == whole.status().code(),
+        "the streaming reader's verdict differs from a whole parse");
+  if (!head.ok()) return;
+  Check(head->pieces_size() == 0, "the streamed head holds pieces");
+  streamed.MergeFrom(*head);
+  Check(ckpt::SerializeManifest(streamed) == ckpt::SerializeManifest(*whole),
+        "the streamed manifest differs from a whole parse");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view bytes(reinterpret_cast<const char*>(data), size);
   CheckHead(bytes);
   auto m = ckpt::ParseManifest(bytes, "fuzz/manifest.pb");
+  CheckStream(bytes, m);
   if (!m.ok()) {
     Check(!m.status().message().empty(), "an error without a message");
     return 0;

@@ -1,21 +1,30 @@
-// Many-entries benchmark: a safetensors file of N tiny tensors through every step that walks
-// its entries, each timed on its own (a tool, never a test): header parse, import, manifest
-// validation, reader open, verify and export. Each should grow as N log N at worst.
+// Many-entries benchmark: safetensors files of N tiny tensors (at most a million a file) through
+// every step that walks its entries, each timed on its own (a tool, never a test): header parse,
+// import, manifest validation, reader open, verify and export. Each should grow as N log N at
+// worst.
 //
 //   bazel build -c opt //storage:many_entries_benchmark
 //   bazel-out/k8-opt/bin/storage/many_entries_benchmark --entries=1000000 --dir=/tmp/ckpt_many
+// --manifest_piece_file_bytes=B writes the manifest in piece files of B bytes (format 2);
+// --keep leaves the checkpoint (<dir>/ckpt) for `ckptctl inspect|verify` under /usr/bin/time.
+// --rows_per_tensor=R writes, instead of importing, a checkpoint shaped like a large job's:
+// tensors of R rows stored one row per piece (N pieces), 4096 pieces a data file.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
 #include "storage/interop.h"
@@ -31,6 +40,9 @@ struct Config {
   std::string dir = "/tmp/ckpt_many";
   int64_t entries = 100000;
   bool export_too = true;
+  int64_t manifest_piece_file_bytes = 0;  // 0: one manifest file when it fits
+  bool keep = false;
+  int64_t rows_per_tensor = 0;  // >0: a sharded checkpoint written directly, not an import
 };
 
 void Die(const absl::Status& s, const char* what) {
@@ -59,24 +71,60 @@ Timing Seconds(const std::function<void()>& f) {
           CpuSeconds() - c0};
 }
 
-// "model.safetensors" with `n` F32 tensors of shape [2] named like a model's parameters.
-std::string WriteSource(const std::string& dir, int64_t n) {
-  std::vector<SafetensorsEntry> entries;
-  entries.reserve(n);
-  for (int64_t i = 0; i < n; ++i) {
-    entries.push_back({absl::StrCat("model.layers.", i / 16, ".param_", i % 16, ".weight"),
-                       DType::kF32,
-                       {2},
-                       i * 8,
-                       i * 8 + 8});
+// Most entries in one source file (its header stays under the parser's 100 MB limit).
+constexpr int64_t kMaxEntriesPerFile = 1000000;
+
+// "<dir>/src/model-<i>.safetensors", together `n` F32 tensors of shape [2] named like a model's
+// parameters, at most kMaxEntriesPerFile a file; returns the first file (its header is the one
+// timed) and the source directory.
+std::pair<std::string, std::string> WriteSource(const std::string& dir, int64_t n) {
+  const std::string src = JoinPath(dir, "src");
+  Die(MakeDir(src), "mkdir src");
+  std::string first;
+  for (int64_t begin = 0, part = 0; begin < n; begin += kMaxEntriesPerFile, ++part) {
+    const int64_t count = std::min(kMaxEntriesPerFile, n - begin);
+    std::vector<SafetensorsEntry> entries;
+    entries.reserve(count);
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t i = begin + j;
+      entries.push_back({absl::StrCat("model.layers.", i / 16, ".param_", i % 16, ".weight"),
+                         DType::kF32,
+                         {2},
+                         j * 8,
+                         j * 8 + 8});
+    }
+    absl::StatusOr<std::string> header = EncodeSafetensorsHeader(entries, {{"format", "pt"}});
+    Die(header.status(), "encode header");
+    std::string file = *std::move(header);
+    file.append(static_cast<size_t>(count * 8), '\x01');
+    const std::string path = JoinPath(src, absl::StrFormat("model-%05d.safetensors", part));
+    Die(WriteFileDurably(path, file), "write source");
+    if (first.empty()) first = path;
   }
-  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(entries, {{"format", "pt"}});
-  Die(header.status(), "encode header");
-  std::string file = *std::move(header);
-  file.append(static_cast<size_t>(n * 8), '\x01');
-  const std::string path = JoinPath(dir, "model.safetensors");
-  Die(WriteFileDurably(path, file), "write source");
-  return path;
+  return {first, src};
+}
+
+// Pieces of a sharded checkpoint in one data file (one writer rank's file).
+constexpr int64_t kPiecesPerDataFile = 4096;
+
+// A checkpoint like a large job's: about `n` pieces, F32 tensors of `rows` x 2 each stored one
+// row per piece, kPiecesPerDataFile pieces a data file; written directly (no source file).
+void WriteSharded(const std::string& ckpt, int64_t n, int64_t rows, const WriteOptions& wo) {
+  static const float kRow[2] = {1.0f, 2.0f};
+  CheckpointContents c;
+  const int64_t tensors = std::max<int64_t>(1, n / rows);
+  c.files.resize(
+      static_cast<size_t>((tensors * rows + kPiecesPerDataFile - 1) / kPiecesPerDataFile));
+  for (size_t f = 0; f < c.files.size(); ++f) c.files[f].writer_rank = static_cast<int>(f);
+  int64_t piece = 0;
+  for (int64_t t = 0; t < tensors; ++t) {
+    c.tensors.push_back({absl::StrCat("model.layers.", t, ".weight"), DType::kF32, {rows, 2}});
+    for (int64_t r = 0; r < rows; ++r, ++piece) {
+      c.files[piece / kPiecesPerDataFile].pieces.push_back(
+          {c.tensors.back().key, Region{{r, 0}, {1, 2}, std::nullopt}, kRow, 8});
+    }
+  }
+  Die(WriteCheckpoint(ckpt, c, wo).status(), "write checkpoint");
 }
 
 void Row(const char* step, Timing t, const std::string& note = "") {
@@ -84,25 +132,20 @@ void Row(const char* step, Timing t, const std::string& note = "") {
   std::fflush(stdout);
 }
 
-void Run(const Config& c) {
-  (void)RemoveTree(c.dir);
-  Die(MakeDir(c.dir), "mkdir");
-  std::printf("%lld entries in %s\n", static_cast<long long>(c.entries), c.dir.c_str());
-  std::string source;
-  Row("write source file", Seconds([&] { source = WriteSource(c.dir, c.entries); }));
-  const std::string bytes = *ReadWholeFile(source, int64_t{1} << 40);
-  uint64_t header_len = *ParseSafetensorsPrefix(bytes.substr(0, 8), bytes.size(), source);
-  const std::string json = bytes.substr(8, header_len);
-  Row("parse header", Seconds([&] {
-        Die(ParseSafetensorsHeader(json, static_cast<int64_t>(bytes.size()), source).status(),
-            "parse");
+// The steps that read checkpoint `ckpt` back, each timed; then removes c.dir unless c.keep.
+void ReadBack(const Config& c, const std::string& ckpt) {
+  int64_t manifest_bytes = 0;
+  const absl::StatusOr<std::vector<std::string>> names = ListDir(ckpt);
+  Die(names.status(), "list");
+  for (const std::string& name : *names) {
+    if (name != "data") manifest_bytes += FileSize(JoinPath(ckpt, name)).value_or(0);
+  }
+  Row("stream manifest", Seconds([&] {
+        Die(StreamManifestFile(ckpt, [](int64_t, pb::StoredPiece&) { return absl::OkStatus(); })
+                .status(),
+            "stream");
       }),
-      absl::StrCat(json.size(), " header bytes"));
-
-  const std::string ckpt = JoinPath(c.dir, "ckpt");
-  Row("import",
-      Seconds([&] { Die(ImportSafetensors(source, ckpt, WriteOptions{}).status(), "import"); }));
-  const int64_t manifest_bytes = *FileSize(JoinPath(ckpt, kManifestFileName));
+      "StreamManifestFile, pieces dropped");
   pb::Manifest manifest;
   Row("read + parse + validate manifest", Seconds([&] {
         auto m = ReadManifestFile(ckpt);
@@ -125,7 +168,39 @@ void Run(const Config& c) {
               "export");
         }));
   }
+  if (!c.keep) (void)RemoveTree(c.dir);
+}
+
+void Run(const Config& c) {
   (void)RemoveTree(c.dir);
+  Die(MakeDir(c.dir), "mkdir");
+  std::printf("%lld entries in %s\n", static_cast<long long>(c.entries), c.dir.c_str());
+  const std::string ckpt = JoinPath(c.dir, "ckpt");
+  WriteOptions wo;
+  if (c.manifest_piece_file_bytes > 0) {
+    wo.manifest_files.max_single_file_bytes = c.manifest_piece_file_bytes;
+    wo.manifest_files.piece_file_bytes = c.manifest_piece_file_bytes;
+  }
+  if (c.rows_per_tensor > 0) {
+    Row("write sharded checkpoint",
+        Seconds([&] { WriteSharded(ckpt, c.entries, c.rows_per_tensor, wo); }));
+    ReadBack(c, ckpt);
+    return;
+  }
+  std::string first, source;
+  Row("write source files",
+      Seconds([&] { std::tie(first, source) = WriteSource(c.dir, c.entries); }));
+  const std::string bytes = *ReadWholeFile(first, int64_t{1} << 40);
+  uint64_t header_len = *ParseSafetensorsPrefix(bytes.substr(0, 8), bytes.size(), first);
+  const std::string json = bytes.substr(8, header_len);
+  Row("parse header", Seconds([&] {
+        Die(ParseSafetensorsHeader(json, static_cast<int64_t>(bytes.size()), first).status(),
+            "parse");
+      }),
+      absl::StrCat(json.size(), " header bytes (the first file's)"));
+  Row("import", Seconds([&] { Die(ImportSafetensors(source, ckpt, wo).status(), "import"); }));
+  (void)RemoveTree(source);
+  ReadBack(c, ckpt);
 }
 
 }  // namespace
@@ -143,8 +218,17 @@ int main(int argc, char** argv) {
     } else if (name == "--entries" && absl::SimpleAtoi(value, &c.entries) && c.entries > 0) {
     } else if (name == "--no_export") {
       c.export_too = false;
+    } else if (name == "--keep") {
+      c.keep = true;
+    } else if (name == "--rows_per_tensor" && absl::SimpleAtoi(value, &c.rows_per_tensor) &&
+               c.rows_per_tensor > 0) {
+    } else if (name == "--manifest_piece_file_bytes" &&
+               absl::SimpleAtoi(value, &c.manifest_piece_file_bytes) &&
+               c.manifest_piece_file_bytes > 0) {
     } else {
-      std::fprintf(stderr, "usage: many_entries_benchmark [--entries=N] [--dir=D] [--no_export]\n");
+      std::fprintf(stderr,
+                   "usage: many_entries_benchmark [--entries=N] [--dir=D] [--no_export] [--keep]\n"
+                   "    [--manifest_piece_file_bytes=B] [--rows_per_tensor=R]\n");
       return 2;
     }
   }

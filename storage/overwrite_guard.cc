@@ -43,7 +43,8 @@ std::string KindOf(const std::string& path, const struct stat& st) {
   return "not a directory";
 }
 
-// The directory's manifest, if it has one that is a regular file and parses and validates.
+// The directory's manifest head (without pieces), if it has a manifest.pb that is a regular
+// file and a manifest that parses and validates (streamed: its pieces are never all in memory).
 absl::StatusOr<pb::Manifest> ManifestOf(const std::string& path,
                                         const std::vector<std::string>& names) {
   bool has_manifest = false, has_data = false;
@@ -68,7 +69,8 @@ absl::StatusOr<pb::Manifest> ManifestOf(const std::string& path,
   if (!S_ISREG(st.st_mode)) {
     return Refuse(path, "a directory whose manifest.pb is not a regular file");
   }
-  absl::StatusOr<pb::Manifest> manifest = ReadManifestFile(path);
+  absl::StatusOr<pb::Manifest> manifest =
+      StreamManifestFile(path, [](int64_t, pb::StoredPiece&) { return absl::OkStatus(); });
   if (manifest.ok()) return manifest;
   // manifest.pb is there: a piece file missing (NotFound) makes the checkpoint invalid too.
   const absl::StatusCode code = manifest.status().code();
@@ -90,7 +92,7 @@ bool IsRegularFile(const std::string& path) {
 // the manifest lists.
 absl::Status CheckOnlyCheckpointFiles(const std::string& path,
                                       const std::vector<std::string>& names,
-                                      const pb::Manifest& manifest) {
+                                      const pb::Manifest& manifest) {  // its head suffices
   std::set<std::string> piece_files;
   for (const pb::ManifestPieceFile& f : manifest.piece_files()) piece_files.insert(f.name());
   std::vector<std::string> foreign;

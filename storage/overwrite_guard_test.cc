@@ -208,6 +208,34 @@ TEST(OverwriteGuardTest, OverwriteRefusesAPieceFileCheckpointMissingAPieceFile) 
   EXPECT_EQ(*ListDir(path), (std::vector<std::string>{"data", "manifest.pb"}));
 }
 
+// The guard streams the manifest without keeping its pieces, but still validates every one:
+// a piece the manifest's tensors do not know (format 1) and a damaged piece file (format 2)
+// make the directory an invalid checkpoint, left as it was.
+TEST(OverwriteGuardTest, OverwriteRefusesACheckpointWhosePiecesDoNotValidate) {
+  const std::string dir = TestDir("invalid-pieces");
+  const std::string path = JoinPath(dir, "ckpt");
+  Contents c;
+  ASSERT_TRUE(WriteCheckpoint(path, c.Make(1), WriteOptions{}).ok());
+  pb::Manifest m;
+  ASSERT_TRUE(m.ParseFromString(Read(JoinPath(path, "manifest.pb"))));
+  m.mutable_pieces(0)->set_key("v");
+  const std::string relabelled = m.SerializeAsString();
+  ASSERT_TRUE(WriteFileDurably(JoinPath(path, "manifest.pb"), relabelled).ok());
+  ExpectRefused(path, "an invalid checkpoint: ");
+  ExpectRefused(path, "its tensor is not listed");
+  EXPECT_EQ(Read(JoinPath(path, "manifest.pb")), relabelled);
+
+  const std::string split = JoinPath(dir, "split");
+  ASSERT_TRUE(WriteCheckpoint(split, c.Make(1), InPieceFiles(false)).ok());
+  const std::string piece_file = JoinPath(split, "manifest-pieces-00000.pb");
+  std::string bytes = Read(piece_file);
+  bytes[bytes.size() / 2] ^= 0x10;
+  ASSERT_TRUE(WriteFileDurably(piece_file, bytes).ok());
+  ExpectRefused(split, "an invalid checkpoint: ");
+  ExpectRefused(split, "manifest-pieces-00000.pb does not match its checksum");
+  EXPECT_EQ(Read(piece_file), bytes);
+}
+
 TEST(OverwriteGuardTest, OverwriteNeverFollowsOrReplacesASymbolicLink) {
   const std::string dir = TestDir("symlink");
   const std::string real = JoinPath(dir, "real");

@@ -27,10 +27,16 @@ struct VerifyReport {
 // per tensor naming its first hole or overlap, empty when each element is stored exactly once.
 absl::StatusOr<std::vector<std::string>> CheckCoverage(const pb::Manifest& manifest);
 
-// Opens the checkpoint (errors for unopenable ones: missing, incomplete, invalid manifest —
-// which includes pieces that do not tile a tensor exactly — or data-file header), then reports
-// files in data/ the manifest does not list, and reads every stored byte verifying checksums,
-// holding at most about `max_batch_bytes` in memory.
+// Verifies the checkpoint without holding its whole manifest: streams the manifest
+// (StreamManifestFile, which validates it, coverage included) and, a bounded batch of pieces at
+// a time, checks their entries in their data files' headers (CheckpointReader::OpenShare) and
+// reads every stored byte verifying checksums, holding at most about `max_batch_bytes` of data
+// (and at most 65,536 pieces) in memory; then checks each data file's size and that its header
+// holds no entry the manifest does not list. Errors for unverifiable checkpoints: missing,
+// incomplete, invalid manifest (which includes pieces that do not tile a tensor exactly), or a
+// data file that disagrees with it. Reports as problems bad checksums, files in data/ the
+// manifest does not list, and files at the top of the directory that are not manifest.pb,
+// data/ or a listed manifest piece file.
 absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& path, const IoOptions& io,
                                               int64_t max_batch_bytes = int64_t{256} << 20);
 

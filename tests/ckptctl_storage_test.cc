@@ -24,6 +24,7 @@ namespace {
 
 using Json = nlohmann::json;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 using ckpt::testing::Ckptctl;
 using Result = ckpt::testing::CommandResult;
@@ -200,6 +201,37 @@ TEST(CkptctlStorageTest, InspectAndVerifyShowManifestPieceFiles) {
   Result bad = Ckptctl("verify " + path);
   EXPECT_EQ(bad.code, 1);
   EXPECT_THAT(bad.err, HasSubstr(victim));
+}
+
+// Above --max-listed-pieces, inspect streams the manifest into per-tensor figures only: the
+// same tensors, bytes and piece counts, no piece lines, and the JSON says so.
+TEST(CkptctlStorageTest, InspectListsPiecesOnlyUpToTheLimit) {
+  const std::string dir = TestDir("inspect_limit");
+  Sharded s;
+  const std::string path = MakeSharded(dir, s);
+  Result all = Ckptctl("inspect " + path + " --json --max-listed-pieces 4");
+  ASSERT_EQ(all.code, 0) << all.err;
+  Json listed = Json::parse(all.out);
+  EXPECT_EQ(listed["pieces_listed"], true);
+  EXPECT_EQ(listed["piece_count"], 4);
+  EXPECT_EQ(listed["tensors"][0]["pieces"].size(), 3u);
+  Result few = Ckptctl("inspect " + path + " --json --max-listed-pieces 3");
+  ASSERT_EQ(few.code, 0) << few.err;
+  Json j = Json::parse(few.out);
+  EXPECT_EQ(j["pieces_listed"], false);
+  EXPECT_EQ(j["piece_count"], 4);
+  ASSERT_EQ(j["tensors"].size(), 2u);
+  EXPECT_EQ(j["tensors"][0]["key"], "w");
+  EXPECT_EQ(j["tensors"][0]["stored_bytes"], 192);
+  EXPECT_EQ(j["tensors"][0]["piece_count"], 3);
+  EXPECT_FALSE(j["tensors"][0].contains("pieces"));
+  EXPECT_EQ(j["tensors"][1]["piece_count"], 1);
+  Result text = Ckptctl("inspect " + path + " --max-listed-pieces 0");
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("w  F32 (8, 6)  192 B in 3 piece(s)"));
+  EXPECT_THAT(text.out, HasSubstr("pieces not listed: more than 0"));
+  EXPECT_THAT(text.out, Not(HasSubstr("w|0:4,0:6")));
+  EXPECT_EQ(Ckptctl("inspect " + path + " --max-listed-pieces -1").code, 2);
 }
 
 TEST(CkptctlStorageTest, InspectReportsIncompleteAndUsageErrors) {

@@ -2,11 +2,13 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -46,32 +48,82 @@ Json RegionJson(const pb::Region& r) {
   return j;
 }
 
-Json ManifestJson(const std::string& path, const pb::Manifest& m) {
-  std::map<std::string, std::vector<int>> pieces;
-  for (int i = 0; i < m.pieces_size(); ++i) pieces[m.pieces(i).key()].push_back(i);
+// Pieces `ckptctl inspect` lists one by one unless --max-listed-pieces says otherwise; above,
+// only per-tensor figures (a manifest of millions of pieces is streamed, never held).
+constexpr int64_t kDefaultMaxListedPieces = 100000;
+
+// A tensor's figures over its stored pieces.
+struct TensorFigures {
+  int64_t pieces = 0;
+  int64_t bytes = 0;
+};
+
+// What inspect shows of a manifest read as a stream (StreamManifestFile): its head, each
+// tensor's figures, and its pieces grouped by tensor when there are at most `max_listed`.
+struct InspectedManifest {
+  pb::Manifest head;
+  absl::flat_hash_map<std::string, TensorFigures> figures;  // by tensor key
+  int64_t pieces = 0;
+  bool pieces_listed = true;
+  absl::flat_hash_map<std::string, std::vector<pb::StoredPiece>> listed;  // by tensor key
+};
+
+absl::StatusOr<InspectedManifest> InspectManifest(const std::string& path, int64_t max_listed) {
+  InspectedManifest out;
+  absl::StatusOr<pb::Manifest> head = StreamManifestFile(path, [&](int64_t, pb::StoredPiece& p) {
+    TensorFigures& f = out.figures[p.key()];
+    ++f.pieces;
+    f.bytes += p.byte_length();
+    if (++out.pieces > max_listed) {
+      out.pieces_listed = false;
+      out.listed.clear();
+    } else {
+      std::vector<pb::StoredPiece>& listed = out.listed[p.key()];
+      listed.push_back(std::move(p));
+    }
+    return absl::OkStatus();
+  });
+  if (!head.ok()) return head.status();
+  out.head = *std::move(head);
+  return out;
+}
+
+Json PieceJson(const pb::StoredPiece& p) {
+  return {{"region", RegionJson(p.region())},
+          {"file", p.file()},
+          {"entry", p.entry_name()},
+          {"byte_offset", p.byte_offset()},
+          {"byte_length", p.byte_length()},
+          {"xxh3_64", Hex(p.xxh3_64())},
+          {"checksum_blocks", p.block_xxh3_size()},
+          {"writer_rank", p.writer_rank()}};
+}
+
+// Each tensor with its figures and, when listed, its pieces in manifest order.
+Json TensorsJson(const InspectedManifest& in) {
   Json tensors = Json::array();
-  for (const pb::TensorMeta& t : m.tensors()) {
+  for (const pb::TensorMeta& t : in.head.tensors()) {
     Json jt = {{"key", t.key()},
                {"dtype", DTypeText(t.dtype())},
                {"shape", std::vector<int64_t>(t.global_shape().begin(), t.global_shape().end())}};
-    int64_t bytes = 0;
-    Json jp = Json::array();
-    for (int i : pieces[t.key()]) {
-      const pb::StoredPiece& p = m.pieces(i);
-      bytes += p.byte_length();
-      jp.push_back({{"region", RegionJson(p.region())},
-                    {"file", p.file()},
-                    {"entry", p.entry_name()},
-                    {"byte_offset", p.byte_offset()},
-                    {"byte_length", p.byte_length()},
-                    {"xxh3_64", Hex(p.xxh3_64())},
-                    {"checksum_blocks", p.block_xxh3_size()},
-                    {"writer_rank", p.writer_rank()}});
+    auto f = in.figures.find(t.key());
+    const TensorFigures figures = f == in.figures.end() ? TensorFigures{} : f->second;
+    jt["stored_bytes"] = figures.bytes;
+    jt["piece_count"] = figures.pieces;
+    if (in.pieces_listed) {
+      Json jp = Json::array();
+      if (auto it = in.listed.find(t.key()); it != in.listed.end()) {
+        for (const pb::StoredPiece& p : it->second) jp.push_back(PieceJson(p));
+      }
+      jt["pieces"] = std::move(jp);
     }
-    jt["stored_bytes"] = bytes;
-    jt["pieces"] = std::move(jp);
     tensors.push_back(std::move(jt));
   }
+  return tensors;
+}
+
+Json ManifestJson(const std::string& path, const InspectedManifest& in) {
+  const pb::Manifest& m = in.head;
   Json files = Json::array();
   int64_t total = 0;
   for (const pb::DataFile& f : m.files()) {
@@ -100,12 +152,15 @@ Json ManifestJson(const std::string& path, const pb::Manifest& m) {
           {"checksum_block_bytes", m.checksum_block_bytes()},
           {"manifest_piece_files", m.piece_files_size()},
           {"total_file_bytes", total},
+          {"piece_count", in.pieces},
+          {"pieces_listed", in.pieces_listed},
           {"files", files},
-          {"tensors", tensors}};
+          {"tensors", TensorsJson(in)}};
 }
 
-void PrintManifestText(const std::string& path, const pb::Manifest& m) {
-  Json j = ManifestJson(path, m);
+void PrintManifestText(const std::string& path, const InspectedManifest& in, int64_t max_listed) {
+  const pb::Manifest& m = in.head;
+  Json j = ManifestJson(path, in);
   std::printf("checkpoint %s: complete, format version %u, written by %s\n", path.c_str(),
               m.format_version(), m.writer_version().c_str());
   std::printf("step %" PRId64 ", created %" PRId64 " (unix us)\n", m.step(),
@@ -119,17 +174,22 @@ void PrintManifestText(const std::string& path, const pb::Manifest& m) {
         ShapeString(std::vector<int64_t>(l.mesh_shape().begin(), l.mesh_shape().end())).c_str(),
         l.tensors_size());
   }
-  std::printf("%d data files, %s; %d tensors, %d pieces\n", m.files_size(),
+  std::printf("%d data files, %s; %d tensors, %" PRId64 " pieces\n", m.files_size(),
               HumanBytes(j["total_file_bytes"].get<int64_t>()).c_str(), m.tensors_size(),
-              m.pieces_size());
+              in.pieces);
   if (m.piece_files_size() > 0) {
     std::printf("manifest pieces in %d piece files beside manifest.pb\n", m.piece_files_size());
   }
+  if (!in.pieces_listed) {
+    std::printf("pieces not listed: more than %" PRId64 " (see --max-listed-pieces)\n", max_listed);
+  }
   for (const Json& t : j["tensors"]) {
-    std::printf("%s  %s %s  %s in %zu piece(s)\n", t["key"].get<std::string>().c_str(),
+    std::printf("%s  %s %s  %s in %" PRId64 " piece(s)\n", t["key"].get<std::string>().c_str(),
                 t["dtype"].get<std::string>().c_str(),
                 ShapeString(t["shape"].get<std::vector<int64_t>>()).c_str(),
-                HumanBytes(t["stored_bytes"].get<int64_t>()).c_str(), t["pieces"].size());
+                HumanBytes(t["stored_bytes"].get<int64_t>()).c_str(),
+                t["piece_count"].get<int64_t>());
+    if (!t.contains("pieces")) continue;
     for (const Json& p : t["pieces"]) {
       std::printf("    %-40s %s @%" PRId64 " +%" PRId64 " xxh3 %s\n",
                   p["entry"].get<std::string>().c_str(), p["file"].get<std::string>().c_str(),
@@ -139,40 +199,50 @@ void PrintManifestText(const std::string& path, const pb::Manifest& m) {
   }
 }
 
+// Prints what is at `path` when it is not a complete checkpoint; returns the exit code.
+int ReportNotComplete(const std::string& cmd, const std::string& path, const CheckpointProbe& probe,
+                      bool json) {
+  const std::string what =
+      probe.state == CheckpointState::kIncomplete
+          ? absl::StrCat(path,
+                         " is an incomplete checkpoint: no manifest.pb (an interrupted or "
+                         "in-progress write); it is never loaded")
+          : absl::StrCat(path, ": ", CheckpointStateName(probe.state));
+  if (json) {
+    Json j = {{"path", path},
+              {"state", CheckpointStateName(probe.state)},
+              {"leftovers", probe.leftovers}};
+    std::printf("%s\n", j.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
+  }
+  for (const std::string& l : probe.leftovers) {
+    std::fprintf(stderr, "note: leftover %s\n", l.c_str());
+  }
+  return Fail(cmd, absl::FailedPreconditionError(what));
+}
+
 int RunInspect(const std::vector<std::string>& args) {
   const std::string cmd = "inspect";
   ParsedArgs a;
   if (std::optional<int> code = ParseCommandLine(InspectSpec(), args, &a)) return *code;
   if (a.positional.size() != 1) return Usage(cmd, "expected exactly one checkpoint path");
+  int64_t max_listed = kDefaultMaxListedPieces;
+  if (absl::Status s =
+          IntFlag(a, "max-listed-pieces", 0, std::numeric_limits<int64_t>::max(), &max_listed);
+      !s.ok()) {
+    return Usage(cmd, std::string(s.message()));
+  }
   const std::string& path = a.positional[0];
   const bool json = a.Has("json");
   CheckpointProbe probe = ProbeCheckpoint(path);
-  if (probe.state != CheckpointState::kComplete) {
-    const std::string what =
-        probe.state == CheckpointState::kIncomplete
-            ? absl::StrCat(path,
-                           " is an incomplete checkpoint: no manifest.pb (an interrupted or "
-                           "in-progress write); it is never loaded")
-            : absl::StrCat(path, ": ", CheckpointStateName(probe.state));
-    if (json) {
-      Json j = {{"path", path},
-                {"state", CheckpointStateName(probe.state)},
-                {"leftovers", probe.leftovers}};
-      std::printf("%s\n", j.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
-    }
-    for (const std::string& l : probe.leftovers) {
-      std::fprintf(stderr, "note: leftover %s\n", l.c_str());
-    }
-    return Fail(cmd, absl::FailedPreconditionError(what));
-  }
-  auto m = ReadManifestFile(path);
+  if (probe.state != CheckpointState::kComplete) return ReportNotComplete(cmd, path, probe, json);
+  auto m = InspectManifest(path, max_listed);
   if (!m.ok()) return Fail(cmd, m.status());
   if (json) {
     Json j = ManifestJson(path, *m);
     j["leftovers"] = probe.leftovers;
     std::printf("%s\n", j.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
   } else {
-    PrintManifestText(path, *m);
+    PrintManifestText(path, *m, max_listed);
     for (const std::string& l : probe.leftovers) std::printf("note: leftover %s\n", l.c_str());
   }
   return 0;
@@ -270,12 +340,16 @@ int RunExport(const ParsedArgs& a) {
 const CommandSpec& InspectSpec() {
   static const CommandSpec* spec = new CommandSpec{
       "inspect",
-      "usage: ckptctl inspect <checkpoint> [--json]",
-      "Shows a checkpoint's tensors (dtype, shape, stored bytes), every stored piece (region,\n"
-      "data file, offset, length, checksum), the saved layout and user metadata. A directory\n"
-      "without manifest.pb is reported as incomplete (exit 1). Does not read tensor data;\n"
-      "use `ckptctl verify` for that.\n",
-      {{"json", "", "print one JSON object"}}};
+      "usage: ckptctl inspect <checkpoint> [--json] [--max-listed-pieces N]",
+      "Shows a checkpoint's tensors (dtype, shape, stored bytes, piece count), its stored\n"
+      "pieces (region, data file, offset, length, checksum) when there are at most\n"
+      "--max-listed-pieces of them (default 100000; above, per-tensor figures only, and the\n"
+      "JSON's tensors have no \"pieces\" and \"pieces_listed\" is false), the saved layout and\n"
+      "user metadata. The manifest is streamed, so a manifest of millions of pieces is never\n"
+      "held in memory. A directory without manifest.pb is reported as incomplete (exit 1).\n"
+      "Does not read tensor data; use `ckptctl verify` for that.\n",
+      {{"json", "", "print one JSON object"},
+       {"max-listed-pieces", "N", "list pieces one by one only up to N pieces (default 100000)"}}};
   return *spec;
 }
 
