@@ -5,24 +5,103 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "coordinator/manifest_share_builder.h"
 #include "proto/convert.h"
 #include "proto/coordinator.pb.h"
 #include "sharding/region.h"
 #include "storage/checkpoint_reader.h"
+#include "storage/file_util.h"
+#include "storage/manifest_file.h"
 
 namespace ckpt::coordinator {
 
-absl::StatusOr<std::vector<RankPlan>> PlanDirectLoad(const Operation& op) {
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(op.path);
-  if (!reader.ok()) {
-    return absl::Status(reader.status().code(), absl::StrCat("cannot load checkpoint ", op.path,
-                                                             ": ", reader.status().message()));
+namespace {
+
+// The parts of PlanDirectLoadFrom, each with its rank's manifest share when `shares` is set.
+absl::StatusOr<std::vector<RankPlan>> PlanDirectParts(const Operation& op,
+                                                      const pb::Manifest& manifest,
+                                                      const ManifestShareBuilder* shares);
+
+// Hands every read of every rank of `op` to `shares`; InvalidArgument naming the rank and
+// tensor for a region outside the shape the rank gives.
+absl::Status AddReads(const Operation& op, ManifestShareBuilder& shares) {
+  for (int r = 0; r < op.world_size; ++r) {
+    const RankPieces& pieces = op.ranks[r].shards;
+    for (int i = 0; i < pieces.size(); ++i) {
+      const pb::PieceMeta s = pieces.Piece(i);
+      const std::vector<int64_t> shape(s.tensor().global_shape().begin(),
+                                       s.tensor().global_shape().end());
+      absl::StatusOr<Region> region = RegionFromProto(s.region());
+      absl::Status valid = region.ok() ? ValidateRegion(*region, shape) : region.status();
+      if (!valid.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r, " tensor ", s.tensor().key(), ": ", valid.message()));
+      }
+      shares.AddRead(r, s.tensor().key(), shape, *region);
+    }
   }
-  return PlanDirectLoadFrom(op, (*reader)->manifest());
+  return absl::OkStatus();
+}
+
+// Every data file of the checkpoint at `path` is there at its recorded size (the workers check
+// the headers of those their shares name; a missing or truncated file fails the load here,
+// before any rank reads).
+absl::Status CheckDataFileSizes(const std::string& path, const pb::Manifest& head) {
+  for (const pb::DataFile& f : head.files()) {
+    const std::string file = JoinPath(path, f.name());
+    absl::StatusOr<int64_t> size = FileSize(file);
+    if (!size.ok()) return size.status();
+    if (*size != f.size_bytes()) {
+      return absl::DataLossError(absl::StrCat("data file ", file, " is ", *size,
+                                              " bytes; the manifest says ", f.size_bytes(),
+                                              *size < f.size_bytes() ? " (truncated)" : ""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<RankPlan>> PlanDirectLoad(const Operation& op) {
+  auto cannot = [&](const absl::Status& s) {
+    return absl::Status(s.code(),
+                        absl::StrCat("cannot load checkpoint ", op.path, ": ", s.message()));
+  };
+  if (absl::Status complete = CheckCheckpointComplete(op.path); !complete.ok()) {
+    return cannot(complete);
+  }
+  ManifestShareBuilder shares(op.world_size);
+  CKPT_RETURN_IF_ERROR(AddReads(op, shares));
+  // A piece that does not fit its readers' shape is reported after the shape checks below,
+  // which name the rank.
+  absl::Status piece_error;
+  absl::StatusOr<pb::Manifest> head =
+      StreamManifestFile(op.path, [&](int64_t, pb::StoredPiece& piece) {
+        if (piece_error.ok()) piece_error = shares.AddPiece(piece);
+        return absl::OkStatus();
+      });
+  if (!head.ok()) return cannot(head.status());
+  if (absl::Status files = CheckDataFileSizes(op.path, *head); !files.ok()) return cannot(files);
+  if (!piece_error.ok()) {
+    // Name the rank whose shape disagrees with the checkpoint, when one does.
+    absl::StatusOr<std::vector<RankPlan>> checked = PlanDirectParts(op, *head, nullptr);
+    return checked.ok() ? cannot(piece_error) : checked.status();
+  }
+  CKPT_RETURN_IF_ERROR(shares.Finish(*head, op.path));
+  return PlanDirectParts(op, *head, &shares);
 }
 
 absl::StatusOr<std::vector<RankPlan>> PlanDirectLoadFrom(const Operation& op,
                                                          const pb::Manifest& manifest) {
+  return PlanDirectParts(op, manifest, nullptr);
+}
+
+namespace {
+
+absl::StatusOr<std::vector<RankPlan>> PlanDirectParts(const Operation& op,
+                                                      const pb::Manifest& manifest,
+                                                      const ManifestShareBuilder* shares) {
   std::map<std::string, const pb::TensorMeta*> by_key;
   for (const pb::TensorMeta& t : manifest.tensors()) by_key.emplace(t.key(), &t);
   std::vector<RankPlan> plans(op.world_size);
@@ -65,10 +144,13 @@ absl::StatusOr<std::vector<RankPlan>> PlanDirectLoadFrom(const Operation& op,
       read->set_size_bytes(region->NumElements() * DTypeSize(*dtype));
       part.set_total_bytes(part.total_bytes() + read->size_bytes());
     }
+    if (shares != nullptr) part.set_manifest_share(shares->ShareOf(r));
     plans[r].bytes = part.total_bytes();
     plans[r].part = part.SerializeAsString();
   }
   return plans;
 }
+
+}  // namespace
 
 }  // namespace ckpt::coordinator

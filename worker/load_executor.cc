@@ -10,6 +10,7 @@
 #include "proto/convert.h"
 #include "proto/wire_names.h"
 #include "storage/checkpoint_reader.h"
+#include "storage/manifest_share.h"
 #include "worker/region_chunks.h"
 
 namespace ckpt::worker {
@@ -50,6 +51,19 @@ absl::Status ReadOntoDevice(CheckpointReader& reader, const std::string& key, co
   });
 }
 
+// The checkpoint of `part`: only the share of its manifest the coordinator sent with it, or
+// (a part without one) the whole manifest.
+absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenForPart(const pb::LoadPlanPart& part) {
+  if (part.manifest_share().empty()) return CheckpointReader::Open(part.path());
+  pb::ManifestShare share;
+  if (!share.ParseFromString(part.manifest_share())) {
+    return absl::DataLossError("the plan part's manifest share is not a valid protobuf");
+  }
+  absl::StatusOr<pb::Manifest> manifest = ExpandManifestShare(share);
+  if (!manifest.ok()) return manifest.status();
+  return CheckpointReader::OpenShare(part.path(), *std::move(manifest));
+}
+
 }  // namespace
 
 absl::Status CopyOntoDevice(const RegisteredTensor& tensor, const char* host,
@@ -85,7 +99,7 @@ absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& se
         absl::StrCat("load plan part of rank ", part.rank(), " delivered for ", who));
   }
   if (part.reads_size() == 0) return absl::OkStatus();
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(part.path());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = OpenForPart(part);
   if (!reader.ok()) {
     return absl::Status(
         reader.status().code(),

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "proto/convert.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
+#include "storage/manifest_file.h"
 
 namespace ckpt::worker {
 namespace {
@@ -125,6 +127,128 @@ TEST_F(DeviceLoadTest, CopyOntoDeviceMovesAHostBufferInChunks) {
                            &pool_, gate, "rank 0 of job j")
                 .code(),
             absl::StatusCode::kAborted);
+}
+
+// Direct loads through the manifest share a coordinator sends with the part.
+class ShareLoadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    path_ = absl::StrCat(tmp ? tmp : "/tmp", "/share-load-", getpid());
+    (void)RemoveTree(path_);
+    stored_.resize(100 * 100);
+    for (int i = 0; i < 100 * 100; ++i) stored_[i] = 7 * i + 1;
+    CheckpointContents contents;
+    contents.tensors.push_back(TensorMeta{"d", DType::kI32, {100, 100}});
+    for (int half = 0; half < 2; ++half) {  // rows 0-49 by writer 0, rows 50-99 by writer 1
+      DataFilePlan file;
+      file.writer_rank = half;
+      file.pieces.push_back(PieceData{"d", Region{{50 * half, 0}, {50, 100}, std::nullopt},
+                                      stored_.data() + 5000 * half, 20000});
+      contents.files.push_back(file);
+    }
+    ASSERT_TRUE(WriteCheckpoint(path_, contents, WriteOptions()).ok());
+    absl::StatusOr<pb::Manifest> manifest = ReadManifestFile(path_);
+    ASSERT_TRUE(manifest.ok()) << manifest.status();
+    manifest_ = *std::move(manifest);
+    session_.trainer.job = "j";
+    session_.trainer.rank = 0;
+  }
+  void TearDown() override { (void)RemoveTree(path_); }
+
+  // The share of the manifest's pieces whose writer is in `writers`.
+  std::string ShareOf(const std::vector<int>& writers) const {
+    pb::ManifestShare share;
+    share.set_format_version(manifest_.format_version());
+    share.set_checksum_block_bytes(manifest_.checksum_block_bytes());
+    *share.add_tensors() = manifest_.tensors(0);
+    share.add_tensor_ids(0);
+    for (const pb::StoredPiece& p : manifest_.pieces()) {
+      if (std::find(writers.begin(), writers.end(), p.writer_rank()) == writers.end()) continue;
+      pb::SharedPiece* s = share.add_pieces();
+      s->set_tensor_id(0);
+      for (int f = 0; f < manifest_.files_size(); ++f) {
+        if (manifest_.files(f).name() != p.file()) continue;
+        s->set_file_id(f);
+        *share.add_files() = manifest_.files(f);  // one piece per file here
+        share.add_file_ids(f);
+      }
+      *s->mutable_region() = p.region();
+      s->set_byte_offset(p.byte_offset());
+      s->set_byte_length(p.byte_length());
+      s->set_xxh3_64(p.xxh3_64());
+      s->set_writer_rank(p.writer_rank());
+      *s->mutable_block_xxh3() = p.block_xxh3();
+    }
+    return share.SerializeAsString();
+  }
+  // Rank 0 holds `region` of d in host memory `memory`; its part reads it with `share`.
+  pb::LoadPlanPart HostPart(const Region& region, std::vector<int32_t>* memory,
+                            const std::string& share) {
+    memory->assign(region.NumElements(), 0);
+    RegisteredTensor t;
+    t.shard.mutable_tensor()->set_key("d");
+    t.shard.mutable_tensor()->set_dtype(pb::DTYPE_I32);
+    t.shard.mutable_tensor()->add_global_shape(100);
+    t.shard.mutable_tensor()->add_global_shape(100);
+    *t.shard.mutable_region() = RegionToProto(region);
+    t.memory_kind = pb::MEMORY_HOST;
+    t.nbytes = region.NumElements() * 4;
+    t.data = reinterpret_cast<std::byte*>(memory->data());
+    session_.tensors.push_back(t);
+    pb::LoadPlanPart part;
+    part.set_rank(0);
+    part.set_path(path_);
+    pb::LoadRead* read = part.add_reads();
+    read->set_key("d");
+    *read->mutable_region() = RegionToProto(region);
+    read->set_local_index(0);
+    read->set_size_bytes(t.nbytes);
+    part.set_manifest_share(share);
+    return part;
+  }
+
+  std::string path_;
+  std::vector<int32_t> stored_;
+  pb::Manifest manifest_;
+  SessionInfo session_;
+};
+
+TEST_F(ShareLoadTest, ReadsThroughItsShareWithoutTheCheckpointsOtherDataFiles) {
+  // The bottom half's file is gone: opening the whole checkpoint would refuse it.
+  for (const pb::StoredPiece& p : manifest_.pieces()) {
+    if (p.writer_rank() == 1) {
+      ASSERT_EQ(::unlink(JoinPath(path_, p.file()).c_str()), 0);
+    }
+  }
+  std::vector<int32_t> memory;
+  const Region rows{{10, 0}, {30, 100}, std::nullopt};
+  MemoryGate gate;
+  absl::Status s =
+      ExecuteLoadPart(HostPart(rows, &memory, ShareOf({0})), session_, gate, nullptr, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  for (int i = 0; i < 30 * 100; ++i) ASSERT_EQ(memory[i], stored_[10 * 100 + i]) << i;
+}
+
+TEST_F(ShareLoadTest, AShareLackingAPieceTheReadNeedsIsNotFoundNamingRankAndTensor) {
+  std::vector<int32_t> memory;
+  const Region rows{{40, 0}, {20, 100}, std::nullopt};  // crosses into the bottom half
+  MemoryGate gate;
+  absl::Status s =
+      ExecuteLoadPart(HostPart(rows, &memory, ShareOf({0})), session_, gate, nullptr, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 0 of job j: reading d"));
+}
+
+TEST_F(ShareLoadTest, ACorruptShareIsDataLossNamingTheRank) {
+  std::vector<int32_t> memory;
+  MemoryGate gate;
+  absl::Status s =
+      ExecuteLoadPart(HostPart(WholeRegion({100, 100}), &memory, std::string("\x0a\x7f", 2)),
+                      session_, gate, nullptr, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 0 of job j"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("manifest share"));
 }
 
 }  // namespace
