@@ -105,10 +105,8 @@ void ManifestShareBuilder::AddRead(int rank, absl::string_view key,
     groups_.push_back(std::move(g));
     tensor.groups.push_back(group->second);
   }
-  std::vector<int>& mine = groups_of_rank_[rank];
-  if (std::find(mine.begin(), mine.end(), group->second) == mine.end()) {
-    mine.push_back(group->second);
-  }
+  // A rank reading one region twice lists its group twice; ShareOf keeps each piece once.
+  groups_of_rank_[rank].push_back(group->second);
 }
 
 void ManifestShareBuilder::IndexSpans(TensorReads& tensor) {
