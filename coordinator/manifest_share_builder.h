@@ -1,6 +1,6 @@
 // Which stored pieces each rank's direct load needs, found while a checkpoint's pieces stream
 // past once (StreamManifestFile, storage/manifest_file.h), so that neither the coordinator nor
-// any worker holds the whole manifest of a large checkpoint (~30 M pieces at 100k ranks). Each
+// any worker holds the whole manifest of a large checkpoint (~12 M pieces at 100k ranks). Each
 // rank's load part then carries only its pb::ManifestShare. No gRPC, no I/O, no logging.
 //
 // Reads of the same region of the same tensor (a replicated tensor read by every data-parallel

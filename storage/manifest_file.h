@@ -90,7 +90,7 @@ absl::StatusOr<pb::Manifest> StreamManifestFile(const std::string& checkpoint_di
 // Which of ValidateManifest's checks a streamed read makes.
 enum class ManifestChecks {
   // All of them (StreamManifestFile above): the checks across pieces keep ~200 bytes per piece
-  // until the end (~6 GB for the ~30 M pieces of a 100k-rank checkpoint).
+  // until the end (~2.5 GB for the ~12 M pieces of a 100k-rank checkpoint).
   kWhole,
   // The head, each piece on its own and the piece files' records, keeping nothing per piece;
   // not that pieces share no bytes or tile each tensor. For a reader that checks the tiling of
