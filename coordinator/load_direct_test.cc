@@ -18,32 +18,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Rows [first, first + count) of "w" (int32, `rows` x 4 as the rank sees it).
-pb::PieceMeta Rows(int64_t first, int64_t count, int64_t rows = 2) {
-  pb::PieceMeta s;
-  s.mutable_tensor()->set_key("w");
-  s.mutable_tensor()->set_dtype(pb::DTYPE_I32);
-  s.mutable_tensor()->add_global_shape(rows);
-  s.mutable_tensor()->add_global_shape(4);
-  *s.mutable_region() = RegionToProto(Region{{first, 0}, {count, 4}, std::nullopt});
-  return s;
-}
-
-// Ranks 0 and 1 read the whole tensor; rank 2 row 1 only.
-Operation ThreeRankLoad(const std::string& path) {
-  Operation op;
-  op.id = "op-3";
-  op.job = "j";
-  op.kind = OperationKind::kLoad;
-  op.path = path;
-  op.world_size = 3;
-  op.ranks.resize(3);
-  op.ranks[0].shards = {Rows(0, 2)};
-  op.ranks[1].shards = {Rows(0, 2)};
-  op.ranks[2].shards = {Rows(1, 1)};
-  return op;
-}
-
 pb::ManifestShare ShareOf(const RankPlan& plan) {
   pb::LoadPlanPart part;
   EXPECT_TRUE(part.ParseFromString(plan.part.Bytes()));

@@ -21,34 +21,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-pb::PieceMeta Rows(int64_t first, int64_t count) {
-  pb::PieceMeta s;
-  s.mutable_tensor()->set_key("w");
-  s.mutable_tensor()->set_dtype(pb::DTYPE_I32);
-  s.mutable_tensor()->add_global_shape(2);
-  s.mutable_tensor()->add_global_shape(4);
-  s.mutable_region()->add_offsets(first);
-  s.mutable_region()->add_offsets(0);
-  s.mutable_region()->add_lengths(count);
-  s.mutable_region()->add_lengths(4);
-  return s;
-}
-
-// Ranks 0 and 1 replicate the whole tensor; rank 2 needs row 1 only.
-Operation ThreeRankLoad(const std::string& path) {
-  Operation op;
-  op.id = "op-9";
-  op.job = "j";
-  op.kind = OperationKind::kLoad;
-  op.path = path;
-  op.world_size = 3;
-  op.ranks.resize(3);
-  op.ranks[0].shards = {Rows(0, 2)};
-  op.ranks[1].shards = {Rows(0, 2)};
-  op.ranks[2].shards = {Rows(1, 1)};
-  return op;
-}
-
 std::vector<pb::LoadPlanPart> Parts(const std::vector<RankPlan>& plans) {
   std::vector<pb::LoadPlanPart> parts(plans.size());
   for (size_t r = 0; r < plans.size(); ++r) {

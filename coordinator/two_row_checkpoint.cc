@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "proto/convert.h"
 #include "storage/checkpoint_writer.h"
 
 namespace ckpt::coordinator {
@@ -32,6 +33,30 @@ std::string WriteTwoRowCheckpoint(const std::string& name) {
   auto manifest = WriteCheckpoint(path, contents, options);
   EXPECT_TRUE(manifest.ok()) << manifest.status();
   return path;
+}
+
+pb::PieceMeta Rows(int64_t first, int64_t count, int64_t rows) {
+  pb::PieceMeta s;
+  s.mutable_tensor()->set_key("w");
+  s.mutable_tensor()->set_dtype(pb::DTYPE_I32);
+  s.mutable_tensor()->add_global_shape(rows);
+  s.mutable_tensor()->add_global_shape(4);
+  *s.mutable_region() = RegionToProto(Region{{first, 0}, {count, 4}, std::nullopt});
+  return s;
+}
+
+Operation ThreeRankLoad(const std::string& path) {
+  Operation op;
+  op.id = "op-9";
+  op.job = "j";
+  op.kind = OperationKind::kLoad;
+  op.path = path;
+  op.world_size = 3;
+  op.ranks.resize(3);
+  op.ranks[0].shards = {Rows(0, 2)};
+  op.ranks[1].shards = {Rows(0, 2)};
+  op.ranks[2].shards = {Rows(1, 1)};
+  return op;
 }
 
 }  // namespace ckpt::coordinator

@@ -2,7 +2,11 @@
 #ifndef CKPT_COORDINATOR_TWO_ROW_CHECKPOINT_H_
 #define CKPT_COORDINATOR_TWO_ROW_CHECKPOINT_H_
 
+#include <cstdint>
 #include <string>
+
+#include "coordinator/job_state.h"
+#include "proto/coordinator.pb.h"
 
 namespace ckpt::coordinator {
 
@@ -13,6 +17,14 @@ std::string TmpPath(const std::string& name);
 // and 1, to TmpPath(name) (replacing a checkpoint there); returns the path. A write failure is
 // a test failure.
 std::string WriteTwoRowCheckpoint(const std::string& name);
+
+// Rows [first, first + count) of "w" as a rank describes them, its global shape `rows` x 4
+// (the checkpoint's is 2 x 4).
+pb::PieceMeta Rows(int64_t first, int64_t count, int64_t rows = 2);
+
+// A load of the checkpoint at `path` by three ranks: 0 and 1 replicate the whole tensor, rank 2
+// needs row 1 only.
+Operation ThreeRankLoad(const std::string& path);
 
 }  // namespace ckpt::coordinator
 

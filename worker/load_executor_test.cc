@@ -23,12 +23,44 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// Tensor d (int32, 100 x 100) as rank 0 of the tests shares `region` of it.
+RegisteredTensor TensorD(const Region& region, pb::MemoryKind kind) {
+  RegisteredTensor t;
+  t.shard.mutable_tensor()->set_key("d");
+  t.shard.mutable_tensor()->set_dtype(pb::DTYPE_I32);
+  t.shard.mutable_tensor()->add_global_shape(100);
+  t.shard.mutable_tensor()->add_global_shape(100);
+  *t.shard.mutable_region() = RegionToProto(region);
+  t.memory_kind = kind;
+  t.nbytes = region.NumElements() * 4;
+  return t;
+}
+
+// Rank 0's part reading `region` of d from the checkpoint at `path` into its tensor 0.
+pb::LoadPlanPart PartReadingD(const std::string& path, const Region& region) {
+  pb::LoadPlanPart part;
+  part.set_rank(0);
+  part.set_path(path);
+  pb::LoadRead* read = part.add_reads();
+  read->set_key("d");
+  *read->mutable_region() = RegionToProto(region);
+  read->set_local_index(0);
+  read->set_size_bytes(region.NumElements() * 4);
+  return part;
+}
+
+// A path for this test's checkpoint `name` under TEST_TMPDIR (else /tmp), with nothing there.
+std::string FreshTestPath(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = absl::StrCat(tmp ? tmp : "/tmp", "/", name, "-", getpid());
+  (void)RemoveTree(path);
+  return path;
+}
+
 class DeviceLoadTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    path_ = absl::StrCat(tmp ? tmp : "/tmp", "/device-load-", getpid());
-    (void)RemoveTree(path_);
+    path_ = FreshTestPath("device-load");
     stored_.resize(100 * 100);
     for (int i = 0; i < 100 * 100; ++i) stored_[i] = 3 * i - 5000;
     CheckpointContents contents;
@@ -45,29 +77,12 @@ class DeviceLoadTest : public ::testing::Test {
   // A device tensor holding `region` of d, backed by `memory`.
   void AddDeviceTensor(const Region& region, std::vector<int32_t>* memory) {
     memory->assign(region.NumElements(), 0);
-    RegisteredTensor t;
-    t.shard.mutable_tensor()->set_key("d");
-    t.shard.mutable_tensor()->set_dtype(pb::DTYPE_I32);
-    t.shard.mutable_tensor()->add_global_shape(100);
-    t.shard.mutable_tensor()->add_global_shape(100);
-    *t.shard.mutable_region() = RegionToProto(region);
-    t.memory_kind = pb::MEMORY_DEVICE;
+    RegisteredTensor t = TensorD(region, pb::MEMORY_DEVICE);
     t.device = 0;
-    t.nbytes = region.NumElements() * 4;
     t.device_ptr = memory->data();
     session_.tensors.push_back(t);
   }
-  pb::LoadPlanPart Part(const Region& region) {
-    pb::LoadPlanPart part;
-    part.set_rank(0);
-    part.set_path(path_);
-    pb::LoadRead* read = part.add_reads();
-    read->set_key("d");
-    *read->mutable_region() = RegionToProto(region);
-    read->set_local_index(0);
-    read->set_size_bytes(region.NumElements() * 4);
-    return part;
-  }
+  pb::LoadPlanPart Part(const Region& region) { return PartReadingD(path_, region); }
 
   std::string path_;
   std::vector<int32_t> stored_;
@@ -133,9 +148,7 @@ TEST_F(DeviceLoadTest, CopyOntoDeviceMovesAHostBufferInChunks) {
 class ShareLoadTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    path_ = absl::StrCat(tmp ? tmp : "/tmp", "/share-load-", getpid());
-    (void)RemoveTree(path_);
+    path_ = FreshTestPath("share-load");
     stored_.resize(100 * 100);
     for (int i = 0; i < 100 * 100; ++i) stored_[i] = 7 * i + 1;
     CheckpointContents contents;
@@ -186,24 +199,10 @@ class ShareLoadTest : public ::testing::Test {
   pb::LoadPlanPart HostPart(const Region& region, std::vector<int32_t>* memory,
                             const std::string& share) {
     memory->assign(region.NumElements(), 0);
-    RegisteredTensor t;
-    t.shard.mutable_tensor()->set_key("d");
-    t.shard.mutable_tensor()->set_dtype(pb::DTYPE_I32);
-    t.shard.mutable_tensor()->add_global_shape(100);
-    t.shard.mutable_tensor()->add_global_shape(100);
-    *t.shard.mutable_region() = RegionToProto(region);
-    t.memory_kind = pb::MEMORY_HOST;
-    t.nbytes = region.NumElements() * 4;
+    RegisteredTensor t = TensorD(region, pb::MEMORY_HOST);
     t.data = reinterpret_cast<std::byte*>(memory->data());
     session_.tensors.push_back(t);
-    pb::LoadPlanPart part;
-    part.set_rank(0);
-    part.set_path(path_);
-    pb::LoadRead* read = part.add_reads();
-    read->set_key("d");
-    *read->mutable_region() = RegionToProto(region);
-    read->set_local_index(0);
-    read->set_size_bytes(t.nbytes);
+    pb::LoadPlanPart part = PartReadingD(path_, region);
     part.set_manifest_share(share);
     return part;
   }
