@@ -73,19 +73,14 @@ absl::StatusOr<std::vector<RankPlan>> PlanDirectLoad(const Operation& op) {
   }
   ManifestShareBuilder shares(op.world_size);
   CKPT_RETURN_IF_ERROR(AddReads(op, shares));
-  // Each piece is checked on its own as it streams past, nothing is kept per piece: the tiling
-  // of what the ranks read is checked by `shares` (and exactly, element by element, by every
-  // worker's reads), not the tiling of the whole checkpoint (ckptctl verify's). A piece that
-  // does not fit its readers' shape is reported after the shape checks below, which name the
-  // rank.
+  // A piece that does not fit its readers' shape is reported after the shape checks below,
+  // which name the rank.
   absl::Status piece_error;
-  absl::StatusOr<pb::Manifest> head = StreamManifestFile(
-      op.path,
-      [&](int64_t, pb::StoredPiece& piece) {
+  absl::StatusOr<pb::Manifest> head =
+      StreamManifestFile(op.path, [&](int64_t, pb::StoredPiece& piece) {
         if (piece_error.ok()) piece_error = shares.AddPiece(piece);
         return absl::OkStatus();
-      },
-      ManifestChecks::kEachPiece);
+      });
   if (!head.ok()) return cannot(head.status());
   if (absl::Status files = CheckDataFileSizes(op.path, *head); !files.ok()) return cannot(files);
   if (!piece_error.ok()) {

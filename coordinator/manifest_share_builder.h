@@ -38,11 +38,9 @@ class ManifestShareBuilder {
   // caller then reports the shape mismatch itself).
   absl::Status AddPiece(const pb::StoredPiece& piece);
   // Resolves tensors and files against `head` (the manifest without pieces) and checks that
-  // the pieces each read met hold exactly its number of elements (their overlaps with it
-  // summed): DataLoss naming the checkpoint `path`, tensor, region and a reading rank
-  // otherwise. This catches a hole in a read, or an element stored twice, unless one masks the
-  // other; the worker's reads (CheckpointReader::ReadRegion) refuse any element stored twice or
-  // never, exactly.
+  // every read is covered exactly by the pieces it met: DataLoss naming the checkpoint
+  // `path`, tensor, region and a reading rank otherwise (a validated manifest tiles each tensor,
+  // so this guards the matching itself).
   absl::Status Finish(const pb::Manifest& head, absl::string_view path);
   // The serialized pb::ManifestShare of `rank`: the pieces its reads overlap (each once, in
   // manifest order), their tensors and files.

@@ -295,7 +295,7 @@ absl::Status ManifestValidator::CheckPiece(int i, const pb::StoredPiece& p, int*
 }
 
 absl::Status ManifestValidator::AddPiece(const pb::StoredPiece& p) {
-  const int i = static_cast<int>(pieces_added_++);
+  const int i = static_cast<int>(tensor_of_.size());
   int tensor = 0, file = 0;
   Region region;
   CKPT_RETURN_IF_ERROR(CheckPiece(i, p, &tensor, &region, &file));
@@ -304,7 +304,6 @@ absl::Status ManifestValidator::AddPiece(const pb::StoredPiece& p) {
   if (p.byte_length() == 0 && !empty_pieces_.insert(p.entry_name()).second) {
     return PieceError(i, p, "is stored twice");
   }
-  if (!across_pieces_) return absl::OkStatus();
   tensor_of_.push_back(tensor);
   file_of_.push_back(file);
   regions_.push_back(std::move(region));
@@ -337,14 +336,13 @@ absl::Status ManifestValidator::CheckPieceCounts() const {
   if (head_->piece_files_size() == 0) return absl::OkStatus();
   int64_t listed = 0;
   for (const pb::ManifestPieceFile& f : head_->piece_files()) listed += f.piece_count();
-  if (listed == pieces_added_) return absl::OkStatus();
-  return ManifestError(
-      absl::StrCat("its piece files hold ", listed, " pieces, the manifest has ", pieces_added_));
+  if (listed == static_cast<int64_t>(tensor_of_.size())) return absl::OkStatus();
+  return ManifestError(absl::StrCat("its piece files hold ", listed, " pieces, the manifest has ",
+                                    tensor_of_.size()));
 }
 
 absl::Status ManifestValidator::Finish() {
   CKPT_RETURN_IF_ERROR(CheckPieceCounts());
-  if (!across_pieces_) return absl::OkStatus();
   CKPT_RETURN_IF_ERROR(CheckByteRangesDisjoint());
   std::vector<std::tuple<int, int64_t, int64_t, int>>().swap(ranges_);
   return CheckCoverageOfEachTensor(
@@ -375,7 +373,6 @@ absl::Status ValidateManifest(const pb::Manifest& m) {
 }
 
 void ManifestValidator::Reserve(int num_pieces) {
-  if (!across_pieces_) return;
   tensor_of_.reserve(num_pieces);
   file_of_.reserve(num_pieces);
   regions_.reserve(num_pieces);

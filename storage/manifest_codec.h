@@ -77,12 +77,6 @@ absl::Status ValidateManifest(const pb::Manifest& manifest);
 // and none after an error.
 class ManifestValidator {
  public:
-  ManifestValidator() = default;
-  // `across_pieces` false: only the head and each piece on its own are checked (and the piece
-  // count), nothing is kept per piece, and Finish skips the checks across pieces (no shared
-  // bytes, exact coverage); for a reader that checks what it uses itself (StreamManifestFile
-  // with ManifestChecks::kEachPiece).
-  explicit ManifestValidator(bool across_pieces) : across_pieces_(across_pieces) {}
   absl::Status Start(const pb::Manifest& head);
   // Start for a share of a manifest (ValidateManifestShare): its pieces are in it, whatever
   // its format version (1 or 2, the checkpoint's), and it lists no piece files.
@@ -105,8 +99,6 @@ class ManifestValidator {
   absl::Status CheckByteRangesDisjoint();
   std::string Describe(int i, const Region& region) const;
 
-  bool across_pieces_ = true;
-  int64_t pieces_added_ = 0;
   const pb::Manifest* head_ = nullptr;
   absl::flat_hash_map<absl::string_view, int> tensor_index_;  // key -> index in head's tensors
   std::vector<DType> dtypes_;                                 // by tensor index

@@ -423,8 +423,7 @@ absl::StatusOr<ScannedHead> ScanHead(ManifestSource& source, absl::string_view p
 // with their indices; validation errors name manifest.pb (`path`), as ReadManifestFile's.
 class PieceFeed {
  public:
-  PieceFeed(absl::string_view path, ManifestPieceVisitor visit, ManifestChecks checks)
-      : path_(path), visit_(visit), validator_(checks == ManifestChecks::kWhole) {}
+  PieceFeed(absl::string_view path, ManifestPieceVisitor visit) : path_(path), visit_(visit) {}
 
   absl::Status Start(const pb::Manifest& head, int64_t num_pieces) {
     validator_.Reserve(static_cast<int>(std::min<int64_t>(num_pieces, kMaxReserve)));
@@ -469,10 +468,9 @@ absl::Status StreamOwnPieces(ManifestSource& source, absl::string_view path, Pie
 // The pieces of a self-contained (format 1) manifest whose head `scanned` holds, streamed from
 // `source` into `visit`, validated; returns the head.
 absl::StatusOr<pb::Manifest> StreamSingleFile(ManifestSource& source, absl::string_view path,
-                                              ScannedHead scanned, ManifestPieceVisitor visit,
-                                              ManifestChecks checks) {
+                                              ScannedHead scanned, ManifestPieceVisitor visit) {
   const pb::Manifest& head = scanned.head;
-  PieceFeed feed(path, visit, checks);
+  PieceFeed feed(path, visit);
   CKPT_RETURN_IF_ERROR(feed.Start(head, scanned.own_pieces));
   CKPT_RETURN_IF_ERROR(StreamOwnPieces(source, path, feed));
   CKPT_RETURN_IF_ERROR(feed.Finish());
@@ -563,10 +561,9 @@ absl::Status StreamPieceFile(const std::string& dir, const pb::ManifestPieceFile
 // The pieces of a format-2 manifest whose head `head` lists, streamed from its piece files in
 // `dir` into `visit`, validated; returns the head.
 absl::StatusOr<pb::Manifest> StreamPieceFiles(const std::string& dir, absl::string_view path,
-                                              pb::Manifest head, ManifestPieceVisitor visit,
-                                              ManifestChecks checks) {
+                                              pb::Manifest head, ManifestPieceVisitor visit) {
   CKPT_ASSIGN_OR_RETURN(const int64_t pieces, CheckPieceFilesPresent(dir, head));
-  PieceFeed feed(path, visit, checks);
+  PieceFeed feed(path, visit);
   CKPT_RETURN_IF_ERROR(feed.Start(head, pieces));
   for (const pb::ManifestPieceFile& record : head.piece_files()) {
     CKPT_RETURN_IF_ERROR(StreamPieceFile(dir, record, feed));
@@ -612,18 +609,13 @@ absl::Status WriteManifestFiles(const std::string& dir, const std::string& manif
 
 absl::StatusOr<pb::Manifest> StreamManifestFile(const std::string& checkpoint_dir,
                                                 ManifestPieceVisitor visit) {
-  return StreamManifestFile(checkpoint_dir, visit, ManifestChecks::kWhole);
-}
-
-absl::StatusOr<pb::Manifest> StreamManifestFile(const std::string& checkpoint_dir,
-                                                ManifestPieceVisitor visit, ManifestChecks checks) {
   const std::string path = JoinPath(checkpoint_dir, kManifestFileName);
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<FileSource> source, OpenManifestSource(path));
   CKPT_ASSIGN_OR_RETURN(ScannedHead scanned, ScanHead(*source, path));
   if (scanned.head.format_version() == kManifestPieceFilesFormatVersion) {
-    return StreamPieceFiles(checkpoint_dir, path, std::move(scanned.head), visit, checks);
+    return StreamPieceFiles(checkpoint_dir, path, std::move(scanned.head), visit);
   }
-  return StreamSingleFile(*source, path, std::move(scanned), visit, checks);
+  return StreamSingleFile(*source, path, std::move(scanned), visit);
 }
 
 absl::StatusOr<pb::Manifest> StreamManifestBytes(absl::string_view bytes, absl::string_view path,
@@ -638,7 +630,7 @@ absl::StatusOr<pb::Manifest> StreamManifestBytes(absl::string_view bytes, absl::
         absl::StrCat(path, " keeps its pieces in ", scanned.head.piece_files_size(),
                      " piece files beside it: read it with ReadManifestFile"));
   }
-  return StreamSingleFile(source, path, std::move(scanned), visit, ManifestChecks::kWhole);
+  return StreamSingleFile(source, path, std::move(scanned), visit);
 }
 
 absl::StatusOr<pb::Manifest> ReadManifestHead(const std::string& checkpoint_dir) {

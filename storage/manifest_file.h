@@ -87,22 +87,6 @@ using ManifestPieceVisitor = absl::FunctionRef<absl::Status(int64_t index, pb::S
 absl::StatusOr<pb::Manifest> StreamManifestFile(const std::string& checkpoint_dir,
                                                 ManifestPieceVisitor visit);
 
-// Which of ValidateManifest's checks a streamed read makes.
-enum class ManifestChecks {
-  // All of them (StreamManifestFile above): the checks across pieces keep ~200 bytes per piece
-  // until the end (~2.5 GB for the ~12 M pieces of a 100k-rank checkpoint).
-  kWhole,
-  // The head, each piece on its own and the piece files' records, keeping nothing per piece;
-  // not that pieces share no bytes or tile each tensor. For a reader that checks the tiling of
-  // what it uses itself (a direct load plan checks that the pieces it matched tile every read
-  // exactly; ckptctl verify checks the whole checkpoint).
-  kEachPiece,
-};
-
-// StreamManifestFile with the given checks.
-absl::StatusOr<pb::Manifest> StreamManifestFile(const std::string& checkpoint_dir,
-                                                ManifestPieceVisitor visit, ManifestChecks checks);
-
 // StreamManifestFile's reading of a self-contained (format 1) manifest from `bytes` in memory,
 // `path` naming them in errors: the same two passes and checks, with ParseManifest's errors
 // (DataLoss larger than 2 GiB; FailedPrecondition for a format-2 manifest, which needs its

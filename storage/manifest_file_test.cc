@@ -458,46 +458,6 @@ TEST(StreamManifestFileTest, InvalidManifestIsDataLossNamingManifestPb) {
   }
 }
 
-// kEachPiece skips only the checks across pieces: a hole or two pieces sharing bytes pass it,
-// a piece that is wrong on its own and a piece file's wrong count do not.
-TEST(StreamManifestFileTest, EachPieceChecksLeaveOutOnlyTheChecksAcrossPieces) {
-  auto stream = [](const std::string& dir) {
-    int64_t visited = 0;
-    absl::StatusOr<pb::Manifest> head = StreamManifestFile(
-        dir,
-        [&](int64_t, pb::StoredPiece&) {
-          ++visited;
-          return absl::OkStatus();
-        },
-        ManifestChecks::kEachPiece);
-    return std::make_pair(head.status(), visited);
-  };
-  pb::Manifest holed = ValidManifest(20);
-  holed.mutable_pieces()->DeleteSubrange(7, 1);
-  pb::Manifest shared_bytes = ValidManifest(20);
-  shared_bytes.mutable_pieces(3)->set_byte_offset(shared_bytes.pieces(4).byte_offset());
-  pb::Manifest unknown_tensor = ValidManifest(20);
-  unknown_tensor.mutable_pieces(9)->set_key("nobody");
-  for (const ManifestFileOptions& options : {ManifestFileOptions(), Split(64, 100)}) {
-    auto [holed_status, holed_pieces] = stream(WriteInto("each-holed", holed, options));
-    EXPECT_TRUE(holed_status.ok()) << holed_status;
-    EXPECT_EQ(holed_pieces, 19);
-    auto [shared_status, shared_pieces] = stream(WriteInto("each-shared", shared_bytes, options));
-    EXPECT_TRUE(shared_status.ok()) << shared_status;
-    EXPECT_EQ(shared_pieces, 20);
-    const std::string bad = WriteInto("each-unknown-tensor", unknown_tensor, options);
-    auto [bad_status, bad_pieces] = stream(bad);
-    EXPECT_EQ(bad_status.code(), absl::StatusCode::kDataLoss) << bad_status;
-    EXPECT_THAT(bad_status.message(),
-                HasSubstr(JoinPath(bad, "manifest.pb") + ": invalid manifest: piece 9"));
-  }
-  const std::string miscounted = SplitManifestDir("each-miscounted");
-  EditManifest(miscounted, [](pb::Manifest* m) {
-    m->mutable_piece_files(0)->set_piece_count(m->piece_files(0).piece_count() + 1);
-  });
-  EXPECT_EQ(stream(miscounted).first.code(), absl::StatusCode::kDataLoss);
-}
-
 TEST(StreamManifestFileTest, MissingManifestIsNotFoundNamingIt) {
   const std::string dir = TestDir("stream-no-manifest");
   ExpectReadFails(dir, absl::StatusCode::kNotFound, JoinPath(dir, "manifest.pb"));
