@@ -14,9 +14,12 @@
 
 namespace ckpt::coordinator {
 
-// Opens and validates the checkpoint at op.path, checks every gathered shard against it (the
-// key exists, dtype and global shape agree, the region is inside the tensor) and returns one
-// serialized pb::LoadPlanPart per rank. Errors name the rank, tensor and checkpoint.
+// Reads the manifest of the checkpoint at op.path as a stream (validated, never held whole),
+// stats its data files, checks every gathered shard against it (the key exists, dtype and
+// global shape agree, the region is inside the tensor) and returns one serialized
+// pb::LoadPlanPart per rank, carrying the rank's ManifestShare (the stored pieces its reads
+// overlap; coordinator/manifest_share_builder.h) so that its worker opens only that. Errors
+// name the rank, tensor, file and checkpoint.
 absl::StatusOr<std::vector<RankPlan>> PlanDirectLoad(const Operation& op);
 
 // PlanDirectLoad against `manifest` (validated by the caller) instead of the checkpoint at
