@@ -291,6 +291,9 @@ class HashingFileStream : public io::CopyingInputStream {
 // consumes the field. False ends the walk.
 using FieldVisitor = absl::FunctionRef<bool(io::CodedInputStream& in, uint32_t tag)>;
 
+// The most bytes a tag takes (a 32-bit varint).
+constexpr int kMaxTagBytes = 5;
+
 // Walks the top-level fields of the message in `input`, in order, until its end. False when a
 // field visitor returns false or the bytes are not a message (a truncated or overlong varint, a
 // wire type that does not parse, a length past the end, an end-group at the top).
@@ -302,8 +305,12 @@ bool WalkFields(io::ZeroCopyInputStream* input, FieldVisitor field) {
       in.emplace(input);
       in->SetTotalBytesLimit(std::numeric_limits<int>::max());
     }
+    const int before = in->CurrentPosition();
     const uint32_t tag = in->ReadTag();
     if (tag == 0) return in->ConsumedEntireMessage();
+    // A whole-message parse refuses a tag of more than 5 bytes; ReadTag reads on (up to 10)
+    // and keeps the low 32 bits, which may name a valid field.
+    if (in->CurrentPosition() - before > kMaxTagBytes) return false;
     if (!field(*in, tag)) return false;
   }
 }

@@ -529,6 +529,8 @@ TEST(StreamManifestFileTest, HostileFormat1BytesAgreeWithAWholeParse) {
       std::string("\x1c", 1) + valid,                                   // an end-group at the top
       std::string("\x00\x01", 2) + valid,                               // field 0
       std::string("\xf8\xff\xff\xff\x7f\x00", 6) + valid,               // the largest field number
+      // a tag of 6 bytes whose low 32 bits name a valid fixed64 field (the fuzzer's find)
+      std::string("\xb9\xc9\xdf\xa0\xf2\x07\x01\x02\x03\x04\x05\x06\x07\x08", 14) + valid,
       valid +
           std::string("\xa2\x06\x03"
                       "abc",
