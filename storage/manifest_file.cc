@@ -430,11 +430,14 @@ absl::StatusOr<ScannedHead> ScanHead(ManifestSource& source, absl::string_view p
 // with their indices; validation errors name manifest.pb (`path`), as ReadManifestFile's.
 class PieceFeed {
  public:
-  PieceFeed(absl::string_view path, ManifestPieceVisitor visit) : path_(path), visit_(visit) {}
+  PieceFeed(absl::string_view path, ManifestHeadVisitor on_head, ManifestPieceVisitor visit)
+      : path_(path), on_head_(on_head), visit_(visit) {}
 
+  // Checks `head` and hands it to the head visitor, before any piece.
   absl::Status Start(const pb::Manifest& head, int64_t num_pieces) {
     validator_.Reserve(static_cast<int>(std::min<int64_t>(num_pieces, kMaxReserve)));
-    return Named(validator_.Start(head));
+    CKPT_RETURN_IF_ERROR(Named(validator_.Start(head)));
+    return on_head_(head);
   }
   absl::Status Validate(const pb::StoredPiece& piece) { return Named(validator_.AddPiece(piece)); }
   absl::Status Visit(pb::StoredPiece& piece) { return visit_(next_++, piece); }
@@ -450,6 +453,7 @@ class PieceFeed {
   }
 
   const std::string path_;
+  ManifestHeadVisitor on_head_;
   ManifestPieceVisitor visit_;
   ManifestValidator validator_;
   int64_t next_ = 0;
@@ -473,12 +477,10 @@ absl::Status StreamOwnPieces(ManifestSource& source, absl::string_view path, Pie
 }
 
 // The pieces of a self-contained (format 1) manifest whose head `scanned` holds, streamed from
-// `source` into `visit`, validated; returns the head.
+// `source` into `feed`, validated; returns the head.
 absl::StatusOr<pb::Manifest> StreamSingleFile(ManifestSource& source, absl::string_view path,
-                                              ScannedHead scanned, ManifestPieceVisitor visit) {
-  const pb::Manifest& head = scanned.head;
-  PieceFeed feed(path, visit);
-  CKPT_RETURN_IF_ERROR(feed.Start(head, scanned.own_pieces));
+                                              ScannedHead scanned, PieceFeed& feed) {
+  CKPT_RETURN_IF_ERROR(feed.Start(scanned.head, scanned.own_pieces));
   CKPT_RETURN_IF_ERROR(StreamOwnPieces(source, path, feed));
   CKPT_RETURN_IF_ERROR(feed.Finish());
   return std::move(scanned.head);
@@ -566,11 +568,10 @@ absl::Status StreamPieceFile(const std::string& dir, const pb::ManifestPieceFile
 }
 
 // The pieces of a format-2 manifest whose head `head` lists, streamed from its piece files in
-// `dir` into `visit`, validated; returns the head.
-absl::StatusOr<pb::Manifest> StreamPieceFiles(const std::string& dir, absl::string_view path,
-                                              pb::Manifest head, ManifestPieceVisitor visit) {
+// `dir` into `feed`, validated; returns the head.
+absl::StatusOr<pb::Manifest> StreamPieceFiles(const std::string& dir, pb::Manifest head,
+                                              PieceFeed& feed) {
   CKPT_ASSIGN_OR_RETURN(const int64_t pieces, CheckPieceFilesPresent(dir, head));
-  PieceFeed feed(path, visit);
   CKPT_RETURN_IF_ERROR(feed.Start(head, pieces));
   for (const pb::ManifestPieceFile& record : head.piece_files()) {
     CKPT_RETURN_IF_ERROR(StreamPieceFile(dir, record, feed));
@@ -616,13 +617,21 @@ absl::Status WriteManifestFiles(const std::string& dir, const std::string& manif
 
 absl::StatusOr<pb::Manifest> StreamManifestFile(const std::string& checkpoint_dir,
                                                 ManifestPieceVisitor visit) {
+  return StreamManifestFile(
+      checkpoint_dir, [](const pb::Manifest&) { return absl::OkStatus(); }, visit);
+}
+
+absl::StatusOr<pb::Manifest> StreamManifestFile(const std::string& checkpoint_dir,
+                                                ManifestHeadVisitor on_head,
+                                                ManifestPieceVisitor visit) {
   const std::string path = JoinPath(checkpoint_dir, kManifestFileName);
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<FileSource> source, OpenManifestSource(path));
   CKPT_ASSIGN_OR_RETURN(ScannedHead scanned, ScanHead(*source, path));
+  PieceFeed feed(path, on_head, visit);
   if (scanned.head.format_version() == kManifestPieceFilesFormatVersion) {
-    return StreamPieceFiles(checkpoint_dir, path, std::move(scanned.head), visit);
+    return StreamPieceFiles(checkpoint_dir, std::move(scanned.head), feed);
   }
-  return StreamSingleFile(*source, path, std::move(scanned), visit);
+  return StreamSingleFile(*source, path, std::move(scanned), feed);
 }
 
 absl::StatusOr<pb::Manifest> StreamManifestBytes(absl::string_view bytes, absl::string_view path,
@@ -637,7 +646,9 @@ absl::StatusOr<pb::Manifest> StreamManifestBytes(absl::string_view bytes, absl::
         absl::StrCat(path, " keeps its pieces in ", scanned.head.piece_files_size(),
                      " piece files beside it: read it with ReadManifestFile"));
   }
-  return StreamSingleFile(source, path, std::move(scanned), visit);
+  auto no_head = [](const pb::Manifest&) { return absl::OkStatus(); };
+  PieceFeed feed(path, no_head, visit);  // keeps a reference to `no_head`
+  return StreamSingleFile(source, path, std::move(scanned), feed);
 }
 
 absl::StatusOr<pb::Manifest> ReadManifestHead(const std::string& checkpoint_dir) {

@@ -87,6 +87,16 @@ using ManifestPieceVisitor = absl::FunctionRef<absl::Status(int64_t index, pb::S
 absl::StatusOr<pb::Manifest> StreamManifestFile(const std::string& checkpoint_dir,
                                                 ManifestPieceVisitor visit);
 
+// Receives a manifest's head (no pieces), checked for its format, tensors and data files, before
+// any of its pieces; it may not keep the reference past the read. An error ends the read.
+using ManifestHeadVisitor = absl::FunctionRef<absl::Status(const pb::Manifest& head)>;
+
+// StreamManifestFile that hands the head to `on_head` first, for readers that need the tensors
+// and data files to take in the pieces (one read of the manifest, not a head read before it).
+absl::StatusOr<pb::Manifest> StreamManifestFile(const std::string& checkpoint_dir,
+                                                ManifestHeadVisitor on_head,
+                                                ManifestPieceVisitor visit);
+
 // StreamManifestFile's reading of a self-contained (format 1) manifest from `bytes` in memory,
 // `path` naming them in errors: the same two passes and checks, with ParseManifest's errors
 // (DataLoss larger than 2 GiB; FailedPrecondition for a format-2 manifest, which needs its

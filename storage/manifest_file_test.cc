@@ -458,6 +458,40 @@ TEST(StreamManifestFileTest, InvalidManifestIsDataLossNamingManifestPb) {
   }
 }
 
+// The head visitor sees the head, with its data files, once and before any piece, in both
+// formats; its error ends the read before any piece is visited.
+TEST(StreamManifestFileTest, HeadVisitorSeesTheHeadBeforeAnyPieceAndCanStopTheRead) {
+  for (const ManifestFileOptions& options : {ManifestFileOptions(), Split(64, 100)}) {
+    const std::string dir = WriteInto("stream-head-first", ValidManifest(20), options);
+    int heads = 0, pieces = 0;
+    absl::StatusOr<pb::Manifest> read = StreamManifestFile(
+        dir,
+        [&](const pb::Manifest& head) {
+          EXPECT_EQ(pieces, 0);
+          EXPECT_EQ(head.files_size(), 1);
+          EXPECT_EQ(head.pieces_size(), 0);
+          ++heads;
+          return absl::OkStatus();
+        },
+        [&](int64_t, pb::StoredPiece&) {
+          ++pieces;
+          return absl::OkStatus();
+        });
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(heads, 1);
+    EXPECT_EQ(pieces, 20);
+    pieces = 0;
+    read = StreamManifestFile(
+        dir, [](const pb::Manifest&) { return absl::CancelledError("enough"); },
+        [&](int64_t, pb::StoredPiece&) {
+          ++pieces;
+          return absl::OkStatus();
+        });
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kCancelled);
+    EXPECT_EQ(pieces, 0);
+  }
+}
+
 TEST(StreamManifestFileTest, MissingManifestIsNotFoundNamingIt) {
   const std::string dir = TestDir("stream-no-manifest");
   ExpectReadFails(dir, absl::StatusCode::kNotFound, JoinPath(dir, "manifest.pb"));

@@ -68,16 +68,17 @@ constexpr int kMaxBatchPieces = 1 << 16;
 // entries no piece names.
 class BatchVerifier {
  public:
+  // `head` (copied) is the manifest's head as the stream hands it, checked.
   BatchVerifier(const std::string& path, const pb::Manifest& head, const IoOptions& io,
                 int64_t max_batch_bytes, VerifyReport* report)
       : path_(path), head_(head), io_(io), max_batch_bytes_(max_batch_bytes), report_(report) {
-    for (const pb::TensorMeta& t : head.tensors()) {
+    for (const pb::TensorMeta& t : head_.tensors()) {
       absl::StatusOr<DType> dtype = DTypeFromProto(t.dtype());
       dtypes_.emplace(t.key(), dtype.ok() ? *dtype : DType::kU8);  // validated by the stream
     }
-    for (int i = 0; i < head.files_size(); ++i) files_.emplace(head.files(i).name(), i);
-    pieces_in_file_.assign(head.files_size(), 0);
-    entries_in_file_.assign(head.files_size(), -1);
+    for (int i = 0; i < head_.files_size(); ++i) files_.emplace(head_.files(i).name(), i);
+    pieces_in_file_.assign(head_.files_size(), 0);
+    entries_in_file_.assign(head_.files_size(), -1);
   }
 
   // Copies `piece` (validated on its own by the stream) into the batch.
@@ -104,7 +105,7 @@ class BatchVerifier {
   void ReadBytes();
 
   const std::string& path_;
-  const pb::Manifest& head_;
+  const pb::Manifest head_;
   const IoOptions io_;
   const int64_t max_batch_bytes_;
   VerifyReport* const report_;
@@ -136,8 +137,9 @@ absl::Status BatchVerifier::CheckHeaders() {
   for (const pb::StoredPiece& p : batch_) {
     auto file = files_.find(p.file());
     auto dtype = dtypes_.find(p.key());
-    if (file == files_.end() || dtype == dtypes_.end()) {  // the stream's head is not head_
-      return absl::AbortedError(absl::StrCat("the manifest of ", path_, " changed while verified"));
+    if (file == files_.end() || dtype == dtypes_.end()) {  // the stream validated the piece
+      return absl::InternalError(absl::StrCat("a piece of ", path_, " names ", p.key(), " in ",
+                                              p.file(), ", which its manifest's head lacks"));
     }
     auto& [pieces, dtypes] = by_file[file->second];
     pieces.push_back(&p);
@@ -256,19 +258,20 @@ void ReportForeignFiles(const std::string& path, const pb::Manifest& head, Verif
 absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& path, const IoOptions& io,
                                               int64_t max_batch_bytes) {
   CKPT_RETURN_IF_ERROR(CheckCheckpointComplete(path));
-  CKPT_ASSIGN_OR_RETURN(const pb::Manifest head, ReadManifestHead(path));
   VerifyReport report;
-  BatchVerifier verifier(path, head, io, max_batch_bytes, &report);
-  // The stream validates the whole manifest (coverage included) as its pieces pass.
+  std::optional<BatchVerifier> verifier;
+  // One read of the manifest: its head first, then its pieces, the whole validated (coverage
+  // included) as they pass.
   CKPT_ASSIGN_OR_RETURN(const pb::Manifest validated,
-                        StreamManifestFile(path, [&](int64_t, pb::StoredPiece& piece) {
-                          return verifier.Add(piece);
-                        }));
-  if (SerializeManifest(validated) != SerializeManifest(head)) {
-    return absl::AbortedError(absl::StrCat("the manifest of ", path, " changed while verified"));
-  }
-  CKPT_RETURN_IF_ERROR(verifier.Flush());
-  CKPT_RETURN_IF_ERROR(verifier.Finish());
+                        StreamManifestFile(
+                            path,
+                            [&](const pb::Manifest& head) {
+                              verifier.emplace(path, head, io, max_batch_bytes, &report);
+                              return absl::OkStatus();
+                            },
+                            [&](int64_t, pb::StoredPiece& piece) { return verifier->Add(piece); }));
+  CKPT_RETURN_IF_ERROR(verifier->Flush());
+  CKPT_RETURN_IF_ERROR(verifier->Finish());
   report.tensors = validated.tensors_size();
   report.files = validated.files_size();
   report.manifest_piece_files = validated.piece_files_size();
