@@ -108,16 +108,8 @@ CheckpointProbe ProbeCheckpoint(const std::string& path) {
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const std::string& path, const ReaderOptions& options) {
   CKPT_RETURN_IF_ERROR(CheckCheckpointComplete(path));
-  std::unique_ptr<CheckpointReader> r(new CheckpointReader());
-  r->path_ = path;
-  r->options_ = options;
-  CKPT_ASSIGN_OR_RETURN(r->manifest_, ReadManifestFile(path));
-  const ManifestIndex index(r->manifest_);
-  for (const pb::DataFile& f : r->manifest_.files()) {
-    CKPT_RETURN_IF_ERROR(CheckDataFile(path, index, f, /*share=*/false));
-  }
-  r->IndexPieces(index);
-  return r;
+  CKPT_ASSIGN_OR_RETURN(pb::Manifest manifest, ReadManifestFile(path));
+  return FromManifest(path, std::move(manifest), options, /*share=*/false);
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenShare(
@@ -126,13 +118,18 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenShare(
   if (absl::Status s = ValidateManifestShare(share); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("manifest share of ", path, ": ", s.message()));
   }
+  return FromManifest(path, std::move(share), options, /*share=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::FromManifest(
+    const std::string& path, pb::Manifest manifest, const ReaderOptions& options, bool share) {
   std::unique_ptr<CheckpointReader> r(new CheckpointReader());
   r->path_ = path;
   r->options_ = options;
-  r->manifest_ = std::move(share);
+  r->manifest_ = std::move(manifest);
   const ManifestIndex index(r->manifest_);
   for (const pb::DataFile& f : r->manifest_.files()) {
-    CKPT_RETURN_IF_ERROR(CheckDataFile(path, index, f, /*share=*/true));
+    CKPT_RETURN_IF_ERROR(CheckDataFile(path, index, f, share));
   }
   r->IndexPieces(index);
   return r;

@@ -134,6 +134,10 @@ class CheckpointReader {
 
  private:
   CheckpointReader() = default;
+  // The reader of validated `manifest` (a share's when `share`) of the checkpoint at `path`,
+  // once each data file it lists passes CheckDataFile.
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> FromManifest(
+      const std::string& path, pb::Manifest manifest, const ReaderOptions& options, bool share);
   // Builds tensor_index_ and the pieces grouped by tensor from a validated manifest_.
   void IndexPieces(const ManifestIndex& index);
   std::string path_;
