@@ -5,15 +5,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/io/coded_stream.h"
 #include "proto/convert.h"
+#include "proto/deterministic.h"
 #include "sharding/overlap.h"
 
 namespace ckpt::coordinator {
 namespace {
-
-// The tag of ManifestShare.pieces: field 7, length-delimited.
-constexpr uint8_t kSharedPiecesTag = (7 << 3) | 2;
 
 // A region as a hashable value: rank, offsets, lengths, flat range (or -1).
 std::vector<int64_t> RegionKey(const Region& region) {
@@ -60,16 +57,6 @@ bool BoxesMeet(const Region& a, const Region& b) {
     }
   }
   return true;
-}
-
-// Appends `message` to `out` as a length-delimited field with tag `tag`.
-void AppendRecord(uint8_t tag, const google::protobuf::MessageLite& message, std::string* out) {
-  const size_t size = message.ByteSizeLong();
-  out->push_back(static_cast<char>(tag));
-  uint8_t varint[10];
-  const uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(size, varint);
-  out->append(reinterpret_cast<const char*>(varint), end - varint);
-  message.AppendToString(out);
 }
 
 }  // namespace
@@ -166,7 +153,7 @@ int ManifestShareBuilder::KeepPiece(int tensor, const pb::StoredPiece& piece) {
   *shared.mutable_block_xxh3() = piece.block_xxh3();
   piece_file_.push_back(shared.file_id());
   piece_offsets_.push_back(static_cast<int64_t>(piece_records_.size()));
-  AppendRecord(kSharedPiecesTag, shared, &piece_records_);
+  AppendMessageField(pb::ManifestShare::kPiecesFieldNumber, shared, &piece_records_);
   return static_cast<int>(piece_offsets_.size() - 1);
 }
 

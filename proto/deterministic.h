@@ -12,6 +12,12 @@ namespace ckpt {
 // checksummed (manifests, rank state digests) must be serialized this way.
 std::string SerializeDeterministically(const google::protobuf::MessageLite& message);
 
+// Appends to `out` the bytes `message` adds to its parent's serialization as one element of
+// the message field `field_number` (tag, length, message), so that records appended one by one
+// (a repeated field built or written in parts) parse as the parent's field. Deterministic.
+void AppendMessageField(int field_number, const google::protobuf::MessageLite& message,
+                        std::string* out);
+
 }  // namespace ckpt
 
 #endif  // CKPT_PROTO_DETERMINISTIC_H_

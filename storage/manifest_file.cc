@@ -19,6 +19,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/repeated_ptr_field.h"
 #include "google/protobuf/wire_format_lite.h"
+#include "proto/deterministic.h"
 #include "storage/checksum.h"
 #include "storage/file_util.h"
 
@@ -52,12 +53,7 @@ absl::Status StreamManifest(int fd, const std::string& path, ManifestSerializer 
 
 // Appends `piece` as the pieces field serializes it: tag, length, message.
 void AppendPieceRecord(const pb::StoredPiece& piece, std::string* out) {
-  const size_t size = piece.ByteSizeLong();
-  out->push_back(static_cast<char>(kPiecesTag));
-  uint8_t varint[10];
-  const uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(size, varint);
-  out->append(reinterpret_cast<const char*>(varint), end - varint);
-  piece.AppendToString(out);
+  AppendMessageField(pb::Manifest::kPiecesFieldNumber, piece, out);
 }
 
 // The fields of `head` serialized before its pieces (1-2), with format `version`.
