@@ -130,6 +130,20 @@ grpc::ServerUnaryReactor* CoordinatorService::AnswerNowOrAfterAdvance(
 }
 
 void CoordinatorService::FinishDeferred(const DeferredAnswer& later) {
+  for (const DeferredJoin& join : later.joins) {
+    const Operation* after = jobs_.FindOperation(join.operation_id);
+    if (after == nullptr) {
+      join.result->clear_response();
+      *join.result->mutable_status() = ToDetail(absl::NotFoundError(
+          absl::StrCat("operation ", join.operation_id, " ended and was pruned")));
+    } else {
+      ToProto(*after, join.result->mutable_response()->mutable_operation());
+    }
+  }
+  if (!later.joins.empty()) {
+    later.reactor->Finish(grpc::Status::OK);
+    return;
+  }
   const Operation* after = jobs_.FindOperation(later.operation_id);
   if (after == nullptr && later.pruned_is_not_found) {
     later.reactor->Finish(ToGrpcStatus(absl::NotFoundError(
@@ -182,6 +196,9 @@ void CoordinatorService::RunAdvancer() {
     DeferredAnswer later = std::move(advance_queue_.front());
     advance_queue_.pop_front();
     if (!shutting_down_) Advance(later.operation_id);  // unlocks while planning or committing
+    for (const DeferredJoin& join : later.joins) {
+      if (!shutting_down_ && join.operation_id != later.operation_id) Advance(join.operation_id);
+    }
     FinishDeferred(later);
   }
 }
@@ -630,15 +647,22 @@ absl::StatusOr<JoinRequest> ToJoinRequest(const pb::JoinOperationRequest& reques
 grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* context,
                                                  const pb::JoinOperationRequest* request,
                                                  pb::JoinOperationResponse* response,
-                                                 DeferredAnswer* later) {
-  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "JoinOperation");
+                                                 DeferredAnswer* later, JoinBatch* batch) {
+  absl::StatusOr<Peer> peer =
+      batch != nullptr ? batch->peer : AuthorizeCall(*context, {Role::kWorker}, "JoinOperation");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::StatusOr<OperationKind> kind = FromProto(request->kind());
   if (!kind.ok()) return ToGrpcStatus(kind.status());
+  auto resolved = batch != nullptr ? batch->resolved_paths.find(request->path())
+                                   : absl::flat_hash_map<std::string, std::string>::iterator();
   absl::StatusOr<std::string> path =
-      CheckpointPath(request->path(), absl::StrCat(OperationKindName(*kind), " path of job ",
-                                                   request->job(), " rank ", request->rank()));
+      batch != nullptr && resolved != batch->resolved_paths.end()
+          ? resolved->second
+          : CheckpointPath(request->path(),
+                           absl::StrCat(OperationKindName(*kind), " path of job ", request->job(),
+                                        " rank ", request->rank()));
   if (!path.ok()) return ToGrpcStatus(path.status());
+  if (batch != nullptr) batch->resolved_paths.emplace(request->path(), *path);
   absl::StatusOr<std::string> persist_to = JoinMemoryOptions(*kind, *path, *request);
   if (!persist_to.ok()) return ToGrpcStatus(persist_to.status());
   std::shared_ptr<const pb::RankState> kept;
@@ -671,10 +695,23 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   absl::StatusOr<const Operation*> op = jobs_.JoinOperation(std::move(join));
   if (!op.ok()) return ToGrpcStatus(op.status());
   std::string id = (*op)->id;
-  spdlog::info("rank_joined op={} job={} rank={} shards={} joined={}/{} by_digest={}", id, job,
-               rank, shard_count, (*op)->JoinedRanks(), (*op)->world_size, kept != nullptr);
+  if (batch == nullptr) {
+    spdlog::info("rank_joined op={} job={} rank={} shards={} joined={}/{} by_digest={}", id, job,
+                 rank, shard_count, (*op)->JoinedRanks(), (*op)->world_size, kept != nullptr);
+  } else {
+    batch->operation_id = id;
+    batch->job = job;
+    if (batch->first_rank < 0) batch->first_rank = rank;
+    batch->last_rank = rank;
+    ++batch->joined;
+    batch->by_digest += kept != nullptr ? 1 : 0;
+    batch->joined_ranks = (*op)->JoinedRanks();
+    batch->world_size = (*op)->world_size;
+  }
   if (NeedsAdvancer(id)) {
-    *later = {id, response->mutable_operation(), /*pruned_is_not_found=*/true};
+    later->operation_id = id;
+    later->out = response->mutable_operation();
+    later->pruned_is_not_found = true;
     return grpc::Status::OK;
   }
   Advance(id);
@@ -757,7 +794,8 @@ grpc::Status CoordinatorService::DoReportResult(const grpc::ServerContextBase* c
   const Operation* op = jobs_.FindOperation(request->operation_id());
   if (op != nullptr && op->phase == Phase::kAborted) LogAborted({op->id});
   if (NeedsAdvancer(request->operation_id())) {
-    *later = {request->operation_id(), response->mutable_operation()};
+    later->operation_id = request->operation_id();
+    later->out = response->mutable_operation();
     return grpc::Status::OK;
   }
   Advance(request->operation_id());
@@ -1006,6 +1044,40 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinOperation(grpc::CallbackServer
   DeferredAnswer later;
   grpc::Status status = DoJoinOperation(context, request, response, &later);
   return AnswerNowOrAfterAdvance(context, std::move(status), std::move(later));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::JoinOperations(
+    grpc::CallbackServerContext* context, const pb::JoinOperationsRequest* request,
+    pb::JoinOperationsResponse* response) {
+  if (request->joins_size() > kMaxJoinsPerCall) {
+    return Answer(context, ToGrpcStatus(absl::InvalidArgumentError(
+                               absl::StrCat("JoinOperations carries ", request->joins_size(),
+                                            " joins; at most ", kMaxJoinsPerCall, " per call"))));
+  }
+  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "JoinOperations");
+  if (!peer.ok()) return Answer(context, ToGrpcStatus(peer.status()));
+  JoinBatch batch;
+  batch.peer = *std::move(peer);
+  DeferredAnswer later;
+  for (const pb::JoinOperationRequest& join : request->joins()) {
+    pb::JoinResult* result = response->add_results();
+    DeferredAnswer one;
+    const grpc::Status status =
+        DoJoinOperation(context, &join, result->mutable_response(), &one, &batch);
+    if (!status.ok()) {
+      result->clear_response();
+      *result->mutable_status() = ToDetail(FromGrpcStatus(status));
+    } else if (!one.operation_id.empty()) {
+      if (later.operation_id.empty()) later.operation_id = one.operation_id;
+      later.joins.push_back({one.operation_id, result});
+    }
+  }
+  if (batch.joined > 0) {
+    spdlog::info("ranks_joined op={} job={} ranks={} first={} last={} joined={}/{} by_digest={}",
+                 batch.operation_id, batch.job, batch.joined, batch.first_rank, batch.last_rank,
+                 batch.joined_ranks, batch.world_size, batch.by_digest);
+  }
+  return AnswerNowOrAfterAdvance(context, grpc::Status::OK, std::move(later));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportProgress(

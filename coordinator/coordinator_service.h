@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/checkpoint_roots.h"
@@ -74,6 +75,9 @@ struct CoordinatorOptions {
 // The service. Thread-safe; construct, wire planners, Start(), register with a grpc server.
 class CoordinatorService final : public pb::Coordinator::CallbackService {
  public:
+  // The most joins one JoinOperations call may carry (a worker's ranks; bounds one call's work).
+  static constexpr int kMaxJoinsPerCall = 4096;
+
   CoordinatorService(const Clock* clock, CoordinatorOptions options);
   ~CoordinatorService() override;
 
@@ -117,6 +121,11 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* JoinOperation(grpc::CallbackServerContext* context,
                                           const pb::JoinOperationRequest* request,
                                           pb::JoinOperationResponse* response) override;
+  // Each join as JoinOperation would handle it alone, in order (at most kMaxJoinsPerCall);
+  // answered once every join is (after planning, when one of them completed a gather).
+  grpc::ServerUnaryReactor* JoinOperations(grpc::CallbackServerContext* context,
+                                           const pb::JoinOperationsRequest* request,
+                                           pb::JoinOperationsResponse* response) override;
   // Streams the worker's plan parts and aborts as they appear, until the worker is lost or
   // deregistered, the client cancels, or the coordinator shuts down.
   grpc::ServerWriteReactor<pb::WorkItem>* WatchWork(grpc::CallbackServerContext* context,
@@ -169,11 +178,18 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
  private:
   // A call answered once its operation's planner or committer ran on the advancer thread
   // (not on one of gRPC's callback threads, which heartbeats need meanwhile).
+  // One join of a JoinOperations call answered after its operation advanced.
+  struct DeferredJoin {
+    std::string operation_id;
+    pb::JoinResult* result = nullptr;  // its response's operation is filled; NotFound if pruned
+  };
   struct DeferredAnswer {
     std::string operation_id;            // empty: answer at once
     pb::OperationStatus* out = nullptr;  // filled with the operation's state after, if set
     bool pruned_is_not_found = false;    // an operation pruned meanwhile: NotFound
     grpc::ServerUnaryReactor* reactor = nullptr;
+    // A JoinOperations call: every deferred join (operation_id is the first one's).
+    std::vector<DeferredJoin> joins;
   };
   // Worker id -> its joined ranks, (operation, rank), over every operation.
   using RanksByWorker =
@@ -205,9 +221,20 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
                             const pb::AttachRankRequest* request, pb::AttachRankResponse* response);
   grpc::Status DoDetachRank(const grpc::ServerContextBase* context,
                             const pb::DetachRankRequest* request, pb::DetachRankResponse* response);
+  // What the joins of one JoinOperations call share: the caller (authorized once), the
+  // checkpoint paths resolved so far (a worker's ranks name the same one) and one log line.
+  struct JoinBatch {
+    Peer peer;
+    absl::flat_hash_map<std::string, std::string> resolved_paths;  // as sent -> resolved
+    std::string operation_id, job;
+    int joined = 0, by_digest = 0, first_rank = -1, last_rank = -1;
+    int joined_ranks = 0, world_size = 0;  // of the operation, after the last join
+  };
+  // One join; `batch` is null for a JoinOperation call (which logs each join itself).
   grpc::Status DoJoinOperation(const grpc::ServerContextBase* context,
                                const pb::JoinOperationRequest* request,
-                               pb::JoinOperationResponse* response, DeferredAnswer* later);
+                               pb::JoinOperationResponse* response, DeferredAnswer* later,
+                               JoinBatch* batch = nullptr);
   grpc::Status DoReportProgress(const grpc::ServerContextBase* context,
                                 const pb::ReportProgressRequest* request,
                                 pb::ReportProgressResponse* response);

@@ -140,6 +140,11 @@ class CoordinatorServiceTest : public ::testing::Test {
 
   grpc::Status Join(const std::string& worker, int rank, int world, pb::JoinOperationResponse* out,
                     int64_t arrival_deadline_ms = 0) {
+    return stub_->JoinOperation(Ctx().get(), JoinRequest(worker, rank, world, arrival_deadline_ms),
+                                out);
+  }
+  pb::JoinOperationRequest JoinRequest(const std::string& worker, int rank, int world,
+                                       int64_t arrival_deadline_ms = 0) {
     pb::JoinOperationRequest request;
     request.set_arrival_deadline_ms(arrival_deadline_ms);
     request.set_job("gpt");
@@ -149,7 +154,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     request.set_path(checkpoint_path_);
     request.set_worker_id(worker);
     request.mutable_state()->add_shards()->mutable_tensor()->set_key(absl::StrCat("w", rank));
-    return stub_->JoinOperation(Ctx().get(), request, out);
+    return request;
   }
 
   grpc::Status Report(const std::string& op, int rank, const absl::Status& result) {
@@ -217,6 +222,48 @@ TEST_F(CoordinatorServiceTest, PlanPartsReachTheirWorkersAndResultsCommit) {
   EXPECT_EQ(done.phase(), pb::PHASE_DONE);
   EXPECT_EQ(done.bytes_done(), 300);
   EXPECT_EQ(save_kind_.committed_path, checkpoint_path_);
+}
+
+TEST_F(CoordinatorServiceTest, JoinOperationsAnswersEachJoinAsJoinOperationWouldInOneCall) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const std::string w0 = Register("node0", 10);
+  pb::JoinOperationsRequest request;
+  *request.add_joins() = JoinRequest(w0, 0, 3);
+  *request.add_joins() = JoinRequest(w0, 2, 3, /*arrival_deadline_ms=*/-1);  // refused alone
+  *request.add_joins() = JoinRequest(w0, 1, 3);
+  *request.add_joins() = JoinRequest(w0, 2, 3);  // completes the gather: answered after planning
+  pb::JoinOperationsResponse response;
+  ASSERT_TRUE(stub_->JoinOperations(Ctx().get(), request, &response).ok());
+  ASSERT_EQ(response.results_size(), 4);
+  EXPECT_EQ(response.results(0).status().code(), 0);
+  EXPECT_EQ(response.results(0).response().operation().phase(), pb::PHASE_GATHERING);
+  EXPECT_EQ(response.results(1).status().code(),
+            static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(response.results(1).status().message(), HasSubstr("rank 2"));
+  EXPECT_THAT(response.results(1).status().message(), HasSubstr("negative arrival_deadline_ms"));
+  EXPECT_FALSE(response.results(1).has_response());
+  EXPECT_EQ(response.results(2).response().operation().phase(), pb::PHASE_GATHERING);
+  EXPECT_EQ(response.results(3).status().code(), 0);
+  EXPECT_EQ(response.results(3).response().operation().phase(), pb::PHASE_EXECUTING);
+  EXPECT_EQ(response.results(3).response().operation().id(),
+            response.results(0).response().operation().id());
+  EXPECT_EQ(save_kind_.planned_shards, 3);
+}
+
+TEST_F(CoordinatorServiceTest, JoinOperationsOverTheMostJoinsPerCallIsRefusedWholeAndJoinsNothing) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const std::string w0 = Register("node0", 10);
+  pb::JoinOperationsRequest request;
+  for (int r = 0; r <= CoordinatorService::kMaxJoinsPerCall; ++r) {
+    *request.add_joins() = JoinRequest(w0, r, CoordinatorService::kMaxJoinsPerCall + 1);
+  }
+  pb::JoinOperationsResponse response;
+  grpc::Status s = stub_->JoinOperations(Ctx().get(), request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("at most 4096 per call"));
+  pb::GetStatusResponse status;
+  ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
+  EXPECT_EQ(status.operations_size(), 0);
 }
 
 TEST_F(CoordinatorServiceTest, FailedRankIsStreamedAsAbortToTheOtherWorkerAndNeverCommits) {

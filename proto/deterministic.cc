@@ -16,15 +16,29 @@ std::string SerializeDeterministically(const google::protobuf::MessageLite& mess
   return out;
 }
 
-void AppendMessageField(int field_number, const google::protobuf::MessageLite& message,
-                        std::string* out) {
+namespace {
+
+// The tag and length of a length-delimited field of `size` bytes.
+void AppendFieldHead(int field_number, size_t size, std::string* out) {
   uint8_t varint[10];
   const uint32_t tag = (static_cast<uint32_t>(field_number) << 3) | 2;  // length-delimited
   uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint32ToArray(tag, varint);
   out->append(reinterpret_cast<const char*>(varint), end - varint);
-  const size_t size = message.ByteSizeLong();
   end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(size, varint);
   out->append(reinterpret_cast<const char*>(varint), end - varint);
+}
+
+}  // namespace
+
+void AppendBytesField(int field_number, const std::string& bytes, std::string* out) {
+  AppendFieldHead(field_number, bytes.size(), out);
+  out->append(bytes);
+}
+
+void AppendMessageField(int field_number, const google::protobuf::MessageLite& message,
+                        std::string* out) {
+  const size_t size = message.ByteSizeLong();
+  AppendFieldHead(field_number, size, out);
   const size_t at = out->size();
   out->resize(at + size);
   google::protobuf::io::ArrayOutputStream array(out->data() + at, static_cast<int>(size));

@@ -18,6 +18,10 @@ std::string SerializeDeterministically(const google::protobuf::MessageLite& mess
 void AppendMessageField(int field_number, const google::protobuf::MessageLite& message,
                         std::string* out);
 
+// The same for bytes already serialized (a message, a string or bytes field's value): tag,
+// length, `bytes`.
+void AppendBytesField(int field_number, const std::string& bytes, std::string* out);
+
 }  // namespace ckpt
 
 #endif  // CKPT_PROTO_DETERMINISTIC_H_

@@ -87,18 +87,22 @@ TEST(LoadgenTest, TwoThousandRanksSaveAndLoadThroughARealCoordinator) {
   EXPECT_EQ(ValueOf(Words(out, "shards_per_rank_max"), "compact"), "0");
   // By default each worker waits once for its 128 ranks, as the worker daemon coalesces its
   // trainers' waits: far fewer WaitOperation calls than ranks.
+  // Joins too, as worker/coordinator_joins does for trainers arriving together: each worker's
+  // first rank in one JoinOperations call, its other 127 in the next.
   for (const std::string kind : {"save", "load"}) {
     const int64_t calls = NumberOf(out, kind + " waits", "wait_calls");
     EXPECT_GE(calls, 16) << out;
     EXPECT_LT(calls, 2048) << out;
+    EXPECT_EQ(NumberOf(out, kind + " waits", "join_calls"), 32) << out;
   }
 }
 
-// --rank-waits=per-rank: every rank waits through its own WaitOperation calls.
-TEST(LoadgenTest, PerRankWaitsMakeAtLeastOneWaitCallPerRank) {
-  const std::string out = SaveAndLoad({"--rank-waits=per-rank"});
+// --rank-waits=per-rank --per-rank-joins: every rank waits and joins through its own calls.
+TEST(LoadgenTest, PerRankWaitsAndJoinsMakeAtLeastOneCallOfEachPerRank) {
+  const std::string out = SaveAndLoad({"--rank-waits=per-rank", "--per-rank-joins"});
   for (const std::string kind : {"save", "load"}) {
     EXPECT_GE(NumberOf(out, kind + " waits", "wait_calls"), 2048) << out;
+    EXPECT_GE(NumberOf(out, kind + " waits", "join_calls"), 2048) << out;
   }
 }
 

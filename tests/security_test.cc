@@ -191,6 +191,24 @@ TEST(SecurityTest, AWorkerCertificateCannotActForAWorkerItDidNotRegister) {
   s = stub->ReportResult(Ctx().get(), report, &reported);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
 
+  // Nor join a rank as the victim, even among its own joins in one JoinOperations call.
+  pb::JoinOperationsRequest joins;
+  pb::JoinOperationRequest* forged = joins.add_joins();
+  forged->set_job("reported");
+  forged->set_world_size(2);
+  forged->set_rank(1);
+  forged->set_kind(pb::OPERATION_SAVE);
+  forged->set_path(cluster.Status().operations(0).path());
+  forged->set_worker_id(victim);
+  pb::JoinOperationsResponse joined;
+  s = stub->JoinOperations(Ctx().get(), joins, &joined);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(joined.results_size(), 1);
+  EXPECT_EQ(joined.results(0).status().code(),
+            static_cast<int>(absl::StatusCode::kPermissionDenied))
+      << joined.results(0).status().message();
+  EXPECT_THAT(joined.results(0).status().message(), HasSubstr(victim));
+
   // Re-registering with the victim's host and pid would take its id over.
   const pb::GetStatusResponse before = cluster.Status();
   const pb::WorkerStatus* record = FindWorker(before, victim);
@@ -207,6 +225,9 @@ TEST(SecurityTest, AWorkerCertificateCannotActForAWorkerItDidNotRegister) {
       cluster.CoordinatorChannel(cluster.IssueCertificate("operator", "bob")));
   s = operator_stub->Heartbeat(Ctx().get(), heartbeat, &heartbeat_response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  s = operator_stub->JoinOperations(Ctx().get(), joins, &joined);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(s.error_message(), HasSubstr("JoinOperations"));
 
   const pb::GetStatusResponse after = cluster.Status();
   const pb::WorkerStatus* still = FindWorker(after, victim);

@@ -29,7 +29,17 @@ constexpr absl::Duration kRegistrationWait = absl::Seconds(5);
 
 WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host,
                              PinnedStagingPool* device_staging)
-    : registry_(registry), link_(link), host_(std::move(host)) {
+    : registry_(registry),
+      link_(link),
+      host_(std::move(host)),
+      coordinator_joins_([link](const pb::JoinOperationsRequest& request)
+                             -> absl::StatusOr<pb::JoinOperationsResponse> {
+        pb::JoinOperationsResponse response;
+        absl::Status s =
+            FromGrpcStatus(link->stub()->JoinOperations(link->Context().get(), request, &response));
+        if (!s.ok()) return s;
+        return response;
+      }) {
   RegisterPartExecutor(
       pb::OPERATION_SAVE,
       std::make_unique<SavePartExecutor>(
@@ -204,6 +214,17 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   return grpc::Status::OK;
 }
 
+absl::Status WorkerService::JoinCoalesced(const pb::JoinOperationRequest& join,
+                                          pb::JoinOperationResponse* joined) {
+  absl::StatusOr<pb::JoinOperationResponse> answer = coordinator_joins_.Join(join);
+  if (!answer.ok()) {
+    return absl::Status(answer.status().code(), absl::StrCat(CoordinatorCall("JoinOperation"), ": ",
+                                                             answer.status().message()));
+  }
+  *joined = *std::move(answer);
+  return absl::OkStatus();
+}
+
 absl::Status WorkerService::JoinSendingDigest(pb::JoinOperationRequest& join,
                                               pb::JoinOperationResponse* joined) {
   const std::pair<std::string, int> key(join.job(), join.rank());
@@ -215,17 +236,14 @@ absl::Status WorkerService::JoinSendingDigest(pb::JoinOperationRequest& join,
   }
   pb::RankState state;
   if (join.state_omitted()) state.Swap(join.mutable_state());
-  absl::Status s =
-      FromGrpcStatus(link_->stub()->JoinOperation(link_->Context().get(), join, joined),
-                     CoordinatorCall("JoinOperation"));
+  absl::Status s = JoinCoalesced(join, joined);
   if (s.ok() && join.state_omitted() && joined->send_full_state()) {
     spdlog::info("join_sends_full_state job={} rank={} why=\"{}\"", join.job(), join.rank(),
                  joined->send_full_state_reason());
     join.mutable_state()->Swap(&state);
     join.set_state_omitted(false);
     joined->Clear();
-    s = FromGrpcStatus(link_->stub()->JoinOperation(link_->Context().get(), join, joined),
-                       CoordinatorCall("JoinOperation"));
+    s = JoinCoalesced(join, joined);
   }
   if (s.ok() && joined->send_full_state()) {
     return absl::InternalError(

@@ -31,6 +31,7 @@
 #include "absl/synchronization/notification.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "worker/coordinator_joins.h"
 #include "worker/coordinator_link.h"
 #include "worker/coordinator_waits.h"
 #include "worker/memory_gate.h"
@@ -156,6 +157,10 @@ class WorkerService final : public pb::Worker::Service {
   // same job and rank with the same description before; if the coordinator does not keep that
   // description (it restarted, the rank detached, ...) the full state follows transparently.
   absl::Status JoinSendingDigest(pb::JoinOperationRequest& join, pb::JoinOperationResponse* joined);
+  // One JoinOperation through coordinator_joins_ (with the joins of this worker's other
+  // trainers that arrive meanwhile); errors say which call to which coordinator failed.
+  absl::Status JoinCoalesced(const pb::JoinOperationRequest& join,
+                             pb::JoinOperationResponse* joined);
 
   MemoryRegistry* registry_;
   CoordinatorLink* link_;
@@ -175,6 +180,8 @@ class WorkerService final : public pb::Worker::Service {
   // By "<registration epoch>/<operation>": the WaitOperation call in flight for the trainers
   // waiting on that operation.
   CoordinatorWaits coordinator_waits_;
+  // The trainers' joins, several per JoinOperations call when they arrive together.
+  CoordinatorJoins coordinator_joins_;
   std::mutex exec_mu_;
   std::list<Executor> executors_ ABSL_GUARDED_BY(exec_mu_);
   // By "<operation>/<rank>": the plan parts started here (the newest 4096), oldest first.

@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "proto/deterministic.h"
 #include "proto/state_digest.h"
 #include "tools/loadgen/async_calls.h"
 #include "tools/loadgen/coordinator_log.h"
@@ -30,6 +31,7 @@ namespace ckpt::loadgen {
 namespace {
 
 constexpr char kJoinMethod[] = "/ckpt.pb.Coordinator/JoinOperation";
+constexpr char kJoinsMethod[] = "/ckpt.pb.Coordinator/JoinOperations";
 
 double CpuSecondsOfSelf() {
   rusage usage{};
@@ -43,14 +45,7 @@ double CpuSecondsOfSelf() {
 // per-rank state is serialized once for all operations.
 std::string JoinRequestBytes(const pb::JoinOperationRequest& header, const std::string& state) {
   std::string out = header.SerializeAsString();
-  out.push_back(static_cast<char>((7 << 3) | 2));  // field 7, length-delimited
-  uint64_t n = state.size();
-  while (n >= 0x80) {
-    out.push_back(static_cast<char>((n & 0x7F) | 0x80));
-    n >>= 7;
-  }
-  out.push_back(static_cast<char>(n));
-  out += state;
+  AppendBytesField(pb::JoinOperationRequest::kStateFieldNumber, state, &out);
   return out;
 }
 
@@ -125,9 +120,27 @@ class Driver {
   // `full_state`. Answered send_full_state, it joins again in full (keeping its window slot).
   void Join(const std::shared_ptr<OperationRun>& run, const std::string& kind, int64_t rank,
             bool full_state = false);
+  // Every rank's join (per rank, or per worker as options_.per_rank_joins says), each call
+  // holding a window slot.
+  void JoinEveryRank(const std::shared_ptr<OperationRun>& run, const std::string& kind);
+  // Ranks of one worker joining in one JoinOperations call, then `next` in another; ranks
+  // answered send_full_state join again, together, in full. Holds one window slot throughout.
+  void JoinTogether(const std::shared_ptr<OperationRun>& run, const std::string& kind,
+                    std::vector<int64_t> ranks, std::vector<int64_t> next, bool full_state);
+  // Every field of rank `rank`'s join but the state.
+  pb::JoinOperationRequest JoinHeader(const OperationRun& run, const std::string& kind,
+                                      int64_t rank) const;
+  // Rank `rank`'s serialized join: only the digest once its description was accepted in full,
+  // unless `full_state` (`omitted` says which).
+  std::string JoinBytes(const OperationRun& run, const std::string& kind, int64_t rank,
+                        bool full_state, bool* omitted) const;
+  // One unary call of `method` (serialized `request`) as `worker`; `done` gets the status and
+  // the response's bytes on the completion loop.
+  void CallCoordinator(int64_t worker, const char* method, const std::string& request,
+                       std::function<void(const grpc::Status&, const std::string&)> done);
   // Records the answer of rank `rank`'s join; true when it must join again with its full state.
   bool JoinAnswered(const std::shared_ptr<OperationRun>& run, int64_t rank, bool omitted,
-                    const grpc::Status& status, const grpc::ByteBuffer& buffer);
+                    const absl::Status& status, const pb::JoinOperationResponse& response);
   // Rank `rank` (its join accepted) waits for the operation's end as options_.rank_waits says.
   void StartRankWait(const std::shared_ptr<OperationRun>& run, int64_t rank);
   // One rank's WaitOperation loop (RankWaits::kPerRank).
@@ -435,16 +448,15 @@ absl::Status Driver::AttachRanks() {
   return absl::OkStatus();
 }
 
-void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& kind, int64_t rank,
-                  bool full_state) {
+pb::JoinOperationRequest Driver::JoinHeader(const OperationRun& run, const std::string& kind,
+                                            int64_t rank) const {
   pb::JoinOperationRequest header;
   header.set_job(options_.job);
   header.set_world_size(static_cast<int32_t>(options_.ranks));
   header.set_rank(static_cast<int32_t>(rank));
   header.set_kind(kind == "save" ? pb::OPERATION_SAVE : pb::OPERATION_LOAD);
-  header.set_path(run->path);
-  const int64_t worker = WorkerOf(rank);
-  header.set_worker_id(workers_[worker]->id);
+  header.set_path(run.path);
+  header.set_worker_id(workers_[WorkerOf(rank)]->id);
   if (kind == "save") {
     (*header.mutable_metadata())["step"] = "1";
     // Whoever opens the checkpoint later can tell what made it.
@@ -453,8 +465,20 @@ void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& k
     header.set_load_algorithm(options_.load_algorithm);
   }
   header.set_state_digest(digests_[rank]);
-  const bool omitted = options_.state_digests && !full_state && described_[rank].load();
-  header.set_state_omitted(omitted);
+  return header;
+}
+
+std::string Driver::JoinBytes(const OperationRun& run, const std::string& kind, int64_t rank,
+                              bool full_state, bool* omitted) const {
+  pb::JoinOperationRequest header = JoinHeader(run, kind, rank);
+  *omitted = options_.state_digests && !full_state && described_[rank].load();
+  header.set_state_omitted(*omitted);
+  return *omitted ? header.SerializeAsString() : JoinRequestBytes(header, states_[rank]);
+}
+
+// One unary call of `method` with `request` bytes; `done` gets the status and response bytes.
+void Driver::CallCoordinator(int64_t worker, const char* method, const std::string& request,
+                             std::function<void(const grpc::Status&, const std::string&)> done) {
   struct Call {
     grpc::ClientContext context;
     grpc::ByteBuffer response;
@@ -463,48 +487,116 @@ void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& k
   };
   auto* call = new Call;
   call->context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-  grpc::Slice slice(omitted ? header.SerializeAsString() : JoinRequestBytes(header, states_[rank]));
-  grpc::ByteBuffer request(&slice, 1);
-  call->reader = generic_[workers_[worker]->channel]->PrepareUnaryCall(&call->context, kJoinMethod,
-                                                                       request, loop_->cq());
+  grpc::Slice slice(request);
+  grpc::ByteBuffer buffer(&slice, 1);
+  call->reader = generic_[workers_[worker]->channel]->PrepareUnaryCall(&call->context, method,
+                                                                       buffer, loop_->cq());
   call->reader->StartCall();
   call->reader->Finish(&call->response, &call->status,
-                       CompletionLoop::Tag([this, call, run, kind, rank, omitted](bool) {
-                         const bool again =
-                             JoinAnswered(run, rank, omitted, call->status, call->response);
-                         const bool ok = call->status.ok() && !again;
+                       CompletionLoop::Tag([call, done = std::move(done)](bool) {
+                         done(call->status, BufferToString(call->response));
                          delete call;
-                         if (again) {
-                           Join(run, kind, rank, /*full_state=*/true);  // keeps the window slot
-                           return;
-                         }
-                         window_.Release();
-                         if (ok) StartRankWait(run, rank);
                        }));
 }
 
+void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& kind, int64_t rank,
+                  bool full_state) {
+  bool omitted = false;
+  const std::string request = JoinBytes(*run, kind, rank, full_state, &omitted);
+  {
+    std::lock_guard<std::mutex> lock(run->mu);
+    ++run->report.join_calls;
+  }
+  CallCoordinator(
+      WorkerOf(rank), kJoinMethod, request,
+      [this, run, kind, rank, omitted](const grpc::Status& status, const std::string& bytes) {
+        pb::JoinOperationResponse response;
+        absl::Status s = !status.ok() ? absl::UnavailableError(status.error_message())
+                         : response.ParseFromString(bytes)
+                             ? absl::OkStatus()
+                             : absl::DataLossError("unreadable response");
+        const bool again = JoinAnswered(run, rank, omitted, s, response);
+        if (again) {
+          Join(run, kind, rank, /*full_state=*/true);  // keeps the window slot
+          return;
+        }
+        window_.Release();
+        if (s.ok() && !response.send_full_state()) StartRankWait(run, rank);
+      });
+}
+
+void Driver::JoinTogether(const std::shared_ptr<OperationRun>& run, const std::string& kind,
+                          std::vector<int64_t> ranks, std::vector<int64_t> next, bool full_state) {
+  std::string request;
+  auto omitted = std::make_shared<std::vector<bool>>();
+  for (int64_t rank : ranks) {
+    bool o = false;
+    AppendBytesField(pb::JoinOperationsRequest::kJoinsFieldNumber,
+                     JoinBytes(*run, kind, rank, full_state, &o), &request);
+    omitted->push_back(o);
+  }
+  {
+    std::lock_guard<std::mutex> lock(run->mu);
+    ++run->report.join_calls;
+  }
+  const int64_t worker = WorkerOf(ranks.front());
+  CallCoordinator(worker, kJoinsMethod, request,
+                  [this, run, kind, ranks, next = std::move(next), omitted](
+                      const grpc::Status& status, const std::string& bytes) {
+                    pb::JoinOperationsResponse response;
+                    absl::Status whole =
+                        !status.ok() ? absl::UnavailableError(status.error_message())
+                        : !response.ParseFromString(bytes) ||
+                                response.results_size() != static_cast<int>(ranks.size())
+                            ? absl::DataLossError("unreadable response")
+                            : absl::OkStatus();
+                    std::vector<int64_t> again, waiting;
+                    for (size_t i = 0; i < ranks.size(); ++i) {
+                      const pb::JoinResult* result = whole.ok() ? &response.results(i) : nullptr;
+                      absl::Status s = !whole.ok() ? whole
+                                       : result->status().code() != 0
+                                           ? absl::UnknownError(result->status().message())
+                                           : absl::OkStatus();
+                      const pb::JoinOperationResponse& answer =
+                          result != nullptr ? result->response()
+                                            : pb::JoinOperationResponse::default_instance();
+                      if (JoinAnswered(run, ranks[i], (*omitted)[i], s, answer)) {
+                        again.push_back(ranks[i]);
+                      } else if (s.ok() && !answer.send_full_state()) {
+                        waiting.push_back(ranks[i]);
+                      }
+                    }
+                    for (int64_t rank : waiting) StartRankWait(run, rank);
+                    if (!again.empty()) {  // keeps the window slot
+                      JoinTogether(run, kind, std::move(again), next, /*full_state=*/true);
+                    } else if (!next.empty()) {
+                      JoinTogether(run, kind, next, {}, /*full_state=*/false);
+                    } else {
+                      window_.Release();
+                    }
+                  });
+}
+
 bool Driver::JoinAnswered(const std::shared_ptr<OperationRun>& run, int64_t rank, bool omitted,
-                          const grpc::Status& status, const grpc::ByteBuffer& buffer) {
-  pb::JoinOperationResponse response;
-  const bool ok = status.ok() && response.ParseFromString(BufferToString(buffer));
+                          const absl::Status& status, const pb::JoinOperationResponse& response) {
   std::lock_guard<std::mutex> lock(run->mu);
-  if (ok && response.send_full_state() && omitted) {
+  if (status.ok() && response.send_full_state() && omitted) {
     ++run->report.full_state_resends;
     described_[rank] = false;
     return true;
   }
   ++run->joins_answered;
   run->report.last_join_answered = absl::Now();
-  if (ok && !response.send_full_state()) {
+  if (status.ok() && !response.send_full_state()) {
     if (run->id.empty()) run->id = response.operation().id();
     if (omitted) ++run->report.joins_by_digest;
     if (!omitted) described_[rank] = response.state_kept();
   } else if (run->report.join_errors++ == 0) {
     run->report.first_join_error = absl::StrCat(
         "rank ", rank, ": ",
-        !status.ok() ? status.error_message()
-        : ok         ? "send_full_state after the full state: " + response.send_full_state_reason()
-                     : "unreadable response");
+        !status.ok()
+            ? status.message()
+            : "send_full_state after the full state: " + response.send_full_state_reason());
   }
   return false;
 }
@@ -595,6 +687,27 @@ bool Driver::WaitFinal(const std::string& id, pb::OperationStatus* status) {
   return false;
 }
 
+void Driver::JoinEveryRank(const std::shared_ptr<OperationRun>& run, const std::string& kind) {
+  if (options_.per_rank_joins) {
+    for (int64_t r = 0; r < options_.ranks; ++r) {
+      window_.Acquire();
+      Join(run, kind, r);
+    }
+    return;
+  }
+  // A worker's ranks arrive together: its first join goes alone, the rest queue behind it and
+  // go in the next call (worker/coordinator_joins).
+  for (int64_t first = 0; first < options_.ranks;) {
+    int64_t end = first + 1;
+    while (end < options_.ranks && WorkerOf(end) == WorkerOf(first)) ++end;
+    std::vector<int64_t> rest;
+    for (int64_t r = first + 1; r < end; ++r) rest.push_back(r);
+    window_.Acquire();
+    JoinTogether(run, kind, {first}, std::move(rest), /*full_state=*/false);
+    first = end;
+  }
+}
+
 OperationReport Driver::RunOperation(const std::string& kind, const std::string& path) {
   auto run = std::make_shared<OperationRun>();
   run->path = path;
@@ -611,10 +724,7 @@ OperationReport Driver::RunOperation(const std::string& kind, const std::string&
   }
   const double cpu_before = CpuSecondsOfSelf();
   run->report.start = absl::Now();
-  for (int64_t r = 0; r < options_.ranks; ++r) {
-    window_.Acquire();
-    Join(run, kind, r);
-  }
+  JoinEveryRank(run, kind);
   window_.Drain();
   std::string id;
   {
@@ -825,8 +935,8 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
             Seconds(op.start, op.all_ranks_told != absl::InfinitePast() ? op.all_ranks_told
                                                                         : op.final_seen)));
     absl::StrAppend(&out, PhaseCpuLine(op));
-    absl::StrAppend(&out, absl::StrFormat("%s waits ranks_told %d wait_calls %d\n", op.kind,
-                                          op.ranks_told, op.wait_calls));
+    absl::StrAppend(&out, absl::StrFormat("%s waits ranks_told %d wait_calls %d join_calls %d\n",
+                                          op.kind, op.ranks_told, op.wait_calls, op.join_calls));
     absl::StrAppend(
         &out, absl::StrFormat("%s joins_answered_s %s first_plan_s %s plan_parts %d "
                               "plan_mib %s max_part_mib %s files %d\n",

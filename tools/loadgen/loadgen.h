@@ -58,6 +58,10 @@ struct LoadgenOptions {
   int cq_threads = 2;
   int executor_threads = 2;
   RankWaits rank_waits = RankWaits::kPerWorker;
+  // Each rank joins in its own JoinOperation call (workers before they coalesced joins); by
+  // default a worker's ranks join as its CoordinatorJoins does when they arrive together: the
+  // first in one JoinOperations call, the others in the next.
+  bool per_rank_joins = false;
   bool fsync = false;  // fsync the sparse data files like a real worker
   // Join as workers do: with each rank's description digest, and only the digest once the
   // coordinator has accepted that description in full (a repeat operation skips the gather).
@@ -84,6 +88,7 @@ struct OperationReport {
   std::string first_join_error;
   int64_t ranks_told = 0;          // ranks whose wait ended (final or an error)
   int64_t wait_calls = 0;          // WaitOperation calls made for the ranks' waits
+  int64_t join_calls = 0;          // JoinOperation(s) calls made (resends included)
   int64_t joins_by_digest = 0;     // joins that sent only the description digest, accepted
   int64_t full_state_resends = 0;  // digest-only joins the coordinator answered send_full_state
   absl::Time start = absl::InfinitePast();               // first join sent

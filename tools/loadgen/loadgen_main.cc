@@ -56,6 +56,7 @@ constexpr char kUsage[] =
     "                    [--load-algorithm A] [--max-in-flight 256]\n"
     "                    [--channels 64] [--executor-threads 2]\n"
     "                    [--rank-waits per-worker|per-rank|none] [--no-rank-waits] [--fsync]\n"
+    "                    [--per-rank-joins]\n"
     "                    [--max-coordinator-rss 12G] [--keep-checkpoint]\n"
     "                    [--operation-timeout-s 1800] [--rpc-timeout-s 120]\n"
     "Simulates N trainer ranks (a GPT at TP x PP x DP) over M workers against a real\n"
@@ -65,7 +66,10 @@ constexpr char kUsage[] =
     "coordinate (RankState.compact_tensors), which the coordinator expands.\n"
     "--rank-waits: how ranks wait for an operation's end: per-worker (default, as workers do:\n"
     "one WaitOperation at a time per worker, told to its ranks), per-rank (one per rank), none\n"
-    "(--no-rank-waits is none).\n";
+    "(--no-rank-waits is none).\n"
+    "--per-rank-joins: each rank joins in its own JoinOperation call (workers before they\n"
+    "coalesced joins); by default a worker's first rank joins alone in a JoinOperations call and\n"
+    "its other ranks together in the next, as a worker does when its trainers arrive together.\n";
 
 int Usage(const std::string& error) {
   std::fprintf(stderr, "ckpt_loadgen: %s\n%s", error.c_str(), kUsage);
@@ -184,8 +188,8 @@ absl::Status ParseCommandLine(int argc, char** argv, Flags* flags,
                                              "coordinator-flag",
                                              "rpc-timeout-s",
                                              "rank-waits"};
-  const std::set<std::string> bool_flags = {"no-rank-waits", "fsync",           "keep-checkpoint",
-                                            "help",          "no-state-digest", "compact"};
+  const std::set<std::string> bool_flags = {"no-rank-waits",   "fsync",   "keep-checkpoint", "help",
+                                            "no-state-digest", "compact", "per-rank-joins"};
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (!absl::ConsumePrefix(&arg, "--")) {
@@ -253,6 +257,7 @@ absl::Status ParseRunOptions(Flags& flags, ckpt::loadgen::LoadgenOptions* option
     options->rank_waits = *waits;
   }
   options->fsync = flags.count("fsync") > 0;
+  options->per_rank_joins = flags.count("per-rank-joins") > 0;
   if (!flags["load-algorithm"].empty()) {
     absl::StatusOr<ckpt::pb::LoadAlgorithm> algorithm =
         ckpt::ParseLoadAlgorithm(flags["load-algorithm"]);

@@ -1,0 +1,71 @@
+#include "worker/coordinator_joins.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ckpt::worker {
+
+CoordinatorJoins::Result CoordinatorJoins::Join(pb::JoinOperationRequest join) {
+  auto me = std::make_shared<Pending>();
+  me->request = std::move(join);
+  std::unique_lock<std::mutex> lock(mu_);
+  queue_.push_back(me);
+  if (in_flight_ && on_queue_) on_queue_();
+  while (!me->result.has_value()) {
+    if (!in_flight_) {
+      RunCall(lock);  // `me` is still queued: a call that carried it would have answered it
+    } else {
+      cv_.wait(lock);
+    }
+  }
+  return *std::move(me->result);
+}
+
+void CoordinatorJoins::RunCall(std::unique_lock<std::mutex>& lock) {
+  Batch batch;
+  pb::JoinOperationsRequest request;
+  while (!queue_.empty() && static_cast<int>(batch.size()) < kMaxJoinsPerCall) {
+    batch.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+    *request.add_joins() = batch.back()->request;
+  }
+  in_flight_ = true;
+  ++calls_;
+  lock.unlock();
+  const absl::StatusOr<pb::JoinOperationsResponse> response = call_(request);
+  lock.lock();
+  HandOut(batch, response);
+  in_flight_ = false;
+  cv_.notify_all();
+}
+
+void CoordinatorJoins::HandOut(const Batch& batch,
+                               const absl::StatusOr<pb::JoinOperationsResponse>& response) {
+  absl::Status whole = response.status();
+  if (whole.ok() && response->results_size() != static_cast<int>(batch.size())) {
+    whole = absl::InternalError(absl::StrCat("the coordinator answered ", response->results_size(),
+                                             " results to ", batch.size(), " joins"));
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!whole.ok()) {
+      batch[i]->result = whole;
+      continue;
+    }
+    const pb::JoinResult& result = response->results(static_cast<int>(i));
+    if (const int code = result.status().code(); code != 0) {
+      batch[i]->result = absl::Status(
+          code < 0 || code > 16 ? absl::StatusCode::kUnknown : static_cast<absl::StatusCode>(code),
+          result.status().message());
+    } else {
+      batch[i]->result = result.response();
+    }
+  }
+}
+
+int64_t CoordinatorJoins::calls() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return calls_;
+}
+
+}  // namespace ckpt::worker
