@@ -53,7 +53,10 @@ CoordinatorService::CoordinatorService(const Clock* clock, CoordinatorOptions op
       started_(clock->Now()),
       jobs_(clock, options.jobs, incarnation_hex_),
       workers_(clock, options.lease, absl::Hours(1), incarnation_hex_),
-      descriptions_(options.description_cache_bytes) {}
+      descriptions_(options.description_cache_bytes) {
+  SetMessageAllocatorFor_JoinOperation(&join_messages_);
+  SetMessageAllocatorFor_JoinOperations(&joins_messages_);
+}
 
 CoordinatorService::~CoordinatorService() { Shutdown(); }
 

@@ -37,6 +37,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/arena_messages.h"
 #include "common/checkpoint_roots.h"
 #include "common/grpc_auth.h"
 #include "coordinator/clock.h"
@@ -386,6 +387,9 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // walking every wait (at 10k waiting ranks, each wait's deadline woke a walk of all of them).
   std::multimap<absl::Time, OperationWaiter*> wait_deadlines_ ABSL_GUARDED_BY(mu_);
   std::thread ticker_;
+  // The joins' messages on one arena per call (a description is thousands of small messages).
+  ArenaMessageAllocator<pb::JoinOperationRequest, pb::JoinOperationResponse> join_messages_;
+  ArenaMessageAllocator<pb::JoinOperationsRequest, pb::JoinOperationsResponse> joins_messages_;
   std::deque<DeferredAnswer> advance_queue_ ABSL_GUARDED_BY(mu_);
   std::condition_variable_any advance_wake_;
   std::thread advancer_;

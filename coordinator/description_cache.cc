@@ -5,15 +5,15 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
+#include "proto/deterministic.h"
 #include "proto/state_digest.h"
 
 namespace ckpt::coordinator {
 namespace {
 
-// `state`'s wire form without its shards (field 2): every other field as serialized, whatever
-// fields RankState gains.
-std::string WireWithoutShards(const pb::RankState& state) {
-  const std::string wire = state.SerializeAsString();
+// A RankState's wire form without its shards (field 2): every other field as serialized,
+// whatever fields RankState gains.
+std::string WireWithoutShards(const std::string& wire) {
   std::string rest;
   google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(wire.data()),
                                             static_cast<int>(wire.size()));
@@ -40,12 +40,16 @@ std::string DescriptionCache::Keep(const std::string& job, int world_size, int r
   if (kept != nullptr) *kept = false;
   Entry entry;
   // Computed here, outside the lock, from what the rank sent (and digests itself).
-  entry.digest = RankStateDigest(sent != nullptr ? *sent : state);
+  // One serialization serves both the digest and the kept rest when the rank sent `state`
+  // itself (no compact tensors to expand).
+  const std::string wire = SerializeDeterministically(state);
+  entry.digest =
+      sent != nullptr && sent != &state ? RankStateDigest(*sent) : RankStateDigestOfBytes(wire);
   // The pieces as layout classes (at 10k GPT ranks ~45 MiB of own columns where the serialized
   // descriptions took 214 MiB and the parsed ones ~1.5 GiB); the rest serialized.
   // Only the first description of each layout class has its pieces copied (under the lock).
   auto pieces = std::make_shared<RankPieces>(RankPieces::Describe(state.shards()));
-  entry.rest = std::make_shared<const std::string>(WireWithoutShards(state));
+  entry.rest = std::make_shared<const std::string>(WireWithoutShards(wire));
   std::string digest = entry.digest;
   std::lock_guard<std::mutex> lock(mu_);
   pieces_.Intern(pieces.get(), state.shards());
