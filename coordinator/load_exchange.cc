@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -156,28 +155,36 @@ struct GroupLoadContext {
   // pieces above are the builder's kept pieces, by kept id. Null: memory-tier parts, whose
   // units index the whole manifest.
   const ManifestShareBuilder* shares;
+  std::vector<int32_t>* scratch;  // with `shares`: AttachShare's, one entry per stored piece
 };
 
 // Gives `part` (group rank `me`'s) its manifest share: the stored pieces of the units `me`
 // reads, then those of its other units as unread pieces, and renumbers the units' pieces from
 // the builder's kept ids to the share's (proto/manifest.proto ManifestShare.unread_pieces).
-void AttachShare(const ManifestShareBuilder& shares, int me, pb::LoadPlanPart& part) {
-  absl::flat_hash_map<int32_t, bool> read_by_me;  // kept id -> whether `me` reads a unit of it
+// `scratch` has an entry per kept piece, all -1, and is left so: the cost is the part's units.
+void AttachShare(const ManifestShareBuilder& shares, int me, pb::LoadPlanPart& part,
+                 std::vector<int32_t>& scratch) {
+  // scratch[piece]: 1 when `me` reads a unit of it, else 0; then its number in the share.
+  std::vector<int32_t> touched;
   for (const pb::LoadWaveEntry& wave : part.waves()) {
-    for (const pb::LoadUnitEntry& u : wave.units()) read_by_me[u.piece()] |= u.reader() == me;
+    for (const pb::LoadUnitEntry& u : wave.units()) {
+      int32_t& state = scratch[u.piece()];
+      if (state < 0) touched.push_back(u.piece());
+      state = std::max(state, u.reader() == me ? 1 : 0);
+    }
   }
   std::vector<int32_t> read, unread;
-  for (const auto& [piece, mine] : read_by_me) (mine ? read : unread).push_back(piece);
+  for (int32_t piece : touched) (scratch[piece] == 1 ? read : unread).push_back(piece);
   std::sort(read.begin(), read.end());
   std::sort(unread.begin(), unread.end());
-  absl::flat_hash_map<int32_t, int32_t> local;
-  for (size_t i = 0; i < read.size(); ++i) local[read[i]] = static_cast<int32_t>(i);
+  for (size_t i = 0; i < read.size(); ++i) scratch[read[i]] = static_cast<int32_t>(i);
   for (size_t i = 0; i < unread.size(); ++i) {
-    local[unread[i]] = static_cast<int32_t>(read.size() + i);
+    scratch[unread[i]] = static_cast<int32_t>(read.size() + i);
   }
   for (pb::LoadWaveEntry& wave : *part.mutable_waves()) {
-    for (pb::LoadUnitEntry& u : *wave.mutable_units()) u.set_piece(local[u.piece()]);
+    for (pb::LoadUnitEntry& u : *wave.mutable_units()) u.set_piece(scratch[u.piece()]);
   }
+  for (int32_t piece : touched) scratch[piece] = -1;
   std::vector<std::string> keys;
   for (const pb::LoadRequestEntry& q : part.requests()) keys.push_back(q.key());
   part.set_manifest_share(shares.ShareOfPieces(read, unread, keys));
@@ -239,7 +246,7 @@ absl::Status PlanGroupLoad(const GroupLoadContext& c, size_t g, std::vector<Rank
     pb::LoadPlanPart part = c.parts[members[i]];
     part.MergeFrom(c.options.own_shares ? splitter.ShareOf(static_cast<int>(i)) : shared);
     if (several) part.set_group_rank(static_cast<int32_t>(i));
-    if (c.shares != nullptr) AttachShare(*c.shares, static_cast<int>(i), part);
+    if (c.shares != nullptr) AttachShare(*c.shares, static_cast<int>(i), part, *c.scratch);
     (*out)[members[i]].bytes = part.total_bytes();
     (*out)[members[i]].part = part.SerializeAsString();
   }
@@ -265,9 +272,11 @@ absl::StatusOr<std::vector<RankPlan>> PlanExchangeParts(
   CKPT_ASSIGN_OR_RETURN(LoadGroupChoice groups, ChooseLoadGroups(op, options.auto_chosen));
   const ExchangeTransport transport = ChooseExchangeTransport(op);
   std::vector<RankPlan> out(op.world_size);
+  std::vector<int32_t> scratch(shares != nullptr ? stored.pieces.size() : 0, -1);
   for (size_t g = 0; g < groups.groups.size(); ++g) {
-    GroupLoadContext context{
-        op, options, planner_algorithm, stored, parts, readers_of_piece, transport, groups, shares};
+    GroupLoadContext context{op,     options,          planner_algorithm, stored,
+                             parts,  readers_of_piece, transport,         groups,
+                             shares, &scratch};
     CKPT_RETURN_IF_ERROR(PlanGroupLoad(context, g, &out));
   }
   return out;

@@ -155,6 +155,11 @@ int ManifestShareBuilder::KeepPiece(int tensor, const pb::StoredPiece& piece) {
   piece_tensor_.push_back(tensor);
   piece_offsets_.push_back(static_cast<int64_t>(piece_records_.size()));
   AppendMessageField(pb::ManifestShare::kPiecesFieldNumber, shared, &piece_records_);
+  pb::SharedPiece described;
+  described.set_tensor_id(tensor);
+  *described.mutable_region() = piece.region();
+  unread_offsets_.push_back(static_cast<int64_t>(unread_records_.size()));
+  AppendMessageField(pb::ManifestShare::kUnreadPiecesFieldNumber, described, &unread_records_);
   return static_cast<int>(piece_offsets_.size() - 1);
 }
 
@@ -211,12 +216,13 @@ std::string ManifestShareBuilder::ShareOfPieces(absl::Span<const int32_t> read,
   return Assemble(read, unread, std::move(tensors));
 }
 
-absl::string_view ManifestShareBuilder::Record(int32_t id) const {
-  const int64_t begin = piece_offsets_[id];
-  const int64_t end = id + 1 < static_cast<int32_t>(piece_offsets_.size())
-                          ? piece_offsets_[id + 1]
-                          : static_cast<int64_t>(piece_records_.size());
-  return absl::string_view(piece_records_).substr(begin, end - begin);
+absl::string_view ManifestShareBuilder::Record(const std::string& records,
+                                               const std::vector<int64_t>& offsets, int32_t id) {
+  const int64_t begin = offsets[id];
+  const int64_t end = id + 1 < static_cast<int32_t>(offsets.size())
+                          ? offsets[id + 1]
+                          : static_cast<int64_t>(records.size());
+  return absl::string_view(records).substr(begin, end - begin);
 }
 
 std::string ManifestShareBuilder::Assemble(absl::Span<const int32_t> read,
@@ -227,19 +233,13 @@ std::string ManifestShareBuilder::Assemble(absl::Span<const int32_t> read,
   std::string records;
   for (int32_t id : read) {
     if (id < 0 || id >= kept) continue;
-    absl::StrAppend(&records, Record(id));
+    absl::StrAppend(&records, Record(piece_records_, piece_offsets_, id));
     files.push_back(piece_file_[id]);
     tensors.push_back(piece_tensor_[id]);
   }
   for (int32_t id : unread) {
     if (id < 0 || id >= kept) continue;
-    pb::ManifestShare one;  // a kept record parses as a share of that one piece
-    const absl::string_view record = Record(id);
-    one.ParseFromArray(record.data(), static_cast<int>(record.size()));
-    pb::SharedPiece described;
-    described.set_tensor_id(piece_tensor_[id]);
-    if (one.pieces_size() == 1) *described.mutable_region() = one.pieces(0).region();
-    AppendMessageField(pb::ManifestShare::kUnreadPiecesFieldNumber, described, &records);
+    absl::StrAppend(&records, Record(unread_records_, unread_offsets_, id));
     tensors.push_back(piece_tensor_[id]);
   }
   for (std::vector<int>* ids : {&tensors, &files}) {

@@ -80,8 +80,9 @@ class ManifestShareBuilder {
   };
 
   void IndexSpans(TensorReads& tensor);
-  // Kept piece `id`'s record (tag, length, SharedPiece) in piece_records_.
-  absl::string_view Record(int32_t id) const;
+  // Kept piece `id`'s record (tag, length, SharedPiece) in `records` at `offsets`.
+  static absl::string_view Record(const std::string& records, const std::vector<int64_t>& offsets,
+                                  int32_t id);
   // A share of kept pieces `read` (whole records) and `unread` (tensor and region) with the
   // tensors `tensors` (besides those of the pieces); `read` and `unread` in the order given.
   std::string Assemble(absl::Span<const int32_t> read, absl::Span<const int32_t> unread,
@@ -96,6 +97,9 @@ class ManifestShareBuilder {
   // Kept pieces as serialized ManifestShare.pieces records, back to back.
   std::string piece_records_;
   std::vector<int64_t> piece_offsets_;
+  // The same pieces as ManifestShare.unread_pieces records (tensor id and region), back to back.
+  std::string unread_records_;
+  std::vector<int64_t> unread_offsets_;
   std::vector<int32_t> piece_file_;    // by kept piece: its file id
   std::vector<int32_t> piece_tensor_;  // by kept piece: its tensor id
   std::vector<std::string> file_names_;
