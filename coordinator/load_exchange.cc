@@ -168,7 +168,7 @@ void AttachShare(const ManifestShareBuilder& shares, int me, pb::LoadPlanPart& p
   std::vector<int32_t> touched;
   for (const pb::LoadWaveEntry& wave : part.waves()) {
     for (const pb::LoadUnitEntry& u : wave.units()) {
-      int32_t& state = scratch[u.piece()];
+      int32_t& state = scratch[u.piece()];  // still the manifest's numbering here
       if (state < 0) touched.push_back(u.piece());
       state = std::max(state, u.reader() == me ? 1 : 0);
     }
@@ -182,7 +182,10 @@ void AttachShare(const ManifestShareBuilder& shares, int me, pb::LoadPlanPart& p
     scratch[unread[i]] = static_cast<int32_t>(read.size() + i);
   }
   for (pb::LoadWaveEntry& wave : *part.mutable_waves()) {
-    for (pb::LoadUnitEntry& u : *wave.mutable_units()) u.set_piece(scratch[u.piece()]);
+    for (pb::LoadUnitEntry& u : *wave.mutable_units()) {
+      u.set_share_piece(scratch[u.piece()]);
+      u.set_piece(-1);  // a worker that predates shares refuses the unit
+    }
   }
   for (int32_t piece : touched) scratch[piece] = -1;
   std::vector<std::string> keys;

@@ -67,7 +67,7 @@ pb::StoredPiece UnitPiece(const pb::LoadPlanPart& part, const pb::LoadUnitEntry&
   absl::StatusOr<std::vector<pb::StoredPiece>> unread = ExpandUnreadPieces(share);
   EXPECT_TRUE(read.ok() && unread.ok());
   if (!read.ok() || !unread.ok()) return {};
-  const int i = unit.piece();
+  const int i = unit.share_piece();
   const int n = read->pieces_size();
   if (i >= 0 && i < n) return read->pieces(i);
   if (i >= n && i - n < static_cast<int>(unread->size())) return (*unread)[i - n];

@@ -234,6 +234,14 @@ TEST_F(LoadExchangeExecutorTest, EachRankReadsThroughItsShareWithoutTheDataFiles
       EXPECT_TRUE(absl::StrContains(statuses[r].message(), "r2_0.safetensors")) << statuses[r];
     }
     ASSERT_EQ(::rename((unused_file + ".away").c_str(), unused_file.c_str()), 0);
+    // With every file there, a worker that ignores the share (one that predates shares) is
+    // refused by the units' piece -1 ("inconsistent delivery in the plan"), not misled into
+    // reading other pieces of the whole manifest.
+    statuses = RunAll(parts, &memory);
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(statuses[r].code(), absl::StatusCode::kInvalidArgument) << statuses[r];
+      EXPECT_TRUE(absl::StrContains(statuses[r].message(), "in the plan")) << statuses[r];
+    }
   }
 }
 

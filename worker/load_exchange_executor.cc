@@ -152,6 +152,15 @@ struct WaveRunContext {
   ExchangeLoadStats* stats;
 };
 
+// `part` with each unit's `piece` set to its share_piece (the share's numbering).
+pb::LoadPlanPart WithSharePieces(const pb::LoadPlanPart& part) {
+  pb::LoadPlanPart out = part;
+  for (pb::LoadWaveEntry& wave : *out.mutable_waves()) {
+    for (pb::LoadUnitEntry& u : *wave.mutable_units()) u.set_piece(u.share_piece());
+  }
+  return out;
+}
+
 // Validate: the part is this session's rank's and names a sane world.
 absl::Status ValidatePart(const pb::LoadPlanPart& part, const SessionInfo& session,
                           const std::string& who) {
@@ -334,11 +343,16 @@ absl::Status RunWave(const WaveRunContext& run, int w) {
 
 }  // namespace
 
-absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const SessionInfo& session,
+absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& sent, const SessionInfo& session,
                                      const ExchangeLoadContext& context, MemoryGate& gate,
                                      ExchangeLoadStats* stats,
                                      const std::function<void(int64_t bytes_done)>& progress,
                                      PinnedStagingPool* device_staging) {
+  // A part with a share names its units' pieces by share_piece (its `piece` is -1, so that a
+  // worker predating shares refuses it); the executor indexes the share by `piece`.
+  std::optional<pb::LoadPlanPart> renumbered;
+  if (!sent.manifest_share().empty()) renumbered = WithSharePieces(sent);
+  const pb::LoadPlanPart& part = renumbered.has_value() ? *renumbered : sent;
   ExchangeLoadStats local_stats;
   if (stats == nullptr) stats = &local_stats;
   *stats = ExchangeLoadStats();
