@@ -64,12 +64,12 @@ std::vector<pb::LoadPlanPart> Plan(const Operation& op, pb::LoadAlgorithm algori
   return parts;
 }
 
-// The stored pieces a part's plan reads, and the ranks (within the group) reading them.
+// The stored pieces (by row) a part's plan reads, and the ranks (within the group) reading them.
 std::set<int> PiecesRead(const pb::LoadPlanPart& part, std::set<int>* readers) {
   std::set<int> pieces;
   for (const pb::LoadWaveEntry& w : part.waves()) {
     for (const pb::LoadUnitEntry& u : w.units()) {
-      pieces.insert(u.piece());
+      pieces.insert(static_cast<int>(UnitPiece(part, u).region().offsets(0)));
       readers->insert(u.reader());
     }
   }

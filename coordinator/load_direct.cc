@@ -63,7 +63,8 @@ absl::Status CheckDataFileSizes(const std::string& path, const pb::Manifest& hea
 
 }  // namespace
 
-absl::StatusOr<std::vector<RankPlan>> PlanDirectLoad(const Operation& op) {
+absl::StatusOr<StreamedLoad> StreamLoad(
+    const Operation& op, const std::function<void(const pb::StoredPiece&)>& on_kept) {
   auto cannot = [&](const absl::Status& s) {
     return absl::Status(s.code(),
                         absl::StrCat("cannot load checkpoint ", op.path, ": ", s.message()));
@@ -71,25 +72,38 @@ absl::StatusOr<std::vector<RankPlan>> PlanDirectLoad(const Operation& op) {
   if (absl::Status complete = CheckCheckpointComplete(op.path); !complete.ok()) {
     return cannot(complete);
   }
-  ManifestShareBuilder shares(op.world_size);
+  StreamedLoad out;
+  out.shares = std::make_unique<ManifestShareBuilder>(op.world_size);
+  ManifestShareBuilder& shares = *out.shares;
   CKPT_RETURN_IF_ERROR(AddReads(op, shares));
   // A piece that does not fit its readers' shape is reported after the shape checks below,
   // which name the rank.
   absl::Status piece_error;
   absl::StatusOr<pb::Manifest> head =
       StreamManifestFile(op.path, [&](int64_t, pb::StoredPiece& piece) {
-        if (piece_error.ok()) piece_error = shares.AddPiece(piece);
+        if (!piece_error.ok()) return absl::OkStatus();
+        const int64_t kept = shares.pieces_kept();
+        piece_error = shares.AddPiece(piece);
+        if (on_kept && shares.pieces_kept() > kept) on_kept(piece);
         return absl::OkStatus();
       });
   if (!head.ok()) return cannot(head.status());
   if (absl::Status files = CheckDataFileSizes(op.path, *head); !files.ok()) return cannot(files);
+  if (piece_error.ok()) piece_error = shares.Finish(*head, op.path);
   if (!piece_error.ok()) {
-    // Name the rank whose shape disagrees with the checkpoint, when one does.
+    // Name the rank asking for a tensor the checkpoint lacks or with another shape, when one
+    // does (its reads then met no piece, or pieces that do not fit).
     absl::StatusOr<std::vector<RankPlan>> checked = PlanDirectParts(op, *head, nullptr);
-    return checked.ok() ? cannot(piece_error) : checked.status();
+    if (!checked.ok()) return checked.status();
+    return piece_error.code() == absl::StatusCode::kDataLoss ? piece_error : cannot(piece_error);
   }
-  CKPT_RETURN_IF_ERROR(shares.Finish(*head, op.path));
-  return PlanDirectParts(op, *head, &shares);
+  out.head = *std::move(head);
+  return out;
+}
+
+absl::StatusOr<std::vector<RankPlan>> PlanDirectLoad(const Operation& op) {
+  CKPT_ASSIGN_OR_RETURN(StreamedLoad streamed, StreamLoad(op));
+  return PlanDirectParts(op, streamed.head, streamed.shares.get());
 }
 
 absl::StatusOr<std::vector<RankPlan>> PlanDirectLoadFrom(const Operation& op,

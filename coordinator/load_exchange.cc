@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "coordinator/group_plan.h"
 #include "coordinator/load_direct.h"
 #include "coordinator/plan_parts.h"
@@ -16,7 +17,6 @@
 #include "proto/convert.h"
 #include "proto/coordinator.pb.h"
 #include "proto/wire_names.h"
-#include "storage/checkpoint_reader.h"
 
 namespace ckpt::coordinator {
 
@@ -47,11 +47,28 @@ struct StoredCheckpoint {
   std::vector<StoredPieceInfo> pieces;
 };
 
-// The planner's view of `manifest` (of the checkpoint at `path`); errors name the checkpoint
-// and the tensor or piece.
-absl::StatusOr<StoredCheckpoint> ReadStoredCheckpoint(const std::string& path,
-                                                      const pb::Manifest& manifest) {
-  StoredCheckpoint stored;
+// The planner's view of `piece`, a validated stored piece of the checkpoint at `path`.
+absl::StatusOr<StoredPieceInfo> StoredPieceInfoOf(const std::string& path,
+                                                  const pb::StoredPiece& p) {
+  StoredPieceInfo info;
+  info.key = p.key();
+  absl::StatusOr<Region> region = RegionFromProto(p.region());
+  if (!region.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, " piece of ", p.key(),
+                                                   " in ", p.file(), ": ",
+                                                   region.status().message()));
+  }
+  info.region = *std::move(region);
+  info.file = p.file();
+  info.byte_offset = p.byte_offset();
+  info.byte_length = p.byte_length();
+  return info;
+}
+
+// The planner's view of the tensors of `manifest` (of the checkpoint at `path`; its head will
+// do), into `stored`; errors name the checkpoint and the tensor.
+absl::Status ReadStoredTensors(const std::string& path, const pb::Manifest& manifest,
+                               StoredCheckpoint* stored) {
   for (const pb::TensorMeta& t : manifest.tensors()) {
     TensorMeta c;
     c.key = t.key();
@@ -62,24 +79,9 @@ absl::StatusOr<StoredCheckpoint> ReadStoredCheckpoint(const std::string& path,
     }
     c.dtype = *dtype;
     c.global_shape.assign(t.global_shape().begin(), t.global_shape().end());
-    stored.tensors.push_back(std::move(c));
+    stored->tensors.push_back(std::move(c));
   }
-  for (const pb::StoredPiece& p : manifest.pieces()) {
-    StoredPieceInfo info;
-    info.key = p.key();
-    absl::StatusOr<Region> region = RegionFromProto(p.region());
-    if (!region.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, " piece of ", p.key(),
-                                                     " in ", p.file(), ": ",
-                                                     region.status().message()));
-    }
-    info.region = *std::move(region);
-    info.file = p.file();
-    info.byte_offset = p.byte_offset();
-    info.byte_length = p.byte_length();
-    stored.pieces.push_back(std::move(info));
-  }
-  return stored;
+  return absl::OkStatus();
 }
 
 // Whether rank `rank` of `op` holds the shard of `read` as its main replica.
@@ -149,7 +151,47 @@ struct GroupLoadContext {
   const std::vector<std::vector<int64_t>>& readers_of_piece;
   const ExchangeTransport& transport;
   const LoadGroupChoice& groups;
+  // Loads from storage: each part gets its manifest share from it (AttachShare); the stored
+  // pieces above are the builder's kept pieces, by kept id. Null: memory-tier parts, whose
+  // units index the whole manifest.
+  const ManifestShareBuilder* shares;
+  std::vector<int32_t>* scratch;  // with `shares`: AttachShare's, one entry per stored piece
 };
+
+// Gives `part` (group rank `me`'s) its manifest share: the stored pieces of the units `me`
+// reads, then those of its other units as unread pieces, and renumbers the units' pieces from
+// the builder's kept ids to the share's (proto/manifest.proto ManifestShare.unread_pieces).
+// `scratch` has an entry per kept piece, all -1, and is left so: the cost is the part's units.
+void AttachShare(const ManifestShareBuilder& shares, int me, pb::LoadPlanPart& part,
+                 std::vector<int32_t>& scratch) {
+  // scratch[piece]: 1 when `me` reads a unit of it, else 0; then its number in the share.
+  std::vector<int32_t> touched;
+  for (const pb::LoadWaveEntry& wave : part.waves()) {
+    for (const pb::LoadUnitEntry& u : wave.units()) {
+      int32_t& state = scratch[u.piece()];  // still the manifest's numbering here
+      if (state < 0) touched.push_back(u.piece());
+      state = std::max(state, u.reader() == me ? 1 : 0);
+    }
+  }
+  std::vector<int32_t> read, unread;
+  for (int32_t piece : touched) (scratch[piece] == 1 ? read : unread).push_back(piece);
+  std::sort(read.begin(), read.end());
+  std::sort(unread.begin(), unread.end());
+  for (size_t i = 0; i < read.size(); ++i) scratch[read[i]] = static_cast<int32_t>(i);
+  for (size_t i = 0; i < unread.size(); ++i) {
+    scratch[unread[i]] = static_cast<int32_t>(read.size() + i);
+  }
+  for (pb::LoadWaveEntry& wave : *part.mutable_waves()) {
+    for (pb::LoadUnitEntry& u : *wave.mutable_units()) {
+      u.set_share_piece(scratch[u.piece()]);
+      u.set_piece(-1);  // a worker that predates shares refuses the unit
+    }
+  }
+  for (int32_t piece : touched) scratch[piece] = -1;
+  std::vector<std::string> keys;
+  for (const pb::LoadRequestEntry& q : part.requests()) keys.push_back(q.key());
+  part.set_manifest_share(shares.ShareOfPieces(read, unread, keys));
+}
 
 // The ranks of `readers` (one list per piece, global ranks) within `members`, as group ranks;
 // empty stays empty (no restriction).
@@ -207,10 +249,40 @@ absl::Status PlanGroupLoad(const GroupLoadContext& c, size_t g, std::vector<Rank
     pb::LoadPlanPart part = c.parts[members[i]];
     part.MergeFrom(c.options.own_shares ? splitter.ShareOf(static_cast<int>(i)) : shared);
     if (several) part.set_group_rank(static_cast<int32_t>(i));
+    if (c.shares != nullptr) AttachShare(*c.shares, static_cast<int>(i), part, *c.scratch);
     (*out)[members[i]].bytes = part.total_bytes();
     (*out)[members[i]].part = part.SerializeAsString();
   }
   return absl::OkStatus();
+}
+
+// The exchange-based plan of `op` over `stored` (the tensors of `head`, a manifest or its head,
+// and the pieces the units will index), with each part's manifest share from `shares` when set.
+absl::StatusOr<std::vector<RankPlan>> PlanExchangeParts(
+    const Operation& op, const LoadPlannerOptions& options, const pb::Manifest& head,
+    const StoredCheckpoint& stored, const std::vector<std::vector<int64_t>>& readers_of_piece,
+    const ManifestShareBuilder* shares) {
+  CKPT_ASSIGN_OR_RETURN(ExchangeAlgorithm planner_algorithm, PlannerAlgorithm(options.algorithm));
+  // The direct plan validates every request against the checkpoint and carries each rank's
+  // reads (tensor, region, local index); the exchange fields are added to it.
+  CKPT_ASSIGN_OR_RETURN(std::vector<RankPlan> direct, PlanDirectLoadFrom(op, head));
+  std::vector<pb::LoadPlanPart> parts(op.world_size);
+  for (int r = 0; r < op.world_size; ++r) {
+    if (!parts[r].ParseFromString(direct[r].part.Bytes())) {
+      return absl::InternalError("direct load plan part does not parse");
+    }
+  }
+  CKPT_ASSIGN_OR_RETURN(LoadGroupChoice groups, ChooseLoadGroups(op, options.auto_chosen));
+  const ExchangeTransport transport = ChooseExchangeTransport(op);
+  std::vector<RankPlan> out(op.world_size);
+  std::vector<int32_t> scratch(shares != nullptr ? stored.pieces.size() : 0, -1);
+  for (size_t g = 0; g < groups.groups.size(); ++g) {
+    GroupLoadContext context{op,     options,          planner_algorithm, stored,
+                             parts,  readers_of_piece, transport,         groups,
+                             shares, &scratch};
+    CKPT_RETURN_IF_ERROR(PlanGroupLoad(context, g, &out));
+  }
+  return out;
 }
 
 }  // namespace
@@ -260,46 +332,38 @@ absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
       options.algorithm == pb::LOAD_ALGORITHM_UNSPECIFIED ? pb::LOAD_BROADCAST : options.algorithm;
   if (algorithm == pb::LOAD_AUTO) algorithm = AutoLoadAlgorithm(op);
   if (algorithm == pb::LOAD_DIRECT) return PlanDirectLoad(op);
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(op.path);
-  if (!reader.ok()) {
-    return absl::Status(reader.status().code(), absl::StrCat("cannot load checkpoint ", op.path,
-                                                             ": ", reader.status().message()));
-  }
+  CKPT_RETURN_IF_ERROR(PlannerAlgorithm(algorithm).status());
   LoadPlannerOptions resolved = options;
   resolved.algorithm = algorithm;
   resolved.auto_chosen = options.algorithm == pb::LOAD_AUTO;
-  return PlanExchangeLoadFrom(op, resolved, (*reader)->manifest(), {});
+  // The manifest streams past once; the planner keeps only the pieces some rank's read
+  // overlaps, as StoredPieceInfo (no parsed manifest is held).
+  StoredCheckpoint stored;
+  absl::Status piece_error;
+  auto keep = [&](const pb::StoredPiece& p) {
+    absl::StatusOr<StoredPieceInfo> info = StoredPieceInfoOf(op.path, p);
+    if (!info.ok()) {
+      if (piece_error.ok()) piece_error = info.status();
+      return;
+    }
+    stored.pieces.push_back(*std::move(info));
+  };
+  CKPT_ASSIGN_OR_RETURN(StreamedLoad streamed, StreamLoad(op, keep));
+  CKPT_RETURN_IF_ERROR(piece_error);
+  CKPT_RETURN_IF_ERROR(ReadStoredTensors(op.path, streamed.head, &stored));
+  return PlanExchangeParts(op, resolved, streamed.head, stored, {}, streamed.shares.get());
 }
 
 absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoadFrom(
     const Operation& op, const LoadPlannerOptions& options, const pb::Manifest& manifest,
     std::vector<std::vector<int64_t>> readers_of_piece) {
-  const pb::LoadAlgorithm algorithm = options.algorithm;
-  absl::StatusOr<ExchangeAlgorithm> planner_algorithm = PlannerAlgorithm(algorithm);
-  if (!planner_algorithm.ok()) return planner_algorithm.status();
-  // The direct plan validates every request against the checkpoint and carries each rank's
-  // reads (tensor, region, local index); the exchange fields are added to it.
-  absl::StatusOr<std::vector<RankPlan>> direct = PlanDirectLoadFrom(op, manifest);
-  if (!direct.ok()) return direct.status();
-  absl::StatusOr<StoredCheckpoint> stored = ReadStoredCheckpoint(op.path, manifest);
-  if (!stored.ok()) return stored.status();
-  std::vector<pb::LoadPlanPart> parts(op.world_size);
-  for (int r = 0; r < op.world_size; ++r) {
-    if (!parts[r].ParseFromString((*direct)[r].part.Bytes())) {
-      return absl::InternalError("direct load plan part does not parse");
-    }
+  StoredCheckpoint stored;
+  CKPT_RETURN_IF_ERROR(ReadStoredTensors(op.path, manifest, &stored));
+  for (const pb::StoredPiece& p : manifest.pieces()) {
+    CKPT_ASSIGN_OR_RETURN(StoredPieceInfo info, StoredPieceInfoOf(op.path, p));
+    stored.pieces.push_back(std::move(info));
   }
-  absl::StatusOr<LoadGroupChoice> groups = ChooseLoadGroups(op, options.auto_chosen);
-  if (!groups.ok()) return groups.status();
-  const ExchangeTransport transport = ChooseExchangeTransport(op);
-  std::vector<RankPlan> out(op.world_size);
-  for (size_t g = 0; g < groups->groups.size(); ++g) {
-    GroupLoadContext context{op,    options,          *planner_algorithm, *stored,
-                             parts, readers_of_piece, transport,          *groups};
-    absl::Status planned = PlanGroupLoad(context, g, &out);
-    if (!planned.ok()) return planned;
-  }
-  return out;
+  return PlanExchangeParts(op, options, manifest, stored, readers_of_piece, nullptr);
 }
 
 LoadPlannerOptions ExchangeLoadKind::OptionsFor(const Operation& op) const {

@@ -52,11 +52,14 @@ struct ExchangeTransport {
 // one device); otherwise host staging over Gloo, with the first reason found. Pure.
 ExchangeTransport ChooseExchangeTransport(const Operation& op);
 
-// Validates the operation against the checkpoint at op.path like PlanDirectLoad, then plans
-// the exchange-based load: one serialized pb::LoadPlanPart per rank carrying its own share of
-// the plan (its requests, the units it reads or receives plus the collective schedule its
-// algorithm needs, its deliveries: coordinator/plan_parts.h), the algorithm, the budget, the
-// rendezvous group
+// Validates the operation against the checkpoint at op.path like PlanDirectLoad, streaming its
+// manifest (StreamLoad: never held whole; the planner keeps only the pieces some read
+// overlaps, as StoredPieceInfo), then plans the exchange-based load: one serialized
+// pb::LoadPlanPart per rank carrying its own share of the plan (its requests, the units it
+// reads or receives plus the collective schedule its algorithm needs, its deliveries:
+// coordinator/plan_parts.h), its manifest_share (the pieces of the units it reads in full, the
+// pieces of its other units by tensor and region; its units index the share), the algorithm,
+// the budget, the rendezvous group
 // "load/<operation id>" and the transport (ChooseExchangeTransport).
 // With several process groups (declared, or auto's per-node groups; coordinator/group_plan.h)
 // each group is planned on its own, as Megatron's ignore_groups load: a part carries its
@@ -68,10 +71,11 @@ ExchangeTransport ChooseExchangeTransport(const Operation& op);
 absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoad(const Operation& op,
                                                        const LoadPlannerOptions& options);
 
-// The exchange-based plan against `manifest` (validated by the caller) instead of the
-// checkpoint at op.path, with options.algorithm an exchange algorithm (not direct or auto)
-// and, when not empty, the ranks allowed to read each stored piece (one list per piece of
-// `manifest`; planner LoadPlanOptions::readers_of_piece). Used for memory checkpoints.
+// The exchange-based plan against `manifest` (validated by the caller, held whole; parts carry
+// no manifest_share and their units index `manifest`) instead of the checkpoint at op.path, with
+// options.algorithm an exchange algorithm (not direct or auto) and, when not empty, the ranks
+// allowed to read each stored piece (one list per piece of `manifest`; planner
+// LoadPlanOptions::readers_of_piece). Used for memory checkpoints.
 absl::StatusOr<std::vector<RankPlan>> PlanExchangeLoadFrom(
     const Operation& op, const LoadPlannerOptions& options, const pb::Manifest& manifest,
     std::vector<std::vector<int64_t>> readers_of_piece);

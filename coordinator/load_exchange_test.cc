@@ -15,6 +15,8 @@
 #include "gtest/gtest.h"
 #include "proto/coordinator.pb.h"
 #include "storage/checkpoint_writer.h"
+#include "storage/manifest_file.h"
+#include "storage/manifest_share.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -29,14 +31,16 @@ std::vector<pb::LoadPlanPart> Parts(const std::vector<RankPlan>& plans) {
   return parts;
 }
 
-// Elements read per stored piece, over every wave's units each rank reads itself (an own-share
-// part lists the units its rank reads; with gather_rounds and broadcast also others').
+// Elements read per stored piece (by its row), over every wave's units each rank reads itself
+// (an own-share part lists the units its rank reads; with gather_rounds and broadcast also
+// others').
 std::map<int, int64_t> ElementsReadPerPiece(const std::vector<pb::LoadPlanPart>& parts) {
   std::map<int, int64_t> read;
   for (int r = 0; r < static_cast<int>(parts.size()); ++r) {
     for (const pb::LoadWaveEntry& w : parts[r].waves()) {
       for (const pb::LoadUnitEntry& u : w.units()) {
-        if (u.reader() == r) read[u.piece()] += u.num_elements();
+        const int row = static_cast<int>(UnitPiece(parts[r], u).region().offsets(0));
+        if (u.reader() == r) read[row] += u.num_elements();
       }
     }
   }
@@ -68,7 +72,7 @@ TEST(LoadExchangeTest, EveryStoredPieceIsReadOnceByARankThatNeedsIt) {
     for (const pb::LoadWaveEntry& w : parts[r].waves()) {
       for (const pb::LoadUnitEntry& u : w.units()) {
         // Row 0 is needed by ranks 0 and 1 only; row 1 by all three.
-        if (u.piece() == 0) {
+        if (UnitPiece(parts[r], u).region().offsets(0) == 0) {
           EXPECT_LT(u.reader(), 2);
         }
       }
@@ -84,6 +88,65 @@ TEST(LoadExchangeTest, EveryStoredPieceIsReadOnceByARankThatNeedsIt) {
   }
   EXPECT_THAT(ElementsReadPerPiece(parts),
               ::testing::UnorderedElementsAre(::testing::Pair(0, 4), ::testing::Pair(1, 4)));
+}
+
+// A stored piece's identity for comparing shares with the manifest: key and region.
+std::string PieceName(const pb::StoredPiece& p) {
+  return absl::StrCat(p.key(), " ", p.region().ShortDebugString());
+}
+
+TEST(LoadExchangeTest, EachPartsShareHoldsExactlyThePiecesItsUnitsRead) {
+  const std::string path = WriteTwoRowCheckpoint("shares");
+  const Operation op = ThreeRankLoad(path);
+  absl::StatusOr<pb::Manifest> manifest = ReadManifestFile(path);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  for (pb::LoadAlgorithm algorithm : {pb::LOAD_BROADCAST, pb::LOAD_OVERLAP_ALL_TO_ALL,
+                                      pb::LOAD_GATHER_ROUNDS, pb::LOAD_GATHER_OBJECT}) {
+    for (bool own_shares : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(pb::LoadAlgorithm_Name(algorithm), own_shares ? " own" : ""));
+      LoadPlannerOptions options{algorithm, /*budget=*/8};  // pieces split into several units
+      options.own_shares = own_shares;
+      auto plans = PlanExchangeLoad(op, options);
+      ASSERT_TRUE(plans.ok()) << plans.status();
+      // The same plan over the whole manifest: its units index the manifest's pieces.
+      auto whole = PlanExchangeLoadFrom(op, options, *manifest, {});
+      ASSERT_TRUE(whole.ok()) << whole.status();
+      const std::vector<pb::LoadPlanPart> parts = Parts(*plans), twins = Parts(*whole);
+      for (int r = 0; r < 3; ++r) {
+        SCOPED_TRACE(absl::StrCat("rank ", r));
+        EXPECT_TRUE(twins[r].manifest_share().empty());
+        pb::ManifestShare share;
+        ASSERT_TRUE(share.ParseFromString(parts[r].manifest_share()));
+        absl::StatusOr<pb::Manifest> read = ExpandManifestShare(share);
+        ASSERT_TRUE(read.ok()) << read.status();
+        std::set<std::string> expected_read, expected_files, listed_read, listed_files;
+        ASSERT_EQ(parts[r].waves_size(), twins[r].waves_size());
+        for (int w = 0; w < parts[r].waves_size(); ++w) {
+          ASSERT_EQ(parts[r].waves(w).units_size(), twins[r].waves(w).units_size());
+          for (int k = 0; k < parts[r].waves(w).units_size(); ++k) {
+            const pb::LoadUnitEntry& u = parts[r].waves(w).units(k);
+            const pb::StoredPiece& stored = manifest->pieces(twins[r].waves(w).units(k).piece());
+            // Each unit names, through the share, the piece the whole plan's unit names.
+            EXPECT_EQ(PieceName(UnitPiece(parts[r], u)), PieceName(stored));
+            if (u.reader() != r) continue;
+            expected_read.insert(PieceName(stored));
+            expected_files.insert(stored.file());
+            // A piece this rank reads is in the share in full, as the manifest records it.
+            EXPECT_EQ(u.piece(), -1);  // a worker that predates shares refuses the unit
+            ASSERT_LT(u.share_piece(), read->pieces_size());
+            pb::StoredPiece in_share = read->pieces(u.share_piece());
+            EXPECT_EQ(in_share.SerializeAsString(), stored.SerializeAsString());
+          }
+        }
+        for (const pb::StoredPiece& p : read->pieces()) listed_read.insert(PieceName(p));
+        for (const pb::DataFile& f : read->files()) listed_files.insert(f.name());
+        EXPECT_EQ(listed_read, expected_read);
+        EXPECT_EQ(static_cast<size_t>(read->pieces_size()), expected_read.size());
+        EXPECT_EQ(listed_files, expected_files);
+        EXPECT_EQ(share.tensors_size(), 1);  // "w", of the requests and units
+      }
+    }
+  }
 }
 
 TEST(LoadExchangeTest, ASmallBudgetSplitsPiecesIntoSeveralWavesStillReadingEachByteOnce) {

@@ -152,8 +152,14 @@ int ManifestShareBuilder::KeepPiece(int tensor, const pb::StoredPiece& piece) {
   shared.set_writer_rank(piece.writer_rank());
   *shared.mutable_block_xxh3() = piece.block_xxh3();
   piece_file_.push_back(shared.file_id());
+  piece_tensor_.push_back(tensor);
   piece_offsets_.push_back(static_cast<int64_t>(piece_records_.size()));
   AppendMessageField(pb::ManifestShare::kPiecesFieldNumber, shared, &piece_records_);
+  pb::SharedPiece described;
+  described.set_tensor_id(tensor);
+  *described.mutable_region() = piece.region();
+  unread_offsets_.push_back(static_cast<int64_t>(unread_records_.size()));
+  AppendMessageField(pb::ManifestShare::kUnreadPiecesFieldNumber, described, &unread_records_);
   return static_cast<int>(piece_offsets_.size() - 1);
 }
 
@@ -196,15 +202,45 @@ std::string ManifestShareBuilder::ShareOf(int rank) const {
   }
   std::sort(pieces.begin(), pieces.end());
   pieces.erase(std::unique(pieces.begin(), pieces.end()), pieces.end());
+  return Assemble(pieces, {}, std::move(tensors));
+}
+
+std::string ManifestShareBuilder::ShareOfPieces(absl::Span<const int32_t> read,
+                                                absl::Span<const int32_t> unread,
+                                                absl::Span<const std::string> keys) const {
+  std::vector<int> tensors;
+  for (const std::string& key : keys) {
+    auto it = tensor_of_key_.find(key);
+    if (it != tensor_of_key_.end()) tensors.push_back(it->second);
+  }
+  return Assemble(read, unread, std::move(tensors));
+}
+
+absl::string_view ManifestShareBuilder::Record(const std::string& records,
+                                               const std::vector<int64_t>& offsets, int32_t id) {
+  const int64_t begin = offsets[id];
+  const int64_t end = id + 1 < static_cast<int32_t>(offsets.size())
+                          ? offsets[id + 1]
+                          : static_cast<int64_t>(records.size());
+  return absl::string_view(records).substr(begin, end - begin);
+}
+
+std::string ManifestShareBuilder::Assemble(absl::Span<const int32_t> read,
+                                           absl::Span<const int32_t> unread,
+                                           std::vector<int> tensors) const {
+  const int32_t kept = static_cast<int32_t>(piece_offsets_.size());
   std::vector<int> files;
   std::string records;
-  for (int32_t id : pieces) {
-    const int64_t begin = piece_offsets_[id];
-    const int64_t end = id + 1 < static_cast<int32_t>(piece_offsets_.size())
-                            ? piece_offsets_[id + 1]
-                            : static_cast<int64_t>(piece_records_.size());
-    records.append(piece_records_, begin, end - begin);
+  for (int32_t id : read) {
+    if (id < 0 || id >= kept) continue;
+    absl::StrAppend(&records, Record(piece_records_, piece_offsets_, id));
     files.push_back(piece_file_[id]);
+    tensors.push_back(piece_tensor_[id]);
+  }
+  for (int32_t id : unread) {
+    if (id < 0 || id >= kept) continue;
+    absl::StrAppend(&records, Record(unread_records_, unread_offsets_, id));
+    tensors.push_back(piece_tensor_[id]);
   }
   for (std::vector<int>* ids : {&tensors, &files}) {
     std::sort(ids->begin(), ids->end());

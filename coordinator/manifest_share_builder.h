@@ -45,6 +45,14 @@ class ManifestShareBuilder {
   // The serialized pb::ManifestShare of `rank`: the pieces its reads overlap (each once, in
   // manifest order), their tensors and files.
   std::string ShareOf(int rank) const;
+  // The serialized pb::ManifestShare of an exchange-load part (ids are those AddPiece kept,
+  // numbered from 0 in manifest order: pieces_kept() before the piece was kept): the kept
+  // pieces `read` in full, then `unread` as unread_pieces (tensor id and region only), in the
+  // orders given (they number the pieces for the part's units); the tensors of those pieces and
+  // of `keys` (the part's requests; a key no rank reads is skipped); the files of `read`.
+  // Ids out of range are the caller's error (checked: they are skipped).
+  std::string ShareOfPieces(absl::Span<const int32_t> read, absl::Span<const int32_t> unread,
+                            absl::Span<const std::string> keys) const;
 
   // Pieces recorded for at least one read.
   int64_t pieces_kept() const { return static_cast<int64_t>(piece_offsets_.size()); }
@@ -72,6 +80,13 @@ class ManifestShareBuilder {
   };
 
   void IndexSpans(TensorReads& tensor);
+  // Kept piece `id`'s record (tag, length, SharedPiece) in `records` at `offsets`.
+  static absl::string_view Record(const std::string& records, const std::vector<int64_t>& offsets,
+                                  int32_t id);
+  // A share of kept pieces `read` (whole records) and `unread` (tensor and region) with the
+  // tensors `tensors` (besides those of the pieces); `read` and `unread` in the order given.
+  std::string Assemble(absl::Span<const int32_t> read, absl::Span<const int32_t> unread,
+                       std::vector<int> tensors) const;
   int KeepPiece(int tensor, const pb::StoredPiece& piece);
   int FileId(const std::string& name);
 
@@ -82,7 +97,11 @@ class ManifestShareBuilder {
   // Kept pieces as serialized ManifestShare.pieces records, back to back.
   std::string piece_records_;
   std::vector<int64_t> piece_offsets_;
-  std::vector<int32_t> piece_file_;  // by kept piece: its file id
+  // The same pieces as ManifestShare.unread_pieces records (tensor id and region), back to back.
+  std::string unread_records_;
+  std::vector<int64_t> unread_offsets_;
+  std::vector<int32_t> piece_file_;    // by kept piece: its file id
+  std::vector<int32_t> piece_tensor_;  // by kept piece: its tensor id
   std::vector<std::string> file_names_;
   absl::flat_hash_map<std::string, int> file_of_name_;
   // Set by Finish: by tensor and file id, the head's metadata.

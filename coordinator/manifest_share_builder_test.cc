@@ -186,5 +186,42 @@ TEST(ManifestShareBuilderTest, ReplicasReadingOneRegionShareItsMatching) {
   }
 }
 
+TEST(ManifestShareBuilderTest, AnExchangeShareHoldsTheReadPiecesInFullThenTheUnreadOnesByRegion) {
+  const std::vector<int64_t> shape = {8};
+  ManifestShareBuilder builder(2);
+  builder.AddRead(0, "t0", shape, WholeRegion(shape));
+  builder.AddRead(1, "t1", shape, WholeRegion(shape));
+  Region a = WholeRegion(shape), b = WholeRegion(shape);
+  a.lengths[0] = 5;
+  b.offsets[0] = 5;
+  b.lengths[0] = 3;
+  const pb::StoredPiece kept0 = PieceOf("t0", a, 0), kept1 = PieceOf("t0", b, 1);
+  ASSERT_TRUE(builder.AddPiece(kept0).ok());                // kept id 0, file r0
+  ASSERT_TRUE(builder.AddPiece(kept1).ok());                // kept id 1, file r1
+  ASSERT_TRUE(builder.AddPiece(PieceOf("t1", a, 2)).ok());  // kept id 2
+  ASSERT_TRUE(builder.AddPiece(PieceOf("t1", b, 3)).ok());  // kept id 3
+  ASSERT_TRUE(builder.Finish(HeadOf({shape, shape}), "/ckpt").ok());
+  // A part reading piece 1, receiving pieces 0 and 2, whose requests are of t0.
+  pb::ManifestShare share;
+  ASSERT_TRUE(share.ParseFromString(builder.ShareOfPieces({1}, {0, 2}, {"t0"})));
+  absl::StatusOr<pb::Manifest> read = ExpandManifestShare(share);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->pieces_size(), 1);
+  pb::StoredPiece got = read->pieces(0);
+  got.clear_entry_name();
+  EXPECT_EQ(got.SerializeAsString(), kept1.SerializeAsString());
+  ASSERT_EQ(read->files_size(), 1);  // only the file of the piece it reads
+  EXPECT_EQ(read->files(0).name(), kept1.file());
+  absl::StatusOr<std::vector<pb::StoredPiece>> unread = ExpandUnreadPieces(share);
+  ASSERT_TRUE(unread.ok()) << unread.status();
+  ASSERT_EQ(unread->size(), 2u);  // in the order given
+  EXPECT_EQ((*unread)[0].key(), "t0");
+  EXPECT_EQ(*RegionFromProto((*unread)[0].region()), a);
+  EXPECT_EQ((*unread)[1].key(), "t1");
+  EXPECT_EQ(*RegionFromProto((*unread)[1].region()), a);
+  EXPECT_TRUE((*unread)[1].file().empty());
+  ASSERT_EQ(share.tensors_size(), 2);  // t0 of the request and pieces, t1 of an unread piece
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator

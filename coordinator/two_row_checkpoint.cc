@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "proto/convert.h"
 #include "storage/checkpoint_writer.h"
+#include "storage/manifest_share.h"
 
 namespace ckpt::coordinator {
 
@@ -57,6 +58,21 @@ Operation ThreeRankLoad(const std::string& path) {
   op.ranks[1].shards = {Rows(0, 2)};
   op.ranks[2].shards = {Rows(1, 1)};
   return op;
+}
+
+pb::StoredPiece UnitPiece(const pb::LoadPlanPart& part, const pb::LoadUnitEntry& unit) {
+  pb::ManifestShare share;
+  EXPECT_TRUE(share.ParseFromString(part.manifest_share()));
+  absl::StatusOr<pb::Manifest> read = ExpandManifestShare(share);
+  absl::StatusOr<std::vector<pb::StoredPiece>> unread = ExpandUnreadPieces(share);
+  EXPECT_TRUE(read.ok() && unread.ok());
+  if (!read.ok() || !unread.ok()) return {};
+  const int i = unit.share_piece();
+  const int n = read->pieces_size();
+  if (i >= 0 && i < n) return read->pieces(i);
+  if (i >= n && i - n < static_cast<int>(unread->size())) return (*unread)[i - n];
+  ADD_FAILURE() << "unit piece " << i << " is not in the part's share";
+  return {};
 }
 
 }  // namespace ckpt::coordinator

@@ -7,6 +7,7 @@
 
 #include "coordinator/job_state.h"
 #include "proto/coordinator.pb.h"
+#include "proto/manifest.pb.h"
 
 namespace ckpt::coordinator {
 
@@ -25,6 +26,11 @@ pb::PieceMeta Rows(int64_t first, int64_t count, int64_t rows = 2);
 // A load of the checkpoint at `path` by three ranks: 0 and 1 replicate the whole tensor, rank 2
 // needs row 1 only.
 Operation ThreeRankLoad(const std::string& path);
+
+// The stored piece (key and region) that `unit` of exchange-load part `part` reads: units index
+// the part's manifest share, its pieces then its unread pieces. A broken share is a test
+// failure (and an empty piece).
+pb::StoredPiece UnitPiece(const pb::LoadPlanPart& part, const pb::LoadUnitEntry& unit);
 
 }  // namespace ckpt::coordinator
 

@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "proto/convert.h"
+#include "sharding/region.h"
 #include "storage/safetensors.h"
 
 namespace ckpt {
@@ -72,6 +73,34 @@ absl::StatusOr<pb::Manifest> ExpandManifestShare(const pb::ManifestShare& share)
     *p->mutable_block_xxh3() = s.block_xxh3();
   }
   return m;
+}
+
+absl::StatusOr<std::vector<pb::StoredPiece>> ExpandUnreadPieces(const pb::ManifestShare& share) {
+  absl::StatusOr<absl::flat_hash_map<int, int>> tensors =
+      IndexIds(share.tensor_ids(), share.tensors_size(), "tensor");
+  if (!tensors.ok()) return tensors.status();
+  std::vector<pb::StoredPiece> pieces;
+  pieces.reserve(share.unread_pieces_size());
+  for (int i = 0; i < share.unread_pieces_size(); ++i) {
+    const pb::SharedPiece& s = share.unread_pieces(i);
+    auto tensor = tensors->find(s.tensor_id());
+    if (tensor == tensors->end()) {
+      return ShareError(absl::StrCat("unread piece ", i, " names tensor id ", s.tensor_id(),
+                                     ", which the share does not list"));
+    }
+    const pb::TensorMeta& meta = share.tensors(tensor->second);
+    absl::StatusOr<Region> region = RegionFromProto(s.region());
+    const std::vector<int64_t> shape(meta.global_shape().begin(), meta.global_shape().end());
+    absl::Status valid = region.ok() ? ValidateRegion(*region, shape) : region.status();
+    if (!valid.ok()) {
+      return ShareError(
+          absl::StrCat("unread piece ", i, " of tensor ", meta.key(), ": ", valid.message()));
+    }
+    pb::StoredPiece& p = pieces.emplace_back();
+    p.set_key(meta.key());
+    *p.mutable_region() = s.region();
+  }
+  return pieces;
 }
 
 }  // namespace ckpt

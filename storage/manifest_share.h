@@ -4,6 +4,8 @@
 #ifndef CKPT_STORAGE_MANIFEST_SHARE_H_
 #define CKPT_STORAGE_MANIFEST_SHARE_H_
 
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "proto/manifest.pb.h"
 
@@ -15,6 +17,12 @@ namespace ckpt {
 // not parallel to their lists, an id listed twice, a piece naming an id not listed, or a piece
 // without a valid region. What the pieces say about the checkpoint is checked by OpenShare.
 absl::StatusOr<pb::Manifest> ExpandManifestShare(const pb::ManifestShare& share);
+
+// The unread pieces of an exchange load's share (ManifestShare.unread_pieces), each as a
+// StoredPiece with only its key and region: what the worker needs of the units it receives
+// but does not read. DataLoss naming the piece when it names a tensor id the share does not
+// list (or the ids are inconsistent, as above) or its region is not valid for the tensor.
+absl::StatusOr<std::vector<pb::StoredPiece>> ExpandUnreadPieces(const pb::ManifestShare& share);
 
 }  // namespace ckpt
 

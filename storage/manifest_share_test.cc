@@ -80,5 +80,55 @@ TEST(ManifestShareTest, AnInconsistentShareIsDataLossNamingTheId) {
   ExpectDataLossMentioning(bad_region, "piece 0");
 }
 
+// An exchange share: TwoPieceShare's pieces read, and the other 2x4 half of a second tensor
+// (id 2) only described.
+pb::ManifestShare ShareWithUnreadPiece() {
+  pb::ManifestShare share = TwoPieceShare();
+  pb::TensorMeta* t = share.add_tensors();
+  t->set_key("layer.b");
+  t->set_dtype(pb::DTYPE_I32);
+  t->add_global_shape(4);
+  t->add_global_shape(4);
+  share.add_tensor_ids(2);
+  pb::SharedPiece* p = share.add_unread_pieces();
+  p->set_tensor_id(2);
+  *p->mutable_region() = RegionToProto(Region{{2, 0}, {2, 4}, std::nullopt});
+  return share;
+}
+
+TEST(ManifestShareTest, UnreadPiecesExpandToTheirKeyAndRegionOnly) {
+  const pb::ManifestShare share = ShareWithUnreadPiece();
+  absl::StatusOr<std::vector<pb::StoredPiece>> unread = ExpandUnreadPieces(share);
+  ASSERT_TRUE(unread.ok()) << unread.status();
+  ASSERT_EQ(unread->size(), 1u);
+  EXPECT_EQ((*unread)[0].key(), "layer.b");
+  EXPECT_EQ(*RegionFromProto((*unread)[0].region()), (Region{{2, 0}, {2, 4}, std::nullopt}));
+  EXPECT_TRUE((*unread)[0].file().empty());
+  absl::StatusOr<pb::Manifest> read = ExpandManifestShare(share);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->pieces_size(), 2);  // the unread piece is not among those opened
+}
+
+TEST(ManifestShareTest, AHostileUnreadPieceIsDataLossNamingIt) {
+  auto expect = [](const pb::ManifestShare& share, const std::string& words) {
+    absl::StatusOr<std::vector<pb::StoredPiece>> unread = ExpandUnreadPieces(share);
+    ASSERT_FALSE(unread.ok());
+    EXPECT_EQ(unread.status().code(), absl::StatusCode::kDataLoss) << unread.status();
+    EXPECT_NE(unread.status().message().find(words), std::string::npos) << unread.status();
+  };
+  pb::ManifestShare unknown = ShareWithUnreadPiece();
+  unknown.mutable_unread_pieces(0)->set_tensor_id(5);
+  expect(unknown, "unread piece 0 names tensor id 5");
+  pb::ManifestShare outside = ShareWithUnreadPiece();
+  outside.mutable_unread_pieces(0)->mutable_region()->set_offsets(0, 3);  // rows 3-4 of 4
+  expect(outside, "unread piece 0 of tensor layer.b");
+  pb::ManifestShare bad = ShareWithUnreadPiece();
+  bad.mutable_unread_pieces(0)->mutable_region()->add_lengths(-1);
+  expect(bad, "unread piece 0");
+  pb::ManifestShare unpaired = ShareWithUnreadPiece();
+  unpaired.add_tensor_ids(9);
+  expect(unpaired, "2 tensors but 3 tensor ids");
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -33,7 +34,9 @@ constexpr int kRanks = 3;
 
 int32_t Value(int64_t i, int64_t j) { return static_cast<int32_t>(1000 * i + j); }
 
-std::string WriteCheckpointOfW(const std::string& name) {
+// With `unused_file`: also tensor "unused" (int32 [4]) in its own data file, written by rank 2,
+// which no load here asks for.
+std::string WriteCheckpointOfW(const std::string& name, bool unused_file = false) {
   static const std::vector<int32_t> w = [] {
     std::vector<int32_t> v(kRows * kCols);
     for (int64_t i = 0; i < kRows; ++i) {
@@ -51,6 +54,14 @@ std::string WriteCheckpointOfW(const std::string& name) {
     file.writer_rank = r;
     file.pieces.push_back(PieceData{"w", Region{{r * kRows / 2, 0}, {kRows / 2, kCols}, {}},
                                     w.data() + r * kRows / 2 * kCols, kRows / 2 * kCols * 4});
+    contents.files.push_back(file);
+  }
+  static const int32_t unused[4] = {1, 2, 3, 4};
+  if (unused_file) {
+    contents.tensors.push_back(TensorMeta{"unused", DType::kI32, {4}});
+    DataFilePlan file;
+    file.writer_rank = 2;
+    file.pieces.push_back(PieceData{"unused", Region{{0}, {4}, {}}, unused, sizeof(unused)});
     contents.files.push_back(file);
   }
   auto manifest = WriteCheckpoint(path, contents, WriteOptions());
@@ -118,6 +129,25 @@ class LoadExchangeExecutorTest : public ::testing::Test {
     return session;
   }
 
+  // Runs every rank's part at once; each rank's status, its tensor in memory[r].
+  std::vector<absl::Status> RunAll(const std::vector<pb::LoadPlanPart>& parts,
+                                   std::vector<std::vector<int32_t>>* memory) {
+    memory->assign(kRanks, {});
+    std::vector<SessionInfo> sessions;
+    for (int r = 0; r < kRanks; ++r) sessions.push_back(Session(r, &(*memory)[r]));
+    std::vector<absl::Status> statuses(kRanks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back([&, r] {
+        MemoryGate gate;
+        ExchangeLoadStats stats;
+        statuses[r] = ExecuteExchangeLoadPart(parts[r], sessions[r], Context(), gate, &stats);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return statuses;
+  }
+
   ExchangeLoadContext Context() const {
     ExchangeLoadContext context;
     context.rendezvous_address = rendezvous_.address();
@@ -169,6 +199,49 @@ TEST_F(LoadExchangeExecutorTest, EveryAlgorithmFillsEachRanksTensorReadingEachSt
       read += stats[r].bytes_read;
     }
     EXPECT_EQ(read, kRows * kCols * 4);
+  }
+}
+
+TEST_F(LoadExchangeExecutorTest, EachRankReadsThroughItsShareWithoutTheDataFilesNobodyReads) {
+  const std::string path = WriteCheckpointOfW("exchange-load-share", /*unused_file=*/true);
+  for (pb::LoadAlgorithm algorithm : {pb::LOAD_BROADCAST, pb::LOAD_OVERLAP_ALL_TO_ALL}) {
+    SCOPED_TRACE(pb::LoadAlgorithm_Name(algorithm));
+    std::vector<pb::LoadPlanPart> parts =
+        Plan(path, absl::StrCat("op-share-", algorithm), algorithm, /*budget=*/200);
+    ASSERT_EQ(parts.size(), static_cast<size_t>(kRanks));
+    for (const pb::LoadPlanPart& part : parts) ASSERT_FALSE(part.manifest_share().empty());
+    // After planning, the file of "unused" goes: a worker that opened the whole checkpoint
+    // (its manifest lists that file) would refuse it; through its share none looks at it.
+    const std::string unused_file = JoinPath(path, "data/r2_0.safetensors");
+    ASSERT_TRUE(FileSize(unused_file).ok());
+    ASSERT_EQ(::rename(unused_file.c_str(), (unused_file + ".away").c_str()), 0);
+    std::vector<std::vector<int32_t>> memory;
+    std::vector<absl::Status> statuses = RunAll(parts, &memory);
+    const std::vector<pb::PieceMeta> shards = RankShards();
+    for (int r = 0; r < kRanks; ++r) {
+      ASSERT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+      const pb::Region& region = shards[r].region();
+      for (int64_t i = 0; i < region.lengths(0) * kCols; ++i) {
+        ASSERT_EQ(memory[r][i], Value(region.offsets(0) + i / kCols, i % kCols)) << r << " " << i;
+      }
+    }
+    // The same parts without their shares open the whole checkpoint and stop at the missing
+    // file, naming it (the parts' units index the shares, but nothing runs that far).
+    for (pb::LoadPlanPart& part : parts) part.clear_manifest_share();
+    statuses = RunAll(parts, &memory);
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_FALSE(statuses[r].ok()) << "rank " << r;
+      EXPECT_TRUE(absl::StrContains(statuses[r].message(), "r2_0.safetensors")) << statuses[r];
+    }
+    ASSERT_EQ(::rename((unused_file + ".away").c_str(), unused_file.c_str()), 0);
+    // With every file there, a worker that ignores the share (one that predates shares) is
+    // refused by the units' piece -1 ("inconsistent delivery in the plan"), not misled into
+    // reading other pieces of the whole manifest.
+    statuses = RunAll(parts, &memory);
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(statuses[r].code(), absl::StatusCode::kInvalidArgument) << statuses[r];
+      EXPECT_TRUE(absl::StrContains(statuses[r].message(), "in the plan")) << statuses[r];
+    }
   }
 }
 

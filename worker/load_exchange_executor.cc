@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "rendezvous/grpc_store.h"
 #include "sharding/overlap.h"
 #include "storage/checkpoint_reader.h"
+#include "storage/manifest_share.h"
 #include "worker/load_communicator.h"
 #include "worker/load_executor.h"
 #include "worker/load_wave_plan.h"
@@ -59,17 +61,18 @@ class CancellableStore final : public Store {
   const MemoryGate* gate_;
 };
 
-// Where a part's units are read from: a committed checkpoint in storage, or a memory
-// checkpoint in this worker's memory tier (part.memory_manifest() set).
+// Where a part's units are read from: a committed checkpoint in storage (the share of its
+// manifest the part carries, or the whole manifest), or a memory checkpoint in this worker's
+// memory tier (part.memory_manifest() set).
 struct LoadSource {
   std::unique_ptr<CheckpointReader> storage;
-  pb::Manifest memory_manifest;
+  // What the part's units index when it is not the storage reader's manifest: the memory
+  // checkpoint's manifest, or a share's pieces followed by its unread pieces.
+  std::optional<pb::Manifest> units;
   std::map<std::string, const pb::TensorMeta*> memory_tensors;
   std::function<absl::Status(const std::vector<PieceRead>&)> read_pieces;
 
-  const pb::Manifest& manifest() const {
-    return storage != nullptr ? storage->manifest() : memory_manifest;
-  }
+  const pb::Manifest& manifest() const { return units.has_value() ? *units : storage->manifest(); }
   const pb::TensorMeta* FindTensor(const std::string& key) const {
     if (storage != nullptr) return storage->FindTensor(key);
     auto it = memory_tensors.find(key);
@@ -77,13 +80,30 @@ struct LoadSource {
   }
 };
 
+// The checkpoint of a storage part: only the share of its manifest the coordinator sent (its
+// units index the share's pieces, then its unread pieces: `units`), or (a part without one)
+// the whole manifest.
+absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenStorage(const pb::LoadPlanPart& part,
+                                                              std::optional<pb::Manifest>* units) {
+  if (part.manifest_share().empty()) return CheckpointReader::Open(part.path());
+  pb::ManifestShare share;
+  if (!share.ParseFromString(part.manifest_share())) {
+    return absl::DataLossError("the plan part's manifest share is not a valid protobuf");
+  }
+  CKPT_ASSIGN_OR_RETURN(pb::Manifest read, ExpandManifestShare(share));
+  CKPT_ASSIGN_OR_RETURN(std::vector<pb::StoredPiece> unread, ExpandUnreadPieces(share));
+  *units = read;
+  for (pb::StoredPiece& p : unread) *(*units)->add_pieces() = std::move(p);
+  return CheckpointReader::OpenShare(part.path(), std::move(read));
+}
+
 // Opens the part's source; errors name `who` and the checkpoint.
 absl::StatusOr<std::unique_ptr<LoadSource>> OpenLoadSource(const pb::LoadPlanPart& part,
                                                            const MemoryTier* tier,
                                                            const std::string& who) {
   auto source = std::make_unique<LoadSource>();
   if (part.memory_manifest().empty()) {
-    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(part.path());
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = OpenStorage(part, &source->units);
     if (!reader.ok()) {
       return absl::Status(
           reader.status().code(),
@@ -94,16 +114,17 @@ absl::StatusOr<std::unique_ptr<LoadSource>> OpenLoadSource(const pb::LoadPlanPar
     source->read_pieces = [r](const std::vector<PieceRead>& reads) { return r->ReadPieces(reads); };
     return source;
   }
-  if (!source->memory_manifest.ParseFromString(part.memory_manifest())) {
+  source->units.emplace();
+  if (!source->units->ParseFromString(part.memory_manifest())) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": the plan's manifest of ", part.path(), " does not parse"));
   }
-  for (const pb::TensorMeta& t : source->memory_manifest.tensors()) {
+  for (const pb::TensorMeta& t : source->units->tensors()) {
     source->memory_tensors.emplace(t.key(), &t);
   }
   absl::StatusOr<std::string> name = MemoryCheckpointName(part.path());
   if (!name.ok()) return name.status();
-  const pb::Manifest* manifest = &source->memory_manifest;
+  const pb::Manifest* manifest = &*source->units;
   source->read_pieces = [tier, manifest, name = *name,
                          who](const std::vector<PieceRead>& reads) -> absl::Status {
     if (reads.empty()) return absl::OkStatus();
@@ -130,6 +151,15 @@ struct WaveRunContext {
   MemoryGate& gate;
   ExchangeLoadStats* stats;
 };
+
+// `part` with each unit's `piece` set to its share_piece (the share's numbering).
+pb::LoadPlanPart WithSharePieces(const pb::LoadPlanPart& part) {
+  pb::LoadPlanPart out = part;
+  for (pb::LoadWaveEntry& wave : *out.mutable_waves()) {
+    for (pb::LoadUnitEntry& u : *wave.mutable_units()) u.set_piece(u.share_piece());
+  }
+  return out;
+}
 
 // Validate: the part is this session's rank's and names a sane world.
 absl::Status ValidatePart(const pb::LoadPlanPart& part, const SessionInfo& session,
@@ -313,11 +343,16 @@ absl::Status RunWave(const WaveRunContext& run, int w) {
 
 }  // namespace
 
-absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& part, const SessionInfo& session,
+absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& sent, const SessionInfo& session,
                                      const ExchangeLoadContext& context, MemoryGate& gate,
                                      ExchangeLoadStats* stats,
                                      const std::function<void(int64_t bytes_done)>& progress,
                                      PinnedStagingPool* device_staging) {
+  // A part with a share names its units' pieces by share_piece (its `piece` is -1, so that a
+  // worker predating shares refuses it); the executor indexes the share by `piece`.
+  std::optional<pb::LoadPlanPart> renumbered;
+  if (!sent.manifest_share().empty()) renumbered = WithSharePieces(sent);
+  const pb::LoadPlanPart& part = renumbered.has_value() ? *renumbered : sent;
   ExchangeLoadStats local_stats;
   if (stats == nullptr) stats = &local_stats;
   *stats = ExchangeLoadStats();

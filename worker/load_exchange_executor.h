@@ -46,7 +46,11 @@ struct ExchangeLoadStats {
   absl::Duration rendezvous_time, read_time, exchange_time, scatter_time;
 };
 
-// Runs `part` (part.algorithm() is an exchange algorithm name) for the session's rank. Every
+// Runs `part` (part.algorithm() is an exchange algorithm name) for the session's rank. A part
+// from storage with a manifest_share opens only that share of the checkpoint
+// (CheckpointReader::OpenShare: only the data files of the pieces this rank reads are checked;
+// its units index the share, ManifestShare.unread_pieces); a hostile share is DataLoss naming
+// the rank. Every
 // rank of the operation must run its part at the same time. Errors name the rank, job, wave
 // and cause (a peer that died mid-exchange shows up as the communicator's error); on error the
 // trainer's tensors may hold part of the data and must not be treated as loaded.
