@@ -103,7 +103,7 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
       if (e.serving) item.set_serving_source(e.serving_source);
       if (op->phase == Phase::kExecuting && e.has_plan && !e.result.has_value() &&
           plans_sent_.insert({op->id, r}).second) {
-        pending_.push_back(Queued{std::move(item), e.plan_part});
+        QueuePart(std::move(item), e);
       } else if (op->phase == Phase::kAborted && op->finished >= started_ &&
                  aborts_sent_.insert({op->id, r}).second) {
         *item.mutable_abort() = ToDetail(op->status);
@@ -150,7 +150,9 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
       Queued& next = pending_.front();
       // The part's bytes are copied into the item only now: queuing every rank's part at once
       // (all workers' streams when a plan is set) held a whole copy of the plan.
-      if (!next.part.empty()) next.item.set_plan_part(next.part.Bytes());
+      if (!next.part.empty()) {
+        next.item.set_plan_part(next.tail_only ? next.part.TailBytes() : next.part.Bytes());
+      }
       next.part = PlanPartBytes();
       StartWrite(&next.item);
     } else if (finish_requested_) {
@@ -173,7 +175,21 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
   struct Queued {
     pb::WorkItem item;
     PlanPartBytes part;
+    bool tail_only = false;  // the worker keeps the part's body: send its tail
   };
+
+  // Queues rank entry `e`'s plan part: by reference (its tail) when the rank's worker said it
+  // keeps the part's named body, else whole, naming its body for the worker to keep.
+  void QueuePart(pb::WorkItem item, const RankEntry& e) {
+    const std::string& body = e.plan_part.body_id();
+    const bool tail_only = !body.empty() && e.held_plan_part_body == body;
+    if (!body.empty()) {
+      item.set_plan_part_body_id(body);
+      item.set_plan_part_by_reference(tail_only);
+      if (!tail_only) item.set_plan_part_body_size(static_cast<int64_t>(e.plan_part.body_size()));
+    }
+    pending_.push_back(Queued{std::move(item), e.plan_part, tail_only});
+  }
 
   CoordinatorService* const service_;
   const std::string worker_id_;

@@ -624,6 +624,7 @@ absl::StatusOr<JoinRequest> ToJoinRequest(const pb::JoinOperationRequest& reques
   join.mesh_shape.assign(state.mesh_shape().begin(), state.mesh_shape().end());
   join.described_by_digest = described_by_digest;
   join.description_digest = std::move(digest);
+  join.held_plan_part_body = request.held_plan_part_body();
   join.operation_id = request.operation_id();
   join.metadata.insert(request.metadata().begin(), request.metadata().end());
   join.load_algorithm = request.load_algorithm();

@@ -310,6 +310,7 @@ absl::StatusOr<const Operation*> JobState::JoinOperation(JoinRequest request) {
   ++op->totals.joined;
   if (request.described_by_digest) ++op->ranks_described_by_digest;
   entry.description_digest = std::move(request.description_digest);
+  entry.held_plan_part_body = std::move(request.held_plan_part_body);
   entry.location = request.location;
   entry.joined_at = clock_->Now();
   entry.shards = request.pieces.empty() && !request.shards.empty()

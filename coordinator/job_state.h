@@ -86,6 +86,9 @@ struct RankEntry {
   // SHA-256 of the rank's description as the coordinator computed it ("" when its worker sent
   // no digest): a repeat save whose digests all match reuses the job's save plan.
   std::string description_digest;
+  // The body of a save plan part the rank's worker said it keeps (PlanPartBytes::body_id; ""
+  // none): a reused plan's part whose body this is goes by reference (only its tail).
+  std::string held_plan_part_body;
   bool has_plan = false;
   PlanPartBytes plan_part;  // opaque serialized plan part for this rank's worker (shared)
   int64_t bytes_total = 0;  // bytes this rank moves under the plan
@@ -195,7 +198,8 @@ struct JoinRequest {
   // The rank sent only the digest of its unchanged description; shards, layouts and the rest
   // come from the description the coordinator kept. Counted in ranks_described_by_digest.
   bool described_by_digest = false;
-  std::string description_digest;  // see RankEntry::description_digest
+  std::string description_digest;   // see RankEntry::description_digest
+  std::string held_plan_part_body;  // see RankEntry::held_plan_part_body
 };
 
 // A rank's plan part, handed to SetPlan.

@@ -30,6 +30,13 @@ class PlanPartBytes {
   // This part's body shared, with `tail` (serialized fields) appended after any tail it has;
   // parts given one tail share it (a reused plan's parts all get the same staging field).
   PlanPartBytes WithTail(std::shared_ptr<const std::string> tail) const;
+  // This part with its body named `id` (the operation that planned it): a worker may keep a
+  // named body and later be sent only a tail to append to it (a reused save plan's parts).
+  PlanPartBytes WithBodyId(std::shared_ptr<const std::string> id) const;
+  const std::string& body_id() const;
+  size_t body_size() const { return body_ ? body_->size() : 0; }
+  // The tail alone (empty when none).
+  std::string TailBytes() const { return tail_ ? *tail_ : std::string(); }
 
   bool empty() const { return size() == 0; }
   size_t size() const { return (body_ ? body_->size() : 0) + (tail_ ? tail_->size() : 0); }
@@ -47,6 +54,7 @@ class PlanPartBytes {
  private:
   std::shared_ptr<const std::string> body_;
   std::shared_ptr<const std::string> tail_;
+  std::shared_ptr<const std::string> body_id_;  // shared by a plan's parts
 };
 
 }  // namespace ckpt::coordinator

@@ -221,7 +221,7 @@ absl::StatusOr<std::vector<RankPlan>> SaveCommitter::Plan(const Operation& op) {
     return *std::move(reused);
   }
   absl::StatusOr<std::vector<RankPlan>> plans = PlanSave(op, SavePlanOptions(), *staging);
-  if (plans.ok()) plan_reuse_.Keep(op, *plans);
+  if (plans.ok()) plan_reuse_.Keep(op, &*plans);
   return plans;
 }
 

@@ -57,11 +57,12 @@ std::optional<std::vector<RankPlan>> SavePlanReuse::Find(const Operation& op,
   return plans;
 }
 
-void SavePlanReuse::Keep(const Operation& op, const std::vector<RankPlan>& plans) {
+void SavePlanReuse::Keep(const Operation& op, std::vector<RankPlan>* plans_out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto old = jobs_.find(op.job);
   if (old != jobs_.end()) DropLocked(old);
-  if (!EveryRankHasADigest(op) || plans.size() != op.ranks.size()) return;
+  if (!EveryRankHasADigest(op) || plans_out->size() != op.ranks.size()) return;
+  const std::vector<RankPlan>& plans = *plans_out;
   Kept kept;
   for (const RankEntry& rank : op.ranks) kept.digests.push_back(rank.description_digest);
   kept.groups = SaveGroupsKey(op);
@@ -76,6 +77,11 @@ void SavePlanReuse::Keep(const Operation& op, const std::vector<RankPlan>& plans
     DropLocked(jobs_.find(recency_.back()));
   }
   if (kept.bytes > max_bytes_) return;
+  const auto body_id = std::make_shared<const std::string>(op.id);
+  for (size_t r = 0; r < plans.size(); ++r) {
+    kept.parts[r] = kept.parts[r].WithBodyId(body_id);
+    (*plans_out)[r].part = kept.parts[r];
+  }
   recency_.push_front(op.job);
   kept.recency = recency_.begin();
   bytes_ += kept.bytes;

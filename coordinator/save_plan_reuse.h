@@ -37,8 +37,9 @@ class SavePlanReuse {
   // digest equal those it was planned for.
   std::optional<std::vector<RankPlan>> Find(const Operation& op, const std::string& staging_dir);
   // Keeps `plans` (just built for `op`) as the job's plan, unless a rank has no digest
-  // (sharing the parts' bytes; nothing is copied).
-  void Keep(const Operation& op, const std::vector<RankPlan>& plans);
+  // (sharing the parts' bytes; nothing is copied), and names the kept parts' bodies by `op`'s
+  // id (PlanPartBytes::body_id), in `plans` too, so workers may keep them for a reuse.
+  void Keep(const Operation& op, std::vector<RankPlan>* plans);
 
   int64_t reused() const;
 

@@ -12,6 +12,7 @@ namespace {
 
 Operation Save(const std::string& job, const std::vector<std::string>& digests) {
   Operation op;
+  op.id = "op-" + job;
   op.job = job;
   op.world_size = static_cast<int>(digests.size());
   op.ranks.resize(digests.size());
@@ -32,9 +33,14 @@ std::vector<RankPlan> Plans(const std::string& staging) {
   return plans;
 }
 
+// Keeps a copy of `plans` (Keep names the bodies of the plans it is given).
+void KeepPlans(SavePlanReuse& reuse, const Operation& op, std::vector<RankPlan> plans) {
+  reuse.Keep(op, &plans);
+}
+
 TEST(SavePlanReuseTest, ARepeatSaveOfUnchangedRanksGetsThePlanWithItsOwnStagingDir) {
   SavePlanReuse reuse;
-  reuse.Keep(Save("j", {"a", "b"}), Plans("/ckpt/1.staging"));
+  KeepPlans(reuse, Save("j", {"a", "b"}), Plans("/ckpt/1.staging"));
   auto again = reuse.Find(Save("j", {"a", "b"}), "/ckpt/2.staging");
   ASSERT_TRUE(again.has_value());
   ASSERT_EQ(again->size(), 2u);
@@ -51,9 +57,9 @@ TEST(SavePlanReuseTest, ARepeatSaveOfUnchangedRanksGetsThePlanWithItsOwnStagingD
 
 TEST(SavePlanReuseTest, AReusedPlanIsMarkedReusedSoTheOperationReportsIt) {
   SavePlanReuse reuse;
-  const std::vector<RankPlan> first = Plans("/ckpt/1.staging");
+  std::vector<RankPlan> first = Plans("/ckpt/1.staging");
   for (const RankPlan& plan : first) EXPECT_FALSE(plan.reused);
-  reuse.Keep(Save("j", {"a", "b"}), first);
+  reuse.Keep(Save("j", {"a", "b"}), &first);
   auto again = reuse.Find(Save("j", {"a", "b"}), "/ckpt/2.staging");
   ASSERT_TRUE(again.has_value());
   for (const RankPlan& plan : *again) EXPECT_TRUE(plan.reused);
@@ -78,8 +84,8 @@ TEST(SavePlanReuseTest, AReusedPlanIsMarkedReusedSoTheOperationReportsIt) {
 
 TEST(SavePlanReuseTest, KeepingAndReusingAPlanCopiesNoPartBytes) {
   SavePlanReuse reuse;
-  const std::vector<RankPlan> first = Plans("/ckpt/1.staging");
-  reuse.Keep(Save("j", {"a", "b"}), first);
+  std::vector<RankPlan> first = Plans("/ckpt/1.staging");
+  reuse.Keep(Save("j", {"a", "b"}), &first);
   auto again = reuse.Find(Save("j", {"a", "b"}), "/ckpt/2.staging");
   ASSERT_TRUE(again.has_value());
   auto third = reuse.Find(Save("j", {"a", "b"}), "/ckpt/3.staging");
@@ -93,15 +99,43 @@ TEST(SavePlanReuseTest, KeepingAndReusingAPlanCopiesNoPartBytes) {
   }
 }
 
+TEST(SavePlanReuseTest, KeptPartsAreNamedByTheirOperationAndReusedOnesAppendOnlyATail) {
+  SavePlanReuse reuse;
+  std::vector<RankPlan> first = Plans("/ckpt/1.staging");
+  const Operation op = Save("j", {"a", "b"});
+  reuse.Keep(op, &first);
+  auto again = reuse.Find(Save("j", {"a", "b"}), "/ckpt/2.staging");
+  ASSERT_TRUE(again.has_value());
+  for (int r = 0; r < 2; ++r) {
+    // The first save's parts (which go to the workers) name the body they will keep.
+    EXPECT_EQ(first[r].part.body_id(), op.id);
+    EXPECT_TRUE(first[r].part.TailBytes().empty());
+    EXPECT_EQ((*again)[r].part.body_id(), op.id);
+    EXPECT_EQ((*again)[r].part.body_size(), first[r].part.size());
+    // The kept body then the tail parse as the reused part: the tail alone can be sent.
+    pb::SavePlanPart part;
+    ASSERT_TRUE(part.ParseFromString(first[r].part.Bytes() + (*again)[r].part.TailBytes()));
+    EXPECT_EQ(part.staging_dir(), "/ckpt/2.staging");
+    EXPECT_EQ(part.rank(), r);
+  }
+}
+
+TEST(SavePlanReuseTest, PartsOfAPlanNotKeptAreNotNamed) {
+  SavePlanReuse reuse;
+  std::vector<RankPlan> plans = Plans("/s");
+  reuse.Keep(Save("j", {"a", ""}), &plans);  // a rank without a digest: nothing kept
+  for (const RankPlan& plan : plans) EXPECT_TRUE(plan.part.body_id().empty());
+}
+
 TEST(SavePlanReuseTest, AnyChangedOrMissingDigestOrWorldSizeReplans) {
   SavePlanReuse reuse;
-  reuse.Keep(Save("j", {"a", "b"}), Plans("/s"));
+  KeepPlans(reuse, Save("j", {"a", "b"}), Plans("/s"));
   EXPECT_FALSE(reuse.Find(Save("j", {"a", "c"}), "/t").has_value());  // a changed rank
   EXPECT_FALSE(reuse.Find(Save("j", {"a", ""}), "/t").has_value());   // no digest sent
   EXPECT_FALSE(reuse.Find(Save("j", {"a", "b", "c"}), "/t").has_value());
   EXPECT_FALSE(reuse.Find(Save("k", {"a", "b"}), "/t").has_value());  // another job
   // A plan built for ranks without digests is not kept (and drops the job's older plan).
-  reuse.Keep(Save("j", {"a", ""}), Plans("/s"));
+  KeepPlans(reuse, Save("j", {"a", ""}), Plans("/s"));
   EXPECT_FALSE(reuse.Find(Save("j", {"a", "b"}), "/t").has_value());
   EXPECT_EQ(reuse.reused(), 0);
 }
@@ -110,14 +144,14 @@ TEST(SavePlanReuseTest, OtherProcessGroupsReplan) {
   SavePlanReuse reuse;
   Operation grouped = Save("j", {"a", "b"});
   grouped.process_groups = "read-groups:1";
-  reuse.Keep(grouped, Plans("/s"));
+  KeepPlans(reuse, grouped, Plans("/s"));
   EXPECT_FALSE(reuse.Find(Save("j", {"a", "b"}), "/t").has_value());  // one group now
   EXPECT_TRUE(reuse.Find(grouped, "/t").has_value());
   // Per-node groups follow the ranks' hosts: a rank on another host replans.
   Operation per_node = Save("j", {"a", "b"});
   per_node.process_groups = "per-node";
   per_node.ranks[0].location.host = per_node.ranks[1].location.host = "h1";
-  reuse.Keep(per_node, Plans("/s"));
+  KeepPlans(reuse, per_node, Plans("/s"));
   per_node.ranks[1].location.host = "h2";
   EXPECT_FALSE(reuse.Find(per_node, "/t").has_value());
 }
@@ -127,10 +161,10 @@ TEST(SavePlanReuseTest, TheMemoryBoundDropsTheLeastRecentlyUsedJobsPlan) {
   int64_t one = 0;
   for (const RankPlan& p : plans) one += static_cast<int64_t>(p.part.size()) + 32;
   SavePlanReuse reuse(/*max_bytes=*/2 * one);
-  reuse.Keep(Save("a", {"x", "y"}), plans);
-  reuse.Keep(Save("b", {"x", "y"}), plans);
+  KeepPlans(reuse, Save("a", {"x", "y"}), plans);
+  KeepPlans(reuse, Save("b", {"x", "y"}), plans);
   ASSERT_TRUE(reuse.Find(Save("a", {"x", "y"}), "/t").has_value());  // "a" used last
-  reuse.Keep(Save("c", {"x", "y"}), plans);                          // drops "b"
+  KeepPlans(reuse, Save("c", {"x", "y"}), plans);                    // drops "b"
   EXPECT_TRUE(reuse.Find(Save("a", {"x", "y"}), "/t").has_value());
   EXPECT_FALSE(reuse.Find(Save("b", {"x", "y"}), "/t").has_value());
   EXPECT_TRUE(reuse.Find(Save("c", {"x", "y"}), "/t").has_value());

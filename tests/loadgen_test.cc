@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "tests/services_cluster.h"
 
@@ -104,6 +105,34 @@ TEST(LoadgenTest, PerRankWaitsAndJoinsMakeAtLeastOneCallOfEachPerRank) {
     EXPECT_GE(NumberOf(out, kind + " waits", "wait_calls"), 2048) << out;
     EXPECT_GE(NumberOf(out, kind + " waits", "join_calls"), 2048) << out;
   }
+}
+
+// Every line of `text` that starts with `key`, its words after the key.
+std::vector<std::vector<std::string>> EveryLine(const std::string& text, const std::string& key) {
+  std::vector<std::vector<std::string>> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::ConsumePrefix(&line, key + " ")) {
+      out.push_back(absl::StrSplit(line, ' ', absl::SkipEmpty()));
+    }
+  }
+  return out;
+}
+
+// A repeat save reuses the plan, and its workers, which kept their parts' bodies, are sent
+// only the tails naming the new staging directory (worker/kept_plan_parts).
+TEST(LoadgenTest, ARepeatSaveSendsOnlyTheTailsOfThePartsItsWorkersKept) {
+  const std::string out = SaveAndLoad({"--repeat=2"});
+  const auto reuse = EveryLine(out, "save joins_by_digest");
+  const auto plans = EveryLine(out, "save joins_answered_s");
+  ASSERT_EQ(reuse.size(), 2u) << out;
+  ASSERT_EQ(plans.size(), 2u) << out;
+  EXPECT_EQ(ValueOf(reuse[1], "plan_reused"), "1") << out;
+  double first = 0, second = 0;
+  ASSERT_TRUE(absl::SimpleAtod(ValueOf(plans[0], "plan_mib"), &first)) << out;
+  ASSERT_TRUE(absl::SimpleAtod(ValueOf(plans[1], "plan_mib"), &second)) << out;
+  EXPECT_GT(first, 1.0) << out;
+  EXPECT_LT(second * 10, first) << out;
+  EXPECT_EQ(ValueOf(plans[1], "plan_parts"), "2048") << out;
 }
 
 // The same with every rank described compactly (issue 16): the coordinator expands the

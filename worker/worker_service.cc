@@ -193,6 +193,9 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   join.set_persist_overwrite(request.persist_overwrite());
   join.set_process_groups(request.process_groups());
   join.set_arrival_deadline_ms(std::max<int64_t>(request.timeout_ms(), 0));
+  if (kind == pb::OPERATION_SAVE) {
+    join.set_held_plan_part_body(kept_parts_.Held(join.job(), join.rank()));
+  }
   pb::RankState* state = join.mutable_state();
   state->set_rank(session->trainer.rank);
   // DTensors go compactly where their layout reproduces their piece (issue 16).
@@ -666,7 +669,17 @@ void WorkerService::RecordResult(const pb::WorkItem& item, PartOutcome out) {
   record.finished = true;
 }
 
-void WorkerService::Execute(const pb::WorkItem& item, MemoryGate& gate) {
+void WorkerService::Execute(const pb::WorkItem& sent, MemoryGate& gate) {
+  pb::WorkItem item = sent;
+  if (absl::Status whole = kept_parts_.Resolve(item); !whole.ok()) {
+    spdlog::warn("plan_part_unresolved op={} rank={} cause=\"{}\"", item.operation_id(),
+                 item.rank(), std::string(whole.message()));
+    PartOutcome refused;
+    refused.status = whole;
+    RecordResult(item, std::move(refused));
+    ReportUntilAcknowledged(absl::StrCat(item.operation_id(), "/", item.rank()));
+    return;
+  }
   std::optional<SessionInfo> session;  // pins the trainer's mappings while the part runs
   for (SessionInfo& candidate : registry_->Sessions()) {
     if (candidate.trainer.job == item.job() && candidate.trainer.rank == item.rank()) {

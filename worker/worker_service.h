@@ -34,6 +34,7 @@
 #include "worker/coordinator_joins.h"
 #include "worker/coordinator_link.h"
 #include "worker/coordinator_waits.h"
+#include "worker/kept_plan_parts.h"
 #include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
 #include "worker/memory_tier.h"
@@ -182,6 +183,8 @@ class WorkerService final : public pb::Worker::Service {
   CoordinatorWaits coordinator_waits_;
   // The trainers' joins, several per JoinOperations call when they arrive together.
   CoordinatorJoins coordinator_joins_;
+  // Save plan part bodies kept for repeat saves (sent by reference, only their tails).
+  KeptPlanParts kept_parts_;
   std::mutex exec_mu_;
   std::list<Executor> executors_ ABSL_GUARDED_BY(exec_mu_);
   // By "<operation>/<rank>": the plan parts started here (the newest 4096), oldest first.

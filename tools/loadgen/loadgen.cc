@@ -26,6 +26,7 @@
 #include "tools/loadgen/async_calls.h"
 #include "tools/loadgen/coordinator_log.h"
 #include "tools/loadgen/sparse_save.h"
+#include "worker/kept_plan_parts.h"
 
 namespace ckpt::loadgen {
 namespace {
@@ -101,7 +102,10 @@ struct OperationRun {
 class Driver {
  public:
   Driver(const LoadgenOptions& options, const GptPipelineLayout& layout)
-      : options_(options), layout_(layout), window_(options.max_in_flight) {}
+      : options_(options),
+        layout_(layout),
+        window_(options.max_in_flight),
+        kept_parts_(static_cast<size_t>(options.ranks)) {}
   ~Driver() { Stop(); }
 
   absl::StatusOr<LoadgenReport> Run();
@@ -193,6 +197,8 @@ class Driver {
   std::atomic<int64_t> heartbeat_errors_{0};
   std::atomic<int64_t> stream_errors_{0};
   std::atomic<int64_t> report_errors_{0};
+  // The save plan part bodies the simulated workers keep (worker/kept_plan_parts).
+  worker::KeptPlanParts kept_parts_;
 };
 
 void Driver::Describe(LoadgenReport* report) {
@@ -374,8 +380,10 @@ void Driver::Execute(pb::WorkItem item) {
   int64_t files = 0;
   if (item.kind() == pb::OPERATION_SAVE) {
     pb::SavePlanPart part;
+    const absl::Status whole = kept_parts_.Resolve(item);  // as a worker keeps part bodies
     absl::StatusOr<std::string> written =
-        part.ParseFromString(item.plan_part())
+        !whole.ok() ? absl::StatusOr<std::string>(whole)
+        : part.ParseFromString(item.plan_part())
             ? WriteSparseSavePart(part, options_.fsync)
             : absl::InvalidArgumentError(
                   absl::StrCat("rank ", item.rank(), ": unreadable save plan part"));
@@ -465,6 +473,7 @@ pb::JoinOperationRequest Driver::JoinHeader(const OperationRun& run, const std::
     header.set_load_algorithm(options_.load_algorithm);
   }
   header.set_state_digest(digests_[rank]);
+  if (kind == "save") header.set_held_plan_part_body(kept_parts_.Held(options_.job, rank));
   return header;
 }
 
