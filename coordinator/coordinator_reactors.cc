@@ -147,14 +147,19 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
     if (writing_ || finished_) return;
     if (!pending_.empty()) {
       writing_ = true;
-      Queued& next = pending_.front();
-      // The part's bytes are copied into the item only now: queuing every rank's part at once
-      // (all workers' streams when a plan is set) held a whole copy of the plan.
-      if (!next.part.empty()) {
-        next.item.set_plan_part(next.tail_only ? next.part.TailBytes() : next.part.Bytes());
+      Queued next = std::move(pending_.front());
+      pending_.pop_front();
+      size_t bytes = Materialize(next);
+      // Items queued behind it go in the same message (WorkItem.batched), up to a bound.
+      while (!pending_.empty() && next.item.batched_size() < kMaxBatched &&
+             bytes < kMaxBatchBytes) {
+        Queued more = std::move(pending_.front());
+        pending_.pop_front();
+        bytes += Materialize(more);
+        *next.item.add_batched() = std::move(more.item);
       }
-      next.part = PlanPartBytes();
-      StartWrite(&next.item);
+      pending_.push_front(std::move(next));  // in flight until OnWriteDone pops it
+      StartWrite(&pending_.front().item);
     } else if (finish_requested_) {
       finished_ = true;
       Finish(final_status_);
@@ -171,12 +176,24 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
     WriteNext();
   }
 
+  // At most this many items, or past this many plan part bytes, are batched in one write.
+  static constexpr int kMaxBatched = 63;
+  static constexpr size_t kMaxBatchBytes = size_t{1} << 20;
+
   // An item to write, and the plan part it carries (shared with the operation until written).
   struct Queued {
     pb::WorkItem item;
     PlanPartBytes part;
     bool tail_only = false;  // the worker keeps the part's body: send its tail
   };
+
+  // Copies `q`'s plan part bytes into its item (only now: queuing every rank's part at once,
+  // all workers' streams when a plan is set, held a whole copy of the plan); returns them.
+  static size_t Materialize(Queued& q) {
+    if (!q.part.empty()) q.item.set_plan_part(q.tail_only ? q.part.TailBytes() : q.part.Bytes());
+    q.part = PlanPartBytes();
+    return q.item.plan_part().size();
+  }
 
   // Queues rank entry `e`'s plan part: by reference (its tail) when the rank's worker said it
   // keeps the part's named body, else whole, naming its body for the worker to keep.

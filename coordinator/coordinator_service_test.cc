@@ -43,7 +43,11 @@ class Watcher {
       pb::WorkItem item;
       while (reader_->Read(&item)) {
         std::lock_guard<std::mutex> lock(mu_);
+        ++messages_;
+        google::protobuf::RepeatedPtrField<pb::WorkItem> batched;
+        batched.Swap(item.mutable_batched());
         items_.push_back(item);
+        for (const pb::WorkItem& more : batched) items_.push_back(more);
         arrived_.notify_all();
       }
     });
@@ -59,6 +63,11 @@ class Watcher {
     arrived_.wait_for(lock, std::chrono::seconds(10), [this, n] { return items_.size() >= n; });
     return items_;
   }
+  // How many stream messages carried them (a message may batch several items).
+  size_t messages() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return messages_;
+  }
 
  private:
   grpc::ClientContext context_;
@@ -66,6 +75,7 @@ class Watcher {
   std::mutex mu_;
   std::condition_variable arrived_;
   std::vector<pb::WorkItem> items_ ABSL_GUARDED_BY(mu_);
+  size_t messages_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 
@@ -248,6 +258,24 @@ TEST_F(CoordinatorServiceTest, JoinOperationsAnswersEachJoinAsJoinOperationWould
   EXPECT_EQ(response.results(3).response().operation().id(),
             response.results(0).response().operation().id());
   EXPECT_EQ(save_kind_.planned_shards, 3);
+}
+
+TEST_F(CoordinatorServiceTest, AWorkersPartsQueuedTogetherGoInOneStreamMessage) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const std::string w0 = Register("node0", 10);
+  Watcher watch(stub_.get(), w0);
+  pb::JoinOperationsRequest request;
+  for (int r = 0; r < 3; ++r) *request.add_joins() = JoinRequest(w0, r, 3);
+  pb::JoinOperationsResponse response;
+  ASSERT_TRUE(stub_->JoinOperations(Ctx().get(), request, &response).ok());
+  const std::vector<pb::WorkItem> items = watch.Await(3);
+  ASSERT_EQ(items.size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(items[r].rank(), r);
+    EXPECT_EQ(items[r].plan_part(), absl::StrCat("part-for-rank-", r));
+    EXPECT_EQ(items[r].batched_size(), 0);
+  }
+  EXPECT_EQ(watch.messages(), 1u);  // one write for the worker's three parts
 }
 
 TEST_F(CoordinatorServiceTest, JoinOperationsOverTheMostJoinsPerCallIsRefusedWholeAndJoinsNothing) {

@@ -312,7 +312,12 @@ void CoordinatorLink::WatchLoop() {
         context.TryCancel();
         continue;  // drains until the cancelled stream ends
       }
-      if (work_handler_) work_handler_(item);
+      if (work_handler_) {
+        google::protobuf::RepeatedPtrField<pb::WorkItem> batched;
+        batched.Swap(item.mutable_batched());
+        work_handler_(item);
+        for (const pb::WorkItem& more : batched) work_handler_(more);
+      }
     }
     grpc::Status s = reader->Finish();
     {

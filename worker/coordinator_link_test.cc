@@ -89,6 +89,30 @@ TEST(CoordinatorLinkTest, RegistersAndHandsEveryStreamedWorkItemToItsHandler) {
   link.Stop(/*deregister=*/false);
 }
 
+TEST(CoordinatorLinkTest, ItemsBatchedInOneMessageAreHandedOnOneByOneInOrder) {
+  FakeCoordinator coordinator(/*incarnation=*/7);
+  ASSERT_NE(coordinator.Start(), 0);
+  CoordinatorLink link(OptionsFor(coordinator.address()));
+  Observed seen;
+  Observe(link, seen);
+  link.Start();
+  ASSERT_TRUE(link.WaitRegistered(kWait).ok());
+  pb::WorkItem message = Item("op-a");
+  *message.add_batched() = Item("op-b");
+  *message.add_batched() = Item("op-c");
+  coordinator.Push(message);
+  ASSERT_TRUE(
+      seen.WaitFor([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return seen.items.size() == 3; }));
+  {
+    absl::MutexLock lock(&seen.mu);
+    EXPECT_EQ(seen.items[0].operation_id(), "op-a");
+    EXPECT_EQ(seen.items[0].batched_size(), 0);  // handed on alone
+    EXPECT_EQ(seen.items[1].operation_id(), "op-b");
+    EXPECT_EQ(seen.items[2].operation_id(), "op-c");
+  }
+  link.Stop(/*deregister=*/false);
+}
+
 TEST(CoordinatorLinkTest, RegistersWithTheNewIncarnationAfterTheCoordinatorRestartsOnItsAddress) {
   auto first = std::make_unique<FakeCoordinator>(/*incarnation=*/1);
   const int port = first->Start();

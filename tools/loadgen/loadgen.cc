@@ -157,6 +157,8 @@ class Driver {
                       std::function<void()> ended);
   // Records that `n` more ranks' waits ended. Requires run->mu.
   void TellRanksLocked(OperationRun& run, int64_t n);
+  // A plan part read from a worker's stream: counted, then executed on the executor.
+  void HandleWorkItem(pb::WorkItem item);
   void Execute(pb::WorkItem item);
   // Waits (WaitOperation) until the operation is final; false on timeout or a dead coordinator.
   bool WaitFinal(const std::string& id, pb::OperationStatus* status);
@@ -350,27 +352,33 @@ void Driver::ReadNext(SimWorker* w) {
       return;
     }
     pb::WorkItem item = std::move(w->item);
-    if (item.item_case() == pb::WorkItem::kPlanPart) {
-      std::shared_ptr<OperationRun> run;
-      {
-        std::lock_guard<std::mutex> lock(current_mu_);
-        run = current_;
-      }
-      if (run != nullptr) {
-        const absl::Time now = absl::Now();
-        std::lock_guard<std::mutex> lock(run->mu);
-        OperationReport& r = run->report;
-        if (r.plan_parts == 0) r.first_plan = now;
-        r.last_plan = now;
-        ++r.plan_parts;
-        const int64_t size = static_cast<int64_t>(item.plan_part().size());
-        r.plan_bytes += size;
-        r.max_plan_part = std::max(r.max_plan_part, size);
-      }
-      executor_->Post([this, item = std::move(item)]() mutable { Execute(std::move(item)); });
-    }
+    google::protobuf::RepeatedPtrField<pb::WorkItem> batched;
+    batched.Swap(item.mutable_batched());
+    HandleWorkItem(std::move(item));
+    for (pb::WorkItem& more : batched) HandleWorkItem(std::move(more));
     ReadNext(w);
   }));
+}
+
+void Driver::HandleWorkItem(pb::WorkItem item) {
+  if (item.item_case() != pb::WorkItem::kPlanPart) return;
+  std::shared_ptr<OperationRun> run;
+  {
+    std::lock_guard<std::mutex> lock(current_mu_);
+    run = current_;
+  }
+  if (run != nullptr) {
+    const absl::Time now = absl::Now();
+    std::lock_guard<std::mutex> lock(run->mu);
+    OperationReport& r = run->report;
+    if (r.plan_parts == 0) r.first_plan = now;
+    r.last_plan = now;
+    ++r.plan_parts;
+    const int64_t size = static_cast<int64_t>(item.plan_part().size());
+    r.plan_bytes += size;
+    r.max_plan_part = std::max(r.max_plan_part, size);
+  }
+  executor_->Post([this, item = std::move(item)]() mutable { Execute(std::move(item)); });
 }
 
 void Driver::Execute(pb::WorkItem item) {
