@@ -62,7 +62,7 @@ pb::WorkItem Item(const std::string& operation_id) {
   return item;
 }
 
-TEST(CoordinatorLinkTest, RegistersAndHandsEveryStreamedWorkItemToItsHandler) {
+TEST(CoordinatorLinkTest, RegistersAndHandsEveryStreamedWorkItemToItsHandlerInOrder) {
   FakeCoordinator coordinator(/*incarnation=*/7);
   ASSERT_NE(coordinator.Start(), 0);
   CoordinatorLink link(OptionsFor(coordinator.address()));
@@ -86,29 +86,19 @@ TEST(CoordinatorLinkTest, RegistersAndHandsEveryStreamedWorkItemToItsHandler) {
     EXPECT_EQ(seen.items[1].operation_id(), "op-b");
     EXPECT_EQ(seen.registered_ids, std::vector<std::string>{link.worker_id()});
   }
-  link.Stop(/*deregister=*/false);
-}
-
-TEST(CoordinatorLinkTest, ItemsBatchedInOneMessageAreHandedOnOneByOneInOrder) {
-  FakeCoordinator coordinator(/*incarnation=*/7);
-  ASSERT_NE(coordinator.Start(), 0);
-  CoordinatorLink link(OptionsFor(coordinator.address()));
-  Observed seen;
-  Observe(link, seen);
-  link.Start();
-  ASSERT_TRUE(link.WaitRegistered(kWait).ok());
-  pb::WorkItem message = Item("op-a");
-  *message.add_batched() = Item("op-b");
-  *message.add_batched() = Item("op-c");
+  // Items batched in one message are handed on one by one, in order.
+  pb::WorkItem message = Item("op-c");
+  *message.add_batched() = Item("op-d");
+  *message.add_batched() = Item("op-e");
   coordinator.Push(message);
   ASSERT_TRUE(
-      seen.WaitFor([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return seen.items.size() == 3; }));
+      seen.WaitFor([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return seen.items.size() == 5; }));
   {
     absl::MutexLock lock(&seen.mu);
-    EXPECT_EQ(seen.items[0].operation_id(), "op-a");
-    EXPECT_EQ(seen.items[0].batched_size(), 0);  // handed on alone
-    EXPECT_EQ(seen.items[1].operation_id(), "op-b");
     EXPECT_EQ(seen.items[2].operation_id(), "op-c");
+    EXPECT_EQ(seen.items[2].batched_size(), 0);
+    EXPECT_EQ(seen.items[3].operation_id(), "op-d");
+    EXPECT_EQ(seen.items[4].operation_id(), "op-e");
   }
   link.Stop(/*deregister=*/false);
 }
