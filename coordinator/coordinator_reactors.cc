@@ -13,6 +13,7 @@
 #include "common/grpc_status.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/operation_wire.h"
+#include "proto/status_detail.h"
 
 namespace ckpt::coordinator {
 

@@ -23,6 +23,7 @@
 #include "coordinator/transfer_kinds.h"
 #include "planner/layout_spec.h"
 #include "proto/compact_convert.h"
+#include "proto/status_detail.h"
 #include "spdlog/spdlog.h"
 
 namespace ckpt::coordinator {

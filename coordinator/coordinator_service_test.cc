@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/state_digest.h"
+#include "proto/status_detail.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -672,14 +673,7 @@ TEST_F(CoordinatorServiceTest, ShutdownEndsOpenStreamsAndWaitsAtOnce) {
   EXPECT_THAT(ended.error_message(), HasSubstr("shutting down"));
 }
 
-TEST(CoordinatorServiceConversionTest, StatusDetailRoundTrips) {
-  absl::Status s = absl::DeadlineExceededError("rank 3 late");
-  EXPECT_EQ(FromDetail(ToDetail(s)), s);
-  EXPECT_TRUE(FromDetail(ToDetail(absl::OkStatus())).ok());
-  pb::StatusDetail weird;
-  weird.set_code(99);
-  weird.set_message("x");
-  EXPECT_EQ(FromDetail(weird).code(), absl::StatusCode::kUnknown);
+TEST(CoordinatorServiceConversionTest, OperationKindsRoundTrip) {
   EXPECT_EQ(*FromProto(ToProto(OperationKind::kReshard)), OperationKind::kReshard);
   EXPECT_FALSE(FromProto(pb::OPERATION_KIND_UNSPECIFIED).ok());
 }

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "proto/status_detail.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -56,21 +57,6 @@ pb::OperationPhase ToProto(Phase phase) {
       return pb::PHASE_ABORTED;
   }
   return pb::PHASE_UNSPECIFIED;
-}
-
-pb::StatusDetail ToDetail(const absl::Status& status) {
-  pb::StatusDetail d;
-  d.set_code(static_cast<int32_t>(status.code()));
-  d.set_message(std::string(status.message()));
-  return d;
-}
-
-absl::Status FromDetail(const pb::StatusDetail& detail) {
-  if (detail.code() == 0) return absl::OkStatus();
-  if (detail.code() < 0 || detail.code() > 16) {
-    return absl::UnknownError(absl::StrCat("(status code ", detail.code(), ") ", detail.message()));
-  }
-  return absl::Status(static_cast<absl::StatusCode>(detail.code()), detail.message());
 }
 
 void ToProto(const Operation& op, pb::OperationStatus* out) {

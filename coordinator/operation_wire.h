@@ -14,9 +14,6 @@ pb::OperationKind ToProto(OperationKind kind);
 // InvalidArgument for OPERATION_KIND_UNSPECIFIED and unknown values.
 absl::StatusOr<OperationKind> FromProto(pb::OperationKind kind);
 pb::OperationPhase ToProto(Phase phase);
-// absl::Status <-> StatusDetail (code and message); unknown codes become kUnknown.
-pb::StatusDetail ToDetail(const absl::Status& status);
-absl::Status FromDetail(const pb::StatusDetail& detail);
 // An operation's summary as GetStatus and WaitOperation return it.
 void ToProto(const Operation& op, pb::OperationStatus* out);
 

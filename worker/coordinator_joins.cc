@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/status_detail.h"
 
 namespace ckpt::worker {
 
@@ -53,10 +54,8 @@ void CoordinatorJoins::HandOut(const Batch& batch,
       continue;
     }
     const pb::JoinResult& result = response->results(static_cast<int>(i));
-    if (const int code = result.status().code(); code != 0) {
-      batch[i]->result = absl::Status(
-          code < 0 || code > 16 ? absl::StatusCode::kUnknown : static_cast<absl::StatusCode>(code),
-          result.status().message());
+    if (absl::Status refused = FromDetail(result.status()); !refused.ok()) {
+      batch[i]->result = std::move(refused);
     } else {
       batch[i]->result = result.response();
     }

@@ -23,6 +23,7 @@
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/deterministic.h"
 #include "proto/state_digest.h"
+#include "proto/status_detail.h"
 #include "tools/loadgen/async_calls.h"
 #include "tools/loadgen/coordinator_log.h"
 #include "tools/loadgen/sparse_save.h"
@@ -142,6 +143,12 @@ class Driver {
   // the response's bytes on the completion loop.
   void CallCoordinator(int64_t worker, const char* method, const std::string& request,
                        std::function<void(const grpc::Status&, const std::string&)> done);
+  // Records the answers to a JoinOperations call of `ranks` (StartRankWait for each joined);
+  // returns the ranks that must join again with their full state.
+  std::vector<int64_t> JoinsAnswered(const std::shared_ptr<OperationRun>& run,
+                                     const std::vector<int64_t>& ranks,
+                                     const std::vector<bool>& omitted, const grpc::Status& status,
+                                     const std::string& bytes);
   // Records the answer of rank `rank`'s join; true when it must join again with its full state.
   bool JoinAnswered(const std::shared_ptr<OperationRun>& run, int64_t rank, bool omitted,
                     const absl::Status& status, const pb::JoinOperationResponse& response);
@@ -545,45 +552,21 @@ void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& k
 void Driver::JoinTogether(const std::shared_ptr<OperationRun>& run, const std::string& kind,
                           std::vector<int64_t> ranks, std::vector<int64_t> next, bool full_state) {
   std::string request;
-  auto omitted = std::make_shared<std::vector<bool>>();
+  std::vector<bool> omitted;
   for (int64_t rank : ranks) {
     bool o = false;
     AppendBytesField(pb::JoinOperationsRequest::kJoinsFieldNumber,
                      JoinBytes(*run, kind, rank, full_state, &o), &request);
-    omitted->push_back(o);
+    omitted.push_back(o);
   }
   {
     std::lock_guard<std::mutex> lock(run->mu);
     ++run->report.join_calls;
   }
-  const int64_t worker = WorkerOf(ranks.front());
-  CallCoordinator(worker, kJoinsMethod, request,
-                  [this, run, kind, ranks, next = std::move(next), omitted](
+  CallCoordinator(WorkerOf(ranks.front()), kJoinsMethod, request,
+                  [this, run, kind, ranks, next = std::move(next), omitted = std::move(omitted)](
                       const grpc::Status& status, const std::string& bytes) {
-                    pb::JoinOperationsResponse response;
-                    absl::Status whole =
-                        !status.ok() ? absl::UnavailableError(status.error_message())
-                        : !response.ParseFromString(bytes) ||
-                                response.results_size() != static_cast<int>(ranks.size())
-                            ? absl::DataLossError("unreadable response")
-                            : absl::OkStatus();
-                    std::vector<int64_t> again, waiting;
-                    for (size_t i = 0; i < ranks.size(); ++i) {
-                      const pb::JoinResult* result = whole.ok() ? &response.results(i) : nullptr;
-                      absl::Status s = !whole.ok() ? whole
-                                       : result->status().code() != 0
-                                           ? absl::UnknownError(result->status().message())
-                                           : absl::OkStatus();
-                      const pb::JoinOperationResponse& answer =
-                          result != nullptr ? result->response()
-                                            : pb::JoinOperationResponse::default_instance();
-                      if (JoinAnswered(run, ranks[i], (*omitted)[i], s, answer)) {
-                        again.push_back(ranks[i]);
-                      } else if (s.ok() && !answer.send_full_state()) {
-                        waiting.push_back(ranks[i]);
-                      }
-                    }
-                    for (int64_t rank : waiting) StartRankWait(run, rank);
+                    std::vector<int64_t> again = JoinsAnswered(run, ranks, omitted, status, bytes);
                     if (!again.empty()) {  // keeps the window slot
                       JoinTogether(run, kind, std::move(again), next, /*full_state=*/true);
                     } else if (!next.empty()) {
@@ -592,6 +575,30 @@ void Driver::JoinTogether(const std::shared_ptr<OperationRun>& run, const std::s
                       window_.Release();
                     }
                   });
+}
+
+std::vector<int64_t> Driver::JoinsAnswered(const std::shared_ptr<OperationRun>& run,
+                                           const std::vector<int64_t>& ranks,
+                                           const std::vector<bool>& omitted,
+                                           const grpc::Status& status, const std::string& bytes) {
+  pb::JoinOperationsResponse response;
+  const absl::Status whole = !status.ok() ? absl::UnavailableError(status.error_message())
+                             : !response.ParseFromString(bytes) ||
+                                     response.results_size() != static_cast<int>(ranks.size())
+                                 ? absl::DataLossError("unreadable response")
+                                 : absl::OkStatus();
+  std::vector<int64_t> again;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const pb::JoinResult& result =
+        whole.ok() ? response.results(static_cast<int>(i)) : pb::JoinResult::default_instance();
+    const absl::Status s = whole.ok() ? FromDetail(result.status()) : whole;
+    if (JoinAnswered(run, ranks[i], omitted[i], s, result.response())) {
+      again.push_back(ranks[i]);
+    } else if (s.ok() && !result.response().send_full_state()) {
+      StartRankWait(run, ranks[i]);
+    }
+  }
+  return again;
 }
 
 bool Driver::JoinAnswered(const std::shared_ptr<OperationRun>& run, int64_t rank, bool omitted,
