@@ -649,6 +649,20 @@ absl::StatusOr<JoinRequest> ToJoinRequest(const pb::JoinOperationRequest& reques
 
 }  // namespace
 
+absl::StatusOr<std::string> CoordinatorService::JoinPath(const pb::JoinOperationRequest& request,
+                                                         OperationKind kind,
+                                                         JoinBatch* batch) const {
+  if (batch != nullptr) {
+    auto it = batch->resolved_paths.find(request.path());
+    if (it != batch->resolved_paths.end()) return it->second;  // by an earlier join of the call
+  }
+  absl::StatusOr<std::string> path =
+      CheckpointPath(request.path(), absl::StrCat(OperationKindName(kind), " path of job ",
+                                                  request.job(), " rank ", request.rank()));
+  if (path.ok() && batch != nullptr) batch->resolved_paths.emplace(request.path(), *path);
+  return path;
+}
+
 grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* context,
                                                  const pb::JoinOperationRequest* request,
                                                  pb::JoinOperationResponse* response,
@@ -658,16 +672,8 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::StatusOr<OperationKind> kind = FromProto(request->kind());
   if (!kind.ok()) return ToGrpcStatus(kind.status());
-  auto resolved = batch != nullptr ? batch->resolved_paths.find(request->path())
-                                   : absl::flat_hash_map<std::string, std::string>::iterator();
-  absl::StatusOr<std::string> path =
-      batch != nullptr && resolved != batch->resolved_paths.end()
-          ? resolved->second
-          : CheckpointPath(request->path(),
-                           absl::StrCat(OperationKindName(*kind), " path of job ", request->job(),
-                                        " rank ", request->rank()));
+  absl::StatusOr<std::string> path = JoinPath(*request, *kind, batch);
   if (!path.ok()) return ToGrpcStatus(path.status());
-  if (batch != nullptr) batch->resolved_paths.emplace(request->path(), *path);
   absl::StatusOr<std::string> persist_to = JoinMemoryOptions(*kind, *path, *request);
   if (!persist_to.ok()) return ToGrpcStatus(persist_to.status());
   std::shared_ptr<const pb::RankState> kept;

@@ -177,13 +177,13 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   const std::string& incarnation_hex() const { return incarnation_hex_; }
 
  private:
-  // A call answered once its operation's planner or committer ran on the advancer thread
-  // (not on one of gRPC's callback threads, which heartbeats need meanwhile).
   // One join of a JoinOperations call answered after its operation advanced.
   struct DeferredJoin {
     std::string operation_id;
     pb::JoinResult* result = nullptr;  // its response's operation is filled; NotFound if pruned
   };
+  // A call answered once its operation's planner or committer ran on the advancer thread
+  // (not on one of gRPC's callback threads, which heartbeats need meanwhile).
   struct DeferredAnswer {
     std::string operation_id;            // empty: answer at once
     pb::OperationStatus* out = nullptr;  // filled with the operation's state after, if set
@@ -231,6 +231,9 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
     int joined = 0, by_digest = 0, first_rank = -1, last_rank = -1;
     int joined_ranks = 0, world_size = 0;  // of the operation, after the last join
   };
+  // The checkpoint path of `request` resolved (CheckpointPath), once per path in a batch.
+  absl::StatusOr<std::string> JoinPath(const pb::JoinOperationRequest& request, OperationKind kind,
+                                       JoinBatch* batch) const;
   // One join; `batch` is null for a JoinOperation call (which logs each join itself).
   grpc::Status DoJoinOperation(const grpc::ServerContextBase* context,
                                const pb::JoinOperationRequest* request,
