@@ -540,7 +540,7 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
     }
     // Each part runs on its own thread, so that aborts keep arriving meanwhile and the parts of
     // several jobs served by this worker run side by side.
-    StartThreadLocked([this, item, gate] { Execute(item, *gate); });
+    StartThreadLocked([this, item, gate]() mutable { Execute(std::move(item), *gate); });
   }
 }
 
@@ -669,8 +669,7 @@ void WorkerService::RecordResult(const pb::WorkItem& item, PartOutcome out) {
   record.finished = true;
 }
 
-void WorkerService::Execute(const pb::WorkItem& sent, MemoryGate& gate) {
-  pb::WorkItem item = sent;
+void WorkerService::Execute(pb::WorkItem item, MemoryGate& gate) {
   if (absl::Status whole = kept_parts_.Resolve(item); !whole.ok()) {
     spdlog::warn("plan_part_unresolved op={} rank={} cause=\"{}\"", item.operation_id(),
                  item.rank(), std::string(whole.message()));

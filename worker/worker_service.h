@@ -119,8 +119,9 @@ class WorkerService final : public pb::Worker::Service {
   };
 
   void StartThreadLocked(std::function<void()> body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
-  // Runs a plan part (on its own thread), records its result and reports it.
-  void Execute(const pb::WorkItem& item, MemoryGate& gate);
+  // Runs a plan part (on its own thread; one sent by reference is first made whole from its
+  // kept body), records its result and reports it.
+  void Execute(pb::WorkItem item, MemoryGate& gate);
   // The registered executor of item.kind() run on the part; errors name this worker.
   PartOutcome RunPart(const pb::WorkItem& item, const SessionInfo* session, MemoryGate& gate,
                       const ProgressFn& progress);
