@@ -68,6 +68,7 @@ std::string ClusterLogs(Cluster& cluster) {
   for (int w = 0; w < cluster.num_workers(); ++w) {
     absl::StrAppend(&logs, "\nworker ", w, ":\n", cluster.worker(w).Stderr());
   }
+  absl::StrAppend(&logs, cluster.ClientLogs());
   return logs;
 }
 
@@ -106,6 +107,9 @@ Child* Cluster::Spawn(const std::vector<std::string>& argv, const std::string& n
   // Built before fork: the child only makes system calls until it execs.
   const std::string netns =
       network_namespace_.empty() ? "" : "/var/run/netns/" + network_namespace_;
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) {
@@ -120,15 +124,27 @@ Child* Cluster::Spawn(const std::vector<std::string>& argv, const std::string& n
     int err = open(child->stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     dup2(out, 1);
     dup2(err, 2);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
     execv(args[0], args.data());
     _exit(127);
   }
   child->pid = pid;
   children_.push_back(std::move(child));
   return children_.back().get();
+}
+
+std::string Cluster::ClientLogs() {
+  std::string logs;
+  for (int i = 0; i < static_cast<int>(children_.size()); ++i) {
+    bool daemon = i == coordinator_child_;
+    for (const WorkerEntry& w : workers_) daemon = daemon || i == w.child;
+    if (daemon) continue;
+    Child& c = *children_[i];
+    const bool running = c.Running();
+    absl::StrAppend(&logs, "\n", c.stdout_path, " (pid ", c.pid, ", ",
+                    running ? "running" : absl::StrCat("exited, wait status ", c.status), "):\n",
+                    c.Stdout(), c.Stderr());
+  }
+  return logs;
 }
 
 std::vector<std::string> Cluster::DaemonTlsFlags(const TlsFiles& files) {
@@ -275,6 +291,8 @@ std::pair<int, std::string> Result(const Child& trainer) {
   (void)absl::SimpleAtoi(parts.first, &code);
   return {code, parts.second};
 }
+
+bool Finished(Child& trainer) { return Result(trainer).first >= 0 && !trainer.Running(); }
 
 bool Shared(const Child& trainer) { return trainer.Stdout().find("shared") != std::string::npos; }
 

@@ -101,6 +101,10 @@ class Cluster {
   const std::string& worker_socket(int i) const { return workers_.at(i).socket; }
   const std::string& worker_id(int i) const { return workers_.at(i).id; }
 
+  // Every other child's (trainers', ckptctl's) stdout and stderr, each under a heading that
+  // says whether it still runs (for failure messages; ClusterLogs includes it).
+  std::string ClientLogs();
+
   pb::GetStatusResponse Status();
   pb::Coordinator::Stub* coordinator_stub() { return coordinator_stub_.get(); }
   std::unique_ptr<pb::Worker::Stub> WorkerStub(int i);
@@ -129,7 +133,8 @@ class Cluster {
 // The value after "<key> " on the first stdout line starting with it ("" if none yet).
 std::string LineValue(const std::string& text, const std::string& key);
 
-// The coordinator's and every worker's stderr, each under a heading (for failure messages).
+// The coordinator's and every worker's stderr, then every client's output (ClientLogs), each
+// under a heading (for failure messages).
 std::string ClusterLogs(Cluster& cluster);
 
 // The status entry of worker `id`, or nullptr. Points into `s`: keep `s` alive (not a
@@ -139,6 +144,10 @@ const pb::WorkerStatus* FindWorker(const pb::GetStatusResponse& s, const std::st
 int LiveWorkers(const pb::GetStatusResponse& s);
 // "result <code> <message>" of a trainer_probe; code -1 while it has not printed one.
 std::pair<int, std::string> Result(const Child& trainer);
+// Whether a trainer_probe printed its result and exited. Wait for this, not only the result,
+// before starting another trainer of the same rank on the same worker: the trainer's Goodbye
+// comes after its result, and until then the worker refuses a second claim to the rank.
+bool Finished(Child& trainer);
 // Whether a trainer_probe has printed "shared": its Hello and RegisterTensors have returned.
 bool Shared(const Child& trainer);
 // Whether the shared-memory segment `name` exists.

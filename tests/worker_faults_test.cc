@@ -37,9 +37,11 @@ std::vector<Child*> StartRanks(Cluster& cluster, const std::string& job, const s
   return ranks;
 }
 
-bool AllReported(const std::vector<Child*>& ranks) {
+// Whether every rank printed its result and exited (Finished: the next attempt starts the same
+// ranks on the same workers).
+bool AllExited(const std::vector<Child*>& ranks) {
   for (Child* t : ranks) {
-    if (Result(*t).first < 0) return false;
+    if (!Finished(*t)) return false;
   }
   return true;
 }
@@ -80,7 +82,7 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
   const std::string path = cluster.dir() + "/big";
   const std::vector<std::string> size = {"--elements", "25000000"};  // 100 MB per rank
   std::vector<Child*> savers = StartRanks(cluster, "big", "save", path, size);
-  ASSERT_TRUE(WaitFor([&] { return AllReported(savers); })) << ClusterLogs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return AllExited(savers); })) << ClusterLogs(cluster);
   for (Child* t : savers) ASSERT_EQ(Result(*t).first, 0) << Result(*t).second;
 
   // Loaded as column blocks, every rank needs a part of every stored row: the workers
@@ -116,7 +118,7 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
       if (!frozen) kill(cluster.worker(1).pid, SIGCONT);
     }
     if (!frozen) {
-      ASSERT_TRUE(WaitFor([&] { return AllReported(loaders); })) << ClusterLogs(cluster);
+      ASSERT_TRUE(WaitFor([&] { return AllExited(loaders); })) << ClusterLogs(cluster);
     }
   }
   ASSERT_TRUE(frozen) << "every load finished before a worker could be frozen";
@@ -177,7 +179,7 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
   // The resumed worker registered again and serves new operations.
   ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster.Status()) == 2; })) << ClusterLogs(cluster);
   std::vector<Child*> after = StartRanks(cluster, "after", "save", cluster.dir() + "/after", {});
-  ASSERT_TRUE(WaitFor([&] { return AllReported(after); })) << ClusterLogs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return AllExited(after); })) << ClusterLogs(cluster);
   for (Child* t : after) EXPECT_EQ(Result(*t).first, 0) << Result(*t).second;
 }
 
