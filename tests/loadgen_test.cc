@@ -89,11 +89,19 @@ TEST(LoadgenTest, TwoThousandRanksSaveAndLoadThroughARealCoordinator) {
   // By default each worker waits once for its 128 ranks, as the worker daemon coalesces its
   // trainers' waits: far fewer WaitOperation calls than ranks.
   // Joins too, as worker/coordinator_joins does for trainers arriving together: each worker's
-  // first rank in one JoinOperations call, its other 127 in the next.
+  // 128 ranks in one JoinOperations call.
   for (const std::string kind : {"save", "load"}) {
     const int64_t calls = NumberOf(out, kind + " waits", "wait_calls");
     EXPECT_GE(calls, 16) << out;
     EXPECT_LT(calls, 2048) << out;
+    EXPECT_EQ(NumberOf(out, kind + " waits", "join_calls"), 16) << out;
+  }
+}
+
+// --no-join-linger: each worker's first rank joins alone, its other 127 in the next call.
+TEST(LoadgenTest, WithoutTheJoinLingerEachWorkerJoinsInTwoCalls) {
+  const std::string out = SaveAndLoad({"--no-join-linger"});
+  for (const std::string kind : {"save", "load"}) {
     EXPECT_EQ(NumberOf(out, kind + " waits", "join_calls"), 32) << out;
   }
 }

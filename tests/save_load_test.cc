@@ -64,6 +64,20 @@ TEST(ServicesTest, SaveWritesEveryRanksSharedTensorAndCommitsItBitExact) {
   EXPECT_EQ(cluster.RunCkptctl({"verify", path}, &out), 0) << out;
 }
 
+// A worker serving two ranks of a job joins them in one call: the first join lingers for the
+// second (here up to a minute, so that the test does not depend on how far apart the two
+// trainers start their saves; both do, so neither waits for the linger's end).
+TEST(ServicesTest, TwoRanksOnOneWorkerJoinTheCoordinatorInOneCall) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  cluster.StartWorker(0, {"--join_linger_ms=60000"});
+  const std::string path = cluster.dir() + "/pair";
+  std::vector<Child*> ranks = RunRanksOn(cluster, {0, 0}, "pair", "save", path, {});
+  for (Child* t : ranks) ASSERT_EQ(Result(*t).first, 0) << Result(*t).second;
+  EXPECT_THAT(cluster.coordinator().Stderr(), HasSubstr(" job=pair ranks=2 first=0 last=1 "))
+      << ClusterLogs(cluster);
+}
+
 TEST(ServicesTest, SaveReturnsAtTheSnapshotAndTheCheckpointHoldsPreMutationValues) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));

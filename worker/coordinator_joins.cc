@@ -1,8 +1,11 @@
 #include "worker/coordinator_joins.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "proto/status_detail.h"
 
 namespace ckpt::worker {
@@ -10,9 +13,13 @@ namespace ckpt::worker {
 CoordinatorJoins::Result CoordinatorJoins::Join(pb::JoinOperationRequest join) {
   auto me = std::make_shared<Pending>();
   me->request = std::move(join);
+  if (options_.peers) me->peers = options_.peers(me->request.job());
   std::unique_lock<std::mutex> lock(mu_);
   queue_.push_back(me);
-  if (in_flight_ && on_queue_) on_queue_();
+  if (in_flight_) {
+    if (options_.on_queue) options_.on_queue();
+    cv_.notify_all();  // a lingering leader counts its peers again
+  }
   while (!me->result.has_value()) {
     if (!in_flight_) {
       RunCall(lock);  // `me` is still queued: a call that carried it would have answered it
@@ -23,7 +30,27 @@ CoordinatorJoins::Result CoordinatorJoins::Join(pb::JoinOperationRequest join) {
   return *std::move(me->result);
 }
 
+bool CoordinatorJoins::EveryPeerQueued() const {
+  absl::flat_hash_map<absl::string_view, std::pair<int, int>> by_job;  // (queued, peers)
+  for (const std::shared_ptr<Pending>& p : queue_) {
+    auto& [queued, peers] = by_job[p->request.job()];
+    ++queued;
+    peers = std::max(peers, p->peers);
+  }
+  for (const auto& [job, counts] : by_job) {
+    if (counts.first < counts.second) return false;
+  }
+  return true;
+}
+
 void CoordinatorJoins::RunCall(std::unique_lock<std::mutex>& lock) {
+  in_flight_ = true;  // from here on, joins queue for this call
+  if (options_.linger > absl::ZeroDuration()) {
+    const auto deadline = absl::ToChronoTime(absl::Now() + options_.linger);
+    while (static_cast<int>(queue_.size()) < kMaxJoinsPerCall && !EveryPeerQueued() &&
+           cv_.wait_until(lock, deadline) != std::cv_status::timeout) {
+    }
+  }
   Batch batch;
   pb::JoinOperationsRequest request;
   while (!queue_.empty() && static_cast<int>(batch.size()) < kMaxJoinsPerCall) {
@@ -31,7 +58,6 @@ void CoordinatorJoins::RunCall(std::unique_lock<std::mutex>& lock) {
     queue_.pop_front();
     *request.add_joins() = batch.back()->request;
   }
-  in_flight_ = true;
   ++calls_;
   lock.unlock();
   const absl::StatusOr<pb::JoinOperationsResponse> response = call_(request);

@@ -65,6 +65,23 @@ CoordinatorJoins::Call CallOn(FakeCoordinator& fake) {
   return [&fake](const pb::JoinOperationsRequest& r) { return fake(r); };
 }
 
+// No linger; `on_queue` observes joins queueing behind a call.
+CoordinatorJoins::Options Observing(CoordinatorJoins::QueueObserver on_queue) {
+  CoordinatorJoins::Options options;
+  options.on_queue = std::move(on_queue);
+  return options;
+}
+
+// Calls linger up to `linger` for `peers(job)` joins of each job in the queue.
+CoordinatorJoins::Options Lingering(CoordinatorJoins::PeerCount peers, absl::Duration linger,
+                                    CoordinatorJoins::QueueObserver on_queue = nullptr) {
+  CoordinatorJoins::Options options;
+  options.peers = std::move(peers);
+  options.linger = linger;
+  options.on_queue = std::move(on_queue);
+  return options;
+}
+
 TEST(CoordinatorJoinsTest, AJoinAloneMakesOneCallAndGetsItsAnswer) {
   FakeCoordinator fake;
   CoordinatorJoins joins(CallOn(fake));
@@ -81,9 +98,9 @@ TEST(CoordinatorJoinsTest, JoinsArrivingWhileACallIsInFlightGoTogetherInTheNextC
   std::atomic<int> queued{0};
   absl::Notification all_queued;
   constexpr int kFollowers = 7;
-  CoordinatorJoins joins(CallOn(fake), [&] {
-    if (++queued == kFollowers) all_queued.Notify();
-  });
+  CoordinatorJoins joins(CallOn(fake), Observing([&] {
+                           if (++queued == kFollowers) all_queued.Notify();
+                         }));
   std::vector<CoordinatorJoins::Result> got(kFollowers + 1, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   threads.emplace_back([&] { got[0] = joins.Join(JoinOf(0)); });
@@ -104,15 +121,83 @@ TEST(CoordinatorJoinsTest, JoinsArrivingWhileACallIsInFlightGoTogetherInTheNextC
   EXPECT_EQ(joins.calls(), 2);
 }
 
+// Four ranks of the job on this worker: the first join lingers until the other three queued,
+// and all four go in one call (ordered by notifications; the linger is only a hang guard).
+TEST(CoordinatorJoinsTest, ACallWaitsForEveryRankOfTheJobOnThisWorker) {
+  FakeCoordinator fake;
+  constexpr int kRanks = 4;
+  std::atomic<int> queued{0};
+  absl::Notification all_queued;
+  CoordinatorJoins joins(CallOn(fake),
+                         Lingering([](const std::string&) { return kRanks; }, absl::Minutes(1),
+                                   [&] {
+                                     if (++queued == kRanks - 1) all_queued.Notify();
+                                   }));
+  std::vector<CoordinatorJoins::Result> got(kRanks, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] { got[r] = joins.Join(JoinOf(r)); });
+  }
+  ASSERT_TRUE(all_queued.WaitForNotificationWithTimeout(kLong));
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(got[r].ok()) << r << ": " << got[r].status();
+    EXPECT_EQ(got[r]->operation().id(), absl::StrCat("op-", r));
+  }
+  ASSERT_EQ(fake.calls.size(), 1u) << "four ranks, one call";
+  EXPECT_EQ(fake.calls[0].size(), static_cast<size_t>(kRanks));
+}
+
+// Two ranks of the job on this worker, but only one joins: its call goes once the linger
+// passed, alone, and the next join lingers again.
+TEST(CoordinatorJoinsTest, ARankThatNeverJoinsDelaysTheCallByTheLingerAtMost) {
+  FakeCoordinator fake;
+  CoordinatorJoins joins(CallOn(fake),
+                         Lingering([](const std::string&) { return 2; }, absl::Milliseconds(5)));
+  CoordinatorJoins::Result got = joins.Join(JoinOf(0));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->operation().id(), "op-0");
+  ASSERT_TRUE(joins.Join(JoinOf(0)).ok());
+  EXPECT_EQ(fake.calls, (std::vector<std::vector<int>>{{0}, {0}}));
+}
+
+// Joins of another job do not count as this job's peers: job "job" has two ranks here,
+// "other" one; the call waits for both of "job"'s, and carries "other"'s join along.
+TEST(CoordinatorJoinsTest, OnlyTheJobsOwnJoinsCountAsItsPeers) {
+  FakeCoordinator fake;
+  std::atomic<int> queued{0};
+  absl::Notification other_queued;
+  CoordinatorJoins joins(
+      CallOn(fake),
+      Lingering([](const std::string& job) { return job == "job" ? 2 : 1; }, absl::Minutes(1),
+                [&] {
+                  if (++queued == 1) other_queued.Notify();
+                }));
+  std::vector<CoordinatorJoins::Result> got(3, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] { got[0] = joins.Join(JoinOf(0)); });
+  threads.emplace_back([&] {
+    pb::JoinOperationRequest other = JoinOf(1);
+    other.set_job("other");
+    got[1] = joins.Join(other);
+  });
+  ASSERT_TRUE(other_queued.WaitForNotificationWithTimeout(kLong));
+  threads.emplace_back([&] { got[2] = joins.Join(JoinOf(2)); });
+  for (std::thread& t : threads) t.join();
+  for (const CoordinatorJoins::Result& r : got) EXPECT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(fake.calls.size(), 1u) << "a call went before job's second rank joined";
+  EXPECT_EQ(fake.calls[0].size(), 3u);
+}
+
 TEST(CoordinatorJoinsTest, ARefusedJoinGetsItsOwnErrorAndTheOthersTheirAnswers) {
   FakeCoordinator fake;
   fake.hold_first = true;
   fake.refuse = 2;
   absl::Notification both_queued;
   std::atomic<int> queued{0};
-  CoordinatorJoins joins(CallOn(fake), [&] {
-    if (++queued == 2) both_queued.Notify();
-  });
+  CoordinatorJoins joins(CallOn(fake), Observing([&] {
+                           if (++queued == 2) both_queued.Notify();
+                         }));
   std::vector<CoordinatorJoins::Result> got(3, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   threads.emplace_back([&] { got[0] = joins.Join(JoinOf(0)); });

@@ -383,4 +383,11 @@ std::vector<SessionInfo> MemoryRegistry::Sessions() const {
   return out;
 }
 
+int MemoryRegistry::SessionsOfJob(const std::string& job) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (const auto& [id, session] : sessions_) n += session.trainer.job == job ? 1 : 0;
+  return n;
+}
+
 }  // namespace ckpt::worker

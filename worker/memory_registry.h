@@ -169,6 +169,8 @@ class MemoryRegistry {
 
   absl::StatusOr<SessionInfo> Find(const std::string& session_id) const;
   std::vector<SessionInfo> Sessions() const;
+  // How many sessions of `job` are open (cheap: copies nothing).
+  int SessionsOfJob(const std::string& job) const;
 
  private:
   struct Session {

@@ -101,6 +101,10 @@ ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, crit
 ABSL_FLAG(std::string, ready_file, "",
           "when set, \"<worker_id> <listen address>\" is written here after registering");
 ABSL_FLAG(int64_t, rpc_timeout_ms, 5000, "deadline of each call to the coordinator");
+ABSL_FLAG(int64_t, join_linger_ms,
+          absl::ToInt64Milliseconds(ckpt::worker::WorkerService::kDefaultJoinLinger),
+          "how long a join waits for the job's other ranks on this worker, so that they join "
+          "the coordinator in one call (0: never)");
 ABSL_FLAG(int64_t, reap_interval_ms, 250, "how often dead trainers' segments are looked for");
 
 namespace {
@@ -344,7 +348,9 @@ int Run() {
         absl::GetFlag(FLAGS_memory_tier_bytes), std::max(1, absl::GetFlag(FLAGS_memory_tier_keep)),
         absl::StrCat("worker on host ", settings->host, " (pid ", getpid(), ")")});
   }
-  ckpt::worker::WorkerService service(&registry, &link, settings->host, device->staging.get());
+  ckpt::worker::WorkerService service(
+      &registry, &link, settings->host, device->staging.get(),
+      absl::Milliseconds(std::max<int64_t>(absl::GetFlag(FLAGS_join_linger_ms), 0)));
   service.set_gloo_loop_thread_nice(absl::GetFlag(FLAGS_gloo_loop_nice));
   if (memory_tier != nullptr) service.set_memory_tier(memory_tier.get());
   ckpt::worker::MemoryTier* const tier = memory_tier.get();

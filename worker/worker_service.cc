@@ -25,21 +25,33 @@ namespace {
 // How long Hello waits for the worker's first registration.
 constexpr absl::Duration kRegistrationWait = absl::Seconds(5);
 
-}  // namespace
-
-WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host,
-                             PinnedStagingPool* device_staging)
-    : registry_(registry),
-      link_(link),
-      host_(std::move(host)),
-      coordinator_joins_([link](const pb::JoinOperationsRequest& request)
-                             -> absl::StatusOr<pb::JoinOperationsResponse> {
+// The worker's CoordinatorJoins: calls JoinOperations through `link`, lingering up to
+// `linger` for the job's ranks open in `registry`.
+CoordinatorJoins MakeCoordinatorJoins(CoordinatorLink* link, MemoryRegistry* registry,
+                                      absl::Duration linger) {
+  CoordinatorJoins::Options options;
+  options.peers = [registry](const std::string& job) { return registry->SessionsOfJob(job); };
+  options.linger = linger;
+  return CoordinatorJoins(
+      [link](
+          const pb::JoinOperationsRequest& request) -> absl::StatusOr<pb::JoinOperationsResponse> {
         pb::JoinOperationsResponse response;
         absl::Status s =
             FromGrpcStatus(link->stub()->JoinOperations(link->Context().get(), request, &response));
         if (!s.ok()) return s;
         return response;
-      }) {
+      },
+      std::move(options));
+}
+
+}  // namespace
+
+WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host,
+                             PinnedStagingPool* device_staging, absl::Duration join_linger)
+    : registry_(registry),
+      link_(link),
+      host_(std::move(host)),
+      coordinator_joins_(MakeCoordinatorJoins(link, registry, join_linger)) {
   RegisterPartExecutor(
       pb::OPERATION_SAVE,
       std::make_unique<SavePartExecutor>(

@@ -48,11 +48,16 @@ namespace ckpt::worker {
 // The service. Thread-safe.
 class WorkerService final : public pb::Worker::Service {
  public:
+  // How long a call to join an operation waits for the job's other ranks on this worker to
+  // join too, so that they go in one call (CoordinatorJoins).
+  static constexpr absl::Duration kDefaultJoinLinger = absl::Milliseconds(50);
+
   // `registry`, `link` and `device_staging` must outlive the service. `device_staging` is the
   // pinned pool device tensors are staged through (null: this worker serves no GPU and refuses
   // device pieces).
   WorkerService(MemoryRegistry* registry, CoordinatorLink* link, std::string host,
-                PinnedStagingPool* device_staging = nullptr);
+                PinnedStagingPool* device_staging = nullptr,
+                absl::Duration join_linger = kDefaultJoinLinger);
 
   // Nice increment of the Gloo event-loop thread of each load's communicator (default 10;
   // GlooOptions::loop_thread_nice says why). Call before serving.

@@ -719,15 +719,18 @@ void Driver::JoinEveryRank(const std::shared_ptr<OperationRun>& run, const std::
     }
     return;
   }
-  // A worker's ranks arrive together: its first join goes alone, the rest queue behind it and
-  // go in the next call (worker/coordinator_joins).
+  // A worker's ranks arrive together (worker/coordinator_joins): all in one call, its first
+  // join having lingered for the others; without the linger, the first goes alone and the
+  // rest, queued behind it, go in the next call.
   for (int64_t first = 0; first < options_.ranks;) {
     int64_t end = first + 1;
     while (end < options_.ranks && WorkerOf(end) == WorkerOf(first)) ++end;
-    std::vector<int64_t> rest;
-    for (int64_t r = first + 1; r < end; ++r) rest.push_back(r);
+    std::vector<int64_t> now, rest;
+    for (int64_t r = first; r < end; ++r) {
+      (options_.join_linger || r == first ? now : rest).push_back(r);
+    }
     window_.Acquire();
-    JoinTogether(run, kind, {first}, std::move(rest), /*full_state=*/false);
+    JoinTogether(run, kind, std::move(now), std::move(rest), /*full_state=*/false);
     first = end;
   }
 }

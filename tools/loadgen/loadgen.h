@@ -59,9 +59,12 @@ struct LoadgenOptions {
   int executor_threads = 2;
   RankWaits rank_waits = RankWaits::kPerWorker;
   // Each rank joins in its own JoinOperation call (workers before they coalesced joins); by
-  // default a worker's ranks join as its CoordinatorJoins does when they arrive together: the
-  // first in one JoinOperations call, the others in the next.
+  // default a worker's ranks join as its CoordinatorJoins does when they arrive together: all
+  // in one JoinOperations call (the worker's first join lingers for its peers).
   bool per_rank_joins = false;
+  // False: a worker's first rank joins alone, the others in the next call (workers that do
+  // not linger, --join_linger_ms=0).
+  bool join_linger = true;
   bool fsync = false;  // fsync the sparse data files like a real worker
   // Join as workers do: with each rank's description digest, and only the digest once the
   // coordinator has accepted that description in full (a repeat operation skips the gather).

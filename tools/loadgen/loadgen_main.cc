@@ -56,7 +56,7 @@ constexpr char kUsage[] =
     "                    [--load-algorithm A] [--max-in-flight 256]\n"
     "                    [--channels 64] [--executor-threads 2]\n"
     "                    [--rank-waits per-worker|per-rank|none] [--no-rank-waits] [--fsync]\n"
-    "                    [--per-rank-joins]\n"
+    "                    [--per-rank-joins] [--no-join-linger]\n"
     "                    [--max-coordinator-rss 12G] [--keep-checkpoint]\n"
     "                    [--operation-timeout-s 1800] [--rpc-timeout-s 120]\n"
     "Simulates N trainer ranks (a GPT at TP x PP x DP) over M workers against a real\n"
@@ -68,8 +68,10 @@ constexpr char kUsage[] =
     "one WaitOperation at a time per worker, told to its ranks), per-rank (one per rank), none\n"
     "(--no-rank-waits is none).\n"
     "--per-rank-joins: each rank joins in its own JoinOperation call (workers before they\n"
-    "coalesced joins); by default a worker's first rank joins alone in a JoinOperations call and\n"
-    "its other ranks together in the next, as a worker does when its trainers arrive together.\n";
+    "coalesced joins); by default a worker's ranks join together in one JoinOperations call, as\n"
+    "a worker does when its trainers arrive within its join linger.\n"
+    "--no-join-linger: a worker's first rank joins alone and its other ranks together in the\n"
+    "next call (a worker with --join_linger_ms=0).\n";
 
 int Usage(const std::string& error) {
   std::fprintf(stderr, "ckpt_loadgen: %s\n%s", error.c_str(), kUsage);
@@ -188,8 +190,9 @@ absl::Status ParseCommandLine(int argc, char** argv, Flags* flags,
                                              "coordinator-flag",
                                              "rpc-timeout-s",
                                              "rank-waits"};
-  const std::set<std::string> bool_flags = {"no-rank-waits",   "fsync",   "keep-checkpoint", "help",
-                                            "no-state-digest", "compact", "per-rank-joins"};
+  const std::set<std::string> bool_flags = {"no-rank-waits",  "fsync",           "keep-checkpoint",
+                                            "help",           "no-state-digest", "compact",
+                                            "per-rank-joins", "no-join-linger"};
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (!absl::ConsumePrefix(&arg, "--")) {
@@ -258,6 +261,7 @@ absl::Status ParseRunOptions(Flags& flags, ckpt::loadgen::LoadgenOptions* option
   }
   options->fsync = flags.count("fsync") > 0;
   options->per_rank_joins = flags.count("per-rank-joins") > 0;
+  options->join_linger = flags.count("no-join-linger") == 0;
   if (!flags["load-algorithm"].empty()) {
     absl::StatusOr<ckpt::pb::LoadAlgorithm> algorithm =
         ckpt::ParseLoadAlgorithm(flags["load-algorithm"]);
