@@ -316,6 +316,14 @@ std::unique_ptr<ckpt::worker::PersistExecutor> StartPersistence(
   return persist;
 }
 
+// The memory tier of --memory_tier_bytes (null when 0).
+std::unique_ptr<ckpt::worker::MemoryTier> MakeMemoryTier(const std::string& host) {
+  if (absl::GetFlag(FLAGS_memory_tier_bytes) <= 0) return nullptr;
+  return std::make_unique<ckpt::worker::MemoryTier>(ckpt::worker::MemoryTierOptions{
+      absl::GetFlag(FLAGS_memory_tier_bytes), std::max(1, absl::GetFlag(FLAGS_memory_tier_keep)),
+      absl::StrCat("worker on host ", host, " (pid ", getpid(), ")")});
+}
+
 int Run() {
   if (absl::Status s = ckpt::SetUpDaemonLogging("worker", absl::GetFlag(FLAGS_log_level));
       !s.ok()) {
@@ -342,12 +350,7 @@ int Run() {
       settings->coordinator, *security, settings->host, settings->local_rank, *device));
   if (device->staging != nullptr) registry.ServeDevice(device->gpu, device->served.uuid);
   // Declared before the service, which runs the parts that use it.
-  std::unique_ptr<ckpt::worker::MemoryTier> memory_tier;
-  if (absl::GetFlag(FLAGS_memory_tier_bytes) > 0) {
-    memory_tier = std::make_unique<ckpt::worker::MemoryTier>(ckpt::worker::MemoryTierOptions{
-        absl::GetFlag(FLAGS_memory_tier_bytes), std::max(1, absl::GetFlag(FLAGS_memory_tier_keep)),
-        absl::StrCat("worker on host ", settings->host, " (pid ", getpid(), ")")});
-  }
+  std::unique_ptr<ckpt::worker::MemoryTier> memory_tier = MakeMemoryTier(settings->host);
   ckpt::worker::WorkerService service(
       &registry, &link, settings->host, device->staging.get(),
       absl::Milliseconds(std::max<int64_t>(absl::GetFlag(FLAGS_join_linger_ms), 0)));
