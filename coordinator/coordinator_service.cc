@@ -725,6 +725,10 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
     later->pruned_is_not_found = true;
     return grpc::Status::OK;
   }
+  if (batch != nullptr) {
+    batch->to_answer.emplace_back(std::move(id), response);
+    return grpc::Status::OK;
+  }
   Advance(id);
   const Operation* after = jobs_.FindOperation(id);
   if (after == nullptr) {
@@ -1083,12 +1087,43 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinOperations(
       later.joins.push_back({one.operation_id, result});
     }
   }
+  AnswerJoinBatch(&batch, response);
   if (batch.joined > 0) {
     spdlog::info("ranks_joined op={} job={} ranks={} first={} last={} joined={}/{} by_digest={}",
                  batch.operation_id, batch.job, batch.joined, batch.first_rank, batch.last_rank,
                  batch.joined_ranks, batch.world_size, batch.by_digest);
   }
   return AnswerNowOrAfterAdvance(context, grpc::Status::OK, std::move(later));
+}
+
+void CoordinatorService::AnswerJoinBatch(JoinBatch* batch, pb::JoinOperationsResponse* response) {
+  if (batch->to_answer.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string answered_id;
+  const pb::JoinOperationResponse* answered = nullptr;  // its first join's answer, to copy
+  for (auto& [id, out] : batch->to_answer) {
+    if (answered != nullptr && id == answered_id) {
+      *out->mutable_operation() = answered->operation();
+      continue;
+    }
+    // A gather this call completed is planned by the advancer (the call's last join waits for
+    // it), never on this thread; the others see the planning phase.
+    if (!NeedsAdvancer(id)) Advance(id);
+    const Operation* after = jobs_.FindOperation(id);
+    if (after == nullptr) {
+      // The join's result is the error (its JoinResult is in `response`, by position).
+      for (pb::JoinResult& result : *response->mutable_results()) {
+        if (&result.response() != out) continue;
+        result.clear_response();
+        *result.mutable_status() =
+            ToDetail(absl::NotFoundError(absl::StrCat("operation ", id, " ended and was pruned")));
+      }
+      continue;
+    }
+    ToProto(*after, out->mutable_operation());
+    answered_id = id;
+    answered = out;
+  }
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportProgress(

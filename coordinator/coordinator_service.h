@@ -230,7 +230,13 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
     std::string operation_id, job;
     int joined = 0, by_digest = 0, first_rank = -1, last_rank = -1;
     int joined_ranks = 0, world_size = 0;  // of the operation, after the last join
+    // Joins still gathering, answered once the call's joins are all done (AnswerJoinBatch:
+    // one Advance and one OperationStatus per operation, not one per join).
+    std::vector<std::pair<std::string, pb::JoinOperationResponse*>> to_answer;
   };
+  // Advances each operation of `batch->to_answer` once and fills its joins' answers (NotFound
+  // for an operation pruned meanwhile). Takes the lock.
+  void AnswerJoinBatch(JoinBatch* batch, pb::JoinOperationsResponse* response);
   // The checkpoint path of `request` resolved (CheckpointPath), once per path in a batch.
   absl::StatusOr<std::string> JoinPath(const pb::JoinOperationRequest& request, OperationKind kind,
                                        JoinBatch* batch) const;
