@@ -293,10 +293,17 @@ struct Chains {
   std::vector<std::pair<int32_t, int32_t>> holders;  // (rank, piece) per reference, by shard
 };
 
-absl::StatusOr<int64_t> PieceSize(const TensorPiece& p) {
-  const int64_t elements = p.region.NumElements();
-  const int64_t elem = DTypeSize(p.dtype);
+// The bytes of rank r's piece i, read from its list's template and its own flat range (no
+// TensorPiece is built unless the size overflows, for the error).
+absl::StatusOr<int64_t> PieceSize(const Classes& c, int64_t r, int i) {
+  const RankPieces& own = *c.ranks[r];
+  const TensorPiece& t = c.lists[c.list_of_rank[r]].pieces[i];
+  const int64_t elements =
+      own.has_flat(i) ? own.flat_stop(i) - own.flat_start(i) : t.region.BoxElements();
+  const int64_t elem = DTypeSize(t.dtype);
   if (elements > std::numeric_limits<int64_t>::max() / elem) {
+    TensorPiece p;
+    FillPiece(c, r, i, &p);
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", p.key, "': piece ", p.DebugString(), " is too large"));
   }
@@ -314,30 +321,62 @@ absl::Status RegionConflict(const Classes& c, const ShardInfo& shard, int64_t r,
       " but differ in region"));
 }
 
+// The flat shards of one canonical box, by their range. Ranges usually arrive in increasing
+// order (ZeRO: the ranks holding a box in data-parallel order), so a range past the greatest
+// so far is new without a lookup, and the box's tail is all that is touched (a hash index of
+// every range was a cache miss per reference). An index is built the first time a range
+// arrives out of order.
+class FlatShardsOfBox {
+ public:
+  // The slot (shard, or -1 when new) of [start, stop); valid until the next call.
+  int32_t* Slot(int64_t start, int64_t stop) {
+    if (index_.empty() && std::make_pair(start, stop) > last_) {
+      last_ = {start, stop};
+      seen_.push_back({start, stop, -1});
+      return &seen_.back().shard;
+    }
+    if (index_.empty()) {
+      index_.reserve(seen_.size() + 1);
+      for (const Seen& s : seen_) index_.emplace(std::make_pair(s.start, s.stop), s.shard);
+      std::vector<Seen>().swap(seen_);
+    }
+    return &index_.try_emplace(std::make_pair(start, stop), -1).first->second;
+  }
+
+ private:
+  struct Seen {
+    int64_t start, stop;
+    int32_t shard;
+  };
+  std::pair<int64_t, int64_t> last_{-1, -1};
+  std::vector<Seen> seen_;  // in arrival order (increasing), until index_ is built
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, int32_t> index_;
+};
+
 // Finds (or adds) the shard of rank r's piece i.
-absl::StatusOr<int32_t> ShardOf(
-    const Classes& c, int64_t r, int i, std::vector<int32_t>* by_canon,
-    absl::flat_hash_map<std::tuple<int32_t, int64_t, int64_t>, int32_t>* by_flat, Chains* out) {
+absl::StatusOr<int32_t> ShardOf(const Classes& c, int64_t r, int i, std::vector<int32_t>* by_canon,
+                                std::vector<FlatShardsOfBox>* by_flat, Chains* out) {
   const ListInfo& list = c.lists[c.list_of_rank[r]];
   const RankPieces& own = *c.ranks[r];
   const int32_t canon = list.canon[i];
   const int32_t next = static_cast<int32_t>(out->shards.size());
   int32_t* slot;
   if (own.has_flat(i)) {
-    slot = &by_flat->try_emplace({canon, own.flat_start(i), own.flat_stop(i)}, -1).first->second;
+    slot = (*by_flat)[canon].Slot(own.flat_start(i), own.flat_stop(i));
   } else {
     slot = &(*by_canon)[canon];
   }
   if (*slot < 0) {
     *slot = next;
-    TensorPiece p;
-    FillPiece(c, r, i, &p);
-    CKPT_ASSIGN_OR_RETURN(int64_t size, PieceSize(p));
+    CKPT_ASSIGN_OR_RETURN(int64_t size, PieceSize(c, r, i));
     out->shards.push_back(ShardInfo{r, i, false, size, 0, 0});
   } else {
     const ShardInfo& shard = out->shards[*slot];
-    const ListInfo& first = c.lists[c.list_of_rank[shard.first_rank]];
-    if (first.pieces[shard.first_piece].region.lengths != list.pieces[i].region.lengths) {
+    const int32_t first_list = c.list_of_rank[shard.first_rank];
+    // A replica from the same list and place has the same template: nothing to compare.
+    if ((first_list != c.list_of_rank[r] || shard.first_piece != i) &&
+        c.lists[first_list].pieces[shard.first_piece].region.lengths !=
+            list.pieces[i].region.lengths) {
       return RegionConflict(c, shard, r, i);
     }
   }
@@ -348,12 +387,7 @@ absl::StatusOr<int32_t> ShardOf(
 absl::StatusOr<Chains> ChainReferences(const Classes& c) {
   Chains out;
   std::vector<int32_t> by_canon(c.canon.size(), -1);
-  absl::flat_hash_map<std::tuple<int32_t, int64_t, int64_t>, int32_t> by_flat;
-  int64_t flat_refs = 0;  // the index's size, nearly (growing it rehashed ~2x its entries)
-  for (size_t r = 0; r < c.ranks.size(); ++r) {
-    if (c.list_of_rank[r] >= 0) flat_refs += c.ranks[r]->list()->flat_pieces;
-  }
-  by_flat.reserve(flat_refs);
+  std::vector<FlatShardsOfBox> by_flat(c.canon.size());
   out.shard_of_ref.reserve(c.ref_begin.back());
   for (size_t r = 0; r < c.ranks.size(); ++r) {
     if (c.list_of_rank[r] < 0) continue;
@@ -518,12 +552,23 @@ absl::Status WritesOfGroup(const Classes& c, const Chains& chains, std::vector<i
 // Each writer's pieces, in the order of `writes` (BuildSavePlan's PiecesByWriter).
 std::vector<std::vector<PlannedPiece>> PiecesByWriter(const Classes& c, const Chains& chains,
                                                       const Writes& writes, int64_t num_ranks) {
+  std::vector<int32_t> count(num_ranks, 0);
+  for (const auto& [writer, i] : writes) ++count[writer];
   std::vector<std::vector<PlannedPiece>> by_writer(num_ranks);
-  TensorPiece p;
+  for (int64_t r = 0; r < num_ranks; ++r) by_writer[r].reserve(count[r]);
   for (const auto& [writer, i] : writes) {
-    FillPiece(c, writer, i, &p);
-    const int64_t size = chains.shards[chains.shard_of_ref[c.ref_begin[writer] + i]].size;
-    by_writer[writer].push_back(PlannedPiece{p.key, p.dtype, p.global_shape, p.region, size, i});
+    // Built from the list's template in place (FillPiece without the rank and replica id).
+    const RankPieces& own = *c.ranks[writer];
+    const TensorPiece& t = c.lists[c.list_of_rank[writer]].pieces[i];
+    PlannedPiece& p = by_writer[writer].emplace_back();
+    p.key = t.key;
+    p.dtype = t.dtype;
+    p.global_shape = t.global_shape;
+    p.region.offsets = t.region.offsets;
+    p.region.lengths = t.region.lengths;
+    if (own.has_flat(i)) p.region.flat = FlatRange{own.flat_start(i), own.flat_stop(i)};
+    p.size_bytes = chains.shards[chains.shard_of_ref[c.ref_begin[writer] + i]].size;
+    p.source_index = i;
   }
   return by_writer;
 }
