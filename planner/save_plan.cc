@@ -78,6 +78,16 @@ std::vector<PlannedFile> PackFiles(int64_t rank, std::vector<PlannedPiece> piece
   // Indexes are sorted, not the pieces: moving a piece moves a key, a shape and a region.
   std::vector<int32_t> order(pieces.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  if (num_files == 1) {  // every piece in one file, in id order: no balancing to do
+    std::sort(order.begin(), order.end(), id_less);
+    std::vector<PlannedFile> one(1);
+    one[0].path = DataFileName(rank, 0);
+    one[0].total_bytes = total_bytes;
+    one[0].pieces.reserve(order.size());
+    for (int32_t p : order) one[0].pieces.push_back(std::move(pieces[p]));
+    if (one[0].pieces.empty()) one.clear();
+    return one;
+  }
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
     if (pieces[a].size_bytes != pieces[b].size_bytes) {
       return pieces[a].size_bytes > pieces[b].size_bytes;

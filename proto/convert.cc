@@ -1,5 +1,7 @@
 #include "proto/convert.h"
 
+#include <array>
+#include <iterator>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -18,10 +20,19 @@ absl::Status WithKey(const std::string& key, const absl::Status& s) {
 }  // namespace
 
 pb::DType DTypeToProto(DType dtype) {
-  // Proto enumerators are the safetensors names with a DTYPE_ prefix.
-  pb::DType value = pb::DTYPE_UNSPECIFIED;
-  pb::DType_Parse(absl::StrCat(kProtoPrefix, DTypeName(dtype)), &value);
-  return value;
+  // Proto enumerators are the safetensors names with a DTYPE_ prefix: looked up by name once
+  // per dtype (a plan converts millions of pieces).
+  static const std::array<pb::DType, std::size(kAllDTypes)> kByDType = [] {
+    std::array<pb::DType, std::size(kAllDTypes)> table;
+    for (DType d : kAllDTypes) {
+      pb::DType value = pb::DTYPE_UNSPECIFIED;
+      pb::DType_Parse(absl::StrCat(kProtoPrefix, DTypeName(d)), &value);
+      table[static_cast<size_t>(d)] = value;
+    }
+    return table;
+  }();
+  const size_t index = static_cast<size_t>(dtype);
+  return index < kByDType.size() ? kByDType[index] : pb::DTYPE_UNSPECIFIED;
 }
 
 absl::StatusOr<DType> DTypeFromProto(int value) {
