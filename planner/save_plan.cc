@@ -79,7 +79,9 @@ std::vector<PlannedFile> PackFiles(int64_t rank, std::vector<PlannedPiece> piece
   std::vector<int32_t> order(pieces.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
   if (num_files == 1) {  // every piece in one file, in id order: no balancing to do
-    std::sort(order.begin(), order.end(), id_less);
+    if (!std::is_sorted(order.begin(), order.end(), id_less)) {
+      std::sort(order.begin(), order.end(), id_less);
+    }
     std::vector<PlannedFile> one(1);
     one[0].path = DataFileName(rank, 0);
     one[0].total_bytes = total_bytes;

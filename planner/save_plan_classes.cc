@@ -549,26 +549,67 @@ absl::Status WritesOfGroup(const Classes& c, const Chains& chains, std::vector<i
   return absl::OkStatus();
 }
 
-// Each writer's pieces, in the order of `writes` (BuildSavePlan's PiecesByWriter).
+// Per list, each template's place in id order (key, offsets, then pieces without a flat range
+// first), so that a writer's pieces are put in id order comparing integers, not keys.
+std::vector<std::vector<int32_t>> TemplateIdOrder(const Classes& c) {
+  std::vector<std::vector<int32_t>> place(c.lists.size());
+  std::vector<int32_t> order;
+  for (size_t l = 0; l < c.lists.size(); ++l) {
+    const ListInfo& list = c.lists[l];
+    const RankPieces& first = *list.first_holder;
+    order.resize(list.pieces.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      const TensorPiece& x = list.pieces[a];
+      const TensorPiece& y = list.pieces[b];
+      if (int k = x.key.compare(y.key); k != 0) return k < 0;
+      if (x.region.offsets != y.region.offsets) return x.region.offsets < y.region.offsets;
+      return !first.has_flat(a) && first.has_flat(b);
+    });
+    place[l].resize(order.size());
+    for (size_t k = 0; k < order.size(); ++k) place[l][order[k]] = static_cast<int32_t>(k);
+  }
+  return place;
+}
+
+// Each writer's pieces (BuildSavePlan's PiecesByWriter), in id order (nearly: see below), so
+// that PackFiles finds them sorted and does not sort again.
 std::vector<std::vector<PlannedPiece>> PiecesByWriter(const Classes& c, const Chains& chains,
                                                       const Writes& writes, int64_t num_ranks) {
-  std::vector<int32_t> count(num_ranks, 0);
-  for (const auto& [writer, i] : writes) ++count[writer];
+  std::vector<int64_t> begin(num_ranks + 1, 0);
+  for (const auto& [writer, i] : writes) ++begin[writer + 1];
+  for (int64_t r = 0; r < num_ranks; ++r) begin[r + 1] += begin[r];
+  std::vector<int32_t> pieces(writes.size());  // each writer's piece indices, by writer
+  {
+    std::vector<int64_t> next(begin.begin(), begin.end() - 1);
+    for (const auto& [writer, i] : writes) pieces[next[writer]++] = i;
+  }
+  const std::vector<std::vector<int32_t>> place = TemplateIdOrder(c);
   std::vector<std::vector<PlannedPiece>> by_writer(num_ranks);
-  for (int64_t r = 0; r < num_ranks; ++r) by_writer[r].reserve(count[r]);
-  for (const auto& [writer, i] : writes) {
-    // Built from the list's template in place (FillPiece without the rank and replica id).
+  for (int64_t writer = 0; writer < num_ranks; ++writer) {
+    if (begin[writer] == begin[writer + 1]) continue;
     const RankPieces& own = *c.ranks[writer];
-    const TensorPiece& t = c.lists[c.list_of_rank[writer]].pieces[i];
-    PlannedPiece& p = by_writer[writer].emplace_back();
-    p.key = t.key;
-    p.dtype = t.dtype;
-    p.global_shape = t.global_shape;
-    p.region.offsets = t.region.offsets;
-    p.region.lengths = t.region.lengths;
-    if (own.has_flat(i)) p.region.flat = FlatRange{own.flat_start(i), own.flat_stop(i)};
-    p.size_bytes = chains.shards[chains.shard_of_ref[c.ref_begin[writer] + i]].size;
-    p.source_index = i;
+    const ListInfo& list = c.lists[c.list_of_rank[writer]];
+    const std::vector<int32_t>& rank_of = place[c.list_of_rank[writer]];
+    const auto first = pieces.begin() + begin[writer], last = pieces.begin() + begin[writer + 1];
+    // Two templates of one box (flat ranges of one tensor box, if a rank held two) may come
+    // out of id order here; PackFiles then sorts them.
+    std::sort(first, last, [&](int32_t a, int32_t b) { return rank_of[a] < rank_of[b]; });
+    by_writer[writer].reserve(last - first);
+    for (auto it = first; it != last; ++it) {
+      // Built from the list's template in place (FillPiece without the rank and replica id).
+      const int32_t i = *it;
+      const TensorPiece& t = list.pieces[i];
+      PlannedPiece& p = by_writer[writer].emplace_back();
+      p.key = t.key;
+      p.dtype = t.dtype;
+      p.global_shape = t.global_shape;
+      p.region.offsets = t.region.offsets;
+      p.region.lengths = t.region.lengths;
+      if (own.has_flat(i)) p.region.flat = FlatRange{own.flat_start(i), own.flat_stop(i)};
+      p.size_bytes = chains.shards[chains.shard_of_ref[c.ref_begin[writer] + i]].size;
+      p.source_index = i;
+    }
   }
   return by_writer;
 }
