@@ -116,5 +116,43 @@ TEST(RankPiecesTest, ListsDifferingInAnyFieldAreNotShared) {
   EXPECT_EQ(interner.LiveLists(), 4);
 }
 
+// The interning key is read from each piece in place (not its stripped wire form): every
+// field a list holds still tells lists apart, through both ways of describing a rank, and
+// offsets and lengths are not confused (the same numbers moved between them).
+TEST(RankPiecesTest, DescribedListsDifferingInAnyFieldAreNotShared) {
+  std::vector<pb::PieceMeta> variants = {
+      Meta("w", {0, 4}, {8, 4}, {0}), Meta("v", {0, 4}, {8, 4}, {0}),
+      Meta("w", {4, 0}, {8, 4}, {0}), Meta("w", {0, 4}, {8, 8}, {0}),
+      Meta("w", {0, 4}, {8, 4}, {0}, std::make_pair(0, 8))};
+  variants.push_back(variants[0]);
+  variants.back().mutable_tensor()->set_dtype(pb::DTYPE_BF16);
+  variants.push_back(variants[0]);
+  variants.back().mutable_tensor()->add_global_shape(1);
+  variants.push_back(variants[0]);
+  variants.back().clear_region();
+  variants.push_back(variants[0]);  // the same numbers, one moved from lengths to offsets
+  variants.back().mutable_region()->add_offsets(8);  // offsets 0 4 8, lengths 4
+  variants.back().mutable_region()->clear_lengths();
+  variants.back().mutable_region()->add_lengths(4);
+  PieceListInterner interner;
+  std::vector<RankPieces> ranks;
+  for (const pb::PieceMeta& v : variants) {
+    google::protobuf::RepeatedPtrField<pb::PieceMeta> one;
+    *one.Add() = v;
+    ranks.push_back(RankPieces::Describe(one));
+    interner.Intern(&ranks.back(), one);
+  }
+  EXPECT_EQ(interner.LiveLists(), static_cast<int>(variants.size()));
+  // And a copy differing only in replica id and flat range values shares the list, whichever
+  // way each was described.
+  pb::PieceMeta replica = variants[4];
+  replica.set_replica_id(0, 3);
+  replica.mutable_region()->mutable_flat()->set_start(8);
+  replica.mutable_region()->mutable_flat()->set_stop(16);
+  RankPieces built({replica});
+  interner.Intern(&built);
+  EXPECT_EQ(built.list(), ranks[4].list());
+}
+
 }  // namespace
 }  // namespace ckpt
