@@ -482,6 +482,8 @@ absl::StatusOr<Writes> WritesOverAllRanks(const Classes& c, const Chains& chains
   for (absl::string_view key : c.keys) input.keys.emplace_back(key.data(), key.size());
   input.shards.reserve(chains.shards.size());
   absl::flat_hash_map<std::vector<int32_t>, int32_t> list_of_holders;
+  // Lists of one holder (a ZeRO rank's own flat ranges: most shards) by rank, not hashed.
+  std::vector<int32_t> list_of_single(num_ranks, -1);
   std::vector<int32_t> shard_of_input;
   std::vector<int32_t> holders;
   for (size_t s = 0; s < chains.shards.size(); ++s) {
@@ -492,12 +494,14 @@ absl::StatusOr<Writes> WritesOverAllRanks(const Classes& c, const Chains& chains
       holders.push_back(chains.holders[shard.holder_begin + h].first);
     }
     const int32_t lists = static_cast<int32_t>(input.list_start.size()) - 1;
-    auto [it, inserted] = list_of_holders.try_emplace(holders, lists);
-    if (inserted) {
+    int32_t* list = holders.size() == 1 ? &list_of_single[holders[0]]
+                                        : &list_of_holders.try_emplace(holders, -1).first->second;
+    if (*list < 0) {
+      *list = lists;
       input.holders.insert(input.holders.end(), holders.begin(), holders.end());
       input.list_start.push_back(static_cast<int64_t>(input.holders.size()));
     }
-    AddCompactShard(c, shard, it->second, &input);
+    AddCompactShard(c, shard, *list, &input);
     shard_of_input.push_back(static_cast<int32_t>(s));
   }
   CKPT_ASSIGN_OR_RETURN(std::vector<ShardAssignment> assignment, DistributeShardsToRanks(input));
