@@ -47,8 +47,9 @@ void CoordinatorJoins::RunCall(std::unique_lock<std::mutex>& lock) {
   in_flight_ = true;  // from here on, joins queue for this call
   if (options_.linger > absl::ZeroDuration()) {
     const auto deadline = absl::ToChronoTime(absl::Now() + options_.linger);
-    while (static_cast<int>(queue_.size()) < kMaxJoinsPerCall && !EveryPeerQueued() &&
-           cv_.wait_until(lock, deadline) != std::cv_status::timeout) {
+    while (static_cast<int>(queue_.size()) < kMaxJoinsPerCall && !EveryPeerQueued()) {
+      if (options_.on_linger) options_.on_linger(static_cast<int>(queue_.size()));
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) break;
     }
   }
   Batch batch;

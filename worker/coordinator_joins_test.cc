@@ -162,30 +162,34 @@ TEST(CoordinatorJoinsTest, ARankThatNeverJoinsDelaysTheCallByTheLingerAtMost) {
 }
 
 // Joins of another job do not count as this job's peers: job "job" has two ranks here,
-// "other" one; the call waits for both of "job"'s, and carries "other"'s join along.
+// "other" one. Rank 0 of "job" lingers alone; "other"'s join arrives and the leader lingers on
+// (had it counted the other job's join, it would have called); rank 2 of "job" completes the
+// call, which carries all three.
 TEST(CoordinatorJoinsTest, OnlyTheJobsOwnJoinsCountAsItsPeers) {
   FakeCoordinator fake;
-  std::atomic<int> queued{0};
-  absl::Notification other_queued;
-  CoordinatorJoins joins(
-      CallOn(fake),
-      Lingering([](const std::string& job) { return job == "job" ? 2 : 1; }, absl::Minutes(1),
-                [&] {
-                  if (++queued == 1) other_queued.Notify();
-                }));
+  absl::Notification lingering_alone, lingering_with_other;
+  CoordinatorJoins::Options options =
+      Lingering([](const std::string& job) { return job == "job" ? 2 : 1; }, absl::Minutes(1));
+  options.on_linger = [&](int queued) {
+    if (queued == 1 && !lingering_alone.HasBeenNotified()) lingering_alone.Notify();
+    if (queued == 2 && !lingering_with_other.HasBeenNotified()) lingering_with_other.Notify();
+  };
+  CoordinatorJoins joins(CallOn(fake), std::move(options));
   std::vector<CoordinatorJoins::Result> got(3, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   threads.emplace_back([&] { got[0] = joins.Join(JoinOf(0)); });
+  ASSERT_TRUE(lingering_alone.WaitForNotificationWithTimeout(kLong));
   threads.emplace_back([&] {
     pb::JoinOperationRequest other = JoinOf(1);
     other.set_job("other");
     got[1] = joins.Join(other);
   });
-  ASSERT_TRUE(other_queued.WaitForNotificationWithTimeout(kLong));
+  EXPECT_TRUE(lingering_with_other.WaitForNotificationWithTimeout(kLong))
+      << "the other job's join was counted as a peer";
   threads.emplace_back([&] { got[2] = joins.Join(JoinOf(2)); });
   for (std::thread& t : threads) t.join();
   for (const CoordinatorJoins::Result& r : got) EXPECT_TRUE(r.ok()) << r.status();
-  ASSERT_EQ(fake.calls.size(), 1u) << "a call went before job's second rank joined";
+  ASSERT_EQ(fake.calls.size(), 1u);
   EXPECT_EQ(fake.calls[0].size(), 3u);
 }
 
