@@ -74,7 +74,8 @@ TEST(ServicesTest, TwoRanksOnOneWorkerJoinTheCoordinatorInOneCall) {
   const std::string path = cluster.dir() + "/pair";
   std::vector<Child*> ranks = RunRanksOn(cluster, {0, 0}, "pair", "save", path, {});
   for (Child* t : ranks) ASSERT_EQ(Result(*t).first, 0) << Result(*t).second;
-  EXPECT_THAT(cluster.coordinator().Stderr(), HasSubstr(" job=pair ranks=2 first=0 last=1 "))
+  // One ranks_joined line for both, whichever joined first.
+  EXPECT_THAT(cluster.coordinator().Stderr(), HasSubstr(" job=pair ranks=2 "))
       << ClusterLogs(cluster);
 }
 
