@@ -66,13 +66,25 @@ TEST(ServicesTest, SaveWritesEveryRanksSharedTensorAndCommitsItBitExact) {
 
 // A worker serving two ranks of a job joins them in one call: the first join lingers for the
 // second (here up to a minute, so that the test does not depend on how far apart the two
-// trainers start their saves; both do, so neither waits for the linger's end).
+// trainers start their saves; both do, so neither waits for the linger's end). Both trainers
+// are connected before either saves (the start file): a join counts the job's open sessions.
 TEST(ServicesTest, TwoRanksOnOneWorkerJoinTheCoordinatorInOneCall) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
   cluster.StartWorker(0, {"--join_linger_ms=60000"});
   const std::string path = cluster.dir() + "/pair";
-  std::vector<Child*> ranks = RunRanksOn(cluster, {0, 0}, "pair", "save", path, {});
+  const std::string start = cluster.dir() + "/start";
+  std::vector<Child*> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(cluster.StartTrainer(0, "pair", r, 2, "save", path, {"--start_file", start}));
+  }
+  ASSERT_TRUE(WaitFor([&] { return Shared(*ranks[0]) && Shared(*ranks[1]); }))
+      << ClusterLogs(cluster);
+  std::FILE* f = std::fopen(start.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  ASSERT_TRUE(WaitFor([&] { return Finished(*ranks[0]) && Finished(*ranks[1]); }))
+      << ClusterLogs(cluster);
   for (Child* t : ranks) ASSERT_EQ(Result(*t).first, 0) << Result(*t).second;
   // One ranks_joined line for both, whichever joined first.
   EXPECT_THAT(cluster.coordinator().Stderr(), HasSubstr(" job=pair ranks=2 "))
