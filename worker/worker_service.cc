@@ -14,6 +14,7 @@
 #include "common/grpc_status.h"
 #include "proto/compact_convert.h"
 #include "proto/state_digest.h"
+#include "proto/status_detail.h"
 #include "proto/wire_names.h"
 #include "spdlog/spdlog.h"
 #include "worker/part_executors.h"
@@ -518,12 +519,10 @@ void WorkerService::OnWorkItem(const pb::WorkItem& item) {
     spdlog::warn("operation_aborted op={} job={} rank={} code={} cause=\"{}\"", item.operation_id(),
                  item.job(), item.rank(), item.abort().code(), item.abort().message());
     // Running parts stop at their next chunk; this returns once none is inside trainer memory.
-    CloseGate(item.operation_id(),
-              absl::Status(
-                  static_cast<absl::StatusCode>(item.abort().code() == 0
-                                                    ? static_cast<int>(absl::StatusCode::kAborted)
-                                                    : item.abort().code()),
-                  item.abort().message()));
+    // An abort without a code is Aborted; an unknown code is Unknown, naming the number.
+    absl::Status cause = FromDetail(item.abort());
+    if (cause.ok()) cause = absl::AbortedError(item.abort().message());
+    CloseGate(item.operation_id(), cause);
     return;
   }
   if (item.item_case() != pb::WorkItem::kPlanPart) return;
