@@ -133,17 +133,20 @@ grpc::ServerUnaryReactor* CoordinatorService::AnswerNowOrAfterAdvance(
   return reactor;
 }
 
-void CoordinatorService::FinishDeferred(const DeferredAnswer& later) {
-  for (const DeferredJoin& join : later.joins) {
-    const Operation* after = jobs_.FindOperation(join.operation_id);
-    if (after == nullptr) {
-      join.result->clear_response();
-      *join.result->mutable_status() = ToDetail(absl::NotFoundError(
-          absl::StrCat("operation ", join.operation_id, " ended and was pruned")));
-    } else {
-      ToProto(*after, join.result->mutable_response()->mutable_operation());
-    }
+bool CoordinatorService::AnswerJoin(const DeferredJoin& join) {
+  const Operation* after = jobs_.FindOperation(join.operation_id);
+  if (after == nullptr) {
+    join.result->clear_response();
+    *join.result->mutable_status() = ToDetail(absl::NotFoundError(
+        absl::StrCat("operation ", join.operation_id, " ended and was pruned")));
+    return false;
   }
+  ToProto(*after, join.result->mutable_response()->mutable_operation());
+  return true;
+}
+
+void CoordinatorService::FinishDeferred(const DeferredAnswer& later) {
+  for (const DeferredJoin& join : later.joins) AnswerJoin(join);
   if (!later.joins.empty()) {
     later.reactor->Finish(grpc::Status::OK);
     return;
@@ -726,7 +729,7 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
     return grpc::Status::OK;
   }
   if (batch != nullptr) {
-    batch->to_answer.emplace_back(std::move(id), response);
+    batch->to_answer.push_back({std::move(id), batch->result});
     return grpc::Status::OK;
   }
   Advance(id);
@@ -1076,6 +1079,7 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinOperations(
   DeferredAnswer later;
   for (const pb::JoinOperationRequest& join : request->joins()) {
     pb::JoinResult* result = response->add_results();
+    batch.result = result;
     DeferredAnswer one;
     const grpc::Status status =
         DoJoinOperation(context, &join, result->mutable_response(), &one, &batch);
@@ -1087,7 +1091,7 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinOperations(
       later.joins.push_back({one.operation_id, result});
     }
   }
-  AnswerJoinBatch(&batch, response);
+  AnswerJoinBatch(batch);
   if (batch.joined > 0) {
     spdlog::info("ranks_joined op={} job={} ranks={} first={} last={} joined={}/{} by_digest={}",
                  batch.operation_id, batch.job, batch.joined, batch.first_rank, batch.last_rank,
@@ -1096,33 +1100,20 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinOperations(
   return AnswerNowOrAfterAdvance(context, grpc::Status::OK, std::move(later));
 }
 
-void CoordinatorService::AnswerJoinBatch(JoinBatch* batch, pb::JoinOperationsResponse* response) {
-  if (batch->to_answer.empty()) return;
+void CoordinatorService::AnswerJoinBatch(const JoinBatch& batch) {
+  if (batch.to_answer.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  std::string answered_id;
-  const pb::JoinOperationResponse* answered = nullptr;  // its first join's answer, to copy
-  for (auto& [id, out] : batch->to_answer) {
-    if (answered != nullptr && id == answered_id) {
-      *out->mutable_operation() = answered->operation();
+  const DeferredJoin* answered = nullptr;  // the last operation's first answer, to copy
+  for (const DeferredJoin& join : batch.to_answer) {
+    if (answered != nullptr && join.operation_id == answered->operation_id) {
+      *join.result->mutable_response()->mutable_operation() =
+          answered->result->response().operation();
       continue;
     }
     // A gather this call completed is planned by the advancer (the call's last join waits for
     // it), never on this thread; the others see the planning phase.
-    if (!NeedsAdvancer(id)) Advance(id);
-    const Operation* after = jobs_.FindOperation(id);
-    if (after == nullptr) {
-      // The join's result is the error (its JoinResult is in `response`, by position).
-      for (pb::JoinResult& result : *response->mutable_results()) {
-        if (&result.response() != out) continue;
-        result.clear_response();
-        *result.mutable_status() =
-            ToDetail(absl::NotFoundError(absl::StrCat("operation ", id, " ended and was pruned")));
-      }
-      continue;
-    }
-    ToProto(*after, out->mutable_operation());
-    answered_id = id;
-    answered = out;
+    if (!NeedsAdvancer(join.operation_id)) Advance(join.operation_id);
+    answered = AnswerJoin(join) ? &join : nullptr;
   }
 }
 

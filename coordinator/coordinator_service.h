@@ -230,13 +230,17 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
     std::string operation_id, job;
     int joined = 0, by_digest = 0, first_rank = -1, last_rank = -1;
     int joined_ranks = 0, world_size = 0;  // of the operation, after the last join
+    pb::JoinResult* result = nullptr;      // the join being handled (its place in the answer)
     // Joins still gathering, answered once the call's joins are all done (AnswerJoinBatch:
     // one Advance and one OperationStatus per operation, not one per join).
-    std::vector<std::pair<std::string, pb::JoinOperationResponse*>> to_answer;
+    std::vector<DeferredJoin> to_answer;
   };
-  // Advances each operation of `batch->to_answer` once and fills its joins' answers (NotFound
-  // for an operation pruned meanwhile). Takes the lock.
-  void AnswerJoinBatch(JoinBatch* batch, pb::JoinOperationsResponse* response);
+  // Advances each operation of `batch.to_answer` once and fills its joins' answers. Takes the
+  // lock.
+  void AnswerJoinBatch(const JoinBatch& batch);
+  // Fills `join.result` with its operation's state now, or NotFound when it was pruned; true
+  // when found. Requires mu_.
+  bool AnswerJoin(const DeferredJoin& join);
   // The checkpoint path of `request` resolved (CheckpointPath), once per path in a batch.
   absl::StatusOr<std::string> JoinPath(const pb::JoinOperationRequest& request, OperationKind kind,
                                        JoinBatch* batch) const;
