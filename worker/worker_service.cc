@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "proto/compact_convert.h"
 #include "proto/state_digest.h"
 #include "proto/status_detail.h"
@@ -234,8 +235,7 @@ absl::Status WorkerService::JoinCoalesced(const pb::JoinOperationRequest& join,
                                           pb::JoinOperationResponse* joined) {
   absl::StatusOr<pb::JoinOperationResponse> answer = coordinator_joins_.Join(join);
   if (!answer.ok()) {
-    return absl::Status(answer.status().code(), absl::StrCat(CoordinatorCall("JoinOperation"), ": ",
-                                                             answer.status().message()));
+    return WithContext(answer.status(), absl::StrCat(CoordinatorCall("JoinOperation"), ": "));
   }
   *joined = *std::move(answer);
   return absl::OkStatus();
