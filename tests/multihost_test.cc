@@ -390,7 +390,7 @@ TEST_F(MultiHostTest, TransferFromJobsOnTwoHostsIntoAJobOnTheThirdIsBitExact) {
     for (Child* c : source)
       EXPECT_THAT(c->Stdout(), HasSubstr(absl::StrCat("durable ", v, " 0 \n")));
     testing::WriteFile(absl::StrCat(dir, "/receive.", v), "go\n");
-    ASSERT_TRUE(WaitFor([&] { return all_said(dest, absl::StrCat("received ", v, " ")); }))
+    ASSERT_TRUE(WaitFor([&] { return testing::ReceivesJudged(dest, v); }))
         << testing::ClusterLogs(*cluster_);
     for (Child* c : dest) {
       EXPECT_THAT(c->Stdout(), HasSubstr(absl::StrCat("received ", v, " 0 \n")))

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -369,6 +370,17 @@ Child* StartTransferProbe(Cluster& cluster, int worker, const std::string& job, 
       RankProgramArgs(cluster, "tests/transfer_probe", worker, job, rank, world);
   argv.insert(argv.end(), extra.begin(), extra.end());
   return cluster.Start(argv, absl::StrCat("probe-", job, "-", rank));
+}
+
+bool ReceivesJudged(const std::vector<Child*>& probes, int k) {
+  for (const Child* probe : probes) {
+    int verdicts = 0;
+    for (absl::string_view line : absl::StrSplit(probe->Stdout(), '\n')) {
+      verdicts += absl::StartsWith(line, "holds ") || absl::StartsWith(line, "mixed ") ? 1 : 0;
+    }
+    if (verdicts < k) return false;
+  }
+  return true;
 }
 
 }  // namespace ckpt::testing

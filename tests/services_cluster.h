@@ -172,6 +172,10 @@ std::vector<std::string> RankProgramArgs(const Cluster& cluster, const std::stri
 // `world` of `job` on worker `worker`, with `extra` flags. Returns without waiting.
 Child* StartTransferProbe(Cluster& cluster, int worker, const std::string& job, int rank, int world,
                           const std::vector<std::string>& extra);
+// Whether every transfer probe of `probes` printed the verdict of its k-th receive: the
+// "holds <v>" or "mixed ..." line that follows "received <k> ..." (what its tensor holds is
+// checked after the receive returns, so wait for this, not for the "received" line).
+bool ReceivesJudged(const std::vector<Child*>& probes, int k);
 
 }  // namespace ckpt::testing
 

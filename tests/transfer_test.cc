@@ -115,7 +115,7 @@ TEST(TransferTest, TwoVersionsFromTp4Dp2IntoTp2ThreeReplicasAreBitExactReusingTh
   ASSERT_TRUE(WaitFor([&] { return AllSaid(jobs.source, "durable 1 0 "); }))
       << ClusterLogs(cluster);
   Touch(dir + "/receive.1");
-  ASSERT_TRUE(WaitFor([&] { return AllSaid(jobs.dest, "received 1 "); })) << ClusterLogs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return ReceivesJudged(jobs.dest, 1); })) << ClusterLogs(cluster);
   for (Child* d : jobs.dest) {
     EXPECT_THAT(d->Stdout(), HasSubstr("received 1 0 \n")) << d->Stdout() << ClusterLogs(cluster);
     EXPECT_THAT(d->Stdout(), HasSubstr("version policy 1\n")) << d->Stdout();  // as reported
@@ -125,7 +125,7 @@ TEST(TransferTest, TwoVersionsFromTp4Dp2IntoTp2ThreeReplicasAreBitExactReusingTh
   ASSERT_TRUE(WaitFor([&] { return AllSaid(jobs.source, "durable 2 "); })) << ClusterLogs(cluster);
   for (Child* s : jobs.source) EXPECT_THAT(s->Stdout(), HasSubstr("durable 2 0 \n"));
   Touch(dir + "/receive.2");
-  ASSERT_TRUE(WaitFor([&] { return AllSaid(jobs.dest, "received 2 "); })) << ClusterLogs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return ReceivesJudged(jobs.dest, 2); })) << ClusterLogs(cluster);
   for (Child* d : jobs.dest) {
     EXPECT_THAT(d->Stdout(), HasSubstr("received 2 0 \n")) << d->Stdout() << ClusterLogs(cluster);
     EXPECT_THAT(d->Stdout(), HasSubstr("version policy 2\n")) << d->Stdout();
@@ -184,7 +184,7 @@ TEST(TransferTest, ASourceWorkerKilledMidTransferLeavesTheDestinationOnThePrevio
     return victim >= 0;
   })) << ClusterLogs(cluster);
   cluster.worker(victim).Kill(SIGKILL);
-  ASSERT_TRUE(WaitFor([&] { return AllSaid(jobs.dest, "received 2 "); })) << ClusterLogs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return ReceivesJudged(jobs.dest, 2); })) << ClusterLogs(cluster);
   for (Child* d : jobs.dest) {
     const std::string received = LineStarting(*d, "received 2 ");
     EXPECT_THAT(received, ::testing::Not(HasSubstr("received 2 0 "))) << received;
@@ -215,7 +215,7 @@ TEST(TransferTest, VerifyModeCatchesAByteCorruptedInFlightNamingTensorVersionAnd
   ASSERT_TRUE(WaitFor([&] { return AllSaid(jobs.source, "durable 1 0 "); }))
       << ClusterLogs(cluster);
   Touch(dir + "/receive.1");
-  ASSERT_TRUE(WaitFor([&] { return AllSaid(jobs.dest, "received 1 "); })) << ClusterLogs(cluster);
+  ASSERT_TRUE(WaitFor([&] { return ReceivesJudged(jobs.dest, 1); })) << ClusterLogs(cluster);
   for (Child* d : jobs.dest) {
     const std::string received = LineStarting(*d, "received 1 ");
     EXPECT_THAT(received, HasSubstr(absl::StrCat("received 1 ",
