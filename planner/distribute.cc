@@ -122,6 +122,27 @@ absl::Status CheckCompactStructure(const CompactDistributionInput& input) {
   return absl::OkStatus();
 }
 
+// The sum of input.initial_bytes, checked (one entry per rank, none negative, no overflow).
+absl::StatusOr<int64_t> InitialBytesTotal(const CompactDistributionInput& input) {
+  if (input.initial_bytes.empty()) return 0;
+  if (static_cast<int64_t>(input.initial_bytes.size()) != input.num_ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("initial bytes given for ",
+                                                   input.initial_bytes.size(), " ranks, not ",
+                                                   input.num_ranks));
+  }
+  int64_t total = 0;
+  for (size_t r = 0; r < input.initial_bytes.size(); ++r) {
+    const int64_t bytes = input.initial_bytes[r];
+    if (bytes < 0 || bytes > std::numeric_limits<int64_t>::max() - total) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", r, "'s initial bytes ", bytes,
+          bytes < 0 ? " are negative" : " bring the total past 2^63 - 1 bytes"));
+    }
+    total += bytes;
+  }
+  return total;
+}
+
 }  // namespace
 
 absl::Status ValidateDistributionInput(const CompactDistributionInput& input) {
@@ -136,7 +157,7 @@ absl::Status ValidateDistributionInput(const CompactDistributionInput& input) {
   CKPT_RETURN_IF_ERROR(CheckCompactStructure(input));
   // Per list: 0 not looked at yet, 1 has a holder in [0, num_ranks), 2 has none.
   std::vector<uint8_t> list_state(input.list_start.size() - 1, 0);
-  int64_t total_bytes = 0;
+  CKPT_ASSIGN_OR_RETURN(int64_t total_bytes, InitialBytesTotal(input));
   for (size_t i = 0; i < input.shards.size(); ++i) {
     const CompactDistributionInput::Shard& s = input.shards[i];
     const auto id = [&] { return input.IdOf(static_cast<int32_t>(i)).DebugString(); };
@@ -594,6 +615,9 @@ std::vector<ShardAssignment> AssignInOrder(const CompactDistributionInput& input
                                            const Lists& lists, const Visits<Rank>& visits) {
   HolderSets sets = GroupHolderSets(input, lists);
   LoadTracker loads(input.num_ranks);
+  for (size_t r = 0; r < input.initial_bytes.size(); ++r) {
+    loads.Add(static_cast<int32_t>(r), input.initial_bytes[r]);
+  }
   std::vector<std::vector<LoadTracker::Entry>> heaps(sets.members.size());
   std::vector<ShardAssignment> result(visits.size);
   const size_t n = visits.size;

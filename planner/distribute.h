@@ -75,6 +75,12 @@ struct CompactDistributionInput {
   std::vector<int32_t> holders;
   std::vector<int64_t> list_start = {0};  // one more than the number of lists
   std::vector<Shard> shards;
+  // Bytes each rank is given before these shards are visited (empty: none; else one entry per
+  // rank, none negative; they count toward the 2^63 - 1 total). A caller that gives shards of
+  // one holder to that holder itself passes their bytes here: such shards come first in the
+  // visiting order (outside the cross set), so only their bytes bear on the rest, and the
+  // result is the assignment of the rest, as if they had been visited too.
+  std::vector<int64_t> initial_bytes;
 
   // Shard `shard`'s id as a PieceId (for error messages and tests).
   PieceId IdOf(int32_t shard) const;

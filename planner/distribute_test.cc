@@ -1,5 +1,7 @@
 #include "planner/distribute.h"
 
+#include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -364,6 +366,66 @@ TEST(DistributePropertyTest, CompactFormMatchesItsDistributionInput) {
     ++compared;
   }
   EXPECT_GT(compared, 300);
+}
+
+// Shards of one valid holder outside the cross set come first in the visiting order: giving
+// them to their holder and passing their bytes as initial_bytes assigns the rest as visiting
+// them all does (WritesOverAllRanks relies on it).
+TEST(DistributePropertyTest, InitialBytesStandForSingleHolderShardsVisitedFirst) {
+  std::mt19937_64 rng(9090);
+  int compared = 0;
+  for (int iter = 0; iter < 600; ++iter) {
+    const DistributionInput in = RandomInput(rng);
+    if (!internal::ValidateDistributionInput(in).ok()) continue;
+    absl::StatusOr<std::vector<ShardAssignment>> all = DistributeShardsToRanks(in);
+    if (!all.ok()) continue;
+    CompactDistributionInput whole = ToCompactDistributionInput(in);
+    CompactDistributionInput rest = whole;
+    rest.shards.clear();
+    rest.initial_bytes.assign(in.num_ranks, 0);
+    std::vector<int32_t> shard_of_rest;
+    for (size_t s = 0; s < whole.shards.size(); ++s) {
+      const CompactDistributionInput::Shard& shard = whole.shards[s];
+      const int64_t begin = whole.list_start[shard.holder_list];
+      const bool single = whole.list_start[shard.holder_list + 1] - begin == 1 &&
+                          whole.holders[begin] >= 0 && !shard.cross_group;
+      if (single) {
+        rest.initial_bytes[whole.holders[begin]] += shard.size_bytes;
+      } else {
+        shard_of_rest.push_back(static_cast<int32_t>(s));
+        rest.shards.push_back(shard);
+      }
+    }
+    absl::StatusOr<std::vector<ShardAssignment>> part = DistributeShardsToRanks(rest);
+    ASSERT_TRUE(part.ok()) << part.status();
+    std::map<int32_t, int64_t> expected, got;
+    for (const ShardAssignment& a : *all) expected[a.shard] = a.rank;
+    for (const ShardAssignment& a : *part) got[shard_of_rest[a.shard]] = a.rank;
+    for (const auto& [shard, rank] : got) {
+      ASSERT_EQ(rank, expected[shard]) << "iteration " << iter << " shard " << shard;
+    }
+    ASSERT_EQ(got.size(), shard_of_rest.size());
+    ++compared;
+  }
+  EXPECT_GT(compared, 300);
+}
+
+// initial_bytes must have one entry per rank, none negative, and not overflow the total.
+TEST(DistributeTest, MalformedInitialBytesAreErrors) {
+  DistributionInput in;
+  in.num_ranks = 2;
+  in.AddShard(Id("a"), 8, {0, 1});
+  CompactDistributionInput input = ToCompactDistributionInput(in);
+  input.initial_bytes = {4, 0};
+  absl::StatusOr<std::vector<ShardAssignment>> ok = DistributeShardsToRanks(input);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)[0].rank, 1);  // rank 0 starts with 4 bytes
+  input.initial_bytes = {4};
+  EXPECT_THAT(DistributeShardsToRanks(input).status().message(), HasSubstr("for 1 ranks, not 2"));
+  input.initial_bytes = {-1, 0};
+  EXPECT_THAT(DistributeShardsToRanks(input).status().message(), HasSubstr("negative"));
+  input.initial_bytes = {std::numeric_limits<int64_t>::max(), 0};
+  EXPECT_THAT(DistributeShardsToRanks(input).status().message(), HasSubstr("past 2^63 - 1"));
 }
 
 // A compact input whose ranges point outside its arrays is refused, never read.

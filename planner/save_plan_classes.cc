@@ -457,6 +457,29 @@ void AddCompactShard(const Classes& c, const ShardInfo& shard, int32_t holder_li
   input->shards.push_back(out);
 }
 
+// Whether WritesOverAllRanks may give every shard of one holder (with a main replica) to that
+// holder before distributing the others (CompactDistributionInput::initial_bytes): such shards
+// come first in Megatron's visiting order and only their bytes bear on the rest, so the
+// assignment is the same, without sorting them (~12 M of 12.3 M shards at 100k GPT ranks
+// with a distributed optimizer). Not when the sum of the distributed shards' sizes passes
+// int64, nor when some (key, offsets) has shards both with and without a flat range (Python's
+// sort may fail on such a pair: DistributeShardsToRanks names it), so that those errors stay
+// the distributor's own.
+bool SingleHolderShardsMayBeGivenFirst(const Classes& c, const Chains& chains) {
+  absl::flat_hash_map<std::pair<absl::string_view, absl::Span<const int64_t>>, bool> flat_of_box;
+  for (const auto& [canon, index] : c.canon) {
+    auto [it, inserted] = flat_of_box.try_emplace({canon.key, canon.offsets}, canon.has_flat);
+    if (!inserted && it->second != canon.has_flat) return false;
+  }
+  int64_t total = 0;
+  for (const ShardInfo& shard : chains.shards) {
+    if (!shard.has_main) continue;
+    if (shard.size > std::numeric_limits<int64_t>::max() - total) return false;
+    total += shard.size;
+  }
+  return true;
+}
+
 // Megatron's save distribution over all ranks (BuildSavePlan's WritesOverAllRanks): shards
 // with a main replica in order of first occurrence, holders in input order; holder lists
 // equal between shards are given once. Built in the distributor's compact form (keys interned,
@@ -486,9 +509,17 @@ absl::StatusOr<Writes> WritesOverAllRanks(const Classes& c, const Chains& chains
   std::vector<int32_t> list_of_single(num_ranks, -1);
   std::vector<int32_t> shard_of_input;
   std::vector<int32_t> holders;
+  const bool give_single_holders = SingleHolderShardsMayBeGivenFirst(c, chains);
+  if (give_single_holders) input.initial_bytes.assign(num_ranks, 0);
   for (size_t s = 0; s < chains.shards.size(); ++s) {
     const ShardInfo& shard = chains.shards[s];
     if (!shard.has_main) continue;
+    if (give_single_holders && shard.holder_count == 1) {
+      const auto& [rank, piece] = chains.holders[shard.holder_begin];
+      writes.emplace_back(rank, piece);
+      input.initial_bytes[rank] += shard.size;
+      continue;
+    }
     holders.clear();
     for (int64_t h = 0; h < shard.holder_count; ++h) {
       holders.push_back(chains.holders[shard.holder_begin + h].first);
@@ -505,7 +536,7 @@ absl::StatusOr<Writes> WritesOverAllRanks(const Classes& c, const Chains& chains
     shard_of_input.push_back(static_cast<int32_t>(s));
   }
   CKPT_ASSIGN_OR_RETURN(std::vector<ShardAssignment> assignment, DistributeShardsToRanks(input));
-  writes.reserve(assignment.size());
+  writes.reserve(writes.size() + assignment.size());
   for (const ShardAssignment& a : assignment) {
     writes.emplace_back(a.rank, PieceOfRank(chains, shard_of_input[a.shard], a.rank));
   }
