@@ -126,17 +126,16 @@ absl::Status CheckCompactStructure(const CompactDistributionInput& input) {
 absl::StatusOr<int64_t> InitialBytesTotal(const CompactDistributionInput& input) {
   if (input.initial_bytes.empty()) return 0;
   if (static_cast<int64_t>(input.initial_bytes.size()) != input.num_ranks) {
-    return absl::InvalidArgumentError(absl::StrCat("initial bytes given for ",
-                                                   input.initial_bytes.size(), " ranks, not ",
-                                                   input.num_ranks));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial bytes given for ", input.initial_bytes.size(), " ranks, not ", input.num_ranks));
   }
   int64_t total = 0;
   for (size_t r = 0; r < input.initial_bytes.size(); ++r) {
     const int64_t bytes = input.initial_bytes[r];
     if (bytes < 0 || bytes > std::numeric_limits<int64_t>::max() - total) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", r, "'s initial bytes ", bytes,
-          bytes < 0 ? " are negative" : " bring the total past 2^63 - 1 bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, "'s initial bytes ", bytes,
+                       bytes < 0 ? " are negative" : " bring the total past 2^63 - 1 bytes"));
     }
     total += bytes;
   }
