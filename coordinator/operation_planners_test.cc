@@ -48,12 +48,16 @@ TEST(PlanSaveTest, EveryMainReplicaIsWrittenOnceByARankHoldingIt) {
     total += part.total_bytes();
     for (const pb::PlanFile& f : part.files()) {
       for (const pb::PlanPiece& p : f.pieces()) {
-        ++writes[p.key() + "@" + std::to_string(p.region().offsets(0))];
-        // local_index points at the writer's own copy in its gathered shards.
+        // Named by local_index alone: the writer's own copy in its gathered shards, whole.
+        EXPECT_TRUE(p.key().empty()) << p.DebugString();
+        EXPECT_FALSE(p.has_region());
+        ASSERT_GE(p.local_index(), 0);
+        ASSERT_LT(p.local_index(), op.ranks[r].shards.size());
         const pb::PieceMeta& own = op.ranks[r].shards[p.local_index()];
-        EXPECT_EQ(own.tensor().key(), p.key());
-        EXPECT_EQ(own.region().offsets(0), p.region().offsets(0));
-        EXPECT_EQ(p.dtype(), pb::DTYPE_F32);
+        ++writes[own.tensor().key() + "@" + std::to_string(own.region().offsets(0))];
+        EXPECT_EQ(p.size_bytes(),
+                  own.region().lengths(0) *
+                      (own.region().lengths_size() > 1 ? own.region().lengths(1) : 1) * 4);
       }
     }
   }

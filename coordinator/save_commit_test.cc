@@ -60,9 +60,10 @@ void WriteParts(Operation& op, const std::vector<RankPlan>& plans, const int32_t
     for (const pb::PlanFile& f : part.files()) {
       DataFilePlan plan;
       plan.writer_rank = r;
-      for (const pb::PlanPiece& p : f.pieces()) {
-        Region region{{p.region().offsets(0), 0}, {1, 4}, std::nullopt};
-        plan.pieces.push_back(PieceData{p.key(), region, rows[r], 16});
+      for (const pb::PlanPiece& p : f.pieces()) {  // named by local index: the rank's own
+        const pb::PieceMeta own = op.ranks[r].shards[p.local_index()];
+        Region region{{own.region().offsets(0), 0}, {1, 4}, std::nullopt};
+        plan.pieces.push_back(PieceData{own.tensor().key(), region, rows[r], 16});
       }
       files.push_back(plan);
     }

@@ -80,59 +80,90 @@ absl::Status StreamDeviceSnapshot(absl::Span<const DeviceRange> ranges,
 struct PlannedPiece {
   const RegisteredTensor* tensor = nullptr;
   Region region;
+  const std::string& key() const { return tensor->shard.tensor().key(); }
 };
 
+// Whether `piece`, which gives its key, dtype, shape and region (pb::PlanPiece), names the
+// shared tensor `t` (whose region is `shared`).
+bool GivenPieceMatches(const pb::PlanPiece& piece, const RegisteredTensor& t, const Region& shared,
+                       const std::string& who, absl::Status* error) {
+  absl::StatusOr<Region> region = RegionFromProto(piece.region());
+  if (!region.ok()) {
+    *error = absl::InvalidArgumentError(
+        absl::StrCat(who, ": tensor ", piece.key(), ": ", region.status().message()));
+    return false;
+  }
+  const pb::TensorMeta& meta = t.shard.tensor();
+  if (meta.key() == piece.key() && *region == shared && meta.dtype() == piece.dtype() &&
+      std::equal(meta.global_shape().begin(), meta.global_shape().end(),
+                 piece.global_shape().begin(), piece.global_shape().end())) {
+    return true;
+  }
+  *error = absl::FailedPreconditionError(
+      absl::StrCat(who, ": the plan's piece ", piece.key(), " ", region->DebugString(),
+                   " does not match the shared tensor ", meta.key(), " ", shared.DebugString()));
+  return false;
+}
+
+// The shared tensor a plan piece names (by local index; a piece that gives its key, dtype,
+// shape and region must match it), its size checked.
 absl::StatusOr<PlannedPiece> ResolvePlannedPiece(const pb::PlanPiece& piece,
                                                  const SessionInfo& session,
                                                  const DeviceSnapshotOptions& device,
                                                  const std::string& who) {
+  const std::string named =
+      piece.key().empty() ? absl::StrCat("local index ", piece.local_index()) : piece.key();
   if (piece.local_index() < 0 || piece.local_index() >= static_cast<int>(session.tensors.size())) {
     return absl::FailedPreconditionError(absl::StrCat(
-        who, ": tensor ", piece.key(), " (local index ", piece.local_index(), ") is not among the ",
+        who, ": tensor ", named, " (local index ", piece.local_index(), ") is not among the ",
         session.tensors.size(),
         " tensors the trainer shares now (did it re-register its state during the save?)"));
   }
   const RegisteredTensor& t = session.tensors[piece.local_index()];
-  absl::StatusOr<Region> region = RegionFromProto(piece.region());
-  if (!region.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, ": tensor ", piece.key(), ": ", region.status().message()));
-  }
   absl::StatusOr<Region> shared = RegionFromProto(t.shard.region());
-  if (t.shard.tensor().key() != piece.key() || !shared.ok() || *shared != *region ||
-      t.nbytes != piece.size_bytes()) {
+  if (!shared.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": shared tensor ", t.shard.tensor().key(), ": ", shared.status().message()));
+  }
+  absl::Status mismatch;
+  if (!piece.key().empty() && !GivenPieceMatches(piece, t, *shared, who, &mismatch)) {
+    return mismatch;
+  }
+  if (t.nbytes != piece.size_bytes()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(who, ": the plan's piece ", piece.key(), " ", region->DebugString(),
-                     " does not match the shared tensor ", t.shard.tensor().key(),
-                     shared.ok() ? absl::StrCat(" ", shared->DebugString()) : std::string()));
+        absl::StrCat(who, ": the plan's piece ", named, " of ", piece.size_bytes(),
+                     " bytes does not match the shared tensor ", t.shard.tensor().key(), " ",
+                     shared->DebugString(), " of ", t.nbytes,
+                     " bytes (did the trainer re-register its state during the save?)"));
   }
   const bool on_device = t.memory_kind == pb::MEMORY_DEVICE;
+  const std::string& key = t.shard.tensor().key();
   if (on_device && device.staging == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat(who, ": tensor ", piece.key(), " is in device memory (device ", t.device,
+        absl::StrCat(who, ": tensor ", key, " is in device memory (device ", t.device,
                      ") but this worker has no device staging (it serves no GPU)"));
   }
   if ((!on_device && (t.memory_kind != pb::MEMORY_HOST || (t.data == nullptr && t.nbytes > 0))) ||
       (on_device && t.device_ptr == nullptr && t.nbytes > 0)) {
-    return absl::FailedPreconditionError(absl::StrCat(who, ": tensor ", piece.key(), " is in ",
+    return absl::FailedPreconditionError(absl::StrCat(who, ": tensor ", key, " is in ",
                                                       MemoryKindName(t.memory_kind),
                                                       " memory not mapped here"));
   }
-  return PlannedPiece{&t, *std::move(region)};
+  return PlannedPiece{&t, *std::move(shared)};
 }
 
-// The tensor of `piece`, appended to `tensors` the first time its key is seen.
-absl::Status AddTensorOnce(const pb::PlanPiece& piece, const std::string& who,
+// The tensor of `meta`, appended to `tensors` the first time its key is seen.
+absl::Status AddTensorOnce(const pb::TensorMeta& meta, const std::string& who,
                            std::set<std::string>* keys, std::vector<TensorMeta>* tensors) {
-  if (!keys->insert(piece.key()).second) return absl::OkStatus();
-  absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype());
+  if (!keys->insert(meta.key()).second) return absl::OkStatus();
+  absl::StatusOr<DType> dtype = DTypeFromProto(meta.dtype());
   if (!dtype.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(who, ": tensor ", piece.key(), ": ", dtype.status().message()));
+        absl::StrCat(who, ": tensor ", meta.key(), ": ", dtype.status().message()));
   }
   tensors->push_back(
-      TensorMeta{piece.key(), *dtype,
-                 std::vector<int64_t>(piece.global_shape().begin(), piece.global_shape().end())});
+      TensorMeta{meta.key(), *dtype,
+                 std::vector<int64_t>(meta.global_shape().begin(), meta.global_shape().end())});
   return absl::OkStatus();
 }
 
@@ -151,20 +182,21 @@ class SnapshotTaker {
   absl::Status TakePiece(const pb::PlanPiece& piece, DataFilePlan* plan) {
     CKPT_ASSIGN_OR_RETURN(PlannedPiece planned,
                           ResolvePlannedPiece(piece, session_, device_, who_));
-    CKPT_RETURN_IF_ERROR(AddTensorOnce(piece, who_, &keys_, &snapshot_.tensors));
     const RegisteredTensor& t = *planned.tensor;
+    CKPT_RETURN_IF_ERROR(AddTensorOnce(t.shard.tensor(), who_, &keys_, &snapshot_.tensors));
+    const std::string& key = planned.key();
     if (t.memory_kind == pb::MEMORY_DEVICE) {  // staged once every host piece is copied
       targets_.push_back(StreamTarget{static_cast<int>(snapshot_.files.size()),
                                       static_cast<int>(plan->pieces.size())});
-      ranges_.push_back(DeviceRange{piece.key(), t.device_ptr, t.nbytes});
-      plan->pieces.push_back(PieceData{piece.key(), planned.region, nullptr, t.nbytes});
+      ranges_.push_back(DeviceRange{key, t.device_ptr, t.nbytes});
+      plan->pieces.push_back(PieceData{key, planned.region, nullptr, t.nbytes});
       return absl::OkStatus();
     }
     if (t.lent_until_durable) {
       // Lent until the save ends: written from the trainer's mapping, which stays mapped.
       snapshot_.mappings.push_back(t.mapping);
       snapshot_.report.lent_bytes += t.nbytes;
-      plan->pieces.push_back(PieceData{piece.key(), planned.region, t.data, t.nbytes});
+      plan->pieces.push_back(PieceData{key, planned.region, t.data, t.nbytes});
       return absl::OkStatus();
     }
     // The copy is what gets written: the trainer may change its tensors once this returns.
@@ -172,11 +204,11 @@ class SnapshotTaker {
     char* copy = snapshot_.buffers.back().get();
     absl::Status copied = gate_.Copy(copy, t.data, static_cast<size_t>(t.nbytes));
     if (!copied.ok()) {
-      return absl::Status(copied.code(), absl::StrCat(who_, ": stopped copying ", piece.key(), ": ",
-                                                      copied.message()));
+      return absl::Status(copied.code(),
+                          absl::StrCat(who_, ": stopped copying ", key, ": ", copied.message()));
     }
     snapshot_.report.copied_bytes += t.nbytes;
-    plan->pieces.push_back(PieceData{piece.key(), planned.region, copy, t.nbytes});
+    plan->pieces.push_back(PieceData{key, planned.region, copy, t.nbytes});
     return absl::OkStatus();
   }
 

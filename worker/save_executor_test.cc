@@ -135,6 +135,37 @@ TEST_F(SaveExecutorTest, PieceThatDoesNotMatchTheSharedTensorIsRefusedNamingIt) 
               HasSubstr("local index 3) is not among the 1 tensors"));
 }
 
+// The coordinator names a piece by local index and size alone (pb::PlanPiece): the worker
+// writes its own shared tensor at that index, exactly as the same piece given in full.
+TEST_F(SaveExecutorTest, PieceNamedByLocalIndexAloneWritesTheSharedTensor) {
+  pb::SavePlanPart in_full = Part();
+  absl::StatusOr<std::string> given = ExecuteSavePart(in_full, session_);
+  ASSERT_TRUE(given.ok()) << given.status();
+  (void)RemoveTree(staging_);
+  auto staging = CreateStagingDir(final_path_, /*overwrite=*/true);
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  staging_ = *staging;
+  pb::SavePlanPart by_index = Part();
+  pb::PlanPiece* p = by_index.mutable_files(0)->mutable_pieces(0);
+  p->Clear();
+  p->set_local_index(0);
+  p->set_size_bytes(64);
+  absl::StatusOr<std::string> named = ExecuteSavePart(by_index, session_);
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(*named, *given);  // the same record: key, region, entry, checksums
+  pb::Manifest m;
+  ASSERT_TRUE(m.ParseFromString(*named));
+  auto bytes = ReadFileRange(JoinPath(staging_, m.pieces(0).file()), m.pieces(0).byte_offset(), 64);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(std::memcmp(bytes->data(), data_, 64), 0);
+  // A size that is not the shared tensor's (the trainer re-registered) is refused, naming it.
+  p->set_size_bytes(32);
+  absl::StatusOr<std::string> wrong = ExecuteSavePart(by_index, session_);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(wrong.status().message(),
+              HasSubstr("piece local index 0 of 32 bytes does not match the shared tensor w"));
+}
+
 TEST_F(SaveExecutorTest, CancelledWriteStopsBeforeTheNextFile) {
   MemoryGate gate;
   auto snapshot = SnapshotSavePart(Part(), session_, gate);

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "proto/compact_convert.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/deterministic.h"
 #include "proto/state_digest.h"
@@ -167,6 +168,8 @@ class Driver {
   // A plan part read from a worker's stream: counted, then executed on the executor.
   void HandleWorkItem(pb::WorkItem item);
   void Execute(pb::WorkItem item);
+  // Rank `rank`'s pieces as it described them, expanded (what a save part's local indexes name).
+  absl::StatusOr<pb::RankState> OwnPieces(int64_t rank) const;
   // Waits (WaitOperation) until the operation is final; false on timeout or a dead coordinator.
   bool WaitFinal(const std::string& id, pb::OperationStatus* status);
   // False once the coordinator process (when known) has exited, zombies included.
@@ -388,6 +391,19 @@ void Driver::HandleWorkItem(pb::WorkItem item) {
   executor_->Post([this, item = std::move(item)]() mutable { Execute(std::move(item)); });
 }
 
+absl::StatusOr<pb::RankState> Driver::OwnPieces(int64_t rank) const {
+  pb::RankState sent;
+  if (rank < 0 || rank >= static_cast<int64_t>(states_.size()) ||
+      !sent.ParseFromString(states_[rank])) {
+    return absl::InternalError(absl::StrCat("rank ", rank, ": no description to save from"));
+  }
+  pb::RankState expanded;
+  absl::StatusOr<const pb::RankState*> full =
+      ExpandCompactTensors(sent, &expanded, absl::StrCat("rank ", rank));
+  if (!full.ok()) return full.status();
+  return *full == &sent ? sent : expanded;
+}
+
 void Driver::Execute(pb::WorkItem item) {
   pb::ReportResultRequest request;
   request.set_operation_id(item.operation_id());
@@ -396,10 +412,12 @@ void Driver::Execute(pb::WorkItem item) {
   if (item.kind() == pb::OPERATION_SAVE) {
     pb::SavePlanPart part;
     const absl::Status whole = kept_parts_.Resolve(item);  // as a worker keeps part bodies
+    absl::StatusOr<pb::RankState> own = OwnPieces(item.rank());
     absl::StatusOr<std::string> written =
         !whole.ok() ? absl::StatusOr<std::string>(whole)
+        : !own.ok() ? absl::StatusOr<std::string>(own.status())
         : part.ParseFromString(item.plan_part())
-            ? WriteSparseSavePart(part, options_.fsync)
+            ? WriteSparseSavePart(part, own->shards(), options_.fsync)
             : absl::InvalidArgumentError(
                   absl::StrCat("rank ", item.rank(), ": unreadable save plan part"));
     if (written.ok()) {

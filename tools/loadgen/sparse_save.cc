@@ -70,7 +70,51 @@ uint64_t ZeroBytesHash(int64_t n) {
   return h;
 }
 
-absl::StatusOr<std::string> WriteSparseSavePart(const pb::SavePlanPart& part, bool fsync) {
+namespace {
+
+// A planned piece with its key, dtype and region: given in the plan, or the rank's own piece
+// at its local index (pb::PlanPiece).
+struct ResolvedPiece {
+  std::string key;
+  DType dtype = DType::kF32;
+  Region region;
+  int64_t size_bytes = 0;
+};
+
+absl::StatusOr<ResolvedPiece> Resolve(const pb::PlanPiece& p,
+                                      const google::protobuf::RepeatedPtrField<pb::PieceMeta>& own,
+                                      const std::string& who, const std::string& file) {
+  const bool given = !p.key().empty();
+  if (!given && (p.local_index() < 0 || p.local_index() >= static_cast<int>(own.size()))) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": piece at local index ", p.local_index(),
+                                                   " of ", file, " is not among ", own.size(),
+                                                   " pieces"));
+  }
+  const pb::PieceMeta* mine = given ? nullptr : &own[p.local_index()];
+  absl::StatusOr<DType> dtype = DTypeFromProto(given ? p.dtype() : mine->tensor().dtype());
+  absl::StatusOr<Region> region = RegionFromProto(given ? p.region() : mine->region());
+  ResolvedPiece out;
+  out.key = given ? p.key() : mine->tensor().key();
+  if (!dtype.ok() || !region.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": piece ", out.key, " of ", file, " has an invalid dtype/region"));
+  }
+  out.dtype = *dtype;
+  out.region = *std::move(region);
+  out.size_bytes = p.size_bytes();
+  if (!given && out.region.NumElements() * DTypeSize(out.dtype) != out.size_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": piece ", out.key, " of ", file, " has ", out.size_bytes,
+        " bytes planned, not its own ", out.region.NumElements() * DTypeSize(out.dtype)));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> WriteSparseSavePart(
+    const pb::SavePlanPart& part, const google::protobuf::RepeatedPtrField<pb::PieceMeta>& own,
+    bool fsync) {
   const std::string who = absl::StrCat("rank ", part.rank());
   pb::Manifest written;
   for (int i = 0; i < part.files_size(); ++i) {
@@ -81,17 +125,15 @@ absl::StatusOr<std::string> WriteSparseSavePart(const pb::SavePlanPart& part, bo
           absl::StrCat(who, ": planned file ", file.path(), " is not the worker's name ", name));
     }
     std::vector<SafetensorsEntry> entries;
+    std::vector<ResolvedPiece> pieces;
     int64_t pos = 0;
     for (const pb::PlanPiece& p : file.pieces()) {
-      absl::StatusOr<DType> dtype = DTypeFromProto(p.dtype());
-      absl::StatusOr<Region> region = RegionFromProto(p.region());
-      if (!dtype.ok() || !region.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(who, ": piece ", p.key(), " of ", name, " has an invalid dtype/region"));
-      }
-      entries.push_back({EncodeEntryName(p.key(), *region), *dtype, EntryShape(*region), pos,
-                         pos + p.size_bytes()});
-      pos += p.size_bytes();
+      absl::StatusOr<ResolvedPiece> piece = Resolve(p, own, who, name);
+      if (!piece.ok()) return piece.status();
+      entries.push_back({EncodeEntryName(piece->key, piece->region), piece->dtype,
+                         EntryShape(piece->region), pos, pos + piece->size_bytes});
+      pos += piece->size_bytes;
+      pieces.push_back(*std::move(piece));
     }
     absl::StatusOr<std::string> header =
         EncodeSafetensorsHeader(entries,
@@ -112,17 +154,17 @@ absl::StatusOr<std::string> WriteSparseSavePart(const pb::SavePlanPart& part, bo
     df->set_writer_rank(part.rank());
     df->set_data_start(data_start);
     df->set_size_bytes(data_start + pos);
-    for (int j = 0; j < file.pieces_size(); ++j) {
-      const pb::PlanPiece& p = file.pieces(j);
+    for (size_t j = 0; j < pieces.size(); ++j) {
+      const ResolvedPiece& p = pieces[j];
       pb::StoredPiece* sp = written.add_pieces();
-      sp->set_key(p.key());
-      *sp->mutable_region() = p.region();
+      sp->set_key(p.key);
+      *sp->mutable_region() = RegionToProto(p.region);
       sp->set_file(name);
       sp->set_entry_name(entries[j].name);
       sp->set_byte_offset(data_start + entries[j].begin);
-      sp->set_byte_length(p.size_bytes());
+      sp->set_byte_length(p.size_bytes);
       sp->set_writer_rank(part.rank());
-      SetZeroChecksums(p.size_bytes(), sp);
+      SetZeroChecksums(p.size_bytes, sp);
     }
   }
   return written.SerializeAsString();

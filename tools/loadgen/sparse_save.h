@@ -23,9 +23,13 @@ uint64_t ZeroBytesHash(int64_t n);
 
 // Writes the files of `part` into part.staging_dir() (file i as data/r<rank>_<i>.safetensors,
 // as the worker names them; a planned path that differs is InvalidArgument) and returns the
-// serialized pb::Manifest with the pieces and files written. With `fsync`, each file is synced
-// like a real worker's. Errors name the rank and file.
-absl::StatusOr<std::string> WriteSparseSavePart(const pb::SavePlanPart& part, bool fsync);
+// serialized pb::Manifest with the pieces and files written. `own` is the rank's pieces as it
+// described them (expanded): a planned piece named by local index alone is own[local_index],
+// as a worker resolves it (pb::PlanPiece); its size must match. With `fsync`, each file is
+// synced like a real worker's. Errors name the rank and file.
+absl::StatusOr<std::string> WriteSparseSavePart(
+    const pb::SavePlanPart& part, const google::protobuf::RepeatedPtrField<pb::PieceMeta>& own,
+    bool fsync);
 
 }  // namespace ckpt::loadgen
 

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
@@ -14,6 +15,14 @@
 
 namespace ckpt::loadgen {
 namespace {
+
+using ::testing::HasSubstr;
+
+// Parts that give their pieces in full resolve nothing from the rank's own pieces.
+const google::protobuf::RepeatedPtrField<pb::PieceMeta>& NoOwnPieces() {
+  static const auto* none = new google::protobuf::RepeatedPtrField<pb::PieceMeta>();
+  return *none;
+}
 
 struct Scratch {
   Scratch() {
@@ -61,7 +70,8 @@ std::vector<TensorMeta> Tensors() {
 TEST(SparseSaveTest, RecordEqualsTheRealWritersRecordOfZeros) {
   Scratch sparse_dir, real_dir;
   ASSERT_TRUE(MakeDir(JoinPath(sparse_dir.path, "data")).ok());
-  absl::StatusOr<std::string> record = WriteSparseSavePart(TestPart(sparse_dir.path), false);
+  absl::StatusOr<std::string> record =
+      WriteSparseSavePart(TestPart(sparse_dir.path), NoOwnPieces(), false);
   ASSERT_TRUE(record.ok()) << record.status();
   pb::Manifest sparse;
   ASSERT_TRUE(sparse.ParseFromString(*record));
@@ -101,7 +111,7 @@ TEST(SparseSaveTest, CommittedSparseCheckpointVerifies) {
   const std::string path = JoinPath(root.path, "ck");
   absl::StatusOr<std::string> staging = CreateStagingDir(path, false);
   ASSERT_TRUE(staging.ok()) << staging.status();
-  absl::StatusOr<std::string> record = WriteSparseSavePart(TestPart(*staging), true);
+  absl::StatusOr<std::string> record = WriteSparseSavePart(TestPart(*staging), NoOwnPieces(), true);
   ASSERT_TRUE(record.ok()) << record.status();
   pb::Manifest written;
   ASSERT_TRUE(written.ParseFromString(*record));
@@ -121,9 +131,46 @@ TEST(SparseSaveTest, RefusesAFileNameTheWorkerWouldNotWrite) {
   ASSERT_TRUE(MakeDir(JoinPath(dir.path, "data")).ok());
   pb::SavePlanPart part = TestPart(dir.path);
   part.mutable_files(1)->set_path("data/r9_9.safetensors");
-  absl::StatusOr<std::string> record = WriteSparseSavePart(part, false);
+  absl::StatusOr<std::string> record = WriteSparseSavePart(part, NoOwnPieces(), false);
   ASSERT_FALSE(record.ok());
   EXPECT_NE(record.status().message().find("r9_9"), std::string::npos) << record.status();
+}
+
+// The coordinator's save parts name pieces by local index alone (pb::PlanPiece): resolved from
+// the rank's own pieces, the record is the one of the same pieces given in full.
+TEST(SparseSaveTest, PiecesNamedByLocalIndexResolveToTheRanksOwnPieces) {
+  Scratch given_dir, named_dir;
+  ASSERT_TRUE(MakeDir(JoinPath(given_dir.path, "data")).ok());
+  ASSERT_TRUE(MakeDir(JoinPath(named_dir.path, "data")).ok());
+  const pb::SavePlanPart given = TestPart(given_dir.path);
+  pb::SavePlanPart named = TestPart(named_dir.path);
+  google::protobuf::RepeatedPtrField<pb::PieceMeta> own;
+  for (pb::PlanFile& f : *named.mutable_files()) {
+    for (pb::PlanPiece& p : *f.mutable_pieces()) {
+      pb::PieceMeta& mine = *own.Add();
+      mine.mutable_tensor()->set_key(p.key());
+      mine.mutable_tensor()->set_dtype(p.dtype());
+      *mine.mutable_tensor()->mutable_global_shape() = p.global_shape();
+      *mine.mutable_region() = p.region();
+      const int64_t size = p.size_bytes();
+      p.Clear();
+      p.set_local_index(own.size() - 1);
+      p.set_size_bytes(size);
+    }
+  }
+  absl::StatusOr<std::string> by_index = WriteSparseSavePart(named, own, false);
+  absl::StatusOr<std::string> in_full = WriteSparseSavePart(given, NoOwnPieces(), false);
+  ASSERT_TRUE(by_index.ok()) << by_index.status();
+  ASSERT_TRUE(in_full.ok()) << in_full.status();
+  EXPECT_EQ(*by_index, *in_full);
+
+  named.mutable_files(0)->mutable_pieces(0)->set_local_index(7);
+  EXPECT_THAT(WriteSparseSavePart(named, own, false).status().message(),
+              HasSubstr("local index 7"));
+  named.mutable_files(0)->mutable_pieces(0)->set_local_index(0);
+  named.mutable_files(0)->mutable_pieces(0)->set_size_bytes(21);
+  EXPECT_THAT(WriteSparseSavePart(named, own, false).status().message(),
+              HasSubstr("21 bytes planned, not its own 20"));
 }
 
 }  // namespace
