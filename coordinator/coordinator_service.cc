@@ -22,7 +22,10 @@
 #include "coordinator/operation_wire.h"
 #include "coordinator/transfer_kinds.h"
 #include "planner/layout_spec.h"
+#include "planner/rank_description.h"
 #include "proto/compact_convert.h"
+#include "proto/deterministic.h"
+#include "proto/state_digest.h"
 #include "proto/status_detail.h"
 #include "spdlog/spdlog.h"
 
@@ -54,7 +57,8 @@ CoordinatorService::CoordinatorService(const Clock* clock, CoordinatorOptions op
       started_(clock->Now()),
       jobs_(clock, options.jobs, incarnation_hex_),
       workers_(clock, options.lease, absl::Hours(1), incarnation_hex_),
-      descriptions_(options.description_cache_bytes) {
+      descriptions_(options.description_cache_bytes),
+      piece_classes_(options.piece_list_wait, kMaxPieceClassesPerJob) {
   SetMessageAllocatorFor_JoinOperation(&join_messages_);
   SetMessageAllocatorFor_JoinOperations(&joins_messages_);
 }
@@ -119,9 +123,14 @@ bool CoordinatorService::NeedsAdvancer(const std::string& operation_id) const {
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::AnswerNowOrAfterAdvance(
-    grpc::CallbackServerContext* context, grpc::Status status, DeferredAnswer later) {
+    grpc::CallbackServerContext* context, grpc::Status status, DeferredAnswer later,
+    grpc::ServerUnaryReactor* reactor_taken) {
+  if (later.operation_id.empty() && reactor_taken != nullptr) {
+    reactor_taken->Finish(std::move(status));
+    return reactor_taken;
+  }
   if (later.operation_id.empty()) return Answer(context, std::move(status));
-  later.reactor = context->DefaultReactor();
+  later.reactor = reactor_taken != nullptr ? reactor_taken : context->DefaultReactor();
   grpc::ServerUnaryReactor* reactor = later.reactor;
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) {
@@ -218,8 +227,10 @@ void CoordinatorService::Shutdown() {
     advance_wake_.notify_all();  // the advancer answers what is queued and stops
     WakeWaiters(/*all=*/true);   // every stream and wait finishes now
   }
+  RunResumes(piece_classes_.TakeAllParked());  // answered now (shutting down)
   if (ticker_.joinable()) ticker_.join();
   if (advancer_.joinable()) advancer_.join();
+  RunResumes(piece_classes_.TakeAllParked());  // any parked while the first ones ran
 }
 
 void CoordinatorService::Changed() {
@@ -340,6 +351,9 @@ absl::Duration CoordinatorService::HeartbeatLag() {
 }
 
 void CoordinatorService::TickOnce() {
+  // Calls parked for a layout class whose supplier did not come in time: answered now (their
+  // ranks are asked for their full descriptions).
+  RunResumes(piece_classes_.Expire(clock_->Now()));
   // What operations that ended no longer keep is destroyed at the end, without the lock.
   std::vector<std::vector<RankEntry>> released;
   const absl::Duration lag = HeartbeatLag();
@@ -589,14 +603,23 @@ grpc::Status CoordinatorService::DoDetachRank(const grpc::ServerContextBase* con
                                               pb::DetachRankResponse*) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "DetachRank");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
-  std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
-  jobs_.DetachRank(request->job(), request->rank(), request->worker_id());
-  const Job* job = jobs_.FindJob(request->job());
-  if (job == nullptr || job->ranks.empty()) descriptions_.DropJob(request->job());  // it ended
-  spdlog::info("rank_detached job={} rank={} worker={}", request->job(), request->rank(),
-               request->worker_id());
-  Changed();
+  std::vector<PieceClasses::Resume> parked;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+    jobs_.DetachRank(request->job(), request->rank(), request->worker_id());
+    const Job* job = jobs_.FindJob(request->job());
+    if (job == nullptr || job->ranks.empty()) {  // it ended
+      descriptions_.DropJob(request->job());
+      parked = piece_classes_.DropJob(request->job());
+    }
+    spdlog::info("rank_detached job={} rank={} worker={}", request->job(), request->rank(),
+                 request->worker_id());
+    Changed();
+  }
+  RunResumes(std::move(parked));  // their joins find no class held: send_full_state
   return grpc::Status::OK;
 }
 
@@ -669,7 +692,9 @@ absl::StatusOr<std::string> CoordinatorService::JoinPath(const pb::JoinOperation
 grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* context,
                                                  const pb::JoinOperationRequest* request,
                                                  pb::JoinOperationResponse* response,
-                                                 DeferredAnswer* later, JoinBatch* batch) {
+                                                 DeferredAnswer* later,
+                                                 std::vector<PieceClasses::Resume>* ready,
+                                                 JoinBatch* batch) {
   absl::StatusOr<Peer> peer =
       batch != nullptr ? batch->peer : AuthorizeCall(*context, {Role::kWorker}, "JoinOperation");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
@@ -684,7 +709,7 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   std::shared_ptr<const RankPieces> pieces;
   pb::RankState expanded;  // the sent description with its compact tensors expanded (issue 16)
   absl::StatusOr<const pb::RankState*> state =
-      JoinState(*request, response, &kept, &digest, &pieces, &expanded);
+      JoinState(*request, response, &kept, &digest, &pieces, &expanded, ready);
   if (!state.ok()) return ToGrpcStatus(state.status());
   if (*state == nullptr) return grpc::Status::OK;  // the rank re-sends its full description
   // The request's pieces are converted before the lock is taken: the lock is for the state.
@@ -745,7 +770,11 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
 absl::StatusOr<const pb::RankState*> CoordinatorService::JoinState(
     const pb::JoinOperationRequest& request, pb::JoinOperationResponse* response,
     std::shared_ptr<const pb::RankState>* kept, std::string* digest,
-    std::shared_ptr<const RankPieces>* pieces, pb::RankState* expanded) {
+    std::shared_ptr<const RankPieces>* pieces, pb::RankState* expanded,
+    std::vector<PieceClasses::Resume>* ready) {
+  if (request.has_piece_list()) {
+    return JoinStateByReference(request, response, digest, pieces, expanded);
+  }
   if (!request.state_omitted()) {
     // Compact tensors are expanded once, here: the description kept is the expanded one (a
     // digest-only join never expands again), its digest the one of what the rank sent.
@@ -754,9 +783,17 @@ absl::StatusOr<const pb::RankState*> CoordinatorService::JoinState(
     if (!full.ok()) return full.status();
     if (!request.state_digest().empty()) {
       bool kept_now = false;
-      *digest = descriptions_.Keep(request.job(), request.world_size(), request.rank(), **full,
-                                   &kept_now, pieces, &request.state());
+      PieceClass layout_class;
+      std::string class_digest;
+      *digest =
+          descriptions_.Keep(request.job(), request.world_size(), request.rank(), **full, &kept_now,
+                             pieces, &request.state(), &layout_class, &class_digest);
       response->set_state_kept(kept_now);
+      if (layout_class.list != nullptr) {
+        std::vector<PieceClasses::Resume> now =
+            piece_classes_.Add(request.job(), class_digest, std::move(layout_class));
+        for (PieceClasses::Resume& r : now) ready->push_back(std::move(r));
+      }
     }
     return *full;
   }
@@ -772,6 +809,49 @@ absl::StatusOr<const pb::RankState*> CoordinatorService::JoinState(
   *kept = *std::move(found);
   *digest = request.state_digest();  // equal to the one computed when the description was kept
   return kept->get();
+}
+
+absl::StatusOr<const pb::RankState*> CoordinatorService::JoinStateByReference(
+    const pb::JoinOperationRequest& request, pb::JoinOperationResponse* response,
+    std::string* digest, std::shared_ptr<const RankPieces>* pieces, pb::RankState* expanded) {
+  const std::string who = absl::StrCat("job ", request.job(), " rank ", request.rank());
+  const pb::RankState& sent = request.state();
+  pb::RankState rank_only;
+  rank_only.set_rank(sent.rank());
+  if (!request.state_omitted() || sent.ByteSizeLong() != rank_only.ByteSizeLong()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who,
+        ": a join by layout class carries only the rank in its state (no pieces, compact "
+        "tensors, layouts, kinds or mesh) and sets state_omitted"));
+  }
+  const std::string& class_digest = request.piece_list().class_digest();
+  std::optional<PieceClass> layout_class = piece_classes_.Find(request.job(), class_digest);
+  if (!layout_class.has_value()) {
+    response->set_send_full_state(true);
+    response->set_send_full_state_reason(
+        absl::StrCat("the coordinator does not hold layout class ", ShortDigest(class_digest),
+                     " of job ", request.job(), ": send the full description"));
+    return static_cast<const pb::RankState*>(nullptr);
+  }
+  absl::StatusOr<RankPieces> own =
+      PiecesOfColumn(layout_class->list, request.piece_list().column());
+  if (!own.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": layout class ", ShortDigest(class_digest), ": ", own.status().message()));
+  }
+  if (!expanded->ParseFromString(*layout_class->rest)) {
+    return absl::InternalError(absl::StrCat(who, ": the held layout class no longer parses"));
+  }
+  expanded->set_rank(sent.rank());
+  auto shared = std::make_shared<const RankPieces>(*std::move(own));
+  *digest = SplitDescriptionDigest(class_digest, sent.rank(), request.piece_list().column());
+  if (!request.state_digest().empty()) {
+    response->set_state_kept(descriptions_.KeepReferenced(request.job(), request.world_size(),
+                                                          request.rank(), *digest, shared,
+                                                          SerializeDeterministically(*expanded)));
+  }
+  *pieces = std::move(shared);
+  return static_cast<const pb::RankState*>(expanded);
 }
 
 grpc::Status CoordinatorService::DoReportProgress(const grpc::ServerContextBase* context,
@@ -1060,8 +1140,12 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinOperation(grpc::CallbackServer
                                                             const pb::JoinOperationRequest* request,
                                                             pb::JoinOperationResponse* response) {
   DeferredAnswer later;
-  grpc::Status status = DoJoinOperation(context, request, response, &later);
-  return AnswerNowOrAfterAdvance(context, std::move(status), std::move(later));
+  std::vector<PieceClasses::Resume> ready;
+  grpc::Status status = DoJoinOperation(context, request, response, &later, &ready);
+  grpc::ServerUnaryReactor* reactor =
+      AnswerNowOrAfterAdvance(context, std::move(status), std::move(later));
+  RunResumes(std::move(ready));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::JoinOperations(
@@ -1074,15 +1158,47 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinOperations(
   }
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "JoinOperations");
   if (!peer.ok()) return Answer(context, ToGrpcStatus(peer.status()));
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!AdmitJoinBatch(*request, [this, context, request, response, peer = *peer, reactor] {
+        RunJoinBatch(context, request, response, peer, reactor);
+      })) {
+    return reactor;  // parked: answered when resumed
+  }
+  return RunJoinBatch(context, request, response, *peer, reactor);
+}
+
+bool CoordinatorService::AdmitJoinBatch(const pb::JoinOperationsRequest& request,
+                                        PieceClasses::Resume resume) {
+  std::set<std::string> digests;
+  const std::string* job = nullptr;
+  for (const pb::JoinOperationRequest& join : request.joins()) {
+    if (!join.has_piece_list()) continue;
+    if (job != nullptr && *job != join.job()) return true;  // several jobs: never parked
+    job = &join.job();
+    digests.insert(join.piece_list().class_digest());
+  }
+  if (digests.empty()) return true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return true;
+  }
+  return piece_classes_.Admit(*job, digests, clock_->Now(), std::move(resume));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::RunJoinBatch(grpc::CallbackServerContext* context,
+                                                           const pb::JoinOperationsRequest* request,
+                                                           pb::JoinOperationsResponse* response,
+                                                           const Peer& peer,
+                                                           grpc::ServerUnaryReactor* reactor) {
   JoinBatch batch;
-  batch.peer = *std::move(peer);
+  batch.peer = peer;
   DeferredAnswer later;
   for (const pb::JoinOperationRequest& join : request->joins()) {
     pb::JoinResult* result = response->add_results();
     batch.result = result;
     DeferredAnswer one;
     const grpc::Status status =
-        DoJoinOperation(context, &join, result->mutable_response(), &one, &batch);
+        DoJoinOperation(context, &join, result->mutable_response(), &one, &batch.ready, &batch);
     if (!status.ok()) {
       result->clear_response();
       *result->mutable_status() = ToDetail(FromGrpcStatus(status));
@@ -1097,7 +1213,15 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinOperations(
                  batch.operation_id, batch.job, batch.joined, batch.first_rank, batch.last_rank,
                  batch.joined_ranks, batch.world_size, batch.by_digest);
   }
-  return AnswerNowOrAfterAdvance(context, grpc::Status::OK, std::move(later));
+  std::vector<PieceClasses::Resume> ready = std::move(batch.ready);
+  grpc::ServerUnaryReactor* answered =
+      AnswerNowOrAfterAdvance(context, grpc::Status::OK, std::move(later), reactor);
+  RunResumes(std::move(ready));  // after this call's answer: the parked calls waited for it
+  return answered;
+}
+
+void CoordinatorService::RunResumes(std::vector<PieceClasses::Resume> resumes) {
+  for (PieceClasses::Resume& resume : resumes) resume();
 }
 
 void CoordinatorService::AnswerJoinBatch(const JoinBatch& batch) {

@@ -47,6 +47,7 @@
 #include "coordinator/memory_catalog.h"
 #include "coordinator/operation_kind.h"
 #include "coordinator/persist_driver.h"
+#include "coordinator/piece_classes.h"
 #include "coordinator/transfer_registry.h"
 #include "coordinator/worker_registry.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -68,6 +69,10 @@ struct CoordinatorOptions {
   // Memory for the ranks' kept state descriptions (repeat operations send only digests);
   // 0 keeps none, so every join carries its full description.
   int64_t description_cache_bytes = int64_t{2} << 30;
+  // How long a call whose ranks describe their pieces by reference to a layout class that
+  // another rank was asked to describe in full waits for it (coordinator/piece_classes.h);
+  // past it, its ranks are asked for their full descriptions.
+  absl::Duration piece_list_wait = absl::Seconds(5);
   // A cluster reshard places at most this many of its target ranks on each live worker it
   // uses; a larger target layout is refused before anything is registered.
   int64_t max_reshard_ranks_per_worker = 1024;
@@ -78,6 +83,8 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
  public:
   // The most joins one JoinOperations call may carry (a worker's ranks; bounds one call's work).
   static constexpr int kMaxJoinsPerCall = 4096;
+  // The most layout classes held per job for descriptions by reference (piece_classes.h).
+  static constexpr int64_t kMaxPieceClassesPerJob = 65536;
 
   CoordinatorService(const Clock* clock, CoordinatorOptions options);
   ~CoordinatorService() override;
@@ -167,6 +174,8 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // Open WatchWork streams and waiting WaitOperation calls (for tests and metrics).
   size_t open_watchers();
   size_t open_waits();
+  // JoinOperations calls waiting for a layout class another rank was asked to describe.
+  int64_t parked_join_calls() const { return piece_classes_.parked(); }
 
   // Whether `peer` may use the rendezvous keys of `group` ("<kind>/<operation id>"): the
   // operation is in flight and the peer is a worker serving one of its ranks (any caller on
@@ -202,8 +211,10 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   bool NeedsAdvancer(const std::string& operation_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers `status` now when the call deferred nothing (`later` names no operation);
   // otherwise queues `later` for the advancer thread and returns its reactor.
+  // `reactor`: the call's, when it was taken already (a parked JoinOperations call).
   grpc::ServerUnaryReactor* AnswerNowOrAfterAdvance(grpc::CallbackServerContext* context,
-                                                    grpc::Status status, DeferredAnswer later);
+                                                    grpc::Status status, DeferredAnswer later,
+                                                    grpc::ServerUnaryReactor* reactor = nullptr);
   // Answers `later` with the operation's state. Requires mu_.
   void FinishDeferred(const DeferredAnswer& later) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The advancer thread's loop: Advance each queued operation, then answer its call.
@@ -234,7 +245,20 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
     // Joins still gathering, answered once the call's joins are all done (AnswerJoinBatch:
     // one Advance and one OperationStatus per operation, not one per join).
     std::vector<DeferredJoin> to_answer;
+    // Parked calls the layout classes described in this call completed (run after it).
+    std::vector<PieceClasses::Resume> ready;
   };
+  // A JoinOperations call's joins, handled (the call is admitted: see piece_classes.h);
+  // answers through `reactor` when given (a call that was parked). Returns the call's reactor.
+  grpc::ServerUnaryReactor* RunJoinBatch(grpc::CallbackServerContext* context,
+                                         const pb::JoinOperationsRequest* request,
+                                         pb::JoinOperationsResponse* response, const Peer& peer,
+                                         grpc::ServerUnaryReactor* reactor);
+  // Whether `request` may be handled now; otherwise it is parked until the layout classes its
+  // joins name are held (or their wait passed), and `resume` handles it then.
+  bool AdmitJoinBatch(const pb::JoinOperationsRequest& request, PieceClasses::Resume resume);
+  // Runs parked calls handed back (never under mu_).
+  void RunResumes(std::vector<PieceClasses::Resume> resumes);
   // Advances each operation of `batch.to_answer` once and fills its joins' answers. Takes the
   // lock.
   void AnswerJoinBatch(const JoinBatch& batch);
@@ -245,9 +269,11 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   absl::StatusOr<std::string> JoinPath(const pb::JoinOperationRequest& request, OperationKind kind,
                                        JoinBatch* batch) const;
   // One join; `batch` is null for a JoinOperation call (which logs each join itself).
+  // `ready` receives the parked calls a layout class this join described completed.
   grpc::Status DoJoinOperation(const grpc::ServerContextBase* context,
                                const pb::JoinOperationRequest* request,
                                pb::JoinOperationResponse* response, DeferredAnswer* later,
+                               std::vector<PieceClasses::Resume>* ready,
                                JoinBatch* batch = nullptr);
   grpc::Status DoReportProgress(const grpc::ServerContextBase* context,
                                 const pb::ReportProgressRequest* request,
@@ -324,13 +350,21 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // here). InvalidArgument naming job, rank and tensor for a compact tensor that cannot expand.
   // `*digest`: the coordinator's digest of the description ("" when the rank sent none).
   // `*pieces`: its shards as layout classes when the description cache split them (a kept
-  // description then comes back without its shards); null otherwise.
+  // description then comes back without its shards); null otherwise. A full description
+  // without compact tensors makes its layout class held (`*ready`: the parked calls that
+  // completes); a description by reference (piece_list) is rebuilt from its held class into
+  // `*expanded` and `*pieces`, or answered send_full_state when the class is not held.
   absl::StatusOr<const pb::RankState*> JoinState(const pb::JoinOperationRequest& request,
                                                  pb::JoinOperationResponse* response,
                                                  std::shared_ptr<const pb::RankState>* kept,
                                                  std::string* digest,
                                                  std::shared_ptr<const RankPieces>* pieces,
-                                                 pb::RankState* expanded);
+                                                 pb::RankState* expanded,
+                                                 std::vector<PieceClasses::Resume>* ready);
+  // JoinState for a description by reference to a layout class.
+  absl::StatusOr<const pb::RankState*> JoinStateByReference(
+      const pb::JoinOperationRequest& request, pb::JoinOperationResponse* response,
+      std::string* digest, std::shared_ptr<const RankPieces>* pieces, pb::RankState* expanded);
   // The memory tier loses `worker_id`'s copies (its lease was lost or it deregistered).
   void DropMemoryCopies(const std::string& worker_id, const std::string& host);
 
@@ -380,6 +414,8 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   bool heartbeats_lagging_ ABSL_GUARDED_BY(mu_) = false;  // lag >= 1 s at the last tick (logged)
   // Each rank's last state description (its own lock): repeat joins send only its digest.
   DescriptionCache descriptions_;
+  // The layout classes ranks describe their pieces by, and calls waiting for them.
+  PieceClasses piece_classes_;
   std::map<OperationKind, OperationKindHandler*> kinds_;
   KvStore* rendezvous_ = nullptr;
   MemoryCatalog* memory_catalog_ = nullptr;

@@ -19,6 +19,7 @@
 #include "coordinator/operation_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planner/rank_description.h"
 #include "proto/state_digest.h"
 #include "proto/status_detail.h"
 
@@ -87,9 +88,11 @@ class RecordingSaveKind final : public OperationKindHandler {
  public:
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override {
     planned_shards = 0;
+    planned_pieces.assign(op.world_size, {});
     std::vector<RankPlan> plans;
     for (int r = 0; r < op.world_size; ++r) {
       planned_shards += static_cast<int>(op.ranks[r].shards.size());
+      planned_pieces[r] = op.ranks[r].shards.Pieces();
       plans.push_back({absl::StrCat("part-for-rank-", r), 100 * (r + 1)});
     }
     return plans;
@@ -104,6 +107,7 @@ class RecordingSaveKind final : public OperationKindHandler {
   }
 
   int planned_shards = 0;
+  std::vector<std::vector<pb::PieceMeta>> planned_pieces;  // per rank, as planned over
   std::string committed_path;
   absl::Status commit_result = absl::OkStatus();
   std::vector<std::string> finalized;
@@ -117,6 +121,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     CoordinatorOptions options;
     options.lease = absl::Seconds(30);
     options.description_cache_bytes = description_cache_bytes;
+    options.piece_list_wait = piece_list_wait_;
     const char* tmp = std::getenv("TEST_TMPDIR");
     auto roots = CheckpointRoots::Create({tmp != nullptr ? tmp : "/tmp"});
     ASSERT_TRUE(roots.ok()) << roots.status();
@@ -188,6 +193,7 @@ class CoordinatorServiceTest : public ::testing::Test {
   }
 
   RealClock clock_;
+  absl::Duration piece_list_wait_ = absl::Seconds(30);
   RecordingSaveKind save_kind_;  // outlives service_
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -710,7 +716,7 @@ class CoordinatorDigestTest : public CoordinatorServiceTest {
     request.set_kind(pb::OPERATION_SAVE);
     request.set_path(checkpoint_path_);
     request.set_worker_id(worker);
-    request.set_state_digest(digest_override.empty() ? RankStateDigest(state) : digest_override);
+    request.set_state_digest(digest_override.empty() ? DescriptionDigest(state) : digest_override);
     request.set_state_omitted(omit_state);
     if (!omit_state) *request.mutable_state() = state;
     return stub_->JoinOperation(Ctx().get(), request, out);
@@ -812,6 +818,159 @@ TEST_F(CoordinatorDigestTest, AMismatchedDigestIsRefusedWithTheSendFullStateAnsw
   EXPECT_FALSE(j.send_full_state());
   EXPECT_EQ(j.operation().joined_ranks(), 1);  // rank 0's refused join did not count
   EXPECT_EQ(j.operation().phase(), pb::PHASE_GATHERING);
+}
+
+// Issue 16: ranks of different data-parallel replicas describe their pieces by reference to the
+// layout class they share (JoinOperationRequest.piece_list); one rank per class is asked for it
+// in full.
+class CoordinatorClassTest : public CoordinatorDigestTest {
+ protected:
+  // Rank `rank`'s description: the same two pieces on every rank (one layout class), replica
+  // id = rank, and a flat range of its own.
+  static pb::RankState Replica(int rank) {
+    pb::RankState state;
+    state.set_rank(rank);
+    for (int i = 0; i < 2; ++i) {
+      pb::PieceMeta* p = state.add_shards();
+      p->mutable_tensor()->set_key(absl::StrCat("t", i));
+      p->mutable_tensor()->set_dtype(pb::DTYPE_F32);
+      p->mutable_tensor()->add_global_shape(8);
+      p->mutable_region()->add_offsets(0);
+      p->mutable_region()->add_lengths(8);
+      p->add_replica_id(i == 0 ? rank : 0);
+      if (i == 1) {
+        p->mutable_region()->mutable_flat()->set_start(4 * rank);
+        p->mutable_region()->mutable_flat()->set_stop(4 * rank + 4);
+      }
+    }
+    return state;
+  }
+  // Rank `rank`'s join of `state`: by reference to its class, or in full.
+  pb::JoinOperationRequest ClassJoin(const std::string& worker, int rank,
+                                     const pb::RankState& state, bool by_reference) {
+    pb::JoinOperationRequest request;
+    request.set_job("gpt");
+    request.set_world_size(2);
+    request.set_rank(rank);
+    request.set_kind(pb::OPERATION_SAVE);
+    request.set_path(checkpoint_path_);
+    request.set_worker_id(worker);
+    absl::StatusOr<DescriptionSplit> split = SplitDescription(state);
+    EXPECT_TRUE(split.ok()) << split.status();
+    request.set_state_digest(split->digest);
+    if (!by_reference) {
+      *request.mutable_state() = state;
+      return request;
+    }
+    request.set_state_omitted(true);
+    request.mutable_state()->set_rank(rank);
+    request.mutable_piece_list()->set_class_digest(split->class_digest);
+    *request.mutable_piece_list()->mutable_column() = split->column;
+    return request;
+  }
+  // One JoinOperations call of `join`; its one result.
+  pb::JoinResult JoinCall(const pb::JoinOperationRequest& join) {
+    pb::JoinOperationsRequest request;
+    *request.add_joins() = join;
+    pb::JoinOperationsResponse response;
+    grpc::Status s = stub_->JoinOperations(Ctx().get(), request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response.results_size() == 1 ? response.results(0) : pb::JoinResult();
+  }
+};
+
+TEST_F(CoordinatorClassTest, OneRankDescribesTheClassInFullAndTheOtherJoinsByReference) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  Watcher watch0(stub_.get(), w0), watch1(stub_.get(), w1);
+  pb::JoinResult r = JoinCall(ClassJoin(w0, 0, Replica(0), true));
+  ASSERT_EQ(r.status().code(), 0) << r.status().message();
+  EXPECT_TRUE(r.response().send_full_state());  // the first rank is asked for the class
+  EXPECT_THAT(r.response().send_full_state_reason(), HasSubstr("does not hold layout class"));
+  r = JoinCall(ClassJoin(w0, 0, Replica(0), false));
+  ASSERT_FALSE(r.response().send_full_state());
+  EXPECT_TRUE(r.response().state_kept());
+  r = JoinCall(ClassJoin(w1, 1, Replica(1), true));  // the class is held now
+  ASSERT_EQ(r.status().code(), 0) << r.status().message();
+  ASSERT_FALSE(r.response().send_full_state()) << r.response().send_full_state_reason();
+  EXPECT_TRUE(r.response().state_kept());
+  const std::string op = r.response().operation().id();
+  // The plan (made before the call that completed the gather was answered) saw rank 1's own replica
+  // ids and flat range, rebuilt from the class.
+  ASSERT_EQ(save_kind_.planned_pieces.size(), 2u);
+  for (int rank = 0; rank < 2; ++rank) {
+    const pb::RankState expected = Replica(rank);
+    ASSERT_EQ(save_kind_.planned_pieces[rank].size(), 2u);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(save_kind_.planned_pieces[rank][i].SerializeAsString(),
+                expected.shards(i).SerializeAsString())
+          << "rank " << rank << " piece " << i;
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(Finish(op));
+  // The description a reference kept answers a digest-only repeat join.
+  pb::JoinOperationResponse j;
+  ASSERT_TRUE(JoinDescribed(w1, 1, Replica(1), true, &j).ok());
+  EXPECT_FALSE(j.send_full_state()) << j.send_full_state_reason();
+}
+
+// A call naming a class that another call's rank was asked for waits for it (ordered by the
+// service's own count of parked calls), then joins by reference.
+TEST_F(CoordinatorClassTest, ACallWaitsForTheClassAnotherRankWasAskedFor) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  Watcher watch0(stub_.get(), w0), watch1(stub_.get(), w1);
+  ASSERT_TRUE(JoinCall(ClassJoin(w0, 0, Replica(0), true)).response().send_full_state());
+  pb::JoinResult waited;
+  std::thread waiter([&] { waited = JoinCall(ClassJoin(w1, 1, Replica(1), true)); });
+  ASSERT_TRUE(Eventually([&] { return service_->parked_join_calls() == 1; }));
+  EXPECT_FALSE(JoinCall(ClassJoin(w0, 0, Replica(0), false)).response().send_full_state());
+  waiter.join();
+  EXPECT_EQ(service_->parked_join_calls(), 0);
+  ASSERT_EQ(waited.status().code(), 0) << waited.status().message();
+  EXPECT_FALSE(waited.response().send_full_state()) << waited.response().send_full_state_reason();
+  EXPECT_EQ(waited.response().operation().joined_ranks(), 2);
+}
+
+// The rank asked for the class never sends it: the waiting call is answered send_full_state
+// once --piece_list_wait passes, and its rank joins in full.
+TEST_F(CoordinatorClassTest, AWaitForAClassThatNeverComesEndsWithSendFullState) {
+  piece_list_wait_ = absl::Milliseconds(300);
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  ASSERT_TRUE(JoinCall(ClassJoin(w0, 0, Replica(0), true)).response().send_full_state());
+  const absl::Time start = absl::Now();
+  pb::JoinResult r = JoinCall(ClassJoin(w1, 1, Replica(1), true));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
+  EXPECT_TRUE(r.response().send_full_state());
+  r = JoinCall(ClassJoin(w1, 1, Replica(1), false));
+  EXPECT_FALSE(r.response().send_full_state());
+  EXPECT_EQ(r.response().operation().joined_ranks(), 1);
+}
+
+TEST_F(CoordinatorClassTest, AMalformedReferenceIsRefusedNamingJobAndRank) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  ASSERT_TRUE(JoinCall(ClassJoin(w0, 0, Replica(0), true)).response().send_full_state());
+  ASSERT_FALSE(JoinCall(ClassJoin(w0, 0, Replica(0), false)).response().send_full_state());
+  pb::JoinOperationRequest bad = ClassJoin(w1, 1, Replica(1), true);
+  bad.mutable_piece_list()->mutable_column()->set_replica_of_piece(0, 7);
+  pb::JoinResult r = JoinCall(bad);
+  EXPECT_EQ(r.status().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(r.status().message(), HasSubstr("job gpt rank 1"));
+  EXPECT_THAT(r.status().message(), HasSubstr("replica id 7"));
+  bad = ClassJoin(w1, 1, Replica(1), true);
+  *bad.mutable_state()->add_shards() = Replica(1).shards(0);  // pieces beside a reference
+  r = JoinCall(bad);
+  EXPECT_EQ(r.status().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(r.status().message(), HasSubstr("carries only the rank"));
+  bad = ClassJoin(w1, 1, Replica(1), true);
+  bad.set_state_omitted(false);
+  EXPECT_THAT(JoinCall(bad).status().message(), HasSubstr("sets state_omitted"));
+  // A reference to a class of another job is not held for this one.
+  bad = ClassJoin(w1, 1, Replica(1), true);
+  bad.set_job("other");
+  EXPECT_TRUE(JoinCall(bad).response().send_full_state());
 }
 
 TEST_F(CoordinatorDigestTest, ARankWithAChangedLayoutSendsItInFullAndThePlanIsRebuilt) {

@@ -3,59 +3,69 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/wire_format_lite.h"
+#include "planner/rank_description.h"
 #include "proto/deterministic.h"
 #include "proto/state_digest.h"
 
 namespace ckpt::coordinator {
-namespace {
-
-// A RankState's wire form without its shards (field 2): every other field as serialized,
-// whatever fields RankState gains.
-std::string WireWithoutShards(const std::string& wire) {
-  std::string rest;
-  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(wire.data()),
-                                            static_cast<int>(wire.size()));
-  for (;;) {
-    const int start = in.CurrentPosition();
-    const uint32_t tag = in.ReadTag();
-    if (tag == 0) break;
-    if (!google::protobuf::internal::WireFormatLite::SkipField(&in, tag)) break;
-    if (google::protobuf::internal::WireFormatLite::GetTagFieldNumber(tag) ==
-        pb::RankState::kShardsFieldNumber) {
-      continue;
-    }
-    rest.append(wire, start, in.CurrentPosition() - start);
-  }
-  return rest;
-}
-
-}  // namespace
 
 std::string DescriptionCache::Keep(const std::string& job, int world_size, int rank,
                                    const pb::RankState& state, bool* kept,
                                    std::shared_ptr<const RankPieces>* pieces_out,
-                                   const pb::RankState* sent) {
+                                   const pb::RankState* sent, PieceClass* layout_class,
+                                   std::string* class_digest) {
   if (kept != nullptr) *kept = false;
   Entry entry;
-  // Computed here, outside the lock, from what the rank sent (and digests itself).
-  // One serialization serves both the digest and the kept rest when the rank sent `state`
-  // itself (no compact tensors to expand).
-  const std::string wire = SerializeDeterministically(state);
-  entry.digest =
-      sent != nullptr && sent != &state ? RankStateDigest(*sent) : RankStateDigestOfBytes(wire);
-  // The pieces as layout classes (at 10k GPT ranks ~45 MiB of own columns where the serialized
-  // descriptions took 214 MiB and the parsed ones ~1.5 GiB); the rest serialized.
-  // Only the first description of each layout class has its pieces copied (under the lock).
-  auto pieces = std::make_shared<RankPieces>(RankPieces::Describe(state.shards()));
+  // Computed here, outside the lock, from what the rank sent (and digests itself). One
+  // serialization serves the digest, the class and the kept rest.
+  std::string wire = SerializeDeterministically(state);
+  std::shared_ptr<RankPieces> pieces;
+  std::string rest_of_class;
+  const bool compact = sent != nullptr && sent != &state;
+  absl::StatusOr<DescriptionSplit> split =
+      compact ? absl::StatusOr<DescriptionSplit>(absl::FailedPreconditionError("compact"))
+              : SplitDescription(state, wire);
+  if (split.ok()) {
+    entry.digest = std::move(split->digest);
+    pieces = std::make_shared<RankPieces>(std::move(split->pieces));
+    rest_of_class = std::move(split->class_rest);
+    if (class_digest != nullptr) *class_digest = std::move(split->class_digest);
+  } else {
+    entry.digest = RankStateDigest(compact ? *sent : state);
+    // The pieces as layout classes (at 10k GPT ranks ~45 MiB of own columns where the
+    // serialized descriptions took 214 MiB and the parsed ones ~1.5 GiB).
+    pieces = std::make_shared<RankPieces>(RankPieces::Describe(state.shards()));
+  }
   entry.rest = std::make_shared<const std::string>(WireWithoutShards(wire));
   std::string digest = entry.digest;
   std::lock_guard<std::mutex> lock(mu_);
+  // Only the first description of each layout class has its pieces copied.
   pieces_.Intern(pieces.get(), state.shards());
   entry.bytes = static_cast<int64_t>(entry.rest->size()) + pieces->OwnBytes();  // key freed
   if (pieces_out != nullptr) *pieces_out = pieces;
+  if (layout_class != nullptr && split.ok()) {
+    *layout_class = PieceClass{pieces->shared_list(),
+                               std::make_shared<const std::string>(std::move(rest_of_class))};
+  }
   entry.pieces = std::move(pieces);
+  const bool stored = Store(job, world_size, rank, std::move(entry));
+  if (kept != nullptr) *kept = stored;
+  return digest;
+}
+
+bool DescriptionCache::KeepReferenced(const std::string& job, int world_size, int rank,
+                                      std::string digest, std::shared_ptr<const RankPieces> pieces,
+                                      std::string rest) {
+  Entry entry;
+  entry.digest = std::move(digest);
+  entry.rest = std::make_shared<const std::string>(std::move(rest));
+  entry.bytes = static_cast<int64_t>(entry.rest->size()) + pieces->OwnBytes();
+  entry.pieces = std::move(pieces);
+  std::lock_guard<std::mutex> lock(mu_);
+  return Store(job, world_size, rank, std::move(entry));
+}
+
+bool DescriptionCache::Store(const std::string& job, int world_size, int rank, Entry entry) {
   auto it = jobs_.find(job);
   if (it != jobs_.end() && it->second.world_size != world_size) {
     DropJobLocked(it);  // the job was replaced: another world size
@@ -78,7 +88,7 @@ std::string DescriptionCache::Keep(const std::string& job, int world_size, int r
   }
   if (stats_.bytes + entry.bytes > max_bytes_) {
     ++stats_.evictions;  // cannot fit without dropping this job's other ranks: not kept
-    return digest;
+    return false;
   }
   if (it == jobs_.end()) {
     recency_.push_front(job);
@@ -88,8 +98,7 @@ std::string DescriptionCache::Keep(const std::string& job, int world_size, int r
   stats_.bytes += entry.bytes;
   ++stats_.entries;
   it->second.ranks[rank] = std::move(entry);
-  if (kept != nullptr) *kept = true;
-  return digest;
+  return true;
 }
 
 absl::StatusOr<std::shared_ptr<const pb::RankState>> DescriptionCache::Lookup(

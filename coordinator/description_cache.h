@@ -2,8 +2,9 @@
 // repeat operation with an unchanged layout skips the gather: the rank sends only the digest of
 // its description (proto/state_digest.h, SHA-256) and the coordinator uses the kept one.
 //
-// The digest kept is always the one computed here from the description the rank sent, never
-// one a caller supplied, so a match proves (up to SHA-256 collisions) that the rank's
+// The digest kept is always the one computed here from the description the rank sent (or, for
+// a description sent by reference, from its layout class and column), never one a rank
+// supplied, so a match proves (up to SHA-256 collisions) that the rank's
 // description is the one whose expansion is kept. Memory is bounded: a job's entries are dropped
 // when it ends (the service drops them when its last rank detaches) or is replaced (another world
 // size), and the least recently used jobs' when the bytes kept pass the bound. Thread-safe (its own
@@ -23,8 +24,10 @@
 #include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "coordinator/piece_classes.h"
 #include "planner/rank_pieces.h"
 #include "proto/coordinator.pb.h"
 
@@ -52,9 +55,21 @@ class DescriptionCache {
   // interned here), kept or not. `sent`, when given, is the description as the rank sent it
   // and `state` its expansion (compact tensors, proto/compact_convert.h): the expansion is
   // kept, and the digest is computed from `sent`, which is what the rank digests.
+  // The digest is planner/rank_description.h's DescriptionDigest of what the rank sent. A
+  // description without compact tensors is also split into its layout class: `layout_class`
+  // and `class_digest`, when given, receive it (its list interned here; no list for a rank
+  // without pieces).
   std::string Keep(const std::string& job, int world_size, int rank, const pb::RankState& state,
                    bool* kept = nullptr, std::shared_ptr<const RankPieces>* pieces = nullptr,
-                   const pb::RankState* sent = nullptr);
+                   const pb::RankState* sent = nullptr, PieceClass* layout_class = nullptr,
+                   std::string* class_digest = nullptr);
+
+  // Keeps the description of a rank that sent it by reference to its layout class: `pieces`
+  // (on the class's interned list), `rest` (the description without shards, rank included),
+  // under `digest` (computed by the caller from the class digest and the rank's column).
+  // Returns whether it was kept (the bound, as Keep).
+  bool KeepReferenced(const std::string& job, int world_size, int rank, std::string digest,
+                      std::shared_ptr<const RankPieces> pieces, std::string rest);
 
   // The kept description of `rank` when its digest equals `digest` and the job still has
   // `world_size` ranks, rebuilt from its kept form; FailedPrecondition naming job,
@@ -83,6 +98,9 @@ class DescriptionCache {
     std::map<int, Entry> ranks;
     std::list<std::string>::iterator recency;  // position in recency_
   };
+  // Stores `entry` as rank `rank`'s (Keep's bound and replacement rules); whether it was kept.
+  bool Store(const std::string& job, int world_size, int rank, Entry entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropJobLocked(std::map<std::string, JobEntries>::iterator it);
   void TouchLocked(JobEntries& entries);
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "planner/rank_description.h"
 #include "proto/state_digest.h"
 
 namespace ckpt::coordinator {
@@ -62,7 +63,7 @@ TEST(DescriptionCacheTest, RanksWithTheSamePiecesShareOneKeptListAndGetTheirOwnB
     auto kept = cache.Lookup("j", 8, r, digests[r]);
     ASSERT_TRUE(kept.ok()) << kept.status();
     EXPECT_EQ((*kept)->SerializeAsString(), ReplicaState(r, 50).SerializeAsString()) << r;
-    EXPECT_EQ(RankStateDigest(**kept), digests[r]);
+    EXPECT_EQ(DescriptionDigest(**kept), digests[r]);
   }
   EXPECT_LT(cache.Stats().bytes, described / 3);  // each rank's own part, not 8 lists
   // Asked for layout classes, the cache hands out the kept ones and no rebuilt pieces.
@@ -77,7 +78,7 @@ TEST(DescriptionCacheTest, RanksWithTheSamePiecesShareOneKeptListAndGetTheirOwnB
   EXPECT_EQ(pieces->list(), other->list());
   pb::RankState whole = **rest;
   for (const pb::PieceMeta& piece : pieces->Pieces()) *whole.add_shards() = piece;
-  EXPECT_EQ(RankStateDigest(whole), digests[5]);
+  EXPECT_EQ(DescriptionDigest(whole), digests[5]);
   std::shared_ptr<const RankPieces> split;
   cache.Keep("j", 8, 6, ReplicaState(6, 50), nullptr, &split);
   ASSERT_NE(split, nullptr);
@@ -90,7 +91,7 @@ TEST(DescriptionCacheTest, KeepsTheDescriptionUnderItsOwnDigestAndReturnsItOnAMa
   bool stored = false;
   const std::string digest = cache.Keep("j", 2, 1, State(1, 3), &stored);
   EXPECT_TRUE(stored);
-  EXPECT_EQ(digest, RankStateDigest(State(1, 3)));
+  EXPECT_EQ(digest, DescriptionDigest(State(1, 3)));
   auto kept = cache.Lookup("j", 2, 1, digest);
   ASSERT_TRUE(kept.ok()) << kept.status();
   EXPECT_EQ((*kept)->SerializeAsString(), State(1, 3).SerializeAsString());
@@ -101,7 +102,7 @@ TEST(DescriptionCacheTest, KeepsTheDescriptionUnderItsOwnDigestAndReturnsItOnAMa
 TEST(DescriptionCacheTest, RefusesAnotherDigestAnUnknownRankJobOrWorldSize) {
   DescriptionCache cache;
   const std::string digest = cache.Keep("j", 2, 1, State(1, 3));
-  const std::string other = RankStateDigest(State(1, 4));
+  const std::string other = DescriptionDigest(State(1, 4));
   auto refused = cache.Lookup("j", 2, 1, other);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("job j rank 1"), std::string::npos);
@@ -130,7 +131,7 @@ TEST(DescriptionCacheTest, AJobAtAnotherWorldSizeReplacesTheOldEntries) {
   cache.Keep("j", 2, 1, State(1, 3));
   cache.Keep("j", 4, 0, State(0, 3));  // the job restarted with 4 ranks
   EXPECT_EQ(cache.Stats().entries, 1);
-  EXPECT_FALSE(cache.Lookup("j", 2, 1, RankStateDigest(State(1, 3))).ok());
+  EXPECT_FALSE(cache.Lookup("j", 2, 1, DescriptionDigest(State(1, 3))).ok());
   EXPECT_TRUE(cache.Lookup("j", 4, 0, old).ok());
 }
 

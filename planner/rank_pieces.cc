@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 
 namespace ckpt {
 
@@ -102,6 +103,43 @@ RankPieces RankPieces::Describe(const google::protobuf::RepeatedPtrField<pb::Pie
     }
     AppendKey(piece, &out.content_);
   }
+  return out;
+}
+
+absl::StatusOr<RankPieces> RankPieces::FromColumn(std::shared_ptr<const SharedPieceList> list,
+                                                  std::vector<std::vector<int64_t>> replica_ids,
+                                                  std::vector<int32_t> replica_of_piece,
+                                                  std::vector<std::pair<int64_t, int64_t>> flats) {
+  if (list == nullptr) return absl::InvalidArgumentError("no piece list to describe by");
+  const size_t pieces = list->pieces.size();
+  if (replica_of_piece.size() != pieces) {
+    return absl::InvalidArgumentError(absl::StrCat("the column names ", replica_of_piece.size(),
+                                                   " pieces; the layout class has ", pieces));
+  }
+  if (flats.size() != static_cast<size_t>(list->flat_pieces)) {
+    return absl::InvalidArgumentError(absl::StrCat("the column has ", flats.size(),
+                                                   " flat ranges; the layout class has ",
+                                                   list->flat_pieces, " flat pieces"));
+  }
+  if (replica_ids.size() > std::max<size_t>(pieces, 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("the column has ", replica_ids.size(),
+                                                   " replica ids for ", pieces, " pieces"));
+  }
+  for (size_t i = 0; i < pieces; ++i) {
+    if (replica_of_piece[i] < 0 || static_cast<size_t>(replica_of_piece[i]) >= replica_ids.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("piece ", i, " of the column names replica id ", replica_of_piece[i], " of ",
+                       replica_ids.size()));
+    }
+  }
+  RankPieces out;
+  out.list_ = std::move(list);
+  out.replica_ = std::move(replica_of_piece);
+  out.flats_ = std::move(flats);
+  for (const std::vector<int64_t>& id : replica_ids) {
+    out.main_.push_back(std::all_of(id.begin(), id.end(), [](int64_t c) { return c == 0; }));
+  }
+  out.replica_ids_ = std::move(replica_ids);
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "proto/types.pb.h"
 
@@ -44,6 +45,15 @@ class RankPieces {
   // only built (copied) by PieceListInterner::Intern(rank, pieces) when no equal list is
   // interned, so ranks of a known layout class never copy a piece. Empty until interned.
   static RankPieces Describe(const google::protobuf::RepeatedPtrField<pb::PieceMeta>& pieces);
+  // A rank of an interned list (`list`, not null) with its own column (issue 16: a rank that
+  // described its pieces by reference to its layout class): `replica_ids` its distinct replica
+  // ids, `replica_of_piece` each piece's index into them, `flats` the (start, stop) of each
+  // piece with a flat range, in order. InvalidArgument when the column does not fit the list
+  // (counts, indexes); the ranges' values are the planner's to check.
+  static absl::StatusOr<RankPieces> FromColumn(std::shared_ptr<const SharedPieceList> list,
+                                               std::vector<std::vector<int64_t>> replica_ids,
+                                               std::vector<int32_t> replica_of_piece,
+                                               std::vector<std::pair<int64_t, int64_t>> flats);
   // For tests and hand-built operations: `op.ranks[r].shards = {piece, ...}`.
   RankPieces(std::initializer_list<pb::PieceMeta> pieces)  // NOLINT(runtime/explicit)
       : RankPieces(absl::MakeConstSpan(pieces.begin(), pieces.size())) {}
@@ -72,6 +82,15 @@ class RankPieces {
 
   // The shared list (its identity groups ranks into layout classes; null when empty).
   const SharedPieceList* list() const { return list_.get(); }
+  std::shared_ptr<const SharedPieceList> shared_list() const { return list_; }
+  // The rank's column (see FromColumn), as Describe or the constructor found it: distinct
+  // replica ids in first-use order.
+  const std::vector<std::vector<int64_t>>& distinct_replica_ids() const { return replica_ids_; }
+  const std::vector<int32_t>& replica_of_piece() const { return replica_; }
+  const std::vector<std::pair<int64_t, int64_t>>& flat_ranges() const { return flats_; }
+  // The interning key of the shared list (Describe, until interned): the pieces without
+  // replica ids and flat range values, in a form only this build reads.
+  const std::string& interning_key() const { return content_; }
   // Bytes of the rank's own part (the column, and the interning key until interned), for
   // accounting.
   int64_t OwnBytes() const;

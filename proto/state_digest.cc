@@ -7,11 +7,15 @@
 
 namespace ckpt {
 
-std::string RankStateDigestOfBytes(const std::string& serialized_state) {
+std::string Sha256(absl::string_view bytes) {
   std::string digest(SHA256_DIGEST_LENGTH, '\0');
-  SHA256(reinterpret_cast<const unsigned char*>(serialized_state.data()), serialized_state.size(),
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(),
          reinterpret_cast<unsigned char*>(digest.data()));
   return digest;
+}
+
+std::string RankStateDigestOfBytes(const std::string& serialized_state) {
+  return Sha256(serialized_state);
 }
 
 std::string RankStateDigest(const pb::RankState& state) {

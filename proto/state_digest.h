@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "absl/strings/string_view.h"
 #include "proto/coordinator.pb.h"
 
 namespace ckpt {
@@ -16,6 +17,9 @@ std::string RankStateDigest(const pb::RankState& state);
 
 // The same over an already deterministic serialization of a RankState.
 std::string RankStateDigestOfBytes(const std::string& serialized_state);
+
+// SHA-256 (32 raw bytes) of any bytes.
+std::string Sha256(absl::string_view bytes);
 
 // The first 8 bytes of a digest in hex, for logs.
 std::string ShortDigest(const std::string& digest);

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "planner/rank_description.h"
 #include "proto/compact_convert.h"
 #include "proto/state_digest.h"
 #include "proto/status_detail.h"
@@ -221,12 +222,15 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
     }
   }
   pb::JoinOperationResponse joined;
-  absl::Status s = JoinSendingDigest(join, &joined);
+  bool by_class = false;
+  absl::Status s = JoinSendingDigest(join, &joined, &by_class);
   if (!s.ok()) return ToGrpcStatus(s);
   spdlog::info(
-      "operation_joined op={} job={} rank={} kind={} path={} shards={} compact={} by_digest={}",
+      "operation_joined op={} job={} rank={} kind={} path={} shards={} compact={} by_digest={} "
+      "by_class={}",
       joined.operation().id(), join.job(), join.rank(), pb::OperationKind_Name(kind), join.path(),
-      join.state().shards_size(), join.state().compact_tensors_size(), join.state_omitted());
+      join.state().shards_size(), join.state().compact_tensors_size(),
+      join.state_omitted() && !by_class, by_class);
   response->set_operation_id(joined.operation().id());
   return grpc::Status::OK;
 }
@@ -242,22 +246,39 @@ absl::Status WorkerService::JoinCoalesced(const pb::JoinOperationRequest& join,
 }
 
 absl::Status WorkerService::JoinSendingDigest(pb::JoinOperationRequest& join,
-                                              pb::JoinOperationResponse* joined) {
+                                              pb::JoinOperationResponse* joined, bool* by_class) {
   const std::pair<std::string, int> key(join.job(), join.rank());
-  join.set_state_digest(RankStateDigest(join.state()));
+  // A description without compact tensors goes by reference to its layout class (its digest
+  // and the rank's column, planner/rank_description.h) unless it is unchanged (digest only).
+  std::optional<DescriptionSplit> split;
+  if (join.state().compact_tensors_size() == 0 && join.state().shards_size() > 0) {
+    absl::StatusOr<DescriptionSplit> s = SplitDescription(join.state());
+    if (s.ok()) split = *std::move(s);
+  }
+  join.set_state_digest(split.has_value() ? split->digest : DescriptionDigest(join.state()));
+  bool unchanged;
   {
     std::lock_guard<std::mutex> lock(digests_mu_);
     auto it = joined_digests_.find(key);
-    join.set_state_omitted(it != joined_digests_.end() && it->second == join.state_digest());
+    unchanged = it != joined_digests_.end() && it->second == join.state_digest();
   }
+  // Either way `state` holds the description meanwhile: a join by reference is state_omitted
+  // too, so a coordinator that predates references looks its digest up and asks for it.
   pb::RankState state;
+  join.set_state_omitted(unchanged || split.has_value());
   if (join.state_omitted()) state.Swap(join.mutable_state());
+  if (!unchanged && split.has_value()) {
+    join.mutable_state()->set_rank(state.rank());
+    join.mutable_piece_list()->set_class_digest(split->class_digest);
+    *join.mutable_piece_list()->mutable_column() = std::move(split->column);
+  }
   absl::Status s = JoinCoalesced(join, joined);
   if (s.ok() && join.state_omitted() && joined->send_full_state()) {
     spdlog::info("join_sends_full_state job={} rank={} why=\"{}\"", join.job(), join.rank(),
                  joined->send_full_state_reason());
     join.mutable_state()->Swap(&state);
     join.set_state_omitted(false);
+    join.clear_piece_list();
     joined->Clear();
     s = JoinCoalesced(join, joined);
   }
@@ -266,11 +287,14 @@ absl::Status WorkerService::JoinSendingDigest(pb::JoinOperationRequest& join,
         absl::StrCat("coordinator asked job ", join.job(), " rank ", join.rank(),
                      " for the full state it was sent: ", joined->send_full_state_reason()));
   }
+  if (by_class != nullptr) *by_class = s.ok() && join.has_piece_list();
+  if (join.state_omitted()) {  // for the caller's log
+    join.mutable_state()->Swap(&state);
+    join.clear_piece_list();
+  }
   if (!s.ok()) return s;
-  const bool omitted = join.state_omitted();
-  if (omitted) join.mutable_state()->Swap(&state);  // for the caller's log
   std::lock_guard<std::mutex> lock(digests_mu_);
-  if (omitted || joined->state_kept()) {
+  if (joined->state_kept() || (unchanged && join.state_omitted())) {
     joined_digests_[key] = join.state_digest();
   } else {
     joined_digests_.erase(key);  // not kept (or an older coordinator): send it in full again

@@ -163,7 +163,11 @@ class WorkerService final : public pb::Worker::Service {
   // JoinOperation with `join`'s full state, or only its digest when this worker joined the
   // same job and rank with the same description before; if the coordinator does not keep that
   // description (it restarted, the rank detached, ...) the full state follows transparently.
-  absl::Status JoinSendingDigest(pb::JoinOperationRequest& join, pb::JoinOperationResponse* joined);
+  // A changed description without compact tensors goes by reference to its layout class
+  // (JoinOperationRequest.piece_list), in full when the coordinator asks (`*by_class`: it went
+  // by reference and was taken so).
+  absl::Status JoinSendingDigest(pb::JoinOperationRequest& join, pb::JoinOperationResponse* joined,
+                                 bool* by_class = nullptr);
   // One JoinOperation through coordinator_joins_ (with the joins of this worker's other
   // trainers that arrive meanwhile); errors say which call to which coordinator failed.
   absl::Status JoinCoalesced(const pb::JoinOperationRequest& join,

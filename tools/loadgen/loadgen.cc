@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "planner/rank_description.h"
 #include "proto/compact_convert.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/deterministic.h"
@@ -136,10 +137,13 @@ class Driver {
   // Every field of rank `rank`'s join but the state.
   pb::JoinOperationRequest JoinHeader(const OperationRun& run, const std::string& kind,
                                       int64_t rank) const;
-  // Rank `rank`'s serialized join: only the digest once its description was accepted in full,
-  // unless `full_state` (`omitted` says which).
+  // How a join carried its rank's description.
+  enum class Sent { kFull, kDigest, kClass };
+  // Rank `rank`'s serialized join: only the digest once its description was accepted, else by
+  // reference to its layout class (options_.class_references), unless `full_state` (`sent`
+  // says which).
   std::string JoinBytes(const OperationRun& run, const std::string& kind, int64_t rank,
-                        bool full_state, bool* omitted) const;
+                        bool full_state, Sent* sent) const;
   // One unary call of `method` (serialized `request`) as `worker`; `done` gets the status and
   // the response's bytes on the completion loop.
   void CallCoordinator(int64_t worker, const char* method, const std::string& request,
@@ -148,10 +152,10 @@ class Driver {
   // returns the ranks that must join again with their full state.
   std::vector<int64_t> JoinsAnswered(const std::shared_ptr<OperationRun>& run,
                                      const std::vector<int64_t>& ranks,
-                                     const std::vector<bool>& omitted, const grpc::Status& status,
+                                     const std::vector<Sent>& omitted, const grpc::Status& status,
                                      const std::string& bytes);
   // Records the answer of rank `rank`'s join; true when it must join again with its full state.
-  bool JoinAnswered(const std::shared_ptr<OperationRun>& run, int64_t rank, bool omitted,
+  bool JoinAnswered(const std::shared_ptr<OperationRun>& run, int64_t rank, Sent sent,
                     const absl::Status& status, const pb::JoinOperationResponse& response);
   // Rank `rank` (its join accepted) waits for the operation's end as options_.rank_waits says.
   void StartRankWait(const std::shared_ptr<OperationRun>& run, int64_t rank);
@@ -185,7 +189,9 @@ class Driver {
   const LoadgenOptions& options_;
   const GptPipelineLayout& layout_;
   std::vector<std::string> states_;   // serialized RankState by rank
-  std::vector<std::string> digests_;  // their digests (proto/state_digest.h)
+  std::vector<std::string> digests_;  // their digests (planner/rank_description.h)
+  // Serialized pb::PieceListReference by rank ("" when the rank joins in full).
+  std::vector<std::string> references_;
   // Per rank: the coordinator accepted its description in full (its digest will do).
   std::unique_ptr<std::atomic<bool>[]> described_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
@@ -217,6 +223,7 @@ void Driver::Describe(LoadgenReport* report) {
   const absl::Time start = absl::Now();
   states_.assign(options_.ranks, std::string());
   digests_.assign(options_.ranks, std::string());
+  references_.assign(options_.ranks, std::string());
   described_ = std::make_unique<std::atomic<bool>[]>(options_.ranks);
   const int threads = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
   std::vector<int64_t> shards(threads, 0), max_shards(threads, 0), bytes(threads, 0),
@@ -239,7 +246,22 @@ void Driver::Describe(LoadgenReport* report) {
         shards[t] += pieces;
         max_shards[t] = std::max<int64_t>(max_shards[t], pieces);
         states_[r] = state->SerializeAsString();
-        if (options_.state_digests) digests_[r] = RankStateDigest(*state);
+        if (options_.state_digests && state->compact_tensors_size() == 0) {
+          absl::StatusOr<DescriptionSplit> split = SplitDescription(*state);
+          if (!split.ok()) {
+            errors[t] = split.status().ToString();
+            return;
+          }
+          digests_[r] = split->digest;
+          if (options_.class_references) {
+            pb::PieceListReference reference;
+            reference.set_class_digest(split->class_digest);
+            *reference.mutable_column() = std::move(split->column);
+            references_[r] = reference.SerializeAsString();
+          }
+        } else if (options_.state_digests) {
+          digests_[r] = RankStateDigest(*state);
+        }
         bytes[t] += static_cast<int64_t>(states_[r].size());
       }
     });
@@ -511,11 +533,20 @@ pb::JoinOperationRequest Driver::JoinHeader(const OperationRun& run, const std::
 }
 
 std::string Driver::JoinBytes(const OperationRun& run, const std::string& kind, int64_t rank,
-                              bool full_state, bool* omitted) const {
+                              bool full_state, Sent* sent) const {
   pb::JoinOperationRequest header = JoinHeader(run, kind, rank);
-  *omitted = options_.state_digests && !full_state && described_[rank].load();
-  header.set_state_omitted(*omitted);
-  return *omitted ? header.SerializeAsString() : JoinRequestBytes(header, states_[rank]);
+  *sent = full_state || !options_.state_digests ? Sent::kFull
+          : described_[rank].load()             ? Sent::kDigest
+          : !references_[rank].empty()          ? Sent::kClass
+                                                : Sent::kFull;
+  header.set_state_omitted(*sent != Sent::kFull);
+  if (*sent == Sent::kDigest) return header.SerializeAsString();
+  if (*sent == Sent::kFull) return JoinRequestBytes(header, states_[rank]);
+  pb::RankState rank_only;  // by reference: the rank alone, then the class and column
+  rank_only.set_rank(static_cast<int32_t>(rank));
+  std::string out = JoinRequestBytes(header, rank_only.SerializeAsString());
+  AppendBytesField(pb::JoinOperationRequest::kPieceListFieldNumber, references_[rank], &out);
+  return out;
 }
 
 // One unary call of `method` with `request` bytes; `done` gets the status and response bytes.
@@ -543,7 +574,7 @@ void Driver::CallCoordinator(int64_t worker, const char* method, const std::stri
 
 void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& kind, int64_t rank,
                   bool full_state) {
-  bool omitted = false;
+  Sent omitted = Sent::kFull;
   const std::string request = JoinBytes(*run, kind, rank, full_state, &omitted);
   {
     std::lock_guard<std::mutex> lock(run->mu);
@@ -570,9 +601,9 @@ void Driver::Join(const std::shared_ptr<OperationRun>& run, const std::string& k
 void Driver::JoinTogether(const std::shared_ptr<OperationRun>& run, const std::string& kind,
                           std::vector<int64_t> ranks, std::vector<int64_t> next, bool full_state) {
   std::string request;
-  std::vector<bool> omitted;
+  std::vector<Sent> omitted;
   for (int64_t rank : ranks) {
-    bool o = false;
+    Sent o = Sent::kFull;
     AppendBytesField(pb::JoinOperationsRequest::kJoinsFieldNumber,
                      JoinBytes(*run, kind, rank, full_state, &o), &request);
     omitted.push_back(o);
@@ -597,7 +628,7 @@ void Driver::JoinTogether(const std::shared_ptr<OperationRun>& run, const std::s
 
 std::vector<int64_t> Driver::JoinsAnswered(const std::shared_ptr<OperationRun>& run,
                                            const std::vector<int64_t>& ranks,
-                                           const std::vector<bool>& omitted,
+                                           const std::vector<Sent>& omitted,
                                            const grpc::Status& status, const std::string& bytes) {
   pb::JoinOperationsResponse response;
   const absl::Status whole = !status.ok() ? absl::UnavailableError(status.error_message())
@@ -619,10 +650,10 @@ std::vector<int64_t> Driver::JoinsAnswered(const std::shared_ptr<OperationRun>& 
   return again;
 }
 
-bool Driver::JoinAnswered(const std::shared_ptr<OperationRun>& run, int64_t rank, bool omitted,
+bool Driver::JoinAnswered(const std::shared_ptr<OperationRun>& run, int64_t rank, Sent sent,
                           const absl::Status& status, const pb::JoinOperationResponse& response) {
   std::lock_guard<std::mutex> lock(run->mu);
-  if (status.ok() && response.send_full_state() && omitted) {
+  if (status.ok() && response.send_full_state() && sent != Sent::kFull) {
     ++run->report.full_state_resends;
     described_[rank] = false;
     return true;
@@ -631,8 +662,9 @@ bool Driver::JoinAnswered(const std::shared_ptr<OperationRun>& run, int64_t rank
   run->report.last_join_answered = absl::Now();
   if (status.ok() && !response.send_full_state()) {
     if (run->id.empty()) run->id = response.operation().id();
-    if (omitted) ++run->report.joins_by_digest;
-    if (!omitted) described_[rank] = response.state_kept();
+    if (sent == Sent::kDigest) ++run->report.joins_by_digest;
+    if (sent == Sent::kClass) ++run->report.joins_by_class;
+    if (sent != Sent::kDigest) described_[rank] = response.state_kept();
   } else if (run->report.join_errors++ == 0) {
     run->report.first_join_error = absl::StrCat(
         "rank ", rank, ": ",
@@ -955,9 +987,9 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
     absl::StrAppend(&out, absl::StrFormat("%s id %s phase %s%s\n", op.kind, op.id, op.phase,
                                           op.status.empty() ? "" : " status " + op.status));
     absl::StrAppend(&out, absl::StrFormat("%s joins_by_digest %d full_state_resends %d "
-                                          "plan_reused %d\n",
+                                          "plan_reused %d joins_by_class %d\n",
                                           op.kind, op.joins_by_digest, op.full_state_resends,
-                                          op.plan_reused ? 1 : 0));
+                                          op.plan_reused ? 1 : 0, op.joins_by_class));
     if (op.join_errors > 0) {
       absl::StrAppend(&out, absl::StrFormat("%s join_errors %d first \"%s\"\n", op.kind,
                                             op.join_errors, op.first_join_error));
@@ -984,10 +1016,10 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
                                           op.kind, op.ranks_told, op.wait_calls, op.join_calls));
     absl::StrAppend(
         &out, absl::StrFormat("%s joins_answered_s %s first_plan_s %s plan_parts %d "
-                              "plan_mib %s max_part_mib %s files %d\n",
+                              "plan_mib %s max_part_mib %s files %d plan_bytes %d\n",
                               op.kind, Seconds(op.start, op.last_join_answered),
                               Seconds(op.start, op.first_plan), op.plan_parts, MiB(op.plan_bytes),
-                              MiB(op.max_plan_part), op.files_written));
+                              MiB(op.max_plan_part), op.files_written, op.plan_bytes));
     absl::StrAppend(
         &out, absl::StrFormat(
                   "%s coordinator cpu_s %.2f peak_threads %d rss_mib_after %s loadgen_cpu_s %.2f\n",

@@ -71,6 +71,9 @@ struct LoadgenOptions {
   bool state_digests = true;
   // Describe each rank compactly (GptPipelineLayout::RankState(rank, compact = true)).
   bool compact = false;
+  // Join as workers do: a changed description without compact tensors by reference to its
+  // layout class (JoinOperationRequest.piece_list), in full when the coordinator asks.
+  bool class_references = true;
   absl::Duration rpc_timeout = absl::Seconds(120);
   absl::Duration wait_slice = absl::Seconds(10);  // WaitOperation timeout per call
   absl::Duration operation_timeout = absl::Minutes(30);
@@ -93,6 +96,7 @@ struct OperationReport {
   int64_t wait_calls = 0;          // WaitOperation calls made for the ranks' waits
   int64_t join_calls = 0;          // JoinOperation(s) calls made (resends included)
   int64_t joins_by_digest = 0;     // joins that sent only the description digest, accepted
+  int64_t joins_by_class = 0;      // joins that sent their layout class's digest, accepted
   int64_t full_state_resends = 0;  // digest-only joins the coordinator answered send_full_state
   absl::Time start = absl::InfinitePast();               // first join sent
   absl::Time last_join_answered = absl::InfinitePast();  // by the loadgen's clock

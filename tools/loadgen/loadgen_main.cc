@@ -56,7 +56,7 @@ constexpr char kUsage[] =
     "                    [--load-algorithm A] [--max-in-flight 256]\n"
     "                    [--channels 64] [--executor-threads 2]\n"
     "                    [--rank-waits per-worker|per-rank|none] [--no-rank-waits] [--fsync]\n"
-    "                    [--per-rank-joins] [--no-join-linger]\n"
+    "                    [--per-rank-joins] [--no-join-linger] [--no-class-references]\n"
     "                    [--max-coordinator-rss 12G] [--keep-checkpoint]\n"
     "                    [--operation-timeout-s 1800] [--rpc-timeout-s 120]\n"
     "Simulates N trainer ranks (a GPT at TP x PP x DP) over M workers against a real\n"
@@ -71,7 +71,9 @@ constexpr char kUsage[] =
     "coalesced joins); by default a worker's ranks join together in one JoinOperations call, as\n"
     "a worker does when its trainers arrive within its join linger.\n"
     "--no-join-linger: a worker's first rank joins alone and its other ranks together in the\n"
-    "next call (a worker with --join_linger_ms=0).\n";
+    "next call (a worker with --join_linger_ms=0).\n"
+    "--no-class-references: every changed description goes in full (workers before they\n"
+    "described their pieces by reference to their layout class).\n";
 
 int Usage(const std::string& error) {
   std::fprintf(stderr, "ckpt_loadgen: %s\n%s", error.c_str(), kUsage);
@@ -190,9 +192,10 @@ absl::Status ParseCommandLine(int argc, char** argv, Flags* flags,
                                              "coordinator-flag",
                                              "rpc-timeout-s",
                                              "rank-waits"};
-  const std::set<std::string> bool_flags = {"no-rank-waits",  "fsync",           "keep-checkpoint",
-                                            "help",           "no-state-digest", "compact",
-                                            "per-rank-joins", "no-join-linger"};
+  const std::set<std::string> bool_flags = {
+      "no-rank-waits",  "fsync",           "keep-checkpoint",
+      "help",           "no-state-digest", "compact",
+      "per-rank-joins", "no-join-linger",  "no-class-references"};
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (!absl::ConsumePrefix(&arg, "--")) {
@@ -287,6 +290,7 @@ absl::Status ParseRunOptions(Flags& flags, ckpt::loadgen::LoadgenOptions* option
   }
   options->state_digests = !flags.count("no-state-digest");
   options->compact = flags.count("compact") > 0;
+  options->class_references = !flags.count("no-class-references");
   if (flags.count("max-coordinator-rss") && !ParseBytes(flags["max-coordinator-rss"], max_rss)) {
     return absl::InvalidArgumentError("bad --max-coordinator-rss");
   }
