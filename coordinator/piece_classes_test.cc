@@ -34,7 +34,7 @@ TEST(PieceClassesTest, OneCallIsAskedForAClassAndTheOthersWaitForIt) {
   EXPECT_EQ(classes.parked(), 0);
   ASSERT_TRUE(classes.Find("j", "D").has_value());
   EXPECT_EQ(*classes.Find("j", "D")->rest, "rest");
-  EXPECT_FALSE(classes.Find("other", "D").has_value());  // classes are per job
+  EXPECT_FALSE(classes.Find("other", "D").has_value());   // classes are per job
   EXPECT_TRUE(classes.Admit("j", {"D"}, kStart, count));  // held: goes on
   EXPECT_EQ(resumed, 2);
 }

@@ -59,7 +59,7 @@ TEST(RankDescriptionTest, ReplicasShareTheClassAndDifferInTheirDigest) {
   const absl::StatusOr<DescriptionSplit> tp1 = SplitDescription(State(1));
   ASSERT_TRUE(dp0.ok() && dp1.ok() && tp1.ok());
   EXPECT_EQ(dp0->class_digest, dp1->class_digest);  // same pieces, other replica ids and ranges
-  EXPECT_NE(dp0->class_digest, tp1->class_digest);   // other rows
+  EXPECT_NE(dp0->class_digest, tp1->class_digest);  // other rows
   EXPECT_NE(dp0->digest, dp1->digest);
   EXPECT_EQ(dp0->class_digest.size(), 32u);
   // The rest of the description is part of the class, the rank is not.
@@ -102,8 +102,7 @@ TEST(RankDescriptionTest, AReferenceRebuildsTheDescriptionAndItsDigest) {
       EXPECT_EQ(rebuilt->Piece(i).SerializeAsString(), state.shards(i).SerializeAsString())
           << "rank " << rank << " piece " << i;
     }
-    EXPECT_EQ(SplitDescriptionDigest(split->class_digest, rank, ColumnOf(*rebuilt)),
-              split->digest);
+    EXPECT_EQ(SplitDescriptionDigest(split->class_digest, rank, ColumnOf(*rebuilt)), split->digest);
     EXPECT_EQ(DescriptionDigest(state), split->digest);
   }
 }

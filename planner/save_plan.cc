@@ -73,6 +73,9 @@ std::vector<PlannedFile> PackFiles(int64_t rank, std::vector<PlannedPiece> piece
                                          [](const PlannedPiece& p) { return p.size_bytes > 0; });
   num_files = std::min<int64_t>(num_files, std::max<int64_t>(1, nonempty));
   auto id_less = [&](int32_t a, int32_t b) {
+    if (pieces[a].id_order >= 0 && pieces[b].id_order >= 0) {
+      return pieces[a].id_order < pieces[b].id_order;
+    }
     return IdLessInPlace(pieces[a].key, pieces[a].region, pieces[b].key, pieces[b].region);
   };
   // Indexes are sorted, not the pieces: moving a piece moves a key, a shape and a region.

@@ -585,7 +585,8 @@ absl::Status WritesOfGroup(const Classes& c, const Chains& chains, std::vector<i
 }
 
 // Per list, each template's place in id order (key, offsets, then pieces without a flat range
-// first), so that a writer's pieces are put in id order comparing integers, not keys.
+// first), so that a writer's pieces are put in id order comparing integers, not keys. Templates
+// that tie (two flat ranges of one box) share a place: their flat ranges order them.
 std::vector<std::vector<int32_t>> TemplateIdOrder(const Classes& c) {
   std::vector<std::vector<int32_t>> place(c.lists.size());
   std::vector<int32_t> order;
@@ -594,15 +595,20 @@ std::vector<std::vector<int32_t>> TemplateIdOrder(const Classes& c) {
     const RankPieces& first = *list.first_holder;
     order.resize(list.pieces.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    auto less = [&](int32_t a, int32_t b) {
       const TensorPiece& x = list.pieces[a];
       const TensorPiece& y = list.pieces[b];
       if (int k = x.key.compare(y.key); k != 0) return k < 0;
       if (x.region.offsets != y.region.offsets) return x.region.offsets < y.region.offsets;
       return !first.has_flat(a) && first.has_flat(b);
-    });
+    };
+    std::sort(order.begin(), order.end(), less);
     place[l].resize(order.size());
-    for (size_t k = 0; k < order.size(); ++k) place[l][order[k]] = static_cast<int32_t>(k);
+    int32_t at = 0;
+    for (size_t k = 0; k < order.size(); ++k) {
+      if (k > 0 && less(order[k - 1], order[k])) at = static_cast<int32_t>(k);
+      place[l][order[k]] = at;
+    }
   }
   return place;
 }
@@ -610,7 +616,8 @@ std::vector<std::vector<int32_t>> TemplateIdOrder(const Classes& c) {
 // Each writer's pieces (BuildSavePlan's PiecesByWriter), in id order (nearly: see below), so
 // that PackFiles finds them sorted and does not sort again.
 std::vector<std::vector<PlannedPiece>> PiecesByWriter(const Classes& c, const Chains& chains,
-                                                      const Writes& writes, int64_t num_ranks) {
+                                                      const Writes& writes, int64_t num_ranks,
+                                                      bool describe_pieces) {
   std::vector<int64_t> begin(num_ranks + 1, 0);
   for (const auto& [writer, i] : writes) ++begin[writer + 1];
   for (int64_t r = 0; r < num_ranks; ++r) begin[r + 1] += begin[r];
@@ -627,23 +634,30 @@ std::vector<std::vector<PlannedPiece>> PiecesByWriter(const Classes& c, const Ch
     const ListInfo& list = c.lists[c.list_of_rank[writer]];
     const std::vector<int32_t>& rank_of = place[c.list_of_rank[writer]];
     const auto first = pieces.begin() + begin[writer], last = pieces.begin() + begin[writer + 1];
-    // Two templates of one box (flat ranges of one tensor box, if a rank held two) may come
-    // out of id order here; PackFiles then sorts them.
-    std::sort(first, last, [&](int32_t a, int32_t b) { return rank_of[a] < rank_of[b]; });
+    // Exactly id order: a place, then (two flat ranges of one box) the flat range. A writer
+    // writes each shard id once, so no two of its pieces tie.
+    std::sort(first, last, [&](int32_t a, int32_t b) {
+      if (rank_of[a] != rank_of[b]) return rank_of[a] < rank_of[b];
+      if (!own.has_flat(a) || !own.has_flat(b)) return false;  // one place: both or neither
+      return std::make_pair(own.flat_start(a), own.flat_stop(a)) <
+             std::make_pair(own.flat_start(b), own.flat_stop(b));
+    });
     by_writer[writer].reserve(last - first);
     for (auto it = first; it != last; ++it) {
-      // Built from the list's template in place (FillPiece without the rank and replica id).
       const int32_t i = *it;
-      const TensorPiece& t = list.pieces[i];
       PlannedPiece& p = by_writer[writer].emplace_back();
+      p.size_bytes = chains.shards[chains.shard_of_ref[c.ref_begin[writer] + i]].size;
+      p.source_index = i;
+      p.id_order = it - first;
+      if (!describe_pieces) continue;
+      // Built from the list's template in place (FillPiece without the rank and replica id).
+      const TensorPiece& t = list.pieces[i];
       p.key = t.key;
       p.dtype = t.dtype;
       p.global_shape = t.global_shape;
       p.region.offsets = t.region.offsets;
       p.region.lengths = t.region.lengths;
       if (own.has_flat(i)) p.region.flat = FlatRange{own.flat_start(i), own.flat_stop(i)};
-      p.size_bytes = chains.shards[chains.shard_of_ref[c.ref_begin[writer] + i]].size;
-      p.source_index = i;
     }
   }
   return by_writer;
@@ -700,8 +714,8 @@ absl::StatusOr<SavePlan> BuildSavePlanFromClasses(absl::Span<const RankPieces* c
   } else {
     CKPT_ASSIGN_OR_RETURN(writes, WritesOverAllRanks(classes, chains, num_ranks));
   }
-  return PackWriters(PiecesByWriter(classes, chains, writes, num_ranks), num_ranks,
-                     options.target_file_bytes);
+  return PackWriters(PiecesByWriter(classes, chains, writes, num_ranks, options.describe_pieces),
+                     num_ranks, options.target_file_bytes);
 }
 
 }  // namespace ckpt

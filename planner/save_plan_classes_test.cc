@@ -249,8 +249,24 @@ void ToLocalIndex(const std::vector<int>& local, SavePlan* plan) {
   }
 }
 
+// The plan as the coordinator sends it: files, and each piece's size and writer's index.
+std::string LeanString(const SavePlan& plan) {
+  std::string s;
+  for (const WriterPlan& w : plan.writers) {
+    absl::StrAppend(&s, "writer ", w.rank, " bytes ", w.total_bytes, "\n");
+    for (const PlannedFile& f : w.files) {
+      absl::StrAppend(&s, "  file ", f.path, " ", f.total_bytes, ":");
+      for (const PlannedPiece& p : f.pieces)
+        absl::StrAppend(&s, " ", p.size_bytes, "@", p.source_index);
+      absl::StrAppend(&s, "\n");
+    }
+  }
+  return s;
+}
+
 absl::StatusOr<SavePlan> PlanOverClasses(const Problem& problem, int64_t target,
-                                         std::vector<RankPieces>* kept) {
+                                         std::vector<RankPieces>* kept,
+                                         bool describe_pieces = true) {
   PieceListInterner interner;
   kept->clear();
   for (const auto& list : problem.ranks) {
@@ -262,6 +278,7 @@ absl::StatusOr<SavePlan> PlanOverClasses(const Problem& problem, int64_t target,
   SavePlanOptions options;
   options.target_file_bytes = target;
   options.groups = problem.groups;
+  options.describe_pieces = describe_pieces;
   return BuildSavePlanFromClasses(ranks, problem.num_ranks, options);
 }
 
@@ -298,6 +315,16 @@ TEST(SavePlanClassesTest, EqualsTheFlatPlannerOnRandomLayoutsValidAndInvalid) {
     ++planned;
     ToLocalIndex(local, &*flat);
     ASSERT_EQ(PlanString(*classes), PlanString(*flat));
+    // Without the pieces' descriptions (the coordinator's parts), the same files and pieces.
+    std::vector<RankPieces> kept_lean;
+    absl::StatusOr<SavePlan> lean = PlanOverClasses(problem, target, &kept_lean, false);
+    ASSERT_TRUE(lean.ok()) << lean.status();
+    ASSERT_EQ(LeanString(*lean), LeanString(*flat));
+    for (const WriterPlan& w : lean->writers) {
+      for (const PlannedFile& f : w.files) {
+        for (const PlannedPiece& p : f.pieces) EXPECT_TRUE(p.key.empty() && p.global_shape.empty());
+      }
+    }
   }
   for (const auto& [what, n] : outcomes) std::cerr << what << ": " << n << "\n";
   EXPECT_GT(planned, 1000);
