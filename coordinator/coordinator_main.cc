@@ -101,6 +101,9 @@ ABSL_FLAG(int64_t, description_cache_bytes, int64_t{2} << 30,
           "memory for the ranks' kept state descriptions, so that repeat operations with an "
           "unchanged layout send only a digest (least recently used jobs are dropped past it; "
           "0: keep none)");
+ABSL_FLAG(int64_t, piece_list_wait_ms, 5000,
+          "ranks that describe their pieces by reference to a layout class another rank was "
+          "asked to describe in full wait at most this long for it, then send theirs in full");
 ABSL_FLAG(int64_t, max_reshard_ranks_per_worker, 1024,
           "a cluster reshard (ckptctl reshard --coordinator) places at most this many target "
           "ranks on each live worker; a larger target layout is refused up front");
@@ -207,6 +210,8 @@ std::optional<int> ReadSettings(const std::vector<std::string>& checkpoint_roots
     return Fail("--description_cache_bytes must be >= 0");
   }
   options.description_cache_bytes = absl::GetFlag(FLAGS_description_cache_bytes);
+  if (absl::GetFlag(FLAGS_piece_list_wait_ms) < 0) return Fail("--piece_list_wait_ms must be >= 0");
+  options.piece_list_wait = absl::Milliseconds(absl::GetFlag(FLAGS_piece_list_wait_ms));
   if (absl::GetFlag(FLAGS_max_reshard_ranks_per_worker) < 1) {
     return Fail("--max_reshard_ranks_per_worker must be >= 1");
   }

@@ -48,14 +48,15 @@ void AppendKey(const pb::PieceMeta& piece, std::string* content) {
 RankPieces::RankPieces(std::vector<pb::PieceMeta>&& pieces) {
   if (pieces.empty()) return;
   auto list = std::make_shared<SharedPieceList>();
+  auto column = std::make_shared<Column>();
   list->flat_slot.reserve(pieces.size());
-  replica_.reserve(pieces.size());
+  column->replica.reserve(pieces.size());
   absl::flat_hash_map<std::vector<int64_t>, int32_t> replica_index;
   for (pb::PieceMeta& piece : pieces) {
-    replica_.push_back(ReplicaIndex(piece.replica_id(), &replica_index));
+    column->replica.push_back(ReplicaIndex(piece.replica_id(), &replica_index, column.get()));
     if (piece.region().has_flat()) {
       list->flat_slot.push_back(list->flat_pieces++);
-      flats_.emplace_back(piece.region().flat().start(), piece.region().flat().stop());
+      column->flats.emplace_back(piece.region().flat().start(), piece.region().flat().stop());
     } else {
       list->flat_slot.push_back(-1);
     }
@@ -64,45 +65,54 @@ RankPieces::RankPieces(std::vector<pb::PieceMeta>&& pieces) {
   }
   list->pieces = std::move(pieces);
   list_ = std::move(list);
+  column_ = std::move(column);
+}
+
+const RankPieces::Column& RankPieces::column() const {
+  static const Column* const kNone = new Column();
+  return column_ != nullptr ? *column_ : *kNone;
 }
 
 int32_t RankPieces::ReplicaIndex(const google::protobuf::RepeatedField<int64_t>& replica,
-                                 absl::flat_hash_map<std::vector<int64_t>, int32_t>* index) {
+                                 absl::flat_hash_map<std::vector<int64_t>, int32_t>* index,
+                                 Column* column) {
   constexpr int32_t kScanned = 8;  // a rank's pieces have a few distinct replica ids
+  std::vector<std::vector<int64_t>>& replica_ids = column->replica_ids;
   auto same = [&](int32_t k) {
-    return std::equal(replica.begin(), replica.end(), replica_ids_[k].begin(),
-                      replica_ids_[k].end());
+    return std::equal(replica.begin(), replica.end(), replica_ids[k].begin(), replica_ids[k].end());
   };
-  if (!replica_.empty() && same(replica_.back())) return replica_.back();
-  const int32_t distinct = static_cast<int32_t>(replica_ids_.size());
+  if (!column->replica.empty() && same(column->replica.back())) return column->replica.back();
+  const int32_t distinct = static_cast<int32_t>(replica_ids.size());
   for (int32_t k = 0; k < std::min(distinct, kScanned); ++k) {
     if (same(k)) return k;
   }
   std::vector<int64_t> id(replica.begin(), replica.end());
   if (distinct >= kScanned) {
     if (index->empty()) {
-      for (int32_t k = 0; k < distinct; ++k) index->emplace(replica_ids_[k], k);
+      for (int32_t k = 0; k < distinct; ++k) index->emplace(replica_ids[k], k);
     }
     auto [it, inserted] = index->try_emplace(id, distinct);
     if (!inserted) return it->second;
   }
-  main_.push_back(std::all_of(id.begin(), id.end(), [](int64_t c) { return c == 0; }));
-  replica_ids_.push_back(std::move(id));
+  column->main.push_back(std::all_of(id.begin(), id.end(), [](int64_t c) { return c == 0; }));
+  replica_ids.push_back(std::move(id));
   return distinct;
 }
 
 RankPieces RankPieces::Describe(const google::protobuf::RepeatedPtrField<pb::PieceMeta>& pieces) {
   RankPieces out;
   out.described_size_ = pieces.size();
-  out.replica_.reserve(pieces.size());
+  auto column = std::make_shared<Column>();
+  column->replica.reserve(pieces.size());
   absl::flat_hash_map<std::vector<int64_t>, int32_t> replica_index;
   for (const pb::PieceMeta& piece : pieces) {
-    out.replica_.push_back(out.ReplicaIndex(piece.replica_id(), &replica_index));
+    column->replica.push_back(ReplicaIndex(piece.replica_id(), &replica_index, column.get()));
     if (piece.region().has_flat()) {
-      out.flats_.emplace_back(piece.region().flat().start(), piece.region().flat().stop());
+      column->flats.emplace_back(piece.region().flat().start(), piece.region().flat().stop());
     }
     AppendKey(piece, &out.content_);
   }
+  out.column_ = std::move(column);
   return out;
 }
 
@@ -132,14 +142,16 @@ absl::StatusOr<RankPieces> RankPieces::FromColumn(std::shared_ptr<const SharedPi
                        replica_ids.size()));
     }
   }
+  auto column = std::make_shared<Column>();
+  column->replica = std::move(replica_of_piece);
+  column->flats = std::move(flats);
+  for (const std::vector<int64_t>& id : replica_ids) {
+    column->main.push_back(std::all_of(id.begin(), id.end(), [](int64_t c) { return c == 0; }));
+  }
+  column->replica_ids = std::move(replica_ids);
   RankPieces out;
   out.list_ = std::move(list);
-  out.replica_ = std::move(replica_of_piece);
-  out.flats_ = std::move(flats);
-  for (const std::vector<int64_t>& id : replica_ids) {
-    out.main_.push_back(std::all_of(id.begin(), id.end(), [](int64_t c) { return c == 0; }));
-  }
-  out.replica_ids_ = std::move(replica_ids);
+  out.column_ = std::move(column);
   return out;
 }
 
@@ -162,10 +174,11 @@ std::vector<pb::PieceMeta> RankPieces::Pieces() const {
 }
 
 int64_t RankPieces::OwnBytes() const {
-  int64_t bytes = static_cast<int64_t>(replica_.capacity() * sizeof(int32_t) +
-                                       flats_.capacity() * sizeof(flats_[0]) + main_.size() / 8 +
+  const Column& c = column();
+  int64_t bytes = static_cast<int64_t>(c.replica.capacity() * sizeof(int32_t) +
+                                       c.flats.capacity() * sizeof(c.flats[0]) + c.main.size() / 8 +
                                        content_.capacity());
-  for (const std::vector<int64_t>& r : replica_ids_) bytes += r.capacity() * sizeof(int64_t) + 24;
+  for (const std::vector<int64_t>& r : c.replica_ids) bytes += r.capacity() * sizeof(int64_t) + 24;
   return bytes;
 }
 

@@ -74,20 +74,24 @@ class RankPieces {
   const pb::PieceMeta& shared(int i) const { return list_->pieces[i]; }
   const pb::TensorMeta& tensor(int i) const { return list_->pieces[i].tensor(); }
   bool has_flat(int i) const { return list_->flat_slot[i] >= 0; }
-  int64_t flat_start(int i) const { return flats_[list_->flat_slot[i]].first; }
-  int64_t flat_stop(int i) const { return flats_[list_->flat_slot[i]].second; }
-  absl::Span<const int64_t> replica_id(int i) const { return replica_ids_[replica_[i]]; }
+  int64_t flat_start(int i) const { return column_->flats[list_->flat_slot[i]].first; }
+  int64_t flat_stop(int i) const { return column_->flats[list_->flat_slot[i]].second; }
+  absl::Span<const int64_t> replica_id(int i) const {
+    return column_->replica_ids[column_->replica[i]];
+  }
   // Replica id all zeros (or empty).
-  bool is_main_replica(int i) const { return main_[replica_[i]]; }
+  bool is_main_replica(int i) const { return column_->main[column_->replica[i]]; }
 
   // The shared list (its identity groups ranks into layout classes; null when empty).
   const SharedPieceList* list() const { return list_.get(); }
   std::shared_ptr<const SharedPieceList> shared_list() const { return list_; }
   // The rank's column (see FromColumn), as Describe or the constructor found it: distinct
   // replica ids in first-use order.
-  const std::vector<std::vector<int64_t>>& distinct_replica_ids() const { return replica_ids_; }
-  const std::vector<int32_t>& replica_of_piece() const { return replica_; }
-  const std::vector<std::pair<int64_t, int64_t>>& flat_ranges() const { return flats_; }
+  const std::vector<std::vector<int64_t>>& distinct_replica_ids() const {
+    return column().replica_ids;
+  }
+  const std::vector<int32_t>& replica_of_piece() const { return column().replica; }
+  const std::vector<std::pair<int64_t, int64_t>>& flat_ranges() const { return column().flats; }
   // The interning key of the shared list (Describe, until interned): the pieces without
   // replica ids and flat range values, in a form only this build reads.
   const std::string& interning_key() const { return content_; }
@@ -98,18 +102,26 @@ class RankPieces {
  private:
   friend class PieceListInterner;
 
+  // The rank's own part, immutable once built and shared by copies (a repeat join hands the
+  // kept description's pieces to the operation without copying the column).
+  struct Column {
+    std::vector<int32_t> replica;                    // per piece: index into replica_ids
+    std::vector<std::vector<int64_t>> replica_ids;   // the rank's distinct replica ids
+    std::vector<bool> main;                          // per distinct replica id: all zeros
+    std::vector<std::pair<int64_t, int64_t>> flats;  // per flat slot: (start, stop)
+  };
+  const Column& column() const;
+
   std::shared_ptr<const SharedPieceList> list_;
-  std::vector<int32_t> replica_;                    // per piece: index into replica_ids_
-  std::vector<std::vector<int64_t>> replica_ids_;   // the rank's distinct replica ids
-  std::vector<bool> main_;                          // per distinct replica id: all zeros
-  std::vector<std::pair<int64_t, int64_t>> flats_;  // per flat slot: (start, stop)
+  std::shared_ptr<const Column> column_;
   std::string content_;         // serialized shared list until interned (the interning key)
   int32_t described_size_ = 0;  // Describe: pieces until the list is built
 
-  // The index in replica_ids_ of `replica` (added when new); `index` is used once there are
-  // more than a few distinct ids.
-  int32_t ReplicaIndex(const google::protobuf::RepeatedField<int64_t>& replica,
-                       absl::flat_hash_map<std::vector<int64_t>, int32_t>* index);
+  // The index in column->replica_ids of `replica` (added when new); `index` is used once there
+  // are more than a few distinct ids.
+  static int32_t ReplicaIndex(const google::protobuf::RepeatedField<int64_t>& replica,
+                              absl::flat_hash_map<std::vector<int64_t>, int32_t>* index,
+                              Column* column);
 };
 
 // Interns shared lists by content: ranks whose lists are equal get one copy. Entries whose
