@@ -171,5 +171,50 @@ TEST(DescriptionCacheTest, TheMemoryBoundEvictsTheLeastRecentlyUsedJob) {
   EXPECT_LE(cache.Stats().bytes, 2 * one);
 }
 
+// A full description yields its layout class (the list the cache interned, the rest of the
+// state but the rank) under SplitDescription's digest; a rank of the same class kept by
+// reference is looked up like one kept in full.
+TEST(DescriptionCacheTest, AFullDescriptionGivesItsClassAndAReferenceIsKeptLikeIt) {
+  DescriptionCache cache;
+  PieceClass layout_class;
+  std::string class_digest;
+  bool kept = false;
+  std::shared_ptr<const RankPieces> pieces;
+  const pb::RankState full = ReplicaState(0, 10);
+  const std::string digest =
+      cache.Keep("j", 4, 0, full, &kept, &pieces, nullptr, &layout_class, &class_digest);
+  ASSERT_TRUE(kept);
+  const absl::StatusOr<DescriptionSplit> split = SplitDescription(full);
+  ASSERT_TRUE(split.ok());
+  EXPECT_EQ(digest, split->digest);
+  EXPECT_EQ(class_digest, split->class_digest);
+  ASSERT_NE(layout_class.list, nullptr);
+  EXPECT_EQ(layout_class.list.get(), pieces->list());  // the interned list itself
+  pb::RankState rest;
+  ASSERT_TRUE(rest.ParseFromString(*layout_class.rest));
+  EXPECT_EQ(rest.rank(), 0);  // not part of the class
+  EXPECT_EQ(rest.shards_size(), 0);
+  EXPECT_EQ(rest.mesh_shape_size(), 1);
+
+  const pb::RankState other = ReplicaState(3, 10);
+  const absl::StatusOr<DescriptionSplit> other_split = SplitDescription(other);
+  ASSERT_EQ(other_split->class_digest, class_digest);
+  absl::StatusOr<RankPieces> rebuilt = PiecesOfColumn(layout_class.list, other_split->column);
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+  rest.set_rank(3);
+  ASSERT_TRUE(cache.KeepReferenced("j", 4, 3, other_split->digest,
+                                   std::make_shared<const RankPieces>(*rebuilt),
+                                   rest.SerializeAsString()));
+  std::shared_ptr<const RankPieces> found_pieces;
+  absl::StatusOr<std::shared_ptr<const pb::RankState>> found =
+      cache.Lookup("j", 4, 3, DescriptionDigest(other), &found_pieces);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ((*found)->rank(), 3);
+  ASSERT_EQ(found_pieces->size(), 10);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(found_pieces->Piece(i).SerializeAsString(), other.shards(i).SerializeAsString());
+  }
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator
