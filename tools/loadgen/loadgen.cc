@@ -100,6 +100,9 @@ struct OperationRun {
     int64_t waiting = 0;
   };
   std::vector<WorkerWait> worker_waits;
+  // Plan parts received and not executed yet (LoadgenOptions::execute_while_dispatching false),
+  // until every rank's part has arrived.
+  std::vector<pb::WorkItem> held_parts;
 };
 
 class Driver {
@@ -399,6 +402,7 @@ void Driver::HandleWorkItem(pb::WorkItem item) {
     std::lock_guard<std::mutex> lock(current_mu_);
     run = current_;
   }
+  std::vector<pb::WorkItem> ready;
   if (run != nullptr) {
     const absl::Time now = absl::Now();
     std::lock_guard<std::mutex> lock(run->mu);
@@ -409,8 +413,16 @@ void Driver::HandleWorkItem(pb::WorkItem item) {
     const int64_t size = static_cast<int64_t>(item.plan_part().size());
     r.plan_bytes += size;
     r.max_plan_part = std::max(r.max_plan_part, size);
+    if (!options_.execute_while_dispatching && r.plan_parts < options_.ranks) {
+      run->held_parts.push_back(std::move(item));  // executed with the last rank's part
+      return;
+    }
+    ready.swap(run->held_parts);
   }
-  executor_->Post([this, item = std::move(item)]() mutable { Execute(std::move(item)); });
+  ready.push_back(std::move(item));
+  for (pb::WorkItem& part : ready) {
+    executor_->Post([this, part = std::move(part)]() mutable { Execute(std::move(part)); });
+  }
 }
 
 absl::StatusOr<pb::RankState> Driver::OwnPieces(int64_t rank) const {

@@ -66,6 +66,10 @@ struct LoadgenOptions {
   // not linger, --join_linger_ms=0).
   bool join_linger = true;
   bool fsync = false;  // fsync the sparse data files like a real worker
+  // False (the default): plan parts are executed once every rank's part has arrived, so the
+  // simulated workers' file writes (a real deployment's work on other hosts) do not share the
+  // coordinator's cores while it dispatches; true: each part as it arrives.
+  bool execute_while_dispatching = false;
   // Join as workers do: with each rank's description digest, and only the digest once the
   // coordinator has accepted that description in full (a repeat operation skips the gather).
   bool state_digests = true;

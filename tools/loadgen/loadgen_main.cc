@@ -10,6 +10,7 @@
 //                [--load-algorithm A] [--max-in-flight 256]
 //                [--channels 64] [--executor-threads 2]
 //                [--rank-waits per-worker|per-rank|none] [--no-rank-waits] [--fsync]
+//                [--execute-while-dispatching]
 //                [--max-coordinator-rss 12G] [--keep-checkpoint] [--operation-timeout-s 1800]
 //                [--rpc-timeout-s 120]
 //
@@ -57,6 +58,7 @@ constexpr char kUsage[] =
     "                    [--channels 64] [--executor-threads 2]\n"
     "                    [--rank-waits per-worker|per-rank|none] [--no-rank-waits] [--fsync]\n"
     "                    [--per-rank-joins] [--no-join-linger] [--no-class-references]\n"
+    "                    [--execute-while-dispatching]\n"
     "                    [--max-coordinator-rss 12G] [--keep-checkpoint]\n"
     "                    [--operation-timeout-s 1800] [--rpc-timeout-s 120]\n"
     "Simulates N trainer ranks (a GPT at TP x PP x DP) over M workers against a real\n"
@@ -73,7 +75,10 @@ constexpr char kUsage[] =
     "--no-join-linger: a worker's first rank joins alone and its other ranks together in the\n"
     "next call (a worker with --join_linger_ms=0).\n"
     "--no-class-references: every changed description goes in full (workers before they\n"
-    "described their pieces by reference to their layout class).\n";
+    "described their pieces by reference to their layout class).\n"
+    "--execute-while-dispatching: each plan part is executed as it arrives; by default parts\n"
+    "wait for the last rank's part, so the simulated workers' file writes (other hosts' work in\n"
+    "a real deployment) do not share the coordinator's cores while it dispatches.\n";
 
 int Usage(const std::string& error) {
   std::fprintf(stderr, "ckpt_loadgen: %s\n%s", error.c_str(), kUsage);
@@ -195,7 +200,8 @@ absl::Status ParseCommandLine(int argc, char** argv, Flags* flags,
   const std::set<std::string> bool_flags = {
       "no-rank-waits",  "fsync",           "keep-checkpoint",
       "help",           "no-state-digest", "compact",
-      "per-rank-joins", "no-join-linger",  "no-class-references"};
+      "per-rank-joins", "no-join-linger",  "no-class-references",
+      "execute-while-dispatching"};
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (!absl::ConsumePrefix(&arg, "--")) {
@@ -263,6 +269,7 @@ absl::Status ParseRunOptions(Flags& flags, ckpt::loadgen::LoadgenOptions* option
     options->rank_waits = *waits;
   }
   options->fsync = flags.count("fsync") > 0;
+  options->execute_while_dispatching = flags.count("execute-while-dispatching") > 0;
   options->per_rank_joins = flags.count("per-rank-joins") > 0;
   options->join_linger = flags.count("no-join-linger") == 0;
   if (!flags["load-algorithm"].empty()) {
