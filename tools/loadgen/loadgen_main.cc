@@ -197,11 +197,11 @@ absl::Status ParseCommandLine(int argc, char** argv, Flags* flags,
                                              "coordinator-flag",
                                              "rpc-timeout-s",
                                              "rank-waits"};
-  const std::set<std::string> bool_flags = {
-      "no-rank-waits",  "fsync",           "keep-checkpoint",
-      "help",           "no-state-digest", "compact",
-      "per-rank-joins", "no-join-linger",  "no-class-references",
-      "execute-while-dispatching"};
+  const std::set<std::string> bool_flags = {"no-rank-waits",       "fsync",
+                                            "keep-checkpoint",     "help",
+                                            "no-state-digest",     "compact",
+                                            "per-rank-joins",      "no-join-linger",
+                                            "no-class-references", "execute-while-dispatching"};
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (!absl::ConsumePrefix(&arg, "--")) {
