@@ -71,8 +71,10 @@ struct CoordinatorOptions {
   int64_t description_cache_bytes = int64_t{2} << 30;
   // How long a call whose ranks describe their pieces by reference to a layout class that
   // another rank was asked to describe in full waits for it (coordinator/piece_classes.h);
-  // past it, its ranks are asked for their full descriptions.
-  absl::Duration piece_list_wait = absl::Seconds(5);
+  // past it, its ranks are asked for their full descriptions. Well under the workers' RPC
+  // deadline (worker/coordinator_link.h, 5 s), so a parked call is answered before its worker
+  // gives up on it.
+  absl::Duration piece_list_wait = absl::Seconds(2);
   // A cluster reshard places at most this many of its target ranks on each live worker it
   // uses; a larger target layout is refused before anything is registered.
   int64_t max_reshard_ranks_per_worker = 1024;
@@ -430,6 +432,9 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   std::map<std::string, std::string> worker_owners_ ABSL_GUARDED_BY(mu_);
   std::set<WorkWatcher*> watchers_ ABSL_GUARDED_BY(mu_);
   uint64_t watchers_version_ ABSL_GUARDED_BY(mu_) = 0;  // phase_version they last saw
+  // Ticks since the ticker last had every watcher re-check its worker (TickOnce).
+  static constexpr int kTicksPerWatcherSweep = 10;
+  int ticks_since_watcher_sweep_ ABSL_GUARDED_BY(mu_) = 0;
   // Operation id -> its waiting WaitOperation calls.
   std::multimap<std::string, OperationWaiter*> waiters_ ABSL_GUARDED_BY(mu_);
   // The same waits by deadline: the ticker finds the earliest and the expired ones without

@@ -948,6 +948,34 @@ TEST_F(CoordinatorClassTest, AWaitForAClassThatNeverComesEndsWithSendFullState) 
   EXPECT_EQ(r.response().operation().joined_ranks(), 1);
 }
 
+// A worker's rank asked for the class re-sends it in full in the same call as another rank of
+// that class joining by reference (listed first): the call is not parked (it would wait for
+// itself until --piece_list_wait, past the worker's RPC deadline), and the reference finds the
+// class the call brings.
+TEST_F(CoordinatorClassTest, ACallBringingAClassInFullIsNotParkedAndItsReferencesUseIt) {
+  piece_list_wait_ = absl::Minutes(10);
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10);
+  Watcher watch0(stub_.get(), w0);
+  ASSERT_TRUE(JoinCall(ClassJoin(w0, 0, Replica(0), true)).response().send_full_state());
+  pb::JoinOperationsRequest request;
+  *request.add_joins() = ClassJoin(w0, 1, Replica(1), true);
+  *request.add_joins() = ClassJoin(w0, 0, Replica(0), false);
+  pb::JoinOperationsResponse response;
+  grpc::Status s = stub_->JoinOperations(Ctx().get(), request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(response.results_size(), 2);
+  EXPECT_EQ(service_->parked_join_calls(), 0);
+  for (int i = 0; i < 2; ++i) {
+    const pb::JoinResult& r = response.results(i);
+    ASSERT_EQ(r.status().code(), 0) << i << ": " << r.status().message();
+    EXPECT_FALSE(r.response().send_full_state())
+        << i << ": " << r.response().send_full_state_reason();
+    EXPECT_TRUE(r.response().state_kept()) << i;
+  }
+  EXPECT_EQ(response.results(1).response().operation().joined_ranks(), 2);
+}
+
 TEST_F(CoordinatorClassTest, AMalformedReferenceIsRefusedNamingJobAndRank) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
