@@ -206,12 +206,14 @@ TEST(ServicesTest, WorkerKilledWhileGatheringAbortsTheOtherRanksNamingHostAndCau
   EXPECT_THAT(message, HasSubstr(absl::StrCat("worker ", cluster.worker_id(1), " (pid ", victim)));
   EXPECT_THAT(message, HasSubstr("missed its lease"));
 
-  // Rank 1's trainer dies too while no worker serves it: its segment is orphaned until the
-  // next worker on this host starts and sweeps it.
+  // Rank 1's trainer dies too while no worker serves it: its segment is orphaned until a
+  // worker on this host sweeps it (the next one to start does at once). Whether it still
+  // exists right after the kill is not asserted: every worker on the host sweeps every 10 s,
+  // those of tests running beside this one too (/dev/shm is shared), and one failed it so.
   std::string orphan = LineValue(r1->Stdout(), "segment");
   orphan = orphan.substr(0, orphan.find(' '));
+  ASSERT_TRUE(SegmentExists(orphan)) << orphan;  // the trainer made it (alive until the kill)
   r1->Kill(SIGKILL);
-  EXPECT_TRUE(SegmentExists(orphan));
   cluster.StartWorker(1);
   EXPECT_TRUE(WaitFor([&] { return !SegmentExists(orphan); })) << orphan;
 }
