@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/services_cluster.h"
 
@@ -134,6 +135,22 @@ TEST(LoadgenTest, PerRankWaitsAndJoinsMakeAtLeastOneCallOfEachPerRank) {
     EXPECT_GE(NumberOf(out, kind + " waits", "wait_calls"), 2048) << out;
     EXPECT_GE(NumberOf(out, kind + " waits", "join_calls"), 2048) << out;
   }
+}
+
+// A boolean flag given a value is refused with a usage error naming it, not taken as set
+// (--execute-while-dispatching=false used to turn it on), before any coordinator starts.
+TEST(LoadgenTest, ABooleanFlagGivenAValueIsRefusedNamingIt) {
+  Cluster cluster;
+  Child* loadgen = cluster.Start(
+      {Runfile("tools/loadgen/ckpt_loadgen"), "--ranks=128", "--execute-while-dispatching=false",
+       "--spawn-coordinator=" + Runfile("coordinator/ckpt_coordinator"),
+       "--checkpoint-root=" + cluster.dir()},
+      "loadgen");
+  ASSERT_EQ(waitpid(loadgen->pid, &loadgen->status, 0), loadgen->pid);
+  loadgen->reaped = true;
+  EXPECT_TRUE(WIFEXITED(loadgen->status) && WEXITSTATUS(loadgen->status) == 2);
+  EXPECT_THAT(loadgen->Stderr(),
+              ::testing::HasSubstr("--execute-while-dispatching takes no value"));
 }
 
 // Every line of `text` that starts with `key`, its words after the key.

@@ -210,6 +210,11 @@ absl::Status ParseCommandLine(int argc, char** argv, Flags* flags,
     std::string name(arg.substr(0, arg.find('=')));
     std::string value;
     if (bool_flags.count(name)) {
+      // A value would be ignored (--fsync=false turned fsync on): refused instead.
+      if (name.size() != arg.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value (got '", arg,
+                                                       "'); omit the flag to turn it off"));
+      }
       (*flags)[name] = "1";
       continue;
     }
