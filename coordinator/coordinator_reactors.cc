@@ -38,6 +38,7 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
       auto own = index->find(worker_id_);
       if (own != index->end()) CollectItems(own->second);
     } else if (first_) {
+      QueueStreamOpened();
       RanksByWorker scanned = service_->IndexRanks(worker_id_);
       CollectItems(scanned[worker_id_]);
     }
@@ -90,7 +91,17 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
     return absl::OkStatus();
   }
 
-  // Queues the plan parts and aborts of the worker's ranks (`ranks`) not sent yet.
+  // Queues the stream's first message: the ends of operations from now on come on it.
+  void QueueStreamOpened() {
+    pb::WorkItem item;
+    item.set_incarnation(service_->incarnation_);
+    item.set_rank(-1);
+    item.set_stream_opened(true);
+    pending_.push_back(Queued{std::move(item), {}});
+  }
+
+  // Queues the plan parts and aborts of the worker's ranks (`ranks`) not sent yet, and the
+  // end of each of their operations that ended after the stream opened (once per operation).
   void CollectItems(const std::vector<std::pair<const Operation*, int>>& ranks) {
     for (const auto& [op, r] : ranks) {
       const RankEntry& e = op->ranks[r];
@@ -107,7 +118,12 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
         QueuePart(std::move(item), e);
       } else if (op->phase == Phase::kAborted && op->finished >= started_ &&
                  aborts_sent_.insert({op->id, r}).second) {
-        *item.mutable_abort() = ToDetail(op->status);
+        pb::WorkItem abort = item;
+        *abort.mutable_abort() = ToDetail(op->status);
+        pending_.push_back(Queued{std::move(abort), {}});
+      }
+      if (IsFinal(op->phase) && op->finished >= started_ && ends_sent_.insert(op->id).second) {
+        *item.mutable_ended() = service_->FinalStatus(*op);
         pending_.push_back(Queued{std::move(item), {}});
       }
     }
@@ -216,6 +232,7 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
   bool first_ = true;
   std::set<std::pair<std::string, int>> plans_sent_;   // (operation, rank)
   std::set<std::pair<std::string, int>> aborts_sent_;  // (operation, rank)
+  std::set<std::string> ends_sent_;                    // operations
   std::set<std::string> persist_sent_;                 // PersistItem keys
   std::set<std::string> records_sent_;                 // RecordItem keys
   std::deque<Queued> pending_;                         // front: in flight while writing_
@@ -254,7 +271,11 @@ class CoordinatorService::OperationWaiter final : public grpc::ServerUnaryReacto
     }
     if (IsFinal(op->phase) || service_->clock_->Now() >= deadline_ || service_->shutting_down_ ||
         cancelled) {
-      ToProto(*op, response_);
+      if (IsFinal(op->phase)) {
+        *response_ = service_->FinalStatus(*op);
+      } else {
+        ToProto(*op, response_);
+      }
       Unregister();
       Finish(grpc::Status::OK);
       return true;

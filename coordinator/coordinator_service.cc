@@ -243,7 +243,16 @@ void CoordinatorService::Changed() {
   for (auto it = finalized_.begin(); it != finalized_.end();) {
     it = present.count(*it) ? std::next(it) : finalized_.erase(it);
   }
+  for (auto it = final_statuses_.begin(); it != final_statuses_.end();) {
+    it = present.count(it->first) ? std::next(it) : final_statuses_.erase(it);
+  }
   WakeWaiters(/*all=*/false);
+}
+
+const pb::OperationStatus& CoordinatorService::FinalStatus(const Operation& op) {
+  auto [it, added] = final_statuses_.try_emplace(op.id);
+  if (added) ToProto(op, &it->second);
+  return it->second;
 }
 
 absl::Status CoordinatorService::ActsForWorker(const Peer& peer,

@@ -306,6 +306,8 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // Ends the waits whose deadline has passed (and nothing else: a wait's deadline must not
   // refresh every watcher, which at 20k ranks woke thousands of streams per wait).
   void ExpireWaits() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The status of final operation `op`, as WaitOperation answers it. Requires mu_.
+  const pb::OperationStatus& FinalStatus(const Operation& op);
   // The earliest deadline of a waiting WaitOperation (InfiniteFuture when none).
   absl::Time EarliestWaitDeadline() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the planner (or aborts) for an operation that just entered planning, and the
@@ -425,6 +427,9 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   bool persist_due_ ABSL_GUARDED_BY(mu_) = false;  // the driver has storage steps queued
   PublishedRegistry* published_ = nullptr;
   std::set<std::string> finalized_ ABSL_GUARDED_BY(mu_);
+  // Each final operation's status, made once (FinalStatus) for its WaitOperation answers and
+  // its `ended` work items: building one walks every rank. Forgotten with the operation.
+  std::map<std::string, pb::OperationStatus> final_statuses_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // Operations whose planner or committer is running (unlocked) right now.
   std::set<std::string> busy_ ABSL_GUARDED_BY(mu_);

@@ -46,11 +46,13 @@ class Watcher {
       pb::WorkItem item;
       while (reader_->Read(&item)) {
         std::lock_guard<std::mutex> lock(mu_);
-        ++messages_;
+        if (item.stream_opened()) ++opened_;
         google::protobuf::RepeatedPtrField<pb::WorkItem> batched;
         batched.Swap(item.mutable_batched());
-        items_.push_back(item);
-        for (const pb::WorkItem& more : batched) items_.push_back(more);
+        const size_t before = items_.size();
+        Keep(item);
+        for (const pb::WorkItem& more : batched) Keep(more);
+        if (items_.size() > before) ++messages_;
         arrived_.notify_all();
       }
     });
@@ -71,14 +73,38 @@ class Watcher {
     std::lock_guard<std::mutex> lock(mu_);
     return messages_;
   }
+  // Waits until at least n `ended` items arrived; returns them (kept apart from the others).
+  std::vector<pb::WorkItem> AwaitEnds(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    arrived_.wait_for(lock, std::chrono::seconds(10), [this, n] { return ends_.size() >= n; });
+    return ends_;
+  }
+  // Waits until the stream's first message arrived; returns how many were marked
+  // stream_opened.
+  int AwaitOpened() {
+    std::unique_lock<std::mutex> lock(mu_);
+    arrived_.wait_for(lock, std::chrono::seconds(10), [this] { return opened_ > 0; });
+    return opened_;
+  }
 
  private:
+  // Files `item`: the stream's opening mark alone is not kept, an `ended` item goes to ends_.
+  void Keep(const pb::WorkItem& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (item.has_ended()) {
+      ends_.push_back(item);
+    } else if (!(item.stream_opened() && item.item_case() == pb::WorkItem::ITEM_NOT_SET)) {
+      items_.push_back(item);
+    }
+  }
+
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReader<pb::WorkItem>> reader_;
   std::mutex mu_;
   std::condition_variable arrived_;
   std::vector<pb::WorkItem> items_ ABSL_GUARDED_BY(mu_);
+  std::vector<pb::WorkItem> ends_ ABSL_GUARDED_BY(mu_);
   size_t messages_ ABSL_GUARDED_BY(mu_) = 0;
+  int opened_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 
@@ -240,6 +266,51 @@ TEST_F(CoordinatorServiceTest, PlanPartsReachTheirWorkersAndResultsCommit) {
   EXPECT_EQ(done.phase(), pb::PHASE_DONE);
   EXPECT_EQ(done.bytes_done(), 300);
   EXPECT_EQ(save_kind_.committed_path, checkpoint_path_);
+}
+
+// Each stream opens marked stream_opened, and brings each worker the end of every operation
+// it has a joined rank in, once, with the final status a WaitOperation answers: a worker's
+// trainers wait for it without a call at the coordinator (issue 16). A stream opened after
+// the end does not bring it (the worker asks the coordinator then).
+TEST_F(CoordinatorServiceTest, EachStreamOpensMarkedAndBringsTheEndOfItsWorkersOperationsOnce) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  Watcher watch0(stub_.get(), w0), watch1(stub_.get(), w1);
+  ASSERT_EQ(watch0.AwaitOpened(), 1);
+  ASSERT_EQ(watch1.AwaitOpened(), 1);
+  pb::JoinOperationResponse j;
+  ASSERT_TRUE(Join(w0, 0, 2, &j).ok());
+  ASSERT_TRUE(Join(w1, 1, 2, &j).ok());
+  const std::string op = j.operation().id();
+  ASSERT_TRUE(Report(op, 0, absl::OkStatus()).ok());
+  ASSERT_TRUE(Report(op, 1, absl::OkStatus()).ok());
+  const pb::OperationStatus done = Wait(op);
+  ASSERT_EQ(done.phase(), pb::PHASE_DONE);
+  for (Watcher* watch : {&watch0, &watch1}) {
+    const std::vector<pb::WorkItem> ends = watch->AwaitEnds(1);
+    ASSERT_EQ(ends.size(), 1u);
+    EXPECT_EQ(ends[0].operation_id(), op);
+    EXPECT_EQ(ends[0].ended().id(), op);
+    EXPECT_EQ(ends[0].ended().phase(), pb::PHASE_DONE);
+    EXPECT_EQ(ends[0].ended().bytes_done(), done.bytes_done());
+    EXPECT_EQ(ends[0].ended().SerializeAsString(), done.SerializeAsString());
+  }
+  Watcher late(stub_.get(), w0);
+  ASSERT_EQ(late.AwaitOpened(), 1);
+  // Another operation's end, on both of w0's streams, orders this check without sleeping.
+  pb::JoinOperationResponse k;
+  ASSERT_TRUE(Join(w0, 0, 2, &k).ok());
+  ASSERT_TRUE(Join(w1, 1, 2, &k).ok());
+  const std::string second = k.operation().id();
+  ASSERT_NE(second, op);
+  ASSERT_TRUE(Report(second, 0, absl::DataLossError("short write to data/0")).ok());
+  const std::vector<pb::WorkItem> late_ends = late.AwaitEnds(1);
+  ASSERT_EQ(late_ends.size(), 1u);
+  EXPECT_EQ(late_ends[0].operation_id(), second);  // not the first operation's
+  EXPECT_EQ(late_ends[0].ended().phase(), pb::PHASE_ABORTED);
+  EXPECT_THAT(late_ends[0].ended().status().message(), HasSubstr("short write"));
+  EXPECT_EQ(watch0.AwaitEnds(2).size(), 2u);
+  EXPECT_EQ(watch0.AwaitOpened(), 1);  // one mark per stream
 }
 
 // Each join is answered as JoinOperation would, but with the operation as it stood once the
@@ -681,6 +752,8 @@ TEST_F(CoordinatorServiceTest, ShutdownEndsOpenStreamsAndWaitsAtOnce) {
   EXPECT_TRUE(waited.ok()) << waited.error_message();
   EXPECT_EQ(status.phase(), pb::PHASE_GATHERING);
   pb::WorkItem item;
+  ASSERT_TRUE(reader->Read(&item));  // the stream's opening mark, then nothing
+  EXPECT_TRUE(item.stream_opened());
   EXPECT_FALSE(reader->Read(&item));
   grpc::Status ended = reader->Finish();
   EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE);

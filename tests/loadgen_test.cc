@@ -87,16 +87,15 @@ int64_t NumberOf(const std::string& out, const std::string& key, const std::stri
 TEST(LoadgenTest, TwoThousandRanksSaveAndLoadThroughARealCoordinator) {
   const std::string out = SaveAndLoad({});
   EXPECT_EQ(ValueOf(Words(out, "shards_per_rank_max"), "compact"), "0");
-  // By default each worker waits once for its 128 ranks, as the worker daemon coalesces its
-  // trainers' waits: far fewer WaitOperation calls than ranks.
-  // Joins too, as worker/coordinator_joins does for trainers arriving together: each worker's
-  // 128 ranks in one JoinOperations call (the load's by digest), plus, for the save, at most
-  // one more per worker with the full descriptions of the layout classes the coordinator asked
+  // By default each worker's 128 ranks are told the end by the worker's WatchWork stream, as
+  // the worker daemon tells its trainers (worker/operation_ends.h): no WaitOperation call.
+  // Joins are coalesced as worker/coordinator_joins does for trainers arriving together: each
+  // worker's 128 ranks in one JoinOperations call (the load's by digest), plus, for the save, at
+  // most one more per worker with the full descriptions of the layout classes the coordinator asked
   // it for (here each worker holds a pipeline stage of its own, so each is asked once).
   for (const std::string kind : {"save", "load"}) {
-    const int64_t calls = NumberOf(out, kind + " waits", "wait_calls");
-    EXPECT_GE(calls, 16) << out;
-    EXPECT_LT(calls, 2048) << out;
+    EXPECT_EQ(NumberOf(out, kind + " waits", "wait_calls"), 0) << out;
+    EXPECT_EQ(NumberOf(out, kind + " waits", "ends_on_streams"), 16) << out;
   }
   EXPECT_GE(NumberOf(out, "save waits", "join_calls"), 16) << out;
   EXPECT_LE(NumberOf(out, "save waits", "join_calls"), 32) << out;
@@ -120,9 +119,16 @@ TEST(LoadgenTest, OneRankPerLayoutClassDescribesItInFullTheOthersByReference) {
 
 // --no-join-linger: each worker's first rank joins alone, its other 127 in the next call.
 // (With --execute-while-dispatching too: the parts are executed as they arrive, the loadgen's
-// older way, and the operations complete just the same.)
+// older way, and --rank-waits=per-worker: each worker waits for its ranks by WaitOperation
+// calls, as workers did before streams brought the ends; the operations complete the same.)
 TEST(LoadgenTest, WithoutTheJoinLingerEachWorkerJoinsInTwoCalls) {
-  const std::string out = SaveAndLoad({"--no-join-linger", "--execute-while-dispatching"});
+  const std::string out =
+      SaveAndLoad({"--no-join-linger", "--execute-while-dispatching", "--rank-waits=per-worker"});
+  for (const std::string kind : {"save", "load"}) {
+    const int64_t calls = NumberOf(out, kind + " waits", "wait_calls");
+    EXPECT_GE(calls, 16) << out;
+    EXPECT_LT(calls, 2048) << out;
+  }
   EXPECT_GE(NumberOf(out, "save waits", "join_calls"), 32) << out;
   EXPECT_LE(NumberOf(out, "save waits", "join_calls"), 64) << out;  // + the classes asked for
   EXPECT_EQ(NumberOf(out, "load waits", "join_calls"), 32) << out;

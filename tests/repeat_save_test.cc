@@ -75,6 +75,14 @@ TEST(RepeatSaveTest, TheRepeatSaveSkipsTheGatherAndAChangedLayoutStillSaves) {
               HasSubstr(absl::StrCat("path=", second, " ranks=2 by_digest=2")));
   ASSERT_NO_FATAL_FAILURE(ExpectBitExact(first));
   ASSERT_NO_FATAL_FAILURE(ExpectBitExact(second));
+  // Each worker learned both saves' ends from its work stream, and its trainers' waits made
+  // at most one WaitOperation call each per save, for the status at their snapshot (they
+  // polled the coordinator every 100 ms until it before streams brought the ends).
+  for (int w = 0; w < kWorld; ++w) {
+    const pb::WorkerStatusResponse worker = WorkerStatus(cluster, w);
+    EXPECT_EQ(worker.ends_from_stream(), 2) << worker.DebugString();
+    EXPECT_LE(worker.coordinator_wait_calls(), 2) << worker.DebugString();
+  }
   std::string out;
   EXPECT_EQ(cluster.RunCkptctl({"verify", second}, &out), 0) << out;
 

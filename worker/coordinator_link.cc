@@ -312,6 +312,11 @@ void CoordinatorLink::WatchLoop() {
         context.TryCancel();
         continue;  // drains until the cancelled stream ends
       }
+      if (item.stream_opened()) operation_ends_.StreamOpened();
+      if (item.has_ended()) operation_ends_.Ended(item.ended());
+      for (const pb::WorkItem& more : item.batched()) {
+        if (more.has_ended()) operation_ends_.Ended(more.ended());
+      }
       if (work_handler_) {
         google::protobuf::RepeatedPtrField<pb::WorkItem> batched;
         batched.Swap(item.mutable_batched());
@@ -319,6 +324,7 @@ void CoordinatorLink::WatchLoop() {
         for (const pb::WorkItem& more : batched) work_handler_(more);
       }
     }
+    operation_ends_.StreamClosed();
     grpc::Status s = reader->Finish();
     {
       std::lock_guard<std::mutex> lock(mu_);

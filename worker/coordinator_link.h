@@ -1,8 +1,8 @@
 // The worker's connection to the coordinator: registers (announcing host, pid, data-plane
 // address, memory kinds, local rank and GPU), renews its lease with heartbeats, re-registers
 // after the coordinator forgot it or restarted, and pulls work items over the WatchWork
-// stream. Two background threads; every RPC carries a deadline (the stream is cancelled on
-// Stop()).
+// stream, noting the operation ends it brings (worker/operation_ends.h). Two background threads;
+// every RPC carries a deadline (the stream is cancelled on Stop()).
 //
 // A coordinator restart is noticed at the first refused or mismatched call: the work stream
 // breaks when the old process dies and is retried every 100 ms (the channel's reconnect
@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "common/transport_security.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "worker/operation_ends.h"
 
 namespace ckpt::worker {
 
@@ -91,6 +92,9 @@ class CoordinatorLink {
   // `worker_id`, or the coordinator could not be asked.
   bool ConfirmRegistration(const std::string& worker_id);
 
+  // The operation ends the work stream brought, and whether a stream is open to bring them.
+  OperationEnds& operation_ends() { return operation_ends_; }
+
   pb::Coordinator::Stub* stub() { return stub_.get(); }
   const LinkOptions& options() const { return options_; }
   // The lease the coordinator granted at the last registration.
@@ -121,6 +125,7 @@ class CoordinatorLink {
   EvictionSource eviction_source_;
   HeldMemorySource held_source_;
   std::vector<std::string> unsent_evictions_;  // only the lease thread touches it
+  OperationEnds operation_ends_;
 
   mutable std::mutex mu_;
   mutable std::condition_variable_any cv_;

@@ -237,11 +237,22 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
 
 absl::Status WorkerService::JoinCoalesced(const pb::JoinOperationRequest& join,
                                           pb::JoinOperationResponse* joined) {
+  // Read before the call that carries this join is sent: if that stream is still open when a
+  // trainer waits, it brings the operation's end (worker/operation_ends.h).
+  OperationEnds& ends = link_->operation_ends();
+  const uint64_t stream = ends.OpenStream();
   absl::StatusOr<pb::JoinOperationResponse> answer = coordinator_joins_.Join(join);
   if (!answer.ok()) {
     return WithContext(answer.status(), absl::StrCat(CoordinatorCall("JoinOperation"), ": "));
   }
   *joined = *std::move(answer);
+  if (!joined->send_full_state()) {
+    const pb::OperationStatus& op = joined->operation();
+    ends.Joined(op.id(), stream);
+    if (op.phase() == pb::PHASE_DONE || op.phase() == pb::PHASE_ABORTED) {
+      ends.Ended(op, /*from_stream=*/false);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -358,6 +369,7 @@ const pb::SaveSnapshotReport* WorkerService::Snapshotted(const std::string& oper
 
 absl::StatusOr<pb::OperationStatus> WorkerService::CallWaitOperation(
     const std::string& operation_id, absl::Duration wait) {
+  ++coordinator_wait_calls_;
   pb::WaitOperationRequest request;
   request.set_operation_id(operation_id);
   request.set_timeout_ms(absl::ToInt64Milliseconds(std::max(absl::ZeroDuration(), wait)));
@@ -370,6 +382,26 @@ absl::StatusOr<pb::OperationStatus> WorkerService::CallWaitOperation(
       CoordinatorCall("WaitOperation"));
   if (!s.ok()) return s;
   return op;
+}
+
+bool WorkerService::WaitOnWorkStream(const std::string& operation_id, absl::Time deadline,
+                                     uint64_t epoch, pb::OperationStatus* op) {
+  OperationEnds& ends = link_->operation_ends();
+  while (link_->LeaseStatus(epoch).ok()) {
+    // Woken each second to re-check the lease: a host cut off asks the coordinator, which
+    // then says so (WaitAtCoordinator), within a second of its lease running out.
+    const absl::Time until = std::min(deadline, absl::Now() + absl::Seconds(1));
+    switch (ends.Wait(operation_id, until, op)) {
+      case OperationEnds::Outcome::kEnded:
+        return true;
+      case OperationEnds::Outcome::kNotWatched:
+        return false;
+      case OperationEnds::Outcome::kNotEndedBy:
+        if (absl::Now() >= deadline) return false;
+        break;
+    }
+  }
+  return false;
 }
 
 absl::Status WorkerService::WaitAtCoordinator(const std::string& operation_id, absl::Duration wait,
@@ -434,11 +466,19 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
       snapshotted = r != nullptr;
       if (r != nullptr) report = *r;
     }
+    if (rank >= 0 && !snapshotted && absl::Now() < deadline && !context->IsCancelled() &&
+        link_->operation_ends().KnownOngoing(request->operation_id()) &&
+        link_->LeaseStatus(epoch).ok()) {
+      continue;  // not ended (the work stream would have said): no call until there is news
+    }
     pb::OperationStatus op;
     bool cut_off = false;
-    absl::Status s = WaitAtCoordinator(request->operation_id(),
-                                       rank >= 0 ? absl::ZeroDuration() : deadline - absl::Now(),
-                                       epoch, &op, &cut_off);
+    absl::Status s =
+        rank < 0 && WaitOnWorkStream(request->operation_id(), deadline, epoch, &op)
+            ? absl::OkStatus()
+            : WaitAtCoordinator(request->operation_id(),
+                                rank >= 0 ? absl::ZeroDuration() : deadline - absl::Now(), epoch,
+                                &op, &cut_off);
     if ((s.code() == absl::StatusCode::kUnavailable ||
          s.code() == absl::StatusCode::kDeadlineExceeded) &&
         !cut_off && absl::Now() < deadline && !context->IsCancelled()) {
@@ -511,6 +551,8 @@ grpc::Status WorkerService::Status(grpc::ServerContext* context, const pb::Worke
   std::string id = link_->worker_id();
   response->set_worker_id(id);
   response->set_registered(!id.empty());
+  response->set_coordinator_wait_calls(coordinator_wait_calls_);
+  response->set_ends_from_stream(link_->operation_ends().ends_from_stream());
   for (const SessionInfo& s : registry_->Sessions()) {
     pb::TrainerSession* out = response->add_sessions();
     out->set_session_id(s.id);

@@ -152,6 +152,11 @@ class WorkerService final : public pb::Worker::Service {
   // One WaitOperation call for `operation_id` waiting up to `wait` (no deadline beyond it).
   absl::StatusOr<pb::OperationStatus> CallWaitOperation(const std::string& operation_id,
                                                         absl::Duration wait);
+  // Waits for the operation's end on the work stream (worker/operation_ends.h) until
+  // `deadline`, while a stream that watches it is open and registration `epoch`'s lease holds:
+  // true with `op` filled in once it ended; false to ask the coordinator.
+  bool WaitOnWorkStream(const std::string& operation_id, absl::Time deadline, uint64_t epoch,
+                        pb::OperationStatus* op);
   // The operation's status after waiting up to `wait` (at most a lease) at the coordinator,
   // into `op`. Waits of several trainers on one operation share one WaitOperation call
   // (coordinator_waits_). When this worker's lease (registration `epoch`) had run out before
@@ -191,6 +196,7 @@ class WorkerService final : public pb::Worker::Service {
   // By "<registration epoch>/<operation>": the WaitOperation call in flight for the trainers
   // waiting on that operation.
   CoordinatorWaits coordinator_waits_;
+  std::atomic<int64_t> coordinator_wait_calls_{0};  // CallWaitOperation calls (Status says)
   // The trainers' joins, several per JoinOperations call when they arrive together.
   CoordinatorJoins coordinator_joins_;
   // Save plan part bodies kept for repeat saves (sent by reference, only their tails).

@@ -34,12 +34,15 @@ namespace ckpt::loadgen {
 
 // How the simulated ranks wait for an operation's end at the coordinator.
 enum class RankWaits {
-  kPerWorker,  // one WaitOperation loop per worker, its ranks told when it returns (the product)
+  // Each worker's ranks are told by the `ended` item on its WatchWork stream, as the worker
+  // daemon does (worker/operation_ends.h): no WaitOperation call (the product).
+  kStream,
+  kPerWorker,  // one WaitOperation loop per worker, its ranks told when it returns (before)
   kPerRank,    // one WaitOperation loop per rank (workers before they coalesced waits)
   kNone,       // ranks do not wait
 };
 
-// "per-worker", "per-rank" or "none"; InvalidArgument naming the text otherwise.
+// "stream", "per-worker", "per-rank" or "none"; InvalidArgument naming the text otherwise.
 absl::StatusOr<RankWaits> ParseRankWaits(const std::string& text);
 
 // What to run.
@@ -57,7 +60,7 @@ struct LoadgenOptions {
   int channels = 64;        // gRPC channels (connections) the workers share
   int cq_threads = 2;
   int executor_threads = 2;
-  RankWaits rank_waits = RankWaits::kPerWorker;
+  RankWaits rank_waits = RankWaits::kStream;
   // Each rank joins in its own JoinOperation call (workers before they coalesced joins); by
   // default a worker's ranks join as its CoordinatorJoins does when they arrive together: all
   // in one JoinOperations call (the worker's first join lingers for its peers).
@@ -98,6 +101,7 @@ struct OperationReport {
   std::string first_join_error;
   int64_t ranks_told = 0;          // ranks whose wait ended (final or an error)
   int64_t wait_calls = 0;          // WaitOperation calls made for the ranks' waits
+  int64_t ends_on_streams = 0;     // workers told the operation's end by their WatchWork stream
   int64_t join_calls = 0;          // JoinOperation(s) calls made (resends included)
   int64_t joins_by_digest = 0;     // joins that sent only the description digest, accepted
   int64_t joins_by_class = 0;      // joins that sent their layout class's digest, accepted
