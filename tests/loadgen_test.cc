@@ -97,6 +97,10 @@ TEST(LoadgenTest, TwoThousandRanksSaveAndLoadThroughARealCoordinator) {
     EXPECT_EQ(NumberOf(out, kind + " waits", "wait_calls"), 0) << out;
     EXPECT_EQ(NumberOf(out, kind + " waits", "ends_on_streams"), 16) << out;
   }
+  // A saving rank's worker asks once for its status when it snapshotted the rank (what the
+  // trainer's Save returns with); a load has no snapshot.
+  EXPECT_EQ(NumberOf(out, "save waits", "snapshot_calls"), 2048) << out;
+  EXPECT_EQ(NumberOf(out, "load waits", "snapshot_calls"), 0) << out;
   EXPECT_GE(NumberOf(out, "save waits", "join_calls"), 16) << out;
   EXPECT_LE(NumberOf(out, "save waits", "join_calls"), 32) << out;
   EXPECT_EQ(NumberOf(out, "load waits", "join_calls"), 16) << out;

@@ -167,6 +167,10 @@ class Driver {
   // Rank `rank` (its join accepted) waits for the operation's end as options_.rank_waits says.
   // `watched`: the join was sent while the worker's stream was open (it brings the end).
   void StartRankWait(const std::shared_ptr<OperationRun>& run, int64_t rank, bool watched);
+  // The zero-wait WaitOperation a worker makes for a saving rank's status when it snapshotted
+  // the rank's state (what the trainer's Save returns with; worker_service Wait).
+  void SnapshotStatusCall(const std::shared_ptr<OperationRun>& run, int64_t worker,
+                          const std::string& operation_id);
   // Worker `worker`'s stream says the operation `status` names ended (RankWaits::kStream).
   void EndedOnStream(int64_t worker, const pb::OperationStatus& status);
   // One rank's WaitOperation loop (RankWaits::kPerRank).
@@ -499,6 +503,9 @@ void Driver::Execute(pb::WorkItem item) {
     run->report.last_result_sent = absl::Now();
   }
   const int64_t worker = WorkerOf(item.rank());
+  if (item.kind() == pb::OPERATION_SAVE && options_.rank_waits != RankWaits::kNone) {
+    SnapshotStatusCall(run, worker, item.operation_id());
+  }
   AsyncUnary<pb::ReportResultResponse>(
       *loop_, options_.rpc_timeout,
       [this, request = std::move(request), worker](grpc::ClientContext* c,
@@ -508,6 +515,23 @@ void Driver::Execute(pb::WorkItem item) {
       [this](const grpc::Status& s, pb::ReportResultResponse&) {
         if (!s.ok()) ++report_errors_;
       });
+}
+
+void Driver::SnapshotStatusCall(const std::shared_ptr<OperationRun>& run, int64_t worker,
+                                const std::string& operation_id) {
+  if (run != nullptr) {
+    std::lock_guard<std::mutex> lock(run->mu);
+    ++run->report.snapshot_calls;
+  }
+  pb::WaitOperationRequest request;
+  request.set_operation_id(operation_id);
+  request.set_timeout_ms(0);
+  AsyncUnary<pb::OperationStatus>(
+      *loop_, options_.rpc_timeout,
+      [this, request, worker](grpc::ClientContext* c, grpc::CompletionQueue* cq) {
+        return StubOf(worker)->PrepareAsyncWaitOperation(c, request, cq);
+      },
+      [](const grpc::Status&, pb::OperationStatus&) {});
 }
 
 absl::Status Driver::AttachRanks() {
@@ -1067,9 +1091,9 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
                                                                         : op.final_seen)));
     absl::StrAppend(&out, PhaseCpuLine(op));
     absl::StrAppend(&out, absl::StrFormat("%s waits ranks_told %d wait_calls %d ends_on_streams %d "
-                                          "join_calls %d\n",
+                                          "snapshot_calls %d join_calls %d\n",
                                           op.kind, op.ranks_told, op.wait_calls, op.ends_on_streams,
-                                          op.join_calls));
+                                          op.snapshot_calls, op.join_calls));
     absl::StrAppend(
         &out, absl::StrFormat("%s joins_answered_s %s first_plan_s %s plan_parts %d "
                               "plan_mib %s max_part_mib %s files %d plan_bytes %d\n",

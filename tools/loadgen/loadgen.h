@@ -102,6 +102,7 @@ struct OperationReport {
   int64_t ranks_told = 0;          // ranks whose wait ended (final or an error)
   int64_t wait_calls = 0;          // WaitOperation calls made for the ranks' waits
   int64_t ends_on_streams = 0;     // workers told the operation's end by their WatchWork stream
+  int64_t snapshot_calls = 0;      // zero-wait WaitOperation calls at a saving rank's snapshot
   int64_t join_calls = 0;          // JoinOperation(s) calls made (resends included)
   int64_t joins_by_digest = 0;     // joins that sent only the description digest, accepted
   int64_t joins_by_class = 0;      // joins that sent their layout class's digest, accepted
