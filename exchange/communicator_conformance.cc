@@ -427,7 +427,10 @@ TEST_P(CommunicatorConformanceTest, StalledRootTurnsIntoDeadlineExceededAndBreak
 
 // The last rank leaves (destroys its communicator) after a broadcast; the others' next
 // collective fails with Unavailable or DeadlineExceeded within its deadline, naming the rank
-// where the backend can.
+// where the backend can: the leaver with 2 ranks; with more, a rank may first hear of it from
+// a peer that failed on it and tore down its own connections (seen once in CI under tsan:
+// rank 0 of 4 got "receiving from rank 1 failed ... Connection reset by peer"), so the error
+// names a peer, which one depends on the order of the failures.
 TEST_P(CommunicatorConformanceTest, PeerThatLeavesFailsTheOthersNextCollective) {
   if (N() < 2) GTEST_SKIP() << "a leaving peer needs 2+ ranks";
   const int leaver = N() - 1;
@@ -449,7 +452,15 @@ TEST_P(CommunicatorConformanceTest, PeerThatLeavesFailsTheOthersNextCollective) 
                 after[r].code() == absl::StatusCode::kDeadlineExceeded)
         << "rank " << r << ": " << after[r];
     if (GetParam().backend.names_stalled_peer) {
-      EXPECT_TRUE(absl::StrContains(after[r].message(), absl::StrCat("rank ", leaver))) << after[r];
+      bool names_a_peer = false;
+      for (int peer = 0; peer < N(); ++peer) {
+        if (peer != r && absl::StrContains(after[r].message(), absl::StrCat("rank ", peer))) {
+          names_a_peer = true;
+        }
+      }
+      EXPECT_TRUE(N() == 2 ? absl::StrContains(after[r].message(), absl::StrCat("rank ", leaver))
+                           : names_a_peer)
+          << after[r];
     }
     EXPECT_LT(took[r], absl::Seconds(15)) << "rank " << r;
   }

@@ -16,23 +16,25 @@ void Remember(const std::string& key, Map& map, std::deque<std::string>& order) 
 }  // namespace
 
 void OperationEnds::StreamOpened() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   open_stream_ = ++streams_;
+  changed_.notify_all();
 }
 
 void OperationEnds::StreamClosed() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   open_stream_ = 0;
+  changed_.notify_all();
 }
 
 uint64_t OperationEnds::OpenStream() const {
-  absl::ReaderMutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return open_stream_;
 }
 
 void OperationEnds::Joined(const std::string& operation_id, uint64_t stream) {
   if (stream == 0 || operation_id.empty()) return;
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto [it, added] = joined_.try_emplace(operation_id, stream);
   if (!added) {
     // Joined again (another rank, a later call): the newest stream is what watches it now.
@@ -44,16 +46,17 @@ void OperationEnds::Joined(const std::string& operation_id, uint64_t stream) {
 
 void OperationEnds::Ended(const pb::OperationStatus& status, bool from_stream) {
   if (status.id().empty()) return;
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto [it, added] = ended_.try_emplace(status.id(), status);
   if (added) {
     if (from_stream) ++ends_from_stream_;
     Remember(status.id(), ended_, ended_order_);
   }
+  changed_.notify_all();
 }
 
 int64_t OperationEnds::ends_from_stream() const {
-  absl::ReaderMutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return ends_from_stream_;
 }
 
@@ -63,18 +66,16 @@ bool OperationEnds::WatchedLocked(const std::string& operation_id) const {
 }
 
 bool OperationEnds::KnownOngoing(const std::string& operation_id) const {
-  absl::ReaderMutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return WatchedLocked(operation_id) && !ended_.contains(operation_id);
 }
 
 OperationEnds::Outcome OperationEnds::Wait(const std::string& operation_id, absl::Time deadline,
                                            pb::OperationStatus* status) {
-  absl::MutexLock lock(&mu_);
-  auto decided = [&] {
-    mu_.AssertReaderHeld();
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait_until(lock, absl::ToChronoTime(deadline), [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return ended_.contains(operation_id) || !WatchedLocked(operation_id);
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&decided), deadline);
+  });
   if (auto it = ended_.find(operation_id); it != ended_.end()) {
     *status = it->second;
     return Outcome::kEnded;
