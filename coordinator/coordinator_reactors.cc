@@ -116,8 +116,10 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
       if (op->phase == Phase::kExecuting && e.has_plan && !e.result.has_value() &&
           plans_sent_.insert({op->id, r}).second) {
         QueuePart(std::move(item), e);
-      } else if (op->phase == Phase::kAborted && op->finished >= started_ &&
-                 aborts_sent_.insert({op->id, r}).second) {
+        continue;  // executing: neither aborted nor ended
+      }
+      if (op->phase == Phase::kAborted && op->finished >= started_ &&
+          aborts_sent_.insert({op->id, r}).second) {
         pb::WorkItem abort = item;
         *abort.mutable_abort() = ToDetail(op->status);
         pending_.push_back(Queued{std::move(abort), {}});

@@ -147,20 +147,31 @@ TEST(LoadgenTest, PerRankWaitsAndJoinsMakeAtLeastOneCallOfEachPerRank) {
   }
 }
 
+// Runs the loadgen with `flag` beside valid ones; expects the usage error (exit 2) before any
+// coordinator starts and returns its stderr.
+std::string RefusedUsage(const std::string& flag) {
+  Cluster cluster;
+  Child* loadgen = cluster.Start({Runfile("tools/loadgen/ckpt_loadgen"), "--ranks=128", flag,
+                                  "--spawn-coordinator=" + Runfile("coordinator/ckpt_coordinator"),
+                                  "--checkpoint-root=" + cluster.dir()},
+                                 "loadgen");
+  EXPECT_EQ(waitpid(loadgen->pid, &loadgen->status, 0), loadgen->pid);
+  loadgen->reaped = true;
+  EXPECT_TRUE(WIFEXITED(loadgen->status) && WEXITSTATUS(loadgen->status) == 2) << flag;
+  return loadgen->Stderr();
+}
+
 // A boolean flag given a value is refused with a usage error naming it, not taken as set
 // (--execute-while-dispatching=false used to turn it on), before any coordinator starts.
 TEST(LoadgenTest, ABooleanFlagGivenAValueIsRefusedNamingIt) {
-  Cluster cluster;
-  Child* loadgen = cluster.Start(
-      {Runfile("tools/loadgen/ckpt_loadgen"), "--ranks=128", "--execute-while-dispatching=false",
-       "--spawn-coordinator=" + Runfile("coordinator/ckpt_coordinator"),
-       "--checkpoint-root=" + cluster.dir()},
-      "loadgen");
-  ASSERT_EQ(waitpid(loadgen->pid, &loadgen->status, 0), loadgen->pid);
-  loadgen->reaped = true;
-  EXPECT_TRUE(WIFEXITED(loadgen->status) && WEXITSTATUS(loadgen->status) == 2);
-  EXPECT_THAT(loadgen->Stderr(),
+  EXPECT_THAT(RefusedUsage("--execute-while-dispatching=false"),
               ::testing::HasSubstr("--execute-while-dispatching takes no value"));
+}
+
+// An unknown way to wait is refused naming it and the ways there are.
+TEST(LoadgenTest, AnUnknownRankWaitsIsRefusedNamingTheChoices) {
+  const std::string err = RefusedUsage("--rank-waits=long-poll");
+  EXPECT_THAT(err, ::testing::HasSubstr("\"long-poll\" is none of stream, per-worker"));
 }
 
 // Every line of `text` that starts with `key`, its words after the key.

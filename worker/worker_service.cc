@@ -28,6 +28,11 @@ namespace {
 // How long Hello waits for the worker's first registration.
 constexpr absl::Duration kRegistrationWait = absl::Seconds(5);
 
+// Whether the operation ended (done or aborted).
+bool IsFinal(const pb::OperationStatus& op) {
+  return op.phase() == pb::PHASE_DONE || op.phase() == pb::PHASE_ABORTED;
+}
+
 // The worker's CoordinatorJoins: calls JoinOperations through `link`, lingering up to
 // `linger` for the job's ranks open in `registry`.
 CoordinatorJoins MakeCoordinatorJoins(CoordinatorLink* link, MemoryRegistry* registry,
@@ -249,9 +254,7 @@ absl::Status WorkerService::JoinCoalesced(const pb::JoinOperationRequest& join,
   if (!joined->send_full_state()) {
     const pb::OperationStatus& op = joined->operation();
     ends.Joined(op.id(), stream);
-    if (op.phase() == pb::PHASE_DONE || op.phase() == pb::PHASE_ABORTED) {
-      ends.Ended(op, /*from_stream=*/false);
-    }
+    if (IsFinal(op)) ends.Ended(op, /*from_stream=*/false);
   }
   return absl::OkStatus();
 }
@@ -494,7 +497,7 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
       CloseGate(request->operation_id(), s);
     }
     if (!s.ok()) return ToGrpcStatus(s);
-    bool final = op.phase() == pb::PHASE_DONE || op.phase() == pb::PHASE_ABORTED;
+    const bool final = IsFinal(op);
     if (final) {
       // Before the trainer hears that its operation ended, make sure no part on this worker
       // writes its memory any more (an aborted part may still be inside a chunk).
