@@ -12,6 +12,7 @@
 #include "common/grpc_status.h"
 #include "common/memory_path.h"
 #include "common/transfer_path.h"
+#include "proto/operation_phase.h"
 #include "proto/wire_names.h"
 #include "proto/worker.grpc.pb.h"
 
@@ -141,7 +142,7 @@ class WorkerConnection {
     if (!s.ok()) return s;
     OperationProgress p;
     p.phase = OperationPhaseName(response.phase());
-    p.finished = response.phase() == pb::PHASE_DONE || response.phase() == pb::PHASE_ABORTED;
+    p.finished = IsFinal(response.phase());
     p.bytes_done = response.bytes_done();
     p.bytes_total = response.bytes_total();
     p.received_version = response.received_version();

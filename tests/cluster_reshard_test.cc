@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "proto/operation_phase.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/file_util.h"
 #include "tests/services_cluster.h"
@@ -271,8 +272,7 @@ TEST_F(ClusterReshardTest, WorkerKilledMidReshardAbortsWithoutCommit) {
     pb::WaitOperationRequest w;
     w.set_operation_id(started.operation_id());
     w.set_timeout_ms(200);
-    return cluster_.coordinator_stub()->WaitOperation(&context, w, &op).ok() &&
-           (op.phase() == pb::PHASE_ABORTED || op.phase() == pb::PHASE_DONE);
+    return cluster_.coordinator_stub()->WaitOperation(&context, w, &op).ok() && IsFinal(op.phase());
   }));
   ASSERT_EQ(op.phase(), pb::PHASE_ABORTED) << "the reshard finished before the kill";
   std::printf("aborted: %s\n", op.status().message().c_str());

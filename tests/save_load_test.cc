@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/operation_phase.h"
 #include "sharding/region.h"
 #include "storage/checkpoint_reader.h"
 #include "tests/services_cluster.h"
@@ -186,7 +187,7 @@ TEST(ServicesTest, WorkerKilledMidLoadFailsEveryRankWithoutHanging) {
       pb::GetStatusResponse s = cluster.Status();
       phase =
           s.operations_size() > op_index ? s.operations(op_index).phase() : pb::PHASE_UNSPECIFIED;
-      return phase == pb::PHASE_EXECUTING || phase == pb::PHASE_DONE || phase == pb::PHASE_ABORTED;
+      return phase == pb::PHASE_EXECUTING || IsFinal(phase);
     }));
     if (phase != pb::PHASE_EXECUTING) {  // the next attempt starts the same ranks
       ASSERT_TRUE(WaitFor([&] { return Finished(*r0) && Finished(*r1); })) << ClusterLogs(cluster);

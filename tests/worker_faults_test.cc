@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/operation_phase.h"
 #include "tests/services_cluster.h"
 
 namespace ckpt::testing {
@@ -108,8 +109,7 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
     // operation's communicator.
     ASSERT_TRUE(WaitFor([&] {
       pb::OperationPhase p = PhaseOf(cluster, op_index);
-      return (p == pb::PHASE_EXECUTING && BytesDone(cluster, op_index) > 0) ||
-             p == pb::PHASE_DONE || p == pb::PHASE_ABORTED;
+      return (p == pb::PHASE_EXECUTING && BytesDone(cluster, op_index) > 0) || IsFinal(p);
     })) << ClusterLogs(cluster);
     if (PhaseOf(cluster, op_index) == pb::PHASE_EXECUTING) {
       kill(cluster.worker(1).pid, SIGSTOP);

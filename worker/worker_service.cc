@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "planner/rank_description.h"
 #include "proto/compact_convert.h"
+#include "proto/operation_phase.h"
 #include "proto/state_digest.h"
 #include "proto/status_detail.h"
 #include "proto/wire_names.h"
@@ -27,11 +28,6 @@ namespace {
 
 // How long Hello waits for the worker's first registration.
 constexpr absl::Duration kRegistrationWait = absl::Seconds(5);
-
-// Whether the operation ended (done or aborted).
-bool IsFinal(const pb::OperationStatus& op) {
-  return op.phase() == pb::PHASE_DONE || op.phase() == pb::PHASE_ABORTED;
-}
 
 // The worker's CoordinatorJoins: calls JoinOperations through `link`, lingering up to
 // `linger` for the job's ranks open in `registry`.
@@ -254,7 +250,7 @@ absl::Status WorkerService::JoinCoalesced(const pb::JoinOperationRequest& join,
   if (!joined->send_full_state()) {
     const pb::OperationStatus& op = joined->operation();
     ends.Joined(op.id(), stream);
-    if (IsFinal(op)) ends.Ended(op, /*from_stream=*/false);
+    if (IsFinal(op.phase())) ends.Ended(op, /*from_stream=*/false);
   }
   return absl::OkStatus();
 }
@@ -497,7 +493,7 @@ grpc::Status WorkerService::Wait(grpc::ServerContext* context, const pb::WaitReq
       CloseGate(request->operation_id(), s);
     }
     if (!s.ok()) return ToGrpcStatus(s);
-    const bool final = IsFinal(op);
+    const bool final = IsFinal(op.phase());
     if (final) {
       // Before the trainer hears that its operation ended, make sure no part on this worker
       // writes its memory any more (an aborted part may still be inside a chunk).

@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "planner/layout_spec.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "proto/operation_phase.h"
 #include "tools/ckptctl/operation_wait.h"
 
 namespace ckpt::ckptctl {
@@ -106,7 +107,7 @@ int RunClusterReshard(const ClusterReshardArgs& args) {
     return Fail(std::string(waited.status().message()));
   }
   const pb::OperationStatus& op = *waited;
-  if (!IsFinal(op)) {
+  if (!IsFinal(op.phase())) {
     if (show) std::fputc('\n', stderr);
     return Fail(absl::StrCat(op.id(), " did not finish within ", absl::FormatDuration(args.timeout),
                              " (it goes on at the coordinator)"));

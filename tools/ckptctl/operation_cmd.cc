@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "common/transfer_path.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "proto/operation_phase.h"
 #include "proto/wire_names.h"
 #include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
@@ -182,7 +183,7 @@ int WaitAndReport(pb::Coordinator::Stub* stub, const OperationArgs& args, const 
     return 1;
   }
   const pb::OperationStatus& op = *waited;
-  if (!IsFinal(op)) {
+  if (!IsFinal(op.phase())) {
     std::fprintf(stderr, "ckptctl %s: %s is still %s after %s (it goes on)\n", name,
                  op.id().c_str(), last_line.c_str(), absl::FormatDuration(args.timeout).c_str());
     return 1;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "proto/operation_phase.h"
 
 namespace ckpt::ckptctl {
 
@@ -26,7 +27,7 @@ absl::StatusOr<pb::OperationStatus> WaitForOperation(
     absl::Status s = FromGrpcStatus(stub->WaitOperation(&context, request, &op),
                                     absl::StrCat("WaitOperation at coordinator ", coordinator));
     if (!s.ok()) return s;
-    if (IsFinal(op)) return op;
+    if (IsFinal(op.phase())) return op;
     if (on_poll) on_poll(op);
     if (absl::Now() >= deadline) return op;
   }

@@ -21,10 +21,6 @@ absl::StatusOr<pb::OperationStatus> WaitForOperation(
     absl::Time deadline, absl::Duration slice,
     const std::function<void(const pb::OperationStatus&)>& on_poll);
 
-inline bool IsFinal(const pb::OperationStatus& op) {
-  return op.phase() == pb::PHASE_DONE || op.phase() == pb::PHASE_ABORTED;
-}
-
 }  // namespace ckpt::ckptctl
 
 #endif  // CKPT_TOOLS_CKPTCTL_OPERATION_WAIT_H_

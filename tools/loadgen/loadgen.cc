@@ -24,6 +24,7 @@
 #include "proto/compact_convert.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/deterministic.h"
+#include "proto/operation_phase.h"
 #include "proto/state_digest.h"
 #include "proto/status_detail.h"
 #include "tools/loadgen/async_calls.h"
@@ -61,10 +62,6 @@ std::string BufferToString(const grpc::ByteBuffer& buffer) {
     out.append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
   return out;
-}
-
-bool IsFinal(pb::OperationPhase phase) {
-  return phase == pb::PHASE_DONE || phase == pb::PHASE_ABORTED;
 }
 
 std::string PhaseName(pb::OperationPhase phase) {
