@@ -102,33 +102,43 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
 
   // Queues the plan parts and aborts of the worker's ranks (`ranks`) not sent yet, and the
   // end of each of their operations that ended after the stream opened (once per operation).
+  // Runs for every watcher on every phase change: a rank with nothing to send costs a few
+  // comparisons, and its item is built only when something goes.
   void CollectItems(const std::vector<std::pair<const Operation*, int>>& ranks) {
     for (const auto& [op, r] : ranks) {
       const RankEntry& e = op->ranks[r];
-      pb::WorkItem item;
-      item.set_operation_id(op->id);
-      item.set_incarnation(service_->incarnation_);
-      item.set_job(op->job);
-      item.set_rank(r);
-      item.set_kind(e.serving ? pb::OPERATION_RECEIVE : ToProto(op->kind));
-      item.set_path(op->path);
-      if (e.serving) item.set_serving_source(e.serving_source);
-      if (op->phase == Phase::kExecuting && e.has_plan && !e.result.has_value() &&
-          plans_sent_.insert({op->id, r}).second) {
-        QueuePart(std::move(item), e);
+      if (op->phase == Phase::kExecuting) {
+        if (e.has_plan && !e.result.has_value() && plans_sent_.insert({op->id, r}).second) {
+          QueuePart(NewItem(*op, r), e);
+        }
         continue;  // executing: neither aborted nor ended
       }
-      if (op->phase == Phase::kAborted && op->finished >= started_ &&
-          aborts_sent_.insert({op->id, r}).second) {
-        pb::WorkItem abort = item;
+      if (!IsFinal(op->phase) || op->finished < started_) continue;
+      if (op->phase == Phase::kAborted && aborts_sent_.insert({op->id, r}).second) {
+        pb::WorkItem abort = NewItem(*op, r);
         *abort.mutable_abort() = ToDetail(op->status);
         pending_.push_back(Queued{std::move(abort), {}});
       }
-      if (IsFinal(op->phase) && op->finished >= started_ && ends_sent_.insert(op->id).second) {
-        *item.mutable_ended() = service_->FinalStatus(*op);
-        pending_.push_back(Queued{std::move(item), {}});
+      if (ends_sent_.insert(op->id).second) {
+        pb::WorkItem end = NewItem(*op, r);
+        *end.mutable_ended() = service_->FinalStatus(*op);
+        pending_.push_back(Queued{std::move(end), {}});
       }
     }
+  }
+
+  // A work item about rank `r` of `op`, with what every item names.
+  pb::WorkItem NewItem(const Operation& op, int r) const {
+    const RankEntry& e = op.ranks[r];
+    pb::WorkItem item;
+    item.set_operation_id(op.id);
+    item.set_incarnation(service_->incarnation_);
+    item.set_job(op.job);
+    item.set_rank(r);
+    item.set_kind(e.serving ? pb::OPERATION_RECEIVE : ToProto(op.kind));
+    item.set_path(op.path);
+    if (e.serving) item.set_serving_source(e.serving_source);
+    return item;
   }
 
   // Queues the background-persistence items for this worker not sent on this stream yet.

@@ -61,6 +61,11 @@ struct RankLocation {
 
   // "host h, worker w-2 (pid 123)", or "no worker attached" when empty.
   std::string DebugString() const;
+
+  friend bool operator==(const RankLocation& a, const RankLocation& b) {
+    return a.worker_id == b.worker_id && a.host == b.host && a.worker_pid == b.worker_pid &&
+           a.gpu == b.gpu && a.nccl == b.nccl;
+  }
 };
 
 // A named group of world_size trainer ranks.

@@ -105,6 +105,20 @@ TEST_F(JobStateTest, TwoTrainersClaimingOneRankAreRefusedNamingTheFirst) {
   EXPECT_TRUE(state_.AttachRank("gpt", 2, 0, Loc(1)).ok());  // after it left
 }
 
+TEST_F(JobStateTest, ARankAttachingAgainAsItWasChangesNothingAndAMovedWorkerIsRecorded) {
+  ASSERT_TRUE(state_.AttachRank("gpt", 2, 0, Loc(0)).ok());
+  const uint64_t attached = state_.version();
+  ASSERT_TRUE(state_.AttachRank("gpt", 2, 0, Loc(0)).ok());  // every repeat join does this
+  EXPECT_EQ(state_.version(), attached);
+  RankLocation restarted = Loc(0);  // the same worker id, its process restarted
+  restarted.worker_pid = 4242;
+  restarted.gpu = 3;
+  ASSERT_TRUE(state_.AttachRank("gpt", 2, 0, restarted).ok());
+  EXPECT_GT(state_.version(), attached);
+  EXPECT_EQ(state_.FindJob("gpt")->ranks.at(0).worker_pid, 4242);
+  EXPECT_EQ(state_.FindJob("gpt")->ranks.at(0).gpu, 3);
+}
+
 TEST_F(JobStateTest, AJobWhoseRanksAllLeftMayComeBackWithAnotherWorldSize) {
   ASSERT_TRUE(state_.AttachRank("gpt", 2, 0, Loc(0)).ok());
   ASSERT_TRUE(state_.AttachRank("gpt", 2, 1, Loc(1)).ok());
