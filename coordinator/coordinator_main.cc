@@ -111,9 +111,6 @@ ABSL_FLAG(int64_t, max_reshard_ranks_per_worker, 1024,
 ABSL_FLAG(int, transfer_keep_versions, 2,
           "live transfer: published versions of each name kept receivable (at least 1), by "
           "the catalog and by the source workers (per name, apart from --memory_keep)");
-ABSL_FLAG(int, server_shards, 8,
-          "gRPC servers sharing --listen's port (SO_REUSEPORT), 1-64: the kernel spreads the "
-          "workers' connections over them, and each server completes its calls on its own queue");
 ABSL_FLAG(std::string, state_dir, "",
           "directory journaling the staging directories of saves, reshards and background "
           "persistences in flight, so that a "
@@ -168,7 +165,6 @@ absl::StatusOr<std::unique_ptr<ckpt::coordinator::StagingJournal>> OpenStagingJo
 struct Settings {
   std::string listen;  // host:port as given
   std::string host;    // its host part
-  int server_shards = 1;
   ckpt::TransportSecurity security;
   ckpt::coordinator::CoordinatorOptions options;
   ckpt::coordinator::LoadPlannerOptions load_defaults;
@@ -217,10 +213,6 @@ std::optional<int> ReadSettings(const std::vector<std::string>& checkpoint_roots
   options.description_cache_bytes = absl::GetFlag(FLAGS_description_cache_bytes);
   if (absl::GetFlag(FLAGS_piece_list_wait_ms) < 0) return Fail("--piece_list_wait_ms must be >= 0");
   options.piece_list_wait = absl::Milliseconds(absl::GetFlag(FLAGS_piece_list_wait_ms));
-  out->server_shards = absl::GetFlag(FLAGS_server_shards);
-  if (out->server_shards < 1 || out->server_shards > 64) {
-    return Fail("--server_shards must be between 1 and 64");
-  }
   if (absl::GetFlag(FLAGS_max_reshard_ranks_per_worker) < 1) {
     return Fail("--max_reshard_ranks_per_worker must be >= 1");
   }
@@ -230,13 +222,14 @@ std::optional<int> ReadSettings(const std::vector<std::string>& checkpoint_roots
   return std::nullopt;
 }
 
-// Serves `services` on `listen`; null when it cannot listen. *bound_port is the port
-// actually bound.
-std::unique_ptr<grpc::Server> StartServer(const Settings& settings, const std::string& listen,
+// Serves `services` on the settings' address; null when it cannot listen. *bound_port is the
+// port actually bound.
+std::unique_ptr<grpc::Server> StartServer(const Settings& settings,
                                           const std::vector<grpc::Service*>& services,
                                           int* bound_port) {
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, ckpt::MakeServerCredentials(settings.security), bound_port);
+  builder.AddListeningPort(settings.listen, ckpt::MakeServerCredentials(settings.security),
+                           bound_port);
   // Gathered metadata of a rank with many tensors easily exceeds gRPC's 4 MB default.
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -246,36 +239,6 @@ std::unique_ptr<grpc::Server> StartServer(const Settings& settings, const std::s
   return server;
 }
 
-// Serves `services` on settings.server_shards servers sharing the settings' port (the first
-// binds it, port 0 picking a free one; gRPC sets SO_REUSEPORT on every listening socket, so
-// the others bind the same one and the kernel spreads new connections over them). Why: a gRPC
-// server completes every callback call on one completion queue, and Debian's libgrpc, built
-// without NDEBUG, checks each completion against every outstanding operation of that queue
-// under its lock (cq_check_tag); with 12,800 workers' streams held that check was a tenth of
-// the coordinator's CPU in a repeat save at 102,400 ranks (docs/BENCHMARKS.md, issue 16,
-// session 13). Empty when a server cannot listen; *bound_port is the shared port.
-std::vector<std::unique_ptr<grpc::Server>> StartServers(const Settings& settings,
-                                                        const std::vector<grpc::Service*>& services,
-                                                        int* bound_port) {
-  std::vector<std::unique_ptr<grpc::Server>> servers;
-  servers.push_back(StartServer(settings, settings.listen, services, bound_port));
-  if (servers.back() == nullptr) return {};
-  const std::string shared = absl::StrCat(settings.host, ":", *bound_port);
-  while (static_cast<int>(servers.size()) < settings.server_shards) {
-    int port = 0;
-    servers.push_back(StartServer(settings, shared, services, &port));
-    if (servers.back() == nullptr || port != *bound_port) {
-      std::fprintf(stderr, "ckpt_coordinator: server shard %zu cannot share %s\n", servers.size(),
-                   shared.c_str());
-      for (auto& started : servers) {
-        if (started != nullptr) started->Shutdown();
-      }
-      return {};
-    }
-  }
-  return servers;
-}
-
 // Says where the coordinator serves: stdout, the log, and --address_file when given.
 void Announce(const Settings& settings, const std::string& address,
               const ckpt::coordinator::CoordinatorService& coordinator) {
@@ -283,30 +246,17 @@ void Announce(const Settings& settings, const std::string& address,
   std::fflush(stdout);
   spdlog::info(
       "serving address={} incarnation={} tls={} checkpoint_roots=\"{}\" lease_ms={} "
-      "arrival_deadline_ms={} execution_deadline_ms={} server_shards={} allocator=\"{}\"",
+      "arrival_deadline_ms={} execution_deadline_ms={} allocator=\"{}\"",
       address, coordinator.incarnation_hex(), settings.security.tls,
       settings.options.checkpoint_roots->Describe(), absl::GetFlag(FLAGS_lease_ms),
       absl::GetFlag(FLAGS_arrival_deadline_ms), absl::GetFlag(FLAGS_execution_deadline_ms),
-      settings.server_shards, ckpt::AllocatorName());
+      ckpt::AllocatorName());
   const std::string address_file = absl::GetFlag(FLAGS_address_file);
   if (!address_file.empty()) {
     if (absl::Status s = ckpt::WriteFileAtomically(address_file, address + "\n"); !s.ok()) {
       spdlog::error("cannot write address_file={}: {}", address_file, s.ToString());
     }
   }
-}
-
-// On SIGTERM/SIGINT: ends the coordinator's streams and waits, then shuts every server down.
-void StopOnSignals(const std::vector<std::unique_ptr<grpc::Server>>& servers,
-                   ckpt::coordinator::CoordinatorService* coordinator) {
-  std::vector<grpc::Server*> raw;
-  for (const auto& server : servers) raw.push_back(server.get());
-  ckpt::WatchShutdownSignals([raw, coordinator](int signal_number) {
-    spdlog::info("shutting_down signal={}", signal_number);
-    coordinator->Shutdown();  // ends streams and waits so that Shutdown below is prompt
-    const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
-    for (grpc::Server* server : raw) server->Shutdown(deadline);
-  });
 }
 
 using ckpt::IsTransferPath;
@@ -372,17 +322,22 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
       });
 
   int bound_port = 0;
-  std::vector<std::unique_ptr<grpc::Server>> servers =
-      StartServers(settings, {&coordinator, &rendezvous}, &bound_port);
-  if (servers.empty()) {
+  std::unique_ptr<grpc::Server> server =
+      StartServer(settings, {&coordinator, &rendezvous}, &bound_port);
+  if (server == nullptr) {
     std::fprintf(stderr, "ckpt_coordinator: cannot listen on %s\n", settings.listen.c_str());
     return 1;
   }
   coordinator.Start();
   Announce(settings, absl::StrCat(settings.host, ":", bound_port), coordinator);
 
-  StopOnSignals(servers, &coordinator);
-  for (const auto& server : servers) server->Wait();
+  grpc::Server* raw = server.get();
+  ckpt::WatchShutdownSignals([raw, &coordinator](int signal_number) {
+    spdlog::info("shutting_down signal={}", signal_number);
+    coordinator.Shutdown();  // ends streams and waits so that Shutdown below is prompt
+    raw->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  });
+  server->Wait();
   coordinator.Shutdown();
   spdlog::info("stopped");
   return 0;

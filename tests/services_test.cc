@@ -266,40 +266,6 @@ TEST(ServicesTest, SigtermStopsDaemonsCleanly) {
       << cluster.coordinator().Stderr();
 }
 
-// The coordinator serves on --server_shards gRPC servers sharing its port: every connection,
-// whichever server the kernel hands it to, reaches the whole service (a server missing a
-// service would answer Unimplemented; with 32 connections over 4 servers, each server gets
-// some but with probability 4 x (3/4)^32 < 0.1%).
-TEST(ServicesTest, EveryConnectionIsServedWhicheverShardOfThePortTakesIt) {
-  Cluster cluster;
-  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({"--server_shards=4"}));
-  for (int i = 0; i < 32; ++i) {
-    grpc::ChannelArguments unique;
-    unique.SetInt("ckpt.test_connection", i);  // a connection of its own
-    auto channel =
-        grpc::CreateCustomChannel(cluster.address(), grpc::InsecureChannelCredentials(), unique);
-    auto stub = pb::Coordinator::NewStub(channel);
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    pb::GetStatusResponse status;
-    grpc::Status s = stub->GetStatus(&context, pb::GetStatusRequest(), &status);
-    EXPECT_TRUE(s.ok()) << "connection " << i << ": " << s.error_message();
-  }
-}
-
-TEST(ServicesTest, ACoordinatorRefusesAShardCountOutsideOneToSixtyFour) {
-  for (const char* shards : {"--server_shards=0", "--server_shards=65"}) {
-    Cluster cluster;
-    Child* refused =
-        cluster.Start({Runfile("coordinator/ckpt_coordinator"), shards, "--listen=127.0.0.1:0",
-                       absl::StrCat("--checkpoint_root=", cluster.dir())},
-                      "refused-coordinator");
-    ASSERT_TRUE(WaitFor([&] { return !refused->Running(); }, absl::Seconds(30))) << shards;
-    EXPECT_TRUE(WIFEXITED(refused->status) && WEXITSTATUS(refused->status) != 0) << shards;
-    EXPECT_THAT(refused->Stderr(), HasSubstr("--server_shards must be between 1 and 64"));
-  }
-}
-
 TEST(ServicesTest, CkptctlStatusNeedsACoordinator) {
   Cluster cluster;
   std::string out;
