@@ -1181,7 +1181,11 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinOperations(
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "JoinOperations");
   if (!peer.ok()) return Answer(context, ToGrpcStatus(peer.status()));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!AdmitJoinBatch(*request, [this, context, request, response, peer = *peer, reactor] {
+  // Parked for a layout class at most half of what is left of the call's deadline, so that
+  // its answer (send_full_state) comes while the worker still waits for it.
+  const absl::Duration left = absl::FromChrono(context->deadline()) - absl::Now();
+  const absl::Time latest = clock_->Now() + std::max(left / 2, absl::ZeroDuration());
+  if (!AdmitJoinBatch(*request, latest, [this, context, request, response, peer = *peer, reactor] {
         RunJoinBatch(context, request, response, peer, reactor);
       })) {
     return reactor;  // parked: answered when resumed
@@ -1199,7 +1203,7 @@ bool DescribesInFull(const pb::JoinOperationRequest& join) {
 
 }  // namespace
 
-bool CoordinatorService::AdmitJoinBatch(const pb::JoinOperationsRequest& request,
+bool CoordinatorService::AdmitJoinBatch(const pb::JoinOperationsRequest& request, absl::Time latest,
                                         PieceClasses::Resume resume) {
   std::set<std::string> digests;
   const std::string* job = nullptr;
@@ -1217,7 +1221,7 @@ bool CoordinatorService::AdmitJoinBatch(const pb::JoinOperationsRequest& request
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return true;
   }
-  return piece_classes_.Admit(*job, digests, clock_->Now(), std::move(resume));
+  return piece_classes_.Admit(*job, digests, clock_->Now(), latest, std::move(resume));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::RunJoinBatch(grpc::CallbackServerContext* context,

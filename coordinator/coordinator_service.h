@@ -257,8 +257,10 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
                                          pb::JoinOperationsResponse* response, const Peer& peer,
                                          grpc::ServerUnaryReactor* reactor);
   // Whether `request` may be handled now; otherwise it is parked until the layout classes its
-  // joins name are held (or their wait passed), and `resume` handles it then.
-  bool AdmitJoinBatch(const pb::JoinOperationsRequest& request, PieceClasses::Resume resume);
+  // joins name are held, it is asked for one in place of an overdue supplier, or `latest`
+  // passes, and `resume` handles it then.
+  bool AdmitJoinBatch(const pb::JoinOperationsRequest& request, absl::Time latest,
+                      PieceClasses::Resume resume);
   // Runs parked calls handed back (never under mu_).
   void RunResumes(std::vector<PieceClasses::Resume> resumes);
   // Advances each operation of `batch.to_answer` once and fills its joins' answers. Takes the

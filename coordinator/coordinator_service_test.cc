@@ -1021,6 +1021,25 @@ TEST_F(CoordinatorClassTest, AWaitForAClassThatNeverComesEndsWithSendFullState) 
   EXPECT_EQ(r.response().operation().joined_ranks(), 1);
 }
 
+// However long --piece_list_wait, a call parked for a class is answered (send_full_state) with
+// half of its deadline left, so the worker hears why before its call times out.
+TEST_F(CoordinatorClassTest, AWaitForAClassEndsWellBeforeTheCallsDeadline) {
+  piece_list_wait_ = absl::Minutes(10);
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  ASSERT_TRUE(JoinCall(ClassJoin(w0, 0, Replica(0), true)).response().send_full_state());
+  pb::JoinOperationsRequest request;
+  *request.add_joins() = ClassJoin(w1, 1, Replica(1), true);
+  pb::JoinOperationsResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(4)));
+  grpc::Status s = stub_->JoinOperations(&context, request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(response.results_size(), 1);
+  EXPECT_TRUE(response.results(0).response().send_full_state());
+  EXPECT_EQ(service_->parked_join_calls(), 0);
+}
+
 // A worker's rank asked for the class re-sends it in full in the same call as another rank of
 // that class joining by reference (listed first): the call is not parked (it would wait for
 // itself until --piece_list_wait, past the worker's RPC deadline), and the reference finds the

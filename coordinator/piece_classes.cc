@@ -15,32 +15,42 @@ std::optional<PieceClass> PieceClasses::Find(const std::string& job,
   return c->second;
 }
 
-bool PieceClasses::Admit(const std::string& job, const std::set<std::string>& digests,
-                         absl::Time now, Resume resume) {
-  std::lock_guard<std::mutex> lock(mu_);
-  JobClasses& classes = jobs_[job];
-  std::set<std::string> waiting;
-  bool asks = false;
+void PieceClasses::AskOverdue(JobClasses& classes, const std::set<std::string>& digests,
+                              absl::Time now) {
+  for (const std::string& digest : digests) {
+    if (classes.held.count(digest) > 0) continue;
+    auto [it, inserted] = classes.asked.try_emplace(digest, now + supply_wait_);
+    if (!inserted && it->second <= now) it->second = now + supply_wait_;
+  }
+}
+
+absl::Time PieceClasses::EarliestWait(const JobClasses& classes,
+                                      const std::set<std::string>& digests, absl::Time now) {
   absl::Time until = absl::InfiniteFuture();
   for (const std::string& digest : digests) {
     if (classes.held.count(digest) > 0) continue;
     auto asked = classes.asked.find(digest);
-    if (asked == classes.asked.end() || asked->second <= now) {
-      asks = true;  // this call's rank is asked for it
-      continue;
-    }
-    waiting.insert(digest);
+    if (asked == classes.asked.end() || asked->second <= now) return absl::InfinitePast();
     until = std::min(until, asked->second);
   }
-  if (asks || waiting.empty()) {
-    for (const std::string& digest : digests) {
-      if (classes.held.count(digest) > 0) continue;
-      auto [it, inserted] = classes.asked.try_emplace(digest, now + supply_wait_);
-      if (!inserted && it->second <= now) it->second = now + supply_wait_;
-    }
+  return until;
+}
+
+bool PieceClasses::Admit(const std::string& job, const std::set<std::string>& digests,
+                         absl::Time now, absl::Time latest, Resume resume) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobClasses& classes = jobs_[job];
+  std::set<std::string> waiting;
+  for (const std::string& digest : digests) {
+    if (classes.held.count(digest) == 0) waiting.insert(digest);
+  }
+  const absl::Time until = EarliestWait(classes, waiting, now);
+  if (waiting.empty() || until == absl::InfinitePast() || latest <= now) {
+    AskOverdue(classes, waiting, now);  // this call's rank is asked for each overdue class
     return true;
   }
-  parked_.push_back(Parked{job, std::move(waiting), until, std::move(resume)});
+  parked_.push_back(
+      Parked{job, std::move(waiting), std::min(until, latest), latest, std::move(resume)});
   return false;
 }
 
@@ -51,14 +61,14 @@ std::vector<PieceClasses::Resume> PieceClasses::Add(const std::string& job,
   std::lock_guard<std::mutex> lock(mu_);
   JobClasses& classes = jobs_[job];
   classes.asked.erase(digest);
-  if (classes.held.count(digest) == 0 &&
-      static_cast<int64_t>(classes.held.size()) >= max_classes_per_job_) {
-    return ready;  // not held: its ranks keep sending in full; waiters expire
-  }
-  classes.held[digest] = std::move(layout_class);
+  const bool held = classes.held.count(digest) > 0 ||
+                    static_cast<int64_t>(classes.held.size()) < max_classes_per_job_;
+  // Past the bound the class is not held: its waiters go on now, their ranks sending in full.
+  if (held) classes.held[digest] = std::move(layout_class);
   for (auto it = parked_.begin(); it != parked_.end();) {
-    if (it->job == job) it->waiting.erase(digest);
-    if (it->job == job && it->waiting.empty()) {
+    const bool waits = it->job == job && it->waiting.count(digest) > 0;
+    if (waits && held) it->waiting.erase(digest);
+    if (waits && (!held || it->waiting.empty())) {
       ready.push_back(std::move(it->resume));
       it = parked_.erase(it);
     } else {
@@ -71,11 +81,20 @@ std::vector<PieceClasses::Resume> PieceClasses::Add(const std::string& job,
 std::vector<PieceClasses::Resume> PieceClasses::Expire(absl::Time now) {
   std::vector<Resume> ready;
   std::lock_guard<std::mutex> lock(mu_);
+  // In parking order: the first call to find a supplier overdue is asked in its place.
   for (auto it = parked_.begin(); it != parked_.end();) {
-    if (it->until <= now) {
+    if (it->until > now) {
+      ++it;
+      continue;
+    }
+    JobClasses& classes = jobs_[it->job];
+    const absl::Time until = EarliestWait(classes, it->waiting, now);
+    if (until == absl::InfinitePast() || it->latest <= now) {
+      AskOverdue(classes, it->waiting, now);
       ready.push_back(std::move(it->resume));
       it = parked_.erase(it);
     } else {
+      it->until = std::min(until, it->latest);  // another call was asked: wait for it
       ++it;
     }
   }
