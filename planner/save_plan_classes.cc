@@ -324,32 +324,32 @@ absl::Status RegionConflict(const Classes& c, const ShardInfo& shard, int64_t r,
 // The flat shards of one canonical box, by their range. Ranges usually arrive in increasing
 // order (ZeRO: the ranks holding a box in data-parallel order), so a range past the greatest
 // so far is new without a lookup, and the box's tail is all that is touched (a hash index of
-// every range was a cache miss per reference). An index is built the first time a range
+// every range was a cache miss per reference). Until then only each shard's number is kept
+// (4 bytes per range, not 24: at 100k ranks the kept ranges were most of the chaining's
+// fresh memory); an index is built from the shards' own ranges the first time a range
 // arrives out of order.
 class FlatShardsOfBox {
  public:
   // The slot (shard, or -1 when new) of [start, stop); valid until the next call.
-  int32_t* Slot(int64_t start, int64_t stop) {
+  // `range_of(shard)` is a kept shard's range (asked only when the index is built).
+  template <typename RangeOf>
+  int32_t* Slot(int64_t start, int64_t stop, const RangeOf& range_of) {
     if (index_.empty() && std::make_pair(start, stop) > last_) {
       last_ = {start, stop};
-      seen_.push_back({start, stop, -1});
-      return &seen_.back().shard;
+      seen_.push_back(-1);
+      return &seen_.back();
     }
     if (index_.empty()) {
       index_.reserve(seen_.size() + 1);
-      for (const Seen& s : seen_) index_.emplace(std::make_pair(s.start, s.stop), s.shard);
-      std::vector<Seen>().swap(seen_);
+      for (int32_t shard : seen_) index_.emplace(range_of(shard), shard);
+      std::vector<int32_t>().swap(seen_);
     }
     return &index_.try_emplace(std::make_pair(start, stop), -1).first->second;
   }
 
  private:
-  struct Seen {
-    int64_t start, stop;
-    int32_t shard;
-  };
   std::pair<int64_t, int64_t> last_{-1, -1};
-  std::vector<Seen> seen_;  // in arrival order (increasing), until index_ is built
+  std::vector<int32_t> seen_;  // shards in arrival order (increasing ranges), until index_
   absl::flat_hash_map<std::pair<int64_t, int64_t>, int32_t> index_;
 };
 
@@ -362,7 +362,12 @@ absl::StatusOr<int32_t> ShardOf(const Classes& c, int64_t r, int i, std::vector<
   const int32_t next = static_cast<int32_t>(out->shards.size());
   int32_t* slot;
   if (own.has_flat(i)) {
-    slot = (*by_flat)[canon].Slot(own.flat_start(i), own.flat_stop(i));
+    slot = (*by_flat)[canon].Slot(own.flat_start(i), own.flat_stop(i), [&](int32_t s) {
+      const ShardInfo& shard = out->shards[s];
+      const RankPieces& first = *c.ranks[shard.first_rank];
+      return std::make_pair(first.flat_start(shard.first_piece),
+                            first.flat_stop(shard.first_piece));
+    });
   } else {
     slot = &(*by_canon)[canon];
   }
@@ -389,6 +394,9 @@ absl::StatusOr<Chains> ChainReferences(const Classes& c) {
   std::vector<int32_t> by_canon(c.canon.size(), -1);
   std::vector<FlatShardsOfBox> by_flat(c.canon.size());
   out.shard_of_ref.reserve(c.ref_begin.back());
+  // At most one shard per reference: reserved once, never copied as it grows (with flat
+  // ranges nearly every reference is a shard of its own: ~20M at 100k ranks).
+  out.shards.reserve(c.ref_begin.back());
   for (size_t r = 0; r < c.ranks.size(); ++r) {
     if (c.list_of_rank[r] < 0) continue;
     const RankPieces& own = *c.ranks[r];
