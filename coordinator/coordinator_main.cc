@@ -103,8 +103,9 @@ ABSL_FLAG(int64_t, description_cache_bytes, int64_t{2} << 30,
           "0: keep none)");
 ABSL_FLAG(int64_t, piece_list_wait_ms, 2000,
           "ranks that describe their pieces by reference to a layout class another rank was "
-          "asked to describe in full wait at most this long for it, then send theirs in full "
-          "(keep it well under the workers' RPC deadline, 5 s by default)");
+          "asked to describe in full wait this long for it; then the first waiting call is "
+          "asked in its place and the others wait on (never past half of what is left of "
+          "their RPC's deadline, then they send theirs in full)");
 ABSL_FLAG(int64_t, max_reshard_ranks_per_worker, 1024,
           "a cluster reshard (ckptctl reshard --coordinator) places at most this many target "
           "ranks on each live worker; a larger target layout is refused up front");
