@@ -64,6 +64,13 @@ std::string SaveAndLoad(const std::vector<std::string>& extra) {
     EXPECT_EQ(ValueOf(plan, "plan_parts"), "2048") << out;
     // Every rank was told the operation's end.
     EXPECT_EQ(ValueOf(Words(out, kind + " waits"), "ranks_told"), "2048") << out;
+    // The coordinator logged its planner's own time, and the loadgen read it.
+    double planner = -1, planner_cpu = -1;
+    const std::vector<std::string> timing = Words(out, kind + " planner_s");
+    EXPECT_TRUE(absl::SimpleAtod(timing.empty() ? "-" : timing[0], &planner)) << out;
+    EXPECT_TRUE(absl::SimpleAtod(ValueOf(timing, "planner_cpu_s"), &planner_cpu)) << out;
+    EXPECT_GT(planner, 0) << out;
+    EXPECT_GT(planner_cpu, 0) << out;
   }
   int files = 0;
   EXPECT_TRUE(absl::SimpleAtoi(ValueOf(Words(out, "save joins_answered_s"), "files"), &files));

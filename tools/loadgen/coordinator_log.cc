@@ -3,10 +3,26 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
 namespace ckpt::loadgen {
+namespace {
+
+// The number after " <name>=" in `line`; -1 when absent or not a number.
+double FieldSeconds(absl::string_view line, absl::string_view name) {
+  const std::string key = absl::StrCat(" ", name, "=");
+  const size_t at = line.find(key);
+  if (at == absl::string_view::npos) return -1;
+  absl::string_view value = line.substr(at + key.size());
+  value = value.substr(0, value.find(' '));
+  double seconds = -1;
+  return absl::SimpleAtod(value, &seconds) ? seconds : -1;
+}
+
+}  // namespace
 
 std::map<std::string, OperationLogTimes> ParseCoordinatorLog(absl::string_view text) {
   std::map<std::string, OperationLogTimes> out;
@@ -28,6 +44,8 @@ std::map<std::string, OperationLogTimes> ParseCoordinatorLog(absl::string_view t
     } else if (event == "operation_planned") {
       times.planned = at;
       times.plan_reused = absl::StrContains(line, " plan_reused=true");
+      times.planner_seconds = FieldSeconds(line, "planner_s");
+      times.planner_cpu_seconds = FieldSeconds(line, "planner_cpu_s");
     } else if (event == "operation_committed") {
       times.committed = at;
     } else if (event == "operation_done") {

@@ -918,6 +918,8 @@ OperationReport Driver::RunOperation(const std::string& kind, const std::string&
       run->report.log_committed = it->second.committed;
       run->report.log_done = it->second.done;
       run->report.plan_reused = it->second.plan_reused;
+      run->report.planner_seconds = it->second.planner_seconds;
+      run->report.planner_cpu_seconds = it->second.planner_cpu_seconds;
       if (run->report.status.empty() && !it->second.abort_line.empty()) {
         run->report.status = it->second.abort_line;
       }
@@ -1087,6 +1089,12 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
             Seconds(op.start, op.all_ranks_told != absl::InfinitePast() ? op.all_ranks_told
                                                                         : op.final_seen)));
     absl::StrAppend(&out, PhaseCpuLine(op));
+    auto planner = [](double seconds) {
+      return seconds < 0 ? std::string("-") : absl::StrFormat("%.3f", seconds);
+    };
+    absl::StrAppend(&out,
+                    absl::StrFormat("%s planner_s %s planner_cpu_s %s\n", op.kind,
+                                    planner(op.planner_seconds), planner(op.planner_cpu_seconds)));
     absl::StrAppend(&out, absl::StrFormat("%s waits ranks_told %d wait_calls %d ends_on_streams %d "
                                           "snapshot_calls %d join_calls %d\n",
                                           op.kind, op.ranks_told, op.wait_calls, op.ends_on_streams,

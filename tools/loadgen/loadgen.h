@@ -121,6 +121,9 @@ struct OperationReport {
   absl::Time log_gathered = absl::InfinitePast(), log_planned = absl::InfinitePast(),
              log_committed = absl::InfinitePast(), log_done = absl::InfinitePast();
   bool plan_reused = false;  // the coordinator logged that it reused the layout's plan
+  // The coordinator's planner alone: wall and its thread's CPU seconds (-1: not logged). Less
+  // CPU than wall: the planner (at nice 10) yielded to other work.
+  double planner_seconds = -1, planner_cpu_seconds = -1;
   ProcStats coordinator_before, coordinator_after;  // readings around the operation
   int64_t coordinator_peak_threads = 0;             // during the operation
   // The coordinator's CPU readings (every 100 ms) during the operation, for its CPU seconds per
