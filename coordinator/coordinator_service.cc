@@ -173,13 +173,6 @@ void CoordinatorService::FinishDeferred(const DeferredAnswer& later) {
 
 namespace {
 
-// Runs `work` (a planner or committer, called without the service's lock) on a short-lived
-// thread at nice 10 and returns its result. They are CPU-bound for seconds at scale, while the
-// callback threads that answer heartbeats need little CPU but need it within the lease; on
-// Linux a thread's nice value is its own. Only this thread yields: the advancer, which takes
-// the service's lock around the work, keeps its priority (when it ran at nice 10 itself, a
-// 20k-rank save on a loaded machine held the lock for 10 s while storing the plan, and every
-// worker lost its lease). Runs `work` inline if no thread can be started.
 // The calling thread's CPU time so far.
 absl::Duration ThreadCpuTime() {
   timespec t{};
@@ -187,6 +180,13 @@ absl::Duration ThreadCpuTime() {
   return absl::DurationFromTimespec(t);
 }
 
+// Runs `work` (a planner or committer, called without the service's lock) on a short-lived
+// thread at nice 10 and returns its result. They are CPU-bound for seconds at scale, while the
+// callback threads that answer heartbeats need little CPU but need it within the lease; on
+// Linux a thread's nice value is its own. Only this thread yields: the advancer, which takes
+// the service's lock around the work, keeps its priority (when it ran at nice 10 itself, a
+// 20k-rank save on a loaded machine held the lock for 10 s while storing the plan, and every
+// worker lost its lease). Runs `work` inline if no thread can be started.
 template <typename Work>
 auto RunYielding(Work work) -> decltype(work()) {
   std::optional<decltype(work())> result;
