@@ -2,9 +2,12 @@
 // doing: the planner runs on the advancer thread without the service's lock (the gathered
 // pieces are lent to it, not copied under the lock), and a live worker's renewal is recorded
 // in the lease book, which does not take that lock at all. The save kind here blocks its
-// planner or finalizer until the test saw the heartbeat answered.
+// planner or finalizer until the test saw the heartbeat answered. Planning's storage step
+// (Prepare) runs without the lock too, and a kept plan (ReusedPlan) is taken under it without
+// lending the gathered pieces or running the planner.
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <thread>
@@ -28,6 +31,21 @@ std::unique_ptr<grpc::ClientContext> Ctx() {
 // committer record how many gathered pieces they saw.
 class BlockingSaveKind final : public OperationKindHandler {
  public:
+  absl::Status Prepare(const Operation& op) override {
+    prepared_with_ranks = static_cast<int>(op.ranks.size());
+    if (block_prepare) {
+      preparing.Notify();
+      prepare_release.WaitForNotificationWithTimeout(absl::Seconds(30));
+    }
+    return absl::OkStatus();
+  }
+  std::optional<std::vector<RankPlan>> ReusedPlan(const Operation& op) override {
+    if (!reuse) return std::nullopt;
+    reused_shards = CountShards(op);
+    std::vector<RankPlan> kept(op.world_size, RankPlan{"kept", 1});
+    for (RankPlan& plan : kept) plan.reused = true;
+    return kept;
+  }
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override {
     planned_shards = CountShards(op);
     planning.Notify();
@@ -39,6 +57,7 @@ class BlockingSaveKind final : public OperationKindHandler {
     return absl::OkStatus();
   }
   absl::Status Finalize(const Operation&) override {
+    ++finalized;
     if (block_finalize) {
       finalizing.Notify();
       finalize_release.WaitForNotificationWithTimeout(absl::Seconds(30));
@@ -53,6 +72,13 @@ class BlockingSaveKind final : public OperationKindHandler {
   }
 
   bool block_finalize = false;  // set before the operation ends
+  bool block_prepare = false;   // set before the operation is gathered
+  bool reuse = false;           // ReusedPlan gives a kept plan
+  absl::Notification preparing;
+  absl::Notification prepare_release;
+  int prepared_with_ranks = -1;
+  int reused_shards = 0;
+  std::atomic<int> finalized{0};
   absl::Notification finalizing;
   absl::Notification finalize_release;
   absl::Notification planning;
@@ -91,7 +117,8 @@ class CoordinatorLockingTest : public ::testing::Test {
     worker_id_ = worker.worker_id();
   }
   void TearDown() override {
-    for (absl::Notification* n : {&save_kind_.release, &save_kind_.finalize_release}) {
+    for (absl::Notification* n :
+         {&save_kind_.release, &save_kind_.finalize_release, &save_kind_.prepare_release}) {
       if (!n->HasBeenNotified()) n->Notify();
     }
     service_->Shutdown();
@@ -183,6 +210,74 @@ TEST_F(CoordinatorLockingTest, HeartbeatIsAnsweredWhileTheServiceLockIsHeld) {
   ASSERT_TRUE(report_status.ok()) << report_status.error_message();
   EXPECT_EQ(reported.operation().phase(), pb::PHASE_DONE);
   EXPECT_TRUE(Heartbeat().ok());
+}
+
+// Planning's storage step (a save's staging directory) runs without the service's lock, on
+// the operation without its ranks: a heartbeat and a status query are answered meanwhile.
+TEST_F(CoordinatorLockingTest, HeartbeatIsAnsweredWhilePlanningPreparesStorage) {
+  save_kind_.block_prepare = true;
+  save_kind_.release.Notify();
+  pb::JoinOperationResponse joined;
+  grpc::Status join_status;
+  std::thread joiner([&] { join_status = JoinTheOnlyRank(&joined); });
+  save_kind_.preparing.WaitForNotification();
+
+  EXPECT_TRUE(Heartbeat().ok());
+  pb::GetStatusResponse status;
+  ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
+  ASSERT_EQ(status.operations_size(), 1);
+  EXPECT_EQ(status.operations(0).phase(), pb::PHASE_PLANNING);
+
+  save_kind_.prepare_release.Notify();
+  joiner.join();
+  ASSERT_TRUE(join_status.ok()) << join_status.error_message();
+  EXPECT_EQ(joined.operation().phase(), pb::PHASE_EXECUTING);
+  EXPECT_EQ(save_kind_.prepared_with_ranks, 0);
+  EXPECT_EQ(save_kind_.planned_shards, 3);
+}
+
+// A kept plan is set without running the planner (which here would block until the test
+// ends) and without lending the gathered pieces: ReusedPlan sees them in the operation, and
+// the committer still does.
+TEST_F(CoordinatorLockingTest, AKeptPlanIsSetWithoutRunningThePlanner) {
+  save_kind_.reuse = true;
+  pb::JoinOperationResponse joined;
+  ASSERT_TRUE(JoinTheOnlyRank(&joined).ok());
+  EXPECT_EQ(joined.operation().phase(), pb::PHASE_EXECUTING);
+  EXPECT_FALSE(save_kind_.planning.HasBeenNotified());
+  EXPECT_EQ(save_kind_.reused_shards, 3);
+
+  pb::ReportResultRequest result;
+  result.set_operation_id(joined.operation().id());
+  result.set_rank(0);
+  pb::ReportResultResponse reported;
+  ASSERT_TRUE(stub_->ReportResult(Ctx().get(), result, &reported).ok());
+  EXPECT_EQ(reported.operation().phase(), pb::PHASE_DONE);
+  EXPECT_EQ(save_kind_.committed_shards, 3);
+}
+
+// An operation that ends while its storage step runs (here its only worker leaves) is
+// finalized once more after that step, since its first Finalize may have come before the step
+// made anything (a staging directory); it is never planned.
+TEST_F(CoordinatorLockingTest, AnOperationEndedWhilePreparingIsFinalizedAfterThePreparation) {
+  save_kind_.block_prepare = true;
+  pb::JoinOperationResponse joined;
+  grpc::Status join_status;
+  std::thread joiner([&] { join_status = JoinTheOnlyRank(&joined); });
+  save_kind_.preparing.WaitForNotification();
+
+  pb::DeregisterWorkerRequest leave;
+  leave.set_worker_id(worker_id_);
+  pb::DeregisterWorkerResponse left;
+  ASSERT_TRUE(stub_->DeregisterWorker(Ctx().get(), leave, &left).ok());
+  EXPECT_EQ(save_kind_.finalized.load(), 1);  // the abort's, while Prepare still runs
+
+  save_kind_.prepare_release.Notify();
+  joiner.join();  // answered after the advancer's planning step
+  EXPECT_EQ(save_kind_.finalized.load(), 2);
+  EXPECT_FALSE(save_kind_.planning.HasBeenNotified());
+  ASSERT_TRUE(join_status.ok()) << join_status.error_message();
+  EXPECT_EQ(joined.operation().phase(), pb::PHASE_ABORTED) << joined.DebugString();
 }
 
 }  // namespace

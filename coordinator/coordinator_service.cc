@@ -453,6 +453,63 @@ void CoordinatorService::LogAborted(const std::vector<std::string>& ids) {
   }
 }
 
+void CoordinatorService::Plan(const std::string& operation_id, OperationKindHandler& kind) {
+  // What touches storage first (a save's staging directory), outside the lock; then a kept
+  // plan, if the layout is unchanged, under it (no lend of the gathered data: at 100k ranks the
+  // lend and its return cost a repeat save more than finding the kept plan); else the planner
+  // outside the lock, on the gathered data lent (moved, not copied: O(ranks) moves).
+  // Meanwhile the operation stays in planning: only deadlines and lost workers can end it.
+  const Operation header = *jobs_.CopyWithoutRanks(operation_id);
+  const absl::Time start = absl::Now();
+  const absl::Duration cpu_start = ThreadCpuTime();
+  mu_.unlock();
+  const absl::Status prepared = kind.Prepare(header);
+  mu_.lock();
+  auto ended = [&] {
+    const Operation* op = jobs_.FindOperation(operation_id);
+    if (op != nullptr && op->phase == Phase::kPlanning) return false;
+    // It ended meanwhile, and its Finalize may have run before Prepare made anything (a
+    // staging directory): finalize again, which removes what is left (Finalize is idempotent).
+    Operation aborted = header;
+    aborted.phase = Phase::kAborted;
+    if (absl::Status s = kind.Finalize(aborted); !s.ok()) {
+      spdlog::error("operation_finalize_failed op={} error=\"{}\"", operation_id,
+                    std::string(s.message()));
+    }
+    return true;
+  };
+  if (ended()) return;
+  PlannerRun run;
+  if (!prepared.ok()) {
+    run.plans = prepared;
+  } else if (std::optional<std::vector<RankPlan>> kept =
+                 kind.ReusedPlan(*jobs_.FindOperation(operation_id))) {
+    run.plans = *std::move(kept);
+  } else {
+    Operation snapshot = *jobs_.LendGathered(operation_id);
+    mu_.unlock();
+    run = RunPlanner(kind, snapshot);
+    mu_.lock();
+    jobs_.ReturnLent(operation_id, std::move(snapshot));
+    if (ended()) return;
+  }
+  run.wall = absl::Now() - start;  // Prepare included
+  run.cpu += ThreadCpuTime() - cpu_start;
+  absl::StatusOr<std::vector<RankPlan>>& plans = run.plans;
+  absl::Status s = plans.ok() ? jobs_.SetPlan(operation_id, *std::move(plans)) : plans.status();
+  if (!s.ok()) {
+    AbortOrLog(operation_id,
+               absl::Status(s.code(), absl::StrCat("planning failed: ", s.message())));
+    return;
+  }
+  const Operation* planned = jobs_.FindOperation(operation_id);
+  spdlog::info(
+      "operation_planned op={} bytes_total={} plan_reused={} serving_ranks={} "
+      "planner_s={:.3f} planner_cpu_s={:.3f}",
+      operation_id, planned->BytesTotal(), planned->plan_reused, planned->serving_ranks,
+      absl::ToDoubleSeconds(run.wall), absl::ToDoubleSeconds(run.cpu));
+}
+
 void CoordinatorService::Advance(const std::string& operation_id) {
   const Operation* op = jobs_.FindOperation(operation_id);
   if (op == nullptr) return;
@@ -467,31 +524,7 @@ void CoordinatorService::Advance(const std::string& operation_id) {
           " planner registered (a daemon built without it); nothing was written or loaded"));
       AbortOrLog(operation_id, missing);
     } else {
-      // Plan outside the lock so that heartbeats (and other jobs) are not held up; the
-      // operation stays in planning meanwhile (only deadlines and lost workers can end it).
-      // The gathered pieces are lent (moved), not copied: the lock is held O(ranks) moves.
-      Operation snapshot = *jobs_.LendGathered(operation_id);
-      mu_.unlock();
-      PlannerRun run = RunPlanner(*kind, snapshot);
-      absl::StatusOr<std::vector<RankPlan>>& plans = run.plans;
-      mu_.lock();
-      jobs_.ReturnLent(operation_id, std::move(snapshot));
-      op = jobs_.FindOperation(operation_id);
-      if (op != nullptr && op->phase == Phase::kPlanning) {
-        absl::Status s =
-            plans.ok() ? jobs_.SetPlan(operation_id, *std::move(plans)) : plans.status();
-        if (!s.ok()) {
-          AbortOrLog(operation_id,
-                     absl::Status(s.code(), absl::StrCat("planning failed: ", s.message())));
-        } else {
-          const Operation* planned = jobs_.FindOperation(operation_id);
-          spdlog::info(
-              "operation_planned op={} bytes_total={} plan_reused={} serving_ranks={} "
-              "planner_s={:.3f} planner_cpu_s={:.3f}",
-              operation_id, planned->BytesTotal(), planned->plan_reused, planned->serving_ranks,
-              absl::ToDoubleSeconds(run.wall), absl::ToDoubleSeconds(run.cpu));
-        }
-      }
+      Plan(operation_id, *kind);
     }
     busy_.erase(operation_id);
   }

@@ -315,6 +315,10 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // Runs the planner (or aborts) for an operation that just entered planning, and the
   // committer for one that just entered committing. Requires mu_.
   void Advance(const std::string& operation_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Advance's planning step for an operation in planning that `kind` plans: sets its plan or
+  // aborts it. Releases mu_ while preparing and planning.
+  void Plan(const std::string& operation_id, OperationKindHandler& kind)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogAborted(const std::vector<std::string>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Aborts with `cause` and logs it; logs the refusal if the state machine refused.
   void AbortOrLog(const std::string& operation_id, const absl::Status& cause)

@@ -574,6 +574,15 @@ absl::StatusOr<Operation> JobState::LendGathered(absl::string_view operation_id)
   return lent;
 }
 
+absl::StatusOr<Operation> JobState::CopyWithoutRanks(absl::string_view operation_id) {
+  Operation* op = MutableOperation(operation_id);
+  if (op == nullptr) return UnknownOperation(operation_id);
+  std::vector<RankEntry> ranks = std::move(op->ranks);
+  Operation copy = *op;
+  op->ranks = std::move(ranks);
+  return copy;
+}
+
 std::vector<std::vector<RankEntry>> JobState::TakeReleased() {
   return std::exchange(released_, {});
 }

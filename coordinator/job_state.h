@@ -323,6 +323,9 @@ class JobState {
   // piece copied; the copy has no plan parts). Meanwhile the operation's own entries lack it;
   // nothing reads it before ReturnLent. NotFound for an unknown id.
   absl::StatusOr<Operation> LendGathered(absl::string_view operation_id);
+  // A copy of the operation with no ranks (O(1) in the rank count): its id, job, kind, path and
+  // options, for work that reads none of the ranks. NotFound for an unknown id.
+  absl::StatusOr<Operation> CopyWithoutRanks(absl::string_view operation_id);
   // Moves the data of LendGathered's copy back into the operation (dropped when it was
   // pruned meanwhile).
   void ReturnLent(absl::string_view operation_id, Operation lent);

@@ -565,6 +565,22 @@ TEST_F(JobStateTest, LendGatheredMovesThePiecesOutWithoutCopyingAndReturnLentPut
   EXPECT_EQ(state_.LendGathered("op-999").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(JobStateTest, CopyWithoutRanksCopiesTheOperationAndLeavesItsRanksInPlace) {
+  const std::string id = Gathered();
+  const Operation* op = state_.FindOperation(id);
+  const SharedPieceList* gathered = op->ranks[1].shards.list();
+  absl::StatusOr<Operation> header = state_.CopyWithoutRanks(id);
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->id, id);
+  EXPECT_EQ(header->path, op->path);
+  EXPECT_EQ(header->world_size, op->world_size);
+  EXPECT_EQ(header->phase, Phase::kPlanning);
+  EXPECT_TRUE(header->ranks.empty());
+  ASSERT_EQ(static_cast<int>(op->ranks.size()), op->world_size);
+  EXPECT_EQ(op->ranks[1].shards.list(), gathered);
+  EXPECT_EQ(state_.CopyWithoutRanks("op-999").status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(JobStateTest, RanksDescribingTheSamePiecesShareOneListAndKeepTheirOwnReplicaIds) {
   auto join = [&](int rank, int64_t replica) {
     JoinRequest r = Join(rank, 4);

@@ -256,6 +256,12 @@ absl::StatusOr<std::vector<RankPlan>> PathDispatchKind::Plan(const Operation& op
   return For(op)->Plan(op);
 }
 
+absl::Status PathDispatchKind::Prepare(const Operation& op) { return For(op)->Prepare(op); }
+
+std::optional<std::vector<RankPlan>> PathDispatchKind::ReusedPlan(const Operation& op) {
+  return For(op)->ReusedPlan(op);
+}
+
 absl::Status PathDispatchKind::Commit(Operation& op) { return For(op)->Commit(op); }
 
 absl::Status PathDispatchKind::Finalize(const Operation& op) { return For(op)->Finalize(op); }

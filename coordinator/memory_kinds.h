@@ -14,6 +14,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,8 @@ class PathDispatchKind final : public OperationKindHandler {
       : matches_(matches), matching_(matching), others_(others) {}
 
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
+  absl::Status Prepare(const Operation& op) override;
+  std::optional<std::vector<RankPlan>> ReusedPlan(const Operation& op) override;
   absl::Status Commit(Operation& op) override;
   absl::Status Finalize(const Operation& op) override;
 

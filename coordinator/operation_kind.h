@@ -5,6 +5,7 @@
 #ifndef CKPT_COORDINATOR_OPERATION_KIND_H_
 #define CKPT_COORDINATOR_OPERATION_KIND_H_
 
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -22,6 +23,18 @@ class OperationKindHandler {
   // One plan part per rank for an operation in the planning phase (every rank's shard metadata
   // is in op.ranks[r].shards). Errors abort the operation for every rank.
   virtual absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) = 0;
+  // What planning needs from storage before any rank's data is read (a save's staging
+  // directory), called without the service's lock, on the operation without its ranks
+  // (JobState::CopyWithoutRanks), before ReusedPlan and Plan. A kind whose Plan is called
+  // without it does the same work there. Errors abort the operation as Plan's do.
+  virtual absl::Status Prepare(const Operation& /*op*/) { return absl::OkStatus(); }
+  // Called under the service's lock after Prepare, on the operation itself (no lent copy): the
+  // plan when it is a copy of one kept for the same layout (a repeat save of unchanged ranks,
+  // issue 16), made without touching storage in O(ranks) comparisons; nullopt when the
+  // operation must be planned with Plan.
+  virtual std::optional<std::vector<RankPlan>> ReusedPlan(const Operation& /*op*/) {
+    return std::nullopt;
+  }
   // Makes the result durable once every rank reported success (saves and reshards write the
   // manifest); an error aborts the operation with it. `op` is the service's lent copy
   // (JobState::LendGathered): a kind may consume its bulky per-rank data (e.g. free each

@@ -209,18 +209,29 @@ std::string SaveCommitter::StagingDir(const std::string& operation_id) {
   return it == staging_.end() ? "" : it->second;
 }
 
-absl::StatusOr<std::vector<RankPlan>> SaveCommitter::Plan(const Operation& op) {
+absl::Status SaveCommitter::Prepare(const Operation& op) {
+  if (!StagingDir(op.id).empty()) return absl::OkStatus();  // prepared before
   if (journal_ != nullptr) CKPT_RETURN_IF_ERROR(journal_->Begin(op.id, op.path));
   absl::StatusOr<std::string> staging = CreateStagingDir(op.path, /*overwrite=*/false);
   if (!staging.ok()) return staging.status();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    staging_[op.id] = *staging;
-  }
-  if (std::optional<std::vector<RankPlan>> reused = plan_reuse_.Find(op, *staging)) {
+  std::lock_guard<std::mutex> lock(mu_);
+  staging_[op.id] = *staging;
+  return absl::OkStatus();
+}
+
+std::optional<std::vector<RankPlan>> SaveCommitter::ReusedPlan(const Operation& op) {
+  const std::string staging = StagingDir(op.id);
+  if (staging.empty()) return std::nullopt;
+  return plan_reuse_.Find(op, staging);
+}
+
+absl::StatusOr<std::vector<RankPlan>> SaveCommitter::Plan(const Operation& op) {
+  CKPT_RETURN_IF_ERROR(Prepare(op));
+  const std::string staging = StagingDir(op.id);
+  if (std::optional<std::vector<RankPlan>> reused = plan_reuse_.Find(op, staging)) {
     return *std::move(reused);
   }
-  absl::StatusOr<std::vector<RankPlan>> plans = PlanSave(op, SavePlanOptions(), *staging);
+  absl::StatusOr<std::vector<RankPlan>> plans = PlanSave(op, SavePlanOptions(), staging);
   if (plans.ok()) plan_reuse_.Keep(op, &*plans);
   return plans;
 }

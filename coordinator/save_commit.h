@@ -8,6 +8,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,8 +44,14 @@ class SaveCommitter final : public OperationKindHandler {
                          ManifestFileOptions manifest_files = ManifestFileOptions())
       : journal_(journal), manifest_files_(manifest_files) {}
 
-  // Journals op.path, creates the staging directory next to it (AlreadyExists when a
-  // checkpoint is there) and plans with PlanSave.
+  // Journals op.path and creates the staging directory next to it (AlreadyExists when a
+  // checkpoint is there).
+  absl::Status Prepare(const Operation& op) override;
+  // The job's kept plan (SavePlanReuse) naming the staging directory Prepare made, when every
+  // rank's description is the one it was planned for; nullopt also when Prepare was not called.
+  std::optional<std::vector<RankPlan>> ReusedPlan(const Operation& op) override;
+  // Prepares (unless Prepare was called) and plans: the kept plan when ReusedPlan would give
+  // it, else PlanSave's (kept for the next save).
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
   // Commits the staging directory to op.path with the manifest merged from the ranks' written
   // records, streamed into its file (or piece files) and validated as it goes (never one

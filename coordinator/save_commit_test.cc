@@ -404,6 +404,56 @@ TEST(SaveCommitterTest, ChangedLayoutIsValidatedInFull) {
   for (const std::string& p : {first, second}) (void)RemoveTree(p);
 }
 
+// Two ranks that described their state with digests `d0`, `d1` (a repeat save may reuse a plan).
+Operation DigestedSave(const std::string& id, const std::string& path, const std::string& d1) {
+  Operation op = TwoRankSave(path);
+  op.id = id;
+  op.ranks[0].description_digest = "d0";
+  op.ranks[1].description_digest = d1;
+  return op;
+}
+
+// ReusedPlan gives the job's kept plan for unchanged digests, naming the staging directory
+// Prepare made (and Plan then uses that one too, making no other); nothing before Prepare,
+// and nothing for a changed digest.
+TEST(SaveCommitterTest, ReusedPlanIsTheKeptPlanInThePreparedStagingDirectory) {
+  const std::string first = TmpPath("kept-1"), second = TmpPath("kept-2");
+  const std::string third = TmpPath("kept-3");
+  for (const std::string& p : {first, second, third}) (void)RemoveTree(p);
+  SaveCommitter saves;
+  Operation planned = DigestedSave("op-1", first, "d1");
+  ASSERT_TRUE(saves.Plan(planned).ok());
+
+  Operation repeat = DigestedSave("op-2", second, "d1");
+  EXPECT_FALSE(saves.ReusedPlan(repeat).has_value());  // not prepared
+  Operation header = repeat;
+  header.ranks.clear();
+  ASSERT_TRUE(saves.Prepare(header).ok());
+  std::optional<std::vector<RankPlan>> kept = saves.ReusedPlan(repeat);
+  ASSERT_TRUE(kept.has_value());
+  ASSERT_EQ(kept->size(), 2u);
+  const std::string staging = StagingOf((*kept)[0]);
+  EXPECT_TRUE(PathExists(staging)) << staging;
+  EXPECT_THAT(staging, HasSubstr("kept-2"));
+  for (const RankPlan& plan : *kept) {
+    EXPECT_TRUE(plan.reused);
+    EXPECT_EQ(StagingOf(plan), staging);
+  }
+  absl::StatusOr<std::vector<RankPlan>> planned_again = saves.Plan(repeat);
+  ASSERT_TRUE(planned_again.ok()) << planned_again.status();
+  EXPECT_EQ(StagingOf((*planned_again)[1]), staging);
+
+  Operation changed = DigestedSave("op-3", third, "d1-changed");
+  ASSERT_TRUE(saves.Prepare(changed).ok());
+  EXPECT_FALSE(saves.ReusedPlan(changed).has_value());
+  for (Operation* op : {&planned, &repeat, &changed}) {
+    op->phase = Phase::kAborted;
+    EXPECT_TRUE(saves.Finalize(*op).ok());
+  }
+  EXPECT_FALSE(PathExists(staging));
+  for (const std::string& p : {first, second, third}) (void)RemoveTree(p);
+}
+
 TEST(SaveCommitterTest, AbortedSaveLosesItsStagingDirectoryAndNeverAppears) {
   const std::string path = TmpPath("commit-abort");
   (void)RemoveTree(path);
