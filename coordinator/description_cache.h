@@ -25,6 +25,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "coordinator/piece_classes.h"
@@ -95,7 +96,7 @@ class DescriptionCache {
   };
   struct JobEntries {
     int world_size = 0;
-    std::map<int, Entry> ranks;
+    absl::btree_map<int, Entry> ranks;         // by rank (a B-tree: see Job::ranks)
     std::list<std::string>::iterator recency;  // position in recency_
   };
   // Stores `entry` as rank `rank`'s (Keep's bound and replacement rules); whether it was kept.

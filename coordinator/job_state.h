@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/btree_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -72,7 +73,9 @@ struct RankLocation {
 struct Job {
   std::string name;
   int world_size = 0;
-  std::map<int, RankLocation> ranks;  // ranks whose trainer has attached, by rank
+  // Ranks whose trainer has attached, by rank (a B-tree: at 100k ranks a join's lookup in a
+  // red-black tree was a chain of cache misses).
+  absl::btree_map<int, RankLocation> ranks;
   absl::Time created;
 };
 
