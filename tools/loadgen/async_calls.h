@@ -1,4 +1,4 @@
-// The load generator's concurrency: one gRPC completion queue drained by a few threads (each
+// The load generator's concurrency: gRPC completion queues drained by a few threads (each
 // completion runs a callback), a window bounding how many calls are in flight, and a fixed
 // pool of executor threads for the work that follows a completion. Nothing here grows with
 // the number of simulated ranks or workers except queued callbacks.

@@ -35,6 +35,8 @@
 namespace ckpt::loadgen {
 namespace {
 
+// Completion queues (one thread each) for the workers' WatchWork streams (Driver::stream_loops_).
+constexpr int kStreamLoops = 2;
 constexpr char kJoinMethod[] = "/ckpt.pb.Coordinator/JoinOperation";
 constexpr char kJoinsMethod[] = "/ckpt.pb.Coordinator/JoinOperations";
 
@@ -211,6 +213,11 @@ class Driver {
   std::vector<std::unique_ptr<SimWorker>> workers_;
   absl::Duration lease_ = absl::Seconds(10);
   std::unique_ptr<CompletionLoop> loop_;
+  // The WatchWork streams' own completion queues (worker i on stream_loops_[i % size]), apart
+  // from the unary calls': a debug-built libgrpc checks each completion against every tag
+  // outstanding on its queue, and 12,800 held stream reads made every call's completion walk
+  // them (each real worker's queue holds its own stream only).
+  std::vector<std::unique_ptr<CompletionLoop>> stream_loops_;
   std::unique_ptr<Executor> executor_;
   Window window_;
   std::unique_ptr<ProcSampler> sampler_;
@@ -375,7 +382,8 @@ void Driver::OpenWatch(SimWorker* w) {
   pb::WatchWorkRequest request;
   request.set_worker_id(w->id);
   // The stream lives as long as the run; Stop() cancels it.
-  w->reader = stubs_[w->channel]->PrepareAsyncWatchWork(&w->watch_context, request, loop_->cq());
+  CompletionLoop& streams = *stream_loops_[w->index % kStreamLoops];
+  w->reader = stubs_[w->channel]->PrepareAsyncWatchWork(&w->watch_context, request, streams.cq());
   w->reader->StartCall(CompletionLoop::Tag([this, w](bool ok) {
     if (ok) {
       ReadNext(w);
@@ -938,6 +946,7 @@ void Driver::Stop() {
     std::unique_lock<std::mutex> lock(streams_mu_);
     streams_cv_.wait(lock, [this] { return open_streams_ == 0; });
   }
+  stream_loops_.clear();
   loop_.reset();  // waits for every call in flight (each has a deadline)
 }
 
@@ -962,6 +971,9 @@ absl::StatusOr<LoadgenReport> Driver::Run() {
     generic_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));
   }
   loop_ = std::make_unique<CompletionLoop>(options_.cq_threads);
+  for (int i = 0; i < kStreamLoops; ++i) {
+    stream_loops_.push_back(std::make_unique<CompletionLoop>(/*threads=*/1));
+  }
   executor_ = std::make_unique<Executor>(options_.executor_threads);
   if (options_.coordinator_pid > 0) {
     sampler_ = std::make_unique<ProcSampler>(options_.coordinator_pid, absl::Milliseconds(100),
