@@ -21,8 +21,9 @@ struct OperationLogTimes {
   absl::Time aborted = absl::InfinitePast();
   std::string abort_line;    // the whole operation_aborted line, when there is one
   bool plan_reused = false;  // the operation_planned line says plan_reused=true
-  // The planner's wall and own-thread CPU seconds (operation_planned's planner_s and
-  // planner_cpu_s; -1: not logged).
+  // The planning step's wall and CPU seconds (operation_planned's planner_s and
+  // planner_cpu_s: the kind's Prepare, then its kept plan or its planner on the lent data;
+  // CPU of the advancer and planner threads; -1: not logged).
   double planner_seconds = -1, planner_cpu_seconds = -1;
 };
 

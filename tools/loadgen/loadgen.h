@@ -121,8 +121,9 @@ struct OperationReport {
   absl::Time log_gathered = absl::InfinitePast(), log_planned = absl::InfinitePast(),
              log_committed = absl::InfinitePast(), log_done = absl::InfinitePast();
   bool plan_reused = false;  // the coordinator logged that it reused the layout's plan
-  // The coordinator's planner alone: wall and its thread's CPU seconds (-1: not logged). Less
-  // CPU than wall: the planner (at nice 10) yielded to other work.
+  // The coordinator's planning step alone (storage preparation, then the kept plan or the
+  // planner): wall and CPU seconds (-1: not logged). Less CPU than wall: the planner (at nice
+  // 10) yielded to other work, or the preparation waited for storage.
   double planner_seconds = -1, planner_cpu_seconds = -1;
   ProcStats coordinator_before, coordinator_after;  // readings around the operation
   int64_t coordinator_peak_threads = 0;             // during the operation
