@@ -62,8 +62,9 @@ class CallbackStreams final : public pb::Coordinator::CallbackService {
 // The same, with WatchWork on the async API: its calls' tags live on `cq`, not on the
 // server's callback queue. (A method marked async over a callback one keeps the callback
 // handler and is never requestable: the async mark must be the method's only one.)
-class AsyncStreams final : public pb::Coordinator::WithCallbackMethod_Heartbeat<
-                               pb::Coordinator::WithAsyncMethod_WatchWork<pb::Coordinator::Service>> {
+class AsyncStreams final
+    : public pb::Coordinator::WithCallbackMethod_Heartbeat<
+          pb::Coordinator::WithAsyncMethod_WatchWork<pb::Coordinator::Service>> {
  public:
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const pb::HeartbeatRequest*,
@@ -170,8 +171,8 @@ int Run(int argc, char** argv) {
   const double cpu_us = static_cast<double>(ProcessCpuMicros() - cpu_start);
   std::printf(
       "streams %d %s calls %d threads %d failed %d wall_us_per_call %.1f cpu_us_per_call %.1f\n",
-      streams, async_streams ? "async" : "callback", calls, threads, failed.load(),
-      wall_us / calls, cpu_us / calls);
+      streams, async_streams ? "async" : "callback", calls, threads, failed.load(), wall_us / calls,
+      cpu_us / calls);
 
   for (auto& c : contexts) c->TryCancel();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
