@@ -138,6 +138,26 @@ class CoordinatorLockingTest : public ::testing::Test {
     for (int i = 0; i < 3; ++i) join.mutable_state()->add_shards()->mutable_tensor()->set_key("w");
     return stub_->JoinOperation(Ctx().get(), join, joined);
   }
+  // While a planning step is blocked: the worker's heartbeat and a status query (the
+  // operation still planning) are answered.
+  void ExpectAnsweredWhilePlanning() {
+    EXPECT_TRUE(Heartbeat().ok());
+    pb::GetStatusResponse status;
+    ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
+    ASSERT_EQ(status.operations_size(), 1);
+    EXPECT_EQ(status.operations(0).phase(), pb::PHASE_PLANNING);
+  }
+  // The only rank reports success: the operation commits, and the committer saw its three
+  // gathered pieces.
+  void ExpectTheOnlyRankCommits(const pb::JoinOperationResponse& joined) {
+    pb::ReportResultRequest result;
+    result.set_operation_id(joined.operation().id());
+    result.set_rank(0);
+    pb::ReportResultResponse reported;
+    ASSERT_TRUE(stub_->ReportResult(Ctx().get(), result, &reported).ok());
+    EXPECT_EQ(reported.operation().phase(), pb::PHASE_DONE);
+    EXPECT_EQ(save_kind_.committed_shards, 3);
+  }
   // The worker's heartbeat, with a deadline shorter than the blocked step's release.
   grpc::Status Heartbeat() {
     pb::HeartbeatRequest beat;
@@ -164,11 +184,7 @@ TEST_F(CoordinatorLockingTest, HeartbeatIsAnsweredWhileAPlanIsInProgress) {
   save_kind_.planning.WaitForNotification();
 
   // The planner is running (blocked): a heartbeat and a status query are answered meanwhile.
-  EXPECT_TRUE(Heartbeat().ok());
-  pb::GetStatusResponse status;
-  ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
-  ASSERT_EQ(status.operations_size(), 1);
-  EXPECT_EQ(status.operations(0).phase(), pb::PHASE_PLANNING);
+  ASSERT_NO_FATAL_FAILURE(ExpectAnsweredWhilePlanning());
 
   save_kind_.release.Notify();
   joiner.join();
@@ -177,13 +193,7 @@ TEST_F(CoordinatorLockingTest, HeartbeatIsAnsweredWhileAPlanIsInProgress) {
   EXPECT_EQ(save_kind_.planned_shards, 3);  // the planner saw the gathered pieces
 
   // The pieces went back to the operation: the committer sees them too.
-  pb::ReportResultRequest result;
-  result.set_operation_id(joined.operation().id());
-  result.set_rank(0);
-  pb::ReportResultResponse reported;
-  ASSERT_TRUE(stub_->ReportResult(Ctx().get(), result, &reported).ok());
-  EXPECT_EQ(reported.operation().phase(), pb::PHASE_DONE);
-  EXPECT_EQ(save_kind_.committed_shards, 3);
+  ExpectTheOnlyRankCommits(joined);
 }
 
 // A live worker's heartbeat does not take the service's lock at all: it is answered while a
@@ -222,11 +232,7 @@ TEST_F(CoordinatorLockingTest, HeartbeatIsAnsweredWhilePlanningPreparesStorage) 
   std::thread joiner([&] { join_status = JoinTheOnlyRank(&joined); });
   save_kind_.preparing.WaitForNotification();
 
-  EXPECT_TRUE(Heartbeat().ok());
-  pb::GetStatusResponse status;
-  ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
-  ASSERT_EQ(status.operations_size(), 1);
-  EXPECT_EQ(status.operations(0).phase(), pb::PHASE_PLANNING);
+  ASSERT_NO_FATAL_FAILURE(ExpectAnsweredWhilePlanning());
 
   save_kind_.prepare_release.Notify();
   joiner.join();
@@ -247,13 +253,7 @@ TEST_F(CoordinatorLockingTest, AKeptPlanIsSetWithoutRunningThePlanner) {
   EXPECT_FALSE(save_kind_.planning.HasBeenNotified());
   EXPECT_EQ(save_kind_.reused_shards, 3);
 
-  pb::ReportResultRequest result;
-  result.set_operation_id(joined.operation().id());
-  result.set_rank(0);
-  pb::ReportResultResponse reported;
-  ASSERT_TRUE(stub_->ReportResult(Ctx().get(), result, &reported).ok());
-  EXPECT_EQ(reported.operation().phase(), pb::PHASE_DONE);
-  EXPECT_EQ(save_kind_.committed_shards, 3);
+  ExpectTheOnlyRankCommits(joined);
 }
 
 // An operation that ends while its storage step runs (here its only worker leaves) is

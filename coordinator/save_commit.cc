@@ -227,11 +227,8 @@ std::optional<std::vector<RankPlan>> SaveCommitter::ReusedPlan(const Operation& 
 
 absl::StatusOr<std::vector<RankPlan>> SaveCommitter::Plan(const Operation& op) {
   CKPT_RETURN_IF_ERROR(Prepare(op));
-  const std::string staging = StagingDir(op.id);
-  if (std::optional<std::vector<RankPlan>> reused = plan_reuse_.Find(op, staging)) {
-    return *std::move(reused);
-  }
-  absl::StatusOr<std::vector<RankPlan>> plans = PlanSave(op, SavePlanOptions(), staging);
+  if (std::optional<std::vector<RankPlan>> reused = ReusedPlan(op)) return *std::move(reused);
+  absl::StatusOr<std::vector<RankPlan>> plans = PlanSave(op, SavePlanOptions(), StagingDir(op.id));
   if (plans.ok()) plan_reuse_.Keep(op, &*plans);
   return plans;
 }
