@@ -108,10 +108,35 @@ bool Has(int argc, char** argv, const char* name) {
   return false;
 }
 
+constexpr char kUsage[] =
+    "usage: open_streams_benchmark [--streams N] [--async_streams] [--calls N] [--threads N]\n"
+    "Wall and process CPU microseconds per unary call on a gRPC server holding N idle\n"
+    "WatchWork streams (callback API, or async on a queue of their own).\n";
+
+// Whether every argument is a known flag (valued ones followed by a value).
+bool KnownFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--async_streams") == 0) continue;
+    const bool valued = std::strcmp(argv[i], "--streams") == 0 ||
+                        std::strcmp(argv[i], "--calls") == 0 ||
+                        std::strcmp(argv[i], "--threads") == 0;
+    if (!valued || ++i >= argc) return false;
+  }
+  return true;
+}
+
 int Run(int argc, char** argv) {
+  if (Has(argc, argv, "--help")) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
   const int streams = Flag(argc, argv, "--streams", 12800);
   const int calls = Flag(argc, argv, "--calls", 20000);
   const int threads = Flag(argc, argv, "--threads", 8);
+  if (!KnownFlags(argc, argv) || streams < 0 || calls <= 0 || threads <= 0) {
+    std::fprintf(stderr, "open_streams_benchmark: bad arguments\n%s", kUsage);
+    return 2;
+  }
   const bool async_streams = Has(argc, argv, "--async_streams");
   CallbackStreams callback_service;
   AsyncStreams async_service;
