@@ -221,7 +221,8 @@ class Driver {
   std::unique_ptr<Executor> executor_;
   Window window_;
   std::unique_ptr<ProcSampler> sampler_;
-  std::shared_ptr<OperationRun> current_;  // guarded by current_mu_
+  std::unique_ptr<ProcSampler> self_sampler_;  // this process, for its CPU per phase
+  std::shared_ptr<OperationRun> current_;      // guarded by current_mu_
   std::mutex current_mu_;
   std::atomic<bool> stopping_{false};
   std::mutex streams_mu_;
@@ -912,6 +913,7 @@ OperationReport Driver::RunOperation(const std::string& kind, const std::string&
     run->report.coordinator_after = sampler_->SampleNow();
     run->report.coordinator_peak_threads = sampler_->Peak().threads;
     run->report.coordinator_cpu = sampler_->CpuTimeline();
+    run->report.loadgen_cpu = self_sampler_->CpuTimeline();
   }
   std::lock_guard<std::mutex> lock(run->mu);
   run->report.id = id;
@@ -978,6 +980,7 @@ absl::StatusOr<LoadgenReport> Driver::Run() {
   if (options_.coordinator_pid > 0) {
     sampler_ = std::make_unique<ProcSampler>(options_.coordinator_pid, absl::Milliseconds(100),
                                              options_.on_coordinator_sample);
+    self_sampler_ = std::make_unique<ProcSampler>(getpid(), absl::Milliseconds(100));
   }
   report.load_average_start = ReadLoadAverage();
   absl::Time t = absl::Now();
@@ -1012,18 +1015,19 @@ std::string Seconds(absl::Time from, absl::Time to) {
   return absl::StrFormat("%.3f", absl::ToDoubleSeconds(to - from));
 }
 
-// "<kind> coordinator_cpu_s gather G plan P dispatch D execute E commit C": the coordinator's
-// CPU seconds over the same phases as the "seconds" line ("-" where unknown).
-std::string PhaseCpuLine(const OperationReport& op) {
+// "<kind> <process>_cpu_s gather G plan P dispatch D execute E commit C": the process's CPU
+// seconds (from `readings`) over the same phases as the "seconds" line ("-" where unknown).
+std::string PhaseCpuLine(const OperationReport& op, absl::string_view process,
+                         const std::vector<CpuReading>& readings) {
   auto cpu = [&](absl::Time from, absl::Time to) -> std::string {
-    const double c = CpuBetween(op.coordinator_cpu, from, to);
+    const double c = CpuBetween(readings, from, to);
     return c < 0 ? "-" : absl::StrFormat("%.2f", c);
   };
-  return absl::StrFormat(
-      "%s coordinator_cpu_s gather %s plan %s dispatch %s execute %s commit %s\n", op.kind,
-      cpu(op.start, op.log_gathered), cpu(op.log_gathered, op.log_planned),
-      cpu(op.log_planned, op.last_plan), cpu(op.last_plan, op.last_result_sent),
-      op.kind == "save" ? cpu(op.last_result_sent, op.log_committed) : "-");
+  return absl::StrFormat("%s %s_cpu_s gather %s plan %s dispatch %s execute %s commit %s\n",
+                         op.kind, process, cpu(op.start, op.log_gathered),
+                         cpu(op.log_gathered, op.log_planned), cpu(op.log_planned, op.last_plan),
+                         cpu(op.last_plan, op.last_result_sent),
+                         op.kind == "save" ? cpu(op.last_result_sent, op.log_committed) : "-");
 }
 
 std::string MiB(int64_t bytes) {
@@ -1100,7 +1104,8 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
             Seconds(op.log_done, op.all_ranks_told),
             Seconds(op.start, op.all_ranks_told != absl::InfinitePast() ? op.all_ranks_told
                                                                         : op.final_seen)));
-    absl::StrAppend(&out, PhaseCpuLine(op));
+    absl::StrAppend(&out, PhaseCpuLine(op, "coordinator", op.coordinator_cpu));
+    if (!op.loadgen_cpu.empty()) absl::StrAppend(&out, PhaseCpuLine(op, "loadgen", op.loadgen_cpu));
     auto planner = [](double seconds) {
       return seconds < 0 ? std::string("-") : absl::StrFormat("%.3f", seconds);
     };

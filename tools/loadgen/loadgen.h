@@ -130,6 +130,9 @@ struct OperationReport {
   // The coordinator's CPU readings (every 100 ms) during the operation, for its CPU seconds per
   // phase: on a shared machine, phase seconds depend on the load, CPU seconds much less.
   std::vector<CpuReading> coordinator_cpu;
+  // The load generator's own CPU readings, likewise: on two cores it shares the machine with
+  // the coordinator, so a phase is bounded by the sum of both processes' CPU.
+  std::vector<CpuReading> loadgen_cpu;
   double loadgen_cpu_seconds = 0;
 };
 
