@@ -261,6 +261,9 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // passes, and `resume` handles it then.
   bool AdmitJoinBatch(const pb::JoinOperationsRequest& request, absl::Time latest,
                       PieceClasses::Resume resume);
+  // Logs a JoinOperations call's joins (ranks_joined): at info when it starts the operation's
+  // gather, passes another tenth of its ranks or ends it; else at debug.
+  static void LogJoinBatch(const JoinBatch& batch);
   // Runs parked calls handed back (never under mu_).
   void RunResumes(std::vector<PieceClasses::Resume> resumes);
   // Advances each operation of `batch.to_answer` once and fills its joins' answers. Takes the
@@ -269,9 +272,13 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // Fills `join.result` with its operation's state now, or NotFound when it was pruned; true
   // when found. Requires mu_.
   bool AnswerJoin(const DeferredJoin& join);
-  // The checkpoint path of `request` resolved (CheckpointPath), once per path in a batch.
+  // The checkpoint path of `request` resolved (CheckpointPath): once per path in a batch, and
+  // once per path while operations gather (join_paths_).
   absl::StatusOr<std::string> JoinPath(const pb::JoinOperationRequest& request, OperationKind kind,
                                        JoinBatch* batch) const;
+  // Forgets the join paths resolved so far (an operation's gather or the operation ended: the
+  // next operation resolves its path afresh, following a symbolic link changed in between).
+  void ForgetJoinPaths() const;
   // One join; `batch` is null for a JoinOperation call (which logs each join itself).
   // `ready` receives the parked calls a layout class this join described completed.
   grpc::Status DoJoinOperation(const grpc::ServerContextBase* context,
@@ -439,6 +446,13 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // Operations whose planner or committer is running (unlocked) right now.
   std::set<std::string> busy_ ABSL_GUARDED_BY(mu_);
+  // Checkpoint paths joins named, as sent -> resolved, since an operation's gather (or an
+  // operation) last ended (JoinPath): every rank of an operation names its path, and resolving it
+  // reads each of its components' links (five system calls per join call for /tmp/dir/name). Only
+  // paths that resolved are kept; at most kMaxJoinPaths. Its own lock: JoinPath runs without mu_.
+  static constexpr size_t kMaxJoinPaths = 256;
+  mutable std::mutex join_paths_mu_;
+  mutable absl::flat_hash_map<std::string, std::string> join_paths_ ABSL_GUARDED_BY(join_paths_mu_);
   // Worker id -> the principal (Peer::Principal) of the certificate that registered it.
   std::map<std::string, std::string> worker_owners_ ABSL_GUARDED_BY(mu_);
   std::set<WorkWatcher*> watchers_ ABSL_GUARDED_BY(mu_);

@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <cstdlib>
@@ -266,6 +267,38 @@ TEST_F(CoordinatorServiceTest, PlanPartsReachTheirWorkersAndResultsCommit) {
   EXPECT_EQ(done.phase(), pb::PHASE_DONE);
   EXPECT_EQ(done.bytes_done(), 300);
   EXPECT_EQ(save_kind_.committed_path, checkpoint_path_);
+}
+
+// The ranks of one operation name one path, so the coordinator resolves it once per gather:
+// a symbolic link changed while the ranks join does not split them (the late rank joins the
+// path the first resolved), and the next operation follows the link as it is then.
+TEST_F(CoordinatorServiceTest, AJoinPathIsResolvedOncePerGatherAndAfreshForTheNextOperation) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const std::string root = checkpoint_path_.substr(0, checkpoint_path_.rfind("/ckpt/1"));
+  const std::string a = root + "/resolve-a", b = root + "/resolve-b", link = root + "/latest";
+  ASSERT_EQ(mkdir(a.c_str(), 0700), 0);
+  ASSERT_EQ(mkdir(b.c_str(), 0700), 0);
+  ASSERT_EQ(symlink(a.c_str(), link.c_str()), 0);
+  checkpoint_path_ = link + "/ckpt";
+  std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
+  pb::JoinOperationResponse j0, j1;
+  ASSERT_TRUE(Join(w0, 0, 2, &j0).ok());
+  EXPECT_EQ(j0.operation().path(), a + "/ckpt");
+  ASSERT_EQ(unlink(link.c_str()), 0);
+  ASSERT_EQ(symlink(b.c_str(), link.c_str()), 0);
+  ASSERT_TRUE(Join(w1, 1, 2, &j1).ok());
+  EXPECT_EQ(j1.operation().id(), j0.operation().id());
+  EXPECT_EQ(j1.operation().path(), a + "/ckpt");
+  const std::string op = j0.operation().id();
+  ASSERT_TRUE(Report(op, 0, absl::OkStatus()).ok());
+  ASSERT_TRUE(Report(op, 1, absl::OkStatus()).ok());
+  EXPECT_EQ(Wait(op).phase(), pb::PHASE_DONE);
+  EXPECT_EQ(save_kind_.committed_path, a + "/ckpt");
+
+  pb::JoinOperationResponse next;
+  ASSERT_TRUE(Join(w0, 0, 2, &next).ok());
+  EXPECT_NE(next.operation().id(), op);
+  EXPECT_EQ(next.operation().path(), b + "/ckpt");
 }
 
 // Each stream opens marked stream_opened, and brings each worker the end of every operation
