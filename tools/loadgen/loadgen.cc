@@ -89,7 +89,8 @@ struct SimWorker {
 
 // The operation in flight and what has been seen of it.
 struct OperationRun {
-  std::string path;  // the checkpoint of this operation
+  std::string path;         // the checkpoint of this operation
+  std::string join_common;  // Driver::JoinCommonBytes, before the first join
   std::mutex mu;
   std::condition_variable cv;
   OperationReport report;
@@ -140,9 +141,11 @@ class Driver {
   // answered send_full_state join again, together, in full. Holds one window slot throughout.
   void JoinTogether(const std::shared_ptr<OperationRun>& run, const std::string& kind,
                     std::vector<int64_t> ranks, std::vector<int64_t> next, bool full_state);
-  // Every field of rank `rank`'s join but the state.
-  pb::JoinOperationRequest JoinHeader(const OperationRun& run, const std::string& kind,
-                                      int64_t rank) const;
+  // The fields every rank's join of the operation shares (the path `run` names), serialized:
+  // made once per operation (OperationRun::join_common).
+  std::string JoinCommonBytes(const OperationRun& run, const std::string& kind) const;
+  // The fields of rank `rank`'s join that are its own, but the state.
+  pb::JoinOperationRequest JoinHeader(const std::string& kind, int64_t rank) const;
   // How a join carried its rank's description.
   enum class Sent { kFull, kDigest, kClass };
   // Rank `rank`'s serialized join: only the digest once its description was accepted, else by
@@ -571,22 +574,26 @@ absl::Status Driver::AttachRanks() {
   return absl::OkStatus();
 }
 
-pb::JoinOperationRequest Driver::JoinHeader(const OperationRun& run, const std::string& kind,
-                                            int64_t rank) const {
-  pb::JoinOperationRequest header;
-  header.set_job(options_.job);
-  header.set_world_size(static_cast<int32_t>(options_.ranks));
-  header.set_rank(static_cast<int32_t>(rank));
-  header.set_kind(kind == "save" ? pb::OPERATION_SAVE : pb::OPERATION_LOAD);
-  header.set_path(run.path);
-  header.set_worker_id(workers_[WorkerOf(rank)]->id);
+std::string Driver::JoinCommonBytes(const OperationRun& run, const std::string& kind) const {
+  pb::JoinOperationRequest common;
+  common.set_job(options_.job);
+  common.set_world_size(static_cast<int32_t>(options_.ranks));
+  common.set_kind(kind == "save" ? pb::OPERATION_SAVE : pb::OPERATION_LOAD);
+  common.set_path(run.path);
   if (kind == "save") {
-    (*header.mutable_metadata())["step"] = "1";
+    (*common.mutable_metadata())["step"] = "1";
     // Whoever opens the checkpoint later can tell what made it.
-    (*header.mutable_metadata())["written_by"] = "ckpt_loadgen (sparse files: every element 0)";
+    (*common.mutable_metadata())["written_by"] = "ckpt_loadgen (sparse files: every element 0)";
   } else {
-    header.set_load_algorithm(options_.load_algorithm);
+    common.set_load_algorithm(options_.load_algorithm);
   }
+  return common.SerializeAsString();
+}
+
+pb::JoinOperationRequest Driver::JoinHeader(const std::string& kind, int64_t rank) const {
+  pb::JoinOperationRequest header;
+  header.set_rank(static_cast<int32_t>(rank));
+  header.set_worker_id(workers_[WorkerOf(rank)]->id);
   header.set_state_digest(digests_[rank]);
   if (kind == "save") header.set_held_plan_part_body(kept_parts_.Held(options_.job, rank));
   return header;
@@ -594,17 +601,19 @@ pb::JoinOperationRequest Driver::JoinHeader(const OperationRun& run, const std::
 
 std::string Driver::JoinBytes(const OperationRun& run, const std::string& kind, int64_t rank,
                               bool full_state, Sent* sent) const {
-  pb::JoinOperationRequest header = JoinHeader(run, kind, rank);
+  pb::JoinOperationRequest header = JoinHeader(kind, rank);
   *sent = full_state || !options_.state_digests ? Sent::kFull
           : described_[rank].load()             ? Sent::kDigest
           : !references_[rank].empty()          ? Sent::kClass
                                                 : Sent::kFull;
   header.set_state_omitted(*sent != Sent::kFull);
-  if (*sent == Sent::kDigest) return header.SerializeAsString();
-  if (*sent == Sent::kFull) return JoinRequestBytes(header, states_[rank]);
+  // The shared fields, then the rank's: a parser merges concatenated messages.
+  std::string out = run.join_common;
+  if (*sent == Sent::kDigest) return out + header.SerializeAsString();
+  if (*sent == Sent::kFull) return out + JoinRequestBytes(header, states_[rank]);
   pb::RankState rank_only;  // by reference: the rank alone, then the class and column
   rank_only.set_rank(static_cast<int32_t>(rank));
-  std::string out = JoinRequestBytes(header, rank_only.SerializeAsString());
+  out += JoinRequestBytes(header, rank_only.SerializeAsString());
   AppendBytesField(pb::JoinOperationRequest::kPieceListFieldNumber, references_[rank], &out);
   return out;
 }
@@ -871,6 +880,7 @@ void Driver::JoinEveryRank(const std::shared_ptr<OperationRun>& run, const std::
 OperationReport Driver::RunOperation(const std::string& kind, const std::string& path) {
   auto run = std::make_shared<OperationRun>();
   run->path = path;
+  run->join_common = JoinCommonBytes(*run, kind);
   run->report.kind = kind;
   run->report.path = path;
   run->worker_waits.resize(options_.workers);
