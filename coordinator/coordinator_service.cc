@@ -778,14 +778,16 @@ absl::StatusOr<std::string> CoordinatorService::JoinPath(const pb::JoinOperation
   if (path->empty()) {
     path = CheckpointPath(request.path(), absl::StrCat(OperationKindName(kind), " path of job ",
                                                        request.job(), " rank ", request.rank()));
-    if (path.ok()) {
-      std::lock_guard<std::mutex> lock(join_paths_mu_);
-      if (join_paths_.size() >= kMaxJoinPaths) join_paths_.clear();
-      join_paths_.emplace(request.path(), *path);
-    }
   }
   if (path.ok() && batch != nullptr) batch->resolved_paths.emplace(request.path(), *path);
   return path;
+}
+
+void CoordinatorService::RememberJoinPath(const std::string& sent, const Operation& op) const {
+  if (op.phase != Phase::kGathering) return;  // gathered: forgotten at once (Advance)
+  std::lock_guard<std::mutex> lock(join_paths_mu_);
+  if (join_paths_.size() >= kMaxJoinPaths) join_paths_.clear();
+  join_paths_.emplace(sent, op.path);
 }
 
 void CoordinatorService::ForgetJoinPaths() const {
@@ -837,6 +839,7 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   const int rank = join.rank;
   absl::StatusOr<const Operation*> op = jobs_.JoinOperation(std::move(join));
   if (!op.ok()) return ToGrpcStatus(op.status());
+  RememberJoinPath(request->path(), **op);
   std::string id = (*op)->id;
   if (batch == nullptr) {
     spdlog::info("rank_joined op={} job={} rank={} shards={} joined={}/{} by_digest={}", id, job,

@@ -276,6 +276,9 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // once per path while operations gather (join_paths_).
   absl::StatusOr<std::string> JoinPath(const pb::JoinOperationRequest& request, OperationKind kind,
                                        JoinBatch* batch) const;
+  // Keeps the path `op` resolved `sent` to for the later joins of its gather (join_paths_):
+  // only once a join joined it, so a path no operation took is never kept. Requires mu_.
+  void RememberJoinPath(const std::string& sent, const Operation& op) const;
   // Forgets the join paths resolved so far (an operation's gather or the operation ended: the
   // next operation resolves its path afresh, following a symbolic link changed in between).
   void ForgetJoinPaths() const;
@@ -446,10 +449,11 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // Operations whose planner or committer is running (unlocked) right now.
   std::set<std::string> busy_ ABSL_GUARDED_BY(mu_);
-  // Checkpoint paths joins named, as sent -> resolved, since an operation's gather (or an
-  // operation) last ended (JoinPath): every rank of an operation names its path, and resolving it
-  // reads each of its components' links (five system calls per join call for /tmp/dir/name). Only
-  // paths that resolved are kept; at most kMaxJoinPaths. Its own lock: JoinPath runs without mu_.
+  // Checkpoint paths of gathering operations, as their joins sent them -> resolved, since an
+  // operation's gather (or an operation) last ended (JoinPath, RememberJoinPath): every rank of
+  // an operation names its path, and resolving it reads each of its components' links (five
+  // system calls per join call for /tmp/dir/name). At most kMaxJoinPaths. Its own lock, taken
+  // after mu_ or alone: JoinPath runs without mu_.
   static constexpr size_t kMaxJoinPaths = 256;
   mutable std::mutex join_paths_mu_;
   mutable absl::flat_hash_map<std::string, std::string> join_paths_ ABSL_GUARDED_BY(join_paths_mu_);

@@ -271,7 +271,8 @@ TEST_F(CoordinatorServiceTest, PlanPartsReachTheirWorkersAndResultsCommit) {
 
 // The ranks of one operation name one path, so the coordinator resolves it once per gather:
 // a symbolic link changed while the ranks join does not split them (the late rank joins the
-// path the first resolved), and the next operation follows the link as it is then.
+// path the first resolved), and the next operation follows the link as it is then; a join
+// that joined nothing leaves no resolution behind.
 TEST_F(CoordinatorServiceTest, AJoinPathIsResolvedOncePerGatherAndAfreshForTheNextOperation) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   const std::string root = checkpoint_path_.substr(0, checkpoint_path_.rfind("/ckpt/1"));
@@ -281,24 +282,29 @@ TEST_F(CoordinatorServiceTest, AJoinPathIsResolvedOncePerGatherAndAfreshForTheNe
   ASSERT_EQ(symlink(a.c_str(), link.c_str()), 0);
   checkpoint_path_ = link + "/ckpt";
   std::string w0 = Register("node0", 10), w1 = Register("node1", 11);
-  pb::JoinOperationResponse j0, j1;
-  ASSERT_TRUE(Join(w0, 0, 2, &j0).ok());
-  EXPECT_EQ(j0.operation().path(), a + "/ckpt");
+  pb::JoinOperationResponse refused, j0, j1;
+  // A join no operation took (its worker is unknown) leaves no resolution behind.
+  ASSERT_EQ(Join("no-such-worker", 0, 2, &refused).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
   ASSERT_EQ(unlink(link.c_str()), 0);
   ASSERT_EQ(symlink(b.c_str(), link.c_str()), 0);
+  ASSERT_TRUE(Join(w0, 0, 2, &j0).ok());
+  EXPECT_EQ(j0.operation().path(), b + "/ckpt");
+  ASSERT_EQ(unlink(link.c_str()), 0);
+  ASSERT_EQ(symlink(a.c_str(), link.c_str()), 0);
   ASSERT_TRUE(Join(w1, 1, 2, &j1).ok());
   EXPECT_EQ(j1.operation().id(), j0.operation().id());
-  EXPECT_EQ(j1.operation().path(), a + "/ckpt");
+  EXPECT_EQ(j1.operation().path(), b + "/ckpt");
   const std::string op = j0.operation().id();
   ASSERT_TRUE(Report(op, 0, absl::OkStatus()).ok());
   ASSERT_TRUE(Report(op, 1, absl::OkStatus()).ok());
   EXPECT_EQ(Wait(op).phase(), pb::PHASE_DONE);
-  EXPECT_EQ(save_kind_.committed_path, a + "/ckpt");
+  EXPECT_EQ(save_kind_.committed_path, b + "/ckpt");
 
   pb::JoinOperationResponse next;
   ASSERT_TRUE(Join(w0, 0, 2, &next).ok());
   EXPECT_NE(next.operation().id(), op);
-  EXPECT_EQ(next.operation().path(), b + "/ckpt");
+  EXPECT_EQ(next.operation().path(), a + "/ckpt");
 }
 
 // Each stream opens marked stream_opened, and brings each worker the end of every operation
