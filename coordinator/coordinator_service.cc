@@ -763,24 +763,14 @@ absl::StatusOr<JoinRequest> ToJoinRequest(const pb::JoinOperationRequest& reques
 }  // namespace
 
 absl::StatusOr<std::string> CoordinatorService::JoinPath(const pb::JoinOperationRequest& request,
-                                                         OperationKind kind,
-                                                         JoinBatch* batch) const {
-  if (batch != nullptr) {
-    auto it = batch->resolved_paths.find(request.path());
-    if (it != batch->resolved_paths.end()) return it->second;  // by an earlier join of the call
-  }
-  absl::StatusOr<std::string> path = std::string();
+                                                         OperationKind kind) const {
   {
     std::lock_guard<std::mutex> lock(join_paths_mu_);
     auto it = join_paths_.find(request.path());
-    if (it != join_paths_.end()) *path = it->second;  // by an earlier call of this gather
+    if (it != join_paths_.end()) return it->second;  // by an earlier join of this gather
   }
-  if (path->empty()) {
-    path = CheckpointPath(request.path(), absl::StrCat(OperationKindName(kind), " path of job ",
-                                                       request.job(), " rank ", request.rank()));
-  }
-  if (path.ok() && batch != nullptr) batch->resolved_paths.emplace(request.path(), *path);
-  return path;
+  return CheckpointPath(request.path(), absl::StrCat(OperationKindName(kind), " path of job ",
+                                                     request.job(), " rank ", request.rank()));
 }
 
 void CoordinatorService::RememberJoinPath(const std::string& sent, const Operation& op) const {
@@ -806,7 +796,7 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
   if (!peer.ok()) return ToGrpcStatus(peer.status());
   absl::StatusOr<OperationKind> kind = FromProto(request->kind());
   if (!kind.ok()) return ToGrpcStatus(kind.status());
-  absl::StatusOr<std::string> path = JoinPath(*request, *kind, batch);
+  absl::StatusOr<std::string> path = JoinPath(*request, *kind);
   if (!path.ok()) return ToGrpcStatus(path.status());
   absl::StatusOr<std::string> persist_to = JoinMemoryOptions(*kind, *path, *request);
   if (!persist_to.ok()) return ToGrpcStatus(persist_to.status());

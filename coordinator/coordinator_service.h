@@ -235,11 +235,10 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
                             const pb::AttachRankRequest* request, pb::AttachRankResponse* response);
   grpc::Status DoDetachRank(const grpc::ServerContextBase* context,
                             const pb::DetachRankRequest* request, pb::DetachRankResponse* response);
-  // What the joins of one JoinOperations call share: the caller (authorized once), the
-  // checkpoint paths resolved so far (a worker's ranks name the same one) and one log line.
+  // What the joins of one JoinOperations call share: the caller (authorized once) and one log
+  // line.
   struct JoinBatch {
     Peer peer;
-    absl::flat_hash_map<std::string, std::string> resolved_paths;  // as sent -> resolved
     std::string operation_id, job;
     int joined = 0, by_digest = 0, first_rank = -1, last_rank = -1;
     int joined_ranks = 0, world_size = 0;  // of the operation, after the last join
@@ -272,10 +271,10 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // Fills `join.result` with its operation's state now, or NotFound when it was pruned; true
   // when found. Requires mu_.
   bool AnswerJoin(const DeferredJoin& join);
-  // The checkpoint path of `request` resolved (CheckpointPath): once per path in a batch, and
-  // once per path while operations gather (join_paths_).
-  absl::StatusOr<std::string> JoinPath(const pb::JoinOperationRequest& request, OperationKind kind,
-                                       JoinBatch* batch) const;
+  // The checkpoint path of `request` resolved (CheckpointPath), or as an earlier join of a
+  // gathering operation resolved it (join_paths_).
+  absl::StatusOr<std::string> JoinPath(const pb::JoinOperationRequest& request,
+                                       OperationKind kind) const;
   // Keeps the path `op` resolved `sent` to for the later joins of its gather (join_paths_):
   // only once a join joined it, so a path no operation took is never kept. Requires mu_.
   void RememberJoinPath(const std::string& sent, const Operation& op) const;
