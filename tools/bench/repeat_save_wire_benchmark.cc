@@ -28,7 +28,6 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,6 +61,7 @@ using loadgen::Window;
 constexpr char kPath[] = "/tmp/ckpt-loadgen-Xy12Ab/checkpoints/save-2";
 constexpr char kOperation[] = "op-7f3a9c2e41d05b68-000002";
 
+// What one run sends: its size, the client's shape (the loadgen's defaults) and the protocol.
 struct Shape {
   int workers = 12800;
   int ranks_per_worker = 8;
@@ -447,9 +447,9 @@ class WireClient {
     }
     window_.Drain();
     std::unique_lock<std::mutex> lock(read_mu_);
-    return read_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                             [this] { return read_ == expected_reads_; }) &&
-           failed.load() == 0;
+    return read_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [this] {
+      return read_ == expected_reads_;
+    }) && failed.load() == 0;
   }
 
  private:
