@@ -12,7 +12,8 @@
 //
 //   repeat_save_wire_benchmark [--workers 12800] [--ranks-per-worker 8] [--channels 64]
 //                              [--window 256] [--cq-threads 2]
-//                              [--joins-on-streams [--answer-joins] [--also-watch]]
+//                              [--joins-on-streams [--answer-joins [--pace-by-answers]]
+//                               [--also-watch]]
 //
 // Prints the message sizes, then per phase (gather: every call answered; dispatch: every
 // stream's item read) the wall seconds and the CPU seconds of the client and of the server.
@@ -24,6 +25,8 @@
 // last item read. --answer-joins also answers each join on its stream when it arrives (three
 // messages per worker); --also-watch has each worker hold an idle WatchWork stream beside its
 // join stream (with both: session 12's JoinStream prototype, a second stream per worker).
+// --pace-by-answers holds each joins message in the window until its answer is read, as the
+// loadgen paces its calls (otherwise a window slot is freed once the message is written).
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -71,6 +74,9 @@ struct Shape {
   bool joins_on_streams = false;
   bool answer_stream_joins = false;  // with joins_on_streams: each answered on the stream too
   bool also_watch = false;  // with joins_on_streams: each worker holds a WatchWork stream too
+  // With answer_stream_joins: the window holds a joins message until its answer is read (as the
+  // loadgen's window holds a call), not until it is written.
+  bool pace_by_answers = false;
 };
 
 // A worker's JoinOperations request of a repeat save: its ranks' digest-only joins, with the
@@ -442,7 +448,7 @@ class WireClient {
       window_.Acquire();
       join_streams_[w]->stream->Write(joins[w], CompletionLoop::Tag([this, &failed](bool ok) {
                                         if (!ok) ++failed;
-                                        window_.Release();
+                                        if (!shape_.pace_by_answers) window_.Release();
                                       }));
     }
     window_.Drain();
@@ -469,6 +475,7 @@ class WireClient {
     grpc::ClientContext context;
     grpc::ByteBuffer item;
     std::unique_ptr<grpc::GenericClientAsyncReaderWriter> stream;
+    bool answered = false;  // its first message (with --answer-joins, the joins' answer) read
   };
 
   // Counts a message read; the waiter wakes once, at the last expected.
@@ -483,7 +490,9 @@ class WireClient {
 
   void ReadDispatch(JoinStreamCall* c) {
     c->stream->Read(&c->item, CompletionLoop::Tag([this, c](bool ok) {
-      if (!ok) return;  // cancelled at the end
+      if (!ok) return;                                                // cancelled at the end
+      if (!c->answered && shape_.pace_by_answers) window_.Release();  // the call is answered
+      c->answered = true;
       CountRead();
       ReadDispatch(c);
     }));
@@ -521,12 +530,12 @@ int MeasureJoinsOnStreams(const Shape& shape, WireClient& client, pid_t server) 
   const double client1 = CpuSecondsOf(getpid()), server1 = CpuSecondsOf(server);
   std::printf(
       "workers %d ranks_per_worker %d channels %d window %d joins_on_streams answered %d "
-      "also_watch %d done %d\n"
+      "also_watch %d paced_by_answers %d done %d\n"
       "joins_and_dispatch seconds %.3f client_cpu_s %.2f server_cpu_s %.2f\n"
       "sum seconds %.3f\n",
       shape.workers, shape.ranks_per_worker, shape.channels, shape.window,
-      shape.answer_stream_joins ? 1 : 0, shape.also_watch ? 1 : 0, done ? 1 : 0,
-      absl::ToDoubleSeconds(t1 - t0), client1 - client0, server1 - server0,
+      shape.answer_stream_joins ? 1 : 0, shape.also_watch ? 1 : 0, shape.pace_by_answers ? 1 : 0,
+      done ? 1 : 0, absl::ToDoubleSeconds(t1 - t0), client1 - client0, server1 - server0,
       absl::ToDoubleSeconds(t1 - t0));
   return done ? 0 : 1;
 }
@@ -549,14 +558,16 @@ int Flag(int argc, char** argv, const char* name, int fallback, bool* bad) {
 constexpr char kUsage[] =
     "usage: repeat_save_wire_benchmark [--workers 12800] [--ranks-per-worker 8]\n"
     "                                  [--channels 64] [--window 256] [--cq-threads 2]\n"
-    "                                  [--joins-on-streams [--answer-joins] [--also-watch]]\n"
+    "                                  [--joins-on-streams [--answer-joins [--pace-by-answers]]\n"
+    "                                   [--also-watch]]\n"
     "The messages of a repeat save (one JoinOperations call per worker while every worker\n"
     "holds its WatchWork stream, then one write per stream) between two processes, with no\n"
     "coordinator behind them: wall and both processes' CPU seconds per phase.\n"
     "--joins-on-streams: each worker's joins as one message on a held bidirectional stream,\n"
     "answered only by its dispatch item (a protocol the project does not have);\n"
     "--answer-joins: each also answered on the stream when it arrives;\n"
-    "--also-watch: each worker also holds an idle WatchWork stream.\n";
+    "--also-watch: each worker also holds an idle WatchWork stream;\n"
+    "--pace-by-answers: the window holds each joins message until its answer is read.\n";
 
 // Whether every argument is a known flag followed by a value.
 bool KnownFlags(int argc, char** argv) {
@@ -564,7 +575,8 @@ bool KnownFlags(int argc, char** argv) {
                          "--cq-threads"};
   for (int i = 1; i < argc; i += 2) {
     if (std::strcmp(argv[i], "--joins-on-streams") == 0 ||
-        std::strcmp(argv[i], "--answer-joins") == 0 || std::strcmp(argv[i], "--also-watch") == 0) {
+        std::strcmp(argv[i], "--answer-joins") == 0 || std::strcmp(argv[i], "--also-watch") == 0 ||
+        std::strcmp(argv[i], "--pace-by-answers") == 0) {
       --i;  // no value
       continue;
     }
@@ -610,8 +622,10 @@ bool ParseShape(int argc, char** argv, Shape* shape) {
     if (std::strcmp(argv[i], "--joins-on-streams") == 0) shape->joins_on_streams = true;
     if (std::strcmp(argv[i], "--answer-joins") == 0) shape->answer_stream_joins = true;
     if (std::strcmp(argv[i], "--also-watch") == 0) shape->also_watch = true;
+    if (std::strcmp(argv[i], "--pace-by-answers") == 0) shape->pace_by_answers = true;
   }
-  return !bad && (shape->joins_on_streams || (!shape->answer_stream_joins && !shape->also_watch));
+  return !bad && (shape->joins_on_streams || (!shape->answer_stream_joins && !shape->also_watch)) &&
+         (shape->answer_stream_joins || !shape->pace_by_answers);
 }
 
 int Run(int argc, char** argv) {
