@@ -40,8 +40,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <fstream>
-#include <iterator>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,11 +48,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "tools/loadgen/async_calls.h"
+#include "tools/loadgen/proc_stats.h"
 
 namespace ckpt::bench {
 namespace {
@@ -299,16 +298,10 @@ class StreamJoinServer final : public grpc::CallbackGenericService {
   std::thread writer_;
 };
 
-// CPU seconds (user + system) of process `pid` so far, from /proc (clock ticks).
+// CPU seconds (user + system) of process `pid` so far; 0 when it cannot be read.
 double CpuSecondsOf(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
-  if (fields.size() < 13) return 0;  // utime and stime are the 14th and 15th of the whole line
-  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
-  return (std::atof(fields[11].c_str()) + std::atof(fields[12].c_str())) / ticks;
+  absl::StatusOr<loadgen::ProcStats> stats = loadgen::ReadProcStats(pid);
+  return stats.ok() ? stats->cpu_seconds : 0;
 }
 
 // Serves on a loopback port until killed; writes the port to `port_fd` first.
@@ -347,24 +340,16 @@ class WireClient {
   }
   // Opens every worker's stream; false when one did not start.
   bool OpenStreams() {
-    std::mutex mu;
-    std::condition_variable cv;
-    int started = 0, failed = 0;
-    for (int w = 0; w < shape_.workers; ++w) {
+    return StartEveryWorker([this](int w, std::function<void(bool)> started) {
       streams_[w] = std::make_unique<Stream>();
       Stream* s = streams_[w].get();
       s->reader = stubs_[w % shape_.channels]->PrepareAsyncWatchWork(
           &s->context, pb::WatchWorkRequest(), stream_loops_[w % 2]->cq());
-      s->reader->StartCall(CompletionLoop::Tag([&, s](bool ok) {
+      s->reader->StartCall(CompletionLoop::Tag([this, s, started](bool ok) {
         if (ok) ReadOne(s);
-        std::lock_guard<std::mutex> lock(mu);
-        ++(ok ? started : failed);
-        cv.notify_all();
+        started(ok);
       }));
-    }
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return started + failed == shape_.workers; });
-    return failed == 0;
+    });
   }
 
   // Every worker's JoinOperations call, `window` in flight; the count of failed calls.
@@ -386,14 +371,10 @@ class WireClient {
       call->reader->Finish(&call->response, &call->status,
                            CompletionLoop::Tag([this, call, &failed](bool) {
                              pb::JoinOperationsResponse parsed;  // the loadgen reads each answer
-                             std::vector<grpc::Slice> slices;
-                             std::string bytes;
-                             if (call->status.ok() && call->response.Dump(&slices).ok()) {
-                               for (const grpc::Slice& s : slices) {
-                                 bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-                               }
+                             if (!call->status.ok() ||
+                                 !parsed.ParseFromString(loadgen::BufferToString(call->response))) {
+                               ++failed;
                              }
-                             if (!call->status.ok() || !parsed.ParseFromString(bytes)) ++failed;
                              delete call;
                              window_.Release();
                            }));
@@ -417,25 +398,17 @@ class WireClient {
   // --joins-on-streams: opens every worker's bidirectional stream, a read pending on each;
   // false when one did not start.
   bool OpenJoinStreams() {
-    std::mutex mu;
-    std::condition_variable cv;
-    int started = 0, failed = 0;
     join_streams_.resize(shape_.workers);
-    for (int w = 0; w < shape_.workers; ++w) {
+    return StartEveryWorker([this](int w, std::function<void(bool)> started) {
       join_streams_[w] = std::make_unique<JoinStreamCall>();
       JoinStreamCall* c = join_streams_[w].get();
       c->stream = generic_[w % shape_.channels]->PrepareCall(&c->context, "/ckpt.bench/JoinStream",
                                                              stream_loops_[w % 2]->cq());
-      c->stream->StartCall(CompletionLoop::Tag([&, c](bool ok) {
+      c->stream->StartCall(CompletionLoop::Tag([this, c, started](bool ok) {
         if (ok) ReadDispatch(c);
-        std::lock_guard<std::mutex> lock(mu);
-        ++(ok ? started : failed);
-        cv.notify_all();
+        started(ok);
       }));
-    }
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return started + failed == shape_.workers; });
-    return failed == 0;
+    });
   }
 
   // Writes every worker's joins on its stream, `window` writes in flight, then waits until each
@@ -459,6 +432,24 @@ class WireClient {
   }
 
  private:
+  // Runs `start(w, started)` for every worker, which starts its stream and calls `started`
+  // with whether it did; returns once every stream reported, false when one did not start.
+  bool StartEveryWorker(const std::function<void(int, std::function<void(bool)>)>& start) {
+    std::mutex mu;
+    std::condition_variable cv;
+    int started = 0, failed = 0;
+    for (int w = 0; w < shape_.workers; ++w) {
+      start(w, [&](bool ok) {
+        std::lock_guard<std::mutex> lock(mu);
+        ++(ok ? started : failed);
+        cv.notify_all();
+      });
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return started + failed == shape_.workers; });
+    return failed == 0;
+  }
+
   struct Stream {
     grpc::ClientContext context;
     pb::WorkItem item;

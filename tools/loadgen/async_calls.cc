@@ -21,6 +21,16 @@ CompletionLoop::~CompletionLoop() {
   for (std::thread& t : threads_) t.join();
 }
 
+std::string BufferToString(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!buffer.Dump(&slices).ok()) return out;
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
 void Window::Acquire() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return in_flight_ < limit_; });

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -60,6 +61,9 @@ void AsyncUnary(CompletionLoop& loop, absl::Duration timeout, Prepare prepare,
                          delete call;
                        }));
 }
+
+// The bytes of `buffer` in one string ("" when they cannot be read).
+std::string BufferToString(const grpc::ByteBuffer& buffer);
 
 // Bounds the calls in flight: Acquire blocks while `limit` are outstanding.
 class Window {

@@ -56,16 +56,6 @@ std::string JoinRequestBytes(const pb::JoinOperationRequest& header, const std::
   return out;
 }
 
-std::string BufferToString(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  std::string out;
-  if (!buffer.Dump(&slices).ok()) return out;
-  for (const grpc::Slice& s : slices) {
-    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return out;
-}
-
 std::string PhaseName(pb::OperationPhase phase) {
   std::string name = pb::OperationPhase_Name(phase);
   absl::string_view view(name);
