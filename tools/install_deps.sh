@@ -4,7 +4,9 @@
 #  2. the project's Python environment: Debian's python3 with exactly python/requirements.lock
 #     (torch, numpy, safetensors, megatron-core, nanobind, pytest, pinned), created once per lock
 #     under ~/.cache/ckpt-venvs/<hash> (CKPT_VENV_HOME overrides) and linked as .venv, so a fresh
-#     clone on the same machine reuses it. A lock change makes a new environment.
+#     clone on the same machine reuses it. A lock change makes a new environment;
+#  3. Debian's gRPC source built with NDEBUG for `-c opt` builds (tools/install_grpc_release.sh:
+#     into /usr/local/lib/ckpt-grpc, once per installed gRPC version).
 set -euo pipefail
 
 PACKAGES=(
@@ -16,6 +18,7 @@ PACKAGES=(
   libssl-dev openssl pkg-config python3 python3-dev python3-venv
   clang libclang-rt-14-dev clang-format
   iproute2
+  dpkg-dev cmake libc-ares-dev zlib1g-dev libprotoc-dev
 )
 
 missing=()
@@ -36,6 +39,8 @@ else
     "${missing[@]}" >/dev/null
   echo "install_deps: packages done"
 fi
+
+"$(dirname "$0")"/install_grpc_release.sh
 
 # --- Python environment -------------------------------------------------------------------
 cd "$(dirname "$0")/.."
