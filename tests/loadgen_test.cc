@@ -76,6 +76,9 @@ std::string SaveAndLoad(const std::vector<std::string>& extra) {
   EXPECT_TRUE(absl::SimpleAtoi(ValueOf(Words(out, "save joins_answered_s"), "files"), &files));
   EXPECT_GT(files, 0);
   EXPECT_EQ(ValueOf(Words(out, "errors"), "report_result"), "0");
+  // Which libgrpc each process ran, read from its memory map: both name a file.
+  EXPECT_THAT(ValueOf(Words(out, "grpc"), "coordinator"), ::testing::HasSubstr("/libgrpc.so"));
+  EXPECT_THAT(ValueOf(Words(out, "grpc"), "loadgen"), ::testing::HasSubstr("/libgrpc.so"));
 
   // The committed checkpoint is a real one: headers, sizes, checksums (of zeros) and coverage.
   std::string verify;

@@ -646,6 +646,10 @@ int Run(int argc, char** argv) {
     std::printf("bytes join_request %zu join_answer %zu dispatch_item %zu\n",
                 JoinsOf(shape, 0).ByteSizeLong(), AnswerOf(shape).ByteSizeLong(),
                 DispatchOf(shape).ByteSizeLong());
+    // The server is a fork of this process: the same libraries (docs/BUILDING.md: `-c opt`
+    // links gRPC built with NDEBUG, other builds Debian's).
+    const std::string grpc = loadgen::ReadMappedLibraryPath(/*pid=*/0, "libgrpc.so");
+    std::printf("grpc %s\n", grpc.empty() ? "unknown" : grpc.c_str());
     auto* client = new WireClient(shape, port);  // see WireClient
     if (shape.joins_on_streams) {
       const bool open = (!shape.also_watch || client->OpenStreams()) && client->OpenJoinStreams();

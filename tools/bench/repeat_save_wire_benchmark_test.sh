@@ -15,6 +15,7 @@ out=$("$bin" --workers 24 --ranks-per-worker 3 --channels 4 --window 5 2>&1) || 
 echo "$out" | grep -q "failed_calls 0 dispatched 1" || fail "run: $out"
 echo "$out" | grep -Eq "^gather seconds [0-9.]+ client_cpu_s" || fail "no gather line: $out"
 echo "$out" | grep -Eq "^dispatch seconds [0-9.]+ client_cpu_s" || fail "no dispatch line: $out"
+echo "$out" | grep -Eq "^grpc /.*/libgrpc\.so" || fail "no grpc library line: $out"
 for mode in "--joins-on-streams" "--joins-on-streams --answer-joins --also-watch" \
   "--joins-on-streams --answer-joins --pace-by-answers"; do
   # shellcheck disable=SC2086

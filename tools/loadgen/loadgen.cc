@@ -983,6 +983,10 @@ absl::StatusOr<LoadgenReport> Driver::Run() {
     self_sampler_ = std::make_unique<ProcSampler>(getpid(), absl::Milliseconds(100));
   }
   report.load_average_start = ReadLoadAverage();
+  if (options_.coordinator_pid > 0) {
+    report.coordinator_grpc_library = ReadMappedLibraryPath(options_.coordinator_pid, "libgrpc.so");
+  }
+  report.loadgen_grpc_library = ReadMappedLibraryPath(/*pid=*/0, "libgrpc.so");
   absl::Time t = absl::Now();
   if (absl::Status s = RegisterWorkers(); !s.ok()) return s;
   report.register_time = absl::Now() - t;
@@ -1061,6 +1065,25 @@ std::string SavePath(const LoadgenOptions& options, int n) {
   return n == 0 ? options.checkpoint : absl::StrCat(options.checkpoint, "-", n + 1);
 }
 
+// The report's lines about the whole run: the coordinator's peaks, errors, the machine's load
+// and which gRPC libraries ran.
+std::string FormatRunLines(const LoadgenReport& report) {
+  std::string out =
+      absl::StrFormat("coordinator peak_rss_mib %s peak_threads %d cpu_s %.2f\n",
+                      MiB(report.coordinator_peak.peak_rss_bytes), report.coordinator_peak.threads,
+                      report.coordinator_peak.cpu_seconds);
+  absl::StrAppend(
+      &out, absl::StrFormat("errors heartbeat %d watch_stream %d report_result %d\n",
+                            report.heartbeat_errors, report.stream_errors, report.report_errors));
+  absl::StrAppend(&out, absl::StrFormat("machine load_average_1m start %.2f end %.2f\n",
+                                        report.load_average_start, report.load_average_end));
+  auto known = [](const std::string& path) { return path.empty() ? "unknown" : path; };
+  absl::StrAppend(&out, absl::StrFormat("grpc coordinator %s loadgen %s\n",
+                                        known(report.coordinator_grpc_library),
+                                        known(report.loadgen_grpc_library)));
+  return out;
+}
+
 std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& report) {
   std::string out;
   const Parallelism& p = report.parallelism;
@@ -1129,15 +1152,7 @@ std::string FormatReport(const LoadgenOptions& options, const LoadgenReport& rep
                   op.coordinator_peak_threads, MiB(op.coordinator_after.rss_bytes),
                   op.loadgen_cpu_seconds));
   }
-  absl::StrAppend(
-      &out, absl::StrFormat("coordinator peak_rss_mib %s peak_threads %d cpu_s %.2f\n",
-                            MiB(report.coordinator_peak.peak_rss_bytes),
-                            report.coordinator_peak.threads, report.coordinator_peak.cpu_seconds));
-  absl::StrAppend(
-      &out, absl::StrFormat("errors heartbeat %d watch_stream %d report_result %d\n",
-                            report.heartbeat_errors, report.stream_errors, report.report_errors));
-  absl::StrAppend(&out, absl::StrFormat("machine load_average_1m start %.2f end %.2f\n",
-                                        report.load_average_start, report.load_average_end));
+  absl::StrAppend(&out, FormatRunLines(report));
   return out;
 }
 

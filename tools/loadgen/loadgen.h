@@ -153,6 +153,10 @@ struct LoadgenReport {
   // seconds above are only comparable between runs at similar load.
   double load_average_start = -1;
   double load_average_end = -1;
+  // The libgrpc each process runs (/proc/<pid>/maps; "" unknown): Debian's debug build, or the
+  // release build `-c opt` links (docs/BUILDING.md). Figures of the two do not compare.
+  std::string coordinator_grpc_library;
+  std::string loadgen_grpc_library;
   int64_t stream_errors = 0;  // work streams that ended before the run did
   int64_t report_errors = 0;  // ReportResult calls that failed
 };

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -83,6 +84,24 @@ double ReadLoadAverage() {
   text << in.rdbuf();
   absl::StatusOr<double> load = ParseLoadAverage(text.str());
   return load.ok() ? *load : -1;
+}
+
+std::string MappedLibraryPath(absl::string_view maps_text, absl::string_view library_prefix) {
+  for (absl::string_view line : absl::StrSplit(maps_text, '\n')) {
+    // "address perms offset dev inode   path": the path is what follows the last field gap.
+    const size_t slash = line.find('/');
+    if (slash == absl::string_view::npos) continue;
+    const absl::string_view path = line.substr(slash);
+    const size_t name = path.rfind('/') + 1;
+    if (absl::StartsWith(path.substr(name), library_prefix)) return std::string(path);
+  }
+  return "";
+}
+
+std::string ReadMappedLibraryPath(pid_t pid, absl::string_view library_prefix) {
+  const std::string maps =
+      ReadAll(pid == 0 ? std::string("/proc/self/maps") : absl::StrCat("/proc/", pid, "/maps"));
+  return MappedLibraryPath(maps, library_prefix);
 }
 
 absl::StatusOr<ProcStats> ReadProcStats(pid_t pid) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -38,6 +39,12 @@ absl::StatusOr<ProcStats> ParseProcStats(absl::string_view status_text, absl::st
 absl::StatusOr<double> ParseLoadAverage(absl::string_view loadavg_text);
 // Reads /proc/loadavg; -1 when it cannot be read (the figure is informational).
 double ReadLoadAverage();
+
+// The path of the first file mapped in the text of /proc/<pid>/maps whose name starts with
+// `library_prefix` (e.g. "libgrpc.so": which gRPC build a process runs); "" when none is.
+std::string MappedLibraryPath(absl::string_view maps_text, absl::string_view library_prefix);
+// MappedLibraryPath of /proc/<pid>/maps (pid 0: this process); "" when it cannot be read.
+std::string ReadMappedLibraryPath(pid_t pid, absl::string_view library_prefix);
 
 // Reads /proc/<pid>/{status,stat}. NotFound when the process is gone.
 absl::StatusOr<ProcStats> ReadProcStats(pid_t pid);

@@ -19,6 +19,24 @@ TEST(ProcStatsTest, ParsesStatusAndStatIncludingNamesWithSpacesAndParentheses) {
   EXPECT_DOUBLE_EQ(s->cpu_seconds, 4.0);
 }
 
+TEST(ProcStatsTest, MappedLibraryPathFindsTheFirstMappingOfTheLibraryByItsFileName) {
+  const char* maps =
+      "55d0c000-55d0d000 r--p 00000000 08:01 123 /usr/bin/ckpt_coordinator\n"
+      "7f00a000-7f00b000 r--p 00000000 08:01 456 /usr/lib/x86_64-linux-gnu/libgrpc++.so.1.51\n"
+      "7f00c000-7f00d000 rw-p 00000000 00:00 0 \n"
+      "7f00e000-7f00f000 r--p 00000000 08:01 789 /usr/local/lib/ckpt-grpc/libgrpc.so.29.0.0\n"
+      "7f010000-7f011000 r-xp 00001000 08:01 789 /usr/local/lib/ckpt-grpc/libgrpc.so.29.0.0\n"
+      "7ffd0000-7ffd1000 rw-p 00000000 00:00 0 [stack]\n";
+  EXPECT_EQ(MappedLibraryPath(maps, "libgrpc.so"), "/usr/local/lib/ckpt-grpc/libgrpc.so.29.0.0");
+  EXPECT_EQ(MappedLibraryPath(maps, "libgrpc++.so"), "/usr/lib/x86_64-linux-gnu/libgrpc++.so.1.51");
+  EXPECT_EQ(MappedLibraryPath(maps, "libgloo.so"), "");
+  EXPECT_EQ(MappedLibraryPath("", "libgrpc.so"), "");
+}
+
+TEST(ProcStatsTest, ThisProcessMapsTheCLibrary) {
+  EXPECT_NE(ReadMappedLibraryPath(/*pid=*/0, "libc.so").find("libc.so"), std::string::npos);
+}
+
 TEST(ProcStatsTest, NamesTheMissingField) {
   absl::StatusOr<ProcStats> s = ParseProcStats("VmRSS: 1 kB\n", "1 (x) S 0", 100);
   ASSERT_FALSE(s.ok());
