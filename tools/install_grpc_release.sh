@@ -69,10 +69,14 @@ make -C build -j"$(nproc)" grpc++ >make.log 2>&1 || {
   tail -40 make.log >&2
   exit 1
 }
-$SUDO rm -rf "$DEST"
-$SUDO mkdir -p "$DEST"
+# Assembled beside the destination and renamed into place: a half-copied set (a release libgrpc++
+# beside Debian's libgrpc) would crash whatever loads it.
+$SUDO rm -rf "$DEST.new"
+$SUDO mkdir -p "$DEST.new"
 for lib in "${LIBS[@]}"; do
-  $SUDO cp -a build/lib"$lib".so* "$DEST"/
+  $SUDO cp -a build/lib"$lib".so* "$DEST.new"/
 done
-echo "$version" | $SUDO tee "$DEST/.ckpt-grpc-version" >/dev/null  # last: marks it complete
+echo "$version" | $SUDO tee "$DEST.new/.ckpt-grpc-version" >/dev/null
+$SUDO rm -rf "$DEST"
+$SUDO mv "$DEST.new" "$DEST"
 echo "install_grpc_release: gRPC $version built with NDEBUG installed in $DEST"
