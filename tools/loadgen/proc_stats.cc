@@ -88,7 +88,8 @@ double ReadLoadAverage() {
 
 std::string MappedLibraryPath(absl::string_view maps_text, absl::string_view library_prefix) {
   for (absl::string_view line : absl::StrSplit(maps_text, '\n')) {
-    // "address perms offset dev inode   path": the path is what follows the last field gap.
+    // "address perms offset dev inode   path": the path starts at the first '/' (no field
+    // before it holds one).
     const size_t slash = line.find('/');
     if (slash == absl::string_view::npos) continue;
     const absl::string_view path = line.substr(slash);
