@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -304,6 +305,24 @@ double CpuSecondsOf(pid_t pid) {
   return stats.ok() ? stats->cpu_seconds : 0;
 }
 
+// The wall clock and both processes' CPU seconds at one moment: phases are timed between two.
+struct Reading {
+  absl::Time at;
+  double client_cpu = 0;
+  double server_cpu = 0;
+};
+
+Reading ReadNow(pid_t server) {
+  return {absl::Now(), CpuSecondsOf(getpid()), CpuSecondsOf(server)};
+}
+
+// "<phase> seconds W client_cpu_s C server_cpu_s S" for the phase between `from` and `to`.
+std::string PhaseLine(const char* phase, const Reading& from, const Reading& to) {
+  return absl::StrFormat("%s seconds %.3f client_cpu_s %.2f server_cpu_s %.2f\n", phase,
+                         absl::ToDoubleSeconds(to.at - from.at), to.client_cpu - from.client_cpu,
+                         to.server_cpu - from.server_cpu);
+}
+
 // Serves on a loopback port until killed; writes the port to `port_fd` first.
 int Serve(const Shape& shape, int port_fd) {
   WireServer service(AnswerOf(shape), DispatchOf(shape), shape.workers);
@@ -514,20 +533,16 @@ class WireClient {
 
 // --joins-on-streams, timed: one phase, first join sent to last dispatch item read.
 int MeasureJoinsOnStreams(const Shape& shape, WireClient& client, pid_t server) {
-  const double client0 = CpuSecondsOf(getpid()), server0 = CpuSecondsOf(server);
-  const absl::Time t0 = absl::Now();
+  const Reading start = ReadNow(server);
   const bool done = client.JoinOnStreams(absl::Seconds(120));
-  const absl::Time t1 = absl::Now();
-  const double client1 = CpuSecondsOf(getpid()), server1 = CpuSecondsOf(server);
+  const Reading end = ReadNow(server);
   std::printf(
       "workers %d ranks_per_worker %d channels %d window %d joins_on_streams answered %d "
-      "also_watch %d paced_by_answers %d done %d\n"
-      "joins_and_dispatch seconds %.3f client_cpu_s %.2f server_cpu_s %.2f\n"
-      "sum seconds %.3f\n",
+      "also_watch %d paced_by_answers %d done %d\n%ssum seconds %.3f\n",
       shape.workers, shape.ranks_per_worker, shape.channels, shape.window,
       shape.answer_stream_joins ? 1 : 0, shape.also_watch ? 1 : 0, shape.pace_by_answers ? 1 : 0,
-      done ? 1 : 0, absl::ToDoubleSeconds(t1 - t0), client1 - client0, server1 - server0,
-      absl::ToDoubleSeconds(t1 - t0));
+      done ? 1 : 0, PhaseLine("joins_and_dispatch", start, end).c_str(),
+      absl::ToDoubleSeconds(end.at - start.at));
   return done ? 0 : 1;
 }
 
@@ -581,23 +596,17 @@ bool KnownFlags(int argc, char** argv) {
 // Today's protocol, timed: gather (every JoinOperations call answered), then dispatch (every
 // stream's item read).
 int MeasureUnaryJoins(const Shape& shape, WireClient& client, pid_t server) {
-  const double client0 = CpuSecondsOf(getpid()), server0 = CpuSecondsOf(server);
-  const absl::Time t0 = absl::Now();
+  const Reading start = ReadNow(server);
   const int failed = client.Gather();
-  const absl::Time t1 = absl::Now();
-  const double client1 = CpuSecondsOf(getpid()), server1 = CpuSecondsOf(server);
+  const Reading gathered = ReadNow(server);
   const bool dispatched = failed == 0 && client.Dispatch(absl::Seconds(120));
-  const absl::Time t2 = absl::Now();
-  const double client2 = CpuSecondsOf(getpid()), server2 = CpuSecondsOf(server);
+  const Reading end = ReadNow(server);
   std::printf(
       "workers %d ranks_per_worker %d channels %d window %d failed_calls %d dispatched %d\n"
-      "gather seconds %.3f client_cpu_s %.2f server_cpu_s %.2f\n"
-      "dispatch seconds %.3f client_cpu_s %.2f server_cpu_s %.2f\n"
-      "sum seconds %.3f\n",
+      "%s%ssum seconds %.3f\n",
       shape.workers, shape.ranks_per_worker, shape.channels, shape.window, failed,
-      dispatched ? 1 : 0, absl::ToDoubleSeconds(t1 - t0), client1 - client0, server1 - server0,
-      absl::ToDoubleSeconds(t2 - t1), client2 - client1, server2 - server1,
-      absl::ToDoubleSeconds(t2 - t0));
+      dispatched ? 1 : 0, PhaseLine("gather", start, gathered).c_str(),
+      PhaseLine("dispatch", gathered, end).c_str(), absl::ToDoubleSeconds(end.at - start.at));
   return failed == 0 && dispatched ? 0 : 1;
 }
 
