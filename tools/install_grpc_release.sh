@@ -19,6 +19,19 @@
 # apt-get source checks the download against the signed Sources index.
 set -euo pipefail
 
+USAGE="usage: tools/install_grpc_release.sh
+Builds the installed gRPC version's Debian source with NDEBUG into /usr/local/lib/ckpt-grpc
+(once per version), for -c opt builds; tools/install_deps.sh runs it. Takes no arguments."
+if [[ $# -gt 0 ]]; then
+  if [[ $# -eq 1 && ( $1 == --help || $1 == -h ) ]]; then
+    echo "$USAGE"
+    exit 0
+  fi
+  echo "install_grpc_release: unexpected argument '$1'" >&2
+  echo "$USAGE" >&2
+  exit 2
+fi
+
 DEST=/usr/local/lib/ckpt-grpc
 LIBS=(gpr grpc grpc++ upb address_sorting)
 SUDO=""
