@@ -37,6 +37,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import stat
 import sys
 import uuid
 from dataclasses import dataclass
@@ -525,14 +526,60 @@ def _write_megatron_files(reader, meta, common_key, staging, all_tensors):
         _write_file(os.path.join(staging, "common.pt"), data.numpy().tobytes())
 
 
+_MAX_REMOVE_DEPTH = 256
+
+
 def _remove_tree(path):
-    for root, dirs, names in os.walk(path, topdown=False):
+    """Removes `path` and all under it by file descriptor, as storage/file_util.h's RemoveTree.
+
+    Each directory is opened relative to its parent's descriptor with O_NOFOLLOW and must be the
+    one listed (st_dev, st_ino), and every entry is removed relative to the open directory, so a
+    directory swapped for a symlink meanwhile cannot point the removal outside `path`: the swap
+    is refused with an error naming the path. A symlink is removed itself, never followed; a
+    missing `path` is nothing to do."""
+    parent, name = os.path.split(os.path.normpath(path))
+    if name in ("", ".", ".."):
+        raise OSError(f"not removing {path}: not a path to a named entry")
+    try:
+        parent_fd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        _remove_entry(parent_fd, name, path, 0)
+    finally:
+        os.close(parent_fd)
+
+
+def _remove_entry(dir_fd, name, path, depth):
+    try:
+        listed = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(listed.st_mode):
+            os.unlink(name, dir_fd=dir_fd)
+            return
+        if depth >= _MAX_REMOVE_DEPTH:
+            raise OSError(f"not removing {path}: deeper than {_MAX_REMOVE_DEPTH} directory levels")
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except FileNotFoundError:
+        return  # gone meanwhile
+    except OSError as e:
+        if e.filename != name:
+            raise
+        raise OSError(e.errno, e.strerror, path) from None
+    try:
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (listed.st_dev, listed.st_ino):
+            raise OSError(f"not removing {path}: it was replaced while being removed")
+        with os.scandir(fd) as entries:
+            names = [e.name for e in entries]
         for n in names:
-            os.unlink(os.path.join(root, n))
-        for d in dirs:
-            os.rmdir(os.path.join(root, d))
-    if os.path.isdir(path):
-        os.rmdir(path)
+            _remove_entry(fd, n, os.path.join(path, n), depth + 1)
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from None
 
 
 # ------------------------------------------------------------------------------------- CLI
