@@ -2,8 +2,12 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <thread>
 #include <utility>
 
@@ -59,6 +63,26 @@ void WatchShutdownSignals(std::function<void(int)> on_signal) {
     int signal_number = 0;
     if (sigwait(&set, &signal_number) == 0) on_signal(signal_number);
   }).detach();
+}
+
+absl::StatusOr<int64_t> SetOpenFilesLimit(int64_t wanted) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    return absl::InternalError(absl::StrCat("getrlimit(RLIMIT_NOFILE): ", std::strerror(errno)));
+  }
+  rlim_t soft = limit.rlim_max;
+  if (wanted > 0 && (limit.rlim_max == RLIM_INFINITY || static_cast<rlim_t>(wanted) < soft)) {
+    soft = static_cast<rlim_t>(wanted);
+  }
+  if (soft != limit.rlim_cur) {
+    rlimit next = limit;
+    next.rlim_cur = soft;
+    if (setrlimit(RLIMIT_NOFILE, &next) != 0) {
+      return absl::InternalError(
+          absl::StrCat("setrlimit(RLIMIT_NOFILE, ", soft, "): ", std::strerror(errno)));
+    }
+  }
+  return soft == RLIM_INFINITY ? INT64_MAX : static_cast<int64_t>(soft);
 }
 
 std::string HostName() {

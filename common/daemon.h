@@ -3,11 +3,13 @@
 #ifndef CKPT_COMMON_DAEMON_H_
 #define CKPT_COMMON_DAEMON_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace ckpt {
@@ -32,6 +34,11 @@ void TurnOffMutexDeadlockDetection();
 // Starts a detached thread that waits for SIGINT or SIGTERM (blocked by BlockShutdownSignals)
 // and then calls `on_signal(signal_number)` once.
 void WatchShutdownSignals(std::function<void(int)> on_signal);
+
+// Sets the soft RLIMIT_NOFILE to `wanted` (0: to the hard limit), never above the hard limit,
+// and returns the soft limit now in force. A daemon that keeps the usual soft limit of 1024
+// runs out of descriptors long before its connection budget (common/budgeted_listener.h) does.
+absl::StatusOr<int64_t> SetOpenFilesLimit(int64_t wanted);
 
 // This machine's host name ("localhost" if it cannot be read).
 std::string HostName();
