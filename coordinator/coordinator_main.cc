@@ -109,6 +109,16 @@ ABSL_FLAG(int64_t, piece_list_wait_ms, 2000,
 ABSL_FLAG(int64_t, max_reshard_ranks_per_worker, 1024,
           "a cluster reshard (ckptctl reshard --coordinator) places at most this many target "
           "ranks on each live worker; a larger target layout is refused up front");
+ABSL_FLAG(int64_t, max_workers_per_identity, 16384,
+          "workers one caller identity (worker certificate; without TLS, peer address) may "
+          "hold registered, live or dead and not yet forgotten (docs/services.md, Request "
+          "bounds)");
+ABSL_FLAG(int64_t, max_jobs_per_identity, 1024,
+          "jobs with attached ranks that one caller identity's workers may have created");
+ABSL_FLAG(int64_t, dead_worker_retention_ms, 600000,
+          "a dead worker stays listed (ckptctl status) this long after its lease expired");
+ABSL_FLAG(int64_t, max_dead_workers, 1024,
+          "at most this many dead workers stay listed; the longest dead are forgotten first");
 ABSL_FLAG(int, transfer_keep_versions, 2,
           "live transfer: published versions of each name kept receivable (at least 1), by "
           "the catalog and by the source workers (per name, apart from --memory_keep)");
@@ -218,6 +228,18 @@ std::optional<int> ReadSettings(const std::vector<std::string>& checkpoint_roots
     return Fail("--max_reshard_ranks_per_worker must be >= 1");
   }
   options.max_reshard_ranks_per_worker = absl::GetFlag(FLAGS_max_reshard_ranks_per_worker);
+  if (absl::GetFlag(FLAGS_max_workers_per_identity) < 1 ||
+      absl::GetFlag(FLAGS_max_jobs_per_identity) < 1 ||
+      absl::GetFlag(FLAGS_dead_worker_retention_ms) < 0 ||
+      absl::GetFlag(FLAGS_max_dead_workers) < 0) {
+    return Fail(
+        "--max_workers_per_identity and --max_jobs_per_identity must be >= 1, "
+        "--dead_worker_retention_ms and --max_dead_workers >= 0");
+  }
+  options.max_workers_per_identity = absl::GetFlag(FLAGS_max_workers_per_identity);
+  options.max_jobs_per_identity = absl::GetFlag(FLAGS_max_jobs_per_identity);
+  options.dead_worker_retention = absl::Milliseconds(absl::GetFlag(FLAGS_dead_worker_retention_ms));
+  options.max_dead_workers = absl::GetFlag(FLAGS_max_dead_workers);
   options.jobs.arrival_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_arrival_deadline_ms));
   options.jobs.execution_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_execution_deadline_ms));
   return std::nullopt;

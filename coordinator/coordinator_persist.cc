@@ -100,6 +100,7 @@ grpc::Status CoordinatorService::DoReportPersist(const grpc::ServerContextBase* 
                                                  const pb::PersistReportRequest* request) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "ReportPersist");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
+  if (absl::Status s = CheckPersistReport(*request); !s.ok()) return Refuse(s, *peer);
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   if (persist_ == nullptr) {

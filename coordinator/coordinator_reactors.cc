@@ -13,6 +13,7 @@
 #include "common/grpc_status.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/operation_wire.h"
+#include "coordinator/request_bounds.h"
 #include "proto/status_detail.h"
 
 namespace ckpt::coordinator {
@@ -60,6 +61,13 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
     WriteNext();
   }
 
+  // A newer stream for the same worker replaced this one: it ends (Aborted) once what was
+  // queued is written. Requires the service's mutex.
+  void Supersede() {
+    RequestFinish(ToGrpcStatus(absl::AbortedError(
+        absl::StrCat("a newer WatchWork stream for worker ", worker_id_, " replaced this one"))));
+  }
+
   void OnCancel() override {
     std::lock_guard<std::mutex> lock(service_->mu_);
     DropQueued();  // a write in flight fails and then finishes the stream
@@ -70,6 +78,10 @@ class CoordinatorService::WorkWatcher final : public grpc::ServerWriteReactor<pb
     {
       std::lock_guard<std::mutex> lock(service_->mu_);
       service_->watchers_.erase(this);
+      auto own = service_->stream_of_worker_.find(worker_id_);
+      if (own != service_->stream_of_worker_.end() && own->second == this) {
+        service_->stream_of_worker_.erase(own);
+      }
     }
     delete this;
   }
@@ -334,11 +346,22 @@ grpc::ServerWriteReactor<pb::WorkItem>* CoordinatorService::WatchWork(
   auto* watcher = new WorkWatcher(this, request->worker_id());
   std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "WatchWork");
+  if (peer.ok()) {
+    if (absl::Status s = CheckWatchWork(*request); !s.ok()) {
+      watcher->Finish(Refuse(s, *peer));
+      return watcher;  // never registered: OnDone finds nothing to erase
+    }
+  }
   absl::Status allowed = peer.ok() ? ActsForWorker(*peer, request->worker_id()) : peer.status();
   if (!allowed.ok()) {
     watcher->Finish(ToGrpcStatus(allowed));
     return watcher;  // never registered: OnDone finds nothing to erase
   }
+  // One stream per worker: the newer replaces the older (a worker that reconnects while its
+  // old connection is not yet known dead), so one worker id never holds more than one.
+  WorkWatcher*& current = stream_of_worker_[request->worker_id()];
+  if (current != nullptr) current->Supersede();
+  current = watcher;
   watchers_.insert(watcher);
   watcher->Refresh(/*index=*/nullptr);
   return watcher;
@@ -354,6 +377,10 @@ grpc::ServerUnaryReactor* CoordinatorService::WaitOperation(grpc::CallbackServer
       AuthorizeCall(*context, {Role::kWorker, Role::kOperator}, "WaitOperation");
   if (!peer.ok()) {
     waiter->Finish(ToGrpcStatus(peer.status()));
+    return waiter;
+  }
+  if (absl::Status s = CheckWaitOperation(*request); !s.ok()) {
+    waiter->Finish(Refuse(s, *peer));
     return waiter;
   }
   std::lock_guard<std::mutex> lock(mu_);

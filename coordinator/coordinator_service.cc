@@ -57,7 +57,8 @@ CoordinatorService::CoordinatorService(const Clock* clock, CoordinatorOptions op
       incarnation_hex_(absl::StrFormat("%016x", incarnation_)),
       started_(clock->Now()),
       jobs_(clock, options.jobs, incarnation_hex_),
-      workers_(clock, options.lease, absl::Hours(1), incarnation_hex_),
+      workers_(clock, options.lease, options.dead_worker_retention, incarnation_hex_,
+               options.max_dead_workers),
       descriptions_(options.description_cache_bytes),
       piece_classes_(options.piece_list_wait, kMaxPieceClassesPerJob) {
   SetMessageAllocatorFor_JoinOperation(&join_messages_);
@@ -314,6 +315,82 @@ absl::Status CoordinatorService::MayRegister(const Peer& peer,
     if (absl::Status s = ActsForWorker(peer, w->id); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+grpc::Status CoordinatorService::Refuse(const absl::Status& s, const Peer& peer) {
+  const absl::Status named(s.code(), absl::StrCat(s.message(), " (caller: ", peer.Describe(), ")"));
+  spdlog::warn("request_refused code={} message=\"{}\"", absl::StatusCodeToString(named.code()),
+               std::string(named.message()));
+  return ToGrpcStatus(named);
+}
+
+std::string CoordinatorService::IdentityOf(const Peer& peer) {
+  if (peer.authenticated) return peer.Principal();
+  absl::string_view address = peer.address;
+  const size_t colon = address.rfind(':');
+  if (colon != absl::string_view::npos && colon + 1 < address.size() &&
+      address.find_first_not_of("0123456789", colon + 1) == absl::string_view::npos) {
+    address = address.substr(0, colon);  // the port: a caller's connections share the rest
+  }
+  return std::string(address);
+}
+
+void CoordinatorService::ForgetForgottenWorkers() {
+  for (auto it = worker_identities_.begin(); it != worker_identities_.end();) {
+    if (workers_.Find(it->first) != nullptr) {
+      ++it;
+      continue;
+    }
+    auto count = workers_per_identity_.find(it->second);
+    if (--count->second <= 0) workers_per_identity_.erase(count);
+    it = worker_identities_.erase(it);
+  }
+}
+
+absl::Status CoordinatorService::MayAddWorker(const std::string& identity,
+                                              const WorkerDescription& description) {
+  // The registry forgets dead workers on its own: their entries go once they could be half.
+  if (worker_identities_.size() > 2 * workers_.Size() + 1024) ForgetForgottenWorkers();
+  auto held = workers_per_identity_.find(identity);
+  if (held == workers_per_identity_.end() || held->second < options_.max_workers_per_identity) {
+    return absl::OkStatus();
+  }
+  if (workers_.FindRegistered(description) != nullptr) return absl::OkStatus();  // again
+  ForgetForgottenWorkers();
+  held = workers_per_identity_.find(identity);
+  if (held == workers_per_identity_.end() || held->second < options_.max_workers_per_identity) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "RegisterWorker: ", identity, " holds ", held->second,
+      " registered workers, the most one caller may (--max_workers_per_identity=",
+      options_.max_workers_per_identity, "); dead ones are forgotten ",
+      absl::FormatDuration(options_.dead_worker_retention), " after their lease expired"));
+}
+
+grpc::Status CoordinatorService::MayCreateJob(const Peer& peer, const std::string& job) {
+  const Job* existing = jobs_.FindJob(job);
+  if (existing != nullptr && !existing->ranks.empty()) return grpc::Status::OK;
+  const std::string identity = IdentityOf(peer);
+  int64_t held = 0;
+  for (auto it = job_creators_.begin(); it != job_creators_.end();) {
+    const Job* j = jobs_.FindJob(it->first);
+    if (j == nullptr || j->ranks.empty()) {  // ended: it no longer counts
+      it = job_creators_.erase(it);
+      continue;
+    }
+    held += it->second == identity ? 1 : 0;
+    ++it;
+  }
+  if (held >= options_.max_jobs_per_identity) {
+    return Refuse(absl::ResourceExhaustedError(absl::StrCat(
+                      "job ", LogPrefix(job), ": ", identity, " created ", held,
+                      " jobs that have ranks, the most one caller may (--max_jobs_per_identity=",
+                      options_.max_jobs_per_identity, ")")),
+                  peer);
+  }
+  job_creators_[job] = identity;
+  return grpc::Status::OK;
 }
 
 absl::StatusOr<std::string> CoordinatorService::CheckpointPath(absl::string_view path,
@@ -573,6 +650,7 @@ grpc::Status CoordinatorService::DoRegisterWorker(const grpc::ServerContextBase*
                                                   pb::RegisterWorkerResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "RegisterWorker");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
+  if (absl::Status s = CheckRegisterWorker(*request); !s.ok()) return Refuse(s, *peer);
   const pb::WorkerInfo& info = request->info();
   WorkerDescription d;
   d.host = info.host();
@@ -586,11 +664,14 @@ grpc::Status CoordinatorService::DoRegisterWorker(const grpc::ServerContextBase*
   d.nccl = info.nccl() && info.gpu() >= 0;
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = MayRegister(*peer, d); !s.ok()) return ToGrpcStatus(s);
+  const std::string identity = IdentityOf(*peer);
+  if (absl::Status s = MayAddWorker(identity, d); !s.ok()) return Refuse(s, *peer);
   for (auto it = worker_owners_.begin(); it != worker_owners_.end();) {  // forgotten workers
     it = workers_.Find(it->first) != nullptr ? std::next(it) : worker_owners_.erase(it);
   }
   absl::StatusOr<WorkerRecord> record = workers_.Register(d);
   if (!record.ok()) return ToGrpcStatus(record.status());
+  if (worker_identities_.emplace(record->id, identity).second) ++workers_per_identity_[identity];
   if (peer->authenticated) worker_owners_[record->id] = peer->Principal();
   leases_.Add(record->id, peer->authenticated ? peer->Principal() : "");
   spdlog::info("worker_registered worker={} host={} pid={} data_plane={} local_rank={} gpu={}",
@@ -610,6 +691,7 @@ grpc::Status CoordinatorService::DoHeartbeat(const grpc::ServerContextBase* cont
                                              pb::HeartbeatResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "Heartbeat");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
+  if (absl::Status s = CheckHeartbeat(*request); !s.ok()) return Refuse(s, *peer);
   response->set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
   response->set_incarnation(incarnation_);
   // A live worker's renewal is recorded without the service's lock (see LeaseBook); only
@@ -637,6 +719,7 @@ grpc::Status CoordinatorService::DoDeregisterWorker(const grpc::ServerContextBas
   absl::StatusOr<Peer> peer =
       AuthorizeCall(*context, {Role::kWorker, Role::kOperator}, "DeregisterWorker");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
+  if (absl::Status s = CheckDeregisterWorker(*request); !s.ok()) return Refuse(s, *peer);
   std::lock_guard<std::mutex> lock(mu_);
   if (peer->role == Role::kWorker) {
     if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) {
@@ -655,6 +738,10 @@ grpc::Status CoordinatorService::DoDeregisterWorker(const grpc::ServerContextBas
   (void)workers_.Deregister(request->worker_id());
   leases_.Remove(request->worker_id());
   worker_owners_.erase(request->worker_id());
+  if (auto it = worker_identities_.find(request->worker_id()); it != worker_identities_.end()) {
+    if (--workers_per_identity_[it->second] <= 0) workers_per_identity_.erase(it->second);
+    worker_identities_.erase(it);
+  }
   spdlog::info("worker_deregistered {} by=\"{}\"", description, peer->Describe());
   Changed();
   WakeWaiters(/*all=*/true);  // its stream ends now
@@ -666,6 +753,7 @@ grpc::Status CoordinatorService::DoAttachRank(const grpc::ServerContextBase* con
                                               pb::AttachRankResponse*) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "AttachRank");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
+  if (absl::Status s = CheckAttachRank(*request); !s.ok()) return Refuse(s, *peer);
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   const WorkerRecord* worker = workers_.Find(request->worker_id());
@@ -674,6 +762,7 @@ grpc::Status CoordinatorService::DoAttachRank(const grpc::ServerContextBase* con
         absl::StrCat("rank ", request->rank(), " of job ", request->job(), ": worker ",
                      request->worker_id(), " is not registered (or lost its lease)")));
   }
+  if (grpc::Status s = MayCreateJob(*peer, request->job()); !s.ok()) return s;
   RankLocation location{worker->id, worker->description.host, worker->description.pid};
   absl::Status s =
       jobs_.AttachRank(request->job(), request->world_size(), request->rank(), location);
@@ -690,13 +779,14 @@ grpc::Status CoordinatorService::DoDetachRank(const grpc::ServerContextBase* con
                                               pb::DetachRankResponse*) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "DetachRank");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
+  if (absl::Status s = CheckDetachRank(*request); !s.ok()) return Refuse(s, *peer);
   std::vector<PieceClasses::Resume> parked;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (absl::Status s = ActsForWorker(*peer, request->worker_id()); !s.ok()) {
       return ToGrpcStatus(s);
     }
-    jobs_.DetachRank(request->job(), request->rank(), request->worker_id());
+    LogAborted(jobs_.DetachRank(request->job(), request->rank(), request->worker_id()));
     const Job* job = jobs_.FindJob(request->job());
     if (job == nullptr || job->ranks.empty()) {  // it ended
       descriptions_.DropJob(request->job());
@@ -822,6 +912,7 @@ grpc::Status CoordinatorService::DoJoinOperation(const grpc::ServerContextBase* 
         absl::StrCat("rank ", request->rank(), " of job ", request->job(), ": worker ",
                      request->worker_id(), " is not registered (or lost its lease)")));
   }
+  if (grpc::Status s = MayCreateJob(*peer, request->job()); !s.ok()) return s;
   join.location = RankLocation{worker->id, worker->description.host, worker->description.pid,
                                worker->description.gpu, worker->description.nccl};
   const int shard_count = join.pieces.size();
@@ -956,6 +1047,7 @@ grpc::Status CoordinatorService::DoReportProgress(const grpc::ServerContextBase*
                                                   pb::ReportProgressResponse*) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "ReportProgress");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
+  if (absl::Status s = CheckReportProgress(*request); !s.ok()) return Refuse(s, *peer);
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForRank(*peer, request->operation_id(), request->rank()); !s.ok()) {
     return ToGrpcStatus(s);
@@ -972,6 +1064,7 @@ grpc::Status CoordinatorService::DoReportResult(const grpc::ServerContextBase* c
                                                 DeferredAnswer* later) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "ReportResult");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
+  if (absl::Status s = CheckReportResult(*request); !s.ok()) return Refuse(s, *peer);
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = ActsForRank(*peer, request->operation_id(), request->rank()); !s.ok()) {
     return ToGrpcStatus(s);
@@ -1005,6 +1098,7 @@ grpc::Status CoordinatorService::DoRequestOperation(const grpc::ServerContextBas
                                                     pb::RequestOperationResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kOperator}, "RequestOperation");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
+  if (absl::Status s = CheckRequestOperation(*request); !s.ok()) return Refuse(s, *peer);
   absl::StatusOr<OperationKind> kind = FromProto(request->kind());
   if (!kind.ok()) return ToGrpcStatus(kind.status());
   absl::StatusOr<std::string> path = CheckpointPath(
@@ -1085,6 +1179,7 @@ grpc::Status CoordinatorService::DoStartReshard(const grpc::ServerContextBase* c
                                                 DeferredAnswer* later) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kOperator}, "StartReshard");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
+  if (absl::Status s = CheckStartReshard(*request); !s.ok()) return Refuse(s, *peer);
   for (const auto& [what, named] :
        {std::pair<const char*, const std::string*>{"source", &request->source()},
         {"destination", &request->destination()}}) {
@@ -1142,6 +1237,7 @@ grpc::Status CoordinatorService::DoPendingOperation(const grpc::ServerContextBas
                                                     pb::PendingOperationResponse* response) {
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "PendingOperation");
   if (!peer.ok()) return ToGrpcStatus(peer.status());
+  if (absl::Status s = CheckPendingOperation(*request); !s.ok()) return Refuse(s, *peer);
   std::lock_guard<std::mutex> lock(mu_);
   const Operation* op = jobs_.PendingForRank(request->job(), request->rank());
   response->set_pending(op != nullptr);
@@ -1149,56 +1245,6 @@ grpc::Status CoordinatorService::DoPendingOperation(const grpc::ServerContextBas
     response->set_operation_id(op->id);
     response->set_kind(ToProto(op->kind));
     response->set_path(op->path);
-  }
-  return grpc::Status::OK;
-}
-
-grpc::Status CoordinatorService::DoGetStatus(const grpc::ServerContextBase* context,
-                                             const pb::GetStatusRequest* request,
-                                             pb::GetStatusResponse* response) {
-  absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kOperator}, "GetStatus");
-  if (!peer.ok()) return ToGrpcStatus(peer.status());
-  std::lock_guard<std::mutex> lock(mu_);
-  ApplyRenewals();
-  absl::Time now = clock_->Now();
-  response->set_lease_ms(absl::ToInt64Milliseconds(workers_.lease()));
-  response->set_incarnation(incarnation_);
-  response->set_started_unix_ms(absl::ToUnixMillis(started_));
-  response->set_heartbeat_lag_ms(absl::ToInt64Milliseconds(HeartbeatLag()));
-  for (const WorkerRecord* w : workers_.All()) {
-    pb::WorkerStatus* out = response->add_workers();
-    out->set_worker_id(w->id);
-    pb::WorkerInfo* info = out->mutable_info();
-    info->set_host(w->description.host);
-    info->set_pid(static_cast<int32_t>(w->description.pid));
-    info->set_data_plane_address(w->description.data_plane_address);
-    for (pb::MemoryKind kind : w->description.memory_kinds) info->add_memory_kinds(kind);
-    info->set_local_rank(w->description.local_rank);
-    info->set_gpu(w->description.gpu);
-    info->set_nccl(w->description.nccl);
-    out->set_alive(w->alive);
-    out->set_death_cause(w->death_cause);
-    out->set_ms_since_heartbeat(absl::ToInt64Milliseconds(now - w->last_heartbeat));
-  }
-  for (const Job* job : jobs_.Jobs()) {
-    if (!request->job().empty() && job->name != request->job()) continue;
-    pb::JobStatus* out = response->add_jobs();
-    out->set_name(job->name);
-    out->set_world_size(job->world_size);
-    for (const auto& [rank, location] : job->ranks) {
-      pb::RankAttachment* a = out->add_ranks();
-      a->set_rank(rank);
-      a->set_worker_id(location.worker_id);
-      a->set_host(location.host);
-    }
-  }
-  for (const Operation* op : jobs_.Operations()) {
-    if (!request->job().empty() && op->job != request->job()) continue;
-    ToProto(*op, response->add_operations());
-  }
-  if (memory_catalog_ != nullptr) memory_catalog_->ToProto(response->mutable_memory_checkpoints());
-  if (published_ != nullptr) {
-    PublishedToProto(*published_, memory_catalog_, response->mutable_published());
   }
   return grpc::Status::OK;
 }
@@ -1236,6 +1282,11 @@ grpc::ServerUnaryReactor* CoordinatorService::DetachRank(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CoordinatorService::JoinOperation(grpc::CallbackServerContext* context,
                                                             const pb::JoinOperationRequest* request,
                                                             pb::JoinOperationResponse* response) {
+  // Checked here (a JoinOperations call checks every join before it runs one).
+  if (absl::Status s = CheckJoinOperation(*request); !s.ok()) {
+    absl::StatusOr<Peer> peer = PeerOf(*context);
+    return Answer(context, peer.ok() ? Refuse(s, *peer) : ToGrpcStatus(peer.status()));
+  }
   DeferredAnswer later;
   std::vector<PieceClasses::Resume> ready;
   grpc::Status status = DoJoinOperation(context, request, response, &later, &ready);
@@ -1248,13 +1299,18 @@ grpc::ServerUnaryReactor* CoordinatorService::JoinOperation(grpc::CallbackServer
 grpc::ServerUnaryReactor* CoordinatorService::JoinOperations(
     grpc::CallbackServerContext* context, const pb::JoinOperationsRequest* request,
     pb::JoinOperationsResponse* response) {
-  if (request->joins_size() > kMaxJoinsPerCall) {
-    return Answer(context, ToGrpcStatus(absl::InvalidArgumentError(
-                               absl::StrCat("JoinOperations carries ", request->joins_size(),
-                                            " joins; at most ", kMaxJoinsPerCall, " per call"))));
-  }
   absl::StatusOr<Peer> peer = AuthorizeCall(*context, {Role::kWorker}, "JoinOperations");
   if (!peer.ok()) return Answer(context, ToGrpcStatus(peer.status()));
+  if (absl::Status s = CheckJoinOperations(*request); !s.ok()) {
+    return Answer(context, Refuse(s, *peer));
+  }
+  for (int i = 0; i < request->joins_size(); ++i) {  // before a class digest is kept
+    if (absl::Status s = CheckJoinOperation(request->joins(i)); !s.ok()) {
+      return Answer(context, Refuse(absl::InvalidArgumentError(absl::StrCat("JoinOperations joins[",
+                                                                            i, "]: ", s.message())),
+                                    *peer));
+    }
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Parked for a layout class at most half of what is left of the call's deadline, so that
   // its answer (send_full_state) comes while the worker still waits for it.

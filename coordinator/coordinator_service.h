@@ -48,6 +48,7 @@
 #include "coordinator/operation_kind.h"
 #include "coordinator/persist_driver.h"
 #include "coordinator/piece_classes.h"
+#include "coordinator/request_bounds.h"
 #include "coordinator/transfer_registry.h"
 #include "coordinator/worker_registry.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -78,13 +79,23 @@ struct CoordinatorOptions {
   // A cluster reshard places at most this many of its target ranks on each live worker it
   // uses; a larger target layout is refused before anything is registered.
   int64_t max_reshard_ranks_per_worker = 1024;
+  // Quotas per caller identity (issue 39; the certificate's principal on a TLS server, else
+  // the peer's address without its port): workers registered (live or dead and not yet
+  // forgotten) and jobs with attached ranks that its workers created. ResourceExhausted past
+  // them, naming the identity and the limit.
+  int64_t max_workers_per_identity = 16384;
+  int64_t max_jobs_per_identity = 1024;
+  // Dead workers stay listed (status, death causes) this long after their lease expired, and
+  // at most max_dead_workers of them (the longest dead are forgotten first).
+  absl::Duration dead_worker_retention = absl::Minutes(10);
+  int64_t max_dead_workers = 1024;
 };
 
 // The service. Thread-safe; construct, wire planners, Start(), register with a grpc server.
 class CoordinatorService final : public pb::Coordinator::CallbackService {
  public:
   // The most joins one JoinOperations call may carry (a worker's ranks; bounds one call's work).
-  static constexpr int kMaxJoinsPerCall = 4096;
+  static constexpr int kMaxJoinsPerCall = ::ckpt::coordinator::kMaxJoinsPerCall;
   // The most layout classes held per job for descriptions by reference (piece_classes.h).
   static constexpr int64_t kMaxPieceClassesPerJob = 65536;
 
@@ -137,7 +148,8 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
                                            const pb::JoinOperationsRequest* request,
                                            pb::JoinOperationsResponse* response) override;
   // Streams the worker's plan parts and aborts as they appear, until the worker is lost or
-  // deregistered, the client cancels, or the coordinator shuts down.
+  // deregistered, the client cancels, or the coordinator shuts down. One stream per worker:
+  // a newer stream for the same worker id replaces the older one, which ends with Aborted.
   grpc::ServerWriteReactor<pb::WorkItem>* WatchWork(grpc::CallbackServerContext* context,
                                                     const pb::WatchWorkRequest* request) override;
   grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* context,
@@ -351,6 +363,23 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   // As ActsForWorker, for the worker that rank `rank` of `operation_id` runs on.
   absl::Status ActsForRank(const Peer& peer, const std::string& operation_id, int rank) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A refused request (a bound, a quota): `s` with the caller named, logged (its message holds
+  // at most a bounded prefix of any value the caller sent).
+  static grpc::Status Refuse(const absl::Status& s, const Peer& peer);
+  // Who the quotas count `peer` as: its certificate's principal, else its address without the
+  // port.
+  static std::string IdentityOf(const Peer& peer);
+  // ResourceExhausted when `identity` holds max_workers_per_identity workers already and
+  // `description` is not one of them registering again.
+  absl::Status MayAddWorker(const std::string& identity, const WorkerDescription& description)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the identities' entries of workers the registry forgot (dead long enough).
+  void ForgetForgottenWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ResourceExhausted (refused, see Refuse) when job `job` does not exist (or has no ranks)
+  // and `peer`'s identity created max_jobs_per_identity jobs that still have ranks; otherwise
+  // records the identity as the creator of a job it creates now.
+  grpc::Status MayCreateJob(const Peer& peer, const std::string& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PermissionDenied when `peer` may not register `description` (another certificate's worker).
   absl::Status MayRegister(const Peer& peer, const WorkerDescription& description) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -458,6 +487,14 @@ class CoordinatorService final : public pb::Coordinator::CallbackService {
   mutable absl::flat_hash_map<std::string, std::string> join_paths_ ABSL_GUARDED_BY(join_paths_mu_);
   // Worker id -> the principal (Peer::Principal) of the certificate that registered it.
   std::map<std::string, std::string> worker_owners_ ABSL_GUARDED_BY(mu_);
+  // Worker id -> the identity (IdentityOf) that registered it, and each identity's count of
+  // them (forgotten workers leave both when an identity reaches its quota).
+  std::map<std::string, std::string> worker_identities_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> workers_per_identity_ ABSL_GUARDED_BY(mu_);
+  // Job name -> the identity whose worker's rank created it (while it has ranks).
+  std::map<std::string, std::string> job_creators_ ABSL_GUARDED_BY(mu_);
+  // Worker id -> its one open WatchWork stream.
+  std::map<std::string, WorkWatcher*> stream_of_worker_ ABSL_GUARDED_BY(mu_);
   std::set<WorkWatcher*> watchers_ ABSL_GUARDED_BY(mu_);
   uint64_t watchers_version_ ABSL_GUARDED_BY(mu_) = 0;  // phase_version they last saw
   // Ticks since the ticker last had every watcher re-check its worker (TickOnce).

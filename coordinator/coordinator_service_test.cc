@@ -7,12 +7,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +25,8 @@
 #include "planner/rank_description.h"
 #include "proto/state_digest.h"
 #include "proto/status_detail.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
+#include "spdlog/spdlog.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -154,6 +158,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     ASSERT_TRUE(roots.ok()) << roots.status();
     options.checkpoint_roots = *roots;
     checkpoint_path_ = roots->roots()[0] + "/ckpt/1";
+    if (options_hook_) options_hook_(options);
     service_ = std::make_unique<CoordinatorService>(&clock_, options);
     service_->RegisterKind(OperationKind::kSave, &save_kind_);
     if (configure) configure(*service_);
@@ -221,7 +226,8 @@ class CoordinatorServiceTest : public ::testing::Test {
 
   RealClock clock_;
   absl::Duration piece_list_wait_ = absl::Seconds(30);
-  RecordingSaveKind save_kind_;  // outlives service_
+  std::function<void(CoordinatorOptions&)> options_hook_;  // runs before the service is made
+  RecordingSaveKind save_kind_;                            // outlives service_
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;
@@ -413,7 +419,7 @@ TEST_F(CoordinatorServiceTest, JoinOperationsOverTheMostJoinsPerCallIsRefusedWho
   pb::JoinOperationsResponse response;
   grpc::Status s = stub_->JoinOperations(Ctx().get(), request, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(), HasSubstr("at most 4096 per call"));
+  EXPECT_THAT(s.error_message(), HasSubstr("joins has 4097 entries, over the bound of 4096"));
   pb::GetStatusResponse status;
   ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
   EXPECT_EQ(status.operations_size(), 0);
@@ -1212,7 +1218,7 @@ TEST_F(CoordinatorServiceTest, ReportedPublishedVersionsUnderHostileNamesAreNotL
   request.mutable_info()->set_pid(7);
   int n = 0;
   for (const std::string& name :
-       std::vector<std::string>{"policy", "a@b", "x/y", std::string(100000, 'p')}) {
+       std::vector<std::string>{"policy", "a@b", "x/y", std::string(1000, 'p')}) {
     MemoryCheckpoint reported;
     reported.name = absl::StrCat("held", n++);
     reported.committed = absl::FromUnixMillis(1000);
@@ -1231,6 +1237,176 @@ TEST_F(CoordinatorServiceTest, ReportedPublishedVersionsUnderHostileNamesAreNotL
   ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
   ASSERT_EQ(status.published_size(), 1) << status.DebugString();
   EXPECT_EQ(status.published(0).name(), "policy");
+}
+
+// Every line the coordinator logs while it lives (spdlog's default logger).
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(100000)) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+  }
+  ~LogCapture() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::vector<std::string> Lines() { return sink_->last_formatted(); }
+
+ private:
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+};
+
+TEST_F(CoordinatorServiceTest, AHostNameOverItsBoundIsRefusedNamingItAndNeitherStoredNorLogged) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  LogCapture log;
+  pb::RegisterWorkerRequest request;
+  request.mutable_info()->set_host(std::string(2 << 20, 'h'));  // 2 MiB (issue 39: 200 MiB)
+  request.mutable_info()->set_pid(7);
+  pb::RegisterWorkerResponse response;
+  grpc::Status s = stub_->RegisterWorker(Ctx().get(), request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("RegisterWorker: info.host is 2097152 bytes, over the bound of 255"));
+  EXPECT_THAT(s.error_message(), HasSubstr("caller: unauthenticated caller"));
+  EXPECT_LT(s.error_message().size(), 1024u);
+  request.mutable_info()->set_host(std::string(kMaxHostBytes, 'h'));  // the bound itself
+  EXPECT_TRUE(stub_->RegisterWorker(Ctx().get(), request, &response).ok());
+  pb::GetStatusResponse status;
+  ASSERT_TRUE(stub_->GetStatus(Ctx().get(), pb::GetStatusRequest(), &status).ok());
+  ASSERT_EQ(status.workers_size(), 1);  // only the one within the bound
+  EXPECT_EQ(status.workers(0).info().host().size(), kMaxHostBytes);
+  const std::vector<std::string> lines = log.Lines();
+  EXPECT_FALSE(lines.empty());
+  for (const std::string& line : lines) {
+    EXPECT_LT(line.size(), 2048u) << line.substr(0, 200);
+  }
+}
+
+TEST_F(CoordinatorServiceTest, OneIdentityHoldsAtMostItsQuotaOfWorkersAndJobs) {
+  options_hook_ = [](CoordinatorOptions& options) {
+    options.max_workers_per_identity = 3;
+    options.max_jobs_per_identity = 2;
+  };
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  std::vector<std::string> workers;
+  for (int i = 0; i < 3; ++i) workers.push_back(Register(absl::StrCat("node", i), 10 + i));
+  pb::RegisterWorkerRequest fourth;
+  fourth.mutable_info()->set_host("node3");
+  fourth.mutable_info()->set_pid(13);
+  pb::RegisterWorkerResponse registered;
+  grpc::Status s = stub_->RegisterWorker(Ctx().get(), fourth, &registered);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("ipv4:127.0.0.1 holds 3 registered workers"));
+  EXPECT_THAT(s.error_message(), HasSubstr("--max_workers_per_identity=3"));
+  EXPECT_EQ(Register("node1", 11), workers[1]);  // registering again is no new worker
+  pb::DeregisterWorkerRequest leave;
+  leave.set_worker_id(workers[2]);
+  pb::DeregisterWorkerResponse left;
+  ASSERT_TRUE(stub_->DeregisterWorker(Ctx().get(), leave, &left).ok());
+  EXPECT_TRUE(stub_->RegisterWorker(Ctx().get(), fourth, &registered).ok());
+
+  auto attach = [&](const std::string& job) {
+    pb::AttachRankRequest a;
+    a.set_job(job);
+    a.set_world_size(1);
+    a.set_rank(0);
+    a.set_worker_id(workers[0]);
+    pb::AttachRankResponse ignored;
+    return stub_->AttachRank(Ctx().get(), a, &ignored);
+  };
+  ASSERT_TRUE(attach("a").ok());
+  ASSERT_TRUE(attach("b").ok());
+  s = attach("c");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("created 2 jobs that have ranks"));
+  EXPECT_THAT(s.error_message(), HasSubstr("--max_jobs_per_identity=2"));
+  pb::JoinOperationResponse joined;
+  pb::JoinOperationRequest join = JoinRequest(workers[0], 0, 1);
+  join.set_job("c");
+  EXPECT_EQ(stub_->JoinOperation(Ctx().get(), join, &joined).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  pb::DetachRankRequest detach;  // job a ends: c fits
+  detach.set_job("a");
+  detach.set_rank(0);
+  detach.set_worker_id(workers[0]);
+  pb::DetachRankResponse detached;
+  ASSERT_TRUE(stub_->DetachRank(Ctx().get(), detach, &detached).ok());
+  EXPECT_TRUE(attach("c").ok());
+}
+
+TEST_F(CoordinatorServiceTest, ANewerWatchWorkStreamReplacesTheOlderOneOfTheSameWorker) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const std::string w = Register("node0", 10);
+  pb::WatchWorkRequest request;
+  request.set_worker_id(w);
+  auto first_context = Ctx();
+  std::unique_ptr<grpc::ClientReader<pb::WorkItem>> first =
+      stub_->WatchWork(first_context.get(), request);
+  pb::WorkItem item;
+  ASSERT_TRUE(first->Read(&item));
+  EXPECT_TRUE(item.stream_opened());
+  {
+    Watcher second(stub_.get(), w);
+    EXPECT_EQ(second.AwaitOpened(), 1);
+    while (first->Read(&item)) {
+    }
+    grpc::Status ended = first->Finish();
+    EXPECT_EQ(ended.error_code(), grpc::StatusCode::ABORTED) << ended.error_message();
+    EXPECT_THAT(ended.error_message(), HasSubstr("newer WatchWork stream for worker " + w));
+    EXPECT_TRUE(Eventually([&] { return service_->open_watchers() == 1; }))
+        << service_->open_watchers();
+  }
+  EXPECT_TRUE(Eventually([&] { return service_->open_watchers() == 0; }));
+}
+
+TEST_F(CoordinatorServiceTest, StatusComesInBoundedPagesThatTogetherListEverything) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  constexpr int kWorkers = 30;
+  constexpr int kRanks = 250;
+  std::vector<std::string> workers;
+  for (int i = 0; i < kWorkers; ++i) {
+    workers.push_back(Register(absl::StrCat(std::string(200, 'n'), i), i + 1));
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    pb::AttachRankRequest a;
+    a.set_job("big");
+    a.set_world_size(kRanks);
+    a.set_rank(r);
+    a.set_worker_id(workers[r % kWorkers]);
+    pb::AttachRankResponse ignored;
+    ASSERT_TRUE(stub_->AttachRank(Ctx().get(), a, &ignored).ok());
+  }
+  pb::GetStatusRequest request;
+  request.set_page_size(100);
+  std::set<std::string> listed_workers;
+  std::vector<int> ranks;
+  int pages = 0;
+  do {
+    pb::GetStatusResponse page;
+    ASSERT_TRUE(stub_->GetStatus(Ctx().get(), request, &page).ok());
+    ASSERT_LT(++pages, 10);
+    int entries = page.workers_size();
+    for (const pb::WorkerStatus& w : page.workers()) listed_workers.insert(w.worker_id());
+    for (const pb::JobStatus& job : page.jobs()) {
+      EXPECT_EQ(job.name(), "big");
+      entries += 1 + job.ranks_size();
+      for (const pb::RankAttachment& a : job.ranks()) ranks.push_back(a.rank());
+    }
+    EXPECT_LE(entries, 101) << "page " << pages;  // page_size, plus a continued job's name
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty());
+  EXPECT_EQ(pages, 3);  // 30 workers + 1 job + 250 ranks in pages of 100
+  EXPECT_EQ(listed_workers.size(), static_cast<size_t>(kWorkers));
+  ASSERT_EQ(ranks.size(), static_cast<size_t>(kRanks));
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(ranks[r], r);
+
+  request.set_page_token("9.9.9");  // not one it hands out
+  pb::GetStatusResponse refused;
+  EXPECT_EQ(stub_->GetStatus(Ctx().get(), request, &refused).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  request.set_page_token("");
+  request.set_page_size(kMaxStatusPageItems + 1);
+  EXPECT_EQ(stub_->GetStatus(Ctx().get(), request, &refused).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 }  // namespace

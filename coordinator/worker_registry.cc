@@ -1,5 +1,6 @@
 #include "coordinator/worker_registry.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -24,11 +25,22 @@ std::string WorkerRecord::DebugString() const {
 }
 
 WorkerRegistry::WorkerRegistry(const Clock* clock, absl::Duration lease,
-                               absl::Duration dead_retention, std::string incarnation)
+                               absl::Duration dead_retention, std::string incarnation,
+                               int64_t max_dead)
     : clock_(clock),
       lease_(lease),
       dead_retention_(dead_retention),
-      incarnation_(std::move(incarnation)) {}
+      incarnation_(std::move(incarnation)),
+      max_dead_(max_dead) {}
+
+const WorkerRecord* WorkerRegistry::FindRegistered(const WorkerDescription& description) const {
+  for (const auto& [number, record] : workers_) {
+    if (record.description.host == description.host && record.description.pid == description.pid) {
+      return &record;
+    }
+  }
+  return nullptr;
+}
 
 absl::StatusOr<WorkerRecord> WorkerRegistry::Register(const WorkerDescription& description) {
   if (description.host.empty()) {
@@ -46,6 +58,7 @@ absl::StatusOr<WorkerRecord> WorkerRegistry::Register(const WorkerDescription& d
       record.description = description;
       record.last_heartbeat = now;
       record.lease_expiry = now + lease_;
+      dead_ -= record.alive ? 0 : 1;
       record.alive = true;
       record.death_cause.clear();
       return record;
@@ -82,9 +95,12 @@ absl::Status WorkerRegistry::Heartbeat(absl::string_view worker_id) {
 }
 
 absl::Status WorkerRegistry::Deregister(absl::string_view worker_id) {
-  if (workers_.erase(WorkerNumber(worker_id)) == 0) {
+  auto it = workers_.find(WorkerNumber(worker_id));
+  if (it == workers_.end()) {
     return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered"));
   }
+  dead_ -= it->second.alive ? 0 : 1;
+  workers_.erase(it);
   return absl::OkStatus();
 }
 
@@ -105,14 +121,28 @@ std::vector<WorkerRecord> WorkerRegistry::Tick(absl::Duration grace) {
               : "",
           ")");
       expired.push_back(record);
+      ++dead_;
     }
     if (!record.alive && now - record.lease_expiry >= dead_retention_) {
+      --dead_;
       it = workers_.erase(it);
     } else {
       ++it;
     }
   }
+  if (dead_ > max_dead_) ForgetLongestDead(dead_ - max_dead_);
   return expired;
+}
+
+void WorkerRegistry::ForgetLongestDead(int64_t n) {
+  std::vector<std::pair<absl::Time, uint64_t>> dead;  // (lease expiry, number)
+  for (const auto& [number, record] : workers_) {
+    if (!record.alive) dead.emplace_back(record.lease_expiry, number);
+  }
+  n = std::min<int64_t>(n, static_cast<int64_t>(dead.size()));
+  std::nth_element(dead.begin(), dead.begin() + n, dead.end());  // the n earliest expiries
+  for (int64_t i = 0; i < n; ++i) workers_.erase(dead[i].second);
+  dead_ -= n;
 }
 
 const WorkerRecord* WorkerRegistry::Find(absl::string_view worker_id) const {

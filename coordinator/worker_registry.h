@@ -49,11 +49,14 @@ struct WorkerRecord {
 class WorkerRegistry {
  public:
   // `lease`: how long a registration or heartbeat keeps a worker alive.
-  // `dead_retention`: how long dead workers stay listed (for status) before they are forgotten.
+  // `dead_retention`: how long dead workers stay listed (for status) before they are forgotten;
+  // `max_dead`: at most this many dead workers stay listed (the longest dead go first), so
+  // workers that register and die cannot grow the registry without bound.
   // `incarnation`: the coordinator process's incarnation (hex), part of every id handed out,
   // so that an id of an earlier coordinator process is never taken for one of this one's.
   WorkerRegistry(const Clock* clock, absl::Duration lease,
-                 absl::Duration dead_retention = absl::Hours(1), std::string incarnation = "");
+                 absl::Duration dead_retention = absl::Hours(1), std::string incarnation = "",
+                 int64_t max_dead = 1024);
 
   absl::Duration lease() const { return lease_; }
 
@@ -72,16 +75,24 @@ class WorkerRegistry {
 
   // Declares dead every live worker whose lease expired at the clock's current time, `grace`
   // (the coordinator's own heartbeat lag, coordinator/lease_book.h) allowed for, and returns
-  // them (each reported once); forgets workers dead for longer than dead_retention.
+  // them (each reported once); forgets workers dead for longer than dead_retention, and the
+  // longest dead past max_dead.
   std::vector<WorkerRecord> Tick(absl::Duration grace = absl::ZeroDuration());
 
   // nullptr for an unknown id (or one of another incarnation).
   const WorkerRecord* Find(absl::string_view worker_id) const;
+  // The worker Register would give `description`'s id again (same host and pid); nullptr when
+  // it would register a new one.
+  const WorkerRecord* FindRegistered(const WorkerDescription& description) const;
   // All workers, live and recently dead, in registration order.
   std::vector<const WorkerRecord*> All() const;
   int LiveCount() const;
+  int64_t DeadCount() const { return dead_; }
+  size_t Size() const { return workers_.size(); }  // live and listed dead
 
  private:
+  // Forgets the `n` workers dead longest.
+  void ForgetLongestDead(int64_t n);
   // The number in an id of this registry's form; 0 (never an id) otherwise.
   uint64_t WorkerNumber(absl::string_view id) const;
 
@@ -89,6 +100,8 @@ class WorkerRegistry {
   absl::Duration lease_;
   absl::Duration dead_retention_;
   std::string incarnation_;
+  int64_t max_dead_;
+  int64_t dead_ = 0;                          // workers listed dead
   std::map<uint64_t, WorkerRecord> workers_;  // by number, i.e. registration order
   uint64_t next_id_ = 1;
 };

@@ -1,5 +1,8 @@
 #include "coordinator/worker_registry.h"
 
+#include <string>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -157,6 +160,40 @@ TEST(WorkerRegistryTest, DeregisterRemovesAtOnce) {
   EXPECT_EQ(registry.Deregister(w->id).code(), absl::StatusCode::kNotFound);
   clock.Advance(absl::Seconds(10));
   EXPECT_TRUE(registry.Tick().empty());
+}
+
+TEST(WorkerRegistryTest, AtMostMaxDeadWorkersStayListedAndTheLongestDeadGoFirst) {
+  FakeClock clock;
+  WorkerRegistry registry(&clock, absl::Seconds(5), absl::Hours(1), "", /*max_dead=*/2);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    auto w = registry.Register(Worker("node", 100 + i));
+    ASSERT_TRUE(w.ok());
+    ids.push_back(w->id);
+    clock.Advance(absl::Seconds(1));  // each registered (and so dies) a second after the last
+  }
+  clock.Advance(absl::Seconds(10));
+  EXPECT_EQ(registry.Tick().size(), 5u);  // each reported dead once, before any is forgotten
+  EXPECT_EQ(registry.DeadCount(), 2);
+  ASSERT_EQ(registry.All().size(), 2u);
+  EXPECT_EQ(registry.All()[0]->id, ids[3]);
+  EXPECT_EQ(registry.All()[1]->id, ids[4]);
+  auto again = registry.Register(Worker("node", 104));  // the newest dead comes back
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->id, ids[4]);
+  EXPECT_EQ(registry.DeadCount(), 1);
+  EXPECT_TRUE(registry.Deregister(ids[3]).ok());
+  EXPECT_EQ(registry.DeadCount(), 0);
+}
+
+TEST(WorkerRegistryTest, FindRegisteredFindsTheWorkerOfAHostAndPid) {
+  FakeClock clock;
+  WorkerRegistry registry(&clock, absl::Seconds(5));
+  auto a = registry.Register(Worker("node1", 100));
+  ASSERT_TRUE(a.ok());
+  ASSERT_NE(registry.FindRegistered(Worker("node1", 100)), nullptr);
+  EXPECT_EQ(registry.FindRegistered(Worker("node1", 100))->id, a->id);
+  EXPECT_EQ(registry.FindRegistered(Worker("node1", 101)), nullptr);
 }
 
 }  // namespace

@@ -66,19 +66,69 @@ grpc::ChannelArguments StatusChannelArguments() {
   return args;
 }
 
+namespace {
+
+// Adds one page to what the earlier pages gathered: a job or memory checkpoint that continues
+// from the previous page (the same name first on this page) gets the rest of its ranks or
+// replicas.
+void MergeStatusPage(pb::GetStatusResponse page, pb::GetStatusResponse* all) {
+  for (pb::WorkerStatus& w : *page.mutable_workers()) *all->add_workers() = std::move(w);
+  for (pb::JobStatus& job : *page.mutable_jobs()) {
+    if (all->jobs_size() > 0 && all->jobs(all->jobs_size() - 1).name() == job.name()) {
+      pb::JobStatus* last = all->mutable_jobs(all->jobs_size() - 1);
+      for (pb::RankAttachment& r : *job.mutable_ranks()) *last->add_ranks() = std::move(r);
+    } else {
+      *all->add_jobs() = std::move(job);
+    }
+  }
+  for (pb::OperationStatus& op : *page.mutable_operations()) *all->add_operations() = std::move(op);
+  for (pb::MemoryCheckpointStatus& m : *page.mutable_memory_checkpoints()) {
+    const int n = all->memory_checkpoints_size();
+    if (n > 0 && all->memory_checkpoints(n - 1).name() == m.name()) {
+      pb::MemoryCheckpointStatus* last = all->mutable_memory_checkpoints(n - 1);
+      for (pb::MemoryReplicaStatus& r : *m.mutable_replicas()) *last->add_replicas() = std::move(r);
+    } else {
+      *all->add_memory_checkpoints() = std::move(m);
+    }
+  }
+  for (pb::PublishedStatus& p : *page.mutable_published()) *all->add_published() = std::move(p);
+  all->set_lease_ms(page.lease_ms());
+  all->set_incarnation(page.incarnation());
+  all->set_started_unix_ms(page.started_unix_ms());
+  all->set_heartbeat_lag_ms(page.heartbeat_lag_ms());
+}
+
+}  // namespace
+
 absl::StatusOr<pb::GetStatusResponse> FetchCoordinatorStatus(
     const std::shared_ptr<grpc::Channel>& channel, const std::string& address,
     const std::string& job, absl::Duration timeout) {
   auto stub = pb::Coordinator::NewStub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  const absl::Time deadline = absl::Now() + timeout;
   pb::GetStatusRequest request;
   request.set_job(job);
-  pb::GetStatusResponse response;
-  absl::Status s = FromGrpcStatus(stub->GetStatus(&context, request, &response),
-                                  absl::StrCat("GetStatus at coordinator ", address));
-  if (!s.ok()) return s;
-  return response;
+  pb::GetStatusResponse all;
+  // Every page (the coordinator answers in pages, docs/services.md), within one deadline; a
+  // coordinator that restarted between pages (another incarnation) starts the listing over.
+  for (int page = 0;; ++page) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    pb::GetStatusResponse response;
+    absl::Status s =
+        FromGrpcStatus(stub->GetStatus(&context, request, &response),
+                       absl::StrCat("GetStatus at coordinator ", address,
+                                    page > 0 ? absl::StrCat(" (page ", page + 1, ")") : ""));
+    if (!s.ok()) return s;
+    if (!request.page_token().empty() && response.incarnation() != all.incarnation()) {
+      all.Clear();
+      request.clear_page_token();
+      continue;
+    }
+    std::string next = response.next_page_token();
+    MergeStatusPage(std::move(response), &all);
+    if (next.empty()) return all;
+    request.set_page_token(std::move(next));
+  }
 }
 
 }  // namespace ckpt::ckptctl

@@ -43,7 +43,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> DialCoordinator(
 grpc::ChannelArguments StatusChannelArguments();
 
 // GetStatus over `channel` to the coordinator at `address` (only `job`'s entries when not
-// empty) within `timeout`. Errors name the coordinator.
+// empty) within `timeout`: every page, merged into one answer (a job's ranks or a memory
+// checkpoint's replicas split over pages are joined again). Errors name the coordinator.
 absl::StatusOr<pb::GetStatusResponse> FetchCoordinatorStatus(
     const std::shared_ptr<grpc::Channel>& channel, const std::string& address,
     const std::string& job, absl::Duration timeout);
