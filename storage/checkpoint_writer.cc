@@ -191,8 +191,11 @@ absl::Status DiscardStagingDir(const std::string& staging_dir) {
   if (::rename(staging_dir.c_str(), doomed.c_str()) != 0) doomed = staging_dir;
   absl::Status removed = RemoveTree(doomed);
   // A writer that opened a file just before the rename may have added one during the first
-  // pass; its later files fail to open, so a second pass finds the directory quiet.
-  if (!removed.ok() && PathExists(doomed)) removed = RemoveTree(doomed);
+  // pass; its later files fail to open, so a second pass finds the directory quiet. Not after
+  // an entry was swapped (Aborted): that is reported, not removed on a second look.
+  if (!removed.ok() && !absl::IsAborted(removed) && PathExists(doomed)) {
+    removed = RemoveTree(doomed);
+  }
   return removed;
 }
 

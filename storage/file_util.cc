@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -69,20 +70,139 @@ absl::Status MakeDir(const std::string& path, bool exist_ok) {
   return ErrnoStatus(errno, absl::StrCat("mkdir ", path));
 }
 
-absl::Status RemoveTree(const std::string& path) {
+namespace file_util_internal {
+// Called with a directory's path after its entries are listed and before they are removed; set
+// only by SetRemoveTreeHookForTests (storage/remove_tree_test_hook.h, a testonly target).
+void (*remove_tree_listed_hook)(const std::string& dir) = nullptr;
+}  // namespace file_util_internal
+
+namespace {
+
+constexpr int kMaxRemoveDepth = 256;
+
+// A directory entry as fstatat(AT_SYMLINK_NOFOLLOW) relative to its open directory saw it.
+struct ListedEntry {
+  std::string name;
   struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) {
+};
+
+absl::Status ReplacedError(const std::string& path) {
+  return absl::AbortedError(absl::StrCat(
+      "not removing ", path,
+      ": it was replaced while being removed (by a symlink or another directory); nothing was "
+      "removed through it"));
+}
+
+// The entries of the open directory `fd` (called `path` in errors), sorted; entries that
+// vanish meanwhile are left out.
+absl::StatusOr<std::vector<ListedEntry>> ListOpenDir(int fd, const std::string& path) {
+  const int listing_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (listing_fd < 0) return ErrnoStatus(errno, absl::StrCat("dup descriptor of ", path));
+  DIR* dir = ::fdopendir(listing_fd);
+  if (dir == nullptr) {
+    const int err = errno;
+    ::close(listing_fd);
+    return ErrnoStatus(err, absl::StrCat("opendir ", path));
+  }
+  ::rewinddir(dir);  // the duplicate shares the offset with `fd`
+  std::vector<ListedEntry> out;
+  absl::Status status;
+  for (;;) {
+    errno = 0;
+    const struct dirent* e = ::readdir(dir);
+    if (e == nullptr) {
+      if (errno != 0) status = ErrnoStatus(errno, absl::StrCat("readdir ", path));
+      break;
+    }
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    ListedEntry entry{e->d_name, {}};
+    if (::fstatat(fd, e->d_name, &entry.st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) continue;
+      status = ErrnoStatus(errno, absl::StrCat("stat ", JoinPath(path, entry.name)));
+      break;
+    }
+    out.push_back(std::move(entry));
+  }
+  ::closedir(dir);
+  if (!status.ok()) return status;
+  std::sort(out.begin(), out.end(),
+            [](const ListedEntry& a, const ListedEntry& b) { return a.name < b.name; });
+  return out;
+}
+
+absl::Status RemoveEntryAt(int parent_fd, const ListedEntry& entry, const std::string& path,
+                           int depth);
+
+// Removes every entry of the open directory `fd` (called `path`), `depth` levels below the top.
+absl::Status RemoveOpenDirContents(int fd, const std::string& path, int depth) {
+  CKPT_ASSIGN_OR_RETURN(std::vector<ListedEntry> entries, ListOpenDir(fd, path));
+  if (file_util_internal::remove_tree_listed_hook != nullptr) {
+    file_util_internal::remove_tree_listed_hook(path);
+  }
+  for (const ListedEntry& entry : entries) {
+    CKPT_RETURN_IF_ERROR(RemoveEntryAt(fd, entry, JoinPath(path, entry.name), depth + 1));
+  }
+  return absl::OkStatus();
+}
+
+// Removes `entry` of the open directory `parent_fd`; `path` names it in errors. A directory is
+// opened with O_NOFOLLOW and must be the one listed before anything in it is removed.
+absl::Status RemoveEntryAt(int parent_fd, const ListedEntry& entry, const std::string& path,
+                           int depth) {
+  const char* name = entry.name.c_str();
+  if (!S_ISDIR(entry.st.st_mode)) {
+    if (::unlinkat(parent_fd, name, 0) != 0 && errno != ENOENT) {
+      return ErrnoStatus(errno, absl::StrCat("unlink ", path));
+    }
+    return absl::OkStatus();
+  }
+  if (depth >= kMaxRemoveDepth) {
+    return absl::FailedPreconditionError(absl::StrCat("not removing ", path, ": it is more than ",
+                                                      kMaxRemoveDepth, " directory levels deep"));
+  }
+  const int fd = ::openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::OkStatus();  // gone meanwhile
+    if (errno == ELOOP || errno == ENOTDIR) return ReplacedError(path);
+    return ErrnoStatus(errno, absl::StrCat("open directory ", path));
+  }
+  FdCloser closer(fd);
+  struct stat opened;
+  if (::fstat(fd, &opened) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
+  if (opened.st_dev != entry.st.st_dev || opened.st_ino != entry.st.st_ino) {
+    return ReplacedError(path);
+  }
+  CKPT_RETURN_IF_ERROR(RemoveOpenDirContents(fd, path, depth));
+  if (::unlinkat(parent_fd, name, AT_REMOVEDIR) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();  // moved away meanwhile, emptied
+    if (errno == ENOTDIR) return ReplacedError(path);
+    return ErrnoStatus(errno, absl::StrCat("rmdir ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RemoveTree(const std::string& path) {
+  const std::string name = BaseName(path);
+  if (name.empty() || name == "." || name == ".." || name == "/") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not removing \"", path, "\": it names no directory entry"));
+  }
+  // The parent is the caller's; only it is resolved by path. O_PATH: search permission is enough.
+  const std::string parent = ParentDir(path);
+  const int parent_fd = ::open(parent.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (parent_fd < 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return ErrnoStatus(errno, absl::StrCat("open directory ", parent));
+  }
+  FdCloser closer(parent_fd);
+  ListedEntry top{name, {}};
+  if (::fstatat(parent_fd, name.c_str(), &top.st, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno == ENOENT) return absl::OkStatus();
     return ErrnoStatus(errno, absl::StrCat("stat ", path));
   }
-  if (S_ISDIR(st.st_mode)) {
-    CKPT_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(path));
-    for (const std::string& name : names) CKPT_RETURN_IF_ERROR(RemoveTree(JoinPath(path, name)));
-    if (::rmdir(path.c_str()) != 0) return ErrnoStatus(errno, absl::StrCat("rmdir ", path));
-    return absl::OkStatus();
-  }
-  if (::unlink(path.c_str()) != 0) return ErrnoStatus(errno, absl::StrCat("unlink ", path));
-  return absl::OkStatus();
+  return RemoveEntryAt(parent_fd, top, path, 0);
 }
 
 absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) {
@@ -96,6 +216,26 @@ absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) {
   ::closedir(dir);
   std::sort(names.begin(), names.end());
   return names;
+}
+
+absl::StatusOr<DirListing> ListDirNoFollow(const std::string& path) {
+  std::string last = path;  // a trailing '/' would make open() follow a symlink
+  while (last.size() > 1 && last.back() == '/') last.pop_back();
+  const int fd = ::open(last.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open directory ", path));
+  FdCloser closer(fd);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
+  CKPT_ASSIGN_OR_RETURN(std::vector<ListedEntry> listed, ListOpenDir(fd, path));
+  auto info = [](std::string name, const struct stat& s) {
+    return DirEntryStat{std::move(name), s.st_mode, static_cast<int64_t>(s.st_size), s.st_dev,
+                        s.st_ino};
+  };
+  DirListing out;
+  out.self = info(BaseName(path), st);
+  out.entries.reserve(listed.size());
+  for (ListedEntry& e : listed) out.entries.push_back(info(std::move(e.name), e.st));
+  return out;
 }
 
 std::string BaseName(const std::string& path) {
