@@ -18,6 +18,11 @@ Megatron torch_dist directory's metadata.json is kept as user metadata and its c
 verbatim as the bytes entry named by "megatron.common_pt" (read with weights_only=True only to
 take its "iteration" as the step). The ckpt checkpoint is written by storage/'s own writer
 (through _storage) and committed atomically: on any error nothing appears at the destination.
+A refused input ends in one line naming the file and what is wrong (exit code 1), never a
+traceback: a .metadata naming a class outside DCP's, lacking a field, listing a chunk twice or
+more chunks than storage items, or with planner data nested deeper than 64 levels (dcp_metadata);
+a metadata.json that is not UTF-8 JSON or is nested deeper than Python's recursion limit; a
+missing, truncated or damaged .distcp item.
 
 Export writes a DCP checkpoint that dcp.load accepts under any sharding of the loader: its
 chunks are the pieces of `--layout` (main replicas only; flat ranges become boxes), or without
@@ -225,15 +230,25 @@ def megatron_side_files(src, keys):
         return meta, None, None, note
     with open(json_path, "rb") as f:
         text = f.read(MAX_SIDE_FILE_BYTES + 1)
+    if len(text) > MAX_SIDE_FILE_BYTES:
+        raise ConversionError(f"{json_path} is larger than {MAX_SIDE_FILE_BYTES} bytes")
+    try:  # UTF-8 only (json.loads of bytes would also take UTF-16 and UTF-32)
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConversionError(f"{json_path} is not UTF-8 JSON: byte {e.start} "
+                              f"(0x{text[e.start]:02x}) is not UTF-8") from None
     try:
-        parsed = json.loads(text)
+        parsed = json.loads(decoded)
+    except RecursionError:
+        raise ConversionError(f"{json_path}: nested deeper than Python's recursion limit "
+                              f"({sys.getrecursionlimit()} levels)") from None
     except ValueError as e:
         raise ConversionError(f"{json_path} is not JSON: {e}") from None
     if not isinstance(parsed, dict) or parsed.get("sharded_backend") != "torch_dist":
         raise ConversionError(f"{json_path}: sharded_backend is "
                               f"{parsed.get('sharded_backend') if isinstance(parsed, dict) else parsed!r}"
                               ", only torch_dist (DCP) checkpoints are imported")
-    meta[MEGATRON_METADATA_JSON] = text.decode("utf-8")
+    meta[MEGATRON_METADATA_JSON] = decoded
     common = os.path.join(src, "common.pt")
     if not os.path.exists(common):
         return meta, None, None, note
