@@ -142,7 +142,7 @@ def _scan(data):
 
 
 def _where(key, path):
-    return f"state-dict value {key}" + (f" of checkpoint {path}" if path else "")
+    return f"state-dict value {key} in the checkpoint" + (f" {path}" if path else "")
 
 
 def _refuse_global(module, name, key, path):
