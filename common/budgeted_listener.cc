@@ -53,39 +53,50 @@ bool IsWildcard(absl::string_view host) {
   return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
 }
 
-// A bound, listening, non-blocking socket for `host`:`port`, or -1 with errno set.
-int BindAndListen(const std::string& host, int port, std::string* error) {
+// A bound, listening, non-blocking socket on the first usable address of `host` (`family` or
+// any), or -1 with *error set.
+int BindFirst(const char* node, int family, int port, std::string* error) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  hints.ai_family = IsWildcard(host) ? AF_INET6 : AF_UNSPEC;
-  std::string bare(absl::StripSuffix(absl::StripPrefix(host, "["), "]"));
-  const char* node = IsWildcard(host) ? nullptr : bare.c_str();
+  hints.ai_family = family;
   addrinfo* found = nullptr;
-  int rc = getaddrinfo(node, std::to_string(port).c_str(), &hints, &found);
-  if (rc != 0 && IsWildcard(host)) {  // no IPv6 here: IPv4 only
-    hints.ai_family = AF_INET;
-    rc = getaddrinfo(node, std::to_string(port).c_str(), &hints, &found);
-  }
-  if (rc != 0) {
+  if (int rc = getaddrinfo(node, std::to_string(port).c_str(), &hints, &found); rc != 0) {
     *error = gai_strerror(rc);
     return -1;
   }
+  std::vector<const addrinfo*> order;  // IPv4 first, as clients dialling a name try it too
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) order.push_back(a);
+  std::stable_sort(order.begin(), order.end(), [](const addrinfo* x, const addrinfo* y) {
+    return x->ai_family == AF_INET && y->ai_family != AF_INET;
+  });
   int fd = -1;
-  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+  for (const addrinfo* a : order) {
     fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      *error = std::strerror(errno);
+      continue;
+    }
     int on = 1, off = 0;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
     if (a->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
-      *error = std::strerror(errno);
-      close(fd);
-      fd = -1;
-    }
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) break;
+    *error = std::strerror(errno);
+    close(fd);
+    fd = -1;
   }
   freeaddrinfo(found);
   return fd;
+}
+
+// The wildcard binds IPv6 "::" accepting IPv4 too, or IPv4 alone where IPv6 is off.
+int BindAndListen(const std::string& host, int port, std::string* error) {
+  if (IsWildcard(host)) {
+    int fd = BindFirst(nullptr, AF_INET6, port, error);
+    return fd >= 0 ? fd : BindFirst(nullptr, AF_INET, port, error);
+  }
+  const std::string bare(absl::StripSuffix(absl::StripPrefix(host, "["), "]"));
+  return BindFirst(bare.c_str(), AF_UNSPEC, port, error);
 }
 
 }  // namespace

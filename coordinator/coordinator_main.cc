@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/allocator.h"
+#include "common/budgeted_listener.h"
 #include "common/checkpoint_roots.h"
 #include "common/daemon.h"
 #include "common/durable_file.h"
@@ -126,6 +128,21 @@ ABSL_FLAG(std::string, state_dir, "",
           "directory journaling the staging directories of saves, reshards and background "
           "persistences in flight, so that a "
           "restarted coordinator removes what a crashed one left (one coordinator per directory)");
+
+ABSL_FLAG(int64_t, max_connections, 0,
+          "connections the coordinator keeps open in all (0: its open-files limit less an "
+          "eighth); past it a newcomer from a lighter peer replaces the heaviest peer's oldest "
+          "connection, others are refused (docs/services.md, Connection budget)");
+ABSL_FLAG(int64_t, max_connections_per_peer, 1024,
+          "connections one peer address may keep open; more are refused at once");
+ABSL_FLAG(int64_t, connection_idle_ms, 300000,
+          "a connection with no call in flight this long is closed (clients reconnect)");
+ABSL_FLAG(int64_t, handshake_timeout_ms, 30000,
+          "a connection that has not completed its TLS and HTTP/2 handshake this long is closed");
+ABSL_FLAG(int64_t, max_streams_per_connection, 0,
+          "concurrent calls (streams) per connection (0: gRPC's default, unlimited)");
+ABSL_FLAG(int64_t, max_open_files, 0,
+          "the soft open-files limit (RLIMIT_NOFILE) to run with (0: the hard limit)");
 
 namespace {
 
@@ -245,21 +262,56 @@ std::optional<int> ReadSettings(const std::vector<std::string>& checkpoint_roots
   return std::nullopt;
 }
 
-// Serves `services` on the settings' address; null when it cannot listen. *bound_port is the
-// port actually bound.
+// Serves `services` on the settings' address through a BudgetedListener (gRPC's own listener
+// stops accepting for good once out of descriptors); null when it cannot listen, the reason
+// on stderr. *listener receives the listener (stop it before the server).
 std::unique_ptr<grpc::Server> StartServer(const Settings& settings,
                                           const std::vector<grpc::Service*>& services,
-                                          int* bound_port) {
+                                          std::unique_ptr<ckpt::BudgetedListener>* listener) {
+  absl::StatusOr<int64_t> open_files = ckpt::SetOpenFilesLimit(absl::GetFlag(FLAGS_max_open_files));
+  if (!open_files.ok()) spdlog::warn("open_files_limit {}", open_files.status().ToString());
+  const int64_t max_total = absl::GetFlag(FLAGS_max_connections) > 0
+                                ? absl::GetFlag(FLAGS_max_connections)
+                                : ckpt::DefaultMaxConnections(open_files.value_or(1024));
+  absl::StatusOr<std::unique_ptr<ckpt::BudgetedListener>> opened = ckpt::BudgetedListener::Open(
+      settings.listen, {max_total, absl::GetFlag(FLAGS_max_connections_per_peer)});
+  if (!opened.ok()) {
+    std::fprintf(stderr, "ckpt_coordinator: %s\n", std::string(opened.status().message()).c_str());
+    return nullptr;
+  }
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(settings.listen, ckpt::MakeServerCredentials(settings.security),
-                           bound_port);
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor =
+      builder.experimental().AddExternalConnectionAcceptor(
+          grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
+          ckpt::MakeServerCredentials(settings.security));
+  ckpt::ConnectionSettings connections;
+  connections.idle_ms = absl::GetFlag(FLAGS_connection_idle_ms);
+  connections.handshake_timeout_ms = absl::GetFlag(FLAGS_handshake_timeout_ms);
+  connections.max_streams_per_connection = absl::GetFlag(FLAGS_max_streams_per_connection);
+  ckpt::ApplyConnectionSettings(connections, &builder);
   // Gathered metadata of a rank with many tensors easily exceeds gRPC's 4 MB default.
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   for (grpc::Service* service : services) builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || *bound_port == 0) return nullptr;
+  if (server == nullptr) return nullptr;
+  spdlog::info("connection_budget max_connections={} max_connections_per_peer={} open_files={}",
+               (*opened)->limits().max_total, (*opened)->limits().max_per_peer,
+               open_files.value_or(-1));
+  (*opened)->Serve(std::move(acceptor));
+  *listener = *std::move(opened);
   return server;
+}
+
+// What SIGINT and SIGTERM do: stop accepting, end the coordinator's streams, stop the server.
+std::function<void(int)> OnShutdownSignal(grpc::Server* server, ckpt::BudgetedListener* listener,
+                                          ckpt::coordinator::CoordinatorService* coordinator) {
+  return [server, listener, coordinator](int signal_number) {
+    spdlog::info("shutting_down signal={}", signal_number);
+    listener->Stop();         // no new connections: gRPC leaks one handed to a stopped server
+    coordinator->Shutdown();  // ends streams and waits so that Shutdown below is prompt
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  };
 }
 
 // Says where the coordinator serves: stdout, the log, and --address_file when given.
@@ -344,22 +396,17 @@ int Run(const std::vector<std::string>& checkpoint_roots) {
         return coordinator.AuthorizeRendezvous(peer, group);
       });
 
-  int bound_port = 0;
+  std::unique_ptr<ckpt::BudgetedListener> listener;
   std::unique_ptr<grpc::Server> server =
-      StartServer(settings, {&coordinator, &rendezvous}, &bound_port);
+      StartServer(settings, {&coordinator, &rendezvous}, &listener);
   if (server == nullptr) {
     std::fprintf(stderr, "ckpt_coordinator: cannot listen on %s\n", settings.listen.c_str());
     return 1;
   }
   coordinator.Start();
-  Announce(settings, absl::StrCat(settings.host, ":", bound_port), coordinator);
+  Announce(settings, absl::StrCat(settings.host, ":", listener->port()), coordinator);
 
-  grpc::Server* raw = server.get();
-  ckpt::WatchShutdownSignals([raw, &coordinator](int signal_number) {
-    spdlog::info("shutting_down signal={}", signal_number);
-    coordinator.Shutdown();  // ends streams and waits so that Shutdown below is prompt
-    raw->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  });
+  ckpt::WatchShutdownSignals(OnShutdownSignal(server.get(), listener.get(), &coordinator));
   server->Wait();
   coordinator.Shutdown();
   spdlog::info("stopped");

@@ -106,6 +106,9 @@ ABSL_FLAG(int64_t, join_linger_ms,
           "how long a join waits for the job's other ranks on this worker, so that they join "
           "the coordinator in one call (0: never)");
 ABSL_FLAG(int64_t, reap_interval_ms, 250, "how often dead trainers' segments are looked for");
+ABSL_FLAG(int64_t, max_open_files, 0,
+          "the soft open-files limit (RLIMIT_NOFILE) to run with (0: the hard limit; the data "
+          "plane's connections to other workers need many at scale)");
 
 namespace {
 
@@ -331,6 +334,8 @@ int Run() {
   }
   absl::StatusOr<Settings> settings = ReadSettings();
   if (!settings.ok()) return Fail(std::string(settings.status().message()));
+  absl::StatusOr<int64_t> open_files = ckpt::SetOpenFilesLimit(absl::GetFlag(FLAGS_max_open_files));
+  if (!open_files.ok()) spdlog::warn("open_files_limit {}", open_files.status().ToString());
   absl::StatusOr<DeviceServing> device = ServeDevice(settings->local_rank);
   if (!device.ok()) return Fail(std::string(device.status().message()));
   absl::StatusOr<ckpt::TransportSecurity> security = ckpt::ResolveTransportSecurity(
