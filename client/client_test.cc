@@ -266,6 +266,41 @@ TEST_F(ClientTest, LoadSendsItsAlgorithmAndBudgetAndReturnsTheAbortDiagnosis) {
   EXPECT_FALSE(worker_.waits.back().until_snapshot());
 }
 
+TEST_F(ClientTest, PublishAndReceiveRefuseNegativeVersionsAndOnePastTheLargest) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::unique_ptr<StateDict> state = client->NewStateDict();
+  PublishOptions negative;
+  negative.version = -7;
+  auto refused = client->Publish("policy", *state, negative);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "version -7 of xfer://policy"))
+      << refused.status();
+  ReceiveOptions receive;
+  receive.version = -7;
+  absl::StatusOr<ReceivedVersion> received = client->Receive("policy", *state, receive);
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kInvalidArgument) << received.status();
+  EXPECT_TRUE(absl::StrContains(received.status().message(), "version -7 of xfer://policy"))
+      << received.status();
+  // The largest version publishes; the one after it cannot be numbered.
+  pb::WaitResponse snapshotted = Phase(pb::PHASE_COMMITTING);
+  snapshotted.set_snapshotted(true);
+  worker_.SetWait(snapshotted);
+  PublishOptions largest;
+  largest.version = INT64_MAX;
+  auto published = client->Publish("policy", *state, largest);
+  ASSERT_TRUE(published.ok()) << published.status();
+  EXPECT_EQ((*published)->version(), INT64_MAX);
+  auto next = client->Publish("policy", *state, PublishOptions());
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kInvalidArgument) << next.status();
+  EXPECT_TRUE(absl::StrContains(next.status().message(), "xfer://policy")) << next.status();
+  EXPECT_TRUE(absl::StrContains(next.status().message(), "9223372036854775807")) << next.status();
+  std::lock_guard<std::mutex> lock(worker_.mu());
+  ASSERT_EQ(worker_.saves.size(), 1u);  // only the valid one reached the worker
+  EXPECT_EQ(worker_.saves[0].path(), "xfer://policy@9223372036854775807");
+  EXPECT_TRUE(worker_.loads.empty());
+}
+
 TEST_F(ClientTest, PollWithNothingPendingTransfersNothing) {
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);

@@ -87,7 +87,11 @@ absl::Status PublishHandle::WaitPublished(absl::Duration timeout) {
 absl::StatusOr<std::unique_ptr<PublishHandle>> Client::Publish(const std::string& name,
                                                                const StateDict& state,
                                                                const PublishOptions& options) {
-  const int64_t version = options.version > 0 ? options.version : published_versions_[name] + 1;
+  auto previous = published_versions_.find(name);
+  absl::StatusOr<int64_t> next = NextTransferVersion(
+      name, options.version, previous == published_versions_.end() ? 0 : previous->second);
+  if (!next.ok()) return next.status();
+  const int64_t version = *next;
   SaveOptions save;
   save.metadata = options.metadata;
   save.arrival_timeout = options.arrival_timeout;
@@ -147,6 +151,7 @@ absl::StatusOr<StateDict*> Client::ShadowFor(const std::string& name, const Stat
 
 absl::StatusOr<ReceivedVersion> Client::Receive(const std::string& name, StateDict& state,
                                                 const ReceiveOptions& options) {
+  if (absl::Status s = CheckReceiveVersion(name, options.version); !s.ok()) return s;
   absl::StatusOr<StateDict*> shadow = ShadowFor(name, state);
   if (!shadow.ok()) return shadow.status();
   LoadOptions load;

@@ -35,6 +35,7 @@ struct PublishOptions {
   // The version (e.g. the training step); it must be newer than every version of the name
   // published so far (FailedPrecondition naming the newest otherwise). 0: one more than this
   // client's previous publish of the name (1 at first; pass it explicitly after a restart).
+  // InvalidArgument naming the name and version when negative, or 0 after version 2^63-1.
   int64_t version = 0;
   std::map<std::string, std::string> metadata;
   absl::Duration arrival_timeout = absl::Minutes(5);
@@ -44,7 +45,7 @@ struct PublishOptions {
 
 // Options of Receive.
 struct ReceiveOptions {
-  int64_t version = 0;  // 0: the newest published version
+  int64_t version = 0;  // 0: the newest published version (negative: InvalidArgument)
   // Check every received byte against checksums its reader computed from verified stored
   // bytes (DataLoss naming the tensor, version and source worker on a mismatch).
   bool verify = false;

@@ -1,6 +1,7 @@
 #include "common/transfer_path.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -52,6 +53,34 @@ absl::StatusOr<TransferPath> ParseTransferPath(absl::string_view path) {
   }
   out.name = std::string(name);
   return out;
+}
+
+absl::StatusOr<int64_t> NextTransferVersion(absl::string_view name, int64_t requested,
+                                            int64_t newest) {
+  if (requested < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot publish version ", requested, " of xfer://", name,
+                     ": a version is a positive integer (or 0 for one more than the newest)"));
+  }
+  if (newest < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot publish xfer://", name,
+                                                   ": its newest version ", newest,
+                                                   " is negative (a version is positive)"));
+  }
+  if (requested > 0) return requested;
+  if (newest == std::numeric_limits<int64_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot publish the next version of xfer://", name, ": its newest version ", newest,
+        " is the largest a version can be (2^63-1); publish under another name"));
+  }
+  return newest + 1;
+}
+
+absl::Status CheckReceiveVersion(absl::string_view name, int64_t requested) {
+  if (requested >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("cannot receive version ", requested, " of xfer://", name,
+                   ": a version is a positive integer (or 0 for the newest)"));
 }
 
 std::string TransferPathString(absl::string_view name, int64_t version, bool verify) {

@@ -35,6 +35,19 @@ bool IsTransferPath(absl::string_view path);
 // any other suffix.
 absl::StatusOr<TransferPath> ParseTransferPath(absl::string_view path);
 
+// The version a publish of `name` takes: `requested` when positive, else (0) one more than
+// `newest`, the newest version published (or being published) so far (0: none). InvalidArgument
+// naming the name and the version when `requested` or `newest` is negative (a version is a
+// positive 63-bit integer; 0 means "the next"), or when the next one would overflow int64
+// (`newest` is 2^63-1: no version can follow it). Whether `requested` is newer than `newest`
+// is the caller's check (the registry's FailedPrecondition).
+absl::StatusOr<int64_t> NextTransferVersion(absl::string_view name, int64_t requested,
+                                            int64_t newest);
+
+// The version a receive of `name` asks for: `requested` (0: the newest). InvalidArgument naming
+// the name and the version when it is negative.
+absl::Status CheckReceiveVersion(absl::string_view name, int64_t requested);
+
 // "xfer://<name>@<version>" ("xfer://<name>" for version 0), with "?verify" when `verify`.
 std::string TransferPathString(absl::string_view name, int64_t version, bool verify = false);
 

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace ckpt {
@@ -60,6 +61,27 @@ TEST(TransferPathTest, RefusesHostilePathsNamingThem) {
     EXPECT_LT(parsed.status().message().size(), 1200u) << "the path is cut in messages";
   }
   EXPECT_TRUE(ParseTransferPath("xfer://" + std::string(100, 'n')).ok());
+}
+
+TEST(TransferPathTest, NextVersionsArePositiveAndNeverOverflow) {
+  EXPECT_EQ(*NextTransferVersion("p", 0, 0), 1);
+  EXPECT_EQ(*NextTransferVersion("p", 0, 41), 42);
+  EXPECT_EQ(*NextTransferVersion("p", 7, 41), 7);  // older than the newest: the registry's call
+  EXPECT_EQ(*NextTransferVersion("p", INT64_MAX, 3), INT64_MAX);
+  for (int64_t requested : {int64_t{-1}, int64_t{-7}, INT64_MIN}) {
+    absl::StatusOr<int64_t> refused = NextTransferVersion("p", requested, 0);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << requested;
+    EXPECT_NE(refused.status().message().find(absl::StrCat("version ", requested, " of xfer://p")),
+              std::string::npos)
+        << refused.status();
+  }
+  absl::StatusOr<int64_t> overflow = NextTransferVersion("p", 0, INT64_MAX);
+  EXPECT_EQ(overflow.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(overflow.status().message().find("xfer://p"), std::string::npos);
+  EXPECT_EQ(NextTransferVersion("p", 0, -3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckReceiveVersion("p", 0).ok());
+  EXPECT_TRUE(CheckReceiveVersion("p", INT64_MAX).ok());
+  EXPECT_EQ(CheckReceiveVersion("p", -7).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TransferPathTest, BuildsWhatItParsesAndNamesAnyPath) {

@@ -37,7 +37,9 @@ absl::StatusOr<int64_t> PublishedRegistry::Reserve(const std::string& name, int6
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = reserved_.find(operation_id); it != reserved_.end()) return it->second.version;
   const int64_t newest = NewestLocked(name);
-  const int64_t version = requested > 0 ? requested : newest + 1;
+  absl::StatusOr<int64_t> next = NextTransferVersion(name, requested, newest);
+  if (!next.ok()) return next.status();
+  const int64_t version = *next;
   if (version <= newest) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot publish ", TransferPathString(name, version), ": version ", version,
@@ -72,6 +74,7 @@ absl::StatusOr<std::vector<PublishedVersion>> PublishedRegistry::Commit(
 }
 
 bool PublishedRegistry::Adopt(const std::string& name, int64_t version, absl::Time published) {
+  if (version <= 0) return false;  // not a version (a path cannot name it)
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<PublishedVersion>& versions = published_[name];
   for (const PublishedVersion& v : versions) {

@@ -46,7 +46,9 @@ class PublishedRegistry {
   // Reserves the version a publish `operation_id` of `name` will commit: `requested`, or one
   // more than the newest published or reserved version when 0. FailedPrecondition naming the
   // name, the version and the newest one when `requested` is not newer than every published or
-  // reserved version (versions only grow); idempotent for the same operation.
+  // reserved version (versions only grow); idempotent for the same operation. InvalidArgument
+  // naming the name and the version when `requested` is negative, or 0 while the newest version
+  // is 2^63-1 (the next would overflow) (NextTransferVersion).
   absl::StatusOr<int64_t> Reserve(const std::string& name, int64_t requested,
                                   const std::string& operation_id);
   // Records the version reserved by `operation_id` as published (at `now`); returns the
@@ -56,7 +58,7 @@ class PublishedRegistry {
                                                        absl::Time now);
   // Lists a version a worker reported holding (a coordinator restart rebuilds the registry
   // from the workers): kept in version order, then the newest K as in Commit. Returns whether
-  // it is listed now (false: known already, or older than the newest K).
+  // it is listed now (false: known already, older than the newest K, or not positive).
   bool Adopt(const std::string& name, int64_t version, absl::Time published);
   // Drops the reservation of `operation_id` (no-op once committed or unknown).
   void Release(const std::string& operation_id);

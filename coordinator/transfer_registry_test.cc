@@ -56,5 +56,26 @@ TEST(PublishedRegistryTest, AdoptedVersionsAreListedInOrderAndTheNewestKKept) {
   EXPECT_EQ(*registry.Reserve("p", 0, "op-1"), 8);
 }
 
+TEST(PublishedRegistryTest, RefusesNegativeVersionsAndOnePastTheLargest) {
+  PublishedRegistry registry(/*keep_versions=*/2);
+  absl::StatusOr<int64_t> negative = registry.Reserve("p", -7, "op-1");
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument) << negative.status();
+  EXPECT_NE(negative.status().message().find("version -7 of xfer://p"), std::string::npos)
+      << negative.status();
+  EXPECT_EQ(registry.Reserved("op-1").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(registry.Adopt("p", -7, absl::Now()));
+  EXPECT_FALSE(registry.Adopt("p", 0, absl::Now()));
+  EXPECT_TRUE(registry.List().empty() || registry.List().at("p").empty());
+  ASSERT_EQ(*registry.Reserve("p", INT64_MAX, "op-2"), INT64_MAX);
+  // The next one would overflow: refused whether the largest is reserved or published.
+  absl::StatusOr<int64_t> overflow = registry.Reserve("p", 0, "op-3");
+  EXPECT_EQ(overflow.status().code(), absl::StatusCode::kInvalidArgument) << overflow.status();
+  EXPECT_NE(overflow.status().message().find("xfer://p"), std::string::npos);
+  EXPECT_NE(overflow.status().message().find("9223372036854775807"), std::string::npos);
+  ASSERT_TRUE(registry.Commit("op-2", absl::Now()).ok());
+  EXPECT_EQ(registry.Reserve("p", 0, "op-3").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Resolve("p", 0)->version, INT64_MAX);
+}
+
 }  // namespace
 }  // namespace ckpt::coordinator
