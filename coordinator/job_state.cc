@@ -78,6 +78,7 @@ absl::Status JobState::AttachRank(absl::string_view job_name, int world_size, in
   } else if (it->second.world_size != world_size && it->second.ranks.empty() &&
              InFlight(job_name) == nullptr) {
     it->second.world_size = world_size;  // every rank left: the job restarts at a new size
+    it->second.departed.clear();
   } else if (it->second.world_size != world_size) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_name, " has world size ", it->second.world_size, " but rank ",
@@ -86,6 +87,7 @@ absl::Status JobState::AttachRank(absl::string_view job_name, int world_size, in
   // One lookup, and no copy when nothing changed: every join of a rank comes here (102,400
   // times per save at 100k ranks, each a walk of a map of that many ranks).
   auto [attached, inserted] = it->second.ranks.try_emplace(rank, location);
+  if (inserted && !it->second.departed.empty()) it->second.departed.erase(rank);
   if (!inserted) {
     if (attached->second.worker_id != location.worker_id) {
       return absl::AlreadyExistsError(absl::StrCat(
@@ -100,13 +102,27 @@ absl::Status JobState::AttachRank(absl::string_view job_name, int world_size, in
   return absl::OkStatus();
 }
 
-void JobState::DetachRank(absl::string_view job_name, int rank, absl::string_view worker_id) {
+std::vector<std::string> JobState::DetachRank(absl::string_view job_name, int rank,
+                                              absl::string_view worker_id) {
   auto it = jobs_.find(job_name);
-  if (it == jobs_.end()) return;
+  if (it == jobs_.end()) return {};
   auto r = it->second.ranks.find(rank);
-  if (r == it->second.ranks.end() || r->second.worker_id != worker_id) return;
+  if (r == it->second.ranks.end() || r->second.worker_id != worker_id) return {};
+  it->second.departed[rank] = Job::Departed{r->second, clock_->Now()};
   it->second.ranks.erase(r);
   ++version_;
+  Operation* op = nullptr;
+  if (auto flight = in_flight_.find(job_name); flight != in_flight_.end()) {
+    op = MutableOperation(flight->second);
+  }
+  if (op == nullptr || op->phase != Phase::kGathering || rank < 0 || rank >= op->world_size ||
+      op->ranks[rank].joined) {
+    return {};
+  }
+  AbortOperation(*op, absl::UnavailableError(
+                          absl::StrCat(op->DebugString(), " aborted: ", DescribeRank(*op, rank),
+                                       "; the operation cannot complete without it")));
+  return {op->id};
 }
 
 Operation* JobState::CreateOperation(Job& job, OperationKind kind, absl::string_view path,
@@ -691,6 +707,16 @@ std::string JobState::DescribeRank(const Operation& op, int rank) const {
     auto it = job->ranks.find(rank);
     if (it != job->ranks.end()) {
       return absl::StrCat("rank ", rank, " (", it->second.DebugString(), ")");
+    }
+  }
+  if (job != nullptr) {
+    auto it = job->departed.find(rank);
+    if (it != job->departed.end()) {
+      return absl::StrCat(
+          "rank ", rank, " (its trainer connected through ", it->second.location.DebugString(),
+          ", then left it at ",
+          absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", it->second.left, absl::UTCTimeZone()),
+          " before joining: it exited or said goodbye)");
     }
   }
   return absl::StrCat("rank ", rank, " (its trainer never connected to a worker)");

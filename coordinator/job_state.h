@@ -76,6 +76,13 @@ struct Job {
   // Ranks whose trainer has attached, by rank (a B-tree: at 100k ranks a join's lookup in a
   // red-black tree was a chain of cache misses).
   absl::btree_map<int, RankLocation> ranks;
+  // Ranks whose trainer attached and then left (DetachRank) and has not attached again: where
+  // it was and when it left (at most world_size entries).
+  struct Departed {
+    RankLocation location;
+    absl::Time left;
+  };
+  absl::btree_map<int, Departed> departed;
   absl::Time created;
 };
 
@@ -256,9 +263,12 @@ class JobState {
                           const RankLocation& location);
 
   // The trainer of `rank` left the worker `worker_id` (Goodbye, death). Ignored when the rank
-  // is attached elsewhere by now. Operations in flight are not affected here (a rank that
-  // joined already reports through its worker; one that had not will miss its deadline).
-  void DetachRank(absl::string_view job, int rank, absl::string_view worker_id);
+  // is attached elsewhere by now. The rank is remembered as departed (DescribeRank says where
+  // it was and when it left). An operation of the job still gathering that the rank had not
+  // joined cannot complete: it is aborted now (Unavailable naming the rank, its worker and
+  // when it left) rather than at its arrival deadline; returns its id. A rank that joined
+  // already reports through its worker.
+  std::vector<std::string> DetachRank(absl::string_view job, int rank, absl::string_view worker_id);
 
   // An operator asks the ranks of `job` to save/load at their next Poll. The job must
   // exist (its world size is known) and have no operation in flight. `arrival_deadline`

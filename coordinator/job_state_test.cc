@@ -131,6 +131,41 @@ TEST_F(JobStateTest, AJobWhoseRanksAllLeftMayComeBackWithAnotherWorldSize) {
   EXPECT_EQ(state_.FindJob("gpt")->world_size, 3);
 }
 
+TEST_F(JobStateTest, ARankWhoseTrainerLeftBeforeJoiningAbortsTheGatheringAtOnceNamingIt) {
+  ASSERT_TRUE(state_.AttachRank("gpt", 2, 1, Loc(1)).ok());
+  auto a = state_.JoinOperation(Join(0));
+  ASSERT_TRUE(a.ok());
+  const std::string id = (*a)->id;
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(state_.DetachRank("gpt", 1, "w-7").empty());  // attached elsewhere: ignored
+  EXPECT_EQ(state_.FindOperation(id)->phase, Phase::kGathering);
+  EXPECT_THAT(state_.DetachRank("gpt", 1, "w-1"), ::testing::ElementsAre(id));
+  const Operation* op = state_.FindOperation(id);
+  EXPECT_EQ(op->phase, Phase::kAborted);  // not at the arrival deadline, 9 s later
+  EXPECT_EQ(op->status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(op->status.message(), HasSubstr("rank 1 (its trainer connected through host node1"));
+  EXPECT_THAT(op->status.message(), HasSubstr("then left it at 2023-11-14 22:13:21.000 UTC"));
+  EXPECT_THAT(op->status.message(), HasSubstr("before joining"));
+  EXPECT_THAT(op->status.message(), Not(HasSubstr("never connected")));
+  EXPECT_EQ(state_.InFlight("gpt"), nullptr);
+}
+
+TEST_F(JobStateTest, ARankThatLeftBeforeAnOperationStartedIsNamedAsLeftAtItsDeadline) {
+  ASSERT_TRUE(state_.AttachRank("gpt", 3, 1, Loc(1)).ok());
+  ASSERT_TRUE(state_.AttachRank("gpt", 3, 2, Loc(2)).ok());
+  EXPECT_TRUE(state_.DetachRank("gpt", 1, "w-1").empty());  // nothing in flight
+  EXPECT_TRUE(state_.DetachRank("gpt", 2, "w-2").empty());
+  ASSERT_TRUE(state_.AttachRank("gpt", 3, 2, Loc(2)).ok());  // rank 2 came back
+  auto a = state_.JoinOperation(Join(0, 3));
+  ASSERT_TRUE(a.ok());
+  clock_.Advance(absl::Seconds(10));
+  ASSERT_THAT(state_.Tick(), ::testing::ElementsAre((*a)->id));
+  const Operation* op = state_.FindOperation((*a)->id);
+  EXPECT_THAT(op->status.message(), HasSubstr("rank 1 (its trainer connected through host node1"));
+  EXPECT_THAT(op->status.message(), HasSubstr("rank 2 (host node2, worker w-2"));
+  EXPECT_THAT(op->status.message(), Not(HasSubstr("never connected")));
+}
+
 TEST_F(JobStateTest, LastRankToJoinStartsPlanningWithEveryRanksShards) {
   auto a = state_.JoinOperation(Join(0));
   ASSERT_TRUE(a.ok());

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/memory_path.h"
 
 namespace ckpt::coordinator {
@@ -130,6 +131,10 @@ absl::StatusOr<std::vector<std::string>> MemoryCatalog::Commit(const std::string
       if (!h.recorded) unrecorded_[h.worker_id].insert(name);
     }
   }
+  if (auto old = evicted_.find(name); old != evicted_.end()) {  // saved again
+    eviction_order_.erase(old->second.order);
+    evicted_.erase(old);
+  }
   committed_[name] = std::move(checkpoint);
   return ForgetBeyondLocked(keep_newest, group);
 }
@@ -141,11 +146,34 @@ std::vector<std::string> MemoryCatalog::ForgetBeyondLocked(int keep_newest,
   const auto by_age = ByAge(committed_, group);
   for (size_t i = 0; i + keep_newest < by_age.size(); ++i) {
     if (committed_[by_age[i].second].persist_state == PersistState::kPersisting) continue;
+    RememberEvictionLocked(committed_[by_age[i].second], keep_newest, by_age.back().second);
     committed_.erase(by_age[i].second);
     for (auto& [worker, names] : unrecorded_) names.erase(by_age[i].second);
     forgotten.push_back(by_age[i].second);
   }
   return forgotten;
+}
+
+void MemoryCatalog::RememberEvictionLocked(const MemoryCheckpoint& checkpoint, int keep_newest,
+                                           const std::string& newest) {
+  Eviction eviction;
+  eviction.when = absl::Now();
+  eviction.keep_newest = keep_newest;
+  eviction.group = RetentionGroup(checkpoint);
+  eviction.newest = newest;
+  if (checkpoint.persist_state == PersistState::kPersisted) {
+    eviction.persisted_to = checkpoint.persist_to;
+  }
+  eviction.order = next_eviction_++;
+  if (auto old = evicted_.find(checkpoint.name); old != evicted_.end()) {
+    eviction_order_.erase(old->second.order);
+  }
+  evicted_[checkpoint.name] = eviction;
+  eviction_order_[eviction.order] = checkpoint.name;
+  while (eviction_order_.size() > kMaxEvictionsRemembered) {
+    evicted_.erase(eviction_order_.begin()->second);
+    eviction_order_.erase(eviction_order_.begin());
+  }
 }
 
 absl::Status MemoryCatalog::CheckRoomForOneMore(int keep_newest, const std::string& group) const {
@@ -315,14 +343,32 @@ std::vector<std::string> MemoryCatalog::TakeRecoveredPersists(bool even_uncovere
   return out;
 }
 
+std::string MemoryCatalog::EvictedMessage(const std::string& name, const Eviction& e) {
+  const bool published = absl::StartsWith(e.group, "xfer:");
+  std::string why =
+      published
+          ? absl::StrCat("--transfer_keep_versions=", e.keep_newest, " (retention: the newest ",
+                         e.keep_newest, " versions of xfer://", e.group.substr(5), " are kept)")
+          : absl::StrCat("--memory_keep=", e.keep_newest, " (retention: the newest ", e.keep_newest,
+                         " memory checkpoints are kept)");
+  return absl::StrCat(
+      "no memory checkpoint mem://", name, ": it was evicted by ", why, " at ",
+      absl::FormatTime(e.when, absl::UTCTimeZone()), ", when mem://", e.newest, " was the newest",
+      e.persisted_to.empty() ? "; save it again"
+                             : absl::StrCat("; it was persisted to ", e.persisted_to,
+                                            ": load that, or save it again"));
+}
+
 absl::StatusOr<MemoryCheckpoint> MemoryCatalog::Find(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = committed_.find(name);
-  if (it == committed_.end()) {
+  if (it != committed_.end()) return it->second;
+  auto evicted = evicted_.find(name);
+  if (evicted == evicted_.end()) {
     return absl::NotFoundError(
         absl::StrCat("no memory checkpoint mem://", name, " (never committed by a memory save)"));
   }
-  return it->second;
+  return absl::NotFoundError(EvictedMessage(name, evicted->second));
 }
 
 void MemoryCatalog::ToProto(

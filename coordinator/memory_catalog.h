@@ -130,23 +130,47 @@ class MemoryCatalog {
   // (all of them when `even_uncovered`: the wait for their holders is over); their mark is
   // cleared.
   std::vector<std::string> TakeRecoveredPersists(bool even_uncovered);
-  // The checkpoint, or NotFound naming it.
+  // The checkpoint, or NotFound naming it: when retention (keep-newest) forgot it, the message
+  // says so (when, by which keep, the newest kept, where it was persisted) and to save it
+  // again; otherwise that no memory save committed it.
   absl::StatusOr<MemoryCheckpoint> Find(const std::string& name) const;
+
+  // Forgotten checkpoints remembered for Find's message (the oldest forgotten first past it).
+  static constexpr size_t kMaxEvictionsRemembered = 4096;
   // Every checkpoint, by name, for `ckptctl status`.
   void ToProto(google::protobuf::RepeatedPtrField<pb::MemoryCheckpointStatus>* out) const;
 
  private:
+  // Why a checkpoint is no longer in the catalog: keep-newest forgot it.
+  struct Eviction {
+    absl::Time when;
+    int keep_newest = 0;
+    std::string group;         // RetentionGroup
+    std::string newest;        // the group's newest checkpoint then
+    std::string persisted_to;  // its storage copy, when its persistence committed
+    int64_t order = 0;         // in eviction_order_
+  };
+
   mutable std::mutex mu_;
   std::map<std::string, MemoryCheckpoint> committed_;  // guarded by mu_
-  std::map<std::string, std::string> claims_;          // name -> operation; guarded by mu_
+  // Forgotten by keep-newest, at most kMaxEvictionsRemembered; guarded by mu_.
+  std::map<std::string, Eviction> evicted_;
+  std::map<int64_t, std::string> eviction_order_;  // order -> name; guarded by mu_
+  int64_t next_eviction_ = 0;                      // guarded by mu_
+  std::map<std::string, std::string> claims_;      // name -> operation; guarded by mu_
   // Worker -> committed checkpoints it holds files of without their record; guarded by mu_.
   std::map<std::string, std::set<std::string>> unrecorded_;
   // Adopts one reported copy; returns its log line. Requires mu_.
   std::string AdoptLocked(const std::string& worker_id, const std::string& host,
                           const pb::HeldMemoryCheckpoint& held);
   // Forgets committed checkpoints of `group` beyond its newest `keep_newest`, never one being
-  // persisted.
+  // persisted. Each is remembered in evicted_.
   std::vector<std::string> ForgetBeyondLocked(int keep_newest, const std::string& group);
+  // Find's NotFound message for `name`, forgotten as `eviction` says.
+  static std::string EvictedMessage(const std::string& name, const Eviction& eviction);
+  // Remembers that keep-newest forgot `checkpoint`. Requires mu_.
+  void RememberEvictionLocked(const MemoryCheckpoint& checkpoint, int keep_newest,
+                              const std::string& newest);
   // Moves `worker_id`'s copies of `checkpoint` to its lost ones; whether it held any.
   static bool DropHolderLocked(MemoryCheckpoint& checkpoint, const std::string& worker_id,
                                bool evicted);

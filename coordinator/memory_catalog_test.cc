@@ -12,6 +12,7 @@ namespace ckpt::coordinator {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A committed checkpoint of two files, r0 held by w-1 and w-2, r1 by w-2.
 MemoryCheckpoint TwoFiles(const std::string& name) {
@@ -172,6 +173,50 @@ TEST(MemoryCatalogTest, KeepNewestCountsEachRetentionGroupApart) {
   ASSERT_TRUE(catalog.Commit("op-x", persisting, 1).ok());
   EXPECT_EQ(catalog.CheckRoomForOneMore(1, "").code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(catalog.CheckRoomForOneMore(1, "xfer:p").ok());
+}
+
+TEST(MemoryCatalogTest, ACheckpointEvictedByKeepNewestIsNamedAsEvictedNotAsNeverCommitted) {
+  MemoryCatalog catalog;
+  int op = 0;
+  auto commit = [&](const std::string& name, const std::string& published,
+                    PersistState persist = PersistState::kNotAsked) {
+    const std::string id = absl::StrCat("op-", ++op);
+    MemoryCheckpoint c = TwoFiles(name);
+    c.committed = absl::FromUnixMillis(op);
+    c.published_name = published;
+    c.persist_state = persist;
+    if (persist != PersistState::kNotAsked) c.persist_to = "/ckpt/" + name;
+    EXPECT_TRUE(catalog.Claim(name, id).ok());
+    return *catalog.Commit(id, c, /*keep_newest=*/1);
+  };
+  commit("a1", "", PersistState::kPersisted);
+  commit("a2", "");
+  commit("a3", "");
+  commit("p.v1", "p");
+  commit("p.v2", "p");
+  absl::Status never = catalog.Find("zz").status();
+  EXPECT_EQ(never.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(never.message(), HasSubstr("mem://zz (never committed by a memory save)"));
+  absl::Status a2 = catalog.Find("a2").status();
+  EXPECT_EQ(a2.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(a2.message(), HasSubstr("mem://a2: it was evicted by --memory_keep=1"));
+  EXPECT_THAT(a2.message(), HasSubstr("mem://a3 was the newest; save it again"));
+  EXPECT_THAT(a2.message(), Not(HasSubstr("never committed")));
+  EXPECT_THAT(catalog.Find("a1").status().message(), HasSubstr("persisted to /ckpt/a1"));
+  EXPECT_THAT(catalog.Find("p.v1").status().message(),
+              HasSubstr("evicted by --transfer_keep_versions=1 (retention: the newest 1 "
+                        "versions of xfer://p are kept)"));
+  // Saved again under the same name: found, and once forgotten again, evicted again.
+  commit("a2", "");
+  EXPECT_TRUE(catalog.Find("a2").ok());
+  commit("a4", "");
+  EXPECT_THAT(catalog.Find("a2").status().message(), HasSubstr("mem://a4 was the newest"));
+  // The record is bounded: the oldest evictions are forgotten past the limit.
+  for (size_t i = 0; i <= MemoryCatalog::kMaxEvictionsRemembered; ++i) {
+    commit(absl::StrCat("b", i), "");
+  }
+  EXPECT_THAT(catalog.Find("a3").status().message(), HasSubstr("never committed"));
+  EXPECT_THAT(catalog.Find("b0").status().message(), HasSubstr("evicted"));
 }
 
 }  // namespace
