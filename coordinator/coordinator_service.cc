@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <random>
@@ -319,8 +320,14 @@ absl::Status CoordinatorService::MayRegister(const Peer& peer,
 
 grpc::Status CoordinatorService::Refuse(const absl::Status& s, const Peer& peer) {
   const absl::Status named(s.code(), absl::StrCat(s.message(), " (caller: ", peer.Describe(), ")"));
-  spdlog::warn("request_refused code={} message=\"{}\"", absl::StatusCodeToString(named.code()),
-               std::string(named.message()));
+  // The first 100, then every 1000th: a caller sending nothing but refused requests cannot
+  // flood the log either.
+  static std::atomic<int64_t> refused{0};
+  const int64_t n = ++refused;
+  if (n <= 100 || n % 1000 == 0) {
+    spdlog::warn("request_refused n={} code={} message=\"{}\"", n,
+                 absl::StatusCodeToString(named.code()), std::string(named.message()));
+  }
   return ToGrpcStatus(named);
 }
 
