@@ -55,6 +55,10 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view w
 
 }  // namespace
 
+absl::StatusOr<std::string> ReadPrivateKeyPem(const std::string& path, absl::string_view what) {
+  return ReadPem(path, what, /*secret=*/true);
+}
+
 absl::string_view RoleName(Role role) {
   switch (role) {
     case Role::kWorker:

@@ -57,6 +57,13 @@ struct TransportSecurity {
   bool insecure_beyond_loopback = false;
 };
 
+// The PEM text of the private key at `path` (`what` names it in errors, e.g. "CA private
+// key"), read only when no other user may read it: FailedPrecondition naming the path and its
+// mode when group or others have any permission (0640 included; the daemons refuse their own
+// keys so), or when it cannot be read or holds no PEM block. The daemons' keys and `ckptctl
+// certs issue`'s CA key go through this one check.
+absl::StatusOr<std::string> ReadPrivateKeyPem(const std::string& path, absl::string_view what);
+
 // Whether `address` ("host:port", "[v6]:port", "unix:/path") stays on this machine: unix
 // sockets, 127.0.0.0/8, ::1 and "localhost". Host names and wildcard addresses do not.
 bool IsLoopbackAddress(absl::string_view address);

@@ -191,14 +191,33 @@ absl::StatusOr<Owned<T>> ReadPemFile(const std::string& path, Reader read) {
   return value;
 }
 
+// DIR/ca.key, read as the daemons read their own keys (ReadPrivateKeyPem: refused when other
+// users may read it), and checked against the CA certificate `ca` (DIR/ca.pem): a key of
+// another CA would sign certificates nobody can verify. FailedPrecondition naming the file.
+absl::StatusOr<Owned<EVP_PKEY>> ReadCaKey(const std::string& dir, X509* ca) {
+  const std::string path = absl::StrCat(dir, "/ca.key");
+  absl::StatusOr<std::string> pem = ReadPrivateKeyPem(path, "CA private key");
+  if (!pem.ok()) return pem.status();
+  Owned<BIO> bio(BIO_new_mem_buf(pem->data(), static_cast<int>(pem->size())));
+  if (bio == nullptr) return OpenSslError(absl::StrCat("reading ", path));
+  Owned<EVP_PKEY> key(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+  if (key == nullptr) return OpenSslError(absl::StrCat("reading ", path));
+  if (X509_check_private_key(ca, key.get()) != 1) {
+    ERR_clear_error();
+    return absl::FailedPreconditionError(
+        absl::StrCat("the CA private key ", path, " does not match the CA certificate ", dir,
+                     "/ca.pem (a certificate it signed would fail verification); put the key "
+                     "that `ckptctl certs init` made with that certificate back"));
+  }
+  return key;
+}
+
 absl::Status Issue(const std::string& dir, Role role, const std::string& name, int days) {
   auto ca = ReadPemFile<X509>(absl::StrCat(dir, "/ca.pem"), [](BIO* b) {
     return PEM_read_bio_X509(b, nullptr, nullptr, nullptr);
   });
   if (!ca.ok()) return ca.status();
-  auto ca_key = ReadPemFile<EVP_PKEY>(absl::StrCat(dir, "/ca.key"), [](BIO* b) {
-    return PEM_read_bio_PrivateKey(b, nullptr, nullptr, nullptr);
-  });
+  auto ca_key = ReadCaKey(dir, ca->get());
   if (!ca_key.ok()) return ca_key.status();
   absl::StatusOr<Owned<EVP_PKEY>> key = NewKey();
   if (!key.ok()) return key.status();
