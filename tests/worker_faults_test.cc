@@ -180,7 +180,9 @@ TEST(WorkerFaultsTest, AWorkerFrozenPastItsLeaseAndResumedNeitherCrashesNorWrite
   ASSERT_TRUE(WaitFor([&] { return LiveWorkers(cluster.Status()) == 2; })) << ClusterLogs(cluster);
   std::vector<Child*> after = StartRanks(cluster, "after", "save", cluster.dir() + "/after", {});
   ASSERT_TRUE(WaitFor([&] { return AllExited(after); })) << ClusterLogs(cluster);
-  for (Child* t : after) EXPECT_EQ(Result(*t).first, 0) << Result(*t).second;
+  for (Child* t : after) {
+    EXPECT_EQ(Result(*t).first, 0) << Result(*t).second << "\n" << ClusterLogs(cluster);
+  }
 }
 
 }  // namespace

@@ -242,7 +242,11 @@ void CoordinatorLink::SendHeartbeat(const std::string& id, absl::Duration lease)
   for (const std::string& name : unsent_evictions_) request.add_evicted_memory_checkpoints(name);
   pb::HeartbeatResponse response;
   const absl::Time sent = absl::Now();
-  const absl::Duration timeout = std::min(options_.rpc_timeout, lease / 2);
+  // A whole lease to answer: an overloaded coordinator answers late but still renews the lease
+  // (and extends leases by its own lag), so an answer that comes in renews it here too (from
+  // when it was sent). Cut at half a lease, late answers were dropped: the lease ran out on
+  // this side alone, and the worker refused its operations while the coordinator kept it.
+  const absl::Duration timeout = std::min(options_.rpc_timeout, lease);
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));  // the coordinator reads its lag
   grpc::Status s = stub_->Heartbeat(Context(timeout).get(), request, &response);
   uint64_t mine;
@@ -265,6 +269,8 @@ void CoordinatorLink::SendHeartbeat(const std::string& id, absl::Duration lease)
 void CoordinatorLink::LeaseLoop() {
   absl::Duration backoff = kMinBackoff;
   bool warned = false;
+  std::string renewing;  // the registration the heartbeats below renew
+  absl::Time last_sent;  // when its last heartbeat (or the registration) was sent
   while (true) {
     std::string id;
     absl::Duration lease;
@@ -278,10 +284,17 @@ void CoordinatorLink::LeaseLoop() {
       if (!Register(&backoff, &warned) && !SleepUnlessStopped(backoff)) return;
       continue;
     }
-    // Renew three times per lease so that one lost heartbeat does not kill the lease; a
-    // refused call elsewhere (the work stream) wakes this loop to register again at once.
-    if (!SleepWhileRegisteredAs(id, lease / 3)) return;
+    if (renewing != id) {
+      renewing = id;
+      last_sent = absl::Now();
+    }
+    // Renew three times per lease so that one lost heartbeat does not kill the lease, each a
+    // third of a lease after the previous one was sent (one answered late does not put the
+    // next one off); a refused call elsewhere (the work stream) wakes this loop to register
+    // again at once.
+    if (!SleepWhileRegisteredAs(id, last_sent + lease / 3 - absl::Now())) return;
     if (worker_id() != id) continue;
+    last_sent = absl::Now();
     SendHeartbeat(id, lease);
   }
 }

@@ -173,6 +173,28 @@ TEST(CoordinatorLinkTest, WorkFromAnotherIncarnationIsNotHandedOnAndMakesItRegis
   EXPECT_EQ(seen.items[0].operation_id(), "op-current");
 }
 
+TEST(CoordinatorLinkTest, HeartbeatsTheCoordinatorAnswersLateStillKeepTheLeaseOnTheWorkersSide) {
+  // A coordinator answering each heartbeat 350 ms late (overloaded: it renews the lease when
+  // its handler runs, and extends leases by its own lag) keeps the worker alive; so must the
+  // worker's own view of its lease, which gates every access to trainer memory. Before, each
+  // heartbeat was cut at half the lease (300 ms) and the lease ran out here within a second.
+  FakeCoordinator coordinator(/*incarnation=*/7, /*lease_ms=*/600);
+  ASSERT_NE(coordinator.Start(), 0);
+  CoordinatorLink link(OptionsFor(coordinator.address()));
+  link.Start();
+  ASSERT_TRUE(link.WaitRegistered(kWait).ok());
+  const uint64_t epoch = link.registration_epoch();
+  coordinator.DelayHeartbeats(absl::Milliseconds(350));
+  const int before = coordinator.heartbeats();
+  for (int i = 1; i <= 8; ++i) {
+    ASSERT_TRUE(coordinator.WaitForHeartbeats(before + i, kWait));
+    EXPECT_TRUE(link.LeaseStatus(epoch).ok())
+        << "after late heartbeat " << i << ": " << link.LeaseStatus(epoch);
+  }
+  EXPECT_EQ(link.registration_epoch(), epoch);
+  link.Stop(/*deregister=*/false);
+}
+
 TEST(CoordinatorLinkTest, WaitRegisteredNamesTheCoordinatorNobodyAnswersAt) {
   // A port that was just free: nothing listens there.
   FakeCoordinator gone(/*incarnation=*/3);

@@ -112,9 +112,27 @@ grpc::Status FakeCoordinator::Heartbeat(grpc::ServerContext*, const pb::Heartbea
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
                         absl::StrCat("unknown worker ", request->worker_id()));
   }
+  if (heartbeat_delay_ > absl::ZeroDuration()) {
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), heartbeat_delay_);
+  }
+  ++heartbeats_;
   response->set_lease_ms(lease_ms_);
   response->set_incarnation(incarnation_);
   return grpc::Status::OK;
+}
+
+void FakeCoordinator::DelayHeartbeats(absl::Duration delay) {
+  absl::MutexLock lock(&mu_);
+  heartbeat_delay_ = delay;
+}
+
+bool FakeCoordinator::WaitForHeartbeats(int n, absl::Duration timeout) {
+  return WaitUntil([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return heartbeats_ >= n; }, timeout);
+}
+
+int FakeCoordinator::heartbeats() const {
+  absl::MutexLock lock(&mu_);
+  return heartbeats_;
 }
 
 grpc::Status FakeCoordinator::WatchWork(grpc::ServerContext* context,

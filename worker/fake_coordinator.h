@@ -39,6 +39,9 @@ class FakeCoordinator final : public pb::Coordinator::Service {
   void PushAsIncarnation(pb::WorkItem item, uint64_t incarnation);
   // The next `codes.size()` ReportResult calls fail with these codes (OK answers normally).
   void FailNextReports(std::vector<grpc::StatusCode> codes);
+  // Heartbeats are answered `delay` after they arrive (an overloaded coordinator); each still
+  // renews the lease, as the real coordinator's does when its handler runs.
+  void DelayHeartbeats(absl::Duration delay);
 
   // Each waits until the count reaches `n`; false at the deadline.
   bool WaitForRegistrations(int n, absl::Duration timeout);
@@ -48,6 +51,8 @@ class FakeCoordinator final : public pb::Coordinator::Service {
   // worker cancelled has ended), so that pushed items go to it.
   bool WaitForOnlyStream(int nth, absl::Duration timeout);
   bool WaitForReportCalls(int n, absl::Duration timeout);
+  bool WaitForHeartbeats(int n, absl::Duration timeout);  // answered ones, in all
+  int heartbeats() const;
   std::vector<pb::ReportResultRequest> acknowledged_reports() const;
   int report_calls() const;
   std::vector<std::string> registered_ids() const;
@@ -80,6 +85,8 @@ class FakeCoordinator final : public pb::Coordinator::Service {
   std::deque<grpc::StatusCode> scripted_report_codes_ ABSL_GUARDED_BY(mu_);
   std::vector<pb::ReportResultRequest> reports_ ABSL_GUARDED_BY(mu_);
   int report_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration heartbeat_delay_ ABSL_GUARDED_BY(mu_);
+  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   int watchers_ ABSL_GUARDED_BY(mu_) = 0;
   int streams_opened_ ABSL_GUARDED_BY(mu_) = 0;
 };
