@@ -9,6 +9,13 @@
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
 
+Top-level values that are ``Stateful`` (DCP's protocol: ``state_dict()`` and
+``load_state_dict()``, e.g. a module, an optimizer wrapper, a dataloader, an app state object)
+are treated as DCP treats them: save stores their ``state_dict()`` (async_save takes it before
+it returns); load loads into their ``state_dict()`` and then calls ``load_state_dict()`` with
+it. A Stateful below the top level is refused naming its key (pickling it would leave the
+object unchanged at load).
+
 What is stored, per leaf of the (nested) state dict, under its dotted key:
 * a DTensor: its mesh shape, placements and this rank's coordinate are read from the DTensor
   and its piece (``to_local()``) is placed by ckpt's own sharding rules (``ckpt.resolve``);
@@ -196,6 +203,76 @@ def _refuse_device(key, tensor):
         "only", key=key)
 
 
+# ---- Stateful values (models, optimizers, dataloaders, app states), as DCP treats them -------
+def _stateful_class():
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    return Stateful
+
+
+def _state_dict_of(key, value):
+    """``value.state_dict()``, any failure ckpt.InvalidArgument naming the key (so every rank
+    raises together instead of the others waiting in the agreement)."""
+    try:
+        return value.state_dict()
+    except Exception as e:  # user code can raise anything
+        raise _errors.InvalidArgument(
+            f"state-dict value {key} ({type(value).__name__}): its state_dict() raised "
+            f"{type(e).__name__}: {e}", key=str(key)) from e
+
+
+def _stateful_keys(state_dict):
+    """The top-level keys whose values are Stateful (DCP's runtime-checked Protocol: a
+    ``state_dict()`` and a ``load_state_dict()``), in DCP's order (sorted, when the keys
+    sort), which keeps any collectives inside their state_dict() calls in step across ranks."""
+    from collections.abc import Mapping
+
+    if not isinstance(state_dict, Mapping):
+        return []  # refused by _flatten.flatten, naming the type
+    stateful = _stateful_class()
+    keys = [k for k, v in state_dict.items() if isinstance(v, stateful)]
+    try:
+        return sorted(keys)
+    except TypeError:
+        return keys
+
+
+def _with_states(state_dict, stateful_keys):
+    """A shallow copy of ``state_dict`` with each Stateful value replaced by its
+    ``state_dict()`` (DCP's ``_stateful_to_state_dict``), in the caller's key order."""
+    if not stateful_keys:
+        return state_dict
+    states = {k: _state_dict_of(k, state_dict[k]) for k in stateful_keys}
+    return {k: states[k] if k in states else v for k, v in state_dict.items()}
+
+
+def _refuse_nested_stateful(key, value):
+    """A Stateful below the top level would be pickled and, at load, replaced in its container
+    while the caller's object stays as it was: refused, naming the key."""
+    from collections.abc import Mapping
+
+    stateful = _stateful_class()
+
+    def find(v):
+        if isinstance(v, stateful):
+            return v
+        for x in v.values() if isinstance(v, Mapping) else \
+                v if isinstance(v, (list, tuple)) else ():
+            f = find(x)
+            if f is not None:
+                return f
+        return None
+
+    found = find(value)
+    if found is not None:
+        raise _errors.InvalidArgument(
+            f"state-dict value {key} is or holds a {type(found).__name__}, which has "
+            "state_dict() and load_state_dict(), below the top level of the state dict: ckpt.torch "
+            "(like DCP) calls them only on top-level values, and pickling it would leave the "
+            "object unchanged at load; put it at the top level or store its state_dict()",
+            key=key)
+
+
 def _classify(leaves):
     """One _Item per leaf this rank holds."""
     items = []
@@ -214,6 +291,7 @@ def _classify(leaves):
             item.global_shape = tuple(int(d) for d in value.shape)
             item.local = value
         else:
+            _refuse_nested_stateful(leaf.key, value)
             try:
                 item.payload, item.digest = _objects.encode(value)
             except Exception as e:  # pickling user objects can raise anything
@@ -323,7 +401,8 @@ def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group,
         path = _path(checkpoint_id, storage_writer, "ckpt.torch.save")
         _refuse_planner(planner, "ckpt.torch.save")
         _make_parent(path)
-        items = _classify(_flatten.flatten(state_dict))
+        items = _classify(_flatten.flatten(_with_states(state_dict,
+                                                        _stateful_keys(state_dict))))
     except _errors.Error as e:
         error = e
     described = {i.key: i.describe() for i in items}
@@ -461,7 +540,8 @@ def _check_against_manifest(items, manifest):
     for item in items:
         key = item.key
         if key not in stored:
-            raise _errors.NotFound(f"state-dict key {key} is not in the checkpoint", key=key)
+            raise _errors.NotFound(f"state-dict key {key} is not in the checkpoint"
+                                   f"{_empty_hint(item, stored)}", key=key)
         if (item.kind == "object") != (key in objects):
             raise _errors.InvalidArgument(
                 f"state-dict key {key} is a {'non-tensor value' if item.kind == 'object' else 'tensor'}"
@@ -480,22 +560,40 @@ def _check_against_manifest(items, manifest):
                 f"{tuple(item.global_shape)}", key=key)
 
 
+def _empty_hint(item, stored):
+    """Why an empty dict (a fresh optimizer's ``state``) is missing from a checkpoint that holds
+    keys below it."""
+    from collections.abc import Mapping
+
+    value = item.leaf.value
+    below = sorted(k for k in stored if k.startswith(item.key + "."))
+    if item.kind != "object" or not below or not isinstance(value, Mapping) or value:
+        return ""
+    return (f": it is empty here, the checkpoint holds {below[0]} and {len(below) - 1} more "
+            "keys below it (an optimizer whose state is not initialized yet? "
+            "torch.distributed.checkpoint.state_dict.get_state_dict initializes it)")
+
+
 def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
          process_group=None, no_dist=False, strict=True, trust_pickles=False, groups=None):
     """Collective: fills ``state_dict`` in place from the checkpoint ``checkpoint_id``, saved
     from any world size and layout: tensors and DTensor local pieces are written in place,
-    non-tensor values are replaced in their containers. Raises (on every rank) naming the key:
-    ckpt.NotFound for a key the checkpoint lacks, ckpt.InvalidArgument for a shape or dtype
-    mismatch, and with ``strict`` for a key of the checkpoint no rank's state dict holds.
+    non-tensor values are replaced in their containers; a top-level Stateful value is loaded
+    into its ``state_dict()``, which is then handed to its ``load_state_dict()``. Raises (on
+    every rank) naming the key: ckpt.NotFound for a key the checkpoint lacks,
+    ckpt.InvalidArgument for a shape or dtype mismatch, and with ``strict`` for a key of the
+    checkpoint no rank's state dict holds.
     Non-tensor values are unpickled as plain data only unless ``trust_pickles``. ``groups``:
     process groups each reading what its ranks need and exchanging within itself (see
     ckpt.Client.load)."""
     pg = None if no_dist else process_group
     path, items, manifest, error = None, [], None, None
+    stateful_keys, loaded = _stateful_keys(state_dict), state_dict
     try:
         path = _path(checkpoint_id, storage_reader, "ckpt.torch.load")
         _refuse_planner(planner, "ckpt.torch.load")
-        items = _classify(_flatten.flatten(state_dict))
+        loaded = _with_states(state_dict, stateful_keys)
+        items = _classify(_flatten.flatten(loaded))
         manifest = read_manifest(path)
         _check_against_manifest(items, manifest)
     except _errors.Error as e:
@@ -532,3 +630,18 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
         value = _objects.decode(buffers[item.key].tobytes(), item.key, item.digest,
                                 trust_pickles)
         _flatten.assign(item.leaf, value)
+    _hand_back(state_dict, loaded, stateful_keys)
+
+
+def _hand_back(state_dict, loaded, stateful_keys):
+    """As DCP's load: each Stateful gets ``load_state_dict()`` of its loaded state dict (whose
+    tensors were filled in place and values replaced), and the other top-level values replaced
+    in the caller's dict take their new values there."""
+    if loaded is state_dict:
+        return
+    for key in stateful_keys:
+        state_dict[key].load_state_dict(loaded[key])
+    stateful = set(stateful_keys)
+    for key, value in loaded.items():
+        if key not in stateful and state_dict[key] is not value:
+            state_dict[key] = value
