@@ -1,6 +1,7 @@
 #include "coordinator/memory_catalog.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -62,6 +63,19 @@ std::vector<std::pair<std::pair<absl::Time, int64_t>, std::string>> ByAge(
   }
   std::sort(by_age.begin(), by_age.end());
   return by_age;
+}
+
+// Whether every data file of `manifest` has a size in [0, 2^63) and their sum fits in int64
+// (a worker's record is not trusted to: the sum is the checkpoint's bytes).
+bool SizesFit(const pb::Manifest& manifest) {
+  int64_t total = 0;
+  for (const pb::DataFile& file : manifest.files()) {
+    if (file.size_bytes() < 0 || file.size_bytes() > std::numeric_limits<int64_t>::max() - total) {
+      return false;
+    }
+    total += file.size_bytes();
+  }
+  return true;
 }
 
 // A checkpoint rebuilt from a worker's record (after a coordinator restart).
@@ -294,6 +308,8 @@ std::string MemoryCatalog::AdoptLocked(const std::string& worker_id, const std::
   if (!manifest.ParseFromString(held.record().manifest())) {
     return refuse("its record's manifest does not parse");
   }
+  if (!SizesFit(manifest)) return refuse("its record's file sizes are negative or overflow");
+  if (held.record().published_version() < 0) return refuse("its published version is negative");
   auto it = committed_.find(name);
   const bool created = it == committed_.end();
   if (created) {

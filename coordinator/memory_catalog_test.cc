@@ -132,6 +132,33 @@ TEST(MemoryCatalogTest, ReportedCopiesUnderHostileNamesAreNotAdopted) {
   }
 }
 
+TEST(MemoryCatalogTest, ReportedCopiesWhoseSizesOverflowOrAreNegativeAreNotAdopted) {
+  MemoryCatalog catalog;
+  MemoryCheckpoint overflowing = TwoFiles("big");
+  for (pb::DataFile& f : *overflowing.manifest.mutable_files()) f.set_size_bytes(INT64_MAX);
+  MemoryCheckpoint negative = TwoFiles("neg");
+  negative.manifest.mutable_files(0)->set_size_bytes(-64);
+  MemoryCheckpoint unpublished = TwoFiles("p.v1");
+  unpublished.published_name = "p";
+  unpublished.published_version = -1;
+  const std::vector<std::string> files = {"data/r0_0.safetensors", "data/r1_0.safetensors"};
+  const std::vector<std::string> lines = catalog.Adopt(
+      "w-1", "a",
+      Reports({Held(overflowing, files), Held(negative, files), Held(unpublished, files)}));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_THAT(lines[0], HasSubstr("memory_copy_not_adopted checkpoint=mem://big"));
+  EXPECT_THAT(lines[0], HasSubstr("sizes are negative or overflow"));
+  EXPECT_THAT(lines[1], HasSubstr("memory_copy_not_adopted checkpoint=mem://neg"));
+  EXPECT_THAT(lines[2], HasSubstr("published version is negative"));
+  for (const char* name : {"big", "neg", "p.v1"}) EXPECT_FALSE(catalog.Find(name).ok()) << name;
+  // Sizes that add up to exactly the largest int64 are taken.
+  MemoryCheckpoint largest = TwoFiles("largest");
+  largest.manifest.mutable_files(0)->set_size_bytes(INT64_MAX - 64);
+  catalog.Adopt("w-1", "a", Reports({Held(largest, files)}));
+  ASSERT_TRUE(catalog.Find("largest").ok());
+  EXPECT_EQ(catalog.Find("largest")->bytes, INT64_MAX);
+}
+
 TEST(MemoryCatalogTest, AWorkerDeclaredDeadThatRegistersAgainGetsItsCopiesBack) {
   MemoryCatalog catalog;
   ASSERT_TRUE(catalog.Claim("s", "op-1").ok());
