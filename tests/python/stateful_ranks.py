@@ -1,7 +1,7 @@
 """Per-rank bodies of torch_stateful_test.py's multi-process case: each runs in a process
 torch.multiprocessing spawned, over gloo on the CPU, as torchrun would start it, and puts Stateful
-objects (a torchtitan-like app state over an FSDP2 model and its AdamW, and the FSDP2 module
-itself) straight into the state dict."""
+objects (a torchtitan-like app state over an FSDP2 model and its AdamW, the FSDP2 module
+itself, a DDP module and its optimizer) straight into the state dict."""
 
 import os
 import traceback
@@ -122,6 +122,27 @@ def phase_fsdp2(rank, world, rendezvous, job, workdir):
         assert all(torch.isfinite(torch.tensor(losses))), where
     _assert_same(loaded[0], reference, "dcp")
     _assert_same(loaded[1], loaded[0], "ckpt-vs-dcp")
+    _ddp_round_trip(rank, path("ckpt-ddp"))
+
+
+def _ddp_round_trip(rank, path):
+    """A DDP module and its Adam straight in the dict (replicated plain tensors)."""
+    import ckpt.torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(3)
+    ddp = DistributedDataParallel(torch.nn.Linear(4, 3))
+    optim = torch.optim.Adam(ddp.parameters(), lr=0.1)
+    ddp(torch.randn(5, 4, generator=torch.Generator().manual_seed(rank))).sum().backward()
+    optim.step()
+    reference = torch_ranks.full({"model": ddp.state_dict(), "optim": optim.state_dict()})
+    ckpt.torch.save({"model": ddp, "optim": optim}, checkpoint_id=path)
+    _overwrite(ddp, optim)
+    sd = {"model": ddp, "optim": optim}
+    ckpt.torch.load(sd, checkpoint_id=path)
+    assert sd["model"] is ddp and sd["optim"] is optim
+    _assert_same(torch_ranks.full({"model": ddp.state_dict(), "optim": optim.state_dict()}),
+                 reference, "ddp")
 
 
 def _fresh(world):

@@ -215,11 +215,11 @@ def spawn(phase, world, workdir, job):
         pytest.fail(f"phase {phase} on {world} ranks failed:\n{details}")
 
 
-def test_fsdp2_app_state_and_module_round_trip_on_two_ranks_as_with_dcp(cluster):
+def test_fsdp2_app_state_fsdp2_and_ddp_modules_round_trip_on_two_ranks_as_with_dcp(cluster):
     """torchtitan's shape: an app state object whose state_dict() is get_state_dict() of an
     FSDP2 model and its AdamW (DTensors, nested optimizer state), and the FSDP2 module itself
     in the dict; saved, async-saved and overwritten, loaded back in place; DCP's checkpoint of
-    the same dict loads into the same values."""
+    the same dict loads into the same values; a DDP module and its Adam likewise."""
     workdir = os.path.join(cluster.root, f"fsdp2-{uuid.uuid4().hex[:8]}")
     os.makedirs(workdir)
     spawn("fsdp2", 2, workdir, f"stateful-fsdp2-{uuid.uuid4().hex[:6]}")
