@@ -45,30 +45,30 @@ bool SplitTagged(const std::string& name, absl::string_view tag, std::string* re
 bool LStat(const std::string& path, struct stat* st) { return ::lstat(path.c_str(), st) == 0; }
 
 // Checks the entries of a staging directory; adds the file sizes to `bytes`. Empty when
-// every entry is one a ckpt write creates, else what is wrong.
+// every entry is one a ckpt write creates, else what is wrong. Walks by file descriptor, never
+// following a symlink, so a directory swapped meanwhile cannot make it count another's files.
 std::string CheckContents(const std::string& path, int64_t* bytes, bool* has_manifest) {
-  absl::StatusOr<std::vector<std::string>> names = ListDir(path);
-  if (!names.ok()) return std::string(names.status().message());
-  for (const std::string& name : *names) {
-    const std::string full = JoinPath(path, name);
-    struct stat st;
-    if (!LStat(full, &st)) continue;  // gone meanwhile
-    if (name == "data" && S_ISDIR(st.st_mode)) {
-      absl::StatusOr<std::vector<std::string>> files = ListDir(full);
+  absl::StatusOr<DirListing> listing = ListDirNoFollow(path);
+  if (!listing.ok()) return std::string(listing.status().message());
+  for (const DirEntryStat& entry : listing->entries) {
+    const std::string& name = entry.name;
+    if (name == "data" && S_ISDIR(entry.mode)) {
+      absl::StatusOr<DirListing> files = ListDirNoFollow(JoinPath(path, name));
       if (!files.ok()) return std::string(files.status().message());
-      for (const std::string& file : *files) {
-        struct stat fst;
-        if (!LStat(JoinPath(full, file), &fst)) continue;
-        if (!S_ISREG(fst.st_mode) || !ValidateDataFileName(absl::StrCat("data/", file)).ok()) {
-          return absl::StrCat("holds data/", file, ", which no ckpt write creates");
+      if (files->self.dev != entry.dev || files->self.ino != entry.ino) {
+        return "has a data/ that was replaced while being looked at";
+      }
+      for (const DirEntryStat& file : files->entries) {
+        if (!S_ISREG(file.mode) || !ValidateDataFileName(absl::StrCat("data/", file.name)).ok()) {
+          return absl::StrCat("holds data/", file.name, ", which no ckpt write creates");
         }
-        *bytes += fst.st_size;
+        *bytes += file.size;
       }
       continue;
     }
     if ((name == kManifestName || name == kManifestTempName || IsManifestPieceFileName(name)) &&
-        S_ISREG(st.st_mode)) {
-      *bytes += st.st_size;
+        S_ISREG(entry.mode)) {
+      *bytes += entry.size;
       if (name == kManifestName) *has_manifest = true;
       continue;
     }
