@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "storage/file_util.h"
 
 namespace {
 
@@ -117,7 +118,7 @@ int Run(const Flags& f) {
   if (absl::Status s = (*client)->Share(*state); !s.ok()) return Fail(s.ToString());
   for (int rep = 0; rep < f.reps; ++rep) {
     const std::string path = absl::StrCat(f.dir, "/ckpt-", rep);
-    std::filesystem::remove_all(path);
+    (void)ckpt::RemoveTree(path);
     const absl::Time save_start = absl::Now();
     auto handle = (*client)->Save(path, *state);
     if (!handle.ok()) return Fail(handle.status().ToString());
@@ -145,7 +146,7 @@ int Run(const Flags& f) {
         "\"load_s\":%.4f,\"verified\":true}\n",
         rep, static_cast<long>(tensor_bytes * f.tensors), blocking, durable, load_s);
     std::fflush(stdout);
-    std::filesystem::remove_all(path);
+    (void)ckpt::RemoveTree(path);
   }
   return 0;
 }
