@@ -15,17 +15,142 @@ While the cluster runs, ``CKPT_WORKER_DIR`` (the workers' sockets are
 os.environ (unless ``export_env=False``), so trainer processes started from here connect to
 the worker of their LOCAL_RANK with a plain ``ckpt.Client()``.
 
+The daemons do not outlive the process that started them: each is started through a short
+Python step that sets PR_SET_PDEATHSIG (SIGTERM: they deregister and exit cleanly) and checks
+that its parent is still there before it execs the daemon. Linux sends that signal when the
+*thread* that forked the child exits, so every daemon is forked by one thread that lives as long
+as this process (``_Spawner``), whichever thread starts the cluster. A socket directory the
+cluster made is removed when it stops cleanly; one whose owner was killed (SIGKILL, OOM) is
+removed by the next LocalCluster started on the host by the same user (it records its owner's
+pid and start time in ``owner``). Standalone daemons (started by hand, systemd, SLURM) are not
+affected: they outlive coordinator restarts on purpose.
+
 Loopback only (no certificates): see docs/python.md for many hosts (one coordinator, a worker
 per GPU next to torchrun or under SLURM).
 """
 
+import glob
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+
+# The step each daemon is started through (argv: parent pid, daemon argv...): the parent-death
+# signal set, a parent already gone noticed, then the daemon itself in this process.
+_TIE_TO_PARENT = """\
+import ctypes, os, signal, sys
+if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+    sys.exit("ckpt: prctl(PR_SET_PDEATHSIG) failed: " + os.strerror(ctypes.get_errno()))
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("ckpt: the process starting this daemon exited first")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+_SOCKET_DIR_PREFIX = "ckpt-"
+_OWNER_FILE = "owner"
+
+
+def _start_time(pid):
+    """The start time (clock ticks since boot) of process `pid`, None when there is none or it
+    is a zombie."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])
+
+
+def _owner_alive(owner_file):
+    """False when the process recorded in `owner_file` ("<pid> <start time>") is gone; True
+    when it runs or the file cannot be read as such (nothing is removed on a doubt)."""
+    try:
+        with open(owner_file) as f:
+            pid, started = (int(v) for v in f.read().split())
+    except (OSError, ValueError):
+        return True
+    return _start_time(pid) == started
+
+
+def remove_stale_socket_dirs(tmp="/tmp"):
+    """Removes the socket directories of LocalClusters of this user whose owner process is
+    gone (killed before it could stop them); returns their paths."""
+    removed = []
+    for owner_file in glob.glob(os.path.join(tmp, _SOCKET_DIR_PREFIX + "*", _OWNER_FILE)):
+        directory = os.path.dirname(owner_file)
+        try:
+            if os.lstat(directory).st_uid != os.getuid() or os.path.islink(directory):
+                continue
+        except OSError:
+            continue
+        if not _owner_alive(owner_file):
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+    return removed
+
+
+class _Spawner:
+    """Forks every daemon from one daemon thread of this process (restarted in a forked
+    child), so that the parent-death signal fires when the process ends and not when the
+    thread that happened to start a cluster ends."""
+
+    _lock = threading.Lock()
+    _queue = None
+    _pid = None
+
+    @classmethod
+    def popen(cls, argv, timeout, **kwargs):
+        from ckpt.errors import DeadlineExceeded
+
+        python = sys.executable or shutil.which("python3") or "python3"
+        request = {"argv": [python, "-I", "-c", _TIE_TO_PARENT, str(os.getpid()), *argv],
+                   "kwargs": kwargs, "done": threading.Event(), "lock": threading.Lock(),
+                   "abandoned": False}
+        cls._requests().put(request)
+        if not request["done"].wait(timeout):
+            with request["lock"]:
+                if not request["done"].is_set():
+                    request["abandoned"] = True  # the spawner kills it if it still starts
+                    raise DeadlineExceeded(f"starting {argv[0]} took more than {timeout:.0f}s")
+        if "error" in request:
+            raise request["error"]
+        return request["process"]
+
+    @classmethod
+    def _requests(cls):
+        with cls._lock:
+            if cls._pid != os.getpid():
+                cls._queue, cls._pid = queue.Queue(), os.getpid()
+                threading.Thread(target=cls._run, args=(cls._queue,), name="ckpt-spawner",
+                                 daemon=True).start()
+            return cls._queue
+
+    @classmethod
+    def _after_fork_in_child(cls):
+        cls._lock, cls._queue, cls._pid = threading.Lock(), None, None
+
+    @staticmethod
+    def _run(requests):
+        while True:
+            request = requests.get()
+            try:
+                request["process"] = subprocess.Popen(request["argv"], **request["kwargs"])
+            except BaseException as e:  # noqa: BLE001 (handed to the caller)
+                request["error"] = e
+            with request["lock"]:
+                request["done"].set()
+                abandoned = request["abandoned"] and "process" in request
+            if abandoned:
+                request["process"].kill()
+                request["process"].wait()
+
+
+os.register_at_fork(after_in_child=_Spawner._after_fork_in_child)
 
 
 def _candidates(name, subdir, bin_dir):
@@ -113,8 +238,10 @@ class LocalCluster:
     # ---- start / stop --------------------------------------------------------------------
     def start(self):
         if self._own_socket_dir:
+            remove_stale_socket_dirs()
             # Unix socket paths are limited to 107 bytes: keep them short, under /tmp.
-            self.socket_dir = tempfile.mkdtemp(prefix="ckpt-", dir="/tmp")
+            self.socket_dir = tempfile.mkdtemp(prefix=_SOCKET_DIR_PREFIX, dir="/tmp")
+            self._write_owner()
         os.makedirs(self.socket_dir, exist_ok=True)
         self.log_dir = self.log_dir or os.path.join(self.socket_dir, "logs")
         os.makedirs(self.log_dir, exist_ok=True)
@@ -131,12 +258,20 @@ class LocalCluster:
                 os.environ[k] = v
         return self
 
+    def _write_owner(self):
+        """Records this process (pid, start time) as the socket directory's owner."""
+        path = os.path.join(self.socket_dir, _OWNER_FILE)
+        with open(path + ".tmp", "w") as f:
+            f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        os.replace(path + ".tmp", path)  # complete when it appears
+
     def _spawn(self, name, argv):
         log = open(os.path.join(self.log_dir, name + ".log"), "wb")
         self._logs.append(log)
-        # Its own process group: a Ctrl-C meant for the trainer does not kill the daemons first.
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True)
+        # Its own process group: a Ctrl-C meant for the trainer does not kill the daemons first;
+        # tied to this process: it gets SIGTERM when this process ends (module docstring).
+        return _Spawner.popen(argv, self._start_timeout, stdin=subprocess.DEVNULL, stdout=log,
+                              stderr=log, start_new_session=True)
 
     def _start_coordinator(self):
         binary = find_binary("ckpt_coordinator", "coordinator", self._bin_dir)
@@ -218,9 +353,16 @@ class LocalCluster:
             log.close()
         self._logs = []
         clean = all(code == 0 for code in self.exit_codes.values())
-        if self._own_socket_dir and self.socket_dir and clean and \
-                self.log_dir.startswith(self.socket_dir):
-            shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if self._own_socket_dir and self.socket_dir:
+            logs_inside = os.path.commonpath([os.path.abspath(self.log_dir),
+                                              self.socket_dir]) == self.socket_dir
+            if clean or not logs_inside:
+                shutil.rmtree(self.socket_dir, ignore_errors=True)
+            else:  # kept for its logs: no longer a stale directory to remove at a later start
+                try:
+                    os.unlink(os.path.join(self.socket_dir, _OWNER_FILE))
+                except FileNotFoundError:
+                    pass
 
     @property
     def running(self):

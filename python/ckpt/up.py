@@ -14,7 +14,11 @@
         -- torchrun --nnodes 4 --nproc-per-node 8 ... train.py
 
 Readiness is the daemons' own signal (the coordinator's address file, each worker's ready file
-after it registered); SIGINT/SIGTERM stop the workers, then the coordinator, cleanly.
+after it registered); SIGINT/SIGTERM stop the workers, then the coordinator, cleanly. The
+daemons do not outlive this process even when it is killed (SIGKILL, OOM): they get SIGTERM
+through PR_SET_PDEATHSIG, and the next LocalCluster on the host removes the socket directory
+left behind (ckpt.cluster). Workers started by hand or by a service manager are not tied to
+anything: they outlive coordinator restarts on purpose.
 """
 
 import argparse
