@@ -628,7 +628,7 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
         client.load(path, state, groups=groups)
     for item in objects:
         value = _objects.decode(buffers[item.key].tobytes(), item.key, item.digest,
-                                trust_pickles)
+                                trust_pickles, path=path)
         _flatten.assign(item.leaf, value)
     _hand_back(state_dict, loaded, stateful_keys)
 
