@@ -106,14 +106,19 @@ void TrainerSocket::Serve(grpc::Server* server) {
 }
 
 void TrainerSocket::AcceptLoop(grpc::Server* server) {
+  bool backing_off = false;
   while (true) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
+    // Out of descriptors, the listening socket stays readable: wait 100 ms for the stop signal
+    // alone instead of spinning on it, then try again (never give up, unlike gRPC's listener).
+    pollfd fds[2] = {{stop_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    if (poll(fds, backing_off ? 1 : 2, backing_off ? 100 : -1) < 0) {
       if (errno == EINTR) continue;
       return;
     }
-    if (fds[1].revents != 0) return;
+    if (fds[0].revents != 0) return;
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    backing_off =
+        fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM);
     if (fd < 0) continue;  // the peer gave up already, or out of descriptors for a moment
     ucred cred{};
     socklen_t length = sizeof(cred);
