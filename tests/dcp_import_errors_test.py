@@ -174,3 +174,19 @@ def test_a_deeply_nested_metadata_json_is_refused_naming_the_file(saved, tmp_pat
     src = copy_of(saved, tmp_path)
     write_torch_dist_json(src, b"[" * 100_000 + b"]" * 100_000)
     assert_refused(src, tmp_path, [str(src / "metadata.json"), "nested deeper than"])
+
+
+def test_a_metadata_that_crashes_the_interpreter_is_refused_naming_the_input(saved, tmp_path):
+    # A dict keyed by a tuple nested a million deep: CPython's tuple hash recurses in C without
+    # a depth check and the converter dies of SIGSEGV while unpickling. Not prevented (a
+    # pre-scan of every opcode costs seconds on million-chunk metadata); ckptctl must still
+    # name what it was converting, exit non-zero and write nothing.
+    src = copy_of(saved, tmp_path)
+    (src / ".metadata").write_bytes(b"\x80\x04}" + b")" + b"\x85" * 1_000_000 + b"Ns.")
+    (tmp_path / "dest").mkdir()
+    done = subprocess.run([CKPTCTL, "import", "--from", "dcp", str(src),
+                           str(tmp_path / "dest" / "ckpt")], capture_output=True, timeout=600)
+    err = done.stderr.decode()
+    assert done.returncode != 0, err
+    assert "ended by signal" in err and str(src) in err, err
+    assert os.listdir(tmp_path / "dest") == [], "something was written at the destination"

@@ -109,7 +109,11 @@ absl::StatusOr<int> RunDcpConverter(const std::vector<std::string>& args) {
     if (errno != EINTR) return ErrnoStatus(errno, "wait for the DCP converter");
   }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return absl::AbortedError(absl::StrCat("the DCP converter ended by signal ", WTERMSIG(status)));
+  // A crash of the interpreter itself (e.g. CPython's C recursion hashing a tuple nested a
+  // million deep in a hostile .metadata): name what it was converting.
+  return absl::AbortedError(absl::StrCat("the DCP converter (", absl::StrJoin(args, " "),
+                                         ") ended by signal ", WTERMSIG(status), " (",
+                                         strsignal(WTERMSIG(status)), ")"));
 }
 
 TemporaryImport::~TemporaryImport() { RemoveTree(dir_).IgnoreError(); }
