@@ -146,8 +146,12 @@ def test_a_cluster_started_by_a_thread_keeps_its_daemons_after_the_thread_ends(t
 
 
 def test_only_directories_of_dead_owners_are_removed(tmp_path):
-    dead = subprocess.Popen(["true"])
+    # A process that lives until its start time is read (`true` may be a zombie by then, which
+    # has no start time), then ends.
+    dead = subprocess.Popen(["cat"], stdin=subprocess.PIPE)
     dead_started = proc_start_time(dead.pid)
+    assert dead_started is not None
+    dead.stdin.close()
     dead.wait()
     dirs = {}
     for name, owner in (("dead", f"{dead.pid} {dead_started}"),
