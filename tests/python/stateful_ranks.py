@@ -4,7 +4,6 @@ objects (a torchtitan-like app state over an FSDP2 model and its AdamW, the FSDP
 itself, a DDP module and its optimizer) straight into the state dict."""
 
 import os
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -34,18 +33,7 @@ class AppState(Stateful):
 
 def run(rank, world, rendezvous, job, phase, workdir):
     """Runs `phase` on this rank; writes <workdir>/<phase>.r<rank>.err on failure."""
-    try:
-        PHASES[phase](rank, world, rendezvous, job, workdir)
-    except BaseException:
-        with open(os.path.join(workdir, f"{phase}.r{rank}.err"), "w") as f:
-            f.write(traceback.format_exc())
-        raise
-    finally:
-        import ckpt.torch
-
-        ckpt.torch.shutdown()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    torch_ranks.run_phase(PHASES, rank, world, rendezvous, job, phase, workdir)
 
 
 def _assert_same(got, want, where):

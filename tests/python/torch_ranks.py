@@ -82,8 +82,14 @@ def fresh_state(model, optim):
 
 def run(rank, world, rendezvous, job, phase, workdir):
     """Runs `phase` on this rank; writes <workdir>/<phase>.r<rank>.err on failure."""
+    run_phase(PHASES, rank, world, rendezvous, job, phase, workdir)
+
+
+def run_phase(phases, rank, world, rendezvous, job, phase, workdir):
+    """Runs `phases[phase]` on this rank; writes <workdir>/<phase>.r<rank>.err on failure, and
+    shuts ckpt.torch and the process group down either way."""
     try:
-        PHASES[phase](rank, world, rendezvous, job, workdir)
+        phases[phase](rank, world, rendezvous, job, workdir)
     except BaseException:
         with open(os.path.join(workdir, f"{phase}.r{rank}.err"), "w") as f:
             f.write(traceback.format_exc())
