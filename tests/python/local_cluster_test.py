@@ -21,14 +21,8 @@ from ckpt import cluster as cluster_module
 GONE_DEADLINE_S = 60  # a worker's clean shutdown waits at most a few RPC deadlines
 
 
-def proc_start_time(pid):
-    """Start time of process `pid` (clock ticks since boot); None when gone or a zombie."""
-    try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] in (b"Z", b"X") else int(fields[19])
+# Start time of a process (clock ticks since boot); None when gone or a zombie.
+proc_start_time = cluster_module._start_time
 
 
 def wait_until_gone(pids):

@@ -6,7 +6,6 @@ itself, a DDP module and its optimizer) straight into the state dict."""
 import os
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
