@@ -35,20 +35,7 @@ def run(rank, world, rendezvous, job, phase, workdir):
     torch_ranks.run_phase(PHASES, rank, world, rendezvous, job, phase, workdir)
 
 
-def _assert_same(got, want, where):
-    if isinstance(want, dict):
-        assert set(got) == set(want), (where, sorted(got), sorted(want))
-        for k in want:
-            _assert_same(got[k], want[k], f"{where}.{k}")
-    elif isinstance(want, list):
-        assert len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want)):
-            _assert_same(g, w, f"{where}.{i}")
-    elif isinstance(want, torch.Tensor):
-        assert got.dtype == want.dtype and got.shape == want.shape, (where, got, want)
-        assert torch.equal(got, want), f"{where}: values differ"
-    else:
-        assert got == want, (where, got, want)
+_assert_same = torch_ranks._assert_same  # nested dicts, lists and tensors, exactly
 
 
 def _overwrite(model, optim):
