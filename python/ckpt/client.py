@@ -166,6 +166,16 @@ class StateDict:
                     e.tensor[...] = e.staging
 
 
+def _transfer_version(name, version):
+    """`version` as an int the C++ client takes (int64), or InvalidArgument naming the name; the
+    C++ client refuses negative versions and the one after 2^63-1 (NextTransferVersion)."""
+    v = int(version)
+    if not -(2**63) <= v < 2**63:
+        raise _errors.InvalidArgument(
+            f"xfer://{name}: version {v} is out of range (a version is a positive 63-bit integer)")
+    return v
+
+
 @dataclass
 class Progress:
     """Where a save stands."""
@@ -387,9 +397,10 @@ class Client:
         more than this client's previous publish of the name). Returns a PublishHandle once
         this rank's bytes left its memory (the tensors may change at once);
         ``handle.wait()`` returns once receivers can read the version."""
+        version = _transfer_version(name, version)
         state._stage_in()
         meta = {str(k): str(v) for k, v in (metadata or {}).items()}
-        return PublishHandle(self._native.publish(str(name), state._native, int(version), meta,
+        return PublishHandle(self._native.publish(str(name), state._native, version, meta,
                                                   float(arrival_timeout)))
 
     def receive(self, name, state, *, version=0, verify=False, arrival_timeout=300.0,
@@ -403,8 +414,9 @@ class Client:
         always with ``verify``; "overlap_all_to_all" sends each byte only to the ranks that
         need it). Returns a ``Received`` (``name``, ``version``): the version that arrived (the
         newest published when ``version`` was 0)."""
+        version = _transfer_version(name, version)
         state._await_lent()
-        got = self._native.receive(str(name), state._native, int(version), bool(verify),
+        got = self._native.receive(str(name), state._native, version, bool(verify),
                                    float(arrival_timeout), float(deadline),
                                    int(memory_budget_bytes), str(algorithm or ""))
         state._stage_out()

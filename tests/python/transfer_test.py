@@ -96,3 +96,19 @@ def test_a_receive_by_all_to_all_is_bit_exact_and_an_unknown_algorithm_is_refuse
         assert torch.equal(untouched, torch.full((SHAPE[0], 2), -1, dtype=torch.int32)), r
         assert got == ckpt.Received("py-a2a", 5), got
         assert torch.equal(cols, version(5)[:, 2 * r:2 * r + 2]), r
+
+
+def test_a_version_out_of_range_is_refused_naming_the_name(cluster):
+    def body(client):
+        state = client.state_dict()
+        state.add("w", torch.zeros(2, 2, dtype=torch.int32), ckpt.Replicated(1))
+        refused = []
+        for v in (-7, 2**63, -(2**63) - 1):
+            with pytest.raises(ckpt.InvalidArgument, match="py-range") as e:
+                client.publish("py-range", state, version=v)
+            refused.append(str(e.value))
+        with pytest.raises(ckpt.InvalidArgument, match="py-range"):
+            client.receive("py-range", state, version=2**64)
+        return refused
+    refused = ranks(1, body, "py-range-src")[0]
+    assert "-7" in refused[0] and str(2**63) in refused[1], refused
