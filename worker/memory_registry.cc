@@ -390,4 +390,13 @@ int MemoryRegistry::SessionsOfJob(const std::string& job) const {
   return n;
 }
 
+int MemoryRegistry::SessionsOfRank(const std::string& job, int rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (const auto& [id, session] : sessions_) {
+    n += session.trainer.job == job && session.trainer.rank == rank ? 1 : 0;
+  }
+  return n;
+}
+
 }  // namespace ckpt::worker

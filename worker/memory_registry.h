@@ -171,6 +171,9 @@ class MemoryRegistry {
   std::vector<SessionInfo> Sessions() const;
   // How many sessions of `job` are open (cheap: copies nothing).
   int SessionsOfJob(const std::string& job) const;
+  // How many sessions of rank `rank` of `job` are open (a replacement trainer of a rank whose
+  // previous trainer is being reaped shows here).
+  int SessionsOfRank(const std::string& job, int rank) const;
 
  private:
   struct Session {

@@ -292,6 +292,23 @@ TEST_F(MemoryRegistryTest, DeadTrainersSegmentsAreUnlinked) {
   EXPECT_EQ(registry_.Find(*session).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(MemoryRegistryTest, ARanksReplacementTrainerStillCountsAfterTheOldOneIsReaped) {
+  auto old_session = registry_.OpenSession(Trainer());
+  ASSERT_TRUE(old_session.ok()) << old_session.status();
+  TrainerIdentity replacement = Trainer();
+  replacement.pid = pid_ + 1;
+  table_[replacement.pid] = 9;
+  auto new_session = registry_.OpenSession(replacement);
+  ASSERT_TRUE(new_session.ok()) << new_session.status();
+  EXPECT_EQ(registry_.SessionsOfRank("job", 0), 2);
+  table_[pid_] = 0;  // the old trainer died after its replacement said Hello
+  ASSERT_EQ(registry_.ReapDeadTrainers().size(), 1u);
+  // The worker skips the dead trainer's DetachRank: the rank is attached through the new one.
+  EXPECT_EQ(registry_.SessionsOfRank("job", 0), 1);
+  EXPECT_EQ(registry_.SessionsOfRank("job", 1), 0);
+  EXPECT_EQ(registry_.SessionsOfRank("other", 0), 0);
+}
+
 // Whether [addr, addr + bytes) is mapped in this process (msync fails with ENOMEM otherwise).
 bool Mapped(const void* addr, size_t bytes) {
   uintptr_t page = reinterpret_cast<uintptr_t>(addr) & ~uintptr_t{4095};

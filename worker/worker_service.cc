@@ -532,6 +532,13 @@ grpc::Status WorkerService::Goodbye(grpc::ServerContext* context, const pb::Good
 void WorkerService::OnTrainerGone(const SessionInfo& session) {
   std::string worker_id = link_->worker_id();
   if (worker_id.empty()) return;  // not registered: the coordinator forgot us anyway
+  if (registry_->SessionsOfRank(session.trainer.job, session.trainer.rank) > 0) {
+    // A replacement trainer of this rank already said Hello here: the rank is attached through
+    // it, and a detach now would drop it (and abort the operation it may have joined).
+    spdlog::info("detach_skipped job={} rank={} (a newer trainer of the rank is connected)",
+                 session.trainer.job, session.trainer.rank);
+    return;
+  }
   pb::DetachRankRequest request;
   request.set_job(session.trainer.job);
   request.set_rank(session.trainer.rank);
