@@ -150,10 +150,12 @@ void CheckState(Checker& c, const pb::RankState& s) {
 
 void CheckJoinOptions(Checker& c, const pb::JoinOperationRequest& r) {
   c.Count("metadata", r.metadata_size(), kMaxMetadataEntries);
-  for (const auto& [key, value] : r.metadata()) {
+  for (const auto& entry : r.metadata()) {
     if (!c.ok()) break;
+    const std::string& key = entry.first;  // a name, not a structured binding: clang can't
+                                           // capture those in C++17 (the fuzz build)
     c.Text("metadata key", key, kMaxMetadataKeyBytes)
-        .TextAt([&key] { return absl::StrCat("metadata[\"", LogPrefix(key), "\"]"); }, value,
+        .TextAt([&key] { return absl::StrCat("metadata[\"", LogPrefix(key), "\"]"); }, entry.second,
                 kMaxMetadataValueBytes, /*plain=*/false);
   }
   const pb::RankColumn& column = r.piece_list().column();
