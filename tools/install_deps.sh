@@ -14,7 +14,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libgloo-dev libxxhash-dev liburing-dev nlohmann-json3-dev libre2-dev libjemalloc-dev
+  libgloo-dev libxxhash-dev liburing-dev libzstd-dev nlohmann-json3-dev libre2-dev libjemalloc-dev
   libssl-dev openssl pkg-config python3 python3-dev python3-venv
   clang libclang-rt-14-dev clang-format
   iproute2
