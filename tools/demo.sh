@@ -3,8 +3,11 @@
 # loopback) and a GPT-style training job of 4 ranks (TP=2 x DP=2, ZeRO-1 optimizer state)
 # that saves through the cluster; the checkpoint is then loaded into TP=4 x DP=1 and into a
 # 3-rank uneven layout (every element verified by the trainers), resharded offline, verified,
-# inspected and exported to safetensors. Ends with a table of bytes / seconds / GB/s next to
-# the disk's sequential bandwidth measured in the same run, and stops every process it started.
+# inspected and exported to safetensors. Ends with a table of bytes / seconds / GB/s per step,
+# each next to its limit measured in the same run (dd write for a save, a memcpy into touched
+# memory for the snapshot Save() waits for, dd read for a load, the read+write floor
+# 1/(1/read + 1/write) for a reshard or export), also written as JSON to results/table.json
+# (kept with --keep), and stops every process it started.
 #
 #   tools/demo.sh [--size small|medium|large] [--workdir DIR] [--keep] [--bin-dir DIR]
 #                 [--load-algorithm A]
@@ -20,7 +23,8 @@ usage: tools/demo.sh [--size small|medium|large] [--workdir DIR] [--keep] [--bin
 Starts a ckpt coordinator and 4 workers on loopback, runs 4 gpt_trainer ranks (TP=2 x DP=2)
 that save a GPT-style sharded checkpoint through them, loads it into TP=4 x DP=1 and a 3-rank
 uneven layout (verifying every element), reshards it offline (ckptctl reshard), verifies,
-inspects and exports it, and prints bytes / seconds / GB/s next to the disk bandwidth.
+inspects and exports it, and prints bytes / seconds / GB/s per step next to its limit measured
+in the same run (dd, memcpy, the read+write floor).
 
   --size S      small (~2 MB, for CI), medium (~256 MB) or large (~1.4 GB, the default)
   --workdir DIR where checkpoints, logs and the dd test file go (default: a new directory
@@ -415,7 +419,7 @@ timed export "$CKPTCTL" export "$SAVED" "$WORKDIR/export" ||
 
 # ---- The table ---------------------------------------------------------------------------------
 python3 - "$RESULTS" "$CKPT_BYTES" "$DD_BYTES" "$DD_NOTE" "$WORKDIR" <<'PY'
-import glob, json, os, sys
+import glob, json, multiprocessing, os, sys, time
 
 results, file_bytes, dd_bytes, dd_note, workdir = sys.argv[1:6]
 file_bytes, dd_bytes = int(file_bytes), int(dd_bytes)
@@ -425,6 +429,34 @@ def seconds(name):
         return float(open(os.path.join(results, name + ".seconds")).read())
     except (OSError, ValueError):
         return None
+
+def copy_part(nbytes, barrier, out):
+    """One process's memcpy into memory it already touched (the second of two copies)."""
+    src, dst = bytearray(b"\x5a" * nbytes), bytearray(nbytes)
+    memoryview(dst)[:] = src  # faults the destination in
+    barrier.wait()
+    t = time.perf_counter()
+    memoryview(dst)[:] = src
+    out.put(time.perf_counter() - t)
+
+def memcpy_touched(nbytes):
+    """GB/s of one memcpy of nbytes into touched memory, split over one process per CPU (the
+    trainers' snapshots run side by side): the limit of the snapshot Save() waits for."""
+    procs = os.cpu_count() or 1
+    part = max(1, nbytes // procs)
+    mp = multiprocessing.get_context("fork")  # this script is read from stdin
+    barrier, out = mp.Barrier(procs), mp.Queue()
+    ps = [mp.Process(target=copy_part, args=(part, barrier, out)) for _ in range(procs)]
+    for p in ps:
+        p.start()
+    try:
+        slowest = max(out.get(timeout=300) for _ in ps)
+    except Exception as e:  # noqa: BLE001 - the table goes on without this limit
+        print(f"demo: memcpy limit not measured: {e!r}", file=sys.stderr)
+        slowest = 0
+    for p in ps:
+        p.join(timeout=10)
+    return part * procs / slowest / 1e9 if slowest > 0 else None
 
 def snapshot(name):
     """Slowest rank's time until Save returned (its part copied out of the trainer's memory)."""
@@ -471,6 +503,10 @@ bw_w = dd_bytes / dd_w / 1e9 if dd_w else None
 bw_r1 = dd_bytes / dd_r / 1e9 if dd_r else None
 bw_r8 = dd_bytes / dd_r8 / 1e9 if dd_r8 else None
 bw_r = max(b for b in (bw_r1, bw_r8, 0) if b is not None) or None
+# A reshard or export reads and writes every byte on one disk: at best 1/(1/read + 1/write).
+bw_rw = 1 / (1 / bw_r + 1 / bw_w) if bw_r and bw_w else None
+bw_mem = memcpy_touched(min(max(tensor_bytes, 64 << 20), 1 << 30))
+limits = {"write": bw_w, "read": bw_r, "read+write": bw_rw, "memcpy": bw_mem}
 rows = []
 
 def resident(name):
@@ -481,62 +517,77 @@ def resident(name):
         return ""
     return "?" if not v.isdigit() else (f"{int(v) / 1e6:.0f} MB" if int(v) else "0")
 
-def row(step, nbytes, secs, ok, disk, disk_name, name="", disk_bytes=None):
-    """disk_bytes: what the step must move through the disk (default nbytes); a load delivers
-    replicated elements to several ranks but reads the checkpoint's bytes."""
+def row(step, nbytes, secs, ok, limit, name="", disk_bytes=None):
+    """limit: a key of `limits`. disk_bytes: what the step must move through the disk (default
+    nbytes); a load delivers replicated elements to several ranks but reads the checkpoint's
+    bytes."""
     gbps = nbytes / secs / 1e9 if ok and secs else None
     moved = nbytes if disk_bytes is None else disk_bytes
-    disk_gbps = moved / secs / 1e9 if ok and secs else None
-    pct = f"{100 * disk_gbps / disk:.0f}% of {disk_name}" if disk_gbps and disk else "-"
-    rows.append((step, nbytes, secs if ok else None, gbps, pct, resident(name),
-                 "ok" if ok else "FAILED"))
+    moved_gbps = moved / secs / 1e9 if ok and secs else None
+    lim = limits.get(limit)
+    pct = 100 * moved_gbps / lim if moved_gbps and lim else None
+    rows.append({"step": step, "bytes": nbytes, "seconds": secs if ok else None, "gbps": gbps,
+                 "limit": limit, "limit_gbps": lim, "percent": pct, "cached": resident(name),
+                 "ok": bool(ok)})
 
 def ok_file(name):  # a step run by `timed` succeeded when its log says so
     return os.path.exists(os.path.join(results, name + ".ok"))
 
-row("save    4 ranks TP2xDP2, cluster", save_bytes, save_s, save_ok, bw_w, "write")
-row("  of which until Save() returned", save_bytes, snapshot("save-tp2dp2"), save_ok, None, "")
+row("save    4 ranks TP2xDP2, cluster", save_bytes, save_s, save_ok, "write")
+row("  of which until Save() returned", save_bytes, snapshot("save-tp2dp2"), save_ok, "memcpy")
 for name, label in (("load-tp4dp1", "load    4 ranks TP4xDP1, cluster"),
                     ("load-uneven3", "load    3 ranks uneven, cluster"),
                     ("load-tp2dp2", "load    4 ranks TP2xDP2, cluster")):
     b, s, ok = job(name, "load")
-    row(label, b, s, ok, bw_r, "read", name, file_bytes)
+    row(label, b, s, ok, "read", name, file_bytes)
 # Operator requests: from `ckptctl save|load` being run to its end (commit / every rank loaded),
 # the wait for the trainers' next Poll included. (A polled save lets the trainer go on at the
 # snapshot, like Save; ckptctl waits for the commit.)
 b, _, ok = job("ops-tp4dp1", "poll", "save")
 row("save    ckptctl save -> committed", b, seconds("operator-save"),
-    ok and ok_file("operator-save"), bw_w, "write")
+    ok and ok_file("operator-save"), "write")
 b, _, ok = job("ops-tp4dp1", "poll", "load")
 row("load    ckptctl load -> loaded", b, seconds("operator-load"),
-    ok and ok_file("operator-load"), bw_r, "read", "operator-load", file_bytes)
+    ok and ok_file("operator-load"), "read", "operator-load", file_bytes)
 for l, label in (("tp4dp1", "TP4xDP1"), ("uneven3", "uneven3")):
     row(f"reshard offline -> {label}", tensor_bytes, seconds("reshard-" + l),
-        ok_file("reshard-" + l), bw_w, "write", "reshard-" + l)
+        ok_file("reshard-" + l), "read+write", "reshard-" + l)
 row("reshard cluster -> TP4xDP1", tensor_bytes, seconds("reshard-cluster"),
-    ok_file("reshard-cluster") and ok_file("check-cluster"), bw_w, "write", "reshard-cluster")
-row("export  -> safetensors", tensor_bytes, seconds("export"), ok_file("export"), bw_w, "write",
+    ok_file("reshard-cluster") and ok_file("check-cluster"), "read+write", "reshard-cluster")
+row("export  -> safetensors", tensor_bytes, seconds("export"), ok_file("export"), "read+write",
     "export")
-row("verify  checksums, every byte", tensor_bytes, seconds("verify"), ok_file("verify"), bw_r,
-    "read", "verify", file_bytes)
+row("verify  checksums, every byte", tensor_bytes, seconds("verify"), ok_file("verify"), "read",
+    "verify", file_bytes)
 row("check   every element (offline)", tensor_bytes, seconds("check-saved"),
-    ok_file("check-saved"), bw_r, "read", "check-saved", file_bytes)
+    ok_file("check-saved"), "read", "check-saved", file_bytes)
+
+with open(os.path.join(results, "table.json"), "w") as f:
+    json.dump({"tensor_bytes": tensor_bytes, "file_bytes": file_bytes, "dd_bytes": dd_bytes,
+               "dd_note": dd_note, "read_1": bw_r1, "read_8": bw_r8, "limits": limits,
+               "rows": rows}, f, indent=1)
 
 print()
-disk = (f"write {bw_w:.2f} GB/s, read {bw_r1 or 0:.2f} GB/s (1 reader) / {bw_r8 or 0:.2f} GB/s "
-        f"(8 readers)" if bw_w and bw_r else "not measured")
-print(f"checkpoint: {tensor_bytes:,} tensor bytes ({file_bytes:,} in files); disk measured now "
-      f"with dd, {dd_note}, {dd_bytes:,} bytes: {disk}")
-print("vs disk: the bytes the step moves through the disk (a load: the checkpoint's files, though it"
-      " delivers replicated\nelements to several ranks) per second, against dd; cached: the step's"
-      " input still in the page cache after\neviction (checked with fincore; 0 = none of it came from"
-      " this machine's page cache). Above 100% with\ncached 0, the storage served more than dd"
-      " measured (e.g. a virtual disk's host-side cache).")
-print(f"{'step':34} {'bytes':>14} {'seconds':>9} {'GB/s':>7}  {'vs disk':<15} {'cached':>7} result")
-for step, nbytes, secs, gbps, pct, cached, res in rows:
-    secs_s = f"{secs:9.3f}" if secs is not None else f"{'-':>9}"
-    gbps_s = f"{gbps:7.2f}" if gbps else f"{'-':>7}"
-    print(f"{step:34} {nbytes:>14,} {secs_s} {gbps_s}  {pct:<15} {cached:>7} {res}")
+fmt = lambda v: f"{v:.2f} GB/s" if v else "not measured"
+print(f"checkpoint: {tensor_bytes:,} tensor bytes ({file_bytes:,} in files); limits measured now: "
+      f"dd {dd_note}, {dd_bytes:,} bytes: write {fmt(bw_w)}, read {fmt(bw_r1)} (1 reader) / "
+      f"{fmt(bw_r8)} (8 readers); read+write floor 1/(1/read + 1/write) {fmt(bw_rw)}; memcpy "
+      f"into touched memory, {os.cpu_count()} processes: {fmt(bw_mem)}")
+print("% of limit: the bytes the step moves (a load: the checkpoint's files, though it delivers"
+      " replicated elements to\nseveral ranks) per second, against its limit: write (dd) for a"
+      " save, memcpy for the snapshot Save() waits\nfor, read (dd, the better of 1 and 8 readers)"
+      " for a load, verify or check, the read+write floor for a reshard\nor export. cached: the"
+      " step's input still in the page cache after eviction (checked with fincore; 0 = none\nof"
+      " it came from this machine's page cache). Above 100% with cached 0, the storage served"
+      " more than dd\nmeasured (e.g. a virtual disk's host-side cache).")
+print(f"{'step':34} {'bytes':>14} {'seconds':>9} {'GB/s':>7}  {'limit':<10} {'GB/s':>6} "
+      f"{'%':>5} {'cached':>7} result")
+for r in rows:
+    secs_s = f"{r['seconds']:9.3f}" if r["seconds"] is not None else f"{'-':>9}"
+    gbps_s = f"{r['gbps']:7.2f}" if r["gbps"] else f"{'-':>7}"
+    lim_s = f"{r['limit_gbps']:6.2f}" if r["limit_gbps"] else f"{'-':>6}"
+    pct_s = f"{r['percent']:4.0f}%" if r["percent"] is not None else f"{'-':>5}"
+    print(f"{r['step']:34} {r['bytes']:>14,} {secs_s} {gbps_s}  {r['limit']:<10} {lim_s} "
+          f"{pct_s} {r['cached']:>7} {'ok' if r['ok'] else 'FAILED'}")
 PY
 
 if [[ ${#FAILED[@]} -gt 0 ]]; then
