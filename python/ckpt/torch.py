@@ -587,6 +587,12 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
     process groups each reading what its ranks need and exchanging within itself (see
     ckpt.Client.load)."""
     pg = None if no_dist else process_group
+    from ckpt import _dcp_read  # a directory DCP wrote (issue 41, item 4): read in place
+
+    if _dcp_read.is_dcp_checkpoint(checkpoint_id, storage_reader):
+        return _dcp_read.load(state_dict, checkpoint_id=checkpoint_id,
+                              storage_reader=storage_reader, planner=planner, process_group=pg,
+                              strict=strict, trust_pickles=trust_pickles)
     path, items, manifest, error = None, [], None, None
     stateful_keys, loaded = _stateful_keys(state_dict), state_dict
     try:
