@@ -440,9 +440,12 @@ def copy_part(nbytes, barrier, out):
     out.put(time.perf_counter() - t)
 
 def memcpy_touched(nbytes):
-    """GB/s of one memcpy of nbytes into touched memory, split over one process per CPU (the
-    trainers' snapshots run side by side): the limit of the snapshot Save() waits for."""
-    procs = os.cpu_count() or 1
+    """GB/s of a memcpy of nbytes into touched memory, the better of one process and one per
+    CPU copying side by side (as the trainers' snapshots run): the limit of the snapshot
+    Save() waits for."""
+    return max(memcpy_procs(nbytes, 1) or 0, memcpy_procs(nbytes, os.cpu_count() or 1) or 0) or None
+
+def memcpy_procs(nbytes, procs):
     part = max(1, nbytes // procs)
     mp = multiprocessing.get_context("fork")  # this script is read from stdin
     barrier, out = mp.Barrier(procs), mp.Queue()
@@ -571,7 +574,7 @@ fmt = lambda v: f"{v:.2f} GB/s" if v else "not measured"
 print(f"checkpoint: {tensor_bytes:,} tensor bytes ({file_bytes:,} in files); limits measured now: "
       f"dd {dd_note}, {dd_bytes:,} bytes: write {fmt(bw_w)}, read {fmt(bw_r1)} (1 reader) / "
       f"{fmt(bw_r8)} (8 readers); read+write floor 1/(1/read + 1/write) {fmt(bw_rw)}; memcpy "
-      f"into touched memory, {os.cpu_count()} processes: {fmt(bw_mem)}")
+      f"into touched memory (best of 1 and {os.cpu_count()} processes): {fmt(bw_mem)}")
 print("% of limit: the bytes the step moves (a load: the checkpoint's files, though it delivers"
       " replicated elements to\nseveral ranks) per second, against its limit: write (dd) for a"
       " save, memcpy for the snapshot Save() waits\nfor, read (dd, the better of 1 and 8 readers)"
