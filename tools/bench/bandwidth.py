@@ -244,6 +244,8 @@ class Paths:
                    str(self.s["transfer_elements"]), "--reps", "3"],
                   os.path.join(self.work, "transfer_bench.log"), env=env)
         per = int(re.search(r"(\d+) MiB delivered per receive", out).group(1)) << 20
+        own = re.search(r"loopback TCP: 1 stream [\d.]+ GB/s, 2 streams ([\d.]+) GB/s", out)
+        own = float(own.group(1)) if own else 0.0
         recv = [(int(k), float(s), ok == "True") for k, s, ok in re.findall(
             r"receive (\d+): ([\d.]+) s, [\d.]+ GB/s delivered, bit-exact=(\w+)", out)]
         for k, secs, ok in recv:
@@ -252,7 +254,8 @@ class Paths:
                 continue
             self.add(f"transfer: receive {k} ({'first' if k == 1 else 'repeat'}), "
                      "TP4xDP2 -> TP2x3", per, secs, "loop2",
-                     "bytes delivered into destination tensors; 2 serving workers")
+                     f"bytes delivered into destination tensors; 2 serving workers; its own "
+                     f"loopback (2 streams, right after) {own:.2f} GB/s", at_least=own)
 
     def replication(self):
         e = self.s["memtier_elements"]
@@ -268,9 +271,12 @@ class Paths:
                  float(mem.group(2)), "loop4", "4 workers, each to a peer on the other host")
         self.add("replication: memory load (holders read, exchanged)", nbytes,
                  float(re.search(r"memory load:\s+load_s=([\d.]+)", out).group(1)), "loop4")
+        own = re.search(r"write_GBps=([\d.]+)", out)
+        own = float(own.group(1)) if own else 0.0
         self.add("save: to durable, trainer_probe 4 ranks (storage)", nbytes,
                  float(store.group(2)), "write",
-                 f"storage save blocking {float(store.group(1)):.3f} s")
+                 f"storage save blocking {float(store.group(1)):.3f} s; its own dd write "
+                 f"{own:.2f} GB/s", at_least=own)
         if "persisted_s" in v:
             self.add("replication: memory save -> persisted to storage", nbytes,
                      v["persisted_s"], "write", "Save call -> committed on disk")
@@ -377,6 +383,10 @@ def main():
     work = a.dir or tempfile.mkdtemp(prefix="ckpt-bandwidth.", dir="/tmp")
     os.makedirs(work, exist_ok=True)
     built = a.bin
+    stamps = [os.path.getmtime(os.path.join(built, b)) for b in BINARIES
+              if os.path.exists(os.path.join(built, b))]
+    if stamps:
+        built += time.strftime(" (newest %Y-%m-%d %H:%M UTC)", time.gmtime(max(stamps)))
     a.bin = private_copy(a.bin, work)
     rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
                          capture_output=True, text=True).stdout.strip()
