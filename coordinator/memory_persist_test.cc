@@ -171,7 +171,8 @@ TEST(MemoryPersistTest, AnExistingCheckpointIsRefusedWithoutOverwriteAndLeftInta
   EXPECT_EQ(*ReadWholeFile(JoinPath(f.source, "manifest.pb"), 1 << 20), before);
   // A directory that is not a checkpoint is never replaced, even when overwriting.
   const std::string other = JoinPath(dir, "not_a_checkpoint");
-  ASSERT_TRUE(MakeDir(other).ok());
+  ASSERT_TRUE(MakeDir(other).ok());  // not empty: an empty directory is committed over
+  ASSERT_TRUE(WriteFileDurably(JoinPath(other, "notes.txt"), "keep").ok());
   EXPECT_EQ(MemoryPersist::Begin(f.checkpoint, other, true).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }

@@ -473,6 +473,8 @@ TEST(SaveCommitterTest, AbortedSaveLosesItsStagingDirectoryAndNeverAppears) {
 TEST(SaveCommitterTest, ExistingCheckpointIsNotOverwritten) {
   const std::string path = TmpPath("commit-exists");
   ASSERT_TRUE(MakeDir(path, /*exist_ok=*/true).ok());
+  // An empty directory would be committed over (as DCP writes into one): this one holds a file.
+  ASSERT_TRUE(WriteFileDurably(JoinPath(path, "manifest.pb"), "").ok());
   SaveCommitter saves;
   auto plans = saves.Plan(TwoRankSave(path));
   EXPECT_EQ(plans.status().code(), absl::StatusCode::kAlreadyExists);

@@ -455,6 +455,62 @@ TEST(CheckpointTest, OverwriteNeedsTheFlagAndReplacesAtomically) {
   EXPECT_EQ(*ListDir(dir), std::vector<std::string>{"ckpt"});  // old one removed, no leftovers
 }
 
+// DCP writes into the directory it is given, which callers often create first (mkdtemp,
+// makedirs): an empty directory is replaced by the committed checkpoint, atomically.
+TEST(CheckpointTest, AnEmptyDirectoryAtThePathIsReplacedByTheCommit) {
+  const std::string dir = TestDir("empty-dir");
+  const std::string path = JoinPath(dir, "ckpt");
+  ASSERT_TRUE(MakeDir(path).ok());
+  TestTensor t("w", DType::kF32, {16}, 3);
+  Pieces pieces;
+  WriteOptions options;
+  options.after_step = [&](CommitStep step) {
+    // Until the rename, a reader sees the empty directory, never a partial checkpoint.
+    if (step == CommitStep::kManifestDirSynced) {
+      EXPECT_EQ(*ListDir(path), std::vector<std::string>{});
+    }
+  };
+  auto written = WriteCheckpoint(path, OneTensor(pieces, t), options);
+  ASSERT_TRUE(written.ok()) << written.status();
+  std::string out(64, '\0');
+  ASSERT_TRUE((*CheckpointReader::Open(path))->ReadRegion("w", WholeRegion({16}), out.data()).ok());
+  EXPECT_TRUE(out == t.bytes);
+  EXPECT_EQ(*ListDir(dir), std::vector<std::string>{"ckpt"});  // no staging left behind
+}
+
+TEST(CheckpointTest, ADirectoryHoldingAnythingIsRefusedNamingItsEntries) {
+  const std::string dir = TestDir("full-dir");
+  const std::string path = JoinPath(dir, "ckpt");
+  ASSERT_TRUE(MakeDir(path).ok());
+  ASSERT_TRUE(WriteFileDurably(JoinPath(path, "notes.txt"), "keep me").ok());
+  TestTensor t("w", DType::kF32, {16}, 3);
+  Pieces pieces;
+  auto refused = WriteCheckpoint(path, OneTensor(pieces, t), WriteOptions{});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("is not an empty directory (it holds notes.txt)"));
+  EXPECT_EQ(*ListDir(path), std::vector<std::string>{"notes.txt"});
+}
+
+TEST(CheckpointTest, AFileAppearingInTheEmptyDirectoryBeforeTheCommitIsKept) {
+  const std::string dir = TestDir("filled-dir");
+  const std::string path = JoinPath(dir, "ckpt");
+  ASSERT_TRUE(MakeDir(path).ok());
+  TestTensor t("w", DType::kF32, {16}, 3);
+  Pieces pieces;
+  WriteOptions options;
+  options.after_step = [&](CommitStep step) {
+    if (step == CommitStep::kStagingCreated) {
+      ASSERT_TRUE(WriteFileDurably(JoinPath(path, "late.txt"), "keep me").ok());
+    }
+  };
+  auto refused = WriteCheckpoint(path, OneTensor(pieces, t), options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("late.txt"));
+  EXPECT_EQ(*ListDir(path), std::vector<std::string>{"late.txt"});
+  EXPECT_EQ(*ListDir(dir), std::vector<std::string>{"ckpt"});
+}
+
 TEST(CheckpointTest, IncompleteAndDamagedCheckpointsAreRefused) {
   const std::string dir = TestDir("damaged");
   const std::string incomplete = JoinPath(dir, "incomplete");

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "sharding/coverage.h"
 #include "storage/file_util.h"
@@ -58,6 +60,44 @@ absl::Status RenameNoReplace(const std::string& from, const std::string& to) {
 absl::Status ExistingPathError(const std::string& path) {
   return absl::AlreadyExistsError(
       absl::StrCat(path, " already exists; pass the overwrite flag to replace it"));
+}
+
+// Whether `path` is a directory (not a link to one) with no entries: a checkpoint may be
+// committed in its place (as DCP writes into the directory it is given, which callers often
+// create first). The commit removes it with rmdir, which fails on anything that appeared in it.
+bool IsEmptyDirectory(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+  absl::StatusOr<std::vector<std::string>> names = ListDir(path);
+  return names.ok() && names->empty();
+}
+
+// An existing path that is neither an empty directory nor (with `overwrite`) a committed
+// checkpoint: AlreadyExists naming a few of its entries when it is a directory.
+absl::Status OccupiedPathError(const std::string& path) {
+  absl::StatusOr<std::vector<std::string>> names = ListDir(path);
+  if (!IsDirectory(path) || !names.ok() ||
+      std::find(names->begin(), names->end(), "manifest.pb") != names->end()) {
+    return ExistingPathError(path);
+  }
+  constexpr size_t kShown = 3;
+  std::vector<std::string> shown(names->begin(), names->begin() + std::min(names->size(), kShown));
+  return absl::AlreadyExistsError(
+      absl::StrCat(path, " already exists and is not an empty directory (it holds ",
+                   absl::StrJoin(shown, ", "), names->size() > kShown ? ", ..." : "",
+                   "); a checkpoint is written only into a new path or "
+                   "an empty directory"));
+}
+
+// Commits `staging_dir` as `final_path`, which does not exist or is an empty directory: the
+// empty directory is removed (rmdir, so nothing that appeared in it meanwhile is lost) right
+// before the no-replace rename. A crash between the two leaves no checkpoint and no directory.
+absl::Status RenameIntoPlace(const std::string& staging_dir, const std::string& final_path) {
+  if (IsEmptyDirectory(final_path) && ::rmdir(final_path.c_str()) != 0 && errno != ENOENT) {
+    if (errno == ENOTEMPTY || errno == EEXIST) return OccupiedPathError(final_path);
+    return ErrnoStatus(errno, absl::StrCat("remove the empty directory ", final_path));
+  }
+  return RenameNoReplace(staging_dir, final_path);
 }
 
 // "ckpts/step5/" -> "ckpts/step5": the last component itself is committed, never what a
@@ -173,9 +213,10 @@ absl::StatusOr<CommitStep> ParseCommitStep(absl::string_view name) {
 absl::StatusOr<std::string> CreateStagingDir(const std::string& path, bool overwrite) {
   const std::string final_path = WithoutTrailingSlashes(path);
   CKPT_RETURN_IF_ERROR(CheckCheckpointName(final_path));
-  if (!overwrite && PathExists(final_path)) return ExistingPathError(final_path);
+  const bool empty_dir = IsEmptyDirectory(final_path);
+  if (!overwrite && !empty_dir && PathExists(final_path)) return OccupiedPathError(final_path);
   // Overwriting replaces only a committed checkpoint; refuse anything else before any work.
-  if (overwrite) CKPT_RETURN_IF_ERROR(CheckReplaceable(final_path).status());
+  if (overwrite && !empty_dir) CKPT_RETURN_IF_ERROR(CheckReplaceable(final_path).status());
   if (!IsDirectory(ParentDir(final_path))) {
     return absl::NotFoundError(absl::StrCat("parent directory of ", final_path, " does not exist"));
   }
@@ -433,13 +474,13 @@ absl::Status CommitStreamedCheckpoint(const std::string& staging_dir, const std:
 
   const std::string parent = ParentDir(final_path);
   ReplaceTarget target;
-  if (PathExists(final_path)) {
-    if (!options.overwrite) return ExistingPathError(final_path);
+  if (PathExists(final_path) && !IsEmptyDirectory(final_path)) {
+    if (!options.overwrite) return OccupiedPathError(final_path);
     // Checked again right before the swap: what is there now must be a committed checkpoint.
     CKPT_ASSIGN_OR_RETURN(target, CheckReplaceable(final_path));
   }
   if (!target.exists) {
-    CKPT_RETURN_IF_ERROR(RenameNoReplace(staging_dir, final_path));
+    CKPT_RETURN_IF_ERROR(RenameIntoPlace(staging_dir, final_path));
     CKPT_RETURN_IF_ERROR(FsyncDir(parent));
     Step(options, CommitStep::kCheckpointRenamed);
     Step(options, CommitStep::kOldRemoved);

@@ -72,8 +72,10 @@ absl::StatusOr<CommitStep> ParseCommitStep(absl::string_view name);
 
 struct WriteOptions {
   IoOptions io;
-  // Replace an existing committed checkpoint at the final path. Without it an existing path
-  // is AlreadyExists and nothing is written; with it anything but a committed checkpoint
+  // Replace an existing committed checkpoint at the final path. An empty directory there is
+  // always replaced (removed with rmdir right before the no-replace rename, so nothing that
+  // appears in it is lost). Without it any other existing path is AlreadyExists and nothing is
+  // written; with it anything but a committed checkpoint
   // (storage/overwrite_guard.h: a file, a link, an arbitrary or incomplete directory) is
   // FailedPrecondition and nothing is written or removed.
   bool overwrite = false;
@@ -95,8 +97,10 @@ absl::StatusOr<pb::Manifest> WriteCheckpoint(const std::string& path,
 // --- the same protocol in parts, for saves spread over several processes ---------------------
 
 // Creates the temporary sibling directory (with data/) for a checkpoint at `final_path`.
-// Refuses an existing path (AlreadyExists) unless `overwrite`, and with `overwrite` anything
-// at the path that is not a committed checkpoint (FailedPrecondition, see CheckReplaceable).
+// Accepts an empty directory at the path (the commit replaces it). Refuses any other existing
+// path (AlreadyExists, naming a few entries of a directory) unless `overwrite`, and with it
+// anything at the path that is not a committed checkpoint (FailedPrecondition, see
+// CheckReplaceable).
 absl::StatusOr<std::string> CreateStagingDir(const std::string& final_path, bool overwrite);
 
 // Removes the staging directory of a checkpoint that will not be committed, while writers in

@@ -129,7 +129,8 @@ TEST_F(ReshardCommitTest, PlanChecksSourceDestinationAndLayout) {
   // An existing destination without overwrite: AlreadyExists, and nothing created.
   auto exists = committer.Plan(ReshardOp(src_, 4, tp4));
   EXPECT_FALSE(exists.ok());
-  ASSERT_TRUE(MakeDir(JoinPath(dir_, "taken")).ok());
+  ASSERT_TRUE(MakeDir(JoinPath(dir_, "taken")).ok());  // not empty: an empty one is committed over
+  ASSERT_TRUE(WriteFileDurably(JoinPath(JoinPath(dir_, "taken"), "notes.txt"), "keep").ok());
   auto taken = committer.Plan(ReshardOp(JoinPath(dir_, "taken"), 4, tp4));
   EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists);
 }
