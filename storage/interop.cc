@@ -22,6 +22,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "storage/checkpoint_reader.h"
+#include "storage/data_file_stream.h"
 #include "storage/export_transform.h"
 #include "storage/file_util.h"
 #include "storage/manifest_codec.h"
@@ -147,34 +148,54 @@ absl::Status WriteAtomically(const std::string& path,
   return FsyncDir(ParentDir(path));
 }
 
-// Entries an export fills at once: consecutive ones up to this many bytes (or one larger
-// entry), so many small tensors cost one batch of reads rather than one each.
-constexpr int64_t kExportBatchBytes = int64_t{64} << 20;
+// Consecutive entries [first, last) of a file that an export fills at once: up to
+// `batch_bytes` (or one larger entry), so many small tensors cost one batch of reads rather
+// than one each.
+std::vector<std::pair<size_t, size_t>> CutBatches(const std::vector<SafetensorsEntry>& entries,
+                                                  int64_t batch_bytes) {
+  std::vector<std::pair<size_t, size_t>> batches;
+  for (size_t first = 0; first < entries.size();) {
+    size_t last = first + 1;
+    while (last < entries.size() && entries[last].end - entries[first].begin <= batch_bytes) {
+      ++last;
+    }
+    batches.emplace_back(first, last);
+    first = last;
+  }
+  return batches;
+}
 
-// Writes one safetensors file atomically, holding at most one batch of entries in memory:
-// `fill(first, last, buf)` produces entries [first, last) back to back (they are contiguous
-// in the file).
+// Writes one safetensors file atomically, holding at most two batches of entries in memory:
+// `fill(first, last, buf)` produces entries [first, last) back to back (they are
+// contiguous in the file) into one of the two `buffers` (grown to the largest batch, reused
+// by the caller's next file), while the previous batch is written from the other
+// (RunStagePipeline).
 absl::Status WriteSafetensorsFile(const std::string& path,
                                   const std::vector<SafetensorsEntry>& entries,
                                   const std::map<std::string, std::string>& metadata,
-                                  const std::function<absl::Status(size_t, size_t, char*)>& fill) {
+                                  int64_t batch_bytes, bool overlap, ReusedBuffer buffers[2],
+                                  const std::function<absl::Status(size_t, size_t, char*)>& fill,
+                                  PipelineStats* stats) {
   CKPT_ASSIGN_OR_RETURN(std::string header, EncodeSafetensorsHeader(entries, metadata));
+  const std::vector<std::pair<size_t, size_t>> batches = CutBatches(entries, batch_bytes);
+  if (stats != nullptr) stats->steps += static_cast<int64_t>(batches.size());
+  auto batch_size = [&](size_t b) {
+    return entries[batches[b].second - 1].end - entries[batches[b].first].begin;
+  };
+  int64_t largest = 1;
+  for (size_t b = 0; b < batches.size(); ++b) largest = std::max(largest, batch_size(b));
+  ReusedBuffer* slots = buffers;
   return WriteAtomically(path, [&](int fd, const std::string& tmp) -> absl::Status {
     CKPT_RETURN_IF_ERROR(PwriteAll(fd, header.data(), static_cast<int64_t>(header.size()), 0, tmp));
     const int64_t data_start = static_cast<int64_t>(header.size());
-    for (size_t first = 0; first < entries.size();) {
-      size_t last = first + 1;
-      while (last < entries.size() &&
-             entries[last].end - entries[first].begin <= kExportBatchBytes) {
-        ++last;
-      }
-      const int64_t n = entries[last - 1].end - entries[first].begin;
-      std::unique_ptr<char[]> buf(new char[std::max<int64_t>(1, n)]);
-      CKPT_RETURN_IF_ERROR(fill(first, last, buf.get()));
-      CKPT_RETURN_IF_ERROR(PwriteAll(fd, buf.get(), n, data_start + entries[first].begin, tmp));
-      first = last;
-    }
-    return absl::OkStatus();
+    auto produce = [&](int64_t b, int slot) -> absl::Status {
+      return fill(batches[b].first, batches[b].second, slots[slot].Get(largest));
+    };
+    auto consume = [&](int64_t b, int slot) -> absl::Status {
+      return PwriteAll(fd, slots[slot].data(), batch_size(b),
+                       data_start + entries[batches[b].first].begin, tmp);
+    };
+    return RunStagePipeline(static_cast<int64_t>(batches.size()), produce, consume, overlap);
   });
 }
 
@@ -244,6 +265,17 @@ absl::Status RemoveStaleExportFiles(const std::vector<std::string>& earlier,
   return earlier.empty() ? absl::OkStatus() : FsyncDir(ParentDir(earlier.front()));
 }
 
+// Adds what `buffers` did to *stats (when not null).
+void RecordBuffers(std::initializer_list<const ReusedBuffer*> buffers, int64_t steps,
+                   PipelineStats* stats) {
+  if (stats == nullptr) return;
+  stats->steps += steps;
+  for (const ReusedBuffer* b : buffers) {
+    stats->buffer_allocations += b->allocations();
+    stats->peak_buffer_bytes += b->size();
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> ResolveImportSource(const std::string& source) {
@@ -263,8 +295,88 @@ absl::StatusOr<std::vector<std::string>> ResolveImportSource(const std::string& 
   return std::vector<std::string>{source};
 }
 
+namespace {
+
+// One source file's entries as data-file plans (pieces' data streamed in later): at most
+// kMaxEntriesPerDataFile pieces each, so every header stays small; an empty source file gives
+// one empty data file.
+std::vector<DataFilePlan> ImportPlans(const SafetensorsHeader& h) {
+  std::vector<DataFilePlan> plans;
+  for (const SafetensorsEntry& e : h.entries) {
+    if (plans.empty() || plans.back().pieces.size() == kMaxEntriesPerDataFile) {
+      plans.emplace_back();
+    }
+    PieceData piece;  // its bytes are streamed in (ImportFile)
+    piece.key = e.name;
+    piece.region = WholeRegion(e.shape);
+    piece.size_bytes = e.end - e.begin;
+    plans.back().pieces.push_back(std::move(piece));
+  }
+  if (plans.empty()) plans.emplace_back();
+  return plans;
+}
+
+// Copies one source file's data section into data files first_index.. of `staging` as a
+// pipeline: chunk k + 1 of the section is read into one of two reused buffers (at most
+// options.memory_budget_bytes / 2 each) while chunk k is appended to the data files'
+// streams, which hash it and write it at its place. The files' bytes and records are those
+// WriteDataFiles would give for the whole file in memory.
+absl::Status ImportFile(const std::string& file, const SafetensorsHeader& h,
+                        const std::vector<TensorMeta>& tensors, const std::string& staging,
+                        int first_index, const ImportOptions& options, ReusedBuffer slots[2],
+                        WrittenData* all) {
+  const std::vector<DataFilePlan> plans = ImportPlans(h);
+  std::vector<std::unique_ptr<DataFileStream>> streams;
+  for (size_t p = 0; p < plans.size(); ++p) {
+    CKPT_ASSIGN_OR_RETURN(
+        std::unique_ptr<DataFileStream> stream,
+        DataFileStream::Create(staging, tensors, plans[p], first_index + static_cast<int>(p),
+                               options.write.checksum_block_bytes));
+    streams.push_back(std::move(stream));
+  }
+  const int64_t chunk = std::max<int64_t>(4096, options.memory_budget_bytes / 2 / 4096 * 4096);
+  const int64_t chunks = (h.data_bytes + chunk - 1) / chunk;
+  size_t next_entry = 0;  // first entry not wholly appended yet (entries sorted by begin)
+  auto produce = [&](int64_t k, int slot) -> absl::Status {
+    const int64_t n = std::min(chunk, h.data_bytes - k * chunk);
+    return ReadRanges({{file, h.data_start + k * chunk, n, slots[slot].Get(n), false, 0, {}, file}},
+                      options.write.io);
+  };
+  auto consume = [&](int64_t k, int slot) -> absl::Status {
+    const int64_t begin = k * chunk, end = std::min(begin + chunk, h.data_bytes);
+    for (size_t e = next_entry; e < h.entries.size() && h.entries[e].begin < end; ++e) {
+      const SafetensorsEntry& entry = h.entries[e];
+      const int64_t b = std::max(entry.begin, begin), stop = std::min(entry.end, end);
+      if (stop > b) {
+        CKPT_RETURN_IF_ERROR(streams[e / kMaxEntriesPerDataFile]->Append(
+            static_cast<int>(e % kMaxEntriesPerDataFile), slots[slot].data() + (b - begin),
+            stop - b));
+      }
+      if (entry.end <= end) next_entry = e + 1;
+    }
+    return absl::OkStatus();
+  };
+  CKPT_RETURN_IF_ERROR(RunStagePipeline(chunks, produce, consume, options.overlap));
+  if (options.stats != nullptr) options.stats->steps += chunks;
+  for (std::unique_ptr<DataFileStream>& stream : streams) {
+    CKPT_ASSIGN_OR_RETURN(WrittenData written, stream->Finish());
+    for (auto& p : written.pieces) all->pieces.push_back(std::move(p));
+    for (auto& f : written.files) all->files.push_back(std::move(f));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<pb::Manifest> ImportSafetensors(const std::string& source, const std::string& ckpt,
                                                const WriteOptions& options) {
+  ImportOptions io;
+  io.write = options;
+  return ImportSafetensors(source, ckpt, io);
+}
+
+absl::StatusOr<pb::Manifest> ImportSafetensors(const std::string& source, const std::string& ckpt,
+                                               const ImportOptions& options) {
   CKPT_ASSIGN_OR_RETURN(std::vector<std::string> files, ResolveImportSource(source));
   // Headers first: all tensors must be known (and unique) before anything is written.
   std::vector<SafetensorsHeader> headers(files.size());
@@ -287,41 +399,21 @@ absl::StatusOr<pb::Manifest> ImportSafetensors(const std::string& source, const 
   std::sort(tensors.begin(), tensors.end(),
             [](const TensorMeta& a, const TensorMeta& b) { return a.key < b.key; });
 
-  CKPT_ASSIGN_OR_RETURN(std::string staging, CreateStagingDir(ckpt, options.overwrite));
+  CKPT_ASSIGN_OR_RETURN(std::string staging, CreateStagingDir(ckpt, options.write.overwrite));
   WrittenData all;
   absl::Status s;
   int next_file = 0;
-  // One source file at a time, so memory holds one file's data; its entries go into data
-  // files of at most kMaxEntriesPerDataFile pieces, so every header stays small.
+  ReusedBuffer slots[2];  // reused by every chunk of every file
+  // One source file at a time, streamed through two bounded buffers.
   for (size_t i = 0; i < files.size() && s.ok(); ++i) {
-    const SafetensorsHeader& h = headers[i];
-    std::unique_ptr<char[]> data(new char[std::max<int64_t>(1, h.data_bytes)]);
-    IoOptions io = options.io;
-    s = ReadRanges({{files[i], h.data_start, h.data_bytes, data.get(), false, 0, {}, files[i]}},
-                   io);
-    if (!s.ok()) break;
-    std::vector<DataFilePlan> plans;
-    for (const SafetensorsEntry& e : h.entries) {
-      if (plans.empty() || plans.back().pieces.size() == kMaxEntriesPerDataFile) {
-        plans.emplace_back();
-      }
-      plans.back().pieces.push_back(
-          {e.name, WholeRegion(e.shape), data.get() + e.begin, e.end - e.begin});
-    }
-    if (plans.empty()) plans.emplace_back();  // an empty source file: an empty data file
-    auto written = WriteDataFiles(staging, tensors, plans, next_file, options);
-    next_file += static_cast<int>(plans.size());
-    if (!written.ok()) {
-      s = written.status();
-      break;
-    }
-    for (auto& p : written->pieces) all.pieces.push_back(std::move(p));
-    for (auto& f : written->files) all.files.push_back(std::move(f));
+    s = ImportFile(files[i], headers[i], tensors, staging, next_file, options, slots, &all);
+    next_file += static_cast<int>(ImportPlans(headers[i]).size());
   }
+  RecordBuffers({&slots[0], &slots[1]}, 0, options.stats);
   pb::Manifest manifest;
   if (s.ok()) {
-    manifest = BuildManifest(tensors, all, info, options.checksum_block_bytes);
-    s = CommitCheckpoint(staging, ckpt, manifest, options);
+    manifest = BuildManifest(tensors, all, info, options.write.checksum_block_bytes);
+    s = CommitCheckpoint(staging, ckpt, manifest, options.write);
   }
   if (!s.ok()) {
     RemoveTree(staging).IgnoreError();
@@ -366,11 +458,11 @@ absl::StatusOr<std::vector<ExportItem>> ExportItems(const pb::Manifest& m,
 }
 
 // Fills entries [first, last) of one file's group (back to back in `buf`): one batch of
-// region reads, into `buf` directly or, for converted tensors, into scratch then converted.
+// region reads, into `buf` directly or, for converted tensors, into `scratch` then converted.
 absl::Status FillExportBatch(const CheckpointReader& reader, const std::vector<ExportItem>& items,
                              const std::vector<size_t>& group,
                              const std::vector<SafetensorsEntry>& entries, size_t first,
-                             size_t last, char* buf) {
+                             size_t last, char* buf, ReusedBuffer* scratch) {
   int64_t scratch_bytes = 0;
   for (size_t e = first; e < last; ++e) {
     const ExportItem& it = items[group[e]];
@@ -378,7 +470,7 @@ absl::Status FillExportBatch(const CheckpointReader& reader, const std::vector<E
       scratch_bytes += it.bytes / DTypeSize(it.dtype) * DTypeSize(it.source_dtype);
     }
   }
-  std::unique_ptr<char[]> scratch(new char[std::max<int64_t>(1, scratch_bytes)]);
+  char* const scratch_base = scratch->Get(std::max<int64_t>(1, scratch_bytes));
   std::vector<CheckpointReader::RegionRead> batch;
   std::vector<std::pair<size_t, char*>> converted;  // entry, its source bytes in scratch
   int64_t used = 0;
@@ -386,7 +478,7 @@ absl::Status FillExportBatch(const CheckpointReader& reader, const std::vector<E
     const ExportItem& it = items[group[e]];
     char* out = buf + (entries[e].begin - entries[first].begin);
     if (it.dtype != it.source_dtype) {
-      char* source = scratch.get() + used;
+      char* source = scratch_base + used;
       used += it.bytes / DTypeSize(it.dtype) * DTypeSize(it.source_dtype);
       converted.emplace_back(e, source);
       out = source;
@@ -475,8 +567,11 @@ absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckp
                                                        {"ckpt_step", absl::StrCat(m.step())}};
   Json weight_map = Json::object();
   int64_t total = 0;
+  const int64_t batch_bytes = std::max<int64_t>(1, options.memory_budget_bytes / 2);
+  ReusedBuffer scratch;   // reused by every batch of every file
+  ReusedBuffer slots[2];  // likewise
   for (size_t g = 0; g < groups.size(); ++g) {
-    // One tensor in memory at a time, assembled from its pieces with checksums verified.
+    // Batches of tensors, each assembled from its pieces with checksums verified.
     std::vector<SafetensorsEntry> entries;
     int64_t pos = 0;
     for (size_t i : groups[g]) {
@@ -487,9 +582,11 @@ absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckp
     }
     total += pos;
     CKPT_RETURN_IF_ERROR(WriteSafetensorsFile(
-        paths[g], entries, metadata, [&](size_t first, size_t last, char* buf) {
-          return FillExportBatch(*reader, items, groups[g], entries, first, last, buf);
-        }));
+        paths[g], entries, metadata, batch_bytes, options.overlap, slots,
+        [&](size_t first, size_t last, char* buf) {
+          return FillExportBatch(*reader, items, groups[g], entries, first, last, buf, &scratch);
+        },
+        options.stats));
   }
   if (groups.size() > 1) {
     Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
@@ -501,6 +598,7 @@ absl::StatusOr<std::vector<std::string>> ExportCheckpoint(const std::string& ckp
     paths.push_back(index_path);
   }
   CKPT_RETURN_IF_ERROR(RemoveStaleExportFiles(targets.earlier, paths));
+  RecordBuffers({&slots[0], &slots[1], &scratch}, 0, options.stats);
   return paths;
 }
 
