@@ -295,7 +295,7 @@ def _read_all(path, md, flat, mappings, present, loaded, trust_pickles):
 
 
 def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
-         process_group=None, strict=True, trust_pickles=False):
+         process_group=None, strict=False, trust_pickles=False):
     """Collective (over ``process_group``, or this process alone without one): fills
     ``state_dict`` in place from the DCP checkpoint directory ``checkpoint_id``, as
     ckpt.torch.load does from a ckpt checkpoint (same errors, same ``strict`` and
