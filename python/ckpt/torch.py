@@ -48,12 +48,12 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from ckpt import _flatten, _objects, _share
+from ckpt import _dcp_options, _flatten, _objects, _share
 from ckpt import dtypes as _dtypes
 from ckpt import errors as _errors
 from ckpt.client import Client, read_manifest
 from ckpt.layouts import DTensor as _DTensorLayout
-from ckpt.layouts import Replicated, resolve
+from ckpt.layouts import Box, Replicated, resolve
 
 __all__ = ["save", "async_save", "load", "init", "get_client", "shutdown"]
 
@@ -64,22 +64,57 @@ _client_identity = None
 
 
 # ---- the client -------------------------------------------------------------------------------
+_NO_DIST = "ckpt.torch.no_dist"  # stands for the process group of no_dist=True: this rank alone
+
+
+def _distributed():
+    return dist.is_available() and dist.is_initialized()
+
+
+def _group(process_group, no_dist):
+    """The group a call runs over: ``process_group`` (None: the default group), or this process
+    alone (_NO_DIST) with ``no_dist`` or without an initialized process group, as DCP."""
+    return _NO_DIST if no_dist or not _distributed() else process_group
+
+
 def _group_rank_world(process_group):
-    if dist.is_available() and dist.is_initialized():
+    if process_group is not _NO_DIST and _distributed():
         return dist.get_rank(process_group), dist.get_world_size(process_group)
     return 0, 1
 
 
+def _job_suffix(process_group):
+    """What tells this group's ckpt job from the default group's: ranks saving with no_dist
+    are each a job of one; a process group other than the default one is a job of its ranks."""
+    if not _distributed():
+        return ""
+    if process_group is _NO_DIST:
+        return f".no_dist.r{dist.get_rank()}" if dist.get_world_size() > 1 else ""
+    if process_group is None or process_group is dist.group.WORLD:
+        return ""
+    ranks = dist.get_process_group_ranks(process_group)
+    if ranks == list(range(dist.get_world_size())):
+        return ""
+    listed = "-".join(map(str, ranks))
+    if len(listed) > 40:
+        import hashlib
+
+        listed = hashlib.sha256(listed.encode()).hexdigest()[:16]
+    return f".pg{listed}"
+
+
 def _job_name(process_group):
-    """CKPT_JOB / TORCHELASTIC_RUN_ID / SLURM_JOB_ID, else a name rank 0 picks and broadcasts."""
+    """CKPT_JOB / TORCHELASTIC_RUN_ID / SLURM_JOB_ID, else a name rank 0 picks and broadcasts;
+    with the group's suffix (_job_suffix)."""
+    suffix = _job_suffix(process_group)
     for var in ("CKPT_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
         if os.environ.get(var):
-            return os.environ[var]
+            return os.environ[var] + suffix
     name = [f"torch-{uuid.uuid4().hex[:12]}"]
-    if dist.is_available() and dist.is_initialized():
+    if process_group is not _NO_DIST and _distributed():
         src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
         dist.broadcast_object_list(name, src=src, group=process_group)
-    return name[0]
+    return name[0] + suffix
 
 
 def init(client=None, **client_kwargs):
@@ -91,16 +126,17 @@ def init(client=None, **client_kwargs):
         if _client is not None and _client is not client:
             _client.close()
         _client = client if client is not None else Client(**client_kwargs)
-        _client_identity = (_client.job, _client.rank, _client.world_size)
+        _client_identity = (_client.job, _client.rank, _client.world_size, "")
     return _client
 
 
 def get_client(process_group=None):
-    """The client of this process, connected at first use."""
+    """The client of this process for ``process_group``, connected at first use."""
     global _client, _client_identity
     rank, world = _group_rank_world(process_group)
+    suffix = _job_suffix(process_group)
     with _lock:
-        if _client is not None and _client_identity[1:] == (rank, world):
+        if _client is not None and _client_identity[1:] == (rank, world, suffix):
             return _client
     job = _job_name(process_group)
     local_rank = os.environ.get("LOCAL_RANK")
@@ -109,7 +145,7 @@ def get_client(process_group=None):
     with _lock:
         if _client is not None:
             _client.close()
-        _client, _client_identity = client, (job, rank, world)
+        _client, _client_identity = client, (job, rank, world, suffix)
     return client
 
 
@@ -194,6 +230,49 @@ def _dtensor_item(item, value):
             f"tensor {key}: the DTensor's local tensor has shape {tuple(local.shape)} but "
             f"{item.layout.placements} over mesh {item.layout.mesh_shape} at coordinate "
             f"{tuple(coordinate)} gives shape {region.lengths} (torch.chunk sharding)", key=key)
+    return item
+
+
+def _is_sharded_tensor(v):
+    try:
+        from torch.distributed._shard.sharded_tensor import ShardedTensor
+    except ImportError:  # pragma: no cover (builds without torch.distributed._shard)
+        return False
+    return isinstance(v, ShardedTensor)
+
+
+def _sharded_item(item, value):
+    """A ShardedTensor (torch.distributed._shard; FSDP1's SHARDED_STATE_DICT, older TP code):
+    its local shard is a piece at its offsets (a Box), as DCP stores it. A rank may hold one
+    shard of it or none; more than one, a nested ShardedTensor, or one on the meta device are
+    refused naming the key."""
+    key = item.key
+    shards = value.local_shards()
+    if not shards:
+        return None  # this rank holds nothing of it
+    if len(shards) > 1:
+        raise _errors.Unimplemented(
+            f"tensor {key}: this rank holds {len(shards)} shards of the ShardedTensor; ckpt "
+            "stores one piece per rank and tensor (use one shard per rank, e.g. "
+            "ChunkShardingSpec over distinct ranks)", key=key)
+    local, meta = shards[0].tensor, shards[0].metadata
+    if _is_sharded_tensor(local) or _is_dtensor(local):
+        raise _errors.Unimplemented(
+            f"tensor {key}: a ShardedTensor whose local shard is itself a "
+            f"{type(local).__name__} (2-D FSDP+TP) cannot be saved by ckpt", key=key)
+    if local.device.type not in ("cpu", "cuda"):
+        _refuse_device(key, local)
+    item.kind = "sharded"
+    item.dtype = _dtypes.name_of(value.dtype, key)
+    item.global_shape = tuple(int(d) for d in value.size())
+    item.local = local
+    offsets = tuple(int(o) for o in meta.shard_offsets)
+    if tuple(int(d) for d in meta.shard_sizes) != tuple(local.shape):
+        raise _errors.InvalidArgument(
+            f"tensor {key}: the ShardedTensor's local shard has shape {tuple(local.shape)}, "
+            f"its metadata says {tuple(meta.shard_sizes)}", key=key)
+    item.mesh_ranks = offsets  # agreed across ranks: equal offsets are replicas of one piece
+    item.layout = Box(item.global_shape, offsets)
     return item
 
 
@@ -283,6 +362,10 @@ def _classify(leaves):
             if _dtensor_item(item, value) is not None:
                 items.append(item)
             continue
+        if _is_sharded_tensor(value):
+            if _sharded_item(item, value) is not None:
+                items.append(item)
+            continue
         if isinstance(value, torch.Tensor):
             if value.device.type not in ("cpu", "cuda"):
                 _refuse_device(leaf.key, value)
@@ -305,7 +388,7 @@ def _classify(leaves):
 
 # ---- agreement across ranks -------------------------------------------------------------------
 def _all_gather(obj, process_group):
-    if not (dist.is_available() and dist.is_initialized()):
+    if process_group is _NO_DIST or not _distributed():
         return [obj]
     out = [None] * dist.get_world_size(process_group)
     dist.all_gather_object(out, obj, group=process_group)
@@ -345,13 +428,15 @@ def _check_agreement(per_rank):
 def _what(d):
     if d[0] == "object":
         return "a non-tensor value"
-    return f"a {'DTensor' if d[0] == 'dtensor' else 'tensor'} of {d[1]} {list(d[2])}"
+    kind = {"dtensor": "DTensor", "sharded": "ShardedTensor"}.get(d[0], "tensor")
+    return f"a {kind} of {d[1]} {list(d[2])}"
 
 
 def _replica_ids(per_rank, rank):
     """Replica id per key this rank holds: its position among the holders (plain tensors and
     values; the lowest holder is the main replica), or, for a DTensor, the position of its mesh
-    among the distinct meshes holding it (ordered by their first rank)."""
+    among the distinct meshes holding it (ordered by their first rank), or, for a ShardedTensor
+    shard, its position among the holders of a shard at the same offsets."""
     holders, meshes = {}, {}
     for r, described in enumerate(per_rank):
         for key, d in described.items():
@@ -362,6 +447,8 @@ def _replica_ids(per_rank, rank):
     for key, d in per_rank[rank].items():
         if d[0] == "dtensor":
             ids[key] = sorted(meshes[key], key=min).index(d[3])
+        elif d[0] == "sharded":
+            ids[key] = [r for r in holders[key] if per_rank[r][key][3] == d[3]].index(rank)
         else:
             ids[key] = holders[key].index(rank)
     return ids
@@ -369,8 +456,11 @@ def _replica_ids(per_rank, rank):
 
 # ---- save -------------------------------------------------------------------------------------
 def _path(checkpoint_id, storage, what):
-    if storage is not None and checkpoint_id is None:
-        checkpoint_id = getattr(storage, "path", None) or getattr(storage, "checkpoint_id", None)
+    """The checkpoint directory: ``checkpoint_id``, else the path of DCP's FileSystemWriter or
+    FileSystemReader (its options checked; other storage objects refused naming the class)."""
+    if storage is not None:
+        stored = _dcp_options.storage_path(storage, what)
+        checkpoint_id = stored if checkpoint_id is None else checkpoint_id
     if checkpoint_id is None:
         raise _errors.InvalidArgument(f"{what}: give checkpoint_id (the checkpoint directory)")
     return os.path.abspath(os.fspath(checkpoint_id))
@@ -386,10 +476,72 @@ def _make_parent(path):
         raise cls(f"ckpt.torch.save: cannot create the parent directory of {path}: {e}") from None
 
 
-def _refuse_planner(planner, what):
-    if planner is not None:
-        raise _errors.Unimplemented(f"{what}: custom DCP planners are not supported by ckpt "
-                                    "(it plans on its coordinator); pass planner=None")
+def _check_target(path):
+    """Before the ranks agree: the checkpoint path must not exist or be an empty directory (as
+    DCP's callers create it: mkdtemp, makedirs), which the coordinator's commit replaces
+    atomically (it removes it with rmdir right before its no-replace rename). Anything else is
+    ckpt.AlreadyExists naming it: a checkpoint (ckpt's or DCP's) is never replaced, nor a
+    directory holding anything deleted."""
+    try:
+        names = sorted(os.listdir(path))
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise _errors.AlreadyExists(f"ckpt.torch.save: {path} exists and is not a directory")
+    except OSError as e:
+        raise _errors.FailedPrecondition(f"ckpt.torch.save: cannot list {path}: {e}") from None
+    if not names:
+        return
+    if "manifest.pb" in names:
+        why = ("holds a ckpt checkpoint; ckpt.torch.save never replaces one (DCP's default "
+               "overwrite=True is not honoured): save under a new path or remove it first")
+    elif ".metadata" in names:
+        why = "holds a DCP checkpoint; ckpt.torch.save does not write over it"
+    else:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        why = (f"is not an empty directory (it holds {shown}); a checkpoint is written only to a "
+               "new path or an empty directory")
+    raise _errors.AlreadyExists(f"ckpt.torch.save: {path} {why}")
+
+
+def _init_meta(leaves, pg):
+    """As DCP's load (_init_state_dict): a tensor or DTensor on the meta device is replaced in
+    its container by an uninitialized one on the process group's default device (the CPU for
+    gloo), which the load then fills. A meta ShardedTensor is refused naming the key, as DCP
+    refuses it."""
+    for leaf in leaves:
+        value = leaf.value
+        if not isinstance(value, torch.Tensor) or value.device.type != "meta":
+            continue
+        if _is_sharded_tensor(value):
+            raise _errors.Unimplemented(
+                f"tensor {leaf.key}: a ShardedTensor on the meta device cannot be loaded into "
+                "(DCP refuses it too)", key=leaf.key)
+        device = torch.device("cpu")
+        if pg is not _NO_DIST and _distributed():
+            import warnings
+
+            with warnings.catch_warnings():  # DCP's call; deprecated, and warns for gloo
+                warnings.simplefilter("ignore")
+                device = dist.distributed_c10d._get_pg_default_device(pg)
+            if device.type != "cpu":
+                device = torch.device(device.type, getattr(torch, device.type).current_device())
+        if _is_dtensor(value):
+            from torch.distributed.tensor import DTensor
+
+            local = torch.empty_like(value.to_local(), device=device)
+            new = DTensor.from_local(local, device_mesh=value.device_mesh,
+                                     placements=value.placements, shape=value.size(),
+                                     stride=value.stride())
+        else:
+            new = torch.empty_like(value, device=device)
+        if isinstance(leaf.container, tuple):
+            raise _errors.InvalidArgument(
+                f"tensor {leaf.key} is on the meta device inside a tuple: it cannot be replaced "
+                "by a loaded tensor in place", key=leaf.key)
+        leaf.container[leaf.index] = new
+        leaf.value = new
+    return leaves
 
 
 def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group, metadata,
@@ -399,7 +551,8 @@ def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group,
     path, items, error = None, [], None
     try:
         path = _path(checkpoint_id, storage_writer, "ckpt.torch.save")
-        _refuse_planner(planner, "ckpt.torch.save")
+        _dcp_options.save_planner(planner, "ckpt.torch.save")
+        _check_target(path)
         _make_parent(path)
         items = _classify(_flatten.flatten(_with_states(state_dict,
                                                         _stateful_keys(state_dict))))
@@ -487,6 +640,9 @@ def _save_state(client, items, ids, kind="in_place"):
         elif item.kind == "dtensor":
             state.add(item.key, item.local, dataclasses.replace(item.layout, replica_id=(rid,)),
                       stage=stage)
+        elif item.kind == "sharded":
+            state.add(item.key, item.local, dataclasses.replace(item.layout, replica_id=rid),
+                      stage=stage)
         else:
             state.add(item.key, item.local, Replicated(rid), stage=stage)
     _SaveCache.slots[kind] = (client, signature, state)
@@ -494,30 +650,51 @@ def _save_state(client, items, ids, kind="in_place"):
 
 
 def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
-         process_group=None, no_dist=False, metadata=None, groups=None):
-    """Collective: saves ``state_dict`` to the directory ``checkpoint_id`` and returns once it
-    is committed (durable). Returns the SaveHandle (``staged_bytes``: bytes copied into shared
-    staging; ``lent_bytes``: bytes the worker wrote from shared memory without copying them
-    again, here every byte: the call does not return before the commit, so all the memory is
-    lent to the save). ``metadata``: extra str -> str stored in the manifest. ``groups``:
-    process groups the writes are distributed within (see ckpt.Client.save)."""
+         process_group=None, no_dist=False, use_collectives=True, metadata=None, groups=None):
+    """Collective: saves ``state_dict`` to the directory ``checkpoint_id`` (a new path or an
+    empty directory) and returns once it is committed (durable). Returns the SaveHandle
+    (``staged_bytes``: bytes copied into shared staging; ``lent_bytes``: bytes the worker wrote
+    from shared memory without copying them again, here every byte: the call does not return
+    before the commit, so all the memory is lent to the save). ``storage_writer``: DCP's
+    FileSystemWriter, for its path; ``planner``: None or DCP's DefaultSavePlanner;
+    ``no_dist``: this process alone (also without a process group). ``metadata``: extra
+    str -> str stored in the manifest. ``groups``: process groups the writes are distributed
+    within (see ckpt.Client.save)."""
+    _dcp_options.refuse_no_collectives(use_collectives, "ckpt.torch.save")
     handle = _snapshot(state_dict, checkpoint_id, storage_writer, planner,
-                       None if no_dist else process_group, metadata, lend=True, groups=groups)
+                       _group(process_group, no_dist), metadata, lend=True, groups=groups)
     handle.wait()
     return handle
 
 
+def save_state_dict(state_dict, storage_writer, process_group=None, coordinator_rank=0,
+                    no_dist=False, planner=None):
+    """DCP's older name for ``save`` (its signature: ``storage_writer`` positional, carrying
+    the path). ``coordinator_rank`` has no meaning for ckpt, whose coordinator daemon plans."""
+    return save(state_dict, storage_writer=storage_writer, planner=planner,
+                process_group=process_group, no_dist=no_dist)
+
+
 def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
-               process_group=None, metadata=None, groups=None, **unused_dcp_options):
+               process_group=None, async_checkpointer_type=None, async_stager=None,
+               no_dist=False, use_collectives=True, metadata=None, groups=None):
     """Collective: returns once this rank's state is snapshotted (copied out of the trainer's
     tensors), so they may be modified at once; the returned concurrent.futures.Future completes
     (result: the SaveHandle) when the checkpoint is committed, or raises the abort diagnosis.
-    DCP's async_checkpointer_type / async_stager options are accepted and ignored.
+    With DCP's DefaultStager(StagingOptions(use_async_staging=True)) it returns DCP's
+    AsyncSaveResponse instead, whose ``staging_completion`` is already done.
+    ``async_checkpointer_type`` THREAD or PROCESS: ckpt's worker daemon writes either way.
     Tensors are copied into ckpt's shared staging by this call and the worker writes from
     there; ckpt.empty tensors are copied by the worker before this returns. The staging stays
     busy until the save is durable: a following save or load of the same tensors waits for it."""
-    handle = _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group,
-                       metadata, lend=False, groups=groups)
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    if async_checkpointer_type is None:
+        async_checkpointer_type = AsyncCheckpointerType.THREAD
+    response = _dcp_options.async_options(async_checkpointer_type, async_stager, storage_writer,
+                                          use_collectives, "ckpt.torch.async_save")
+    handle = _snapshot(state_dict, checkpoint_id, storage_writer, planner,
+                       _group(process_group, no_dist), metadata, lend=False, groups=groups)
     future = concurrent.futures.Future()
     future.set_running_or_notify_cancel()
 
@@ -529,14 +706,24 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
             future.set_exception(e)
 
     threading.Thread(target=wait, name="ckpt-async-save", daemon=True).start()
-    return future
+    if not response:
+        return future
+    from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+
+    staged = concurrent.futures.Future()
+    staged.set_result(None)  # the snapshot was taken before this returns
+    return AsyncSaveResponse(staging_completion=staged, upload_completion=future)
 
 
 # ---- load -------------------------------------------------------------------------------------
-def _check_against_manifest(items, manifest):
-    """Missing keys, shape or dtype mismatches and tensor/value confusion, named."""
+def _check_against_manifest(items, manifest, allow_partial_load=False):
+    """Missing keys, shape or dtype mismatches and tensor/value confusion, named. Returns the
+    items to load: with ``allow_partial_load`` (DCP's DefaultLoadPlanner option) those the
+    checkpoint lacks are dropped (left as they are), as DCP does."""
     stored = manifest["tensors"]
     objects = json.loads(manifest["metadata"].get(_OBJECTS_KEY, "{}"))
+    if allow_partial_load:
+        items = [i for i in items if i.key in stored]
     for item in items:
         key = item.key
         if key not in stored:
@@ -558,6 +745,7 @@ def _check_against_manifest(items, manifest):
             raise _errors.InvalidArgument(
                 f"tensor {key}: the checkpoint holds shape {tuple(shape)}, the state dict "
                 f"{tuple(item.global_shape)}", key=key)
+    return items
 
 
 def _empty_hint(item, stored):
@@ -575,18 +763,21 @@ def _empty_hint(item, stored):
 
 
 def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
-         process_group=None, no_dist=False, strict=True, trust_pickles=False, groups=None):
+         process_group=None, no_dist=False, strict=False, trust_pickles=False, groups=None):
     """Collective: fills ``state_dict`` in place from the checkpoint ``checkpoint_id``, saved
-    from any world size and layout: tensors and DTensor local pieces are written in place,
+    from any world size and layout: tensors, DTensor local pieces and ShardedTensor local shards
+    are written in place, meta-device tensors and DTensors replaced by loaded ones (as DCP),
     non-tensor values are replaced in their containers; a top-level Stateful value is loaded
-    into its ``state_dict()``, which is then handed to its ``load_state_dict()``. Raises (on
-    every rank) naming the key: ckpt.NotFound for a key the checkpoint lacks,
-    ckpt.InvalidArgument for a shape or dtype mismatch, and with ``strict`` for a key of the
-    checkpoint no rank's state dict holds.
+    into its ``state_dict()``, which is then handed to its ``load_state_dict()``. The state dict
+    may hold a subset of the checkpoint's keys, in any order. Raises (on every rank) naming the
+    key: ckpt.NotFound for a key the checkpoint lacks (unless DCP's
+    ``DefaultLoadPlanner(allow_partial_load=True)``), ckpt.InvalidArgument for a shape or dtype
+    mismatch, and with ``strict`` for a key of the checkpoint no rank's state dict holds.
+    ``storage_reader``: DCP's FileSystemReader, for its path; ``no_dist``: this process alone.
     Non-tensor values are unpickled as plain data only unless ``trust_pickles``. ``groups``:
     process groups each reading what its ranks need and exchanging within itself (see
     ckpt.Client.load)."""
-    pg = None if no_dist else process_group
+    pg = _group(process_group, no_dist)
     from ckpt import _dcp_read  # a directory DCP wrote (issue 41, item 4): read in place
 
     if _dcp_read.is_dcp_checkpoint(checkpoint_id, storage_reader):
@@ -597,23 +788,55 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
     stateful_keys, loaded = _stateful_keys(state_dict), state_dict
     try:
         path = _path(checkpoint_id, storage_reader, "ckpt.torch.load")
-        _refuse_planner(planner, "ckpt.torch.load")
+        options = _dcp_options.load_planner(planner, "ckpt.torch.load")
         loaded = _with_states(state_dict, stateful_keys)
-        items = _classify(_flatten.flatten(loaded))
+        if loaded is state_dict and any(_has_meta(v) for v in state_dict.values()):
+            loaded = dict(state_dict)  # meta tensors are replaced in a copy, handed back
+        items = _classify(_init_meta(_flatten.flatten(loaded), pg))
         manifest = read_manifest(path)
-        _check_against_manifest(items, manifest)
+        items = _check_against_manifest(items, manifest, options.allow_partial_load)
     except _errors.Error as e:
         error = e
     per_rank = _agree(error, {i.key: i.describe() for i in items}, pg)
     if strict:
-        everyone = set().union(*map(set, per_rank))
-        extra = sorted(set(manifest["tensors"]) - everyone)
-        if extra:
-            raise _errors.InvalidArgument(
-                f"the checkpoint holds key {extra[0]} that no rank's state dict has"
-                f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; pass strict=False"
-                " to ignore such keys", key=extra[0])
+        _refuse_extra_keys(manifest, per_rank)
     _check_agreement(per_rank)
+    _load_items(path, items, per_rank, pg, trust_pickles, groups)
+    _hand_back(state_dict, loaded, stateful_keys)
+
+
+def load_state_dict(state_dict, storage_reader, process_group=None, coordinator_rank=0,
+                    no_dist=False, planner=None):
+    """DCP's older name for ``load`` (its signature: ``storage_reader`` positional, carrying
+    the path). ``coordinator_rank`` has no meaning for ckpt, whose coordinator daemon plans."""
+    return load(state_dict, storage_reader=storage_reader, planner=planner,
+                process_group=process_group, no_dist=no_dist)
+
+
+def _has_meta(value):
+    from collections.abc import Mapping
+
+    if isinstance(value, torch.Tensor):
+        return value.device.type == "meta"
+    if isinstance(value, Mapping):
+        return any(_has_meta(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_meta(v) for v in value)
+    return False
+
+
+def _refuse_extra_keys(manifest, per_rank):
+    everyone = set().union(*map(set, per_rank))
+    extra = sorted(set(manifest["tensors"]) - everyone)
+    if extra:
+        raise _errors.InvalidArgument(
+            f"the checkpoint holds key {extra[0]} that no rank's state dict has"
+            f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; pass strict=False"
+            " to ignore such keys", key=extra[0])
+
+
+def _load_items(path, items, per_rank, pg, trust_pickles, groups):
+    """Loads the agreed items: tensors in place, non-tensor values assigned to their leaves."""
     rank, _ = _group_rank_world(pg)
     ids = _replica_ids(per_rank, rank)
     client = get_client(pg)
@@ -636,7 +859,6 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
         value = _objects.decode(buffers[item.key].tobytes(), item.key, item.digest,
                                 trust_pickles, path=path)
         _flatten.assign(item.leaf, value)
-    _hand_back(state_dict, loaded, stateful_keys)
 
 
 def _hand_back(state_dict, loaded, stateful_keys):
