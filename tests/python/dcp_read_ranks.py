@@ -21,6 +21,7 @@ def expected():
         "w": torch.randn(7, 5, generator=g),
         "emb": torch.randn(6, 4, generator=g).to(torch.bfloat16),
         "bias": torch.randn(5, generator=g, dtype=torch.float64),
+        "rows": torch.randn(7, 3, generator=g),
     }
 
 
@@ -39,6 +40,7 @@ def phase_save(rank, world, rendezvous, job, workdir):
             "w": distribute_tensor(full["w"], mesh, [Shard(0)]),
             "emb": distribute_tensor(full["emb"], mesh, [Shard(1)]),
             "bias": full["bias"].clone(),
+            "rows": distribute_tensor(full["rows"], mesh, [Shard(1)]),
         },
         "step": 7,
         "extra": {"note": "from dcp", "lrs": [0.1, 0.01]},
@@ -53,8 +55,12 @@ def _bits(t):
 
 
 def phase_load(rank, world, rendezvous, job, workdir):
-    """ckpt.torch.load on 3 ranks: w by columns (uneven: 2, 2, 1), emb replicated, into the
-    caller's own tensors (same objects, same memory), values replaced in their containers."""
+    """ckpt.torch.load on 3 ranks: w by columns (uneven: 2, 2, 1), emb replicated, rows (saved
+    as a DTensor by columns) into a ShardedTensor by rows (3, 3, 1), into the caller's own
+    tensors (same objects, same memory), values replaced in their containers."""
+    from torch.distributed._shard import sharded_tensor
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
     import ckpt.torch
 
     mesh = _join(rank, world, rendezvous, job)
@@ -62,9 +68,11 @@ def phase_load(rank, world, rendezvous, job, workdir):
     w = distribute_tensor(torch.zeros(7, 5), mesh, [Shard(1)])
     emb = distribute_tensor(torch.zeros(6, 4, dtype=torch.bfloat16), mesh, [Replicate()])
     bias = torch.zeros(5, dtype=torch.float64)
+    spec = ChunkShardingSpec(dim=0, placements=[f"rank:{r}/cpu" for r in range(world)])
+    rows = sharded_tensor.zeros(spec, 7, 3)
     pointers = (w.to_local().data_ptr(), emb.to_local().data_ptr(), bias.data_ptr())
     extra = {"note": "unset", "lrs": []}
-    sd = {"model": {"w": w, "emb": emb, "bias": bias}, "step": 0, "extra": extra,
+    sd = {"model": {"w": w, "emb": emb, "bias": bias, "rows": rows}, "step": 0, "extra": extra,
           "param_groups": [{"lr": 0.0, "params": []}]}
     ckpt.torch.load(sd, checkpoint_id=os.path.join(workdir, "dcp"))
     model = sd["model"]
@@ -76,6 +84,10 @@ def phase_load(rank, world, rendezvous, job, workdir):
     assert torch.equal(_bits(emb.to_local()), _bits(full["emb"])), f"rank {rank}: emb differs"
     assert torch.equal(_bits(bias), _bits(full["bias"])), f"rank {rank}: bias differs"
     assert torch.equal(_bits(w.full_tensor()), _bits(full["w"]))
+    assert model["rows"] is rows
+    (shard,) = rows.local_shards()
+    want_rows = full["rows"].narrow(0, [0, 3, 6][rank], [3, 3, 1][rank])
+    assert torch.equal(_bits(shard.tensor), _bits(want_rows)), f"rank {rank}: rows differ"
     assert sd["step"] == 7
     assert sd["extra"] is extra and extra == {"note": "from dcp", "lrs": [0.1, 0.01]}
     assert sd["param_groups"] == [{"lr": 0.25, "params": ["model.w"]}]
