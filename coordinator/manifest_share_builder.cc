@@ -151,6 +151,10 @@ int ManifestShareBuilder::KeepPiece(int tensor, const pb::StoredPiece& piece) {
   shared.set_xxh3_64(piece.xxh3_64());
   shared.set_writer_rank(piece.writer_rank());
   *shared.mutable_block_xxh3() = piece.block_xxh3();
+  shared.set_codec(piece.codec());
+  shared.set_stored_length(piece.stored_length());
+  shared.set_raw_xxh3_64(piece.raw_xxh3_64());
+  shared.set_codec_chunk_bytes(piece.codec_chunk_bytes());
   piece_file_.push_back(shared.file_id());
   piece_tensor_.push_back(tensor);
   piece_offsets_.push_back(static_cast<int64_t>(piece_records_.size()));

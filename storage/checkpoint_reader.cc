@@ -1,7 +1,10 @@
 #include "storage/checkpoint_reader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +15,7 @@
 #include "storage/file_util.h"
 #include "storage/manifest_codec.h"
 #include "storage/manifest_file.h"
+#include "storage/piece_codec.h"
 #include "storage/safetensors.h"
 
 namespace ckpt {
@@ -166,9 +170,12 @@ absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads) c
   return ReadPieces(reads, options_.verify_checksums);
 }
 
-absl::Status ReadStoredPieces(const std::string& dir, int64_t checksum_block_bytes,
-                              absl::Span<const StoredPieceRead> reads, bool verify,
-                              const IoOptions& io) {
+namespace {
+
+// ReadStoredPieces for uncompressed pieces (or views of compressed pieces' stored bytes).
+absl::Status ReadPlainPieces(const std::string& dir, int64_t checksum_block_bytes,
+                             absl::Span<const StoredPieceRead> reads, bool verify,
+                             const IoOptions& io) {
   // Partial reads that do not line up with checksum blocks go through a staging buffer that
   // covers whole blocks, then the requested bytes are copied out.
   struct Staged {
@@ -235,6 +242,182 @@ absl::Status ReadStoredPieces(const std::string& dir, int64_t checksum_block_byt
     if (s.n > 0) std::memcpy(s.dest, s.buf.get() + s.skip, s.n);
   }
   return absl::OkStatus();
+}
+
+// A compressed piece being read: its frame's stored bytes of [stored_begin, stored_end), read
+// into `stored`, and the index once parsed.
+struct PackedRead {
+  const StoredPieceRead* read = nullptr;
+  pb::StoredPiece view;  // the piece's stored bytes seen as an uncompressed piece
+  std::string what;      // names the file and piece in errors
+  FrameExpect expect;
+  FrameIndex index;
+  int64_t stored_begin = 0;
+  int64_t stored_end = 0;
+  std::unique_ptr<char[]> stored;
+};
+
+// Reads [begin, end) of each packed read's stored bytes (set in the reads) into `stored`.
+absl::Status ReadStoredSpans(const std::string& dir, int64_t block, std::vector<PackedRead>& packed,
+                             bool verify, const IoOptions& io) {
+  std::vector<StoredPieceRead> spans;
+  for (PackedRead& r : packed) {
+    r.stored.reset(new char[std::max<int64_t>(1, r.stored_end - r.stored_begin)]);
+    spans.push_back({&r.view, r.stored_begin, r.stored_end, r.stored.get()});
+  }
+  return ReadPlainPieces(dir, block, spans, verify, io);
+}
+
+// Parses each packed read's index from the start of its `stored` bytes and checks it against
+// the manifest: the frame (ParseFrameIndex) and, with `verify`, the raw checksum.
+absl::Status ParseIndexes(std::vector<PackedRead>& packed, bool verify) {
+  for (PackedRead& r : packed) {
+    CKPT_ASSIGN_OR_RETURN(
+        r.index, ParseFrameIndex(absl::string_view(r.stored.get(), r.stored_end - r.stored_begin),
+                                 r.expect, r.what));
+    if (verify && r.index.RawChecksum() != r.read->piece->raw_xxh3_64()) {
+      return absl::DataLossError(absl::StrCat("compressed ", r.what,
+                                              ": the frame's raw checksums do not match the "
+                                              "manifest's raw XXH3-64"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One chunk to decode: into `dest` when it lies wholly inside the read, else through a buffer
+// from which [skip, skip + n) goes to `dest`.
+struct ChunkJob {
+  const PackedRead* read = nullptr;
+  int chunk = 0;
+  int64_t skip = 0;
+  int64_t n = 0;
+  char* dest = nullptr;
+};
+
+// Decodes the chunks on up to `threads` threads; the first error wins.
+absl::Status DecodeChunks(const std::vector<ChunkJob>& jobs, int threads, bool verify) {
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  absl::Status first;
+  auto work = [&] {
+    CodecScratch scratch;
+    std::string buf;
+    for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
+      const ChunkJob& job = jobs[j];
+      const PackedRead& r = *job.read;
+      const FrameChunk& c = r.index.chunks[job.chunk];
+      const bool whole = job.skip == 0 && job.n == c.raw_bytes;
+      if (!whole && static_cast<int64_t>(buf.size()) < c.raw_bytes) buf.resize(c.raw_bytes);
+      char* out = whole ? job.dest : buf.data();
+      absl::Status s = DecodeChunk(
+          r.index, job.chunk,
+          absl::string_view(r.stored.get() + (c.stored_offset - r.stored_begin), c.stored_bytes),
+          out, verify, scratch, r.what);
+      if (s.ok() && !whole) std::memcpy(job.dest, buf.data() + job.skip, job.n);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first.ok()) first = s;
+        next = jobs.size();
+      }
+    }
+  };
+  const int n = static_cast<int>(std::min<size_t>(std::max(1, threads), jobs.size()));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < n; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  return first;
+}
+
+// The chunks of each packed read that overlap its raw range, as decode jobs.
+std::vector<ChunkJob> ChunkJobs(const std::vector<PackedRead>& packed) {
+  std::vector<ChunkJob> jobs;
+  for (const PackedRead& r : packed) {
+    const int64_t begin = r.read->begin, end = r.read->end;
+    for (const FrameChunk& c : r.index.chunks) {
+      const int64_t lo = std::max(begin, c.raw_offset);
+      const int64_t hi = std::min(end, c.raw_offset + c.raw_bytes);
+      if (lo >= hi) continue;
+      jobs.push_back({&r, static_cast<int>(&c - r.index.chunks.data()), lo - c.raw_offset, hi - lo,
+                      static_cast<char*>(r.read->dest) + (lo - begin)});
+    }
+  }
+  return jobs;
+}
+
+// ReadStoredPieces for compressed pieces: a whole-piece read takes the whole frame in one read;
+// a partial one reads the frame's index first, then only the chunks it needs. Every size is
+// checked against the manifest before anything is allocated (the validator bounds the stored
+// length by the file, and the frame by the stored length).
+absl::Status ReadPackedPieces(const std::string& dir, int64_t block,
+                              absl::Span<const StoredPieceRead* const> reads, bool verify,
+                              const IoOptions& io) {
+  std::vector<PackedRead> whole, partial;
+  for (const StoredPieceRead* pr : reads) {
+    const pb::StoredPiece& p = *pr->piece;
+    PackedRead r;
+    r.read = pr;
+    r.view = p;
+    r.view.set_byte_length(p.stored_length());
+    r.view.set_codec(0);
+    r.what = absl::StrCat(JoinPath(dir, p.file()), ", tensor \"", p.key(), "\", entry \"",
+                          p.entry_name(), "\"");
+    CKPT_ASSIGN_OR_RETURN(r.expect.codec, PieceCodecFromInt(p.codec()));
+    r.expect.raw_bytes = p.byte_length();
+    r.expect.stored_bytes = p.stored_length();
+    r.expect.chunk_bytes = p.codec_chunk_bytes();
+    const int64_t index_bytes = FrameIndexBytes(p.byte_length(), std::max<int64_t>(1, p.codec_chunk_bytes()));
+    if (p.codec_chunk_bytes() < 1 || index_bytes > p.stored_length()) {
+      return absl::DataLossError(absl::StrCat("compressed ", r.what, ": stored length ",
+                                              p.stored_length(), " cannot hold its index"));
+    }
+    const bool all = pr->begin == 0 && pr->end == p.byte_length();
+    r.stored_end = all ? p.stored_length() : index_bytes;
+    (all ? whole : partial).push_back(std::move(r));
+  }
+  CKPT_RETURN_IF_ERROR(ReadStoredSpans(dir, block, partial, verify, io));
+  CKPT_RETURN_IF_ERROR(ParseIndexes(partial, verify));
+  for (PackedRead& r : partial) {  // now only the chunks the range needs
+    const int64_t chunk = r.index.chunk_bytes;
+    const FrameChunk& first = r.index.chunks[r.read->begin / chunk];
+    const FrameChunk& last = r.index.chunks[(r.read->end - 1) / chunk];
+    r.stored_begin = first.stored_offset;
+    r.stored_end = last.stored_offset + last.stored_bytes;
+  }
+  CKPT_RETURN_IF_ERROR(ReadStoredSpans(dir, block, whole, verify, io));
+  CKPT_RETURN_IF_ERROR(ParseIndexes(whole, verify));
+  CKPT_RETURN_IF_ERROR(ReadStoredSpans(dir, block, partial, verify, io));
+  std::vector<ChunkJob> jobs = ChunkJobs(whole);
+  std::vector<ChunkJob> more = ChunkJobs(partial);
+  jobs.insert(jobs.end(), more.begin(), more.end());
+  return DecodeChunks(jobs, io.num_threads, verify);
+}
+
+}  // namespace
+
+absl::Status ReadStoredPieces(const std::string& dir, int64_t checksum_block_bytes,
+                              absl::Span<const StoredPieceRead> reads, bool verify,
+                              const IoOptions& io) {
+  std::vector<StoredPieceRead> plain;
+  std::vector<const StoredPieceRead*> packed;
+  for (const StoredPieceRead& pr : reads) {
+    const pb::StoredPiece& p = *pr.piece;
+    if (p.codec() == 0) {
+      plain.push_back(pr);
+      continue;
+    }
+    if (pr.begin < 0 || pr.begin > pr.end || pr.end > p.byte_length()) {
+      return absl::InvalidArgumentError(absl::StrCat("byte range [", pr.begin, ", ", pr.end,
+                                                     ") is outside ", DescribePiece(p), " of ",
+                                                     p.byte_length(), " bytes"));
+    }
+    if (pr.begin < pr.end) packed.push_back(&pr);
+  }
+  if (!plain.empty()) {
+    CKPT_RETURN_IF_ERROR(ReadPlainPieces(dir, checksum_block_bytes, plain, verify, io));
+  }
+  if (packed.empty()) return absl::OkStatus();
+  return ReadPackedPieces(dir, checksum_block_bytes, packed, verify, io);
 }
 
 absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, bool verify) const {

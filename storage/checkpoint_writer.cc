@@ -19,6 +19,7 @@
 #include "sharding/coverage.h"
 #include "storage/file_util.h"
 #include "storage/manifest_file.h"
+#include "storage/piece_compression.h"
 #include "storage/overwrite_guard.h"
 #include "storage/safetensors.h"
 
@@ -247,13 +248,17 @@ using TensorsByKey = absl::flat_hash_map<absl::string_view, const TensorMeta*>;
 // Validates a file's pieces (known tensor, region inside it, size matching the dtype, bytes in
 // memory unless `require_data` is false) and lays them out back to back as safetensors entries;
 // *data_bytes is set to their total.
+// `packed` (when not null) holds the frames of plan.pieces, in order; a piece whose frame's
+// codec is kNone is stored raw.
 absl::StatusOr<std::vector<SafetensorsEntry>> LayOutEntries(const DataFilePlan& plan,
                                                             const TensorsByKey& by_key,
                                                             bool require_data,
-                                                            int64_t* data_bytes) {
+                                                            int64_t* data_bytes,
+                                                            const PackedPieces* packed) {
   std::vector<SafetensorsEntry> entries;
   int64_t pos = 0;
-  for (const PieceData& p : plan.pieces) {
+  for (size_t i = 0; i < plan.pieces.size(); ++i) {
+    const PieceData& p = plan.pieces[i];
     auto t = by_key.find(p.key);
     if (t == by_key.end()) {
       return absl::InvalidArgumentError(
@@ -270,6 +275,12 @@ absl::StatusOr<std::vector<SafetensorsEntry>> LayOutEntries(const DataFilePlan& 
           "tensor \"", p.key, "\" region ", p.region.DebugString(), " has ", p.size_bytes,
           " bytes of data, expected ", bytes, " (", DTypeName(t->second->dtype), ")"));
     }
+    if (IsPacked(packed, i)) {  // the frame, as uint8 (storage/piece_codec.h)
+      const int64_t stored = static_cast<int64_t>((*packed)[i].frame.size());
+      entries.push_back({EncodeEntryName(p.key, p.region), DType::kU8, {stored}, pos, pos + stored});
+      pos += stored;
+      continue;
+    }
     entries.push_back({EncodeEntryName(p.key, p.region), t->second->dtype, EntryShape(p.region),
                        pos, pos + bytes});
     pos += bytes;
@@ -282,7 +293,7 @@ absl::StatusOr<std::vector<SafetensorsEntry>> LayOutEntries(const DataFilePlan& 
 // write).
 void RecordFile(const std::string& name, const DataFilePlan& plan, int64_t header_bytes,
                 int64_t data_bytes, const std::vector<SafetensorsEntry>& entries,
-                WrittenData* out) {
+                const PackedPieces* packed, WrittenData* out) {
   pb::DataFile df;
   df.set_name(name);
   df.set_writer_rank(plan.writer_rank);
@@ -298,6 +309,7 @@ void RecordFile(const std::string& name, const DataFilePlan& plan, int64_t heade
     sp.set_entry_name(entries[i].name);
     sp.set_byte_offset(df.data_start() + entries[i].begin);
     sp.set_byte_length(p.size_bytes);
+    if (IsPacked(packed, i)) SetPackedFields((*packed)[i], &sp);
     sp.set_writer_rank(plan.writer_rank);
     out->pieces.push_back(std::move(sp));
   }
@@ -333,7 +345,8 @@ TensorsByKey IndexByKey(const std::vector<TensorMeta>& tensors) {
 
 // LayOutDataFile with the tensors indexed by key.
 absl::StatusOr<DataFileLayout> LayOutIndexed(const TensorsByKey& by_key, const DataFilePlan& plan,
-                                             int index, bool require_data) {
+                                             int index, bool require_data,
+                                             const PackedPieces* packed = nullptr) {
   if (plan.writer_rank < 0) {
     return absl::InvalidArgumentError(absl::StrCat("negative writer rank ", plan.writer_rank));
   }
@@ -341,14 +354,17 @@ absl::StatusOr<DataFileLayout> LayOutIndexed(const TensorsByKey& by_key, const D
   layout.name = DataFileName(plan.writer_rank, index);
   int64_t data_bytes = 0;
   CKPT_ASSIGN_OR_RETURN(std::vector<SafetensorsEntry> entries,
-                        LayOutEntries(plan, by_key, require_data, &data_bytes));
+                        LayOutEntries(plan, by_key, require_data, &data_bytes, packed));
+  std::map<std::string, std::string> metadata = {{"format", "ckpt"},
+                                                  {"writer_rank", absl::StrCat(plan.writer_rank)},
+                                                  {"ckpt_writer", kWriterVersion}};
+  for (size_t i = 0; i < plan.pieces.size(); ++i) {
+    if (IsPacked(packed, i)) metadata["ckpt_compression"] = kPackedEntriesNote;
+  }
   CKPT_ASSIGN_OR_RETURN(layout.header,
-                        EncodeSafetensorsHeader(entries,
-                                                {{"format", "ckpt"},
-                                                 {"writer_rank", absl::StrCat(plan.writer_rank)},
-                                                 {"ckpt_writer", kWriterVersion}},
-                                                kDirectIoAlignment));
+                        EncodeSafetensorsHeader(entries, metadata, kDirectIoAlignment));
   RecordFile(layout.name, plan, static_cast<int64_t>(layout.header.size()), data_bytes, entries,
+             packed,
              &layout.records);
   return layout;
 }
@@ -359,6 +375,10 @@ absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
                                            const std::vector<TensorMeta>& tensors,
                                            const std::vector<DataFilePlan>& files, int first_index,
                                            const WriteOptions& options) {
+  std::vector<PackedPieces> packed;
+  if (options.compression.enabled) {
+    CKPT_ASSIGN_OR_RETURN(packed, CompressPieces(tensors, files, options.compression));
+  }
   const TensorsByKey by_key = IndexByKey(tensors);
   std::map<int, int> next_index;
   std::vector<std::string> headers(files.size());
@@ -368,12 +388,20 @@ absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
     const DataFilePlan& plan = files[f];
     const int index = first_index + next_index[plan.writer_rank]++;
     CKPT_ASSIGN_OR_RETURN(DataFileLayout layout,
-                          LayOutIndexed(by_key, plan, index, /*require_data=*/true));
+                          LayOutIndexed(by_key, plan, index, /*require_data=*/true,
+                                        packed.empty() ? nullptr : &packed[f]));
     headers[f] = std::move(layout.header);
     writes[f].path = JoinPath(staging_dir, layout.name);
     writes[f].segments.push_back(
         {headers[f].data(), static_cast<int64_t>(headers[f].size()), false, 0});
-    for (const PieceData& p : plan.pieces) {
+    for (size_t i = 0; i < plan.pieces.size(); ++i) {
+      const PieceData& p = plan.pieces[i];
+      if (!packed.empty() && IsPacked(&packed[f], i)) {
+        const std::string& frame = packed[f][i].frame;
+        writes[f].segments.push_back({frame.data(), static_cast<int64_t>(frame.size()), true,
+                                      options.checksum_block_bytes});
+        continue;
+      }
       writes[f].segments.push_back({p.data, p.size_bytes, true, options.checksum_block_bytes});
     }
     for (pb::DataFile& df : layout.records.files) out.files.push_back(std::move(df));
@@ -395,7 +423,7 @@ absl::StatusOr<DataFileLayout> LayOutDataFile(const std::vector<TensorMeta>& ten
 void SetStoredChecksums(uint64_t xxh3, const std::vector<uint64_t>& blocks,
                         int64_t checksum_block_bytes, pb::StoredPiece* piece) {
   piece->set_xxh3_64(xxh3);
-  if (piece->byte_length() > checksum_block_bytes) {
+  if (StoredBytes(*piece) > checksum_block_bytes) {
     for (uint64_t b : blocks) piece->add_block_xxh3(b);
   }
 }

@@ -24,6 +24,7 @@
 #include "storage/io_engine.h"
 #include "storage/manifest_codec.h"
 #include "storage/manifest_file.h"
+#include "storage/piece_codec.h"
 
 namespace ckpt {
 
@@ -85,6 +86,8 @@ struct WriteOptions {
   bool manifest_validated = false;
   // When the manifest is split into piece files, and their size (storage/manifest_file.h).
   ManifestFileOptions manifest_files;
+  // Compress the pieces WriteDataFiles writes (storage/piece_codec.h; off by default).
+  CompressionOptions compression;
   // Test-only: called after each commit step (e.g. to kill the process there).
   std::function<void(CommitStep)> after_step;
 };

@@ -19,6 +19,7 @@
 #include "proto/deterministic.h"
 #include "sharding/coverage.h"
 #include "storage/checksum.h"
+#include "storage/piece_codec.h"
 
 namespace ckpt {
 namespace {
@@ -266,14 +267,16 @@ absl::Status ManifestValidator::CheckPiece(int i, const pb::StoredPiece& p, int*
                       absl::StrCat("byte length ", p.byte_length(), " is not ", n, " elements of ",
                                    DTypeName(dtype)));
   }
+  CKPT_RETURN_IF_ERROR(CheckPieceCodec(i, p));
+  const int64_t stored = StoredBytes(p);
   auto f = file_index_.find(p.file());
   if (f == file_index_.end()) return PieceError(i, p, "its data file is not listed");
   *file_index = f->second;
   const pb::DataFile& file = head_->files(f->second);
   if (p.byte_offset() < file.data_start() || p.byte_offset() > file.size_bytes() ||
-      p.byte_length() > file.size_bytes() - p.byte_offset()) {
+      stored > file.size_bytes() - p.byte_offset()) {
     return PieceError(i, p,
-                      absl::StrCat("bytes [", p.byte_offset(), ", +", p.byte_length(),
+                      absl::StrCat("bytes [", p.byte_offset(), ", +", stored,
                                    ") lie outside the data section [", file.data_start(), ", ",
                                    file.size_bytes(), ")"));
   }
@@ -283,8 +286,7 @@ absl::Status ManifestValidator::CheckPiece(int i, const pb::StoredPiece& p, int*
         i, p, absl::StrCat("entry name \"", p.entry_name(), "\" should be \"", want_name, "\""));
   }
   const int64_t block = head_->checksum_block_bytes();
-  const int64_t want_blocks =
-      (block > 0 && p.byte_length() > block) ? (p.byte_length() + block - 1) / block : 0;
+  const int64_t want_blocks = (block > 0 && stored > block) ? (stored + block - 1) / block : 0;
   CKPT_RETURN_IF_ERROR(CheckStoredPieceChecksums(i, p));
   if (p.block_xxh3_size() != want_blocks) {
     return PieceError(
@@ -307,7 +309,7 @@ absl::Status ManifestValidator::AddPiece(const pb::StoredPiece& p) {
   tensor_of_.push_back(tensor);
   file_of_.push_back(file);
   regions_.push_back(std::move(region));
-  ranges_.emplace_back(file, p.byte_offset(), p.byte_offset() + p.byte_length(), i);
+  ranges_.emplace_back(file, p.byte_offset(), p.byte_offset() + StoredBytes(p), i);
   return absl::OkStatus();
 }
 
@@ -379,6 +381,30 @@ void ManifestValidator::Reserve(int num_pieces) {
   ranges_.reserve(num_pieces);
 }
 
+absl::Status CheckPieceCodec(int i, const pb::StoredPiece& p) {
+  if (p.codec() == 0) {
+    if (p.stored_length() != 0 || p.raw_xxh3_64() != 0 || p.codec_chunk_bytes() != 0) {
+      return PieceError(i, p, "is not compressed but has a stored length, raw checksum or chunk");
+    }
+    return absl::OkStatus();
+  }
+  if (!PieceCodecFromInt(p.codec()).ok() || p.stored_length() < kFrameHeaderBytes ||
+      p.codec_chunk_bytes() < 1 || p.codec_chunk_bytes() > kMaxCodecChunkBytes) {
+    return PieceError(i, p,
+                      absl::StrCat("has codec ", p.codec(), ", stored length ", p.stored_length(),
+                                   " and chunk ", p.codec_chunk_bytes(),
+                                   " bytes: not a valid compressed piece"));
+  }
+  // The frame's index alone must fit the stored bytes (checked again, with the frame, on read).
+  const int64_t chunks =
+      p.byte_length() == 0 ? 0 : (p.byte_length() - 1) / p.codec_chunk_bytes() + 1;
+  if (chunks > (p.stored_length() - kFrameHeaderBytes) / kFrameIndexEntryBytes) {
+    return PieceError(i, p, absl::StrCat("stored length ", p.stored_length(),
+                                         " cannot hold the index of ", chunks, " chunks"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPieceChecksums(const pb::Manifest& m, int i) {
   return CheckStoredPieceChecksums(i, m.pieces(i));
 }
@@ -434,6 +460,11 @@ void PieceShapeHasher::Add(const pb::StoredPiece& p) {
   h.Int(p.byte_length());
   h.Int(p.writer_rank());
   h.Int(p.block_xxh3_size());
+  if (p.codec() != 0) {  // only then: uncompressed manifests keep their shapes
+    h.Int(p.codec());
+    h.Int(p.stored_length());
+    h.Int(p.codec_chunk_bytes());
+  }
   ++count_;
 }
 
@@ -560,16 +591,20 @@ absl::Status CheckHeaderAgainstPieces(const pb::DataFile& file, const Safetensor
     if (it == entries.end()) return err(p.entry_name(), "listed in the manifest but missing");
     const SafetensorsEntry& e = *it->second;
     const Region region = PieceRegion(p);
-    const DType dtype = dtypes[i];
-    if (e.dtype != dtype || e.shape != EntryShape(region) ||
-        header.data_start + e.begin != p.byte_offset() || e.end - e.begin != p.byte_length()) {
+    // A compressed piece's entry is its frame as uint8 (storage/piece_codec.h).
+    const bool packed = p.codec() != 0;
+    const DType dtype = packed ? DType::kU8 : dtypes[i];
+    const std::vector<int64_t> shape =
+        packed ? std::vector<int64_t>{p.stored_length()} : EntryShape(region);
+    if (e.dtype != dtype || e.shape != shape || header.data_start + e.begin != p.byte_offset() ||
+        e.end - e.begin != StoredBytes(p)) {
       return err(
           p.entry_name(),
           absl::StrCat("header has dtype ", DTypeName(e.dtype), " shape ", ShapeString(e.shape),
                        " at [", header.data_start + e.begin, ", ", header.data_start + e.end,
                        "); the manifest has tensor \"", p.key(), "\" dtype ", DTypeName(dtype),
-                       " shape ", ShapeString(EntryShape(region)), " at [", p.byte_offset(), ", ",
-                       p.byte_offset() + p.byte_length(), ")"));
+                       " shape ", ShapeString(shape), " at [", p.byte_offset(), ", ",
+                       p.byte_offset() + StoredBytes(p), ")", packed ? " (compressed)" : ""));
     }
   }
   if (all_entries_known && pieces.size() != header.entries.size()) {

@@ -41,6 +41,12 @@ inline constexpr int64_t kDefaultChecksumBlockBytes = int64_t{4} << 20;
 // an empty Region if the proto were malformed, which validation rules out).
 Region PieceRegion(const pb::StoredPiece& piece);
 
+// The bytes a piece takes in its data file: stored_length for a compressed piece (codec set),
+// else byte_length. The stored checksums (xxh3_64, block_xxh3) cover these bytes.
+inline int64_t StoredBytes(const pb::StoredPiece& piece) {
+  return piece.codec() != 0 ? piece.stored_length() : piece.byte_length();
+}
+
 // "data/r<rank>_<index>.safetensors": data file names come from the writer's rank and a
 // counter, never from tensor keys.
 std::string DataFileName(int writer_rank, int index);
@@ -160,6 +166,9 @@ class PieceShapeHasher {
 absl::Status CheckPieceChecksums(const pb::Manifest& manifest, int i);
 // The same for a piece streamed on its own, `i` its index in the manifest (for the message).
 absl::Status CheckStoredPieceChecksums(int i, const pb::StoredPiece& piece);
+// Piece i's compression fields: all zero without a codec; with one, a known codec, a chunk size
+// the decoder accepts and a stored length that can hold the frame's index.
+absl::Status CheckPieceCodec(int i, const pb::StoredPiece& piece);
 
 // The format checks of ParseManifestHead on an already parsed `head` that held `own_pieces`
 // pieces itself (a streaming reader parses the head without its pieces and counts them).

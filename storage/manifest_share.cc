@@ -71,6 +71,10 @@ absl::StatusOr<pb::Manifest> ExpandManifestShare(const pb::ManifestShare& share)
     p->set_xxh3_64(s.xxh3_64());
     p->set_writer_rank(s.writer_rank());
     *p->mutable_block_xxh3() = s.block_xxh3();
+    p->set_codec(s.codec());
+    p->set_stored_length(s.stored_length());
+    p->set_raw_xxh3_64(s.raw_xxh3_64());
+    p->set_codec_chunk_bytes(s.codec_chunk_bytes());
   }
   return m;
 }
