@@ -13,12 +13,23 @@
 #include "gtest/gtest.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
+#include "storage/io_engine.h"
 #include "storage/test_dir.h"
 
 namespace ckpt {
 namespace {
 
 using ::testing::HasSubstr;
+
+// A piece of `key` with `region` and raw bytes [data, data + bytes).
+PieceData MakePiece(const std::string& key, Region region, const void* data, int64_t bytes) {
+  PieceData p;
+  p.key = key;
+  p.region = std::move(region);
+  p.data = data;
+  p.size_bytes = bytes;
+  return p;
+}
 
 // An emptied staging directory with its data/ folder.
 std::string StagingDir(const std::string& name) {
@@ -46,9 +57,9 @@ struct RandomFile {
       for (char& c : bytes.back()) c = static_cast<char>(rng());
     }
     for (int i = 0; i < n; ++i) {
-      plan.pieces.push_back(PieceData{tensors[i].key,
+      plan.pieces.push_back(MakePiece(tensors[i].key,
                                       Region{{0}, {tensors[i].global_shape[0]}, std::nullopt},
-                                      bytes[i].data(), static_cast<int64_t>(bytes[i].size())});
+                                      bytes[i].data(), static_cast<int64_t>(bytes[i].size())));
     }
   }
 };
@@ -113,10 +124,137 @@ TEST(DataFileStreamTest, StreamedFileAndRecordsAreByteIdenticalToTheWholeFileWri
   }
 }
 
+// Streams `file`'s data section in file order through AppendData from a 4096-aligned buffer, in
+// runs of `run_bytes` (a multiple of 4096, as a host pool's chunks are) that span pieces.
+absl::StatusOr<std::unique_ptr<DataFileStream>> StreamDataInAlignedRuns(
+    const RandomFile& file, const std::string& dir, int index, int64_t run_bytes, bool direct_io) {
+  DataFilePlan without_data = file.plan;
+  for (PieceData& p : without_data.pieces) p.data = nullptr;
+  DataFileStreamOptions options;
+  options.direct_io = direct_io;
+  absl::StatusOr<std::unique_ptr<DataFileStream>> stream =
+      DataFileStream::Create(dir, file.tensors, without_data, index, options);
+  if (!stream.ok()) return stream.status();
+  std::string section;
+  for (const std::string& b : file.bytes) section += b;
+  char* run = static_cast<char*>(std::aligned_alloc(4096, static_cast<size_t>(run_bytes)));
+  absl::Status s;
+  for (size_t at = 0; at < section.size() && s.ok(); at += static_cast<size_t>(run_bytes)) {
+    const size_t n = std::min(section.size() - at, static_cast<size_t>(run_bytes));
+    std::copy_n(section.data() + at, n, run);
+    s = (*stream)->AppendData(run, static_cast<int64_t>(n));
+  }
+  std::free(run);
+  if (!s.ok()) return s;
+  return stream;
+}
+
+// The file WriteDataFiles writes for `file`, and its records.
+struct WholeFile {
+  WrittenData records;
+  std::string bytes;
+};
+WholeFile WriteWhole(const RandomFile& file, int index) {
+  const std::string dir = StagingDir("whole");
+  absl::StatusOr<WrittenData> whole =
+      WriteDataFiles(dir, file.tensors, {file.plan}, index, WriteOptions());
+  EXPECT_TRUE(whole.ok()) << whole.status();
+  if (!whole.ok()) return {};
+  auto bytes = ReadWholeFile(JoinPath(dir, whole->files[0].name()), 1 << 24);
+  EXPECT_TRUE(bytes.ok());
+  return WholeFile{*std::move(whole), bytes.ok() ? *bytes : ""};
+}
+
+TEST(DataFileStreamTest, DataInAlignedRunsSpanningPiecesIsByteIdenticalToWriteDataFiles) {
+  std::mt19937 rng(29);
+  for (int trial = 0; trial < 30; ++trial) {
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    const RandomFile file(rng, static_cast<int>(rng() % 4));
+    const int index = static_cast<int>(rng() % 3);
+    const WholeFile whole = WriteWhole(file, index);
+    const std::string dir = StagingDir("aligned");
+    absl::StatusOr<std::unique_ptr<DataFileStream>> stream =
+        StreamDataInAlignedRuns(file, dir, index, 4096 * (1 + rng() % 3), /*direct_io=*/true);
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    absl::StatusOr<WrittenData> streamed = (*stream)->Finish();
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+    ASSERT_EQ(streamed->pieces.size(), whole.records.pieces.size());
+    for (size_t i = 0; i < streamed->pieces.size(); ++i) {
+      EXPECT_EQ(streamed->pieces[i].SerializeAsString(),
+                whole.records.pieces[i].SerializeAsString());
+    }
+    EXPECT_EQ(streamed->files[0].SerializeAsString(), whole.records.files[0].SerializeAsString());
+    auto bytes = ReadWholeFile(JoinPath(dir, whole.records.files[0].name()), 1 << 24);
+    ASSERT_TRUE(bytes.ok());
+    EXPECT_TRUE(*bytes == whole.bytes);
+  }
+}
+
+// A file whose data section spans several aligned runs, so that O_DIRECT has whole blocks.
+RandomFile LargeFile() {
+  std::mt19937 rng(5);
+  RandomFile file(rng, 0);
+  file.tensors = {TensorMeta{"a.w", DType::kF32, {5000}}, TensorMeta{"b.w", DType::kU8, {9001}}};
+  file.bytes = {std::string(20000, 'a'), std::string(9001, 'b')};
+  for (char& c : file.bytes[1]) c = static_cast<char>(rng());
+  file.plan.pieces = {
+      MakePiece("a.w", Region{{0}, {5000}, std::nullopt}, file.bytes[0].data(), 20000),
+      MakePiece("b.w", Region{{0}, {9001}, std::nullopt}, file.bytes[1].data(), 9001)};
+  return file;
+}
+
+TEST(DataFileStreamTest, AlignedRunsGoDirectWhereTheFilesystemAllowsAndSaySo) {
+  const RandomFile file = LargeFile();
+  const WholeFile whole = WriteWhole(file, 0);
+  const std::string dir = StagingDir("direct");
+  absl::StatusOr<std::unique_ptr<DataFileStream>> stream =
+      StreamDataInAlignedRuns(file, dir, 0, 8192, /*direct_io=*/true);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  if ((*stream)->direct_io_refused()) GTEST_SKIP() << "this filesystem refuses O_DIRECT";
+  EXPECT_STREQ((*stream)->io_mode(), "O_DIRECT");
+  // Every whole 4 KiB block of the 29001 bytes went direct; the last partial one buffered.
+  EXPECT_EQ((*stream)->direct_bytes(), 28672);
+  ASSERT_TRUE((*stream)->Finish().ok());
+  auto bytes = ReadWholeFile(JoinPath(dir, whole.records.files[0].name()), 1 << 24);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_TRUE(*bytes == whole.bytes);
+}
+
+TEST(DataFileStreamTest, ARefusedODirectFallsBackToBufferedWritesAndSaysSo) {
+  const RandomFile file = LargeFile();
+  const WholeFile whole = WriteWhole(file, 0);
+  const std::string dir = StagingDir("refused");
+  SetDirectIoRefusedForTesting(true);
+  absl::StatusOr<std::unique_ptr<DataFileStream>> stream =
+      StreamDataInAlignedRuns(file, dir, 0, 8192, /*direct_io=*/true);
+  SetDirectIoRefusedForTesting(false);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  EXPECT_TRUE((*stream)->direct_io_refused());
+  EXPECT_STREQ((*stream)->io_mode(), "buffered (O_DIRECT refused)");
+  EXPECT_EQ((*stream)->direct_bytes(), 0);
+  ASSERT_TRUE((*stream)->Finish().ok());
+  auto bytes = ReadWholeFile(JoinPath(dir, whole.records.files[0].name()), 1 << 24);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_TRUE(*bytes == whole.bytes);
+}
+
+TEST(DataFileStreamTest, AppendDataAfterAppendToTheSamePieceIsRefusedNamingTheTensor) {
+  const RandomFile file = LargeFile();
+  DataFilePlan without_data = file.plan;
+  for (PieceData& p : without_data.pieces) p.data = nullptr;
+  absl::StatusOr<std::unique_ptr<DataFileStream>> stream = DataFileStream::Create(
+      StagingDir("mixed"), file.tensors, without_data, 0, DataFileStreamOptions());
+  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE((*stream)->Append(0, file.bytes[0].data(), 100).ok());
+  absl::Status s = (*stream)->AppendData(file.bytes[0].data(), 100);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("a.w"));
+}
+
 // One f32 tensor "big.w" of 4096 elements (16 KiB) in one piece.
 struct OnePiece {
   std::vector<TensorMeta> tensors{TensorMeta{"big.w", DType::kF32, {4096}}};
-  DataFilePlan plan{0, {PieceData{"big.w", Region{{0}, {4096}, std::nullopt}, nullptr, 16384}}};
+  DataFilePlan plan{0, {MakePiece("big.w", Region{{0}, {4096}, std::nullopt}, nullptr, 16384)}};
   std::string bytes = std::string(16384, 'x');
 };
 

@@ -31,6 +31,11 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
   DeviceSnapshotOptions device;
   // A memory save holds host bytes only: device pieces are refused (no staging pool).
   device.staging = part.memory_checkpoint().empty() ? device_staging_ : nullptr;
+  // A storage save is pipelined through the host pool; a memory save keeps its copies.
+  if (part.memory_checkpoint().empty() && host_save_ != nullptr) {
+    device.host_pool = host_save_->pool;
+    device.direct_io = host_save_->direct_io;
+  }
   device.on_device_drained = [this, &item](const SnapshotReport& r) {
     pb::SaveSnapshotReport report;
     report.set_copied_bytes(r.copied_bytes);
@@ -50,12 +55,14 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
     spdlog::info(
         "save_part_snapshotted op={} rank={} bytes={} seconds={:.3f} copied_bytes={} "
         "lent_bytes={} device_bytes={} device_chunks={} device_drained_s={:.3f} "
-        "device_over_pinned_budget={} device_bytes_written_before_snapshot={}",
+        "device_over_pinned_budget={} device_bytes_written_before_snapshot={} "
+        "pool_chunks={} host_waited_for_pool={} host_bytes_written_before_snapshot={}",
         item.operation_id(), item.rank(), part.total_bytes(),
         absl::ToDoubleSeconds(absl::Now() - start), snapshot->report.copied_bytes,
         snapshot->report.lent_bytes, staged.bytes, staged.chunks,
         absl::ToDoubleSeconds(staged.until_drained), staged.over_budget,
-        snapshot->report.bytes_written_before_snapshot);
+        snapshot->report.bytes_written_before_snapshot, snapshot->report.pool_chunks,
+        snapshot->report.host_waited_for_pool, snapshot->report.host_bytes_written_before_snapshot);
     absl::StatusOr<std::string> done =
         part.memory_checkpoint().empty()
             ? WriteSnapshot(*snapshot, run.progress, [&gate] { return gate.closed(); })
@@ -67,9 +74,14 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
       MemoryContext().tier->Pin(part.memory_checkpoint());
     }
   }
-  spdlog::info("save_part_written op={} rank={} bytes={} files={} seconds={:.3f} ok={}",
-               item.operation_id(), item.rank(), part.total_bytes(), part.files_size(),
-               absl::ToDoubleSeconds(absl::Now() - start), out.status.ok());
+  const SnapshotReport* report = snapshot.ok() ? &snapshot->report : nullptr;
+  spdlog::info(
+      "save_part_written op={} rank={} bytes={} files={} seconds={:.3f} ok={} "
+      "direct_io_files={} buffered_files={} direct_io_refused={}",
+      item.operation_id(), item.rank(), part.total_bytes(), part.files_size(),
+      absl::ToDoubleSeconds(absl::Now() - start), out.status.ok(),
+      report ? report->direct_io_files : 0, report ? report->buffered_files : 0,
+      report ? report->direct_io_refused : false);
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "proto/worker.pb.h"
 #include "worker/coordinator_link.h"
+#include "worker/host_buffer_pool.h"
 #include "worker/memory_save.h"
 #include "worker/memory_tier.h"
 #include "worker/part_executor.h"
@@ -42,6 +43,12 @@ void FillDataPlaneEndpoint(const LoadEnvironment& env, Context* context) {
   }
 }
 
+// How save parts use the worker's host pool (worker/host_buffer_pool.h): set before serving.
+struct HostSaveOptions {
+  HostBufferPool* pool = nullptr;  // null: each save copies into buffers of its own
+  bool direct_io = true;           // O_DIRECT writes where the filesystem allows
+};
+
 // Save parts: snapshots the rank's part out of the trainer's memory (device pieces through the
 // pinned staging pool), calls `on_snapshot` once the last byte has left the trainer's memory
 // (the trainer may change its tensors from then on), then writes the snapshot's files (a
@@ -53,11 +60,13 @@ class SavePartExecutor final : public PartExecutor {
   // `device_staging`: the worker's pinned pool (null: no GPU served; device pieces are
   // refused); it must outlive the executor.
   // `memory`: what a memory save (mem://) needs (the tier, the rendezvous and data plane).
+  // `host_save` (may be null: no pool) is read at each part; it must outlive the executor.
   SavePartExecutor(SnapshotFn on_snapshot, PinnedStagingPool* device_staging,
-                   LoadEnvironment memory = {})
+                   LoadEnvironment memory = {}, const HostSaveOptions* host_save = nullptr)
       : on_snapshot_(std::move(on_snapshot)),
         device_staging_(device_staging),
-        memory_(std::move(memory)) {}
+        memory_(std::move(memory)),
+        host_save_(host_save) {}
   bool NeedsTrainer() const override { return true; }
   PartOutcome Execute(const PartRun& run) override;
 
@@ -68,6 +77,7 @@ class SavePartExecutor final : public PartExecutor {
 
   PinnedStagingPool* device_staging_;
   LoadEnvironment memory_;
+  const HostSaveOptions* host_save_;
 };
 
 // Load parts: direct reads (LOAD_DIRECT or unset) or the exchange-based load.

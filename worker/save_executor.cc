@@ -23,6 +23,13 @@ struct StreamTarget {
   int piece = 0;
 };
 
+// `report` with the host copies' waits for the pool folded into the figures the trainer hears.
+SnapshotReport WithHostWaits(SnapshotReport report) {
+  report.waited_for_writes = report.waited_for_writes || report.host_waited_for_pool;
+  report.bytes_written_before_snapshot += report.host_bytes_written_before_snapshot;
+  return report;
+}
+
 // The report the trainer hears with the snapshot signal: every device byte has left the device
 // (the pipeline counts bytes as they are written, so the report says all of them), and those
 // written before the signal.
@@ -32,7 +39,7 @@ SnapshotReport ReportAtDrain(const SnapshotReport& report, absl::Span<const Devi
   for (const DeviceRange& r : ranges) at_drain.device.bytes += r.bytes;
   at_drain.bytes_written_before_snapshot = report.device.bytes_consumed_before_drained;
   at_drain.waited_for_writes = at_drain.bytes_written_before_snapshot > 0;
-  return at_drain;
+  return WithHostWaits(at_drain);
 }
 
 // Stages the device pieces through the worker's pinned pool straight into their data files
@@ -45,6 +52,7 @@ absl::Status StreamDeviceSnapshot(absl::Span<const DeviceRange> ranges,
                                   SaveSnapshot* snapshot) {
   SnapshotReport* report = &snapshot->report;
   if (ranges.empty()) {
+    *report = WithHostWaits(*report);
     if (device.on_device_drained) device.on_device_drained(*report);
     return absl::OkStatus();
   }
@@ -62,6 +70,9 @@ absl::Status StreamDeviceSnapshot(absl::Span<const DeviceRange> ranges,
           // An abort stops the writes too, so closing the gate waits for one write at most.
           CKPT_RETURN_IF_ERROR(gate.status());
           const StreamTarget& to = targets[c.range];
+          if (snapshot->writer != nullptr) {  // the host pieces' writer uses the files too
+            return snapshot->writer->AppendLocked(to.file, to.piece, c.host, c.bytes);
+          }
           return snapshot->streams[to.file]->Append(to.piece, c.host, c.bytes);
         },
         [&] {
@@ -72,7 +83,18 @@ absl::Status StreamDeviceSnapshot(absl::Span<const DeviceRange> ranges,
   });
   report->bytes_written_before_snapshot = report->device.bytes_consumed_before_drained;
   report->waited_for_writes = report->bytes_written_before_snapshot > 0;
+  *report = WithHostWaits(*report);
   return staged;
+}
+
+// A piece of the plan (the raw bytes [data, data + bytes), or none yet).
+PieceData MakePiece(const std::string& key, const Region& region, const void* data, int64_t bytes) {
+  PieceData p;
+  p.key = key;
+  p.region = region;
+  p.data = data;
+  p.size_bytes = bytes;
+  return p;
 }
 
 // A planned piece checked against what the trainer shares: the tensor it comes from and its
@@ -189,14 +211,23 @@ class SnapshotTaker {
       targets_.push_back(StreamTarget{static_cast<int>(snapshot_.files.size()),
                                       static_cast<int>(plan->pieces.size())});
       ranges_.push_back(DeviceRange{key, t.device_ptr, t.nbytes});
-      plan->pieces.push_back(PieceData{key, planned.region, nullptr, t.nbytes});
+      plan->pieces.push_back(MakePiece(key, planned.region, nullptr, t.nbytes));
       return absl::OkStatus();
     }
+    const HostPiece host{static_cast<int>(snapshot_.files.size()),
+                         static_cast<int>(plan->pieces.size()), &key,
+                         reinterpret_cast<const char*>(t.data), t.nbytes};
     if (t.lent_until_durable) {
       // Lent until the save ends: written from the trainer's mapping, which stays mapped.
       snapshot_.mappings.push_back(t.mapping);
       snapshot_.report.lent_bytes += t.nbytes;
-      plan->pieces.push_back(PieceData{key, planned.region, t.data, t.nbytes});
+      plan->pieces.push_back(MakePiece(key, planned.region, t.data, t.nbytes));
+      lent_.push_back(host);
+      return absl::OkStatus();
+    }
+    if (device_.host_pool != nullptr) {  // copied into pool chunks by CopyHostPieces
+      plan->pieces.push_back(MakePiece(key, planned.region, nullptr, t.nbytes));
+      copies_.push_back(host);
       return absl::OkStatus();
     }
     // The copy is what gets written: the trainer may change its tensors once this returns.
@@ -208,7 +239,7 @@ class SnapshotTaker {
                           absl::StrCat(who_, ": stopped copying ", key, ": ", copied.message()));
     }
     snapshot_.report.copied_bytes += t.nbytes;
-    plan->pieces.push_back(PieceData{key, planned.region, copy, t.nbytes});
+    plan->pieces.push_back(MakePiece(key, planned.region, copy, t.nbytes));
     return absl::OkStatus();
   }
 
@@ -236,7 +267,35 @@ class SnapshotTaker {
     return StreamDeviceSnapshot(ranges_, targets_, who_, gate_, device_, &snapshot_);
   }
 
+  // A pipelined save: creates every data file (O_DIRECT, where asked for, for the files that
+  // hold copied host pieces only) and starts the writer.
+  absl::Status OpenPipelinedStreams();
+  // A pipelined save: copies the host pieces not lent into pool chunks, in file order, each
+  // chunk handed to the writer once full.
+  absl::Status CopyHostPieces();
+  // A pipelined save: hands the lent pieces to the writer after the copied chunks, and tells it
+  // nothing more comes.
+  void QueueLentPieces();
+
  private:
+  // A host piece of the plan: piece `piece` of file `file`.
+  struct HostPiece {
+    int file = 0;
+    int piece = 0;
+    const std::string* key = nullptr;
+    const char* data = nullptr;
+    int64_t bytes = 0;
+  };
+  // A pool chunk being filled.
+  struct Fill {
+    HostBufferPool::Chunk chunk;
+    int64_t used = 0;
+  };
+  absl::Status NextChunk(Fill* fill);
+  absl::Status CopyInto(Fill* fill, const HostPiece& from, int64_t offset, int64_t bytes);
+  void Hand(int file, int piece, Fill* fill);
+  bool Sequential(int file) const { return !mixed_files_.count(file); }
+
   const std::string who_;
   const SessionInfo& session_;
   MemoryGate& gate_;
@@ -245,7 +304,116 @@ class SnapshotTaker {
   std::set<std::string> keys_;
   std::vector<DeviceRange> ranges_;    // the device pieces, in plan order
   std::vector<StreamTarget> targets_;  // where each range goes
+  std::vector<HostPiece> copies_;      // pipelined: host pieces to copy into the pool
+  std::vector<HostPiece> lent_;        // lent host pieces
+  std::set<int> mixed_files_;          // files holding device or lent pieces
+  int64_t next_sequence_ = 0;          // of pool chunks handed to the writer
 };
+
+absl::Status SnapshotTaker::OpenPipelinedStreams() {
+  for (const StreamTarget& t : targets_) mixed_files_.insert(t.file);
+  for (const HostPiece& p : lent_) mixed_files_.insert(p.file);
+  snapshot_.streams.resize(snapshot_.files.size());
+  std::vector<DataFileStream*> streams;
+  for (size_t f = 0; f < snapshot_.files.size(); ++f) {
+    DataFileStreamOptions options;
+    options.direct_io = device_.direct_io && Sequential(static_cast<int>(f));
+    absl::StatusOr<std::unique_ptr<DataFileStream>> stream = DataFileStream::Create(
+        snapshot_.staging_dir, snapshot_.tensors, snapshot_.files[f], static_cast<int>(f), options);
+    if (!stream.ok()) {
+      return absl::Status(stream.status().code(),
+                          absl::StrCat(who_, ": creating ", snapshot_.file_paths[f], " in ",
+                                       snapshot_.staging_dir, ": ", stream.status().message()));
+    }
+    snapshot_.streams[f] = *std::move(stream);
+    streams.push_back(snapshot_.streams[f].get());
+  }
+  MemoryGate* gate = &gate_;
+  snapshot_.writer = std::make_unique<SaveWritePipeline>(
+      std::move(streams), who_, [gate] { return gate->status(); }, device_.trace);
+  return absl::OkStatus();
+}
+
+absl::Status SnapshotTaker::NextChunk(Fill* fill) {
+  CKPT_RETURN_IF_ERROR(snapshot_.writer->status());
+  HostBufferPool& pool = *device_.host_pool;
+  const int64_t waits_before = pool.stats().waits;
+  absl::StatusOr<HostBufferPool::Chunk> chunk = pool.Acquire(absl::Now() + device_.timeout);
+  if (!chunk.ok()) {
+    return absl::Status(
+        chunk.status().code(),
+        absl::StrCat(who_, ": snapshot of host tensors: ", chunk.status().message()));
+  }
+  if (pool.stats().waits > waits_before) snapshot_.report.host_waited_for_pool = true;
+  fill->chunk = *std::move(chunk);
+  fill->used = 0;
+  ++snapshot_.report.pool_chunks;
+  // The writer may have failed while this waited for its chunk.
+  return snapshot_.writer->status();
+}
+
+absl::Status SnapshotTaker::CopyInto(Fill* fill, const HostPiece& from, int64_t offset,
+                                     int64_t bytes) {
+  absl::Status copied =
+      gate_.Copy(fill->chunk.data() + fill->used, from.data + offset, static_cast<size_t>(bytes));
+  if (!copied.ok()) {
+    return absl::Status(
+        copied.code(), absl::StrCat(who_, ": stopped copying ", *from.key, ": ", copied.message()));
+  }
+  fill->used += bytes;
+  snapshot_.report.copied_bytes += bytes;
+  return absl::OkStatus();
+}
+
+void SnapshotTaker::Hand(int file, int piece, Fill* fill) {
+  SaveWriteItem item;
+  item.file = file;
+  item.piece = piece;
+  item.data = fill->chunk.data();
+  item.bytes = fill->used;
+  item.chunk = std::move(fill->chunk);
+  item.sequence = next_sequence_++;
+  if (device_.trace) device_.trace(SavePipelineEvent{SavePipelineEvent::kCopied, item.sequence});
+  snapshot_.writer->Push(std::move(item));
+  fill->used = 0;
+}
+
+absl::Status SnapshotTaker::CopyHostPieces() {
+  const int64_t chunk_bytes = device_.host_pool->chunk_bytes();
+  Fill fill;
+  for (size_t i = 0; i < copies_.size(); ++i) {
+    const HostPiece& p = copies_[i];
+    const bool sequential = Sequential(p.file);
+    for (int64_t offset = 0; offset < p.bytes;) {
+      if (!fill.chunk) CKPT_RETURN_IF_ERROR(NextChunk(&fill));
+      const int64_t n = std::min(p.bytes - offset, chunk_bytes - fill.used);
+      CKPT_RETURN_IF_ERROR(CopyInto(&fill, p, offset, n));
+      offset += n;
+      // A file of copied pieces fills each chunk with its data section in order (the chunk may
+      // end one piece and begin the next); any other file gets one piece per chunk.
+      if (fill.used == chunk_bytes || !sequential) Hand(p.file, sequential ? -1 : p.piece, &fill);
+    }
+    const bool file_ends = i + 1 == copies_.size() || copies_[i + 1].file != p.file;
+    if (fill.used > 0 && (file_ends || !sequential)) {
+      Hand(p.file, sequential ? -1 : p.piece, &fill);
+    }
+  }
+  snapshot_.report.host_bytes_written_before_snapshot = snapshot_.writer->bytes_written();
+  return absl::OkStatus();
+}
+
+void SnapshotTaker::QueueLentPieces() {
+  for (const HostPiece& p : lent_) {
+    if (p.bytes == 0) continue;
+    SaveWriteItem item;
+    item.file = p.file;
+    item.piece = p.piece;
+    item.data = p.data;
+    item.bytes = p.bytes;
+    snapshot_.writer->Push(std::move(item));
+  }
+  snapshot_.writer->CloseInput();
+}
 
 // Completes a file whose device pieces were streamed into it: appends its host pieces (those
 // with data) and finishes it.
@@ -284,15 +452,57 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
     }
     taker.snapshot().files.push_back(std::move(plan));
   }
-  CKPT_RETURN_IF_ERROR(taker.OpenStreams());
+  if (device.host_pool != nullptr) {
+    CKPT_RETURN_IF_ERROR(taker.OpenPipelinedStreams());
+    CKPT_RETURN_IF_ERROR(taker.CopyHostPieces());
+  } else {
+    CKPT_RETURN_IF_ERROR(taker.OpenStreams());
+  }
   CKPT_RETURN_IF_ERROR(taker.StreamDevicePieces());
+  if (device.host_pool != nullptr) taker.QueueLentPieces();
   return std::move(taker.snapshot());
 }
+
+namespace {
+
+// WriteSnapshot of a pipelined save: waits for the writer, then finishes (fsyncs) each file.
+absl::StatusOr<std::string> WritePipelined(SaveSnapshot& snapshot, const std::string& who,
+                                           const std::function<void(int64_t bytes_done)>& progress,
+                                           const std::function<bool()>& cancelled) {
+  CKPT_RETURN_IF_ERROR(snapshot.writer->Drain(progress, cancelled));
+  pb::Manifest written;
+  SnapshotReport& report = snapshot.report;
+  for (size_t i = 0; i < snapshot.streams.size(); ++i) {
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrCat(who, ": the operation was aborted; stopped after ",
+                                               i, " of ", snapshot.streams.size(),
+                                               " data files were synced"));
+    }
+    DataFileStream& stream = *snapshot.streams[i];
+    const bool direct = stream.direct_bytes() > 0 && !stream.direct_io_refused();
+    report.direct_io_files += direct ? 1 : 0;
+    report.buffered_files += direct ? 0 : 1;
+    report.direct_io_refused = report.direct_io_refused || stream.direct_io_refused();
+    absl::StatusOr<WrittenData> data = stream.Finish();
+    if (!data.ok()) {
+      return absl::Status(data.status().code(),
+                          absl::StrCat(who, ": writing ", snapshot.file_paths[i], " into ",
+                                       snapshot.staging_dir, ": ", data.status().message()));
+    }
+    for (pb::StoredPiece& p : data->pieces) *written.add_pieces() = std::move(p);
+    for (pb::DataFile& f : data->files) *written.add_files() = std::move(f);
+  }
+  if (progress) progress(snapshot.writer->bytes_written());
+  return written.SerializeAsString();
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> WriteSnapshot(SaveSnapshot& snapshot,
                                           const std::function<void(int64_t bytes_done)>& progress,
                                           const std::function<bool()>& cancelled) {
   const std::string who = absl::StrCat("rank ", snapshot.rank, " of job ", snapshot.job);
+  if (snapshot.writer != nullptr) return WritePipelined(snapshot, who, progress, cancelled);
   const std::vector<DataFilePlan>& files = snapshot.files;
   // One file at a time (file i is r<rank>_<i>), so that progress can be reported between them.
   pb::Manifest written;

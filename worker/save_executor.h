@@ -15,8 +15,10 @@
 #include "proto/coordinator.pb.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/data_file_stream.h"
+#include "worker/host_buffer_pool.h"
 #include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
+#include "worker/save_write_pipeline.h"
 #include "worker/staging_pipeline.h"
 
 namespace ckpt::worker {
@@ -32,6 +34,16 @@ struct SnapshotReport {
   // after `bytes_written_before_snapshot` device bytes were written.
   bool waited_for_writes = false;
   int64_t bytes_written_before_snapshot = 0;
+  // Pipelined saves (a host pool given): the host copies did not fit in the pool at once, so
+  // the snapshot waited for the writes to return chunks (waited_for_writes then too).
+  bool host_waited_for_pool = false;
+  int64_t host_bytes_written_before_snapshot = 0;
+  int64_t pool_chunks = 0;  // host pool chunks the copies went through
+  // How the data files were written (final once WriteSnapshot returned): with O_DIRECT, or
+  // buffered (not asked for, a file holding lent or device pieces, or O_DIRECT refused).
+  int direct_io_files = 0;
+  int buffered_files = 0;
+  bool direct_io_refused = false;
 };
 
 // A rank's save part taken out of the trainer's memory. Host pieces are copied into
@@ -55,11 +67,25 @@ struct SaveSnapshot {
   std::vector<std::unique_ptr<char[]>> buffers;  // the copied bytes, one per copied host piece
   std::vector<std::shared_ptr<const MappedSegment>> mappings;  // of the lent pieces
   SnapshotReport report;
+  // A pipelined save (a host pool given): every file is open in `streams` and this writes the
+  // copied chunks (then the lent pieces) into them; `buffers` stays empty and the copied
+  // pieces have no data. Declared last: it stops before the streams and mappings go.
+  std::unique_ptr<SaveWritePipeline> writer;
 };
 
-// Where device pieces go through, and who hears that they left the device.
+// Where device pieces go through, where host pieces are copied to, and who hears that they left
+// the trainer's memory.
 struct DeviceSnapshotOptions {
   PinnedStagingPool* staging = nullptr;  // null: device pieces are FailedPrecondition
+  // The worker's host pool. Given: the save is pipelined: host pieces are copied into pool
+  // chunks in file order while a writer thread hashes and writes the chunks copied before
+  // (O_DIRECT when `direct_io`, for files of copied pieces only) and returns them; when the
+  // save exceeds the pool the copy waits for the writes. Null: host pieces are copied into
+  // buffers of their own, held in the snapshot (memory saves keep them).
+  HostBufferPool* host_pool = nullptr;
+  bool direct_io = true;
+  // Hears each pool chunk copied and written (for logs and tests; may be empty).
+  std::function<void(const SavePipelineEvent&)> trace;
   // Called once every byte of this rank's device pieces has left device memory (and the host
   // pieces are copied; lent pieces need no copy): the trainer may overwrite its tensors from
   // then on. The report's device figures are final when it is called.
@@ -69,7 +95,9 @@ struct DeviceSnapshotOptions {
 
 // Checks `part` against the session (see ExecuteSavePart) and takes the pieces it writes out
 // of the trainer's memory: host pieces are copied through `gate` in chunks (a closed gate stops
-// the copy with its reason; lent ones are not copied), then the data files holding device
+// the copy with its reason; lent ones are not copied; with device.host_pool the copies go into
+// pool chunks, written while the next are copied, see DeviceSnapshotOptions), then the data
+// files holding device
 // pieces are created in the staging directory and the device pieces are staged off the device
 // through `device.staging` in chunks (see worker/staging_pipeline.h), each chunk written and
 // hashed into its file while the next one is copied. Errors name the rank, tensor and file.

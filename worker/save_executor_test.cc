@@ -21,6 +21,7 @@
 #include "storage/checkpoint_writer.h"
 #include "storage/checksum.h"
 #include "storage/file_util.h"
+#include "worker/host_buffer_pool.h"
 
 namespace ckpt::worker {
 namespace {
@@ -365,6 +366,44 @@ TEST_F(DeviceSaveTest, TheCheckpointHoldsTheValuesAtSaveEvenIfOverwrittenOnceDra
       for (int i = 0; i < 16; ++i) host[i] = 100 + i;
       EXPECT_EQ(std::memcmp(bytes->data(), host.data(), 64), 0);
     }
+  }
+}
+
+TEST_F(DeviceSaveTest, PipelinedThroughAHostPoolTheMixedFileHoldsTheValuesAtSave) {
+  const std::vector<int32_t> at_save = device_memory_;
+  MemoryGate gate;
+  HostBufferPool host_pool(8192, 4096);
+  DeviceSnapshotOptions device;
+  device.staging = &pool_;
+  device.host_pool = &host_pool;
+  bool drained = false;
+  device.on_device_drained = [&](const SnapshotReport&) {
+    drained = true;
+    for (int32_t& v : device_memory_) v = -1;
+    for (int i = 0; i < 16; ++i) data_[i] = -1;
+  };
+  auto snapshot = SnapshotSavePart(MixedPart(), session_, gate, device);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  EXPECT_TRUE(drained);
+  EXPECT_EQ(snapshot->report.copied_bytes, 64);
+  EXPECT_EQ(snapshot->report.pool_chunks, 1);
+  EXPECT_TRUE(snapshot->buffers.empty());  // the host piece went through the pool
+  auto written = WriteSnapshot(*snapshot, nullptr);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(snapshot->report.buffered_files, 1);  // device pieces: written buffered
+  pb::Manifest m;
+  ASSERT_TRUE(m.ParseFromString(*written));
+  ASSERT_EQ(m.pieces_size(), 2);
+  for (const pb::StoredPiece& piece : m.pieces()) {
+    auto bytes =
+        ReadFileRange(JoinPath(staging_, piece.file()), piece.byte_offset(), piece.byte_length());
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    std::vector<int32_t> host(16);
+    for (int i = 0; i < 16; ++i) host[i] = 100 + i;
+    EXPECT_EQ(std::memcmp(bytes->data(), piece.key() == "d" ? at_save.data() : host.data(),
+                          bytes->size()),
+              0)
+        << piece.key();
   }
 }
 

@@ -6,6 +6,7 @@
 //               [--host NAME] [--data_plane_address ADDR] [--log_level info]
 //               [--ready_file F] [--gloo_loop_nice 10] [--trainer_uids U,...]
 //               [--pinned_staging_bytes N] [--staging_chunk_bytes N]
+//               [--host_pool_bytes N] [--host_pool_prefault] [--save_direct_io=false]
 //               [--tls_ca F --tls_cert F --tls_key F | --insecure]
 //
 // The trainers' socket is private to this uid (mode 0600) unless --trainer_uids allows
@@ -47,6 +48,7 @@
 #include "exchange/nccl/nccl_communicator.h"
 #include "spdlog/spdlog.h"
 #include "worker/coordinator_link.h"
+#include "worker/host_buffer_pool.h"
 #include "worker/memory_registry.h"
 #include "worker/memory_tier.h"
 #include "worker/persist_executor.h"
@@ -72,6 +74,17 @@ ABSL_FLAG(int64_t, pinned_staging_bytes, int64_t{512} << 20,
           "returns later");
 ABSL_FLAG(int64_t, staging_chunk_bytes, int64_t{8} << 20,
           "bytes of one device<->host staging copy");
+ABSL_FLAG(int64_t, host_pool_bytes, int64_t{1} << 30,
+          "host memory storage saves copy the trainer's host tensors into (in 8 MiB chunks, "
+          "mapped and touched once as saves need them, then reused by every save and never "
+          "given back): a save up to this size returns at memcpy speed, a larger one waits for "
+          "its writes to free chunks; 0: no pool, each save copies into new memory");
+ABSL_FLAG(bool, host_pool_prefault, false,
+          "map and touch the whole host pool at start, so that the first save is as fast as "
+          "later ones");
+ABSL_FLAG(bool, save_direct_io, true,
+          "write saves' data files with O_DIRECT where the filesystem allows (buffered where it "
+          "refuses)");
 ABSL_FLAG(std::string, host, "", "host name to announce (default: this machine's)");
 ABSL_FLAG(std::string, data_plane_address, "",
           "address this worker's data plane (Gloo) binds to and peers reach it on (default: the "
@@ -327,6 +340,23 @@ std::unique_ptr<ckpt::worker::MemoryTier> MakeMemoryTier(const std::string& host
       absl::StrCat("worker on host ", host, " (pid ", getpid(), ")")});
 }
 
+// The host pool of --host_pool_bytes (null for 0), prefaulted with --host_pool_prefault (a
+// failure to map is logged; saves then map chunks as they go).
+std::unique_ptr<ckpt::worker::HostBufferPool> MakeHostPool() {
+  const int64_t bytes = absl::GetFlag(FLAGS_host_pool_bytes);
+  if (bytes <= 0) return nullptr;
+  auto pool = std::make_unique<ckpt::worker::HostBufferPool>(bytes);
+  if (absl::GetFlag(FLAGS_host_pool_prefault)) {
+    const absl::Time start = absl::Now();
+    if (absl::Status s = pool->Prefault(); !s.ok())
+      spdlog::warn("host_pool_prefault {}", s.ToString());
+    spdlog::info("host_pool_prefaulted bytes={} seconds={:.3f} huge_pages={}",
+                 pool->stats().bytes_mapped, absl::ToDoubleSeconds(absl::Now() - start),
+                 pool->stats().huge_pages);
+  }
+  return pool;
+}
+
 int Run() {
   if (absl::Status s = ckpt::SetUpDaemonLogging("worker", absl::GetFlag(FLAGS_log_level));
       !s.ok()) {
@@ -361,6 +391,8 @@ int Run() {
       absl::Milliseconds(std::max<int64_t>(absl::GetFlag(FLAGS_join_linger_ms), 0)));
   service.set_gloo_loop_thread_nice(absl::GetFlag(FLAGS_gloo_loop_nice));
   if (memory_tier != nullptr) service.set_memory_tier(memory_tier.get());
+  std::unique_ptr<ckpt::worker::HostBufferPool> host_pool = MakeHostPool();
+  service.set_host_pool(host_pool.get(), absl::GetFlag(FLAGS_save_direct_io));
   ckpt::worker::MemoryTier* const tier = memory_tier.get();
   std::unique_ptr<ckpt::worker::PersistExecutor> persist = StartPersistence(&tier, link, service);
   const std::string ready_file = absl::GetFlag(FLAGS_ready_file);

@@ -64,7 +64,8 @@ WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, st
           },
           device_staging,
           LoadEnvironment{link_, host_, &gloo_loop_thread_nice_, &stopping_, nullptr,
-                          &memory_tier_}));
+                          &memory_tier_},
+          &host_save_));
   RegisterPartExecutor(pb::OPERATION_LOAD, std::make_unique<LoadPartExecutor>(LoadEnvironment{
                                                link_, host_, &gloo_loop_thread_nice_, &stopping_,
                                                device_staging, &memory_tier_}));

@@ -39,6 +39,7 @@
 #include "worker/memory_registry.h"
 #include "worker/memory_tier.h"
 #include "worker/part_executor.h"
+#include "worker/part_executors.h"
 #include "worker/persist_executor.h"
 #include "worker/staging_pipeline.h"
 #include "worker/trainer_socket.h"
@@ -68,6 +69,9 @@ class WorkerService final : public pb::Worker::Service {
   // The memory tier mem:// saves keep their files in and mem:// loads read from (null, the
   // default: such parts fail naming the checkpoint). Call before serving; must outlive it.
   void set_memory_tier(MemoryTier* tier) { memory_tier_ = tier; }
+  // The host pool storage saves copy into and write from, pipelined (null, the default: each
+  // save copies into buffers of its own). Call before serving; must outlive the service.
+  void set_host_pool(HostBufferPool* pool, bool direct_io) { host_save_ = {pool, direct_io}; }
   // Where PersistWork / PersistEnded items of the work stream go (null: ignored). Call
   // before serving; must outlive the service.
   void set_persist_executor(PersistExecutor* executor) { persist_executor_ = executor; }
@@ -183,6 +187,7 @@ class WorkerService final : public pb::Worker::Service {
   std::string host_;
   int gloo_loop_thread_nice_ = 10;
   MemoryTier* memory_tier_ = nullptr;  // read by the executors through &memory_tier_
+  HostSaveOptions host_save_;          // read by the save executor through &host_save_
   PersistExecutor* persist_executor_ = nullptr;
   const TrainerSocket* trainer_socket_ = nullptr;
   // One per operation kind; filled before serving, read-only after.
