@@ -133,7 +133,7 @@ absl::StatusOr<OfflineReshardStats> OfflineReshard(const std::string& src, const
   stats.plan_seconds = SecondsSince(t_start);
   CKPT_ASSIGN_OR_RETURN(CheckpointContents info, DestinationContents(manifest, layout, tensors));
 
-  PieceAssembler assembler(*reader, src_pieces, dst_pieces, *plan, share);
+  PieceAssembler assembler(*reader, src_pieces, dst_pieces, *plan, share, options.overlap);
   WriteOptions wopts;
   wopts.io = options.io;
   wopts.overwrite = options.overwrite;

@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "proto/convert.h"
 #include "sharding/coverage.h"
+#include "storage/stage_pipeline.h"
 
 namespace ckpt {
 namespace {
@@ -58,8 +59,13 @@ absl::StatusOr<SourcePieces> PiecesOfManifest(const pb::Manifest& manifest) {
 
 PieceAssembler::PieceAssembler(const CheckpointReader& reader, const std::vector<TensorPiece>& src,
                                const std::vector<TensorPiece>& dst, const ReshardPlan& plan,
-                               int64_t staging_cap)
-    : reader_(reader), src_(src), dst_(dst), plan_(plan), staging_cap_(staging_cap) {
+                               int64_t staging_cap, bool overlap)
+    : reader_(reader),
+      src_(src),
+      dst_(dst),
+      plan_(plan),
+      staging_cap_(staging_cap),
+      overlap_(overlap) {
   // Transfers are sorted by destination piece: index their ranges.
   for (size_t t = 0; t < plan_.transfers.size(); ++t) {
     auto& range = transfers_of_[plan_.transfers[t].dst_piece];
@@ -101,18 +107,50 @@ absl::Status PieceAssembler::Fill(absl::Span<const int64_t> pieces,
         RunTilingStatus(FindRunTilingFault(std::move(written), dst_[j].region.NumElements()),
                         absl::StrCat(PieceName(dst_[j]), " (from ", reader_.path(), ")")));
   }
+  const int64_t slot_cap = std::max<int64_t>(1, staging_cap_ / 2);
+  const std::vector<SpanRead> spans = SpansOf(&jobs, slot_cap);
+  // Batches of at most a slot's share: batch k + 1 is read into one staging slot while batch
+  // k is copied out of the other.
+  std::vector<std::pair<size_t, size_t>> batches;
+  for (size_t s = 0; s < spans.size();) {
+    size_t e = s;
+    int64_t bytes = 0;
+    while (e < spans.size() && (e == s || bytes + (spans[e].end - spans[e].begin) <= slot_cap)) {
+      bytes += spans[e].end - spans[e].begin;
+      ++e;
+    }
+    batches.emplace_back(s, e);
+    s = e;
+  }
+  std::vector<PieceRead> reads[2];
+  auto produce = [&](int64_t b, int slot) {
+    return ReadBatch(
+        absl::MakeSpan(spans).subspan(batches[b].first, batches[b].second - batches[b].first), slot,
+        &reads[slot]);
+  };
+  auto consume = [&](int64_t b, int slot) {
+    CopyOut(absl::MakeSpan(spans).subspan(batches[b].first, batches[b].second - batches[b].first),
+            reads[slot], jobs);
+    return absl::OkStatus();
+  };
+  stats_.batches += static_cast<int64_t>(batches.size());
+  return RunStagePipeline(static_cast<int64_t>(batches.size()), produce, consume, overlap_);
+}
+
+std::vector<PieceAssembler::SpanRead> PieceAssembler::SpansOf(
+    std::map<int, std::vector<ByteJob>>* jobs, int64_t slot_cap) const {
   // Block-aligned spans of each source piece, split into chunks the I/O threads can share,
-  // read in batches of at most staging_cap_ bytes.
+  // read in batches of at most half of staging_cap_ bytes (two slots).
   const int64_t block = reader_.manifest().checksum_block_bytes();
   std::vector<SpanRead> spans;
-  for (auto& [piece, list] : jobs) {
+  for (auto& [piece, list] : *jobs) {
     std::sort(list.begin(), list.end(),
               [](const ByteJob& a, const ByteJob& b) { return a.src < b.src; });
     const pb::StoredPiece& sp = reader_.manifest().pieces(piece);
     const int64_t len = sp.byte_length();
     const bool blocked = sp.block_xxh3_size() > 0 && block > 0;
     const int64_t chunk =
-        blocked ? std::max(block, (std::min(kChunkBytes, staging_cap_) / block) * block) : len;
+        blocked ? std::max(block, (std::min(kChunkBytes, slot_cap) / block) * block) : len;
     int64_t cur_b = -1, cur_e = -1;
     auto flush = [&]() {
       for (int64_t b = cur_b; b < cur_e; b += chunk) {
@@ -132,37 +170,24 @@ absl::Status PieceAssembler::Fill(absl::Span<const int64_t> pieces,
     }
     if (cur_b >= 0) flush();
   }
-  size_t s = 0;
-  while (s < spans.size()) {
-    size_t e = s;
-    int64_t bytes = 0;
-    while (e < spans.size() &&
-           (e == s || bytes + (spans[e].end - spans[e].begin) <= staging_cap_)) {
-      bytes += spans[e].end - spans[e].begin;
-      ++e;
-    }
-    CKPT_RETURN_IF_ERROR(ReadBatch(absl::MakeSpan(spans).subspan(s, e - s), bytes, jobs));
-    s = e;
-  }
-  return absl::OkStatus();
+  return spans;
 }
 
-absl::Status PieceAssembler::ReadBatch(absl::Span<const SpanRead> spans, int64_t bytes,
-                                       const std::map<int, std::vector<ByteJob>>& jobs) {
-  if (staging_size_ < bytes) {
-    staging_.reset();
-    staging_.reset(new char[bytes]);
-    staging_size_ = bytes;
-  }
-  std::vector<PieceRead> reads;
+absl::Status PieceAssembler::ReadBatch(absl::Span<const SpanRead> spans, int slot,
+                                       std::vector<PieceRead>* reads) {
+  int64_t bytes = 0;
+  for (const SpanRead& s : spans) bytes += s.end - s.begin;
+  char* const staging = staging_[slot].Get(bytes);
+  stats_.peak_staging_bytes = staging_[0].size() + staging_[1].size();
+  stats_.staging_allocations = staging_[0].allocations() + staging_[1].allocations();
+  reads->clear();
   int64_t pos = 0;
   for (const SpanRead& s : spans) {
-    reads.push_back({s.piece, s.begin, s.end, staging_.get() + pos});
+    reads->push_back({s.piece, s.begin, s.end, staging + pos});
     pos += s.end - s.begin;
   }
-  stats_.peak_staging_bytes = staging_size_;
   const auto t0 = std::chrono::steady_clock::now();
-  absl::Status read = reader_.ReadPieces(reads);
+  absl::Status read = reader_.ReadPieces(*reads);
   stats_.read_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!read.ok()) {
@@ -170,6 +195,11 @@ absl::Status PieceAssembler::ReadBatch(absl::Span<const SpanRead> spans, int64_t
                         absl::StrCat("reading ", reader_.path(), ": ", read.message()));
   }
   stats_.bytes_read += bytes;
+  return absl::OkStatus();
+}
+
+void PieceAssembler::CopyOut(absl::Span<const SpanRead> spans, const std::vector<PieceRead>& reads,
+                             const std::map<int, std::vector<ByteJob>>& jobs) {
   for (size_t r = 0; r < spans.size(); ++r) {
     const SpanRead& s = spans[r];
     const char* base = static_cast<const char*>(reads[r].dest);
@@ -183,7 +213,6 @@ absl::Status PieceAssembler::ReadBatch(absl::Span<const SpanRead> spans, int64_t
       std::memcpy(it->dst + (b - it->src), base + (b - s.begin), e - b);
     }
   }
-  return absl::OkStatus();
 }
 
 }  // namespace ckpt

@@ -19,6 +19,7 @@
 #include "sharding/reshard_plan.h"
 #include "sharding/tensor_meta.h"
 #include "storage/checkpoint_reader.h"
+#include "storage/stage_pipeline.h"
 
 namespace ckpt {
 
@@ -34,20 +35,24 @@ absl::StatusOr<SourcePieces> PiecesOfManifest(const pb::Manifest& manifest);
 
 // Counters of what an assembler read.
 struct AssemblyStats {
-  int64_t bytes_read = 0;  // source bytes read (whole checksum blocks)
-  int64_t peak_staging_bytes = 0;
-  double read_seconds = 0;
+  int64_t bytes_read = 0;           // source bytes read (whole checksum blocks)
+  int64_t peak_staging_bytes = 0;   // both staging slots
+  int64_t staging_allocations = 0;  // times a staging slot had to grow (not once per batch)
+  int64_t batches = 0;              // read batches
+  double read_seconds = 0;          // in reads (overlapping the copies of the batch before)
 };
 
-// Fills destination pieces from the source checkpoint. Not thread-safe; reuses one staging
-// buffer of at most `staging_cap` bytes (one span of a source piece may need a whole checksum
-// block more).
+// Fills destination pieces from the source checkpoint. Not thread-safe. Reads batches into two
+// staging slots of at most `staging_cap` / 2 bytes each (a span of a source piece may need a
+// whole checksum block more per slot), reused by every batch and every Fill: batch k + 1 is
+// read while batch k is copied into the destination buffers (storage/stage_pipeline.h).
 class PieceAssembler {
  public:
   // `reader` is the open source checkpoint, `src` its pieces (PiecesOfManifest), `dst` the
   // destination pieces and `plan` = PlanReshard(src, dst). All must outlive the assembler.
   PieceAssembler(const CheckpointReader& reader, const std::vector<TensorPiece>& src,
-                 const std::vector<TensorPiece>& dst, const ReshardPlan& plan, int64_t staging_cap);
+                 const std::vector<TensorPiece>& dst, const ReshardPlan& plan, int64_t staging_cap,
+                 bool overlap = true);
 
   // Fills buffers[i] (dst[pieces[i]]'s bytes, storage convention of sharding/overlap.h) with
   // the source elements. DataLoss/NotFound from the reader name the checkpoint and file;
@@ -71,17 +76,23 @@ class PieceAssembler {
     int64_t end = 0;
   };
 
-  absl::Status ReadBatch(absl::Span<const SpanRead> spans, int64_t bytes,
-                         const std::map<int, std::vector<ByteJob>>& jobs);
+  // Block-aligned spans of each source piece that `jobs` (sorted here by source offset) need,
+  // in chunks of at most `slot_cap` bytes (a block at least) the I/O threads can share.
+  std::vector<SpanRead> SpansOf(std::map<int, std::vector<ByteJob>>* jobs, int64_t slot_cap) const;
+  // Reads the spans into staging slot `slot`; *reads gets where each landed.
+  absl::Status ReadBatch(absl::Span<const SpanRead> spans, int slot, std::vector<PieceRead>* reads);
+  // Copies what ReadBatch read for `spans` into the destination buffers of `jobs`.
+  static void CopyOut(absl::Span<const SpanRead> spans, const std::vector<PieceRead>& reads,
+                      const std::map<int, std::vector<ByteJob>>& jobs);
 
   const CheckpointReader& reader_;
   const std::vector<TensorPiece>& src_;
   const std::vector<TensorPiece>& dst_;
   const ReshardPlan& plan_;
   const int64_t staging_cap_;
+  const bool overlap_;  // read batch k + 1 while batch k is copied out
   std::map<int64_t, std::pair<int64_t, int64_t>> transfers_of_;  // dst piece -> [first, last)
-  std::unique_ptr<char[]> staging_;                              // reused by every batch
-  int64_t staging_size_ = 0;
+  ReusedBuffer staging_[2];                                      // reused by every batch
   AssemblyStats stats_;
 };
 

@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "sharding/piece_id.h"
 #include "storage/file_util.h"
+#include "storage/stage_pipeline.h"
 
 namespace ckpt {
 namespace {
@@ -136,7 +137,12 @@ absl::Status WriteWave(const std::string& staging, const std::vector<TensorMeta>
       dfp.writer_rank = static_cast<int>(wave[f].first->writer);
       char* data = wave[f].second;
       for (const PlannedPiece& p : wave[f].first->file->pieces) {
-        dfp.pieces.push_back({p.key, p.region, data, p.size_bytes});
+        PieceData piece;
+        piece.key = p.key;
+        piece.region = p.region;
+        piece.data = data;
+        piece.size_bytes = p.size_bytes;
+        dfp.pieces.push_back(std::move(piece));
         data += p.size_bytes;
         *written_bytes += p.size_bytes;
       }
@@ -173,12 +179,17 @@ absl::Status LayOutWave(const std::vector<FileRef>& files, size_t begin, size_t 
   return absl::OkStatus();
 }
 
-// Makes *arena hold at least `bytes` (the old contents are dropped first, to keep the peak low).
-void GrowArena(int64_t bytes, std::unique_ptr<char[]>* arena, int64_t* size) {
-  if (*size >= bytes) return;
-  arena->reset();
-  arena->reset(new char[bytes]);
-  *size = bytes;
+// Bytes of the largest wave: each arena is allocated once at this size and reused, so only
+// the first two waves fault fresh memory in.
+int64_t LargestWave(const std::vector<FileRef>& files,
+                    const std::vector<std::pair<size_t, size_t>>& waves) {
+  int64_t largest = 1;
+  for (const auto& [begin, end] : waves) {
+    int64_t bytes = 0;
+    for (size_t f = begin; f < end; ++f) bytes += files[f].file->total_bytes;
+    largest = std::max(largest, bytes);
+  }
+  return largest;
 }
 
 }  // namespace
@@ -207,8 +218,8 @@ absl::StatusOr<WrittenData> WriteFilesInWaves(const std::string& staging,
   };
 
   // Two arenas, reused: wave k is filled into one while wave k - 1 is written from the other.
-  std::unique_ptr<char[]> arenas[2];
-  int64_t arena_size[2] = {0, 0};
+  ReusedBuffer arenas[2];
+  const int64_t largest = LargestWave(files, waves);
   std::future<absl::Status> writing;
   int64_t done = 0, pending = 0;
   auto join = [&]() -> absl::Status {
@@ -227,12 +238,11 @@ absl::StatusOr<WrittenData> WriteFilesInWaves(const std::string& staging,
     int64_t wave_total = 0;
     for (size_t f = begin; f < end; ++f) wave_total += files[f].file->total_bytes;
     const int a = wave_options.overlap ? static_cast<int>(w % 2) : 0;
-    GrowArena(wave_total, &arenas[a], &arena_size[a]);
     std::vector<const PlannedPiece*> pieces;
     std::vector<char*> buffers;
     FilledWave wave;
     absl::Status laid_out =
-        LayOutWave(files, begin, end, arenas[a].get(), &pieces, &buffers, &wave);
+        LayOutWave(files, begin, end, arenas[a].Get(largest), &pieces, &buffers, &wave);
     if (!laid_out.ok()) return fail(laid_out);
     const auto t0 = std::chrono::steady_clock::now();
     absl::Status filled = fill(pieces, buffers);
@@ -258,7 +268,8 @@ absl::StatusOr<WrittenData> WriteFilesInWaves(const std::string& staging,
   stats.files = static_cast<int64_t>(written.files.size());
   stats.pieces = static_cast<int64_t>(written.pieces.size());
   stats.bytes_written = written_bytes;
-  stats.peak_wave_bytes = wave_options.overlap ? arena_size[0] + arena_size[1] : arena_size[0];
+  stats.peak_wave_bytes = arenas[0].size() + arenas[1].size();
+  stats.arena_allocations = arenas[0].allocations() + arenas[1].allocations();
   return written;
 }
 

@@ -30,10 +30,11 @@ struct WaveWriteStats {
   int64_t waves = 0;
   int64_t files = 0;
   int64_t pieces = 0;
-  int64_t bytes_written = 0;    // piece bytes (headers excluded)
-  int64_t peak_wave_bytes = 0;  // destination buffers held at once (both arenas when overlapped)
-  double fill_seconds = 0;      // in the fill callback (reads + assembly for a reshard)
-  double write_seconds = 0;     // writing and syncing data files (overlaps fills when overlapped)
+  int64_t bytes_written = 0;      // piece bytes (headers excluded)
+  int64_t peak_wave_bytes = 0;    // destination buffers held at once (both arenas when overlapped)
+  int64_t arena_allocations = 0;  // arenas allocated: each once, at the largest wave's size
+  double fill_seconds = 0;        // in the fill callback (reads + assembly for a reshard)
+  double write_seconds = 0;       // writing and syncing data files (overlaps fills when overlapped)
   double commit_seconds = 0;
 };
 

@@ -87,6 +87,7 @@ TEST(WaveWriterTest, WavesOfWholeFilesStayWithinTheirBytesAndCommitEveryElement)
     EXPECT_EQ(filled, 8);
     EXPECT_EQ(stats->bytes_written, kRows * kCols * 4);
     EXPECT_LE(stats->peak_wave_bytes, overlap ? 2 * waves.wave_bytes : waves.wave_bytes);
+    EXPECT_EQ(stats->arena_allocations, overlap ? 2 : 1);  // reused by all four waves
     ASSERT_EQ(progress.size(), 4u);
     for (size_t w = 0; w < progress.size(); ++w) {
       EXPECT_EQ(progress[w].bytes_done, static_cast<int64_t>(w + 1) * 2048);
