@@ -2,7 +2,8 @@
 rank in the test process (a 1-process gloo group), against real daemons and against DCP itself:
 an existing empty directory as checkpoint_id, DCP's default planners and their options,
 meta-device tensors, the older save_state_dict/load_state_dict names with FileSystemWriter/
-Reader, partial loads in any key order, async_save's stager and executor options; each option
+Reader, partial loads in any key order (no_dist and process_group=: torch_dcp_ranks_test),
+async_save's stager and executor options; each option
 ckpt cannot honour is refused naming it. Values are compared bit for bit."""
 
 import os
@@ -202,15 +203,6 @@ def test_a_subset_of_the_keys_in_another_order_is_loaded_as_dcp_loads_it(cluster
         results.append(sd)
     assert_same(results[0], results[1])
     assert_same(results[0], {"step": want["step"], "model": {"b": want["model"]["b"]}})
-
-
-def test_no_dist_saves_and_loads_this_process_alone(cluster):
-    want = state(6)
-    path = fresh_path(cluster, "no-dist")
-    ckpt.torch.save(want, checkpoint_id=path, no_dist=True)
-    got = zeros_like(want)
-    ckpt.torch.load(got, checkpoint_id=path, no_dist=True)
-    assert_same(got, want)
 
 
 @pytest.mark.parametrize("executor", [AsyncCheckpointerType.THREAD,

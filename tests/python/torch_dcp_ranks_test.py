@@ -6,6 +6,7 @@ loading into the same values; an unsupported ShardedTensor refused naming its ke
 ranks agree; no_dist and process_group= saves by part of the job."""
 
 import os
+import time
 import uuid
 
 import pytest
@@ -13,6 +14,9 @@ import torch.multiprocessing as mp
 
 import dcp_compat_ranks  # beside this file
 import rank_threads  # beside this file
+
+
+DEADLINE_S = 300  # per phase; each takes ~40 s on 2 busy cores
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +29,23 @@ def spawn(cluster, phase, world=2):
     os.makedirs(workdir)
     job = f"dcp-{phase}-{uuid.uuid4().hex[:6]}"
     rendezvous = f"file://{workdir}/{phase}.rendezvous"
+    context = mp.spawn(dcp_compat_ranks.run, args=(world, rendezvous, job, phase, workdir),
+                       nprocs=world, join=False)
+    deadline = time.monotonic() + DEADLINE_S
     try:
-        mp.spawn(dcp_compat_ranks.run, args=(world, rendezvous, job, phase, workdir),
-                 nprocs=world)
-    except Exception:
-        errors = sorted(f for f in os.listdir(workdir) if f.endswith(".err"))
-        details = "".join(open(os.path.join(workdir, f)).read() for f in errors)
-        pytest.fail(f"phase {phase} on {world} ranks failed:\n{details}")
+        while not context.join(timeout=max(0.0, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:  # a rank waits for another that will not come
+                for process in context.processes:
+                    process.kill()
+                pytest.fail(f"phase {phase} on {world} ranks still running after "
+                            f"{DEADLINE_S} s:\n{_errors(workdir)}")
+    except mp.ProcessRaisedException:
+        pytest.fail(f"phase {phase} on {world} ranks failed:\n{_errors(workdir)}")
+
+
+def _errors(workdir):
+    errors = sorted(f for f in os.listdir(workdir) if f.endswith(".err"))
+    return "".join(open(os.path.join(workdir, f)).read() for f in errors)
 
 
 def test_sharded_tensors_load_as_dtensors_plain_and_resharded_as_with_dcp(cluster):
