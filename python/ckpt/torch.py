@@ -27,10 +27,14 @@ What is stored, per leaf of the (nested) state dict, under its dotted key:
   SHA-256 checked on top of the storage checksums.
 
 Saving needs the local ckpt worker daemons (``ckpt.LocalCluster`` or ``python -m ckpt.up``).
-Differences from DCP: ``storage_writer``/``storage_reader`` are accepted only to take their
-``path``; custom planners are refused; a checkpoint directory that exists is not overwritten
-(ckpt.AlreadyExists); ``load`` is strict by default: a key of the checkpoint that no rank's
-state dict holds is an error (``strict=False`` ignores such keys as DCP does). CPU tensors of
+Differences from DCP (docs/python.md, "ckpt.torch and DCP", lists every entry point and
+option): ``storage_writer``/``storage_reader`` are DCP's FileSystemWriter/Reader, taken for
+their path; DCP's default planners are accepted (``allow_partial_load`` honoured), other
+planners, storage classes and stagers refused naming the class (ckpt._dcp_options); a
+ShardedTensor's local shard is stored as a piece at its offsets, as DCP stores it; the
+checkpoint directory may be new or empty, and one holding anything (a checkpoint included) is
+never written into (ckpt.AlreadyExists); ``load`` loads a subset of the checkpoint's keys, as
+DCP does (``strict=True`` refuses a checkpoint key no rank's state dict holds). CPU tensors of
 1 MiB or more that PyTorch allocated are moved into worker-shared memory in place at their
 first save or load (PyTorch's share_memory_ mechanism; ckpt._share), so later saves and loads
 copy nothing in the trainer (CKPT_TORCH_SHARE_IN_PLACE=0 turns it off); other tensors, and
@@ -55,7 +59,8 @@ from ckpt.client import Client, read_manifest
 from ckpt.layouts import DTensor as _DTensorLayout
 from ckpt.layouts import Box, Replicated, resolve
 
-__all__ = ["save", "async_save", "load", "init", "get_client", "shutdown"]
+__all__ = ["save", "async_save", "load", "save_state_dict", "load_state_dict", "init",
+           "get_client", "shutdown"]
 
 _OBJECTS_KEY = "ckpt.torch.objects"  # user metadata: {key: sha256} of non-tensor values
 _lock = threading.Lock()
