@@ -386,12 +386,12 @@ int Run() {
   if (device->staging != nullptr) registry.ServeDevice(device->gpu, device->served.uuid);
   // Declared before the service, which runs the parts that use it.
   std::unique_ptr<ckpt::worker::MemoryTier> memory_tier = MakeMemoryTier(settings->host);
+  std::unique_ptr<ckpt::worker::HostBufferPool> host_pool = MakeHostPool();
   ckpt::worker::WorkerService service(
       &registry, &link, settings->host, device->staging.get(),
       absl::Milliseconds(std::max<int64_t>(absl::GetFlag(FLAGS_join_linger_ms), 0)));
   service.set_gloo_loop_thread_nice(absl::GetFlag(FLAGS_gloo_loop_nice));
   if (memory_tier != nullptr) service.set_memory_tier(memory_tier.get());
-  std::unique_ptr<ckpt::worker::HostBufferPool> host_pool = MakeHostPool();
   service.set_host_pool(host_pool.get(), absl::GetFlag(FLAGS_save_direct_io));
   ckpt::worker::MemoryTier* const tier = memory_tier.get();
   std::unique_ptr<ckpt::worker::PersistExecutor> persist = StartPersistence(&tier, link, service);
