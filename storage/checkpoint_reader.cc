@@ -366,7 +366,8 @@ absl::Status ReadPackedPieces(const std::string& dir, int64_t block,
     r.expect.raw_bytes = p.byte_length();
     r.expect.stored_bytes = p.stored_length();
     r.expect.chunk_bytes = p.codec_chunk_bytes();
-    const int64_t index_bytes = FrameIndexBytes(p.byte_length(), std::max<int64_t>(1, p.codec_chunk_bytes()));
+    const int64_t index_bytes =
+        FrameIndexBytes(p.byte_length(), std::max<int64_t>(1, p.codec_chunk_bytes()));
     if (p.codec_chunk_bytes() < 1 || index_bytes > p.stored_length()) {
       return absl::DataLossError(absl::StrCat("compressed ", r.what, ": stored length ",
                                               p.stored_length(), " cannot hold its index"));

@@ -19,8 +19,8 @@
 #include "sharding/coverage.h"
 #include "storage/file_util.h"
 #include "storage/manifest_file.h"
-#include "storage/piece_compression.h"
 #include "storage/overwrite_guard.h"
+#include "storage/piece_compression.h"
 #include "storage/safetensors.h"
 
 namespace ckpt {
@@ -252,8 +252,7 @@ using TensorsByKey = absl::flat_hash_map<absl::string_view, const TensorMeta*>;
 // codec is kNone is stored raw.
 absl::StatusOr<std::vector<SafetensorsEntry>> LayOutEntries(const DataFilePlan& plan,
                                                             const TensorsByKey& by_key,
-                                                            bool require_data,
-                                                            int64_t* data_bytes,
+                                                            bool require_data, int64_t* data_bytes,
                                                             const PackedPieces* packed) {
   std::vector<SafetensorsEntry> entries;
   int64_t pos = 0;
@@ -277,7 +276,8 @@ absl::StatusOr<std::vector<SafetensorsEntry>> LayOutEntries(const DataFilePlan& 
     }
     if (IsPacked(packed, i)) {  // the frame, as uint8 (storage/piece_codec.h)
       const int64_t stored = static_cast<int64_t>((*packed)[i].frame.size());
-      entries.push_back({EncodeEntryName(p.key, p.region), DType::kU8, {stored}, pos, pos + stored});
+      entries.push_back(
+          {EncodeEntryName(p.key, p.region), DType::kU8, {stored}, pos, pos + stored});
       pos += stored;
       continue;
     }
@@ -356,16 +356,15 @@ absl::StatusOr<DataFileLayout> LayOutIndexed(const TensorsByKey& by_key, const D
   CKPT_ASSIGN_OR_RETURN(std::vector<SafetensorsEntry> entries,
                         LayOutEntries(plan, by_key, require_data, &data_bytes, packed));
   std::map<std::string, std::string> metadata = {{"format", "ckpt"},
-                                                  {"writer_rank", absl::StrCat(plan.writer_rank)},
-                                                  {"ckpt_writer", kWriterVersion}};
+                                                 {"writer_rank", absl::StrCat(plan.writer_rank)},
+                                                 {"ckpt_writer", kWriterVersion}};
   for (size_t i = 0; i < plan.pieces.size(); ++i) {
     if (IsPacked(packed, i)) metadata["ckpt_compression"] = kPackedEntriesNote;
   }
   CKPT_ASSIGN_OR_RETURN(layout.header,
                         EncodeSafetensorsHeader(entries, metadata, kDirectIoAlignment));
   RecordFile(layout.name, plan, static_cast<int64_t>(layout.header.size()), data_bytes, entries,
-             packed,
-             &layout.records);
+             packed, &layout.records);
   return layout;
 }
 
@@ -398,8 +397,8 @@ absl::StatusOr<WrittenData> WriteDataFiles(const std::string& staging_dir,
       const PieceData& p = plan.pieces[i];
       if (!packed.empty() && IsPacked(&packed[f], i)) {
         const std::string& frame = packed[f][i].frame;
-        writes[f].segments.push_back({frame.data(), static_cast<int64_t>(frame.size()), true,
-                                      options.checksum_block_bytes});
+        writes[f].segments.push_back(
+            {frame.data(), static_cast<int64_t>(frame.size()), true, options.checksum_block_bytes});
         continue;
       }
       writes[f].segments.push_back({p.data, p.size_bytes, true, options.checksum_block_bytes});

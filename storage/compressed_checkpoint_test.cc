@@ -60,14 +60,15 @@ Contents MakeContents() {
   }
   for (size_t i = 0; i < i64.size(); ++i) i64[i] = static_cast<char>(i % 3);
   out.bytes = {bf16, f32, i64};
-  out.c.tensors = {{"w", DType::kBF16, {96, 1000}},
-                   {"f", DType::kF32, {33, 7}},
-                   {"step", DType::kI64, {10}}};
+  out.c.tensors = {
+      {"w", DType::kBF16, {96, 1000}}, {"f", DType::kF32, {33, 7}}, {"step", DType::kI64, {10}}};
   const std::string& w = out.bytes[0];
-  DataFilePlan plan0{0, {{"w", Box({0, 0}, {48, 1000}), w.data(), 48 * 1000 * 2},
-                         {"f", Box({0, 0}, {33, 7}), out.bytes[1].data(), 33 * 7 * 4}}};
-  DataFilePlan plan1{1, {{"w", Box({48, 0}, {48, 1000}), w.data() + 48 * 1000 * 2, 48 * 1000 * 2},
-                         {"step", Box({0}, {10}), out.bytes[2].data(), 80}}};
+  DataFilePlan plan0{0,
+                     {{"w", Box({0, 0}, {48, 1000}), w.data(), 48 * 1000 * 2},
+                      {"f", Box({0, 0}, {33, 7}), out.bytes[1].data(), 33 * 7 * 4}}};
+  DataFilePlan plan1{1,
+                     {{"w", Box({48, 0}, {48, 1000}), w.data() + 48 * 1000 * 2, 48 * 1000 * 2},
+                      {"step", Box({0}, {10}), out.bytes[2].data(), 80}}};
   out.c.files = {plan0, plan1};
   return out;
 }

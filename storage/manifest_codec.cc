@@ -275,10 +275,10 @@ absl::Status ManifestValidator::CheckPiece(int i, const pb::StoredPiece& p, int*
   const pb::DataFile& file = head_->files(f->second);
   if (p.byte_offset() < file.data_start() || p.byte_offset() > file.size_bytes() ||
       stored > file.size_bytes() - p.byte_offset()) {
-    return PieceError(i, p,
-                      absl::StrCat("bytes [", p.byte_offset(), ", +", stored,
-                                   ") lie outside the data section [", file.data_start(), ", ",
-                                   file.size_bytes(), ")"));
+    return PieceError(
+        i, p,
+        absl::StrCat("bytes [", p.byte_offset(), ", +", stored, ") lie outside the data section [",
+                     file.data_start(), ", ", file.size_bytes(), ")"));
   }
   const std::string want_name = EncodeEntryName(p.key(), *region);
   if (p.entry_name() != want_name) {
@@ -390,17 +390,18 @@ absl::Status CheckPieceCodec(int i, const pb::StoredPiece& p) {
   }
   if (!PieceCodecFromInt(p.codec()).ok() || p.stored_length() < kFrameHeaderBytes ||
       p.codec_chunk_bytes() < 1 || p.codec_chunk_bytes() > kMaxCodecChunkBytes) {
-    return PieceError(i, p,
-                      absl::StrCat("has codec ", p.codec(), ", stored length ", p.stored_length(),
-                                   " and chunk ", p.codec_chunk_bytes(),
-                                   " bytes: not a valid compressed piece"));
+    return PieceError(
+        i, p,
+        absl::StrCat("has codec ", p.codec(), ", stored length ", p.stored_length(), " and chunk ",
+                     p.codec_chunk_bytes(), " bytes: not a valid compressed piece"));
   }
   // The frame's index alone must fit the stored bytes (checked again, with the frame, on read).
   const int64_t chunks =
       p.byte_length() == 0 ? 0 : (p.byte_length() - 1) / p.codec_chunk_bytes() + 1;
   if (chunks > (p.stored_length() - kFrameHeaderBytes) / kFrameIndexEntryBytes) {
-    return PieceError(i, p, absl::StrCat("stored length ", p.stored_length(),
-                                         " cannot hold the index of ", chunks, " chunks"));
+    return PieceError(i, p,
+                      absl::StrCat("stored length ", p.stored_length(),
+                                   " cannot hold the index of ", chunks, " chunks"));
   }
   return absl::OkStatus();
 }

@@ -1,6 +1,12 @@
 #include "storage/piece_codec.h"
 
+// ZSTD_c_literalCompressionMode is in zstd's experimental API (stable in libzstd 1.5.x); the
+// frames it writes are standard zstd frames.
+#define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -19,6 +25,7 @@ constexpr char kMagic[4] = {'C', 'K', 'P', 'Z'};
 constexpr uint8_t kVersion = 1;
 constexpr uint32_t kChunkRaw = 1;           // index flag: the chunk is stored raw
 constexpr uint32_t kPlaneRaw = 0x80000000;  // plane size flag: the plane is stored raw
+constexpr int64_t kProbeBytes = 16 << 10;
 
 void PutU32(char* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xFF);
@@ -40,28 +47,154 @@ uint64_t GetU64(const char* p) {
 bool ValidWidth(int w) { return w == 1 || w == 2 || w == 4 || w == 8; }
 
 // Splits m elements of width sizeof(T) at `src` into planes (plane j at dst + j * m), each
-// element rotated left by one bit first.
+// element rotated left by one bit first. Written per width with restrict pointers so the
+// compiler vectorizes the loops.
 template <typename T>
-void GroupPlanes(const char* src, int64_t m, char* dst) {
+void GroupPlanes(const char* __restrict src, int64_t m, char* __restrict dst) {
   constexpr int kW = sizeof(T);
   constexpr int kBits = 8 * kW;
+  uint8_t* __restrict p[kW];
+  for (int j = 0; j < kW; ++j) p[j] = reinterpret_cast<uint8_t*>(dst) + j * m;
   for (int64_t i = 0; i < m; ++i) {
     T v;
     std::memcpy(&v, src + i * kW, kW);
     v = static_cast<T>((v << 1) | (v >> (kBits - 1)));
-    for (int j = 0; j < kW; ++j) dst[j * m + i] = static_cast<char>((v >> (8 * j)) & 0xFF);
+    p[0][i] = static_cast<uint8_t>(v);
+    p[1][i] = static_cast<uint8_t>(v >> 8);
+    if constexpr (kW >= 4) {
+      p[2][i] = static_cast<uint8_t>(v >> 16);
+      p[3][i] = static_cast<uint8_t>(v >> 24);
+    }
+    if constexpr (kW == 8) {
+      p[4][i] = static_cast<uint8_t>(v >> 32);
+      p[5][i] = static_cast<uint8_t>(v >> 40);
+      p[6][i] = static_cast<uint8_t>(v >> 48);
+      p[7][i] = static_cast<uint8_t>(v >> 56);
+    }
   }
 }
 
 // The inverse of GroupPlanes.
 template <typename T>
-void UngroupPlanes(const char* src, int64_t m, char* dst) {
+void UngroupPlanes(const char* __restrict src, int64_t m, char* __restrict dst) {
   constexpr int kW = sizeof(T);
   constexpr int kBits = 8 * kW;
+  const uint8_t* __restrict p[kW];
+  for (int j = 0; j < kW; ++j) p[j] = reinterpret_cast<const uint8_t*>(src) + j * m;
   for (int64_t i = 0; i < m; ++i) {
-    T v = 0;
-    for (int j = 0; j < kW; ++j) v |= static_cast<T>(static_cast<uint8_t>(src[j * m + i])) << (8 * j);
+    T v = static_cast<T>(p[0][i]) | static_cast<T>(static_cast<T>(p[1][i]) << 8);
+    if constexpr (kW >= 4) {
+      v |= static_cast<T>(p[2][i]) << 16 | static_cast<T>(p[3][i]) << 24;
+    }
+    if constexpr (kW == 8) {
+      v |= static_cast<T>(p[4][i]) << 32 | static_cast<T>(p[5][i]) << 40 |
+           static_cast<T>(p[6][i]) << 48 | static_cast<T>(p[7][i]) << 56;
+    }
     v = static_cast<T>((v >> 1) | (v << (kBits - 1)));
+    std::memcpy(dst + i * kW, &v, kW);
+  }
+}
+
+#if defined(__SSE2__)
+// SSE2 (every x86-64) for the common widths: 16 elements per step, the scalar loop for the rest.
+int64_t Group2Sse2(const char* src, int64_t m, char* dst) {
+  const __m128i low = _mm_set1_epi16(0xFF);
+  int64_t i = 0;
+  for (; i + 16 <= m; i += 16) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i + 16));
+    a = _mm_or_si128(_mm_slli_epi16(a, 1), _mm_srli_epi16(a, 15));
+    b = _mm_or_si128(_mm_slli_epi16(b, 1), _mm_srli_epi16(b, 15));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm_packus_epi16(_mm_and_si128(a, low), _mm_and_si128(b, low)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + m + i),
+                     _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8)));
+  }
+  return i;
+}
+
+int64_t Ungroup2Sse2(const char* src, int64_t m, char* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= m; i += 16) {
+    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + m + i));
+    __m128i a = _mm_unpacklo_epi8(lo, hi);
+    __m128i b = _mm_unpackhi_epi8(lo, hi);
+    a = _mm_or_si128(_mm_srli_epi16(a, 1), _mm_slli_epi16(a, 15));
+    b = _mm_or_si128(_mm_srli_epi16(b, 1), _mm_slli_epi16(b, 15));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), a);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i + 16), b);
+  }
+  return i;
+}
+
+int64_t Group4Sse2(const char* src, int64_t m, char* dst) {
+  const __m128i low = _mm_set1_epi32(0xFF);
+  int64_t i = 0;
+  for (; i + 16 <= m; i += 16) {
+    __m128i v[4];
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 4 * i + 16 * k));
+      v[k] = _mm_or_si128(_mm_slli_epi32(v[k], 1), _mm_srli_epi32(v[k], 31));
+    }
+    for (int j = 0; j < 4; ++j) {
+      __m128i b[4];
+      for (int k = 0; k < 4; ++k) b[k] = _mm_and_si128(_mm_srli_epi32(v[k], 8 * j), low);
+      const __m128i lo = _mm_packs_epi32(b[0], b[1]);
+      const __m128i hi = _mm_packs_epi32(b[2], b[3]);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j * m + i), _mm_packus_epi16(lo, hi));
+    }
+  }
+  return i;
+}
+
+int64_t Ungroup4Sse2(const char* src, int64_t m, char* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= m; i += 16) {
+    __m128i p[4];
+    for (int j = 0; j < 4; ++j) {
+      p[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j * m + i));
+    }
+    const __m128i t01[2] = {_mm_unpacklo_epi8(p[0], p[1]), _mm_unpackhi_epi8(p[0], p[1])};
+    const __m128i t23[2] = {_mm_unpacklo_epi8(p[2], p[3]), _mm_unpackhi_epi8(p[2], p[3])};
+    for (int h = 0; h < 2; ++h) {
+      __m128i a = _mm_unpacklo_epi16(t01[h], t23[h]);
+      __m128i b = _mm_unpackhi_epi16(t01[h], t23[h]);
+      a = _mm_or_si128(_mm_srli_epi32(a, 1), _mm_slli_epi32(a, 31));
+      b = _mm_or_si128(_mm_srli_epi32(b, 1), _mm_slli_epi32(b, 31));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 4 * i + 32 * h), a);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 4 * i + 32 * h + 16), b);
+    }
+  }
+  return i;
+}
+#else
+int64_t Group2Sse2(const char*, int64_t, char*) { return 0; }
+int64_t Ungroup2Sse2(const char*, int64_t, char*) { return 0; }
+int64_t Group4Sse2(const char*, int64_t, char*) { return 0; }
+int64_t Ungroup4Sse2(const char*, int64_t, char*) { return 0; }
+#endif
+
+// Groups elements [from, m) of the m at `src` into the planes at `dst` (plane j at dst + j * m).
+template <typename T>
+void GroupTail(const char* src, int64_t from, int64_t m, char* dst) {
+  constexpr int kW = sizeof(T);
+  for (int64_t i = from; i < m; ++i) {
+    T v;
+    std::memcpy(&v, src + i * kW, kW);
+    v = static_cast<T>((v << 1) | (v >> (8 * kW - 1)));
+    for (int j = 0; j < kW; ++j) dst[j * m + i] = static_cast<char>((v >> (8 * j)) & 0xFF);
+  }
+}
+
+template <typename T>
+void UngroupTail(const char* src, int64_t from, int64_t m, char* dst) {
+  constexpr int kW = sizeof(T);
+  for (int64_t i = from; i < m; ++i) {
+    T v = 0;
+    for (int j = 0; j < kW; ++j)
+      v |= static_cast<T>(static_cast<uint8_t>(src[j * m + i])) << (8 * j);
+    v = static_cast<T>((v >> 1) | (v << (8 * kW - 1)));
     std::memcpy(dst + i * kW, &v, kW);
   }
 }
@@ -69,9 +202,9 @@ void UngroupPlanes(const char* src, int64_t m, char* dst) {
 void Group(int w, const char* src, int64_t m, char* dst) {
   switch (w) {
     case 2:
-      return GroupPlanes<uint16_t>(src, m, dst);
+      return GroupTail<uint16_t>(src, Group2Sse2(src, m, dst), m, dst);
     case 4:
-      return GroupPlanes<uint32_t>(src, m, dst);
+      return GroupTail<uint32_t>(src, Group4Sse2(src, m, dst), m, dst);
     case 8:
       return GroupPlanes<uint64_t>(src, m, dst);
     default:
@@ -82,9 +215,9 @@ void Group(int w, const char* src, int64_t m, char* dst) {
 void Ungroup(int w, const char* src, int64_t m, char* dst) {
   switch (w) {
     case 2:
-      return UngroupPlanes<uint16_t>(src, m, dst);
+      return UngroupTail<uint16_t>(src, Ungroup2Sse2(src, m, dst), m, dst);
     case 4:
-      return UngroupPlanes<uint32_t>(src, m, dst);
+      return UngroupTail<uint32_t>(src, Ungroup4Sse2(src, m, dst), m, dst);
     case 8:
       return UngroupPlanes<uint64_t>(src, m, dst);
     default:
@@ -104,6 +237,7 @@ bool AppendZstd(const char* src, int64_t n, int level, CodecScratch::State& s, s
 
 struct CodecScratch::State {
   ZSTD_CCtx* cctx = nullptr;
+  int level = 0;  // the level cctx is set to (0: not yet)
   ZSTD_DCtx* dctx = nullptr;
   std::string planes;
   std::string packed;
@@ -117,14 +251,42 @@ CodecScratch::~CodecScratch() {
 
 namespace {
 
+// Sets the context's level (Huffman-coded literals at every level: negative levels turn them
+// off by default, and a byte plane at a very fast level is then close to its order-0 entropy,
+// as ZipNN's Huffman stage is).
+void SetLevel(CodecScratch::State& s, int level) {
+  if (s.level == level) return;
+  ZSTD_CCtx_reset(s.cctx, ZSTD_reset_session_and_parameters);
+  ZSTD_CCtx_setParameter(s.cctx, ZSTD_c_compressionLevel, level);
+  ZSTD_CCtx_setParameter(s.cctx, ZSTD_c_literalCompressionMode, ZSTD_ps_enable);
+  s.level = level;
+}
+
+// Compressed size of `n` bytes at `level` into s.packed (an error counts as no gain).
+size_t Compress(const char* src, size_t n, int level, CodecScratch::State& s) {
+  SetLevel(s, level);
+  const size_t got = ZSTD_compress2(s.cctx, s.packed.data(), s.packed.size(), src, n);
+  return ZSTD_isError(got) ? n + 1 : got;
+}
+
 bool AppendZstd(const char* src, int64_t n, int level, CodecScratch::State& s, std::string* out) {
   if (n == 0) return false;
   if (s.cctx == nullptr) s.cctx = ZSTD_createCCtx();
   if (s.cctx == nullptr) return false;
   const size_t bound = ZSTD_compressBound(static_cast<size_t>(n));
   if (s.packed.size() < bound) s.packed.resize(bound);
-  const size_t got = ZSTD_compressCCtx(s.cctx, s.packed.data(), bound, src, n, level);
-  if (ZSTD_isError(got) || static_cast<int64_t>(got) >= n) return false;
+  if (n > 4 * kProbeBytes) {
+    // The plane's first kProbeBytes decide: stored raw when they do not shrink (the mantissa
+    // planes of trained weights; ZipNN likewise gives up early), and for the automatic level,
+    // LZ matching (level 1) only where it beats the entropy stage alone (e.g. the repeated
+    // values of optimizer state), as the entropy stage is several times faster.
+    const int first = level == 0 ? kPlaneLevel : level;
+    const size_t fast = Compress(src, kProbeBytes, first, s);
+    if (fast >= static_cast<size_t>(kProbeBytes)) return false;
+    if (level == 0) level = Compress(src, kProbeBytes, 1, s) * 100 < fast * 97 ? 1 : kPlaneLevel;
+  }
+  const size_t got = Compress(src, n, level == 0 ? kPlaneLevel : level, s);
+  if (static_cast<int64_t>(got) >= n) return false;
   out->append(s.packed.data(), got);
   return true;
 }
@@ -136,20 +298,20 @@ absl::StatusOr<CompressionOptions> ParseCompression(absl::string_view spec) {
   const absl::string_view given = spec;
   if (spec.empty() || spec == "none") return o;
   o.enabled = true;
-  if (spec == "zstd") return o;
+  if (spec == "zstd") return o;  // level 0: each codec's default
   int level = 0;
-  if (absl::ConsumePrefix(&spec, "zstd:") && absl::SimpleAtoi(spec, &level) && level >= -7 &&
+  if (absl::ConsumePrefix(&spec, "zstd:") && absl::SimpleAtoi(spec, &level) && level >= -1000 &&
       level <= 19 && level != 0) {
     o.level = level;
     return o;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "compression \"", given, "\" is not none, zstd or zstd:<level> (-7 to 19, not 0)"));
+      "compression \"", given, "\" is not none, zstd or zstd:<level> (-1000 to 19, not 0)"));
 }
 
 std::string CompressionSpec(const CompressionOptions& o) {
   if (!o.enabled) return "none";
-  return o.level == 1 ? "zstd" : absl::StrCat("zstd:", o.level);
+  return o.level == 0 ? "zstd" : absl::StrCat("zstd:", o.level);
 }
 
 absl::string_view PieceCodecName(PieceCodec codec) {
@@ -205,10 +367,10 @@ absl::Status ValidateCodecParams(const CodecParams& p) {
       (!group && p.element_width != 1) || p.chunk_bytes < 1 ||
       p.chunk_bytes > kMaxCodecChunkBytes || p.level < ZSTD_minCLevel() ||
       p.level > ZSTD_maxCLevel()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bad codec parameters: codec ", PieceCodecName(p.codec), ", element width ",
-        p.element_width, ", chunk ", p.chunk_bytes, " bytes (1 to ", kMaxCodecChunkBytes,
-        "), zstd level ", p.level));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad codec parameters: codec ", PieceCodecName(p.codec), ", element width ",
+                     p.element_width, ", chunk ", p.chunk_bytes, " bytes (1 to ",
+                     kMaxCodecChunkBytes, "), zstd level ", p.level));
   }
   return absl::OkStatus();
 }
@@ -221,7 +383,7 @@ EncodedChunk EncodeChunk(const char* raw, int64_t n, const CodecParams& params,
   out.raw_xxh3 = Xxh3(raw, n);
   bool packed = false;
   if (params.codec == PieceCodec::kZstd) {
-    packed = AppendZstd(raw, n, params.level, s, &out.bytes);
+    packed = AppendZstd(raw, n, params.level == 0 ? 1 : params.level, s, &out.bytes);
   } else {
     const int w = params.element_width;
     const int64_t m = n / w;
@@ -311,10 +473,10 @@ namespace {
 absl::Status CheckExpect(const FrameExpect& e, absl::string_view what) {
   if ((e.codec != PieceCodec::kZstd && e.codec != PieceCodec::kByteGroupZstd) || e.raw_bytes < 0 ||
       e.chunk_bytes < 1 || e.chunk_bytes > kMaxCodecChunkBytes || e.stored_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compressed ", what, ": the manifest's codec ", static_cast<int>(e.codec), ", raw size ",
-        e.raw_bytes, ", stored size ", e.stored_bytes, " or chunk size ", e.chunk_bytes,
-        " is not valid"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("compressed ", what, ": the manifest's codec ", static_cast<int>(e.codec),
+                     ", raw size ", e.raw_bytes, ", stored size ", e.stored_bytes,
+                     " or chunk size ", e.chunk_bytes, " is not valid"));
   }
   return absl::OkStatus();
 }
@@ -330,17 +492,17 @@ absl::Status CheckHeader(const char* h, const FrameExpect& e, int64_t num_chunks
   const int width = static_cast<uint8_t>(h[6]);
   if (codec != static_cast<int>(e.codec) || !ValidWidth(width) ||
       (e.codec == PieceCodec::kZstd && width != 1) || h[7] != 0) {
-    return Corrupt(what, absl::StrCat("frame codec ", codec, " width ", width,
-                                      " does not match the manifest's codec ",
-                                      PieceCodecName(e.codec)));
+    return Corrupt(what,
+                   absl::StrCat("frame codec ", codec, " width ", width,
+                                " does not match the manifest's codec ", PieceCodecName(e.codec)));
   }
   if (GetU32(h + 8) != static_cast<uint64_t>(e.chunk_bytes) ||
       GetU32(h + 12) != static_cast<uint64_t>(num_chunks) ||
       GetU64(h + 16) != static_cast<uint64_t>(e.raw_bytes)) {
-    return Corrupt(what, absl::StrCat("frame says ", GetU64(h + 16), " raw bytes in ",
-                                      GetU32(h + 12), " chunks of ", GetU32(h + 8),
-                                      "; the manifest says ", e.raw_bytes, " in ", num_chunks,
-                                      " of ", e.chunk_bytes));
+    return Corrupt(what,
+                   absl::StrCat("frame says ", GetU64(h + 16), " raw bytes in ", GetU32(h + 12),
+                                " chunks of ", GetU32(h + 8), "; the manifest says ", e.raw_bytes,
+                                " in ", num_chunks, " of ", e.chunk_bytes));
   }
   return absl::OkStatus();
 }
@@ -359,8 +521,8 @@ absl::StatusOr<FrameIndex> ParseFrameIndex(absl::string_view prefix, const Frame
   }
   const int64_t index_bytes = kFrameHeaderBytes + kFrameIndexEntryBytes * n;
   if (static_cast<int64_t>(prefix.size()) < index_bytes) {
-    return Corrupt(what, absl::StrCat("truncated: ", prefix.size(), " bytes, the index needs ",
-                                      index_bytes));
+    return Corrupt(
+        what, absl::StrCat("truncated: ", prefix.size(), " bytes, the index needs ", index_bytes));
   }
   const char* h = prefix.data();
   CKPT_RETURN_IF_ERROR(CheckHeader(h, e, n, what));
@@ -464,8 +626,7 @@ absl::Status DecodeChunk(const FrameIndex& index, int c, absl::string_view store
                                          " (want ", fc.raw_bytes, " bytes)"));
     }
   } else {
-    CKPT_RETURN_IF_ERROR(
-        DecodeGrouped(index.element_width, stored, fc.raw_bytes, dest, s, where));
+    CKPT_RETURN_IF_ERROR(DecodeGrouped(index.element_width, stored, fc.raw_bytes, dest, s, where));
   }
   if (verify && Xxh3(dest, fc.raw_bytes) != fc.raw_xxh3) {
     return Corrupt(where, "raw checksum mismatch after decoding");

@@ -21,12 +21,15 @@ std::string SpecialBytes(DType dtype, int64_t bytes, uint32_t seed) {
   for (auto& c : out) c = static_cast<char>(rng());
   const int w = static_cast<int>(DTypeSize(dtype));
   std::vector<uint64_t> specials;
-  if (w == 2) specials = {0x7FC1, 0xFF81, 0x7F81, 0x8000, 0x0001, 0x807F, 0x7F80, 0xFF80, 0x7E01,
-                          0xFE00, 0x03FF, 0x8001};
-  if (w == 4) specials = {0x7FC00001, 0xFFBFFFFF, 0x7F800001, 0x80000000, 0x00000001,
-                          0x807FFFFF, 0x7F800000, 0xFF800000, 0x7F7FFFFF, 0x00800000};
-  if (w == 8) specials = {0x7FF8000000000001, 0xFFF0000000000001, 0x8000000000000000,
-                          0x0000000000000001, 0x800FFFFFFFFFFFFF, 0x7FF0000000000000};
+  if (w == 2)
+    specials = {0x7FC1, 0xFF81, 0x7F81, 0x8000, 0x0001, 0x807F,
+                0x7F80, 0xFF80, 0x7E01, 0xFE00, 0x03FF, 0x8001};
+  if (w == 4)
+    specials = {0x7FC00001, 0xFFBFFFFF, 0x7F800001, 0x80000000, 0x00000001,
+                0x807FFFFF, 0x7F800000, 0xFF800000, 0x7F7FFFFF, 0x00800000};
+  if (w == 8)
+    specials = {0x7FF8000000000001, 0xFFF0000000000001, 0x8000000000000000,
+                0x0000000000000001, 0x800FFFFFFFFFFFFF, 0x7FF0000000000000};
   if (w == 1) specials = {0x7F, 0xFF, 0x80, 0x01, 0x00, 0x78};
   for (int64_t i = 0; i + w <= bytes; i += w) {
     if (rng() % 3 == 0) {
@@ -73,8 +76,8 @@ FrameExpect ExpectFor(const CodecParams& p, int64_t raw, const std::string& fram
 
 // Encodes, checks the frame bound and the raw checksum, decodes and compares bit for bit.
 void RoundTrip(DType dtype, const std::string& raw, int64_t chunk) {
-  SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " " << raw.size() << " bytes, chunk "
-                                    << chunk);
+  SCOPED_TRACE(::testing::Message()
+               << DTypeName(dtype) << " " << raw.size() << " bytes, chunk " << chunk);
   const CodecParams p = ParamsFor(dtype, chunk);
   absl::StatusOr<EncodedPiece> enc = EncodePiece(raw.data(), raw.size(), p);
   ASSERT_TRUE(enc.ok()) << enc.status();
@@ -225,8 +228,8 @@ TEST_F(CorruptFrameTest, ARangeDecodesOnlyItsChunks) {
   for (int64_t i = index->chunks[0].stored_offset; i < c2.stored_offset; ++i) damaged[i] = 0;
   std::string out(c2.raw_bytes, '\0');
   CodecScratch scratch;
-  ASSERT_TRUE(DecodeChunk(*index, 2, absl::string_view(damaged).substr(c2.stored_offset,
-                                                                       c2.stored_bytes),
+  ASSERT_TRUE(DecodeChunk(*index, 2,
+                          absl::string_view(damaged).substr(c2.stored_offset, c2.stored_bytes),
                           out.data(), true, scratch, "p")
                   .ok());
   EXPECT_EQ(out, raw_.substr(c2.raw_offset, c2.raw_bytes));

@@ -112,8 +112,8 @@ absl::StatusOr<std::vector<PackedPieces>> CompressPieces(const std::vector<Tenso
       if (p.size_bytes <= 0 || p.data == nullptr) continue;  // WriteDataFiles judges these
       auto t = dtypes.find(p.key);
       if (t == dtypes.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "piece of unknown tensor \"", p.key, "\" (rank ", files[f].writer_rank, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("piece of unknown tensor \"", p.key,
+                                                       "\" (rank ", files[f].writer_rank, ")"));
       }
       CKPT_ASSIGN_OR_RETURN(out[f][i],
                             EncodePieceParallel(p.data, p.size_bytes, t->second, options));

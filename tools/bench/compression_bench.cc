@@ -40,8 +40,7 @@ absl::StatusOr<File> Load(const std::string& path) {
 }
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 absl::Status Codec(const File& f, int threads, int level, int64_t chunk, int repeats) {
