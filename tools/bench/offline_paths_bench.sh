@@ -71,15 +71,15 @@ floor() {  # prints "read_s write_s floor_s" for $bytes bytes
   python3 -c "r=$t1-$t0; w=($t2-$t1)*$bytes/(($bytes//(16<<20))*(16<<20)); print(f'{r:.3f} {w:.3f} {r+w:.3f}')"
 }
 
-run() {  # label bin path mode -> seconds
-  local bin=$2 path=$3 mode=$4 out t0 t1
+run() {  # label bin path mode -> seconds; the output is removed first (never timed)
+  local bin=$2 path=$3 mode=$4 t0 t1
+  rm -rf -- "$dir/imported" "$dir/exported.safetensors" "$dir/resharded"
+  [[ $mode == cold ]] && drop_caches
   case "$path" in
-    import) out="$dir/imported"; [[ $mode == cold ]] && drop_caches
-      t0=$(now); "$bin" import "$dir/src.safetensors" "$out" --overwrite > /dev/null; t1=$(now) ;;
-    export) out="$dir/exported.safetensors"; rm -f -- "$out"; [[ $mode == cold ]] && drop_caches
-      t0=$(now); "$bin" export "$dir/ckpt" "$out" --overwrite > /dev/null; t1=$(now) ;;
-    reshard) out="$dir/resharded"; [[ $mode == cold ]] && drop_caches
-      t0=$(now); "$bin" reshard "$dir/ckpt" "$out" --layout "$dir/layout.json" --overwrite \
+    import) t0=$(now); "$bin" import "$dir/src.safetensors" "$dir/imported" > /dev/null; t1=$(now) ;;
+    export) t0=$(now); "$bin" export "$dir/ckpt" "$dir/exported.safetensors" > /dev/null
+      t1=$(now) ;;
+    reshard) t0=$(now); "$bin" reshard "$dir/ckpt" "$dir/resharded" --layout "$dir/layout.json" \
         > /dev/null; t1=$(now) ;;
   esac
   secs "$t0" "$t1"
