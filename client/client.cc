@@ -307,6 +307,17 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
   return handle;
 }
 
+absl::StatusOr<SnapshotInfo> Client::SaveAndWait(const std::string& path, const StateDict& state,
+                                                 const SaveOptions& options,
+                                                 absl::Duration timeout) {
+  SaveOptions lent = options;
+  lent.lending = Lending::kAllHostTensors;  // the caller touches nothing before the commit
+  absl::StatusOr<std::unique_ptr<SaveHandle>> handle = Save(path, state, lent);
+  if (!handle.ok()) return handle.status();
+  if (absl::Status s = (*handle)->WaitDurable(timeout); !s.ok()) return s;
+  return (*handle)->snapshot();
+}
+
 absl::Status Client::Load(const std::string& path, StateDict& state, const LoadOptions& options) {
   absl::StatusOr<OperationProgress> p = LoadToEnd(path, state, options);
   if (!p.ok()) return p.status();

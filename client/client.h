@@ -6,6 +6,7 @@
 //   auto handle = client.value()->Save("/ckpt/step100", *state, {});
 //   ... training continues ...
 //   handle->WaitDurable(absl::Minutes(5));                   // committed
+//   client.value()->SaveAndWait("/ckpt/step200", *state);    // blocking: lends, no copy
 //
 // Every call is collective over the job's ranks where it says so, takes a deadline, and
 // returns the coordinator's diagnosis as an absl::Status when an operation is aborted (a rank
@@ -169,6 +170,16 @@ class Client {
   // returns the coordinator's diagnosis here; one aborted later, from WaitDurable.
   absl::StatusOr<std::unique_ptr<SaveHandle>> Save(const std::string& path, const StateDict& state,
                                                    const SaveOptions& options = {});
+
+  // Collective: a blocking save. Saves `state` to `path` lending every host tensor
+  // (Lending::kAllHostTensors, whatever options.lending says): the worker writes them straight
+  // from shared memory with no copy, and this returns only once the checkpoint is committed
+  // (WaitDurable, up to `timeout`), so the trainer must not change its tensors until then. The
+  // same as ckpt.torch.save. For a save that returns at the snapshot, use Save. Returns how
+  // the worker took the snapshot (lent_bytes: the host bytes written without a copy).
+  absl::StatusOr<SnapshotInfo> SaveAndWait(const std::string& path, const StateDict& state,
+                                           const SaveOptions& options = {},
+                                           absl::Duration timeout = absl::Hours(1));
 
   // Collective: fills `state`'s tensors from the checkpoint at `path`, whatever layout it was
   // saved from (each rank's worker reads the regions it needs; checksums verified). Returns

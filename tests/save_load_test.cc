@@ -116,6 +116,25 @@ TEST(ServicesTest, SaveReturnsAtTheSnapshotAndTheCheckpointHoldsPreMutationValue
   }
 }
 
+TEST(ServicesTest, ABlockingSaveLendsEveryHostTensorAndCopiesNothing) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
+  cluster.StartWorker(0);
+  cluster.StartWorker(1);
+  const std::string path = cluster.dir() + "/blocking";
+  std::vector<Child*> ranks = RunRanks(cluster, "blocking", 2, "save_and_wait", path, {});
+  for (Child* t : ranks) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second;
+    // Each rank writes its own 1024-element int32 row, from the trainer's memory.
+    EXPECT_THAT(t->Stdout(), HasSubstr("snapshot copied_bytes=0 lent_bytes=4096")) << t->Stdout();
+  }
+  auto reader = CheckpointReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<int32_t> values(2 * 1024, -1);
+  ASSERT_TRUE((*reader)->ReadRegion("probe.weight", WholeRegion({2, 1024}), values.data()).ok());
+  for (int i = 0; i < 2 * 1024; ++i) ASSERT_EQ(values[i], i) << "element " << i;
+}
+
 TEST(ServicesTest, WorkerKilledMidSaveAbortsEveryRankAndNothingIsCommitted) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));

@@ -227,6 +227,14 @@ int Run(int argc, char** argv) {
       auto again = (*client)->Save(then_save, *state, save_options);
       result = again.ok() ? (*again)->WaitDurable(absl::Minutes(5)) : again.status();
     }
+  } else if (mode == "save_and_wait") {
+    // A blocking save: lends every host tensor and returns once committed.
+    auto info = (*client)->SaveAndWait(path, *state, save_options, absl::Minutes(5));
+    result = info.status();
+    if (info.ok()) {
+      Emit("snapshot copied_bytes=" + std::to_string(info->copied_bytes) +
+           " lent_bytes=" + std::to_string(info->lent_bytes));
+    }
   } else if (mode == "load") {
     result = (*client)->Load(path, *state, load_options);
   } else if (mode == "poll") {
