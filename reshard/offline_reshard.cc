@@ -137,6 +137,7 @@ absl::StatusOr<OfflineReshardStats> OfflineReshard(const std::string& src, const
   WriteOptions wopts;
   wopts.io = options.io;
   wopts.overwrite = options.overwrite;
+  wopts.compression = options.compression;
   wopts.checksum_block_bytes = manifest.checksum_block_bytes() > 0 ? manifest.checksum_block_bytes()
                                                                    : kDefaultChecksumBlockBytes;
   WaveOptions wave;

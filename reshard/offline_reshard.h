@@ -31,10 +31,11 @@ namespace ckpt {
 
 struct OfflineReshardOptions {
   int64_t memory_budget_bytes = int64_t{1} << 30;
-  bool overlap = true;           // read/assemble the next wave while the previous one is written
-  IoOptions io;                  // threads, queue depth, O_DIRECT for reads and writes
-  bool overwrite = false;        // replace an existing committed checkpoint (only) at dst
-  bool verify_checksums = true;  // verify source bytes against the manifest as they are read
+  bool overlap = true;             // read/assemble the next wave while the previous one is written
+  IoOptions io;                    // threads, queue depth, O_DIRECT for reads and writes
+  bool overwrite = false;          // replace an existing committed checkpoint (only) at dst
+  bool verify_checksums = true;    // verify source bytes against the manifest as they are read
+  CompressionOptions compression;  // of the destination's pieces (storage/piece_codec.h)
   std::function<void(const WaveProgress&)> progress;
 };
 

@@ -32,6 +32,8 @@ absl::StatusOr<OfflineReshardOptions> LocalOptions(const ParsedArgs& a) {
   options.verify_checksums = !a.Has("no-verify");
   CKPT_RETURN_IF_ERROR(SizeFlag(a, "memory-budget", 1, &options.memory_budget_bytes));
   CKPT_RETURN_IF_ERROR(IoFromFlags(a, &options.io));
+  CKPT_ASSIGN_OR_RETURN(options.compression, ParseCompression(a.Get("compression")));
+  options.compression.threads = options.io.num_threads;
   if (!a.Has("json") && isatty(STDERR_FILENO)) {
     options.progress = [](const WaveProgress& p) {
       std::fprintf(stderr, "\rwave %lld/%lld  %.1f%%", static_cast<long long>(p.wave),
@@ -45,7 +47,8 @@ absl::StatusOr<OfflineReshardOptions> LocalOptions(const ParsedArgs& a) {
 
 // The cluster reshard's arguments from the command line; a usage error names the flag.
 absl::StatusOr<ClusterReshardArgs> ClusterArgs(const ParsedArgs& a) {
-  CKPT_RETURN_IF_ERROR(RefuseFlags(a, {"threads", "direct-io", "no-uring", "no-verify"},
+  CKPT_RETURN_IF_ERROR(RefuseFlags(a,
+                                   {"threads", "direct-io", "no-uring", "no-verify", "compression"},
                                    "applies only without --coordinator"));
   ClusterReshardArgs cluster;
   cluster.coordinator = a.Get("coordinator");
@@ -143,6 +146,10 @@ const CommandSpec& ReshardSpec() {
                  {"memory-budget", "SIZE",
                   "piece data held at once (default 1GiB; e.g. 512MiB, 4G)"},
                  {"no-verify", "", "do not verify source checksums while reading"},
+                 {"compression", "SPEC",
+                  "compress the destination's pieces: none (default), zstd or\n"
+                  "zstd:<level> (byte-grouped zstd; not readable by a plain\n"
+                  "safetensors reader; in-process only)"},
                  {"json", "", "print the summary as one JSON object"},
                  {"coordinator", "HOST:PORT", "run on this coordinator's workers"},
                  {"max-workers", "N", "cluster: use at most N workers (default: every live one)"},

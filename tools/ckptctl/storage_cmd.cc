@@ -24,6 +24,7 @@
 #include "storage/interop.h"
 #include "storage/manifest_codec.h"
 #include "storage/manifest_file.h"
+#include "storage/piece_codec.h"
 #include "storage/verify.h"
 #include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
@@ -55,7 +56,10 @@ constexpr int64_t kDefaultMaxListedPieces = 100000;
 // A tensor's figures over its stored pieces.
 struct TensorFigures {
   int64_t pieces = 0;
-  int64_t bytes = 0;
+  int64_t bytes = 0;          // raw
+  int64_t stored_bytes = 0;   // in the data files (smaller when compressed)
+  int64_t packed_pieces = 0;  // compressed
+  uint32_t codec = 0;         // of the compressed pieces (the last seen)
 };
 
 // What inspect shows of a manifest read as a stream (StreamManifestFile): its head, each
@@ -64,6 +68,7 @@ struct InspectedManifest {
   pb::Manifest head;
   absl::flat_hash_map<std::string, TensorFigures> figures;  // by tensor key
   int64_t pieces = 0;
+  int64_t packed_pieces = 0;  // compressed (storage/piece_codec.h)
   bool pieces_listed = true;
   absl::flat_hash_map<std::string, std::vector<pb::StoredPiece>> listed;  // by tensor key
 };
@@ -74,6 +79,12 @@ absl::StatusOr<InspectedManifest> InspectManifest(const std::string& path, int64
     TensorFigures& f = out.figures[p.key()];
     ++f.pieces;
     f.bytes += p.byte_length();
+    f.stored_bytes += StoredBytes(p);
+    if (p.codec() != 0) {
+      ++f.packed_pieces;
+      f.codec = p.codec();
+      ++out.packed_pieces;
+    }
     if (++out.pieces > max_listed) {
       out.pieces_listed = false;
       out.listed.clear();
@@ -88,6 +99,11 @@ absl::StatusOr<InspectedManifest> InspectManifest(const std::string& path, int64
   return out;
 }
 
+std::string CodecText(uint32_t codec) {
+  absl::StatusOr<PieceCodec> c = PieceCodecFromInt(codec);
+  return c.ok() ? std::string(PieceCodecName(*c)) : absl::StrCat("unknown codec ", codec);
+}
+
 Json PieceJson(const pb::StoredPiece& p) {
   return {{"region", RegionJson(p.region())},
           {"file", p.file()},
@@ -96,7 +112,9 @@ Json PieceJson(const pb::StoredPiece& p) {
           {"byte_length", p.byte_length()},
           {"xxh3_64", Hex(p.xxh3_64())},
           {"checksum_blocks", p.block_xxh3_size()},
-          {"writer_rank", p.writer_rank()}};
+          {"writer_rank", p.writer_rank()},
+          {"codec", CodecText(p.codec())},
+          {"stored_length", StoredBytes(p)}};
 }
 
 // Each tensor with its figures and, when listed, its pieces in manifest order.
@@ -108,8 +126,12 @@ Json TensorsJson(const InspectedManifest& in) {
                {"shape", std::vector<int64_t>(t.global_shape().begin(), t.global_shape().end())}};
     auto f = in.figures.find(t.key());
     const TensorFigures figures = f == in.figures.end() ? TensorFigures{} : f->second;
-    jt["stored_bytes"] = figures.bytes;
+    jt["stored_bytes"] = figures.stored_bytes;
+    jt["raw_bytes"] = figures.bytes;
     jt["piece_count"] = figures.pieces;
+    jt["codec"] = figures.packed_pieces == 0 ? "none" : CodecText(figures.codec);
+    jt["ratio"] =
+        figures.bytes == 0 ? 1.0 : static_cast<double>(figures.stored_bytes) / figures.bytes;
     if (in.pieces_listed) {
       Json jp = Json::array();
       if (auto it = in.listed.find(t.key()); it != in.listed.end()) {
@@ -153,6 +175,8 @@ Json ManifestJson(const std::string& path, const InspectedManifest& in) {
           {"manifest_piece_files", m.piece_files_size()},
           {"total_file_bytes", total},
           {"piece_count", in.pieces},
+          {"compressed_pieces", in.packed_pieces},
+          {"plain_safetensors_readable", in.packed_pieces == 0},
           {"pieces_listed", in.pieces_listed},
           {"files", files},
           {"tensors", TensorsJson(in)}};
@@ -180,15 +204,26 @@ void PrintManifestText(const std::string& path, const InspectedManifest& in, int
   if (m.piece_files_size() > 0) {
     std::printf("manifest pieces in %d piece files beside manifest.pb\n", m.piece_files_size());
   }
+  if (in.packed_pieces > 0) {
+    std::printf("compressed: %" PRId64 " of %" PRId64
+                " pieces (their data files are not readable as tensors by a plain safetensors "
+                "reader; ckptctl export writes plain safetensors)\n",
+                in.packed_pieces, in.pieces);
+  }
   if (!in.pieces_listed) {
     std::printf("pieces not listed: more than %" PRId64 " (see --max-listed-pieces)\n", max_listed);
   }
   for (const Json& t : j["tensors"]) {
-    std::printf("%s  %s %s  %s in %" PRId64 " piece(s)\n", t["key"].get<std::string>().c_str(),
+    std::printf("%s  %s %s  %s in %" PRId64 " piece(s)", t["key"].get<std::string>().c_str(),
                 t["dtype"].get<std::string>().c_str(),
                 ShapeString(t["shape"].get<std::vector<int64_t>>()).c_str(),
-                HumanBytes(t["stored_bytes"].get<int64_t>()).c_str(),
-                t["piece_count"].get<int64_t>());
+                HumanBytes(t["raw_bytes"].get<int64_t>()).c_str(), t["piece_count"].get<int64_t>());
+    if (t["codec"] != "none") {
+      std::printf(", %s: %s stored (%.1f%%)", t["codec"].get<std::string>().c_str(),
+                  HumanBytes(t["stored_bytes"].get<int64_t>()).c_str(),
+                  100.0 * t["ratio"].get<double>());
+    }
+    std::printf("\n");
     if (!t.contains("pieces")) continue;
     for (const Json& p : t["pieces"]) {
       std::printf("    %-40s %s @%" PRId64 " +%" PRId64 " xxh3 %s\n",
