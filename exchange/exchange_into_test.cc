@@ -12,6 +12,7 @@
 #include "exchange/exchange.h"
 #include "exchange/exchange_testing.h"
 #include "exchange/gloo/gloo_communicator.h"
+#include "exchange/staging_arena.h"
 #include "exchange/thread_group.h"
 #include "gtest/gtest.h"
 
@@ -326,6 +327,51 @@ TEST(StagingArenaTest, GrowsOnDemandAndKeepsItsBlockForSmallerRequests) {
   std::memset(*big, 2, size_t{5} << 20);
   arena.Release();
   EXPECT_EQ(arena.capacity(), 0u);
+}
+
+TEST(StagingArenaPoolTest, ASecondLeaseGetsTheFirstLeasesBlockWithoutMappingAgain) {
+  StagingArenaPool pool(int64_t{64} << 20);
+  char* first = nullptr;
+  {
+    StagingArenaPool::Lease lease = pool.Acquire();
+    auto block = lease->Reserve(size_t{8} << 20);
+    ASSERT_TRUE(block.ok()) << block.status();
+    first = *block;
+    std::memset(first, 1, size_t{8} << 20);
+  }
+  EXPECT_EQ(pool.stats().mappings, 1);
+  EXPECT_EQ(pool.stats().idle_bytes, int64_t{8} << 20);
+  {
+    StagingArenaPool::Lease lease = pool.Acquire();
+    auto block = lease->Reserve(size_t{4} << 20);
+    ASSERT_TRUE(block.ok()) << block.status();
+    EXPECT_EQ(*block, first);
+  }
+  const StagingPoolStats stats = pool.stats();
+  EXPECT_EQ(stats.arenas, 1);
+  EXPECT_EQ(stats.leases, 2);
+  EXPECT_EQ(stats.mappings, 1);
+}
+
+TEST(StagingArenaPoolTest, LeasesHeldAtOnceGetTheirOwnArenas) {
+  StagingArenaPool pool(int64_t{64} << 20);
+  StagingArenaPool::Lease a = pool.Acquire();
+  StagingArenaPool::Lease b = pool.Acquire();
+  EXPECT_NE(a.get(), b.get());
+  EXPECT_EQ(pool.stats().arenas, 2);
+}
+
+TEST(StagingArenaPoolTest, ArenasReturnedPastTheIdleBoundAreUnmapped) {
+  StagingArenaPool pool(int64_t{4} << 20);
+  {
+    StagingArenaPool::Lease a = pool.Acquire();
+    StagingArenaPool::Lease b = pool.Acquire();
+    ASSERT_TRUE(a->Reserve(size_t{4} << 20).ok());
+    ASSERT_TRUE(b->Reserve(size_t{4} << 20).ok());
+  }
+  const StagingPoolStats stats = pool.stats();
+  EXPECT_EQ(stats.idle_bytes, int64_t{4} << 20);
+  EXPECT_EQ(stats.releases, 1);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -51,7 +52,55 @@ absl::StatusOr<char*> StagingArena::Reserve(size_t bytes) {
   }
   data_ = data;
   capacity_ = capacity;
+  ++mappings_;
   return data_;
+}
+
+StagingArenaPool::Lease::~Lease() {
+  if (arena_ != nullptr) pool_->Return(std::move(arena_), std::move(purpose_));
+}
+
+StagingArenaPool::Lease StagingArenaPool::Acquire(const std::string& purpose) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.leases;
+  if (idle_.empty()) {
+    ++stats_.arenas;
+    return Lease(this, std::make_unique<StagingArena>(huge_pages_), purpose);
+  }
+  auto better = [&purpose](const Idle& a, const Idle& b) {
+    const bool a_same = a.purpose == purpose, b_same = b.purpose == purpose;
+    if (a_same != b_same) return a_same;
+    return a.arena->capacity() > b.arena->capacity();
+  };
+  auto best = idle_.begin();
+  for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+    if (better(*it, *best)) best = it;
+  }
+  std::unique_ptr<StagingArena> arena = std::move(best->arena);
+  idle_.erase(best);
+  retired_mappings_ -= arena->mappings();  // counted again when it comes back
+  return Lease(this, std::move(arena), purpose);
+}
+
+void StagingArenaPool::Return(std::unique_ptr<StagingArena> arena, std::string purpose) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t idle = 0;
+  for (const Idle& a : idle_) idle += static_cast<int64_t>(a.arena->capacity());
+  if (idle + static_cast<int64_t>(arena->capacity()) > max_idle_bytes_ && arena->capacity() > 0) {
+    arena->Release();
+    ++stats_.releases;
+  }
+  retired_mappings_ += arena->mappings();
+  idle_.push_back(Idle{std::move(purpose), std::move(arena)});
+}
+
+StagingPoolStats StagingArenaPool::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  StagingPoolStats out = stats_;
+  out.mappings = retired_mappings_;
+  out.idle_bytes = 0;
+  for (const Idle& a : idle_) out.idle_bytes += static_cast<int64_t>(a.arena->capacity());
+  return out;
 }
 
 }  // namespace ckpt

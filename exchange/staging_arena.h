@@ -3,6 +3,11 @@
 #define CKPT_EXCHANGE_STAGING_ARENA_H_
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -31,6 +36,8 @@ class StagingArena {
 
   size_t capacity() const { return capacity_; }
   bool huge_pages() const { return huge_pages_; }
+  // Blocks mapped over the arena's life (each one faulted in afresh when first written).
+  int64_t mappings() const { return mappings_; }
 
  private:
   bool huge_pages_;
@@ -38,6 +45,71 @@ class StagingArena {
   size_t capacity_ = 0;
   size_t mapped_ = 0;  // bytes of the mapping (may exceed capacity_ for alignment)
   void* mapping_ = nullptr;
+  int64_t mappings_ = 0;
+};
+
+// What a StagingArenaPool holds and did (for logs and tests).
+struct StagingPoolStats {
+  int64_t arenas = 0;      // created so far (never more than the most leased at once)
+  int64_t leases = 0;      // Acquire calls
+  int64_t mappings = 0;    // blocks mapped over their lives by the arenas not leased now
+  int64_t releases = 0;    // idle arenas unmapped to keep within the bound
+  int64_t idle_bytes = 0;  // mapped bytes of the arenas not leased now
+};
+
+// Arenas kept across exchanges and operations: a worker leases one per exchange buffer it needs
+// (staging, receive buffers) and returns it when the operation ends, so that the next operation
+// writes into pages already faulted in instead of mapping fresh ones (a memcpy or recv into fresh
+// memory runs at a fraction of the speed of one into touched memory). Idle arenas keep their
+// blocks up to `max_idle_bytes` together; an arena returned past that bound is unmapped.
+// Thread-safe; each leased arena is used by one exchange at a time. Outlives its leases.
+class StagingArenaPool {
+ public:
+  explicit StagingArenaPool(int64_t max_idle_bytes, bool huge_pages = true)
+      : max_idle_bytes_(max_idle_bytes), huge_pages_(huge_pages) {}
+  StagingArenaPool(const StagingArenaPool&) = delete;
+  StagingArenaPool& operator=(const StagingArenaPool&) = delete;
+
+  // An arena leased from the pool; returned to it when destroyed.
+  class Lease {
+   public:
+    Lease(Lease&& other) noexcept
+        : pool_(other.pool_),
+          arena_(std::move(other.arena_)),
+          purpose_(std::move(other.purpose_)) {}
+    Lease& operator=(Lease&&) = delete;
+    ~Lease();
+    StagingArena* get() const { return arena_.get(); }
+    StagingArena* operator->() const { return arena_.get(); }
+
+   private:
+    friend class StagingArenaPool;
+    Lease(StagingArenaPool* pool, std::unique_ptr<StagingArena> arena, std::string purpose)
+        : pool_(pool), arena_(std::move(arena)), purpose_(std::move(purpose)) {}
+    StagingArenaPool* pool_;
+    std::unique_ptr<StagingArena> arena_;
+    std::string purpose_;
+  };
+
+  // The idle arena with the largest block last leased for `purpose` (so that e.g. a staging
+  // block and a receive block keep their own sizes), else the idle one with the largest block,
+  // else a new empty one.
+  Lease Acquire(const std::string& purpose = "");
+  StagingPoolStats stats() const;
+
+ private:
+  struct Idle {
+    std::string purpose;
+    std::unique_ptr<StagingArena> arena;
+  };
+  void Return(std::unique_ptr<StagingArena> arena, std::string purpose);
+
+  const int64_t max_idle_bytes_;
+  const bool huge_pages_;
+  mutable std::mutex mu_;
+  std::vector<Idle> idle_;        // guarded by mu_
+  StagingPoolStats stats_;        // guarded by mu_ (idle_bytes computed)
+  int64_t retired_mappings_ = 0;  // of arenas leased now; guarded by mu_
 };
 
 }  // namespace ckpt

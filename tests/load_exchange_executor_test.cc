@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "coordinator/load_exchange.h"
+#include "exchange/staging_arena.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator.pb.h"
 #include "rendezvous/kv_store.h"
@@ -130,8 +132,10 @@ class LoadExchangeExecutorTest : public ::testing::Test {
   }
 
   // Runs every rank's part at once; each rank's status, its tensor in memory[r].
-  std::vector<absl::Status> RunAll(const std::vector<pb::LoadPlanPart>& parts,
-                                   std::vector<std::vector<int32_t>>* memory) {
+  // With `pools`: rank r's exchange buffers come from (*pools)[r] (one pool per worker).
+  std::vector<absl::Status> RunAll(
+      const std::vector<pb::LoadPlanPart>& parts, std::vector<std::vector<int32_t>>* memory,
+      const std::vector<std::unique_ptr<StagingArenaPool>>* pools = nullptr) {
     memory->assign(kRanks, {});
     std::vector<SessionInfo> sessions;
     for (int r = 0; r < kRanks; ++r) sessions.push_back(Session(r, &(*memory)[r]));
@@ -141,15 +145,18 @@ class LoadExchangeExecutorTest : public ::testing::Test {
       threads.emplace_back([&, r] {
         MemoryGate gate;
         ExchangeLoadStats stats;
-        statuses[r] = ExecuteExchangeLoadPart(parts[r], sessions[r], Context(), gate, &stats);
+        statuses[r] = ExecuteExchangeLoadPart(
+            parts[r], sessions[r], Context(pools == nullptr ? nullptr : (*pools)[r].get()), gate,
+            &stats);
       });
     }
     for (std::thread& t : threads) t.join();
     return statuses;
   }
 
-  ExchangeLoadContext Context() const {
+  ExchangeLoadContext Context(StagingArenaPool* buffers = nullptr) const {
     ExchangeLoadContext context;
+    context.buffers = buffers;
     context.rendezvous_address = rendezvous_.address();
     context.rendezvous_timeout = absl::Seconds(30);
     context.exchange_timeout = absl::Seconds(60);
@@ -199,6 +206,41 @@ TEST_F(LoadExchangeExecutorTest, EveryAlgorithmFillsEachRanksTensorReadingEachSt
       read += stats[r].bytes_read;
     }
     EXPECT_EQ(read, kRows * kCols * 4);
+  }
+}
+
+// Issue 40: a worker's exchange staging and receive buffers are faulted in once, not once per
+// operation: a second load of the same shapes maps no new block.
+TEST_F(LoadExchangeExecutorTest, ASecondLoadReceivesIntoTheFirstLoadsBuffersWithoutMappingAgain) {
+  const std::string path = WriteCheckpointOfW("exchange-load-reuse");
+  std::vector<std::unique_ptr<StagingArenaPool>> pools;  // one per rank, as one per worker
+  for (int r = 0; r < kRanks; ++r) pools.push_back(std::make_unique<StagingArenaPool>(1 << 20));
+  std::vector<int64_t> mapped(kRanks);
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(run);
+    std::vector<pb::LoadPlanPart> parts =
+        Plan(path, absl::StrCat("op-reuse-", run), pb::LOAD_OVERLAP_ALL_TO_ALL, /*budget=*/200);
+    std::vector<std::vector<int32_t>> memory;
+    std::vector<absl::Status> statuses = RunAll(parts, &memory, &pools);
+    const std::vector<pb::PieceMeta> shards = RankShards();
+    for (int r = 0; r < kRanks; ++r) {
+      ASSERT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+      const pb::Region& region = shards[r].region();
+      for (int64_t i = 0; i < region.lengths(0); ++i) {
+        for (int64_t j = 0; j < kCols; ++j) {
+          ASSERT_EQ(memory[r][i * kCols + j], Value(region.offsets(0) + i, j)) << "rank " << r;
+        }
+      }
+      const StagingPoolStats stats = pools[r]->stats();
+      EXPECT_EQ(stats.leases, 2 * (run + 1)) << "rank " << r;
+      EXPECT_EQ(stats.arenas, 2) << "rank " << r;
+      if (run == 0) {
+        EXPECT_GT(stats.mappings, 0) << "rank " << r << " received into memory of its own";
+        mapped[r] = stats.mappings;
+      } else {
+        EXPECT_EQ(stats.mappings, mapped[r]) << "rank " << r << " mapped new exchange buffers";
+      }
+    }
   }
 }
 

@@ -150,6 +150,7 @@ struct WaveRunContext {
   const ExchangeOptions& exchange_options;
   MemoryGate& gate;
   ExchangeLoadStats* stats;
+  StagingArena* receive_arena;  // this rank's received shards of a wave, kept across waves
 };
 
 // `part` with each unit's `piece` set to its share_piece (the share's numbering).
@@ -267,7 +268,7 @@ absl::Status ReadUnits(const WaveRunContext& run, const WaveExchange& wave, Shar
 
 // Scatter: what this rank received into the trainer's tensors, through the gate.
 absl::Status Scatter(const WaveRunContext& run, const WaveExchange& wave,
-                     const ShardBuffers& received, const std::string& where) {
+                     const DestinationBuffers& received, const std::string& where) {
   const std::vector<PieceSpec>& needs = wave.plan.needs[run.me];
   for (int i = 0; i < static_cast<int>(needs.size()); ++i) {
     auto buffer = received.find(needs[i].id);
@@ -295,6 +296,54 @@ absl::Status Scatter(const WaveRunContext& run, const WaveExchange& wave,
   return absl::OkStatus();
 }
 
+// Receive buffers for `needs`, carved from `arena` (kept across waves and operations, so a
+// receive writes pages faulted in before instead of fresh zero-filled ones).
+absl::StatusOr<DestinationBuffers> ReceiveBuffers(const std::vector<PieceSpec>& needs,
+                                                  StagingArena& arena, const std::string& where) {
+  constexpr int64_t kAlign = 64;
+  int64_t total = 0;
+  for (const PieceSpec& need : needs) total += (need.NumBytes() + kAlign - 1) / kAlign * kAlign;
+  absl::StatusOr<char*> block = arena.Reserve(static_cast<size_t>(total));
+  if (!block.ok()) {
+    return absl::Status(block.status().code(),
+                        absl::StrCat(where, ": receive buffers: ", block.status().message()));
+  }
+  DestinationBuffers out;
+  int64_t at = 0;
+  for (const PieceSpec& need : needs) {
+    out[need.id] = absl::Span<char>(*block + at, static_cast<size_t>(need.NumBytes()));
+    at += (need.NumBytes() + kAlign - 1) / kAlign * kAlign;
+  }
+  return out;
+}
+
+// Exchange: what this rank needs into `received`, from the pooled receive arena (verify mode:
+// into `allocated`, which VerifyReceivedUnits checks).
+absl::Status Exchange(const WaveRunContext& run, const WaveExchange& wave,
+                      const ShardBuffers& loaded, ShardBuffers* allocated,
+                      DestinationBuffers* received, ExchangeReport* report,
+                      const std::string& where) {
+  const std::string algorithm(LoadAlgorithmName(run.part.algorithm()));
+  absl::Status s;
+  if (run.part.transfer_verify()) {
+    absl::StatusOr<ShardBuffers> got = ExchangeByDistribution(algorithm, run.comm, wave.plan,
+                                                              loaded, run.exchange_options, report);
+    if (got.ok()) {
+      *allocated = *std::move(got);
+      *received = DestinationsOf(*allocated);
+    }
+    s = got.status();
+  } else {
+    CKPT_ASSIGN_OR_RETURN(*received,
+                          ReceiveBuffers(wave.plan.needs[run.me], *run.receive_arena, where));
+    s = ExchangeByDistributionInto(algorithm, run.comm, wave.plan, loaded, *received,
+                                   run.exchange_options, report);
+  }
+  if (!s.ok())
+    return absl::Status(s.code(), absl::StrCat(where, ": exchange failed: ", s.message()));
+  return absl::OkStatus();
+}
+
 // One wave: plan, read, exchange, scatter.
 absl::Status RunWave(const WaveRunContext& run, int w) {
   const pb::LoadWaveEntry& entry = run.part.waves(w);
@@ -319,29 +368,30 @@ absl::Status RunWave(const WaveRunContext& run, int w) {
   }
   step_start = absl::Now();
   ExchangeReport report;
-  absl::StatusOr<ShardBuffers> received =
-      ExchangeByDistribution(LoadAlgorithmName(run.part.algorithm()), run.comm, wave.plan, loaded,
-                             run.exchange_options, &report);
-  if (!received.ok()) {
-    return absl::Status(received.status().code(),
-                        absl::StrCat(where, ": exchange failed: ", received.status().message()));
-  }
+  ShardBuffers allocated;
+  DestinationBuffers received;
+  CKPT_RETURN_IF_ERROR(Exchange(run, wave, loaded, &allocated, &received, &report, where));
   run.stats->bytes_sent += report.bytes_sent();
   run.stats->bytes_received += report.bytes_received();
   loaded.clear();
   if (run.part.transfer_verify()) {
     CKPT_RETURN_IF_ERROR(VerifyReceivedUnits(run.part, entry, wave.plan, run.me, read_checksums,
-                                             *received, run.comm, run.exchange_options.deadline,
+                                             allocated, run.comm, run.exchange_options.deadline,
                                              where));
   }
   run.stats->exchange_time += absl::Now() - step_start;
   step_start = absl::Now();
-  CKPT_RETURN_IF_ERROR(Scatter(run, wave, *received, where));
+  CKPT_RETURN_IF_ERROR(Scatter(run, wave, received, where));
   run.stats->scatter_time += absl::Now() - step_start;
   return absl::OkStatus();
 }
 
 }  // namespace
+
+StagingArenaPool& SharedExchangeBuffers() {
+  static StagingArenaPool* pool = new StagingArenaPool(kSharedExchangeBufferBytes);
+  return *pool;
+}
 
 absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& sent, const SessionInfo& session,
                                      const ExchangeLoadContext& context, MemoryGate& gate,
@@ -380,9 +430,12 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& sent, const Session
     exchange_options.memory_budget_bytes = part.memory_budget_bytes();
   }
   exchange_options.deadline = absl::Now() + context.exchange_timeout;
-  // One staging block for every wave, so its pages are mapped once per part, not per wave.
-  StagingArena staging;
-  exchange_options.staging = &staging;
+  // Staging and receive blocks for every wave, leased from the worker's pool, so their pages
+  // are faulted in once per worker, not once per operation or wave.
+  StagingArenaPool& pool = context.buffers != nullptr ? *context.buffers : SharedExchangeBuffers();
+  StagingArenaPool::Lease staging = pool.Acquire("exchange staging");
+  StagingArenaPool::Lease receive = pool.Acquire("exchange receive");
+  exchange_options.staging = staging.get();
   const WaveRunContext run{who,
                            part,
                            checkpoint,
@@ -393,7 +446,8 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& sent, const Session
                            *comm,
                            exchange_options,
                            gate,
-                           stats};
+                           stats,
+                           receive.get()};
   for (int w = 0; w < part.waves_size(); ++w) {
     CKPT_RETURN_IF_ERROR(RunWave(run, w));
     if (progress) progress(stats->bytes_scattered);

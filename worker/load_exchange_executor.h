@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/transport_security.h"
+#include "exchange/staging_arena.h"
 #include "proto/coordinator.pb.h"
 #include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
@@ -34,7 +35,16 @@ struct ExchangeLoadContext {
   // The worker's memory tier: units of a memory checkpoint (part.memory_manifest() set) are
   // read from it instead of storage (null: such a part fails naming the checkpoint).
   const MemoryTier* memory_tier = nullptr;
+  // Where the part's exchange staging and receive buffers come from, kept across operations so
+  // that their pages are faulted in once per worker rather than once per operation (null: the
+  // worker's process-wide pool, SharedExchangeBuffers()).
+  StagingArenaPool* buffers = nullptr;
 };
+
+// The worker's pool of exchange buffers (staging and receive arenas of exchange loads, transfer
+// receives and serving parts); it keeps up to kSharedExchangeBufferBytes of idle blocks.
+inline constexpr int64_t kSharedExchangeBufferBytes = int64_t{1} << 30;
+StagingArenaPool& SharedExchangeBuffers();
 
 // What the part did on this rank.
 struct ExchangeLoadStats {
