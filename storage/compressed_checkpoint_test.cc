@@ -152,7 +152,7 @@ TEST(CompressedCheckpointTest, ACorruptStoredByteIsDataLossNamingFileAndTensor) 
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_THAT(s.message(), HasSubstr("r0_0.safetensors"));
   EXPECT_THAT(s.message(), HasSubstr("\"w\""));
-  // Without stored checksums, the raw checksums after decoding still refuse it.
+  // A reader opened without verification refuses it too when a read asks to verify.
   ReaderOptions unverified;
   unverified.verify_checksums = false;
   ASSERT_TRUE(WriteStringToFile(file, bad));
