@@ -1,3 +1,5 @@
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -461,6 +463,7 @@ TEST(CheckpointTest, AnEmptyDirectoryAtThePathIsReplacedByTheCommit) {
   const std::string dir = TestDir("empty-dir");
   const std::string path = JoinPath(dir, "ckpt");
   ASSERT_TRUE(MakeDir(path).ok());
+  ASSERT_EQ(::chmod(path.c_str(), 0710), 0);  // the checkpoint keeps the directory's mode
   TestTensor t("w", DType::kF32, {16}, 3);
   Pieces pieces;
   WriteOptions options;
@@ -476,6 +479,9 @@ TEST(CheckpointTest, AnEmptyDirectoryAtThePathIsReplacedByTheCommit) {
   ASSERT_TRUE((*CheckpointReader::Open(path))->ReadRegion("w", WholeRegion({16}), out.data()).ok());
   EXPECT_TRUE(out == t.bytes);
   EXPECT_EQ(*ListDir(dir), std::vector<std::string>{"ckpt"});  // no staging left behind
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0710u);
 }
 
 TEST(CheckpointTest, ADirectoryHoldingAnythingIsRefusedNamingItsEntries) {

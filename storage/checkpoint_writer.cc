@@ -91,9 +91,15 @@ absl::Status OccupiedPathError(const std::string& path) {
 }
 
 // Commits `staging_dir` as `final_path`, which does not exist or is an empty directory: the
-// empty directory is removed (rmdir, so nothing that appeared in it meanwhile is lost) right
-// before the no-replace rename. A crash between the two leaves no checkpoint and no directory.
+// checkpoint takes the empty directory's permission bits (a private 0700 mkdtemp stays
+// private), and the empty directory is removed (rmdir, so nothing that appeared in it meanwhile
+// is lost) right before the no-replace rename. A crash between the two leaves no checkpoint.
 absl::Status RenameIntoPlace(const std::string& staging_dir, const std::string& final_path) {
+  struct stat st;
+  if (IsEmptyDirectory(final_path) && ::lstat(final_path.c_str(), &st) == 0 &&
+      ::chmod(staging_dir.c_str(), st.st_mode & 07777) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("give ", staging_dir, " the mode of ", final_path));
+  }
   if (IsEmptyDirectory(final_path) && ::rmdir(final_path.c_str()) != 0 && errno != ENOENT) {
     if (errno == ENOTEMPTY || errno == EEXIST) return OccupiedPathError(final_path);
     return ErrnoStatus(errno, absl::StrCat("remove the empty directory ", final_path));

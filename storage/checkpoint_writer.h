@@ -74,11 +74,11 @@ absl::StatusOr<CommitStep> ParseCommitStep(absl::string_view name);
 struct WriteOptions {
   IoOptions io;
   // Replace an existing committed checkpoint at the final path. An empty directory there is
-  // always replaced (removed with rmdir right before the no-replace rename, so nothing that
-  // appears in it is lost). Without it any other existing path is AlreadyExists and nothing is
-  // written; with it anything but a committed checkpoint
-  // (storage/overwrite_guard.h: a file, a link, an arbitrary or incomplete directory) is
-  // FailedPrecondition and nothing is written or removed.
+  // always replaced, keeping its mode (removed with rmdir right before the no-replace rename, so
+  // nothing that appears in it is lost). Without it any other existing path is AlreadyExists and
+  // nothing is written; with it anything but a committed checkpoint (storage/overwrite_guard.h: a
+  // file, a link, an arbitrary or incomplete directory) is FailedPrecondition and nothing is
+  // written or removed.
   bool overwrite = false;
   int64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
   // CommitCheckpoint skips ValidateManifest: the caller checked the manifest as it would

@@ -105,15 +105,20 @@ TEST(OverwriteGuardTest, OverwriteRefusesADirectoryThatIsNotACheckpoint) {
   EXPECT_EQ(Read(JoinPath(victim, "sub/deep.txt")), "me too");
 }
 
-TEST(OverwriteGuardTest, OverwriteRefusesAnEmptyDirectory) {
+// An empty directory is committed over with or without overwrite (as DCP writes into the
+// directory it is given, storage/checkpoint_writer.h), keeping its permission bits.
+TEST(OverwriteGuardTest, OverwriteReplacesAnEmptyDirectoryKeepingItsMode) {
   const std::string dir = TestDir("empty");
-  const std::string victim = JoinPath(dir, "ckpt");
-  ASSERT_TRUE(MakeDir(victim).ok());
-  ::chmod(victim.c_str(), 0700);
-  ExpectRefused(victim, "an empty directory");
+  const std::string target = JoinPath(dir, "ckpt");
+  ASSERT_TRUE(MakeDir(target).ok());
+  ::chmod(target.c_str(), 0700);
+  Contents c;
+  ASSERT_TRUE(WriteCheckpoint(target, c.Make(2), Overwrite()).ok());
+  EXPECT_EQ(FirstValue(target), 2.0f);
   struct stat st;
-  ASSERT_EQ(::stat(victim.c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0700u);  // the very same directory, not a replacement
+  ASSERT_EQ(::stat(target.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);  // still private
+  EXPECT_EQ(*ListDir(dir), std::vector<std::string>{"ckpt"});
 }
 
 TEST(OverwriteGuardTest, OverwriteRefusesAnIncompleteCheckpoint) {
