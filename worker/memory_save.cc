@@ -1,8 +1,11 @@
 #include "worker/memory_save.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -15,19 +18,39 @@
 namespace ckpt::worker {
 namespace {
 
-// Frames files as [u64 name length][name][u64 size][bytes]...
-void AppendFrame(const std::string& name, const std::string& bytes, std::string* out) {
-  const uint64_t n = name.size(), b = bytes.size();
-  out->append(reinterpret_cast<const char*>(&n), sizeof(n));
-  out->append(name);
-  out->append(reinterpret_cast<const char*>(&b), sizeof(b));
-  out->append(bytes);
+// One file of this rank's share, as sent to its replica ranks.
+struct OwnFile {
+  std::string name;
+  std::shared_ptr<const std::string> bytes;
+};
+
+// One file announced by a peer: its name and size.
+struct AnnouncedFile {
+  std::string name;
+  uint64_t size = 0;
+};
+
+void AppendU64(uint64_t v, std::string* out) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(v));
 }
 
-// The files framed in `data`; InvalidArgument for a truncated frame.
-absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseFrames(const char* data,
-                                                                             size_t size) {
-  std::vector<std::pair<std::string, std::string>> out;
+// The header a rank sends its replica ranks before the files: per file [u64 name length][name]
+// [u64 size]. The files themselves then go one per round, straight from the tier's buffers.
+std::string FileHeader(const std::vector<OwnFile>& files) {
+  std::string out;
+  for (const OwnFile& f : files) {
+    AppendU64(f.name.size(), &out);
+    out.append(f.name);
+    AppendU64(f.bytes->size(), &out);
+  }
+  return out;
+}
+
+// The files a peer's header announces; InvalidArgument naming the peer for a truncated header
+// or a file larger than this tier's budget (checked before anything is allocated for it).
+absl::StatusOr<std::vector<AnnouncedFile>> ParseHeader(const char* data, size_t size, int peer,
+                                                       int64_t budget) {
+  std::vector<AnnouncedFile> out;
   size_t at = 0;
   auto take = [&](uint64_t* v) {
     if (size - at < sizeof(*v)) return false;
@@ -36,20 +59,72 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseFrames(con
     return true;
   };
   while (at < size) {
-    uint64_t n = 0, b = 0;
-    if (!take(&n) || size - at < n) return absl::InvalidArgumentError("truncated replica frame");
-    std::string name(data + at, n);
+    uint64_t n = 0;
+    AnnouncedFile f;
+    if (!take(&n) || size - at < n) {
+      return absl::InvalidArgumentError(absl::StrCat("truncated replica header from rank ", peer));
+    }
+    f.name.assign(data + at, n);
     at += n;
-    if (!take(&b) || size - at < b) return absl::InvalidArgumentError("truncated replica frame");
-    out.emplace_back(std::move(name), std::string(data + at, b));
-    at += b;
+    if (!take(&f.size)) {
+      return absl::InvalidArgumentError(absl::StrCat("truncated replica header from rank ", peer));
+    }
+    if (f.size > static_cast<uint64_t>(budget)) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", peer, " announces replica file ",
+                                                     f.name, " of ", f.size,
+                                                     " bytes, more than this tier's budget"));
+    }
+    out.push_back(std::move(f));
   }
   return out;
 }
 
-// Sends `mine` (framed files) to every replica rank and keeps what the others send here.
+// The replica headers every peer sent this rank (empty for a peer that does not replicate
+// here), and the most files any rank sends (the rounds every rank runs).
+absl::StatusOr<std::vector<std::vector<AnnouncedFile>>> ExchangeHeaders(
+    Communicator& comm, const std::vector<bool>& targets, const std::vector<OwnFile>& mine,
+    int64_t budget, absl::Time deadline, int* rounds) {
+  const int world = comm.size();
+  const std::string header = FileHeader(mine);
+  // To every peer: [header bytes (0 unless a replica target)][this rank's file count].
+  std::vector<uint64_t> send_counts(2 * world, 0), recv_counts(2 * world, 0);
+  std::string headers;
+  std::vector<size_t> header_sizes(world, 0);
+  for (int r = 0; r < world; ++r) {
+    send_counts[2 * r + 1] = mine.size();
+    if (!targets[r]) continue;
+    send_counts[2 * r] = header.size();
+    header_sizes[r] = header.size();
+    headers.append(header);
+  }
+  const std::vector<size_t> sixteen(world, 2 * sizeof(uint64_t));
+  CKPT_RETURN_IF_ERROR(
+      comm.AllToAllV(send_counts.data(), sixteen, recv_counts.data(), sixteen, deadline));
+  std::vector<size_t> recv_sizes(world);
+  size_t total = 0;
+  *rounds = static_cast<int>(mine.size());
+  for (int r = 0; r < world; ++r) {
+    recv_sizes[r] = recv_counts[2 * r];
+    total += recv_sizes[r];
+    *rounds = std::max<int>(*rounds, static_cast<int>(recv_counts[2 * r + 1]));
+  }
+  std::string received(total, '\0');
+  CKPT_RETURN_IF_ERROR(
+      comm.AllToAllV(headers.data(), header_sizes, received.data(), recv_sizes, deadline));
+  std::vector<std::vector<AnnouncedFile>> out(world);
+  size_t at = 0;
+  for (int r = 0; r < world; ++r) {
+    CKPT_ASSIGN_OR_RETURN(out[r], ParseHeader(received.data() + at, recv_sizes[r], r, budget));
+    at += recv_sizes[r];
+  }
+  return out;
+}
+
+// Sends `mine` to every replica rank and keeps what the others send here: a header round, then
+// one round per file in which every target is sent the tier's own buffer of that file and each
+// peer's file lands in the buffer the tier keeps (no framing copy, no unframing copy).
 absl::Status Replicate(const pb::SavePlanPart& part, const std::string& operation_id,
-                       const std::string& mine, const MemorySaveContext& context,
+                       const std::vector<OwnFile>& mine, const MemorySaveContext& context,
                        const std::string& who) {
   pb::LoadPlanPart group;  // the communicator's coordinates, in the load part's terms
   group.set_rank(part.rank());
@@ -65,36 +140,36 @@ absl::Status Replicate(const pb::SavePlanPart& part, const std::string& operatio
                         JoinLoadCommunicator(group, config, &store, who));
   const int world = part.world_size();
   const absl::Time deadline = absl::Now() + context.timeout;
-  std::vector<uint64_t> send_sizes(world, 0), recv_sizes(world, 0);
+  std::vector<bool> targets(world, false);
   for (int r : part.replica_ranks()) {
     if (r < 0 || r >= world || r == part.rank()) {
       return absl::InvalidArgumentError(absl::StrCat(who, ": replica rank ", r, " of ", world));
     }
-    send_sizes[r] = mine.size();
+    targets[r] = true;
   }
-  const std::vector<size_t> eight(world, sizeof(uint64_t));
-  CKPT_RETURN_IF_ERROR(
-      comm->AllToAllV(send_sizes.data(), eight, recv_sizes.data(), eight, deadline));
-  // Every replica rank is sent `mine` itself, and each peer's files land in their own buffer:
-  // no copy per target.
-  std::vector<SendBuffer> sends(world);
-  std::vector<RecvBuffer> recvs(world);
-  std::vector<std::string> received(world);
-  for (int r = 0; r < world; ++r) {
-    if (send_sizes[r] > 0) sends[r] = SendBuffer{mine.data(), mine.size()};
-    if (r == part.rank()) continue;  // nothing to itself: send_sizes[rank] stays 0
-    received[r].resize(static_cast<size_t>(recv_sizes[r]));
-    recvs[r] = RecvBuffer{received[r].data(), received[r].size()};
-  }
-  CKPT_RETURN_IF_ERROR(comm->AllToAllVBuffers(sends, recvs, deadline));
-  for (int r = 0; r < world; ++r) {
-    if (received[r].empty()) continue;
-    CKPT_ASSIGN_OR_RETURN(auto files, ParseFrames(received[r].data(), received[r].size()));
-    for (auto& [name, bytes] : files) {
-      CKPT_RETURN_IF_ERROR(ValidateDataFileName(name));
-      CKPT_RETURN_IF_ERROR(
-          context.tier->Put(part.memory_checkpoint(), operation_id, name,
-                            std::make_shared<const std::string>(std::move(bytes))));
+  int rounds = 0;
+  CKPT_ASSIGN_OR_RETURN(std::vector<std::vector<AnnouncedFile>> announced,
+                        ExchangeHeaders(*comm, targets, mine, context.tier->options().budget_bytes,
+                                        deadline, &rounds));
+  for (int k = 0; k < rounds; ++k) {
+    std::vector<SendBuffer> sends(world);
+    std::vector<RecvBuffer> recvs(world);
+    std::vector<std::shared_ptr<std::string>> received(world);
+    for (int r = 0; r < world; ++r) {
+      if (targets[r] && k < static_cast<int>(mine.size())) {
+        sends[r] = SendBuffer{mine[k].bytes->data(), mine[k].bytes->size()};
+      }
+      if (k >= static_cast<int>(announced[r].size())) continue;
+      CKPT_RETURN_IF_ERROR(ValidateDataFileName(announced[r][k].name));
+      received[r] = std::make_shared<std::string>();
+      received[r]->resize(static_cast<size_t>(announced[r][k].size));
+      recvs[r] = RecvBuffer{received[r]->data(), received[r]->size()};
+    }
+    CKPT_RETURN_IF_ERROR(comm->AllToAllVBuffers(sends, recvs, deadline));
+    for (int r = 0; r < world; ++r) {
+      if (received[r] == nullptr) continue;
+      CKPT_RETURN_IF_ERROR(context.tier->Put(part.memory_checkpoint(), operation_id,
+                                             announced[r][k].name, std::move(received[r])));
     }
   }
   return absl::OkStatus();
@@ -106,7 +181,7 @@ absl::StatusOr<std::string> KeepAndReplicate(const pb::SavePlanPart& part,
                                              const MemorySaveContext& context,
                                              const MemoryGate& gate, const std::string& who) {
   pb::Manifest written;
-  std::string framed;
+  std::vector<OwnFile> mine;
   for (size_t i = 0; i < snapshot.files.size(); ++i) {
     if (absl::Status closed = gate.status(); !closed.ok()) return closed;
     CKPT_ASSIGN_OR_RETURN(EncodedFile file,
@@ -114,12 +189,12 @@ absl::StatusOr<std::string> KeepAndReplicate(const pb::SavePlanPart& part,
                                          kDefaultChecksumBlockBytes));
     CKPT_RETURN_IF_ERROR(
         context.tier->Put(part.memory_checkpoint(), operation_id, file.name, file.bytes));
-    if (part.replica_ranks_size() > 0) AppendFrame(file.name, *file.bytes, &framed);
+    if (part.replica_ranks_size() > 0) mine.push_back(OwnFile{file.name, file.bytes});
     for (pb::StoredPiece& p : file.records.pieces) *written.add_pieces() = std::move(p);
     for (pb::DataFile& f : file.records.files) *written.add_files() = std::move(f);
   }
   if (!part.group().empty() && part.world_size() > 1) {
-    CKPT_RETURN_IF_ERROR(Replicate(part, operation_id, framed, context, who));
+    CKPT_RETURN_IF_ERROR(Replicate(part, operation_id, mine, context, who));
   }
   return written.SerializeAsString();
 }
