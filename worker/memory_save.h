@@ -1,8 +1,9 @@
 // The worker's side of a memory save (path mem://<name>, pb::SavePlanPart.memory_checkpoint):
 // the snapshot's data files are encoded in memory exactly as a storage save would write them
 // (worker/memory_tier.h), kept in this worker's memory tier, and copied over the data plane
-// to the workers of the part's replica ranks (one all-to-all over the operation's Gloo
-// communicator, made through the coordinator's rendezvous as loads do; never over gRPC). The
+// to the workers of the part's replica ranks (a header all-to-all, then one all-to-all per file
+// straight from and into the tiers' buffers, over the operation's Gloo communicator, made
+// through the coordinator's rendezvous as loads do; never over gRPC). The
 // rank reports only once its replicas hold their copies, so the coordinator's commit means
 // "durable in memory".
 #ifndef CKPT_WORKER_MEMORY_SAVE_H_

@@ -8,7 +8,8 @@
 #                     memory: every replica holds its copy and the catalog committed it)
 #   load_s            Load called -> Load returned (memory: read by the holders' workers,
 #                     exchanged over Gloo; storage: read from the files, exchanged the same way)
-# and, for a memory save with persist_to (mem://benchp -> DIR/persisted):
+# plus the replication's rate (state bytes over durable - blocking) and loopback TCP in the
+# same run (4 streams, as many as ranks), and, for a memory save with persist_to (mem://benchp -> DIR/persisted):
 #   persisted_s       the first rank's Save call -> the coordinator's persist_committed log line
 #                     (the holders wrote every file into the staging dir, fsynced; committed)
 # plus the disk's own limit in the same run: dd write (O_DIRECT, fsync) and read (O_DIRECT) of
@@ -76,6 +77,12 @@ echo "storage save: blocking_s=$(slowest store snapshotted) durable_s=$(slowest 
 run_ranks mem save mem://bench
 echo "memory save:  blocking_s=$(slowest mem snapshotted) durable_s=$(slowest mem result)" \
   "(durable = replicated on the other host)"
+# Replication against its limit: every rank's file (1/4 of the state) crosses loopback TCP once,
+# four streams at once (one per rank), between snapshotted and durable of the slowest rank.
+REPL_S=$(echo "$(slowest mem result) $(slowest mem snapshotted)" | awk '{print $1 - $2}')
+LOOP=$(cd "$(dirname "$0")" && python3 -c "import transfer_bench as t; print('%.2f' % t.loopback_gbps(4, $((ELEMENTS * 4 * 4))))")
+echo "replication: $MIB MiB in ${REPL_S} s = $(echo "$REPL_S" | awk -v b=$((ELEMENTS * 16)) '{printf "%.2f", b / $1 / 1e9}') GB/s;" \
+  "loopback TCP, 4 streams, same bytes: $LOOP GB/s"
 run_ranks storeload load "$DIR/ckpt"
 echo "storage load: load_s=$(slowest storeload result)"
 run_ranks memload load mem://bench

@@ -127,7 +127,8 @@ def main():
             spawn([binary + "/worker/ckpt_worker", "--coordinator=" + addr,
                    "--listen=unix:%s/w%d.sock" % (work, w), "--local_rank=%d" % w,
                    "--host=" + ("hostA" if w < 4 else "hostB"), "--data_plane_address=127.0.0.1",
-                   "--ready_file=%s/w%d.ready" % (work, w), "--log_level=warn",
+                   "--ready_file=%s/w%d.ready" % (work, w),
+                   "--log_level=" + os.environ.get("WORKER_LOG_LEVEL", "warn"),
                    "--memory_tier_bytes=%d" % (state_bytes * 3)], "w%d" % w)
         for w in range(7):
             wait_for(lambda: read("%s/w%d.ready" % (work, w)), "worker %d" % w)
