@@ -339,8 +339,9 @@ absl::Status Exchange(const WaveRunContext& run, const WaveExchange& wave,
     s = ExchangeByDistributionInto(algorithm, run.comm, wave.plan, loaded, *received,
                                    run.exchange_options, report);
   }
-  if (!s.ok())
+  if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat(where, ": exchange failed: ", s.message()));
+  }
   return absl::OkStatus();
 }
 
