@@ -246,7 +246,7 @@ absl::StatusOr<std::string> Client::Transfer(
     const std::map<std::string, std::string>& metadata, const std::string& operation_id,
     absl::Duration arrival_timeout, Lending lending, pb::LoadAlgorithm load_algorithm,
     int64_t memory_budget_bytes, int memory_replicas, const std::string& persist_to,
-    bool persist_overwrite, const std::string& process_groups) {
+    bool persist_overwrite, const std::string& process_groups, const std::string& compression) {
   if (absl::Status s = Register(state, lending); !s.ok()) return s;
   pb::TransferRequest request;
   request.set_session_id(session_id_);
@@ -269,6 +269,7 @@ absl::StatusOr<std::string> Client::Transfer(
   }
   request.set_memory_budget_bytes(memory_budget_bytes);
   request.set_process_groups(process_groups);
+  request.set_compression(compression);
   pb::TransferResponse response;
   auto context = connection_->Context();
   grpc::Status s = save ? connection_->stub()->Save(context.get(), request, &response)
@@ -294,7 +295,7 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
   absl::StatusOr<std::string> op =
       Transfer(true, path, **source, options.metadata, "", options.arrival_timeout, lending,
                pb::LOAD_ALGORITHM_UNSPECIFIED, 0, options.memory_replicas, options.persist_to,
-               options.persist_overwrite, options.process_groups);
+               options.persist_overwrite, options.process_groups, options.compression);
   if (!op.ok()) return op.status();
   auto handle = std::make_unique<SaveHandle>(connection_, session_id_, *op);
   // Return once this rank's worker copied the state out of the trainer's memory (or the save

@@ -58,6 +58,12 @@ struct SaveOptions {
   // should pass the same; the first to join decides. Bad groups: InvalidArgument naming the
   // rank or group.
   std::string process_groups;
+  // Lossless compression of the data files (storage saves only): "" or "none" (raw), "zstd",
+  // or "zstd:<level>" (-1000..19, not 0). Floating-point pieces are byte-grouped, then zstd
+  // coded, in 128 KiB chunks (docs/layout.md "Compression"). The worker refuses a bad spec
+  // with InvalidArgument naming it before anything is copied; a memory or transfer save with
+  // compression is Unimplemented. The first rank to give one decides.
+  std::string compression;
   // (No exchange algorithm or memory budget: a save moves no bytes between ranks, each stored
   // piece is written by one rank that holds it, and the worker snapshots its rank's whole part
   // before writing it.)
@@ -232,7 +238,8 @@ class Client {
       absl::Duration arrival_timeout, Lending lending,
       pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED,
       int64_t memory_budget_bytes = 0, int memory_replicas = -1, const std::string& persist_to = "",
-      bool persist_overwrite = false, const std::string& process_groups = "");
+      bool persist_overwrite = false, const std::string& process_groups = "",
+      const std::string& compression = "");
 
   // Share with what `lending` lends marked in the description.
   absl::Status Register(const StateDict& state, Lending lending);

@@ -20,6 +20,8 @@
 #include "absl/strings/str_split.h"
 #include "common/grpc_status.h"
 #include "common/memory_path.h"
+#include "common/status_macros.h"
+#include "common/transfer_path.h"
 #include "coordinator/group_plan.h"
 #include "coordinator/operation_wire.h"
 #include "coordinator/transfer_kinds.h"
@@ -30,6 +32,7 @@
 #include "proto/state_digest.h"
 #include "proto/status_detail.h"
 #include "spdlog/spdlog.h"
+#include "storage/piece_codec.h"
 
 namespace ckpt::coordinator {
 namespace {
@@ -809,6 +812,28 @@ grpc::Status CoordinatorService::DoDetachRank(const grpc::ServerContextBase* con
 
 namespace {
 
+// The compression spec of a save (storage/piece_codec.h ParseCompression): InvalidArgument
+// for a bad spec or one on another operation, Unimplemented on a memory or transfer path
+// (their files are not written by WriteDataFiles).
+absl::Status CheckCompression(const std::string& spec, OperationKind kind, const std::string& path,
+                              const std::string& who) {
+  if (spec.empty()) return absl::OkStatus();
+  if (absl::StatusOr<CompressionOptions> parsed = ParseCompression(spec); !parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": ", parsed.status().message()));
+  }
+  if (kind != OperationKind::kSave) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": compression \"", spec,
+                                                   "\" is for saves, not a ",
+                                                   OperationKindName(kind), " of ", path));
+  }
+  if (IsMemoryPath(path) || IsTransferPath(path)) {
+    return absl::UnimplementedError(
+        absl::StrCat(who, ": compression \"", spec, "\" is for storage saves; ", path,
+                     " is a memory or transfer path (save it without compression)"));
+  }
+  return absl::OkStatus();
+}
+
 // The join's request in the job state's terms (its options checked; `state`: the description
 // it stands for, the request's own or the kept one).
 absl::StatusOr<JoinRequest> ToJoinRequest(const pb::JoinOperationRequest& request,
@@ -844,7 +869,9 @@ absl::StatusOr<JoinRequest> ToJoinRequest(const pb::JoinOperationRequest& reques
   join.persist_to = persist_to;
   join.persist_overwrite = request.persist_overwrite();
   join.process_groups = request.process_groups();
+  join.compression = request.compression();
   const std::string who = absl::StrCat("job ", request.job(), " rank ", request.rank());
+  CKPT_RETURN_IF_ERROR(CheckCompression(join.compression, kind, path, who));
   if (absl::Status s = CheckProcessGroupSpec(join.process_groups, request.world_size(), who);
       !s.ok()) {
     return s;
@@ -1121,6 +1148,11 @@ grpc::Status CoordinatorService::DoRequestOperation(const grpc::ServerContextBas
         " is for memory saves (mem://<name>) and must be >= 0; ", OperationKindName(*kind), " of ",
         *path)));
   }
+  if (absl::Status s = CheckCompression(request->compression(), *kind, *path,
+                                        absl::StrCat("request of job ", request->job()));
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (const Job* job = jobs_.FindJob(request->job()); job != nullptr) {
     absl::Status s = CheckProcessGroupSpec(request->process_groups(), job->world_size,
@@ -1139,6 +1171,11 @@ grpc::Status CoordinatorService::DoRequestOperation(const grpc::ServerContextBas
   }
   if (request->has_memory_replicas()) {
     if (absl::Status s = jobs_.SetMemoryReplicas(*id, request->memory_replicas()); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+  }
+  if (!request->compression().empty()) {
+    if (absl::Status s = jobs_.SetCompression(*id, request->compression()); !s.ok()) {
       return ToGrpcStatus(s);
     }
   }

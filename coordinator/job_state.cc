@@ -185,6 +185,17 @@ absl::Status JobState::SetPersistTo(absl::string_view operation_id, std::string 
   return absl::OkStatus();
 }
 
+absl::Status JobState::SetCompression(absl::string_view operation_id, std::string spec) {
+  Operation* op = MutableOperation(operation_id);
+  if (op == nullptr) return UnknownOperation(operation_id);
+  if (op->phase != Phase::kGathering) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot set the compression of ", op->DebugString(), ": past gathering"));
+  }
+  op->compression = std::move(spec);
+  return absl::OkStatus();
+}
+
 absl::Status JobState::SetMemoryReplicas(absl::string_view operation_id, int replicas) {
   Operation* op = MutableOperation(operation_id);
   if (op == nullptr) return UnknownOperation(operation_id);
@@ -269,6 +280,7 @@ void TakeJoinOptions(JoinRequest& request, Operation* op) {
     op->persist_overwrite = request.persist_overwrite;
   }
   if (op->process_groups.empty()) op->process_groups = std::move(request.process_groups);
+  if (op->compression.empty()) op->compression = std::move(request.compression);
 }
 
 }  // namespace

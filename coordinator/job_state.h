@@ -146,6 +146,9 @@ struct Operation {
   // Process groups (planner/process_groups.h spec text; "": one group of every rank): the
   // operator's, else the first rank's to give any (coordinator/group_plan.h resolves them).
   std::string process_groups;
+  // Storage saves: compression spec of the data files (storage/piece_codec.h; "": raw): the
+  // operator's, else the first rank's to give one.
+  std::string compression;
   ReshardSpec reshard;  // kReshard only
   int world_size = 0;
   Phase phase = Phase::kGathering;
@@ -204,6 +207,7 @@ struct JoinRequest {
   std::string persist_to;                // memory save: background persistence path ("": none)
   bool persist_overwrite = false;
   std::string process_groups;  // spec text ("": one group of every rank)
+  std::string compression;     // save: compression spec ("": raw), checked by the caller
   // Arrival deadline of an operation this join creates, capped by the coordinator's (zero:
   // the coordinator's).
   absl::Duration arrival_deadline = absl::ZeroDuration();
@@ -283,6 +287,8 @@ class JobState {
   absl::Status SetPersistTo(absl::string_view operation_id, std::string path, bool overwrite);
   // Sets the extra copies of the memory save `operation_id` (requested, not yet planned).
   absl::Status SetMemoryReplicas(absl::string_view operation_id, int replicas);
+  // Sets the compression spec of the save `operation_id` (requested, not yet planned).
+  absl::Status SetCompression(absl::string_view operation_id, std::string spec);
 
   // An operator starts a reshard executed on the workers: a job "reshard:<destination>" of
   // `locations.size()` ranks (rank r served by locations[r]) whose operation skips gathering

@@ -237,6 +237,7 @@ absl::Status CheckJoinOperation(const pb::JoinOperationRequest& r) {
       .Text("state_digest", r.state_digest(), kMaxDigestBytes, /*plain=*/false)
       .Text("held_plan_part_body", r.held_plan_part_body(), kMaxIdBytes)
       .Text("persist_to", r.persist_to(), kMaxPathBytes)
+      .Text("compression", r.compression(), kMaxIdBytes)
       .Text("process_groups", r.process_groups(), kMaxProcessGroupsBytes, /*plain=*/false);
   if (r.has_memory_replicas()) c.Range("memory_replicas", r.memory_replicas(), INT32_MIN, 1024);
   if (c.ok()) CheckJoinOptions(c, r);
@@ -277,6 +278,7 @@ absl::Status CheckRequestOperation(const pb::RequestOperationRequest& r) {
       .Text("path", r.path(), kMaxPathBytes)
       .Range("arrival_deadline_ms", r.arrival_deadline_ms(), INT64_MIN, kMaxTimeoutMs)
       .Text("persist_to", r.persist_to(), kMaxPathBytes)
+      .Text("compression", r.compression(), kMaxIdBytes)
       .Text("process_groups", r.process_groups(), kMaxProcessGroupsBytes, /*plain=*/false);
   if (r.has_memory_replicas()) c.Range("memory_replicas", r.memory_replicas(), INT32_MIN, 1024);
   return c.status();

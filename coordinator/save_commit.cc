@@ -227,9 +227,13 @@ std::optional<std::vector<RankPlan>> SaveCommitter::ReusedPlan(const Operation& 
 
 absl::StatusOr<std::vector<RankPlan>> SaveCommitter::Plan(const Operation& op) {
   CKPT_RETURN_IF_ERROR(Prepare(op));
-  if (std::optional<std::vector<RankPlan>> reused = ReusedPlan(op)) return *std::move(reused);
+  if (std::optional<std::vector<RankPlan>> reused = ReusedPlan(op)) {
+    AddCompressionTail(op.compression, &*reused);
+    return *std::move(reused);
+  }
   absl::StatusOr<std::vector<RankPlan>> plans = PlanSave(op, SavePlanOptions(), StagingDir(op.id));
-  if (plans.ok()) plan_reuse_.Keep(op, &*plans);
+  if (plans.ok()) plan_reuse_.Keep(op, &*plans);  // kept without the compression tail
+  if (plans.ok()) AddCompressionTail(op.compression, &*plans);
   return plans;
 }
 

@@ -7,7 +7,8 @@
 namespace ckpt::coordinator {
 namespace {
 
-constexpr int kStagingDirField = 4;  // pb::SavePlanPart.staging_dir
+constexpr int kStagingDirField = 4;    // pb::SavePlanPart.staging_dir
+constexpr int kCompressionField = 15;  // pb::SavePlanPart.compression
 
 // Field `field` (length-delimited) holding `value`, serialized: appended to a serialized
 // message it replaces a singular string field (the last occurrence wins when parsed).
@@ -86,6 +87,12 @@ void SavePlanReuse::Keep(const Operation& op, std::vector<RankPlan>* plans_out) 
   kept.recency = recency_.begin();
   bytes_ += kept.bytes;
   jobs_.emplace(op.job, std::move(kept));
+}
+
+void AddCompressionTail(const std::string& spec, std::vector<RankPlan>* plans) {
+  if (spec.empty()) return;
+  const auto tail = std::make_shared<const std::string>(StringField(kCompressionField, spec));
+  for (RankPlan& plan : *plans) plan.part = plan.part.WithTail(tail);
 }
 
 int64_t SavePlanReuse::reused() const {

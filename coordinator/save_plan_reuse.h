@@ -27,6 +27,10 @@
 
 namespace ckpt::coordinator {
 
+// Appends pb::SavePlanPart.compression = `spec` to every part as a tail (nothing when empty),
+// after any staging tail, so kept bodies never carry it and a reused plan takes the new save's.
+void AddCompressionTail(const std::string& spec, std::vector<RankPlan>* plans);
+
 // See the file comment. Thread-safe.
 class SavePlanReuse {
  public:

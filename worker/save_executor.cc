@@ -439,7 +439,17 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
   if (part.staging_dir().empty() && part.files_size() > 0) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": save plan part has no staging dir"));
   }
-  SnapshotTaker taker(who, session, gate, device);
+  absl::StatusOr<CompressionOptions> compression = ParseCompression(part.compression());
+  if (!compression.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": save plan part: ", compression.status().message()));
+  }
+  // A compressed save copies into buffers of its own, written whole by WriteDataFiles.
+  DeviceSnapshotOptions unpooled = device;
+  unpooled.host_pool = nullptr;
+  const DeviceSnapshotOptions& used = compression->enabled ? unpooled : device;
+  SnapshotTaker taker(who, session, gate, used);
+  taker.snapshot().compression = *compression;
   taker.snapshot().rank = part.rank();
   taker.snapshot().job = session.trainer.job;
   taker.snapshot().staging_dir = part.staging_dir();
@@ -452,14 +462,14 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
     }
     taker.snapshot().files.push_back(std::move(plan));
   }
-  if (device.host_pool != nullptr) {
+  if (used.host_pool != nullptr) {
     CKPT_RETURN_IF_ERROR(taker.OpenPipelinedStreams());
     CKPT_RETURN_IF_ERROR(taker.CopyHostPieces());
   } else {
     CKPT_RETURN_IF_ERROR(taker.OpenStreams());
   }
   CKPT_RETURN_IF_ERROR(taker.StreamDevicePieces());
-  if (device.host_pool != nullptr) taker.QueueLentPieces();
+  if (used.host_pool != nullptr) taker.QueueLentPieces();
   return std::move(taker.snapshot());
 }
 
@@ -505,6 +515,8 @@ absl::StatusOr<std::string> WriteSnapshot(SaveSnapshot& snapshot,
   if (snapshot.writer != nullptr) return WritePipelined(snapshot, who, progress, cancelled);
   const std::vector<DataFilePlan>& files = snapshot.files;
   // One file at a time (file i is r<rank>_<i>), so that progress can be reported between them.
+  WriteOptions options;
+  options.compression = snapshot.compression;
   pb::Manifest written;
   int64_t bytes_done = 0;
   for (size_t i = 0; i < files.size(); ++i) {
@@ -516,7 +528,7 @@ absl::StatusOr<std::string> WriteSnapshot(SaveSnapshot& snapshot,
         i < snapshot.streams.size() && snapshot.streams[i] != nullptr
             ? FinishStreamedFile(files[i], *snapshot.streams[i])
             : WriteDataFiles(snapshot.staging_dir, snapshot.tensors, {files[i]},
-                             static_cast<int>(i), WriteOptions());
+                             static_cast<int>(i), options);
     if (!data.ok()) {
       return absl::Status(data.status().code(),
                           absl::StrCat(who, ": writing ", snapshot.file_paths[i], " into ",

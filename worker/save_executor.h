@@ -15,6 +15,7 @@
 #include "proto/coordinator.pb.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/data_file_stream.h"
+#include "storage/piece_codec.h"
 #include "worker/host_buffer_pool.h"
 #include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
@@ -67,6 +68,11 @@ struct SaveSnapshot {
   std::vector<std::unique_ptr<char[]>> buffers;  // the copied bytes, one per copied host piece
   std::vector<std::shared_ptr<const MappedSegment>> mappings;  // of the lent pieces
   SnapshotReport report;
+  // The part's compression (pb::SavePlanPart.compression): when enabled the host pieces are
+  // copied into buffers of their own (never the pool) and WriteSnapshot writes each file of
+  // them compressed with WriteDataFiles, one file after another (encode, then write: not
+  // pipelined); files holding device pieces are streamed, so they are written raw.
+  CompressionOptions compression;
   // A pipelined save (a host pool given): every file is open in `streams` and this writes the
   // copied chunks (then the lent pieces) into them; `buffers` stays empty and the copied
   // pieces have no data. Declared last: it stops before the streams and mappings go.

@@ -20,6 +20,7 @@
 #include "proto/status_detail.h"
 #include "proto/wire_names.h"
 #include "spdlog/spdlog.h"
+#include "storage/piece_codec.h"
 #include "worker/part_executors.h"
 #include "worker/transfer_serve.h"
 
@@ -190,6 +191,11 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
                                      pb::TransferResponse* response) {
   absl::StatusOr<SessionInfo> session = registry_->Find(request.session_id());
   if (!session.ok()) return ToGrpcStatus(session.status());
+  if (absl::StatusOr<CompressionOptions> c = ParseCompression(request.compression()); !c.ok()) {
+    return ToGrpcStatus(
+        absl::InvalidArgumentError(absl::StrCat("rank ", session->trainer.rank, " of job ",
+                                                session->trainer.job, ": ", c.status().message())));
+  }
   std::string worker_id = link_->worker_id();
   if (worker_id.empty()) {
     return ToGrpcStatus(link_->WaitRegistered(absl::ZeroDuration()));
@@ -209,6 +215,7 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   join.set_persist_to(request.persist_to());
   join.set_persist_overwrite(request.persist_overwrite());
   join.set_process_groups(request.process_groups());
+  join.set_compression(request.compression());
   join.set_arrival_deadline_ms(std::max<int64_t>(request.timeout_ms(), 0));
   if (kind == pb::OPERATION_SAVE) {
     join.set_held_plan_part_body(kept_parts_.Held(join.job(), join.rank()));

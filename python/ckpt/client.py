@@ -335,7 +335,8 @@ class Client:
         self._native.share(state._native)
 
     def save(self, path, state, metadata=None, *, arrival_timeout=300.0, lend=False,
-             persist_to=None, persist_overwrite=False, memory_replicas=None, groups=None):
+             persist_to=None, persist_overwrite=False, memory_replicas=None, groups=None,
+             compression=None):
         """Collective: saves ``state`` to the checkpoint directory ``path`` (absolute, or
         relative to the working directory; under the coordinator's checkpoint roots). Returns a
         SaveHandle once this rank's state is snapshotted: the tensors may be modified at once.
@@ -359,7 +360,14 @@ class Client:
         parallelization group: a spec string ("per-node", "read-groups:K", "model-replica:K",
         "data-parallel:K") or a list of rank lists partitioning the ranks; None: one group of
         every rank. Every rank passes the same; bad groups raise ckpt.InvalidArgument naming
-        the rank or group."""
+        the rank or group.
+
+        ``compression``: None or "none" (raw), "zstd" or "zstd:<level>": the worker writes the
+        data files losslessly compressed (docs/layout.md "Compression"); storage saves only. A
+        bad spec raises ckpt.InvalidArgument naming it; on a mem:// path, ckpt.Unimplemented."""
+        if compression is not None and not isinstance(compression, str):
+            raise _errors.InvalidArgument(
+                f"save of {path}: compression must be a str or None, not {compression!r}")
         start = time.perf_counter()
         staged = state._stage_in()
         staged_at = time.perf_counter()
@@ -371,7 +379,7 @@ class Client:
                                    bool(lend), os.fspath(persist_to) if persist_to else "",
                                    bool(persist_overwrite),
                                    -1 if memory_replicas is None else int(memory_replicas),
-                                   _groups_text(groups))
+                                   _groups_text(groups), compression or "")
         handle = SaveHandle(native, staged, state.shared_bytes, state)
         state._lent_to = handle
         handle.stage_seconds = staged_at - start

@@ -550,7 +550,7 @@ def _init_meta(leaves, pg):
 
 
 def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group, metadata,
-              lend, groups=None):
+              lend, groups=None, compression=None):
     """Everything up to the snapshot: returns the SaveHandle. ``lend``: the caller waits for
     the commit before it touches any tensor (see ckpt.Client.save)."""
     path, items, error = None, [], None
@@ -582,7 +582,7 @@ def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group,
     state = _save_state(client, items, ids, "in_place" if lend else "staged")
     meta = dict(metadata or {})
     meta[_OBJECTS_KEY] = json.dumps(objects, sort_keys=True)
-    return client.save(path, state, meta, lend=lend, groups=groups)
+    return client.save(path, state, meta, lend=lend, groups=groups, compression=compression)
 
 
 class _SaveCache:
@@ -655,7 +655,8 @@ def _save_state(client, items, ids, kind="in_place"):
 
 
 def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
-         process_group=None, no_dist=False, use_collectives=True, metadata=None, groups=None):
+         process_group=None, no_dist=False, use_collectives=True, metadata=None, groups=None,
+         compression=None):
     """Collective: saves ``state_dict`` to the directory ``checkpoint_id`` (a new path or an
     empty directory) and returns once it is committed (durable). Returns the SaveHandle
     (``staged_bytes``: bytes copied into shared staging; ``lent_bytes``: bytes the worker wrote
@@ -664,10 +665,12 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
     FileSystemWriter, for its path; ``planner``: None or DCP's DefaultSavePlanner;
     ``no_dist``: this process alone (also without a process group). ``metadata``: extra
     str -> str stored in the manifest. ``groups``: process groups the writes are distributed
-    within (see ckpt.Client.save)."""
+    within (see ckpt.Client.save). ``compression``: None, "zstd" or "zstd:<level>": lossless
+    compression of the data files (see ckpt.Client.save)."""
     _dcp_options.refuse_no_collectives(use_collectives, "ckpt.torch.save")
     handle = _snapshot(state_dict, checkpoint_id, storage_writer, planner,
-                       _group(process_group, no_dist), metadata, lend=True, groups=groups)
+                       _group(process_group, no_dist), metadata, lend=True, groups=groups,
+                       compression=compression)
     handle.wait()
     return handle
 
@@ -682,7 +685,8 @@ def save_state_dict(state_dict, storage_writer, process_group=None, coordinator_
 
 def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
                process_group=None, async_checkpointer_type=None, async_stager=None,
-               no_dist=False, use_collectives=True, metadata=None, groups=None):
+               no_dist=False, use_collectives=True, metadata=None, groups=None,
+               compression=None):
     """Collective: returns once this rank's state is snapshotted (copied out of the trainer's
     tensors), so they may be modified at once; the returned concurrent.futures.Future completes
     (result: the SaveHandle) when the checkpoint is committed, or raises the abort diagnosis.
@@ -691,7 +695,8 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
     ``async_checkpointer_type`` THREAD or PROCESS: ckpt's worker daemon writes either way.
     Tensors are copied into ckpt's shared staging by this call and the worker writes from
     there; ckpt.empty tensors are copied by the worker before this returns. The staging stays
-    busy until the save is durable: a following save or load of the same tensors waits for it."""
+    busy until the save is durable: a following save or load of the same tensors waits for it.
+    ``compression``: as for ``save``."""
     from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
     if async_checkpointer_type is None:
@@ -699,7 +704,8 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
     response = _dcp_options.async_options(async_checkpointer_type, async_stager, storage_writer,
                                           use_collectives, "ckpt.torch.async_save")
     handle = _snapshot(state_dict, checkpoint_id, storage_writer, planner,
-                       _group(process_group, no_dist), metadata, lend=False, groups=groups)
+                       _group(process_group, no_dist), metadata, lend=False, groups=groups,
+                       compression=compression)
     future = concurrent.futures.Future()
     future.set_running_or_notify_cancel()
 

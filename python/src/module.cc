@@ -333,9 +333,11 @@ class PyClient {
                                      std::map<std::string, std::string> metadata,
                                      double arrival_timeout_s, bool lend_all,
                                      const std::string& persist_to, bool persist_overwrite,
-                                     int memory_replicas, const std::string& process_groups) {
+                                     int memory_replicas, const std::string& process_groups,
+                                     const std::string& compression) {
     client::Client& c = get();
     client::SaveOptions options;
+    options.compression = compression;
     options.persist_to = persist_to;
     options.persist_overwrite = persist_overwrite;
     options.memory_replicas = memory_replicas;
@@ -486,7 +488,7 @@ NB_MODULE(_ckpt, m) {
       .def("save", &PyClient::Save, nb::arg("path"), nb::arg("state"), nb::arg("metadata"),
            nb::arg("arrival_timeout_s"), nb::arg("lend_all") = false, nb::arg("persist_to") = "",
            nb::arg("persist_overwrite") = false, nb::arg("memory_replicas") = -1,
-           nb::arg("process_groups") = "")
+           nb::arg("process_groups") = "", nb::arg("compression") = "")
       .def("load", &PyClient::Load, nb::arg("path"), nb::arg("state"), nb::arg("arrival_timeout_s"),
            nb::arg("deadline_s"), nb::arg("algorithm"), nb::arg("memory_budget_bytes"),
            nb::arg("process_groups") = "")

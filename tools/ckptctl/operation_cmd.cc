@@ -21,6 +21,7 @@
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/operation_phase.h"
 #include "proto/wire_names.h"
+#include "storage/piece_codec.h"
 #include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/coordinator_channel.h"
@@ -43,6 +44,7 @@ struct OperationArgs {
   bool persist_overwrite = false;
   std::string process_groups;  // "": the trainers' (planner/process_groups.h)
   int memory_replicas = -1;    // memory saves: extra copies (-1: the trainers' or the default)
+  std::string compression;     // storage saves: the data files' compression ("": the trainers')
 };
 
 std::string Description(const char* verb) {
@@ -67,6 +69,9 @@ std::vector<FlagSpec> OperationFlags(pb::OperationKind kind) {
        "data-parallel:K or explicit lists 0,1;2,3 (default: the trainers')"},
   };
   if (kind == pb::OPERATION_SAVE) {
+    flags.push_back({"compression", "SPEC",
+                     "storage saves: write the data files losslessly compressed: none, zstd\n"
+                     "or zstd:LEVEL (default: the trainers', else none; docs/layout.md)"});
     flags.push_back({"persist-to", "PATH",
                      "memory saves (mem://NAME): once durable in memory, persist it in the\n"
                      "background to this storage path as an ordinary committed checkpoint\n"
@@ -126,6 +131,10 @@ std::optional<int> ParseOperation(const CommandSpec& spec, const std::vector<std
     if (!persist_ec) out->persist_to = persist.string();
   }
   out->process_groups = a.Get("process-groups");
+  out->compression = a.Get("compression");
+  if (absl::StatusOr<CompressionOptions> c = ParseCompression(out->compression); !c.ok()) {
+    return Usage(out->name, absl::StrCat("--compression: ", c.status().message()));
+  }
   // The coordinator accepts only absolute paths (under its checkpoint roots): a relative one
   // means this shell's working directory.
   std::error_code ec;
@@ -151,6 +160,7 @@ absl::StatusOr<std::string> RequestOperation(pb::Coordinator::Stub* stub, const 
   request.set_persist_to(op.persist_to);  // the coordinator refuses it unless a memory save
   request.set_persist_overwrite(op.persist_overwrite);
   request.set_process_groups(op.process_groups);
+  request.set_compression(op.compression);
   if (op.memory_replicas >= 0) request.set_memory_replicas(op.memory_replicas);
   pb::RequestOperationResponse requested;
   grpc::ClientContext context;
