@@ -31,7 +31,8 @@
 // T tensor-parallel ranks and replicated over the data-parallel ones (rank = dp * T + tp).
 // --algorithm and --budget are the load's exchange algorithm and memory budget; --replicas the
 // copies of a memory save (mem://) on other hosts; --persist_to its background persistence;
-// --groups the save's and load's process groups (planner/process_groups.h spec text).
+// --groups the save's and load's process groups (planner/process_groups.h spec text);
+// --compression the save's compression spec (SaveOptions::compression).
 // --check_file: after a failed load, fill the tensor with a sentinel, say so, and once the test
 // created F report whether anything (a worker still running the aborted load) wrote into it.
 // --start_file: after "shared", wait until the test created F before the save or load (so a
@@ -107,6 +108,8 @@ int Run(int argc, char** argv) {
       absl::SimpleAtoi(value, &tp);
     } else if (flag == "--algorithm") {
       load_options.exchange_algorithm = value;
+    } else if (flag == "--compression") {
+      save_options.compression = value;
     } else if (flag == "--groups") {
       save_options.process_groups = value;
       load_options.process_groups = value;
