@@ -60,9 +60,9 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 case "$SIZE" in
-  small) MODEL_FLAGS=(--layers 2 --hidden 64 --vocab 256) ;;
-  medium) MODEL_FLAGS=(--model-bytes $((256 * 1024 * 1024))) ;;
-  large) MODEL_FLAGS=(--model-bytes $((1536 * 1024 * 1024))) ;;
+  small) MODEL_FLAGS=(--layers 2 --hidden 64 --vocab 256); POOL_MIB=16 ;;
+  medium) MODEL_FLAGS=(--model-bytes $((256 * 1024 * 1024))); POOL_MIB=128 ;;
+  large) MODEL_FLAGS=(--model-bytes $((1536 * 1024 * 1024))); POOL_MIB=512 ;;
   *) echo "demo: --size must be small, medium or large, got \"$SIZE\"" >&2; exit 2 ;;
 esac
 
@@ -193,10 +193,13 @@ wait_for_file "$SOCKDIR/coordinator.address" 30 "$COORD_PID" ||
 ADDRESS="$(tr -d '[:space:]' <"$SOCKDIR/coordinator.address")"
 log "coordinator on $ADDRESS (pid $COORD_PID)"
 NUM_WORKERS=4
+# Each worker's save pool is mapped and touched once at start (--host_pool_prefault), as a
+# long-running worker's is after its first save, sized to hold its rank's part of the state
+# (about a quarter of it), so the save below copies into touched memory.
 for w in $(seq 0 $((NUM_WORKERS - 1))); do
   start_group "$LOGS/worker$w.out" "$LOGS/worker$w.log" "$WORKER" --coordinator="$ADDRESS" \
     --listen="unix:$SOCKDIR/w$w.sock" --local_rank="$w" --ready_file="$SOCKDIR/w$w.ready" \
-    --log_level=info
+    --host_pool_bytes=$((POOL_MIB << 20)) --host_pool_prefault --log_level=info
   WORKER_PIDS[$w]=$STARTED_PID
 done
 for w in $(seq 0 $((NUM_WORKERS - 1))); do
