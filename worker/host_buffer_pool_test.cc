@@ -16,6 +16,20 @@ namespace {
 
 constexpr int64_t kChunk = int64_t{1} << 20;
 
+// ThreadSanitizer faults in shadow memory for an application page at its first access through
+// instrumented code, so under it a page-fault count measures the sanitizer, not the pool.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kFaultsMeasureThePool = false;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool kFaultsMeasureThePool = false;
+#else
+constexpr bool kFaultsMeasureThePool = true;
+#endif
+#else
+constexpr bool kFaultsMeasureThePool = true;
+#endif
+
 int64_t MinorFaults() {
   struct rusage usage;
   getrusage(RUSAGE_THREAD, &usage);
@@ -46,7 +60,9 @@ TEST(HostBufferPoolTest, AChunkReturnedIsReusedWithoutMappingOrFaultingInNewMemo
     std::fill_n(again->data(), kChunk, static_cast<char>('b' + i));
   }
   // 10 MiB written: fresh memory would fault in 2560 pages (or 5 huge pages); the pool none.
-  EXPECT_LT(MinorFaults() - faults_before, 5);
+  if (kFaultsMeasureThePool) {
+    EXPECT_LT(MinorFaults() - faults_before, 5);
+  }
   const HostPoolStats stats = pool.stats();
   EXPECT_EQ(stats.chunks_mapped, 1);
   EXPECT_EQ(stats.bytes_mapped, kChunk);
@@ -66,7 +82,9 @@ TEST(HostBufferPoolTest, PrefaultMapsTheWholeBoundSoTheFirstUseFaultsNothing) {
     std::fill_n(c->data(), kChunk, 'z');
     chunks.push_back(*std::move(c));
   }
-  EXPECT_LT(MinorFaults() - faults_before, 5);
+  if (kFaultsMeasureThePool) {
+    EXPECT_LT(MinorFaults() - faults_before, 5);
+  }
   EXPECT_EQ(pool.stats().chunks_mapped, 3);
 }
 
