@@ -3,8 +3,9 @@
 # test (plus the parser fuzz tests and the multi-process tests, daemons included, again under
 # AddressSanitizer: the targets tagged "asan"; the in-process concurrency tests under
 # ThreadSanitizer: those tagged "tsan"; and the libFuzzer targets for a bounded time under
-# ASan + UBSan through tools/fuzz.sh; the layering checks of tools/layering.py; and the
-# clang-format check of tools/format.sh), and prints one summary line
+# ASan + UBSan through tools/fuzz.sh; the layering checks of tools/layering.py; the names the
+# design docs use, tools/doc_names.py; and the clang-format check of tools/format.sh), and
+# prints one summary line
 #   N passed, M failed, K skipped
 # counted over individual test cases. Exits non-zero if anything failed or did not build.
 set -uo pipefail
@@ -61,6 +62,12 @@ echo "== tools/function_length.py ci (no function over 80 lines) =="
 mkdir -p bazel-lint-testlogs/tools/function_length
 python3 tools/function_length.py ci --junit bazel-lint-testlogs/tools/function_length/test.xml \
   || status=1
+
+# Docs that cannot drift (tools/doc_names.py): every backticked code name in
+# docs/ARCHITECTURE.md, docs/paths/*.md and tests/README.md (functions, types, fields, files,
+# flags, Bazel targets) must exist in the code. One JUnit test case.
+echo "== tools/doc_names.py ci (the design docs name only code that exists) =="
+python3 tools/doc_names.py ci --junit bazel-lint-testlogs/tools/doc_names/test.xml || status=1
 
 echo "== tools/fuzz.sh (libFuzzer + ASan + UBSan, ${CKPT_FUZZ_SECONDS:-30}s per parser) =="
 ./tools/fuzz.sh || status=1
