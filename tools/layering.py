@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The layering of ckpt's packages, checked and documented from the code itself.
 
-    tools/layering.py check            # exit 1, naming file:line, on any forbidden edge
+    tools/layering.py check            # exit 1, naming file:line, on any forbidden edge or
+                                       # include cycle inside a package
     tools/layering.py table            # the observed dependency table (markdown)
     tools/layering.py table --check docs/ARCHITECTURE.md   # exit 1 when the doc's table is stale
     tools/layering.py table --write docs/ARCHITECTURE.md   # refresh it
@@ -22,6 +23,9 @@ and every package LAYERS lets use it) and one per restricted system library into
 BUILD.bazel; every top-level package's BUILD.bazel sets `default_visibility` to its own group,
 so Bazel refuses an upward dependency too. `visibility --check` fails when the block is stale
 or a package's default_visibility is not its group.
+
+Cycles: inside one package, modules (foo.h + foo.cc) may not include each other in a circle;
+CYCLE_BASELINE lists the cycles that predate the rule (the list only shrinks).
 
 Purity: files of a PURE package, and files of targets tagged "pure" in a BUILD file, may not
 include gRPC, spdlog or threading headers (pure cores return absl::Status and leave I/O,
@@ -78,6 +82,24 @@ RESTRICTED_SYSTEM = {
 # Packages whose BUILD files keep their own visibility: third_party holds the external
 # repositories' BUILD files.
 UNGROUPED = {"third_party"}
+
+# Include cycles inside one package are checked between modules: a module is foo.h with foo.cc
+# (and foo_internal.{h,cc}, foo's private part), so foo.cc including bar.h while bar.cc includes
+# foo.h is a cycle even though no file includes itself. The cycles below existed when the check
+# came (issue 42) and are not trivial to cut; `check` allows exactly these modules to stay in a
+# cycle, fails on any other cycle (and on a listed one that grew), and says when an entry is no
+# longer a cycle so that it is removed: the list only shrinks.
+CYCLE_BASELINE = [
+    # Client::Publish and Client::Receive are declared in client.h (which includes transfer.h
+    # for their option and handle types) and defined in transfer.cc (which includes client.h):
+    # one class over two files. Cut by moving the live-transfer options into a header of
+    # their own, or the two methods into a class of their own.
+    ["client/client", "client/transfer"],
+    # checkpoint_writer.cc compresses through piece_compression.h (WriteOptions.compression),
+    # whose API takes checkpoint_writer.h's file plan and options types. Cut by moving those
+    # types into a header both include.
+    ["storage/checkpoint_writer", "storage/piece_compression"],
+]
 
 # Packages whose every file is pure.
 PURE = {"sharding", "planner"}
@@ -138,6 +160,112 @@ def system_label_problems(root, files):
                                f"{line.strip()}")
 
 
+def module_of(path):
+    """foo.h, foo.cc, foo_internal.h and foo_internal.cc are one module, "pkg/foo"."""
+    stem = re.sub(r"\.(h|cc)$", "", path)
+    return stem[:-len("_internal")] if stem.endswith("_internal") else stem
+
+
+def module_graph(root, files):
+    """{module: {included module: (file, line, header) of its first include}} within each
+    package."""
+    present = set(files)
+    graph = {}
+    for f in files:
+        pkg = package_of(f)
+        if pkg not in LAYERS or not f.endswith((".h", ".cc")):
+            continue
+        src = module_of(f)
+        out = graph.setdefault(src, {})
+        with open(os.path.join(root, f), errors="replace") as fh:
+            for no, line in enumerate(fh, 1):
+                m = INCLUDE.match(line)
+                if m and package_of(m.group(1)) == pkg and m.group(1) in present:
+                    dst = module_of(m.group(1))
+                    if dst != src:
+                        out.setdefault(dst, (f, no, m.group(1)))
+    return graph
+
+
+def strongly_connected(graph):
+    """The strongly connected components of more than one module, each sorted (Tarjan,
+    iterative)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, {}))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, {})))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def cycle_path(graph, component):
+    """One cycle through the component's first module, as "file:line includes header" steps."""
+    members = set(component)
+    start = component[0]
+    previous = {start: None}
+    queue = [start]
+    while queue:  # breadth first, back to start
+        v = queue.pop(0)
+        for w in sorted(graph.get(v, {})):
+            if w == start:
+                steps, node = [(v, w)], v
+                while previous[node] is not None:
+                    steps.append((previous[node], node))
+                    node = previous[node]
+                return ["{}:{} includes {}".format(*graph[a][b]) for a, b in reversed(steps)]
+            if w in members and w not in previous:
+                previous[w] = v
+                queue.append(w)
+    return []
+
+
+def cycle_problems(root, files, baseline):
+    """Include cycles between modules of one package that `baseline` does not list."""
+    graph = module_graph(root, files)
+    components = strongly_connected(graph)
+    allowed = [set(entry) for entry in baseline]
+    problems = []
+    for component in components:
+        if any(set(component) <= entry for entry in allowed):
+            continue
+        problems.append(f"{package_of(component[0])}/: include cycle between modules "
+                        f"{', '.join(component)}: " + "; ".join(cycle_path(graph, component)) +
+                        " (modules of one package may not depend on each other in a circle)")
+    for entry in baseline:  # (an entry none of whose modules exists is some other tree's)
+        if any(m in graph for m in entry) and not any(set(entry) <= set(c) for c in components):
+            problems.append(f"tools/layering.py CYCLE_BASELINE: {', '.join(entry)} is no longer "
+                            "a cycle; remove the entry so that it cannot come back")
+    return problems
+
+
 def pure_files(root, files):
     """Files that must be pure: everything in PURE packages, plus srcs/hdrs of targets tagged
     "pure" in a BUILD file (found by a light parse of the rule's text)."""
@@ -155,7 +283,7 @@ def pure_files(root, files):
     return result
 
 
-def check(root):
+def check(root, cycle_baseline=None):
     files = repo_files(root)
     problems = []
     for src, dst, f, no, text in edges(root, files):
@@ -166,6 +294,8 @@ def check(root):
             problems.append(f"{f}:{no}: {src} -> {dst} is not allowed ({src} may use: "
                             f"{', '.join(allowed) or 'nothing'}): {text}")
     problems += list(system_label_problems(root, files))
+    problems += cycle_problems(root, files,
+                               CYCLE_BASELINE if cycle_baseline is None else cycle_baseline)
     for f in sorted(pure_files(root, files)):
         if not os.path.exists(os.path.join(root, f)):
             continue

@@ -128,3 +128,86 @@ def test_ci_records_a_deliberate_upward_include_as_a_failed_test_case(tmp_path, 
     # The doc's table now also differs from the code: its own test case fails too.
     table = open(os.path.join(root, "logs", "tools", "architecture_table", "test.xml")).read()
     assert "<failure" in table
+
+
+# Include cycles inside one package (issue 42): modules (foo.h + foo.cc) may not depend on each
+# other in a circle, though no file includes itself.
+CYCLE = {
+    "coordinator/engine.h": "struct Engine {};\n",
+    "coordinator/engine.cc": '#include "coordinator/engine.h"\n#include "coordinator/fleet.h"\n',
+    "coordinator/fleet.h": "struct Fleet {};\n",
+    "coordinator/fleet.cc": '#include "coordinator/fleet.h"\n#include "coordinator/engine.h"\n',
+}
+
+
+def test_an_include_cycle_between_modules_of_a_package_fails_naming_its_includes(tmp_path,
+                                                                                 capsys):
+    files = dict(CLEAN)
+    files.update(CYCLE)
+    assert layering.check(make_repo(tmp_path, files), cycle_baseline=[]) == 1
+    out = capsys.readouterr().out
+    assert ("coordinator/: include cycle between modules coordinator/engine, coordinator/fleet: "
+            "coordinator/engine.cc:2 includes coordinator/fleet.h; coordinator/fleet.cc:2 "
+            "includes coordinator/engine.h") in out
+
+
+def test_one_way_includes_and_a_private_internal_header_are_no_cycle(tmp_path, capsys):
+    files = dict(CLEAN)
+    files.update(CYCLE)
+    files["coordinator/fleet.cc"] = '#include "coordinator/fleet.h"\n'
+    # foo_internal.h is foo's private part: foo.cc includes it and it includes foo.h.
+    files["coordinator/engine_internal.h"] = '#include "coordinator/engine.h"\n'
+    files["coordinator/engine.cc"] += '#include "coordinator/engine_internal.h"\n'
+    assert layering.check(make_repo(tmp_path, files), cycle_baseline=[]) == 0, \
+        capsys.readouterr().out
+
+
+def test_a_cycle_in_the_baseline_passes_but_may_not_grow_or_outlive_its_cut(tmp_path, capsys):
+    files = dict(CLEAN)
+    files.update(CYCLE)
+    baseline = [["coordinator/engine", "coordinator/fleet"]]
+    assert layering.check(make_repo(tmp_path, files), cycle_baseline=baseline) == 0
+    # A third module joins the cycle: a new cycle, refused.
+    root = str(tmp_path)
+    open(os.path.join(root, "coordinator/catalog.h"), "w").write('#include "coordinator/fleet.h"\n')
+    with open(os.path.join(root, "coordinator/engine.cc"), "a") as fh:
+        fh.write('#include "coordinator/catalog.h"\n')
+    capsys.readouterr()
+    assert layering.check(root, cycle_baseline=baseline) == 1
+    assert ("include cycle between modules coordinator/catalog, coordinator/engine, "
+            "coordinator/fleet") in capsys.readouterr().out
+    # The cycle is cut: the baseline entry must go, so that the cycle cannot come back.
+    with open(os.path.join(root, "coordinator/engine.cc"), "w") as fh:
+        fh.write('#include "coordinator/engine.h"\n')
+    assert layering.check(root, cycle_baseline=baseline) == 1
+    assert ("CYCLE_BASELINE: coordinator/engine, coordinator/fleet is no longer a cycle"
+            in capsys.readouterr().out)
+
+
+def real_package(pkg):
+    """The repository's own files of `pkg` (Bazel: the runfiles of //<pkg>:sources)."""
+    for base in (os.path.join(os.environ.get("TEST_SRCDIR", ""), "ckpt"),
+                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))):
+        folder = os.path.join(base, pkg)
+        if os.path.isdir(folder) and any(f.endswith(".h") for f in os.listdir(folder)):
+            return folder
+    pytest.fail(f"no sources of {pkg}/ found (data = //{pkg}:sources)")
+
+
+def test_a_cycle_introduced_into_a_copy_of_the_real_coordinator_fails(tmp_path, capsys):
+    source = real_package("coordinator")
+    files = {f"coordinator/{name}": open(os.path.join(source, name), errors="replace").read()
+             for name in sorted(os.listdir(source)) if name.endswith((".h", ".cc"))}
+    assert "coordinator/job_state.cc" in files and "coordinator/coordinator_service.h" in files
+    root = make_repo(tmp_path, files)
+    assert layering.check(root) == 0, capsys.readouterr().out  # the copy as it is: no cycle
+    # The pure job state machine reaching up into the gRPC service: a cycle.
+    with open(os.path.join(root, "coordinator/job_state.cc"), "a") as fh:
+        fh.write('#include "coordinator/coordinator_service.h"\n')
+    capsys.readouterr()
+    assert layering.check(root) == 1
+    out = capsys.readouterr().out
+    assert "coordinator/: include cycle between modules" in out
+    assert "coordinator/coordinator_service" in out and "coordinator/job_state, " in out
+    assert "coordinator/job_state.cc:" in out
+    assert "includes coordinator/coordinator_service.h" in out
