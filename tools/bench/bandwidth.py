@@ -14,7 +14,7 @@ for it (this script only drives them and reads their output):
 
   save, load, reshard, export, import   tools/demo.sh (its trainer examples/gpt_trainer.cc), then
                                         `ckptctl import` of the demo's export (safetensors)
-  reshard                               tools/reshard_benchmark.cc (in-process offline reshard)
+  reshard                               tools/bench/reshard_benchmark.cc (in-process offline reshard)
   import                                tools/bench/dcp_import_bench.py (ckptctl import --from dcp)
   transfer                              tools/bench/transfer_bench.py (live transfer receive)
   replication                           tools/bench/memory_tier_bench.sh (memory tier saves)
@@ -226,7 +226,7 @@ class Paths:
                  time.perf_counter() - t, "floor", "whole command")
 
     def reshard_benchmark(self):
-        out = run([os.path.join(self.bin, "tools", "reshard_benchmark"),
+        out = run([os.path.join(self.bin, "tools", "bench", "reshard_benchmark"),
                    "--dir=" + os.path.join(self.work, "rb"), f"--size_mb={self.s['reshard_mb']}"],
                   os.path.join(self.work, "reshard_benchmark.log"))
         for m in re.finditer(r"^\| (reshard TP2xDP2 -> [^|]*?)\s*\|\s*([\d.]+)\s*\|\s*([\d.]+)",
@@ -357,7 +357,7 @@ class Paths:
 
 
 BINARIES = ["coordinator/ckpt_coordinator", "worker/ckpt_worker", "tools/ckptctl",
-            "examples/gpt_trainer", "examples/gpt_tool", "tools/reshard_benchmark",
+            "examples/gpt_trainer", "examples/gpt_tool", "tools/bench/reshard_benchmark",
             "tests/transfer_probe", "tests/trainer_probe",
             "tools/bench/exchange_process_benchmark", "tools/bench/compression_bench",
             "python/ckpt/_ckpt.so"]

@@ -18,7 +18,7 @@ for a in "$@"; do
   esac
 done
 bazel build -c opt //coordinator:ckpt_coordinator //worker:ckpt_worker //tools:ckptctl \
-  //examples:gpt_trainer //examples:gpt_tool //tools:reshard_benchmark //tests:transfer_probe \
+  //examples:gpt_trainer //examples:gpt_tool //tools/bench:reshard_benchmark //tests:transfer_probe \
   //tests:trainer_probe //tools/bench:exchange_process_benchmark //tools/bench:compression_bench \
   //python:ckpt
 exec python3 tools/bench/bandwidth.py --bin "$REPO/bazel-out/k8-opt/bin" "$@"

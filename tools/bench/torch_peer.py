@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Peer measurement for storage/io_benchmark: torch.save / torch.load of the same tensors.
+"""Peer measurement for tools/bench/io_benchmark: torch.save / torch.load of the same tensors.
 
 Builds the same state dict as io_benchmark (N BF16 tensors of [elems/1024, 1024], SIZE_MB in
 total), then times torch.save into one file (flushed and fsynced, like our committed save) and

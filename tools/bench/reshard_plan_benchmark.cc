@@ -8,7 +8,7 @@
 // elements and every bucket is split evenly over the DP ranks, so optimizer pieces are flat
 // ranges of TP boxes.
 //
-//   bazel run //sharding:reshard_plan_benchmark   (.bazelrc already builds with -O2)
+//   bazel run //tools/bench:reshard_plan_benchmark   (.bazelrc already builds with -O2)
 #include <cstdint>
 #include <string>
 #include <vector>

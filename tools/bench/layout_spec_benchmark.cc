@@ -6,7 +6,7 @@
 //                      (Megatron's ZeRO-1 layout).
 // Each rank's flat range used to be found by building the whole even split per rank
 // (quadratic in ranks: 4,096 ranks took ~50 s on a GPT state); it is now computed directly.
-// Run: bazel run -c opt //planner:layout_spec_benchmark
+// Run: bazel run -c opt //tools/bench:layout_spec_benchmark
 #include <string>
 #include <vector>
 

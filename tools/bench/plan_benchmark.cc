@@ -1,7 +1,7 @@
 // Speed of the save and load planners on a Megatron-like job: 512 ranks = TP 8 x DP 64,
 // 400 2-d tensors split on dim 0 over TP and replicated over DP (204,800 gathered pieces).
 // The load reshards onto TP 4 x DP 128 (204,800 requests).
-// Run: bazel run //planner:plan_benchmark
+// Run: bazel run //tools/bench:plan_benchmark
 #include <string>
 #include <vector>
 

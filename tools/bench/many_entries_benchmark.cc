@@ -3,8 +3,8 @@
 // import, manifest validation, reader open, verify and export. Each should grow as N log N at
 // worst.
 //
-//   bazel build -c opt //storage:many_entries_benchmark
-//   bazel-out/k8-opt/bin/storage/many_entries_benchmark --entries=1000000 --dir=/tmp/ckpt_many
+//   bazel build -c opt //tools/bench:many_entries_benchmark
+//   bazel-out/k8-opt/bin/tools/bench/many_entries_benchmark --entries=1000000 --dir=/tmp/ckpt_many
 // --manifest_piece_file_bytes=B writes the manifest in piece files of B bytes (format 2);
 // --keep leaves the checkpoint (<dir>/ckpt) for `ckptctl inspect|verify` under /usr/bin/time.
 // --rows_per_tensor=R writes, instead of importing, a checkpoint shaped like a large job's:

@@ -3,7 +3,7 @@
 // 1-8 random holders, four sizes, 10 % cross-group, Python's separators): the fast path's
 // parse, the distribution, the output line, and the three together (RunPlanLine). Process
 // start, reading the file and writing the output are left to the Python bench.
-// Run: bazel run -c opt //tools:plan_distribute_benchmark
+// Run: bazel run -c opt //tools/bench:plan_distribute_benchmark
 #include <random>
 #include <string>
 #include <vector>

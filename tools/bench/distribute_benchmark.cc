@@ -3,7 +3,7 @@
 //                 takes ~9 s; the target is < 90 ms).
 //   DpGroups1M:   1,000,000 shards over 16,384 ranks; each shard's holders are one whole
 //                 data-parallel group (16 groups of 1,024 ranks; target < 1 s).
-// Run: bazel run -c opt //planner:distribute_benchmark
+// Run: bazel run -c opt //tools/bench:distribute_benchmark
 #include <random>
 #include <string>
 #include <vector>

@@ -2,7 +2,7 @@
 // reader, against the machine's own limits measured in the same run: dd-style sequential
 // O_DIRECT write and read of the same total size, and memcpy bandwidth. Prints a table.
 //
-//   bazel run -c opt //storage:io_benchmark -- --dir=/tmp/ckpt_bench --size_mb=2048
+//   bazel run -c opt //tools/bench:io_benchmark -- --dir=/tmp/ckpt_bench --size_mb=2048
 #include <fcntl.h>
 #include <unistd.h>
 

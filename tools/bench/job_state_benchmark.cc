@@ -1,6 +1,6 @@
 // Cost of the coordinator's metadata gather (every rank joining an operation with its shard
 // metadata) and of turning it into per-rank save plan parts, for growing world sizes.
-//   bazel run -c opt //coordinator:job_state_benchmark
+//   bazel run -c opt //tools/bench:job_state_benchmark
 #include <string>
 #include <vector>
 

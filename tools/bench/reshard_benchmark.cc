@@ -4,7 +4,7 @@
 // TP=4 x DP=1 and to a 3-rank uneven layout, and times a dd-style O_DIRECT sequential write and
 // read of the same size. Prints a table; optionally verifies every destination element.
 //
-//   bazel run -c opt //tools:reshard_benchmark -- --dir=/tmp/rb --size_mb=1200 [--direct]
+//   bazel run -c opt //tools/bench:reshard_benchmark -- --dir=/tmp/rb --size_mb=1200 [--direct]
 //       [--budget_mb=1024] [--threads=4] [--no_overlap] [--verify]
 #include <fcntl.h>
 #include <unistd.h>
