@@ -70,9 +70,6 @@ ABSL_FLAG(std::string, load_algorithm, "auto",
           "gather_object, or direct (every rank reads what it needs itself)");
 ABSL_FLAG(int64_t, load_memory_budget_bytes, int64_t{1} << 30,
           "bytes in flight per rank and wave of a load whose trainers give no budget");
-ABSL_FLAG(bool, load_plan_own_shares, true,
-          "each worker of an exchange load receives only its rank's share of the plan; false: "
-          "every part carries its group's whole plan (as before; for comparison)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 ABSL_FLAG(std::string, address_file, "",
           "when set, the bound host:port is written here (atomically) once serving");
@@ -230,7 +227,6 @@ std::optional<int> ReadSettings(const std::vector<std::string>& checkpoint_roots
   }
   out->load_defaults.algorithm = *load_algorithm;
   out->load_defaults.memory_budget_bytes = absl::GetFlag(FLAGS_load_memory_budget_bytes);
-  out->load_defaults.own_shares = absl::GetFlag(FLAGS_load_plan_own_shares);
   ckpt::coordinator::CoordinatorOptions& options = out->options;
   options.checkpoint_roots = *roots;
   options.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));

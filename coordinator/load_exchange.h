@@ -28,8 +28,9 @@ struct LoadPlannerOptions {
   // exchange within per-node groups (coordinator/group_plan.h ChooseLoadGroups).
   bool auto_chosen = false;
   // true: each part carries only its rank's share of its group's plan (coordinator/
-  // plan_parts.h); false: every part carries its group's whole plan (the twin the
-  // own-share property test compares with, tests/plan_parts_property_test.cc).
+  // plan_parts.h); false: every part carries its group's whole plan, the brute-force twin the
+  // tests compare with (tests/plan_parts_property_test.cc, load_exchange_test.cc). No flag
+  // sets it: the daemon always sends own shares.
   bool own_shares = true;
 };
 
