@@ -246,7 +246,8 @@ absl::StatusOr<std::string> Client::Transfer(
     const std::map<std::string, std::string>& metadata, const std::string& operation_id,
     absl::Duration arrival_timeout, Lending lending, pb::LoadAlgorithm load_algorithm,
     int64_t memory_budget_bytes, int memory_replicas, const std::string& persist_to,
-    bool persist_overwrite, const std::string& process_groups, const std::string& compression) {
+    bool persist_overwrite, const std::string& process_groups, const std::string& compression,
+    bool overwrite) {
   if (absl::Status s = Register(state, lending); !s.ok()) return s;
   pb::TransferRequest request;
   request.set_session_id(session_id_);
@@ -270,6 +271,7 @@ absl::StatusOr<std::string> Client::Transfer(
   request.set_memory_budget_bytes(memory_budget_bytes);
   request.set_process_groups(process_groups);
   request.set_compression(compression);
+  request.set_overwrite(overwrite);
   pb::TransferResponse response;
   auto context = connection_->Context();
   grpc::Status s = save ? connection_->stub()->Save(context.get(), request, &response)
@@ -292,10 +294,10 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(const std::string& path
     if (!source.ok()) return source.status();
     if (*source != &state) lending = Lending::kNone;
   }
-  absl::StatusOr<std::string> op =
-      Transfer(true, path, **source, options.metadata, "", options.arrival_timeout, lending,
-               pb::LOAD_ALGORITHM_UNSPECIFIED, 0, options.memory_replicas, options.persist_to,
-               options.persist_overwrite, options.process_groups, options.compression);
+  absl::StatusOr<std::string> op = Transfer(
+      true, path, **source, options.metadata, "", options.arrival_timeout, lending,
+      pb::LOAD_ALGORITHM_UNSPECIFIED, 0, options.memory_replicas, options.persist_to,
+      options.persist_overwrite, options.process_groups, options.compression, options.overwrite);
   if (!op.ok()) return op.status();
   auto handle = std::make_unique<SaveHandle>(connection_, session_id_, *op);
   // Return once this rank's worker copied the state out of the trainer's memory (or the save

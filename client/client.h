@@ -64,6 +64,14 @@ struct SaveOptions {
   // with InvalidArgument naming it before anything is copied; a memory or transfer save with
   // compression is Unimplemented. The first rank to give one decides.
   std::string compression;
+  // Storage saves only: the commit may replace a committed ckpt checkpoint at the path. The
+  // replacement is atomic (the old checkpoint is swapped out in one rename and removed after
+  // the new one is in place: a crash or a failed save leaves the old one or the new one, never
+  // a mix, and a reader never sees a partial one). Anything at the path that is not a
+  // committed checkpoint or an empty directory is still refused (FailedPrecondition naming it);
+  // without it an existing checkpoint is AlreadyExists. A rank that sets it decides. On a
+  // memory (mem://) path: InvalidArgument (persist_overwrite is that path's option).
+  bool overwrite = false;
   // (No exchange algorithm or memory budget: a save moves no bytes between ranks, each stored
   // piece is written by one rank that holds it, and the worker snapshots its rank's whole part
   // before writing it.)
@@ -239,7 +247,7 @@ class Client {
       pb::LoadAlgorithm load_algorithm = pb::LOAD_ALGORITHM_UNSPECIFIED,
       int64_t memory_budget_bytes = 0, int memory_replicas = -1, const std::string& persist_to = "",
       bool persist_overwrite = false, const std::string& process_groups = "",
-      const std::string& compression = "");
+      const std::string& compression = "", bool overwrite = false);
 
   // Share with what `lending` lends marked in the description.
   absl::Status Register(const StateDict& state, Lending lending);

@@ -834,6 +834,22 @@ absl::Status CheckCompression(const std::string& spec, OperationKind kind, const
   return absl::OkStatus();
 }
 
+// Overwrite is an option of storage saves (their commit swaps the old checkpoint out,
+// storage/checkpoint_writer.h): InvalidArgument on another operation or on a memory or
+// transfer path (a memory checkpoint's persistence has persist_overwrite).
+absl::Status CheckOverwrite(bool overwrite, OperationKind kind, const std::string& path,
+                            const std::string& who) {
+  if (!overwrite) return absl::OkStatus();
+  if (kind != OperationKind::kSave || IsMemoryPath(path) || IsTransferPath(path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": overwrite is for saves to storage, not a ", OperationKindName(kind), " of ", path,
+        IsMemoryPath(path) ? " (persist_overwrite is the memory "
+                             "save's option for its persist_to)"
+                           : ""));
+  }
+  return absl::OkStatus();
+}
+
 // The join's request in the job state's terms (its options checked; `state`: the description
 // it stands for, the request's own or the kept one).
 absl::StatusOr<JoinRequest> ToJoinRequest(const pb::JoinOperationRequest& request,
@@ -870,8 +886,10 @@ absl::StatusOr<JoinRequest> ToJoinRequest(const pb::JoinOperationRequest& reques
   join.persist_overwrite = request.persist_overwrite();
   join.process_groups = request.process_groups();
   join.compression = request.compression();
+  join.overwrite = request.overwrite();
   const std::string who = absl::StrCat("job ", request.job(), " rank ", request.rank());
   CKPT_RETURN_IF_ERROR(CheckCompression(join.compression, kind, path, who));
+  CKPT_RETURN_IF_ERROR(CheckOverwrite(join.overwrite, kind, path, who));
   if (absl::Status s = CheckProcessGroupSpec(join.process_groups, request.world_size(), who);
       !s.ok()) {
     return s;
@@ -1153,6 +1171,11 @@ grpc::Status CoordinatorService::DoRequestOperation(const grpc::ServerContextBas
       !s.ok()) {
     return ToGrpcStatus(s);
   }
+  if (absl::Status s = CheckOverwrite(request->overwrite(), *kind, *path,
+                                      absl::StrCat("request of job ", request->job()));
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (const Job* job = jobs_.FindJob(request->job()); job != nullptr) {
     absl::Status s = CheckProcessGroupSpec(request->process_groups(), job->world_size,
@@ -1178,6 +1201,9 @@ grpc::Status CoordinatorService::DoRequestOperation(const grpc::ServerContextBas
     if (absl::Status s = jobs_.SetCompression(*id, request->compression()); !s.ok()) {
       return ToGrpcStatus(s);
     }
+  }
+  if (request->overwrite()) {
+    if (absl::Status s = jobs_.SetOverwrite(*id); !s.ok()) return ToGrpcStatus(s);
   }
   spdlog::info("operation_requested op={} job={} kind={} path={} by=\"{}\"", *id, request->job(),
                std::string(OperationKindName(*kind)), *path, peer->Describe());

@@ -196,6 +196,17 @@ absl::Status JobState::SetCompression(absl::string_view operation_id, std::strin
   return absl::OkStatus();
 }
 
+absl::Status JobState::SetOverwrite(absl::string_view operation_id) {
+  Operation* op = MutableOperation(operation_id);
+  if (op == nullptr) return UnknownOperation(operation_id);
+  if (op->phase != Phase::kGathering) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot let ", op->DebugString(), " overwrite: it is past gathering"));
+  }
+  op->overwrite = true;
+  return absl::OkStatus();
+}
+
 absl::Status JobState::SetMemoryReplicas(absl::string_view operation_id, int replicas) {
   Operation* op = MutableOperation(operation_id);
   if (op == nullptr) return UnknownOperation(operation_id);
@@ -265,7 +276,7 @@ const Operation* JobState::PendingForRank(absl::string_view job, int rank) const
 namespace {
 
 // The operation's options from the first join that gives each (metadata, load options,
-// memory replicas, persistence).
+// memory replicas, persistence; overwrite from any join that asks for it).
 void TakeJoinOptions(JoinRequest& request, Operation* op) {
   if (op->metadata.empty()) op->metadata = std::move(request.metadata);
   if (op->load_algorithm == pb::LOAD_ALGORITHM_UNSPECIFIED) {
@@ -281,6 +292,7 @@ void TakeJoinOptions(JoinRequest& request, Operation* op) {
   }
   if (op->process_groups.empty()) op->process_groups = std::move(request.process_groups);
   if (op->compression.empty()) op->compression = std::move(request.compression);
+  op->overwrite = op->overwrite || request.overwrite;  // any rank asking for it decides
 }
 
 }  // namespace

@@ -149,6 +149,9 @@ struct Operation {
   // Storage saves: compression spec of the data files (storage/piece_codec.h; "": raw): the
   // operator's, else the first rank's to give one.
   std::string compression;
+  // Storage saves: the commit may replace a committed checkpoint at `path` (the operator's or
+  // any rank's request; coordinator/save_commit.h).
+  bool overwrite = false;
   ReshardSpec reshard;  // kReshard only
   int world_size = 0;
   Phase phase = Phase::kGathering;
@@ -208,6 +211,7 @@ struct JoinRequest {
   bool persist_overwrite = false;
   std::string process_groups;  // spec text ("": one group of every rank)
   std::string compression;     // save: compression spec ("": raw), checked by the caller
+  bool overwrite = false;      // storage save: may replace a committed checkpoint (checked)
   // Arrival deadline of an operation this join creates, capped by the coordinator's (zero:
   // the coordinator's).
   absl::Duration arrival_deadline = absl::ZeroDuration();
@@ -289,6 +293,9 @@ class JobState {
   absl::Status SetMemoryReplicas(absl::string_view operation_id, int replicas);
   // Sets the compression spec of the save `operation_id` (requested, not yet planned).
   absl::Status SetCompression(absl::string_view operation_id, std::string spec);
+  // Lets the storage save `operation_id` (requested, not yet planned) replace a committed
+  // checkpoint at its path.
+  absl::Status SetOverwrite(absl::string_view operation_id);
 
   // An operator starts a reshard executed on the workers: a job "reshard:<destination>" of
   // `locations.size()` ranks (rank r served by locations[r]) whose operation skips gathering

@@ -212,7 +212,9 @@ std::string SaveCommitter::StagingDir(const std::string& operation_id) {
 absl::Status SaveCommitter::Prepare(const Operation& op) {
   if (!StagingDir(op.id).empty()) return absl::OkStatus();  // prepared before
   if (journal_ != nullptr) CKPT_RETURN_IF_ERROR(journal_->Begin(op.id, op.path));
-  absl::StatusOr<std::string> staging = CreateStagingDir(op.path, /*overwrite=*/false);
+  // With op.overwrite a committed checkpoint at the path is accepted here (anything else is
+  // FailedPrecondition naming it) and swapped out atomically at the commit.
+  absl::StatusOr<std::string> staging = CreateStagingDir(op.path, op.overwrite);
   if (!staging.ok()) return staging.status();
   std::lock_guard<std::mutex> lock(mu_);
   staging_[op.id] = *staging;
@@ -270,6 +272,7 @@ absl::Status SaveCommitter::Commit(Operation& op) {
   };
   WriteOptions options;
   options.manifest_files = manifest_files_;
+  options.overwrite = op.overwrite;  // checked again right before the swap (CheckReplaceable)
   absl::Status committed = CommitStreamedCheckpoint(
       staging, op.path, head, pieces_bytes,
       [&](ManifestPieceSink sink) {

@@ -45,7 +45,8 @@ class SaveCommitter final : public OperationKindHandler {
       : journal_(journal), manifest_files_(manifest_files) {}
 
   // Journals op.path and creates the staging directory next to it (AlreadyExists when a
-  // checkpoint is there).
+  // checkpoint is there, unless op.overwrite: then only what is not a committed checkpoint or
+  // an empty directory is refused, FailedPrecondition naming it).
   absl::Status Prepare(const Operation& op) override;
   // The job's kept plan (SavePlanReuse) naming the staging directory Prepare made, when every
   // rank's description is the one it was planned for; nullopt also when Prepare was not called.
@@ -55,7 +56,8 @@ class SaveCommitter final : public OperationKindHandler {
   absl::StatusOr<std::vector<RankPlan>> Plan(const Operation& op) override;
   // Commits the staging directory to op.path with the manifest merged from the ranks' written
   // records, streamed into its file (or piece files) and validated as it goes (never one
-  // message in memory).
+  // message in memory). With op.overwrite a committed checkpoint there is swapped out in one
+  // rename and then removed (storage/checkpoint_writer.h CommitStreamedCheckpoint).
   // Consumes the records (op.ranks[r].written is empty afterwards): each is freed once written.
   absl::Status Commit(Operation& op) override;
   // Removes the staging directory of a save that did not commit; ends its journal entry.

@@ -23,7 +23,7 @@
 //                 [--layout rows|dtensor|cols|flat|tpdp] [--global_rows G] [--tp T]
 //                 [--algorithm A] [--budget BYTES] [--rpc_timeout_ms MS] [--check_file F]
 //                 [--replicas N] [--persist_to P] [--persist_overwrite 1] [--groups SPEC]
-//                 [--start_file F] [--then_save P2]
+//                 [--start_file F] [--then_save P2] [--overwrite 1]
 // The tensor "probe.weight" has shape (G, elements) (G defaults to the world size); "rows": rank
 // r holds row r; "dtensor": Shard(0) over a 1-d mesh of all ranks (torch.chunk rows);
 // "cols": Shard(1) over all ranks (column blocks); "flat": an even split of the flattened
@@ -32,7 +32,8 @@
 // --algorithm and --budget are the load's exchange algorithm and memory budget; --replicas the
 // copies of a memory save (mem://) on other hosts; --persist_to its background persistence;
 // --groups the save's and load's process groups (planner/process_groups.h spec text);
-// --compression the save's compression spec (SaveOptions::compression).
+// --compression the save's compression spec (SaveOptions::compression); --overwrite 1 lets the
+// save replace a committed checkpoint at its path (SaveOptions::overwrite).
 // --check_file: after a failed load, fill the tensor with a sentinel, say so, and once the test
 // created F report whether anything (a worker still running the aborted load) wrote into it.
 // --start_file: after "shared", wait until the test created F before the save or load (so a
@@ -117,6 +118,8 @@ int Run(int argc, char** argv) {
       absl::SimpleAtoi(value, &save_options.memory_replicas);
     } else if (flag == "--persist_to") {
       save_options.persist_to = value;
+    } else if (flag == "--overwrite") {
+      save_options.overwrite = value == "1" || value == "true";
     } else if (flag == "--persist_overwrite") {
       save_options.persist_overwrite = value == "1" || value == "true";
     } else if (flag == "--budget") {

@@ -216,6 +216,7 @@ grpc::Status WorkerService::Transfer(const pb::TransferRequest& request, pb::Ope
   join.set_persist_overwrite(request.persist_overwrite());
   join.set_process_groups(request.process_groups());
   join.set_compression(request.compression());
+  join.set_overwrite(request.overwrite());
   join.set_arrival_deadline_ms(std::max<int64_t>(request.timeout_ms(), 0));
   if (kind == pb::OPERATION_SAVE) {
     join.set_held_plan_part_body(kept_parts_.Held(join.job(), join.rank()));

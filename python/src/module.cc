@@ -334,10 +334,11 @@ class PyClient {
                                      double arrival_timeout_s, bool lend_all,
                                      const std::string& persist_to, bool persist_overwrite,
                                      int memory_replicas, const std::string& process_groups,
-                                     const std::string& compression) {
+                                     const std::string& compression, bool overwrite) {
     client::Client& c = get();
     client::SaveOptions options;
     options.compression = compression;
+    options.overwrite = overwrite;
     options.persist_to = persist_to;
     options.persist_overwrite = persist_overwrite;
     options.memory_replicas = memory_replicas;
@@ -488,7 +489,8 @@ NB_MODULE(_ckpt, m) {
       .def("save", &PyClient::Save, nb::arg("path"), nb::arg("state"), nb::arg("metadata"),
            nb::arg("arrival_timeout_s"), nb::arg("lend_all") = false, nb::arg("persist_to") = "",
            nb::arg("persist_overwrite") = false, nb::arg("memory_replicas") = -1,
-           nb::arg("process_groups") = "", nb::arg("compression") = "")
+           nb::arg("process_groups") = "", nb::arg("compression") = "",
+           nb::arg("overwrite") = false)
       .def("load", &PyClient::Load, nb::arg("path"), nb::arg("state"), nb::arg("arrival_timeout_s"),
            nb::arg("deadline_s"), nb::arg("algorithm"), nb::arg("memory_budget_bytes"),
            nb::arg("process_groups") = "")

@@ -45,6 +45,7 @@ struct OperationArgs {
   std::string process_groups;  // "": the trainers' (planner/process_groups.h)
   int memory_replicas = -1;    // memory saves: extra copies (-1: the trainers' or the default)
   std::string compression;     // storage saves: the data files' compression ("": the trainers')
+  bool overwrite = false;      // storage saves: may replace a committed checkpoint at the path
 };
 
 std::string Description(const char* verb) {
@@ -72,6 +73,9 @@ std::vector<FlagSpec> OperationFlags(pb::OperationKind kind) {
     flags.push_back({"compression", "SPEC",
                      "storage saves: write the data files losslessly compressed: none, zstd\n"
                      "or zstd:LEVEL (default: the trainers', else none; docs/layout.md)"});
+    flags.push_back({"overwrite", "",
+                     "storage saves: replace a committed ckpt checkpoint at the path atomically\n"
+                     "(anything else there is still refused)"});
     flags.push_back({"persist-to", "PATH",
                      "memory saves (mem://NAME): once durable in memory, persist it in the\n"
                      "background to this storage path as an ordinary committed checkpoint\n"
@@ -117,6 +121,7 @@ std::optional<int> ParseOperation(const CommandSpec& spec, const std::vector<std
   out->algorithm = *algorithm;
   out->persist_to = a.Get("persist-to");
   out->persist_overwrite = a.Has("persist-overwrite");
+  out->overwrite = a.Has("overwrite");
   if (a.Has("replicas")) {
     int replicas = -1;
     if (!absl::SimpleAtoi(a.Get("replicas"), &replicas) || replicas < 0) {
@@ -161,6 +166,7 @@ absl::StatusOr<std::string> RequestOperation(pb::Coordinator::Stub* stub, const 
   request.set_persist_overwrite(op.persist_overwrite);
   request.set_process_groups(op.process_groups);
   request.set_compression(op.compression);
+  request.set_overwrite(op.overwrite);  // refused by the coordinator unless a storage save
   if (op.memory_replicas >= 0) request.set_memory_replicas(op.memory_replicas);
   pb::RequestOperationResponse requested;
   grpc::ClientContext context;
