@@ -211,3 +211,16 @@ def test_a_cycle_introduced_into_a_copy_of_the_real_coordinator_fails(tmp_path, 
     assert "coordinator/coordinator_service" in out and "coordinator/job_state, " in out
     assert "coordinator/job_state.cc:" in out
     assert "includes coordinator/coordinator_service.h" in out
+
+
+def test_a_benchmark_beside_product_code_fails_and_one_in_tools_bench_passes(tmp_path, capsys):
+    files = dict(CLEAN)
+    files["tools/bench/plan_benchmark.cc"] = '#include "planner/save_plan.h"\n'
+    files["tools/loadgen/loadgen.cc"] = '#include "planner/save_plan.h"\n'
+    assert layering.check(make_repo(tmp_path, files), bench_baseline=[]) == 0
+    open(os.path.join(str(tmp_path), "planner/plan_benchmark.cc"), "w").write("\n")
+    capsys.readouterr()
+    assert layering.check(str(tmp_path), bench_baseline=[]) == 1
+    assert ("planner/plan_benchmark.cc: a benchmark in a product package (benchmarks live in "
+            "tools/bench)") in capsys.readouterr().out
+    assert layering.check(str(tmp_path), bench_baseline=["planner/plan_benchmark.cc"]) == 0
