@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "device/gpu.h"
 #include "proto/convert.h"
+#include "sharding/overlap.h"
 
 namespace ckpt::client {
 namespace {
@@ -80,16 +81,36 @@ absl::StatusOr<StateDict::Segment*> StateDict::NewSegment(size_t size, const std
   return &segments_.back();
 }
 
-absl::StatusOr<std::unique_ptr<StateTensor>> StateDict::Resolve(
-    const TensorDeclaration& spec) const {
+// A further piece of a key the state dict holds (several shards of one tensor on one rank, as a
+// ShardedTensor may place them): the same dtype and global shape, and no element in common with
+// any piece of the key already there. Errors name the key, the rank and the regions.
+absl::Status StateDict::CheckAnotherPiece(const TensorDeclaration& spec,
+                                          const Region& region) const {
   for (const auto& t : tensors_) {
-    if (t->key == spec.key) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("tensor ", spec.key, " is already in rank ", rank_, "'s state dict"));
+    if (t->key != spec.key) continue;
+    if (t->dtype != spec.dtype || t->global_shape != spec.global_shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", spec.key, " is already in rank ", rank_, "'s state dict as ",
+                       DTypeName(t->dtype), " ", ShapeString(t->global_shape),
+                       "; another piece of it cannot be ", DTypeName(spec.dtype), " ",
+                       ShapeString(spec.global_shape)));
+    }
+    absl::StatusOr<int64_t> common = OverlapElements(t->region, region, t->global_shape);
+    if (!common.ok()) return common.status();
+    if (*common > 0 || region == t->region) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "tensor ", spec.key, " region ", region.DebugString(), " is already in rank ", rank_,
+          "'s state dict (a piece at ", t->region.DebugString(), " overlaps it)"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<StateTensor>> StateDict::Resolve(
+    const TensorDeclaration& spec) const {
   auto resolved = ResolveLayout(spec, rank_);
   if (!resolved.ok()) return resolved.status();
+  if (absl::Status s = CheckAnotherPiece(spec, resolved->first); !s.ok()) return s;
   auto t = std::make_unique<StateTensor>();
   t->key = spec.key;
   t->dtype = spec.dtype;

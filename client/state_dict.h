@@ -118,7 +118,10 @@ class StateDict {
 
   // Allocates a zero-filled host tensor in shared memory and adds it: tensors up to
   // kSmallTensorBytes share kArenaBytes arena segments, larger ones get their own segment.
-  // AlreadyExists for a duplicate key; InvalidArgument for an invalid shape/layout;
+  // A key may be added again for another piece of the same tensor (several shards on one rank:
+  // same dtype and global shape, no element in common; each piece is saved and loaded on its
+  // own). AlreadyExists for a piece overlapping one of its key already added (a duplicate);
+  // InvalidArgument for an invalid shape/layout or another dtype or shape of a key;
   // ResourceExhausted when shared memory cannot be allocated.
   absl::StatusOr<StateTensor*> AddHost(const TensorDeclaration& spec);
 
@@ -138,7 +141,7 @@ class StateDict {
   absl::StatusOr<StateTensor*> AddDevice(const TensorDeclaration& spec, void* device_ptr,
                                          int device);
 
-  StateTensor* Find(const std::string& key);
+  StateTensor* Find(const std::string& key);  // the first piece of `key` added, or nullptr
   const std::vector<std::unique_ptr<StateTensor>>& tensors() const { return tensors_; }
   int rank() const { return rank_; }
 
@@ -148,6 +151,7 @@ class StateDict {
 
  private:
   absl::StatusOr<std::unique_ptr<StateTensor>> Resolve(const TensorDeclaration& spec) const;
+  absl::Status CheckAnotherPiece(const TensorDeclaration& spec, const Region& region) const;
 
   // A shared-memory segment this state dict created or borrowed (AddHostView).
   struct Segment {

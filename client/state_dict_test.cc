@@ -163,6 +163,35 @@ TEST(StateDictTest, RejectsDuplicateKeysAndBadLayoutsNamingTheKey) {
   EXPECT_EQ(state.Find("v"), nullptr);
 }
 
+// Several shards of one tensor on one rank (a ShardedTensor's ChunkShardingSpec placing two
+// chunks on it): each is a piece of its own under the same key.
+TEST(StateDictTest, AddsDisjointPiecesOfOneKeyAndRefusesOverlapsOrAnotherShapeNamingThem) {
+  StateDict state("j", 0);
+  TensorDeclaration first = Spec("w", {8, 3});
+  first.layout = Region{{0, 0}, {2, 3}, std::nullopt};
+  TensorDeclaration second = first;
+  second.layout = Region{{6, 0}, {2, 3}, std::nullopt};
+  ASSERT_TRUE(state.AddHost(first).ok());
+  auto t = state.AddHost(second);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT((*t)->region.offsets, ElementsAre(6, 0));
+  EXPECT_EQ(state.tensors().size(), 2u);
+  EXPECT_EQ(state.Describe().size(), 2u);
+  EXPECT_THAT(state.Find("w")->region.offsets, ElementsAre(0, 0));  // the first piece
+  TensorDeclaration overlapping = first;
+  overlapping.layout = Region{{1, 0}, {2, 3}, std::nullopt};
+  auto o = state.AddHost(overlapping);
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(o.status().message(), HasSubstr("tensor w region"));
+  EXPECT_THAT(o.status().message(), HasSubstr("rank 0"));
+  TensorDeclaration other_shape = Spec("w", {9, 3});
+  other_shape.layout = Region{{8, 0}, {1, 3}, std::nullopt};
+  auto b = state.AddHost(other_shape);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(b.status().message(), HasSubstr("(8, 3)"));
+  EXPECT_EQ(state.tensors().size(), 2u);
+}
+
 TEST(StateDictTest, HostViewUsesAllocatedSharedMemoryInPlaceAndKeepsItAlive) {
   SharedAllocator allocator(absl::StrCat("/ckpt.viewtest.p", getpid(), "."));
   std::string name;

@@ -85,12 +85,23 @@ def _has_extensions(transforms):
     return False
 
 
+def writer_overwrite(writer):
+    """Whether a save through ``writer`` (None, or a FileSystemWriter storage_path accepted)
+    may replace a committed ckpt checkpoint: FileSystemWriter's ``overwrite`` (True by default,
+    as DCP). Without a writer, False."""
+    if writer is None:
+        return False
+    return bool(getattr(writer, "overwrite", False))
+
+
 def _check_writer(writer, what):
     """FileSystemWriter's options: single_file_per_rank, thread_count, per_thread_copy_ahead,
     cache_staged_state_dict, serialization_format choose DCP's own file layout and threads and
     have no meaning for ckpt's (documented); sync_files=False is overruled (ckpt always syncs
-    before its commit); overwrite (True by default) cannot be honoured: an existing checkpoint is
-    refused at the save, naming its path. Stream transforms (_extensions) are refused."""
+    before its commit); overwrite (True by default) is honoured for a ckpt checkpoint at the path
+    (replaced atomically at the commit, writer_overwrite), never for anything else there (a DCP
+    checkpoint, other files: refused naming the path). Stream transforms (_extensions) are
+    refused."""
     if _has_extensions(getattr(writer, "transforms", None)):
         raise _errors.Unimplemented(
             f"{what}: storage_writer {type(writer).__name__} with _extensions (stream "

@@ -43,7 +43,8 @@ class StateDict:
 
     def __init__(self, native):
         self._native = native
-        self._entries = {}
+        self._entries = {}  # key -> its (first) piece
+        self._more = []  # further pieces of keys in _entries (several shards of one tensor)
         self._lent_to = None  # the SaveHandle of a save its staging is lent to, until it ends
 
     def add(self, key, tensor, layout=None, *, stage=False):
@@ -52,7 +53,12 @@ class StateDict:
         ``stage``); any other is copied into shared staging memory at each save and back after
         each load. A CUDA tensor (contiguous) is shared with the worker through its allocation's
         CUDA IPC handle: the worker saves from and loads into device memory directly (its
-        worker must serve that GPU; docs/python.md). Other devices are refused."""
+        worker must serve that GPU; docs/python.md). Other devices are refused.
+
+        A key may be added again with another piece of the same tensor (a layout at other
+        offsets: several shards of one tensor on this rank); a piece overlapping one already
+        added raises ckpt.AlreadyExists, another dtype or global shape ckpt.InvalidArgument.
+        ``state[key]`` is then the first piece added."""
         if not isinstance(key, str) or not key:
             raise _errors.InvalidArgument(f"state-dict key {key!r} is not a non-empty string")
         layout = layout if layout is not None else Replicated()
@@ -76,8 +82,19 @@ class StateDict:
         raw = self._native.add(key, dtype, global_shape, native_layout, replica,
                                0 if stage else ptr, nbytes)
         staging = None if raw is None else self._view(raw, tensor)
-        self._entries[key] = _Entry(key, tensor, staging, nbytes)
+        self._keep(_Entry(key, tensor, staging, nbytes))
         return self
+
+    def _keep(self, entry):
+        if entry.key in self._entries:
+            self._more.append(entry)
+        else:
+            self._entries[entry.key] = entry
+
+    def _all(self):
+        """Every piece: the first of each key, then the further ones."""
+        yield from self._entries.values()
+        yield from self._more
 
     def _add_device(self, key, tensor, layout):
         """A CUDA tensor, registered in place (never staged: the worker copies it off the device
@@ -91,7 +108,7 @@ class StateDict:
         global_shape, native_layout, replica = layout._native(key, shape)
         self._native.add_device(key, dtype, global_shape, native_layout, replica,
                                 tensor.data_ptr(), tensor.device.index or 0)
-        self._entries[key] = _Entry(key, tensor, None, tensor.numel() * tensor.element_size())
+        self._keep(_Entry(key, tensor, None, tensor.numel() * tensor.element_size()))
         return self
 
     @staticmethod
@@ -127,12 +144,12 @@ class StateDict:
     @property
     def shared_bytes(self):
         """Bytes saved and loaded in place (ckpt.empty memory)."""
-        return sum(e.nbytes for e in self._entries.values() if e.staging is None)
+        return sum(e.nbytes for e in self._all() if e.staging is None)
 
     @property
     def staged_bytes(self):
         """Bytes copied into (and out of) shared staging memory at each save (load)."""
-        return sum(e.nbytes for e in self._entries.values() if e.staging is not None)
+        return sum(e.nbytes for e in self._all() if e.staging is not None)
 
     def _await_lent(self):
         """Waits until the save the staging buffers were lent to has ended (committed or
@@ -147,7 +164,7 @@ class StateDict:
     def _stage_in(self):
         """Copies staged tensors into their shared staging buffers (before a save)."""
         self._await_lent()
-        for e in self._entries.values():
+        for e in self._all():
             if e.staging is not None and e.nbytes:
                 if _is_torch(e.tensor):
                     e.staging.copy_(e.tensor)
@@ -158,7 +175,7 @@ class StateDict:
     def _stage_out(self):
         """Copies loaded values from staging into the caller's tensors (after a load)."""
         self._await_lent()
-        for e in self._entries.values():
+        for e in self._all():
             if e.staging is not None and e.nbytes:
                 if _is_torch(e.tensor):
                     e.tensor.copy_(e.staging)
@@ -336,7 +353,7 @@ class Client:
 
     def save(self, path, state, metadata=None, *, arrival_timeout=300.0, lend=False,
              persist_to=None, persist_overwrite=False, memory_replicas=None, groups=None,
-             compression=None):
+             compression=None, overwrite=False):
         """Collective: saves ``state`` to the checkpoint directory ``path`` (absolute, or
         relative to the working directory; under the coordinator's checkpoint roots). Returns a
         SaveHandle once this rank's state is snapshotted: the tensors may be modified at once.
@@ -364,7 +381,16 @@ class Client:
 
         ``compression``: None or "none" (raw), "zstd" or "zstd:<level>": the worker writes the
         data files losslessly compressed (docs/layout.md "Compression"); storage saves only. A
-        bad spec raises ckpt.InvalidArgument naming it; on a mem:// path, ckpt.Unimplemented."""
+        bad spec raises ckpt.InvalidArgument naming it; on a mem:// path, ckpt.Unimplemented.
+
+        ``overwrite``: a committed ckpt checkpoint at ``path`` may be replaced (storage saves
+        only). The replacement is atomic: the old checkpoint is swapped out in one rename at the
+        commit and removed after it, so a crash or a failed save leaves the old checkpoint or
+        the new one, never a mix, and a reader never sees a partial one. Anything else at the
+        path (a file, a DCP checkpoint, a directory holding other things) is still refused,
+        ckpt.FailedPrecondition naming it. Without it an existing checkpoint raises
+        ckpt.AlreadyExists; an empty directory is always saved into. Any rank asking for it
+        decides; on a mem:// path, ckpt.InvalidArgument."""
         if compression is not None and not isinstance(compression, str):
             raise _errors.InvalidArgument(
                 f"save of {path}: compression must be a str or None, not {compression!r}")
@@ -379,7 +405,7 @@ class Client:
                                    bool(lend), os.fspath(persist_to) if persist_to else "",
                                    bool(persist_overwrite),
                                    -1 if memory_replicas is None else int(memory_replicas),
-                                   _groups_text(groups), compression or "")
+                                   _groups_text(groups), compression or "", bool(overwrite))
         handle = SaveHandle(native, staged, state.shared_bytes, state)
         state._lent_to = handle
         handle.stage_seconds = staged_at - start

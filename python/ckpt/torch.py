@@ -31,15 +31,17 @@ Differences from DCP (docs/python.md, "ckpt.torch and DCP", lists every entry po
 option): ``storage_writer``/``storage_reader`` are DCP's FileSystemWriter/Reader, taken for
 their path; DCP's default planners are accepted (``allow_partial_load`` honoured), other
 planners, storage classes and stagers refused naming the class (ckpt._dcp_options); a
-ShardedTensor's local shard is stored as a piece at its offsets, as DCP stores it; the
-checkpoint directory may be new or empty, and one holding anything (a checkpoint included) is
-never written into (ckpt.AlreadyExists); ``load`` loads a subset of the checkpoint's keys, as
-DCP does (``strict=True`` refuses a checkpoint key no rank's state dict holds). CPU tensors of
-1 MiB or more that PyTorch allocated are moved into worker-shared memory in place at their
-first save or load (PyTorch's share_memory_ mechanism; ckpt._share), so later saves and loads
-copy nothing in the trainer (CKPT_TORCH_SHARE_IN_PLACE=0 turns it off); other tensors, and
-every tensor of an async_save, are copied into shared staging at the snapshot unless allocated
-with ``ckpt.empty``; CUDA tensors are refused for now.
+ShardedTensor's local shards (any number per rank) are stored as pieces at their offsets, as
+DCP stores them; the checkpoint directory may be new or empty; a ckpt checkpoint there is
+replaced, atomically at the commit, only with ``overwrite=True`` or a FileSystemWriter whose
+``overwrite`` is set (DCP's default), else ckpt.AlreadyExists; a directory holding anything
+else (a DCP checkpoint included) is never written into; ``load`` loads a subset of the
+checkpoint's keys, as DCP does (``strict=True`` refuses a checkpoint key no rank's state dict
+holds). CPU tensors of 1 MiB or more that PyTorch allocated are moved into worker-shared memory
+in place at their first save or load (PyTorch's share_memory_ mechanism; ckpt._share), so later
+saves and loads copy nothing in the trainer (CKPT_TORCH_SHARE_IN_PLACE=0 turns it off); other
+tensors, and every tensor of an async_save, are copied into shared staging at the snapshot
+unless allocated with ``ckpt.empty``; CUDA tensors are refused for now.
 """
 
 import concurrent.futures
@@ -246,21 +248,19 @@ def _is_sharded_tensor(v):
     return isinstance(v, ShardedTensor)
 
 
-def _sharded_item(item, value):
+def _sharded_items(leaf, value):
     """A ShardedTensor (torch.distributed._shard; FSDP1's SHARDED_STATE_DICT, older TP code):
-    its local shard is a piece at its offsets (a Box), as DCP stores it. A rank may hold one
-    shard of it or none; more than one, a nested ShardedTensor, or one on the meta device are
-    refused naming the key."""
+    each local shard is a piece at its offsets (a Box), as DCP stores it; a rank may hold any
+    number of shards of it (none, or several: ChunkShardingSpec or EnumerableShardingSpec
+    placing two on it), each saved and loaded on its own. A nested ShardedTensor or one on the
+    meta device is refused naming the key."""
+    return [_sharded_item(_Item(leaf), value, shard) for shard in value.local_shards()]
+
+
+def _sharded_item(item, value, shard):
+    """One local shard of a ShardedTensor as an item (see _sharded_items)."""
     key = item.key
-    shards = value.local_shards()
-    if not shards:
-        return None  # this rank holds nothing of it
-    if len(shards) > 1:
-        raise _errors.Unimplemented(
-            f"tensor {key}: this rank holds {len(shards)} shards of the ShardedTensor; ckpt "
-            "stores one piece per rank and tensor (use one shard per rank, e.g. "
-            "ChunkShardingSpec over distinct ranks)", key=key)
-    local, meta = shards[0].tensor, shards[0].metadata
+    local, meta = shard.tensor, shard.metadata
     if _is_sharded_tensor(local) or _is_dtensor(local):
         raise _errors.Unimplemented(
             f"tensor {key}: a ShardedTensor whose local shard is itself a "
@@ -276,7 +276,9 @@ def _sharded_item(item, value):
         raise _errors.InvalidArgument(
             f"tensor {key}: the ShardedTensor's local shard has shape {tuple(local.shape)}, "
             f"its metadata says {tuple(meta.shard_sizes)}", key=key)
-    item.mesh_ranks = offsets  # agreed across ranks: equal offsets are replicas of one piece
+    # The offsets of this rank's shards of the key (_describe joins them): equal offsets on
+    # several ranks are replicas of one piece.
+    item.mesh_ranks = (offsets,)
     item.layout = Box(item.global_shape, offsets)
     return item
 
@@ -368,8 +370,7 @@ def _classify(leaves):
                 items.append(item)
             continue
         if _is_sharded_tensor(value):
-            if _sharded_item(item, value) is not None:
-                items.append(item)
+            items.extend(_sharded_items(leaf, value))
             continue
         if isinstance(value, torch.Tensor):
             if value.device.type not in ("cpu", "cuda"):
@@ -437,11 +438,31 @@ def _what(d):
     return f"a {kind} of {d[1]} {list(d[2])}"
 
 
+def _describe(items):
+    """What this rank tells the others, per key (_Item.describe); the shards of a
+    ShardedTensor this rank holds several of are one entry listing all their offsets."""
+    described = {}
+    for item in items:
+        d = item.describe()
+        if item.kind == "sharded" and item.key in described:
+            first = described[item.key]
+            d = first[:3] + (first[3] + d[3],) + first[4:]
+        described[item.key] = d
+    return described
+
+
+def _id_of(ids, item):
+    """The replica id of ``item`` in _replica_ids' answer (a ShardedTensor's per shard)."""
+    rid = ids[item.key]
+    return rid[tuple(item.layout.offsets)] if item.kind == "sharded" else rid
+
+
 def _replica_ids(per_rank, rank):
     """Replica id per key this rank holds: its position among the holders (plain tensors and
     values; the lowest holder is the main replica), or, for a DTensor, the position of its mesh
-    among the distinct meshes holding it (ordered by their first rank), or, for a ShardedTensor
-    shard, its position among the holders of a shard at the same offsets."""
+    among the distinct meshes holding it (ordered by their first rank), or, for a ShardedTensor,
+    per shard offsets this rank holds ({offsets: id}, read with _id_of), its position among the
+    holders of a shard at the same offsets."""
     holders, meshes = {}, {}
     for r, described in enumerate(per_rank):
         for key, d in described.items():
@@ -453,7 +474,8 @@ def _replica_ids(per_rank, rank):
         if d[0] == "dtensor":
             ids[key] = sorted(meshes[key], key=min).index(d[3])
         elif d[0] == "sharded":
-            ids[key] = [r for r in holders[key] if per_rank[r][key][3] == d[3]].index(rank)
+            ids[key] = {offsets: [r for r in holders[key] if offsets in per_rank[r][key][3]]
+                        .index(rank) for offsets in d[3]}
         else:
             ids[key] = holders[key].index(rank)
     return ids
@@ -481,12 +503,15 @@ def _make_parent(path):
         raise cls(f"ckpt.torch.save: cannot create the parent directory of {path}: {e}") from None
 
 
-def _check_target(path):
+def _check_target(path, overwrite=False):
     """Before the ranks agree: the checkpoint path must not exist or be an empty directory (as
     DCP's callers create it: mkdtemp, makedirs), which the coordinator's commit replaces
-    atomically (it removes it with rmdir right before its no-replace rename). Anything else is
-    ckpt.AlreadyExists naming it: a checkpoint (ckpt's or DCP's) is never replaced, nor a
-    directory holding anything deleted."""
+    atomically (it removes it with rmdir right before its no-replace rename), or, with
+    ``overwrite``, hold a ckpt checkpoint (manifest.pb), which the commit swaps out atomically
+    (the coordinator checks again that it is a committed checkpoint and nothing else,
+    storage/overwrite_guard.h). Anything else is refused naming it: ckpt.AlreadyExists, or with
+    ``overwrite`` ckpt.FailedPrecondition (what the coordinator's guard raises); a DCP
+    checkpoint is never replaced, nor a directory holding anything else deleted."""
     try:
         names = sorted(os.listdir(path))
     except FileNotFoundError:
@@ -498,15 +523,21 @@ def _check_target(path):
     if not names:
         return
     if "manifest.pb" in names:
-        why = ("holds a ckpt checkpoint; ckpt.torch.save never replaces one (DCP's default "
-               "overwrite=True is not honoured): save under a new path or remove it first")
+        if overwrite:
+            return
+        why = ("holds a ckpt checkpoint; ckpt.torch.save replaces one only with overwrite=True "
+               "(or a FileSystemWriter whose overwrite is set): save under a new path, remove "
+               "it first or ask for overwrite")
     elif ".metadata" in names:
-        why = "holds a DCP checkpoint; ckpt.torch.save does not write over it"
+        why = ("holds a DCP checkpoint; ckpt.torch.save does not write over it (overwrite "
+               "replaces only a ckpt checkpoint)")
     else:
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         why = (f"is not an empty directory (it holds {shown}); a checkpoint is written only to a "
-               "new path or an empty directory")
-    raise _errors.AlreadyExists(f"ckpt.torch.save: {path} {why}")
+               "new path or an empty directory" +
+               (" (overwrite replaces only a ckpt checkpoint)" if overwrite else ""))
+    cls = _errors.FailedPrecondition if overwrite else _errors.AlreadyExists
+    raise cls(f"ckpt.torch.save: {path} {why}")
 
 
 def _init_meta(leaves, pg):
@@ -550,26 +581,34 @@ def _init_meta(leaves, pg):
 
 
 def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group, metadata,
-              lend, groups=None, compression=None):
+              lend, groups=None, compression=None, overwrite=None):
     """Everything up to the snapshot: returns the SaveHandle. ``lend``: the caller waits for
-    the commit before it touches any tensor (see ckpt.Client.save)."""
+    the commit before it touches any tensor (see ckpt.Client.save). ``overwrite`` None: the
+    FileSystemWriter's (_dcp_options.writer_overwrite), False without one."""
     path, items, error = None, [], None
     try:
         path = _path(checkpoint_id, storage_writer, "ckpt.torch.save")
+        if overwrite is None:
+            overwrite = _dcp_options.writer_overwrite(storage_writer)
+        overwrite = bool(overwrite)
         _dcp_options.save_planner(planner, "ckpt.torch.save")
-        _check_target(path)
+        _check_target(path, overwrite)
         _make_parent(path)
         items = _classify(_flatten.flatten(_with_states(state_dict,
                                                         _stateful_keys(state_dict))))
     except _errors.Error as e:
         error = e
-    described = {i.key: i.describe() for i in items}
-    per_rank = _agree(error, (path, described), process_group)
-    paths = {p for p, _ in per_rank}
+    described = _describe(items)
+    per_rank = _agree(error, (path, overwrite, described), process_group)
+    paths = {p for p, _, _ in per_rank}
     if len(paths) != 1:
         raise _errors.InvalidArgument(f"ckpt.torch.save: ranks name different checkpoints: "
                                       f"{sorted(paths)}")
-    per_rank = [d for _, d in per_rank]
+    if len({o for _, o, _ in per_rank}) != 1:
+        raise _errors.InvalidArgument(
+            f"ckpt.torch.save of {path}: ranks disagree on overwrite "
+            f"({[o for _, o, _ in per_rank]} by rank)")
+    per_rank = [d for _, _, d in per_rank]
     _check_agreement(per_rank)
     rank, _ = _group_rank_world(process_group)
     ids = _replica_ids(per_rank, rank)
@@ -582,7 +621,8 @@ def _snapshot(state_dict, checkpoint_id, storage_writer, planner, process_group,
     state = _save_state(client, items, ids, "in_place" if lend else "staged")
     meta = dict(metadata or {})
     meta[_OBJECTS_KEY] = json.dumps(objects, sort_keys=True)
-    return client.save(path, state, meta, lend=lend, groups=groups, compression=compression)
+    return client.save(path, state, meta, lend=lend, groups=groups, compression=compression,
+                       overwrite=overwrite)
 
 
 class _SaveCache:
@@ -605,11 +645,11 @@ def _signature(items, ids):
     sig = []
     for item in items:
         if item.kind == "object":
-            sig.append((item.key, "object", ids[item.key], len(item.payload)))
+            sig.append((item.key, "object", _id_of(ids, item), len(item.payload)))
             continue
         t = item.local
         sig.append((item.key, item.kind, item.dtype, item.global_shape, repr(item.layout),
-                    ids[item.key], t.data_ptr(), tuple(t.shape), tuple(t.stride())))
+                    _id_of(ids, item), t.data_ptr(), tuple(t.shape), tuple(t.stride())))
     return tuple(sig)
 
 
@@ -638,7 +678,7 @@ def _save_state(client, items, ids, kind="in_place"):
         _share.retain([item.local for item in items if item.kind != "object"])
     state = client.state_dict()
     for item in items:
-        rid = ids[item.key]
+        rid = _id_of(ids, item)
         if item.kind == "object":
             if rid == 0:  # the writer; the others hold a copy that is not stored
                 state.add(item.key, np.frombuffer(item.payload, dtype=np.uint8), Replicated(0))
@@ -656,9 +696,12 @@ def _save_state(client, items, ids, kind="in_place"):
 
 def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
          process_group=None, no_dist=False, use_collectives=True, metadata=None, groups=None,
-         compression=None):
+         compression=None, overwrite=None):
     """Collective: saves ``state_dict`` to the directory ``checkpoint_id`` (a new path or an
-    empty directory) and returns once it is committed (durable). Returns the SaveHandle
+    empty directory; with ``overwrite``, also a ckpt checkpoint, replaced atomically at the
+    commit: a failed or interrupted save leaves the old one) and returns once it is committed
+    (durable). ``overwrite`` None: the ``overwrite`` of a FileSystemWriter given as
+    ``storage_writer`` (DCP's default True), else False. Returns the SaveHandle
     (``staged_bytes``: bytes copied into shared staging; ``lent_bytes``: bytes the worker wrote
     from shared memory without copying them again, here every byte: the call does not return
     before the commit, so all the memory is lent to the save). ``storage_writer``: DCP's
@@ -670,7 +713,7 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
     _dcp_options.refuse_no_collectives(use_collectives, "ckpt.torch.save")
     handle = _snapshot(state_dict, checkpoint_id, storage_writer, planner,
                        _group(process_group, no_dist), metadata, lend=True, groups=groups,
-                       compression=compression)
+                       compression=compression, overwrite=overwrite)
     handle.wait()
     return handle
 
@@ -678,7 +721,8 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
 def save_state_dict(state_dict, storage_writer, process_group=None, coordinator_rank=0,
                     no_dist=False, planner=None):
     """DCP's older name for ``save`` (its signature: ``storage_writer`` positional, carrying
-    the path). ``coordinator_rank`` has no meaning for ckpt, whose coordinator daemon plans."""
+    the path; its ``overwrite`` honoured for a ckpt checkpoint). ``coordinator_rank`` has no
+    meaning for ckpt, whose coordinator daemon plans."""
     return save(state_dict, storage_writer=storage_writer, planner=planner,
                 process_group=process_group, no_dist=no_dist)
 
@@ -686,7 +730,7 @@ def save_state_dict(state_dict, storage_writer, process_group=None, coordinator_
 def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
                process_group=None, async_checkpointer_type=None, async_stager=None,
                no_dist=False, use_collectives=True, metadata=None, groups=None,
-               compression=None):
+               compression=None, overwrite=None):
     """Collective: returns once this rank's state is snapshotted (copied out of the trainer's
     tensors), so they may be modified at once; the returned concurrent.futures.Future completes
     (result: the SaveHandle) when the checkpoint is committed, or raises the abort diagnosis.
@@ -696,7 +740,7 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
     Tensors are copied into ckpt's shared staging by this call and the worker writes from
     there; ckpt.empty tensors are copied by the worker before this returns. The staging stays
     busy until the save is durable: a following save or load of the same tensors waits for it.
-    ``compression``: as for ``save``."""
+    ``compression``, ``overwrite``: as for ``save``."""
     from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
     if async_checkpointer_type is None:
@@ -705,7 +749,7 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
                                           use_collectives, "ckpt.torch.async_save")
     handle = _snapshot(state_dict, checkpoint_id, storage_writer, planner,
                        _group(process_group, no_dist), metadata, lend=False, groups=groups,
-                       compression=compression)
+                       compression=compression, overwrite=overwrite)
     future = concurrent.futures.Future()
     future.set_running_or_notify_cancel()
 
@@ -808,7 +852,7 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
         items = _check_against_manifest(items, manifest, options.allow_partial_load)
     except _errors.Error as e:
         error = e
-    per_rank = _agree(error, {i.key: i.describe() for i in items}, pg)
+    per_rank = _agree(error, _describe(items), pg)
     if strict:
         _refuse_extra_keys(manifest, per_rank)
     _check_agreement(per_rank)

@@ -180,6 +180,44 @@ def test_errors_keep_the_status_code_and_message(cluster):
         ckpt.Client(worker_address="unix:/nonexistent.sock", rpc_timeout=0.5)
 
 
+def test_overwrite_replaces_a_checkpoint_and_a_failed_overwrite_leaves_the_old_one(cluster):
+    """Save with overwrite=True over a committed checkpoint (issue 41): the new values, bit for
+    bit. An overwriting save the planner refuses (the ranks disagree on a shape), after the
+    coordinator accepted the old checkpoint and made its staging directory, leaves the old one
+    intact and nothing else beside it; without overwrite, ckpt.AlreadyExists."""
+    path = os.path.join(cluster.root, "overwritten")
+
+    def save(rows_by_rank, fill, overwrite):
+        def body(client):
+            rows = rows_by_rank[client.rank]
+            w = torch.arange(rows * 2 * 3, dtype=torch.float32).view(rows * 2, 3) + fill
+            mine = w[client.rank * rows:(client.rank + 1) * rows].clone()
+            state = client.state_dict().add("w", mine, ckpt.Box((rows * 2, 3),
+                                                                (client.rank * rows, 0)))
+            client.save(path, state, overwrite=overwrite).wait(timeout=60)
+        return body
+
+    def load(rows):
+        with ckpt.Client(job="ow-load", rank=0, world_size=1, local_rank=0) as client:
+            w = torch.zeros(rows * 2, 3)
+            client.load(path, client.state_dict().add("w", w))
+        return w
+
+    ranks(2, save((2, 2), 0.0, False), "ow")
+    ranks(2, save((3, 3), 100.0, True), "ow")
+    assert torch.equal(load(3), torch.arange(18, dtype=torch.float32).view(6, 3) + 100.0)
+    with pytest.raises(ckpt.AlreadyExists, match=path):
+        ranks(2, save((3, 3), 7.0, False), "ow")
+    with pytest.raises(ckpt.Error, match="planning failed") as failed:
+        ranks(2, save((4, 5), 9.0, True), "ow")
+    assert "exists" not in str(failed.value)
+    assert torch.equal(load(3), torch.arange(18, dtype=torch.float32).view(6, 3) + 100.0)
+    assert not [n for n in os.listdir(cluster.root) if n.startswith(".overwritten")]
+    with pytest.raises(ckpt.InvalidArgument, match="overwrite is for saves to storage"):
+        ranks(1, lambda c: c.save("mem://ow", c.state_dict().add("w", torch.ones(2)),
+                                  overwrite=True), "ow-mem")
+
+
 def test_operator_requested_save_runs_at_the_next_poll(cluster):
     ckptctl = os.environ.get("CKPTCTL")
     if not ckptctl:

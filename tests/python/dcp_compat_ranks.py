@@ -1,8 +1,9 @@
 """Per-rank bodies of torch_dcp_ranks_test.py: each runs in a process torch.multiprocessing
 spawned, over gloo on the CPU, as torchrun would start it. ShardedTensors (FSDP1's
-SHARDED_STATE_DICT form) saved by ckpt.torch and by DCP into directories made before the save,
-loaded back as DTensors, plain tensors and ShardedTensors of another sharding; no_dist and
-process_group= saves of part of the job."""
+SHARDED_STATE_DICT form), with one or several shards per rank, saved by ckpt.torch and by DCP
+into directories made before the save, loaded back as DTensors, plain tensors and
+ShardedTensors of another sharding, and saved again over a checkpoint through FileSystemWriter;
+no_dist and process_group= saves of part of the job."""
 
 import os
 
@@ -115,27 +116,72 @@ def phase_sharded(rank, world, rendezvous, job, workdir):
     _check(into, "sharded", "ckpt dtensor -> sharded")
 
 
-def phase_refused(rank, world, rendezvous, job, workdir):
-    """Two shards of one ShardedTensor on rank 0: refused naming the key on every rank, before
-    the ranks agree on a save (nothing written)."""
-    import ckpt
+def _spec_sharded(spec, full):
+    """A ShardedTensor of `full` with sharding `spec` (any number of shards per rank)."""
+    st = sharded_empty(spec, *full.shape, dtype=full.dtype)
+    for shard in st.local_shards():
+        shard.tensor.copy_(full[_box(shard.metadata)])
+    return st
+
+
+def _several_shards_specs():
+    """Shardings of SHAPE placing several shards on one rank, as PyTorch's own DCP tests do
+    (test_file_system_checkpoint_cpu's different_shard_plan and switch_between tests)."""
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
+
+    rows = EnumerableShardingSpec(shards=[
+        ShardMetadata(shard_offsets=[0, 0], shard_sizes=[2, 5], placement="rank:0/cpu"),
+        ShardMetadata(shard_offsets=[2, 0], shard_sizes=[1, 5], placement="rank:1/cpu"),
+        ShardMetadata(shard_offsets=[3, 0], shard_sizes=[3, 5], placement="rank:0/cpu"),
+        ShardMetadata(shard_offsets=[6, 0], shard_sizes=[1, 5], placement="rank:1/cpu")])
+    return {"chunks": ChunkShardingSpec(dim=0, placements=["rank:0/cpu", "rank:1/cpu",
+                                                            "rank:1/cpu", "rank:0/cpu"]),
+            "rows": rows}
+
+
+def phase_several(rank, world, rendezvous, job, workdir):
+    """Several shards of one ShardedTensor on a rank (before: refused, "this rank holds 2
+    shards"): saved by ckpt.torch and by DCP, each loaded into another several-shards sharding,
+    plain tensors and DTensors, bit for bit; then saved again over the same directory through
+    DCP's FileSystemWriter (overwrite, its default) with another sharding and other values."""
     import ckpt.torch
 
     _init(rank, world, rendezvous, job)
-    spec = ChunkShardingSpec(dim=0, placements=["rank:0/cpu", "rank:1/cpu", "rank:0/cpu"])
-    two = sharded_empty(spec, 9, 2)
-    path = os.path.join(workdir, "ckpt-refused")
-    try:
-        ckpt.torch.save({"two": two}, checkpoint_id=path)
-    except (ckpt.Unimplemented, ckpt.Aborted) as e:
-        message = str(e)
-    else:
-        raise AssertionError("a save of two shards per rank was accepted")
-    assert "tensor two: this rank holds 2 shards of the ShardedTensor" in message, message
-    if rank == 1:
-        assert message.startswith("rank 0 failed: Unimplemented"), message
+    mesh = init_device_mesh("cpu", (world,))
+    specs = _several_shards_specs()
+    full, ifull = _full(), _full(torch.int64)
+    saved = {"st": _spec_sharded(specs["chunks"], full),
+             "ist": _spec_sharded(specs["rows"], ifull), "step": 3}
+    assert len(saved["st"].local_shards()) == 2, "the test needs two shards on each rank"
+    ckpt_path = _empty_dir(rank, workdir, "ckpt-several")
+    dcp_path = _empty_dir(rank, workdir, "dcp-several")
+    ckpt.torch.save(saved, checkpoint_id=ckpt_path)
+    dcp.save(saved, checkpoint_id=dcp_path)
+    zeros, izeros = torch.zeros(SHAPE), torch.zeros(SHAPE, dtype=torch.int64)
+    for load, path in ((ckpt.torch.load, ckpt_path), (dcp.load, dcp_path)):
+        into = {"st": _spec_sharded(specs["rows"], zeros),
+                "ist": _spec_sharded(specs["chunks"], izeros), "step": 0}
+        load(into, checkpoint_id=path)
+        _check(into, "sharded", f"{load.__module__} several -> several")
+        plain = {"st": zeros.clone(), "ist": izeros.clone(), "step": 0}
+        load(plain, checkpoint_id=path)
+        _check(plain, "plain", f"{load.__module__} several -> plain")
+        dtensors = {"st": distribute_tensor(zeros, mesh, [Shard(0)]),
+                    "ist": distribute_tensor(izeros, mesh, [Shard(1)]), "step": 0}
+        load(dtensors, checkpoint_id=path)
+        _check(dtensors, "dtensor", f"{load.__module__} several -> dtensor")
+    # Saved again over the same directory, as the switch_between tests do (FileSystemWriter
+    # overwrites by default): the new values, and only them, come back.
+    again = {"st": _spec_sharded(specs["rows"], full * 3), "ist": ifull * 5, "step": 4}
+    ckpt.torch.save_state_dict(again, dcp.FileSystemWriter(ckpt_path))
+    back = {"st": _spec_sharded(specs["chunks"], zeros), "ist": izeros.clone(), "step": 0}
+    ckpt.torch.load_state_dict(back, dcp.FileSystemReader(ckpt_path))
+    _assert_sharded_holds(back["st"], full * 3, "overwritten st")
+    assert torch.equal(back["ist"], ifull * 5) and back["step"] == 4, "overwritten ist, step"
     dist.barrier()
-    assert not os.path.exists(path)
+    if rank == 0:
+        assert sorted(os.listdir(ckpt_path)) == ["data", "manifest.pb"]
+        assert not [n for n in os.listdir(workdir) if n.startswith(".")]
 
 
 def phase_part(rank, world, rendezvous, job, workdir):
@@ -162,4 +208,4 @@ def phase_part(rank, world, rendezvous, job, workdir):
     dist.barrier()
 
 
-PHASES = {"sharded": phase_sharded, "refused": phase_refused, "part": phase_part}
+PHASES = {"sharded": phase_sharded, "several": phase_several, "part": phase_part}

@@ -7,6 +7,7 @@ async_save's stager and executor options; each option
 ckpt cannot honour is refused naming it. Values are compared bit for bit."""
 
 import os
+import re
 import tempfile
 import uuid
 
@@ -90,11 +91,69 @@ def test_a_directory_holding_anything_or_a_checkpoint_is_refused_naming_it(clust
     saved = fresh_path(cluster, "saved")
     ckpt.torch.save(state(0), checkpoint_id=saved)
     with pytest.raises(ckpt.AlreadyExists, match="holds a ckpt checkpoint; ckpt.torch.save "
-                                                 "never replaces one"):
+                                                 "replaces one only with overwrite=True"):
         ckpt.torch.save(state(1), checkpoint_id=saved)
     got = zeros_like(state())
     ckpt.torch.load(got, checkpoint_id=saved)
     assert_same(got, state(0))
+
+
+# ---- item 1: overwriting a ckpt checkpoint (overwrite=, FileSystemWriter.overwrite) ----------
+def load_back(path):
+    got = zeros_like(state())
+    ckpt.torch.load(got, checkpoint_id=path)
+    return got
+
+
+def test_overwrite_or_a_filesystem_writers_overwrite_replaces_a_ckpt_checkpoint_bit_exact(cluster):
+    """Before: every save over a ckpt checkpoint was refused (DCP's FileSystemWriter overwrites
+    by default); a plain path still is, unless overwrite=True."""
+    path = fresh_path(cluster, "over")
+    ckpt.torch.save(state(0), checkpoint_id=path)
+    ckpt.torch.save(state(1), checkpoint_id=path, overwrite=True)
+    assert_same(load_back(path), state(1))
+    # DCP's FileSystemWriter overwrites by default; the older name takes it too.
+    ckpt.torch.save(state(2), storage_writer=dcp.FileSystemWriter(path))
+    assert_same(load_back(path), state(2))
+    ckpt.torch.save_state_dict(state(3), dcp.FileSystemWriter(path, thread_count=2))
+    assert_same(load_back(path), state(3))
+    ckpt.torch.async_save(state(4), checkpoint_id=path, overwrite=True).result(timeout=120)
+    assert_same(load_back(path), state(4))
+    # Refused without it, naming the path: FileSystemWriter(overwrite=False), a plain path.
+    for kwargs in ({"storage_writer": dcp.FileSystemWriter(path, overwrite=False)},
+                   {"checkpoint_id": path}):
+        with pytest.raises(ckpt.AlreadyExists,
+                           match=re.escape(path) + " holds a ckpt checkpoint"):
+            ckpt.torch.save(state(5), **kwargs)
+    assert_same(load_back(path), state(4))
+    assert sorted(os.listdir(path)) == ["data", "manifest.pb"]
+    assert not [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".")]
+
+
+def test_overwrite_replaces_nothing_but_a_ckpt_checkpoint_naming_what_is_there(cluster):
+    """A directory holding other files, a DCP checkpoint, or a manifest.pb that is no committed
+    checkpoint: ckpt.FailedPrecondition naming the path, and it stays as it was."""
+    other = tempfile.mkdtemp(dir=cluster.root, prefix="other-")
+    with open(os.path.join(other, "notes.txt"), "w") as f:
+        f.write("keep me")
+    with pytest.raises(ckpt.FailedPrecondition, match=r"other-.* is not an empty directory "
+                                                      r"\(it holds notes.txt\)"):
+        ckpt.torch.save(state(), checkpoint_id=other, overwrite=True)
+    assert os.listdir(other) == ["notes.txt"]
+    dcp_dir = tempfile.mkdtemp(dir=cluster.root, prefix="dcp-over-")
+    dcp.save(state(0), checkpoint_id=dcp_dir)
+    before = sorted(os.listdir(dcp_dir))
+    with pytest.raises(ckpt.FailedPrecondition, match="holds a DCP checkpoint"):
+        ckpt.torch.save(state(1), storage_writer=dcp.FileSystemWriter(dcp_dir))
+    assert sorted(os.listdir(dcp_dir)) == before
+    # Past the check here, refused by the coordinator's guard (storage/overwrite_guard.h).
+    fake = tempfile.mkdtemp(dir=cluster.root, prefix="fake-")
+    with open(os.path.join(fake, "manifest.pb"), "wb") as f:
+        f.write(b"not a manifest")
+    with pytest.raises(ckpt.FailedPrecondition, match=r"fake-.*invalid checkpoint"):
+        ckpt.torch.save(state(), checkpoint_id=fake, overwrite=True)
+    assert os.listdir(fake) == ["manifest.pb"]
+    assert not [n for n in os.listdir(cluster.root) if n.startswith(".")]
 
 
 # ---- item 3: planners --------------------------------------------------------------------------

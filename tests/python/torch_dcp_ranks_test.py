@@ -2,8 +2,9 @@
 41, items 1, 2 and 5), against real daemons and DCP itself: ShardedTensors saved into
 directories made before the save and loaded as DTensors, plain tensors and ShardedTensors of
 another sharding in both directions, bit for bit, with DCP's checkpoint of the same state
-loading into the same values; an unsupported ShardedTensor refused naming its key before the
-ranks agree; no_dist and process_group= saves by part of the job."""
+loading into the same values; several shards of one ShardedTensor on a rank, saved over an
+existing checkpoint through FileSystemWriter; no_dist and process_group= saves by part of the
+job."""
 
 import os
 import time
@@ -54,8 +55,10 @@ def test_sharded_tensors_load_as_dtensors_plain_and_resharded_as_with_dcp(cluste
     spawn(cluster, "sharded")
 
 
-def test_two_shards_of_a_sharded_tensor_on_one_rank_are_refused_naming_the_key(cluster):
-    spawn(cluster, "refused")
+def test_several_shards_of_a_sharded_tensor_on_one_rank_save_load_and_overwrite_as_dcp(cluster):
+    """Before: refused ("this rank holds 2 shards of the ShardedTensor"), and a second save
+    through FileSystemWriter into the same directory refused (AlreadyExists)."""
+    spawn(cluster, "several")
 
 
 def test_no_dist_and_a_process_group_save_and_load_with_part_of_the_job(cluster):
