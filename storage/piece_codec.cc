@@ -377,8 +377,17 @@ absl::Status ValidateCodecParams(const CodecParams& p) {
 
 EncodedChunk EncodeChunk(const char* raw, int64_t n, const CodecParams& params,
                          CodecScratch& scratch) {
-  CodecScratch::State& s = scratch.state();
   EncodedChunk out;
+  EncodeChunkInto(raw, n, params, scratch, &out);
+  return out;
+}
+
+void EncodeChunkInto(const char* raw, int64_t n, const CodecParams& params, CodecScratch& scratch,
+                     EncodedChunk* out_chunk) {
+  CodecScratch::State& s = scratch.state();
+  EncodedChunk& out = *out_chunk;
+  out.bytes.clear();
+  out.flags = 0;
   out.raw_bytes = n;
   out.raw_xxh3 = Xxh3(raw, n);
   bool packed = false;
@@ -409,15 +418,11 @@ EncodedChunk EncodeChunk(const char* raw, int64_t n, const CodecParams& params,
     out.bytes.assign(raw, n);
     out.flags = kChunkRaw;
   }
-  return out;
 }
 
-std::string AssembleFrame(const CodecParams& params, int64_t raw_bytes,
-                          const std::vector<EncodedChunk>& chunks) {
-  int64_t total = kFrameHeaderBytes + kFrameIndexEntryBytes * static_cast<int64_t>(chunks.size());
-  for (const EncodedChunk& c : chunks) total += static_cast<int64_t>(c.bytes.size());
-  std::string frame(kFrameHeaderBytes + kFrameIndexEntryBytes * chunks.size(), '\0');
-  frame.reserve(total);
+std::string EncodeFrameHead(const CodecParams& params, int64_t raw_bytes,
+                            const std::vector<FrameEntry>& entries) {
+  std::string frame(kFrameHeaderBytes + kFrameIndexEntryBytes * entries.size(), '\0');
   char* h = frame.data();
   std::memcpy(h, kMagic, 4);
   h[4] = static_cast<char>(kVersion);
@@ -425,20 +430,34 @@ std::string AssembleFrame(const CodecParams& params, int64_t raw_bytes,
   h[6] = static_cast<char>(params.element_width);
   h[7] = 0;
   PutU32(h + 8, static_cast<uint32_t>(params.chunk_bytes));
-  PutU32(h + 12, static_cast<uint32_t>(chunks.size()));
+  PutU32(h + 12, static_cast<uint32_t>(entries.size()));
   PutU64(h + 16, static_cast<uint64_t>(raw_bytes));
-  for (size_t i = 0; i < chunks.size(); ++i) {
+  for (size_t i = 0; i < entries.size(); ++i) {
     char* e = h + kFrameHeaderBytes + kFrameIndexEntryBytes * i;
-    PutU32(e, static_cast<uint32_t>(chunks[i].bytes.size()));
-    PutU32(e + 4, chunks[i].flags);
-    PutU64(e + 8, chunks[i].raw_xxh3);
+    PutU32(e, entries[i].stored_bytes);
+    PutU32(e + 4, entries[i].flags);
+    PutU64(e + 8, entries[i].raw_xxh3);
   }
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
   XXH3_64bits_update(st, h, 24);
-  XXH3_64bits_update(st, h + kFrameHeaderBytes, kFrameIndexEntryBytes * chunks.size());
+  XXH3_64bits_update(st, h + kFrameHeaderBytes, kFrameIndexEntryBytes * entries.size());
   PutU64(h + 24, XXH3_64bits_digest(st));
   XXH3_freeState(st);
+  return frame;
+}
+
+std::string AssembleFrame(const CodecParams& params, int64_t raw_bytes,
+                          const std::vector<EncodedChunk>& chunks) {
+  std::vector<FrameEntry> entries(chunks.size());
+  int64_t total = kFrameHeaderBytes + kFrameIndexEntryBytes * static_cast<int64_t>(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    entries[i] = {static_cast<uint32_t>(chunks[i].bytes.size()), chunks[i].flags,
+                  chunks[i].raw_xxh3};
+    total += static_cast<int64_t>(chunks[i].bytes.size());
+  }
+  std::string frame = EncodeFrameHead(params, raw_bytes, entries);
+  frame.reserve(total);
   for (const EncodedChunk& c : chunks) frame.append(c.bytes);
   return frame;
 }

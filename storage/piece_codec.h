@@ -103,6 +103,23 @@ struct EncodedChunk {
 // Encodes one chunk of `n` raw bytes.
 EncodedChunk EncodeChunk(const char* raw, int64_t n, const CodecParams& params,
                          CodecScratch& scratch);
+// The same into `out`, whose buffer is reused (a writer that encodes many chunks allocates
+// nothing once its buffers have grown).
+void EncodeChunkInto(const char* raw, int64_t n, const CodecParams& params, CodecScratch& scratch,
+                     EncodedChunk* out);
+
+// A chunk's entry in a frame's index.
+struct FrameEntry {
+  uint32_t stored_bytes = 0;
+  uint32_t flags = 0;
+  uint64_t raw_xxh3 = 0;
+};
+
+// The frame's header and index (FrameIndexBytes(raw_bytes, params.chunk_bytes) bytes) for
+// chunks `entries` (in order) encoding `raw_bytes` raw bytes with `params`: what precedes the
+// chunks' stored bytes. A writer that streams the chunks writes it last, in front of them.
+std::string EncodeFrameHead(const CodecParams& params, int64_t raw_bytes,
+                            const std::vector<FrameEntry>& entries);
 
 // The frame of `chunks` (in order) encoding `raw_bytes` raw bytes with `params`.
 std::string AssembleFrame(const CodecParams& params, int64_t raw_bytes,

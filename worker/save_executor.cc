@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -16,6 +17,22 @@
 
 namespace ckpt::worker {
 namespace {
+
+// Raw bytes of a compressed piece one pool chunk of `chunk_bytes` holds: whole codec chunks
+// (0: not even one; the save is then not pipelined).
+int64_t PackedRunBytes(int64_t chunk_bytes, const CompressionOptions& compression) {
+  if (compression.chunk_bytes <= 0) return 0;
+  return chunk_bytes / compression.chunk_bytes * compression.chunk_bytes;
+}
+
+// Threads that encode a compressed save's runs (the writer's and its helpers): as asked, else
+// one per CPU, at most 8.
+int EncodeThreads(const CompressionOptions& compression) {
+  const int n = compression.threads > 0
+                    ? compression.threads
+                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::min(n, 8);
+}
 
 // Where a device piece's bytes go: piece `piece` of the snapshot's file `file`.
 struct StreamTarget {
@@ -294,7 +311,15 @@ class SnapshotTaker {
   absl::Status NextChunk(Fill* fill);
   absl::Status CopyInto(Fill* fill, const HostPiece& from, int64_t offset, int64_t bytes);
   void Hand(int file, int piece, Fill* fill);
-  bool Sequential(int file) const { return !mixed_files_.count(file); }
+  // A file whose data section arrives in order (AppendData): one of copied pieces only.
+  bool Sequential(int file) const { return !mixed_files_.count(file) && !Packed(file); }
+  bool Packed(int file) const { return !snapshot_.packed.empty() && snapshot_.packed[file]; }
+  // Raw bytes of a piece in one pool chunk: for a compressed file, whole codec chunks.
+  int64_t RunBytes(int file) const {
+    return Packed(file) ? PackedRunBytes(device_.host_pool->chunk_bytes(), snapshot_.compression)
+                        : device_.host_pool->chunk_bytes();
+  }
+  absl::Status OpenPackedStream(int f, std::vector<CompressedFileStream*>* packed);
 
   const std::string who_;
   const SessionInfo& session_;
@@ -310,12 +335,38 @@ class SnapshotTaker {
   int64_t next_sequence_ = 0;          // of pool chunks handed to the writer
 };
 
+absl::Status SnapshotTaker::OpenPackedStream(int f, std::vector<CompressedFileStream*>* packed) {
+  absl::StatusOr<std::unique_ptr<CompressedFileStream>> stream = CompressedFileStream::Create(
+      snapshot_.staging_dir, snapshot_.tensors, snapshot_.files[f], f, snapshot_.compression);
+  if (!stream.ok()) {
+    return absl::Status(stream.status().code(),
+                        absl::StrCat(who_, ": creating ", snapshot_.file_paths[f], " in ",
+                                     snapshot_.staging_dir, ": ", stream.status().message()));
+  }
+  snapshot_.packed[f] = *std::move(stream);
+  (*packed)[f] = snapshot_.packed[f].get();
+  ++snapshot_.report.compressed_files;
+  return absl::OkStatus();
+}
+
 absl::Status SnapshotTaker::OpenPipelinedStreams() {
-  for (const StreamTarget& t : targets_) mixed_files_.insert(t.file);
+  std::set<int> device_files;
+  for (const StreamTarget& t : targets_) device_files.insert(t.file);
+  mixed_files_ = device_files;
   for (const HostPiece& p : lent_) mixed_files_.insert(p.file);
   snapshot_.streams.resize(snapshot_.files.size());
-  std::vector<DataFileStream*> streams;
+  std::vector<DataFileStream*> streams(snapshot_.files.size(), nullptr);
+  std::vector<CompressedFileStream*> packed;
+  if (snapshot_.compression.enabled) {
+    snapshot_.packed.resize(snapshot_.files.size());
+    packed.resize(snapshot_.files.size(), nullptr);
+    snapshot_.report.compression_pipelined = true;
+  }
   for (size_t f = 0; f < snapshot_.files.size(); ++f) {
+    if (snapshot_.compression.enabled && !device_files.count(static_cast<int>(f))) {
+      CKPT_RETURN_IF_ERROR(OpenPackedStream(static_cast<int>(f), &packed));  // device: raw
+      continue;
+    }
     DataFileStreamOptions options;
     options.direct_io = device_.direct_io && Sequential(static_cast<int>(f));
     absl::StatusOr<std::unique_ptr<DataFileStream>> stream = DataFileStream::Create(
@@ -326,11 +377,12 @@ absl::Status SnapshotTaker::OpenPipelinedStreams() {
                                        snapshot_.staging_dir, ": ", stream.status().message()));
     }
     snapshot_.streams[f] = *std::move(stream);
-    streams.push_back(snapshot_.streams[f].get());
+    streams[f] = snapshot_.streams[f].get();
   }
   MemoryGate* gate = &gate_;
   snapshot_.writer = std::make_unique<SaveWritePipeline>(
-      std::move(streams), who_, [gate] { return gate->status(); }, device_.trace);
+      std::move(streams), who_, [gate] { return gate->status(); }, device_.trace, std::move(packed),
+      EncodeThreads(snapshot_.compression));
   return absl::OkStatus();
 }
 
@@ -379,11 +431,11 @@ void SnapshotTaker::Hand(int file, int piece, Fill* fill) {
 }
 
 absl::Status SnapshotTaker::CopyHostPieces() {
-  const int64_t chunk_bytes = device_.host_pool->chunk_bytes();
   Fill fill;
   for (size_t i = 0; i < copies_.size(); ++i) {
     const HostPiece& p = copies_[i];
     const bool sequential = Sequential(p.file);
+    const int64_t chunk_bytes = RunBytes(p.file);
     for (int64_t offset = 0; offset < p.bytes;) {
       if (!fill.chunk) CKPT_RETURN_IF_ERROR(NextChunk(&fill));
       const int64_t n = std::min(p.bytes - offset, chunk_bytes - fill.used);
@@ -404,13 +456,17 @@ absl::Status SnapshotTaker::CopyHostPieces() {
 
 void SnapshotTaker::QueueLentPieces() {
   for (const HostPiece& p : lent_) {
-    if (p.bytes == 0) continue;
-    SaveWriteItem item;
-    item.file = p.file;
-    item.piece = p.piece;
-    item.data = p.data;
-    item.bytes = p.bytes;
-    snapshot_.writer->Push(std::move(item));
+    // A compressed file's runs are a pool chunk's worth, so that encoding and writing overlap
+    // and the encoded chunks in memory stay bounded.
+    const int64_t run = Packed(p.file) ? RunBytes(p.file) : std::max<int64_t>(p.bytes, 1);
+    for (int64_t offset = 0; offset < p.bytes; offset += run) {
+      SaveWriteItem item;
+      item.file = p.file;
+      item.piece = p.piece;
+      item.data = p.data + offset;
+      item.bytes = std::min(run, p.bytes - offset);
+      snapshot_.writer->Push(std::move(item));
+    }
   }
   snapshot_.writer->CloseInput();
 }
@@ -444,10 +500,14 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": save plan part: ", compression.status().message()));
   }
-  // A compressed save copies into buffers of its own, written whole by WriteDataFiles.
+  // A compressed save is pipelined through the pool where a pool chunk holds a codec chunk;
+  // otherwise it copies into buffers of its own, written whole by WriteDataFiles.
   DeviceSnapshotOptions unpooled = device;
   unpooled.host_pool = nullptr;
-  const DeviceSnapshotOptions& used = compression->enabled ? unpooled : device;
+  const bool pooled =
+      device.host_pool != nullptr &&
+      (!compression->enabled || PackedRunBytes(device.host_pool->chunk_bytes(), *compression) > 0);
+  const DeviceSnapshotOptions& used = pooled ? device : unpooled;
   SnapshotTaker taker(who, session, gate, used);
   taker.snapshot().compression = *compression;
   taker.snapshot().rank = part.rank();
@@ -475,25 +535,38 @@ absl::StatusOr<SaveSnapshot> SnapshotSavePart(const pb::SavePlanPart& part,
 
 namespace {
 
+// Finishes (fsyncs) file `i` of a pipelined save, compressed or not, and reports how it was
+// written.
+absl::StatusOr<WrittenData> FinishPipelinedFile(SaveSnapshot& snapshot, size_t i) {
+  SnapshotReport& report = snapshot.report;
+  if (i < snapshot.packed.size() && snapshot.packed[i] != nullptr) {
+    CompressedFileStream& packed = *snapshot.packed[i];
+    report.buffered_files += 1;
+    report.compressed_raw_bytes += packed.raw_bytes_appended();
+    report.compressed_stored_bytes += packed.stored_bytes_written();
+    return packed.Finish();
+  }
+  DataFileStream& stream = *snapshot.streams[i];
+  const bool direct = stream.direct_bytes() > 0 && !stream.direct_io_refused();
+  report.direct_io_files += direct ? 1 : 0;
+  report.buffered_files += direct ? 0 : 1;
+  report.direct_io_refused = report.direct_io_refused || stream.direct_io_refused();
+  return stream.Finish();
+}
+
 // WriteSnapshot of a pipelined save: waits for the writer, then finishes (fsyncs) each file.
 absl::StatusOr<std::string> WritePipelined(SaveSnapshot& snapshot, const std::string& who,
                                            const std::function<void(int64_t bytes_done)>& progress,
                                            const std::function<bool()>& cancelled) {
   CKPT_RETURN_IF_ERROR(snapshot.writer->Drain(progress, cancelled));
   pb::Manifest written;
-  SnapshotReport& report = snapshot.report;
   for (size_t i = 0; i < snapshot.streams.size(); ++i) {
     if (cancelled && cancelled()) {
       return absl::CancelledError(absl::StrCat(who, ": the operation was aborted; stopped after ",
                                                i, " of ", snapshot.streams.size(),
                                                " data files were synced"));
     }
-    DataFileStream& stream = *snapshot.streams[i];
-    const bool direct = stream.direct_bytes() > 0 && !stream.direct_io_refused();
-    report.direct_io_files += direct ? 1 : 0;
-    report.buffered_files += direct ? 0 : 1;
-    report.direct_io_refused = report.direct_io_refused || stream.direct_io_refused();
-    absl::StatusOr<WrittenData> data = stream.Finish();
+    absl::StatusOr<WrittenData> data = FinishPipelinedFile(snapshot, i);
     if (!data.ok()) {
       return absl::Status(data.status().code(),
                           absl::StrCat(who, ": writing ", snapshot.file_paths[i], " into ",

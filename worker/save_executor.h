@@ -16,6 +16,7 @@
 #include "storage/checkpoint_writer.h"
 #include "storage/data_file_stream.h"
 #include "storage/piece_codec.h"
+#include "storage/piece_compression_stream.h"
 #include "worker/host_buffer_pool.h"
 #include "worker/memory_gate.h"
 #include "worker/memory_registry.h"
@@ -45,6 +46,15 @@ struct SnapshotReport {
   int direct_io_files = 0;
   int buffered_files = 0;
   bool direct_io_refused = false;
+  // A compressed save through the pool: its files of host pieces were encoded in the pipeline
+  // (run k encoded and written while run k+1 was copied), `compressed_files` of them, holding
+  // `compressed_raw_bytes` raw bytes in `compressed_stored_bytes` (final once WriteSnapshot
+  // returned). False for an uncompressed save, and for a compressed one without a host pool
+  // (encoded whole, file after file, by WriteDataFiles).
+  bool compression_pipelined = false;
+  int compressed_files = 0;
+  int64_t compressed_raw_bytes = 0;
+  int64_t compressed_stored_bytes = 0;
 };
 
 // A rank's save part taken out of the trainer's memory. Host pieces are copied into
@@ -68,11 +78,16 @@ struct SaveSnapshot {
   std::vector<std::unique_ptr<char[]>> buffers;  // the copied bytes, one per copied host piece
   std::vector<std::shared_ptr<const MappedSegment>> mappings;  // of the lent pieces
   SnapshotReport report;
-  // The part's compression (pb::SavePlanPart.compression): when enabled the host pieces are
-  // copied into buffers of their own (never the pool) and WriteSnapshot writes each file of
-  // them compressed with WriteDataFiles, one file after another (encode, then write: not
-  // pipelined); files holding device pieces are streamed, so they are written raw.
+  // The part's compression (pb::SavePlanPart.compression). With a host pool (whose chunks hold
+  // at least one codec chunk) the save is pipelined: each file without device pieces is a
+  // CompressedFileStream in `packed`, its host pieces copied into pool chunks (or lent) and
+  // encoded and written by `writer` (worker/save_write_pipeline.h). Without a pool the host
+  // pieces are copied into buffers of their own and WriteSnapshot writes each file compressed
+  // with WriteDataFiles, one file after another. Files holding device pieces are streamed, so
+  // they are written raw either way.
   CompressionOptions compression;
+  // Per file: the compressed file a pipelined compressed save writes (null for the others).
+  std::vector<std::unique_ptr<CompressedFileStream>> packed;
   // A pipelined save (a host pool given): every file is open in `streams` and this writes the
   // copied chunks (then the lent pieces) into them; `buffers` stays empty and the copied
   // pieces have no data. Declared last: it stops before the streams and mappings go.
@@ -85,9 +100,10 @@ struct DeviceSnapshotOptions {
   PinnedStagingPool* staging = nullptr;  // null: device pieces are FailedPrecondition
   // The worker's host pool. Given: the save is pipelined: host pieces are copied into pool
   // chunks in file order while a writer thread hashes and writes the chunks copied before
-  // (O_DIRECT when `direct_io`, for files of copied pieces only) and returns them; when the
-  // save exceeds the pool the copy waits for the writes. Null: host pieces are copied into
-  // buffers of their own, held in the snapshot (memory saves keep them).
+  // (O_DIRECT when `direct_io`, for files of copied pieces only; a compressed save's files are
+  // encoded first, buffered) and returns them; when the save exceeds the pool the copy waits
+  // for the writes. Null: host pieces are copied into buffers of their own, held in the
+  // snapshot (memory saves keep them).
   HostBufferPool* host_pool = nullptr;
   bool direct_io = true;
   // Hears each pool chunk copied and written (for logs and tests; may be empty).

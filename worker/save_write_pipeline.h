@@ -6,6 +6,13 @@
 // writer to return one. The same shape as the device staging (worker/staging_pipeline.h), with
 // a host memcpy in place of the device copy and a writer thread in place of the caller.
 //
+// Files of a compressed save (storage/piece_compression_stream.h) take the same chunks, each
+// holding a run of one piece's raw bytes: the writer encodes the run (storage/piece_codec.h,
+// chunk by chunk, on itself and helper threads, each chunk's raw XXH3-64 taken while it is
+// encoded), returns the pool chunk, then writes the encoded chunks, hashing the stored bytes as
+// they go: encode and write of chunk k overlap the copy of chunk k+1, and the disk writes run k
+// while run k+1 is encoded.
+//
 // Errors name `who` (rank and job) and the file. No gRPC, no logging.
 #ifndef CKPT_WORKER_SAVE_WRITE_PIPELINE_H_
 #define CKPT_WORKER_SAVE_WRITE_PIPELINE_H_
@@ -14,6 +21,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -21,15 +29,18 @@
 
 #include "absl/status/status.h"
 #include "storage/data_file_stream.h"
+#include "storage/piece_codec.h"
+#include "storage/piece_compression_stream.h"
 #include "worker/host_buffer_pool.h"
 
 namespace ckpt::worker {
 
 // A step of the pipeline, for logs and tests: chunk `chunk` (numbered in the order the save
-// copied them) was copied into the pool, or written to its file (its pool chunk not returned
-// yet).
+// copied them) was copied into the pool, encoded (a compressed file's run: its pool chunk is
+// returned right after, before the write), or written to its file (a raw chunk's pool chunk
+// not returned yet).
 struct SavePipelineEvent {
-  enum Kind { kCopied, kWritten };
+  enum Kind { kCopied, kEncoded, kWritten };
   Kind kind = kCopied;
   int64_t chunk = 0;
 };
@@ -37,7 +48,9 @@ struct SavePipelineEvent {
 // One write, in order: bytes [data, data + bytes) of file `file`.
 struct SaveWriteItem {
   int file = 0;
-  int piece = -1;  // -1: the next run of the file's data section (AppendData); else Append
+  // -1: the next run of the file's data section (AppendData); else Append (a compressed file:
+  // the next run of the piece's raw bytes, a whole number of codec chunks unless it ends it)
+  int piece = -1;
   const char* data = nullptr;
   int64_t bytes = 0;
   HostBufferPool::Chunk chunk;  // holds `data` (empty: lent memory, written in place)
@@ -52,9 +65,12 @@ class SaveWritePipeline {
   // `stop` (may be empty) is asked before each write; its error ends the writes (the items
   // still queued are dropped and their chunks returned). `trace` (may be empty) hears each
   // chunk written.
+  // `packed` (by file index, null for the files in `streams`; may be empty): the compressed
+  // files, whose items are encoded on the writer and `encode_threads` - 1 helper threads.
   SaveWritePipeline(std::vector<DataFileStream*> streams, std::string who,
                     std::function<absl::Status()> stop,
-                    std::function<void(const SavePipelineEvent&)> trace);
+                    std::function<void(const SavePipelineEvent&)> trace,
+                    std::vector<CompressedFileStream*> packed = {}, int encode_threads = 1);
   SaveWritePipeline(const SaveWritePipeline&) = delete;
   SaveWritePipeline& operator=(const SaveWritePipeline&) = delete;
   // Stops the writes (Cancelled), drops what is queued and joins the thread.
@@ -78,11 +94,16 @@ class SaveWritePipeline {
                      const std::function<bool()>& cancelled);
 
  private:
+  class Encoder;  // encodes a run's chunks on the writer and helper threads
+
   void Run();
   absl::Status Write(SaveWriteItem& item);
+  absl::Status WritePacked(SaveWriteItem& item);
   void Fail(const absl::Status& s);  // keeps the first error (mu_ held)
 
   const std::vector<DataFileStream*> streams_;
+  const std::vector<CompressedFileStream*> packed_;
+  std::unique_ptr<Encoder> encoder_;  // with packed files
   const std::string who_;
   const std::function<absl::Status()> stop_;
   const std::function<void(const SavePipelineEvent&)> trace_;
