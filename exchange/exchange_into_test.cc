@@ -374,5 +374,44 @@ TEST(StagingArenaPoolTest, ArenasReturnedPastTheIdleBoundAreUnmapped) {
   EXPECT_EQ(stats.releases, 1);
 }
 
+TEST(ShardBufferPoolTest, ATakeAfterAGiveGetsTheSameMemoryBack) {
+  ShardBufferPool pool(int64_t{1} << 20);
+  std::string first = pool.Take(100000);
+  ASSERT_EQ(first.size(), 100000u);
+  const char* memory = first.data();
+  pool.Give(std::move(first));
+  std::string second = pool.Take(60000);  // smaller: served by the idle buffer
+  EXPECT_EQ(second.size(), 60000u);
+  EXPECT_EQ(second.data(), memory);
+  const ShardBufferPoolStats stats = pool.stats();
+  EXPECT_EQ(stats.allocated, 1);
+  EXPECT_EQ(stats.reused, 1);
+  EXPECT_EQ(stats.idle_bytes, 0);
+}
+
+TEST(ShardBufferPoolTest, TheSmallestIdleBufferThatFitsIsTakenAndLargerNeedsAllocate) {
+  ShardBufferPool pool(int64_t{1} << 20);
+  std::string small = pool.Take(10000), large = pool.Take(200000);
+  const char* large_memory = large.data();
+  pool.Give(std::move(small));
+  pool.Give(std::move(large));
+  std::string mid = pool.Take(50000);
+  EXPECT_EQ(mid.data(), large_memory);
+  std::string huge = pool.Take(300000);
+  EXPECT_EQ(huge.size(), 300000u);
+  EXPECT_EQ(pool.stats().allocated, 3);
+}
+
+TEST(ShardBufferPoolTest, BuffersGivenBackPastTheIdleBoundAreFreed) {
+  ShardBufferPool pool(150000);
+  std::string a = pool.Take(100000), b = pool.Take(100000);
+  pool.Give(std::move(a));
+  pool.Give(std::move(b));
+  const ShardBufferPoolStats stats = pool.stats();
+  EXPECT_EQ(stats.dropped, 1);
+  EXPECT_GE(stats.idle_bytes, 100000);
+  EXPECT_LE(stats.idle_bytes, 150000);
+}
+
 }  // namespace
 }  // namespace ckpt

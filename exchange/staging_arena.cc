@@ -103,4 +103,40 @@ StagingPoolStats StagingArenaPool::stats() const {
   return out;
 }
 
+std::string ShardBufferPool::Take(size_t bytes) {
+  std::string out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = idle_.lower_bound(bytes);
+    if (it != idle_.end()) {
+      out = std::move(it->second);
+      stats_.idle_bytes -= static_cast<int64_t>(it->first);
+      idle_.erase(it);
+      ++stats_.reused;
+    } else {
+      ++stats_.allocated;
+    }
+  }
+  out.resize(bytes);  // within its capacity when reused: writes touched pages only
+  return out;
+}
+
+void ShardBufferPool::Give(std::string buffer) {
+  const size_t capacity = buffer.capacity();
+  buffer.clear();
+  if (capacity <= std::string().capacity()) return;  // held inline: no memory to keep
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stats_.idle_bytes + static_cast<int64_t>(capacity) > max_idle_bytes_) {
+    ++stats_.dropped;
+    return;  // `buffer` is freed once the lock is released
+  }
+  stats_.idle_bytes += static_cast<int64_t>(capacity);
+  idle_.emplace(capacity, std::move(buffer));
+}
+
+ShardBufferPoolStats ShardBufferPool::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
 }  // namespace ckpt

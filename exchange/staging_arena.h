@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -110,6 +111,39 @@ class StagingArenaPool {
   std::vector<Idle> idle_;        // guarded by mu_
   StagingPoolStats stats_;        // guarded by mu_ (idle_bytes computed)
   int64_t retired_mappings_ = 0;  // of arenas leased now; guarded by mu_
+};
+
+// What a ShardBufferPool did.
+struct ShardBufferPoolStats {
+  int64_t reused = 0;      // Take calls served by an idle buffer (no new memory)
+  int64_t allocated = 0;   // Take calls that allocated (fresh pages: faulted in on first write)
+  int64_t dropped = 0;     // buffers given back past the bound (freed)
+  int64_t idle_bytes = 0;  // capacity of the idle buffers
+};
+
+// std::string buffers kept across waves and operations for the shards an exchange reads before
+// sending them (ShardBuffers: an exchange load's units, a live-transfer serving rank's reads),
+// so that their pages are faulted in once per worker instead of once per wave (a memcpy into
+// fresh memory ran at 0.93 GB/s on the 2-core machine against 11.3 GB/s into touched memory).
+// Idle buffers keep their capacity up to `max_idle_bytes` together. Thread-safe.
+class ShardBufferPool {
+ public:
+  explicit ShardBufferPool(int64_t max_idle_bytes) : max_idle_bytes_(max_idle_bytes) {}
+  ShardBufferPool(const ShardBufferPool&) = delete;
+  ShardBufferPool& operator=(const ShardBufferPool&) = delete;
+
+  // A buffer of `bytes` bytes (their values unspecified): the idle one of the smallest capacity
+  // that holds them, else a new one.
+  std::string Take(size_t bytes);
+  // Keeps `buffer`'s memory for a later Take while the idle capacity stays within the bound.
+  void Give(std::string buffer);
+  ShardBufferPoolStats stats() const;
+
+ private:
+  const int64_t max_idle_bytes_;
+  mutable std::mutex mu_;
+  std::multimap<size_t, std::string> idle_;  // by capacity; guarded by mu_
+  ShardBufferPoolStats stats_;               // guarded by mu_
 };
 
 }  // namespace ckpt
