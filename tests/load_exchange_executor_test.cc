@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "coordinator/load_exchange.h"
+#include "exchange/communicator_cache.h"
 #include "exchange/staging_arena.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator.pb.h"
@@ -131,12 +132,31 @@ class LoadExchangeExecutorTest : public ::testing::Test {
     return session;
   }
 
+  // What each rank's worker keeps across operations (one entry per rank, as one worker each).
+  struct Workers {
+    std::vector<std::unique_ptr<StagingArenaPool>> buffers;
+    std::vector<std::unique_ptr<ShardBufferPool>> reads;
+    std::vector<std::unique_ptr<CommunicatorCache>> communicators;
+  };
+  static Workers MakeWorkers() {
+    Workers w;
+    for (int r = 0; r < kRanks; ++r) {
+      w.buffers.push_back(std::make_unique<StagingArenaPool>(1 << 20));
+      w.reads.push_back(std::make_unique<ShardBufferPool>(1 << 20));
+      w.communicators.push_back(std::make_unique<CommunicatorCache>(4));
+    }
+    return w;
+  }
+
   // Runs every rank's part at once; each rank's status, its tensor in memory[r].
-  // With `pools`: rank r's exchange buffers come from (*pools)[r] (one pool per worker).
-  std::vector<absl::Status> RunAll(
-      const std::vector<pb::LoadPlanPart>& parts, std::vector<std::vector<int32_t>>* memory,
-      const std::vector<std::unique_ptr<StagingArenaPool>>* pools = nullptr) {
+  // With `workers`: rank r's exchange buffers, read buffers and communicator come from worker
+  // r's pools and cache, and (*reused)[r] says whether its communicator was reused.
+  std::vector<absl::Status> RunAll(const std::vector<pb::LoadPlanPart>& parts,
+                                   std::vector<std::vector<int32_t>>* memory,
+                                   const Workers* workers = nullptr,
+                                   std::vector<bool>* reused = nullptr) {
     memory->assign(kRanks, {});
+    if (reused != nullptr) reused->assign(kRanks, false);
     std::vector<SessionInfo> sessions;
     for (int r = 0; r < kRanks; ++r) sessions.push_back(Session(r, &(*memory)[r]));
     std::vector<absl::Status> statuses(kRanks);
@@ -145,9 +165,14 @@ class LoadExchangeExecutorTest : public ::testing::Test {
       threads.emplace_back([&, r] {
         MemoryGate gate;
         ExchangeLoadStats stats;
-        statuses[r] = ExecuteExchangeLoadPart(
-            parts[r], sessions[r], Context(pools == nullptr ? nullptr : (*pools)[r].get()), gate,
-            &stats);
+        ExchangeLoadContext context = Context();
+        if (workers != nullptr) {
+          context.buffers = workers->buffers[r].get();
+          context.read_buffers = workers->reads[r].get();
+          context.communicators = workers->communicators[r].get();
+        }
+        statuses[r] = ExecuteExchangeLoadPart(parts[r], sessions[r], context, gate, &stats);
+        if (reused != nullptr) (*reused)[r] = stats.communicator_reused;
       });
     }
     for (std::thread& t : threads) t.join();
@@ -213,15 +238,14 @@ TEST_F(LoadExchangeExecutorTest, EveryAlgorithmFillsEachRanksTensorReadingEachSt
 // operation: a second load of the same shapes maps no new block.
 TEST_F(LoadExchangeExecutorTest, ASecondLoadReceivesIntoTheFirstLoadsBuffersWithoutMappingAgain) {
   const std::string path = WriteCheckpointOfW("exchange-load-reuse");
-  std::vector<std::unique_ptr<StagingArenaPool>> pools;  // one per rank, as one per worker
-  for (int r = 0; r < kRanks; ++r) pools.push_back(std::make_unique<StagingArenaPool>(1 << 20));
-  std::vector<int64_t> mapped(kRanks);
+  const Workers workers = MakeWorkers();
+  std::vector<int64_t> mapped(kRanks), allocated(kRanks);
   for (int run = 0; run < 2; ++run) {
     SCOPED_TRACE(run);
     std::vector<pb::LoadPlanPart> parts =
         Plan(path, absl::StrCat("op-reuse-", run), pb::LOAD_OVERLAP_ALL_TO_ALL, /*budget=*/200);
     std::vector<std::vector<int32_t>> memory;
-    std::vector<absl::Status> statuses = RunAll(parts, &memory, &pools);
+    std::vector<absl::Status> statuses = RunAll(parts, &memory, &workers);
     const std::vector<pb::PieceMeta> shards = RankShards();
     for (int r = 0; r < kRanks; ++r) {
       ASSERT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
@@ -231,15 +255,53 @@ TEST_F(LoadExchangeExecutorTest, ASecondLoadReceivesIntoTheFirstLoadsBuffersWith
           ASSERT_EQ(memory[r][i * kCols + j], Value(region.offsets(0) + i, j)) << "rank " << r;
         }
       }
-      const StagingPoolStats stats = pools[r]->stats();
+      const StagingPoolStats stats = workers.buffers[r]->stats();
       EXPECT_EQ(stats.leases, 2 * (run + 1)) << "rank " << r;
       EXPECT_EQ(stats.arenas, 2) << "rank " << r;
+      // The units a rank reads (and sends) go into buffers kept across waves and loads.
+      const ShardBufferPoolStats reads = workers.reads[r]->stats();
       if (run == 0) {
         EXPECT_GT(stats.mappings, 0) << "rank " << r << " received into memory of its own";
         mapped[r] = stats.mappings;
+        allocated[r] = reads.allocated;
       } else {
         EXPECT_EQ(stats.mappings, mapped[r]) << "rank " << r << " mapped new exchange buffers";
+        EXPECT_EQ(reads.allocated, allocated[r]) << "rank " << r << " read into new buffers";
+        if (allocated[r] > 0) {  // a reader
+          EXPECT_GT(reads.reused, 0) << "rank " << r;
+        }
       }
+    }
+  }
+}
+
+// Issue 40: the next load of the same ranks reuses the communicator of the last one (no mesh
+// rendezvous through the coordinator, no TCP connects) and still delivers the right bytes; a
+// rank whose worker restarted (an empty cache) makes every rank join anew.
+TEST_F(LoadExchangeExecutorTest, TheNextLoadOfTheSameRanksReusesTheirCommunicator) {
+  const std::string path = WriteCheckpointOfW("exchange-load-communicator");
+  Workers workers = MakeWorkers();
+  // Run 2 follows a restart of rank 1's worker.
+  const std::vector<bool> expect_reused = {false, true, false, true};
+  for (int run = 0; run < 4; ++run) {
+    SCOPED_TRACE(run);
+    if (run == 2) workers.communicators[1] = std::make_unique<CommunicatorCache>(4);
+    const pb::LoadAlgorithm algorithm =
+        run % 2 == 0 ? pb::LOAD_OVERLAP_ALL_TO_ALL : pb::LOAD_BROADCAST;
+    std::vector<pb::LoadPlanPart> parts =
+        Plan(path, absl::StrCat("op-communicator-", run), algorithm, /*budget=*/200);
+    std::vector<std::vector<int32_t>> memory;
+    std::vector<bool> reused;
+    std::vector<absl::Status> statuses = RunAll(parts, &memory, &workers, &reused);
+    const std::vector<pb::PieceMeta> shards = RankShards();
+    for (int r = 0; r < kRanks; ++r) {
+      ASSERT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+      EXPECT_EQ(reused[r], expect_reused[run]) << "rank " << r;
+      const pb::Region& region = shards[r].region();
+      for (int64_t i = 0; i < region.lengths(0) * kCols; ++i) {
+        ASSERT_EQ(memory[r][i], Value(region.offsets(0) + i / kCols, i % kCols)) << r << " " << i;
+      }
+      EXPECT_EQ(workers.communicators[r]->size(), 1u) << "rank " << r;
     }
   }
 }

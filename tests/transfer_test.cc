@@ -96,6 +96,26 @@ std::string LineStarting(const Child& child, const std::string& prefix) {
 
 void Touch(const std::string& path) { WriteFile(path, "go\n"); }
 
+// The communicator_reused=... values of every worker's part of operation `op` (the destination
+// ranks' load_part_exchanged and the serving ranks' transfer_served log lines).
+std::vector<std::string> CommunicatorReuse(Cluster& cluster, const std::string& op) {
+  std::vector<std::string> out;
+  for (int i = 0; i < cluster.num_workers(); ++i) {
+    for (absl::string_view line : absl::StrSplit(cluster.worker(i).Stderr(), '\n')) {
+      if (!absl::StrContains(line, absl::StrCat(" op=", op, " ")) ||
+          !(absl::StrContains(line, "load_part_exchanged") ||
+            absl::StrContains(line, "transfer_served"))) {
+        continue;
+      }
+      const size_t at = line.find("communicator_reused=");
+      out.push_back(at == absl::string_view::npos
+                        ? "missing"
+                        : std::string(line.substr(at, line.find(' ', at) - at)));
+    }
+  }
+  return out;
+}
+
 // The receives (loads of xfer:// paths) of job "infer", oldest first.
 std::vector<pb::OperationStatus> Receives(Cluster& cluster) {
   std::vector<pb::OperationStatus> out;
@@ -106,7 +126,8 @@ std::vector<pb::OperationStatus> Receives(Cluster& cluster) {
   return out;
 }
 
-TEST(TransferTest, TwoVersionsFromTp4Dp2IntoTp2ThreeReplicasAreBitExactReusingThePlan) {
+TEST(TransferTest,
+     TwoVersionsFromTp4Dp2IntoTp2ThreeReplicasAreBitExactReusingPlanAndCommunicators) {
   Cluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator({absl::StrCat("--lease_ms=", kLeaseMs)}));
   StartWorkers(cluster);
@@ -142,6 +163,14 @@ TEST(TransferTest, TwoVersionsFromTp4Dp2IntoTp2ThreeReplicasAreBitExactReusingTh
   EXPECT_EQ(receives[1].phase(), pb::PHASE_DONE);
   EXPECT_EQ(receives[0].received_version(), 1);
   EXPECT_EQ(receives[1].received_version(), 2);
+  // Issue 40: the second receive's 8 ranks (6 destination, 2 serving) reuse the first one's
+  // communicators: no mesh rendezvous, no TCP connects (counted in the workers' part logs).
+  EXPECT_EQ(CommunicatorReuse(cluster, receives[0].id()),
+            std::vector<std::string>(8, "communicator_reused=false"))
+      << ClusterLogs(cluster);
+  EXPECT_EQ(CommunicatorReuse(cluster, receives[1].id()),
+            std::vector<std::string>(8, "communicator_reused=true"))
+      << ClusterLogs(cluster);
   pb::GetStatusResponse status = cluster.Status();
   ASSERT_EQ(status.published_size(), 1);
   EXPECT_EQ(status.published(0).name(), "policy");

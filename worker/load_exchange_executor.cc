@@ -150,7 +150,8 @@ struct WaveRunContext {
   const ExchangeOptions& exchange_options;
   MemoryGate& gate;
   ExchangeLoadStats* stats;
-  StagingArena* receive_arena;  // this rank's received shards of a wave, kept across waves
+  StagingArena* receive_arena;    // this rank's received shards of a wave, kept across waves
+  ShardBufferPool* read_buffers;  // what ReadUnits reads into, given back after each wave
 };
 
 // `part` with each unit's `piece` set to its share_piece (the share's numbering).
@@ -229,21 +230,25 @@ absl::Status BindToTrainerTensors(std::vector<LoadRequest>& requests, int me,
 }
 
 // Rendezvous: joins the operation's communicator through `store`, on the transport the
-// coordinator chose (worker/load_communicator.h).
-absl::StatusOr<std::unique_ptr<Communicator>> JoinCommunicator(const pb::LoadPlanPart& part,
-                                                               const ExchangeLoadContext& context,
-                                                               Store* store, const std::string& who,
-                                                               ExchangeLoadStats* stats) {
+// coordinator chose (worker/load_communicator.h), or reuses the one this rank kept from an
+// earlier operation of the same ranks when all of them agree.
+absl::StatusOr<PartCommunicator> JoinCommunicator(const pb::LoadPlanPart& part,
+                                                  const ExchangeLoadContext& context, Store* store,
+                                                  const std::string& who,
+                                                  ExchangeLoadStats* stats) {
   LoadCommunicatorConfig config;
   config.hostname = context.hostname;
   config.gloo_loop_thread_nice = context.gloo_loop_thread_nice;
   config.cuda_device = context.cuda_device;
   config.rendezvous_address = context.rendezvous_address;
   config.rendezvous_timeout = context.rendezvous_timeout;
+  CommunicatorCache* cache =
+      context.communicators != nullptr ? context.communicators : SharedCommunicators();
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::unique_ptr<Communicator>> comm =
-      JoinLoadCommunicator(part, config, store, who);
+  absl::StatusOr<PartCommunicator> comm = JoinOrReuseLoadCommunicator(
+      part, config, store, who, cache, CommunicatorCacheKey(part, config));
   stats->rendezvous_time = absl::Now() - start;
+  if (comm.ok()) stats->communicator_reused = comm->reused();
   return comm;
 }
 
@@ -253,6 +258,7 @@ absl::Status ReadUnits(const WaveRunContext& run, const WaveExchange& wave, Shar
   std::vector<PieceRead> reads;
   for (const UnitRead& u : wave.reads) {
     std::string& buffer = (*loaded)[u.id];
+    if (buffer.empty()) buffer = run.read_buffers->Take(static_cast<size_t>(u.end - u.begin));
     buffer.resize(u.end - u.begin);
     reads.push_back(PieceRead{u.piece, u.begin, u.end, buffer.data()});
     run.stats->bytes_read += static_cast<int64_t>(buffer.size());
@@ -374,6 +380,7 @@ absl::Status RunWave(const WaveRunContext& run, int w) {
   CKPT_RETURN_IF_ERROR(Exchange(run, wave, loaded, &allocated, &received, &report, where));
   run.stats->bytes_sent += report.bytes_sent();
   run.stats->bytes_received += report.bytes_received();
+  for (auto& entry : loaded) run.read_buffers->Give(std::move(entry.second));
   loaded.clear();
   if (run.part.transfer_verify()) {
     CKPT_RETURN_IF_ERROR(VerifyReceivedUnits(run.part, entry, wave.plan, run.me, read_checksums,
@@ -391,6 +398,11 @@ absl::Status RunWave(const WaveRunContext& run, int w) {
 
 StagingArenaPool& SharedExchangeBuffers() {
   static StagingArenaPool* pool = new StagingArenaPool(kSharedExchangeBufferBytes);
+  return *pool;
+}
+
+ShardBufferPool& SharedShardBuffers() {
+  static ShardBufferPool* pool = new ShardBufferPool(kSharedShardBufferBytes);
   return *pool;
 }
 
@@ -424,8 +436,7 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& sent, const Session
 
   GrpcStore grpc_store(context.rendezvous_address, context.rendezvous_security);
   CancellableStore store(&grpc_store, &gate);
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
-                        JoinCommunicator(part, context, &store, who, stats));
+  CKPT_ASSIGN_OR_RETURN(PartCommunicator comm, JoinCommunicator(part, context, &store, who, stats));
   ExchangeOptions exchange_options;
   if (part.memory_budget_bytes() > 0) {
     exchange_options.memory_budget_bytes = part.memory_budget_bytes();
@@ -437,18 +448,20 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& sent, const Session
   StagingArenaPool::Lease staging = pool.Acquire("exchange staging");
   StagingArenaPool::Lease receive = pool.Acquire("exchange receive");
   exchange_options.staging = staging.get();
-  const WaveRunContext run{who,
-                           part,
-                           checkpoint,
-                           tensors,
-                           requests,
-                           me,
-                           part.algorithm() == pb::LOAD_OVERLAP_ALL_TO_ALL,
-                           *comm,
-                           exchange_options,
-                           gate,
-                           stats,
-                           receive.get()};
+  const WaveRunContext run{
+      who,
+      part,
+      checkpoint,
+      tensors,
+      requests,
+      me,
+      part.algorithm() == pb::LOAD_OVERLAP_ALL_TO_ALL,
+      comm.get(),
+      exchange_options,
+      gate,
+      stats,
+      receive.get(),
+      context.read_buffers != nullptr ? context.read_buffers : &SharedShardBuffers()};
   for (int w = 0; w < part.waves_size(); ++w) {
     CKPT_RETURN_IF_ERROR(RunWave(run, w));
     if (progress) progress(stats->bytes_scattered);
@@ -460,6 +473,7 @@ absl::Status ExecuteExchangeLoadPart(const pb::LoadPlanPart& sent, const Session
     if (!s.ok()) return s;
   }
   stats->scatter_time += absl::Now() - device_start;
+  comm.Finish(absl::OkStatus());  // kept for the next operation of these ranks
   return absl::OkStatus();
 }
 

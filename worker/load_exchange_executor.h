@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/transport_security.h"
+#include "exchange/communicator_cache.h"
 #include "exchange/staging_arena.h"
 #include "proto/coordinator.pb.h"
 #include "worker/memory_gate.h"
@@ -39,12 +40,24 @@ struct ExchangeLoadContext {
   // that their pages are faulted in once per worker rather than once per operation (null: the
   // worker's process-wide pool, SharedExchangeBuffers()).
   StagingArenaPool* buffers = nullptr;
+  // Where the buffers the part reads its units into come from (kept across waves and
+  // operations; null: the worker's SharedShardBuffers()).
+  ShardBufferPool* read_buffers = nullptr;
+  // Where the part's Gloo communicator is kept after the operation succeeded, for the next
+  // operation of the same ranks to reuse when all of them still hold it
+  // (worker/load_communicator.h: JoinOrReuseLoadCommunicator). Null: the worker's
+  // SharedCommunicators() (itself null when the worker keeps none).
+  CommunicatorCache* communicators = nullptr;
 };
 
 // The worker's pool of exchange buffers (staging and receive arenas of exchange loads, transfer
 // receives and serving parts); it keeps up to kSharedExchangeBufferBytes of idle blocks.
 inline constexpr int64_t kSharedExchangeBufferBytes = int64_t{1} << 30;
 StagingArenaPool& SharedExchangeBuffers();
+// The worker's pool of the buffers exchange parts read their units into before sending them;
+// it keeps up to kSharedShardBufferBytes of idle capacity.
+inline constexpr int64_t kSharedShardBufferBytes = int64_t{512} << 20;
+ShardBufferPool& SharedShardBuffers();
 
 // What the part did on this rank.
 struct ExchangeLoadStats {
@@ -52,8 +65,10 @@ struct ExchangeLoadStats {
   int64_t bytes_sent = 0;       // over the communicator
   int64_t bytes_received = 0;   // over the communicator
   int64_t bytes_scattered = 0;  // into the trainer's tensors
-  // Wall time of each step, summed over waves (rendezvous: joining the communicator).
+  // Wall time of each step, summed over waves (rendezvous: joining the communicator, or
+  // agreeing to reuse the one kept from an earlier operation).
   absl::Duration rendezvous_time, read_time, exchange_time, scatter_time;
+  bool communicator_reused = false;  // every rank reused the communicator of an earlier operation
 };
 
 // Runs `part` (part.algorithm() is an exchange algorithm name) for the session's rank. A part

@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "rendezvous/grpc_store.h"
+#include "spdlog/spdlog.h"
 #include "storage/manifest_codec.h"
 #include "worker/load_communicator.h"
 
@@ -22,6 +24,13 @@ namespace {
 struct OwnFile {
   std::string name;
   std::shared_ptr<const std::string> bytes;
+};
+
+// Where a memory save's time went, for its log line.
+struct KeepStats {
+  absl::Duration encode, rendezvous, replicate;
+  bool communicator_reused = false;
+  int64_t bytes_sent = 0, bytes_received = 0;
 };
 
 // One file announced by a peer: its name and size.
@@ -125,7 +134,7 @@ absl::StatusOr<std::vector<std::vector<AnnouncedFile>>> ExchangeHeaders(
 // peer's file lands in the buffer the tier keeps (no framing copy, no unframing copy).
 absl::Status Replicate(const pb::SavePlanPart& part, const std::string& operation_id,
                        const std::vector<OwnFile>& mine, const MemorySaveContext& context,
-                       const std::string& who) {
+                       const std::string& who, KeepStats* stats) {
   pb::LoadPlanPart group;  // the communicator's coordinates, in the load part's terms
   group.set_rank(part.rank());
   group.set_world_size(part.world_size());
@@ -136,8 +145,16 @@ absl::Status Replicate(const pb::SavePlanPart& part, const std::string& operatio
   config.rendezvous_address = context.rendezvous_address;
   config.rendezvous_timeout = context.timeout;
   GrpcStore store(context.rendezvous_address, context.rendezvous_security);
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
-                        JoinLoadCommunicator(group, config, &store, who));
+  CommunicatorCache* cache =
+      context.communicators != nullptr ? context.communicators : SharedCommunicators();
+  absl::Time start = absl::Now();
+  CKPT_ASSIGN_OR_RETURN(PartCommunicator joined,
+                        JoinOrReuseLoadCommunicator(group, config, &store, who, cache,
+                                                    CommunicatorCacheKey(group, config)));
+  stats->rendezvous = absl::Now() - start;
+  stats->communicator_reused = joined.reused();
+  start = absl::Now();
+  Communicator* comm = &joined.get();
   const int world = part.world_size();
   const absl::Time deadline = absl::Now() + context.timeout;
   std::vector<bool> targets(world, false);
@@ -167,11 +184,15 @@ absl::Status Replicate(const pb::SavePlanPart& part, const std::string& operatio
     }
     CKPT_RETURN_IF_ERROR(comm->AllToAllVBuffers(sends, recvs, deadline));
     for (int r = 0; r < world; ++r) {
+      stats->bytes_sent += static_cast<int64_t>(sends[r].bytes);
       if (received[r] == nullptr) continue;
+      stats->bytes_received += static_cast<int64_t>(received[r]->size());
       CKPT_RETURN_IF_ERROR(context.tier->Put(part.memory_checkpoint(), operation_id,
                                              announced[r][k].name, std::move(received[r])));
     }
   }
+  stats->replicate = absl::Now() - start;
+  joined.Finish(absl::OkStatus());  // kept for the job's next memory save over these ranks
   return absl::OkStatus();
 }
 
@@ -179,7 +200,9 @@ absl::StatusOr<std::string> KeepAndReplicate(const pb::SavePlanPart& part,
                                              const std::string& operation_id,
                                              const SaveSnapshot& snapshot,
                                              const MemorySaveContext& context,
-                                             const MemoryGate& gate, const std::string& who) {
+                                             const MemoryGate& gate, const std::string& who,
+                                             KeepStats* stats) {
+  const absl::Time start = absl::Now();
   pb::Manifest written;
   std::vector<OwnFile> mine;
   for (size_t i = 0; i < snapshot.files.size(); ++i) {
@@ -193,8 +216,9 @@ absl::StatusOr<std::string> KeepAndReplicate(const pb::SavePlanPart& part,
     for (pb::StoredPiece& p : file.records.pieces) *written.add_pieces() = std::move(p);
     for (pb::DataFile& f : file.records.files) *written.add_files() = std::move(f);
   }
+  stats->encode = absl::Now() - start;
   if (!part.group().empty() && part.world_size() > 1) {
-    CKPT_RETURN_IF_ERROR(Replicate(part, operation_id, mine, context, who));
+    CKPT_RETURN_IF_ERROR(Replicate(part, operation_id, mine, context, who, stats));
   }
   return written.SerializeAsString();
 }
@@ -212,8 +236,17 @@ absl::StatusOr<std::string> KeepSnapshotInMemory(const pb::SavePlanPart& part,
     return absl::FailedPreconditionError(
         absl::StrCat(who, ": this worker has no memory tier (--memory_tier_bytes 0)"));
   }
+  KeepStats stats;
   absl::StatusOr<std::string> written =
-      KeepAndReplicate(part, operation_id, snapshot, context, gate, who);
+      KeepAndReplicate(part, operation_id, snapshot, context, gate, who, &stats);
+  spdlog::info(
+      "memory_save_kept op={} rank={} checkpoint=mem://{} replicas={} encode_s={:.3f} "
+      "rendezvous_s={:.3f} communicator_reused={} replicate_s={:.3f} bytes_sent={} "
+      "bytes_received={} ok={}",
+      operation_id, part.rank(), part.memory_checkpoint(), part.replica_ranks_size(),
+      absl::ToDoubleSeconds(stats.encode), absl::ToDoubleSeconds(stats.rendezvous),
+      stats.communicator_reused, absl::ToDoubleSeconds(stats.replicate), stats.bytes_sent,
+      stats.bytes_received, written.ok());
   if (!written.ok()) {
     context.tier->Drop(part.memory_checkpoint());
     return absl::Status(written.status().code(),

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/transport_security.h"
+#include "exchange/communicator_cache.h"
 #include "proto/coordinator.pb.h"
 #include "worker/memory_gate.h"
 #include "worker/memory_tier.h"
@@ -29,13 +30,19 @@ struct MemorySaveContext {
   std::string hostname = "127.0.0.1";     // this worker's data-plane address
   int gloo_loop_thread_nice = 10;
   absl::Duration timeout = absl::Minutes(5);  // rendezvous, then the copy
+  // Where the replication's communicator is kept after a save that succeeded, for the next
+  // memory save over the same ranks (worker/load_communicator.h: JoinOrReuseLoadCommunicator).
+  // Null: the worker's SharedCommunicators() (itself null when the worker keeps none).
+  CommunicatorCache* communicators = nullptr;
 };
 
 // Keeps `snapshot`'s files under part.memory_checkpoint() in context.tier, exchanges copies
 // with the other ranks of the operation (every rank of the save runs this at the same time)
 // and seals the checkpoint here. Returns the rank's written record (serialized pb::Manifest
 // of its pieces and files, as WriteSnapshot returns). Errors name the rank, job, checkpoint
-// and (budget) worker and bytes; on error nothing of this save stays in the tier.
+// and (budget) worker and bytes; on error nothing of this save stays in the tier. Logs
+// memory_save_kept with the time of each step (encode, rendezvous, replicate) and whether the
+// communicator of an earlier save was reused.
 absl::StatusOr<std::string> KeepSnapshotInMemory(const pb::SavePlanPart& part,
                                                  const std::string& operation_id,
                                                  const SaveSnapshot& snapshot,

@@ -132,13 +132,14 @@ PartOutcome LoadPartExecutor::ExecuteExchange(const PartRun& run, const pb::Load
       "load_part_exchanged op={} rank={} group=\"{}\" group_rank={} group_world={} algorithm={} "
       "transport=\"{}\" transport_reason=\"{}\" "
       "waves={} bytes_read={} bytes_sent={} bytes_received={} bytes_scattered={} "
-      "rendezvous_s={:.3f} read_s={:.3f} exchange_s={:.3f} scatter_s={:.3f}",
+      "rendezvous_s={:.3f} communicator_reused={} read_s={:.3f} exchange_s={:.3f} "
+      "scatter_s={:.3f}",
       run.item.operation_id(), run.item.rank(), part.group(), CommunicatorRank(part),
       part.world_size(), LoadAlgorithmName(part.algorithm()), LoadTransportName(part),
       part.transport_reason(), part.waves_size(), stats.bytes_read, stats.bytes_sent,
       stats.bytes_received, stats.bytes_scattered, absl::ToDoubleSeconds(stats.rendezvous_time),
-      absl::ToDoubleSeconds(stats.read_time), absl::ToDoubleSeconds(stats.exchange_time),
-      absl::ToDoubleSeconds(stats.scatter_time));
+      stats.communicator_reused, absl::ToDoubleSeconds(stats.read_time),
+      absl::ToDoubleSeconds(stats.exchange_time), absl::ToDoubleSeconds(stats.scatter_time));
   return out;
 }
 

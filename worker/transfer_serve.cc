@@ -63,11 +63,13 @@ PartOutcome TransferServeExecutor::Execute(const PartRun& run) {
   }
   spdlog::info(
       "transfer_served op={} rank={} source=\"{}\" version={} bytes_read={} bytes_sent={} "
-      "rendezvous_s={:.3f} read_s={:.3f} exchange_s={:.3f} seconds={:.3f} ok={}",
+      "rendezvous_s={:.3f} communicator_reused={} read_s={:.3f} exchange_s={:.3f} seconds={:.3f} "
+      "ok={}",
       item.operation_id(), part.rank(), item.serving_source(), part.transfer_version(),
       stats.bytes_read, stats.bytes_sent, absl::ToDoubleSeconds(stats.rendezvous_time),
-      absl::ToDoubleSeconds(stats.read_time), absl::ToDoubleSeconds(stats.exchange_time),
-      absl::ToDoubleSeconds(absl::Now() - start), out.status.ok());
+      stats.communicator_reused, absl::ToDoubleSeconds(stats.read_time),
+      absl::ToDoubleSeconds(stats.exchange_time), absl::ToDoubleSeconds(absl::Now() - start),
+      out.status.ok());
   return out;
 }
 

@@ -5,6 +5,7 @@
 //   ckpt_worker --coordinator HOST:PORT [--listen unix:/path] [--local_rank N] [--gpu G]
 //               [--host NAME] [--data_plane_address ADDR] [--log_level info]
 //               [--ready_file F] [--gloo_loop_nice 10] [--trainer_uids U,...]
+//               [--communicator_cache_entries 16]
 //               [--pinned_staging_bytes N] [--staging_chunk_bytes N]
 //               [--host_pool_bytes N] [--host_pool_prefault] [--save_direct_io=false]
 //               [--tls_ca F --tls_cert F --tls_key F | --insecure]
@@ -49,6 +50,7 @@
 #include "spdlog/spdlog.h"
 #include "worker/coordinator_link.h"
 #include "worker/host_buffer_pool.h"
+#include "worker/load_communicator.h"
 #include "worker/memory_registry.h"
 #include "worker/memory_tier.h"
 #include "worker/persist_executor.h"
@@ -105,6 +107,10 @@ ABSL_FLAG(bool, insecure, false,
 ABSL_FLAG(int, gloo_loop_nice, 10,
           "added to the nice value of Gloo's event-loop thread in load exchanges (0: unchanged); "
           "keeps its busy-polling from starving the thread it waits on when ranks outnumber cores");
+ABSL_FLAG(int, communicator_cache_entries,
+          static_cast<int>(ckpt::worker::kSharedCommunicatorCacheEntries),
+          "data-plane communicators kept between operations, so that the next load, transfer "
+          "or memory save of the same ranks skips the rendezvous (0: join anew every time)");
 ABSL_FLAG(int64_t, memory_tier_bytes, int64_t{1} << 30,
           "bytes of memory checkpoints (mem://<name>: this worker's ranks' data files and the "
           "replicas it keeps for other hosts) this worker holds at most (0: no memory tier)");
@@ -313,6 +319,8 @@ absl::StatusOr<Settings> ReadSettings() {
   s.host = absl::GetFlag(FLAGS_host);
   if (s.host.empty()) s.host = ckpt::HostName();
   CKPT_ASSIGN_OR_RETURN(s.trainer_uids, TrainerUids(absl::GetFlag(FLAGS_trainer_uids)));
+  ckpt::worker::SetSharedCommunicatorCacheEntries(
+      static_cast<size_t>(std::max(absl::GetFlag(FLAGS_communicator_cache_entries), 0)));
   return s;
 }
 

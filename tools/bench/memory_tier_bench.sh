@@ -16,6 +16,7 @@
 # a file the size of the state, under DIR.
 # Usage: bazel build -c opt //coordinator:ckpt_coordinator //worker:ckpt_worker
 #          //tests:trainer_probe && tools/bench/memory_tier_bench.sh [ELEMENTS] [DIR]
+# (WORKER_ARGS: extra worker flags, e.g. --communicator_cache_entries=0)
 set -euo pipefail
 ELEMENTS=${1:-33554432}   # 128 MiB per rank
 DIR=${2:-$(mktemp -d /tmp/ckpt-memtier-bench.XXXXXX)}
@@ -35,7 +36,7 @@ for w in 0 1 2 3; do
   host=hostA; [ "$w" -ge 2 ] && host=hostB
   "$BIN/worker/ckpt_worker" --coordinator="$ADDR" --listen="unix:$DIR/w$w.sock" --local_rank="$w" \
     --host="$host" --data_plane_address=127.0.0.1 --ready_file="$DIR/w$w.ready" \
-    --memory_tier_bytes=$((ELEMENTS * 4 * 5)) --log_level=${WORKER_LOG_LEVEL:-warn} \
+    --memory_tier_bytes=$((ELEMENTS * 4 * 5)) --log_level=${WORKER_LOG_LEVEL:-warn} ${WORKER_ARGS:-} \
     >"$DIR/w$w.out" 2>"$DIR/w$w.err" &
   PIDS+=($!)
 done
@@ -87,6 +88,12 @@ run_ranks storeload load "$DIR/ckpt"
 echo "storage load: load_s=$(slowest storeload result)"
 run_ranks memload load mem://bench
 echo "memory load:  load_s=$(slowest memload result)"
+# The next memory save of the same ranks: the workers reuse the first one's communicator
+# (issue 40; --communicator_cache_entries=0 makes them join anew).
+run_ranks mem2 save mem://bench2
+REPL2_S=$(echo "$(slowest mem2 result) $(slowest mem2 snapshotted)" | awk '{print $1 - $2}')
+echo "memory save again: blocking_s=$(slowest mem2 snapshotted) durable_s=$(slowest mem2 result)" \
+  "replication: ${REPL2_S} s = $(echo "$REPL2_S" | awk -v b=$((ELEMENTS * 16)) '{printf "%.2f", b / $1 / 1e9}') GB/s"
 
 # Background persistence: the earliest Save call -> the coordinator's persist_committed line.
 run_ranks memp save mem://benchp --persist_to "$DIR/persisted"

@@ -14,7 +14,8 @@ parallel streams as serving workers).
 
 Usage: bazel build -c opt //coordinator:ckpt_coordinator //worker:ckpt_worker
          //tests:transfer_probe && python3 tools/bench/transfer_bench.py [--elements N]
-       (BIN=bazel-out/k8-opt/bin by default)
+       (BIN=bazel-out/k8-opt/bin by default; WORKER_ARGS: extra worker flags, e.g.
+       --communicator_cache_entries=0 to join a new communicator for every receive)
 """
 import argparse
 import multiprocessing
@@ -129,7 +130,8 @@ def main():
                    "--host=" + ("hostA" if w < 4 else "hostB"), "--data_plane_address=127.0.0.1",
                    "--ready_file=%s/w%d.ready" % (work, w),
                    "--log_level=" + os.environ.get("WORKER_LOG_LEVEL", "warn"),
-                   "--memory_tier_bytes=%d" % (state_bytes * 3)], "w%d" % w)
+                   "--memory_tier_bytes=%d" % (state_bytes * 3)]
+                  + os.environ.get("WORKER_ARGS", "").split(), "w%d" % w)
         for w in range(7):
             wait_for(lambda: read("%s/w%d.ready" % (work, w)), "worker %d" % w)
         shape = ["--global_rows", "4", "--elements", str(args.elements), "--step_dir", work,
