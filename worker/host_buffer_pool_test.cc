@@ -1,7 +1,5 @@
 #include "worker/host_buffer_pool.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <thread>
@@ -9,6 +7,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/page_faults.h"
 #include "gtest/gtest.h"
 
 namespace ckpt::worker {
@@ -16,25 +15,11 @@ namespace {
 
 constexpr int64_t kChunk = int64_t{1} << 20;
 
-// ThreadSanitizer faults in shadow memory for an application page at its first access through
-// instrumented code, so under it a page-fault count measures the sanitizer, not the pool.
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kFaultsMeasureThePool = false;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kFaultsMeasureThePool = false;
-#else
-constexpr bool kFaultsMeasureThePool = true;
-#endif
-#else
-constexpr bool kFaultsMeasureThePool = true;
-#endif
+// Under ThreadSanitizer a page-fault count measures the sanitizer, not the pool
+// (common/page_faults.h).
+constexpr bool kFaultsMeasureThePool = kPageFaultsMeasureTheCode;
 
-int64_t MinorFaults() {
-  struct rusage usage;
-  getrusage(RUSAGE_THREAD, &usage);
-  return usage.ru_minflt;
-}
+int64_t MinorFaults() { return ThreadMinorFaults(); }
 
 TEST(HostBufferPoolTest, ChunksAreAlignedForODirectAndSizedInWholeBlocks) {
   HostBufferPool pool(4 * kChunk, kChunk + 1);

@@ -300,7 +300,28 @@ struct Settings {
   std::vector<uid_t> trainer_uids;
 };
 
+// --host_pool_bytes: 0 (no pool) or a byte count this machine's memory can hold (absl's flag
+// parsing refuses what is not a number, naming the flag). Errors name the flag and the value.
+absl::Status CheckHostPoolFlags() {
+  const int64_t bytes = absl::GetFlag(FLAGS_host_pool_bytes);
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--host_pool_bytes must be 0 (no pool) or a positive number of bytes, got ", bytes));
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0 && bytes / page > pages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--host_pool_bytes=", bytes, " exceeds this machine's memory (",
+        static_cast<int64_t>(pages) * page, " bytes)",
+        absl::GetFlag(FLAGS_host_pool_prefault) ? "; --host_pool_prefault would map all of it"
+                                                : ""));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Settings> ReadSettings() {
+  CKPT_RETURN_IF_ERROR(CheckHostPoolFlags());
   Settings s;
   s.coordinator = absl::GetFlag(FLAGS_coordinator);
   if (s.coordinator.empty()) {
