@@ -342,8 +342,10 @@ TEST_F(PipelinedSaveTest, WithAPrefaultedPoolEverySaveOfEveryJobFaultsInNoNewMem
   HostBufferPool pool(int64_t{32} << 20, int64_t{1} << 20);
   ASSERT_TRUE(pool.Prefault().ok());
   for (const Trainer* trainer : {&first, &second, &first}) {
-    EXPECT_LT(SnapshotFaults(*trainer, pool, Staging()), 64)
-        << "the snapshot faulted in new memory";
+    const int64_t faults = SnapshotFaults(*trainer, pool, Staging());
+    if (kPageFaultsMeasureTheCode) {
+      EXPECT_LT(faults, 64) << "the snapshot faulted in new memory";
+    }
     EXPECT_EQ(pool.stats().bytes_mapped, int64_t{32} << 20) << "the save mapped new memory";
   }
 }
@@ -360,7 +362,9 @@ TEST_F(PipelinedSaveTest, ALazyPoolFaultsInItsBoundOnceAcrossSavesOfSeveralJobs)
   }
   // Fresh buffers would have faulted in 4 x 4096 pages; the pool its 1024 once (fewer with
   // huge pages), plus a few for the snapshot's own bookkeeping.
-  EXPECT_LT(faults, kBound / 4096 + 4 * 64);
+  if (kPageFaultsMeasureTheCode) {
+    EXPECT_LT(faults, kBound / 4096 + 4 * 64);
+  }
   EXPECT_LE(pool.stats().bytes_mapped, kBound);
   EXPECT_GT(pool.stats().reuses, 0);
 }
@@ -615,7 +619,9 @@ TEST_F(PipelinedSaveTest, CompressedSavesOfEveryJobReuseThePrefaultedPoolAndFaul
     ASSERT_TRUE(snapshot.ok()) << snapshot.status();
     ASSERT_TRUE(WriteSnapshot(*snapshot, nullptr).ok());
     EXPECT_TRUE(snapshot->report.compression_pipelined);
-    EXPECT_LT(faults, 64) << "the compressed snapshot faulted in new memory";
+    if (kPageFaultsMeasureTheCode) {
+      EXPECT_LT(faults, 64) << "the compressed snapshot faulted in new memory";
+    }
     EXPECT_GE(pool.stats().acquires - acquires_before, trainer->size(0) / (int64_t{1} << 20));
     EXPECT_EQ(pool.stats().bytes_mapped, int64_t{8} << 20) << "the save mapped new memory";
   }
