@@ -224,15 +224,16 @@ absl::Status SaveCommitter::Prepare(const Operation& op) {
 std::optional<std::vector<RankPlan>> SaveCommitter::ReusedPlan(const Operation& op) {
   const std::string staging = StagingDir(op.id);
   if (staging.empty()) return std::nullopt;
-  return plan_reuse_.Find(op, staging);
+  std::optional<std::vector<RankPlan>> reused = plan_reuse_.Find(op, staging);
+  // Kept without the compression tail: this save's own spec goes on (the advancer calls this
+  // directly, before Plan).
+  if (reused.has_value()) AddCompressionTail(op.compression, &*reused);
+  return reused;
 }
 
 absl::StatusOr<std::vector<RankPlan>> SaveCommitter::Plan(const Operation& op) {
   CKPT_RETURN_IF_ERROR(Prepare(op));
-  if (std::optional<std::vector<RankPlan>> reused = ReusedPlan(op)) {
-    AddCompressionTail(op.compression, &*reused);
-    return *std::move(reused);
-  }
+  if (std::optional<std::vector<RankPlan>> reused = ReusedPlan(op)) return *std::move(reused);
   absl::StatusOr<std::vector<RankPlan>> plans = PlanSave(op, SavePlanOptions(), StagingDir(op.id));
   if (plans.ok()) plan_reuse_.Keep(op, &*plans);  // kept without the compression tail
   if (plans.ok()) AddCompressionTail(op.compression, &*plans);

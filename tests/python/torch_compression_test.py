@@ -108,9 +108,7 @@ def test_a_compressed_save_loads_back_bit_exact_and_inspect_shows_the_codec(clus
     save_compressed_and_check(cluster, "zstd:3")  # the module's first save of its job
 
 
-@pytest.mark.xfail(strict=True, reason="known bug (issue 40, found here): a later compressed "
-                   "save of the same state in the same job is written uncompressed; the spec "
-                   "is lost between the client and the worker's plan part on the repeat save")
+# Its plan is reused (same layout, same job): the compression must still reach the workers.
 def test_a_later_compressed_save_of_the_same_state_is_compressed_too(cluster):
     save_compressed_and_check(cluster, "zstd")
 
