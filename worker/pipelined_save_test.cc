@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -196,6 +197,25 @@ class Trainer {
   SessionInfo session_;
 };
 
+// The order in which a save's pipeline reported its events: Trace() goes into
+// DeviceSnapshotOptions::trace; after the save, At(kind, chunk) is that event's position.
+class PipelineOrder {
+ public:
+  std::function<void(const SavePipelineEvent&)> Trace() {
+    return [this](const SavePipelineEvent& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      when_[{e.kind, e.chunk}] = count_++;
+    };
+  }
+  size_t size() const { return count_; }
+  size_t At(SavePipelineEvent::Kind kind, int64_t chunk) const { return when_.at({kind, chunk}); }
+
+ private:
+  std::mutex mu_;
+  size_t count_ = 0;
+  std::map<std::pair<SavePipelineEvent::Kind, int64_t>, size_t> when_;
+};
+
 class PipelinedSaveTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -284,24 +304,18 @@ TEST_F(PipelinedSaveTest, APoolOfTwoChunksSavesATenChunkPieceAndSaysTheSnapshotW
 TEST_F(PipelinedSaveTest, ChunkKIsWrittenBeforeChunkKPlusThePoolSizeIsCopied) {
   const Trainer trainer(registry_, "job", {4 * kChunk, 6 * kChunk});
   HostBufferPool pool(2 * kChunk, kChunk);
-  std::mutex mu;
-  std::vector<std::pair<SavePipelineEvent::Kind, int64_t>> events;
+  PipelineOrder order;
   DeviceSnapshotOptions options;
-  options.trace = [&](const SavePipelineEvent& e) {
-    std::lock_guard<std::mutex> lock(mu);
-    events.emplace_back(e.kind, e.chunk);
-  };
+  options.trace = order.Trace();
   Save(trainer, trainer.Part(Staging(), {{0, 1}}), pool, nullptr, options);
-  std::map<std::pair<SavePipelineEvent::Kind, int64_t>, size_t> when;
-  for (size_t i = 0; i < events.size(); ++i) when[events[i]] = i;
-  ASSERT_EQ(events.size(), 20u);  // ten chunks, each copied and written once
+  ASSERT_EQ(order.size(), 20u);  // ten chunks, each copied and written once
   for (int64_t k = 0; k + 2 < 10; ++k) {
     SCOPED_TRACE(absl::StrCat("chunk ", k));
-    EXPECT_LT(when.at({SavePipelineEvent::kWritten, k}),
-              when.at({SavePipelineEvent::kCopied, k + 2}));
+    EXPECT_LT(order.At(SavePipelineEvent::kWritten, k),
+              order.At(SavePipelineEvent::kCopied, k + 2));
   }
   for (int64_t k = 0; k < 10; ++k) {  // and each is copied before it is written
-    EXPECT_LT(when.at({SavePipelineEvent::kCopied, k}), when.at({SavePipelineEvent::kWritten, k}));
+    EXPECT_LT(order.At(SavePipelineEvent::kCopied, k), order.At(SavePipelineEvent::kWritten, k));
   }
 }
 
@@ -563,38 +577,32 @@ TEST_F(PipelinedSaveTest, ACompressedSaveOfEveryDTypeIsPipelinedThroughThePoolAn
 TEST_F(PipelinedSaveTest, ACompressedRunIsEncodedBeforeTheRunAPoolLaterIsCopiedAndWrittenInOrder) {
   const Trainer trainer(registry_, "job", {4 * kRun, 6 * kRun}, false, {DType::kBF16, DType::kF32});
   HostBufferPool pool(2 * kRun, kRun);
-  std::mutex mu;
-  std::vector<std::pair<SavePipelineEvent::Kind, int64_t>> events;
+  PipelineOrder order;
   DeviceSnapshotOptions options;
-  options.trace = [&](const SavePipelineEvent& e) {
-    std::lock_guard<std::mutex> lock(mu);
-    events.emplace_back(e.kind, e.chunk);
-  };
+  options.trace = order.Trace();
   const std::string staging = Staging();
   const pb::Manifest m =
       Save(trainer, Compressed(trainer.Part(staging, {{0, 1}})), pool, nullptr, options);
-  std::map<std::pair<SavePipelineEvent::Kind, int64_t>, size_t> when;
-  for (size_t i = 0; i < events.size(); ++i) when[events[i]] = i;
-  ASSERT_EQ(events.size(), 30u);  // ten runs, each copied, encoded and written once
+  ASSERT_EQ(order.size(), 30u);  // ten runs, each copied, encoded and written once
   using E = SavePipelineEvent;
   for (int64_t k = 0; k < 10; ++k) {
     SCOPED_TRACE(absl::StrCat("run ", k));
     // The pool's two chunks bound the pipeline: run k+2 waits for run k's chunk, which the
     // writer returns once it encoded the run.
     if (k + 2 < 10) {
-      EXPECT_LT(when.at({E::kEncoded, k}), when.at({E::kCopied, k + 2}));
+      EXPECT_LT(order.At(E::kEncoded, k), order.At(E::kCopied, k + 2));
     }
-    EXPECT_LT(when.at({E::kCopied, k}), when.at({E::kEncoded, k}));
-    EXPECT_LT(when.at({E::kEncoded, k}), when.at({E::kWritten, k}));
+    EXPECT_LT(order.At(E::kCopied, k), order.At(E::kEncoded, k));
+    EXPECT_LT(order.At(E::kEncoded, k), order.At(E::kWritten, k));
     if (k + 1 < 10) {
-      EXPECT_LT(when.at({E::kWritten, k}), when.at({E::kEncoded, k + 1}));
+      EXPECT_LT(order.At(E::kWritten, k), order.At(E::kEncoded, k + 1));
     }
   }
   // And the snapshot ran ahead of the writes: some run was copied before an earlier one was
   // written.
   bool overlapped = false;
   for (int64_t k = 0; k + 1 < 10; ++k) {
-    overlapped = overlapped || when.at({E::kCopied, k + 1}) < when.at({E::kWritten, k});
+    overlapped = overlapped || order.At(E::kCopied, k + 1) < order.At(E::kWritten, k);
   }
   EXPECT_TRUE(overlapped);
   ExpectReadsBackBitExact(trainer, staging, m, absl::StrCat(final_path_, "-order"));
