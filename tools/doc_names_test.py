@@ -3,11 +3,11 @@ has passes; a made-up function, method, path, flag or Bazel target fails naming 
 line; a name left only in a comment counts as gone; prose, commands and allowlisted names pass."""
 
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import doc_names  # noqa: E402
+import repo_testing  # noqa: E402
 
 CODE = {
     "worker/worker_service.h": (
@@ -43,12 +43,7 @@ def make_repo(tmp_path, doc, extra=None):
     files = dict(CODE)
     files["docs/ARCHITECTURE.md"] = doc
     files.update(extra or {})
-    for path, text in files.items():
-        full = tmp_path / path
-        full.parent.mkdir(parents=True, exist_ok=True)
-        full.write_text(text)
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    return str(tmp_path)
+    return repo_testing.make_repo(tmp_path, files)
 
 
 def run(tmp_path, doc, capsys, extra=None):

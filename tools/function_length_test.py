@@ -3,11 +3,11 @@
 and in ci mode fails unless the function has an ALLOWED note."""
 
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import function_length  # noqa: E402
+import repo_testing  # noqa: E402
 
 
 def body(n):
@@ -15,13 +15,7 @@ def body(n):
 
 
 def make_repo(tmp_path, files):
-    for path, text in files.items():
-        full = tmp_path / path
-        full.parent.mkdir(parents=True, exist_ok=True)
-        full.write_text(text)
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True)
-    return str(tmp_path)
+    return repo_testing.make_repo(tmp_path, files, add=True)
 
 
 FILES = {

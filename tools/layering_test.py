@@ -3,22 +3,15 @@ an upward BUILD dependency and an impure include in a pure file, pass on a clean
 a document's generated table in step."""
 
 import os
-import subprocess
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import layering  # noqa: E402
+from repo_testing import make_repo  # noqa: E402
 
 
-def make_repo(tmp_path, files):
-    for path, text in files.items():
-        full = tmp_path / path
-        full.parent.mkdir(parents=True, exist_ok=True)
-        full.write_text(text)
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    return str(tmp_path)
 
 
 CLEAN = {
