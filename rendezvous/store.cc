@@ -54,9 +54,14 @@ absl::Status ArriveAndWait(Store& group_store, int rank, int size, absl::Time de
   if (arrived.code() != absl::StatusCode::kDeadlineExceeded) {
     return absl::Status(arrived.code(), absl::StrCat(where, ": ", arrived.message()));
   }
+  return NeverArrivedError(group_store, keys, where);
+}
+
+absl::Status NeverArrivedError(Store& group_store, absl::Span<const std::string> keys,
+                               absl::string_view where) {
   std::vector<int> missing;
-  for (int r = 0; r < size; ++r) {
-    if (!group_store.Get({keys[r]}, absl::Now()).ok()) missing.push_back(r);
+  for (size_t r = 0; r < keys.size(); ++r) {
+    if (!group_store.Get({keys[r]}, absl::Now()).ok()) missing.push_back(static_cast<int>(r));
   }
   return absl::DeadlineExceededError(absl::StrCat(where, ": ranks [", absl::StrJoin(missing, ", "),
                                                   "] never arrived before the deadline"));

@@ -69,6 +69,12 @@ class PrefixedStore : public Store {
   Store* base_;
 };
 
+// DeadlineExceeded "<where>: ranks [..] never arrived before the deadline", naming the ranks
+// whose key (`keys[r]` for rank r) `group_store` still lacks: the diagnosis of a group step that
+// waited for every rank's key and ran out of time.
+absl::Status NeverArrivedError(Store& group_store, absl::Span<const std::string> keys,
+                               absl::string_view where);
+
 // Group formation step shared by backends: records that `rank` arrived (key
 // "arrived/<rank>" in `group_store`) and waits for all `size` ranks. DeadlineExceeded lists the
 // ranks that never arrived, prefixed with `where`.

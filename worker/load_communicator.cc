@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "exchange/nccl/host_staging_communicator.h"
 
@@ -116,12 +115,7 @@ absl::StatusOr<bool> AgreeOnReuse(Store& group_store, int me, int world, const s
     return absl::Status(tokens.status().code(),
                         absl::StrCat(where, ": ", tokens.status().message()));
   }
-  std::vector<int> missing;
-  for (int r = 0; r < world; ++r) {
-    if (!group_store.Get({keys[r]}, absl::Now()).ok()) missing.push_back(r);
-  }
-  return absl::DeadlineExceededError(absl::StrCat(where, ": ranks [", absl::StrJoin(missing, ", "),
-                                                  "] never arrived before the deadline"));
+  return NeverArrivedError(group_store, keys, where);
 }
 
 }  // namespace
