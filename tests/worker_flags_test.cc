@@ -1,5 +1,6 @@
 // The worker refuses hostile values of its host pool flags (--host_pool_bytes,
-// --host_pool_prefault) at start with a message naming the flag, and exits without crashing.
+// --host_pool_prefault) and its --communicator_cache_entries at start with a message naming the
+// flag, and exits without crashing.
 #include <string>
 
 #include "gmock/gmock.h"
@@ -44,6 +45,17 @@ TEST(WorkerFlagsTest, NonNumericOrOverflowingHostPoolSizesAreRefusedNamingTheFla
   for (const std::string value : {"lots", "1e12", "8GiB", "99999999999999999999", ""}) {
     SCOPED_TRACE(value);
     ExpectRefused(Worker("--host_pool_bytes=" + value), "host_pool_bytes", "");
+  }
+}
+
+TEST(WorkerFlagsTest, ANegativeOrNonNumericCommunicatorCacheSizeIsRefusedNamingTheFlag) {
+  const CommandResult negative = Worker("--communicator_cache_entries=-1");
+  ExpectRefused(negative, "--communicator_cache_entries", "-1");
+  EXPECT_EQ(negative.code, 2);
+  for (const std::string value : {"many", "99999999999", ""}) {
+    SCOPED_TRACE(value);
+    ExpectRefused(Worker("--communicator_cache_entries=" + value), "communicator_cache_entries",
+                  "");
   }
 }
 

@@ -340,8 +340,13 @@ absl::StatusOr<Settings> ReadSettings() {
   s.host = absl::GetFlag(FLAGS_host);
   if (s.host.empty()) s.host = ckpt::HostName();
   CKPT_ASSIGN_OR_RETURN(s.trainer_uids, TrainerUids(absl::GetFlag(FLAGS_trainer_uids)));
-  ckpt::worker::SetSharedCommunicatorCacheEntries(
-      static_cast<size_t>(std::max(absl::GetFlag(FLAGS_communicator_cache_entries), 0)));
+  const int cache_entries = absl::GetFlag(FLAGS_communicator_cache_entries);
+  if (cache_entries < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--communicator_cache_entries must be 0 (join anew every time) or more, got ",
+                     cache_entries));
+  }
+  ckpt::worker::SetSharedCommunicatorCacheEntries(static_cast<size_t>(cache_entries));
   return s;
 }
 
