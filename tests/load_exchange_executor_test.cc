@@ -154,9 +154,11 @@ class LoadExchangeExecutorTest : public ::testing::Test {
   std::vector<absl::Status> RunAll(const std::vector<pb::LoadPlanPart>& parts,
                                    std::vector<std::vector<int32_t>>* memory,
                                    const Workers* workers = nullptr,
-                                   std::vector<bool>* reused = nullptr) {
+                                   std::vector<char>* reused = nullptr) {
     memory->assign(kRanks, {});
-    if (reused != nullptr) reused->assign(kRanks, false);
+    // One byte per rank, never std::vector<bool>: its elements share words, so the rank threads'
+    // writes below would race and lose each other's flags.
+    if (reused != nullptr) reused->assign(kRanks, 0);
     std::vector<SessionInfo> sessions;
     for (int r = 0; r < kRanks; ++r) sessions.push_back(Session(r, &(*memory)[r]));
     std::vector<absl::Status> statuses(kRanks);
@@ -172,7 +174,7 @@ class LoadExchangeExecutorTest : public ::testing::Test {
           context.communicators = workers->communicators[r].get();
         }
         statuses[r] = ExecuteExchangeLoadPart(parts[r], sessions[r], context, gate, &stats);
-        if (reused != nullptr) (*reused)[r] = stats.communicator_reused;
+        if (reused != nullptr) (*reused)[r] = stats.communicator_reused ? 1 : 0;
       });
     }
     for (std::thread& t : threads) t.join();
@@ -291,12 +293,12 @@ TEST_F(LoadExchangeExecutorTest, TheNextLoadOfTheSameRanksReusesTheirCommunicato
     std::vector<pb::LoadPlanPart> parts =
         Plan(path, absl::StrCat("op-communicator-", run), algorithm, /*budget=*/200);
     std::vector<std::vector<int32_t>> memory;
-    std::vector<bool> reused;
+    std::vector<char> reused;
     std::vector<absl::Status> statuses = RunAll(parts, &memory, &workers, &reused);
     const std::vector<pb::PieceMeta> shards = RankShards();
     for (int r = 0; r < kRanks; ++r) {
       ASSERT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
-      EXPECT_EQ(reused[r], expect_reused[run]) << "rank " << r;
+      EXPECT_EQ(reused[r] != 0, expect_reused[run]) << "rank " << r;
       const pb::Region& region = shards[r].region();
       for (int64_t i = 0; i < region.lengths(0) * kCols; ++i) {
         ASSERT_EQ(memory[r][i], Value(region.offsets(0) + i / kCols, i % kCols)) << r << " " << i;
