@@ -1,0 +1,54 @@
+// Test fixture: a real S3-compatible server (OpenStack Swift with s3api) for one test.
+#ifndef CKPT_STORAGE_S3_TESTING_S3_TEST_SERVER_H_
+#define CKPT_STORAGE_S3_TESTING_S3_TEST_SERVER_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace ckpt {
+
+// A real one-node Swift with s3api on loopback, started in a fresh temp dir for one test.
+// Runs storage/s3/testing/swift_server.py (Debian's python3-swift; tools/install_deps.sh
+// installs it) under /usr/bin/python3. Path-style addressing, SigV4, region "us-east-1"; the
+// access key and secret are generated per start. Not thread-safe: one test thread drives it.
+class S3TestServer {
+ public:
+  // Starts swift_server.py start (found through the runfiles or the workspace; a data
+  // dependency) within `timeout`; the error names the log dir.
+  static absl::StatusOr<std::unique_ptr<S3TestServer>> Start(
+      absl::Duration timeout = absl::Seconds(60));
+  ~S3TestServer();  // stops every process and removes its temp dir
+
+  S3TestServer(const S3TestServer&) = delete;
+  S3TestServer& operator=(const S3TestServer&) = delete;
+
+  const std::string& endpoint() const { return endpoint_; }  // "http://127.0.0.1:PORT"
+  const std::string& region() const { return region_; }      // "us-east-1"
+  const std::string& access_key_id() const { return access_key_id_; }
+  const std::string& secret_access_key() const { return secret_access_key_; }
+  const std::string& log_dir() const { return log_dir_; }
+
+  absl::Status KillProxy();     // SIGKILL of the proxy only; requests then fail to connect
+  absl::Status RestartProxy();  // the proxy back on the same port, data kept
+
+ private:
+  S3TestServer() = default;
+
+  std::string script_;  // swift_server.py
+  std::string dir_;     // the temp dir this server owns (configs, data, logs)
+  std::string endpoint_;
+  std::string region_;
+  std::string access_key_id_;
+  std::string secret_access_key_;
+  std::string log_dir_;
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_STORAGE_S3_TESTING_S3_TEST_SERVER_H_
