@@ -7,7 +7,6 @@
 
 #include "benchmark/benchmark.h"
 #include "planner/load_plan.h"
-#include "planner/plan_cache.h"
 #include "planner/save_plan.h"
 
 namespace ckpt {
@@ -86,18 +85,6 @@ void BM_LoadPlanReshardTp8ToTp4Dp128(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * in.requests.size());
 }
 BENCHMARK(BM_LoadPlanReshardTp8ToTp4Dp128)->Unit(benchmark::kMillisecond);
-
-// A repeated save of an unchanged layout: fingerprinting the metadata and a cache hit.
-void BM_SavePlanCacheHit(benchmark::State& state) {
-  const auto pieces = SaveLayout(8, 64);
-  PlanCache cache;
-  if (!cache.GetSavePlan(pieces, 512).ok()) state.SkipWithError("plan failed");
-  for (auto _ : state) {
-    auto plan = cache.GetSavePlan(pieces, 512);
-    benchmark::DoNotOptimize(plan);
-  }
-}
-BENCHMARK(BM_SavePlanCacheHit)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace ckpt
