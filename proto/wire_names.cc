@@ -67,8 +67,6 @@ std::string OperationKindName(pb::OperationKind kind) {
       return "load";
     case pb::OPERATION_RESHARD:
       return "reshard";
-    case pb::OPERATION_PUBLISH:
-      return "publish";
     case pb::OPERATION_RECEIVE:
       return "receive";
     default:
