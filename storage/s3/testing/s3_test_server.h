@@ -47,6 +47,7 @@ class S3TestServer {
   std::string access_key_id_;
   std::string secret_access_key_;
   std::string log_dir_;
+  bool keep_dir_ = false;  // a start that failed keeps its logs for the error it returned
 };
 
 }  // namespace ckpt
