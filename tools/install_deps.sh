@@ -19,6 +19,11 @@ PACKAGES=(
   clang libclang-rt-14-dev clang-format
   iproute2
   dpkg-dev cmake libc-ares-dev zlib1g-dev libprotoc-dev
+  # The S3 store: libcurl (SigV4 signing built in), and the real S3-compatible server its tests
+  # start (storage/s3/testing/swift_server.py): a one-node OpenStack Swift with s3api. No
+  # memcached: tempauth's S3 path signs every request and works without one.
+  libcurl4-openssl-dev
+  swift swift-proxy swift-account swift-container swift-object
 )
 
 missing=()
@@ -34,9 +39,20 @@ else
   SUDO=""
   if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
   echo "install_deps: installing ${missing[*]}"
+  # Packages with daemons (Swift's servers) must not start them on install: a policy-rc.d that
+  # refuses every start, for this install only, unless the machine already has one of its own.
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod 755 /usr/sbin/policy-rc.d
+    trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >/dev/null
+  if [[ -n "$(trap -p EXIT)" ]]; then
+    $SUDO rm -f /usr/sbin/policy-rc.d
+    trap - EXIT
+  fi
   echo "install_deps: packages done"
 fi
 
