@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint_writer.h"
+#include "storage/direct_io_refusal.h"
 #include "storage/file_util.h"
 #include "storage/io_engine.h"
 #include "storage/test_dir.h"

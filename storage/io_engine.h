@@ -87,9 +87,6 @@ struct RangeRead {
   std::string label;  // e.g. the tensor key and region, for error messages
 };
 
-// Test-only: make every O_DIRECT open fail with EINVAL, as on filesystems that refuse it.
-void SetDirectIoRefusedForTesting(bool refused);
-
 // Performs all reads in parallel. A range past the end of its file is DataLoss ("truncated").
 absl::Status ReadRanges(const std::vector<RangeRead>& reads, const IoOptions& options);
 

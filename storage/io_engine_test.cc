@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/checksum.h"
+#include "storage/direct_io_refusal.h"
 #include "storage/file_util.h"
 #include "storage/test_dir.h"
 

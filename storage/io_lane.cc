@@ -2,23 +2,14 @@
 
 #include <fcntl.h>
 
-#include <cerrno>
-
+#include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
 
 namespace ckpt {
 namespace io_internal {
-namespace {
 
-std::atomic<bool> refuse_direct_for_testing{false};
-
-}  // namespace
-
-int OpenFile(const char* path, int flags, mode_t mode) {
-  if ((flags & O_DIRECT) != 0 && refuse_direct_for_testing) {
-    errno = EINVAL;
-    return -1;
-  }
+// Weak: the testonly //storage:direct_io_refusal links a replacement (see io_lane.h).
+ABSL_ATTRIBUTE_WEAK int OpenFile(const char* path, int flags, mode_t mode) {
   return ::open(path, flags, mode);
 }
 
@@ -48,9 +39,4 @@ bool IsDirectRefused(const absl::Status& s) {
          s.message().find("O_DIRECT refused") != absl::string_view::npos;
 }
 }  // namespace io_internal
-
-void SetDirectIoRefusedForTesting(bool refused) {
-  io_internal::refuse_direct_for_testing = refused;
-}
-
 }  // namespace ckpt

@@ -24,7 +24,9 @@ namespace ckpt::io_internal {
 inline constexpr int64_t kAlign = 4096;
 inline constexpr int64_t kHashSlice = int64_t{256} << 10;  // copy+hash granularity (stays in L2)
 
-// open(2), except that O_DIRECT fails with EINVAL while SetDirectIoRefusedForTesting is on.
+// open(2). Defined weak in io_lane.cc: a test that links the testonly //storage:
+// direct_io_refusal gets its definition instead, which can refuse O_DIRECT
+// (storage/direct_io_refusal.h); the release engine calls open(2) with no test on its path.
 int OpenFile(const char* path, int flags, mode_t mode = 0);
 
 inline int64_t RoundUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }

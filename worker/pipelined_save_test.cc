@@ -26,6 +26,7 @@
 #include "sharding/dtype.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/checkpoint_writer.h"
+#include "storage/direct_io_refusal.h"
 #include "storage/file_util.h"
 #include "storage/io_engine.h"
 #include "storage/piece_codec.h"
