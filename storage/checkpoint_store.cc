@@ -1,0 +1,151 @@
+#include "storage/checkpoint_store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "storage/manifest_codec.h"
+
+namespace ckpt {
+
+absl::StatusOr<std::unique_ptr<ObjectWriter>> CheckpointWrite::Create(const std::string& name) {
+  if (absl::Status valid = ValidateDataFileName(name); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", url_, ": object \"", name, "\" is not a data file name: ", valid.message()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!objects_.emplace(name, -1).second) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("checkpoint ", url_, ": object ", name, " was already created"));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> writer = CreateObject(name);
+  if (!writer.ok()) {
+    absl::MutexLock lock(&mu_);
+    objects_.erase(name);
+  }
+  return writer;
+}
+
+void CheckpointWrite::RecordClosed(const std::string& name, int64_t size) {
+  absl::MutexLock lock(&mu_);
+  objects_[name] = size;
+}
+
+absl::Status CheckpointWrite::Commit(const pb::Manifest& manifest, absl::Time deadline) {
+  if (absl::Status valid = ValidateManifest(manifest); !valid.ok()) {
+    return absl::Status(valid.code(),
+                        absl::StrCat("checkpoint ", url_, ": manifest: ", valid.message()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    std::map<std::string, int64_t> unlisted = objects_;
+    for (const pb::DataFile& file : manifest.files()) {
+      auto it = objects_.find(file.name());
+      if (it == objects_.end() || it->second < 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint ", url_, ": data file ", file.name(),
+                         it == objects_.end() ? " was never written" : " was not closed"));
+      }
+      if (it->second != file.size_bytes()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint ", url_, ": data file ", file.name(), " holds ", it->second,
+                         " bytes but the manifest records ", file.size_bytes()));
+      }
+      unlisted.erase(file.name());
+    }
+    if (!unlisted.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint ", url_, ": object ",
+                                                        unlisted.begin()->first,
+                                                        " was written but the manifest lacks it"));
+    }
+  }
+  return CommitManifest(manifest, deadline);
+}
+
+absl::Status CheckpointWrite::Abort(absl::Time deadline) { return AbortWrite(deadline); }
+
+StoredCheckpoint::StoredCheckpoint(std::string url, pb::Manifest manifest)
+    : url_(std::move(url)), manifest_(std::move(manifest)) {
+  for (const pb::DataFile& file : manifest_.files()) file_sizes_[file.name()] = file.size_bytes();
+}
+
+absl::Status StoredCheckpoint::Read(const std::string& name, int64_t offset, absl::Span<char> dest,
+                                    absl::Time deadline) const {
+  auto listed = file_sizes_.find(name);
+  if (listed == file_sizes_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", url_, ": its manifest lists no data file ", name));
+  }
+  const int64_t end = offset + static_cast<int64_t>(dest.size());
+  if (offset < 0 || end > listed->second) {
+    return absl::OutOfRangeError(absl::StrCat("checkpoint ", url_, ": bytes [", offset, ", ", end,
+                                              ") of ", name, " are outside its ", listed->second,
+                                              " bytes"));
+  }
+  if (dest.empty()) return absl::OkStatus();
+  return ReadObject(name, offset, dest, deadline);
+}
+
+namespace {
+
+struct Registry {
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, CheckpointStoreFactory> factories ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::string, std::unique_ptr<CheckpointStore>> made ABSL_GUARDED_BY(mu);
+};
+
+Registry& TheRegistry() {
+  static Registry* registry = new Registry;
+  return *registry;
+}
+
+}  // namespace
+
+std::string StoreScheme(absl::string_view url) {
+  const size_t colon = url.find("://");
+  if (colon == absl::string_view::npos || colon == 0) return "file";
+  return std::string(url.substr(0, colon));
+}
+
+void RegisterCheckpointStore(const std::string& scheme, CheckpointStoreFactory factory) {
+  Registry& registry = TheRegistry();
+  absl::MutexLock lock(&registry.mu);
+  registry.factories[scheme] = std::move(factory);
+  registry.made.erase(scheme);
+}
+
+std::vector<std::string> RegisteredStoreSchemes() {
+  Registry& registry = TheRegistry();
+  absl::MutexLock lock(&registry.mu);
+  std::vector<std::string> schemes;
+  for (const auto& [scheme, factory] : registry.factories) schemes.push_back(scheme);
+  std::sort(schemes.begin(), schemes.end());
+  return schemes;
+}
+
+absl::StatusOr<CheckpointStore*> StoreForUrl(absl::string_view url) {
+  const std::string scheme = StoreScheme(url);
+  std::vector<std::string> known = RegisteredStoreSchemes();
+  Registry& registry = TheRegistry();
+  absl::MutexLock lock(&registry.mu);
+  if (auto made = registry.made.find(scheme); made != registry.made.end()) {
+    return made->second.get();
+  }
+  auto factory = registry.factories.find(scheme);
+  if (factory == registry.factories.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no checkpoint store serves ", url, " (scheme ", scheme,
+                     "; registered: ", absl::StrJoin(known, ", "), ")"));
+  }
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, factory->second());
+  CheckpointStore* raw = store.get();
+  registry.made[scheme] = std::move(store);
+  return raw;
+}
+
+}  // namespace ckpt
