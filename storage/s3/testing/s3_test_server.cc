@@ -32,6 +32,7 @@ namespace {
 
 constexpr char kPython[] = "/usr/bin/python3";  // Debian's, where python3-swift lives
 constexpr char kScript[] = "storage/s3/testing/swift_server.py";
+constexpr int kDeadlineExit = 3;  // swift_server.py's DEADLINE_EXIT
 constexpr absl::Duration kStopTimeout = absl::Seconds(30);
 constexpr absl::Duration kPoll = absl::Milliseconds(20);
 
@@ -105,7 +106,7 @@ absl::Status WaitChild(pid_t pid, absl::Time deadline, int* wait_status) {
     if (done == pid) return absl::OkStatus();
     if (done < 0 && errno != EINTR) return absl::InternalError(std::strerror(errno));
     if (absl::Now() > deadline) {
-      ::kill(pid, SIGKILL);
+      ::killpg(pid, SIGKILL);  // the script and its launcher: their group (posix_spawn below)
       ::waitpid(pid, wait_status, 0);  // SIGKILL cannot be ignored: this returns
       return absl::DeadlineExceededError("exit");
     }
@@ -134,8 +135,13 @@ absl::StatusOr<ScriptResult> RunScript(const std::string& script,
   posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
   posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);  // a group of its own, killed whole at the deadline
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, kPython, &actions, nullptr, argv.data(), environ);
+  const int rc = ::posix_spawn(&pid, kPython, &actions, &attr, argv.data(), environ);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   ::close(out[1]);
   ::close(err[1]);
@@ -153,6 +159,10 @@ absl::StatusOr<ScriptResult> RunScript(const std::string& script,
   if (!drained.ok() || !waited.ok()) {
     return absl::DeadlineExceededError(
         absl::StrCat(what, " did not finish in time; it said: ", result.err));
+  }
+  if (WIFEXITED(result.wait_status) && WEXITSTATUS(result.wait_status) == kDeadlineExit) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, ": ", absl::StripTrailingAsciiWhitespace(result.err)));
   }
   if (!WIFEXITED(result.wait_status) || WEXITSTATUS(result.wait_status) != 0) {
     return absl::InternalError(absl::StrCat(what, " failed (wait status ", result.wait_status,
@@ -209,7 +219,8 @@ absl::StatusOr<std::unique_ptr<S3TestServer>> S3TestServer::Start(absl::Duration
   const std::string swift_dir = server->dir_ + "/swift";
   server->log_dir_ = swift_dir + "/logs";
   // The script's own deadline comes first, so it stops the servers it started and says why.
-  const double script_timeout_s = std::max(1.0, absl::ToDoubleSeconds(timeout) - 5.0);
+  const absl::Duration margin = std::min(absl::Seconds(5), timeout / 4);
+  const double script_timeout_s = std::max(0.1, absl::ToDoubleSeconds(timeout - margin));
   absl::StatusOr<ScriptResult> ran =
       RunScript(server->script_,
                 {"start", "--dir", swift_dir, "--timeout", absl::StrCat(script_timeout_s),
@@ -220,8 +231,8 @@ absl::StatusOr<std::unique_ptr<S3TestServer>> S3TestServer::Start(absl::Duration
   if (!info.ok()) {
     server->keep_dir_ = true;  // the error names its logs
     return absl::Status(info.status().code(),
-                        absl::StrCat("S3TestServer: Swift did not start within ",
-                                     absl::FormatDuration(timeout), ": ", info.status().message(),
+                        absl::StrCat("S3TestServer: Swift did not start (deadline ",
+                                     absl::FormatDuration(timeout), "): ", info.status().message(),
                                      " (the servers' logs: ", server->log_dir_, ")"));
   }
   server->endpoint_ = info->endpoint;
@@ -232,8 +243,11 @@ absl::StatusOr<std::unique_ptr<S3TestServer>> S3TestServer::Start(absl::Duration
 }
 
 S3TestServer::~S3TestServer() {
-  absl::StatusOr<ScriptResult> stopped =
-      RunScript(script_, {"stop", "--dir", dir_ + "/swift"}, absl::Now() + kStopTimeout);
+  // No server.json: the script started nothing (Swift missing, say), so nothing to stop.
+  absl::StatusOr<ScriptResult> stopped = ScriptResult();
+  if (IsFile(dir_ + "/swift/server.json")) {
+    stopped = RunScript(script_, {"stop", "--dir", dir_ + "/swift"}, absl::Now() + kStopTimeout);
+  }
   if (!stopped.ok()) {
     // The servers also exit by themselves once this process has (--owner-pid).
     fprintf(stderr, "S3TestServer: %s\n", std::string(stopped.status().message()).c_str());

@@ -8,7 +8,10 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace ckpt {
@@ -131,6 +134,17 @@ TEST(S3TestServerTest, DestructionStopsTheServerAndRemovesItsDirectory) {
   curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
   EXPECT_EQ(curl_easy_perform(curl), CURLE_COULDNT_CONNECT) << endpoint << " still answers";
   curl_easy_cleanup(curl);
+}
+
+TEST(S3TestServerTest, StartPastItsDeadlineFailsInTimeNamingTheLogDir) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<S3TestServer>> server =
+      S3TestServer::Start(absl::Milliseconds(300));
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(server.ok()) << "Swift started within 300 ms";
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kDeadlineExceeded) << server.status();
+  EXPECT_NE(server.status().message().find("/logs"), absl::string_view::npos) << server.status();
+  EXPECT_LT(took, absl::Seconds(5)) << server.status();
 }
 
 }  // namespace

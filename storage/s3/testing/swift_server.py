@@ -116,9 +116,9 @@ def spawn(d, kinds, owner, deadline, rings=None):
            json.dumps(rings or {})] + list(kinds)
     try:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, env=env,
-                              timeout=max(1.0, deadline - time.monotonic()), check=False)
+                              timeout=max(0.05, deadline - time.monotonic()), check=False)
     except subprocess.TimeoutExpired:
-        fail(d, "the launcher did not start the servers before the deadline")
+        fail(d, "the launcher did not start the servers before the deadline", DEADLINE_EXIT)
     try:
         pids = json.loads(proc.stdout)
         return {kind: int(pids[kind]) for kind in kinds}
@@ -230,8 +230,12 @@ def alive(pid):
         return False
 
 
-def fail(d, message):
-    sys.exit(f"swift_server: {message}; the servers' logs are in {d}/logs")
+DEADLINE_EXIT = 3  # the exit status when the deadline passed (other failures: 1)
+
+
+def fail(d, message, code=1):
+    print(f"swift_server: {message}; the servers' logs are in {d}/logs", file=sys.stderr)
+    sys.exit(code)
 
 
 def wait_ready(d, info, kinds, deadline):
@@ -242,7 +246,7 @@ def wait_ready(d, info, kinds, deadline):
             if not alive(info["server_pids"][kind]):
                 fail(d, f"the {kind} server exited during start (see {kind}.log)")
             if time.monotonic() > deadline:
-                fail(d, f"the {kind} server did not answer {url} in time")
+                fail(d, f"the {kind} server did not answer {url} in time", DEADLINE_EXIT)
             time.sleep(POLL_S)
     last = None
     while True:
@@ -253,7 +257,7 @@ def wait_ready(d, info, kinds, deadline):
             return
         if time.monotonic() > deadline:
             fail(d, f"a signed S3 ListBuckets on {info['endpoint']} got {last}, not 200, "
-                 "before the deadline (see proxy.log)")
+                 "before the deadline (see proxy.log)", DEADLINE_EXIT)
         time.sleep(POLL_S)
 
 
