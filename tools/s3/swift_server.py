@@ -1,0 +1,1 @@
+../../storage/s3/testing/swift_server.py
