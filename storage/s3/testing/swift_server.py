@@ -80,8 +80,7 @@ def proxy_conf(d, port, account, user, secret):
     filters = ["catch_errors", "gatekeeper", "healthcheck", "proxy-logging", "cache",
                "listing_formats", "copy", "slo", "dlo"]
     text = common_conf(d, port) + f"\n[pipeline:main]\npipeline = {PROXY_PIPELINE}\n"
-    text += ("\n[app:proxy-server]\nuse = egg:swift#proxy\naccount_autocreate = true\n"
-             "allow_account_management = true\n")
+    text += "\n[app:proxy-server]\nuse = egg:swift#proxy\naccount_autocreate = true\n"
     entry = {"cache": "memcache"}  # egg entry points, where not the filter's name
     text += "".join(f"\n[filter:{f}]\nuse = egg:swift#{entry.get(f, f.replace('-', '_'))}\n"
                     for f in filters)
@@ -89,7 +88,7 @@ def proxy_conf(d, port, account, user, secret):
     text += (f"\n[filter:s3api]\nuse = egg:swift#s3api\nlocation = {REGION}\n"
              "storage_domain = localhost\n")
     text += (f"\n[filter:tempauth]\nuse = egg:swift#tempauth\n"
-             f"user_{account}_{user} = {secret} .admin .reseller_admin\n")
+             f"user_{account}_{user} = {secret} .admin\n")
     return text
 
 
