@@ -1,12 +1,9 @@
 #include "worker/persist_executor.h"
 
-#include <unistd.h>
-
-#include <atomic>
 #include <chrono>
-#include <fstream>
 #include <utility>
 
+#include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "spdlog/spdlog.h"
@@ -21,9 +18,8 @@ constexpr int kReportAttempts = 300;  // about a minute of retries
 
 }  // namespace
 
-PersistExecutor::PersistExecutor(MemoryTier* const* tier, CoordinatorLink* link,
-                                 std::string gate_file)
-    : tier_(tier), link_(link), gate_file_(std::move(gate_file)) {
+PersistExecutor::PersistExecutor(MemoryTier* const* tier, CoordinatorLink* link)
+    : tier_(tier), link_(link) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -38,15 +34,10 @@ void PersistExecutor::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-namespace {
-std::atomic<PersistGateSource> persist_gate_source{nullptr};
-}  // namespace
-
-void SetPersistGateSourceForTest(PersistGateSource source) { persist_gate_source = source; }
-
-std::string PersistGateFileForTest() {
-  PersistGateSource source = persist_gate_source.load();
-  return source == nullptr ? std::string() : source();
+// Weak: the testonly worker/test_hooks_on.cc replaces it (see persist_executor.h).
+ABSL_ATTRIBUTE_WEAK bool PassPersistGateForTest(
+    const std::function<bool(absl::Duration)>& /*stopped_within*/) {
+  return true;
 }
 
 std::vector<pb::HeldMemoryCheckpoint> DescribeHeld(const MemoryTier& tier) {
@@ -124,15 +115,10 @@ void PersistExecutor::Loop() {
 }
 
 bool PersistExecutor::PassGate() {
-  if (gate_file_.empty()) return true;
-  std::ofstream(absl::StrCat(gate_file_, ".waiting")).flush();  // "this item waits"
-  while (access(gate_file_.c_str(), F_OK) != 0) {
+  return PassPersistGateForTest([this](absl::Duration wait) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stopping_; })) {
-      return false;
-    }
-  }
-  return true;
+    return cv_.wait_for(lock, absl::ToChronoMilliseconds(wait), [this] { return stopping_; });
+  });
 }
 
 pb::PersistReportRequest PersistExecutor::Run(const pb::PersistWork& work) {

@@ -10,6 +10,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -23,12 +24,14 @@
 
 namespace ckpt::worker {
 
-// The gate file the testonly daemon's --persist_gate_file names (see PersistExecutor), through
-// the source installed with SetPersistGateSourceForTest; "" in the release daemon, which
-// installs none (worker/test_hooks_on.cc).
-std::string PersistGateFileForTest();
-using PersistGateSource = std::string (*)();
-void SetPersistGateSourceForTest(PersistGateSource source);
+// Test seam, called by the executor before it writes an item: true to write it, false when
+// `stopped_within` (which waits up to the given time for the executor to stop, and says whether
+// it did) reported a stop. Injected at link time: the release definition (persist_executor.cc)
+// is weak and returns true at once; the testonly daemon //worker:ckpt_worker_testing links
+// worker/test_hooks_on.cc, whose definition (--persist_gate_file=FILE) creates FILE.waiting and
+// waits until FILE exists: a test orders a worker's death or a competing save against a
+// persistence in progress with it.
+bool PassPersistGateForTest(const std::function<bool(absl::Duration)>& stopped_within);
 
 // What `tier` holds, with the coordinator's records, for RegisterWorkerRequest.memory_held.
 std::vector<pb::HeldMemoryCheckpoint> DescribeHeld(const MemoryTier& tier);
@@ -37,10 +40,8 @@ std::vector<pb::HeldMemoryCheckpoint> DescribeHeld(const MemoryTier& tier);
 class PersistExecutor {
  public:
   // `tier` (read through the pointer: null while the worker has no tier) and `link` must
-  // outlive the executor. `gate_file` (tests only, "" = none): before writing an item, wait
-  // until this file exists, after creating "<gate_file>.waiting" — a test orders a worker's
-  // death or a competing save against a persistence in progress with it.
-  PersistExecutor(MemoryTier* const* tier, CoordinatorLink* link, std::string gate_file = "");
+  // outlive the executor.
+  PersistExecutor(MemoryTier* const* tier, CoordinatorLink* link);
   ~PersistExecutor();
 
   // Handles a PersistWork (queued for the executor thread), a PersistEnded (unpins now) or a
@@ -54,12 +55,11 @@ class PersistExecutor {
   pb::PersistReportRequest Run(const pb::PersistWork& work);
   // Sends `report` until acknowledged, refused for good, or stopping (bounded retries).
   void Report(const pb::PersistReportRequest& report);
-  // Waits for the test gate file, if any; false when stopping.
+  // PassPersistGateForTest, waiting on this executor's stop; false when stopping.
   bool PassGate();
 
   MemoryTier* const* tier_;
   CoordinatorLink* link_;
-  const std::string gate_file_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;                                 // guarded by mu_

@@ -1,7 +1,8 @@
-// The test hooks of the testonly worker daemon //worker:ckpt_worker_testing, which the
-// multi-process tests run; the release daemon //worker:ckpt_worker links none of this (its
-// hook points call nothing, and it refuses --persist_gate_file as an unknown flag). Installed at
-// static initialization (alwayslink):
+// The test seams of the testonly worker daemon //worker:ckpt_worker_testing, which the
+// multi-process tests run. Link-time injection: each function here replaces the weak, do-nothing
+// release definition of the same function (worker/transfer_verify.cc, transfer_serve.cc,
+// persist_executor.cc); the release daemon //worker:ckpt_worker links none of this (its seams
+// do nothing and test nothing, and it refuses --persist_gate_file as an unknown flag).
 // - --persist_gate_file=FILE: before writing a background-persistence item, create
 //   FILE.waiting and wait until FILE exists (orders a test's events against a persistence in
 //   progress; tests/memory_persist_e2e_test.cc);
@@ -15,6 +16,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -29,10 +31,9 @@ ABSL_FLAG(std::string, persist_gate_file, "",
           "FILE.waiting and wait until FILE exists");
 
 namespace ckpt::worker {
-namespace {
 
-void CorruptSentUnits(const pb::LoadPlanPart& part, const ExchangePlan& plan, int me,
-                      ShardBuffers* loaded) {
+void CorruptSentUnitsForTest(const pb::LoadPlanPart& part, const ExchangePlan& plan, int me,
+                             ShardBuffers* loaded) {
   const char* flag = std::getenv("CKPT_TEST_CORRUPT_SENT_UNITS");
   if (!part.transfer_verify() || flag == nullptr || std::string(flag) != "1") return;
   for (const DistributedPiece& d : plan.distribution) {
@@ -42,7 +43,7 @@ void CorruptSentUnits(const pb::LoadPlanPart& part, const ExchangePlan& plan, in
   }
 }
 
-void HoldServing(const MemoryGate& gate, const absl::Notification* stopping) {
+void HoldServingForTest(const MemoryGate& gate, const absl::Notification* stopping) {
   const char* dir = std::getenv("CKPT_TEST_SERVE_HOLD_DIR");
   struct stat st;
   if (dir == nullptr || stat(absl::StrCat(dir, "/hold").c_str(), &st) != 0) return;
@@ -52,14 +53,14 @@ void HoldServing(const MemoryGate& gate, const absl::Notification* stopping) {
   }
 }
 
-std::string PersistGateFile() { return absl::GetFlag(FLAGS_persist_gate_file); }
-
-const bool installed = [] {
-  SetCorruptSentUnitsHookForTest(&CorruptSentUnits);
-  SetHoldServingHookForTest(&HoldServing);
-  SetPersistGateSourceForTest(&PersistGateFile);
+bool PassPersistGateForTest(const std::function<bool(absl::Duration)>& stopped_within) {
+  const std::string gate_file = absl::GetFlag(FLAGS_persist_gate_file);
+  if (gate_file.empty()) return true;
+  std::ofstream(absl::StrCat(gate_file, ".waiting")).flush();  // "this item waits"
+  while (access(gate_file.c_str(), F_OK) != 0) {
+    if (stopped_within(absl::Milliseconds(50))) return false;
+  }
   return true;
-}();
+}
 
-}  // namespace
 }  // namespace ckpt::worker

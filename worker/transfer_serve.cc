@@ -1,8 +1,8 @@
 #include "worker/transfer_serve.h"
 
-#include <atomic>
 #include <string>
 
+#include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
@@ -10,15 +10,9 @@
 
 namespace ckpt::worker {
 
-namespace {
-std::atomic<HoldServingHook> hold_serving_hook{nullptr};
-}  // namespace
-
-void SetHoldServingHookForTest(HoldServingHook hook) { hold_serving_hook = hook; }
-
-void HoldServingForTest(const MemoryGate& gate, const absl::Notification* stopping) {
-  if (HoldServingHook hook = hold_serving_hook.load(); hook != nullptr) hook(gate, stopping);
-}
+// Weak: the testonly worker/test_hooks_on.cc replaces it (see transfer_serve.h).
+ABSL_ATTRIBUTE_WEAK void HoldServingForTest(const MemoryGate& /*gate*/,
+                                            const absl::Notification* /*stopping*/) {}
 
 PartOutcome TransferServeExecutor::Execute(const PartRun& run) {
   const absl::Time start = absl::Now();

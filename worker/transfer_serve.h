@@ -24,13 +24,11 @@ class TransferServeExecutor final : public PartExecutor {
   LoadEnvironment env_;
 };
 
-// Test hook, called by a serving part after its first wave: runs the hook installed with
-// SetHoldServingHookForTest, if any. Only the testonly daemon //worker:ckpt_worker_testing
-// installs one (worker/test_hooks_on.cc: a source worker stalled mid-transfer, for a test to
-// kill); the release daemon has none.
+// Test seam, called by a serving part after each wave. Injected at link time: the release
+// definition (transfer_serve.cc) is weak and does nothing; the testonly daemon
+// //worker:ckpt_worker_testing links worker/test_hooks_on.cc, whose definition can stall the
+// part (a source worker stalled mid-transfer, for a test to kill).
 void HoldServingForTest(const MemoryGate& gate, const absl::Notification* stopping);
-using HoldServingHook = void (*)(const MemoryGate& gate, const absl::Notification* stopping);
-void SetHoldServingHookForTest(HoldServingHook hook);
 
 }  // namespace ckpt::worker
 

@@ -1,9 +1,9 @@
 #include "worker/transfer_verify.h"
 
-#include <atomic>
 #include <map>
 #include <string>
 
+#include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/transfer_path.h"
@@ -131,17 +131,9 @@ absl::Status VerifyReceivedUnits(const pb::LoadPlanPart& part, const pb::LoadWav
   return absl::OkStatus();
 }
 
-namespace {
-std::atomic<CorruptSentUnitsHook> corrupt_sent_units_hook{nullptr};
-}  // namespace
-
-void SetCorruptSentUnitsHookForTest(CorruptSentUnitsHook hook) { corrupt_sent_units_hook = hook; }
-
-void CorruptSentUnitsForTest(const pb::LoadPlanPart& part, const ExchangePlan& plan, int me,
-                             ShardBuffers* loaded) {
-  if (CorruptSentUnitsHook hook = corrupt_sent_units_hook.load(); hook != nullptr) {
-    hook(part, plan, me, loaded);
-  }
-}
+// Weak: the testonly worker/test_hooks_on.cc replaces it (see transfer_verify.h).
+ABSL_ATTRIBUTE_WEAK void CorruptSentUnitsForTest(const pb::LoadPlanPart& /*part*/,
+                                                 const ExchangePlan& /*plan*/, int /*me*/,
+                                                 ShardBuffers* /*loaded*/) {}
 
 }  // namespace ckpt::worker

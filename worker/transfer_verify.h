@@ -37,15 +37,12 @@ absl::Status VerifyReceivedUnits(const pb::LoadPlanPart& part, const pb::LoadWav
                                  const std::vector<uint64_t>& mine, const ShardBuffers& received,
                                  Communicator& comm, absl::Time deadline, const std::string& where);
 
-// Test hook, called on the units a rank read for a verified receive after their checksums were
-// taken: runs the hook installed with SetCorruptSentUnitsHookForTest, if any. Only the testonly
-// daemon //worker:ckpt_worker_testing installs one (worker/test_hooks_on.cc: it flips a byte
-// per unit, the corruption a faulty link would cause in flight); the release daemon has none.
+// Test seam, called on the units a rank read for a verified receive after their checksums were
+// taken. Injected at link time: the release definition (transfer_verify.cc) is weak and does
+// nothing; the testonly daemon //worker:ckpt_worker_testing links worker/test_hooks_on.cc,
+// whose definition flips a byte per unit (the corruption a faulty link would cause in flight).
 void CorruptSentUnitsForTest(const pb::LoadPlanPart& part, const ExchangePlan& plan, int me,
                              ShardBuffers* loaded);
-using CorruptSentUnitsHook = void (*)(const pb::LoadPlanPart& part, const ExchangePlan& plan,
-                                      int me, ShardBuffers* loaded);
-void SetCorruptSentUnitsHookForTest(CorruptSentUnitsHook hook);
 
 }  // namespace ckpt::worker
 

@@ -355,8 +355,7 @@ absl::StatusOr<Settings> ReadSettings() {
 std::unique_ptr<ckpt::worker::PersistExecutor> StartPersistence(
     ckpt::worker::MemoryTier* const* tier, ckpt::worker::CoordinatorLink& link,
     ckpt::worker::WorkerService& service) {
-  auto persist = std::make_unique<ckpt::worker::PersistExecutor>(
-      tier, &link, ckpt::worker::PersistGateFileForTest());
+  auto persist = std::make_unique<ckpt::worker::PersistExecutor>(tier, &link);
   service.set_persist_executor(persist.get());
   if (*tier != nullptr) {
     ckpt::worker::MemoryTier* held = *tier;
