@@ -307,6 +307,40 @@ TEST(CkptctlStorageTest, VerifyPassesAndCatchesCorruptionAndGaps) {
   EXPECT_EQ(Ckptctl("verify --threads 0 " + path).code, 2);
 }
 
+TEST(CkptctlStorageTest, CopyVerifiesEveryByteAndRefusesACorruptSource) {
+  const std::string dir = TestDir("copy");
+  Sharded s;
+  const std::string path = MakeSharded(dir, s);
+  const std::string to = JoinPath(dir, "copied");
+  Result ok = Ckptctl("copy --parallelism 2 --chunk-size 4KiB " + path + " file://" + to);
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_THAT(ok.out, HasSubstr("2 files"));
+  EXPECT_THAT(ok.out, HasSubstr("4 pieces verified"));
+  EXPECT_EQ(Ckptctl("verify " + to).code, 0);
+  Result again = Ckptctl("copy " + path + " " + to);
+  EXPECT_EQ(again.code, 1);
+  EXPECT_THAT(again.err, HasSubstr(to));
+
+  // A flipped byte in the source: DataLoss naming the tensor; the earlier copy is intact.
+  auto reader = CheckpointReader::Open(path);
+  ASSERT_TRUE(reader.ok());
+  const pb::StoredPiece& b = (*reader)->manifest().pieces((*reader)->PiecesOf("b")[0]);
+  const std::string file = JoinPath(path, b.file());
+  std::string bytes = *ReadWholeFile(file, 1 << 20);
+  bytes[b.byte_offset() + 3] ^= 1;
+  ASSERT_TRUE(WriteFileDurably(file, bytes).ok());
+  Result bad = Ckptctl("copy --overwrite " + path + " " + to);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("do not match their XXH3-64 checksum"));
+  EXPECT_THAT(bad.err, HasSubstr("tensor \"b\" region [0:6]"));
+  EXPECT_EQ(Ckptctl("verify " + to).code, 0);
+
+  EXPECT_EQ(Ckptctl("copy --parallelism 0 " + path + " " + to).code, 2);
+  Result scheme = Ckptctl("copy " + path + " gopher://x/y");
+  EXPECT_EQ(scheme.code, 1);
+  EXPECT_THAT(scheme.err, HasSubstr("gopher://x/y"));
+}
+
 TEST(CkptctlStorageTest, ImportFileDirAndIndexThenExportRoundTrips) {
   const std::string dir = TestDir("import");
   const std::string hf = JoinPath(dir, "hf");

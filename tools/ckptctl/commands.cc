@@ -28,6 +28,8 @@ const std::vector<Command>& AllCommands() {
        RunCertsCommand, CertsSpec},
       {"gc", "remove the staging directories interrupted writes left (listed with sizes)",
        RunGcCommand, GcSpec},
+      {"copy", "copy a checkpoint between stores (directories, s3://), verifying every byte",
+       RunCopyCommand, CopySpec},
       {"transfer", "live transfer: published names and versions, publishes and receives",
        RunTransferCommand, TransferSpec},
   };

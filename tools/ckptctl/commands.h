@@ -51,6 +51,8 @@ int RunGcCommand(const std::vector<std::string>& args);  // gc_cmd.cc
 const CommandSpec& GcSpec();
 int RunTransferCommand(const std::vector<std::string>& args);  // transfer_cmd.cc
 const CommandSpec& TransferSpec();
+int RunCopyCommand(const std::vector<std::string>& args);  // copy_cmd.cc
+const CommandSpec& CopySpec();
 
 }  // namespace ckpt::ckptctl
 
