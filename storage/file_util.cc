@@ -10,6 +10,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
@@ -71,9 +72,11 @@ absl::Status MakeDir(const std::string& path, bool exist_ok) {
 }
 
 namespace file_util_internal {
-// Called with a directory's path after its entries are listed and before they are removed; set
-// only by SetRemoveTreeHookForTests (storage/remove_tree_test_hook.h, a testonly target).
-void (*remove_tree_listed_hook)(const std::string& dir) = nullptr;
+// RemoveTree's test seam: called with each directory's path after its entries are listed and
+// before they are removed. Weak and empty here; a test that links the testonly
+// //storage:remove_tree_test_hook gets that target's definition instead (link-time injection;
+// storage/remove_tree_test_hook.cc declares it again, with this signature).
+ABSL_ATTRIBUTE_WEAK void RemoveTreeListed(const std::string& /*dir*/) {}
 }  // namespace file_util_internal
 
 namespace {
@@ -136,9 +139,7 @@ absl::Status RemoveEntryAt(int parent_fd, const ListedEntry& entry, const std::s
 // Removes every entry of the open directory `fd` (called `path`), `depth` levels below the top.
 absl::Status RemoveOpenDirContents(int fd, const std::string& path, int depth) {
   CKPT_ASSIGN_OR_RETURN(std::vector<ListedEntry> entries, ListOpenDir(fd, path));
-  if (file_util_internal::remove_tree_listed_hook != nullptr) {
-    file_util_internal::remove_tree_listed_hook(path);
-  }
+  file_util_internal::RemoveTreeListed(path);
   for (const ListedEntry& entry : entries) {
     CKPT_RETURN_IF_ERROR(RemoveEntryAt(fd, entry, JoinPath(path, entry.name), depth + 1));
   }

@@ -4,8 +4,8 @@
 
 namespace ckpt {
 namespace file_util_internal {
-// Defined in storage/file_util.cc, null there; declared only here.
-extern void (*remove_tree_listed_hook)(const std::string& dir);
+// Weak and empty in storage/file_util.cc, which calls it; defined again below.
+void RemoveTreeListed(const std::string& dir);
 }  // namespace file_util_internal
 
 namespace {
@@ -15,14 +15,18 @@ std::function<void(const std::string&)>& InstalledHook() {
   return *hook;
 }
 
-void CallInstalledHook(const std::string& dir) { InstalledHook()(dir); }
-
 }  // namespace
 
 void SetRemoveTreeHookForTests(std::function<void(const std::string& dir)> hook) {
-  const bool set = static_cast<bool>(hook);
   InstalledHook() = std::move(hook);
-  file_util_internal::remove_tree_listed_hook = set ? &CallInstalledHook : nullptr;
 }
 
+namespace file_util_internal {
+
+// Replaces the weak release definition in storage/file_util.cc.
+void RemoveTreeListed(const std::string& dir) {
+  if (InstalledHook()) InstalledHook()(dir);
+}
+
+}  // namespace file_util_internal
 }  // namespace ckpt

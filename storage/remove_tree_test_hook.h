@@ -1,6 +1,8 @@
 // Test seam of RemoveTree (storage/file_util.h), testonly: a function run with each
 // directory's path after RemoveTree has listed the directory and before it removes the entries,
-// so a test can swap something in the tree at that moment, deterministically.
+// so a test can swap something in the tree at that moment, deterministically. Linking this
+// target replaces RemoveTree's weak, empty file_util_internal::RemoveTreeListed at link time;
+// the release RemoveTree tests no hook.
 #ifndef CKPT_STORAGE_REMOVE_TREE_TEST_HOOK_H_
 #define CKPT_STORAGE_REMOVE_TREE_TEST_HOOK_H_
 
