@@ -6,6 +6,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -289,6 +290,7 @@ TEST(S3ClientNames, InvalidBucketOrKeyIsRefusedBeforeAnyRequest) {
   // The same valid request does reach the network (and fails there).
   s = (*client)->HeadObject("good-bucket", "a/b", Deadline()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("gave up after 1 attempt"));
 }
 
 TEST_F(S3ClientTest, ProxyKilledMidMultipartUploadIsUnavailableThenTheUploadCanBeAborted) {
@@ -303,6 +305,7 @@ TEST_F(S3ClientTest, ProxyKilledMidMultipartUploadIsUnavailableThenTheUploadCanB
   if (s.ok()) s = (*writer)->Finish();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("s3://", bucket_, "/killed/data")));
+  EXPECT_THAT(s.message(), HasSubstr("gave up after 3 attempts"));  // the retry policy's 3
   EXPECT_LT(absl::Now(), deadline);
   ASSERT_TRUE(server_->RestartProxy().ok());
   absl::StatusOr<std::vector<S3MultipartUpload>> uploads =
@@ -315,6 +318,25 @@ TEST_F(S3ClientTest, ProxyKilledMidMultipartUploadIsUnavailableThenTheUploadCanB
   ASSERT_TRUE(uploads.ok()) << uploads.status();
   EXPECT_TRUE(uploads->empty());
   EXPECT_TRUE(absl::IsNotFound(client_->HeadObject(bucket_, "killed/data", Deadline()).status()));
+}
+
+TEST_F(S3ClientTest, ConnectionsRefusedWhileTheProxyRestartsAreRetriedUntilItAnswers) {
+  ASSERT_TRUE(server_->KillProxy().ok());
+  S3ClientOptions o = Options();
+  o.retry = {200, absl::Milliseconds(50), absl::Milliseconds(200)};
+  absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  // The proxy takes seconds to come back: the first attempts are refused and retried.
+  absl::Status restarted;
+  std::thread restart([&] { restarted = server_->RestartProxy(); });
+  absl::Status put = (*client)->PutObject(bucket_, "after-restart", "ok", Deadline());
+  restart.join();
+  ASSERT_TRUE(restarted.ok()) << restarted;
+  EXPECT_TRUE(put.ok()) << put;
+  std::string buf(2, '\0');
+  EXPECT_TRUE(
+      (*client)->GetObjectRange(bucket_, "after-restart", 0, absl::MakeSpan(buf), Deadline()).ok());
+  EXPECT_EQ(buf, "ok");
 }
 
 }  // namespace
