@@ -54,6 +54,14 @@ absl::StatusOr<XmlElement> ResponseXml(const HttpRequest& req, const HttpRespons
 
 }  // namespace
 
+S3ClientOptions S3ClientOptionsFrom(const S3Settings& settings) {
+  S3ClientOptions o;
+  o.endpoint = settings.endpoint;
+  o.region = settings.region;
+  o.credentials = settings.credentials;
+  return o;
+}
+
 S3Client::S3Client(S3ClientOptions options)
     : options_(std::move(options)), impl_(std::make_unique<Impl>(options_)) {}
 

@@ -39,6 +39,10 @@ struct S3ClientOptions {
   absl::Duration connect_timeout = absl::Seconds(10);  // capped by each call's deadline
 };
 
+// The client options for `settings` (credentials, region and endpoint as the AWS tools find
+// them; storage/s3/s3_credentials.h), with path-style addressing and the default retries.
+S3ClientOptions S3ClientOptionsFrom(const S3Settings& settings);
+
 // A part uploaded to a multipart upload.
 struct S3CompletedPart {
   int part_number = 0;
@@ -121,9 +125,8 @@ class S3Client {
   absl::Status DeleteObjects(absl::string_view bucket, const std::vector<std::string>& keys,
                              absl::Time deadline);
 
-  struct Impl;
-
  private:
+  struct Impl;
   explicit S3Client(S3ClientOptions options);
 
   S3ClientOptions options_;

@@ -129,6 +129,10 @@ absl::Status HttpError(const HttpRequest& req, const HttpResponse& resp,
   if (resp.status == 416 || code == "InvalidRange") {
     return absl::DataLossError(absl::StrCat(what, ": the requested range is beyond the object"));
   }
+  if (code == "BadDigest" || code == "InvalidDigest" || code == "XAmzContentSHA256Mismatch") {
+    return absl::DataLossError(
+        absl::StrCat(what, ": the server received a body that does not match its checksum"));
+  }
   if (resp.status == 409) return absl::FailedPreconditionError(what);
   if (resp.status == 400) return absl::InvalidArgumentError(what);
   return absl::UnknownError(what);

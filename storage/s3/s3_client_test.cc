@@ -3,7 +3,9 @@
 #include "storage/s3/s3_client.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -119,6 +121,9 @@ TEST_F(S3ClientTest, MultipartUploadOfSeveralPartsReadsBackAcrossPartBoundaries)
   }
   absl::Status finished = (*writer)->Finish();
   ASSERT_TRUE(finished.ok()) << finished;
+  EXPECT_LE((*writer)->peak_buffers(), 3 + 1);  // memory: parts_in_flight + 1 part buffers
+  EXPECT_LE((*writer)->peak_uploading(), 3);
+  EXPECT_GE((*writer)->peak_uploading(), 1);
   absl::StatusOr<int64_t> size = client_->HeadObject(bucket_, "big/object", Deadline());
   ASSERT_TRUE(size.ok()) << size.status();
   EXPECT_EQ(*size, static_cast<int64_t>(data.size()));
@@ -270,6 +275,26 @@ TEST_F(S3ClientTest, VirtualHostedAddressingReachesTheSameObjects) {
   absl::Status s = (*client)->GetObjectRange(bucket_, "a/b c", 0, absl::MakeSpan(buf), Deadline());
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(buf, "hello");
+}
+
+TEST_F(S3ClientTest, SettingsFromTheAwsEnvironmentVariablesReachTheServer) {
+  const std::map<std::string, std::string> env = {
+      {"AWS_ACCESS_KEY_ID", server_->access_key_id()},
+      {"AWS_SECRET_ACCESS_KEY", server_->secret_access_key()},
+      {"AWS_REGION", server_->region()},
+      {"AWS_ENDPOINT_URL_S3", server_->endpoint()}};
+  absl::StatusOr<S3Settings> settings =
+      LoadS3Settings([&](const char* name) -> std::optional<std::string> {
+        auto it = env.find(name);
+        if (it == env.end()) return std::nullopt;
+        return it->second;
+      });
+  ASSERT_TRUE(settings.ok()) << settings.status();
+  absl::StatusOr<std::unique_ptr<S3Client>> client =
+      S3Client::Create(S3ClientOptionsFrom(*settings));
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::Status s = (*client)->PutObject(bucket_, "from-env", "x", Deadline());
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 // Names are checked before any request: a client whose endpoint has no server answers

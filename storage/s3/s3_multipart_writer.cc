@@ -62,6 +62,7 @@ void S3MultipartWriter::UploadLoop() {
     queue_.pop_front();
     const bool skip = !error_.ok();  // a part failed: send nothing more
     ++uploading_;
+    peak_uploading_ = std::max(peak_uploading_, uploading_);
     lock.unlock();
     absl::StatusOr<std::string> etag =
         skip ? absl::CancelledError("skipped")
@@ -146,6 +147,16 @@ absl::Status S3MultipartWriter::Finish() {
   done_ = true;
   StopThreads();
   return absl::OkStatus();
+}
+
+int S3MultipartWriter::peak_buffers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return buffers_;
+}
+
+int S3MultipartWriter::peak_uploading() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_uploading_;
 }
 
 absl::Status S3MultipartWriter::FailAndAbort(absl::Status error) {

@@ -58,6 +58,10 @@ class S3MultipartWriter {
 
   const std::string& upload_id() const { return upload_id_; }
   int64_t bytes_written() const { return bytes_written_; }
+  // The most part buffers allocated at once (at most parts_in_flight + 1) and the most parts
+  // uploading at once (at most parts_in_flight): the memory and parallelism bounds.
+  int peak_buffers() const;
+  int peak_uploading() const;
 
  private:
   struct Part {
@@ -85,12 +89,13 @@ class S3MultipartWriter {
   int64_t bytes_written_ = 0;
   bool done_ = false;  // finished or aborted
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Part> queue_;
   std::vector<std::unique_ptr<std::string>> free_;
   int buffers_ = 0;  // allocated part buffers, at most parts_in_flight + 1
   int uploading_ = 0;
+  int peak_uploading_ = 0;
   bool stop_ = false;
   absl::Status error_;
   std::map<int, std::string> etags_;
