@@ -1,0 +1,321 @@
+#include "storage/s3_store.h"
+
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "storage/manifest_codec.h"
+#include "storage/s3/s3_credentials.h"
+#include "storage/s3/s3_url.h"
+
+namespace ckpt {
+namespace {
+
+constexpr char kManifestObject[] = "manifest.pb";
+
+// Where one checkpoint lives: its bucket and key prefix ("ckpts/step5", no trailing '/').
+struct S3Checkpoint {
+  std::string url;
+  std::string bucket;
+  std::string prefix;
+  std::string ManifestKey() const { return absl::StrCat(prefix, "/", kManifestObject); }
+  std::string DataKey(const std::string& generation, const std::string& name) const {
+    return absl::StrCat(prefix, "/", generation, "/", name);
+  }
+};
+
+absl::StatusOr<S3Checkpoint> Locate(const std::string& url) {
+  CKPT_ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
+  std::string prefix = location.prefix;
+  while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
+  if (prefix.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(url, ": a checkpoint needs a name under the bucket (s3://bucket/name)"));
+  }
+  return S3Checkpoint{url, location.bucket, prefix};
+}
+
+// A fresh generation name: 64 random bits, so concurrent writers never share objects.
+std::string NewGeneration() {
+  static absl::Mutex mu(absl::kConstInit);
+  static std::mt19937_64* rng = new std::mt19937_64(std::random_device{}());
+  absl::MutexLock lock(&mu);
+  return absl::StrFormat("g%016x", (*rng)());
+}
+
+// The committed manifest of `at`, with its generation (cleared in the manifest). NotFound
+// naming the URL when none is committed.
+absl::StatusOr<std::pair<pb::Manifest, std::string>> ReadManifest(S3Client& client,
+                                                                  const S3Checkpoint& at,
+                                                                  absl::Time deadline) {
+  absl::StatusOr<int64_t> size = client.HeadObject(at.bucket, at.ManifestKey(), deadline);
+  if (absl::IsNotFound(size.status())) {
+    return absl::NotFoundError(
+        absl::StrCat("no checkpoint is committed at ", at.url, " (", size.status().message(), ")"));
+  }
+  if (!size.ok()) return size.status();
+  if (*size >= kMaxManifestBytes) {
+    return absl::DataLossError(absl::StrCat(at.url, ": manifest object of ", *size,
+                                            " bytes is over the 2 GiB an s3 manifest may have"));
+  }
+  std::string bytes(static_cast<size_t>(*size), '\0');
+  CKPT_RETURN_IF_ERROR(
+      client.GetObjectRange(at.bucket, at.ManifestKey(), 0, absl::MakeSpan(bytes), deadline));
+  const std::string where = absl::StrCat(at.url, "/", kManifestObject);
+  CKPT_ASSIGN_OR_RETURN(pb::Manifest manifest, ParseManifest(bytes, where));
+  if (absl::Status valid = ValidateManifest(manifest); !valid.ok()) {
+    return absl::DataLossError(absl::StrCat(where, ": ", valid.message()));
+  }
+  std::string generation = manifest.object_generation();
+  if (generation.empty() || !ValidateObjectKey(generation).ok() ||
+      generation.find('/') != std::string::npos) {
+    return absl::DataLossError(absl::StrCat(where, ": names no valid object generation"));
+  }
+  manifest.clear_object_generation();
+  return std::make_pair(std::move(manifest), std::move(generation));
+}
+
+// The data objects of a committed generation.
+std::vector<std::string> DataKeys(const S3Checkpoint& at, const pb::Manifest& manifest,
+                                  const std::string& generation) {
+  std::vector<std::string> keys;
+  for (const pb::DataFile& file : manifest.files()) {
+    keys.push_back(at.DataKey(generation, file.name()));
+  }
+  return keys;
+}
+
+// One object: buffered up to one part, then a multipart upload; one PUT when it stays small.
+class S3ObjectWriter final : public ObjectWriter {
+ public:
+  S3ObjectWriter(S3Client* client, const S3MultipartWriterOptions& multipart, std::string bucket,
+                 std::string key, absl::Time deadline, std::function<void(int64_t size)> closed)
+      : client_(client),
+        multipart_options_(multipart),
+        bucket_(std::move(bucket)),
+        key_(std::move(key)),
+        deadline_(deadline),
+        closed_(std::move(closed)) {}
+
+  absl::Status Append(absl::string_view bytes) override {
+    size_ += static_cast<int64_t>(bytes.size());
+    if (multipart_ != nullptr) return multipart_->Write(bytes);
+    buffer_.append(bytes.data(), bytes.size());
+    if (static_cast<int64_t>(buffer_.size()) < multipart_options_.part_size) {
+      return absl::OkStatus();
+    }
+    CKPT_ASSIGN_OR_RETURN(multipart_, S3MultipartWriter::Start(client_, bucket_, key_,
+                                                               multipart_options_, deadline_));
+    absl::Status written = multipart_->Write(buffer_);
+    std::string().swap(buffer_);
+    return written;
+  }
+
+  absl::Status Close(absl::Time deadline) override {
+    if (multipart_ != nullptr) {
+      CKPT_RETURN_IF_ERROR(multipart_->Finish());
+    } else {
+      CKPT_RETURN_IF_ERROR(client_->PutObject(bucket_, key_, buffer_, deadline));
+    }
+    closed_(size_);
+    return absl::OkStatus();
+  }
+
+ private:
+  S3Client* const client_;
+  const S3MultipartWriterOptions multipart_options_;
+  const std::string bucket_;
+  const std::string key_;
+  const absl::Time deadline_;
+  const std::function<void(int64_t)> closed_;
+  std::string buffer_;
+  std::unique_ptr<S3MultipartWriter> multipart_;  // null while the object fits one part
+  int64_t size_ = 0;
+};
+
+// One write: its objects under a fresh generation until the manifest is PUT.
+class S3Write final : public CheckpointWrite {
+ public:
+  S3Write(S3Client* client, S3MultipartWriterOptions multipart, S3Checkpoint at, bool overwrite,
+          absl::Time deadline)
+      : CheckpointWrite(at.url),
+        client_(client),
+        multipart_(multipart),
+        at_(std::move(at)),
+        overwrite_(overwrite),
+        deadline_(deadline),
+        generation_(NewGeneration()) {}
+  ~S3Write() override {
+    if (!done_) (void)AbortWrite(absl::Now() + multipart_.abort_timeout);
+  }
+
+ protected:
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> CreateObject(const std::string& name) override {
+    const std::string key = at_.DataKey(generation_, name);
+    {
+      absl::MutexLock lock(&mu_);
+      keys_.push_back(key);
+    }
+    return std::unique_ptr<ObjectWriter>(
+        std::make_unique<S3ObjectWriter>(client_, multipart_, at_.bucket, key, deadline_,
+                                         [this, name](int64_t size) { RecordClosed(name, size); }));
+  }
+
+  absl::Status CommitManifest(const pb::Manifest& manifest, absl::Time deadline) override {
+    std::optional<std::pair<pb::Manifest, std::string>> replaced;
+    absl::StatusOr<std::pair<pb::Manifest, std::string>> old =
+        ReadManifest(*client_, at_, deadline);
+    if (old.ok()) {
+      if (!overwrite_) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("a checkpoint was committed at ", at_.url, " while this one was written"));
+      }
+      replaced = *std::move(old);
+    } else if (!absl::IsNotFound(old.status()) && !overwrite_) {
+      return old.status();
+    }
+    pb::Manifest stored = manifest;
+    stored.set_object_generation(generation_);
+    CKPT_RETURN_IF_ERROR(
+        client_->PutObject(at_.bucket, at_.ManifestKey(), SerializeManifest(stored), deadline));
+    done_ = true;
+    // Committed. The replaced generation's objects go now; what a failure here leaves is
+    // garbage no manifest names (never a committed checkpoint's data).
+    if (replaced.has_value() && replaced->second != generation_) {
+      (void)client_->DeleteObjects(at_.bucket, DataKeys(at_, replaced->first, replaced->second),
+                                   deadline);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AbortWrite(absl::Time deadline) override {
+    if (done_) return absl::OkStatus();
+    done_ = true;
+    std::vector<std::string> keys;
+    {
+      absl::MutexLock lock(&mu_);
+      keys = keys_;
+    }
+    if (keys.empty()) return absl::OkStatus();
+    CKPT_RETURN_IF_ERROR(client_->DeleteObjects(at_.bucket, keys, deadline));
+    // A multipart upload whose own abort failed (the server was down when its part failed)
+    // still holds parts: found by the generation's prefix, aborted here.
+    CKPT_ASSIGN_OR_RETURN(
+        std::vector<S3MultipartUpload> uploads,
+        client_->ListMultipartUploads(at_.bucket, at_.DataKey(generation_, ""), deadline));
+    for (const S3MultipartUpload& upload : uploads) {
+      CKPT_RETURN_IF_ERROR(
+          client_->AbortMultipartUpload(at_.bucket, upload.key, upload.upload_id, deadline));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  S3Client* const client_;
+  const S3MultipartWriterOptions multipart_;
+  const S3Checkpoint at_;
+  const bool overwrite_;
+  const absl::Time deadline_;
+  const std::string generation_;
+  bool done_ = false;
+  absl::Mutex mu_;
+  std::vector<std::string> keys_ ABSL_GUARDED_BY(mu_);
+};
+
+class S3StoredCheckpoint final : public StoredCheckpoint {
+ public:
+  S3StoredCheckpoint(S3Client* client, S3Checkpoint at, pb::Manifest manifest,
+                     std::string generation)
+      : StoredCheckpoint(at.url, std::move(manifest)),
+        client_(client),
+        at_(std::move(at)),
+        generation_(std::move(generation)) {}
+
+ protected:
+  absl::Status ReadObject(const std::string& name, int64_t offset, absl::Span<char> dest,
+                          absl::Time deadline) const override {
+    return client_->GetObjectRange(at_.bucket, at_.DataKey(generation_, name), offset, dest,
+                                   deadline);
+  }
+
+ private:
+  S3Client* const client_;
+  const S3Checkpoint at_;
+  const std::string generation_;
+};
+
+class S3Store final : public CheckpointStore {
+ public:
+  S3Store(std::unique_ptr<S3Client> client, S3MultipartWriterOptions multipart)
+      : client_(std::move(client)), multipart_(multipart) {}
+
+  absl::string_view scheme() const override { return "s3"; }
+
+  absl::StatusOr<std::unique_ptr<CheckpointWrite>> BeginWrite(const std::string& url,
+                                                              const StoreWriteOptions& options,
+                                                              absl::Time deadline) override {
+    CKPT_ASSIGN_OR_RETURN(S3Checkpoint at, Locate(url));
+    absl::StatusOr<int64_t> existing = client_->HeadObject(at.bucket, at.ManifestKey(), deadline);
+    if (existing.ok() && !options.overwrite) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("a checkpoint is committed at ", url, " (overwrite it only on request)"));
+    }
+    if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
+    if (!existing.ok()) {
+      // A HEAD answers 404 for a missing bucket too; a listing tells them apart (NoSuchBucket
+      // is NotFound naming the bucket) before anything is uploaded.
+      CKPT_RETURN_IF_ERROR(client_->ListObjectsV2(at.bucket, at.prefix, "", 1, deadline).status());
+    }
+    return std::unique_ptr<CheckpointWrite>(std::make_unique<S3Write>(
+        client_.get(), multipart_, std::move(at), options.overwrite, deadline));
+  }
+
+  absl::StatusOr<std::unique_ptr<StoredCheckpoint>> Open(const std::string& url,
+                                                         absl::Time deadline) override {
+    CKPT_ASSIGN_OR_RETURN(S3Checkpoint at, Locate(url));
+    CKPT_ASSIGN_OR_RETURN(auto committed, ReadManifest(*client_, at, deadline));
+    return std::unique_ptr<StoredCheckpoint>(std::make_unique<S3StoredCheckpoint>(
+        client_.get(), std::move(at), std::move(committed.first), std::move(committed.second)));
+  }
+
+  absl::Status Delete(const std::string& url, absl::Time deadline) override {
+    CKPT_ASSIGN_OR_RETURN(S3Checkpoint at, Locate(url));
+    CKPT_ASSIGN_OR_RETURN(auto committed, ReadManifest(*client_, at, deadline));
+    // The manifest first: from then on no reader takes the checkpoint.
+    CKPT_RETURN_IF_ERROR(client_->DeleteObject(at.bucket, at.ManifestKey(), deadline));
+    return client_->DeleteObjects(at.bucket, DataKeys(at, committed.first, committed.second),
+                                  deadline);
+  }
+
+ private:
+  const std::unique_ptr<S3Client> client_;
+  const S3MultipartWriterOptions multipart_;
+};
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> S3StoreFromEnvironment() {
+  CKPT_ASSIGN_OR_RETURN(S3Settings settings, LoadS3SettingsFromEnvironment());
+  S3StoreOptions options;
+  options.client.endpoint = settings.endpoint;
+  options.client.region = settings.region;
+  options.client.credentials = settings.credentials;
+  return MakeS3Store(std::move(options));
+}
+
+CheckpointStoreRegistration s3_registration("s3", S3StoreFromEnvironment);
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> MakeS3Store(S3StoreOptions options) {
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, S3Client::Create(options.client));
+  return std::unique_ptr<CheckpointStore>(
+      std::make_unique<S3Store>(std::move(client), options.multipart));
+}
+
+}  // namespace ckpt

@@ -1,0 +1,43 @@
+// The s3:// checkpoint store (storage/checkpoint_store.h) on an S3-compatible object store,
+// through storage/s3/s3_client.h. An object store has no rename and no directory fsync, so:
+//
+//   s3://bucket/ckpts/step5/manifest.pb              the commit point, PUT last (a PUT is atomic)
+//   s3://bucket/ckpts/step5/<generation>/data/r0_0.safetensors   data objects of one write
+//
+// Each write puts its data objects under a fresh generation (a random name); the manifest
+// object, PUT once every data object is complete, names that generation
+// (Manifest.object_generation), so a reader never sees a checkpoint without its manifest as
+// committed, and an overwrite leaves the checkpoint it replaces readable, whole, until its own
+// manifest is PUT; the replaced generation's objects are deleted after that. Abort deletes the
+// objects of the write (multipart uploads in flight are aborted by their writers). Objects
+// smaller than one part go up in one PUT, larger ones as multipart uploads with parts in
+// flight; every PUT and part carries Content-MD5, so the server refuses a corrupted body, and
+// every GET is checked for its size. A manifest over 2 GiB (format 2) is refused.
+//
+// Registered under "s3" by s3_store.cc, with credentials, region and endpoint from the AWS
+// environment (storage/s3/s3_credentials.h).
+#ifndef CKPT_STORAGE_S3_STORE_H_
+#define CKPT_STORAGE_S3_STORE_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "storage/checkpoint_store.h"
+#include "storage/s3/s3_client.h"
+#include "storage/s3/s3_multipart_writer.h"
+
+namespace ckpt {
+
+struct S3StoreOptions {
+  S3ClientOptions client;
+  // Part size and parts in flight of each object's multipart upload; also the size under
+  // which an object goes up in one PUT.
+  S3MultipartWriterOptions multipart;
+};
+
+// The store over a client made from `options`.
+absl::StatusOr<std::unique_ptr<CheckpointStore>> MakeS3Store(S3StoreOptions options);
+
+}  // namespace ckpt
+
+#endif  // CKPT_STORAGE_S3_STORE_H_
