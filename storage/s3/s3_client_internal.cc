@@ -223,7 +223,8 @@ absl::StatusOr<curl_slist*> Configure(const S3ClientOptions& o, const HttpReques
   curl_easy_setopt(c, CURLOPT_USERNAME, o.credentials.access_key_id.c_str());
   curl_easy_setopt(c, CURLOPT_PASSWORD, o.credentials.secret_access_key.c_str());
   if (!o.ca_file.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, o.ca_file.c_str());
-  const long total_ms = std::max<long>(1, absl::ToInt64Milliseconds(remaining));
+  const long total_ms =
+      std::max<long>(1, absl::ToInt64Milliseconds(absl::Ceil(remaining, absl::Milliseconds(1))));
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, total_ms);
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS,
                    std::min<long>(total_ms, absl::ToInt64Milliseconds(o.connect_timeout)));
@@ -293,7 +294,10 @@ absl::StatusOr<HttpResponse> HttpPool::SendOnce(const HttpRequest& req, absl::Ti
                                             " bytes requested"));
   }
   if (rc != CURLE_OK) {
-    const bool timed_out = rc == CURLE_OPERATION_TIMEDOUT && absl::Now() >= deadline;
+    // The whole-transfer timeout is the deadline (curl's timer may fire a little early); an
+    // earlier timeout is the connect timeout, retried.
+    const bool timed_out =
+        rc == CURLE_OPERATION_TIMEDOUT && absl::Now() + absl::Milliseconds(20) >= deadline;
     *retryable = RetryableCurl(rc) && !timed_out;
     const std::string what = absl::StrCat("S3 ", req.op, " ", name, " at ", options_.endpoint, ": ",
                                           curl_easy_strerror(rc));

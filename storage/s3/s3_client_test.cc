@@ -2,6 +2,11 @@
 // its s3api middleware on loopback (storage/s3/testing), never a mock.
 #include "storage/s3/s3_client.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -295,6 +300,33 @@ TEST_F(S3ClientTest, SettingsFromTheAwsEnvironmentVariablesReachTheServer) {
   ASSERT_TRUE(client.ok()) << client.status();
   absl::Status s = (*client)->PutObject(bucket_, "from-env", "x", Deadline());
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// A server that accepts the connection and never answers (a listening socket nobody
+// accepts from): the call ends at its deadline with DeadlineExceeded naming the object.
+TEST(S3ClientDeadline, ServerThatNeverAnswersIsDeadlineExceededAtTheDeadline) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  ASSERT_EQ(listen(fd, 16), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  S3ClientOptions o;
+  o.endpoint = absl::StrCat("http://127.0.0.1:", ntohs(addr.sin_port));
+  o.credentials = {"AKID43", "secret43", ""};
+  absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  const absl::Time start = absl::Now();
+  absl::Status s = (*client)->PutObject("bucket", "hangs", "x", start + absl::Milliseconds(500));
+  const absl::Duration took = absl::Now() - start;
+  close(fd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(s.message(), HasSubstr("s3://bucket/hangs"));
+  EXPECT_GE(took, absl::Milliseconds(450));
+  EXPECT_LT(took, absl::Seconds(5));  // not the retry policy's attempts on top
 }
 
 // Names are checked before any request: a client whose endpoint has no server answers
