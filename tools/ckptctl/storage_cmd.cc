@@ -18,7 +18,9 @@
 #include "nlohmann/json.hpp"
 #include "sharding/dtype.h"
 #include "sharding/region.h"
+#include "storage/checkpoint_copy.h"
 #include "storage/checkpoint_reader.h"
+#include "storage/checkpoint_store.h"
 #include "storage/export_transform.h"
 #include "storage/file_util.h"
 #include "storage/interop.h"
@@ -73,29 +75,42 @@ struct InspectedManifest {
   absl::flat_hash_map<std::string, std::vector<pb::StoredPiece>> listed;  // by tensor key
 };
 
+// Counts piece `p` into `out` (and lists it while at most `max_listed` pieces were seen).
+void CountPiece(pb::StoredPiece& p, int64_t max_listed, InspectedManifest* out) {
+  TensorFigures& f = out->figures[p.key()];
+  ++f.pieces;
+  f.bytes += p.byte_length();
+  f.stored_bytes += StoredBytes(p);
+  if (p.codec() != 0) {
+    ++f.packed_pieces;
+    f.codec = p.codec();
+    ++out->packed_pieces;
+  }
+  if (++out->pieces > max_listed) {
+    out->pieces_listed = false;
+    out->listed.clear();
+  } else {
+    out->listed[p.key()].push_back(std::move(p));
+  }
+}
+
 absl::StatusOr<InspectedManifest> InspectManifest(const std::string& path, int64_t max_listed) {
   InspectedManifest out;
   absl::StatusOr<pb::Manifest> head = StreamManifestFile(path, [&](int64_t, pb::StoredPiece& p) {
-    TensorFigures& f = out.figures[p.key()];
-    ++f.pieces;
-    f.bytes += p.byte_length();
-    f.stored_bytes += StoredBytes(p);
-    if (p.codec() != 0) {
-      ++f.packed_pieces;
-      f.codec = p.codec();
-      ++out.packed_pieces;
-    }
-    if (++out.pieces > max_listed) {
-      out.pieces_listed = false;
-      out.listed.clear();
-    } else {
-      std::vector<pb::StoredPiece>& listed = out.listed[p.key()];
-      listed.push_back(std::move(p));
-    }
+    CountPiece(p, max_listed, &out);
     return absl::OkStatus();
   });
   if (!head.ok()) return head.status();
   out.head = *std::move(head);
+  return out;
+}
+
+// The same for a manifest a store (s3://) handed over whole.
+InspectedManifest InspectWholeManifest(pb::Manifest manifest, int64_t max_listed) {
+  InspectedManifest out;
+  for (pb::StoredPiece& p : *manifest.mutable_pieces()) CountPiece(p, max_listed, &out);
+  manifest.clear_pieces();
+  out.head = std::move(manifest);
   return out;
 }
 
@@ -268,6 +283,21 @@ int RunInspect(const std::vector<std::string>& args) {
   }
   const std::string& path = a.positional[0];
   const bool json = a.Has("json");
+  if (StoreScheme(path) != "file") {  // s3:// and other stores: the manifest through the store
+    absl::StatusOr<CheckpointStore*> store = StoreForUrl(path);
+    if (!store.ok()) return Fail(cmd, store.status());
+    auto stored = (*store)->Open(path, absl::Now() + absl::Minutes(5));
+    if (!stored.ok()) return Fail(cmd, stored.status());
+    const InspectedManifest m = InspectWholeManifest((*stored)->manifest(), max_listed);
+    if (json) {
+      std::printf(
+          "%s\n",
+          ManifestJson(path, m).dump(2, ' ', false, Json::error_handler_t::replace).c_str());
+    } else {
+      PrintManifestText(path, m, max_listed);
+    }
+    return 0;
+  }
   CheckpointProbe probe = ProbeCheckpoint(path);
   if (probe.state != CheckpointState::kComplete) return ReportNotComplete(cmd, path, probe, json);
   auto m = InspectManifest(path, max_listed);
@@ -290,7 +320,9 @@ int RunVerify(const std::vector<std::string>& args) {
   if (a.positional.size() != 1) return Usage(cmd, "expected exactly one checkpoint path");
   IoOptions io;
   if (absl::Status s = IoFromFlags(a, &io); !s.ok()) return Usage(cmd, std::string(s.message()));
-  auto report = VerifyCheckpoint(a.positional[0], io);
+  // A directory is verified in place; any other store (s3://) through its store.
+  auto report = StoreScheme(a.positional[0]) == "file" ? VerifyCheckpoint(a.positional[0], io)
+                                                       : VerifyStoredCheckpoint(a.positional[0]);
   if (!report.ok()) return Fail(cmd, report.status());
   for (const std::string& p : report->problems) {
     std::fprintf(stderr, "ckptctl verify: %s\n", p.c_str());
