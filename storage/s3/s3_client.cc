@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "storage/s3/s3_client_internal.h"
 #include "storage/s3/s3_xml.h"
@@ -50,6 +51,22 @@ absl::StatusOr<XmlElement> ResponseXml(const HttpRequest& req, const HttpRespons
         "> answer, got ", doc.ok() ? "<" + doc->name + ">" : doc.status().message()));
   }
   return doc;
+}
+
+// An ISO 8601 time of a listing ("2026-12-07T19:55:01.000Z"); InternalError naming the
+// operation, the object and the field when it is missing or malformed.
+absl::StatusOr<absl::Time> ListingTime(const HttpRequest& req, absl::string_view bucket,
+                                       absl::string_view key, const XmlElement& e,
+                                       absl::string_view field) {
+  const std::string text = e.ChildText(field);
+  absl::Time t;
+  std::string err;
+  if (!absl::ParseTime(absl::RFC3339_full, text, &t, &err)) {
+    return absl::InternalError(absl::StrCat("S3 ", req.op, " ", ObjectName(bucket, key),
+                                            ": the listing has no valid ", field, " (\"", text,
+                                            "\": ", err, ")"));
+  }
+  return t;
 }
 
 }  // namespace
@@ -220,7 +237,10 @@ absl::StatusOr<std::vector<S3MultipartUpload>> S3Client::ListMultipartUploads(
     CKPT_ASSIGN_OR_RETURN(HttpResponse resp, impl_->http.Send(req, deadline));
     CKPT_ASSIGN_OR_RETURN(XmlElement doc, ResponseXml(req, resp, "ListMultipartUploadsResult"));
     for (const XmlElement* u : doc.Children("Upload")) {
-      out.push_back({u->ChildText("Key"), u->ChildText("UploadId")});
+      S3MultipartUpload upload{u->ChildText("Key"), u->ChildText("UploadId")};
+      CKPT_ASSIGN_OR_RETURN(upload.initiated,
+                            ListingTime(req, bucket, upload.key, *u, "Initiated"));
+      out.push_back(std::move(upload));
     }
     key_marker = doc.ChildText("NextKeyMarker");
     id_marker = doc.ChildText("NextUploadIdMarker");
@@ -252,6 +272,8 @@ absl::StatusOr<S3ListPage> S3Client::ListObjectsV2(absl::string_view bucket,
       return absl::InternalError(absl::StrCat("S3 ListObjectsV2 ", ObjectName(bucket, info.key),
                                               ": the listing has no valid Size"));
     }
+    CKPT_ASSIGN_OR_RETURN(info.last_modified,
+                          ListingTime(req, bucket, info.key, *c, "LastModified"));
     page.objects.push_back(std::move(info));
   }
   if (doc.ChildText("IsTruncated") == "true") {

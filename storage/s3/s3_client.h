@@ -53,12 +53,14 @@ struct S3CompletedPart {
 struct S3MultipartUpload {
   std::string key;
   std::string upload_id;
+  absl::Time initiated = absl::InfinitePast();  // when it was begun (the listing's Initiated)
 };
 
 // One object in a listing.
 struct S3ObjectInfo {
   std::string key;
   int64_t size = 0;
+  absl::Time last_modified = absl::InfinitePast();  // the listing's LastModified
 };
 
 // One page of ListObjectsV2; `next_continuation_token` is empty on the last page.

@@ -160,6 +160,7 @@ TEST_F(S3ClientTest, PartsUnderTheServersMinimumAreRefusedOnComplete) {
 }
 
 TEST_F(S3ClientTest, AbortRemovesTheUploadAndItsParts) {
+  const absl::Time before = absl::Now();
   absl::StatusOr<std::unique_ptr<S3MultipartWriter>> writer = S3MultipartWriter::Start(
       client_.get(), bucket_, "aborted", {kMinPart, 2, absl::Seconds(30)}, Deadline());
   ASSERT_TRUE(writer.ok()) << writer.status();
@@ -170,6 +171,9 @@ TEST_F(S3ClientTest, AbortRemovesTheUploadAndItsParts) {
   ASSERT_EQ(uploads->size(), 1u);
   EXPECT_EQ((*uploads)[0].key, "aborted");
   EXPECT_EQ((*uploads)[0].upload_id, (*writer)->upload_id());
+  // Initiated, to the server's clock on this host (listings round to the second).
+  EXPECT_GE((*uploads)[0].initiated, before - absl::Seconds(2));
+  EXPECT_LE((*uploads)[0].initiated, absl::Now() + absl::Seconds(2));
   ASSERT_TRUE((*writer)->Abort().ok());
   uploads = client_->ListMultipartUploads(bucket_, "", Deadline());
   ASSERT_TRUE(uploads.ok()) << uploads.status();
@@ -178,6 +182,7 @@ TEST_F(S3ClientTest, AbortRemovesTheUploadAndItsParts) {
 }
 
 TEST_F(S3ClientTest, ListPaginatesWithContinuationTokensThenDeletesRemoveEverything) {
+  const absl::Time before = absl::Now();
   std::vector<std::string> keys;
   for (int i = 0; i < 7; ++i) keys.push_back(absl::StrCat("dir/obj-", i));
   for (const std::string& k : keys) ASSERT_TRUE(client_->PutObject(bucket_, k, k, Deadline()).ok());
@@ -192,6 +197,8 @@ TEST_F(S3ClientTest, ListPaginatesWithContinuationTokensThenDeletesRemoveEveryth
     for (const S3ObjectInfo& o : page->objects) {
       listed.push_back(o.key);
       EXPECT_EQ(o.size, static_cast<int64_t>(o.key.size()));
+      EXPECT_GE(o.last_modified, before - absl::Seconds(2)) << o.key;
+      EXPECT_LE(o.last_modified, absl::Now() + absl::Seconds(2)) << o.key;
     }
     token = page->next_continuation_token;
     ++pages;
