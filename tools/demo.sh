@@ -23,7 +23,8 @@ usage: tools/demo.sh [--size small|medium|large] [--workdir DIR] [--keep] [--bin
 Starts a ckpt coordinator and 4 workers on loopback, runs 4 gpt_trainer ranks (TP=2 x DP=2)
 that save a GPT-style sharded checkpoint through them, loads it into TP=4 x DP=1 and a 3-rank
 uneven layout (verifying every element), reshards it offline (ckptctl reshard), verifies,
-inspects and exports it, and prints bytes / seconds / GB/s per step next to its limit measured
+inspects and exports it, copies it to s3:// on a local Swift and back (when installed), and prints
+bytes / seconds / GB/s per step next to its limit measured
 in the same run (dd, memcpy, the read+write floor).
 
   --size S      small (~2 MB, for CI), medium (~256 MB) or large (~1.4 GB, the default)
@@ -74,6 +75,7 @@ die() { printf '[demo] error: %s\n' "$*" >&2; exit 1; }
 # SIGTERM to every group, waits briefly, then SIGKILLs what is left.
 PGIDS=()
 SOCKDIR=""
+S3_SERVER_DIR=""  # a Swift started for the object-store step (stopped on exit)
 CREATED_WORKDIR=0
 cleanup() {
   local rc=$?
@@ -89,6 +91,9 @@ cleanup() {
   for g in "${PGIDS[@]}"; do kill -KILL -- "-$g" 2>/dev/null; done
   wait 2>/dev/null
   [[ -n "$SOCKDIR" ]] && rm -rf "$SOCKDIR"
+  [[ -n "$S3_SERVER_DIR" ]] &&
+    /usr/bin/python3 "$REPO/storage/s3/testing/swift_server.py" stop --dir "$S3_SERVER_DIR" \
+      >/dev/null 2>&1
   # Without --keep the checkpoints go; the logs stay when something failed (or when the
   # workdir was given), so the failure can be read.
   if [[ -n "$WORKDIR" && -d "$WORKDIR" ]]; then
@@ -420,6 +425,41 @@ drop_cache export "$SAVED"
 timed export "$CKPTCTL" export "$SAVED" "$WORKDIR/export" ||
   fail_step "ckptctl export: $(tail -1 "$LOGS/export.log")"
 
+# ---- Object store (issue 43): the checkpoint to s3:// and back ----------------------------------
+# When Debian's Swift with s3api is installed (tools/install_deps.sh installs it), a one-node
+# Swift on loopback stores its objects on this same disk; ckptctl finds it through the standard
+# AWS environment variables, as a user's would.
+if /usr/bin/python3 -c 'import swift.common.middleware.s3api' 2>/dev/null; then
+  S3_SERVER_DIR="$WORKDIR/s3server"
+  log "object store: a one-node Swift with s3api on loopback; $SAVED -> s3:// and back"
+  if /usr/bin/python3 "$REPO/storage/s3/testing/swift_server.py" start --dir "$S3_SERVER_DIR" \
+    --bucket ckpt-demo --owner-pid $$ >"$RESULTS/s3-server.json" 2>"$LOGS/s3-server.log"; then
+    eval "$(python3 -c '
+import json, shlex, sys
+j = json.load(open(sys.argv[1]))
+for k, v in (("AWS_ACCESS_KEY_ID", j["access_key_id"]),
+             ("AWS_SECRET_ACCESS_KEY", j["secret_access_key"]),
+             ("AWS_REGION", j["region"]), ("AWS_ENDPOINT_URL", j["endpoint"])):
+    print(f"export {k}={shlex.quote(v)}")' "$RESULTS/s3-server.json")"
+    S3_URL="s3://ckpt-demo/gpt-tp2dp2"
+    drop_cache s3-save "$SAVED"
+    if timed s3-save "$CKPTCTL" copy "$SAVED" "$S3_URL"; then
+      timed s3-verify "$CKPTCTL" verify "$S3_URL" ||
+        fail_step "ckptctl verify $S3_URL: $(tail -1 "$LOGS/s3-verify.log")"
+      timed s3-load "$CKPTCTL" copy "$S3_URL" "$CK/gpt-from-s3" ||
+        fail_step "ckptctl copy $S3_URL -> directory: $(tail -1 "$LOGS/s3-load.log")"
+      timed s3-diff "$CKPTCTL" diff "$SAVED" "$CK/gpt-from-s3" ||
+        fail_step "ckptctl diff (copied back from s3://): $(tail -1 "$LOGS/s3-diff.log")"
+    else
+      fail_step "ckptctl copy -> $S3_URL: $(tail -1 "$LOGS/s3-save.log")"
+    fi
+  else
+    fail_step "object store: Swift did not start ($(tail -1 "$LOGS/s3-server.log"))"
+  fi
+else
+  log "object store: skipped (Swift with s3api is not installed; tools/install_deps.sh installs it)"
+fi
+
 # ---- The table ---------------------------------------------------------------------------------
 python3 - "$RESULTS" "$CKPT_BYTES" "$DD_BYTES" "$DD_NOTE" "$WORKDIR" <<'PY'
 import glob, json, multiprocessing, os, sys, time
@@ -566,6 +606,13 @@ row("verify  checksums, every byte", tensor_bytes, seconds("verify"), ok_file("v
     "verify", file_bytes)
 row("check   every element (offline)", tensor_bytes, seconds("check-saved"),
     ok_file("check-saved"), "read", "check-saved", file_bytes)
+if os.path.exists(os.path.join(results, "s3-server.json")):  # Swift on this disk, loopback
+    row("s3      ckptctl copy -> s3://", file_bytes, seconds("s3-save"), ok_file("s3-save"),
+        "read+write", "s3-save")
+    row("s3      verify s3://, every byte", file_bytes, seconds("s3-verify"),
+        ok_file("s3-verify"), "read")
+    row("s3      ckptctl copy s3:// -> dir", file_bytes, seconds("s3-load"),
+        ok_file("s3-load") and ok_file("s3-diff"), "read+write")
 
 with open(os.path.join(results, "table.json"), "w") as f:
     json.dump({"tensor_bytes": tensor_bytes, "file_bytes": file_bytes, "dd_bytes": dd_bytes,

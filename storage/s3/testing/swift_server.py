@@ -208,6 +208,18 @@ def sign_v4(method, url, access_key, secret, payload=b""):
     return headers
 
 
+def create_bucket(d, info, bucket, deadline):
+    """PUTs `bucket` (signed as the test user); exits naming it when the server refuses."""
+    url = f"{info['endpoint']}/{bucket}"
+    headers = sign_v4("PUT", url, info["access_key_id"], info["secret_access_key"])
+    request = urllib.request.Request(url, data=b"", method="PUT", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=max(1.0, deadline - time.monotonic())):
+            return
+    except (OSError, ValueError) as e:
+        fail(d, f"creating bucket {bucket}: {e}")
+
+
 def http_status(url, headers=None, timeout=2.0):
     """The HTTP status of a GET, or None when the server does not answer."""
     try:
@@ -284,7 +296,7 @@ def load(d):
         fail(d, f"cannot read {d}/server.json ({e}); was `start --dir {d}` run?")
 
 
-def start(d, timeout, owner):
+def start(d, timeout, owner, bucket=None):
     deadline = time.monotonic() + timeout
     for sub in ("srv/d1", "logs"):
         os.makedirs(os.path.join(d, sub), exist_ok=True)
@@ -307,6 +319,9 @@ def start(d, timeout, owner):
     record(d, info)
     try:
         wait_ready(d, info, SERVERS, deadline)
+        if bucket:
+            create_bucket(d, info, bucket, deadline)
+            info["bucket"] = bucket
     except SystemExit:
         stop(d, quiet=True)
         raise
@@ -370,6 +385,7 @@ def main():
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to be ready")
     parser.add_argument("--owner-pid", type=int, default=0,
                         help="the servers exit when this process does (0: they outlive it)")
+    parser.add_argument("--bucket", default=None, help="start: also create this bucket")
     args = parser.parse_args()
     d = os.path.abspath(args.dir)
     if not swift_installed():
@@ -377,7 +393,7 @@ def main():
                  ": run tools/install_deps.sh (Debian's swift, swift-proxy, swift-account, "
                  "swift-container, swift-object)")
     if args.command == "start":
-        start(d, args.timeout, args.owner_pid)
+        start(d, args.timeout, args.owner_pid, args.bucket)
     elif args.command == "stop":
         stop(d)
     elif args.command == "kill-proxy":
