@@ -33,7 +33,8 @@ Steps:
               FsspecWriter/FsspecReader on s3://bucket/dcp-N (s3fs pointed at the endpoint),
               of a state dict of the same tensors (thread_count=4), loaded into preallocated
               tensors
- 4. One table: path | run | GB | seconds | GB/s | % of boto3 | x DCP-s3fs, with `uptime`.
+ 4. One table: path | run | GB | seconds | GB/s | % of boto3 | x DCP-s3fs | CPU seconds of
+    this process and its children (ckptctl) / of the Swift servers (/proc), with `uptime`.
 """
 import argparse
 import atexit
@@ -80,6 +81,31 @@ def ensure_venv():
         f.write(main_site + "\n")
     os.environ["CKPT_S3_BENCH_VENV"] = "1"
     os.execv(py, [py, os.path.abspath(__file__), *sys.argv[1:]])
+
+
+class Meter:
+    """Wall seconds, this process's and its children's CPU seconds, and the Swift servers' CPU
+    seconds (from /proc) of one timed step: `with meter: ...`, then meter.last."""
+
+    def __init__(self, pids):
+        self.pids, self.last = pids, None
+
+    def _cpu(self):
+        import resource
+        own = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                    resource.getrusage(resource.RUSAGE_CHILDREN)))
+        swift = 0.0
+        for pid in self.pids:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            swift += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return time.perf_counter(), own, swift
+
+    def __enter__(self):
+        self.t0 = self._cpu()
+
+    def __exit__(self, *exc):
+        self.last = tuple(b - a for a, b in zip(self.t0, self._cpu()))
 
 
 def sh(argv, **kw):
@@ -139,24 +165,24 @@ def boto3_client(server):
                       response_checksum_validation="when_required", max_pool_connections=16))
 
 
-def boto3_round(client, files, prefix, out_dir):
-    """(save s, load s) of upload_file then download_file (fsynced) of every file in turn."""
+def boto3_round(m, client, files, prefix, out_dir):
+    """(save, load) Meter figures of upload_file then download_file (fsynced) of every file in turn."""
     from boto3.s3.transfer import TransferConfig
     cfg = TransferConfig(multipart_threshold=8 * MIB, multipart_chunksize=8 * MIB,
                          max_concurrency=4)
-    t = time.perf_counter()
-    for f in files:
-        client.upload_file(f, BUCKET, f"{prefix}/{os.path.basename(f)}", Config=cfg)
-    save = time.perf_counter() - t
+    with m:
+        for f in files:
+            client.upload_file(f, BUCKET, f"{prefix}/{os.path.basename(f)}", Config=cfg)
+    save = m.last
     os.makedirs(out_dir)
-    t = time.perf_counter()
-    for f in files:
-        dest = os.path.join(out_dir, os.path.basename(f))
-        client.download_file(BUCKET, f"{prefix}/{os.path.basename(f)}", dest, Config=cfg)
-        fd = os.open(dest, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-    return save, time.perf_counter() - t
+    with m:
+        for f in files:
+            dest = os.path.join(out_dir, os.path.basename(f))
+            client.download_file(BUCKET, f"{prefix}/{os.path.basename(f)}", dest, Config=cfg)
+            fd = os.open(dest, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+    return save, m.last
 
 
 def add_content_md5(request, **_):
@@ -169,8 +195,8 @@ def add_content_md5(request, **_):
     request.headers["Content-MD5"] = base64.b64encode(hashlib.md5(body).digest()).decode()
 
 
-def dcp_round(server, arrays, url):
-    """(save s, load s) of DCP through FsspecWriter/FsspecReader on s3fs, one process."""
+def dcp_round(m, server, arrays, url):
+    """(save, load) Meter figures of DCP through FsspecWriter/FsspecReader on s3fs, one process."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
@@ -184,26 +210,26 @@ def dcp_round(server, arrays, url):
                              "request_checksum_calculation": "when_required",
                              "response_checksum_validation": "when_required"})
     state = {k: torch.from_numpy(v) for k, v in arrays.items()}
-    t = time.perf_counter()
-    dcp.save(state, storage_writer=FsspecWriter(url, thread_count=4, **kw), no_dist=True)
-    save = time.perf_counter() - t
+    with m:
+        dcp.save(state, storage_writer=FsspecWriter(url, thread_count=4, **kw), no_dist=True)
+    save = m.last
     into = {k: torch.empty_like(v) for k, v in state.items()}
-    t = time.perf_counter()
-    dcp.load(into, storage_reader=FsspecReader(url, **kw), no_dist=True)
-    load = time.perf_counter() - t
+    with m:
+        dcp.load(into, storage_reader=FsspecReader(url, **kw), no_dist=True)
+    load = m.last
     bad = [k for k in state if not torch.equal(state[k], into[k])]
     if bad:
         raise RuntimeError(f"DCP-s3fs load of {url} differs in {bad[:3]}")
     return save, load
 
 
-def ckpt_round(ckptctl, env, ckpt, url, out_dir):
-    t = time.perf_counter()
-    sh([ckptctl, "copy", ckpt, url], env=env)
-    save = time.perf_counter() - t
-    t = time.perf_counter()
-    sh([ckptctl, "copy", url, out_dir], env=env)
-    return save, time.perf_counter() - t
+def ckpt_round(m, ckptctl, env, ckpt, url, out_dir):
+    with m:
+        sh([ckptctl, "copy", ckpt, url], env=env)
+    save = m.last
+    with m:
+        sh([ckptctl, "copy", url, out_dir], env=env)
+    return save, m.last
 
 
 def limits(work, loopback):
@@ -220,17 +246,17 @@ def limits(work, loopback):
 
 def table(rows, nbytes):
     """Markdown: each ckpt and DCP row against boto3's figure and DCP's of the same run."""
-    by = {(r[0], r[1], r[2]): r[3] for r in rows}
-    out = ["| path | run | GB | seconds | GB/s | % of boto3 (the limit) | × DCP-s3fs |",
-           "|---|---|---|---|---|---|---|"]
-    for path, op, run, secs in rows:
+    by = {(r[0], r[1], r[2]): r[3][0] for r in rows}
+    out = ["| path | run | GB | seconds | GB/s | % of boto3 (the limit) | × DCP-s3fs "
+           "| CPU s: client / Swift |", "|---|---|---|---|---|---|---|---|"]
+    for path, op, run, (secs, client_cpu, swift_cpu) in rows:
         gbps = nbytes / secs / 1e9
         lim = nbytes / by[("boto3", op, run)] / 1e9
         peer = nbytes / by[("DCP-s3fs", op, run)] / 1e9
         pct = "-" if path == "boto3" else f"{100 * gbps / lim:.0f}%"
         x = f"{gbps / peer:.2f}×" if path == "ckpt" else "-"
         out.append(f"| {path} {op} | {run} | {nbytes / 1e9:.2f} | {secs:.2f} | {gbps:.3f} "
-                   f"| {pct} | {x} |")
+                   f"| {pct} | {x} | {client_cpu:.1f} / {swift_cpu:.1f} |")
     return "\n".join(out)
 
 
@@ -268,19 +294,20 @@ def main():
     nbytes = sum(os.path.getsize(f) for f in files)
     print(f"checkpoint: {len(files)} data files, {nbytes / 1e9:.3f} GB ({ckpt})", flush=True)
     lim = limits(work, not a.no_loopback)
-    rows = []
+    rows, m = [], Meter(server["pids"])
     for i in range(a.repeat):
         run = "cold" if i == 0 else f"warm {i}"
         for path, fn in (
-                ("ckpt", lambda: ckpt_round(ckptctl, env, ckpt, f"s3://{BUCKET}/ckpt-{i}",
+                ("ckpt", lambda: ckpt_round(m, ckptctl, env, ckpt, f"s3://{BUCKET}/ckpt-{i}",
                                             os.path.join(work, f"ckpt-load-{i}"))),
-                ("boto3", lambda: boto3_round(client, files, f"boto3-{i}",
+                ("boto3", lambda: boto3_round(m, client, files, f"boto3-{i}",
                                               os.path.join(work, f"boto3-load-{i}"))),
-                ("DCP-s3fs", lambda: dcp_round(server, arrays, f"s3://{BUCKET}/dcp-{i}"))):
+                ("DCP-s3fs", lambda: dcp_round(m, server, arrays, f"s3://{BUCKET}/dcp-{i}"))):
             save, load = fn()
             rows += [(path, "save", run, save), (path, "load", run, load)]
-            print(f"  {run}: {path} save {save:.2f} s, load {load:.2f} s "
-                  f"({nbytes / save / 1e9:.3f} / {nbytes / load / 1e9:.3f} GB/s)", flush=True)
+            print(f"  {run}: {path} save {save[0]:.2f} s, load {load[0]:.2f} s "
+                  f"({nbytes / save[0] / 1e9:.3f} / {nbytes / load[0] / 1e9:.3f} GB/s)",
+                  flush=True)
     rows.sort(key=lambda r: (r[1] == "load", r[2], ["ckpt", "boto3", "DCP-s3fs"].index(r[0])))
     up = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print()
