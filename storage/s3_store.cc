@@ -92,6 +92,31 @@ std::vector<std::string> DataKeys(const S3Checkpoint& at, const pb::Manifest& ma
   return keys;
 }
 
+// Before a commit: every data object `manifest` lists is under `generation`, with the size
+// the manifest says. A gc (storage/s3_gc.h) or anything else that deleted or replaced one
+// behind the writer's back fails the commit here, FailedPrecondition naming the object, before
+// the manifest is PUT.
+absl::Status CheckDataObjects(S3Client& client, const S3Checkpoint& at,
+                              const pb::Manifest& manifest, const std::string& generation,
+                              absl::Time deadline) {
+  for (const pb::DataFile& file : manifest.files()) {
+    const std::string key = at.DataKey(generation, file.name());
+    absl::StatusOr<int64_t> size = client.HeadObject(at.bucket, key, deadline);
+    if (absl::IsNotFound(size.status())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("s3://", at.bucket, "/", key, " of the checkpoint being committed at ",
+                       at.url, " is gone (removed behind the writer's back); nothing committed"));
+    }
+    if (!size.ok()) return size.status();
+    if (*size != file.size_bytes()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "s3://", at.bucket, "/", key, " of the checkpoint being committed at ", at.url, " has ",
+          *size, " bytes, its manifest says ", file.size_bytes(), "; nothing committed"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // One object: buffered up to one part, then a multipart upload; one PUT when it stays small.
 class S3ObjectWriter final : public ObjectWriter {
  public:
@@ -181,6 +206,7 @@ class S3Write final : public CheckpointWrite {
     } else if (!absl::IsNotFound(old.status()) && !overwrite_) {
       return old.status();
     }
+    CKPT_RETURN_IF_ERROR(CheckDataObjects(*client_, at_, manifest, generation_, deadline));
     pb::Manifest stored = manifest;
     stored.set_object_generation(generation_);
     CKPT_RETURN_IF_ERROR(

@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -231,6 +232,49 @@ TEST(S3StoreTest, AServerKilledMidWriteIsAnErrorNamingTheObjectAndTheOldCheckpoi
       Client()->ListMultipartUploads(kBucket, "killed/", Deadline());
   ASSERT_TRUE(uploads.ok()) << uploads.status();
   EXPECT_TRUE(uploads->empty()) << uploads->front().key;
+}
+
+TEST(S3StoreTest, AnObjectDeletedBehindAWritesBackFailsItsCommitAndTheOldCheckpointStays) {
+  Server();
+  const std::string dir = TestDir("s3-gone");
+  WriteSource(JoinPath(dir, "old"), 5);
+  const pb::Manifest new_manifest = WriteSource(JoinPath(dir, "new"), 6);
+  std::unique_ptr<CheckpointStore> store = DirectStore();
+  const std::string prefix = "gone/step1";
+  const std::string url = absl::StrCat("s3://", kBucket, "/", prefix);
+  ASSERT_TRUE(CopyCheckpoint(JoinPath(dir, "old"), url).ok());
+  std::unique_ptr<S3Client> client = Client();
+  const std::string old_key = DataKey(*client, prefix, new_manifest.files(1).name());
+
+  StoreWriteOptions overwrite;
+  overwrite.overwrite = true;
+  absl::StatusOr<std::unique_ptr<CheckpointWrite>> write =
+      store->BeginWrite(url, overwrite, Deadline());
+  ASSERT_TRUE(write.ok()) << write.status();
+  for (const pb::DataFile& file : new_manifest.files()) {
+    std::unique_ptr<ObjectWriter> writer = *(*write)->Create(file.name());
+    ASSERT_TRUE(
+        writer->Append(*ReadWholeFile(JoinPath(JoinPath(dir, "new"), file.name()), 1 << 30)).ok());
+    ASSERT_TRUE(writer->Close(Deadline()).ok());
+  }
+  // The new write's copy of files(1) (not the committed one) goes, as a gc would remove it.
+  absl::StatusOr<S3ListPage> page =
+      client->ListObjectsV2(kBucket, prefix + "/", "", 1000, Deadline());
+  ASSERT_TRUE(page.ok()) << page.status();
+  std::string new_key;
+  for (const S3ObjectInfo& object : page->objects) {
+    if (object.key != old_key && absl::EndsWith(object.key, new_manifest.files(1).name())) {
+      new_key = object.key;
+    }
+  }
+  ASSERT_FALSE(new_key.empty());
+  ASSERT_TRUE(client->DeleteObject(kBucket, new_key, Deadline()).ok());
+  absl::Status committed = (*write)->Commit(new_manifest, Deadline());
+  EXPECT_EQ(committed.code(), absl::StatusCode::kFailedPrecondition) << committed;
+  EXPECT_THAT(committed.message(), HasSubstr(new_key));
+  ASSERT_TRUE((*write)->Abort(Deadline()).ok());
+  ASSERT_TRUE(CopyCheckpoint(url, JoinPath(dir, "back")).ok());
+  ExpectSameCheckpoint(JoinPath(dir, "old"), JoinPath(dir, "back"));
 }
 
 TEST(S3StoreTest, WrongCredentialsArePermissionDeniedNamingTheKeyIdButNeverTheSecret) {
