@@ -110,5 +110,59 @@ TEST(CkptctlS3Test, CopyInspectVerifyAndBackThroughTheAwsEnvironment) {
   EXPECT_THAT(denied.err, Not(HasSubstr("wrong-secret-987654321")));
 }
 
+TEST(CkptctlS3Test, GcRemovesACrashedWritesLeftoversAndKeepsTheCommittedCheckpoint) {
+  absl::StatusOr<std::unique_ptr<S3TestServer>> server = S3TestServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  S3ClientOptions options;
+  options.endpoint = (*server)->endpoint();
+  options.region = (*server)->region();
+  options.credentials = {(*server)->access_key_id(), (*server)->secret_access_key(), ""};
+  std::unique_ptr<S3Client> client = *S3Client::Create(options);
+  ASSERT_TRUE(client->CreateBucket(kBucket, Deadline()).ok());
+  ::setenv("AWS_ACCESS_KEY_ID", (*server)->access_key_id().c_str(), 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", (*server)->secret_access_key().c_str(), 1);
+  ::setenv("AWS_REGION", (*server)->region().c_str(), 1);
+  ::setenv("AWS_ENDPOINT_URL", (*server)->endpoint().c_str(), 1);
+
+  const std::string dir = ckpt::testing::FreshDir("ckptctl-s3-gc");
+  const std::string b = Bytes(200, 3);
+  CheckpointContents contents;
+  contents.tensors = {TensorMeta{"layer.b", DType::kBF16, {100}}};
+  contents.files = {
+      DataFilePlan{0, {PieceData{"layer.b", Region{{0}, {100}, std::nullopt}, b.data(), 200}}}};
+  const std::string local = JoinPath(dir, "step1");
+  ASSERT_TRUE(WriteCheckpoint(local, contents, WriteOptions{}).ok());
+  const std::string url = absl::StrCat("s3://", kBucket, "/runs/step1");
+  Result up = Ckptctl("copy " + local + " " + url);
+  ASSERT_EQ(up.code, 0) << up.err;
+  // A writer killed before its commit: an object of its generation and an unfinished upload.
+  const std::string crashed = "runs/step1/g00000000deadbeef/data/r0_0.safetensors";
+  ASSERT_TRUE(client->PutObject(kBucket, crashed, Bytes(5000, 4), Deadline()).ok());
+  ASSERT_TRUE(client->CreateMultipartUpload(kBucket, crashed, Deadline()).ok());
+
+  const std::string gc = absl::StrCat("gc s3://", kBucket, "/runs --min-age 0");
+  Result young = Ckptctl(absl::StrCat("gc s3://", kBucket, "/runs"));  // default 1h: all young
+  ASSERT_EQ(young.code, 0) << young.err;
+  EXPECT_THAT(young.out, HasSubstr("gc: 0 removed"));
+  Result dry = Ckptctl(gc + " --dry-run");
+  ASSERT_EQ(dry.code, 0) << dry.err;
+  EXPECT_THAT(dry.out, HasSubstr(absl::StrCat("would remove s3://", kBucket,
+                                              "/runs/step1/g00000000deadbeef/ (4.88 KiB")));
+  EXPECT_THAT(dry.out, HasSubstr("would remove multipart upload"));
+  EXPECT_TRUE(client->HeadObject(kBucket, crashed, Deadline()).ok());
+  Result removed = Ckptctl(gc);
+  ASSERT_EQ(removed.code, 0) << removed.err;
+  EXPECT_THAT(removed.out, HasSubstr("removed s3://"));
+  EXPECT_THAT(removed.out, HasSubstr("gc: 2 removed"));
+  EXPECT_THAT(removed.out, HasSubstr("1 committed generations kept"));
+  EXPECT_TRUE(absl::IsNotFound(client->HeadObject(kBucket, crashed, Deadline()).status()));
+  EXPECT_TRUE(client->ListMultipartUploads(kBucket, "runs/", Deadline())->empty());
+  Result verify = Ckptctl("verify " + url);
+  ASSERT_EQ(verify.code, 0) << verify.err;
+  EXPECT_THAT(verify.out, HasSubstr("OK"));
+  Result again = Ckptctl(gc);
+  EXPECT_THAT(again.out, HasSubstr("gc: 0 removed"));
+}
+
 }  // namespace
 }  // namespace ckpt
