@@ -17,7 +17,7 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> CheckpointWrite::Create(const std:
         "checkpoint ", url_, ": object \"", name, "\" is not a data file name: ", valid.message()));
   }
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (!objects_.emplace(name, -1).second) {
       return absl::AlreadyExistsError(
           absl::StrCat("checkpoint ", url_, ": object ", name, " was already created"));
@@ -25,14 +25,14 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> CheckpointWrite::Create(const std:
   }
   absl::StatusOr<std::unique_ptr<ObjectWriter>> writer = CreateObject(name);
   if (!writer.ok()) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     objects_.erase(name);
   }
   return writer;
 }
 
 void CheckpointWrite::RecordClosed(const std::string& name, int64_t size) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   objects_[name] = size;
 }
 
@@ -42,7 +42,7 @@ absl::Status CheckpointWrite::Commit(const pb::Manifest& manifest, absl::Time de
                         absl::StrCat("checkpoint ", url_, ": manifest: ", valid.message()));
   }
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     std::map<std::string, int64_t> unlisted = objects_;
     for (const pb::DataFile& file : manifest.files()) {
       auto it = objects_.find(file.name());
@@ -94,9 +94,9 @@ absl::Status StoredCheckpoint::Read(const std::string& name, int64_t offset, abs
 namespace {
 
 struct Registry {
-  absl::Mutex mu;
-  absl::flat_hash_map<std::string, CheckpointStoreFactory> factories ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<std::string, std::unique_ptr<CheckpointStore>> made ABSL_GUARDED_BY(mu);
+  std::mutex mu;
+  absl::flat_hash_map<std::string, CheckpointStoreFactory> factories;
+  absl::flat_hash_map<std::string, std::unique_ptr<CheckpointStore>> made;
 };
 
 Registry& TheRegistry() {
@@ -114,14 +114,14 @@ std::string StoreScheme(absl::string_view url) {
 
 void RegisterCheckpointStore(const std::string& scheme, CheckpointStoreFactory factory) {
   Registry& registry = TheRegistry();
-  absl::MutexLock lock(&registry.mu);
+  std::lock_guard<std::mutex> lock(registry.mu);
   registry.factories[scheme] = std::move(factory);
   registry.made.erase(scheme);
 }
 
 std::vector<std::string> RegisteredStoreSchemes() {
   Registry& registry = TheRegistry();
-  absl::MutexLock lock(&registry.mu);
+  std::lock_guard<std::mutex> lock(registry.mu);
   std::vector<std::string> schemes;
   for (const auto& [scheme, factory] : registry.factories) schemes.push_back(scheme);
   std::sort(schemes.begin(), schemes.end());
@@ -132,7 +132,7 @@ absl::StatusOr<CheckpointStore*> StoreForUrl(absl::string_view url) {
   const std::string scheme = StoreScheme(url);
   std::vector<std::string> known = RegisteredStoreSchemes();
   Registry& registry = TheRegistry();
-  absl::MutexLock lock(&registry.mu);
+  std::lock_guard<std::mutex> lock(registry.mu);
   if (auto made = registry.made.find(scheme); made != registry.made.end()) {
     return made->second.get();
   }

@@ -27,15 +27,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/manifest.pb.h"
@@ -89,9 +88,9 @@ class CheckpointWrite {
 
  private:
   const std::string url_;
-  absl::Mutex mu_;
+  std::mutex mu_;
   // Created objects -> their size once closed (-1 while open).
-  std::map<std::string, int64_t> objects_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> objects_;
 };
 
 // A committed checkpoint opened for reading (CheckpointStore::Open). Thread-safe.

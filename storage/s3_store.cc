@@ -1,5 +1,6 @@
 #include "storage/s3_store.h"
 
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -8,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "storage/manifest_codec.h"
@@ -44,9 +44,9 @@ absl::StatusOr<S3Checkpoint> Locate(const std::string& url) {
 
 // A fresh generation name: 64 random bits, so concurrent writers never share objects.
 std::string NewGeneration() {
-  static absl::Mutex mu(absl::kConstInit);
+  static std::mutex mu;
   static std::mt19937_64* rng = new std::mt19937_64(std::random_device{}());
-  absl::MutexLock lock(&mu);
+  std::lock_guard<std::mutex> lock(mu);
   return absl::StrFormat("g%016x", (*rng)());
 }
 
@@ -185,7 +185,7 @@ class S3Write final : public CheckpointWrite {
   absl::StatusOr<std::unique_ptr<ObjectWriter>> CreateObject(const std::string& name) override {
     const std::string key = at_.DataKey(generation_, name);
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       keys_.push_back(key);
     }
     return std::unique_ptr<ObjectWriter>(
@@ -226,7 +226,7 @@ class S3Write final : public CheckpointWrite {
     done_ = true;
     std::vector<std::string> keys;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       keys = keys_;
     }
     if (keys.empty()) return absl::OkStatus();
@@ -251,8 +251,8 @@ class S3Write final : public CheckpointWrite {
   const absl::Time deadline_;
   const std::string generation_;
   bool done_ = false;
-  absl::Mutex mu_;
-  std::vector<std::string> keys_ ABSL_GUARDED_BY(mu_);
+  std::mutex mu_;
+  std::vector<std::string> keys_;
 };
 
 class S3StoredCheckpoint final : public StoredCheckpoint {
