@@ -1,5 +1,7 @@
 #include "storage/s3_store.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -7,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -325,12 +328,50 @@ class S3Store final : public CheckpointStore {
   const S3MultipartWriterOptions multipart_;
 };
 
-absl::StatusOr<std::unique_ptr<CheckpointStore>> S3StoreFromEnvironment() {
+// A positive integer from environment variable `name` (unset: `*out` unchanged), at least
+// `min`; InvalidArgument naming the variable otherwise.
+absl::Status IntFromEnvironment(const char* name, int64_t min, int64_t* out) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return absl::OkStatus();
+  int64_t parsed = 0;
+  if (!absl::SimpleAtoi(value, &parsed) || parsed < min) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "=", value, ": expected an integer of at least ", min));
+  }
+  *out = parsed;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<S3StoreOptions> S3StoreOptionsFromEnvironment() {
   CKPT_ASSIGN_OR_RETURN(S3Settings settings, LoadS3SettingsFromEnvironment());
   S3StoreOptions options;
-  options.client.endpoint = settings.endpoint;
-  options.client.region = settings.region;
-  options.client.credentials = settings.credentials;
+  options.client = S3ClientOptionsFrom(settings);
+  if (const char* ca = std::getenv("AWS_CA_BUNDLE"); ca != nullptr && *ca != '\0') {
+    options.client.ca_file = ca;
+  }
+  if (const char* addressing = std::getenv("CKPT_S3_ADDRESSING"); addressing != nullptr) {
+    const absl::string_view a = addressing;
+    if (a == "virtual") {
+      options.client.addressing = S3Addressing::kVirtualHosted;
+    } else if (a != "path" && !a.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CKPT_S3_ADDRESSING=", a, ": expected path or virtual"));
+    }
+  }
+  CKPT_RETURN_IF_ERROR(
+      IntFromEnvironment("CKPT_S3_PART_SIZE", int64_t{5} << 20, &options.multipart.part_size));
+  int64_t in_flight = options.multipart.parts_in_flight;
+  CKPT_RETURN_IF_ERROR(IntFromEnvironment("CKPT_S3_PARTS_IN_FLIGHT", 1, &in_flight));
+  options.multipart.parts_in_flight = static_cast<int>(std::min<int64_t>(in_flight, 64));
+  return options;
+}
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> S3StoreFromEnvironment() {
+  CKPT_ASSIGN_OR_RETURN(S3StoreOptions options, S3StoreOptionsFromEnvironment());
   return MakeS3Store(std::move(options));
 }
 

@@ -35,6 +35,14 @@ struct S3StoreOptions {
   S3MultipartWriterOptions multipart;
 };
 
+// The options the registry's "s3" store is made with: credentials, region and endpoint as the
+// AWS CLI finds them (storage/s3/s3_credentials.h), AWS_CA_BUNDLE (a PEM CA bundle for https),
+// and ckpt's own CKPT_S3_ADDRESSING (path, the default, or virtual), CKPT_S3_PART_SIZE (bytes
+// per multipart part, at least 5 MiB; 8 MiB by default) and CKPT_S3_PARTS_IN_FLIGHT (per
+// object, 1-64; 4 by default). InvalidArgument naming the variable for a value that does not
+// parse; the credentials' errors otherwise (never holding the secret).
+absl::StatusOr<S3StoreOptions> S3StoreOptionsFromEnvironment();
+
 // The store over a client made from `options`.
 absl::StatusOr<std::unique_ptr<CheckpointStore>> MakeS3Store(S3StoreOptions options);
 

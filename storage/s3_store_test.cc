@@ -307,5 +307,37 @@ TEST(S3StoreTest, AMissingBucketIsNotFoundNamingItAndABadNameIsRefusedBeforeAnyR
   }
 }
 
+TEST(S3StoreTest, TheEnvironmentSetsPartSizeAddressingAndCaBundleAndBadValuesNameTheVariable) {
+  Server();  // sets the AWS_* variables
+  ::setenv("CKPT_S3_PART_SIZE", "67108864", 1);
+  ::setenv("CKPT_S3_PARTS_IN_FLIGHT", "2", 1);
+  ::setenv("CKPT_S3_ADDRESSING", "virtual", 1);
+  ::setenv("AWS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt", 1);
+  absl::StatusOr<S3StoreOptions> options = S3StoreOptionsFromEnvironment();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->multipart.part_size, 64 << 20);
+  EXPECT_EQ(options->multipart.parts_in_flight, 2);
+  EXPECT_EQ(options->client.addressing, S3Addressing::kVirtualHosted);
+  EXPECT_EQ(options->client.ca_file, "/etc/ssl/certs/ca-certificates.crt");
+  EXPECT_EQ(options->client.endpoint, Server().endpoint());
+  for (const auto& [name, value] :
+       std::vector<std::pair<const char*, const char*>>{{"CKPT_S3_PART_SIZE", "1000"},
+                                                        {"CKPT_S3_PART_SIZE", "8MB"},
+                                                        {"CKPT_S3_PARTS_IN_FLIGHT", "0"},
+                                                        {"CKPT_S3_ADDRESSING", "sideways"}}) {
+    const char* before = std::getenv(name);
+    const std::string kept = before != nullptr ? before : "";
+    ::setenv(name, value, 1);
+    absl::StatusOr<S3StoreOptions> bad = S3StoreOptionsFromEnvironment();
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << name << "=" << value;
+    EXPECT_THAT(bad.status().message(), HasSubstr(name));
+    ::setenv(name, kept.c_str(), 1);
+  }
+  for (const char* name :
+       {"CKPT_S3_PART_SIZE", "CKPT_S3_PARTS_IN_FLIGHT", "CKPT_S3_ADDRESSING", "AWS_CA_BUNDLE"}) {
+    ::unsetenv(name);
+  }
+}
+
 }  // namespace
 }  // namespace ckpt
