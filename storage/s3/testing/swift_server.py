@@ -21,6 +21,7 @@ nothing here needs them with one device and one replica.
 """
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import hmac
@@ -58,7 +59,10 @@ def write(path, text):
 
 
 def common_conf(d, port):
+    # bind_timeout: a port taken meanwhile fails the bind in 2 s (Swift's default waits 30),
+    # and start() tries again with fresh ports.
     return (f"[DEFAULT]\nbind_ip = 127.0.0.1\nbind_port = {port}\nworkers = 0\n"
+            "bind_timeout = 2\n"
             f"swift_dir = {d}\ndevices = {d}/srv\nmount_check = false\n"
             f"disable_fallocate = true\nlog_level = INFO\nlog_address = {d}/no-syslog\n"
             # run_wsgi switches to `user` (default "swift"): stay who we are.
@@ -296,8 +300,38 @@ def load(d):
         fail(d, f"cannot read {d}/server.json ({e}); was `start --dir {d}` run?")
 
 
+def port_taken(d):
+    """True when a server's log says its port was taken between free_port() and its bind."""
+    for kind in SERVERS:
+        try:
+            with open(os.path.join(d, "logs", f"{kind}.log"), errors="replace") as f:
+                text = f.read()
+                if "Address already in use" in text or "Could not bind to" in text:
+                    return True
+        except OSError:
+            pass
+    return False
+
+
 def start(d, timeout, owner, bucket=None):
+    """start_once, again with fresh ports (up to 3 tries) when another process took a port
+    between free_port() and the server's bind: parallel tests start many servers."""
     deadline = time.monotonic() + timeout
+    for attempt in range(3):
+        try:
+            start_once(d, deadline, owner, bucket)
+            return
+        except SystemExit:
+            if attempt == 2 or not port_taken(d) or time.monotonic() > deadline:
+                raise
+            print("swift_server: a port was taken before a server bound it; trying again "
+                  "with fresh ports", file=sys.stderr)
+            for kind in SERVERS:  # the next try's logs start empty
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(d, "logs", f"{kind}.log"))
+
+
+def start_once(d, deadline, owner, bucket):
     for sub in ("srv/d1", "logs"):
         os.makedirs(os.path.join(d, sub), exist_ok=True)
     ports = {kind: free_port() for kind in SERVERS}
