@@ -164,8 +164,8 @@ const CommandSpec& GcSpec() {
       "failed.\n",
       {{"dry-run", "", "list what would be removed without removing it"},
        {"min-age", "DURATION",
-        "s3 only: leave leftovers younger than this (default 1h; 0 takes all: only when no\n"
-        "write is running)"},
+        "s3 only: leave leftovers younger than this (default 1h);\n"
+        "0 takes all, for when no write is running"},
        {"timeout", "DURATION", "s3 only: deadline of the whole gc (default 10m)"}}};
   return *spec;
 }
