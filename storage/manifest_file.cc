@@ -64,8 +64,8 @@ pb::Manifest FieldsBefore(const pb::Manifest& head, uint32_t version) {
   return before;
 }
 
-// The fields of `head` serialized after its pieces, but its piece files (4-10). Copied one by
-// one (never the pieces); manifest_file_test checks every field of Manifest is here or above.
+// The fields of `head` serialized after its pieces, but its piece files (4-10, 12). Copied one
+// by one (never the pieces); manifest_file_test checks every field of Manifest is here or above.
 pb::Manifest FieldsAfter(const pb::Manifest& head) {
   pb::Manifest after;
   if (head.has_saved_layout()) *after.mutable_saved_layout() = head.saved_layout();
@@ -75,6 +75,7 @@ pb::Manifest FieldsAfter(const pb::Manifest& head) {
   after.set_writer_version(head.writer_version());
   *after.mutable_files() = head.files();
   after.set_checksum_block_bytes(head.checksum_block_bytes());
+  after.set_object_generation(head.object_generation());
   return after;
 }
 

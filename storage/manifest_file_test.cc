@@ -37,6 +37,7 @@ pb::Manifest RandomManifest(std::mt19937_64& rng, int num_pieces) {
   m.set_step(static_cast<int64_t>(rng() % 100000));
   m.set_created_unix_micros(static_cast<int64_t>(rng() >> 2));
   m.set_writer_version(kWriterVersion);
+  if (rng() % 2 == 0) m.set_object_generation("g0123456789abcdef");
   for (int t = 0; t < 5; ++t) {
     pb::TensorMeta* meta = m.add_tensors();
     meta->set_key(absl::StrCat("decoder.layers.", t, ".self_attention.linear_qkv.weight"));
@@ -174,7 +175,7 @@ TEST(ManifestFileTest, ManifestThatFitsIsOneFormat1FileOfTheSerializedBytes) {
 // The writer copies the manifest's fields one by one (never its pieces): a new field must be
 // added there (FieldsAfter in manifest_file.cc) and then here.
 TEST(ManifestFileTest, WriterKnowsEveryManifestField) {
-  EXPECT_EQ(pb::Manifest::descriptor()->field_count(), 11);
+  EXPECT_EQ(pb::Manifest::descriptor()->field_count(), 12);
 }
 
 // Over the limit, the pieces go into piece files of at most the budget (one piece alone when
