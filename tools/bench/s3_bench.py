@@ -165,10 +165,13 @@ def boto3_client(server):
                       response_checksum_validation="when_required", max_pool_connections=16))
 
 
+PART_MIB = 8  # --part-mib: boto3's multipart_chunksize and ckpt's CKPT_S3_PART_SIZE alike
+
+
 def boto3_round(m, client, files, prefix, out_dir):
     """(save, load) Meter figures of upload_file then download_file (fsynced) of every file in turn."""
     from boto3.s3.transfer import TransferConfig
-    cfg = TransferConfig(multipart_threshold=8 * MIB, multipart_chunksize=8 * MIB,
+    cfg = TransferConfig(multipart_threshold=PART_MIB * MIB, multipart_chunksize=PART_MIB * MIB,
                          max_concurrency=4)
     with m:
         for f in files:
@@ -269,6 +272,8 @@ def parse_args():
     ap.add_argument("--bin", help="bazel-bin style dir holding tools/ckptctl (skips the build)")
     ap.add_argument("--no-loopback", action="store_true", help="skip the loopback TCP limit")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (printed)")
+    ap.add_argument("--part-mib", type=int, default=8,
+                    help="multipart part size in MiB for boto3 and ckpt alike (default 8)")
     return ap.parse_args()
 
 
@@ -287,9 +292,11 @@ def main():
     server = start_swift(work)
     client = boto3_client(server)
     client.create_bucket(Bucket=BUCKET)
+    global PART_MIB
+    PART_MIB = a.part_mib
     env = dict(os.environ, AWS_ACCESS_KEY_ID=server["access_key_id"],
                AWS_SECRET_ACCESS_KEY=server["secret_access_key"], AWS_REGION=server["region"],
-               AWS_ENDPOINT_URL=server["endpoint"])
+               AWS_ENDPOINT_URL=server["endpoint"], CKPT_S3_PART_SIZE=str(a.part_mib * MIB))
     ckpt, files, arrays = make_checkpoint(work, ckptctl, a.gib, a.shards)
     nbytes = sum(os.path.getsize(f) for f in files)
     print(f"checkpoint: {len(files)} data files, {nbytes / 1e9:.3f} GB ({ckpt})", flush=True)
