@@ -37,33 +37,19 @@ constexpr char kUnfinished[] = "gfedcba9876543210";
 
 absl::Time Deadline() { return absl::Now() + absl::Seconds(60); }
 
-// One server for the binary, its bucket made, the AWS environment pointing at it (the "s3"
-// store that CopyCheckpoint finds through the registry reads it).
+// The binary's server, the AWS environment pointing at it (the "s3" store that
+// CopyCheckpoint finds through the registry reads it).
 S3TestServer& Server() {
   static S3TestServer* server = [] {
-    absl::StatusOr<std::unique_ptr<S3TestServer>> started = S3TestServer::Start();
-    if (!started.ok()) {
-      ADD_FAILURE() << started.status();
-      std::abort();
-    }
-    S3TestServer* s = started->release();
-    ::setenv("AWS_ACCESS_KEY_ID", s->access_key_id().c_str(), 1);
-    ::setenv("AWS_SECRET_ACCESS_KEY", s->secret_access_key().c_str(), 1);
-    ::setenv("AWS_REGION", s->region().c_str(), 1);
-    ::setenv("AWS_ENDPOINT_URL", s->endpoint().c_str(), 1);
-    ::unsetenv("AWS_PROFILE");
+    S3TestServer* s = &S3TestServer::Shared();
+    s->ExportAwsEnvironment();
     return s;
   }();
   return *server;
 }
 
 std::unique_ptr<S3Client> Client() {
-  S3TestServer& s = Server();
-  S3ClientOptions options;
-  options.endpoint = s.endpoint();
-  options.region = s.region();
-  options.credentials = {s.access_key_id(), s.secret_access_key(), ""};
-  std::unique_ptr<S3Client> client = *S3Client::Create(options);
+  std::unique_ptr<S3Client> client = *S3Client::Create(Server().ClientOptions());
   EXPECT_TRUE(client->CreateBucket(kBucket, Deadline()).ok());
   return client;
 }

@@ -37,26 +37,13 @@ constexpr char kBucket[] = "ckpt-store-test";
 
 absl::Time Deadline() { return absl::Now() + absl::Seconds(60); }
 
-// One server for the whole test binary, its bucket made, and the AWS environment pointing at
-// it (so the "s3" store the registry makes finds it the way a user's would).
+// The binary's server (S3TestServer::Shared), its bucket made once, and the AWS environment
+// pointing at it (so the "s3" store the registry makes finds it the way a user's would).
 S3TestServer& Server() {
   static S3TestServer* server = [] {
-    absl::StatusOr<std::unique_ptr<S3TestServer>> started = S3TestServer::Start();
-    if (!started.ok()) {
-      ADD_FAILURE() << started.status();
-      std::abort();
-    }
-    S3TestServer* s = started->release();
-    ::setenv("AWS_ACCESS_KEY_ID", s->access_key_id().c_str(), 1);
-    ::setenv("AWS_SECRET_ACCESS_KEY", s->secret_access_key().c_str(), 1);
-    ::setenv("AWS_REGION", s->region().c_str(), 1);
-    ::setenv("AWS_ENDPOINT_URL", s->endpoint().c_str(), 1);
-    ::unsetenv("AWS_PROFILE");
-    S3ClientOptions options;
-    options.endpoint = s->endpoint();
-    options.region = s->region();
-    options.credentials = {s->access_key_id(), s->secret_access_key(), ""};
-    absl::Status made = (*S3Client::Create(options))->CreateBucket(kBucket, Deadline());
+    S3TestServer* s = &S3TestServer::Shared();
+    s->ExportAwsEnvironment();
+    absl::Status made = (*S3Client::Create(s->ClientOptions()))->CreateBucket(kBucket, Deadline());
     if (!made.ok()) {
       ADD_FAILURE() << made;
       std::abort();
@@ -84,12 +71,9 @@ INSTANTIATE_TEST_SUITE_P(S3, CheckpointStoreConformanceTest, ::testing::Values(S
 
 // A store on the test server with 5 MiB parts (Swift's minimum) and a short retry policy.
 std::unique_ptr<CheckpointStore> DirectStore(std::string secret = "") {
-  S3TestServer& s = Server();
   S3StoreOptions options;
-  options.client.endpoint = s.endpoint();
-  options.client.region = s.region();
-  options.client.credentials = {s.access_key_id(), secret.empty() ? s.secret_access_key() : secret,
-                                ""};
+  options.client = Server().ClientOptions();
+  if (!secret.empty()) options.client.credentials.secret_access_key = secret;
   options.client.retry.max_attempts = 3;
   options.client.retry.initial_backoff = absl::Milliseconds(20);
   options.client.retry.max_backoff = absl::Milliseconds(100);
@@ -138,14 +122,7 @@ std::string DataKey(S3Client& client, const std::string& prefix, const std::stri
   return absl::StrCat(prefix, "/", manifest->object_generation(), "/", name);
 }
 
-std::unique_ptr<S3Client> Client() {
-  S3TestServer& s = Server();
-  S3ClientOptions options;
-  options.endpoint = s.endpoint();
-  options.region = s.region();
-  options.credentials = {s.access_key_id(), s.secret_access_key(), ""};
-  return *S3Client::Create(options);
-}
+std::unique_ptr<S3Client> Client() { return *S3Client::Create(Server().ClientOptions()); }
 
 void ExpectSameCheckpoint(const std::string& a, const std::string& b) {
   absl::StatusOr<pb::Manifest> ma = ReadManifestFile(a);

@@ -36,19 +36,22 @@ std::string Bytes(size_t n, uint32_t seed) {
   return s;
 }
 
-TEST(CkptctlS3Test, CopyInspectVerifyAndBackThroughTheAwsEnvironment) {
+// A server of the test's own (each test writes the same names and changes the credentials),
+// its bucket made and the AWS environment the ckptctl processes inherit pointing at it.
+absl::StatusOr<std::unique_ptr<S3TestServer>> StartWithBucket() {
   absl::StatusOr<std::unique_ptr<S3TestServer>> server = S3TestServer::Start();
+  if (!server.ok()) return server.status();
+  absl::Status made =
+      (*S3Client::Create((*server)->ClientOptions()))->CreateBucket(kBucket, Deadline());
+  if (!made.ok()) return made;
+  (*server)->ExportAwsEnvironment();
+  return server;
+}
+
+TEST(CkptctlS3Test, CopyInspectVerifyAndBackThroughTheAwsEnvironment) {
+  absl::StatusOr<std::unique_ptr<S3TestServer>> server = StartWithBucket();
   ASSERT_TRUE(server.ok()) << server.status();
-  S3ClientOptions options;
-  options.endpoint = (*server)->endpoint();
-  options.region = (*server)->region();
-  options.credentials = {(*server)->access_key_id(), (*server)->secret_access_key(), ""};
-  std::unique_ptr<S3Client> client = *S3Client::Create(options);
-  ASSERT_TRUE(client->CreateBucket(kBucket, Deadline()).ok());
-  ::setenv("AWS_ACCESS_KEY_ID", (*server)->access_key_id().c_str(), 1);
-  ::setenv("AWS_SECRET_ACCESS_KEY", (*server)->secret_access_key().c_str(), 1);
-  ::setenv("AWS_REGION", (*server)->region().c_str(), 1);
-  ::setenv("AWS_ENDPOINT_URL", (*server)->endpoint().c_str(), 1);
+  std::unique_ptr<S3Client> client = *S3Client::Create((*server)->ClientOptions());
 
   const std::string dir = ckpt::testing::FreshDir("ckptctl-s3");
   const std::string w = Bytes(64 * 1024 * 4, 1), b = Bytes(200, 2);
@@ -111,18 +114,9 @@ TEST(CkptctlS3Test, CopyInspectVerifyAndBackThroughTheAwsEnvironment) {
 }
 
 TEST(CkptctlS3Test, GcRemovesACrashedWritesLeftoversAndKeepsTheCommittedCheckpoint) {
-  absl::StatusOr<std::unique_ptr<S3TestServer>> server = S3TestServer::Start();
+  absl::StatusOr<std::unique_ptr<S3TestServer>> server = StartWithBucket();
   ASSERT_TRUE(server.ok()) << server.status();
-  S3ClientOptions options;
-  options.endpoint = (*server)->endpoint();
-  options.region = (*server)->region();
-  options.credentials = {(*server)->access_key_id(), (*server)->secret_access_key(), ""};
-  std::unique_ptr<S3Client> client = *S3Client::Create(options);
-  ASSERT_TRUE(client->CreateBucket(kBucket, Deadline()).ok());
-  ::setenv("AWS_ACCESS_KEY_ID", (*server)->access_key_id().c_str(), 1);
-  ::setenv("AWS_SECRET_ACCESS_KEY", (*server)->secret_access_key().c_str(), 1);
-  ::setenv("AWS_REGION", (*server)->region().c_str(), 1);
-  ::setenv("AWS_ENDPOINT_URL", (*server)->endpoint().c_str(), 1);
+  std::unique_ptr<S3Client> client = *S3Client::Create((*server)->ClientOptions());
 
   const std::string dir = ckpt::testing::FreshDir("ckptctl-s3-gc");
   const std::string b = Bytes(200, 3);

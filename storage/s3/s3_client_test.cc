@@ -58,11 +58,7 @@ class S3ClientTest : public ::testing::Test {
   }
 
   static S3ClientOptions Options() {
-    S3ClientOptions o;
-    o.endpoint = server_->endpoint();
-    o.region = server_->region();
-    o.credentials.access_key_id = server_->access_key_id();
-    o.credentials.secret_access_key = server_->secret_access_key();
+    S3ClientOptions o = server_->ClientOptions();
     o.retry = {3, absl::Milliseconds(20), absl::Milliseconds(200)};
     return o;
   }

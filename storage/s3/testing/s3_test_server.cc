@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -256,6 +257,34 @@ S3TestServer::~S3TestServer() {
   if (!removed.ok()) {
     fprintf(stderr, "S3TestServer: %s\n", std::string(removed.message()).c_str());
   }
+}
+
+S3TestServer& S3TestServer::Shared() {
+  static S3TestServer* server = [] {
+    absl::StatusOr<std::unique_ptr<S3TestServer>> started = Start();
+    if (!started.ok()) {
+      std::fprintf(stderr, "S3TestServer::Shared: %s\n", started.status().ToString().c_str());
+      std::abort();
+    }
+    return started->release();
+  }();
+  return *server;
+}
+
+S3ClientOptions S3TestServer::ClientOptions() const {
+  S3ClientOptions options;
+  options.endpoint = endpoint_;
+  options.region = region_;
+  options.credentials = {access_key_id_, secret_access_key_, ""};
+  return options;
+}
+
+void S3TestServer::ExportAwsEnvironment() const {
+  ::setenv("AWS_ACCESS_KEY_ID", access_key_id_.c_str(), 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", secret_access_key_.c_str(), 1);
+  ::setenv("AWS_REGION", region_.c_str(), 1);
+  ::setenv("AWS_ENDPOINT_URL", endpoint_.c_str(), 1);
+  ::unsetenv("AWS_PROFILE");
 }
 
 absl::Status S3TestServer::KillProxy() {

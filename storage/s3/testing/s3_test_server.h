@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "storage/s3/s3_client.h"
 
 namespace ckpt {
 
@@ -25,6 +26,10 @@ class S3TestServer {
       absl::Duration timeout = absl::Seconds(60));
   ~S3TestServer();  // stops every process and removes its temp dir
 
+  // One server for a whole test binary, started on first use and kept to the process's end.
+  // A start that fails is reported and aborts the binary: every test of it needs the server.
+  static S3TestServer& Shared();
+
   S3TestServer(const S3TestServer&) = delete;
   S3TestServer& operator=(const S3TestServer&) = delete;
 
@@ -33,6 +38,13 @@ class S3TestServer {
   const std::string& access_key_id() const { return access_key_id_; }
   const std::string& secret_access_key() const { return secret_access_key_; }
   const std::string& log_dir() const { return log_dir_; }
+
+  // S3Client options for this server's user (path-style, its endpoint and region).
+  S3ClientOptions ClientOptions() const;
+  // Points the standard AWS variables (key id, secret, region, endpoint; AWS_PROFILE unset) at
+  // this server, so the "s3" store the registry makes from the environment finds it, and so do
+  // the ckptctl processes a test runs, as a user's would.
+  void ExportAwsEnvironment() const;
 
   absl::Status KillProxy();     // SIGKILL of the proxy only; requests then fail to connect
   absl::Status RestartProxy();  // the proxy back on the same port, data kept
