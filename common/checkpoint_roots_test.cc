@@ -115,5 +115,77 @@ TEST_F(CheckpointRootsTest, ARootMustBeAnExistingAbsoluteDirectory) {
   EXPECT_THAT(CheckpointRoots::Create({}).status().message(), HasSubstr("--checkpoint_root"));
 }
 
+TEST_F(CheckpointRootsTest, AcceptsAUrlStrictlyUnderAUrlRootAndReturnsItWithoutTrailingSlash) {
+  auto roots = CheckpointRoots::Create({root_, "s3://bucket/ckpts/"});
+  ASSERT_TRUE(roots.ok()) << roots.status();
+  EXPECT_EQ(roots->roots()[1], "s3://bucket/ckpts");
+  auto resolved = roots->Resolve("s3://bucket/ckpts/run/step1/", "save path");
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(*resolved, "s3://bucket/ckpts/run/step1");
+  auto bucket_root = CheckpointRoots::Create({"s3://bucket"});
+  ASSERT_TRUE(bucket_root.ok()) << bucket_root.status();
+  resolved = bucket_root->Resolve("s3://bucket/step1", "load path");
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(*resolved, "s3://bucket/step1");
+}
+
+TEST_F(CheckpointRootsTest, RefusesAUrlNotStrictlyUnderAUrlRootOfTheSameSchemeAndBucket) {
+  auto roots = CheckpointRoots::Create({root_, "s3://bucket/ckpts"});
+  ASSERT_TRUE(roots.ok()) << roots.status();
+  for (const std::string& url :
+       {std::string("s3://bucket/ckpts"), std::string("s3://bucket/ckpts/"),
+        std::string("s3://bucket/ckptsX/a"), std::string("s3://bucketX/ckpts/a"),
+        std::string("s3://other/ckpts/a"), std::string("gs://bucket/ckpts/a"),
+        std::string("s3://bucket/a")}) {
+    auto resolved = roots->Resolve(url, "save path");
+    EXPECT_EQ(resolved.status().code(), absl::StatusCode::kPermissionDenied) << url;
+    EXPECT_THAT(resolved.status().message(),
+                AllOf(HasSubstr("save path '" + url + "'"), HasSubstr("s3://bucket/ckpts"),
+                      HasSubstr(root_)));
+  }
+}
+
+TEST_F(CheckpointRootsTest, RefusesAUrlWithAnEmptyDotOrDotDotComponent) {
+  auto roots = CheckpointRoots::Create({"s3://bucket/ckpts"});
+  ASSERT_TRUE(roots.ok()) << roots.status();
+  for (const std::string& url :
+       {std::string("s3://bucket/ckpts//a"), std::string("s3://bucket/ckpts/./a"),
+        std::string("s3://bucket/ckpts/../x"), std::string("s3://bucket/ckpts/a/.."),
+        std::string("s3://bucket/ckpts/a//"), std::string("s3:///bucket/ckpts/a"),
+        std::string("s3://bucket/ckpts/a\\b"), std::string("S3://bucket/ckpts/a")}) {
+    auto resolved = roots->Resolve(url, "load path");
+    EXPECT_EQ(resolved.status().code(), absl::StatusCode::kInvalidArgument) << url;
+    EXPECT_THAT(resolved.status().message(), HasSubstr("load path '" + url + "'"));
+  }
+}
+
+TEST_F(CheckpointRootsTest, APathNeverMatchesAUrlRootNorAUrlADirectoryRoot) {
+  auto url_only = CheckpointRoots::Create({"s3://bucket"});
+  ASSERT_TRUE(url_only.ok()) << url_only.status();
+  for (const std::string& path : {std::string("/bucket/x"), root_ + "/x"}) {
+    auto resolved = url_only->Resolve(path, "save path");
+    EXPECT_EQ(resolved.status().code(), absl::StatusCode::kPermissionDenied) << path;
+    EXPECT_THAT(resolved.status().message(), HasSubstr("s3://bucket"));
+  }
+  auto everything = CheckpointRoots::Create({"/"});
+  ASSERT_TRUE(everything.ok()) << everything.status();
+  auto resolved = everything->Resolve("s3://bucket/x", "save path");
+  EXPECT_EQ(resolved.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(resolved.status().message(), HasSubstr("'s3://bucket/x' is outside"));
+}
+
+TEST_F(CheckpointRootsTest, AUrlRootIsNotLookedUpOnTheFilesystemButMustBeValid) {
+  auto good = CheckpointRoots::Create({"s3://no-such-dir-here/p"});
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->Describe(), "s3://no-such-dir-here/p");
+  for (const std::string& root : {std::string("s3://"), std::string("s3:///p"),
+                                  std::string("s3://bucket//p"), std::string("s3://bucket/./p"),
+                                  std::string("s3://bucket/../p"), std::string("S3://bucket")}) {
+    auto roots = CheckpointRoots::Create({root});
+    EXPECT_EQ(roots.status().code(), absl::StatusCode::kInvalidArgument) << root;
+    EXPECT_THAT(roots.status().message(), HasSubstr("checkpoint root '" + root + "'"));
+  }
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -74,8 +74,9 @@ ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, crit
 ABSL_FLAG(std::string, address_file, "",
           "when set, the bound host:port is written here (atomically) once serving");
 ABSL_FLAG(std::string, checkpoint_root, "",
-          "a directory under which callers may save, load and reshard checkpoints (absolute; "
-          "repeat the flag for several; at least one is required)");
+          "a directory (absolute) or object-store URL (s3://bucket[/prefix]) under which "
+          "callers may save, load and reshard checkpoints (repeat the flag for several; at "
+          "least one is required)");
 ABSL_FLAG(std::string, tls_ca, "", "CA certificate (PEM) every caller's certificate must chain to");
 ABSL_FLAG(std::string, tls_cert, "",
           "this coordinator's certificate (PEM; ckptctl certs issue --role coordinator)");
