@@ -36,7 +36,50 @@ void CheckpointWrite::RecordClosed(const std::string& name, int64_t size) {
   objects_[name] = size;
 }
 
+std::vector<std::string> CheckpointWrite::UnclosedObjects() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> unclosed;
+  for (const auto& [name, size] : objects_) {
+    if (size < 0) unclosed.push_back(name);
+  }
+  return unclosed;
+}
+
+absl::Status CheckpointWrite::Adopt(const std::string& name, absl::Time deadline) {
+  if (joined_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", url_, ": a joined write cannot adopt ", name,
+                     "; the write that began the checkpoint adopts its objects"));
+  }
+  if (absl::Status valid = ValidateDataFileName(name); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", url_, ": object \"", name, "\" is not a data file name: ", valid.message()));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!objects_.emplace(name, -1).second) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("checkpoint ", url_, ": object ", name, " was already created or adopted"));
+    }
+  }
+  absl::StatusOr<int64_t> size = StagedObjectSize(name, deadline);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!size.ok()) {
+    objects_.erase(name);
+    return absl::Status(size.status().code(),
+                        absl::StrCat("checkpoint ", url_, ": adopting object ", name, ": ",
+                                     size.status().message()));
+  }
+  objects_[name] = *size;
+  return absl::OkStatus();
+}
+
 absl::Status CheckpointWrite::Commit(const pb::Manifest& manifest, absl::Time deadline) {
+  if (joined_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", url_, ": a joined write (staging area ", staging_url(),
+                     ") cannot commit; the write that began the checkpoint commits it"));
+  }
   if (absl::Status valid = ValidateManifest(manifest); !valid.ok()) {
     return absl::Status(valid.code(),
                         absl::StrCat("checkpoint ", url_, ": manifest: ", valid.message()));

@@ -14,6 +14,10 @@
 //     new one commits.
 //   - CheckpointStore::Open: a committed checkpoint's manifest and ranged reads of its objects.
 //   - CheckpointStore::Delete: removes a committed checkpoint.
+// A write may be spread over several processes (a cluster save: the coordinator begins it, each
+// worker joins it): CheckpointWrite::staging_url names the write's staging area,
+// CheckpointStore::JoinWrite opens it in another process to Create objects there, and the
+// beginning write Adopts each such object before its Commit checks it like one of its own.
 // Object names are relative to the checkpoint and are the manifest's own: "data/<name>.
 // safetensors" (ValidateDataFileName). A store never sees any other name, so no name from a
 // manifest is ever used as a path or key unchecked.
@@ -52,15 +56,27 @@ class ObjectWriter {
   virtual absl::Status Close(absl::Time deadline) = 0;
 };
 
-// One checkpoint being written (CheckpointStore::BeginWrite). Objects are created with Create,
-// then Commit makes them and the manifest visible at once. Dropping a write that did not
-// commit aborts it. Create may be called from several threads; Commit and Abort from one.
+// One checkpoint being written (CheckpointStore::BeginWrite), or another process's part of one
+// (CheckpointStore::JoinWrite: joined()). Objects are created with Create (or, created by a
+// joined write elsewhere, taken in with Adopt), then Commit makes them and the manifest visible
+// at once. Dropping a write that did not commit aborts it. Create may be called from several
+// threads; Adopt, Commit and Abort from one.
 class CheckpointWrite {
  public:
   virtual ~CheckpointWrite() = default;
 
-  // The checkpoint's URL, as given to BeginWrite.
+  // The checkpoint's URL, as given to BeginWrite (for a joined write, as its staging URL
+  // names it).
   const std::string& url() const { return url_; }
+
+  // A URL naming this write's staging area, which another process passes to
+  // CheckpointStore::JoinWrite to add objects to this write (the workers of a cluster save).
+  // Store-specific: the file store's is the staging directory's absolute path; s3's is the
+  // generation prefix "s3://bucket/prefix/name/<generation>".
+  virtual std::string staging_url() const = 0;
+
+  // true for a write returned by JoinWrite.
+  bool joined() const { return joined_; }
 
   // A writer for object `name` ("data/<name>.safetensors"), which must not exist in this write
   // yet. InvalidArgument naming the URL and name for any other name.
@@ -70,24 +86,46 @@ class CheckpointWrite {
   // closed with exactly its recorded size (FailedPrecondition naming the file otherwise), that
   // nothing else was created, and that the manifest validates; then makes the checkpoint
   // visible. After an error nothing is visible and the write may only be aborted.
+  // A joined write cannot commit (FailedPrecondition naming the URL).
   absl::Status Commit(const pb::Manifest& manifest, absl::Time deadline);
 
-  // Removes everything this write stored. OK when there is nothing to remove.
+  // Makes object `name`, created and closed by a joined write in another process, part of
+  // this write, with the size the store holds for it (a stat; a HEAD). NotFound naming the
+  // checkpoint URL and the object when the staging area lacks it; InvalidArgument for a name
+  // that is not a data file name; AlreadyExists when this write created or adopted it already;
+  // FailedPrecondition on a joined write. After Adopt, Commit checks it like an object this
+  // write created (an object still being written has not its final size, and fails there).
+  absl::Status Adopt(const std::string& name, absl::Time deadline);
+
+  // Removes everything this write stored. OK when there is nothing to remove. The beginning
+  // write removes everything in its staging area, joined writes' objects included; a joined
+  // write removes only the objects it created itself, never the others'.
+  // Dropping a joined write (its normal end: the beginning write adopts what it closed) removes
+  // only its objects that did not close; the closed ones are left to the beginning write, whose
+  // Commit or Abort ends them.
   absl::Status Abort(absl::Time deadline);
 
  protected:
-  explicit CheckpointWrite(std::string url) : url_(std::move(url)) {}
+  explicit CheckpointWrite(std::string url, bool joined = false)
+      : url_(std::move(url)), joined_(joined) {}
   // The store's part of Create, for a valid name not created before in this write.
   virtual absl::StatusOr<std::unique_ptr<ObjectWriter>> CreateObject(const std::string& name) = 0;
   // The store's part of Commit, for a checked manifest: makes the checkpoint visible.
   virtual absl::Status CommitManifest(const pb::Manifest& manifest, absl::Time deadline) = 0;
   // The store's part of Abort.
   virtual absl::Status AbortWrite(absl::Time deadline) = 0;
+  // The store's part of Adopt: the size of object `name` in the staging area (NotFound when
+  // it is not there).
+  virtual absl::StatusOr<int64_t> StagedObjectSize(const std::string& name,
+                                                   absl::Time deadline) = 0;
   // A store's ObjectWriter::Close calls this once `name` holds `size` durable bytes.
   void RecordClosed(const std::string& name, int64_t size);
+  // The objects this write created that did not close (what dropping a joined write removes).
+  std::vector<std::string> UnclosedObjects();
 
  private:
   const std::string url_;
+  const bool joined_;
   std::mutex mu_;
   // Created objects -> their size once closed (-1 while open).
   std::map<std::string, int64_t> objects_;
@@ -143,6 +181,15 @@ class CheckpointStore {
   // Removes the committed checkpoint at `url` (NotFound when there is none); a reader that
   // opened it before may then fail with NotFound.
   virtual absl::Status Delete(const std::string& url, absl::Time deadline) = 0;
+  // Joins the write whose staging_url() is `staging_url`, begun (BeginWrite) by another
+  // process: Create adds objects to its staging area, which become visible when the beginning
+  // write commits (after adopting them). A joined write cannot commit (FailedPrecondition
+  // naming the URL); aborting or dropping it removes only objects it created (see Abort).
+  // InvalidArgument naming the URL when it is not exactly a staging URL of this store (it
+  // comes over the network: nothing else is ever written to); NotFound when that write is gone
+  // (aborted, committed or never begun).
+  virtual absl::StatusOr<std::unique_ptr<CheckpointWrite>> JoinWrite(const std::string& staging_url,
+                                                                     absl::Time deadline) = 0;
 };
 
 // --- the registry: stores by URL scheme ----------------------------------------------------

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -125,7 +126,245 @@ void CheckpointStoreConformanceTest::ExpectNothingAt(const std::string& url) {
   EXPECT_EQ(stored.status().code(), absl::StatusCode::kNotFound) << stored.status();
 }
 
+std::unique_ptr<CheckpointWrite> CheckpointStoreConformanceTest::Join(
+    const std::string& staging_url) {
+  absl::StatusOr<std::unique_ptr<CheckpointWrite>> write =
+      store_->JoinWrite(staging_url, Deadline());
+  EXPECT_TRUE(write.ok()) << write.status();
+  if (write.ok()) {
+    EXPECT_TRUE((*write)->joined());
+  }
+  return write.ok() ? *std::move(write) : nullptr;
+}
+
+void CheckpointStoreConformanceTest::ExpectNoLeftovers(const std::string& url) {
+  const std::vector<std::string> left = GetParam().leftovers(url);
+  EXPECT_TRUE(left.empty()) << url << " has leftovers, first " << left.front();
+}
+
 namespace {
+
+// The names of `source`'s data files, sorted.
+std::vector<std::string> Names(const StoreSource& source) {
+  std::vector<std::string> names;
+  for (const auto& [name, bytes] : source.files) names.push_back(name);
+  return names;
+}
+
+// --- writes spread over several processes (JoinWrite, Adopt) -----------------------------
+
+TEST_P(CheckpointStoreConformanceTest, AWriteJoinedTwiceCommitsTheAdoptedObjectsOfBoth) {
+  const StoreSource source = MakeSource("conformance-joined", 20);
+  const std::string url = prefix_ + "/a";
+  std::unique_ptr<CheckpointWrite> write = Begin(url);
+  ASSERT_NE(write, nullptr);
+  EXPECT_FALSE(write->joined());
+  const std::string staging = write->staging_url();
+  const std::vector<std::string> names = Names(source);
+  {  // two workers: one writes the first file, the other the rest; their writes then end
+    std::unique_ptr<CheckpointWrite> first = Join(staging);
+    std::unique_ptr<CheckpointWrite> second = Join(staging);
+    ASSERT_NE(first, nullptr);
+    ASSERT_NE(second, nullptr);
+    ASSERT_TRUE(WriteObject(*first, names[0], source.files.at(names[0])).ok());
+    for (size_t i = 1; i < names.size(); ++i) {
+      ASSERT_TRUE(WriteObject(*second, names[i], source.files.at(names[i])).ok());
+    }
+  }
+  ExpectNothingAt(url);
+  for (const std::string& name : names) {
+    absl::Status adopted = write->Adopt(name, Deadline());
+    ASSERT_TRUE(adopted.ok()) << adopted;
+  }
+  absl::Status committed = write->Commit(source.manifest, Deadline());
+  ASSERT_TRUE(committed.ok()) << committed;
+  ExpectHolds(url, source);
+  ExpectNoLeftovers(url);
+  // A committed write cannot be joined any more.
+  absl::StatusOr<std::unique_ptr<CheckpointWrite>> late = store_->JoinWrite(staging, Deadline());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kNotFound) << late.status();
+  EXPECT_THAT(late.status().message(), HasSubstr(staging));
+}
+
+TEST_P(CheckpointStoreConformanceTest, ACommitWithoutAdoptingAJoinedObjectIsRefusedNamingIt) {
+  const StoreSource source = MakeSource("conformance-unadopted", 21);
+  const std::string url = prefix_ + "/a";
+  std::unique_ptr<CheckpointWrite> write = Begin(url);
+  ASSERT_NE(write, nullptr);
+  std::unique_ptr<CheckpointWrite> joined = Join(write->staging_url());
+  ASSERT_NE(joined, nullptr);
+  ASSERT_TRUE(WriteFiles(*joined, source).ok());
+  const std::vector<std::string> names = Names(source);
+  for (size_t i = 0; i + 1 < names.size(); ++i) {
+    ASSERT_TRUE(write->Adopt(names[i], Deadline()).ok());
+  }
+  absl::Status s = write->Commit(source.manifest, Deadline());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr(names.back()));
+  ExpectNothingAt(url);
+}
+
+TEST_P(CheckpointStoreConformanceTest, AdoptRefusesAMissingObjectABadNameAndASecondAdoption) {
+  const StoreSource source = MakeSource("conformance-adopt", 22);
+  const std::string url = prefix_ + "/a";
+  std::unique_ptr<CheckpointWrite> write = Begin(url);
+  ASSERT_NE(write, nullptr);
+  absl::Status missing = write->Adopt("data/r9_9.safetensors", Deadline());
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  EXPECT_THAT(missing.message(), HasSubstr("data/r9_9.safetensors"));
+  EXPECT_THAT(missing.message(), HasSubstr(url));
+  for (const std::string name : {"manifest.pb", "../x.safetensors", "data/../../x.safetensors"}) {
+    absl::Status bad = write->Adopt(name, Deadline());
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << name << ": " << bad;
+  }
+  const std::vector<std::string> names = Names(source);
+  std::unique_ptr<CheckpointWrite> joined = Join(write->staging_url());
+  ASSERT_NE(joined, nullptr);
+  ASSERT_TRUE(WriteObject(*joined, names[0], source.files.at(names[0])).ok());
+  ASSERT_TRUE(WriteObject(*write, names[1], source.files.at(names[1])).ok());
+  ASSERT_TRUE(write->Adopt(names[0], Deadline()).ok());
+  for (const std::string& name : {names[0], names[1]}) {  // adopted, and created here
+    absl::Status twice = write->Adopt(name, Deadline());
+    EXPECT_EQ(twice.code(), absl::StatusCode::kAlreadyExists) << twice;
+    EXPECT_THAT(twice.message(), HasSubstr(name));
+  }
+  // A missing object that a joined write then stores can be adopted after all.
+  ASSERT_TRUE(WriteObject(*joined, names[2], source.files.at(names[2])).ok());
+  ASSERT_TRUE(write->Adopt(names[2], Deadline()).ok());
+  ASSERT_TRUE(write->Commit(source.manifest, Deadline()).ok());
+  ExpectHolds(url, source);
+}
+
+TEST_P(CheckpointStoreConformanceTest, AJoinedWriteCanNeitherCommitNorAdopt) {
+  const StoreSource source = MakeSource("conformance-joined-commit", 23);
+  const std::string url = prefix_ + "/a";
+  std::unique_ptr<CheckpointWrite> write = Begin(url);
+  ASSERT_NE(write, nullptr);
+  std::unique_ptr<CheckpointWrite> joined = Join(write->staging_url());
+  ASSERT_NE(joined, nullptr);
+  ASSERT_TRUE(WriteFiles(*joined, source).ok());
+  absl::Status committed = joined->Commit(source.manifest, Deadline());
+  EXPECT_EQ(committed.code(), absl::StatusCode::kFailedPrecondition) << committed;
+  EXPECT_THAT(committed.message(), HasSubstr(write->staging_url()));
+  absl::Status adopted = joined->Adopt(Names(source)[0], Deadline());
+  EXPECT_EQ(adopted.code(), absl::StatusCode::kFailedPrecondition) << adopted;
+  ExpectNothingAt(url);
+}
+
+TEST_P(CheckpointStoreConformanceTest, TheBeginningWritesAbortRemovesTheJoinedWritesObjectsToo) {
+  const StoreSource source = MakeSource("conformance-joined-abort", 24);
+  const std::string url = prefix_ + "/a";
+  std::unique_ptr<CheckpointWrite> write = Begin(url);
+  ASSERT_NE(write, nullptr);
+  const std::vector<std::string> names = Names(source);
+  {
+    std::unique_ptr<CheckpointWrite> joined = Join(write->staging_url());
+    ASSERT_NE(joined, nullptr);
+    ASSERT_TRUE(WriteFiles(*joined, source).ok());
+  }
+  ASSERT_TRUE(write->Adopt(names[0], Deadline()).ok());  // adopted or not, all go
+  ASSERT_TRUE(write->Abort(Deadline()).ok());
+  ExpectNothingAt(url);
+  ExpectNoLeftovers(url);
+  Commit(url, source);  // no overwrite needed: nothing is there
+  ExpectHolds(url, source);
+  ExpectNoLeftovers(url);
+}
+
+TEST_P(CheckpointStoreConformanceTest, DroppingTheBeginningWriteRemovesTheJoinedWritesObjects) {
+  const StoreSource source = MakeSource("conformance-joined-drop", 25);
+  const std::string url = prefix_ + "/a";
+  {
+    std::unique_ptr<CheckpointWrite> write = Begin(url);
+    ASSERT_NE(write, nullptr);
+    std::unique_ptr<CheckpointWrite> joined = Join(write->staging_url());
+    ASSERT_NE(joined, nullptr);
+    ASSERT_TRUE(WriteFiles(*joined, source).ok());
+  }
+  ExpectNothingAt(url);
+  ExpectNoLeftovers(url);
+}
+
+TEST_P(CheckpointStoreConformanceTest, AJoinedWriteRemovesOnlyItsOwnObjects) {
+  const StoreSource source = MakeSource("conformance-joined-own", 26);
+  const std::string url = prefix_ + "/a";
+  const std::vector<std::string> names = Names(source);
+  std::unique_ptr<CheckpointWrite> write = Begin(url);
+  ASSERT_NE(write, nullptr);
+  const std::string staging = write->staging_url();
+  std::unique_ptr<CheckpointWrite> other = Join(staging);
+  ASSERT_NE(other, nullptr);
+  ASSERT_TRUE(WriteObject(*other, names[2], source.files.at(names[2])).ok());
+  {  // dropped: its closed object stays for the beginning write, its unclosed one goes
+    std::unique_ptr<CheckpointWrite> dropped = Join(staging);
+    ASSERT_NE(dropped, nullptr);
+    ASSERT_TRUE(WriteObject(*dropped, names[0], source.files.at(names[0])).ok());
+    std::unique_ptr<ObjectWriter> open = *dropped->Create(names[1]);
+    ASSERT_TRUE(open->Append(source.files.at(names[1])).ok());
+  }
+  absl::Status unclosed = write->Adopt(names[1], Deadline());
+  EXPECT_EQ(unclosed.code(), absl::StatusCode::kNotFound) << unclosed;
+  {  // aborted: every object it created goes, closed or not
+    std::unique_ptr<CheckpointWrite> aborted = Join(staging);
+    ASSERT_NE(aborted, nullptr);
+    ASSERT_TRUE(WriteObject(*aborted, names[1], source.files.at(names[1])).ok());
+    ASSERT_TRUE(aborted->Abort(Deadline()).ok());
+  }
+  absl::Status removed = write->Adopt(names[1], Deadline());
+  EXPECT_EQ(removed.code(), absl::StatusCode::kNotFound) << removed;
+  // The others' objects are all there: with names[1] written again, the checkpoint commits.
+  ASSERT_TRUE(WriteObject(*other, names[1], source.files.at(names[1])).ok());
+  other.reset();
+  for (const std::string& name : names) ASSERT_TRUE(write->Adopt(name, Deadline()).ok()) << name;
+  absl::Status committed = write->Commit(source.manifest, Deadline());
+  ASSERT_TRUE(committed.ok()) << committed;
+  ExpectHolds(url, source);
+}
+
+TEST_P(CheckpointStoreConformanceTest, JoinWriteRefusesWhatIsNotAStagingUrlNamingIt) {
+  const StoreSource source = MakeSource("conformance-join-refused", 27);
+  const std::string url = prefix_ + "/a";
+  Commit(url, source);
+  std::unique_ptr<CheckpointWrite> write = Begin(prefix_ + "/b");
+  ASSERT_NE(write, nullptr);
+  const std::string staging = write->staging_url();
+  for (const std::string& bad :
+       {std::string("garbage"), std::string("/etc/passwd"), url, prefix_, staging + "/",
+        staging + "x", staging + "/data", staging + "/../a", staging + "/data/r0_0.safetensors",
+        std::string("s3://"), "file://" + staging}) {
+    absl::StatusOr<std::unique_ptr<CheckpointWrite>> joined = store_->JoinWrite(bad, Deadline());
+    EXPECT_EQ(joined.status().code(), absl::StatusCode::kInvalidArgument)
+        << bad << ": " << joined.status();
+    EXPECT_THAT(joined.status().message(), HasSubstr(bad));
+  }
+  ExpectHolds(url, source);
+}
+
+TEST_P(CheckpointStoreConformanceTest, AfterTheBeginningWriteAbortedNothingJoinedIsStored) {
+  const StoreSource source = MakeSource("conformance-join-aborted", 28);
+  const std::string url = prefix_ + "/a";
+  std::unique_ptr<CheckpointWrite> write = Begin(url);
+  ASSERT_NE(write, nullptr);
+  const std::string staging = write->staging_url();
+  std::unique_ptr<CheckpointWrite> early = Join(staging);
+  ASSERT_NE(early, nullptr);
+  ASSERT_TRUE(write->Abort(Deadline()).ok());
+  // Joining now is NotFound; a write joined before cannot store an object any more (the file
+  // store's Create fails: the staging directory is gone; s3's Close finds the write ended,
+  // removes the object it just stored and fails).
+  absl::StatusOr<std::unique_ptr<CheckpointWrite>> late = store_->JoinWrite(staging, Deadline());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kNotFound) << late.status();
+  EXPECT_THAT(late.status().message(), HasSubstr(staging));
+  const std::string name = Names(source)[0];
+  absl::Status stored = WriteObject(*early, name, source.files.at(name));
+  EXPECT_FALSE(stored.ok());
+  EXPECT_THAT(stored.message(), HasSubstr(name));
+  early.reset();
+  ExpectNothingAt(url);
+  ExpectNoLeftovers(url);
+}
+
+// --- one process --------------------------------------------------------------------------
 
 TEST_P(CheckpointStoreConformanceTest, ACommittedCheckpointReadsBackByteForByte) {
   const StoreSource source = MakeSource("conformance-roundtrip", 1);
@@ -300,6 +539,19 @@ StoreBackend FileStoreBackend() {
   backend.name = "File";
   backend.store = [] { return StoreForUrl("/"); };
   backend.prefix = [](const std::string& test) { return TestDir(absl::StrCat("store-", test)); };
+  backend.leftovers = [](const std::string& url) {
+    // Staging and discarded siblings of the checkpoint directory (".<name>.tmp-…").
+    std::vector<std::string> left;
+    const std::string path = *FileStorePath(url);
+    const std::string sibling = absl::StrCat(".", BaseName(path), ".");
+    absl::StatusOr<std::vector<std::string>> entries = ListDir(ParentDir(path));
+    EXPECT_TRUE(entries.ok()) << entries.status();
+    if (!entries.ok()) return left;
+    for (const std::string& entry : *entries) {
+      if (absl::StrContains(entry, sibling)) left.push_back(entry);  // ".." too: discarded
+    }
+    return left;
+  };
   return backend;
 }
 

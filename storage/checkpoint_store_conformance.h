@@ -3,8 +3,10 @@
 // abort and a dropped write leave nothing, an existing checkpoint is refused unless overwriting
 // and then stays readable until the new one commits, reads are byte-exact and bounded, commits
 // refuse a manifest that disagrees with what was written, names outside data/ are refused,
-// delete removes. The checkpoints it writes are real ones (WriteCheckpoint on a local
-// directory, then copied object by object into the store under test).
+// delete removes; a write joined from other processes (JoinWrite) adds objects that count
+// only once adopted, cannot commit, and is removed whole by the beginning write's abort; a URL
+// that is not a staging URL is refused. The checkpoints it writes are real ones (WriteCheckpoint on
+// a local directory, then copied object by object into the store under test).
 //
 // A store registers the suite in its own test target:
 //
@@ -20,6 +22,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
@@ -35,6 +38,10 @@ struct StoreBackend {
   // A URL prefix no other test uses, under which the test writes its checkpoints
   // (`prefix + "/a"`, ...). `test` is the test's name.
   std::function<std::string(const std::string& test)> prefix;
+  // Everything the store holds for the checkpoint at `url` besides a committed checkpoint's
+  // manifest and data files (staging areas, objects of aborted writes), listed by the store's
+  // own means (a directory listing; an object listing with the client).
+  std::function<std::vector<std::string>(const std::string& url)> leftovers;
   // Why the store cannot run on this machine ("" when it can); every test then fails with it
   // (a store the project ships must be tested, never skipped).
   std::function<std::string()> unavailable_reason = [] { return std::string(); };
@@ -66,6 +73,10 @@ class CheckpointStoreConformanceTest : public ::testing::TestWithParam<StoreBack
   void ExpectHolds(const std::string& url, const StoreSource& source);
   // Nothing is committed at `url` (Open is NotFound).
   void ExpectNothingAt(const std::string& url);
+  // JoinWrite of `staging_url` (a test failure and null on error).
+  std::unique_ptr<CheckpointWrite> Join(const std::string& staging_url);
+  // The store holds nothing for `url` but a committed checkpoint (StoreBackend::leftovers).
+  void ExpectNoLeftovers(const std::string& url);
 
   CheckpointStore* store_ = nullptr;
   std::string prefix_;

@@ -2,6 +2,13 @@
 // a checkpoint is a directory, written into a staging sibling and committed by the protocol of
 // storage/checkpoint_writer.h (fsync every file and directory, manifest.pb last, then one
 // rename, or RENAME_EXCHANGE when overwriting). Local I/O ignores deadlines.
+//
+// A write's staging_url is its staging directory's absolute, resolved path
+// (<parent>/.<name>.tmp-<pid>-<n>). JoinWrite takes exactly such a path and nothing else (an
+// absolute path without "."/".."/empty components or symlinks, named as CreateStagingDir names
+// its siblings, holding data/), and is NotFound once the directory is gone (committed:
+// renamed into place; aborted: discarded). Joined writes create files in its data/ with O_EXCL;
+// Adopt stats them, and the commit stats every data file again right before the rename.
 #ifndef CKPT_STORAGE_FILE_STORE_H_
 #define CKPT_STORAGE_FILE_STORE_H_
 

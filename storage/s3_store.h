@@ -14,6 +14,17 @@
 // flight; every PUT and part carries Content-MD5, so the server refuses a corrupted body, and
 // every GET is checked for its size. A manifest over 2 GiB (format 2) is refused.
 //
+// A write spread over processes: BeginWrite PUTs an empty marker object <generation>/staging;
+// staging_url is "s3://bucket/ckpts/step5/<generation>", which JoinWrite takes only spelled
+// exactly so (a valid bucket and key, a generation "g" + 16 lowercase hex digits), and is
+// NotFound when the marker is gone. Joined writes store objects under that generation; Adopt
+// HEADs them. Commit deletes the marker after the manifest PUT. The beginning write's abort
+// deletes the marker first, then lists the generation prefix and deletes everything there,
+// whoever stored it, and aborts multipart uploads still open under it. A joined writer's
+// Close HEADs the marker after storing its object: gone (the write aborted, or committed
+// without that object), the object is deleted again and the Close fails NotFound, so nothing a
+// joined writer stores outlives an aborted write.
+//
 // Registered under "s3" by s3_store.cc, with credentials, region and endpoint from the AWS
 // environment (storage/s3/s3_credentials.h).
 #ifndef CKPT_STORAGE_S3_STORE_H_

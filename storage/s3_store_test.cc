@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -53,6 +54,46 @@ S3TestServer& Server() {
   return *server;
 }
 
+// Every key under the checkpoint at `url` (listed with the client), less its committed
+// manifest and the data objects that manifest names; and every multipart upload under it.
+std::vector<std::string> Leftovers(const std::string& url) {
+  const std::string prefix = url.substr(absl::StrCat("s3://", kBucket, "/").size());
+  std::unique_ptr<S3Client> client = *S3Client::Create(Server().ClientOptions());
+  std::set<std::string> committed;
+  const std::string manifest_key = prefix + "/manifest.pb";
+  if (absl::StatusOr<int64_t> size = client->HeadObject(kBucket, manifest_key, Deadline());
+      size.ok()) {
+    std::string bytes(*size, '\0');
+    EXPECT_TRUE(
+        client->GetObjectRange(kBucket, manifest_key, 0, absl::MakeSpan(bytes), Deadline()).ok());
+    absl::StatusOr<pb::Manifest> manifest = ParseManifest(bytes, manifest_key);
+    EXPECT_TRUE(manifest.ok()) << manifest.status();
+    committed.insert(manifest_key);
+    for (const pb::DataFile& file : manifest->files()) {
+      committed.insert(absl::StrCat(prefix, "/", manifest->object_generation(), "/", file.name()));
+    }
+  }
+  std::vector<std::string> left;
+  std::string token;
+  do {
+    absl::StatusOr<S3ListPage> page =
+        client->ListObjectsV2(kBucket, prefix + "/", token, 1000, Deadline());
+    EXPECT_TRUE(page.ok()) << page.status();
+    if (!page.ok()) break;
+    for (const S3ObjectInfo& object : page->objects) {
+      if (committed.count(object.key) == 0) left.push_back(object.key);
+    }
+    token = page->next_continuation_token;
+  } while (!token.empty());
+  absl::StatusOr<std::vector<S3MultipartUpload>> uploads =
+      client->ListMultipartUploads(kBucket, prefix + "/", Deadline());
+  EXPECT_TRUE(uploads.ok()) << uploads.status();
+  if (uploads.ok()) {
+    for (const S3MultipartUpload& upload : *uploads) left.push_back("upload " + upload.key);
+  }
+  return left;
+}
+
 StoreBackend S3Backend() {
   StoreBackend backend;
   backend.name = "S3";
@@ -63,6 +104,7 @@ StoreBackend S3Backend() {
   backend.prefix = [](const std::string& test) {
     return absl::StrCat("s3://", kBucket, "/conformance/", test);
   };
+  backend.leftovers = [](const std::string& url) { return Leftovers(url); };
   return backend;
 }
 
