@@ -4,13 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/memory_path.h"
+#include "common/store_url.h"
 #include "common/transfer_path.h"
 #include "proto/operation_phase.h"
 #include "proto/wire_names.h"
@@ -252,20 +252,16 @@ absl::StatusOr<std::string> Client::Transfer(
   pb::TransferRequest request;
   request.set_session_id(session_id_);
   // The coordinator accepts only absolute paths (under its checkpoint roots); a relative one
-  // means this process's working directory.
-  std::error_code ec;
-  std::filesystem::path absolute = std::filesystem::absolute(path, ec);
-  // A memory checkpoint's path (mem://<name>) and a transfer's (xfer://<name>) are names.
-  const bool memory = IsMemoryPath(path) || IsTransferPath(path);
-  request.set_path(path.empty() || ec || memory ? path : absolute.string());
+  // means this process's working directory. A memory checkpoint's path (mem://<name>), a
+  // transfer's (xfer://<name>) and an object store's URL (s3://bucket/key) go as they are.
+  request.set_path(AbsoluteLocation(path));
   request.mutable_metadata()->insert(metadata.begin(), metadata.end());
   request.set_operation_id(operation_id);
   request.set_timeout_ms(absl::ToInt64Milliseconds(arrival_timeout));
   request.set_load_algorithm(load_algorithm);
   if (memory_replicas >= 0) request.set_memory_replicas(memory_replicas);
   if (!persist_to.empty()) {
-    std::filesystem::path persist_absolute = std::filesystem::absolute(persist_to, ec);
-    request.set_persist_to(ec ? persist_to : persist_absolute.string());
+    request.set_persist_to(AbsoluteLocation(persist_to));
     request.set_persist_overwrite(persist_overwrite);
   }
   request.set_memory_budget_bytes(memory_budget_bytes);

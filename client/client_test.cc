@@ -224,6 +224,26 @@ TEST_F(ClientTest, SaveSendsAnAbsolutePathAndReturnsOnceSnapshottedThenWaitsForT
   EXPECT_TRUE((*handle)->WaitDurable(absl::Seconds(30)).ok());
 }
 
+TEST_F(ClientTest, SaveAndLoadSendAnObjectStoreUrlAndPersistToAsTheyAre) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::unique_ptr<StateDict> state = client->NewStateDict();
+  worker_.SetWait(Phase(pb::PHASE_DONE));
+  auto saved = client->Save("s3://bucket/ckpts/step100", *state, SaveOptions());
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  SaveOptions persisted;
+  persisted.persist_to = "s3://bucket/ckpts/step200";
+  ASSERT_TRUE(client->Save("mem://step200", *state, persisted).ok());
+  EXPECT_TRUE(client->Load("s3://bucket/ckpts/step100", *state, LoadOptions()).ok());
+  std::lock_guard<std::mutex> lock(worker_.mu());
+  ASSERT_EQ(worker_.saves.size(), 2u);
+  EXPECT_EQ(worker_.saves[0].path(), "s3://bucket/ckpts/step100");
+  EXPECT_EQ(worker_.saves[1].path(), "mem://step200");
+  EXPECT_EQ(worker_.saves[1].persist_to(), "s3://bucket/ckpts/step200");
+  ASSERT_EQ(worker_.loads.size(), 1u);
+  EXPECT_EQ(worker_.loads[0].path(), "s3://bucket/ckpts/step100");
+}
+
 TEST_F(ClientTest, SaveAbortedBeforeTheSnapshotReturnsTheCoordinatorsDiagnosis) {
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);

@@ -1,5 +1,7 @@
 #include "common/store_url.h"
 
+#include <filesystem>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -13,10 +15,23 @@ namespace ckpt {
 std::string LocationScheme(absl::string_view location) {
   const size_t colon = location.find("://");
   if (colon == absl::string_view::npos || colon == 0) return "file";
-  return std::string(location.substr(0, colon));
+  const absl::string_view scheme = location.substr(0, colon);
+  // RFC 3986: a letter, then letters, digits, '+', '-', '.'; "/ckpt/s3://x" is a path.
+  if (!absl::ascii_isalpha(scheme[0])) return "file";
+  for (char c : scheme) {
+    if (!absl::ascii_isalnum(c) && c != '+' && c != '-' && c != '.') return "file";
+  }
+  return std::string(scheme);
 }
 
 bool IsObjectStoreUrl(absl::string_view location) { return LocationScheme(location) != "file"; }
+
+std::string AbsoluteLocation(const std::string& location) {
+  if (location.empty() || location.find("://") != std::string::npos) return location;
+  std::error_code ec;
+  std::filesystem::path absolute = std::filesystem::absolute(location, ec);
+  return ec ? location : absolute.string();
+}
 
 absl::StatusOr<std::string> NormalizeObjectStoreUrl(absl::string_view url, absl::string_view what) {
   auto bad = [&](absl::string_view why) {
@@ -27,9 +42,7 @@ absl::StatusOr<std::string> NormalizeObjectStoreUrl(absl::string_view url, absl:
   const std::string scheme = LocationScheme(url);
   if (scheme == "file") return bad("it has no scheme other than file://");
   for (char c : scheme) {
-    if (!absl::ascii_islower(c) && !absl::ascii_isdigit(c) && c != '+' && c != '-' && c != '.') {
-      return bad("the scheme must be lower-case letters, digits, '+', '-' or '.'");
-    }
+    if (absl::ascii_isupper(c)) return bad("the scheme must be lower case");
   }
   absl::string_view rest = url.substr(scheme.size() + 3);
   for (char c : rest) {

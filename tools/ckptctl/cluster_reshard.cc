@@ -4,12 +4,12 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/store_url.h"
 #include "nlohmann/json.hpp"
 #include "planner/layout_spec.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -27,12 +27,9 @@ int Fail(const std::string& message) {
 }
 
 // The coordinator accepts only absolute paths (under its checkpoint roots): a relative one
-// means this shell's working directory. Nothing else is rewritten (it judges "..").
-std::string Absolute(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::path p = std::filesystem::absolute(path, ec);
-  return ec ? path : p.string();
-}
+// means this shell's working directory; an s3:// URL goes as it is. Nothing else is rewritten
+// (it judges "..").
+std::string Absolute(const std::string& path) { return AbsoluteLocation(path); }
 
 // The summary of a committed cluster reshard: one JSON object, or lines for people.
 void PrintSummary(const pb::StartReshardRequest& request, const pb::StartReshardResponse& started,

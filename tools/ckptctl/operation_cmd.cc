@@ -4,7 +4,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,9 +14,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
-#include "common/memory_path.h"
 #include "common/status_macros.h"
-#include "common/transfer_path.h"
+#include "common/store_url.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/operation_phase.h"
 #include "proto/wire_names.h"
@@ -130,24 +128,16 @@ std::optional<int> ParseOperation(const CommandSpec& spec, const std::vector<std
     }
     out->memory_replicas = replicas;
   }
-  if (!out->persist_to.empty() && out->persist_to.rfind("mem://", 0) != 0) {
-    std::error_code persist_ec;
-    std::filesystem::path persist = std::filesystem::absolute(out->persist_to, persist_ec);
-    if (!persist_ec) out->persist_to = persist.string();
-  }
+  out->persist_to = AbsoluteLocation(out->persist_to);  // s3:// and mem:// go as they are
   out->process_groups = a.Get("process-groups");
   out->compression = a.Get("compression");
   if (absl::StatusOr<CompressionOptions> c = ParseCompression(out->compression); !c.ok()) {
     return Usage(out->name, absl::StrCat("--compression: ", c.status().message()));
   }
   // The coordinator accepts only absolute paths (under its checkpoint roots): a relative one
-  // means this shell's working directory.
-  std::error_code ec;
-  std::filesystem::path absolute = std::filesystem::absolute(out->path, ec);
-  // A memory checkpoint's path (mem://<name>) and a transfer's (xfer://<name>) are names.
-  if (!ec && !IsMemoryPath(out->path) && !IsTransferPath(out->path)) {
-    out->path = absolute.string();
-  }
+  // means this shell's working directory. A memory checkpoint's path (mem://<name>), a
+  // transfer's (xfer://<name>) and an object store's URL (s3://bucket/key) go as they are.
+  out->path = AbsoluteLocation(out->path);
   return std::nullopt;
 }
 
