@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "sharding/coverage.h"
 #include "sharding/dtype.h"
@@ -17,17 +18,52 @@
 #include "storage/manifest_file.h"
 #include "storage/piece_codec.h"
 #include "storage/safetensors.h"
+#include "storage/store_objects.h"
 
 namespace ckpt {
 namespace {
 
 constexpr char kManifestName[] = "manifest.pb";
 
-// Checks data file `file` of the checkpoint in `dir` against the manifest `index` covers (a
-// share's when `share`: only its pieces' entries).
-absl::Status CheckDataFile(const std::string& dir, const ManifestIndex& index,
+// Where the pieces' bytes are: files under `dir`, or the objects of `objects` when it is set
+// (read before `deadline`).
+struct PieceSource {
+  const std::string& dir;
+  const StoreObjects* objects = nullptr;
+  absl::Time deadline = absl::InfiniteFuture();
+  // The file or object that data file `name` is, for errors.
+  std::string Where(const std::string& name) const {
+    return objects != nullptr ? objects->Describe(name) : JoinPath(dir, name);
+  }
+};
+
+// ReadDataFileHeader for data object `file` of `objects`: its size (a HEAD), then its header
+// (two ranged GETs). Errors name the object.
+absl::StatusOr<SafetensorsHeader> ReadObjectHeader(const StoreObjects& objects,
+                                                   const pb::DataFile& file, absl::Time deadline) {
+  const std::string where = objects.Describe(file.name());
+  CKPT_ASSIGN_OR_RETURN(int64_t size, objects.Size(file.name(), deadline));
+  if (size != file.size_bytes()) {
+    return absl::DataLossError(absl::StrCat("data object ", where, " is ", size,
+                                            " bytes; the manifest says ", file.size_bytes(),
+                                            size < file.size_bytes() ? " (truncated)" : ""));
+  }
+  std::string prefix(static_cast<size_t>(std::min<int64_t>(8, size)), '\0');
+  CKPT_RETURN_IF_ERROR(objects.Read(file.name(), 0, absl::MakeSpan(prefix), deadline));
+  CKPT_ASSIGN_OR_RETURN(uint64_t header_len, ParseSafetensorsPrefix(prefix, size, where));
+  std::string json(static_cast<size_t>(header_len), '\0');
+  CKPT_RETURN_IF_ERROR(objects.Read(file.name(), 8, absl::MakeSpan(json), deadline));
+  return ParseSafetensorsHeader(json, size, where);
+}
+
+// Checks data file `file` of `source` against the manifest `index` covers (a share's when
+// `share`: only its pieces' entries).
+absl::Status CheckDataFile(const PieceSource& source, const ManifestIndex& index,
                            const pb::DataFile& file, bool share) {
-  CKPT_ASSIGN_OR_RETURN(const SafetensorsHeader header, ReadDataFileHeader(dir, file));
+  CKPT_ASSIGN_OR_RETURN(const SafetensorsHeader header,
+                        source.objects != nullptr
+                            ? ReadObjectHeader(*source.objects, file, source.deadline)
+                            : ReadDataFileHeader(source.dir, file));
   return share ? CheckHeaderAgainstShare(index, file, header)
                : CheckHeaderAgainstManifest(index, file, header);
 }
@@ -60,6 +96,39 @@ absl::Status CheckCheckpointComplete(const std::string& path) {
           "incomplete checkpoint at ", path, " (no manifest.pb: its write never committed)"));
     case CheckpointState::kComplete:
       break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<pb::Manifest> StreamCheckpointManifest(const std::string& path,
+                                                      ManifestPieceVisitor visit,
+                                                      absl::Time deadline) {
+  if (!IsObjectStoreUrl(path)) {
+    CKPT_RETURN_IF_ERROR(CheckCheckpointComplete(path));
+    return StreamManifestFile(path, visit);
+  }
+  CKPT_ASSIGN_OR_RETURN(pb::Manifest manifest, ReadStoreManifest(path, deadline));
+  for (int i = 0; i < manifest.pieces_size(); ++i) {
+    CKPT_RETURN_IF_ERROR(visit(i, *manifest.mutable_pieces(i)));
+  }
+  manifest.clear_pieces();
+  return manifest;
+}
+
+absl::Status CheckDataFileSizes(const std::string& path, const pb::Manifest& head,
+                                absl::Time deadline) {
+  if (IsObjectStoreUrl(path)) {
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<StoreObjects> objects, StoreObjects::Open(path, head));
+    return CheckObjectSizes(*objects, head, deadline);
+  }
+  for (const pb::DataFile& f : head.files()) {
+    const std::string file = JoinPath(path, f.name());
+    CKPT_ASSIGN_OR_RETURN(int64_t size, FileSize(file));
+    if (size != f.size_bytes()) {
+      return absl::DataLossError(absl::StrCat("data file ", file, " is ", size,
+                                              " bytes; the manifest says ", f.size_bytes(),
+                                              size < f.size_bytes() ? " (truncated)" : ""));
+    }
   }
   return absl::OkStatus();
 }
@@ -111,6 +180,11 @@ CheckpointProbe ProbeCheckpoint(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const std::string& path, const ReaderOptions& options) {
+  if (IsObjectStoreUrl(path)) {
+    CKPT_ASSIGN_OR_RETURN(pb::Manifest manifest,
+                          ReadStoreManifest(path, absl::Now() + options.store_timeout));
+    return FromManifest(path, std::move(manifest), options, /*share=*/false);
+  }
   CKPT_RETURN_IF_ERROR(CheckCheckpointComplete(path));
   CKPT_ASSIGN_OR_RETURN(pb::Manifest manifest, ReadManifestFile(path));
   return FromManifest(path, std::move(manifest), options, /*share=*/false);
@@ -118,7 +192,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenShare(
     const std::string& path, pb::Manifest share, const ReaderOptions& options) {
-  CKPT_RETURN_IF_ERROR(CheckCheckpointComplete(path));
+  if (!IsObjectStoreUrl(path)) CKPT_RETURN_IF_ERROR(CheckCheckpointComplete(path));
   if (absl::Status s = ValidateManifestShare(share); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("manifest share of ", path, ": ", s.message()));
   }
@@ -131,9 +205,15 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::FromManifest
   r->path_ = path;
   r->options_ = options;
   r->manifest_ = std::move(manifest);
+  PieceSource source{path};
+  if (IsObjectStoreUrl(path)) {
+    CKPT_ASSIGN_OR_RETURN(r->objects_, StoreObjects::Open(path, r->manifest_));
+    source.objects = r->objects_.get();
+    source.deadline = absl::Now() + options.store_timeout;
+  }
   const ManifestIndex index(r->manifest_);
   for (const pb::DataFile& f : r->manifest_.files()) {
-    CKPT_RETURN_IF_ERROR(CheckDataFile(path, index, f, share));
+    CKPT_RETURN_IF_ERROR(CheckDataFile(source, index, f, share));
   }
   r->IndexPieces(index);
   return r;
@@ -173,7 +253,7 @@ absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads) c
 namespace {
 
 // ReadStoredPieces for uncompressed pieces (or views of compressed pieces' stored bytes).
-absl::Status ReadPlainPieces(const std::string& dir, int64_t checksum_block_bytes,
+absl::Status ReadPlainPieces(const PieceSource& source, int64_t checksum_block_bytes,
                              absl::Span<const StoredPieceRead> reads, bool verify,
                              const IoOptions& io) {
   // Partial reads that do not line up with checksum blocks go through a staging buffer that
@@ -196,7 +276,7 @@ absl::Status ReadPlainPieces(const std::string& dir, int64_t checksum_block_byte
                                                      " bytes"));
     }
     RangeRead rr;
-    rr.path = JoinPath(dir, p.file());
+    rr.path = source.objects != nullptr ? p.file() : JoinPath(source.dir, p.file());
     // The entry name says the key and region (formatting DescribePiece per read would cost
     // more than a small read).
     rr.label = absl::StrCat("tensor \"", p.key(), "\", entry \"", p.entry_name(), "\"");
@@ -237,7 +317,9 @@ absl::Status ReadPlainPieces(const std::string& dir, int64_t checksum_block_byte
     }
     ranges.push_back(std::move(rr));
   }
-  CKPT_RETURN_IF_ERROR(ReadRanges(ranges, io));
+  CKPT_RETURN_IF_ERROR(source.objects != nullptr
+                           ? ReadObjectRanges(*source.objects, ranges, io, source.deadline)
+                           : ReadRanges(ranges, io));
   for (const Staged& s : staged) {
     if (s.n > 0) std::memcpy(s.dest, s.buf.get() + s.skip, s.n);
   }
@@ -258,14 +340,14 @@ struct PackedRead {
 };
 
 // Reads [begin, end) of each packed read's stored bytes (set in the reads) into `stored`.
-absl::Status ReadStoredSpans(const std::string& dir, int64_t block, std::vector<PackedRead>& packed,
-                             bool verify, const IoOptions& io) {
+absl::Status ReadStoredSpans(const PieceSource& source, int64_t block,
+                             std::vector<PackedRead>& packed, bool verify, const IoOptions& io) {
   std::vector<StoredPieceRead> spans;
   for (PackedRead& r : packed) {
     r.stored.reset(new char[std::max<int64_t>(1, r.stored_end - r.stored_begin)]);
     spans.push_back({&r.view, r.stored_begin, r.stored_end, r.stored.get()});
   }
-  return ReadPlainPieces(dir, block, spans, verify, io);
+  return ReadPlainPieces(source, block, spans, verify, io);
 }
 
 // Parses each packed read's index from the start of its `stored` bytes and checks it against
@@ -349,7 +431,7 @@ std::vector<ChunkJob> ChunkJobs(const std::vector<PackedRead>& packed) {
 // a partial one reads the frame's index first, then only the chunks it needs. Every size is
 // checked against the manifest before anything is allocated (the validator bounds the stored
 // length by the file, and the frame by the stored length).
-absl::Status ReadPackedPieces(const std::string& dir, int64_t block,
+absl::Status ReadPackedPieces(const PieceSource& source, int64_t block,
                               absl::Span<const StoredPieceRead* const> reads, bool verify,
                               const IoOptions& io) {
   std::vector<PackedRead> whole, partial;
@@ -360,7 +442,7 @@ absl::Status ReadPackedPieces(const std::string& dir, int64_t block,
     r.view = p;
     r.view.set_byte_length(p.stored_length());
     r.view.set_codec(0);
-    r.what = absl::StrCat(JoinPath(dir, p.file()), ", tensor \"", p.key(), "\", entry \"",
+    r.what = absl::StrCat(source.Where(p.file()), ", tensor \"", p.key(), "\", entry \"",
                           p.entry_name(), "\"");
     CKPT_ASSIGN_OR_RETURN(r.expect.codec, PieceCodecFromInt(p.codec()));
     r.expect.raw_bytes = p.byte_length();
@@ -376,7 +458,7 @@ absl::Status ReadPackedPieces(const std::string& dir, int64_t block,
     r.stored_end = all ? p.stored_length() : index_bytes;
     (all ? whole : partial).push_back(std::move(r));
   }
-  CKPT_RETURN_IF_ERROR(ReadStoredSpans(dir, block, partial, verify, io));
+  CKPT_RETURN_IF_ERROR(ReadStoredSpans(source, block, partial, verify, io));
   CKPT_RETURN_IF_ERROR(ParseIndexes(partial, verify));
   for (PackedRead& r : partial) {  // now only the chunks the range needs
     const int64_t chunk = r.index.chunk_bytes;
@@ -385,20 +467,19 @@ absl::Status ReadPackedPieces(const std::string& dir, int64_t block,
     r.stored_begin = first.stored_offset;
     r.stored_end = last.stored_offset + last.stored_bytes;
   }
-  CKPT_RETURN_IF_ERROR(ReadStoredSpans(dir, block, whole, verify, io));
+  CKPT_RETURN_IF_ERROR(ReadStoredSpans(source, block, whole, verify, io));
   CKPT_RETURN_IF_ERROR(ParseIndexes(whole, verify));
-  CKPT_RETURN_IF_ERROR(ReadStoredSpans(dir, block, partial, verify, io));
+  CKPT_RETURN_IF_ERROR(ReadStoredSpans(source, block, partial, verify, io));
   std::vector<ChunkJob> jobs = ChunkJobs(whole);
   std::vector<ChunkJob> more = ChunkJobs(partial);
   jobs.insert(jobs.end(), more.begin(), more.end());
   return DecodeChunks(jobs, io.num_threads, verify);
 }
 
-}  // namespace
-
-absl::Status ReadStoredPieces(const std::string& dir, int64_t checksum_block_bytes,
-                              absl::Span<const StoredPieceRead> reads, bool verify,
-                              const IoOptions& io) {
+// ReadStoredPieces from `source`.
+absl::Status ReadStoredPiecesFrom(const PieceSource& source, int64_t checksum_block_bytes,
+                                  absl::Span<const StoredPieceRead> reads, bool verify,
+                                  const IoOptions& io) {
   std::vector<StoredPieceRead> plain;
   std::vector<const StoredPieceRead*> packed;
   for (const StoredPieceRead& pr : reads) {
@@ -415,10 +496,25 @@ absl::Status ReadStoredPieces(const std::string& dir, int64_t checksum_block_byt
     if (pr.begin < pr.end) packed.push_back(&pr);
   }
   if (!plain.empty()) {
-    CKPT_RETURN_IF_ERROR(ReadPlainPieces(dir, checksum_block_bytes, plain, verify, io));
+    CKPT_RETURN_IF_ERROR(ReadPlainPieces(source, checksum_block_bytes, plain, verify, io));
   }
   if (packed.empty()) return absl::OkStatus();
-  return ReadPackedPieces(dir, checksum_block_bytes, packed, verify, io);
+  return ReadPackedPieces(source, checksum_block_bytes, packed, verify, io);
+}
+
+}  // namespace
+
+absl::Status ReadStoredPieces(const std::string& dir, int64_t checksum_block_bytes,
+                              absl::Span<const StoredPieceRead> reads, bool verify,
+                              const IoOptions& io) {
+  return ReadStoredPiecesFrom(PieceSource{dir}, checksum_block_bytes, reads, verify, io);
+}
+
+absl::Status ReadStoredPieces(const StoreObjects& objects, int64_t checksum_block_bytes,
+                              absl::Span<const StoredPieceRead> reads, bool verify,
+                              const IoOptions& io, absl::Time deadline) {
+  return ReadStoredPiecesFrom(PieceSource{objects.url(), &objects, deadline}, checksum_block_bytes,
+                              reads, verify, io);
 }
 
 absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, bool verify) const {
@@ -429,6 +525,10 @@ absl::Status CheckpointReader::ReadPieces(const std::vector<PieceRead>& reads, b
       return absl::InvalidArgumentError(absl::StrCat("no stored piece ", pr.piece));
     }
     stored.push_back({&manifest_.pieces(pr.piece), pr.begin, pr.end, pr.dest});
+  }
+  if (objects_ != nullptr) {
+    return ReadStoredPieces(*objects_, manifest_.checksum_block_bytes(), stored, verify,
+                            options_.io, absl::Now() + options_.store_timeout);
   }
   return ReadStoredPieces(path_, manifest_.checksum_block_bytes(), stored, verify, options_.io);
 }

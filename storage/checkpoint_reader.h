@@ -1,6 +1,11 @@
 // Opens a committed checkpoint and reads pieces of it. Open validates the manifest and every
 // data file's safetensors header against it; reads verify XXH3-64 checksums (whole pieces, or
 // the covering blocks of partial reads) unless verification is explicitly skipped.
+//
+// A checkpoint is a directory (a plain path) or one in an object store (s3://bucket/prefix,
+// storage/store_objects.h): there the manifest comes from the store, each data object's size
+// is checked with a HEAD and its header with ranged GETs, and every read is a ranged GET of only
+// the bytes needed, in parallel, verified the same way. Errors name the URL and the object.
 #ifndef CKPT_STORAGE_CHECKPOINT_READER_H_
 #define CKPT_STORAGE_CHECKPOINT_READER_H_
 
@@ -12,12 +17,15 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/manifest.pb.h"
 #include "sharding/region.h"
 #include "storage/io_engine.h"
 #include "storage/manifest_codec.h"
+#include "storage/manifest_file.h"
 #include "storage/safetensors.h"
+#include "storage/store_objects.h"
 
 namespace ckpt {
 
@@ -48,9 +56,28 @@ absl::Status CheckCheckpointComplete(const std::string& path);
 absl::StatusOr<SafetensorsHeader> ReadDataFileHeader(const std::string& dir,
                                                      const pb::DataFile& file);
 
+// The manifest of the checkpoint at `path` in bounded memory where the store allows it: for a
+// directory, CheckCheckpointComplete then StreamManifestFile (storage/manifest_file.h; same
+// errors); at an object-store URL, ReadStoreManifest (one GET of the manifest object, validated,
+// before `deadline`) with its pieces then handed to `visit` in order. Returns the head (the
+// manifest without pieces; at an object-store URL with its object_generation).
+absl::StatusOr<pb::Manifest> StreamCheckpointManifest(const std::string& path,
+                                                      ManifestPieceVisitor visit,
+                                                      absl::Time deadline);
+
+// Every data file `head` lists is at the checkpoint at `path` with its recorded size: a stat
+// per file of a directory, a HEAD per object (under head.object_generation()) before
+// `deadline` at an object-store URL. DataLoss naming the file or object ("truncated" when
+// shorter); NotFound naming it when it is missing.
+absl::Status CheckDataFileSizes(const std::string& path, const pb::Manifest& head,
+                                absl::Time deadline);
+
 struct ReaderOptions {
   IoOptions io;
   bool verify_checksums = true;
+  // For a checkpoint in an object store: the deadline of Open's requests and of each batch of
+  // reads (ReadPieces, ReadRegion(s)) is this long after it starts.
+  absl::Duration store_timeout = absl::Minutes(10);
 };
 
 // A byte range [begin, end) of stored piece `piece` (index into manifest().pieces()) to copy
@@ -83,8 +110,9 @@ absl::Status ReadStoredPieces(const std::string& dir, int64_t checksum_block_byt
 // An opened, validated checkpoint. Thread-compatible; reads may run concurrently.
 class CheckpointReader {
  public:
-  // Opens the checkpoint at `path`: its whole manifest (ReadManifestFile), validated, and every
-  // data file's size and safetensors header against it.
+  // Opens the checkpoint at `path`: its whole manifest (ReadManifestFile; at an object-store
+  // URL ReadStoreManifest), validated, and every data file's size and safetensors header
+  // against it.
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
                                                                 const ReaderOptions& options = {});
 
@@ -98,12 +126,17 @@ class CheckpointReader {
   // present at its offsets: CheckHeaderAgainstShare); NOT that the pieces tile each tensor
   // (ReadRegion already refuses a region element stored by no piece, NotFound, or by two,
   // DataLoss). `path` must be a complete checkpoint directory, as for Open (same errors);
-  // manifest.pb itself is not read. manifest() is then the share, piece indices the share's.
-  // Errors name the piece (by its index in the share) or the data file.
+  // manifest.pb itself is not read. At an object-store URL nothing but the share's data
+  // objects is read: those under the share's object_generation (the coordinator copies it
+  // from the manifest; InvalidArgument naming the URL when the share has none). manifest() is
+  // then the share, piece indices the share's. Errors name the piece (by its index in the
+  // share) or the data file.
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenShare(
       const std::string& path, pb::Manifest share, const ReaderOptions& options = {});
 
   const std::string& path() const { return path_; }
+  // The data objects read, for a checkpoint in an object store; nullptr for a directory.
+  const StoreObjects* objects() const { return objects_.get(); }
   // The manifest (of a share: the share).
   const pb::Manifest& manifest() const { return manifest_; }
   // The tensor's metadata, or nullptr.
@@ -143,6 +176,7 @@ class CheckpointReader {
   std::string path_;
   pb::Manifest manifest_;
   ReaderOptions options_;
+  std::unique_ptr<StoreObjects> objects_;  // set for a checkpoint in an object store
   // Key (viewing manifest_'s strings) -> tensor index.
   absl::flat_hash_map<absl::string_view, int> tensor_index_;
   // Piece indices grouped by tensor: tensor t's are [piece_start_[t], piece_start_[t + 1]).
