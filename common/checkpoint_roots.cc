@@ -44,7 +44,7 @@ absl::StatusOr<CheckpointRoots> CheckpointRoots::Create(const std::vector<std::s
   }
   std::vector<std::string> canonical;
   for (const std::string& root : roots) {
-    if (IsObjectStoreUrl(root)) {  // never realpath'ed: it is not on this filesystem
+    if (IsObjectStoreLocation(root)) {  // never realpath'ed: it is not on this filesystem
       absl::StatusOr<std::string> url = NormalizeObjectStoreUrl(root, "checkpoint root");
       if (!url.ok()) return url.status();
       canonical.push_back(*std::move(url));
@@ -70,7 +70,7 @@ std::string CheckpointRoots::Describe() const { return absl::StrJoin(roots_, ", 
 
 bool CheckpointRoots::Contains(const std::string& canonical) const {
   for (const std::string& root : roots_) {
-    if (IsObjectStoreUrl(root)) continue;  // a path never lies under a URL
+    if (IsObjectStoreLocation(root)) continue;  // a path never lies under a URL
     if (root == "/") {
       if (canonical != "/") return true;
     } else if (absl::StartsWith(canonical, root) && canonical.size() > root.size() + 1 &&
@@ -88,7 +88,7 @@ absl::StatusOr<std::string> CheckpointRoots::ResolveUrl(absl::string_view url,
   for (const std::string& root : roots_) {
     // Both in normal form, so "under, at a '/' boundary" is a prefix test; the bucket is the
     // first component, so the same scheme and bucket follow.
-    if (IsObjectStoreUrl(root) && absl::StartsWith(*normal, absl::StrCat(root, "/"))) {
+    if (IsObjectStoreLocation(root) && absl::StartsWith(*normal, absl::StrCat(root, "/"))) {
       return normal;
     }
   }
@@ -106,7 +106,7 @@ absl::StatusOr<std::string> CheckpointRoots::Resolve(absl::string_view path,
   if (path.find('\0') != absl::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat(what, " contains a NUL byte"));
   }
-  if (IsObjectStoreUrl(path)) return ResolveUrl(path, what);
+  if (IsObjectStoreLocation(path)) return ResolveUrl(path, what);
   if (path[0] != '/') {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " '", shown, "' is relative; give an absolute path under ", roots));

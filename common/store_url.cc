@@ -24,7 +24,9 @@ std::string LocationScheme(absl::string_view location) {
   return std::string(scheme);
 }
 
-bool IsObjectStoreUrl(absl::string_view location) { return LocationScheme(location) != "file"; }
+bool IsObjectStoreLocation(absl::string_view location) {
+  return LocationScheme(location) != "file";
+}
 
 std::string AbsoluteLocation(const std::string& location) {
   if (location.empty() || location.find("://") != std::string::npos) return location;

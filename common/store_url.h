@@ -20,7 +20,7 @@ std::string LocationScheme(absl::string_view location);
 
 // True when `location` names an object store: a "scheme://..." URL whose scheme is not "file".
 // Such a location is passed on as given, never made absolute or looked up on a filesystem.
-bool IsObjectStoreUrl(absl::string_view location);
+bool IsObjectStoreLocation(absl::string_view location);
 
 // What a client sends for a checkpoint location: a "scheme://..." location (s3://, mem://,
 // xfer://, file://) or an empty one unchanged; a plain path made absolute against this

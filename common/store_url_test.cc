@@ -9,12 +9,12 @@ namespace ckpt {
 namespace {
 
 TEST(StoreUrlTest, OnlyASchemeOtherThanFileMakesAnObjectStoreUrl) {
-  EXPECT_TRUE(IsObjectStoreUrl("s3://bucket/p"));
+  EXPECT_TRUE(IsObjectStoreLocation("s3://bucket/p"));
   EXPECT_EQ(LocationScheme("s3://bucket/p"), "s3");
-  EXPECT_FALSE(IsObjectStoreUrl("file:///ckpt/a"));
-  EXPECT_FALSE(IsObjectStoreUrl("/ckpt/s3://a"));
-  EXPECT_FALSE(IsObjectStoreUrl("relative/step1"));
-  EXPECT_FALSE(IsObjectStoreUrl("://x"));
+  EXPECT_FALSE(IsObjectStoreLocation("file:///ckpt/a"));
+  EXPECT_FALSE(IsObjectStoreLocation("/ckpt/s3://a"));
+  EXPECT_FALSE(IsObjectStoreLocation("relative/step1"));
+  EXPECT_FALSE(IsObjectStoreLocation("://x"));
 }
 
 TEST(StoreUrlTest, AbsoluteLocationKeepsUrlsAndMakesPathsAbsolute) {
