@@ -5,14 +5,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "coordinator/manifest_share_builder.h"
 #include "proto/convert.h"
 #include "proto/coordinator.pb.h"
 #include "sharding/region.h"
 #include "storage/checkpoint_reader.h"
-#include "storage/file_util.h"
-#include "storage/manifest_file.h"
 
 namespace ckpt::coordinator {
 
@@ -44,22 +43,9 @@ absl::Status AddReads(const Operation& op, ManifestShareBuilder& shares) {
   return absl::OkStatus();
 }
 
-// Every data file of the checkpoint at `path` is there at its recorded size (the workers check
-// the headers of those their shares name; a missing or truncated file fails the load here,
-// before any rank reads).
-absl::Status CheckDataFileSizes(const std::string& path, const pb::Manifest& head) {
-  for (const pb::DataFile& f : head.files()) {
-    const std::string file = JoinPath(path, f.name());
-    absl::StatusOr<int64_t> size = FileSize(file);
-    if (!size.ok()) return size.status();
-    if (*size != f.size_bytes()) {
-      return absl::DataLossError(absl::StrCat("data file ", file, " is ", *size,
-                                              " bytes; the manifest says ", f.size_bytes(),
-                                              *size < f.size_bytes() ? " (truncated)" : ""));
-    }
-  }
-  return absl::OkStatus();
-}
+// How long the planning of a load from an object store may wait for the store (the real
+// clock's: an operation's phase deadline is the coordinator's clock, which tests fake).
+constexpr absl::Duration kStoreTimeout = absl::Minutes(5);
 
 }  // namespace
 
@@ -69,9 +55,7 @@ absl::StatusOr<StreamedLoad> StreamLoad(
     return absl::Status(s.code(),
                         absl::StrCat("cannot load checkpoint ", op.path, ": ", s.message()));
   };
-  if (absl::Status complete = CheckCheckpointComplete(op.path); !complete.ok()) {
-    return cannot(complete);
-  }
+  const absl::Time deadline = absl::Now() + kStoreTimeout;
   StreamedLoad out;
   out.shares = std::make_unique<ManifestShareBuilder>(op.world_size);
   ManifestShareBuilder& shares = *out.shares;
@@ -79,16 +63,25 @@ absl::StatusOr<StreamedLoad> StreamLoad(
   // A piece that does not fit its readers' shape is reported after the shape checks below,
   // which name the rank.
   absl::Status piece_error;
-  absl::StatusOr<pb::Manifest> head =
-      StreamManifestFile(op.path, [&](int64_t, pb::StoredPiece& piece) {
+  // A directory's manifest streams past; an object store's comes in one GET (storage/
+  // checkpoint_reader.h StreamCheckpointManifest), its head keeping the object generation
+  // every share then carries.
+  absl::StatusOr<pb::Manifest> head = StreamCheckpointManifest(
+      op.path,
+      [&](int64_t, pb::StoredPiece& piece) {
         if (!piece_error.ok()) return absl::OkStatus();
         const int64_t kept = shares.pieces_kept();
         piece_error = shares.AddPiece(piece);
         if (on_kept && shares.pieces_kept() > kept) on_kept(piece);
         return absl::OkStatus();
-      });
+      },
+      deadline);
   if (!head.ok()) return cannot(head.status());
-  if (absl::Status files = CheckDataFileSizes(op.path, *head); !files.ok()) return cannot(files);
+  // Every data file is there at its recorded size (the workers check the headers of those
+  // their shares name; a missing or truncated file fails the load here, before any rank reads).
+  if (absl::Status files = CheckDataFileSizes(op.path, *head, deadline); !files.ok()) {
+    return cannot(files);
+  }
   if (piece_error.ok()) piece_error = shares.Finish(*head, op.path);
   if (!piece_error.ok()) {
     // Name the rank asking for a tensor the checkpoint lacks or with another shape, when one

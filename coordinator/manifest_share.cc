@@ -20,6 +20,7 @@ pb::Manifest ManifestShareFor(const pb::Manifest& manifest, const pb::LoadPlanPa
   pb::Manifest share;
   share.set_format_version(manifest.format_version());
   share.set_checksum_block_bytes(manifest.checksum_block_bytes());
+  share.set_object_generation(manifest.object_generation());
   share.mutable_pieces()->Reserve(manifest.pieces_size());
   for (int i = 0; i < manifest.pieces_size(); ++i) {
     pb::StoredPiece* piece = share.add_pieces();

@@ -176,6 +176,7 @@ int ManifestShareBuilder::FileId(const std::string& name) {
 absl::Status ManifestShareBuilder::Finish(const pb::Manifest& head, absl::string_view path) {
   format_version_ = head.format_version();
   checksum_block_bytes_ = head.checksum_block_bytes();
+  object_generation_ = head.object_generation();
   tensor_meta_.assign(tensors_.size(), pb::TensorMeta());
   for (const pb::TensorMeta& t : head.tensors()) {
     auto it = tensor_of_key_.find(t.key());
@@ -253,6 +254,7 @@ std::string ManifestShareBuilder::Assemble(absl::Span<const int32_t> read,
   pb::ManifestShare head;
   head.set_format_version(format_version_);
   head.set_checksum_block_bytes(checksum_block_bytes_);
+  head.set_object_generation(object_generation_);
   for (int t : tensors) {
     *head.add_tensors() = tensor_meta_[t];
     head.add_tensor_ids(t);

@@ -43,7 +43,7 @@ class ManifestShareBuilder {
   // so this guards the matching itself).
   absl::Status Finish(const pb::Manifest& head, absl::string_view path);
   // The serialized pb::ManifestShare of `rank`: the pieces its reads overlap (each once, in
-  // manifest order), their tensors and files.
+  // manifest order), their tensors and files, and the head's object_generation.
   std::string ShareOf(int rank) const;
   // The serialized pb::ManifestShare of an exchange-load part (ids are those AddPiece kept,
   // numbered from 0 in manifest order: pieces_kept() before the piece was kept): the kept
@@ -109,6 +109,7 @@ class ManifestShareBuilder {
   std::vector<pb::DataFile> file_meta_;
   uint32_t format_version_ = 0;
   int64_t checksum_block_bytes_ = 0;
+  std::string object_generation_;  // the head's (a checkpoint in an object store)
 };
 
 }  // namespace ckpt::coordinator

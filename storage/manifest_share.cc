@@ -44,6 +44,7 @@ absl::StatusOr<pb::Manifest> ExpandManifestShare(const pb::ManifestShare& share)
   pb::Manifest m;
   m.set_format_version(share.format_version());
   m.set_checksum_block_bytes(share.checksum_block_bytes());
+  m.set_object_generation(share.object_generation());
   *m.mutable_tensors() = share.tensors();
   *m.mutable_files() = share.files();
   m.mutable_pieces()->Reserve(share.pieces_size());
