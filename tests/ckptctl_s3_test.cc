@@ -1,6 +1,9 @@
 // ckptctl against s3:// on a real one-node Swift with s3api (storage/s3/testing), as a user runs
 // it: credentials, region and endpoint in the standard AWS environment variables; copy a
-// directory checkpoint up, inspect and verify it there, catch a tampered object, copy it back.
+// directory checkpoint up, inspect and verify it there, catch a tampered object, copy it back;
+// import to, export from, diff and reshard with s3:// URLs.
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -111,6 +114,86 @@ TEST(CkptctlS3Test, CopyInspectVerifyAndBackThroughTheAwsEnvironment) {
   EXPECT_EQ(denied.code, 1);
   EXPECT_THAT(denied.err, HasSubstr((*server)->access_key_id()));
   EXPECT_THAT(denied.err, Not(HasSubstr("wrong-secret-987654321")));
+}
+
+// The offline commands that write (import, reshard) or read (export, diff, reshard) a whole
+// checkpoint take s3:// URLs through a private local copy under $TMPDIR, removed afterwards.
+TEST(CkptctlS3Test, ImportExportDiffAndReshardTakeS3UrlsThroughPrivateCopies) {
+  absl::StatusOr<std::unique_ptr<S3TestServer>> server = StartWithBucket();
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string dir = ckpt::testing::FreshDir("ckptctl-s3-offline");
+  const std::string tmp = JoinPath(dir, "tmp");  // the ckptctl processes' $TMPDIR
+  ASSERT_EQ(::mkdir(tmp.c_str(), 0700), 0);
+  ::setenv("TMPDIR", tmp.c_str(), 1);
+  auto tmp_is_empty = [&] { return ListDir(tmp)->empty(); };
+
+  const std::string w = Bytes(16 * 64 * 4, 5), b = Bytes(32, 6);
+  CheckpointContents contents;
+  contents.tensors = {TensorMeta{"layer.w", DType::kF32, {16, 64}},
+                      TensorMeta{"layer.b", DType::kBF16, {16}}};
+  contents.files = {DataFilePlan{
+      0,
+      {PieceData{"layer.w", Region{{0, 0}, {16, 64}, std::nullopt}, w.data(), 16 * 64 * 4},
+       PieceData{"layer.b", Region{{0}, {16}, std::nullopt}, b.data(), 32}}}};
+  const std::string local = JoinPath(dir, "step1");
+  ASSERT_TRUE(WriteCheckpoint(local, contents, WriteOptions{}).ok());
+  const std::string hf = JoinPath(dir, "hf");
+  ASSERT_EQ(Ckptctl("export " + local + " " + hf).code, 0);
+  const std::string s3 = absl::StrCat("s3://", kBucket, "/offline/");
+
+  // import <safetensors dir> s3://...: then verify and inspect it there.
+  Result imported = Ckptctl("import " + hf + " " + s3 + "imported");
+  ASSERT_EQ(imported.code, 0) << imported.err;
+  EXPECT_THAT(imported.out, HasSubstr("into " + s3 + "imported"));
+  EXPECT_TRUE(tmp_is_empty());
+  Result verify = Ckptctl("verify " + s3 + "imported");
+  ASSERT_EQ(verify.code, 0) << verify.err;
+  EXPECT_THAT(verify.out, HasSubstr("OK"));
+  Result inspect = Ckptctl("inspect " + s3 + "imported");
+  ASSERT_EQ(inspect.code, 0) << inspect.err;
+  EXPECT_THAT(inspect.out, HasSubstr("layer.w"));
+  Result again = Ckptctl("import " + hf + " " + s3 + "imported");
+  EXPECT_EQ(again.code, 1);
+  EXPECT_THAT(again.err, HasSubstr(s3 + "imported"));
+  EXPECT_THAT(again.err, HasSubstr("--overwrite"));
+  EXPECT_EQ(Ckptctl("import " + hf + " " + s3 + "imported --overwrite").code, 0);
+
+  // export from s3 writes what export from the directory writes; diff finds them identical.
+  ASSERT_EQ(Ckptctl("copy " + local + " " + s3 + "step1").code, 0);
+  Result exported = Ckptctl("export " + s3 + "step1 " + JoinPath(dir, "hf-from-s3"));
+  ASSERT_EQ(exported.code, 0) << exported.err;
+  EXPECT_EQ(*ReadWholeFile(JoinPath(dir, "hf-from-s3/model.safetensors"), 1 << 20),
+            *ReadWholeFile(JoinPath(hf, "model.safetensors"), 1 << 20));
+  Result diff = Ckptctl("diff " + local + " " + s3 + "step1");
+  ASSERT_EQ(diff.code, 0) << diff.out << diff.err;
+  EXPECT_THAT(diff.out, HasSubstr("identical"));
+  EXPECT_EQ(Ckptctl("diff " + s3 + "imported " + s3 + "step1").code, 0);
+  EXPECT_TRUE(tmp_is_empty());
+
+  // Offline reshard from s3 to s3: the destination holds the layout's pieces, same tensors.
+  const std::string layout = JoinPath(dir, "tp2.json");
+  ASSERT_TRUE(WriteFileAtomically(layout,
+                                  "{\"world_size\": 2, \"mesh\": {\"tp\": 2}, \"rules\": "
+                                  "[{\"match\": \"*\", \"placements\": [\"Shard(0)\"]}]}")
+                  .ok());
+  Result reshard = Ckptctl("reshard " + s3 + "step1 " + s3 + "tp2 --layout " + layout);
+  ASSERT_EQ(reshard.code, 0) << reshard.err;
+  Result resharded = Ckptctl("inspect " + s3 + "tp2 --json");
+  ASSERT_EQ(resharded.code, 0) << resharded.err;
+  EXPECT_THAT(resharded.out, HasSubstr("\"world_size\": 2"));
+  EXPECT_EQ(Ckptctl("diff " + local + " " + s3 + "tp2").code, 0);
+  EXPECT_TRUE(tmp_is_empty());
+
+  // A checkpoint that is not there: NotFound naming the URL, nothing left behind.
+  for (const std::string& cmd : {"export " + s3 + "missing " + JoinPath(dir, "never"),
+                                 "diff " + local + " " + s3 + "missing"}) {
+    Result missing = Ckptctl(cmd);
+    EXPECT_NE(missing.code, 0) << cmd;
+    EXPECT_THAT(missing.err, HasSubstr(s3 + "missing")) << cmd;
+    EXPECT_THAT(missing.err, HasSubstr("no checkpoint is committed at " + s3 + "missing")) << cmd;
+  }
+  EXPECT_FALSE(PathExists(JoinPath(dir, "never")));
+  EXPECT_TRUE(tmp_is_empty());
 }
 
 TEST(CkptctlS3Test, GcRemovesACrashedWritesLeftoversAndKeepsTheCommittedCheckpoint) {

@@ -13,6 +13,7 @@
 #include "storage/tensor_source.h"
 #include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/dcp_bridge.h"
+#include "tools/ckptctl/store_staging.h"
 
 namespace ckpt::ckptctl {
 
@@ -117,10 +118,15 @@ int RunDcpImport(const ParsedArgs& a) {
   }
   if (a.positional.size() != 2) return Usage(cmd, "expected <dcp-dir> <checkpoint>");
   if (absl::Status s = CheckValues(a); !s.ok()) return Usage(cmd, std::string(s.message()));
-  std::vector<std::string> out = {"import", a.positional[0], a.positional[1]};
+  auto dest = WritableCheckpoint::Create(a.positional[1], a.Has("overwrite"));  // s3:// too
+  if (!dest.ok()) return Fail(cmd, dest.status());
+  std::vector<std::string> out = {"import", a.positional[0], (*dest)->path()};
   if (a.Has("overwrite")) out.push_back("--overwrite");
   PassOn(a, {"workers", "memory-budget", "step"}, &out);
-  return Run(cmd, out);
+  const int code = Run(cmd, out);
+  if (code != 0) return code;
+  if (absl::Status s = (*dest)->Publish(); !s.ok()) return Fail(cmd, s);
+  return 0;
 }
 
 int RunDcpExport(const ParsedArgs& a) {
@@ -134,7 +140,9 @@ int RunDcpExport(const ParsedArgs& a) {
   }
   if (a.positional.size() != 2) return Usage(cmd, "expected <checkpoint> <dcp-dir>");
   if (absl::Status s = CheckValues(a); !s.ok()) return Usage(cmd, std::string(s.message()));
-  std::vector<std::string> out = {"export", a.positional[0], a.positional[1]};
+  auto source = ReadableCheckpoint::Open(a.positional[0]);  // s3:// via a local copy
+  if (!source.ok()) return Fail(cmd, source.status());
+  std::vector<std::string> out = {"export", (*source)->path(), a.positional[1]};
   PassOn(a, {"layout", "workers", "memory-budget", "max-file-size"}, &out);
   return Run(cmd, out);
 }

@@ -16,6 +16,7 @@
 #include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/cluster_reshard.h"
 #include "tools/ckptctl/commands.h"
+#include "tools/ckptctl/store_staging.h"
 
 namespace ckpt::ckptctl {
 namespace {
@@ -112,11 +113,17 @@ int RunLocalReshard(const ParsedArgs& a, const OfflineReshardOptions& options) {
   absl::StatusOr<LayoutSpec> layout = LayoutSpec::FromFile(a.Get("layout"));
   if (!layout.ok()) return Fail(kCmd, layout.status());
   const auto t0 = std::chrono::steady_clock::now();
+  // s3:// source and destination through private local copies (tools/ckptctl/store_staging.h).
+  auto source = ReadableCheckpoint::Open(a.positional[0]);
+  if (!source.ok()) return Fail(kCmd, source.status());
+  auto dest = WritableCheckpoint::Create(a.positional[1], options.overwrite);
+  if (!dest.ok()) return Fail(kCmd, dest.status());
   absl::StatusOr<OfflineReshardStats> stats =
-      OfflineReshard(a.positional[0], a.positional[1], *layout, options);
+      OfflineReshard((*source)->path(), (*dest)->path(), *layout, options);
+  if (!stats.ok()) return Fail(kCmd, (*source)->Annotate(stats.status()));
+  if (absl::Status s = (*dest)->Publish(); !s.ok()) return Fail(kCmd, s);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!stats.ok()) return Fail(kCmd, stats.status());
   PrintSummary(a.positional[0], a.positional[1], *layout, *stats, seconds, a.Has("json"));
   return 0;
 }
@@ -138,7 +145,11 @@ const CommandSpec& ReshardSpec() {
       "the live ckpt_worker daemons, each reading what its pieces need and writing its files;\n"
       "the coordinator commits. --memory-budget is then per rank; --threads, --direct-io,\n"
       "--no-uring and --no-verify apply only in-process; --max-workers, --timeout and the TLS\n"
-      "flags only on a cluster.\n",
+      "flags only on a cluster.\n\n"
+      "In-process, <src> and <dst> may be s3:// URLs: a URL <src> is first copied (verified)\n"
+      "into a private temporary directory under $TMPDIR and a URL <dst> is written there, then\n"
+      "copied up verified and committed by the store (local disk for the whole checkpoint).\n"
+      "On a cluster, URLs go to the coordinator as given.\n",
       With(With({{"layout", "FILE", "target layout (JSON), required"},
                  {"overwrite", "",
                   "replace an existing committed checkpoint at <dst> (anything\n"

@@ -31,6 +31,7 @@
 #include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/dcp_cmd.h"
+#include "tools/ckptctl/store_staging.h"
 
 namespace ckpt::ckptctl {
 namespace {
@@ -357,8 +358,11 @@ int RunImport(const ParsedArgs& a) {
     return Usage(cmd, std::string(s.message()));
   }
   wo.overwrite = a.Has("overwrite");
-  auto m = ImportSafetensors(a.positional[0], a.positional[1], wo);
+  auto dest = WritableCheckpoint::Create(a.positional[1], wo.overwrite);  // s3:// via a copy
+  if (!dest.ok()) return Fail(cmd, dest.status());
+  auto m = ImportSafetensors(a.positional[0], (*dest)->path(), wo);
   if (!m.ok()) return Fail(cmd, m.status());
+  if (absl::Status s = (*dest)->Publish(); !s.ok()) return Fail(cmd, s);
   int64_t bytes = 0;
   for (const auto& p : m->pieces()) bytes += p.byte_length();
   std::printf("imported %d tensors (%s) from %s into %s\n", m->tensors_size(),
@@ -396,8 +400,10 @@ int RunExport(const ParsedArgs& a) {
     if (!mapping.ok()) return Fail(cmd, mapping.status());
     eo.rename = *std::move(mapping);
   }
-  auto files = ExportCheckpoint(a.positional[0], a.positional[1], eo);
-  if (!files.ok()) return Fail(cmd, files.status());
+  auto source = ReadableCheckpoint::Open(a.positional[0]);  // s3:// via a local copy
+  if (!source.ok()) return Fail(cmd, source.status());
+  auto files = ExportCheckpoint((*source)->path(), a.positional[1], eo);
+  if (!files.ok()) return Fail(cmd, (*source)->Annotate(files.status()));
   for (const std::string& f : *files) std::printf("wrote %s\n", f.c_str());
   return 0;
 }
@@ -442,7 +448,7 @@ const CommandSpec& ImportSpec() {
           "tensor stored whole), committed atomically, so it can be loaded into any sharded\n"
           "layout. An existing checkpoint is replaced only with --overwrite, which refuses to\n"
           "replace anything that is not a committed ckpt checkpoint.\n\n",
-          kDcpImportHelp),
+          kStoreStagingHelp, kDcpImportHelp),
       With(With({{"overwrite", "", "replace an existing committed checkpoint (only)"}},
                 IoFlagSpecs()),
            DcpImportFlagSpecs())};
@@ -465,7 +471,7 @@ const CommandSpec& ExportSpec() {
           "BF16 for fp32 master weights (round to nearest even, as torch); others keep theirs.\n"
           "--rename map.json ({\"old key\": \"new key\", ...}) renames tensors on the way out;\n"
           "every mapped key must exist and no two tensors may get one name.\n\n",
-          kDcpExportHelp),
+          kStoreStagingHelp, kDcpExportHelp),
       With(With({{"overwrite", "", "replace an earlier export's files (only those)"},
                  {"max-file-size", "SIZE", "split into files of at most SIZE (e.g. 5GB)"},
                  {"dtype", "BF16|F16|F32|F64", "write floating-point tensors as this dtype"},
