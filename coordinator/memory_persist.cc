@@ -4,6 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "common/store_url.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/checkpoint_writer.h"
 
@@ -70,13 +73,15 @@ absl::StatusOr<std::unique_ptr<MemoryPersist>> MemoryPersist::Begin(MemoryCheckp
   for (const pb::DataFile& f : checkpoint.manifest.files()) files.push_back(f.name());
   absl::StatusOr<PersistAssignment> assignment = AssignPersistWriters(checkpoint, files, {});
   if (!assignment.ok()) return assignment.status();
-  absl::StatusOr<std::string> staging = CreateStagingDir(path, overwrite);
+  std::unique_ptr<MemoryPersist> persist(new MemoryPersist());
+  absl::StatusOr<std::string> staging = IsObjectStoreLocation(path)
+                                            ? persist->BeginStoreWrite(path, overwrite)
+                                            : CreateStagingDir(path, overwrite);
   if (!staging.ok()) {
     return absl::Status(staging.status().code(),
                         absl::StrCat("cannot persist mem://", checkpoint.name, " to ", path, ": ",
                                      staging.status().message()));
   }
-  std::unique_ptr<MemoryPersist> persist(new MemoryPersist());
   persist->checkpoint_ = std::move(checkpoint);
   persist->path_ = path;
   persist->overwrite_ = overwrite;
@@ -154,7 +159,10 @@ absl::Status MemoryPersist::Commit() {
   WriteOptions options;
   options.overwrite = overwrite_;
   options.checksum_block_bytes = checkpoint_.manifest.checksum_block_bytes();
-  absl::Status committed = CommitCheckpoint(staging_dir_, path_, checkpoint_.manifest, options);
+  absl::Status committed =
+      store_write_ != nullptr
+          ? CommitStoreWrite()
+          : CommitCheckpoint(staging_dir_, path_, checkpoint_.manifest, options);
   if (committed.ok()) {
     finished_ = true;
     return committed;
@@ -167,7 +175,24 @@ absl::Status MemoryPersist::Commit() {
 absl::Status MemoryPersist::Abort() {
   if (finished_ || staging_dir_.empty()) return absl::OkStatus();
   finished_ = true;
+  if (store_write_ != nullptr) return store_write_->Abort(absl::Now() + kStoreTimeout);
   return DiscardStagingDir(staging_dir_);
+}
+
+absl::StatusOr<std::string> MemoryPersist::BeginStoreWrite(const std::string& url, bool overwrite) {
+  CKPT_ASSIGN_OR_RETURN(CheckpointStore * store, StoreForUrl(url));
+  StoreWriteOptions options;
+  options.overwrite = overwrite;
+  CKPT_ASSIGN_OR_RETURN(store_write_, store->BeginWrite(url, options, absl::Now() + kStoreTimeout));
+  return store_write_->staging_url();
+}
+
+absl::Status MemoryPersist::CommitStoreWrite() {
+  const absl::Time deadline = absl::Now() + kStoreTimeout;
+  for (const pb::DataFile& file : checkpoint_.manifest.files()) {
+    CKPT_RETURN_IF_ERROR(store_write_->Adopt(file.name(), deadline));
+  }
+  return store_write_->Commit(checkpoint_.manifest, deadline);
 }
 
 }  // namespace ckpt::coordinator

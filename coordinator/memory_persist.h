@@ -6,7 +6,10 @@
 // save. Each data file is written by one live holder (the writer's worker first); when a holder
 // fails, another holder of the same file takes it over; when none is left the persistence fails
 // naming the file and the workers, and the staging directory is discarded (nothing partial is
-// ever committed; an earlier checkpoint at the path is untouched). No gRPC, threads or logging.
+// ever committed; an earlier checkpoint at the path is untouched). A path that is a store URL
+// (s3://...) gets a store write instead of the staging directory (storage/checkpoint_store.h):
+// the holders join it and put their files there, and the commit adopts them and PUTs the
+// manifest. No gRPC, threads or logging.
 #ifndef CKPT_COORDINATOR_MEMORY_PERSIST_H_
 #define CKPT_COORDINATOR_MEMORY_PERSIST_H_
 
@@ -18,7 +21,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "coordinator/memory_catalog.h"
+#include "storage/checkpoint_store.h"
 
 namespace ckpt::coordinator {
 
@@ -74,11 +79,18 @@ class MemoryPersist {
 
  private:
   MemoryPersist() = default;
+  // For a store URL (s3://...): begins the store write the holders join; its staging URL.
+  absl::StatusOr<std::string> BeginStoreWrite(const std::string& url, bool overwrite);
+  // Adopts the holders' objects and commits the store write with the catalog's manifest.
+  absl::Status CommitStoreWrite();
+  // How long one store request of a persistence may take.
+  static constexpr absl::Duration kStoreTimeout = absl::Minutes(10);
 
   MemoryCheckpoint checkpoint_;
   std::string path_;
   bool overwrite_ = false;
-  std::string staging_dir_;
+  std::string staging_dir_;  // a staging directory, or a store write's staging URL
+  std::unique_ptr<CheckpointWrite> store_write_;  // a persistence to a store URL
   bool finished_ = false;                         // committed or discarded
   std::map<std::string, std::string> writer_of_;  // pending data file -> worker writing it
   std::set<std::string> failed_;                  // workers that failed

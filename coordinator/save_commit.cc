@@ -8,7 +8,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/store_url.h"
 #include "coordinator/operation_planners.h"
+#include "coordinator/store_writes.h"
 #include "google/protobuf/arena.h"
 #include "proto/convert.h"
 #include "storage/checkpoint_writer.h"
@@ -209,8 +211,26 @@ std::string SaveCommitter::StagingDir(const std::string& operation_id) {
   return it == staging_.end() ? "" : it->second;
 }
 
+namespace {
+
+// The deadline of a store request made for `op`: its phase's, or an hour when it has none.
+absl::Time StoreDeadline(const Operation& op) {
+  return op.deadline == absl::InfiniteFuture() ? absl::Now() + absl::Hours(1) : op.deadline;
+}
+
+}  // namespace
+
 absl::Status SaveCommitter::Prepare(const Operation& op) {
   if (!StagingDir(op.id).empty()) return absl::OkStatus();  // prepared before
+  if (IsObjectStoreLocation(op.path)) {
+    // No journal: what a crashed coordinator leaves in an object store is `ckptctl gc`'s.
+    absl::StatusOr<std::string> staging =
+        store_writes_.Begin(op.id, op.path, op.overwrite, StoreDeadline(op));
+    if (!staging.ok()) return staging.status();
+    std::lock_guard<std::mutex> lock(mu_);
+    staging_[op.id] = *staging;
+    return absl::OkStatus();
+  }
   if (journal_ != nullptr) CKPT_RETURN_IF_ERROR(journal_->Begin(op.id, op.path));
   // With op.overwrite a committed checkpoint at the path is accepted here (anything else is
   // FailedPrecondition naming it) and swapped out atomically at the commit.
@@ -246,11 +266,22 @@ bool SaveCommitter::ShapeValidatedBefore(const std::string& job, const ManifestS
   return last != committed_shapes_.end() && last->second == shape;
 }
 
+absl::Status SaveCommitter::CommitToStore(Operation& op) {
+  absl::StatusOr<pb::Manifest> manifest = MergeManifest(op);
+  if (!manifest.ok()) return manifest.status();
+  for (int r = 0; r < op.world_size; ++r) std::string().swap(op.ranks[r].written);
+  CKPT_RETURN_IF_ERROR(store_writes_.Commit(op.id, *manifest, StoreDeadline(op)));
+  std::lock_guard<std::mutex> lock(mu_);
+  staging_.erase(op.id);
+  return absl::OkStatus();
+}
+
 absl::Status SaveCommitter::Commit(Operation& op) {
   std::string staging = StagingDir(op.id);
   if (staging.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(op.DebugString(), " has no staging dir"));
   }
+  if (IsObjectStoreLocation(op.path)) return CommitToStore(op);
   PieceShapeHasher hasher;
   int num_pieces = 0;
   int64_t pieces_bytes = 0;
@@ -305,8 +336,10 @@ absl::Status SaveCommitter::Finalize(const Operation& op) {
       staging_.erase(it);
     }
   }
-  absl::Status discarded =
-      staging.empty() || op.phase == Phase::kDone ? absl::OkStatus() : DiscardStagingDir(staging);
+  absl::Status discarded = staging.empty() || op.phase == Phase::kDone ? absl::OkStatus()
+                           : IsObjectStoreLocation(op.path)
+                               ? store_writes_.Abort(op.id, absl::Now() + absl::Minutes(5))
+                               : DiscardStagingDir(staging);
   absl::Status ended = journal_ != nullptr ? journal_->End(op.id) : absl::OkStatus();
   return discarded.ok() ? ended : discarded;
 }

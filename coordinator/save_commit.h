@@ -1,5 +1,6 @@
-// The coordinator's side of a distributed save on a shared filesystem: before the plan goes
-// out it creates the checkpoint's staging directory (workers write their data files there);
+// The coordinator's side of a distributed save on a shared filesystem (or, for a store URL
+// such as s3://bucket/name, into a checkpoint store: coordinator/store_writes.h): before the plan
+// goes out it creates the checkpoint's staging directory (workers write their data files there);
 // once every rank reported what it wrote it merges those records into the manifest and runs
 // the storage commit protocol (fsyncs, atomic rename); an aborted save's staging directory is
 // removed, so nothing half-written ever looks like a checkpoint. No gRPC, no logging.
@@ -18,6 +19,7 @@
 #include "coordinator/operation_kind.h"
 #include "coordinator/save_plan_reuse.h"
 #include "coordinator/staging_journal.h"
+#include "coordinator/store_writes.h"
 #include "proto/manifest.pb.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/manifest_codec.h"
@@ -69,11 +71,14 @@ class SaveCommitter final : public OperationKindHandler {
 
  private:
   std::string StagingDir(const std::string& operation_id);
+  // Commit of a save to a store URL (StoreWrites): the merged manifest, committed by the store.
+  absl::Status CommitToStore(Operation& op);
   // Whether `shape` is that of the last manifest `job` committed (which passed validation).
   bool ShapeValidatedBefore(const std::string& job, const ManifestShape& shape);
 
   StagingJournal* journal_;
   const ManifestFileOptions manifest_files_;
+  StoreWrites store_writes_;  // saves to a store URL (s3://...): their writes
   SavePlanReuse plan_reuse_;  // the job's last plan, for a repeat save of unchanged ranks
   mutable std::mutex mu_;
   std::map<std::string, std::string> staging_ ABSL_GUARDED_BY(mu_);  // operation -> dir

@@ -1,15 +1,18 @@
 #include "worker/part_executors.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/store_url.h"
 #include "proto/wire_names.h"
 #include "spdlog/spdlog.h"
 #include "worker/load_communicator.h"
 #include "worker/load_exchange_executor.h"
 #include "worker/load_executor.h"
 #include "worker/memory_save.h"
+#include "worker/object_upload.h"
 #include "worker/reshard_executor.h"
 #include "worker/save_executor.h"
 
@@ -47,6 +50,14 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
     report.set_bytes_written_before_snapshot(r.bytes_written_before_snapshot);
     if (on_snapshot_) on_snapshot_(item.operation_id(), item.rank(), report);
   };
+  // A save to a store URL: the files go to a scratch directory first, then up to the store.
+  const std::string store_staging =
+      IsObjectStoreLocation(part.staging_dir()) ? part.staging_dir() : "";
+  std::optional<ScratchDir> scratch;
+  if (!store_staging.empty()) {
+    out.status = StageLocally(item, part, scratch);
+    if (!out.status.ok()) return out;
+  }
   absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, *run.session, gate, device);
   if (!snapshot.ok()) {
     out.status = snapshot.status();
@@ -67,6 +78,9 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
         part.memory_checkpoint().empty()
             ? WriteSnapshot(*snapshot, run.progress, [&gate] { return gate.closed(); })
             : KeepSnapshotInMemory(part, item.operation_id(), *snapshot, MemoryContext(), gate);
+    if (done.ok() && !store_staging.empty()) {
+      done = Upload(item, scratch->path(), store_staging, *std::move(done), gate);
+    }
     out.status = done.status();
     if (done.ok()) out.written = *std::move(done);
     // Awaiting background persistence: never evicted until the coordinator's PersistEnded.
@@ -83,6 +97,39 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
       report ? report->direct_io_files : 0, report ? report->buffered_files : 0,
       report ? report->direct_io_refused : false);
   return out;
+}
+
+absl::Status SavePartExecutor::StageLocally(const pb::WorkItem& item, pb::SavePlanPart& part,
+                                            std::optional<ScratchDir>& scratch) {
+  absl::StatusOr<ScratchDir> made = ScratchDir::Create(
+      host_save_ != nullptr ? host_save_->object_scratch_dir : "", absl::StrCat("r", item.rank()));
+  if (!made.ok()) return made.status();
+  scratch.emplace(*std::move(made));
+  part.set_staging_dir(scratch->path());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> SavePartExecutor::Upload(const pb::WorkItem& item,
+                                                     const std::string& dir,
+                                                     const std::string& staging_url,
+                                                     std::string written, MemoryGate& gate) {
+  const absl::Time start = absl::Now();
+  pb::Manifest record;
+  if (!record.ParseFromString(written)) {
+    return absl::InternalError(absl::StrCat("rank ", item.rank(), ": unreadable written record"));
+  }
+  const absl::Duration timeout =
+      host_save_ != nullptr ? host_save_->object_upload_timeout : absl::Hours(1);
+  int64_t bytes = 0;
+  for (const pb::DataFile& f : record.files()) bytes += f.size_bytes();
+  absl::Status uploaded = UploadDataFiles(
+      dir, record, staging_url, start + timeout, [&gate] { return gate.closed(); },
+      absl::StrCat("rank ", item.rank(), " of job ", item.job()));
+  spdlog::info("save_part_uploaded op={} rank={} objects={} bytes={} seconds={:.3f} ok={}",
+               item.operation_id(), item.rank(), record.files_size(), bytes,
+               absl::ToDoubleSeconds(absl::Now() - start), uploaded.ok());
+  if (!uploaded.ok()) return uploaded;
+  return written;
 }
 
 MemorySaveContext SavePartExecutor::MemoryContext() const {

@@ -5,14 +5,17 @@
 #define CKPT_WORKER_PART_EXECUTORS_H_
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "proto/worker.pb.h"
 #include "worker/coordinator_link.h"
 #include "worker/host_buffer_pool.h"
 #include "worker/memory_save.h"
 #include "worker/memory_tier.h"
+#include "worker/object_upload.h"
 #include "worker/part_executor.h"
 #include "worker/staging_pipeline.h"
 
@@ -47,6 +50,11 @@ void FillDataPlaneEndpoint(const LoadEnvironment& env, Context* context) {
 struct HostSaveOptions {
   HostBufferPool* pool = nullptr;  // null: each save copies into buffers of its own
   bool direct_io = true;           // O_DIRECT writes where the filesystem allows
+  // A save to a store URL (s3://...) writes its files here first, then uploads them
+  // (worker/object_upload.h); "": $TMPDIR, else /tmp.
+  std::string object_scratch_dir;
+  // How long a rank's upload to a store may take.
+  absl::Duration object_upload_timeout = absl::Hours(1);
 };
 
 // Save parts: snapshots the rank's part out of the trainer's memory (device pieces through the
@@ -72,6 +80,14 @@ class SavePartExecutor final : public PartExecutor {
 
  private:
   SnapshotFn on_snapshot_;
+  // For a save to a store URL: makes `scratch` and points the part's staging_dir at it.
+  absl::Status StageLocally(const pb::WorkItem& item, pb::SavePlanPart& part,
+                            std::optional<ScratchDir>& scratch);
+  // Uploads the files of `written` (the rank's record) from scratch directory `dir` into the
+  // store write at `staging_url`; returns the record.
+  absl::StatusOr<std::string> Upload(const pb::WorkItem& item, const std::string& dir,
+                                     const std::string& staging_url, std::string written,
+                                     MemoryGate& gate);
   // The memory save's context from memory_ (the link's rendezvous address and data plane).
   MemorySaveContext MemoryContext() const;
 

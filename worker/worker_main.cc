@@ -8,6 +8,7 @@
 //               [--communicator_cache_entries 16]
 //               [--pinned_staging_bytes N] [--staging_chunk_bytes N]
 //               [--host_pool_bytes N] [--host_pool_prefault] [--save_direct_io=false]
+//               [--object_scratch_dir DIR] [--object_upload_timeout_s 3600]
 //               [--tls_ca F --tls_cert F --tls_key F | --insecure]
 //
 // The trainers' socket is private to this uid (mode 0600) unless --trainer_uids allows
@@ -87,6 +88,11 @@ ABSL_FLAG(bool, host_pool_prefault, false,
 ABSL_FLAG(bool, save_direct_io, true,
           "write saves' data files with O_DIRECT where the filesystem allows (buffered where it "
           "refuses)");
+ABSL_FLAG(std::string, object_scratch_dir, "",
+          "where a save to an object store URL (s3://...) writes each rank's data files before "
+          "uploading them (default: $TMPDIR, else /tmp)");
+ABSL_FLAG(int64_t, object_upload_timeout_s, 3600,
+          "how long one rank's upload of a save to an object store may take");
 ABSL_FLAG(std::string, host, "", "host name to announce (default: this machine's)");
 ABSL_FLAG(std::string, data_plane_address, "",
           "address this worker's data plane (Gloo) binds to and peers reach it on (default: the "
@@ -390,6 +396,18 @@ std::unique_ptr<ckpt::worker::HostBufferPool> MakeHostPool() {
   return pool;
 }
 
+// The service's settings from the flags: the Gloo loop's niceness, the memory tier and host
+// pool (may be null), and how saves to an object store stage and upload.
+void ConfigureService(ckpt::worker::MemoryTier* memory_tier, ckpt::worker::HostBufferPool* pool,
+                      ckpt::worker::WorkerService& service) {
+  service.set_gloo_loop_thread_nice(absl::GetFlag(FLAGS_gloo_loop_nice));
+  if (memory_tier != nullptr) service.set_memory_tier(memory_tier);
+  service.set_host_pool(pool, absl::GetFlag(FLAGS_save_direct_io));
+  service.set_object_uploads(
+      absl::GetFlag(FLAGS_object_scratch_dir),
+      absl::Seconds(std::max<int64_t>(absl::GetFlag(FLAGS_object_upload_timeout_s), 1)));
+}
+
 int Run() {
   if (absl::Status s = ckpt::SetUpDaemonLogging("worker", absl::GetFlag(FLAGS_log_level));
       !s.ok()) {
@@ -423,9 +441,7 @@ int Run() {
   ckpt::worker::WorkerService service(
       &registry, &link, settings->host, device->staging.get(),
       absl::Milliseconds(std::max<int64_t>(absl::GetFlag(FLAGS_join_linger_ms), 0)));
-  service.set_gloo_loop_thread_nice(absl::GetFlag(FLAGS_gloo_loop_nice));
-  if (memory_tier != nullptr) service.set_memory_tier(memory_tier.get());
-  service.set_host_pool(host_pool.get(), absl::GetFlag(FLAGS_save_direct_io));
+  ConfigureService(memory_tier.get(), host_pool.get(), service);
   ckpt::worker::MemoryTier* const tier = memory_tier.get();
   std::unique_ptr<ckpt::worker::PersistExecutor> persist = StartPersistence(&tier, link, service);
   const std::string ready_file = absl::GetFlag(FLAGS_ready_file);

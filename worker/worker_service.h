@@ -71,7 +71,16 @@ class WorkerService final : public pb::Worker::Service {
   void set_memory_tier(MemoryTier* tier) { memory_tier_ = tier; }
   // The host pool storage saves copy into and write from, pipelined (null, the default: each
   // save copies into buffers of its own). Call before serving; must outlive the service.
-  void set_host_pool(HostBufferPool* pool, bool direct_io) { host_save_ = {pool, direct_io}; }
+  void set_host_pool(HostBufferPool* pool, bool direct_io) {
+    host_save_.pool = pool;
+    host_save_.direct_io = direct_io;
+  }
+  // Where saves to a store URL stage their files before the upload, and how long one rank's
+  // upload may take (worker/object_upload.h). Call before serving.
+  void set_object_uploads(std::string scratch_dir, absl::Duration timeout) {
+    host_save_.object_scratch_dir = std::move(scratch_dir);
+    host_save_.object_upload_timeout = timeout;
+  }
   // Where PersistWork / PersistEnded items of the work stream go (null: ignored). Call
   // before serving; must outlive the service.
   void set_persist_executor(PersistExecutor* executor) { persist_executor_ = executor; }

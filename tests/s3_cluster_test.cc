@@ -1,0 +1,138 @@
+// Cluster saves and loads at s3:// URLs (issue 43), as users run them: real ckpt_coordinator and
+// ckpt_worker processes on loopback, trainer_probe ranks saving and loading through the client
+// library, and a real one-node Swift with s3api (storage/s3/testing) found through the standard
+// AWS environment variables the daemons inherit. Each worker writes its data files to a scratch
+// directory and uploads them into the store write the coordinator began; the coordinator
+// commits the manifest last. The checkpoint then verifies with ckptctl, reads back bit-exact,
+// and loads into another layout; bad targets are refused naming the URL, leaving nothing.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/checkpoint_store.h"
+#include "storage/s3/s3_client.h"
+#include "storage/s3/testing/s3_test_server.h"
+#include "tests/services_cluster.h"
+
+namespace ckpt::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr char kBucket[] = "cluster-s3";
+const char kLease[] = "--lease_ms=5000";
+
+absl::Time Deadline() { return absl::Now() + absl::Seconds(60); }
+
+// One Swift for the binary, its bucket made, the AWS environment (inherited by every daemon
+// and ckptctl the tests start) pointing at it.
+S3TestServer& Server() {
+  static S3TestServer* server = [] {
+    S3TestServer* s = &S3TestServer::Shared();
+    absl::Status made = (*S3Client::Create(s->ClientOptions()))->CreateBucket(kBucket, Deadline());
+    EXPECT_TRUE(made.ok() || made.code() == absl::StatusCode::kAlreadyExists) << made;
+    s->ExportAwsEnvironment();
+    return s;
+  }();
+  return *server;
+}
+
+// Every key under `prefix` in the test bucket.
+std::vector<std::string> Keys(const std::string& prefix) {
+  std::unique_ptr<S3Client> client = *S3Client::Create(Server().ClientOptions());
+  std::vector<std::string> keys;
+  std::string token;
+  do {
+    absl::StatusOr<S3ListPage> page =
+        client->ListObjectsV2(kBucket, prefix, token, 1000, Deadline());
+    EXPECT_TRUE(page.ok()) << page.status();
+    if (!page.ok()) break;
+    for (const S3ObjectInfo& o : page->objects) keys.push_back(o.key);
+    token = page->next_continuation_token;
+  } while (!token.empty());
+  return keys;
+}
+
+// A cluster whose coordinator may save under s3://<kBucket>/<test> as well as its directory.
+void StartCluster(Cluster& cluster, const std::string& prefix, int workers) {
+  Server();
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator(
+      {kLease, absl::StrCat("--checkpoint_root=s3://", kBucket, "/", prefix)}));
+  for (int w = 0; w < workers; ++w) cluster.StartWorker(w);
+}
+
+TEST(S3ClusterTest, ASaveCommitsAVerifiedCheckpointThatLoadsIntoAnotherLayout) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(cluster, "roundtrip", 2));
+  const std::string url = absl::StrCat("s3://", kBucket, "/roundtrip/step1");
+  for (Child* t : RunRanks(cluster, "s3rt", 2, "save", url, {"--elements", "300000"})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+  }
+  std::string out;
+  EXPECT_EQ(cluster.RunCkptctl({"verify", url}, &out), 0) << out;
+  // Saved by rows, loaded by column blocks: each rank reads only its byte ranges.
+  for (Child* t :
+       RunRanks(cluster, "s3rt", 2, "load", url, {"--elements", "300000", "--layout", "cols"})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+    EXPECT_THAT(t->Stdout(), HasSubstr("verified"));
+  }
+}
+
+TEST(S3ClusterTest, ASecondSaveIsAlreadyExistsUnlessOverwritingAndTheFirstStaysWhole) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(cluster, "again", 2));
+  const std::string url = absl::StrCat("s3://", kBucket, "/again/step1");
+  for (Child* t : RunRanks(cluster, "s3again", 2, "save", url, {})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+  }
+  const std::vector<std::string> committed = Keys("again/");
+  for (Child* t : RunRanks(cluster, "s3again", 2, "save", url, {"--elements", "2048"})) {
+    EXPECT_EQ(Result(*t).first, static_cast<int>(absl::StatusCode::kAlreadyExists))
+        << Result(*t).second;
+    EXPECT_THAT(Result(*t).second, HasSubstr(url));
+  }
+  EXPECT_EQ(Keys("again/"), committed);  // nothing added, nothing removed
+  for (Child* t :
+       RunRanks(cluster, "s3again", 2, "save", url, {"--elements", "2048", "--overwrite", "1"})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+  }
+  std::string out;
+  EXPECT_EQ(cluster.RunCkptctl({"verify", url}, &out), 0) << out;
+  for (Child* t : RunRanks(cluster, "s3again", 2, "load", url, {"--elements", "2048"})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+    EXPECT_THAT(t->Stdout(), HasSubstr("verified"));
+  }
+}
+
+TEST(S3ClusterTest, ASaveToAMissingBucketIsRefusedNamingItAndLeavesNothing) {
+  Cluster cluster;
+  Server();
+  ASSERT_NO_FATAL_FAILURE(
+      cluster.StartCoordinator({kLease, "--checkpoint_root=s3://no-such-bucket/x"}));
+  cluster.StartWorker(0);
+  const std::string url = "s3://no-such-bucket/x/step1";
+  std::vector<Child*> ranks = RunRanks(cluster, "s3missing", 1, "save", url, {});
+  EXPECT_EQ(Result(*ranks[0]).first, static_cast<int>(absl::StatusCode::kNotFound))
+      << Result(*ranks[0]).second;
+  EXPECT_THAT(Result(*ranks[0]).second, HasSubstr("no-such-bucket"));
+}
+
+TEST(S3ClusterTest, ASaveOutsideTheCoordinatorsRootsIsPermissionDeniedBeforeAnyRequest) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(cluster, "rooted", 1));
+  const std::string url = absl::StrCat("s3://", kBucket, "/elsewhere/step1");
+  std::vector<Child*> ranks = RunRanks(cluster, "s3roots", 1, "save", url, {});
+  EXPECT_EQ(Result(*ranks[0]).first, static_cast<int>(absl::StatusCode::kPermissionDenied))
+      << Result(*ranks[0]).second;
+  EXPECT_THAT(Result(*ranks[0]).second, HasSubstr(url));
+  EXPECT_THAT(Keys("elsewhere/"), IsEmpty());
+}
+
+}  // namespace
+}  // namespace ckpt::testing
