@@ -138,6 +138,7 @@ std::unique_ptr<CheckpointWrite> CheckpointStoreConformanceTest::Join(
 }
 
 void CheckpointStoreConformanceTest::ExpectNoLeftovers(const std::string& url) {
+  ASSERT_TRUE(GetParam().leftovers) << GetParam().name << " sets no StoreBackend::leftovers";
   const std::vector<std::string> left = GetParam().leftovers(url);
   EXPECT_TRUE(left.empty()) << url << " has leftovers, first " << left.front();
 }

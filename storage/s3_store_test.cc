@@ -296,6 +296,36 @@ TEST(S3StoreTest, AnObjectDeletedBehindAWritesBackFailsItsCommitAndTheOldCheckpo
   ExpectSameCheckpoint(JoinPath(dir, "old"), JoinPath(dir, "back"));
 }
 
+TEST(S3StoreTest, AJoinedWritersUploadInFlightFailsWhenTheBeginningWriteAbortsAndLeavesNothing) {
+  Server();
+  const std::string dir = TestDir("s3-joined-multipart");
+  const pb::Manifest manifest = WriteSource(dir, 7);
+  std::unique_ptr<CheckpointStore> store = DirectStore();
+  const std::string url = absl::StrCat("s3://", kBucket, "/joined-multipart/step1");
+  absl::StatusOr<std::unique_ptr<CheckpointWrite>> write =
+      store->BeginWrite(url, StoreWriteOptions{}, Deadline());
+  ASSERT_TRUE(write.ok()) << write.status();
+  absl::StatusOr<std::unique_ptr<CheckpointWrite>> joined =
+      store->JoinWrite((*write)->staging_url(), Deadline());
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  const pb::DataFile& big = manifest.files(0);  // 8 MiB: a multipart upload of 5 MiB parts
+  const std::string bytes = *ReadWholeFile(JoinPath(dir, big.name()), 1 << 30);
+  std::unique_ptr<ObjectWriter> writer = *(*joined)->Create(big.name());
+  ASSERT_TRUE(writer->Append(absl::string_view(bytes).substr(0, 6 << 20)).ok());
+  // The coordinator gives up on the save: the worker's upload is aborted under it.
+  ASSERT_TRUE((*write)->Abort(Deadline()).ok());
+  absl::Status failed = writer->Append(absl::string_view(bytes).substr(6 << 20));
+  if (failed.ok()) failed = writer->Close(Deadline());
+  EXPECT_FALSE(failed.ok());
+  EXPECT_THAT(failed.message(), HasSubstr(big.name()));
+  writer.reset();
+  joined->reset();
+  EXPECT_THAT(Leftovers(url), ::testing::IsEmpty());
+  absl::StatusOr<std::unique_ptr<CheckpointWrite>> late =
+      store->JoinWrite((*write)->staging_url(), Deadline());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kNotFound) << late.status();
+}
+
 TEST(S3StoreTest, WrongCredentialsArePermissionDeniedNamingTheKeyIdButNeverTheSecret) {
   const std::string secret = "not-the-secret-0123456789";
   std::unique_ptr<CheckpointStore> store = DirectStore(secret);
