@@ -237,6 +237,9 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::FromManifest
   PieceSource source{path};
   if (IsObjectStoreUrl(path)) {
     CKPT_ASSIGN_OR_RETURN(r->objects_, StoreObjects::Open(path, r->manifest_));
+    // The objects hold the generation now; the manifest handed on has none, as a store's
+    // (a copy written elsewhere never names another store's objects).
+    r->manifest_.clear_object_generation();
     source.objects = r->objects_.get();
     source.deadline = absl::Now() + options.store_timeout;
   }

@@ -137,7 +137,7 @@ class CheckpointReader {
   const std::string& path() const { return path_; }
   // The data objects read, for a checkpoint in an object store; nullptr for a directory.
   const StoreObjects* objects() const { return objects_.get(); }
-  // The manifest (of a share: the share).
+  // The manifest (of a share: the share), without an object_generation (objects() holds it).
   const pb::Manifest& manifest() const { return manifest_; }
   // The tensor's metadata, or nullptr.
   const pb::TensorMeta* FindTensor(const std::string& key) const;
