@@ -28,6 +28,7 @@ import zipfile
 
 import torch
 
+from ckpt import _location
 from ckpt import _objects
 from ckpt import errors as _errors
 
@@ -43,15 +44,18 @@ def checkpoint_path(checkpoint_id, storage_reader):
     if checkpoint_id is None:
         return None
     try:
-        return os.path.abspath(os.fspath(checkpoint_id))
+        return _location.absolute(checkpoint_id)
     except TypeError:
         return None
 
 
 def is_dcp_checkpoint(checkpoint_id, storage_reader=None):
-    """True for a directory holding DCP's ``.metadata`` and no ckpt manifest."""
+    """True for a directory holding DCP's ``.metadata`` and no ckpt manifest (never for an
+    object-store URL: only ckpt checkpoints are read from a store)."""
     path = checkpoint_path(checkpoint_id, storage_reader)
-    return path is not None and os.path.isfile(os.path.join(path, _METADATA)) and \
+    if path is None or _location.is_object_store_url(path):
+        return False
+    return os.path.isfile(os.path.join(path, _METADATA)) and \
         not os.path.exists(os.path.join(path, _MANIFEST))
 
 

@@ -355,7 +355,8 @@ class Client:
              persist_to=None, persist_overwrite=False, memory_replicas=None, groups=None,
              compression=None, overwrite=False):
         """Collective: saves ``state`` to the checkpoint directory ``path`` (absolute, or
-        relative to the working directory; under the coordinator's checkpoint roots). Returns a
+        relative to the working directory; or an object-store URL ``s3://bucket/prefix``, sent
+        as given; under the coordinator's checkpoint roots). Returns a
         SaveHandle once this rank's state is snapshotted: the tensors may be modified at once.
         ``metadata`` (str -> str) is stored in the manifest.
 

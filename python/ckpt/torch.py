@@ -54,7 +54,7 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from ckpt import _dcp_options, _flatten, _objects, _share
+from ckpt import _dcp_options, _flatten, _location, _objects, _share
 from ckpt import dtypes as _dtypes
 from ckpt import errors as _errors
 from ckpt.client import Client, read_manifest
@@ -484,17 +484,26 @@ def _replica_ids(per_rank, rank):
 # ---- save -------------------------------------------------------------------------------------
 def _path(checkpoint_id, storage, what):
     """The checkpoint directory: ``checkpoint_id``, else the path of DCP's FileSystemWriter or
-    FileSystemReader (its options checked; other storage objects refused naming the class)."""
+    FileSystemReader (its options checked; other storage objects refused naming the class). An
+    object-store URL (``s3://bucket/prefix``) is returned as it is, for the coordinator."""
     if storage is not None:
         stored = _dcp_options.storage_path(storage, what)
+        url = _location.mangled_url(stored)
+        if checkpoint_id is None and url is not None:
+            raise _errors.InvalidArgument(
+                f"{what}: the storage object's path {stored!r} is the URL {url!r} made a local "
+                f"path (DCP keeps it as a pathlib.Path); pass checkpoint_id={url!r}")
         checkpoint_id = stored if checkpoint_id is None else checkpoint_id
     if checkpoint_id is None:
         raise _errors.InvalidArgument(f"{what}: give checkpoint_id (the checkpoint directory)")
-    return os.path.abspath(os.fspath(checkpoint_id))
+    return _location.absolute(checkpoint_id)
 
 
 def _make_parent(path):
-    """Creates the checkpoint's parent directory, as DCP's FileSystemWriter does."""
+    """Creates the checkpoint's parent directory, as DCP's FileSystemWriter does (nothing for
+    an object-store URL: its store has no directories)."""
+    if _location.is_object_store_url(path):
+        return
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
     except OSError as e:
@@ -511,7 +520,11 @@ def _check_target(path, overwrite=False):
     (the coordinator checks again that it is a committed checkpoint and nothing else,
     storage/overwrite_guard.h). Anything else is refused naming it: ckpt.AlreadyExists, or with
     ``overwrite`` ckpt.FailedPrecondition (what the coordinator's guard raises); a DCP
-    checkpoint is never replaced, nor a directory holding anything else deleted."""
+    checkpoint is never replaced, nor a directory holding anything else deleted. An
+    object-store URL is not looked at here: its store refuses an existing checkpoint unless
+    overwriting, and never replaces anything but a committed one."""
+    if _location.is_object_store_url(path):
+        return
     try:
         names = sorted(os.listdir(path))
     except FileNotFoundError:
