@@ -4,7 +4,8 @@
 // AWS environment variables the daemons inherit. Each worker writes its data files to a scratch
 // directory and uploads them into the store write the coordinator began; the coordinator
 // commits the manifest last. The checkpoint then verifies with ckptctl, reads back bit-exact,
-// and loads into another layout; bad targets are refused naming the URL, leaving nothing.
+// and loads into another layout; bad targets are refused naming the URL, leaving nothing. A
+// memory checkpoint's background persistence to s3:// commits the same way.
 #include <memory>
 #include <string>
 #include <vector>
@@ -132,6 +133,33 @@ TEST(S3ClusterTest, ASaveOutsideTheCoordinatorsRootsIsPermissionDeniedBeforeAnyR
       << Result(*ranks[0]).second;
   EXPECT_THAT(Result(*ranks[0]).second, HasSubstr(url));
   EXPECT_THAT(Keys("elsewhere/"), IsEmpty());
+}
+
+// The catalog's persistence line for memory checkpoint `name` ("" when not listed).
+std::string PersistOf(Cluster& cluster, const std::string& name) {
+  const pb::GetStatusResponse status = cluster.Status();
+  for (const pb::MemoryCheckpointStatus& m : status.memory_checkpoints()) {
+    if (m.name() == name) return m.persist();
+  }
+  return "";
+}
+
+TEST(S3ClusterTest, AMemorySavePersistsToS3AsACheckpointThatVerifiesAndLoads) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(cluster, "persist", 2));
+  const std::string url = absl::StrCat("s3://", kBucket, "/persist/step1");
+  for (Child* t : RunRanks(cluster, "s3persist", 2, "save", "mem://s3p",
+                           {"--replicas", "0", "--persist_to", url})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+  }
+  ASSERT_TRUE(WaitFor([&] { return PersistOf(cluster, "s3p") == "persisted to " + url; }))
+      << PersistOf(cluster, "s3p") << ClusterLogs(cluster);
+  std::string out;
+  EXPECT_EQ(cluster.RunCkptctl({"verify", url}, &out), 0) << out;
+  for (Child* t : RunRanks(cluster, "s3persist", 2, "load", url, {})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+    EXPECT_THAT(t->Stdout(), HasSubstr("verified"));
+  }
 }
 
 }  // namespace

@@ -51,12 +51,11 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
     if (on_snapshot_) on_snapshot_(item.operation_id(), item.rank(), report);
   };
   // A save to a store URL: the files go to a scratch directory first, then up to the store.
-  const std::string store_staging =
-      IsObjectStoreLocation(part.staging_dir()) ? part.staging_dir() : "";
   std::optional<ScratchDir> scratch;
-  if (!store_staging.empty()) {
-    out.status = StageLocally(item, part, scratch);
-    if (!out.status.ok()) return out;
+  absl::StatusOr<std::string> store_staging = StageLocally(item, part, scratch);
+  if (!store_staging.ok()) {
+    out.status = store_staging.status();
+    return out;
   }
   absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, *run.session, gate, device);
   if (!snapshot.ok()) {
@@ -78,8 +77,8 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
         part.memory_checkpoint().empty()
             ? WriteSnapshot(*snapshot, run.progress, [&gate] { return gate.closed(); })
             : KeepSnapshotInMemory(part, item.operation_id(), *snapshot, MemoryContext(), gate);
-    if (done.ok() && !store_staging.empty()) {
-      done = Upload(item, scratch->path(), store_staging, *std::move(done), gate);
+    if (done.ok() && scratch.has_value()) {
+      done = Upload(item, scratch->path(), *store_staging, *std::move(done), gate);
     }
     out.status = done.status();
     if (done.ok()) out.written = *std::move(done);
@@ -99,14 +98,18 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
   return out;
 }
 
-absl::Status SavePartExecutor::StageLocally(const pb::WorkItem& item, pb::SavePlanPart& part,
-                                            std::optional<ScratchDir>& scratch) {
+absl::StatusOr<std::string> SavePartExecutor::StageLocally(const pb::WorkItem& item,
+                                                           pb::SavePlanPart& part,
+                                                           std::optional<ScratchDir>& scratch) {
+  // A memory save keeps its files in the tier; its staging_dir is not a place to write.
+  if (!part.memory_checkpoint().empty() || !IsObjectStoreLocation(part.staging_dir())) return "";
   absl::StatusOr<ScratchDir> made = ScratchDir::Create(
       host_save_ != nullptr ? host_save_->object_scratch_dir : "", absl::StrCat("r", item.rank()));
   if (!made.ok()) return made.status();
   scratch.emplace(*std::move(made));
+  std::string staging_url = part.staging_dir();
   part.set_staging_dir(scratch->path());
-  return absl::OkStatus();
+  return staging_url;
 }
 
 absl::StatusOr<std::string> SavePartExecutor::Upload(const pb::WorkItem& item,

@@ -80,9 +80,10 @@ class SavePartExecutor final : public PartExecutor {
 
  private:
   SnapshotFn on_snapshot_;
-  // For a save to a store URL: makes `scratch` and points the part's staging_dir at it.
-  absl::Status StageLocally(const pb::WorkItem& item, pb::SavePlanPart& part,
-                            std::optional<ScratchDir>& scratch);
+  // For a save to a store URL: makes `scratch`, points the part's staging_dir at it and
+  // returns the store write's staging URL; "" (nothing made) for any other save.
+  absl::StatusOr<std::string> StageLocally(const pb::WorkItem& item, pb::SavePlanPart& part,
+                                           std::optional<ScratchDir>& scratch);
   // Uploads the files of `written` (the rank's record) from scratch directory `dir` into the
   // store write at `staging_url`; returns the record.
   absl::StatusOr<std::string> Upload(const pb::WorkItem& item, const std::string& dir,
