@@ -5,14 +5,18 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/store_url.h"
 #include "proto/convert.h"
 #include "proto/manifest.pb.h"
 #include "python/src/errors.h"
 #include "sharding/dtype.h"
+#include "storage/checkpoint_store.h"
 
 namespace nb = nanobind;
 
@@ -22,11 +26,21 @@ namespace {
 // Manifests larger than this are refused (storage's own limit is 2 GiB; this view only lists
 // tensors, and the coordinator validates the whole manifest again before any load).
 constexpr std::streamoff kMaxManifestBytes = std::streamoff{1} << 31;
+// How long reading the manifest of a checkpoint in an object store may take.
+constexpr absl::Duration kStoreTimeout = absl::Minutes(2);
 
 // The parsed manifest.pb of `path` (not validated beyond parsing: see the header). Its tensors,
 // metadata and step are in manifest.pb in both manifest formats (format 2 keeps only its
 // pieces in piece files beside it), so the piece files are never read here.
 absl::StatusOr<pb::Manifest> ReadManifest(const std::string& path) {
+  if (IsObjectStoreLocation(path)) {  // s3://...: the store's committed manifest
+    absl::StatusOr<CheckpointStore*> store = StoreForUrl(path);
+    if (!store.ok()) return store.status();
+    absl::StatusOr<std::unique_ptr<StoredCheckpoint>> stored =
+        (*store)->Open(path, absl::Now() + kStoreTimeout);
+    if (!stored.ok()) return stored.status();
+    return (*stored)->manifest();
+  }
   const std::string file = absl::StrCat(path, "/manifest.pb");
   std::ifstream in(file, std::ios::binary | std::ios::ate);
   if (!in) {
