@@ -12,8 +12,9 @@ namespace ckpt::python {
 
 // {"tensors": {key: (dtype name, [global shape])}, "metadata": {str: str}, "step": int}.
 // NotFound when `path` holds no committed checkpoint (no manifest.pb); DataLoss when it does
-// not parse. Only parsed (proto/, not storage/: the Python package sits on the client's
-// layers): the coordinator validates the whole manifest again before any load touches memory.
+// not parse. A directory's manifest.pb is only parsed: the coordinator validates the whole
+// manifest again before any load touches memory. An object-store URL (s3://...) is opened
+// through the store registry (storage/checkpoint_store.h), which validates its manifest.
 nanobind::dict ReadManifestDict(const std::string& path);
 
 }  // namespace ckpt::python
