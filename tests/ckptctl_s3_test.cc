@@ -116,7 +116,8 @@ TEST(CkptctlS3Test, CopyInspectVerifyAndBackThroughTheAwsEnvironment) {
   EXPECT_THAT(denied.err, Not(HasSubstr("wrong-secret-987654321")));
 }
 
-// The offline commands that write (import, reshard) or read (export, diff, reshard) a whole
+// The offline commands that write (import, also from DCP; reshard) or read (export, also to
+// DCP; diff; reshard) a whole
 // checkpoint take s3:// URLs through a private local copy under $TMPDIR, removed afterwards.
 TEST(CkptctlS3Test, ImportExportDiffAndReshardTakeS3UrlsThroughPrivateCopies) {
   absl::StatusOr<std::unique_ptr<S3TestServer>> server = StartWithBucket();
@@ -169,6 +170,14 @@ TEST(CkptctlS3Test, ImportExportDiffAndReshardTakeS3UrlsThroughPrivateCopies) {
   EXPECT_THAT(diff.out, HasSubstr("identical"));
   EXPECT_EQ(Ckptctl("diff " + s3 + "imported " + s3 + "step1").code, 0);
   EXPECT_TRUE(tmp_is_empty());
+
+  // DCP both ways: export --to dcp from s3, import --from dcp into s3; the same tensors.
+  const std::string dcp = JoinPath(dir, "dcp");
+  Result to_dcp = Ckptctl("export --to dcp " + s3 + "step1 " + dcp);
+  ASSERT_EQ(to_dcp.code, 0) << to_dcp.err;
+  Result from_dcp = Ckptctl("import --from dcp " + dcp + " " + s3 + "from-dcp");
+  ASSERT_EQ(from_dcp.code, 0) << from_dcp.err;
+  EXPECT_EQ(Ckptctl("diff " + local + " " + s3 + "from-dcp").code, 0);
 
   // Offline reshard from s3 to s3: the destination holds the layout's pieces, same tensors.
   const std::string layout = JoinPath(dir, "tp2.json");
