@@ -15,7 +15,8 @@
 // Callers are authenticated by TLS client certificates when --tls_* are given (their role
 // decides what they may call; docs/services.md, Security). Without certificates the daemon
 // refuses to listen beyond loopback unless --insecure is given. Checkpoint paths callers name
-// must lie under a --checkpoint_root.
+// must lie under a --checkpoint_root (a directory, or an object-store URL s3://bucket[/prefix]
+// under which s3:// checkpoints may be named; common/checkpoint_roots.h).
 //
 // With port 0 the OS picks a free port; the address actually bound is printed on stdout as
 // "ckpt_coordinator listening on HOST:PORT" (and written to --address_file when given).
