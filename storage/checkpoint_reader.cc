@@ -132,7 +132,7 @@ absl::Status CheckCheckpointComplete(const std::string& path) {
 absl::StatusOr<pb::Manifest> StreamCheckpointManifest(const std::string& path,
                                                       ManifestPieceVisitor visit,
                                                       absl::Time deadline) {
-  if (!IsObjectStoreUrl(path)) {
+  if (!IsObjectStoreLocation(path)) {
     CKPT_RETURN_IF_ERROR(CheckCheckpointComplete(path));
     return StreamManifestFile(path, visit);
   }
@@ -146,7 +146,7 @@ absl::StatusOr<pb::Manifest> StreamCheckpointManifest(const std::string& path,
 
 absl::Status CheckDataFileSizes(const std::string& path, const pb::Manifest& head,
                                 absl::Time deadline) {
-  if (IsObjectStoreUrl(path)) {
+  if (IsObjectStoreLocation(path)) {
     CKPT_ASSIGN_OR_RETURN(std::unique_ptr<StoreObjects> objects, StoreObjects::Open(path, head));
     return CheckObjectSizes(*objects, head, deadline);
   }
@@ -209,7 +209,7 @@ CheckpointProbe ProbeCheckpoint(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const std::string& path, const ReaderOptions& options) {
-  if (IsObjectStoreUrl(path)) {
+  if (IsObjectStoreLocation(path)) {
     CKPT_ASSIGN_OR_RETURN(pb::Manifest manifest,
                           ReadStoreManifest(path, absl::Now() + options.store_timeout));
     return FromManifest(path, std::move(manifest), options, /*share=*/false);
@@ -221,7 +221,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenShare(
     const std::string& path, pb::Manifest share, const ReaderOptions& options) {
-  if (!IsObjectStoreUrl(path)) CKPT_RETURN_IF_ERROR(CheckCheckpointComplete(path));
+  if (!IsObjectStoreLocation(path)) CKPT_RETURN_IF_ERROR(CheckCheckpointComplete(path));
   if (absl::Status s = ValidateManifestShare(share); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("manifest share of ", path, ": ", s.message()));
   }
@@ -235,7 +235,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::FromManifest
   r->options_ = options;
   r->manifest_ = std::move(manifest);
   PieceSource source{path};
-  if (IsObjectStoreUrl(path)) {
+  if (IsObjectStoreLocation(path)) {
     CKPT_ASSIGN_OR_RETURN(r->objects_, StoreObjects::Open(path, r->manifest_));
     // The objects hold the generation now; the manifest handed on has none, as a store's
     // (a copy written elsewhere never names another store's objects).

@@ -73,11 +73,6 @@ absl::Status CheckGeneration(const std::string& generation, absl::string_view wh
 
 }  // namespace
 
-bool IsObjectStoreUrl(absl::string_view location) {
-  const size_t colon = location.find("://");
-  return colon != absl::string_view::npos && colon > 0 && location.substr(0, colon) != "file";
-}
-
 absl::StatusOr<pb::Manifest> ReadStoreManifest(const std::string& url, absl::Time deadline) {
   CKPT_ASSIGN_OR_RETURN(S3Location at, LocateS3(url));
   CKPT_ASSIGN_OR_RETURN(S3Client * client, ProcessClient());

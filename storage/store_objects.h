@@ -22,16 +22,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/store_url.h"  // IsObjectStoreLocation
 #include "proto/manifest.pb.h"
 #include "storage/io_engine.h"
 
 namespace ckpt {
 
 class S3Client;
-
-// True when `location` names a checkpoint in an object store ("<scheme>://...", any scheme but
-// file) rather than a directory.
-bool IsObjectStoreUrl(absl::string_view location);
 
 // The manifest committed at object-store URL `url` (one GET of the manifest object), validated,
 // with its object_generation kept. NotFound naming the URL when none is committed; DataLoss
