@@ -190,7 +190,7 @@ class LocalCluster:
     ``num_workers`` workers with local ranks ``first_local_rank``.. on this host.
 
     ``root``: the checkpoint root the coordinator accepts paths under (default: the working
-    directory). ``coordinator_args`` / ``worker_args``: extra daemon flags (e.g.
+    directory; or an object-store URL ``s3://bucket[/prefix]``). ``coordinator_args`` / ``worker_args``: extra daemon flags (e.g.
     ``["--arrival_deadline_ms=20000"]``). Logs go to ``log_dir`` (default: a directory next to
     the sockets, kept after stop when a daemon failed)."""
 
@@ -199,7 +199,11 @@ class LocalCluster:
                  worker_args=(), listen="127.0.0.1:0", start_timeout=60.0, stop_timeout=30.0,
                  export_env=True):
         self.num_workers = int(num_workers)
-        self.root = os.path.realpath(os.fspath(root if root is not None else os.getcwd()))
+        from ckpt import _location
+
+        root = os.fspath(root if root is not None else os.getcwd())
+        # An object-store root (s3://bucket/prefix) is not on this filesystem: passed as given.
+        self.root = root if _location.is_object_store_url(root) else os.path.realpath(root)
         self._bin_dir = bin_dir
         self._external_coordinator = coordinator
         self.address = coordinator

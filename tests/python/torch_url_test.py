@@ -66,3 +66,10 @@ def test_a_filesystem_writer_or_reader_that_made_a_url_a_path_is_refused_naming_
         ckpt.torch.load({"w": torch.ones(4)}, storage_reader=FileSystemReader(URL))
     assert f"checkpoint_id='{URL}'" in str(e.value)
     assert os.listdir(in_empty_dir) == []
+
+
+def test_a_local_cluster_takes_an_s3_checkpoint_root_as_given():
+    # The coordinator starts only when the root reaches it unmangled and it accepts URL roots.
+    with ckpt.LocalCluster(num_workers=0, root="s3://bucket/ckpts/", export_env=False) as c:
+        assert c.root == "s3://bucket/ckpts/"
+        assert c.address
