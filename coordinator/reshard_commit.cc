@@ -5,7 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "common/store_url.h"
 #include "coordinator/save_commit.h"
 #include "planner/save_plan.h"
 #include "proto/convert.h"
@@ -17,6 +19,9 @@
 
 namespace ckpt::coordinator {
 namespace {
+
+// How long one store request of a reshard to an object store may take.
+constexpr absl::Duration kStoreTimeout = absl::Minutes(10);
 
 std::string Normalized(const std::string& path) {
   return std::filesystem::absolute(std::filesystem::path(path)).lexically_normal().string();
@@ -93,7 +98,10 @@ absl::StatusOr<std::vector<RankPlan>> PlanClusterReshard(const pb::Manifest& sou
 }
 
 absl::StatusOr<std::vector<RankPlan>> ReshardCommitter::Plan(const Operation& op) {
-  if (journal_ != nullptr) CKPT_RETURN_IF_ERROR(journal_->Begin(op.id, op.path));
+  // No journal for a store URL: what a crashed coordinator leaves there is `ckptctl gc`'s.
+  if (journal_ != nullptr && !IsObjectStoreLocation(op.path)) {
+    CKPT_RETURN_IF_ERROR(journal_->Begin(op.id, op.path));
+  }
   return PlanJournaled(op);
 }
 
@@ -128,13 +136,16 @@ absl::StatusOr<std::vector<RankPlan>> ReshardCommitter::PlanJournaled(const Oper
   pending.overwrite = spec.overwrite;
   const int64_t budget =
       spec.memory_budget_bytes > 0 ? spec.memory_budget_bytes : kDefaultReshardBudgetBytes;
-  absl::StatusOr<std::string> staging = CreateStagingDir(op.path, spec.overwrite);
+  const bool store = IsObjectStoreLocation(op.path);
+  absl::StatusOr<std::string> staging =
+      store ? store_writes_.Begin(op.id, op.path, spec.overwrite, absl::Now() + kStoreTimeout)
+            : CreateStagingDir(op.path, spec.overwrite);
   if (!staging.ok()) return WithContext(staging.status(), "destination: ");
   pending.staging = *staging;
   absl::StatusOr<std::vector<RankPlan>> plans =
       PlanClusterReshard(manifest, spec.source, *layout, budget, *staging);
   if (!plans.ok()) {
-    (void)RemoveTree(*staging);
+    (void)(store ? store_writes_.Abort(op.id, absl::Now() + kStoreTimeout) : RemoveTree(*staging));
     return plans.status();
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -157,7 +168,9 @@ absl::Status ReshardCommitter::Commit(Operation& op) {
       BuildManifest(pending.tensors, data, pending.info, kDefaultChecksumBlockBytes);
   WriteOptions options;
   options.overwrite = pending.overwrite;
-  absl::Status committed = CommitCheckpoint(pending.staging, op.path, manifest, options);
+  absl::Status committed = IsObjectStoreLocation(op.path)
+                               ? store_writes_.Commit(op.id, manifest, absl::Now() + kStoreTimeout)
+                               : CommitCheckpoint(pending.staging, op.path, manifest, options);
   if (committed.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.erase(op.id);
@@ -175,8 +188,10 @@ absl::Status ReshardCommitter::Finalize(const Operation& op) {
       pending_.erase(it);
     }
   }
-  absl::Status discarded =
-      staging.empty() || op.phase == Phase::kDone ? absl::OkStatus() : DiscardStagingDir(staging);
+  absl::Status discarded = staging.empty() || op.phase == Phase::kDone ? absl::OkStatus()
+                           : IsObjectStoreLocation(op.path)
+                               ? store_writes_.Abort(op.id, absl::Now() + kStoreTimeout)
+                               : DiscardStagingDir(staging);
   absl::Status ended = journal_ != nullptr ? journal_->End(op.id) : absl::OkStatus();
   return discarded.ok() ? ended : discarded;
 }

@@ -6,7 +6,8 @@
 // step and user metadata and the target layout into the manifest and runs the storage commit
 // protocol (RENAME_EXCHANGE when overwriting). An aborted reshard's staging directory is
 // removed, so the destination is never half-written and an earlier checkpoint there stays.
-// No gRPC, no logging.
+// A destination that is an object-store URL (s3://...) gets a store write instead of the staging
+// directory (coordinator/store_writes.h), as a save does. No gRPC, no logging.
 #ifndef CKPT_COORDINATOR_RESHARD_COMMIT_H_
 #define CKPT_COORDINATOR_RESHARD_COMMIT_H_
 
@@ -21,6 +22,7 @@
 #include "coordinator/job_state.h"
 #include "coordinator/operation_kind.h"
 #include "coordinator/staging_journal.h"
+#include "coordinator/store_writes.h"
 #include "planner/layout_spec.h"
 #include "proto/manifest.pb.h"
 #include "storage/checkpoint_writer.h"
@@ -74,6 +76,7 @@ class ReshardCommitter final : public OperationKindHandler {
     bool overwrite = false;
   };
 
+  StoreWrites store_writes_;  // reshards to a store URL (s3://...): their writes
   std::mutex mu_;
   std::map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);  // operation -> state
 };

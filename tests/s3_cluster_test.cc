@@ -5,7 +5,8 @@
 // directory and uploads them into the store write the coordinator began; the coordinator
 // commits the manifest last. The checkpoint then verifies with ckptctl, reads back bit-exact,
 // and loads into another layout; bad targets are refused naming the URL, leaving nothing. A
-// memory checkpoint's background persistence to s3:// commits the same way.
+// memory checkpoint's background persistence to s3:// commits the same way, and so does a
+// reshard the cluster's workers execute (ckptctl reshard --coordinator), to and from s3://.
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,9 +14,14 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/durable_file.h"
+#include "examples/gpt_checkpoint.h"
+#include "examples/gpt_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planner/layout_spec.h"
 #include "storage/checkpoint_store.h"
+#include "storage/file_util.h"
 #include "storage/s3/s3_client.h"
 #include "storage/s3/testing/s3_test_server.h"
 #include "tests/services_cluster.h"
@@ -133,6 +139,40 @@ TEST(S3ClusterTest, ASaveOutsideTheCoordinatorsRootsIsPermissionDeniedBeforeAnyR
       << Result(*ranks[0]).second;
   EXPECT_THAT(Result(*ranks[0]).second, HasSubstr(url));
   EXPECT_THAT(Keys("elsewhere/"), IsEmpty());
+}
+
+// A directory checkpoint (TP=2 x DP=2 GPT state, ZeRO-1 flat optimizer) rewritten by the
+// cluster's workers into TP=4 at an s3:// URL, then from there into TP=1 x DP=2 back in a
+// directory: every element checked each time, the s3 checkpoint verified by ckptctl.
+TEST(S3ClusterTest, AClusterReshardWritesToS3AndReadsFromS3BitExact) {
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(cluster, "reshard", 2));
+  GptConfig config;
+  config.layers = 2;
+  config.hidden = 64;
+  config.vocab = 500;
+  absl::StatusOr<std::vector<TensorMeta>> tensors = GptTensors(config);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  const std::string src = JoinPath(cluster.dir(), "src");
+  auto written = WriteGptCheckpoint(src, *tensors, *LayoutSpec::Parse(GptLayoutJson(2, 2)),
+                                    int64_t{512} << 10, WriteOptions{}, 700, {});
+  ASSERT_TRUE(written.ok()) << written.status();
+  auto reshard = [&](const std::string& from, const std::string& to, const std::string& json) {
+    const std::string file = JoinPath(cluster.dir(), "layout.json");
+    EXPECT_TRUE(WriteFileDurably(file, json).ok());
+    std::string out;
+    const int code = cluster.RunCkptctl(
+        {"reshard", from, to, "--layout", file, "--coordinator", cluster.address()}, &out);
+    EXPECT_EQ(code, 0) << out << ClusterLogs(cluster);
+    auto report = CheckGptCheckpoint(to, *tensors, *LayoutSpec::Parse(json));
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(report->bytes, TotalBytes(*tensors));
+  };
+  const std::string url = absl::StrCat("s3://", kBucket, "/reshard/tp4");
+  ASSERT_NO_FATAL_FAILURE(reshard(src, url, GptLayoutJson(4, 1)));
+  std::string out;
+  EXPECT_EQ(cluster.RunCkptctl({"verify", url}, &out), 0) << out;
+  ASSERT_NO_FATAL_FAILURE(reshard(url, JoinPath(cluster.dir(), "tp1dp2"), GptLayoutJson(1, 2)));
 }
 
 // The catalog's persistence line for memory checkpoint `name` ("" when not listed).

@@ -18,19 +18,51 @@
 
 namespace ckpt::worker {
 
-PartOutcome SavePartExecutor::Execute(const PartRun& run) {
+namespace {
+
+// For a part whose staging directory `*dir` is a store write's staging URL (a save or reshard to
+// s3://...): makes `scratch` under the options' root, points `*dir` at it and returns the URL.
+// "" (nothing made) for any other part.
+absl::StatusOr<std::string> StageLocally(const HostSaveOptions* options, int rank, std::string* dir,
+                                         std::optional<ScratchDir>& scratch) {
+  if (!IsObjectStoreLocation(*dir)) return "";
+  absl::StatusOr<ScratchDir> made = ScratchDir::Create(
+      options != nullptr ? options->object_scratch_dir : "", absl::StrCat("r", rank));
+  if (!made.ok()) return made.status();
+  scratch.emplace(*std::move(made));
+  std::string staging_url = std::move(*dir);
+  *dir = scratch->path();
+  return staging_url;
+}
+
+// Uploads the files of `written` (the rank's record) from scratch directory `dir` into the
+// store write at `staging_url`; returns the record.
+absl::StatusOr<std::string> Upload(const HostSaveOptions* options, const pb::WorkItem& item,
+                                   const std::string& dir, const std::string& staging_url,
+                                   std::string written, MemoryGate& gate) {
   const absl::Time start = absl::Now();
-  const pb::WorkItem& item = run.item;
-  PartOutcome out;
-  pb::SavePlanPart part;
-  if (!part.ParseFromString(item.plan_part())) {
-    out.status = absl::InvalidArgumentError("unreadable save plan part");
-    return out;
+  pb::Manifest record;
+  if (!record.ParseFromString(written)) {
+    return absl::InternalError(absl::StrCat("rank ", item.rank(), ": unreadable written record"));
   }
-  // Copy out of the trainer's memory first; the trainer may train on (its Save returns) once
-  // every byte it shares has left its memory (device bytes: the last staging copy completed),
-  // while the copy is written.
-  MemoryGate& gate = run.gate;
+  const absl::Duration timeout =
+      options != nullptr ? options->object_upload_timeout : absl::Hours(1);
+  int64_t bytes = 0;
+  for (const pb::DataFile& f : record.files()) bytes += f.size_bytes();
+  absl::Status uploaded = UploadDataFiles(
+      dir, record, staging_url, start + timeout, [&gate] { return gate.closed(); },
+      absl::StrCat("rank ", item.rank(), " of job ", item.job()));
+  spdlog::info("part_uploaded op={} rank={} objects={} bytes={} seconds={:.3f} ok={}",
+               item.operation_id(), item.rank(), record.files_size(), bytes,
+               absl::ToDoubleSeconds(absl::Now() - start), uploaded.ok());
+  if (!uploaded.ok()) return uploaded;
+  return written;
+}
+
+}  // namespace
+
+DeviceSnapshotOptions SavePartExecutor::SnapshotOptions(const pb::WorkItem& item,
+                                                        const pb::SavePlanPart& part) {
   DeviceSnapshotOptions device;
   // A memory save holds host bytes only: device pieces are refused (no staging pool).
   device.staging = part.memory_checkpoint().empty() ? device_staging_ : nullptr;
@@ -50,13 +82,34 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
     report.set_bytes_written_before_snapshot(r.bytes_written_before_snapshot);
     if (on_snapshot_) on_snapshot_(item.operation_id(), item.rank(), report);
   };
+  return device;
+}
+
+PartOutcome SavePartExecutor::Execute(const PartRun& run) {
+  const absl::Time start = absl::Now();
+  const pb::WorkItem& item = run.item;
+  PartOutcome out;
+  pb::SavePlanPart part;
+  if (!part.ParseFromString(item.plan_part())) {
+    out.status = absl::InvalidArgumentError("unreadable save plan part");
+    return out;
+  }
+  // Copy out of the trainer's memory first; the trainer may train on (its Save returns) once
+  // every byte it shares has left its memory (device bytes: the last staging copy completed),
+  // while the copy is written.
+  MemoryGate& gate = run.gate;
+  DeviceSnapshotOptions device = SnapshotOptions(item, part);
   // A save to a store URL: the files go to a scratch directory first, then up to the store.
+  // (A memory save keeps its files in the tier; its staging_dir is not a place to write.)
   std::optional<ScratchDir> scratch;
-  absl::StatusOr<std::string> store_staging = StageLocally(item, part, scratch);
+  std::string dir = part.staging_dir();
+  absl::StatusOr<std::string> store_staging =
+      part.memory_checkpoint().empty() ? StageLocally(host_save_, item.rank(), &dir, scratch) : "";
   if (!store_staging.ok()) {
     out.status = store_staging.status();
     return out;
   }
+  part.set_staging_dir(dir);
   absl::StatusOr<SaveSnapshot> snapshot = SnapshotSavePart(part, *run.session, gate, device);
   if (!snapshot.ok()) {
     out.status = snapshot.status();
@@ -78,7 +131,7 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
             ? WriteSnapshot(*snapshot, run.progress, [&gate] { return gate.closed(); })
             : KeepSnapshotInMemory(part, item.operation_id(), *snapshot, MemoryContext(), gate);
     if (done.ok() && scratch.has_value()) {
-      done = Upload(item, scratch->path(), *store_staging, *std::move(done), gate);
+      done = Upload(host_save_, item, scratch->path(), *store_staging, *std::move(done), gate);
     }
     out.status = done.status();
     if (done.ok()) out.written = *std::move(done);
@@ -96,43 +149,6 @@ PartOutcome SavePartExecutor::Execute(const PartRun& run) {
       report ? report->direct_io_files : 0, report ? report->buffered_files : 0,
       report ? report->direct_io_refused : false);
   return out;
-}
-
-absl::StatusOr<std::string> SavePartExecutor::StageLocally(const pb::WorkItem& item,
-                                                           pb::SavePlanPart& part,
-                                                           std::optional<ScratchDir>& scratch) {
-  // A memory save keeps its files in the tier; its staging_dir is not a place to write.
-  if (!part.memory_checkpoint().empty() || !IsObjectStoreLocation(part.staging_dir())) return "";
-  absl::StatusOr<ScratchDir> made = ScratchDir::Create(
-      host_save_ != nullptr ? host_save_->object_scratch_dir : "", absl::StrCat("r", item.rank()));
-  if (!made.ok()) return made.status();
-  scratch.emplace(*std::move(made));
-  std::string staging_url = part.staging_dir();
-  part.set_staging_dir(scratch->path());
-  return staging_url;
-}
-
-absl::StatusOr<std::string> SavePartExecutor::Upload(const pb::WorkItem& item,
-                                                     const std::string& dir,
-                                                     const std::string& staging_url,
-                                                     std::string written, MemoryGate& gate) {
-  const absl::Time start = absl::Now();
-  pb::Manifest record;
-  if (!record.ParseFromString(written)) {
-    return absl::InternalError(absl::StrCat("rank ", item.rank(), ": unreadable written record"));
-  }
-  const absl::Duration timeout =
-      host_save_ != nullptr ? host_save_->object_upload_timeout : absl::Hours(1);
-  int64_t bytes = 0;
-  for (const pb::DataFile& f : record.files()) bytes += f.size_bytes();
-  absl::Status uploaded = UploadDataFiles(
-      dir, record, staging_url, start + timeout, [&gate] { return gate.closed(); },
-      absl::StrCat("rank ", item.rank(), " of job ", item.job()));
-  spdlog::info("save_part_uploaded op={} rank={} objects={} bytes={} seconds={:.3f} ok={}",
-               item.operation_id(), item.rank(), record.files_size(), bytes,
-               absl::ToDoubleSeconds(absl::Now() - start), uploaded.ok());
-  if (!uploaded.ok()) return uploaded;
-  return written;
 }
 
 MemorySaveContext SavePartExecutor::MemoryContext() const {
@@ -216,8 +232,18 @@ PartOutcome ReshardPartExecutor::Execute(const PartRun& run) {
   if (!part.ParseFromString(item.plan_part())) {
     out.status = absl::InvalidArgumentError("unreadable reshard plan part");
   } else {
-    absl::StatusOr<std::string> done = ExecuteReshardPart(
-        part, run.progress, [&gate] { return gate.closed(); }, &stats);
+    // A reshard to a store URL: the files go to a scratch directory first, then up to the store.
+    std::optional<ScratchDir> scratch;
+    std::string dir = part.staging_dir();
+    const absl::StatusOr<std::string> url = StageLocally(host_save_, item.rank(), &dir, scratch);
+    part.set_staging_dir(dir);
+    absl::StatusOr<std::string> done =
+        url.ok() ? ExecuteReshardPart(
+                       part, run.progress, [&gate] { return gate.closed(); }, &stats)
+                 : url.status();
+    if (done.ok() && scratch.has_value()) {
+      done = Upload(host_save_, item, dir, *url, *std::move(done), gate);
+    }
     out.status = done.status();
     if (done.ok()) out.written = *std::move(done);
     out.bytes_read = stats.bytes_read;

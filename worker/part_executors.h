@@ -50,8 +50,8 @@ void FillDataPlaneEndpoint(const LoadEnvironment& env, Context* context) {
 struct HostSaveOptions {
   HostBufferPool* pool = nullptr;  // null: each save copies into buffers of its own
   bool direct_io = true;           // O_DIRECT writes where the filesystem allows
-  // A save to a store URL (s3://...) writes its files here first, then uploads them
-  // (worker/object_upload.h); "": $TMPDIR, else /tmp.
+  // A save or reshard to a store URL (s3://...) writes its files here first, then uploads
+  // them (worker/object_upload.h); "": $TMPDIR, else /tmp.
   std::string object_scratch_dir;
   // How long a rank's upload to a store may take.
   absl::Duration object_upload_timeout = absl::Hours(1);
@@ -80,15 +80,9 @@ class SavePartExecutor final : public PartExecutor {
 
  private:
   SnapshotFn on_snapshot_;
-  // For a save to a store URL: makes `scratch`, points the part's staging_dir at it and
-  // returns the store write's staging URL; "" (nothing made) for any other save.
-  absl::StatusOr<std::string> StageLocally(const pb::WorkItem& item, pb::SavePlanPart& part,
-                                           std::optional<ScratchDir>& scratch);
-  // Uploads the files of `written` (the rank's record) from scratch directory `dir` into the
-  // store write at `staging_url`; returns the record.
-  absl::StatusOr<std::string> Upload(const pb::WorkItem& item, const std::string& dir,
-                                     const std::string& staging_url, std::string written,
-                                     MemoryGate& gate);
+  // How the part's snapshot is taken: the pinned pool and host pool a storage save uses, and
+  // the report to the coordinator once the trainer's memory is drained.
+  DeviceSnapshotOptions SnapshotOptions(const pb::WorkItem& item, const pb::SavePlanPart& part);
   // The memory save's context from memory_ (the link's rendezvous address and data plane).
   MemorySaveContext MemoryContext() const;
 
@@ -116,8 +110,15 @@ class LoadPartExecutor final : public PartExecutor {
 // Reshard parts: no trainer; reads the source checkpoint and writes the rank's target files.
 class ReshardPartExecutor final : public PartExecutor {
  public:
+  // `host_save` (may be null) says where a reshard to a store URL stages its files; it must
+  // outlive the executor.
+  explicit ReshardPartExecutor(const HostSaveOptions* host_save = nullptr)
+      : host_save_(host_save) {}
   bool NeedsTrainer() const override { return false; }
   PartOutcome Execute(const PartRun& run) override;
+
+ private:
+  const HostSaveOptions* host_save_;
 };
 
 }  // namespace ckpt::worker

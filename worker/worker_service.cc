@@ -70,7 +70,7 @@ WorkerService::WorkerService(MemoryRegistry* registry, CoordinatorLink* link, st
   RegisterPartExecutor(pb::OPERATION_LOAD, std::make_unique<LoadPartExecutor>(LoadEnvironment{
                                                link_, host_, &gloo_loop_thread_nice_, &stopping_,
                                                device_staging, &memory_tier_}));
-  RegisterPartExecutor(pb::OPERATION_RESHARD, std::make_unique<ReshardPartExecutor>());
+  RegisterPartExecutor(pb::OPERATION_RESHARD, std::make_unique<ReshardPartExecutor>(&host_save_));
   // Live transfer: this worker's part as a serving participant of another job's receive.
   RegisterPartExecutor(
       pb::OPERATION_RECEIVE,
