@@ -158,6 +158,15 @@ TEST(CkptctlS3Test, ImportExportDiffAndReshardTakeS3UrlsThroughPrivateCopies) {
   EXPECT_THAT(again.err, HasSubstr(s3 + "imported"));
   EXPECT_THAT(again.err, HasSubstr("--overwrite"));
   EXPECT_EQ(Ckptctl("import " + hf + " " + s3 + "imported --overwrite").code, 0);
+  // Safetensors and DCP files live in local directories only: a URL there is refused.
+  for (const std::string& cmd : {"export " + s3 + "imported " + s3 + "exported",
+                                 "export --to dcp " + s3 + "imported " + s3 + "exported",
+                                 "import " + s3 + "imported " + s3 + "again"}) {
+    Result refused = Ckptctl(cmd);
+    EXPECT_EQ(refused.code, 2) << cmd;
+    EXPECT_THAT(refused.err, HasSubstr("is an object-store URL")) << cmd;
+  }
+  EXPECT_FALSE(PathExists("s3:"));  // nothing written under the working directory
 
   // export from s3 writes what export from the directory writes; diff finds them identical.
   ASSERT_EQ(Ckptctl("copy " + local + " " + s3 + "step1").code, 0);

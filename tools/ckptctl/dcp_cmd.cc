@@ -117,6 +117,9 @@ int RunDcpImport(const ParsedArgs& a) {
     return Usage(cmd, std::string(s.message()));
   }
   if (a.positional.size() != 2) return Usage(cmd, "expected <dcp-dir> <checkpoint>");
+  if (absl::Status s = RequireLocal(a.positional[0], "source"); !s.ok()) {
+    return Usage(cmd, std::string(s.message()));
+  }
   if (absl::Status s = CheckValues(a); !s.ok()) return Usage(cmd, std::string(s.message()));
   auto dest = WritableCheckpoint::Create(a.positional[1], a.Has("overwrite"));  // s3:// too
   if (!dest.ok()) return Fail(cmd, dest.status());
@@ -139,6 +142,9 @@ int RunDcpExport(const ParsedArgs& a) {
     return Usage(cmd, std::string(s.message()));
   }
   if (a.positional.size() != 2) return Usage(cmd, "expected <checkpoint> <dcp-dir>");
+  if (absl::Status s = RequireLocal(a.positional[1], "output"); !s.ok()) {
+    return Usage(cmd, std::string(s.message()));
+  }
   if (absl::Status s = CheckValues(a); !s.ok()) return Usage(cmd, std::string(s.message()));
   auto source = ReadableCheckpoint::Open(a.positional[0]);  // s3:// via a local copy
   if (!source.ok()) return Fail(cmd, source.status());

@@ -353,6 +353,9 @@ int RunImport(const ParsedArgs& a) {
     return Usage(cmd, std::string(s.message()));
   }
   if (a.positional.size() != 2) return Usage(cmd, "expected <source> <checkpoint>");
+  if (absl::Status s = RequireLocal(a.positional[0], "source"); !s.ok()) {
+    return Usage(cmd, std::string(s.message()));
+  }
   WriteOptions wo;
   if (absl::Status s = IoFromFlags(a, &wo.io); !s.ok()) {
     return Usage(cmd, std::string(s.message()));
@@ -379,6 +382,9 @@ int RunExport(const ParsedArgs& a) {
     return Usage(cmd, std::string(s.message()));
   }
   if (a.positional.size() != 2) return Usage(cmd, "expected <checkpoint> <out>");
+  if (absl::Status s = RequireLocal(a.positional[1], "output"); !s.ok()) {
+    return Usage(cmd, std::string(s.message()));
+  }
   ExportOptions eo;
   absl::Status s = IoFromFlags(a, &eo.io);
   if (s.ok()) s = SizeFlag(a, "max-file-size", 1, &eo.max_file_bytes);

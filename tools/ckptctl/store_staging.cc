@@ -30,6 +30,14 @@ const char kStoreStagingHelp[] =
     "read from a URL, it is first copied (verified) into such a directory, so the command\n"
     "needs local disk for the whole checkpoint. The directory is removed afterwards.\n\n";
 
+absl::Status RequireLocal(const std::string& location, const std::string& what) {
+  if (!IsObjectStoreLocation(location)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("the ", what, " '", location,
+                   "' is an object-store URL; safetensors and DCP files are read and written "
+                   "only in local directories (only ckpt checkpoints live at s3:// URLs)"));
+}
+
 absl::StatusOr<std::unique_ptr<PrivateTempDir>> PrivateTempDir::Create(const std::string& purpose) {
   const char* tmp = std::getenv("TMPDIR");
   std::string pattern = JoinPath(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",

@@ -23,6 +23,11 @@ namespace ckpt::ckptctl {
 // What --help says about URLs (one paragraph, ending in a blank line).
 extern const char kStoreStagingHelp[];
 
+// OK unless `location` (a command's `what`: "source", "output") is an object-store
+// URL: files other than a ckpt checkpoint (safetensors, DCP) are read and written only in
+// local directories. InvalidArgument naming the URL otherwise.
+absl::Status RequireLocal(const std::string& location, const std::string& what);
+
 // A private directory under $TMPDIR (default /tmp), removed with its contents on destruction.
 class PrivateTempDir {
  public:
