@@ -34,16 +34,18 @@ def ranks(world, body, job, workers=None):
     return results
 
 
-def local_cluster(tmp_path_factory, num_workers, torch_job=None, check_exits=True):
+def local_cluster(tmp_path_factory, num_workers, torch_job=None, check_exits=True,
+                  **cluster_args):
     """Yields a ckpt.LocalCluster of `num_workers` workers under a fresh directory, for a
     module-scoped pytest fixture. With `torch_job`, the test process is also a one-rank gloo
     process group of that CKPT_JOB (as ckpt.torch expects), and ckpt.torch's client is shut down
-    before the workers. With `check_exits`, every daemon must have exited with code 0."""
+    before the workers. With `check_exits`, every daemon must have exited with code 0.
+    `cluster_args` go to ckpt.LocalCluster (e.g. coordinator_args)."""
     root = tmp_path_factory.mktemp("ckpt")
     if torch_job is not None:
         os.environ["CKPT_JOB"] = torch_job
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    with ckpt.LocalCluster(num_workers=num_workers, root=root) as c:
+    with ckpt.LocalCluster(num_workers=num_workers, root=root, **cluster_args) as c:
         yield c
         if torch_job is not None:
             ckpt.torch.shutdown()
