@@ -9,6 +9,9 @@ installs it), never a virtual environment:
     swift_server.py stop --dir DIR                  # SIGTERM, then SIGKILL, every server
     swift_server.py kill-proxy --dir DIR            # SIGKILL of the proxy only
     swift_server.py start-proxy --dir DIR           # the proxy back on its port, data kept
+    swift_server.py kill-server --dir DIR --server S   # SIGKILL of server S only (account,
+                                                       # container, object or proxy)
+    swift_server.py start-server --dir DIR --server S  # S back on its port, data kept
 
 `start` writes swift.conf (random hash path prefix and suffix), one-device rings for account,
 container and object, the three storage servers' confs (devices=DIR/srv, mount_check=false,
@@ -84,7 +87,11 @@ def proxy_conf(d, port, account, user, secret):
     filters = ["catch_errors", "gatekeeper", "healthcheck", "proxy-logging", "cache",
                "listing_formats", "copy", "slo", "dlo"]
     text = common_conf(d, port) + f"\n[pipeline:main]\npipeline = {PROXY_PIPELINE}\n"
-    text += "\n[app:proxy-server]\nuse = egg:swift#proxy\naccount_autocreate = true\n"
+    # No error limiting: Swift's proxy skips a node for 60 s once it has failed 10 requests, so
+    # a storage server killed and restarted by a test (kill-server, start-server) would still
+    # be answered with 503s for a minute; here it is used again as soon as it is back.
+    text += ("\n[app:proxy-server]\nuse = egg:swift#proxy\naccount_autocreate = true\n"
+             "error_suppression_limit = 1000000\n")
     entry = {"cache": "memcache"}  # egg entry points, where not the filter's name
     text += "".join(f"\n[filter:{f}]\nuse = egg:swift#{entry.get(f, f.replace('-', '_'))}\n"
                     for f in filters)
@@ -383,22 +390,34 @@ def stop(d, quiet=False):
         fail(d, f"processes {left} survived SIGKILL for 10 s")
 
 
-def kill_proxy(d):
+def kill_server(d, kind):
+    """SIGKILL of one server (account, container, object or proxy); the others keep running."""
     info = load(d)
-    if kill_and_wait([info["server_pids"]["proxy"]], signal.SIGKILL, time.monotonic() + 10):
-        fail(d, f"the proxy (pid {info['server_pids']['proxy']}) survived SIGKILL for 10 s")
+    pid = info["server_pids"][kind]
+    if kill_and_wait([pid], signal.SIGKILL, time.monotonic() + 10):
+        fail(d, f"the {kind} server (pid {pid}) survived SIGKILL for 10 s")
+
+
+def start_server(d, kind, timeout, owner):
+    """One server killed by kill_server back on its port and conf (data kept); returns once its
+    /healthcheck and a signed ListBuckets answer, and prints the JSON line `start` prints."""
+    deadline = time.monotonic() + timeout
+    info = load(d)
+    pid = info["server_pids"][kind]
+    if alive(pid):
+        fail(d, f"the {kind} server (pid {pid}) is still running")
+    info["server_pids"][kind] = spawn(d, [kind], owner or info.get("owner", 0), deadline)[kind]
+    record(d, info)
+    wait_ready(d, info, [kind], deadline)
+    save(d, info)
+
+
+def kill_proxy(d):
+    kill_server(d, "proxy")
 
 
 def start_proxy(d, timeout, owner):
-    deadline = time.monotonic() + timeout
-    info = load(d)
-    if alive(info["server_pids"]["proxy"]):
-        fail(d, f"the proxy (pid {info['server_pids']['proxy']}) is still running")
-    info["server_pids"]["proxy"] = spawn(d, ["proxy"], owner or info.get("owner", 0),
-                                           deadline)["proxy"]
-    record(d, info)
-    wait_ready(d, info, ["proxy"], deadline)
-    save(d, info)
+    start_server(d, "proxy", timeout, owner)
 
 
 def swift_installed():
@@ -414,12 +433,15 @@ def main():
         launch(sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5:])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["start", "stop", "kill-proxy", "start-proxy"])
+    parser.add_argument("command", choices=["start", "stop", "kill-proxy", "start-proxy",
+                                            "kill-server", "start-server"])
     parser.add_argument("--dir", required=True, help="the server's directory (created)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to be ready")
     parser.add_argument("--owner-pid", type=int, default=0,
                         help="the servers exit when this process does (0: they outlive it)")
     parser.add_argument("--bucket", default=None, help="start: also create this bucket")
+    parser.add_argument("--server", choices=SERVERS,
+                        help="kill-server, start-server: which server")
     args = parser.parse_args()
     d = os.path.abspath(args.dir)
     if not swift_installed():
@@ -432,8 +454,14 @@ def main():
         stop(d)
     elif args.command == "kill-proxy":
         kill_proxy(d)
-    else:
+    elif args.command == "start-proxy":
         start_proxy(d, args.timeout, args.owner_pid)
+    elif args.server is None:
+        parser.error(f"{args.command} needs --server ({', '.join(SERVERS)})")
+    elif args.command == "kill-server":
+        kill_server(d, args.server)
+    else:
+        start_server(d, args.server, args.timeout, args.owner_pid)
 
 
 if __name__ == "__main__":
