@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "common/store_url.h"
 #include "storage/manifest_codec.h"
 
 namespace ckpt {
@@ -149,12 +150,6 @@ Registry& TheRegistry() {
 
 }  // namespace
 
-std::string StoreScheme(absl::string_view url) {
-  const size_t colon = url.find("://");
-  if (colon == absl::string_view::npos || colon == 0) return "file";
-  return std::string(url.substr(0, colon));
-}
-
 void RegisterCheckpointStore(const std::string& scheme, CheckpointStoreFactory factory) {
   Registry& registry = TheRegistry();
   std::lock_guard<std::mutex> lock(registry.mu);
@@ -172,7 +167,7 @@ std::vector<std::string> RegisteredStoreSchemes() {
 }
 
 absl::StatusOr<CheckpointStore*> StoreForUrl(absl::string_view url) {
-  const std::string scheme = StoreScheme(url);
+  const std::string scheme = LocationScheme(url);
   std::vector<std::string> known = RegisteredStoreSchemes();
   Registry& registry = TheRegistry();
   std::lock_guard<std::mutex> lock(registry.mu);

@@ -194,9 +194,6 @@ class CheckpointStore {
 
 // --- the registry: stores by URL scheme ----------------------------------------------------
 
-// The scheme of `url`: the part before "://" ("s3" for "s3://b/p"), "file" for a plain path.
-std::string StoreScheme(absl::string_view url);
-
 // Makes the store of a scheme on first use (e.g. from the environment's credentials).
 using CheckpointStoreFactory = std::function<absl::StatusOr<std::unique_ptr<CheckpointStore>>()>;
 
@@ -205,7 +202,8 @@ using CheckpointStoreFactory = std::function<absl::StatusOr<std::unique_ptr<Chec
 // replaces the first (tests use that to point a scheme at a test server).
 void RegisterCheckpointStore(const std::string& scheme, CheckpointStoreFactory factory);
 
-// The store for `url`, made once per scheme and kept for the process. InvalidArgument naming
+// The store for `url` (by its scheme, LocationScheme of common/store_url.h: "file" for a plain
+// path, "/a/s3://b" too), made once per scheme and kept for the process. InvalidArgument naming
 // the URL and the registered schemes when none serves its scheme; the factory's error otherwise.
 absl::StatusOr<CheckpointStore*> StoreForUrl(absl::string_view url);
 

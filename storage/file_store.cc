@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "common/store_url.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/checkpoint_writer.h"
 #include "storage/file_util.h"
@@ -345,7 +346,7 @@ CheckpointStoreRegistration file_registration("file", []() { return MakeFileStor
 }  // namespace
 
 absl::StatusOr<std::string> FileStorePath(absl::string_view url) {
-  const std::string scheme = StoreScheme(url);
+  const std::string scheme = LocationScheme(url);
   if (scheme != "file") {
     return absl::InvalidArgumentError(
         absl::StrCat(url, " is not a filesystem path (its scheme is ", scheme, ")"));

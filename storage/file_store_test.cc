@@ -38,6 +38,19 @@ TEST(FileStoreTest, TheRegistryServesPlainPathsAndFileUrlsAndNamesUnknownSchemes
   EXPECT_THAT(unknown.status().message(), HasSubstr("registered: file"));
 }
 
+// A plain path that holds "://" further on is a path (LocationScheme, common/store_url.h), not a
+// URL of a scheme "/ckpts/s3": the registry serves it with the file store.
+TEST(FileStoreTest, APlainPathHoldingSchemeSeparatorIsTheFileStores) {
+  for (const std::string path : {"/ckpts/s3://bucket/a", "runs/s3://bucket/a", "./x://y"}) {
+    absl::StatusOr<CheckpointStore*> store = StoreForUrl(path);
+    ASSERT_TRUE(store.ok()) << path << ": " << store.status();
+    EXPECT_EQ((*store)->scheme(), "file") << path;
+    absl::StatusOr<std::string> local = FileStorePath(path);
+    ASSERT_TRUE(local.ok()) << path << ": " << local.status();
+    EXPECT_EQ(*local, path);
+  }
+}
+
 TEST(FileStoreTest, DeleteRefusesADirectoryThatIsNotACheckpointAndKeepsIt) {
   const std::string dir = JoinPath(TestDir("file-store-delete-other"), "notes");
   ASSERT_TRUE(MakeDir(dir).ok());

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/store_url.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "sharding/dtype.h"
@@ -284,7 +285,7 @@ int RunInspect(const std::vector<std::string>& args) {
   }
   const std::string& path = a.positional[0];
   const bool json = a.Has("json");
-  if (StoreScheme(path) != "file") {  // s3:// and other stores: the manifest through the store
+  if (IsObjectStoreLocation(path)) {  // s3:// and other stores: the manifest through the store
     absl::StatusOr<CheckpointStore*> store = StoreForUrl(path);
     if (!store.ok()) return Fail(cmd, store.status());
     auto stored = (*store)->Open(path, absl::Now() + absl::Minutes(5));
@@ -322,8 +323,8 @@ int RunVerify(const std::vector<std::string>& args) {
   IoOptions io;
   if (absl::Status s = IoFromFlags(a, &io); !s.ok()) return Usage(cmd, std::string(s.message()));
   // A directory is verified in place; any other store (s3://) through its store.
-  auto report = StoreScheme(a.positional[0]) == "file" ? VerifyCheckpoint(a.positional[0], io)
-                                                       : VerifyStoredCheckpoint(a.positional[0]);
+  auto report = !IsObjectStoreLocation(a.positional[0]) ? VerifyCheckpoint(a.positional[0], io)
+                                                        : VerifyStoredCheckpoint(a.positional[0]);
   if (!report.ok()) return Fail(cmd, report.status());
   for (const std::string& p : report->problems) {
     std::fprintf(stderr, "ckptctl verify: %s\n", p.c_str());
