@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/store_url.h"
 #include "proto/manifest.pb.h"
 #include "sharding/region.h"
 #include "storage/checkpoint_reader.h"
@@ -135,6 +136,8 @@ bool IsDcpCheckpointDir(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<TensorSource>> OpenTensorSource(const std::string& path,
                                                                const IoOptions& io) {
+  // A checkpoint in an object store is read in place (ranged GETs: CheckpointReader).
+  if (IsObjectStoreLocation(path)) return CkptSource::Open(path, io);
   if (!PathExists(path)) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
   if (IsCkptCheckpointDir(path)) return CkptSource::Open(path, io);
   if (IsDcpCheckpointDir(path)) {

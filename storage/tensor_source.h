@@ -1,7 +1,8 @@
 // Read-only access to the tensors of a checkpoint of any format ckpt reads natively, by ranges
 // of each tensor's row-major elements, so tools (ckptctl diff) can walk two checkpoints in
 // bounded memory without caring how either one is sharded or stored:
-//   - a ckpt checkpoint (a directory with manifest.pb): any layout; ranges are assembled from
+//   - a ckpt checkpoint (a directory with manifest.pb, or an object-store URL, s3://, read in
+//     place with ranged GETs): any layout; ranges are assembled from
 //     the overlapping pieces with checksums verified (CheckpointReader::ReadRegion);
 //   - safetensors: a .safetensors file, a directory of them, or a model.safetensors.index.json
 //     (the sources `ckptctl import` accepts); ranges are byte ranges of the files.
@@ -39,10 +40,10 @@ class TensorSource {
 bool IsCkptCheckpointDir(const std::string& path);
 bool IsDcpCheckpointDir(const std::string& path);
 
-// Opens `path` as a ckpt checkpoint (directory with manifest.pb) or as safetensors (file,
-// directory of *.safetensors, index .json). A directory that is neither is InvalidArgument
-// saying what was looked for; a DCP directory (".metadata") is Unimplemented here (DCP is read
-// by python/ckpt/interop/dcp.py).
+// Opens `path` as a ckpt checkpoint (directory with manifest.pb, or at an object-store URL) or
+// as safetensors (file, directory of *.safetensors, index .json). A directory that is neither is
+// InvalidArgument saying what was looked for; a DCP directory (".metadata") is Unimplemented here
+// (DCP is read by python/ckpt/interop/dcp.py).
 absl::StatusOr<std::unique_ptr<TensorSource>> OpenTensorSource(const std::string& path,
                                                                const IoOptions& io);
 

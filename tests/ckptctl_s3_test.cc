@@ -1,13 +1,14 @@
 // ckptctl against s3:// on a real one-node Swift with s3api (storage/s3/testing), as a user runs
 // it: credentials, region and endpoint in the standard AWS environment variables; copy a
 // directory checkpoint up, inspect and verify it there, catch a tampered object, copy it back;
-// import to, export from, diff and reshard with s3:// URLs.
+// import to, export from (read in place), diff (in place) and reshard with s3:// URLs.
 #include <sys/stat.h>
 
 #include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -51,6 +52,27 @@ absl::StatusOr<std::unique_ptr<S3TestServer>> StartWithBucket() {
   return server;
 }
 
+// Flips one byte in the data of the first piece of the checkpoint committed under `prefix` (a
+// key prefix of kBucket) whose directory copy is `local`; returns that piece and the URL of its
+// data object.
+std::pair<pb::StoredPiece, std::string> TamperFirstPiece(S3Client& client,
+                                                         const std::string& prefix,
+                                                         const std::string& local) {
+  const std::string manifest_key = prefix + "/manifest.pb";
+  std::string manifest_bytes(*client.HeadObject(kBucket, manifest_key, Deadline()), '\0');
+  EXPECT_TRUE(
+      client.GetObjectRange(kBucket, manifest_key, 0, absl::MakeSpan(manifest_bytes), Deadline())
+          .ok());
+  const pb::Manifest manifest = *ParseManifest(manifest_bytes, manifest_key);
+  const pb::StoredPiece& piece = manifest.pieces(0);
+  const std::string key =
+      absl::StrCat(prefix, "/", manifest.object_generation(), "/", piece.file());
+  std::string object = *ReadWholeFile(JoinPath(local, piece.file()), 1 << 30);
+  object[piece.byte_offset() + 10] ^= 1;
+  EXPECT_TRUE(client.PutObject(kBucket, key, object, Deadline()).ok());
+  return {piece, absl::StrCat("s3://", kBucket, "/", key)};
+}
+
 TEST(CkptctlS3Test, CopyInspectVerifyAndBackThroughTheAwsEnvironment) {
   absl::StatusOr<std::unique_ptr<S3TestServer>> server = StartWithBucket();
   ASSERT_TRUE(server.ok()) << server.status();
@@ -88,18 +110,7 @@ TEST(CkptctlS3Test, CopyInspectVerifyAndBackThroughTheAwsEnvironment) {
   EXPECT_EQ(Ckptctl("diff " + local + " " + JoinPath(dir, "back")).code, 0);
 
   // One flipped byte in a data object: verify names the piece; a copy refuses it.
-  const std::string manifest_key = "runs/step1/manifest.pb";
-  std::string manifest_bytes(*client->HeadObject(kBucket, manifest_key, Deadline()), '\0');
-  ASSERT_TRUE(
-      client->GetObjectRange(kBucket, manifest_key, 0, absl::MakeSpan(manifest_bytes), Deadline())
-          .ok());
-  const pb::Manifest manifest = *ParseManifest(manifest_bytes, manifest_key);
-  const pb::StoredPiece& piece = manifest.pieces(0);
-  const std::string key =
-      absl::StrCat("runs/step1/", manifest.object_generation(), "/", piece.file());
-  std::string object = *ReadWholeFile(JoinPath(local, piece.file()), 1 << 30);
-  object[piece.byte_offset() + 10] ^= 1;
-  ASSERT_TRUE(client->PutObject(kBucket, key, object, Deadline()).ok());
+  const pb::StoredPiece piece = TamperFirstPiece(*client, "runs/step1", local).first;
   Result bad = Ckptctl("verify " + url);
   EXPECT_EQ(bad.code, 1);
   EXPECT_THAT(bad.err, HasSubstr("checksum mismatch"));
@@ -116,10 +127,13 @@ TEST(CkptctlS3Test, CopyInspectVerifyAndBackThroughTheAwsEnvironment) {
   EXPECT_THAT(denied.err, Not(HasSubstr("wrong-secret-987654321")));
 }
 
-// The offline commands that write (import, also from DCP; reshard) or read (export, also to
-// DCP; diff; reshard) a whole
-// checkpoint take s3:// URLs through a private local copy under $TMPDIR, removed afterwards.
-TEST(CkptctlS3Test, ImportExportDiffAndReshardTakeS3UrlsThroughPrivateCopies) {
+// The offline commands that read a checkpoint (export, diff, in-process reshard's source) read
+// an s3:// URL in place: run with a $TMPDIR that does not exist (where the earlier private local
+// copies failed to be made), they give what the directory gives, and a tampered object is an
+// error naming it. Those that write one (import, also from DCP; reshard's destination) and
+// export --to dcp (its converter opens files by path) go through a private local copy under
+// $TMPDIR, removed afterwards.
+TEST(CkptctlS3Test, ReadSideCommandsReadS3InPlaceAndWritesGoThroughPrivateCopies) {
   absl::StatusOr<std::unique_ptr<S3TestServer>> server = StartWithBucket();
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string dir = ckpt::testing::FreshDir("ckptctl-s3-offline");
@@ -168,16 +182,36 @@ TEST(CkptctlS3Test, ImportExportDiffAndReshardTakeS3UrlsThroughPrivateCopies) {
   }
   EXPECT_FALSE(PathExists("s3:"));  // nothing written under the working directory
 
-  // export from s3 writes what export from the directory writes; diff finds them identical.
+  // export from s3 writes what export from the directory writes; diff finds them identical;
+  // reshard from s3 to a directory holds the same tensors: none of them touches $TMPDIR.
   ASSERT_EQ(Ckptctl("copy " + local + " " + s3 + "step1").code, 0);
-  Result exported = Ckptctl("export " + s3 + "step1 " + JoinPath(dir, "hf-from-s3"));
+  const std::string no_tmp = JoinPath(dir, "no-such-tmp");  // never created
+  auto in_place = [&](const std::string& cmd) {
+    ::setenv("TMPDIR", no_tmp.c_str(), 1);
+    Result r = Ckptctl(cmd);
+    ::setenv("TMPDIR", tmp.c_str(), 1);
+    return r;
+  };
+  const std::string layout = JoinPath(dir, "tp2.json");
+  ASSERT_TRUE(WriteFileAtomically(layout,
+                                  "{\"world_size\": 2, \"mesh\": {\"tp\": 2}, \"rules\": "
+                                  "[{\"match\": \"*\", \"placements\": [\"Shard(0)\"]}]}")
+                  .ok());
+  Result exported = in_place("export " + s3 + "step1 " + JoinPath(dir, "hf-from-s3"));
   ASSERT_EQ(exported.code, 0) << exported.err;
   EXPECT_EQ(*ReadWholeFile(JoinPath(dir, "hf-from-s3/model.safetensors"), 1 << 20),
             *ReadWholeFile(JoinPath(hf, "model.safetensors"), 1 << 20));
-  Result diff = Ckptctl("diff " + local + " " + s3 + "step1");
+  Result diff = in_place("diff " + local + " " + s3 + "step1");
   ASSERT_EQ(diff.code, 0) << diff.out << diff.err;
   EXPECT_THAT(diff.out, HasSubstr("identical"));
-  EXPECT_EQ(Ckptctl("diff " + s3 + "imported " + s3 + "step1").code, 0);
+  EXPECT_THAT(diff.out, HasSubstr("B: ckpt checkpoint " + s3 + "step1"));
+  Result both = in_place("diff " + s3 + "imported " + s3 + "step1");
+  EXPECT_EQ(both.code, 0) << both.out << both.err;
+  const std::string tp2_dir = JoinPath(dir, "tp2-dir");
+  Result to_dir = in_place("reshard " + s3 + "step1 " + tp2_dir + " --layout " + layout);
+  ASSERT_EQ(to_dir.code, 0) << to_dir.err;
+  EXPECT_EQ(Ckptctl("diff " + local + " " + tp2_dir).code, 0);
+  EXPECT_FALSE(PathExists(no_tmp));
   EXPECT_TRUE(tmp_is_empty());
 
   // DCP both ways: export --to dcp from s3, import --from dcp into s3; the same tensors.
@@ -189,11 +223,6 @@ TEST(CkptctlS3Test, ImportExportDiffAndReshardTakeS3UrlsThroughPrivateCopies) {
   EXPECT_EQ(Ckptctl("diff " + local + " " + s3 + "from-dcp").code, 0);
 
   // Offline reshard from s3 to s3: the destination holds the layout's pieces, same tensors.
-  const std::string layout = JoinPath(dir, "tp2.json");
-  ASSERT_TRUE(WriteFileAtomically(layout,
-                                  "{\"world_size\": 2, \"mesh\": {\"tp\": 2}, \"rules\": "
-                                  "[{\"match\": \"*\", \"placements\": [\"Shard(0)\"]}]}")
-                  .ok());
   Result reshard = Ckptctl("reshard " + s3 + "step1 " + s3 + "tp2 --layout " + layout);
   ASSERT_EQ(reshard.code, 0) << reshard.err;
   Result resharded = Ckptctl("inspect " + s3 + "tp2 --json");
@@ -212,6 +241,20 @@ TEST(CkptctlS3Test, ImportExportDiffAndReshardTakeS3UrlsThroughPrivateCopies) {
   }
   EXPECT_FALSE(PathExists(JoinPath(dir, "never")));
   EXPECT_TRUE(tmp_is_empty());
+
+  // One flipped byte in a data object: each read-side command fails naming the object.
+  std::unique_ptr<S3Client> client = *S3Client::Create((*server)->ClientOptions());
+  const auto [piece, object_url] = TamperFirstPiece(*client, "offline/step1", local);
+  for (const std::string& cmd :
+       {"export " + s3 + "step1 " + JoinPath(dir, "hf-bad"), "diff " + local + " " + s3 + "step1",
+        "reshard " + s3 + "step1 " + JoinPath(dir, "tp2-bad") + " --layout " + layout}) {
+    Result bad = in_place(cmd);
+    EXPECT_NE(bad.code, 0) << cmd;
+    EXPECT_THAT(bad.err, HasSubstr(object_url)) << cmd;
+    EXPECT_THAT(bad.err, HasSubstr("checksum mismatch")) << cmd;
+  }
+  EXPECT_FALSE(PathExists(JoinPath(dir, "tp2-bad")));
+  EXPECT_FALSE(PathExists(no_tmp));
 }
 
 TEST(CkptctlS3Test, GcRemovesACrashedWritesLeftoversAndKeepsTheCommittedCheckpoint) {

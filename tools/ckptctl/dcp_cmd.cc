@@ -146,7 +146,8 @@ int RunDcpExport(const ParsedArgs& a) {
     return Usage(cmd, std::string(s.message()));
   }
   if (absl::Status s = CheckValues(a); !s.ok()) return Usage(cmd, std::string(s.message()));
-  auto source = ReadableCheckpoint::Open(a.positional[0]);  // s3:// via a local copy
+  // The converter opens data files by path: an s3:// checkpoint is first copied locally.
+  auto source = ReadableCheckpoint::Open(a.positional[0]);
   if (!source.ok()) return Fail(cmd, source.status());
   std::vector<std::string> out = {"export", (*source)->path(), a.positional[1]};
   PassOn(a, {"layout", "workers", "memory-budget", "max-file-size"}, &out);

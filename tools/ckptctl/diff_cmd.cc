@@ -20,7 +20,6 @@
 #include "tools/ckptctl/cli_args.h"
 #include "tools/ckptctl/commands.h"
 #include "tools/ckptctl/dcp_bridge.h"
-#include "tools/ckptctl/store_staging.h"
 
 namespace ckpt::ckptctl {
 namespace {
@@ -33,8 +32,8 @@ constexpr char kDescription[] =
     "checkpoint (any sharding), safetensors (a file, a directory of them, or an index .json)\n"
     "or a PyTorch DCP / torch_dist directory (.metadata; first imported into a temporary ckpt\n"
     "checkpoint under $TMPDIR, see ckptctl import --help), or a ckpt checkpoint at an s3:// URL\n"
-    "(first copied, verified, into a private temporary directory under $TMPDIR, removed\n"
-    "afterwards: local disk for the whole checkpoint). Reports keys only in A or only in\n"
+    "(read in place: ranged GETs of the bytes compared, checksums verified, nothing written to\n"
+    "local disk). Reports keys only in A or only in\n"
     "B, dtype and shape differences, and for tensors whose elements differ (bit for bit: -0.0\n"
     "differs from 0.0, NaNs compare by their bits) the count, the first differing element\n"
     "with its index and both values, and for floats the largest finite |a - b|. Both sides\n"
@@ -106,18 +105,12 @@ void PrintCapped(const std::vector<std::string>& lines, int64_t max) {
 // temporary checkpoint, kept in *imports until the comparison ends.
 absl::StatusOr<std::unique_ptr<TensorSource>> OpenSide(
     const std::string& label, std::string path, int64_t budget, const IoOptions& io,
-    std::vector<std::unique_ptr<TemporaryImport>>* imports,
-    std::vector<std::unique_ptr<ReadableCheckpoint>>* fetched) {
+    std::vector<std::unique_ptr<TemporaryImport>>* imports) {
   auto prefixed = [&](const absl::Status& s) {
     return absl::Status(s.code(), absl::StrCat(label, ": ", s.message()));
   };
-  if (IsObjectStoreLocation(path)) {  // s3://: compared through a verified local copy
-    auto copy = ReadableCheckpoint::Open(path);
-    if (!copy.ok()) return prefixed(copy.status());
-    path = (*copy)->path();
-    fetched->push_back(std::move(*copy));
-  }
-  if (IsDcpCheckpointDir(path)) {
+  // An s3:// side is read in place by OpenTensorSource (CheckpointReader's ranged GETs).
+  if (!IsObjectStoreLocation(path) && IsDcpCheckpointDir(path)) {
     auto imported = ImportDcpTemporarily(path, budget);
     if (!imported.ok()) return prefixed(imported.status());
     path = (*imported)->path();
@@ -194,10 +187,9 @@ int Diff(const std::vector<std::string>& args) {
 
   // DCP sides are imported into temporary ckpt checkpoints first (removed on return).
   std::vector<std::unique_ptr<TemporaryImport>> imports;
-  std::vector<std::unique_ptr<ReadableCheckpoint>> fetched;  // s3:// sides, removed on return
   std::vector<std::unique_ptr<TensorSource>> sides;
   for (int i = 0; i < 2; ++i) {
-    auto side = OpenSide(i == 0 ? "A" : "B", a.positional[i], budget, io, &imports, &fetched);
+    auto side = OpenSide(i == 0 ? "A" : "B", a.positional[i], budget, io, &imports);
     if (!side.ok()) {
       std::fprintf(stderr, "ckptctl diff: %s\n", std::string(side.status().message()).c_str());
       return 2;

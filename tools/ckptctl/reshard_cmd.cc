@@ -113,14 +113,13 @@ int RunLocalReshard(const ParsedArgs& a, const OfflineReshardOptions& options) {
   absl::StatusOr<LayoutSpec> layout = LayoutSpec::FromFile(a.Get("layout"));
   if (!layout.ok()) return Fail(kCmd, layout.status());
   const auto t0 = std::chrono::steady_clock::now();
-  // s3:// source and destination through private local copies (tools/ckptctl/store_staging.h).
-  auto source = ReadableCheckpoint::Open(a.positional[0]);
-  if (!source.ok()) return Fail(kCmd, source.status());
+  // An s3:// source is read in place (CheckpointReader: ranged GETs); an s3:// destination is
+  // written to a private local directory, then copied up (tools/ckptctl/store_staging.h).
   auto dest = WritableCheckpoint::Create(a.positional[1], options.overwrite);
   if (!dest.ok()) return Fail(kCmd, dest.status());
   absl::StatusOr<OfflineReshardStats> stats =
-      OfflineReshard((*source)->path(), (*dest)->path(), *layout, options);
-  if (!stats.ok()) return Fail(kCmd, (*source)->Annotate(stats.status()));
+      OfflineReshard(a.positional[0], (*dest)->path(), *layout, options);
+  if (!stats.ok()) return Fail(kCmd, stats.status());
   if (absl::Status s = (*dest)->Publish(); !s.ok()) return Fail(kCmd, s);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -146,9 +145,10 @@ const CommandSpec& ReshardSpec() {
       "the coordinator commits. --memory-budget is then per rank; --threads, --direct-io,\n"
       "--no-uring and --no-verify apply only in-process; --max-workers, --timeout and the TLS\n"
       "flags only on a cluster.\n\n"
-      "In-process, <src> and <dst> may be s3:// URLs: a URL <src> is first copied (verified)\n"
-      "into a private temporary directory under $TMPDIR and a URL <dst> is written there, then\n"
-      "copied up verified and committed by the store (local disk for the whole checkpoint).\n"
+      "In-process, <src> and <dst> may be s3:// URLs: a URL <src> is read in place (ranged\n"
+      "GETs of the spans needed, nothing written to local disk); a URL <dst> is written to a\n"
+      "private temporary directory under $TMPDIR, then copied up verified and committed by the\n"
+      "store (local disk for the whole destination checkpoint).\n"
       "On a cluster, URLs go to the coordinator as given.\n",
       With(With({{"layout", "FILE", "target layout (JSON), required"},
                  {"overwrite", "",

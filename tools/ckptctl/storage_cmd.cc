@@ -407,10 +407,9 @@ int RunExport(const ParsedArgs& a) {
     if (!mapping.ok()) return Fail(cmd, mapping.status());
     eo.rename = *std::move(mapping);
   }
-  auto source = ReadableCheckpoint::Open(a.positional[0]);  // s3:// via a local copy
-  if (!source.ok()) return Fail(cmd, source.status());
-  auto files = ExportCheckpoint((*source)->path(), a.positional[1], eo);
-  if (!files.ok()) return Fail(cmd, (*source)->Annotate(files.status()));
+  // An s3:// checkpoint is read in place (CheckpointReader: ranged GETs, checksums verified).
+  auto files = ExportCheckpoint(a.positional[0], a.positional[1], eo);
+  if (!files.ok()) return Fail(cmd, files.status());
   for (const std::string& f : *files) std::printf("wrote %s\n", f.c_str());
   return 0;
 }

@@ -25,10 +25,12 @@ absl::Status Named(const absl::Status& s, absl::string_view what) {
 
 const char kStoreStagingHelp[] =
     "A checkpoint may be an object-store URL (s3://bucket/prefix; credentials and endpoint from\n"
-    "the standard AWS environment). Written to a URL, the checkpoint is produced in a private\n"
-    "temporary directory under $TMPDIR, then copied up verified and committed by the store;\n"
-    "read from a URL, it is first copied (verified) into such a directory, so the command\n"
-    "needs local disk for the whole checkpoint. The directory is removed afterwards.\n\n";
+    "the standard AWS environment). Read from a URL, it is read in place (ranged GETs of the\n"
+    "bytes needed, checksums verified; nothing written to local disk), except by export --to\n"
+    "dcp, whose converter opens files by path: that first copies it (verified) into a private\n"
+    "temporary directory under $TMPDIR (local disk for the whole checkpoint). Written to a URL,\n"
+    "the checkpoint is produced in a private temporary directory under $TMPDIR, then copied up\n"
+    "verified and committed by the store. The directories are removed afterwards.\n\n";
 
 absl::Status RequireLocal(const std::string& location, const std::string& what) {
   if (!IsObjectStoreLocation(location)) return absl::OkStatus();
@@ -53,7 +55,6 @@ PrivateTempDir::~PrivateTempDir() { RemoveTree(path_).IgnoreError(); }
 absl::StatusOr<std::unique_ptr<ReadableCheckpoint>> ReadableCheckpoint::Open(
     const std::string& location) {
   auto out = std::make_unique<ReadableCheckpoint>();
-  out->location_ = location;
   if (!IsObjectStoreLocation(location)) {
     out->path_ = location;
     return out;
@@ -68,11 +69,6 @@ absl::StatusOr<std::unique_ptr<ReadableCheckpoint>> ReadableCheckpoint::Open(
                  absl::StrCat("fetching ", location, " into a temporary directory"));
   }
   return out;
-}
-
-absl::Status ReadableCheckpoint::Annotate(const absl::Status& s) const {
-  if (temp_ == nullptr || s.ok()) return s;
-  return Named(s, absl::StrCat(location_, " (read from its local copy ", path_, ")"));
 }
 
 absl::StatusOr<std::unique_ptr<WritableCheckpoint>> WritableCheckpoint::Create(

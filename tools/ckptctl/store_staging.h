@@ -1,12 +1,15 @@
-// ckptctl's offline commands (import, export, diff, reshard) on object-store URLs
-// (s3://bucket/prefix), through a private local copy:
-//   - a command that writes a checkpoint to a URL produces it in a private temporary directory
-//     with the code that writes directories, then CopyCheckpoint (storage/checkpoint_copy.h)
-//     streams it to the URL, verifying every byte against its checksum; the store's own commit
-//     protocol (the manifest last) makes it visible, or nothing is;
-//   - a command that reads a checkpoint at a URL first copies it (verified) into a private
-//     temporary directory and reads that. This needs local disk for the whole checkpoint; it
-//     stands until storage/checkpoint_reader reads URLs itself.
+// ckptctl's offline commands on object-store URLs (s3://bucket/prefix):
+//   - a command that reads a checkpoint at a URL (export, diff, reshard's source, inspect,
+//     verify) reads it in place through storage/checkpoint_reader.h (ranged GETs of the bytes
+//     it needs, checksums verified), with no local copy; the one exception is export --to dcp,
+//     whose converter (python/ckpt/interop/dcp.py) opens the data files by path: it first copies
+//     the checkpoint (verified) into a private temporary directory (ReadableCheckpoint below),
+//     local disk for the whole checkpoint;
+//   - a command that writes a checkpoint to a URL (import, reshard's destination) produces it in
+//     a private temporary directory with the code that writes directories, then CopyCheckpoint
+//     (storage/checkpoint_copy.h) streams it to the URL, verifying every byte against its
+//     checksum; the store's own commit protocol (the manifest last) makes it visible, or nothing
+//     is.
 // The temporary directories (mkdtemp under $TMPDIR, mode 0700) are removed when the objects
 // below are destroyed, on success and on error. A directory location is used as it is.
 #ifndef CKPT_TOOLS_CKPTCTL_STORE_STAGING_H_
@@ -43,20 +46,17 @@ class PrivateTempDir {
   std::string path_;
 };
 
-// A checkpoint to read: a directory as it is, or a URL's checkpoint copied into a private
-// temporary directory (kept until this is destroyed).
+// A checkpoint to read by path (only export --to dcp needs one): a directory as it is, or a
+// URL's checkpoint copied into a private temporary directory (kept until this is destroyed).
 class ReadableCheckpoint {
  public:
   // Errors name `location`: NotFound when no committed checkpoint is there.
   static absl::StatusOr<std::unique_ptr<ReadableCheckpoint>> Open(const std::string& location);
   // The local directory to read.
   const std::string& path() const { return path_; }
-  // `s` as it is for a directory; for a URL, naming the URL and its local copy.
-  absl::Status Annotate(const absl::Status& s) const;
 
  private:
   std::unique_ptr<PrivateTempDir> temp_;
-  std::string location_;
   std::string path_;
 };
 
