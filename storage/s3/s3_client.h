@@ -5,6 +5,7 @@
 #define CKPT_STORAGE_S3_S3_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,13 +20,32 @@
 
 namespace ckpt {
 
+// One failed attempt about to be retried, as S3RetryPolicy::on_retry sees it.
+struct S3RetryEvent {
+  const char* op = "";       // the S3 operation ("PutObject", "UploadPart", "GetObject", ...)
+  absl::string_view bucket;  // valid during the callback only
+  absl::string_view key;     // empty for a bucket operation
+  int attempt = 0;           // the attempt that failed, from 1
+  int http_status = 0;       // its HTTP status (503, ...); 0 when no answer came
+  int curl_code = 0;         // its CURLcode when no answer came (CURLE_COULDNT_CONNECT, ...)
+  absl::string_view error;   // the attempt's error message (names the op, bucket and key)
+  absl::Duration backoff;    // the sleep that follows, before attempt + 1
+};
+
 // When and how often a failed request is tried again: 5xx, SlowDown and connection errors
 // are retried up to `max_attempts` in all, sleeping uniform(0, min(max_backoff,
-// initial_backoff * 2^retry)) between tries, never past the call's deadline.
+// initial_backoff * 2^retry)) between tries, never past the call's deadline. A call ends
+// early when its deadline passes or leaves no room for the next backoff: with the last
+// attempt's Unavailable (saying the deadline cut the retries) once any attempt failed so,
+// DeadlineExceeded when none was made.
 struct S3RetryPolicy {
   int max_attempts = 8;
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(10);
+  // When set, called before each backoff sleep (never when the call gives up instead), on the
+  // calling thread: for retry logging or metrics. Calls of one client may run it concurrently,
+  // so it must be thread-safe, quick, and not call the client. Unset costs nothing.
+  std::function<void(const S3RetryEvent&)> on_retry;
 };
 
 // Where the server is, who we are and how to talk to it.

@@ -183,27 +183,46 @@ void HttpPool::Release(void* handle) {
 }
 
 absl::StatusOr<HttpResponse> HttpPool::Send(const HttpRequest& req, absl::Time deadline) {
+  const S3RetryPolicy& policy = options_.retry;
+  const int max_attempts = std::max(1, policy.max_attempts);
   absl::BitGen gen;
-  absl::Status last;
+  absl::Status last;  // the last retryable failure
+  const char* cut = "";
   int attempt = 0;
-  for (; attempt < std::max(1, options_.retry.max_attempts); ++attempt) {
-    if (attempt > 0) {
-      const absl::Duration wait = Backoff(options_.retry, attempt - 1, gen);
-      if (absl::Now() + wait >= deadline) break;
-      absl::SleepFor(wait);
+  while (attempt < max_attempts) {
+    Outcome outcome;
+    absl::StatusOr<HttpResponse> resp = SendOnce(req, deadline, &outcome);
+    ++attempt;
+    if (resp.ok()) return resp;
+    // The deadline cutting a storm short is the storm's error, not the deadline's.
+    if (absl::IsDeadlineExceeded(resp.status()) && !last.ok()) {
+      cut = ": the deadline passed during the last";
+      break;
     }
-    bool retryable = false;
-    absl::StatusOr<HttpResponse> resp = SendOnce(req, deadline, &retryable);
-    if (resp.ok() || !retryable) return resp;
+    if (!outcome.retryable) return resp;
     last = resp.status();
-  }
-  if (last.ok()) {
-    return absl::DeadlineExceededError(absl::StrCat("S3 ", req.op, " ",
-                                                    ObjectName(req.bucket, req.key),
-                                                    ": the deadline passed before the request"));
+    if (attempt == max_attempts) break;
+    const absl::Duration wait = Backoff(policy, attempt - 1, gen);
+    if (absl::Now() + wait >= deadline) {
+      cut = ": the next backoff would pass the deadline";
+      break;
+    }
+    if (policy.on_retry) {
+      S3RetryEvent event;
+      event.op = req.op;
+      event.bucket = req.bucket;
+      event.key = req.key;
+      event.attempt = attempt;
+      event.http_status = outcome.http_status;
+      event.curl_code = outcome.curl_code;
+      event.error = last.message();
+      event.backoff = wait;
+      policy.on_retry(event);
+    }
+    absl::SleepFor(wait);
   }
   return absl::Status(last.code(), absl::StrCat(last.message(), " (gave up after ", attempt,
-                                                attempt == 1 ? " attempt" : " attempts", ")"));
+                                                attempt == 1 ? " attempt" : " attempts", cut, ")"));
 }
 
 namespace {
@@ -267,8 +286,9 @@ absl::StatusOr<curl_slist*> Configure(const S3ClientOptions& o, const HttpReques
 }  // namespace
 
 absl::StatusOr<HttpResponse> HttpPool::SendOnce(const HttpRequest& req, absl::Time deadline,
-                                                bool* retryable) {
-  *retryable = false;
+                                                Outcome* outcome) {
+  *outcome = Outcome();
+  bool* retryable = &outcome->retryable;
   const absl::Duration remaining = deadline - absl::Now();
   const std::string name = ObjectName(req.bucket, req.key);
   if (remaining <= absl::ZeroDuration()) {
@@ -294,6 +314,7 @@ absl::StatusOr<HttpResponse> HttpPool::SendOnce(const HttpRequest& req, absl::Ti
                                             " bytes requested"));
   }
   if (rc != CURLE_OK) {
+    outcome->curl_code = static_cast<int>(rc);
     // The whole-transfer timeout is the deadline (curl's timer may fire a little early); an
     // earlier timeout is the connect timeout, retried.
     const bool timed_out =
@@ -305,6 +326,7 @@ absl::StatusOr<HttpResponse> HttpPool::SendOnce(const HttpRequest& req, absl::Ti
     return absl::UnavailableError(what);
   }
   if (t.resp.status / 100 != 2) {
+    outcome->http_status = static_cast<int>(t.resp.status);
     return HttpError(req, t.resp, options_.credentials.access_key_id, retryable);
   }
   return std::move(t.resp);

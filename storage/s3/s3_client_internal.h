@@ -62,8 +62,14 @@ class HttpPool {
   struct Attempt;
   void* Acquire();
   void Release(void* handle);
+  // What a failed attempt was: whether to retry it, and its HTTP status or CURLcode.
+  struct Outcome {
+    bool retryable = false;
+    int http_status = 0;
+    int curl_code = 0;
+  };
   absl::StatusOr<HttpResponse> SendOnce(const HttpRequest& req, absl::Time deadline,
-                                        bool* retryable);
+                                        Outcome* outcome);
 
   const S3ClientOptions& options_;
   std::mutex mu_;

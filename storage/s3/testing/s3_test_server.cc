@@ -287,36 +287,41 @@ void S3TestServer::ExportAwsEnvironment() const {
   ::unsetenv("AWS_PROFILE");
 }
 
-absl::Status S3TestServer::KillProxy() {
+absl::Status S3TestServer::KillServer(absl::string_view server) {
   absl::StatusOr<ScriptResult> ran =
-      RunScript(script_, {"kill-proxy", "--dir", dir_ + "/swift"}, absl::Now() + kStopTimeout);
+      RunScript(script_, {"kill-server", "--dir", dir_ + "/swift", "--server", std::string(server)},
+                absl::Now() + kStopTimeout);
   if (!ran.ok()) {
     return absl::Status(ran.status().code(),
-                        absl::StrCat("S3TestServer::KillProxy: ", ran.status().message(),
-                                     " (logs: ", log_dir_, ")"));
+                        absl::StrCat("S3TestServer::KillServer(", server,
+                                     "): ", ran.status().message(), " (logs: ", log_dir_, ")"));
   }
   return absl::OkStatus();
 }
 
-absl::Status S3TestServer::RestartProxy() {
+absl::Status S3TestServer::RestartServer(absl::string_view server) {
   const absl::Duration timeout = absl::Seconds(60);
   absl::StatusOr<ScriptResult> ran =
       RunScript(script_,
-                {"start-proxy", "--dir", dir_ + "/swift", "--timeout", "55", "--owner-pid",
-                 absl::StrCat(::getpid())},
+                {"start-server", "--dir", dir_ + "/swift", "--server", std::string(server),
+                 "--timeout", "55", "--owner-pid", absl::StrCat(::getpid())},
                 absl::Now() + timeout);
+  const std::string what = absl::StrCat("S3TestServer::RestartServer(", server, ")");
   absl::StatusOr<ServerInfo> info =
-      ran.ok() ? ParseInfo(ran->out, "swift_server.py start-proxy") : ran.status();
+      ran.ok() ? ParseInfo(ran->out, "swift_server.py start-server") : ran.status();
   if (!info.ok()) {
-    return absl::Status(info.status().code(),
-                        absl::StrCat("S3TestServer::RestartProxy: ", info.status().message(),
-                                     " (logs: ", log_dir_, ")"));
+    return absl::Status(info.status().code(), absl::StrCat(what, ": ", info.status().message(),
+                                                           " (logs: ", log_dir_, ")"));
   }
   if (info->endpoint != endpoint_) {
-    return absl::InternalError(absl::StrCat("S3TestServer::RestartProxy: the proxy came back at ",
-                                            info->endpoint, ", not ", endpoint_));
+    return absl::InternalError(
+        absl::StrCat(what, ": the proxy is at ", info->endpoint, ", not ", endpoint_));
   }
   return absl::OkStatus();
 }
+
+absl::Status S3TestServer::KillProxy() { return KillServer("proxy"); }
+
+absl::Status S3TestServer::RestartProxy() { return RestartServer("proxy"); }
 
 }  // namespace ckpt

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "storage/s3/s3_client.h"
 
@@ -48,6 +49,14 @@ class S3TestServer {
 
   absl::Status KillProxy();     // SIGKILL of the proxy only; requests then fail to connect
   absl::Status RestartProxy();  // the proxy back on the same port, data kept
+
+  // SIGKILL of one of Swift's servers, "account", "container", "object" or "proxy"; the others
+  // keep running. With the object server down the proxy answers S3 requests on objects with
+  // 503 ServiceUnavailable (a 503 storm), until RestartServer("object").
+  absl::Status KillServer(absl::string_view server);
+  // The server back on its port and conf, data kept; returns once it and a signed ListBuckets
+  // answer (the proxy uses it again at once: no error limiting).
+  absl::Status RestartServer(absl::string_view server);
 
  private:
   S3TestServer() = default;
