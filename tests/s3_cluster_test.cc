@@ -7,6 +7,8 @@
 // and loads into another layout; bad targets are refused naming the URL, leaving nothing. A
 // memory checkpoint's background persistence to s3:// commits the same way, and so does a
 // reshard the cluster's workers execute (ckptctl reshard --coordinator), to and from s3://.
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,7 +70,7 @@ std::vector<std::string> Keys(const std::string& prefix) {
 
 // A cluster whose coordinator may save under s3://<kBucket>/<test> as well as its directory.
 void StartCluster(Cluster& cluster, const std::string& prefix, int workers) {
-  Server();
+  Server().ExportAwsEnvironment();  // a test with a server of its own may have changed it
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator(
       {kLease, absl::StrCat("--checkpoint_root=s3://", kBucket, "/", prefix)}));
   for (int w = 0; w < workers; ++w) cluster.StartWorker(w);
@@ -173,6 +175,73 @@ TEST(S3ClusterTest, AClusterReshardWritesToS3AndReadsFromS3BitExact) {
   std::string out;
   EXPECT_EQ(cluster.RunCkptctl({"verify", url}, &out), 0) << out;
   ASSERT_NO_FATAL_FAILURE(reshard(url, JoinPath(cluster.dir(), "tp1dp2"), GptLayoutJson(1, 2)));
+}
+
+// The server dies between the ranks' local writes and their uploads (each worker waits at its
+// --upload_gate_file until the test killed the proxy): the save fails naming the bucket and the
+// object it asked for, nothing is committed, the checkpoint saved before at the URL stays whole,
+// and once the server is back `ckptctl gc` removes what the failed save left.
+TEST(S3ClusterTest, AServerKilledBeforeTheUploadsFailsTheSaveAndLosesNothing) {
+  absl::StatusOr<std::unique_ptr<S3TestServer>> own = S3TestServer::Start();
+  ASSERT_TRUE(own.ok()) << own.status();
+  S3TestServer& server = **own;
+  std::unique_ptr<S3Client> client = *S3Client::Create(server.ClientOptions());
+  ASSERT_TRUE(client->CreateBucket(kBucket, Deadline()).ok());
+  server.ExportAwsEnvironment();
+  Cluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator(
+      {kLease, absl::StrCat("--checkpoint_root=s3://", kBucket, "/killed")}));
+  cluster.set_worker_binary("worker/ckpt_worker_testing");  // --upload_gate_file
+  const std::string gate = JoinPath(cluster.dir(), "upload-gate");
+  cluster.StartWorker(0, {"--upload_gate_file=" + gate});
+  const std::string url = absl::StrCat("s3://", kBucket, "/killed/step1");
+  ASSERT_TRUE(WriteFileDurably(gate, "open").ok());  // the first save passes the gate
+  for (Child* t : RunRanks(cluster, "s3killed", 1, "save", url, {})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+  }
+  ASSERT_EQ(::unlink(gate.c_str()), 0);
+  ASSERT_EQ(::unlink((gate + ".waiting").c_str()), 0);
+  Child* rank = cluster.StartTrainer(0, "s3killed", 0, 1, "save", url,
+                                     {"--elements", "2048", "--overwrite", "1"});
+  ASSERT_TRUE(WaitFor([&] { return ::access((gate + ".waiting").c_str(), F_OK) == 0; }))
+      << ClusterLogs(cluster);
+  ASSERT_TRUE(server.KillProxy().ok());
+  ASSERT_TRUE(WriteFileDurably(gate, "open").ok());
+  ASSERT_TRUE(WaitFor([&] { return Finished(*rank); }, absl::Seconds(120))) << ClusterLogs(cluster);
+  EXPECT_EQ(Result(*rank).first, static_cast<int>(absl::StatusCode::kUnavailable))
+      << Result(*rank).second;
+  // Its first request to the store names the write it joins (bucket and key).
+  EXPECT_THAT(Result(*rank).second, HasSubstr(url));
+  EXPECT_THAT(Result(*rank).second, HasSubstr("uploading"));
+  ASSERT_TRUE(server.RestartProxy().ok());
+  // The first checkpoint is whole: verified, and loads with its shape.
+  std::string out;
+  EXPECT_EQ(cluster.RunCkptctl({"verify", url}, &out), 0) << out;
+  for (Child* t : RunRanks(cluster, "s3killed", 1, "load", url, {})) {
+    ASSERT_EQ(Result(*t).first, 0) << Result(*t).second << ClusterLogs(cluster);
+    EXPECT_THAT(t->Stdout(), HasSubstr("verified"));
+  }
+  // gc removes the failed save's generation (its abort could not reach the server).
+  EXPECT_EQ(
+      cluster.RunCkptctl({"gc", absl::StrCat("s3://", kBucket, "/killed"), "--min-age", "0"}, &out),
+      0)
+      << out;
+  auto keys = [&] {
+    std::vector<std::string> all;
+    absl::StatusOr<S3ListPage> page =
+        client->ListObjectsV2(kBucket, "killed/", "", 1000, Deadline());
+    EXPECT_TRUE(page.ok()) << page.status();
+    if (page.ok()) {
+      for (const S3ObjectInfo& o : page->objects) all.push_back(o.key);
+    }
+    return all;
+  };
+  absl::StatusOr<std::unique_ptr<StoredCheckpoint>> committed =
+      (*StoreForUrl(url))->Open(url, Deadline());
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  // Left: the manifest and the first save's one data object.
+  EXPECT_EQ(keys().size(), 2u) << ::testing::PrintToString(keys());
+  EXPECT_EQ(cluster.RunCkptctl({"verify", url}, &out), 0) << out;
 }
 
 // The catalog's persistence line for memory checkpoint `name` ("" when not listed).

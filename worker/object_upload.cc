@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
 #include "common/durable_file.h"
 #include "common/status_macros.h"
@@ -73,6 +74,11 @@ ScratchDir::~ScratchDir() {
   if (!path_.empty()) RemoveTree(path_).IgnoreError();  // a scratch directory this made
 }
 
+// Weak: the testonly worker/test_hooks_on.cc replaces it (see object_upload.h).
+ABSL_ATTRIBUTE_WEAK bool PassUploadGateForTest(const std::function<bool()>& /*cancelled*/) {
+  return true;
+}
+
 absl::Status UploadDataFiles(const std::string& dir, const pb::Manifest& written,
                              const std::string& staging_url, absl::Time deadline,
                              const std::function<bool()>& cancelled, const std::string& who) {
@@ -80,6 +86,9 @@ absl::Status UploadDataFiles(const std::string& dir, const pb::Manifest& written
     return absl::Status(s.code(), absl::StrCat(who, ": uploading ", object, " to ", staging_url,
                                                ": ", s.message()));
   };
+  if (!PassUploadGateForTest(cancelled)) {
+    return failed("its data files", absl::CancelledError("the operation was aborted"));
+  }
   absl::StatusOr<CheckpointStore*> store = StoreForUrl(staging_url);
   if (!store.ok()) return failed("its data files", store.status());
   absl::StatusOr<std::unique_ptr<CheckpointWrite>> write =

@@ -44,6 +44,14 @@ absl::Status UploadDataFiles(const std::string& dir, const pb::Manifest& written
                              const std::string& staging_url, absl::Time deadline,
                              const std::function<bool()>& cancelled, const std::string& who);
 
+// Called before a rank's upload starts; false stops it (Cancelled). `cancelled` says whether
+// the operation was aborted meanwhile. Injected at link time: the release definition
+// (object_upload.cc) is weak and returns true at once; the testonly daemon
+// //worker:ckpt_worker_testing links worker/test_hooks_on.cc, whose definition
+// (--upload_gate_file=FILE) creates FILE.waiting and waits until FILE exists, so a test can
+// kill the object store's server between a rank's local write and its upload.
+bool PassUploadGateForTest(const std::function<bool()>& cancelled);
+
 }  // namespace ckpt::worker
 
 #endif  // CKPT_WORKER_OBJECT_UPLOAD_H_

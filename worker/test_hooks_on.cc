@@ -1,11 +1,14 @@
 // The test seams of the testonly worker daemon //worker:ckpt_worker_testing, which the
 // multi-process tests run. Link-time injection: each function here replaces the weak, do-nothing
 // release definition of the same function (worker/transfer_verify.cc, transfer_serve.cc,
-// persist_executor.cc); the release daemon //worker:ckpt_worker links none of this (its seams
-// do nothing and test nothing, and it refuses --persist_gate_file as an unknown flag).
+// persist_executor.cc, object_upload.cc); the release daemon //worker:ckpt_worker links none of
+// this (its seams do nothing and test nothing, and it refuses --persist_gate_file as an unknown
+// flag).
 // - --persist_gate_file=FILE: before writing a background-persistence item, create
 //   FILE.waiting and wait until FILE exists (orders a test's events against a persistence in
 //   progress; tests/memory_persist_e2e_test.cc);
+// - --upload_gate_file=FILE: before a rank uploads its files to an object store, create
+//   FILE.waiting and wait until FILE exists (tests/s3_cluster_test.cc kills the server then);
 // - CKPT_TEST_SERVE_HOLD_DIR=DIR with DIR/hold present: a serving part that finished a wave
 //   writes DIR/held.<pid> and then waits, sending nothing more, until its operation is aborted
 //   or the worker stops (a source worker stalled mid-transfer, for a test to kill);
@@ -22,6 +25,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "worker/object_upload.h"
 #include "worker/persist_executor.h"
 #include "worker/transfer_serve.h"
 #include "worker/transfer_verify.h"
@@ -29,6 +33,10 @@
 ABSL_FLAG(std::string, persist_gate_file, "",
           "tests only (testonly daemon): before writing a background-persistence item, create "
           "FILE.waiting and wait until FILE exists");
+
+ABSL_FLAG(std::string, upload_gate_file, "",
+          "tests only (testonly daemon): before a rank uploads the files of a save or reshard "
+          "to an object store, create FILE.waiting and wait until FILE exists");
 
 namespace ckpt::worker {
 
@@ -51,6 +59,17 @@ void HoldServingForTest(const MemoryGate& gate, const absl::Notification* stoppi
   while (!gate.closed() && (stopping == nullptr || !stopping->HasBeenNotified())) {
     absl::SleepFor(absl::Milliseconds(20));
   }
+}
+
+bool PassUploadGateForTest(const std::function<bool()>& cancelled) {
+  const std::string gate_file = absl::GetFlag(FLAGS_upload_gate_file);
+  if (gate_file.empty()) return true;
+  std::ofstream(absl::StrCat(gate_file, ".waiting")).flush();  // "this upload waits"
+  while (access(gate_file.c_str(), F_OK) != 0) {
+    if (cancelled && cancelled()) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
 }
 
 bool PassPersistGateForTest(const std::function<bool(absl::Duration)>& stopped_within) {
