@@ -59,7 +59,7 @@ class S3ClientTest : public ::testing::Test {
 
   static S3ClientOptions Options() {
     S3ClientOptions o = server_->ClientOptions();
-    o.retry = {3, absl::Milliseconds(20), absl::Milliseconds(200)};
+    o.retry = {3, absl::Milliseconds(20), absl::Milliseconds(200), nullptr};
     return o;
   }
 
@@ -338,7 +338,7 @@ TEST(S3ClientNames, InvalidBucketOrKeyIsRefusedBeforeAnyRequest) {
   S3ClientOptions o;
   o.endpoint = "http://127.0.0.1:1";
   o.credentials = {"AKID43", "secret43", ""};
-  o.retry = {1, absl::Milliseconds(1), absl::Milliseconds(1)};
+  o.retry = {1, absl::Milliseconds(1), absl::Milliseconds(1), nullptr};
   absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(o);
   ASSERT_TRUE(client.ok());
   absl::Status s = (*client)->PutObject("Bad_Bucket", "k", "v", Deadline());
@@ -383,7 +383,7 @@ TEST_F(S3ClientTest, ProxyKilledMidMultipartUploadIsUnavailableThenTheUploadCanB
 TEST_F(S3ClientTest, ConnectionsRefusedWhileTheProxyRestartsAreRetriedUntilItAnswers) {
   ASSERT_TRUE(server_->KillProxy().ok());
   S3ClientOptions o = Options();
-  o.retry = {200, absl::Milliseconds(50), absl::Milliseconds(200)};
+  o.retry = {200, absl::Milliseconds(50), absl::Milliseconds(200), nullptr};
   absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(o);
   ASSERT_TRUE(client.ok());
   // The proxy takes seconds to come back: the first attempts are refused and retried.
