@@ -1,5 +1,6 @@
 // S3TestServer against libcurl's own SigV4 signing (CURLOPT_AWS_SIGV4): a real Swift answers
-// signed S3 requests, refuses a wrong secret, and survives a proxy kill with its data.
+// signed S3 requests, refuses a wrong secret, survives a proxy kill with its data, and answers
+// 503 while its object server is killed, until it is restarted.
 #include "storage/s3/testing/s3_test_server.h"
 
 #include <curl/curl.h>
@@ -115,6 +116,34 @@ TEST(S3TestServerTest, KilledProxyRefusesConnectionsAndRestartedProxyHasTheData)
   Reply up = Send(*server, "GET", "/ckpt-bucket/obj", secret);
   EXPECT_EQ(up.http, 200) << up.body;
   EXPECT_EQ(up.body, data);
+}
+
+TEST(S3TestServerTest, KilledObjectServerIs503AndRestartedOneServesTheObjectAtOnce) {
+  std::unique_ptr<S3TestServer> server = StartOrFail();
+  ASSERT_NE(server, nullptr);
+  const std::string secret = server->secret_access_key();
+  ASSERT_EQ(Send(*server, "PUT", "/ckpt-bucket", secret).http, 200);
+  const std::string data = "kept across an object server restart";
+  ASSERT_EQ(Send(*server, "PUT", "/ckpt-bucket/obj", secret, &data).http, 200);
+  EXPECT_FALSE(server->RestartServer("object").ok()) << "restarted a running object server";
+
+  ASSERT_TRUE(server->KillServer("object").ok());
+  // More failures than Swift's default error_suppression_limit (10), which would keep the
+  // proxy off the object server for 60 s after it is back.
+  for (int i = 0; i < 12; ++i) {
+    Reply down = Send(*server, "GET", "/ckpt-bucket/obj", secret);
+    ASSERT_EQ(down.http, 503) << down.body;
+    EXPECT_NE(down.body.find("ServiceUnavailable"), std::string::npos) << down.body;
+  }
+  const std::string more = "written while the object server is down";
+  EXPECT_EQ(Send(*server, "PUT", "/ckpt-bucket/obj2", secret, &more).http, 503);
+
+  absl::Status restarted = server->RestartServer("object");
+  ASSERT_TRUE(restarted.ok()) << restarted;
+  Reply up = Send(*server, "GET", "/ckpt-bucket/obj", secret);
+  EXPECT_EQ(up.http, 200) << up.body;
+  EXPECT_EQ(up.body, data);
+  EXPECT_FALSE(server->KillServer("no-such-server").ok());
 }
 
 TEST(S3TestServerTest, DestructionStopsTheServerAndRemovesItsDirectory) {
