@@ -235,7 +235,7 @@ TEST_F(S3RetryTest, AStormThatOutlastsTheDeadlineIsUnavailableNamingTheObject) {
 }
 
 TEST_F(S3RetryTest, ADeadlineShorterThanTheBackoffEndsTheCallAtItsDeadline) {
-  const std::string key = "storm/short-deadline";
+  const std::string key = "storm/short";
   StormObserver observer(key);
   std::unique_ptr<S3Client> client = Client(&observer, absl::Seconds(60), absl::Seconds(60));
   ASSERT_NE(client, nullptr);
