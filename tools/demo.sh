@@ -185,12 +185,38 @@ fail_step() {
   printf '[demo] FAILED: %s\n' "$1" >&2
 }
 
+# ---- Object store (issue 43): a one-node Swift, started before the cluster -------------------
+# When Debian's Swift with s3api is installed (tools/install_deps.sh installs it), a one-node
+# Swift on loopback stores its objects on this same disk. The daemons and ckptctl find it
+# through the standard AWS environment variables, as a user's would; the coordinator accepts
+# checkpoints under s3://ckpt-demo too.
+S3_ROOT_FLAGS=()
+S3_STATE="skipped"  # skipped | started | failed
+if /usr/bin/python3 -c 'import swift.common.middleware.s3api' 2>/dev/null; then
+  S3_SERVER_DIR="$WORKDIR/s3server"
+  log "object store: a one-node Swift with s3api on loopback"
+  if /usr/bin/python3 "$REPO/storage/s3/testing/swift_server.py" start --dir "$S3_SERVER_DIR" \
+    --bucket ckpt-demo --owner-pid $$ >"$RESULTS/s3-server.json" 2>"$LOGS/s3-server.log"; then
+    eval "$(python3 -c '
+import json, shlex, sys
+j = json.load(open(sys.argv[1]))
+for k, v in (("AWS_ACCESS_KEY_ID", j["access_key_id"]),
+             ("AWS_SECRET_ACCESS_KEY", j["secret_access_key"]),
+             ("AWS_REGION", j["region"]), ("AWS_ENDPOINT_URL", j["endpoint"])):
+    print(f"export {k}={shlex.quote(v)}")' "$RESULTS/s3-server.json")"
+    S3_ROOT_FLAGS=(--checkpoint_root=s3://ckpt-demo)
+    S3_STATE="started"
+  else
+    S3_STATE="failed"
+  fi
+fi
+
 # ---- The cluster: a coordinator and 4 workers on loopback ------------------------------------
 # Port 0: the OS picks a free port; the coordinator writes the address it bound to a file.
 # Loopback only, so plaintext (no certificates); checkpoints only under $CK.
 start_group "$LOGS/coordinator.out" "$LOGS/coordinator.log" "$COORDINATOR" \
   --listen=127.0.0.1:0 --address_file="$SOCKDIR/coordinator.address" --log_level=info \
-  --checkpoint_root="$CK" \
+  --checkpoint_root="$CK" "${S3_ROOT_FLAGS[@]}" \
   --arrival_deadline_ms=120000 --load_algorithm="$LOAD_ALGORITHM"
 COORD_PID=$STARTED_PID
 wait_for_file "$SOCKDIR/coordinator.address" 30 "$COORD_PID" ||
@@ -425,37 +451,36 @@ drop_cache export "$SAVED"
 timed export "$CKPTCTL" export "$SAVED" "$WORKDIR/export" ||
   fail_step "ckptctl export: $(tail -1 "$LOGS/export.log")"
 
-# ---- Object store (issue 43): the checkpoint to s3:// and back ----------------------------------
-# When Debian's Swift with s3api is installed (tools/install_deps.sh installs it), a one-node
-# Swift on loopback stores its objects on this same disk; ckptctl finds it through the standard
-# AWS environment variables, as a user's would.
-if /usr/bin/python3 -c 'import swift.common.middleware.s3api' 2>/dev/null; then
-  S3_SERVER_DIR="$WORKDIR/s3server"
-  log "object store: a one-node Swift with s3api on loopback; $SAVED -> s3:// and back"
-  if /usr/bin/python3 "$REPO/storage/s3/testing/swift_server.py" start --dir "$S3_SERVER_DIR" \
-    --bucket ckpt-demo --owner-pid $$ >"$RESULTS/s3-server.json" 2>"$LOGS/s3-server.log"; then
-    eval "$(python3 -c '
-import json, shlex, sys
-j = json.load(open(sys.argv[1]))
-for k, v in (("AWS_ACCESS_KEY_ID", j["access_key_id"]),
-             ("AWS_SECRET_ACCESS_KEY", j["secret_access_key"]),
-             ("AWS_REGION", j["region"]), ("AWS_ENDPOINT_URL", j["endpoint"])):
-    print(f"export {k}={shlex.quote(v)}")' "$RESULTS/s3-server.json")"
-    S3_URL="s3://ckpt-demo/gpt-tp2dp2"
-    drop_cache s3-save "$SAVED"
-    if timed s3-save "$CKPTCTL" copy "$SAVED" "$S3_URL"; then
-      timed s3-verify "$CKPTCTL" verify "$S3_URL" ||
-        fail_step "ckptctl verify $S3_URL: $(tail -1 "$LOGS/s3-verify.log")"
-      timed s3-load "$CKPTCTL" copy "$S3_URL" "$CK/gpt-from-s3" ||
-        fail_step "ckptctl copy $S3_URL -> directory: $(tail -1 "$LOGS/s3-load.log")"
-      timed s3-diff "$CKPTCTL" diff "$SAVED" "$CK/gpt-from-s3" ||
-        fail_step "ckptctl diff (copied back from s3://): $(tail -1 "$LOGS/s3-diff.log")"
+# ---- Object store (issue 43): the checkpoint to s3:// and back --------------------------------
+# Copied up by ckptctl, verified there, loaded through the cluster straight from s3:// (each rank
+# ranged-reading its bytes), resharded by the cluster's workers into s3:// (each rank writes its
+# files locally, then uploads them into the coordinator's store write), and copied back.
+if [[ "$S3_STATE" == "started" ]]; then
+  S3_URL="s3://ckpt-demo/gpt-tp2dp2"
+  log "object store: $SAVED -> $S3_URL, loads and a cluster reshard from and to s3://"
+  drop_cache s3-save "$SAVED"
+  if timed s3-save "$CKPTCTL" copy "$SAVED" "$S3_URL"; then
+    timed s3-verify "$CKPTCTL" verify "$S3_URL" ||
+      fail_step "ckptctl verify $S3_URL: $(tail -1 "$LOGS/s3-verify.log")"
+    run_job s3-load-tp4dp1 4 "$LAYOUTS/tp4dp1.json" --load "$S3_URL" ||
+      fail_step "load into TP=4 x DP=1 from $S3_URL"
+    if timed s3-reshard-cluster "$CKPTCTL" reshard "$S3_URL" "s3://ckpt-demo/gpt-cluster-tp4dp1" \
+        --layout "$LAYOUTS/tp4dp1.json" --coordinator "$ADDRESS"; then
+      timed s3-check-cluster "$GPT_TOOL" check "s3://ckpt-demo/gpt-cluster-tp4dp1" \
+        --layout "$LAYOUTS/tp4dp1.json" ||
+        fail_step "content check of the cluster reshard to s3://: $(tail -1 "$LOGS/s3-check-cluster.log")"
     else
-      fail_step "ckptctl copy -> $S3_URL: $(tail -1 "$LOGS/s3-save.log")"
+      fail_step "ckptctl reshard --coordinator -> s3://: $(tail -1 "$LOGS/s3-reshard-cluster.log")"
     fi
+    timed s3-load "$CKPTCTL" copy "$S3_URL" "$CK/gpt-from-s3" ||
+      fail_step "ckptctl copy $S3_URL -> directory: $(tail -1 "$LOGS/s3-load.log")"
+    timed s3-diff "$CKPTCTL" diff "$SAVED" "$CK/gpt-from-s3" ||
+      fail_step "ckptctl diff (copied back from s3://): $(tail -1 "$LOGS/s3-diff.log")"
   else
-    fail_step "object store: Swift did not start ($(tail -1 "$LOGS/s3-server.log"))"
+    fail_step "ckptctl copy -> $S3_URL: $(tail -1 "$LOGS/s3-save.log")"
   fi
+elif [[ "$S3_STATE" == "failed" ]]; then
+  fail_step "object store: Swift did not start ($(tail -1 "$LOGS/s3-server.log"))"
 else
   log "object store: skipped (Swift with s3api is not installed; tools/install_deps.sh installs it)"
 fi
@@ -611,6 +636,10 @@ if os.path.exists(os.path.join(results, "s3-server.json")):  # Swift on this dis
         "read+write", "s3-save")
     row("s3      verify s3://, every byte", file_bytes, seconds("s3-verify"),
         ok_file("s3-verify"), "read")
+    b, s, ok = job("s3-load-tp4dp1", "load")
+    row("s3      load 4 ranks TP4xDP1 <- s3://", b, s, ok, "read")
+    row("s3      reshard cluster s3:// -> s3://", tensor_bytes, seconds("s3-reshard-cluster"),
+        ok_file("s3-reshard-cluster") and ok_file("s3-check-cluster"), "read+write")
     row("s3      ckptctl copy s3:// -> dir", file_bytes, seconds("s3-load"),
         ok_file("s3-load") and ok_file("s3-diff"), "read+write")
 

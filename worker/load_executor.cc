@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "proto/convert.h"
 #include "proto/wire_names.h"
 #include "storage/checkpoint_reader.h"
@@ -89,6 +90,36 @@ absl::Status CopyOntoDevice(const RegisteredTensor& tensor, const char* host,
   });
 }
 
+// Host region reads gathered for one ReadRegions call (through the gate: they write into the
+// trainer's memory).
+struct ReadBatch {
+  std::vector<CheckpointReader::RegionRead> reads;
+  std::vector<std::string> keys;  // the tensors, for the error message
+  int64_t bytes = 0;
+
+  void Add(const std::string& key, const Region& region, void* dest, int64_t n) {
+    reads.push_back({key, region, dest});
+    if (keys.empty() || keys.back() != key) keys.push_back(key);
+    bytes += n;
+  }
+  absl::Status Flush(const CheckpointReader& reader, MemoryGate& gate, const std::string& who,
+                     const std::string& path) {
+    if (reads.empty()) return absl::OkStatus();
+    absl::Status s = gate.Run([&] { return reader.ReadRegions(reads); });
+    if (!s.ok()) {
+      const std::string what = keys.size() == 1 ? keys[0]
+                                                : absl::StrCat(keys.front(), " .. ", keys.back(),
+                                                               " (", keys.size(), " tensors)");
+      return absl::Status(s.code(),
+                          absl::StrCat(who, ": reading ", what, " from ", path, ": ", s.message()));
+    }
+    reads.clear();
+    keys.clear();
+    bytes = 0;
+    return absl::OkStatus();
+  }
+};
+
 absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& session,
                              MemoryGate& gate,
                              const std::function<void(int64_t bytes_done)>& progress,
@@ -106,6 +137,7 @@ absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& se
         absl::StrCat(who, ": opening checkpoint ", part.path(), ": ", reader.status().message()));
   }
   int64_t bytes_done = 0;
+  ReadBatch batch;
   for (const pb::LoadRead& read : part.reads()) {
     if (absl::Status closed = gate.status(); !closed.ok()) {
       return absl::Status(closed.code(), absl::StrCat(who, ": stopped before ", read.key(), ": ",
@@ -129,6 +161,7 @@ absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& se
     const int64_t elem = t.nbytes / std::max<int64_t>(region->NumElements(), 1);
     if (t.memory_kind == pb::MEMORY_DEVICE) {
       if (staging == nullptr) return NoStaging(t, who);
+      CKPT_RETURN_IF_ERROR(batch.Flush(**reader, gate, who, part.path()));
       absl::Status s = ReadOntoDevice(**reader, read.key(), *region, elem, t, *staging, gate, who);
       if (!s.ok()) {
         return absl::Status(s.code(), absl::StrCat(s.message(), " (reading ", read.key(), " from ",
@@ -143,20 +176,23 @@ absl::Status ExecuteLoadPart(const pb::LoadPlanPart& part, const SessionInfo& se
                                                         MemoryKindName(t.memory_kind),
                                                         " memory not mapped here"));
     }
+    // Host reads are batched across tensors, up to kReadChunkBytes a batch (one parallel
+    // ReadRegions: a checkpoint in an object store reads the batch's ranges concurrently
+    // instead of one round trip per tensor).
     for (const RegionChunk& chunk :
          SplitRegion(*region, kReadChunkBytes / std::max<int64_t>(elem, 1))) {
-      absl::Status s = gate.Run([&] {
-        return (*reader)->ReadRegion(read.key(), chunk.region, t.data + chunk.first_element * elem);
-      });
-      if (!s.ok()) {
-        return absl::Status(s.code(),
-                            absl::StrCat(who, ": reading ", read.key(), " ", region->DebugString(),
-                                         " from ", part.path(), ": ", s.message()));
+      const int64_t chunk_bytes = chunk.region.NumElements() * elem;
+      if (batch.bytes > 0 && batch.bytes + chunk_bytes > kReadChunkBytes) {
+        CKPT_RETURN_IF_ERROR(batch.Flush(**reader, gate, who, part.path()));
+        if (progress) progress(bytes_done);  // every tensor before this one is in
       }
+      batch.Add(read.key(), chunk.region, t.data + chunk.first_element * elem, chunk_bytes);
     }
     bytes_done += t.nbytes;
-    if (progress) progress(bytes_done);
   }
+  const bool batched = batch.bytes > 0;
+  CKPT_RETURN_IF_ERROR(batch.Flush(**reader, gate, who, part.path()));
+  if (batched && progress) progress(bytes_done);
   return absl::OkStatus();
 }
 
