@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -196,47 +198,116 @@ absl::Status VerifyRange(const StoreObjects& objects, const RangeRead& r) {
 
 }  // namespace
 
+namespace {
+
+// Object bytes two ranges may have between them and still be fetched by one GET: a GET costs a
+// round trip, a few hundred KiB of unwanted bytes cost less.
+constexpr int64_t kCoalesceGapBytes = int64_t{256} << 10;
+
+// One GET of ReadObjectRanges: bytes [begin, begin + length) of one object, for either a part of
+// one range (`ranges` holds it alone, read straight into its destination at `begin` -
+// range.offset) or several whole ranges close together in the object (read into a buffer, then
+// copied out to each).
+struct ObjectGet {
+  std::vector<size_t> ranges;
+  int64_t begin = 0;
+  int64_t length = 0;
+  bool coalesced = false;
+};
+
+// The GETs for `reads`: ranges of the same object lying within kCoalesceGapBytes of each other
+// are fetched together while the GET stays within `max_bytes`; a longer range is cut into
+// `max_bytes` GETs. `parts[i]` counts the GETs range i takes.
+std::vector<ObjectGet> PlanGets(absl::Span<const RangeRead> reads, int64_t max_bytes,
+                                std::vector<int64_t>& parts) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < reads.size(); ++i) {
+    if (reads[i].length > 0) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return std::tie(reads[x].path, reads[x].offset) < std::tie(reads[y].path, reads[y].offset);
+  });
+  std::vector<ObjectGet> gets;
+  parts.assign(reads.size(), 0);
+  for (size_t i : order) {
+    const RangeRead& r = reads[i];
+    if (!gets.empty()) {
+      ObjectGet& last = gets.back();
+      const RangeRead& prev = reads[last.ranges.back()];
+      const int64_t end = std::max(last.begin + last.length, r.offset + r.length);
+      // A GET holding only a part of a longer range is never merged into.
+      const bool whole =
+          last.coalesced || (last.begin == prev.offset && last.length == prev.length);
+      if (prev.path == r.path && whole &&
+          r.offset <= last.begin + last.length + kCoalesceGapBytes &&
+          end - last.begin <= max_bytes) {
+        last.ranges.push_back(i);
+        last.length = end - last.begin;
+        last.coalesced = true;
+        ++parts[i];
+        continue;
+      }
+    }
+    for (int64_t b = 0; b < r.length; b += max_bytes) {
+      gets.push_back({{i}, r.offset + b, std::min(max_bytes, r.length - b), false});
+      ++parts[i];
+    }
+  }
+  return gets;
+}
+
+// Performs one planned GET, copying coalesced bytes out to their ranges.
+absl::Status RunGet(const StoreObjects& objects, absl::Span<const RangeRead> reads,
+                    const ObjectGet& get, absl::Time deadline) {
+  const RangeRead& first = reads[get.ranges[0]];
+  if (!get.coalesced) {
+    return objects.Read(first.path, get.begin,
+                        absl::MakeSpan(static_cast<char*>(first.dest) + (get.begin - first.offset),
+                                       static_cast<size_t>(get.length)),
+                        deadline);
+  }
+  std::unique_ptr<char[]> buffer(new char[static_cast<size_t>(get.length)]);
+  CKPT_RETURN_IF_ERROR(objects.Read(first.path, get.begin,
+                                    absl::MakeSpan(buffer.get(), static_cast<size_t>(get.length)),
+                                    deadline));
+  for (size_t i : get.ranges) {
+    const RangeRead& r = reads[i];
+    std::memcpy(r.dest, buffer.get() + (r.offset - get.begin), static_cast<size_t>(r.length));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ReadObjectRanges(const StoreObjects& objects, absl::Span<const RangeRead> reads,
                               const IoOptions& io, absl::Time deadline) {
-  struct Chunk {
-    size_t range;
-    int64_t begin;  // within the range
-    int64_t length;
-  };
-  const int64_t chunk_bytes = std::max<int64_t>(int64_t{1} << 20, io.buffer_bytes);
-  std::vector<Chunk> chunks;
+  const int64_t max_bytes = std::max<int64_t>(int64_t{1} << 20, io.buffer_bytes);
+  std::vector<int64_t> parts;
+  const std::vector<ObjectGet> gets = PlanGets(reads, max_bytes, parts);
   std::unique_ptr<std::atomic<int64_t>[]> left(new std::atomic<int64_t>[reads.size()]);
   for (size_t i = 0; i < reads.size(); ++i) {
-    int64_t n = 0;
-    for (int64_t b = 0; b < reads[i].length; b += chunk_bytes, ++n) {
-      chunks.push_back({i, b, std::min(chunk_bytes, reads[i].length - b)});
-    }
-    left[i] = n;
-    if (n == 0) CKPT_RETURN_IF_ERROR(VerifyRange(objects, reads[i]));
+    left[i] = parts[i];
+    if (parts[i] == 0) CKPT_RETURN_IF_ERROR(VerifyRange(objects, reads[i]));
   }
   std::atomic<size_t> next{0};
   std::mutex mu;
   absl::Status first;
   auto work = [&] {
-    for (size_t j; (j = next.fetch_add(1)) < chunks.size();) {
-      const Chunk& c = chunks[j];
-      const RangeRead& r = reads[c.range];
-      absl::Status s = objects.Read(
-          r.path, r.offset + c.begin,
-          absl::MakeSpan(static_cast<char*>(r.dest) + c.begin, static_cast<size_t>(c.length)),
-          deadline);
+    for (size_t j; (j = next.fetch_add(1)) < gets.size();) {
+      absl::Status s = RunGet(objects, reads, gets[j], deadline);
       // The thread that completes a range verifies it.
-      if (s.ok() && left[c.range].fetch_sub(1) == 1) s = VerifyRange(objects, r);
+      for (size_t i : gets[j].ranges) {
+        if (s.ok() && left[i].fetch_sub(1) == 1) s = VerifyRange(objects, reads[i]);
+      }
       if (!s.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         if (first.ok()) first = s;
-        next = chunks.size();
+        next = gets.size();
       }
     }
   };
   const size_t threads = std::min<size_t>(
-      chunks.size(),
-      static_cast<size_t>(std::max(1, io.num_threads) * std::max(1, io.queue_depth)));
+      gets.size(), static_cast<size_t>(std::max(1, io.num_threads) * std::max(1, io.queue_depth)));
   std::vector<std::thread> pool;
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
   if (threads > 0) work();

@@ -69,9 +69,12 @@ absl::Status CheckObjectSizes(const StoreObjects& objects, const pb::Manifest& m
                               absl::Time deadline);
 
 // ReadRanges (storage/io_engine.h) for objects: each read's `path` is an object name of
-// `objects`. Ranges are cut into io.buffer_bytes GETs run on up to io.num_threads *
-// io.queue_depth threads, and each range is verified once all its bytes are in place: a
-// mismatch is DataLoss naming the read's label and the object. The first error wins.
+// `objects`. Ranges of one object lying within 256 KiB of each other are fetched by one GET
+// (coalesced, as s3torchconnector's reader does: many small pieces cost one round trip, not
+// one each) while it stays within io.buffer_bytes; longer ranges are cut into io.buffer_bytes
+// GETs. The GETs run on up to io.num_threads * io.queue_depth threads, and each range is
+// verified once all its bytes are in place: a mismatch is DataLoss naming the read's label and
+// the object. The first error wins.
 absl::Status ReadObjectRanges(const StoreObjects& objects, absl::Span<const RangeRead> reads,
                               const IoOptions& io, absl::Time deadline);
 

@@ -290,3 +290,56 @@ TEST(StoreReaderErrorsTest, AMissingObjectOrCheckpointIsNotFoundNamingIt) {
 
 }  // namespace
 }  // namespace ckpt
+
+namespace ckpt {
+namespace {
+
+// ReadObjectRanges coalesces nearby ranges of an object into one GET and cuts long ones: random
+// batches (overlapping, adjacent, far apart, longer than a GET, empty, over two objects) read
+// exactly the bytes a brute-force copy of the whole object gives.
+TEST(StoreObjectRangesTest, CoalescedAndCutRangesReadTheSameBytesAsTheWholeObjects) {
+  const auto [dir, url] = WriteAndUpload("ranges", Variant::kPlain);
+  absl::StatusOr<pb::Manifest> manifest = ReadStoreManifest(url, Deadline());
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  absl::StatusOr<std::unique_ptr<StoreObjects>> objects = StoreObjects::Open(url, *manifest);
+  ASSERT_TRUE(objects.ok()) << objects.status();
+  std::vector<std::string> names, whole;
+  for (const pb::DataFile& f : manifest->files()) {
+    names.push_back(f.name());
+    whole.push_back(*ReadWholeFile(JoinPath(dir, f.name()), 1 << 30));
+  }
+  // An object of 3 MiB beside them, so that long ranges are cut into several GETs.
+  std::string big(3 << 20, '\0');
+  std::mt19937 fill(7);
+  for (char& c : big) c = static_cast<char>(fill());
+  ASSERT_TRUE(
+      Client()->PutObject(kBucket, DataKey("ranges", "data/big.bin"), big, Deadline()).ok());
+  names.push_back("data/big.bin");
+  whole.push_back(big);
+  IoOptions io;
+  io.buffer_bytes = 1 << 20;  // the smallest GET: ranges of the test's files are cut and joined
+  std::mt19937 rng(43);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<RangeRead> reads(1 + rng() % 40);
+    std::vector<std::string> got(reads.size());
+    for (size_t i = 0; i < reads.size(); ++i) {
+      const size_t f = rng() % names.size();
+      const int64_t size = static_cast<int64_t>(whole[f].size());
+      reads[i].path = names[f];
+      reads[i].offset = static_cast<int64_t>(rng() % size);
+      const int64_t most = size - reads[i].offset;
+      reads[i].length = rng() % 4 == 0 ? most : static_cast<int64_t>(rng() % (1 + most / 8));
+      got[i].assign(static_cast<size_t>(reads[i].length), '\0');
+      reads[i].dest = got[i].data();
+    }
+    ASSERT_TRUE(ReadObjectRanges(**objects, reads, io, Deadline()).ok());
+    for (size_t i = 0; i < reads.size(); ++i) {
+      const size_t f = std::find(names.begin(), names.end(), reads[i].path) - names.begin();
+      ASSERT_EQ(got[i], whole[f].substr(reads[i].offset, reads[i].length))
+          << "round " << round << " range " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ckpt
