@@ -462,6 +462,11 @@ if [[ "$S3_STATE" == "started" ]]; then
   if timed s3-save "$CKPTCTL" copy "$SAVED" "$S3_URL"; then
     timed s3-verify "$CKPTCTL" verify "$S3_URL" ||
       fail_step "ckptctl verify $S3_URL: $(tail -1 "$LOGS/s3-verify.log")"
+    # The training job's own save straight to s3:// (each rank writes locally, then uploads).
+    run_job s3-save-tp2dp2 4 "$LAYOUTS/tp2dp2.json" --save "s3://ckpt-demo/gpt-saved-tp2dp2" ||
+      fail_step "save (TP=2 x DP=2) -> s3://ckpt-demo/gpt-saved-tp2dp2"
+    timed s3-verify-saved "$CKPTCTL" verify "s3://ckpt-demo/gpt-saved-tp2dp2" ||
+      fail_step "ckptctl verify of the save to s3://: $(tail -1 "$LOGS/s3-verify-saved.log")"
     run_job s3-load-tp4dp1 4 "$LAYOUTS/tp4dp1.json" --load "$S3_URL" ||
       fail_step "load into TP=4 x DP=1 from $S3_URL"
     if timed s3-reshard-cluster "$CKPTCTL" reshard "$S3_URL" "s3://ckpt-demo/gpt-cluster-tp4dp1" \
@@ -636,6 +641,8 @@ if os.path.exists(os.path.join(results, "s3-server.json")):  # Swift on this dis
         "read+write", "s3-save")
     row("s3      verify s3://, every byte", file_bytes, seconds("s3-verify"),
         ok_file("s3-verify"), "read")
+    b, s, ok = job("s3-save-tp2dp2", "save")
+    row("s3      save 4 ranks TP2xDP2 -> s3://", b, s, ok and ok_file("s3-verify-saved"), "write")
     b, s, ok = job("s3-load-tp4dp1", "load")
     row("s3      load 4 ranks TP4xDP1 <- s3://", b, s, ok, "read")
     row("s3      reshard cluster s3:// -> s3://", tensor_bytes, seconds("s3-reshard-cluster"),
