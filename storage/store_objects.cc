@@ -281,7 +281,7 @@ absl::Status RunGet(const StoreObjects& objects, absl::Span<const RangeRead> rea
 
 absl::Status ReadObjectRanges(const StoreObjects& objects, absl::Span<const RangeRead> reads,
                               const IoOptions& io, absl::Time deadline) {
-  const int64_t max_bytes = std::max<int64_t>(int64_t{1} << 20, io.buffer_bytes);
+  const int64_t max_bytes = std::max<int64_t>(kMinObjectGetBytes, io.buffer_bytes);
   std::vector<int64_t> parts;
   const std::vector<ObjectGet> gets = PlanGets(reads, max_bytes, parts);
   std::unique_ptr<std::atomic<int64_t>[]> left(new std::atomic<int64_t>[reads.size()]);

@@ -68,13 +68,19 @@ class StoreObjects {
 absl::Status CheckObjectSizes(const StoreObjects& objects, const pb::Manifest& manifest,
                               absl::Time deadline);
 
+// The smallest GET ReadObjectRanges makes of ranges it coalesces or cuts: an object store
+// answers each request in tens of milliseconds (a Swift proxy reading a multipart object's
+// segments, more), so a file-sized transfer (io.buffer_bytes) would make a load a long series
+// of round trips.
+inline constexpr int64_t kMinObjectGetBytes = int64_t{16} << 20;
+
 // ReadRanges (storage/io_engine.h) for objects: each read's `path` is an object name of
 // `objects`. Ranges of one object lying within 256 KiB of each other are fetched by one GET
 // (coalesced, as s3torchconnector's reader does: many small pieces cost one round trip, not
-// one each) while it stays within io.buffer_bytes; longer ranges are cut into io.buffer_bytes
-// GETs. The GETs run on up to io.num_threads * io.queue_depth threads, and each range is
-// verified once all its bytes are in place: a mismatch is DataLoss naming the read's label and
-// the object. The first error wins.
+// one each) while it stays within max(kMinObjectGetBytes, io.buffer_bytes); longer ranges are
+// cut into GETs of that size. The GETs run on up to io.num_threads * io.queue_depth threads, and
+// each range is verified once all its bytes are in place: a mismatch is DataLoss naming the read's
+// label and the object. The first error wins.
 absl::Status ReadObjectRanges(const StoreObjects& objects, absl::Span<const RangeRead> reads,
                               const IoOptions& io, absl::Time deadline);
 
