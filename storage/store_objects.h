@@ -75,7 +75,7 @@ absl::Status CheckObjectSizes(const StoreObjects& objects, const pb::Manifest& m
 inline constexpr int64_t kMinObjectGetBytes = int64_t{16} << 20;
 
 // ReadRanges (storage/io_engine.h) for objects: each read's `path` is an object name of
-// `objects`. Ranges of one object lying within 256 KiB of each other are fetched by one GET
+// `objects`. Ranges of one object lying within 4 MiB of each other are fetched by one GET
 // (coalesced, as s3torchconnector's reader does: many small pieces cost one round trip, not
 // one each) while it stays within max(kMinObjectGetBytes, io.buffer_bytes); longer ranges are
 // cut into GETs of that size. The GETs run on up to io.num_threads * io.queue_depth threads, and
