@@ -217,6 +217,10 @@ RankResult RunPart(const pb::LoadPlanPart& part, const pb::Manifest& manifest, S
   if (!result.status.ok()) return result;
   CommunicatorOptions options;
   options.group_name = part.group();
+  // The event-loop threads at the test's own priority: at the daemons' default (nice +10, so
+  // that a worker never takes CPU from training) they starve behind the other tests CI runs on
+  // the same cores, and a run that takes 7 s alone overran its 300 s limit there.
+  options.gloo_loop_thread_nice = 0;
   absl::StatusOr<std::unique_ptr<Communicator>> comm =
       CreateCommunicator(store, me, part.world_size(), options, absl::Now() + absl::Seconds(60));
   if (!comm.ok()) {
