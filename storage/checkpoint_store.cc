@@ -12,18 +12,21 @@
 
 namespace ckpt {
 
-absl::StatusOr<std::unique_ptr<ObjectWriter>> CheckpointWrite::Create(const std::string& name) {
+absl::Status CheckpointWrite::Reserve(const std::string& name, absl::string_view already) {
   if (absl::Status valid = ValidateDataFileName(name); !valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint ", url_, ": object \"", name, "\" is not a data file name: ", valid.message()));
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!objects_.emplace(name, -1).second) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("checkpoint ", url_, ": object ", name, " was already created"));
-    }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!objects_.emplace(name, -1).second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("checkpoint ", url_, ": object ", name, " was already ", already));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ObjectWriter>> CheckpointWrite::Create(const std::string& name) {
+  if (absl::Status reserved = Reserve(name, "created"); !reserved.ok()) return reserved;
   absl::StatusOr<std::unique_ptr<ObjectWriter>> writer = CreateObject(name);
   if (!writer.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -52,17 +55,7 @@ absl::Status CheckpointWrite::Adopt(const std::string& name, absl::Time deadline
         absl::StrCat("checkpoint ", url_, ": a joined write cannot adopt ", name,
                      "; the write that began the checkpoint adopts its objects"));
   }
-  if (absl::Status valid = ValidateDataFileName(name); !valid.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint ", url_, ": object \"", name, "\" is not a data file name: ", valid.message()));
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!objects_.emplace(name, -1).second) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("checkpoint ", url_, ": object ", name, " was already created or adopted"));
-    }
-  }
+  CKPT_RETURN_IF_ERROR(Reserve(name, "created or adopted"));
   absl::StatusOr<int64_t> size = StagedObjectSize(name, deadline);
   std::lock_guard<std::mutex> lock(mu_);
   if (!size.ok()) {

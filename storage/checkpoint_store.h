@@ -124,6 +124,10 @@ class CheckpointWrite {
   std::vector<std::string> UnclosedObjects();
 
  private:
+  // Checks that `name` is a data file name and records it as open in this write:
+  // InvalidArgument for another name, AlreadyExists ("was already <already>") when recorded.
+  absl::Status Reserve(const std::string& name, absl::string_view already);
+
   const std::string url_;
   const bool joined_;
   std::mutex mu_;
