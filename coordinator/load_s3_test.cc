@@ -34,16 +34,7 @@ absl::Time Deadline() { return absl::Now() + absl::Seconds(60); }
 
 // The binary's server, its bucket made once, and the AWS environment pointing at it.
 S3TestServer& Server() {
-  static S3TestServer* server = [] {
-    S3TestServer* s = &S3TestServer::Shared();
-    s->ExportAwsEnvironment();
-    absl::Status made = (*S3Client::Create(s->ClientOptions()))->CreateBucket(kBucket, Deadline());
-    if (!made.ok()) {
-      ADD_FAILURE() << made;
-      std::abort();
-    }
-    return s;
-  }();
+  static S3TestServer* server = &S3TestServer::SharedWithBucket(kBucket);
   return *server;
 }
 

@@ -41,16 +41,7 @@ absl::Time Deadline() { return absl::Now() + absl::Seconds(60); }
 // The binary's server (S3TestServer::Shared), its bucket made once, and the AWS environment
 // pointing at it (so the "s3" store the registry makes finds it the way a user's would).
 S3TestServer& Server() {
-  static S3TestServer* server = [] {
-    S3TestServer* s = &S3TestServer::Shared();
-    s->ExportAwsEnvironment();
-    absl::Status made = (*S3Client::Create(s->ClientOptions()))->CreateBucket(kBucket, Deadline());
-    if (!made.ok()) {
-      ADD_FAILURE() << made;
-      std::abort();
-    }
-    return s;
-  }();
+  static S3TestServer* server = &S3TestServer::SharedWithBucket(kBucket);
   return *server;
 }
 

@@ -42,13 +42,7 @@ absl::Time Deadline() { return absl::Now() + absl::Seconds(60); }
 // One Swift for the binary, its bucket made, the AWS environment (inherited by every daemon
 // and ckptctl the tests start) pointing at it.
 S3TestServer& Server() {
-  static S3TestServer* server = [] {
-    S3TestServer* s = &S3TestServer::Shared();
-    absl::Status made = (*S3Client::Create(s->ClientOptions()))->CreateBucket(kBucket, Deadline());
-    EXPECT_TRUE(made.ok() || made.code() == absl::StatusCode::kAlreadyExists) << made;
-    s->ExportAwsEnvironment();
-    return s;
-  }();
+  static S3TestServer* server = &S3TestServer::SharedWithBucket(kBucket);
   return *server;
 }
 

@@ -271,6 +271,20 @@ S3TestServer& S3TestServer::Shared() {
   return *server;
 }
 
+S3TestServer& S3TestServer::SharedWithBucket(const std::string& bucket) {
+  S3TestServer& server = Shared();
+  server.ExportAwsEnvironment();
+  absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(server.ClientOptions());
+  absl::Status made = client.ok() ? (*client)->CreateBucket(bucket, absl::Now() + absl::Seconds(60))
+                                  : client.status();
+  if (!made.ok() && made.code() != absl::StatusCode::kAlreadyExists) {
+    std::fprintf(stderr, "S3TestServer::SharedWithBucket(%s): %s\n", bucket.c_str(),
+                 made.ToString().c_str());
+    std::abort();
+  }
+  return server;
+}
+
 S3ClientOptions S3TestServer::ClientOptions() const {
   S3ClientOptions options;
   options.endpoint = endpoint_;

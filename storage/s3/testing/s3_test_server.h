@@ -30,6 +30,9 @@ class S3TestServer {
   // One server for a whole test binary, started on first use and kept to the process's end.
   // A start that fails is reported and aborts the binary: every test of it needs the server.
   static S3TestServer& Shared();
+  // Shared(), with `bucket` made (once made, it stays: AlreadyExists is fine) and the AWS
+  // environment pointing at it (ExportAwsEnvironment, each call). A failure aborts the binary.
+  static S3TestServer& SharedWithBucket(const std::string& bucket);
 
   S3TestServer(const S3TestServer&) = delete;
   S3TestServer& operator=(const S3TestServer&) = delete;
